@@ -1,0 +1,3 @@
+from keyroute.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,235 @@
+"""The `keyroute` command: parses options (each also read from a KEYROUTE_* variable) and starts services.
+
+The environment is read here and nowhere else; everything inward receives typed settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from keyroute_core.key_format import KeyFormat, KeyFormatError, parse_key
+from keyroute_core.partitioner import Partitioner, key_hash, partition_for
+from keyroute_core.settings import HttpSettings, NodeSettings, RouterSettings, ZkSettings
+
+ENV_PREFIX = "KEYROUTE_"
+
+
+def _env_name(flag: str) -> str:
+    return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
+
+
+class _Parser:
+    """argparse with every option defaulting to its KEYROUTE_* environment variable."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = env
+
+    def option(
+        self,
+        parser: argparse.ArgumentParser,
+        flag: str,
+        *,
+        type: Callable[[str], Any] = str,
+        default: Any = None,
+        required: bool = False,
+        help: str = "",
+        **kwargs: Any,
+    ) -> None:
+        env_name = _env_name(flag)
+        if env_name in self.env:
+            default, required = type(self.env[env_name]), False
+        suffix = f" [env {env_name}]"
+        if default is not None:
+            suffix += f" (default: {default})"
+        parser.add_argument(flag, type=type, default=default, required=required, help=help + suffix, **kwargs)
+
+
+def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    p = _Parser(env)
+    parser = argparse.ArgumentParser(
+        prog="keyroute",
+        description="One-hop HTTP reads of partitioned state, split exactly as a Kafka producer splits a keyed topic.",
+    )
+    p.option(parser, "--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    zk = sub.add_parser("zookeeper", help="run a real ZooKeeper server in the foreground (needs only Java)")
+    p.option(zk, "--port", type=int, default=2181, help="client port")
+    p.option(zk, "--host", default="127.0.0.1", help="address to listen on")
+    p.option(zk, "--data-dir", type=Path, required=True, help="where ZooKeeper keeps its data")
+
+    pipe = sub.add_parser("pipeline", help="compute stores with Spark and publish new versions")
+    pipe_sub = pipe.add_subparsers(dest="pipeline_command", required=True, metavar="ACTION")
+    build = pipe_sub.add_parser("build", help="compute every store in the spec, write and publish a new version")
+    p.option(build, "--spec", type=Path, required=True, help="store spec (TOML)")
+    p.option(build, "--zk", required=True, help="ZooKeeper HOST:PORT[/chroot]")
+    p.option(build, "--output", required=True, help="snapshot root (path or file:// URI shared with the nodes)")
+    p.option(build, "--master", help="Spark master (default: local[*])")
+
+    node = sub.add_parser("node", help="run a state node")
+    p.option(node, "--zk", required=True, help="ZooKeeper HOST:PORT[/chroot]")
+    p.option(node, "--node-id", required=True, help="unique, stable node id (e.g. the pod name)")
+    p.option(node, "--port", type=int, required=True, help="HTTP port")
+    p.option(node, "--host", default="127.0.0.1", help="address to listen on")
+    p.option(node, "--advertise-url", default="", help="URL other members use to reach this node")
+    p.option(node, "--data-dir", type=Path, required=True, help="where the node keeps its loaded partitions")
+    p.option(node, "--zk-session-timeout-s", type=float, default=10.0, help="ZooKeeper session timeout")
+
+    router = sub.add_parser("router", help="run a router")
+    p.option(router, "--zk", required=True, help="ZooKeeper HOST:PORT[/chroot]")
+    p.option(router, "--port", type=int, required=True, help="HTTP port")
+    p.option(router, "--host", default="127.0.0.1", help="address to listen on")
+    p.option(router, "--upstream-timeout-s", type=float, default=5.0, help="timeout for one request to a node")
+    p.option(router, "--zk-session-timeout-s", type=float, default=10.0, help="ZooKeeper session timeout")
+
+    demo = sub.add_parser("demo", help="run everything on this machine with generated sample data")
+    p.option(demo, "--port", type=int, default=8080, help="router port")
+    p.option(demo, "--workdir", type=Path, default=Path(".keyroute-demo"), help="where the demo keeps its files")
+    p.option(demo, "--events", type=int, default=120_000, help="sample events per store")
+
+    part = sub.add_parser("partition", help="print the partition of each key (arguments or stdin lines)")
+    p.option(part, "--partitions", type=int, required=True, help="number of partitions of the topic/store")
+    p.option(part, "--partitioner", default="murmur2", help="murmur2 | crc32 | fnv1a")
+    p.option(part, "--key-format", default="string", help="string | int16 | int32 | int64 | uuid | bytes")
+    part.add_argument("keys", nargs="*", metavar="KEY", help="keys; when none are given, one per stdin line")
+    return parser
+
+
+def _stdin_keys() -> Iterable[str]:
+    data = sys.stdin.buffer.read()
+    if not data:
+        return []
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()  # the final terminator ends the last key, it does not start an empty one
+    keys = []
+    for line in lines:
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        keys.append(line.decode("utf-8", "surrogateescape"))
+    return keys
+
+
+def cmd_partition(args: argparse.Namespace) -> int:
+    try:
+        partitioner = Partitioner.parse(args.partitioner)
+        key_format = KeyFormat.parse(args.key_format)
+    except ValueError as exc:
+        print(f"keyroute partition: {exc}", file=sys.stderr)
+        return 2
+    if args.partitions < 1:
+        print("keyroute partition: --partitions must be at least 1", file=sys.stderr)
+        return 2
+    keys = args.keys if args.keys else _stdin_keys()
+    failed = 0
+    out = sys.stdout
+    for text in keys:
+        try:
+            key = parse_key(key_format, text)
+        except KeyFormatError as exc:
+            failed += 1
+            shown = text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+            out.write(json.dumps({"key": shown, "error": "bad_key", "message": str(exc)}, ensure_ascii=False) + "\n")
+            continue
+        record = {
+            "key": key.text,
+            "partition": partition_for(partitioner, key.data, args.partitions),
+            "hash": key_hash(partitioner, key.data),
+        }
+        out.write(json.dumps(record, ensure_ascii=False) + "\n")
+    out.flush()
+    return 1 if failed else 0
+
+
+def cmd_zookeeper(args: argparse.Namespace) -> int:
+    from keyroute_core.zookeeper_server import ZooKeeperLaunchError, command
+
+    try:
+        argv = command(args.data_dir.resolve(), args.port, args.host)
+    except ZooKeeperLaunchError as exc:
+        print(f"keyroute zookeeper: {exc}", file=sys.stderr)
+        return 1
+    sys.stdout.flush()
+    os.execv(argv[0], argv)  # the JVM takes over this process: signals reach ZooKeeper directly
+    return 0  # pragma: no cover
+
+
+def _zk(args: argparse.Namespace) -> ZkSettings:
+    timeout = getattr(args, "zk_session_timeout_s", 10.0)
+    return ZkSettings.parse(args.zk, session_timeout_s=timeout)
+
+
+def cmd_pipeline(args: argparse.Namespace) -> int:
+    from pipeline.build import build
+    from pipeline.errors import PipelineError
+
+    try:
+        published = build(args.spec, _zk(args), args.output, master=args.master)
+    except PipelineError as exc:
+        print(f"keyroute pipeline build: {exc}", file=sys.stderr)
+        return 1
+    for version in published:
+        print(json.dumps(version.describe()))
+    return 0
+
+
+def cmd_node(args: argparse.Namespace) -> int:
+    from state_node.service import run
+
+    settings = NodeSettings(
+        node_id=args.node_id,
+        data_dir=args.data_dir,
+        zk=_zk(args),
+        http=HttpSettings(host=args.host, port=args.port, advertise_url=args.advertise_url),
+    )
+    return run(settings)
+
+
+def cmd_router(args: argparse.Namespace) -> int:
+    from router.service import run
+
+    settings = RouterSettings(
+        zk=_zk(args),
+        http=HttpSettings(host=args.host, port=args.port),
+        upstream_timeout_s=args.upstream_timeout_s,
+    )
+    return run(settings)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from keyroute.demo import DemoSettings, run
+
+    return run(DemoSettings(router_port=args.port, workdir=args.workdir.resolve(), events=args.events))
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "zookeeper": cmd_zookeeper,
+    "pipeline": cmd_pipeline,
+    "node": cmd_node,
+    "router": cmd_router,
+    "demo": cmd_demo,
+    "partition": cmd_partition,
+}
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    env = os.environ if env is None else env
+    parser = build_parser(env)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("kazoo").setLevel(logging.WARNING)
+    try:
+        return COMMANDS[args.command](args)
+    except KeyboardInterrupt:
+        return 130

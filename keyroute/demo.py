@@ -1,0 +1,202 @@
+"""`keyroute demo`: the whole system on one machine with generated sample data.
+
+Embedded ZooKeeper, the Spark pipeline, three state nodes (replication 2) and a router, each its own
+process; Ctrl-C stops them all, router first, ZooKeeper last, and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+from keyroute import sample_data
+from keyroute_core.zookeeper_server import is_serving
+
+
+@dataclass(frozen=True, slots=True)
+class DemoSettings:
+    router_port: int = 8080
+    workdir: Path = Path(".keyroute-demo")
+    events: int = 120_000
+    nodes: int = 3
+    host: str = "127.0.0.1"
+    ready_timeout_s: float = 180.0
+
+
+class DemoError(RuntimeError):
+    pass
+
+
+def _free_port(host: str) -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _port_in_use(host: str, port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        return sock.connect_ex((host, port)) == 0
+
+
+class _Processes:
+    """Child processes in their own sessions, so the demo decides the order they stop in."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.children: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    def start(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        log = open(self.logs / f"{name}.log", "ab")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "keyroute", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        log.close()
+        self.children.append((name, proc))
+        return proc
+
+    def dead(self) -> list[str]:
+        return [name for name, proc in self.children if proc.poll() is not None]
+
+    def stop_all(self, timeout_s: float = 20.0) -> None:
+        for _name, proc in reversed(self.children):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        self.children.clear()
+
+
+def _get(url: str, timeout_s: float = 2.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _wait(what: str, predicate, timeout_s: float, procs: _Processes) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        dead = procs.dead()
+        if dead:
+            raise DemoError(f"{', '.join(dead)} stopped unexpectedly; see {procs.logs}")
+        try:
+            if predicate():
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise DemoError(f"timed out waiting for {what}; see the logs in {procs.logs}")
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def run(settings: DemoSettings) -> int:
+    # SIGTERM (e.g. from a supervisor) must clean up exactly like Ctrl-C does.
+    signal.signal(signal.SIGTERM, _interrupt)
+    host = settings.host
+    if _port_in_use(host, settings.router_port):
+        print(f"keyroute demo: port {settings.router_port} is taken; pass --port", file=sys.stderr)
+        return 1
+    work = settings.workdir
+    if work.exists():
+        shutil.rmtree(work)
+    logs = work / "logs"
+    logs.mkdir(parents=True)
+    procs = _Processes(logs)
+    zk_port = _free_port(host)
+    zk = f"{host}:{zk_port}/keyroute-demo"
+    try:
+        print(f"starting ZooKeeper on {host}:{zk_port} ...", flush=True)
+        procs.start("zookeeper", ["zookeeper", "--port", str(zk_port), "--host", host, "--data-dir", str(work / "zookeeper")])
+        _wait("ZooKeeper", lambda: is_serving(host, zk_port), 60, procs)
+
+        print(f"generating {settings.events:,} bookings and {settings.events:,} trades ...", flush=True)
+        files = sample_data.generate(work / "events", events=settings.events)
+        spec = work / "stores.toml"
+        spec.write_text(sample_data.spec_toml(files))
+
+        print("running the Spark pipeline ...", flush=True)
+        node_ports = [_free_port(host) for _ in range(settings.nodes)]
+        for i, port in enumerate(node_ports):
+            procs.start(
+                f"node-{i}",
+                ["node", "--zk", zk, "--node-id", f"node-{i}", "--host", host, "--port", str(port),
+                 "--data-dir", str(work / f"node-{i}")],
+            )
+        build = subprocess.run(
+            [sys.executable, "-m", "keyroute", "pipeline", "build", "--spec", str(spec), "--zk", zk,
+             "--output", str(work / "snapshots")],
+            stdout=subprocess.PIPE,
+            stderr=open(logs / "pipeline.log", "ab"),
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+        if build.returncode != 0:
+            raise DemoError(f"the pipeline failed; see {logs / 'pipeline.log'}")
+        for line in build.stdout.decode().splitlines():
+            print("  published", line)
+
+        procs.start("router", ["router", "--zk", zk, "--host", host, "--port", str(settings.router_port)])
+        router = f"http://{host}:{settings.router_port}"
+        _wait("the router to have a complete map", lambda: _get(router + "/readyz")[0] == 200,
+              settings.ready_timeout_s, procs)
+        _print_banner(router, zk, node_ports, host, work)
+        while not procs.dead():
+            time.sleep(0.5)
+        raise DemoError(f"{', '.join(procs.dead())} stopped unexpectedly; see {logs}")
+    except KeyboardInterrupt:
+        print("\nstopping ...", flush=True)
+        return 0
+    except DemoError as exc:
+        print(f"keyroute demo: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        procs.stop_all()
+        print("all demo processes stopped.", flush=True)
+
+
+def _print_banner(router: str, zk: str, node_ports: list[int], host: str, work: Path) -> None:
+    customer = sample_data.SPECIAL_CUSTOMERS[1]
+    lines = [
+        "",
+        "keyroute demo is up.",
+        f"  router      {router}",
+        *(f"  node-{i}      http://{host}:{port}" for i, port in enumerate(node_ports)),
+        f"  zookeeper   {zk}",
+        f"  files       {work}",
+        "",
+        "try:",
+        f"  curl -s {router}/stores/bookings/keys/{sample_data.customer_id(42)}",
+        f"  curl -s {router}/stores/bookings/keys/{quote(customer, safe='')}      # key {customer!r}",
+        f"  curl -s {router}/stores/positions/keys/{sample_data.asset_id(7)}",
+        f"  curl -s -X POST {router}/stores/bookings/batch-get -H 'content-type: application/json' "
+        f"-d '{json.dumps({'keys': [sample_data.customer_id(1), 'a/b', 'nobody']})}'",
+        f"  curl -s '{router}/admin/route?store=bookings&key={sample_data.customer_id(42)}'",
+        f"  curl -s {router}/admin/partition-map",
+        "",
+        "Ctrl-C stops everything.",
+    ]
+    print("\n".join(lines), flush=True)

@@ -1,0 +1,88 @@
+"""Deterministic sample events for the demo and the tests: bookings per customer and trades per asset.
+
+The same seed always gives the same files, so printed example requests always answer the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+# Keys that exercise URL encoding and UTF-8 end to end.
+SPECIAL_CUSTOMERS = ("Zoë", "東京-42", "a/b", "100%", "x+y", "what?", "#tag", "with space", "ünïcødé/ključ")
+ROUTES = ("AMS-BER", "BER-VIE", "VIE-ZRH", "ZRH-PAR", "PAR-AMS", "LON-EDI", "MAD-BCN")
+
+
+@dataclass(frozen=True, slots=True)
+class SampleFiles:
+    bookings: Path
+    trades: Path
+    customers: int
+    assets: int
+
+
+def customer_id(i: int) -> str:
+    return f"C{i:06d}"
+
+
+def asset_id(i: int) -> str:
+    return f"ASSET-{i:04d}"
+
+
+def generate(folder: Path, events: int = 120_000, seed: int = 7) -> SampleFiles:
+    """Write bookings.jsonl and trades.jsonl with `events` lines each into `folder`."""
+    rng = random.Random(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    customers = max(len(SPECIAL_CUSTOMERS) + 1, events // 8)
+    assets = max(2, min(2_000, events // 50))
+    customer_keys = [customer_id(i) for i in range(customers - len(SPECIAL_CUSTOMERS))] + list(SPECIAL_CUSTOMERS)
+    bookings = folder / "bookings.jsonl"
+    with open(bookings, "w", encoding="utf-8") as fh:
+        for n in range(events):
+            record = {
+                "customer_id": customer_keys[rng.randrange(customers)],
+                # Unique per event, so "latest" is never ambiguous.
+                "ts": 1_700_000_000_000 + n * 1_000 + rng.randrange(1_000),
+                "route": rng.choice(ROUTES),
+                "fare": round(rng.uniform(9.0, 400.0), 2),
+                "seats": rng.randint(1, 6),
+            }
+            fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+    trades = folder / "trades.jsonl"
+    with open(trades, "w", encoding="utf-8") as fh:
+        for n in range(events):
+            record = {
+                "asset": asset_id(rng.randrange(assets)),
+                "ts": 1_700_000_000_000 + n * 1_000 + rng.randrange(1_000),
+                "qty": rng.randint(1, 500),
+                "price": round(rng.uniform(1.0, 1_000.0), 4),
+            }
+            fh.write(json.dumps(record) + "\n")
+    return SampleFiles(bookings=bookings, trades=trades, customers=customers, assets=assets)
+
+
+def spec_toml(files: SampleFiles, partitions: int = 12, replication_factor: int = 2) -> str:
+    return f"""\
+[stores.bookings]
+source = {json.dumps(str(files.bookings))}
+format = "json"
+key = "customer_id"
+key_format = "string"
+partitions = {partitions}
+partitioner = "murmur2"
+replication_factor = {replication_factor}
+mode = "latest"
+order_by = "ts"
+columns = ["ts", "route", "fare", "seats"]
+
+[stores.positions]
+source = {json.dumps(str(files.trades))}
+format = "json"
+key = "asset"
+partitions = {max(1, partitions // 2)}
+replication_factor = {replication_factor}
+mode = "aggregate"
+aggregations = {{ trades = "count(*)", volume = "sum(qty)", last_price = "max_by(price, ts)" }}
+"""

@@ -1,0 +1,171 @@
+"""Keeps a PartitionMap current from ZooKeeper watches (pushed, not polled).
+
+States of the ZooKeeper connection and what the watcher does in each:
+
+    CONNECTED  -> read every record, re-arm the watches, publish a fresh map
+    SUSPENDED  -> keep the last map, republish it marked stale (keep serving, say so)
+    LOST       -> same as SUSPENDED; on the next CONNECTED the session is new, so everything is re-read
+
+Watch callbacks run on kazoo's threads and must not block: they only mark the map dirty. One worker
+thread does the reading and hands each new immutable map to `on_map` (the caller moves it onto its
+event loop, e.g. with `loop.call_soon_threadsafe`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import KazooException, NoNodeError
+from kazoo.protocol.states import ZnodeStat
+
+from keyroute_core import zk_layout
+from keyroute_core.partition_map import (
+    EMPTY_ASSIGNMENT,
+    Assignment,
+    NodeRecord,
+    PartitionMap,
+    RecordError,
+    ServingRecord,
+    StoreRecord,
+)
+
+log = logging.getLogger(__name__)
+
+
+class MapWatcher:
+    """Watches stores, nodes, assignment and serving records; publishes a new map on every change."""
+
+    def __init__(
+        self,
+        client: KazooClient,
+        on_map: Callable[[PartitionMap], None],
+        safety_refresh_s: float = 60.0,
+    ) -> None:
+        self._client = client
+        self._on_map = on_map
+        self._safety_refresh_s = safety_refresh_s
+        self._dirty = threading.Event()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="keyroute-map-watcher", daemon=True)
+        self._current = PartitionMap.empty().marked_stale(True)
+        self._listener = self._on_state
+
+    @property
+    def current(self) -> PartitionMap:
+        return self._current
+
+    def start(self) -> None:
+        self._client.add_listener(self._listener)
+        self._dirty.set()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._dirty.set()
+        self._client.remove_listener(self._listener)
+        if self._thread.is_alive():
+            self._thread.join(timeout=5.0)
+
+    def refresh(self) -> None:
+        """Re-read now (e.g. a node told us our view is stale)."""
+        self._dirty.set()
+
+    def _on_state(self, state: str) -> None:
+        # Runs on kazoo's connection thread: only flag, never block.
+        if state == KazooState.CONNECTED:
+            self._dirty.set()
+        else:
+            self._publish(self._current.marked_stale(True))
+
+    def _on_watch(self, *_event: Any) -> None:
+        self._dirty.set()
+
+    def _publish(self, new_map: PartitionMap) -> None:
+        self._current = new_map
+        try:
+            self._on_map(new_map)
+        except Exception:  # a faulty consumer must not kill the watcher thread
+            log.exception("partition map consumer failed")
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            if not self._dirty.wait(timeout=self._safety_refresh_s):
+                self._dirty.set()
+            if self._stopped.is_set():
+                return
+            self._dirty.clear()
+            if not self._client.connected:
+                continue
+            try:
+                new_map = self._read()
+            except KazooException as exc:
+                log.warning("reading the partition map failed (%s); serving the last one, marked stale", exc)
+                self._publish(self._current.marked_stale(True))
+                continue
+            self._publish(new_map)
+
+    def _read(self) -> PartitionMap:
+        zk = self._client
+        watch = self._on_watch
+        stats: list[ZnodeStat] = []
+
+        def children(path: str) -> list[str]:
+            try:
+                names, stat = zk.get_children(path, watch=watch, include_data=True)
+            except NoNodeError:
+                zk.ensure_path(path)
+                names, stat = zk.get_children(path, watch=watch, include_data=True)
+            stats.append(stat)
+            return sorted(names)
+
+        def data(path: str) -> bytes | None:
+            try:
+                raw, stat = zk.get(path, watch=watch)
+            except NoNodeError:
+                # Re-arm on creation so a record that appears later is seen.
+                zk.exists(path, watch=watch)
+                return None
+            stats.append(stat)
+            return raw
+
+        stores: dict[str, StoreRecord] = {}
+        for name in children(zk_layout.STORES):
+            raw = data(zk_layout.store_path(name))
+            if raw:
+                try:
+                    stores[name] = StoreRecord.from_json(raw)
+                except RecordError as exc:
+                    log.warning("ignoring store %s: %s", name, exc)
+
+        nodes: dict[str, NodeRecord] = {}
+        for node_id in children(zk_layout.NODES):
+            raw = data(zk_layout.node_path(node_id))
+            if raw:
+                try:
+                    nodes[node_id] = NodeRecord.from_json(raw)
+                except RecordError as exc:
+                    log.warning("ignoring node %s: %s", node_id, exc)
+
+        assignment = EMPTY_ASSIGNMENT
+        raw = data(zk_layout.ASSIGNMENT)
+        if raw:
+            try:
+                assignment = Assignment.from_json(raw)
+            except RecordError as exc:
+                log.warning("ignoring assignment: %s", exc)
+
+        serving: dict[str, ServingRecord] = {}
+        for node_id in children(zk_layout.SERVING):
+            raw = data(zk_layout.serving_path(node_id))
+            if raw:
+                try:
+                    serving[node_id] = ServingRecord.from_json(raw)
+                except RecordError as exc:
+                    log.warning("ignoring serving record of %s: %s", node_id, exc)
+
+        generation = max((max(s.mzxid, s.pzxid) for s in stats), default=0)
+        return PartitionMap.build(stores, nodes, assignment, serving, generation=generation)

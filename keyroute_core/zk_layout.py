@@ -1,0 +1,30 @@
+"""Where keyroute keeps its records in ZooKeeper (all paths relative to the chroot).
+
+    /stores/{store}            persistent  StoreRecord: partitions, partitioner, key format, current version
+    /nodes/{node_id}           ephemeral   NodeRecord: the URL a node advertises (liveness)
+    /controller                            kazoo Election recipe: the node that writes the assignment
+    /assignment                persistent  Assignment: desired replicas per partition, with a generation
+    /serving/{node_id}         ephemeral   ServingRecord: partitions a node has loaded, at which version
+"""
+
+from __future__ import annotations
+
+STORES = "/stores"
+NODES = "/nodes"
+CONTROLLER = "/controller"
+ASSIGNMENT = "/assignment"
+SERVING = "/serving"
+
+PERSISTENT_ROOTS = (STORES, NODES, CONTROLLER, SERVING)
+
+
+def store_path(store: str) -> str:
+    return f"{STORES}/{store}"
+
+
+def node_path(node_id: str) -> str:
+    return f"{NODES}/{node_id}"
+
+
+def serving_path(node_id: str) -> str:
+    return f"{SERVING}/{node_id}"

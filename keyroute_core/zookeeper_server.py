@@ -1,0 +1,179 @@
+"""A real ZooKeeper server for local use, started from the jars bundled in the pyspark wheel.
+
+Only Java is needed: nothing is downloaded. Used by `keyroute zookeeper`, the demo and the tests.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+# The server and what it loads at runtime (networking, metrics, logging); versions come from the wheel.
+_JAR_PREFIXES = (
+    "zookeeper-",
+    "slf4j-api-",
+    "log4j-slf4j2-impl-",
+    "log4j-api-",
+    "log4j-core-",
+    "netty-",
+    "commons-io-",
+    "commons-cli-",
+    "metrics-core-",
+    "audience-annotations-",
+    "snappy-java-",
+)
+
+MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
+
+
+class ZooKeeperLaunchError(RuntimeError):
+    """The embedded ZooKeeper could not be found, started, or did not become ready."""
+
+
+def jars_dir() -> Path:
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or not spec.submodule_search_locations:
+        raise ZooKeeperLaunchError("pyspark is not installed: its wheel carries the ZooKeeper jars")
+    folder = Path(next(iter(spec.submodule_search_locations))) / "jars"
+    if not any(folder.glob("zookeeper-[0-9]*.jar")):
+        raise ZooKeeperLaunchError(f"no ZooKeeper jar in {folder}")
+    return folder
+
+
+def classpath() -> str:
+    folder = jars_dir()
+    jars = sorted(p for p in folder.glob("*.jar") if p.name.startswith(_JAR_PREFIXES))
+    return os.pathsep.join(str(p) for p in jars)
+
+
+def write_config(data_dir: Path, port: int, host: str = "127.0.0.1", tick_time_ms: int = 500) -> Path:
+    """zoo.cfg for a standalone server; the admin HTTP server is off (it would take port 8080)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / "data").mkdir(exist_ok=True)
+    cfg = data_dir / "zoo.cfg"
+    cfg.write_text(
+        "\n".join(
+            [
+                f"tickTime={tick_time_ms}",
+                f"dataDir={data_dir / 'data'}",
+                f"clientPort={port}",
+                f"clientPortAddress={host}",
+                "admin.enableServer=false",
+                "4lw.commands.whitelist=ruok,srvr,stat,mntr",
+                "maxClientCnxns=0",
+                f"minSessionTimeout={tick_time_ms * 2}",
+                "maxSessionTimeout=60000",
+                "autopurge.snapRetainCount=3",
+                "autopurge.purgeInterval=1",
+                "",
+            ]
+        )
+    )
+    log_cfg = data_dir / "log4j2.properties"
+    log_cfg.write_text(
+        "\n".join(
+            [
+                "rootLogger.level = warn",
+                "rootLogger.appenderRef.stderr.ref = stderr",
+                "appender.stderr.type = Console",
+                "appender.stderr.name = stderr",
+                "appender.stderr.target = SYSTEM_ERR",
+                "appender.stderr.layout.type = PatternLayout",
+                "appender.stderr.layout.pattern = %d{ISO8601} zookeeper %-5p %c{1}: %m%n",
+                "",
+            ]
+        )
+    )
+    return cfg
+
+
+def command(data_dir: Path, port: int, host: str = "127.0.0.1", java: str = "java") -> list[str]:
+    java_bin = shutil.which(java)
+    if java_bin is None:
+        raise ZooKeeperLaunchError(f"{java!r} not found on PATH: ZooKeeper needs a Java runtime (17+)")
+    cfg = write_config(data_dir, port, host)
+    return [
+        java_bin,
+        "-Xmx256m",
+        f"-Dlog4j2.configurationFile={data_dir / 'log4j2.properties'}",
+        "-Dzookeeper.admin.enableServer=false",
+        "-cp",
+        classpath(),
+        MAIN_CLASS,
+        str(cfg),
+    ]
+
+
+def four_letter_word(host: str, port: int, word: str, timeout_s: float = 1.0) -> str:
+    with socket.create_connection((host, port), timeout=timeout_s) as sock:
+        sock.sendall(word.encode("ascii"))
+        chunks = []
+        while chunk := sock.recv(4096):
+            chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def is_serving(host: str, port: int) -> bool:
+    try:
+        return "Mode:" in four_letter_word(host, port, "srvr")
+    except OSError:
+        return False
+
+
+class EmbeddedZooKeeper:
+    """A ZooKeeper server process owned by this Python process (context manager)."""
+
+    def __init__(self, port: int, data_dir: Path, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.port = port
+        self.data_dir = Path(data_dir)
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def connect_string(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self, ready_timeout_s: float = 30.0) -> EmbeddedZooKeeper:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.data_dir / "zookeeper.log", "ab")
+        self.process = subprocess.Popen(
+            command(self.data_dir, self.port, self.host),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        log.close()
+        deadline = time.monotonic() + ready_timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ZooKeeperLaunchError(
+                    f"ZooKeeper exited with code {self.process.returncode}; see {self.data_dir / 'zookeeper.log'}"
+                )
+            if is_serving(self.host, self.port):
+                return self
+            time.sleep(0.1)
+        self.stop()
+        raise ZooKeeperLaunchError(f"ZooKeeper did not serve on {self.connect_string} within {ready_timeout_s}s")
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        proc, self.process = self.process, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def __enter__(self) -> EmbeddedZooKeeper:
+        return self.start() if self.process is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,36 @@
+"""Session-wide real components: one ZooKeeper server and one SparkSession; a fresh chroot per test."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from keyroute_core.settings import ZkSettings
+from keyroute_core.zookeeper_server import EmbeddedZooKeeper
+from tests.util import free_port
+
+
+@pytest.fixture(scope="session")
+def zk_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedZooKeeper]:
+    server = EmbeddedZooKeeper(port=free_port(), data_dir=tmp_path_factory.mktemp("zookeeper"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def zk_settings(zk_server: EmbeddedZooKeeper) -> ZkSettings:
+    """A chroot of its own for each test, so tests never see each other's records."""
+    return ZkSettings(hosts=zk_server.connect_string, chroot=f"/t-{uuid.uuid4().hex[:12]}", session_timeout_s=4.0)
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from pipeline.session import create_session
+
+    session = create_session(master="local[2]", local_dir=Path(tmp_path_factory.mktemp("spark")))
+    yield session
+    session.stop()

@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from keyroute_core.key_format import KeyFormat
+from keyroute_core.partition_map import (
+    Assignment,
+    NodeRecord,
+    PartitionMap,
+    RecordError,
+    ServingRecord,
+    StoreRecord,
+)
+from keyroute_core.partitioner import Partitioner, partition_for
+
+
+def store(name: str = "bookings", partitions: int = 4, version: int = 2) -> StoreRecord:
+    return StoreRecord(
+        name=name,
+        partitions=partitions,
+        partitioner=Partitioner.MURMUR2,
+        key_format=KeyFormat.STRING,
+        version=version,
+        snapshot=f"/snap/{name}/v{version}",
+        value_columns=("ts", "fare"),
+        replication_factor=2,
+    )
+
+
+def test_records_round_trip_through_json() -> None:
+    s = store()
+    assert StoreRecord.from_json(s.to_json()) == s
+    n = NodeRecord("n1", "http://127.0.0.1:9001")
+    assert NodeRecord.from_json(n.to_json()) == n
+    a = Assignment(7, {"bookings": (("n1", "n2"), ("n2", "n1"))})
+    assert Assignment.from_json(a.to_json()) == a
+    r = ServingRecord("n1", "http://127.0.0.1:9001", {"bookings": {0: 2, 3: 1}})
+    back = ServingRecord.from_json(r.to_json())
+    assert back.stores == {"bookings": {0: 2, 3: 1}}
+
+
+@pytest.mark.parametrize("raw", [b"", b"[]", b"{", '{"name": 1}'.encode(), b"\xff"])
+def test_malformed_records_raise_record_error(raw: bytes) -> None:
+    with pytest.raises(RecordError):
+        StoreRecord.from_json(raw)
+
+
+def test_routes_use_the_published_version_and_preferred_replica_first() -> None:
+    s = store(partitions=2, version=2)
+    serving = {
+        "n1": ServingRecord("n1", "http://n1", {"bookings": {0: 2, 1: 1}}),
+        "n2": ServingRecord("n2", "http://n2", {"bookings": {0: 2, 1: 2}}),
+        "n3": ServingRecord("n3", "http://n3", {"bookings": {0: 1}}),
+    }
+    assignment = Assignment(3, {"bookings": (("n2", "n1"), ("n1", "n2"))})
+    pmap = PartitionMap.build({"bookings": s}, {}, assignment, serving)
+    assert [ep.node_id for ep in pmap.serving_endpoints("bookings", 0)] == ["n2", "n1"]
+    # n1 still serves version 1 of partition 1: never mixed with version 2.
+    assert [(ep.node_id, ep.version) for ep in pmap.serving_endpoints("bookings", 1)] == [("n2", 2)]
+    assert pmap.complete
+
+
+def test_an_older_version_is_routed_while_the_published_one_is_not_served_yet() -> None:
+    s = store(partitions=1, version=3)
+    serving = {"n1": ServingRecord("n1", "http://n1", {"bookings": {0: 2}})}
+    pmap = PartitionMap.build({"bookings": s}, {}, Assignment(1, {"bookings": (("n1",),)}), serving)
+    assert [(ep.node_id, ep.version) for ep in pmap.serving_endpoints("bookings", 0)] == [("n1", 2)]
+
+
+def test_route_hashes_key_bytes_over_all_partitions_even_if_unserved() -> None:
+    s = store(partitions=12)
+    serving = {"n1": ServingRecord("n1", "http://n1", {"bookings": {0: 2}})}
+    pmap = PartitionMap.build({"bookings": s}, {}, Assignment(1, {}), serving)
+    data = "customer-17".encode()
+    route = pmap.route(s, data)
+    assert route.partition == partition_for(Partitioner.MURMUR2, data, 12)
+    assert not pmap.complete
+
+
+def test_describe_lists_assigned_and_serving_per_partition() -> None:
+    s = store(partitions=2)
+    serving = {"n1": ServingRecord("n1", "http://n1", {"bookings": {0: 2, 1: 2}})}
+    nodes = {"n1": NodeRecord("n1", "http://n1")}
+    pmap = PartitionMap.build(
+        {"bookings": s}, nodes, Assignment(5, {"bookings": (("n1",), ("n1",))}), serving, generation=99
+    )
+    doc = json.loads(json.dumps(pmap.describe()))
+    assert doc["generation"] == 99 and doc["assignment_generation"] == 5
+    entry = doc["stores"]["bookings"]
+    assert entry["partitioner"] == "murmur2" and entry["version"] == 2
+    assert entry["partition_map"][1] == {
+        "partition": 1,
+        "assigned": ["n1"],
+        "serving": [{"node": "n1", "url": "http://n1", "version": 2}],
+    }
+    assert doc["nodes"]["n1"]["serving"] == {"bookings": 2}
+    assert pmap.marked_stale(True).describe()["stale"] is True

@@ -1,0 +1,91 @@
+"""Test helpers: wait on a condition with a deadline (never a fixed sleep), free ports, processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def wait_for(
+    predicate: Callable[[], T | None],
+    timeout_s: float = 30.0,
+    interval_s: float = 0.05,
+    message: str = "condition",
+) -> T:
+    """Poll `predicate` until it returns something truthy; return it, or fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    last_error: BaseException | None = None
+    while True:
+        try:
+            result = predicate()
+            if result:
+                return result
+        except Exception as exc:  # the condition may raise until the system is up
+            last_error = exc
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {message} (last error: {last_error!r})")
+        time.sleep(interval_s)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Proc:
+    """A `keyroute ...` subprocess with its output in a log file; stopped (or killed) on exit."""
+
+    def __init__(self, args: Sequence[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.args = list(args)
+        self.log_path = log_path
+        self._env = {**os.environ, **(env or {})}
+        self.popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Proc:
+        log = open(self.log_path, "ab")
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "keyroute", *self.args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self._env,
+        )
+        log.close()
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def kill9(self) -> None:
+        assert self.popen is not None
+        self.popen.send_signal(signal.SIGKILL)
+        self.popen.wait(timeout=10)
+
+    def stop(self, timeout_s: float = 15.0) -> int | None:
+        if self.popen is None:
+            return None
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        return self.popen.returncode
+
+    def output(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
