@@ -1,0 +1,55 @@
+"""Where the router's partition maps come from: ZooKeeper watches in production, anything in tests.
+
+The source pushes each new immutable map from its own thread; the app moves it onto the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from kazoo.client import KazooClient
+
+from keyroute_core import zk
+from keyroute_core.map_watcher import MapWatcher
+from keyroute_core.partition_map import PartitionMap
+from keyroute_core.settings import ZkSettings
+
+
+class MapSource(Protocol):
+    def start(self, on_map: Callable[[PartitionMap], None]) -> None:
+        """Begin pushing maps to `on_map` (may block while connecting; called off the event loop)."""
+
+    def refresh(self) -> None:
+        """Re-read now: a node told us our view is stale. Must not block."""
+
+    def stop(self) -> None:
+        """Stop pushing and release resources (may block)."""
+
+
+class ZooKeeperMapSource:
+    """A ZooKeeper session and a `MapWatcher` on it, owned by the router's lifespan."""
+
+    def __init__(self, settings: ZkSettings) -> None:
+        self._settings = settings
+        self._client: KazooClient | None = None
+        self._watcher: MapWatcher | None = None
+
+    def start(self, on_map: Callable[[PartitionMap], None]) -> None:
+        self._client = zk.connect(self._settings)
+        self._watcher = MapWatcher(self._client, on_map)
+        self._watcher.start()
+
+    def refresh(self) -> None:
+        if self._watcher is not None:
+            self._watcher.refresh()
+
+    def stop(self) -> None:
+        watcher, self._watcher = self._watcher, None
+        client, self._client = self._client, None
+        try:
+            if watcher is not None:
+                watcher.stop()
+        finally:
+            if client is not None:
+                zk.close(client)

@@ -1,0 +1,301 @@
+"""The router's data path: one key, or a batch fanned out per node, sent to a node serving its partition.
+
+Failover across serving replicas, node back-off and misroute detection live here; the wire is `Upstream`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+from urllib.parse import quote
+
+from keyroute_core.api import (
+    HEADER_HOPS,
+    HEADER_REQUEST_ID,
+    ApiError,
+    BadKey,
+    BadRequest,
+    PartitionUnavailable,
+    PayloadTooLarge,
+    StoreNotFound,
+)
+from keyroute_core.partition_map import Endpoint
+from router.backoff import NodeBackoff
+from router.metrics import RouterMetrics
+from router.routing_table import RoutingTable
+from router.upstream import Upstream, UpstreamResponse, UpstreamUnavailable
+
+log = logging.getLogger(__name__)
+
+# Marks a request as sent by a router. Deliberately not the hop header: a node whose view is newer than
+# ours must still be allowed to forward once, which is the fallback when our map is stale.
+HEADER_ROUTER = "x-keyroute-router"
+
+# A burst of misrouted reads (say, during a rebalance) asks for one re-read, not one per read.
+MIN_REFRESH_INTERVAL_S = 0.5
+
+_HOPS = HEADER_HOPS.encode("ascii")
+# Hop-by-hop headers (RFC 9110 section 7.6.1) belong to one connection, never to the answer; the
+# framing and server headers are set again by our own server for our own connection.
+_NOT_PASSED = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"content-length",
+        b"date",
+        b"server",
+    }
+)
+
+
+def passthrough_headers(headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """A node's response headers minus hop-by-hop ones (also those its Connection header names)."""
+    named = {
+        token.strip().lower()
+        for name, value in headers
+        if name.lower() == b"connection"
+        for token in value.split(b",")
+    }
+    kept = []
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered not in _NOT_PASSED and lowered not in named:
+            kept.append((lowered, value))
+    return kept
+
+
+def parse_batch_body(body: bytes) -> list[Any]:
+    """The `keys` of a batch-get body; BadRequest when the body is not `{"keys": [...]}`."""
+    try:
+        obj = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"the body is not valid JSON ({exc})") from exc
+    if not isinstance(obj, dict) or not isinstance(obj.get("keys"), list):
+        raise BadRequest('expected a JSON object {"keys": [...]}')
+    return obj["keys"]
+
+
+def error_entry(key: Any, error: ApiError) -> dict[str, Any]:
+    return {"key": key, "status": error.status, "error": error.code, "message": error.message}
+
+
+def _key_text(raw: Any) -> str | None:
+    if isinstance(raw, str):
+        return raw
+    # Integer keys are accepted as JSON numbers for convenience; their text form is the decimal.
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return str(raw)
+    return None
+
+
+class Proxy:
+    """Routes reads with the current `RoutingTable`; `table` is replaced whole by `install`."""
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        *,
+        on_stale_map: Callable[[], None],
+        max_batch_keys: int = 1000,
+        retry_after_s: int = 1,
+        backoff: NodeBackoff | None = None,
+        metrics: RouterMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.table = RoutingTable.empty()
+        self.metrics = metrics or RouterMetrics()
+        self._upstream = upstream
+        self._on_stale_map = on_stale_map
+        self._max_batch_keys = max_batch_keys
+        self._retry_after_s = retry_after_s
+        self._backoff = backoff or NodeBackoff()
+        self._clock = clock
+        self._last_refresh = float("-inf")
+
+    def install(self, table: RoutingTable) -> None:
+        """Swap in a new routing view (on the event loop thread; readers keep the one they started with)."""
+        self.table = table
+        m = self.metrics
+        m.map_updates += 1
+        m.map_generation = table.generation
+        m.map_stale = table.stale
+        m.map_complete = table.complete
+
+    async def get(self, store: str, key_text: str, request_id: str | None = None) -> UpstreamResponse:
+        """A node's answer for one key, headers filtered for passing on; raises ApiError when none answers."""
+        self.metrics.key_requests += 1
+        route = self.table.resolve(store, key_text)
+        if not route.serving:
+            self.metrics.unavailable += 1
+            raise self._unavailable(f"no node serves partition {route.partition} of store {store!r}")
+        path = f"/stores/{quote(store, safe='')}/keys/{quote(key_text, safe='')}"
+        headers = self._headers(request_id)
+        refused: UpstreamResponse | None = None
+        tried: list[str] = []
+        for endpoint in self._backoff.order(route.serving):
+            if tried:
+                self.metrics.failovers += 1
+            tried.append(endpoint.node_id)
+            response = await self._send(endpoint, self._upstream.get(endpoint.url + path, headers))
+            if response is None:
+                continue
+            if response.status == 503:
+                # The node no longer serves the partition and knows no one who does: a replica still might.
+                refused = response
+                self._refresh_map()
+                continue
+            return UpstreamResponse(response.status, passthrough_headers(response.headers), response.body)
+        if refused is not None:
+            return UpstreamResponse(refused.status, passthrough_headers(refused.headers), refused.body)
+        self.metrics.unavailable += 1
+        raise self._unavailable(
+            f"no node serving partition {route.partition} of store {store!r} answered (tried {', '.join(tried)})"
+        )
+
+    async def batch_get(self, store: str, keys: Sequence[Any], request_id: str | None = None) -> list[dict[str, Any]]:
+        """One result per key in request order; one request per node, in parallel, replicas on failure."""
+        self.metrics.batch_requests += 1
+        self.metrics.batch_keys += len(keys)
+        if len(keys) > self._max_batch_keys:
+            raise PayloadTooLarge(f"{len(keys)} keys in one batch; at most {self._max_batch_keys} are allowed")
+        table = self.table
+        if not table.has_store(store):
+            raise StoreNotFound(f"no store named {store!r}")
+
+        results: list[dict[str, Any] | None] = [None] * len(keys)
+        texts: dict[int, str] = {}
+        candidates: dict[int, tuple[Endpoint, ...]] = {}
+        for i, raw in enumerate(keys):
+            text = _key_text(raw)
+            if text is None:
+                results[i] = error_entry(raw, BadKey("a key must be a JSON string"))
+                continue
+            try:
+                route = table.resolve(store, text)
+            except ApiError as exc:
+                results[i] = error_entry(raw, exc)
+                continue
+            if not route.serving:
+                self.metrics.unavailable += 1
+                results[i] = error_entry(
+                    raw, self._unavailable(f"no node serves partition {route.partition} of store {store!r}")
+                )
+                continue
+            texts[i] = text
+            candidates[i] = self._backoff.order(route.serving)
+
+        path = f"/stores/{quote(store, safe='')}/batch-get"
+        headers = {**self._headers(request_id), "content-type": "application/json"}
+        attempt = dict.fromkeys(candidates, 0)
+        refused: dict[int, dict[str, Any]] = {}
+        pending = list(candidates)
+        while pending:
+            # Grouped by URL, not Endpoint: one node may serve different partitions at different versions.
+            groups: dict[str, list[int]] = {}
+            endpoints: dict[str, Endpoint] = {}
+            for i in pending:
+                endpoint = candidates[i][attempt[i]]
+                groups.setdefault(endpoint.url, []).append(i)
+                endpoints.setdefault(endpoint.url, endpoint)
+            answers = await asyncio.gather(
+                *(
+                    self._node_batch(endpoints[url], path, [texts[i] for i in indexes], headers)
+                    for url, indexes in groups.items()
+                )
+            )
+            pending = []
+            for indexes, answer in zip(groups.values(), answers, strict=True):
+                retry: list[int] = []
+                if answer is None:
+                    retry = indexes
+                else:
+                    for i, entry in zip(indexes, answer, strict=True):
+                        if entry.get("status") == 503:
+                            refused[i] = entry
+                            retry.append(i)
+                        else:
+                            results[i] = entry
+                for i in retry:
+                    attempt[i] += 1
+                    if attempt[i] < len(candidates[i]):
+                        self.metrics.failovers += 1
+                        pending.append(i)
+                        continue
+                    self.metrics.unavailable += 1
+                    results[i] = refused.get(i) or error_entry(
+                        keys[i], self._unavailable(f"no node serving the partition of key {texts[i]!r} answered")
+                    )
+        answered = [entry for entry in results if entry is not None]
+        assert len(answered) == len(keys), "every key gets exactly one result"
+        return answered
+
+    async def _node_batch(
+        self, endpoint: Endpoint, path: str, texts: list[str], headers: Mapping[str, str]
+    ) -> list[dict[str, Any]] | None:
+        """The node's result entries for `texts` in order, or None when it failed or answered nonsense."""
+        body = json.dumps({"keys": texts}, ensure_ascii=False).encode("utf-8")
+        response = await self._send(endpoint, self._upstream.post(endpoint.url + path, body, headers))
+        if response is None:
+            return None
+        if response.status != 200:
+            if response.status == 503:
+                self._refresh_map()
+            log.warning("node %s answered a batch-get with status %d", endpoint.node_id, response.status)
+            return None
+        try:
+            entries = json.loads(response.body)["results"]
+        except (ValueError, KeyError, TypeError):
+            entries = None
+        if (
+            not isinstance(entries, list)
+            or len(entries) != len(texts)
+            or not all(isinstance(e, dict) and isinstance(e.get("status"), int) for e in entries)
+        ):
+            log.warning("node %s answered a batch-get with a malformed body", endpoint.node_id)
+            return None
+        return entries
+
+    async def _send(self, endpoint: Endpoint, request: Awaitable[UpstreamResponse]) -> UpstreamResponse | None:
+        """One request to one node; None (and the node backed off) when it could not be completed."""
+        self.metrics.upstream_requests += 1
+        try:
+            response = await request
+        except UpstreamUnavailable as exc:
+            self.metrics.upstream_failures += 1
+            if exc.node_fault:
+                self._backoff.failed(endpoint, str(exc))
+            return None
+        self._backoff.succeeded(endpoint)
+        hops = response.header(_HOPS)
+        if hops is not None and hops.strip() not in (b"", b"0"):
+            # The node had to forward: it does not serve what our map says it serves.
+            self.metrics.misroutes += 1
+            self._refresh_map()
+        return response
+
+    def _refresh_map(self) -> None:
+        now = self._clock()
+        if now - self._last_refresh >= MIN_REFRESH_INTERVAL_S:
+            self._last_refresh = now
+            self._on_stale_map()
+
+    def _headers(self, request_id: str | None) -> dict[str, str]:
+        # identity: the body is passed on as bytes, so it must not need decoding.
+        headers = {HEADER_ROUTER: "1", "accept-encoding": "identity"}
+        if request_id:
+            headers[HEADER_REQUEST_ID] = request_id
+        return headers
+
+    def _unavailable(self, message: str) -> PartitionUnavailable:
+        return PartitionUnavailable(message, retry_after_s=self._retry_after_s)

@@ -1,0 +1,111 @@
+"""The embedded ZooKeeper and the partition-map watcher, against a real server."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from kazoo.client import KazooClient
+
+from keyroute_core import zk_layout
+from keyroute_core.key_format import KeyFormat
+from keyroute_core.map_watcher import MapWatcher
+from keyroute_core.partition_map import Assignment, PartitionMap, ServingRecord, StoreRecord
+from keyroute_core.partitioner import Partitioner
+from keyroute_core.settings import ZkSettings
+from keyroute_core.zk import close, connect
+from keyroute_core.zookeeper_server import EmbeddedZooKeeper, four_letter_word, is_serving
+from tests.util import Proc, free_port, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def test_session_server_is_a_real_zookeeper(zk_server: EmbeddedZooKeeper) -> None:
+    assert four_letter_word(zk_server.host, zk_server.port, "ruok") == "imok"
+    assert "Mode: standalone" in four_letter_word(zk_server.host, zk_server.port, "srvr")
+
+
+def test_connect_creates_a_missing_chroot_and_the_layout(zk_settings: ZkSettings, zk_server: EmbeddedZooKeeper) -> None:
+    client = connect(zk_settings)
+    try:
+        assert sorted(client.get_children("/")) == sorted(p.strip("/") for p in zk_layout.PERSISTENT_ROOTS)
+    finally:
+        close(client)
+    root = KazooClient(hosts=zk_server.connect_string)
+    root.start(timeout=10)
+    try:
+        assert root.exists(zk_settings.chroot) is not None
+    finally:
+        root.stop()
+        root.close()
+
+
+def test_cli_runs_zookeeper_in_the_foreground(tmp_path: Path) -> None:
+    port = free_port()
+    proc = Proc(["zookeeper", "--port", str(port), "--data-dir", str(tmp_path / "zk")], tmp_path / "zk.log").start()
+    try:
+        wait_for(lambda: is_serving("127.0.0.1", port), timeout_s=60, message="keyroute zookeeper to serve")
+        client = connect(ZkSettings(hosts=f"127.0.0.1:{port}", chroot="/cli"))
+        client.create("/stores/probe", b"{}")
+        assert client.exists("/stores/probe")
+        close(client)
+    finally:
+        proc.stop()
+    assert not proc.alive
+
+
+def test_watcher_pushes_every_change_and_marks_stale_when_disconnected(zk_settings: ZkSettings) -> None:
+    writer = connect(zk_settings)
+    reader = connect(zk_settings)
+    seen: list[PartitionMap] = []
+    lock = threading.Lock()
+
+    def on_map(pmap: PartitionMap) -> None:
+        with lock:
+            seen.append(pmap)
+
+    watcher = MapWatcher(reader, on_map)
+    watcher.start()
+    try:
+        wait_for(lambda: seen and not seen[-1].stale, message="first map")
+        record = StoreRecord("s", 2, Partitioner.MURMUR2, KeyFormat.STRING, 1, "/snap/s/v1")
+        writer.create(zk_layout.store_path("s"), record.to_json())
+        writer.create(zk_layout.ASSIGNMENT, Assignment(1, {"s": (("n1",), ("n1",))}).to_json())
+        serving = ServingRecord("n1", "http://127.0.0.1:1", {"s": {0: 1}})
+        writer.create(zk_layout.serving_path("n1"), serving.to_json(), ephemeral=True)
+        first = wait_for(lambda: watcher.current.serving_endpoints("s", 0) and watcher.current, message="serving seen")
+        assert not first.complete
+        assert first.assignment.generation == 1
+        both = ServingRecord("n1", "http://127.0.0.1:1", {"s": {0: 1, 1: 1}})
+        writer.set(zk_layout.serving_path("n1"), both.to_json())
+        done = wait_for(lambda: watcher.current.complete and watcher.current, message="complete map")
+        assert done.generation > first.generation
+        # The ephemeral record vanishes with its session: the map follows.
+        close(writer)
+        wait_for(lambda: not watcher.current.serving_endpoints("s", 0), message="serving record gone")
+    finally:
+        watcher.stop()
+        close(reader)
+
+
+def test_watcher_keeps_the_last_map_marked_stale_while_zookeeper_is_down(tmp_path: Path) -> None:
+    server = EmbeddedZooKeeper(port=free_port(), data_dir=tmp_path / "zk").start()
+    settings = ZkSettings(hosts=server.connect_string, chroot="/outage", session_timeout_s=30.0)
+    client = connect(settings)
+    watcher = MapWatcher(client, lambda _m: None)
+    watcher.start()
+    try:
+        record = StoreRecord("s", 1, Partitioner.MURMUR2, KeyFormat.STRING, 1, "/snap/s/v1")
+        client.create(zk_layout.store_path("s"), record.to_json())
+        wait_for(lambda: "s" in watcher.current.stores and not watcher.current.stale, message="map with s")
+        server.stop()
+        stale = wait_for(lambda: watcher.current.stale and watcher.current, timeout_s=30, message="stale map")
+        assert "s" in stale.stores  # still the last known map
+        server.start()
+        wait_for(lambda: not watcher.current.stale, timeout_s=60, message="fresh map after reconnect")
+        assert "s" in watcher.current.stores
+    finally:
+        watcher.stop()
+        close(client)
+        server.stop()

@@ -1,0 +1,68 @@
+"""`keyroute partition`: one JSON object per key, from arguments or stdin lines exactly as written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from keyroute.cli import build_parser, main
+from keyroute_core.key_format import KeyFormat, parse_key
+from keyroute_core.partitioner import Partitioner, murmur2, partition_for
+
+
+def run(args: list[str], stdin: bytes = b"") -> tuple[int, list[dict]]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "keyroute", "partition", *args], input=stdin, capture_output=True, check=False
+    )
+    return proc.returncode, [json.loads(line) for line in proc.stdout.decode().splitlines()]
+
+
+def test_kafka_vectors_from_arguments() -> None:
+    code, rows = run(["--partitions", "1000", "21", "foobar"])
+    assert code == 0
+    assert rows[0] == {"key": "21", "partition": (-973932308 & 0x7FFFFFFF) % 1000, "hash": -973932308}
+    assert rows[1]["hash"] == -790332482
+
+
+def test_stdin_lines_are_keys_exactly_as_written() -> None:
+    stdin = "a\n\n b \r\nZoë/100%\nlast-without-newline".encode()
+    code, rows = run(["--partitions", "12"], stdin)
+    assert code == 0
+    assert [r["key"] for r in rows] == ["a", "", " b ", "Zoë/100%", "last-without-newline"]
+    for row in rows:
+        data = row["key"].encode()
+        assert row["hash"] == murmur2(data)
+        assert row["partition"] == partition_for(Partitioner.MURMUR2, data, 12)
+
+
+def test_bytes_and_int_keys_and_other_partitioners() -> None:
+    code, rows = run(["--partitions", "7", "--key-format", "bytes", "YWJj"])
+    assert code == 0 and rows[0]["hash"] == 479470107  # b"abc", Kafka's UtilsTest
+    code, rows = run(["--partitions", "12", "--partitioner", "fnv1a", "1468509572224"])
+    assert code == 0 and rows[0]["partition"] == 8 and rows[0]["hash"] == 0x80000000
+    key = parse_key(KeyFormat.INT64, "-9223372036854775808")
+    code, rows = run(["--partitions", "12", "--key-format", "int64", "-9223372036854775808"])
+    assert code == 0 and rows[0]["partition"] == partition_for(Partitioner.MURMUR2, key.data, 12)
+
+
+def test_a_bad_key_is_reported_and_the_exit_code_says_so() -> None:
+    code, rows = run(["--partitions", "4", "--key-format", "int32", "12", "3000000000"])
+    assert code == 1
+    assert rows[0]["key"] == "12" and "partition" in rows[0]
+    assert rows[1]["error"] == "bad_key" and "int32" in rows[1]["message"]
+
+
+@pytest.mark.parametrize("args", [["--partitions", "0", "k"], ["--partitions", "3", "--partitioner", "md5", "k"]])
+def test_bad_options_exit_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["partition", *args]) == 2
+    assert "keyroute partition:" in capsys.readouterr().err
+
+
+def test_every_option_reads_its_environment_variable() -> None:
+    parser = build_parser({"KEYROUTE_ZK": "zk:2181/x", "KEYROUTE_PORT": "9001", "KEYROUTE_NODE_ID": "n7",
+                           "KEYROUTE_DATA_DIR": "/data"})
+    args = parser.parse_args(["node"])
+    assert (args.zk, args.port, args.node_id, str(args.data_dir)) == ("zk:2181/x", 9001, "n7", "/data")
