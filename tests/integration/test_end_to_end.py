@@ -1,0 +1,235 @@
+"""The whole path, all real: events -> Spark pipeline -> ZooKeeper -> state nodes -> router -> HTTP client.
+
+Every key answers through the router with exactly the value a plain-Python computation over the same
+events expects, and keeps answering after a node is killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+
+from keyroute import sample_data
+from keyroute_core.key_format import KeyFormat, parse_key
+from keyroute_core.partitioner import Partitioner, partition_for
+from keyroute_core.settings import ZkSettings
+from tests.util import Proc, free_port, wait_for
+
+pytestmark = pytest.mark.integration
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+PARTITIONS = {"bookings": 12, "positions": 6, "accounts": 8}
+
+
+def write_accounts(folder: Path, seed: int = 11) -> Path:
+    rng = random.Random(seed)
+    ids = [INT64_MIN, INT64_MAX, -1, 0, 1, 2**31, -(2**31) - 1] + [rng.randint(INT64_MIN, INT64_MAX) for _ in range(300)]
+    path = folder / "accounts.jsonl"
+    with open(path, "w") as fh:
+        for n in range(1500):
+            record = {"account": rng.choice(ids), "seq": n, "balance": round(rng.uniform(-50, 5000), 2),
+                      "tier": rng.choice(["gold", "silver", None])}
+            fh.write(json.dumps(record) + "\n")
+    return path
+
+
+def expected_latest(path: Path, key: str, order_by: str, columns: list[str]) -> dict[Any, dict[str, Any]]:
+    best: dict[Any, dict[str, Any]] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        current = best.get(row[key])
+        if current is None or row[order_by] > current[order_by]:
+            best[row[key]] = row
+    return {k: {c: row[c] for c in columns} for k, row in best.items()}
+
+
+def expected_positions(path: Path) -> dict[str, dict[str, Any]]:
+    agg: dict[str, dict[str, Any]] = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        a = agg.setdefault(row["asset"], {"trades": 0, "volume": 0, "ts": -1, "last_price": None})
+        a["trades"] += 1
+        a["volume"] += row["qty"]
+        if row["ts"] > a["ts"]:
+            a["ts"], a["last_price"] = row["ts"], row["price"]
+    return {k: {"trades": v["trades"], "volume": v["volume"], "last_price": v["last_price"]} for k, v in agg.items()}
+
+
+@dataclass
+class Cluster:
+    router_url: str
+    nodes: dict[str, tuple[Proc, str]]
+    expected: dict[str, dict[Any, dict[str, Any]]]
+    zk: ZkSettings
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, zk_settings: ZkSettings, spark: Any) -> Iterator[Cluster]:
+    from pipeline.build import build
+
+    files = sample_data.generate(tmp_path / "events", events=6_000)
+    accounts = write_accounts(tmp_path / "events")
+    spec = tmp_path / "stores.toml"
+    spec.write_text(
+        sample_data.spec_toml(files, partitions=PARTITIONS["bookings"], replication_factor=2)
+        + f"""
+[stores.accounts]
+source = {json.dumps(str(accounts))}
+format = "json"
+key = "account"
+key_format = "int64"
+partitions = {PARTITIONS["accounts"]}
+replication_factor = 2
+mode = "latest"
+order_by = "seq"
+columns = ["balance", "tier"]
+"""
+    )
+    published = build(spec, zk_settings, str(tmp_path / "snapshots"), spark=spark)
+    assert sorted(p.store for p in published) == ["accounts", "bookings", "positions"]
+
+    zk = zk_settings.connect_string
+    procs: list[Proc] = []
+    nodes: dict[str, tuple[Proc, str]] = {}
+    try:
+        for i in range(3):
+            port = free_port()
+            node_id = f"node-{i}"
+            proc = Proc(
+                ["node", "--zk", zk, "--node-id", node_id, "--port", str(port),
+                 "--data-dir", str(tmp_path / node_id), "--zk-session-timeout-s", "4"],
+                tmp_path / f"{node_id}.log",
+            ).start()
+            procs.append(proc)
+            nodes[node_id] = (proc, f"http://127.0.0.1:{port}")
+        router_port = free_port()
+        router = Proc(["router", "--zk", zk, "--port", str(router_port)], tmp_path / "router.log").start()
+        procs.append(router)
+        router_url = f"http://127.0.0.1:{router_port}"
+        wait_for(lambda: httpx.get(router_url + "/readyz").status_code == 200, timeout_s=120,
+                 message="router ready (complete map)")
+        expected = {
+            "bookings": expected_latest(files.bookings, "customer_id", "ts", ["ts", "route", "fare", "seats"]),
+            "positions": expected_positions(files.trades),
+            "accounts": expected_latest(accounts, "account", "seq", ["balance", "tier"]),
+        }
+        yield Cluster(router_url, nodes, expected, zk_settings)
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+        for proc in procs:
+            if proc.popen and proc.popen.returncode not in (0, -9):
+                print(f"--- {proc.args[:4]} exited {proc.popen.returncode}\n{proc.output()[-3000:]}")
+
+
+def key_url(base: str, store: str, key: Any) -> str:
+    return f"{base}/stores/{store}/keys/{quote(str(key), safe='')}"
+
+
+def check_all_keys(client: httpx.Client, cluster: Cluster, *, hops: str | None = "0") -> int:
+    checked = 0
+    for store, values in cluster.expected.items():
+        fmt = KeyFormat.INT64 if store == "accounts" else KeyFormat.STRING
+        for key, value in values.items():
+            resp = client.get(key_url(cluster.router_url, store, key))
+            assert resp.status_code == 200, (store, key, resp.text)
+            body = resp.json()
+            assert body["value"] == value, (store, key)
+            # Types are kept: an int stays an int, a double stays a double.
+            assert {k: type(v) for k, v in body["value"].items()} == {k: type(v) for k, v in value.items()}
+            assert body["key"] == str(key) and body["store"] == store
+            partition = partition_for(Partitioner.MURMUR2, parse_key(fmt, str(key)).data, PARTITIONS[store])
+            assert body["partition"] == partition
+            assert resp.headers["x-keyroute-partition"] == str(partition)
+            if hops is not None:
+                assert resp.headers["x-keyroute-hops"] == hops
+            checked += 1
+    return checked
+
+
+def test_every_key_answers_exactly_through_the_router_and_survives_kill_9(cluster: Cluster) -> None:
+    with httpx.Client(timeout=10) as client:
+        total = check_all_keys(client, cluster)
+        assert total == sum(len(v) for v in cluster.expected.values())
+        for special in sample_data.SPECIAL_CUSTOMERS:
+            assert special in cluster.expected["bookings"]
+        assert {INT64_MIN, INT64_MAX} <= set(cluster.expected["accounts"])
+
+        # kill -9 one node: with replication 2 every key still answers (the router retries a replica at
+        # once; after the session expires the map no longer lists the dead node).
+        victim, (proc, _url) = next(iter(cluster.nodes.items()))
+        proc.kill9()
+        assert check_all_keys(client, cluster, hops=None) == total
+        wait_for(
+            lambda: victim not in client.get(cluster.router_url + "/admin/partition-map").json()["nodes"],
+            timeout_s=30,
+            message="dead node gone from the map",
+        )
+        assert check_all_keys(client, cluster, hops=None) == total
+
+
+def test_errors_are_json_with_the_right_status(cluster: Cluster) -> None:
+    base = cluster.router_url
+    with httpx.Client(timeout=10) as client:
+        cases = [
+            (key_url(base, "nope", "k"), 404, "store_not_found"),
+            (key_url(base, "bookings", "no-such-customer"), 404, "key_not_found"),
+            (key_url(base, "accounts", str(INT64_MAX + 1)), 400, "bad_key"),
+            (key_url(base, "accounts", "abc"), 400, "bad_key"),
+            (base + "/stores/bookings/keys/%FF", 400, "bad_key"),
+            (base + "/no/such/route", 404, None),
+        ]
+        for url, status, code in cases:
+            resp = client.get(url)
+            assert resp.status_code == status, (url, resp.text)
+            body = resp.json()
+            assert "message" in body and "Traceback" not in resp.text
+            if code:
+                assert body["error"] == code
+
+
+def test_batch_get_answers_in_request_order(cluster: Cluster) -> None:
+    bookings = cluster.expected["bookings"]
+    keys = list(bookings)[:40] + ["nobody", "a/b", "東京-42"]
+    with httpx.Client(timeout=10) as client:
+        resp = client.post(cluster.router_url + "/stores/bookings/batch-get", json={"keys": keys})
+        assert resp.status_code == 200
+        results = resp.json()["results"]
+        assert [r["key"] for r in results] == keys
+        for key, result in zip(keys, results, strict=True):
+            if key in bookings:
+                assert result["status"] == 200 and result["value"] == bookings[key]
+            else:
+                assert result["status"] == 404 and result["error"] == "key_not_found"
+        bad = client.post(cluster.router_url + "/stores/accounts/batch-get", json={"keys": ["1", "x", INT64_MIN]})
+        statuses = [r["status"] for r in bad.json()["results"]]
+        assert statuses[1] == 400 and statuses[2] == 200
+
+
+def test_a_node_forwards_a_key_it_does_not_serve_exactly_once(cluster: Cluster) -> None:
+    with httpx.Client(timeout=10) as client:
+        pmap = client.get(cluster.router_url + "/admin/partition-map").json()
+        partitions = pmap["stores"]["bookings"]["partition_map"]
+        node_id, (_proc, node_url) = next(iter(cluster.nodes.items()))
+        served_here = {p["partition"] for p in partitions if any(s["node"] == node_id for s in p["serving"])}
+        for key, value in cluster.expected["bookings"].items():
+            partition = partition_for(Partitioner.MURMUR2, key.encode(), PARTITIONS["bookings"])
+            if partition not in served_here:
+                break
+        else:
+            pytest.fail("node serves every partition; cannot test forwarding")
+        resp = client.get(key_url(node_url, "bookings", key))
+        assert resp.status_code == 200 and resp.json()["value"] == value
+        assert resp.headers["x-keyroute-hops"] == "1"
+        assert resp.headers["x-keyroute-node"] != node_id
+        # A request already marked as forwarded is never forwarded again.
+        again = client.get(key_url(node_url, "bookings", key), headers={"X-Keyroute-Hops": "1"})
+        assert again.status_code == 503 and again.json()["error"] == "partition_unavailable"
