@@ -19,7 +19,9 @@ DEFAULT_BACKOFF_S = 2.0
 class NodeBackoff:
     """Node URLs that failed within the last `backoff_s` seconds, with the time each may lead again."""
 
-    def __init__(self, backoff_s: float = DEFAULT_BACKOFF_S, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, backoff_s: float = DEFAULT_BACKOFF_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._backoff_s = backoff_s
         self._clock = clock
         # Touched only from the event loop thread, so no lock.
@@ -27,8 +29,13 @@ class NodeBackoff:
 
     def failed(self, endpoint: Endpoint, reason: str) -> None:
         if endpoint.url not in self._until:
-            log.warning("node %s (%s) failed: %s; trying other replicas first for %.1fs",
-                        endpoint.node_id, endpoint.url, reason, self._backoff_s)
+            log.warning(
+                "node %s (%s) failed: %s; trying other replicas first for %.1fs",
+                endpoint.node_id,
+                endpoint.url,
+                reason,
+                self._backoff_s,
+            )
         self._until[endpoint.url] = self._clock() + self._backoff_s
 
     def succeeded(self, endpoint: Endpoint) -> None:

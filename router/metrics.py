@@ -28,16 +28,36 @@ class RouterMetrics:
     def render(self) -> str:
         rows = [
             ("keyroute_router_key_requests_total", "counter", "single-key reads received", self.key_requests),
-            ("keyroute_router_batch_requests_total", "counter", "batch-get requests received", self.batch_requests),
-            ("keyroute_router_batch_keys_total", "counter", "keys received in batch-get requests", self.batch_keys),
-            ("keyroute_router_upstream_requests_total", "counter", "requests sent to nodes", self.upstream_requests),
+            (
+                "keyroute_router_batch_requests_total",
+                "counter",
+                "batch-get requests received",
+                self.batch_requests,
+            ),
+            (
+                "keyroute_router_batch_keys_total",
+                "counter",
+                "keys received in batch-get requests",
+                self.batch_keys,
+            ),
+            (
+                "keyroute_router_upstream_requests_total",
+                "counter",
+                "requests sent to nodes",
+                self.upstream_requests,
+            ),
             (
                 "keyroute_router_upstream_failures_total",
                 "counter",
                 "requests to nodes that failed to connect, timed out or broke off",
                 self.upstream_failures,
             ),
-            ("keyroute_router_failovers_total", "counter", "reads retried on another replica", self.failovers),
+            (
+                "keyroute_router_failovers_total",
+                "counter",
+                "reads retried on another replica",
+                self.failovers,
+            ),
             (
                 "keyroute_router_misroutes_total",
                 "counter",
@@ -51,7 +71,12 @@ class RouterMetrics:
                 self.unavailable,
             ),
             ("keyroute_router_map_updates_total", "counter", "partition maps installed", self.map_updates),
-            ("keyroute_router_map_generation", "gauge", "generation of the installed map", self.map_generation),
+            (
+                "keyroute_router_map_generation",
+                "gauge",
+                "generation of the installed map",
+                self.map_generation,
+            ),
             ("keyroute_router_map_stale", "gauge", "1 while ZooKeeper is unreachable", int(self.map_stale)),
             (
                 "keyroute_router_map_complete",

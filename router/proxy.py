@@ -160,15 +160,20 @@ class Proxy:
             return UpstreamResponse(refused.status, passthrough_headers(refused.headers), refused.body)
         self.metrics.unavailable += 1
         raise self._unavailable(
-            f"no node serving partition {route.partition} of store {store!r} answered (tried {', '.join(tried)})"
+            f"no node serving partition {route.partition} of store {store!r} answered"
+            f" (tried {', '.join(tried)})"
         )
 
-    async def batch_get(self, store: str, keys: Sequence[Any], request_id: str | None = None) -> list[dict[str, Any]]:
+    async def batch_get(
+        self, store: str, keys: Sequence[Any], request_id: str | None = None
+    ) -> list[dict[str, Any]]:
         """One result per key in request order; one request per node, in parallel, replicas on failure."""
         self.metrics.batch_requests += 1
         self.metrics.batch_keys += len(keys)
         if len(keys) > self._max_batch_keys:
-            raise PayloadTooLarge(f"{len(keys)} keys in one batch; at most {self._max_batch_keys} are allowed")
+            raise PayloadTooLarge(
+                f"{len(keys)} keys in one batch; at most {self._max_batch_keys} are allowed"
+            )
         table = self.table
         if not table.has_store(store):
             raise StoreNotFound(f"no store named {store!r}")
@@ -234,7 +239,8 @@ class Proxy:
                         continue
                     self.metrics.unavailable += 1
                     results[i] = refused.get(i) or error_entry(
-                        keys[i], self._unavailable(f"no node serving the partition of key {texts[i]!r} answered")
+                        keys[i],
+                        self._unavailable(f"no node serving the partition of key {texts[i]!r} answered"),
                     )
         answered = [entry for entry in results if entry is not None]
         assert len(answered) == len(keys), "every key gets exactly one result"
@@ -266,7 +272,9 @@ class Proxy:
             return None
         return entries
 
-    async def _send(self, endpoint: Endpoint, request: Awaitable[UpstreamResponse]) -> UpstreamResponse | None:
+    async def _send(
+        self, endpoint: Endpoint, request: Awaitable[UpstreamResponse]
+    ) -> UpstreamResponse | None:
         """One request to one node; None (and the node backed off) when it could not be completed."""
         self.metrics.upstream_requests += 1
         try:

@@ -32,7 +32,7 @@ class UpstreamUnavailable(Exception):
 
 @dataclass(frozen=True, slots=True)
 class UpstreamResponse:
-    """A node's complete answer: status, raw headers and the body as an entity (any content coding removed)."""
+    """A node's complete answer: status, raw headers and the body (any content coding already removed)."""
 
     status: int
     headers: Sequence[tuple[bytes, bytes]]
@@ -91,7 +91,9 @@ class HttpxUpstream:
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def _send(self, method: str, url: str, body: bytes | None, headers: Mapping[str, str]) -> UpstreamResponse:
+    async def _send(
+        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str]
+    ) -> UpstreamResponse:
         try:
             # Non-streaming request: httpx reads the whole body and closes the response, also on errors.
             response = await self._client.request(method, url, content=body, headers=headers)

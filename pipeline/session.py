@@ -1,0 +1,49 @@
+"""The SparkSession a build runs in: local by default, quiet, UTC, Arrow on.
+
+One place decides Spark's settings, so the CLI, the demo and the tests compute stores the same way.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+DEFAULT_MASTER = "local[*]"
+
+
+def create_session(
+    master: str | None = None,
+    local_dir: Path | None = None,
+    app_name: str = "keyroute-pipeline",
+    shuffle_partitions: int = 8,
+) -> SparkSession:
+    """Start (or join) a SparkSession for building stores.
+
+    `local_dir` holds Spark's scratch files and its (unused) warehouse, so nothing lands in the working
+    directory. In local mode the Python workers run this very interpreter, so they import the same
+    keyroute as the driver (pyspark would otherwise start whatever `python3` is first on PATH).
+    """
+    master = master or DEFAULT_MASTER
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.log.level", "WARN")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+    )
+    if local_dir is not None:
+        local_dir = local_dir.resolve()
+        local_dir.mkdir(parents=True, exist_ok=True)
+        builder = builder.config("spark.local.dir", str(local_dir)).config(
+            "spark.sql.warehouse.dir", str(local_dir / "warehouse")
+        )
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    if master.startswith("local"):
+        session.sparkContext.pythonExec = sys.executable
+    return session
