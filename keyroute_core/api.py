@@ -5,7 +5,9 @@
      ├── KeyNotFound               404 key_not_found
      ├── BadKey                    400 bad_key (does not fit the store's key format)
      ├── BadRequest                400 bad_request
-     ├── PayloadTooLarge           413 too_many_keys / body_too_large
+     ├── NotFound                  404 not_found (no such route)
+     ├── PayloadTooLarge           413 too_many_keys
+     ├── BodyTooLarge              413 body_too_large
      └── PartitionUnavailable      503 partition_unavailable, with Retry-After
 """
 
@@ -23,6 +25,8 @@ HEADER_HOPS = "x-keyroute-hops"
 HEADER_GENERATION = "x-keyroute-generation"
 HEADER_FORWARDED_BY = "x-keyroute-forwarded-by"
 HEADER_REQUEST_ID = "x-request-id"
+# Set by routers on requests to nodes: the node may still forward once (the router's view may be stale).
+HEADER_ROUTER = "x-keyroute-router"
 
 KEYS_PREFIX = "/stores/"
 
@@ -63,6 +67,16 @@ class BadRequest(ApiError):
 class PayloadTooLarge(ApiError):
     status = 413
     code = "too_many_keys"
+
+
+class NotFound(ApiError):
+    status = 404
+    code = "not_found"
+
+
+class BodyTooLarge(ApiError):
+    status = 413
+    code = "body_too_large"
 
 
 class PartitionUnavailable(ApiError):

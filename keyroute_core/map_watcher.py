@@ -50,6 +50,9 @@ class MapWatcher:
         self._safety_refresh_s = safety_refresh_s
         self._dirty = threading.Event()
         self._stopped = threading.Event()
+        # Maps are published from two threads (reads, connection-state changes): one lock orders them.
+        self._publish_lock = threading.Lock()
+        self._connected = False
         self._thread = threading.Thread(target=self._run, name="keyroute-map-watcher", daemon=True)
         self._current = PartitionMap.empty().marked_stale(True)
         self._listener = self._on_state
@@ -75,11 +78,14 @@ class MapWatcher:
         self._dirty.set()
 
     def _on_state(self, state: str) -> None:
-        # Runs on kazoo's connection thread: only flag, never block.
+        # Runs on kazoo's connection thread: flag and hand over, never block on ZooKeeper.
         if state == KazooState.CONNECTED:
+            self._connected = True
             self._dirty.set()
         else:
-            self._publish(self._current.marked_stale(True))
+            self._connected = False
+            with self._publish_lock:
+                self._publish(self._current.marked_stale(True))
 
     def _on_watch(self, *_event: Any) -> None:
         self._dirty.set()
@@ -98,15 +104,19 @@ class MapWatcher:
             if self._stopped.is_set():
                 return
             self._dirty.clear()
-            if not self._client.connected:
+            self._connected = self._client.connected
+            if not self._connected:
                 continue
             try:
                 new_map = self._read()
             except KazooException as exc:
                 log.warning("reading the partition map failed (%s); serving the last one, marked stale", exc)
-                self._publish(self._current.marked_stale(True))
+                with self._publish_lock:
+                    self._publish(self._current.marked_stale(True))
                 continue
-            self._publish(new_map)
+            with self._publish_lock:
+                # The connection may have dropped while reading: then the new map is already stale.
+                self._publish(new_map.marked_stale(not self._connected))
 
     def _read(self) -> PartitionMap:
         zk = self._client
@@ -117,8 +127,9 @@ class MapWatcher:
             try:
                 names, stat = zk.get_children(path, watch=watch, include_data=True)
             except NoNodeError:
-                zk.ensure_path(path)
-                names, stat = zk.get_children(path, watch=watch, include_data=True)
+                # Readers never write (a router may hold a read-only identity): watch for its creation.
+                zk.exists(path, watch=watch)
+                return []
             stats.append(stat)
             return sorted(names)
 

@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from keyroute_core.key_format import KeyFormat
-from keyroute_core.partitioner import Partitioner, key_hash, partition_for
+from keyroute_core.partitioner import Partitioner, key_hash, partition_of_hash
 
 
 class RecordError(ValueError):
@@ -68,7 +68,7 @@ class StoreRecord:
     def from_json(cls, raw: bytes) -> StoreRecord:
         obj = _load(raw, "store record")
         try:
-            return cls(
+            record = cls(
                 name=str(obj["name"]),
                 partitions=int(obj["partitions"]),
                 partitioner=Partitioner(obj["partitioner"]),
@@ -81,6 +81,9 @@ class StoreRecord:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise RecordError(f"store record: {exc!r}") from exc
+        if record.partitions < 1 or record.version < 1 or record.replication_factor < 1:
+            raise RecordError(f"store record {record.name!r}: partitions, version and replication factor must be >= 1")
+        return record
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +194,7 @@ class Endpoint:
 
 @dataclass(frozen=True, slots=True)
 class KeyRoute:
-    """Where one key lives: partition, hash, and the nodes serving it (newest version first)."""
+    """Where one key lives: partition, hash, and the nodes serving its routable version (preferred first)."""
 
     store: str
     partition: int
@@ -268,11 +271,12 @@ class PartitionMap:
         return per_partition[partition] if 0 <= partition < len(per_partition) else ()
 
     def route(self, store: StoreRecord, key_data: bytes) -> KeyRoute:
-        partition = partition_for(store.partitioner, key_data, store.partitions)
+        hash_value = key_hash(store.partitioner, key_data)
+        partition = partition_of_hash(store.partitioner, hash_value, store.partitions)
         return KeyRoute(
             store=store.name,
             partition=partition,
-            hash=key_hash(store.partitioner, key_data),
+            hash=hash_value,
             assigned=self.assignment.replicas(store.name, partition),
             serving=self.serving_endpoints(store.name, partition),
         )

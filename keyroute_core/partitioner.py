@@ -101,6 +101,19 @@ def key_hash(partitioner: Partitioner, data: bytes) -> int:
     raise ValueError(f"unknown partitioner {partitioner!r}")
 
 
+def partition_of_hash(partitioner: Partitioner, hash_value: int, partitions: int) -> int:
+    """The partition for a `key_hash()` value: lets a caller that shows the hash compute it only once."""
+    if not 1 <= partitions <= _MAX_PARTITIONS:
+        raise ValueError(f"partition count must be between 1 and {_MAX_PARTITIONS}, got {partitions}")
+    if partitioner is Partitioner.MURMUR2:
+        return to_positive(hash_value) % partitions
+    if partitioner is Partitioner.CRC32:
+        return hash_value % partitions
+    if partitioner is Partitioner.FNV1A:
+        return abs(_signed32(hash_value)) % partitions
+    raise ValueError(f"unknown partitioner {partitioner!r}")
+
+
 def partition_for(partitioner: Partitioner, data: bytes, partitions: int) -> int:
     """The partition a producer using `partitioner` sends a record with key bytes `data` to."""
     if not 1 <= partitions <= _MAX_PARTITIONS:

@@ -6,6 +6,7 @@ One place decides Spark's settings, so the CLI, the demo and the tests compute s
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -42,7 +43,13 @@ def create_session(
         builder = builder.config("spark.local.dir", str(local_dir)).config(
             "spark.sql.warehouse.dir", str(local_dir / "warehouse")
         )
-    session = builder.getOrCreate()
+    with warnings.catch_warnings():
+        # Starting a context imports pyspark.testing, which warns about pandas 3 at import time. The pipeline
+        # never goes through pandas (its UDF is Arrow-only), so that warning is noise for our users.
+        warnings.filterwarnings(
+            "ignore", message="PySpark does not yet fully support pandas", category=FutureWarning
+        )
+        session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     if master.startswith("local"):
         session.sparkContext.pythonExec = sys.executable

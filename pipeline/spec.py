@@ -106,10 +106,14 @@ def parse_spec(doc: Mapping[str, Any], base_dir: Path, origin: str = "spec") -> 
     """Check a decoded spec document; `base_dir` anchors relative source paths."""
     unknown = sorted(set(doc) - {"stores"})
     if unknown:
-        raise SpecError(None, f"spec {origin!r}: unknown top-level key {unknown[0]!r} (expected only [stores.NAME] tables)")
+        raise SpecError(
+            None, f"spec {origin!r}: unknown top-level key {unknown[0]!r} (only [stores.NAME] tables)"
+        )
     stores = doc.get("stores")
     if not isinstance(stores, dict) or not stores:
-        raise SpecError(None, f"spec {origin!r}: defines no stores (expected at least one [stores.NAME] table)")
+        raise SpecError(
+            None, f"spec {origin!r}: defines no stores (expected at least one [stores.NAME] table)"
+        )
     return Spec(stores=tuple(_parse_store(name, table, base_dir) for name, table in stores.items()))
 
 
@@ -137,11 +141,15 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
             raise SpecError(name, f"'columns' lists the key column {key!r}; values hold the other columns")
     else:
         if not aggregations:
-            raise SpecError(name, "mode 'aggregate' needs a non-empty 'aggregations' table (name = \"expression\")")
+            raise SpecError(
+                name, "mode 'aggregate' needs a non-empty 'aggregations' table (name = \"expression\")"
+            )
         if order_by is not None:
             raise SpecError(name, "'order_by' only applies to mode 'latest'")
         if columns is not None:
-            raise SpecError(name, "'columns' only applies to mode 'latest' (aggregate values are the aggregations)")
+            raise SpecError(
+                name, "'columns' only applies to mode 'latest' (aggregate values are the aggregations)"
+            )
         if key in aggregations:
             raise SpecError(name, f"aggregation {key!r} has the name of the key column")
 
@@ -208,7 +216,9 @@ class _Fields:
         except ValueError as exc:
             raise SpecError(self.store, str(exc)) from None
 
-    def count(self, name: str, *, required: bool = False, default: int = 1, maximum: int | None = None) -> int:
+    def count(
+        self, name: str, *, required: bool = False, default: int = 1, maximum: int | None = None
+    ) -> int:
         value = self.table.get(name)
         if value is None:
             if required:
@@ -237,12 +247,15 @@ class _Fields:
         if value is None:
             return None
         if not isinstance(value, dict):
-            raise SpecError(self.store, f"'aggregations' must be a table of name = \"expression\", got {value!r}")
+            raise SpecError(
+                self.store, f"'aggregations' must be a table of name = \"expression\", got {value!r}"
+            )
         for agg_name, expr in value.items():
             if not agg_name:
                 raise SpecError(self.store, "aggregation names must be non-empty")
             if not isinstance(expr, str) or not expr.strip():
                 raise SpecError(
-                    self.store, f"aggregation {agg_name!r} must be a Spark SQL aggregate expression, got {expr!r}"
+                    self.store,
+                    f"aggregation {agg_name!r} must be a Spark SQL aggregate expression, got {expr!r}",
                 )
         return dict(value)

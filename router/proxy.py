@@ -75,6 +75,17 @@ def passthrough_headers(headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[by
     return kept
 
 
+def key_segment(text: str) -> str:
+    """A key as one URL path segment that every client and server on the way leaves alone.
+
+    '/', '%', '?', '#', '+', spaces and non-ASCII are percent-encoded; "." and ".." also are, because
+    URL normalisation (RFC 3986 dot segments, which httpx applies) would otherwise remove them.
+    """
+    if text in (".", ".."):
+        return text.replace(".", "%2E")
+    return quote(text, safe="")
+
+
 def parse_batch_body(body: bytes) -> list[Any]:
     """The `keys` of a batch-get body; BadRequest when the body is not `{"keys": [...]}`."""
     try:
@@ -139,7 +150,7 @@ class Proxy:
         if not route.serving:
             self.metrics.unavailable += 1
             raise self._unavailable(f"no node serves partition {route.partition} of store {store!r}")
-        path = f"/stores/{quote(store, safe='')}/keys/{quote(key_text, safe='')}"
+        path = f"/stores/{key_segment(store)}/keys/{key_segment(key_text)}"
         headers = self._headers(request_id)
         refused: UpstreamResponse | None = None
         tried: list[str] = []
@@ -189,18 +200,18 @@ class Proxy:
             try:
                 route = table.resolve(store, text)
             except ApiError as exc:
-                results[i] = error_entry(raw, exc)
+                results[i] = error_entry(text, exc)
                 continue
             if not route.serving:
                 self.metrics.unavailable += 1
                 results[i] = error_entry(
-                    raw, self._unavailable(f"no node serves partition {route.partition} of store {store!r}")
+                    text, self._unavailable(f"no node serves partition {route.partition} of store {store!r}")
                 )
                 continue
             texts[i] = text
             candidates[i] = self._backoff.order(route.serving)
 
-        path = f"/stores/{quote(store, safe='')}/batch-get"
+        path = f"/stores/{key_segment(store)}/batch-get"
         headers = {**self._headers(request_id), "content-type": "application/json"}
         attempt = dict.fromkeys(candidates, 0)
         refused: dict[int, dict[str, Any]] = {}
@@ -239,7 +250,7 @@ class Proxy:
                         continue
                     self.metrics.unavailable += 1
                     results[i] = refused.get(i) or error_entry(
-                        keys[i],
+                        texts[i],
                         self._unavailable(f"no node serving the partition of key {texts[i]!r} answered"),
                     )
         answered = [entry for entry in results if entry is not None]

@@ -1,0 +1,147 @@
+"""One pipeline build: compute and write a new version of every store in a spec, then publish them all.
+
+A store that fails stops the build before anything is published, and its build's written versions are removed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kazoo.client import KazooClient
+from pyspark.errors import PySparkException
+from pyspark.sql import SparkSession
+
+from keyroute_core.settings import ZkSettings
+from keyroute_core.snapshot import SnapshotError, local_path
+from keyroute_core.zk import ZkUnavailableError, close, connect
+from pipeline.compute import compute_store, spark_message
+from pipeline.errors import PipelineError, PublishError
+from pipeline.publish import PublishedStore, check_shape, publish, read_published
+from pipeline.session import create_session
+from pipeline.spec import Spec, StoreSpec, load_spec
+from pipeline.writer import WrittenVersion, next_version, remove_version, write_version
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedVersion:
+    """A store version this build wrote and published."""
+
+    store: str
+    version: int
+    snapshot: str
+    rows: int
+    partitions: int
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "store": self.store,
+            "version": self.version,
+            "snapshot": self.snapshot,
+            "rows": self.rows,
+            "partitions": self.partitions,
+        }
+
+
+def build(
+    spec_path: Path,
+    zk: ZkSettings,
+    output: str,
+    master: str | None = None,
+    spark: SparkSession | None = None,
+) -> list[PublishedVersion]:
+    """Build every store of the spec at `spec_path` into `output` and publish the new versions in ZooKeeper.
+
+    The spec is checked before Spark or ZooKeeper are touched. A session passed in is left running; one
+    created here (on `master`, default local[*]) is stopped before returning.
+    """
+    spec = load_spec(spec_path)
+    _check_output(spec, output)
+    client = _connect(zk)
+    try:
+        published = {store.name: read_published(client, store.name) for store in spec.stores}
+        for store in spec.stores:
+            check_shape(store, published[store.name])  # before hours of Spark work, not after
+        session = spark if spark is not None else _start_spark(master)
+        try:
+            written = _write_all(session, spec, output, published)
+        finally:
+            if spark is None:
+                session.stop()
+        try:
+            publish(client, list(zip(spec.stores, written, strict=True)), published)
+        except BaseException:
+            for version in written:
+                remove_version(version.snapshot)
+            raise
+    finally:
+        close(client)
+    result = [
+        PublishedVersion(
+            store=w.store,
+            version=w.version,
+            snapshot=str(w.snapshot),
+            rows=w.manifest.total_rows,
+            partitions=w.manifest.partitions,
+        )
+        for w in written
+    ]
+    for version in result:
+        log.info("store %r: published version %d (%d rows)", version.store, version.version, version.rows)
+    return result
+
+
+def _write_all(
+    spark: SparkSession, spec: Spec, output: str, published: Mapping[str, PublishedStore | None]
+) -> list[WrittenVersion]:
+    written: list[WrittenVersion] = []
+    try:
+        for store in spec.stores:
+            written.append(_write_store(spark, store, output, published[store.name]))
+    except BaseException:
+        for version in written:
+            remove_version(version.snapshot)
+        raise
+    return written
+
+
+def _write_store(
+    spark: SparkSession, store: StoreSpec, output: str, published: PublishedStore | None
+) -> WrittenVersion:
+    version = next_version(output, store.name, published.record.version if published else None)
+    log.info("store %r: computing version %d from %s", store.name, version, store.source)
+    computed = compute_store(spark, store)
+    try:
+        written = write_version(computed, output, version)
+    finally:
+        computed.release()
+    log.info("store %r: wrote version %d to %s", store.name, version, written.snapshot)
+    return written
+
+
+def _check_output(spec: Spec, output: str) -> None:
+    try:
+        local_path(output)
+    except SnapshotError as exc:
+        names = ", ".join(repr(store.name) for store in spec.stores)
+        raise PublishError(None, f"stores {names}: {exc}") from exc
+
+
+def _connect(zk: ZkSettings) -> KazooClient:
+    try:
+        return connect(zk)
+    except ZkUnavailableError as exc:
+        raise PublishError(None, f"cannot publish: {exc}") from exc
+
+
+def _start_spark(master: str | None) -> SparkSession:
+    try:
+        return create_session(master)
+    except (PySparkException, RuntimeError) as exc:
+        where = master or "local[*]"
+        raise PipelineError(None, f"cannot start Spark on {where}: {spark_message(exc)}") from exc

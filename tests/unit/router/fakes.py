@@ -1,0 +1,205 @@
+"""In-process stand-ins for state nodes and ZooKeeper, for unit tests of the router's logic.
+
+Fake nodes are real ASGI apps reached through an httpx transport that can also play a dead node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from keyroute_core.api import ApiError, KeyNotFound, PartitionUnavailable, found_body, key_path_segment
+from keyroute_core.key_format import KeyFormat
+from keyroute_core.partition_map import (
+    EMPTY_ASSIGNMENT,
+    Assignment,
+    NodeRecord,
+    PartitionMap,
+    ServingRecord,
+    StoreRecord,
+)
+from keyroute_core.partitioner import Partitioner
+
+
+def store_record(
+    name: str,
+    partitions: int,
+    key_format: KeyFormat = KeyFormat.STRING,
+    partitioner: Partitioner = Partitioner.MURMUR2,
+    version: int = 1,
+) -> StoreRecord:
+    return StoreRecord(
+        name=name,
+        partitions=partitions,
+        partitioner=partitioner,
+        key_format=key_format,
+        version=version,
+        snapshot=f"/snapshots/{name}/v{version}",
+    )
+
+
+def node_url(node_id: str) -> str:
+    return f"http://{node_id}:8000"
+
+
+def build_map(
+    stores: Iterable[StoreRecord],
+    serving: Mapping[str, Mapping[str, Iterable[int]]],
+    assignment: Assignment = EMPTY_ASSIGNMENT,
+    generation: int = 7,
+) -> PartitionMap:
+    """`serving[node_id][store]` lists the partitions the node serves, at its store's published version."""
+    by_name = {s.name: s for s in stores}
+    records = {
+        node_id: ServingRecord(
+            node_id=node_id,
+            url=node_url(node_id),
+            stores={store: {p: by_name[store].version for p in parts} for store, parts in per_store.items()},
+        )
+        for node_id, per_store in serving.items()
+    }
+    nodes = {node_id: NodeRecord(node_id, node_url(node_id)) for node_id in serving}
+    return PartitionMap.build(by_name, nodes, assignment, records, generation=generation)
+
+
+@dataclass
+class Received:
+    method: str
+    raw_path: bytes
+    headers: httpx.Headers
+    key: str | None = None
+    keys: list[str] = field(default_factory=list)
+
+
+class FakeNode:
+    """Answers the node data API from `values[(store, key)]` and records every request it receives.
+
+    Knobs: `down` (connection refused), `fault` (an httpx error raised instead of answering), `hops`
+    (answer as if forwarded), `unavailable` (503 for everything), `extra_headers`.
+    """
+
+    def __init__(self, node_id: str, values: Mapping[tuple[str, str], Any] | None = None) -> None:
+        self.node_id = node_id
+        self.values = dict(values or {})
+        self.received: list[Received] = []
+        self.down = False
+        self.fault: Callable[[], Exception] | None = None
+        self.hops = "0"
+        self.unavailable = False
+        self.extra_headers: list[tuple[str, str]] = []
+        # Set to a barrier to prove that requests to several nodes are in flight at the same time.
+        self.barrier: asyncio.Barrier | None = None
+        self.app = Starlette(
+            routes=[
+                Route("/stores/{store}/keys/{key:path}", self._get, methods=["GET"]),
+                Route("/stores/{store}/batch-get", self._batch, methods=["POST"]),
+            ]
+        )
+
+    def answer(self, store: str, key: str) -> tuple[int, bytes]:
+        err: ApiError
+        if self.unavailable:
+            err = PartitionUnavailable(f"{self.node_id} does not serve it")
+        elif (store, key) in self.values:
+            value = json.dumps(self.values[(store, key)]).encode()
+            return 200, found_body(store, key, 0, 1, value)
+        else:
+            err = KeyNotFound(f"no key {key!r}")
+        return err.status, json.dumps(err.body()).encode()
+
+    async def _get(self, request: Request) -> Response:
+        located = key_path_segment(request.scope["raw_path"])
+        assert located is not None
+        store, key = located
+        self.received.append(
+            Received("GET", request.scope["raw_path"], httpx.Headers(request.headers), key=key)
+        )
+        status, body = self.answer(store, key)
+        headers = {
+            "content-type": "application/json",
+            "x-keyroute-node": self.node_id,
+            "x-keyroute-partition": "0",
+            "x-keyroute-version": "1",
+            "x-keyroute-hops": self.hops,
+        }
+        if status == 503:
+            headers["retry-after"] = "7"
+        response = Response(body, status_code=status, headers=headers)
+        for name, value in self.extra_headers:
+            response.raw_headers.append((name.lower().encode(), value.encode()))
+        return response
+
+    async def _batch(self, request: Request) -> Response:
+        store = request.path_params["store"]
+        keys = json.loads(await request.body())["keys"]
+        self.received.append(
+            Received("POST", request.scope["raw_path"], httpx.Headers(request.headers), keys=list(keys))
+        )
+        if self.barrier is not None:
+            await asyncio.wait_for(self.barrier.wait(), timeout=5)
+        results = []
+        for key in keys:
+            status, body = self.answer(store, key)
+            entry = json.loads(body)
+            if status == 200:
+                results.append(
+                    {"key": key, "status": 200, "partition": 0, "version": 1, "value": entry["value"]}
+                )
+            else:
+                results.append({"key": key, "status": status, **entry})
+        return Response(json.dumps({"results": results}), media_type="application/json")
+
+
+class FakeCluster(httpx.AsyncBaseTransport):
+    """An httpx transport that delivers each request to the fake node named by its host."""
+
+    def __init__(self, *nodes: FakeNode) -> None:
+        self.nodes = {node.node_id: node for node in nodes}
+        self._transports = {node.node_id: httpx.ASGITransport(node.app) for node in nodes}
+
+    def __getitem__(self, node_id: str) -> FakeNode:
+        return self.nodes[node_id]
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        node = self.nodes.get(request.url.host)
+        if node is None or node.down:
+            raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+        if node.fault is not None:
+            raise node.fault()
+        return await self._transports[node.node_id].handle_async_request(request)
+
+
+class StaticMapSource:
+    """A MapSource that pushes maps on demand and counts refresh requests."""
+
+    def __init__(self, initial: PartitionMap | None = None) -> None:
+        self.initial = initial
+        self.refreshes = 0
+        self.started = False
+        self.stopped = False
+        self._on_map: Callable[[PartitionMap], None] | None = None
+
+    def start(self, on_map: Callable[[PartitionMap], None]) -> None:
+        self.started = True
+        self._on_map = on_map
+        if self.initial is not None:
+            on_map(self.initial)
+
+    def push(self, new_map: PartitionMap) -> None:
+        assert self._on_map is not None
+        self._on_map(new_map)
+
+    def refresh(self) -> None:
+        self.refreshes += 1
+
+    def stop(self) -> None:
+        self.stopped = True

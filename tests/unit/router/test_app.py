@@ -1,0 +1,213 @@
+"""The router app over HTTP (in process): endpoints, JSON errors, readiness, and the map hand-over."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from keyroute_core.key_format import KeyFormat
+from keyroute_core.partition_map import PartitionMap
+from keyroute_core.partitioner import Partitioner, key_hash, partition_for
+from keyroute_core.settings import RouterSettings
+from router.app import create_app
+from tests.unit.router.fakes import FakeCluster, FakeNode, StaticMapSource, build_map, node_url, store_record
+
+SETTINGS = RouterSettings(max_batch_keys=5, unavailable_retry_after_s=2)
+STORES = [store_record("s", 4), store_record("n", 2, key_format=KeyFormat.INT64)]
+FULL = {"a": {"s": [0, 1], "n": [0, 1]}, "b": {"s": [2, 3]}}
+
+
+@dataclass
+class Router:
+    client: httpx.AsyncClient
+    source: StaticMapSource
+    cluster: FakeCluster
+
+    async def push(self, new_map: PartitionMap) -> None:
+        self.source.push(new_map)
+        await asyncio.sleep(0)  # the map reaches the loop through call_soon_threadsafe
+
+
+@asynccontextmanager
+async def router(initial: PartitionMap | None, *nodes: FakeNode) -> AsyncIterator[Router]:
+    source = StaticMapSource(initial)
+    cluster = FakeCluster(*nodes)
+    app = create_app(SETTINGS, map_source=source, transport=cluster)
+    async with app.router.lifespan_context(app):
+        await asyncio.sleep(0)
+        transport = httpx.ASGITransport(app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+            yield Router(client, source, cluster)
+    assert source.stopped
+
+
+def run(scenario: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(scenario())  # type: ignore[arg-type]
+
+
+def nodes(*keys: str) -> tuple[FakeNode, FakeNode]:
+    values = {("s", k): {"v": k} for k in keys}
+    return FakeNode("a", values), FakeNode("b", values)
+
+
+def test_a_key_read_passes_the_nodes_answer_through() -> None:
+    async def scenario() -> None:
+        async with router(build_map(STORES, FULL), *nodes("a/b 東京?#+%")) as r:
+            resp = await r.client.get("/stores/s/keys/a%2Fb%20%E6%9D%B1%E4%BA%AC%3F%23%2B%25")
+            assert resp.status_code == 200
+            assert resp.json()["value"] == {"v": "a/b 東京?#+%"}
+            assert resp.headers["content-type"] == "application/json"
+            assert resp.headers["x-keyroute-hops"] == "0"
+            node = "a" if partition_for(Partitioner.MURMUR2, "a/b 東京?#+%".encode(), 4) < 2 else "b"
+            assert resp.headers["x-keyroute-node"] == node
+            assert r.cluster[node].received[0].key == "a/b 東京?#+%"
+
+    run(scenario)
+
+
+def test_errors_are_json_with_code_and_message() -> None:
+    async def scenario() -> None:
+        async with router(build_map(STORES, {"a": {"s": [0, 1, 2]}}), *nodes()) as r:
+            unserved = next(
+                k
+                for k in (f"k{i}" for i in range(99))
+                if partition_for(Partitioner.MURMUR2, k.encode(), 4) == 3
+            )
+            served = next(
+                k
+                for k in (f"k{i}" for i in range(99))
+                if partition_for(Partitioner.MURMUR2, k.encode(), 4) == 0
+            )
+            cases: list[tuple[str, str, int, str, Any]] = [
+                ("GET", "/stores/nope/keys/k", 404, "store_not_found", None),
+                ("GET", f"/stores/s/keys/{served}", 404, "key_not_found", None),
+                ("GET", "/stores/n/keys/abc", 400, "bad_key", None),
+                ("GET", "/stores/n/keys/9223372036854775808", 400, "bad_key", None),
+                ("GET", "/stores/s/keys/%FF", 400, "bad_key", None),
+                ("GET", f"/stores/s/keys/{unserved}", 503, "partition_unavailable", None),
+                ("GET", "/no/such/route", 404, "not_found", None),
+                ("GET", "/stores/s/keys/a/b", 404, "not_found", None),
+                ("DELETE", "/stores/s/keys/k", 405, "method_not_allowed", None),
+                ("GET", "/stores/s/batch-get", 405, "method_not_allowed", None),
+                ("POST", "/stores/s/batch-get", 400, "bad_request", b"not json"),
+                ("POST", "/stores/s/batch-get", 400, "bad_request", b'{"keys": 1}'),
+                (
+                    "POST",
+                    "/stores/s/batch-get",
+                    413,
+                    "too_many_keys",
+                    json.dumps({"keys": list("abcdef")}).encode(),
+                ),
+                (
+                    "POST",
+                    "/stores/s/batch-get",
+                    413,
+                    "body_too_large",
+                    b'{"keys": ["' + b"x" * 30_000 + b'"]}',
+                ),
+                ("POST", "/stores/nope/batch-get", 404, "store_not_found", b'{"keys": ["k"]}'),
+                ("GET", "/admin/route?store=s", 400, "bad_request", None),
+                ("GET", "/admin/route?store=nope&key=k", 404, "store_not_found", None),
+            ]
+            for method, path, status, code, body in cases:
+                resp = await r.client.request(method, path, content=body)
+                assert resp.status_code == status, (method, path, resp.text)
+                assert resp.headers["content-type"] == "application/json", path
+                assert resp.json()["error"] == code, path
+                assert resp.json()["message"], path
+            unavailable = await r.client.get(f"/stores/s/keys/{unserved}")
+            assert unavailable.headers["retry-after"] == "2"
+            not_allowed = await r.client.delete("/stores/s/keys/k")
+            assert "GET" in not_allowed.headers["allow"]
+
+    run(scenario)
+
+
+def test_an_unexpected_failure_is_a_json_500_without_a_traceback() -> None:
+    a, b = nodes("k")
+    a.fault = b.fault = lambda: RuntimeError("secret internals")
+
+    async def scenario() -> None:
+        async with router(build_map(STORES, FULL), a, b) as r:
+            resp = await r.client.get("/stores/s/keys/k")
+            assert resp.status_code == 500
+            assert resp.json() == {"error": "internal_error", "message": "internal error"}
+            assert "secret" not in resp.text and "Traceback" not in resp.text
+
+    run(scenario)
+
+
+def test_batch_get_through_the_app() -> None:
+    async def scenario() -> None:
+        async with router(build_map(STORES, FULL), *nodes("x", "y")) as r:
+            # A lone surrogate can only arrive as a JSON escape; it is a bad key, echoed back escaped.
+            body = json.dumps({"keys": ["x", "nope", "y", "\ud800"]}).encode()
+            resp = await r.client.post("/stores/s/batch-get", content=body)
+            assert resp.status_code == 200
+            results = resp.json()["results"]
+            assert [e["key"] for e in results] == ["x", "nope", "y", "\ud800"]
+            assert [e["status"] for e in results] == [200, 404, 200, 400]
+
+    run(scenario)
+
+
+def test_readyz_follows_map_completeness_and_stays_ready_but_stale_while_zookeeper_is_away() -> None:
+    async def scenario() -> None:
+        async with router(None, *nodes()) as r:
+            resp = await r.client.get("/readyz")
+            assert resp.status_code == 503 and resp.json()["ready"] is False and resp.json()["stale"] is True
+            await r.push(build_map(STORES, {"a": {"s": [0, 1, 2, 3]}}, generation=10))
+            assert (await r.client.get("/readyz")).status_code == 503  # store n has no serving node
+            complete = build_map(STORES, FULL, generation=11)
+            await r.push(complete)
+            resp = await r.client.get("/readyz")
+            assert resp.status_code == 200
+            assert resp.json() == {"ready": True, "stale": False, "generation": 11}
+            await r.push(complete.marked_stale(True))  # what MapWatcher publishes on SUSPENDED
+            resp = await r.client.get("/readyz")
+            assert resp.status_code == 200 and resp.json()["stale"] is True
+            assert (await r.client.get("/healthz")).json() == {"status": "ok"}
+
+    run(scenario)
+
+
+def test_admin_endpoints_describe_the_map_and_one_keys_route() -> None:
+    async def scenario() -> None:
+        async with router(build_map(STORES, FULL), *nodes()) as r:
+            pmap = (await r.client.get("/admin/partition-map")).json()
+            assert pmap["router"] is True and pmap["generation"] == 7 and pmap["complete"] is True
+            assert pmap["stores"]["s"]["partition_map"][2]["serving"][0]["node"] == "b"
+            route = (await r.client.get("/admin/route", params={"store": "n", "key": "-5"})).json()
+            data = (-5).to_bytes(8, "big", signed=True)
+            assert route == {
+                "store": "n",
+                "key": "-5",
+                "hash": key_hash(Partitioner.MURMUR2, data),
+                "partition": partition_for(Partitioner.MURMUR2, data, 2),
+                "assigned": [],
+                "serving": [{"node": "a", "url": node_url("a"), "version": 1}],
+            }
+
+    run(scenario)
+
+
+def test_a_misroute_asks_the_map_source_to_refresh_and_shows_in_metrics() -> None:
+    a, b = nodes("k")
+    a.hops = b.hops = "1"
+
+    async def scenario() -> None:
+        async with router(build_map(STORES, FULL), a, b) as r:
+            resp = await r.client.get("/stores/s/keys/k")
+            assert resp.status_code == 200 and resp.headers["x-keyroute-hops"] == "1"
+            assert r.source.refreshes == 1
+            metrics = (await r.client.get("/metrics")).text
+            assert "keyroute_router_misroutes_total 1" in metrics
+            assert "keyroute_router_map_generation 7" in metrics
+
+    run(scenario)

@@ -1,0 +1,382 @@
+"""Proxy: the data path against in-process fake nodes (failover, back-off, misroutes, batches)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import httpx
+import pytest
+
+from keyroute_core.api import BadRequest, PartitionUnavailable, PayloadTooLarge, StoreNotFound
+from keyroute_core.key_format import KeyFormat
+from keyroute_core.partition_map import Assignment, PartitionMap
+from keyroute_core.partitioner import Partitioner, partition_for
+from router.backoff import NodeBackoff
+from router.proxy import HEADER_ROUTER, Proxy, parse_batch_body, passthrough_headers
+from router.routing_table import RoutingTable
+from router.upstream import HttpxUpstream
+from tests.unit.router.fakes import FakeCluster, FakeNode, build_map, store_record
+
+T = TypeVar("T")
+PARTITIONS = 4
+WEIRD_KEYS = [
+    "a/b",
+    "100%",
+    "what?",
+    "#tag",
+    "a+b",
+    "with space",
+    "東京",
+    "😀",
+    "%2F",
+    "",
+    ".",
+    "..",
+    "a%20b",
+]
+
+
+def partition(key: str) -> int:
+    return partition_for(Partitioner.MURMUR2, key.encode("utf-8"), PARTITIONS)
+
+
+def keys_in(p: int, count: int = 1) -> list[str]:
+    found = [k for k in (f"key-{i}" for i in range(1000)) if partition(k) == p]
+    return found[:count]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Harness:
+    """A Proxy wired to fake nodes `a` and `b`, with a controllable clock and a refresh counter."""
+
+    def __init__(self, partition_map: PartitionMap, *nodes: FakeNode, max_batch_keys: int = 1000) -> None:
+        self.cluster = FakeCluster(*nodes)
+        self.clock = Clock()
+        self.refreshes = 0
+        self.proxy = Proxy(
+            HttpxUpstream.create(5.0, 1.0, transport=self.cluster),
+            on_stale_map=self._refresh,
+            max_batch_keys=max_batch_keys,
+            retry_after_s=3,
+            backoff=NodeBackoff(backoff_s=2.0, clock=self.clock),
+            clock=self.clock,
+        )
+        self.proxy.install(RoutingTable.of(partition_map))
+
+    def _refresh(self) -> None:
+        self.refreshes += 1
+
+
+def run(make: Callable[[], Awaitable[T]]) -> T:
+    async def main() -> T:
+        return await make()
+
+    return asyncio.run(main())
+
+
+def values_for(keys: list[str], store: str = "s") -> dict[tuple[str, str], Any]:
+    return {(store, k): {"v": k} for k in keys}
+
+
+def replicated_map(order: tuple[str, ...] = ("a", "b")) -> PartitionMap:
+    """Both nodes serve every partition; `order` is the preferred-first assignment for all partitions."""
+    assignment = Assignment(generation=1, stores={"s": tuple(order for _ in range(PARTITIONS))})
+    everything = {"s": range(PARTITIONS)}
+    return build_map([store_record("s", PARTITIONS)], {"a": everything, "b": everything}, assignment)
+
+
+def split_map() -> PartitionMap:
+    return build_map([store_record("s", PARTITIONS)], {"a": {"s": [0, 1]}, "b": {"s": [2, 3]}})
+
+
+def test_each_key_goes_to_the_node_serving_its_partition_with_the_router_marker_and_no_hop_header() -> None:
+    keys = [k for p in range(PARTITIONS) for k in keys_in(p, 2)]
+    a, b = FakeNode("a", values_for(keys)), FakeNode("b", values_for(keys))
+    h = Harness(split_map(), a, b)
+
+    async def scenario() -> None:
+        for key in keys:
+            answer = await h.proxy.get("s", key, request_id="req-1")
+            assert answer.status == 200
+            assert json.loads(answer.body)["value"] == {"v": key}
+            assert dict(answer.headers)[b"x-keyroute-node"] == (b"a" if partition(key) < 2 else b"b")
+
+    run(scenario)
+    assert [r.key for r in a.received] == [k for k in keys if partition(k) < 2]
+    assert [r.key for r in b.received] == [k for k in keys if partition(k) >= 2]
+    for received in a.received + b.received:
+        assert received.headers[HEADER_ROUTER] == "1"
+        assert "x-keyroute-hops" not in received.headers
+        assert received.headers["x-request-id"] == "req-1"
+    assert h.refreshes == 0 and h.proxy.metrics.misroutes == 0
+
+
+def test_keys_with_reserved_and_non_ascii_characters_reach_the_node_intact() -> None:
+    a = FakeNode("a", values_for(WEIRD_KEYS))
+    h = Harness(build_map([store_record("s", PARTITIONS)], {"a": {"s": range(PARTITIONS)}}), a)
+
+    async def scenario() -> None:
+        for key in WEIRD_KEYS:
+            answer = await h.proxy.get("s", key)
+            assert answer.status == 200, key
+            assert json.loads(answer.body)["key"] == key
+
+    run(scenario)
+    assert [r.key for r in a.received] == WEIRD_KEYS
+    expected = [quote(k, safe="") if k not in (".", "..") else k.replace(".", "%2E") for k in WEIRD_KEYS]
+    assert [r.raw_path for r in a.received] == [f"/stores/s/keys/{k}".encode() for k in expected]
+
+
+def test_status_body_and_keyroute_headers_pass_through_while_hop_by_hop_headers_do_not() -> None:
+    a = FakeNode("a", values_for(["k"]))
+    a.extra_headers = [
+        ("Connection", "keep-alive, X-Private"),
+        ("X-Private", "secret"),
+        ("Keep-Alive", "timeout=5"),
+        ("Cache-Control", "no-store"),
+    ]
+    h = Harness(build_map([store_record("s", PARTITIONS)], {"a": {"s": range(PARTITIONS)}}), a)
+    direct: list[httpx.Response] = []
+
+    async def scenario() -> tuple[Any, Any]:
+        found = await h.proxy.get("s", "k")
+        missing = await h.proxy.get("s", "nope")
+        async with httpx.AsyncClient(transport=h.cluster) as client:
+            direct.append(await client.get("http://a:8000/stores/s/keys/nope"))
+        return found, missing
+
+    found, missing = run(scenario)
+    headers = dict(found.headers)
+    assert headers[b"content-type"] == b"application/json"
+    assert headers[b"x-keyroute-node"] == b"a" and headers[b"x-keyroute-hops"] == b"0"
+    assert headers[b"x-keyroute-partition"] == b"0" and headers[b"x-keyroute-version"] == b"1"
+    assert headers[b"cache-control"] == b"no-store"
+    for hop_by_hop in (b"connection", b"keep-alive", b"x-private", b"content-length", b"transfer-encoding"):
+        assert hop_by_hop not in headers
+    # A node's error passes through byte for byte: the router does not re-render it.
+    assert missing.status == 404 and missing.body == direct[0].content
+    assert json.loads(missing.body)["error"] == "key_not_found"
+
+
+def test_passthrough_headers_drops_what_connection_names_and_lowercases_names() -> None:
+    kept = passthrough_headers(
+        [
+            (b"Connection", b"close, X-A"),
+            (b"X-A", b"1"),
+            (b"X-Keyroute-Node", b"n"),
+            (b"Transfer-Encoding", b"chunked"),
+            (b"Retry-After", b"2"),
+        ]
+    )
+    assert kept == [(b"x-keyroute-node", b"n"), (b"retry-after", b"2")]
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        lambda: httpx.ConnectError("refused"),
+        lambda: httpx.ReadError("reset by peer"),
+        lambda: httpx.RemoteProtocolError("Server disconnected without sending a response"),
+        lambda: httpx.ReadTimeout("timed out"),
+        lambda: httpx.ConnectTimeout("timed out"),
+    ],
+    ids=["refused", "reset", "died-mid-request", "read-timeout", "connect-timeout"],
+)
+def test_a_failing_node_is_retried_at_once_on_the_next_replica(fault: Callable[[], Exception]) -> None:
+    a, b = FakeNode("a", values_for(["k"])), FakeNode("b", values_for(["k"]))
+    a.fault = fault
+    h = Harness(replicated_map(("a", "b")), a, b)
+    answer = run(lambda: h.proxy.get("s", "k"))
+    assert answer.status == 200 and dict(answer.headers)[b"x-keyroute-node"] == b"b"
+    assert len(b.received) == 1
+    assert h.proxy.metrics.failovers == 1 and h.proxy.metrics.upstream_failures == 1
+
+
+def test_a_failed_node_is_ordered_last_during_its_backoff_then_first_again() -> None:
+    a, b = FakeNode("a", values_for(["k"])), FakeNode("b", values_for(["k"]))
+    h = Harness(replicated_map(("a", "b")), a, b)
+
+    async def scenario() -> None:
+        a.down = True
+        assert dict((await h.proxy.get("s", "k")).headers)[b"x-keyroute-node"] == b"b"
+        a.down = False
+        # Within the back-off the healthy replica is asked first: `a` sees nothing.
+        h.clock.now += 1.0
+        assert dict((await h.proxy.get("s", "k")).headers)[b"x-keyroute-node"] == b"b"
+        assert a.received == []
+        h.clock.now += 1.5
+        assert dict((await h.proxy.get("s", "k")).headers)[b"x-keyroute-node"] == b"a"
+
+    run(scenario)
+    assert h.proxy.metrics.upstream_failures == 1 and h.proxy.metrics.failovers == 1
+
+
+def test_every_replica_failing_is_503_partition_unavailable_with_retry_after() -> None:
+    a, b = FakeNode("a"), FakeNode("b")
+    a.down = b.down = True
+    h = Harness(replicated_map(), a, b)
+    with pytest.raises(PartitionUnavailable) as caught:
+        run(lambda: h.proxy.get("s", "k"))
+    assert caught.value.status == 503 and caught.value.headers == {"Retry-After": "3"}
+    assert "a, b" in caught.value.message
+    assert h.proxy.metrics.unavailable == 1
+
+
+def test_no_serving_node_is_503_without_contacting_any_node() -> None:
+    a = FakeNode("a", values_for(keys_in(0) + keys_in(3)))
+    h = Harness(build_map([store_record("s", PARTITIONS)], {"a": {"s": [0, 1, 2]}}), a)
+    with pytest.raises(PartitionUnavailable) as caught:
+        run(lambda: h.proxy.get("s", keys_in(3)[0]))
+    assert caught.value.headers["Retry-After"] == "3"
+    assert a.received == []
+
+
+def test_an_unknown_store_is_404_without_contacting_any_node() -> None:
+    a = FakeNode("a")
+    h = Harness(split_map(), a)
+    with pytest.raises(StoreNotFound):
+        run(lambda: h.proxy.get("nope", "k"))
+    assert a.received == []
+
+
+def test_a_forwarded_answer_counts_a_misroute_and_refreshes_the_map_once_per_burst() -> None:
+    a = FakeNode("a", values_for(["k"]))
+    a.hops = "1"
+    h = Harness(build_map([store_record("s", PARTITIONS)], {"a": {"s": range(PARTITIONS)}}), a)
+
+    async def scenario() -> None:
+        for _ in range(3):
+            answer = await h.proxy.get("s", "k")
+            assert answer.status == 200 and dict(answer.headers)[b"x-keyroute-hops"] == b"1"
+        h.clock.now += 1.0
+        await h.proxy.get("s", "k")
+
+    run(scenario)
+    assert h.proxy.metrics.misroutes == 4
+    assert h.refreshes == 2
+
+
+def test_a_node_that_no_longer_serves_the_partition_hands_over_to_the_next_replica() -> None:
+    a, b = FakeNode("a", values_for(["k"])), FakeNode("b", values_for(["k"]))
+    a.unavailable = True
+    h = Harness(replicated_map(("a", "b")), a, b)
+    answer = run(lambda: h.proxy.get("s", "k"))
+    assert answer.status == 200 and dict(answer.headers)[b"x-keyroute-node"] == b"b"
+    assert h.refreshes == 1
+
+
+def test_the_last_replicas_503_is_passed_through_with_its_retry_after() -> None:
+    a = FakeNode("a", values_for(["k"]))
+    a.unavailable = True
+    h = Harness(build_map([store_record("s", PARTITIONS)], {"a": {"s": range(PARTITIONS)}}), a)
+    answer = run(lambda: h.proxy.get("s", "k"))
+    assert answer.status == 503 and dict(answer.headers)[b"retry-after"] == b"7"
+    assert json.loads(answer.body)["error"] == "partition_unavailable"
+
+
+def test_batch_fans_out_one_request_per_node_in_parallel_and_answers_in_request_order() -> None:
+    partition_map = build_map([store_record("s", PARTITIONS)], {"a": {"s": [0, 1]}, "b": {"s": [2]}})
+    in_a = keys_in(0, 2) + keys_in(1, 1)
+    in_b = keys_in(2, 2)
+    unserved = keys_in(3, 1)
+    assert partition("17") == 0  # a JSON number is read as its decimal text
+    a, b = FakeNode("a", values_for([*in_a, "17"])), FakeNode("b", values_for(in_b[:1]))
+    h = Harness(partition_map, a, b)
+    keys: list[Any] = [in_b[0], in_a[0], unserved[0], in_a[1], in_b[1], 17, in_a[2], None]
+    # Each node waits until the other has its request too: passes only if the fan-out is concurrent.
+    a.barrier = b.barrier = asyncio.Barrier(2)
+
+    results = run(lambda: h.proxy.batch_get("s", keys))
+    assert [r["key"] for r in results] == [
+        in_b[0],
+        in_a[0],
+        unserved[0],
+        in_a[1],
+        in_b[1],
+        "17",
+        in_a[2],
+        None,
+    ]
+    assert [r["status"] for r in results] == [200, 200, 503, 200, 404, 200, 200, 400]
+    assert results[0]["value"] == {"v": in_b[0]} and results[3]["value"] == {"v": in_a[1]}
+    assert results[5]["value"] == {"v": "17"}
+    assert results[2]["error"] == "partition_unavailable" and results[4]["error"] == "key_not_found"
+    assert results[7]["error"] == "bad_key"
+    # One POST per node, carrying that node's keys in request order; the unserved and bad keys went nowhere.
+    assert len(a.received) == 1 and len(b.received) == 1
+    assert a.received[0].raw_path == b"/stores/s/batch-get"
+    assert a.received[0].keys == [in_a[0], in_a[1], "17", in_a[2]]
+    assert b.received[0].keys == [in_b[0], in_b[1]]
+    assert a.received[0].headers[HEADER_ROUTER] == "1"
+
+
+def test_batch_keys_that_do_not_fit_the_key_format_get_their_own_400_without_a_node_request() -> None:
+    ints = store_record("n", PARTITIONS, key_format=KeyFormat.INT64)
+    a = FakeNode("a", {("n", "5"): {"x": 1}})
+    h = Harness(build_map([ints], {"a": {"n": range(PARTITIONS)}}), a)
+    results = run(lambda: h.proxy.batch_get("n", ["abc", "5", str(2**63), True]))
+    assert [r["status"] for r in results] == [400, 200, 400, 400]
+    assert {r.get("error") for r in results if r["status"] == 400} == {"bad_key"}
+    assert a.received[0].keys == ["5"]
+
+
+def test_batch_keys_of_a_failed_node_are_retried_on_the_next_replica() -> None:
+    keys = [k for p in range(PARTITIONS) for k in keys_in(p, 2)]
+    a, b = FakeNode("a", values_for(keys)), FakeNode("b", values_for(keys))
+    a.down = True
+    h = Harness(replicated_map(("a", "b")), a, b)
+    results = run(lambda: h.proxy.batch_get("s", keys))
+    assert [r["status"] for r in results] == [200] * len(keys)
+    assert [r["key"] for r in results] == keys
+    assert len(b.received) == 1 and b.received[0].keys == keys
+    assert h.proxy.metrics.failovers == len(keys)
+
+
+def test_batch_keys_whose_replicas_all_fail_are_503_entries() -> None:
+    keys = keys_in(0, 2) + keys_in(2, 2)
+    a, b = FakeNode("a", values_for(keys)), FakeNode("b", values_for(keys))
+    b.down = True
+    h = Harness(split_map(), a, b)
+    results = run(lambda: h.proxy.batch_get("s", keys))
+    assert [r["status"] for r in results] == [200, 200, 503, 503]
+    assert results[2]["error"] == "partition_unavailable"
+
+
+def test_batch_entries_a_node_refuses_with_503_go_to_the_next_replica() -> None:
+    keys = keys_in(0, 2)
+    a, b = FakeNode("a", values_for(keys)), FakeNode("b", values_for(keys))
+    a.unavailable = True
+    h = Harness(replicated_map(("a", "b")), a, b)
+    results = run(lambda: h.proxy.batch_get("s", keys))
+    assert [r["status"] for r in results] == [200, 200]
+    assert b.received[0].keys == keys
+
+
+def test_a_batch_over_the_limit_is_413_and_an_unknown_store_404() -> None:
+    h = Harness(split_map(), FakeNode("a"), FakeNode("b"), max_batch_keys=3)
+    with pytest.raises(PayloadTooLarge) as caught:
+        run(lambda: h.proxy.batch_get("s", ["1", "2", "3", "4"]))
+    assert caught.value.status == 413 and caught.value.code == "too_many_keys"
+    with pytest.raises(StoreNotFound):
+        run(lambda: h.proxy.batch_get("nope", ["1"]))
+
+
+@pytest.mark.parametrize("body", [b"", b"{", b"[]", b'{"keys": "k"}', b'{"key": []}', b"\xff"])
+def test_a_malformed_batch_body_is_bad_request(body: bytes) -> None:
+    with pytest.raises(BadRequest):
+        parse_batch_body(body)
+
+
+def test_a_well_formed_batch_body_gives_its_keys() -> None:
+    assert parse_batch_body(b'{"keys": ["a", 1]}') == ["a", 1]

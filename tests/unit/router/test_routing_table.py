@@ -1,0 +1,101 @@
+"""RoutingTable: a key resolves to the partition Kafka's producer would pick and to the nodes serving it."""
+
+from __future__ import annotations
+
+import pytest
+
+from keyroute_core.api import BadKey, StoreNotFound
+from keyroute_core.key_format import KeyFormat, KeyFormatError
+from keyroute_core.partition_map import Assignment
+from keyroute_core.partitioner import Partitioner, key_hash, partition_for
+from router.routing_table import RoutingTable
+from tests.unit.router.fakes import build_map, node_url, store_record
+
+KEYS = ["21", "foobar", "a/b", "100%", "東京", "", "key with spaces", "x" * 300]
+
+
+def test_a_key_routes_to_the_partition_of_its_serialized_bytes_and_the_node_serving_it() -> None:
+    store = store_record("bookings", 12)
+    table = RoutingTable.of(
+        build_map([store], {"a": {"bookings": range(0, 6)}, "b": {"bookings": range(6, 12)}})
+    )
+    for key in KEYS:
+        route = table.resolve("bookings", key)
+        expected = partition_for(Partitioner.MURMUR2, key.encode("utf-8"), 12)
+        assert route.partition == expected
+        assert route.hash == key_hash(Partitioner.MURMUR2, key.encode("utf-8"))
+        assert [ep.node_id for ep in route.serving] == ["a" if expected < 6 else "b"]
+        assert route.serving[0].url == node_url("a" if expected < 6 else "b")
+
+
+def test_a_known_kafka_vector_lands_where_the_java_client_puts_it() -> None:
+    # Kafka's UtilsTest: murmur2(b"21") == -973932308, so toPositive(...) % 12 == 8.
+    table = RoutingTable.of(build_map([store_record("s", 12)], {"a": {"s": range(12)}}))
+    route = table.resolve("s", "21")
+    assert route.hash == -973932308
+    assert route.partition == (-973932308 & 0x7FFFFFFF) % 12
+
+
+def test_integer_keys_hash_their_big_endian_bytes_whatever_their_spelling() -> None:
+    store = store_record("accounts", 8, key_format=KeyFormat.INT64)
+    table = RoutingTable.of(build_map([store], {"a": {"accounts": range(8)}}))
+    expected = partition_for(Partitioner.MURMUR2, (42).to_bytes(8, "big", signed=True), 8)
+    assert table.resolve("accounts", "42").partition == expected
+    assert table.resolve("accounts", "0042").partition == expected
+
+
+def test_other_partitioners_are_honoured() -> None:
+    store = store_record("s", 7, partitioner=Partitioner.CRC32)
+    table = RoutingTable.of(build_map([store], {"a": {"s": range(7)}}))
+    for key in KEYS:
+        assert table.resolve("s", key).partition == partition_for(Partitioner.CRC32, key.encode(), 7)
+
+
+def test_a_key_that_does_not_fit_the_format_is_a_bad_key_with_the_reason_chained() -> None:
+    store = store_record("accounts", 8, key_format=KeyFormat.INT64)
+    table = RoutingTable.of(build_map([store], {"a": {"accounts": range(8)}}))
+    for text in ["abc", str(2**63), "1.5"]:
+        with pytest.raises(BadKey) as caught:
+            table.resolve("accounts", text)
+        assert isinstance(caught.value.__cause__, KeyFormatError)
+        assert caught.value.status == 400 and caught.value.code == "bad_key"
+
+
+def test_an_unknown_store_is_store_not_found() -> None:
+    table = RoutingTable.of(build_map([store_record("s", 4)], {"a": {"s": range(4)}}))
+    with pytest.raises(StoreNotFound):
+        table.resolve("nope", "k")
+    assert table.has_store("s") and not table.has_store("nope")
+
+
+def test_serving_replicas_come_preferred_first_and_unserved_partitions_have_none() -> None:
+    store = store_record("s", 2)
+    assignment = Assignment(generation=3, stores={"s": (("b", "a"), ("a", "b"))})
+    table = RoutingTable.of(build_map([store], {"a": {"s": [0]}, "b": {"s": [0]}}, assignment))
+    key_p0 = next(
+        k for k in (f"k{i}" for i in range(100)) if partition_for(Partitioner.MURMUR2, k.encode(), 2) == 0
+    )
+    key_p1 = next(
+        k for k in (f"k{i}" for i in range(100)) if partition_for(Partitioner.MURMUR2, k.encode(), 2) == 1
+    )
+    route = table.resolve("s", key_p0)
+    assert [ep.node_id for ep in route.serving] == ["b", "a"]
+    assert route.assigned == ("b", "a")
+    unserved = table.resolve("s", key_p1)
+    assert unserved.serving == () and unserved.assigned == ("a", "b")
+    assert not table.complete
+
+
+def test_complete_only_when_every_partition_of_every_store_is_served() -> None:
+    stores = [store_record("s", 3), store_record("t", 2)]
+    partial = RoutingTable.of(build_map(stores, {"a": {"s": range(3), "t": [0]}}))
+    full = RoutingTable.of(build_map(stores, {"a": {"s": range(3), "t": [0]}, "b": {"t": [1]}}))
+    assert not partial.complete and full.complete
+    assert full.generation == 7 and not full.stale
+
+
+def test_before_any_map_the_table_is_empty_stale_and_not_complete() -> None:
+    table = RoutingTable.empty()
+    assert table.stale and not table.complete
+    with pytest.raises(StoreNotFound):
+        table.resolve("s", "k")
