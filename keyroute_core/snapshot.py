@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from keyroute_core.key_format import KeyFormat
 from keyroute_core.partitioner import Partitioner
 
 FORMAT = "keyroute-snapshot/1"
+_VERSION_DIR = re.compile(r"v[0-9]+")
 MANIFEST = "manifest.json"
 
 
@@ -47,11 +49,9 @@ def existing_versions(output: str, store: str) -> list[int]:
     root = local_path(output) / store
     if not root.is_dir():
         return []
-    found = []
-    for entry in root.iterdir():
-        if entry.name.startswith("v") and entry.name[1:].isdigit():
-            found.append(int(entry.name[1:]))
-    return sorted(found)
+    return sorted(
+        int(entry.name[1:]) for entry in root.iterdir() if _VERSION_DIR.fullmatch(entry.name) and entry.is_dir()
+    )
 
 
 def partition_dir(snapshot: Path, partition: int) -> Path:

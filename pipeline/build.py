@@ -91,8 +91,8 @@ def build(
         )
         for w in written
     ]
-    for version in result:
-        log.info("store %r: published version %d (%d rows)", version.store, version.version, version.rows)
+    for done in result:
+        log.info("store %r: published version %d (%d rows)", done.store, done.version, done.rows)
     return result
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 from py4j.protocol import Py4JError
@@ -19,7 +20,7 @@ from pyspark.sql import types as T
 
 from keyroute_core.key_format import KeyFormat, KeyFormatError, key_from_value
 from keyroute_core.partitioner import Partitioner, partition_for
-from pipeline.errors import DataError, SpecError
+from pipeline.errors import DataError, PipelineError, SpecError
 from pipeline.spec import Mode, SourceFormat, StoreSpec
 
 # Internal column names, chosen so they cannot meet a source column by accident.
@@ -48,12 +49,14 @@ _SPARK_MESSAGE_CHARS = 400
 class ComputedStore:
     """A store reduced to one row per key, with columns `key` (canonical text), `partition`, `value`.
 
-    `frame` is cached; call `release()` once it has been written.
+    `frame` is cached; call `release()` once it has been written. `partition_rows[p]` is the number of
+    keys in partition p, counted from `frame` while checking it.
     """
 
     spec: StoreSpec
     frame: DataFrame
     value_columns: tuple[str, ...]
+    partition_rows: tuple[int, ...]
 
     def release(self) -> None:
         self.frame.unpersist()
@@ -88,58 +91,58 @@ def route_keys(
     )
 
 
-def _router(store: StoreSpec):  # type: ignore[no-untyped-def]
+def _router(store: StoreSpec) -> Any:
     key_format, partitioner, partitions = store.key_format, store.partitioner, store.partitions
 
     def route(keys: pa.Array) -> pa.Array:
         return route_keys(keys, key_format, partitioner, partitions)
 
     # arrow_udf: whole Arrow batches in and out, no pandas in between (a scalar Arrow UDF, Spark >= 4.1).
-    return F.arrow_udf(route, ROUTE_TYPE)
+    # The kind is read from the type hints; pyspark's stubs insist on functionType, which it warns about.
+    return F.arrow_udf(route, ROUTE_TYPE)  # type: ignore[call-overload]
 
 
 def compute_store(spark: SparkSession, store: StoreSpec) -> ComputedStore:
-    """Read, check, reduce and route one store; raise DataError/SpecError naming the store on any problem."""
+    """Read, check, reduce and route one store; raise DataError/SpecError naming the store on any problem.
+
+    Spark jobs on the happy path: schema inference (json/csv) and one pass that reduces, routes, caches
+    and checks every key. Writing is the next pass, over the cache.
+    """
     with spark_errors(store.name, "computing the store"):
         source = _read_source(spark, store)
         value_columns = _check_columns(store, source.columns)
         keyed = source.withColumn(RAW_KEY, _raw_key(store, source.schema[store.key].dataType))
         reduced, value = _reduce(store, keyed, value_columns)
-        reduced = reduced.persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            _check_null_keys(store, reduced)
-            route = _router(store)
-            routed = (
-                reduced.where(F.col(RAW_KEY).isNotNull())
-                .select(F.col(RAW_KEY), route(F.col(RAW_KEY)).alias(_ROUTE), value.alias("value"))
-                .select(
-                    F.col(RAW_KEY),
-                    F.col(_ROUTE).getField("key").alias("key"),
-                    F.col(_ROUTE).getField("partition").alias("partition"),
-                    F.col(_ROUTE).getField("error").alias(ERROR),
-                    F.col("value"),
-                )
-                .persist(StorageLevel.MEMORY_AND_DISK)
+        route = _router(store)
+        routed = (
+            reduced.select(
+                F.col(RAW_KEY), F.col(_ROWS), route(F.col(RAW_KEY)).alias(_ROUTE), value.alias("value")
             )
-            try:
-                _check_key_format(store, routed)
-                _check_duplicate_keys(store, routed)
-            except BaseException:
-                routed.unpersist()
-                raise
-        finally:
-            # Every check above scanned all of `routed`, so its cache is complete without `reduced`.
-            reduced.unpersist()
-    return ComputedStore(spec=store, frame=routed, value_columns=value_columns)
+            .select(
+                F.col(RAW_KEY),
+                F.col(_ROWS),
+                F.col(_ROUTE).getField("key").alias("key"),
+                F.col(_ROUTE).getField("partition").alias("partition"),
+                F.col(_ROUTE).getField("error").alias(ERROR),
+                F.col("value"),
+            )
+            .persist(StorageLevel.MEMORY_AND_DISK)
+        )
+        try:
+            partition_rows = _check_keys(store, routed)
+        except BaseException:
+            routed.unpersist()
+            raise
+    return ComputedStore(spec=store, frame=routed, value_columns=value_columns, partition_rows=partition_rows)
 
 
 @contextmanager
-def spark_errors(store: str, doing: str) -> Iterator[None]:
-    """Turn Spark's and py4j's exceptions into a DataError naming the store and Spark's first line."""
+def spark_errors(store: str, doing: str, error: type[PipelineError] = DataError) -> Iterator[None]:
+    """Turn Spark's and py4j's exceptions into `error` naming the store, with Spark's first line."""
     try:
         yield
     except (PySparkException, Py4JError) as exc:
-        raise DataError(store, f"Spark failed while {doing}: {spark_message(exc)}") from exc
+        raise error(store, f"Spark failed while {doing}: {spark_message(exc)}") from exc
 
 
 def spark_message(exc: BaseException) -> str:
@@ -269,20 +272,40 @@ def _reduce(store: StoreSpec, keyed: DataFrame, value_columns: tuple[str, ...]) 
     return reduced, F.struct(*[_quoted(name) for name in store.aggregations])
 
 
-def _check_null_keys(store: StoreSpec, reduced: DataFrame) -> None:
-    nulls = reduced.where(F.col(RAW_KEY).isNull()).select(_ROWS).collect()
-    if nulls:
+def _check_keys(store: StoreSpec, routed: DataFrame) -> tuple[int, ...]:
+    """Keys per partition; DataError for null keys, keys that do not fit the format, or duplicate keys.
+
+    One job summarises the whole frame per partition. Equal keys land in the same partition, so a
+    partition holding fewer distinct keys than rows holds a duplicate; rows that could not be routed
+    (null or malformed keys) have no partition. Examples are fetched only when something is wrong.
+    """
+    summary = (
+        routed.groupBy("partition")
+        .agg(
+            F.count(F.lit(1)).alias("rows"),
+            F.count_distinct("key").alias("distinct"),
+            F.sum(F.when(F.col(RAW_KEY).isNull(), F.col(_ROWS))).alias("null_rows"),
+            F.count(F.when(F.col(RAW_KEY).isNotNull() & F.col(ERROR).isNotNull(), True)).alias("bad"),
+        )
+        .collect()
+    )
+    null_rows = sum(row["null_rows"] or 0 for row in summary)
+    if null_rows:
         raise DataError(
             store.name,
-            f"{nulls[0][0]} source row(s) have a null key (column {store.key!r}); every row needs a key",
+            f"{null_rows} source row(s) have a null key (column {store.key!r}); every row needs a key",
         )
+    bad = sum(row["bad"] for row in summary)
+    if bad:
+        _raise_bad_keys(store, routed, bad)
+    if any(row["rows"] != row["distinct"] for row in summary if row["partition"] is not None):
+        _raise_duplicate_keys(store, routed)
+    counts = {int(row["partition"]): int(row["rows"]) for row in summary if row["partition"] is not None}
+    return tuple(counts.get(p, 0) for p in range(store.partitions))
 
 
-def _check_key_format(store: StoreSpec, routed: DataFrame) -> None:
-    bad = routed.where(F.col(ERROR).isNotNull())
-    count = bad.count()
-    if not count:
-        return
+def _raise_bad_keys(store: StoreSpec, routed: DataFrame, count: int) -> None:
+    bad = routed.where(F.col(RAW_KEY).isNotNull() & F.col(ERROR).isNotNull())
     examples = [row[0] for row in bad.select(ERROR).orderBy(ERROR).limit(_EXAMPLES).collect()]
     raise DataError(
         store.name,
@@ -291,14 +314,16 @@ def _check_key_format(store: StoreSpec, routed: DataFrame) -> None:
     )
 
 
-def _check_duplicate_keys(store: StoreSpec, routed: DataFrame) -> None:
+def _raise_duplicate_keys(store: StoreSpec, routed: DataFrame) -> None:
     """Two source keys that serialize to the same bytes (e.g. a uuid in two cases) would be one key."""
     spellings = F.sort_array(F.collect_set(F.col(RAW_KEY).cast(T.StringType())))
-    duplicates = routed.groupBy("key").agg(F.count(F.lit(1)).alias("n"), spellings.alias("spellings"))
-    duplicates = duplicates.where(F.col("n") > 1)
+    duplicates = (
+        routed.where(F.col("key").isNotNull())
+        .groupBy("key")
+        .agg(F.count(F.lit(1)).alias("n"), spellings.alias("spellings"))
+        .where(F.col("n") > 1)
+    )
     count = duplicates.count()
-    if not count:
-        return
     examples = [
         f"{row['key']!r} from {', '.join(repr(s) for s in row['spellings'])}"
         for row in duplicates.orderBy("key").limit(_EXAMPLES).collect()

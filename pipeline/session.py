@@ -24,7 +24,7 @@ def create_session(
 
     `local_dir` holds Spark's scratch files and its (unused) warehouse, so nothing lands in the working
     directory. In local mode the Python workers run this very interpreter, so they import the same
-    keyroute as the driver (pyspark would otherwise start whatever `python3` is first on PATH).
+    keyroute as the driver (pyspark would otherwise start $PYSPARK_PYTHON or the first `python3` on PATH).
     """
     master = master or DEFAULT_MASTER
     builder = (
@@ -51,6 +51,7 @@ def create_session(
         )
         session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
-    if master.startswith("local"):
+    # The context's own master: getOrCreate may have returned a session started elsewhere.
+    if (session.sparkContext.master or "").startswith("local"):
         session.sparkContext.pythonExec = sys.executable
     return session

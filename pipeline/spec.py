@@ -127,7 +127,7 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
     if unknown:
         raise SpecError(name, f"unknown field {unknown[0]!r} (expected some of: {', '.join(_FIELDS)})")
 
-    key = fields.text("key", required=True)
+    key = fields.required_text("key")
     mode = fields.choice("mode", Mode, required=True)
     order_by = fields.text("order_by")
     columns = fields.names("columns")
@@ -155,7 +155,7 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
 
     return StoreSpec(
         name=name,
-        source=_resolve_source(fields.text("source", required=True), base_dir),
+        source=_resolve_source(fields.required_text("source"), base_dir),
         format=fields.choice("format", SourceFormat, required=True),
         key=key,
         key_format=fields.parsed("key_format", KeyFormat.parse, KeyFormat.STRING),
@@ -197,6 +197,11 @@ class _Fields:
             return None
         if not isinstance(value, str) or not value:
             raise SpecError(self.store, f"{name!r} must be a non-empty string, got {value!r}")
+        return value
+
+    def required_text(self, name: str) -> str:
+        value = self.text(name, required=True)
+        assert value is not None
         return value
 
     def choice(self, name: str, kind: type[enum.StrEnum], *, required: bool = False) -> Any:

@@ -10,8 +10,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyspark.sql import functions as F
-
 from keyroute_core.snapshot import (
     Manifest,
     SnapshotError,
@@ -97,7 +95,7 @@ def remove_version(snapshot: Path) -> None:
 
 def _write_rows(computed: ComputedStore, target: Path) -> tuple[int, ...]:
     store = computed.spec
-    with spark_errors(store.name, f"writing {target}"):
+    with spark_errors(store.name, f"writing {target}", PublishError):
         rows = computed.frame.select("key", "value", "partition")
         # All rows of a partition go to one task, so each partition directory gets exactly one file.
         # Sorting by (partition, key) satisfies the ordering the partitioned writer needs, so Spark adds
@@ -112,11 +110,8 @@ def _write_rows(computed: ComputedStore, target: Path) -> tuple[int, ...]:
             # Spark takes a path string literally (no percent-decoding), unlike Path.as_uri().
             .json("file://" + target.as_posix())
         )
-        counts = {
-            int(row["partition"]): int(row["count"])
-            for row in computed.frame.groupBy("partition").agg(F.count(F.lit(1)).alias("count")).collect()
-        }
-    return tuple(counts.get(p, 0) for p in range(store.partitions))
+    # Counted from the same cached frame while checking its keys (see compute._check_keys).
+    return computed.partition_rows
 
 
 def _partition_files(target: Path, partition: int) -> tuple[str, ...]:

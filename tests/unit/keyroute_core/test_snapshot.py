@@ -71,6 +71,8 @@ def test_versions_and_locations(tmp_path: Path) -> None:
     make_snapshot(tmp_path, {})
     (tmp_path / "s" / "v000003").mkdir()
     (tmp_path / "s" / "junk").mkdir()
+    (tmp_path / "s" / "v\u00b2").mkdir()  # a superscript digit is not a version
+    (tmp_path / "s" / "v000009").write_text("a file, not a version")
     assert existing_versions(str(tmp_path), "s") == [1, 3]
     assert existing_versions(str(tmp_path), "nope") == []
     assert local_path("file:///data/x%20y") == Path("/data/x y")

@@ -90,3 +90,9 @@ def test_spark_message_keeps_the_first_line_only() -> None:
     exc = RuntimeError("[UNRESOLVED_COLUMN] cannot resolve `x`\n  at org.apache.spark...\n")
     assert spark_message(exc) == "[UNRESOLVED_COLUMN] cannot resolve `x`"
     assert spark_message(RuntimeError("x" * 1000)).endswith("…")
+
+
+def test_a_null_key_is_an_error_even_in_an_int_column() -> None:
+    rows = routed(pa.array([None, 3], pa.int64()), KeyFormat.INT64)
+    assert rows[0] == {"key": None, "partition": None, "error": "null key (int64 keys cannot be null)"}
+    assert rows[1]["key"] == "3"
