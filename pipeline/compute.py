@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from py4j.protocol import Py4JError
 from pyspark import StorageLevel
@@ -19,7 +20,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from keyroute_core.key_format import KeyFormat, KeyFormatError, key_from_value
-from keyroute_core.partitioner import Partitioner, partition_for
+from keyroute_core.partition_vectorized import partitions as vectorized_partitions
+from keyroute_core.partitioner import Partitioner
 from pipeline.errors import DataError, PipelineError, SpecError
 from pipeline.spec import Mode, SourceFormat, StoreSpec
 
@@ -70,25 +72,46 @@ def route_keys(
     Errors are returned, not raised: the driver reports how many keys failed, with examples, rather than
     the first worker traceback.
     """
+    no_errors = pa.nulls(len(keys), pa.string())
+    if key_format is KeyFormat.STRING and _is_text(keys.type) and keys.null_count == 0:
+        # Arrow strings are valid UTF-8, i.e. already the serialized key: hash the buffers as they are.
+        parts = vectorized_partitions(partitioner, keys, partitions)
+        return pa.StructArray.from_arrays(
+            [keys.cast(pa.string()), pa.array(parts, pa.int32()), no_errors],
+            names=["key", "partition", "error"],
+        )
     texts: list[str | None] = []
-    parts: list[int | None] = []
+    datas: list[bytes] = []
+    valid: list[int] = []
     errors: list[str | None] = []
     # to_pylist gives exact Python ints/str/bytes: no float detour for int64 keys.
-    for value in keys.to_pylist():
+    for i, value in enumerate(keys.to_pylist()):
         try:
             key = key_from_value(key_format, value)
         except KeyFormatError as exc:
             texts.append(None)
-            parts.append(None)
             errors.append(str(exc))
             continue
         texts.append(key.text)
-        parts.append(partition_for(partitioner, key.data, partitions))
+        datas.append(key.data)
+        valid.append(i)
         errors.append(None)
+    parts_all = np.full(len(texts), -1, dtype=np.int32)
+    if datas:
+        parts_all[valid] = vectorized_partitions(partitioner, datas, partitions)
+    mask = np.array([t is None for t in texts], dtype=bool)
     return pa.StructArray.from_arrays(
-        [pa.array(texts, pa.string()), pa.array(parts, pa.int32()), pa.array(errors, pa.string())],
+        [
+            pa.array(texts, pa.string()),
+            pa.array(parts_all, pa.int32(), mask=mask),
+            pa.array(errors, pa.string()),
+        ],
         names=["key", "partition", "error"],
     )
+
+
+def _is_text(data_type: pa.DataType) -> bool:
+    return bool(pa.types.is_string(data_type) or pa.types.is_large_string(data_type))
 
 
 def _router(store: StoreSpec) -> Any:
