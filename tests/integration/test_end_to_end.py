@@ -116,6 +116,10 @@ columns = ["balance", "tier"]
         router_url = f"http://127.0.0.1:{router_port}"
         wait_for(lambda: httpx.get(router_url + "/readyz").status_code == 200, timeout_s=120,
                  message="router ready (complete map)")
+        # Nodes started one by one: the first ones loaded more than their share and let go only once the
+        # new owners serve. Wait until actual placement equals the assignment (make before break done).
+        wait_for(lambda: settled(httpx.get(router_url + "/admin/partition-map").json()), timeout_s=120,
+                 message="serving view equal to the assignment")
         expected = {
             "bookings": expected_latest(files.bookings, "customer_id", "ts", ["ts", "route", "fare", "seats"]),
             "positions": expected_positions(files.trades),
@@ -128,6 +132,15 @@ columns = ["balance", "tier"]
         for proc in procs:
             if proc.popen and proc.popen.returncode not in (0, -9):
                 print(f"--- {proc.args[:4]} exited {proc.popen.returncode}\n{proc.output()[-3000:]}")
+
+
+def settled(pmap: dict[str, Any]) -> bool:
+    for store in pmap["stores"].values():
+        for entry in store["partition_map"]:
+            serving = {s["node"] for s in entry["serving"] if s["version"] == store["version"]}
+            if len(entry["assigned"]) != 2 or serving != set(entry["assigned"]):
+                return False
+    return len(pmap["stores"]) == 3
 
 
 def key_url(base: str, store: str, key: Any) -> str:

@@ -1,0 +1,565 @@
+"""The node's HTTP face: reads answered from local partitions or forwarded once, plus admin endpoints.
+
+A forwarded request carries `X-Keyroute-Hops: 1` and is never forwarded again (503 instead).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from keyroute_core import zk
+from keyroute_core.api import (
+    HEADER_FORWARDED_BY,
+    HEADER_HOPS,
+    HEADER_NODE,
+    HEADER_PARTITION,
+    HEADER_REQUEST_ID,
+    HEADER_VERSION,
+    ApiError,
+    BadKey,
+    BadRequest,
+    KeyNotFound,
+    PartitionUnavailable,
+    PayloadTooLarge,
+    StoreNotFound,
+    found_body,
+    key_path_segment,
+)
+from keyroute_core.key_format import Key, KeyFormat, KeyFormatError, key_from_value, parse_key
+from keyroute_core.map_watcher import MapWatcher
+from keyroute_core.partition_map import Endpoint, PartitionMap, StoreRecord
+from keyroute_core.settings import NodeSettings
+from state_node.controller import Controller
+from state_node.ownership import Ownership
+from state_node.registration import Registration
+from state_node.store import PartitionStore
+
+log = logging.getLogger(__name__)
+
+# Never relayed from an upstream response: they describe that one connection, or the body as sent on
+# it (httpx has already decoded it, and Starlette sets the length of what we send).
+_NOT_RELAYED = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+        "content-encoding",
+        "date",
+        "server",
+    }
+)
+# Seconds a client should wait before asking again when nobody serves a partition (rebalance or reload).
+RETRY_AFTER_S = 1
+# Upper bound on a batch-get body: generous per key, still far below anything that could hurt the node.
+_BATCH_BYTES_PER_KEY = 1024
+_BATCH_BYTES_BASE = 64 * 1024
+
+
+class BodyTooLarge(PayloadTooLarge):
+    code = "body_too_large"
+
+
+@dataclass(slots=True)
+class Node:
+    """Everything a request handler needs, created by the lifespan and kept on `app.state.node`."""
+
+    settings: NodeSettings
+    ownership: Ownership
+    http: httpx.AsyncClient
+    controller: Controller | None = None
+
+    @property
+    def node_id(self) -> str:
+        return self.settings.node_id
+
+
+def create_app(
+    settings: NodeSettings,
+    *,
+    drop_grace_s: float = 2.0,
+    max_parallel_loads: int = 2,
+) -> Starlette:
+    """The node application; its lifespan joins the cluster on startup and leaves it on shutdown."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with _running_node(settings, drop_grace_s, max_parallel_loads) as node:
+            app.state.node = node
+            yield
+
+    node_id = settings.node_id
+
+    async def api_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        headers = {HEADER_NODE: node_id, **exc.headers}
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        body = {"error": code, "message": str(exc.detail)}
+        return JSONResponse(
+            body, status_code=exc.status_code, headers={HEADER_NODE: node_id, **(exc.headers or {})}
+        )
+
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        body = {"error": "internal_error", "message": "the node failed to answer; see its log"}
+        return JSONResponse(body, status_code=500, headers={HEADER_NODE: node_id})
+
+    routes = [
+        Route("/stores/{store}/keys/{key:path}", get_key, methods=["GET"]),
+        Route("/stores/{store}/batch-get", batch_get, methods=["POST"]),
+        Route("/admin/partition-map", partition_map, methods=["GET"]),
+        Route("/admin/route", route, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+    ]
+    return Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: internal_error},
+    )
+
+
+@contextlib.asynccontextmanager
+async def _running_node(
+    settings: NodeSettings, drop_grace_s: float, max_parallel_loads: int
+) -> AsyncIterator[Node]:
+    loop = asyncio.get_running_loop()
+    client = await run_in_threadpool(zk.connect, settings.zk)
+    registration = Registration(client, settings.node_id, settings.http.url)
+    ownership = Ownership(
+        settings, registration, drop_grace_s=drop_grace_s, max_parallel_loads=max_parallel_loads
+    )
+
+    def on_map(new_map: PartitionMap) -> None:
+        # Called on the watcher's thread: hand the immutable map to the loop and return at once.
+        with contextlib.suppress(RuntimeError):  # the loop is closing: the map no longer matters
+            loop.call_soon_threadsafe(ownership.on_map, new_map)
+
+    watcher = MapWatcher(client, on_map)
+    controller = Controller(client, settings.node_id)
+    timeout = settings.forward_timeout_s
+    http = httpx.AsyncClient(
+        timeout=httpx.Timeout(timeout, connect=min(1.0, timeout)),
+        limits=httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=30.0),
+        # Peers are addressed directly: proxy settings from the environment must not reroute them.
+        trust_env=False,
+        follow_redirects=False,
+    )
+    node = Node(settings, ownership, http, controller)
+    try:
+        await run_in_threadpool(registration.register_node)
+        watcher.start()
+        controller.start()
+        yield node
+    finally:
+        # Reverse order: stop deciding (controller), stop reacting (watcher), stop holding (ownership),
+        # then tell the cluster we are gone before the session closes.
+        await run_in_threadpool(controller.stop)
+        await run_in_threadpool(watcher.stop)
+        await ownership.stop()
+        try:
+            await run_in_threadpool(registration.withdraw)
+        except Exception as exc:  # the session's end removes the records anyway
+            log.warning("withdrawing node %s from ZooKeeper failed: %s", settings.node_id, exc)
+        await run_in_threadpool(zk.close, client)
+        await http.aclose()
+
+
+def _node(request: Request) -> Node:
+    node: Node = request.app.state.node
+    return node
+
+
+def _forwarded(request: Request) -> bool:
+    """Whether another node already forwarded this request. An unreadable hop count counts as forwarded:
+    a request we cannot prove fresh is never forwarded again."""
+    raw = request.headers.get(HEADER_HOPS)
+    if raw is None:
+        return False
+    try:
+        return int(raw.strip()) >= 1
+    except ValueError:
+        return True
+
+
+def _store(m: PartitionMap, name: str) -> StoreRecord:
+    record = m.stores.get(name)
+    if record is None:
+        raise StoreNotFound(f"no store named {name!r}")
+    return record
+
+
+def _parse(record: StoreRecord, text: str) -> Key:
+    try:
+        return parse_key(record.key_format, text)
+    except KeyFormatError as exc:
+        raise BadKey(str(exc)) from exc
+
+
+def _answer_locally(held: PartitionStore | None, endpoints: Sequence[Endpoint], forwarded: bool) -> bool:
+    """Serve from the local copy unless the map routes the partition to a newer version elsewhere (and
+    we may still forward): answers then never go back to an older version than the router would give."""
+    if held is None:
+        return False
+    return forwarded or not endpoints or held.version >= endpoints[0].version
+
+
+# -- data API ---------------------------------------------------------------------------------------
+
+
+async def get_key(request: Request) -> Response:
+    node = _node(request)
+    raw_path = (request.scope.get("raw_path") or request.url.path.encode("utf-8")).split(b"?", 1)[0]
+    parsed = key_path_segment(raw_path)
+    if parsed is None:
+        raise HTTPException(404, "expected /stores/{store}/keys/{key} with the key as one path segment")
+    store_name, key_text = parsed
+    m = node.ownership.map
+    record = _store(m, store_name)
+    key = _parse(record, key_text)
+    route = m.route(record, key.data)
+    forwarded = _forwarded(request)
+    hops = "1" if forwarded else "0"
+    held = node.ownership.local(store_name, route.partition)
+    others = [ep for ep in route.serving if ep.node_id != node.node_id]
+    if held is not None and _answer_locally(held, others, forwarded):
+        headers = {
+            HEADER_PARTITION: str(route.partition),
+            HEADER_NODE: node.node_id,
+            HEADER_VERSION: str(held.version),
+            HEADER_HOPS: hops,
+        }
+        value = held.get(key.data)
+        if value is None:
+            raise KeyNotFound(f"key {key.text!r} is not in store {store_name!r}", headers)
+        body = found_body(store_name, key.text, route.partition, held.version, value)
+        return Response(body, media_type="application/json", headers=headers)
+    if forwarded:
+        # Our view and the forwarding node's differ (a rebalance is in flight): say so, never bounce.
+        raise PartitionUnavailable(
+            f"node {node.node_id} does not serve partition {route.partition} of store {store_name!r}"
+            " and does not forward a forwarded request",
+            RETRY_AFTER_S,
+        )
+    if not others:
+        raise PartitionUnavailable(
+            f"no node serves partition {route.partition} of store {store_name!r}", RETRY_AFTER_S
+        )
+    return await _forward_get(node, raw_path, others, request.headers.get(HEADER_REQUEST_ID), route.partition)
+
+
+async def _forward_get(
+    node: Node, raw_path: bytes, endpoints: Sequence[Endpoint], request_id: str | None, partition: int
+) -> Response:
+    headers = _forward_headers(request_id)
+    refused: tuple[httpx.Response, bytes] | None = None
+    failures = []
+    for endpoint in endpoints:
+        url = httpx.URL(endpoint.url).copy_with(raw_path=raw_path)
+        try:
+            upstream = await node.http.get(url, headers=headers)
+        except httpx.HTTPError as exc:
+            failures.append(f"{endpoint.node_id}: {type(exc).__name__}")
+            continue
+        try:
+            body = upstream.content
+        finally:
+            await upstream.aclose()
+        if upstream.status_code == 503:
+            # That node stopped serving it too; another replica still might.
+            refused = (upstream, body)
+            continue
+        return _relay(node, upstream, body)
+    if refused is not None:
+        return _relay(node, *refused)
+    raise PartitionUnavailable(
+        f"no node serving partition {partition} answered ({', '.join(failures)})", RETRY_AFTER_S
+    )
+
+
+def _forward_headers(request_id: str | None) -> dict[str, str]:
+    # Only what the next node needs: never the client's Host, Content-Length or hop-by-hop headers.
+    headers = {HEADER_HOPS: "1", "accept-encoding": "identity", "accept": "application/json"}
+    if request_id:
+        headers[HEADER_REQUEST_ID] = request_id
+    return headers
+
+
+def _relay(node: Node, upstream: httpx.Response, body: bytes) -> Response:
+    named = {
+        token.strip().lower()
+        for value in upstream.headers.get_list("connection")
+        for token in value.split(",")
+    }
+    headers = {
+        name: value
+        for name, value in upstream.headers.items()
+        if name not in _NOT_RELAYED and name not in named
+    }
+    headers[HEADER_HOPS] = "1"
+    headers[HEADER_FORWARDED_BY] = node.node_id
+    return Response(body, status_code=upstream.status_code, headers=headers)
+
+
+async def batch_get(request: Request) -> Response:
+    node = _node(request)
+    settings = node.settings
+    store_name = request.path_params["store"]
+    keys = _batch_keys(await _read_body(request, settings.max_batch_keys))
+    if len(keys) > settings.max_batch_keys:
+        raise PayloadTooLarge(f"{len(keys)} keys in one batch; at most {settings.max_batch_keys} are allowed")
+    m = node.ownership.map
+    record = _store(m, store_name)
+    forwarded = _forwarded(request)
+
+    results: list[bytes | None] = [None] * len(keys)
+    texts: dict[int, str] = {}
+    choices: dict[int, list[Endpoint]] = {}
+    for i, raw in enumerate(keys):
+        try:
+            key = _batch_key(record.key_format, raw)
+        except BadKey as exc:
+            results[i] = _error_entry(raw if isinstance(raw, str) else str(raw), exc)
+            continue
+        route = m.route(record, key.data)
+        held = node.ownership.local(store_name, route.partition)
+        others = [ep for ep in route.serving if ep.node_id != node.node_id]
+        if held is not None and _answer_locally(held, others, forwarded):
+            value = held.get(key.data)
+            if value is None:
+                results[i] = _error_entry(
+                    key.text, KeyNotFound(f"key {key.text!r} is not in store {store_name!r}")
+                )
+            else:
+                results[i] = _found_entry(key.text, route.partition, held.version, value)
+        elif forwarded or not others:
+            why = "does not forward a forwarded request" if forwarded else "no node serves it"
+            results[i] = _error_entry(
+                key.text,
+                PartitionUnavailable(
+                    f"partition {route.partition} of store {store_name!r}: {why}", RETRY_AFTER_S
+                ),
+            )
+        else:
+            texts[i] = key.text
+            choices[i] = others
+
+    if choices:
+        await _forward_batch(
+            node, store_name, texts, choices, results, request.headers.get(HEADER_REQUEST_ID)
+        )
+
+    headers = {HEADER_NODE: node.node_id, HEADER_HOPS: "1" if forwarded else "0"}
+    body = b'{"results":[' + b",".join(entry or b"null" for entry in results) + b"]}"
+    return Response(body, media_type="application/json", headers=headers)
+
+
+async def _forward_batch(
+    node: Node,
+    store: str,
+    texts: dict[int, str],
+    choices: dict[int, list[Endpoint]],
+    results: list[bytes | None],
+    request_id: str | None,
+) -> None:
+    """One batch-get per serving node, in parallel; keys whose node fails move to their next replica."""
+    path = f"/stores/{quote(store, safe='')}/batch-get"
+    headers = {**_forward_headers(request_id), "content-type": "application/json"}
+    attempt = dict.fromkeys(choices, 0)
+    refused: dict[int, bytes] = {}
+    pending = sorted(choices)
+    while pending:
+        groups: dict[str, list[int]] = {}
+        for i in pending:
+            groups.setdefault(choices[i][attempt[i]].url, []).append(i)
+        answers = await asyncio.gather(
+            *(
+                _node_batch(node, url + path, [texts[i] for i in indexes], headers)
+                for url, indexes in groups.items()
+            )
+        )
+        pending = []
+        for indexes, answer in zip(groups.values(), answers, strict=True):
+            for n, i in enumerate(indexes):
+                entry = answer[n] if answer is not None else None
+                if entry is not None and entry.get("status") != 503:
+                    results[i] = _json(entry)
+                    continue
+                if entry is not None:
+                    refused[i] = _json(entry)
+                attempt[i] += 1
+                if attempt[i] < len(choices[i]):
+                    pending.append(i)
+                else:
+                    results[i] = refused.get(i) or _error_entry(
+                        texts[i],
+                        PartitionUnavailable(f"no node serving the partition of key {texts[i]!r} answered"),
+                    )
+
+
+async def _node_batch(
+    node: Node, url: str, texts: list[str], headers: dict[str, str]
+) -> list[dict[str, Any]] | None:
+    """Another node's entries for `texts`, in order; None if it failed or answered something unusable."""
+    payload = json.dumps({"keys": texts}, ensure_ascii=False).encode("utf-8")
+    try:
+        upstream = await node.http.post(url, content=payload, headers=headers)
+    except httpx.HTTPError as exc:
+        log.warning("forwarding a batch-get to %s failed: %s", url, type(exc).__name__)
+        return None
+    try:
+        body = upstream.content
+    finally:
+        await upstream.aclose()
+    if upstream.status_code != 200:
+        log.warning("forwarded batch-get to %s answered %d", url, upstream.status_code)
+        return None
+    try:
+        entries = json.loads(body)["results"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if (
+        not isinstance(entries, list)
+        or len(entries) != len(texts)
+        or not all(isinstance(e, dict) for e in entries)
+    ):
+        return None
+    return entries
+
+
+async def _read_body(request: Request, max_keys: int) -> bytes:
+    limit = _BATCH_BYTES_BASE + max_keys * _BATCH_BYTES_PER_KEY
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(f"a batch-get body may be at most {limit} bytes")
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"a batch-get body may be at most {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _batch_keys(body: bytes) -> list[Any]:
+    try:
+        obj = json.loads(body)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BadRequest(f"the body is not JSON: {exc}") from exc
+    if not isinstance(obj, dict) or not isinstance(obj.get("keys"), list):
+        raise BadRequest('expected a JSON object {"keys": [...]}')
+    keys: list[Any] = obj["keys"]
+    for raw in keys:
+        if not isinstance(raw, str) and not (isinstance(raw, int) and not isinstance(raw, bool)):
+            raise BadRequest(
+                f"keys must be JSON strings (or integers for integer key formats), got {raw!r:.40}"
+            )
+    return keys
+
+
+_INT_FORMATS = frozenset({KeyFormat.INT16, KeyFormat.INT32, KeyFormat.INT64})
+
+
+def _batch_key(fmt: KeyFormat, raw: str | int) -> Key:
+    if isinstance(raw, int) and fmt not in _INT_FORMATS:
+        raise BadKey(f"a {fmt.value} key must be a JSON string")
+    try:
+        return key_from_value(fmt, raw)
+    except KeyFormatError as exc:
+        raise BadKey(str(exc)) from exc
+
+
+def _found_entry(key: str, partition: int, version: int, value: bytes) -> bytes:
+    head = json.dumps(
+        {"key": key, "status": 200, "partition": partition, "version": version}, ensure_ascii=False
+    ).encode("utf-8")
+    return head[:-1] + b', "value": ' + value + b"}"
+
+
+def _error_entry(key: str, error: ApiError) -> bytes:
+    return _json({"key": key, "status": error.status, "error": error.code, "message": error.message})
+
+
+def _json(obj: Any) -> bytes:
+    try:
+        return json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        # A key echoed back may hold a lone surrogate (valid in JSON text, not in UTF-8): escape it.
+        return json.dumps(obj).encode("ascii")
+
+
+# -- admin --------------------------------------------------------------------------------------------
+
+
+async def partition_map(request: Request) -> Response:
+    node = _node(request)
+    body = node.ownership.map.describe()
+    body["node"] = node.node_id
+    body["controller"] = node.controller.is_leader if node.controller is not None else False
+    body["local"] = node.ownership.describe()
+    return JSONResponse(body)
+
+
+async def route(request: Request) -> Response:
+    node = _node(request)
+    store_name = request.query_params.get("store")
+    key_text = request.query_params.get("key")
+    if store_name is None or key_text is None:
+        raise BadRequest("both query parameters are required: /admin/route?store=S&key=K")
+    m = node.ownership.map
+    record = _store(m, store_name)
+    key = _parse(record, key_text)
+    r = m.route(record, key.data)
+    held = node.ownership.local(store_name, r.partition)
+    return JSONResponse(
+        {
+            "store": store_name,
+            "key": key.text,
+            "partitioner": record.partitioner.value,
+            "hash": r.hash,
+            "partition": r.partition,
+            "partitions": record.partitions,
+            "version": record.version,
+            "assigned": list(r.assigned),
+            "serving": [{"node": ep.node_id, "url": ep.url, "version": ep.version} for ep in r.serving],
+            "local": {"node": node.node_id, "version": held.version if held is not None else None},
+            "map_stale": m.stale,
+        }
+    )
+
+
+async def healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    node = _node(request)
+    readiness = node.ownership.readiness()
+    body = {"node": node.node_id, **readiness.describe(), "checked_at": time.time()}
+    return JSONResponse(body, status_code=200 if readiness.ready else 503)

@@ -1,0 +1,206 @@
+"""The elected controller: one node at a time turns membership and stores into the assignment.
+
+Runs kazoo's Election recipe on its own thread; while leader it rewrites /assignment on every change.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import KazooException, NoNodeError
+from kazoo.recipe.election import Election
+
+from keyroute_core import zk_layout
+from keyroute_core.partition_map import Assignment, RecordError, StoreRecord
+from state_node.assignment import StoreShape, assign
+
+log = logging.getLogger(__name__)
+
+# Watches push every change; this only bounds how long a lost watch could leave the assignment behind.
+SAFETY_RECOMPUTE_S = 30.0
+RETRY_AFTER_ERROR_S = 1.0
+
+
+class NotLeader(Exception):
+    """Our election znode is gone (session expired): another node may already be controller."""
+
+
+class Controller:
+    """Contends for /controller; while elected, keeps /assignment equal to `assign(stores, nodes, ...)`.
+
+    Writes are fenced: the assignment is written in one transaction with a check that this node's
+    election znode still exists, so a controller whose session expired can never overwrite its successor.
+    """
+
+    def __init__(self, client: KazooClient, node_id: str) -> None:
+        self._client = client
+        self._node_id = node_id
+        self._stopped = threading.Event()
+        self._dirty = threading.Event()
+        self._lost = threading.Event()
+        self._leader = False
+        self._election: Election | None = None
+        self._stale_contenders: list[str] = []
+        self._thread = threading.Thread(target=self._run, name="keyroute-controller", daemon=True)
+        self.writes = 0  # assignments written while leader (for tests and the admin view)
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leader
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stopped.set()
+        self._dirty.set()
+        election = self._election
+        if election is not None:
+            election.cancel()
+        if self._thread.is_alive():
+            self._thread.join(timeout=timeout_s)
+
+    # -- election loop -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            self._remove_stale_contenders()
+            election = self._client.Election(zk_layout.CONTROLLER, identifier=self._node_id)
+            self._election = election
+            if self._stopped.is_set():
+                return
+            try:
+                election.run(self._lead, election)
+            except KazooException as exc:
+                log.warning("controller election interrupted: %s", exc)
+            except Exception:  # the thread must outlive any surprise, or nobody would assign again
+                log.exception("controller failed")
+            lock = election.lock
+            if lock.node is not None:
+                # Releasing failed (connection lost at that moment): a contender znode of this still
+                # living session would sit ahead of the next one and block it until the session ends.
+                self._stale_contenders.append(f"{lock.path}/{lock.node}")
+            self._stopped.wait(RETRY_AFTER_ERROR_S)
+        self._remove_stale_contenders()
+
+    def _remove_stale_contenders(self) -> None:
+        for path in list(self._stale_contenders):
+            try:
+                self._client.delete(path)
+            except NoNodeError:
+                pass
+            except KazooException:
+                continue  # still disconnected: try again before the next contention
+            self._stale_contenders.remove(path)
+
+    def _lead(self, election: Election) -> None:
+        log.info("node %s is now the controller", self._node_id)
+        self._leader = True
+        self._lost.clear()
+        self._dirty.set()
+        self._client.add_listener(self._on_state)
+        try:
+            while not self._stopped.is_set() and not self._lost.is_set():
+                self._dirty.wait(timeout=SAFETY_RECOMPUTE_S)
+                self._dirty.clear()
+                if self._stopped.is_set() or self._lost.is_set():
+                    break
+                if self._client.state != KazooState.CONNECTED:
+                    continue  # a suspended session may come back; nothing can be written meanwhile
+                try:
+                    self._recompute(election)
+                except NotLeader:
+                    log.warning("node %s lost the controller role", self._node_id)
+                    break
+                except KazooException as exc:
+                    log.warning("recomputing the assignment failed (%s); retrying", exc)
+                    self._stopped.wait(RETRY_AFTER_ERROR_S)
+                    self._dirty.set()
+        finally:
+            self._client.remove_listener(self._on_state)
+            self._leader = False
+
+    def _on_state(self, state: str) -> bool:
+        # kazoo's connection thread: flag only, never block.
+        if state == KazooState.LOST:
+            self._lost.set()
+        self._dirty.set()
+        return False
+
+    def _on_change(self, *_event: Any) -> None:
+        self._dirty.set()
+
+    # -- one recomputation -------------------------------------------------------------------------
+
+    def _recompute(self, election: Election) -> None:
+        zk = self._client
+        nodes = sorted(zk.get_children(zk_layout.NODES, watch=self._on_change))
+        stores: dict[str, StoreShape] = {}
+        for name in sorted(zk.get_children(zk_layout.STORES, watch=self._on_change)):
+            try:
+                raw, _ = zk.get(zk_layout.store_path(name), watch=self._on_change)
+            except NoNodeError:
+                continue
+            if not raw:
+                continue  # the pipeline creates the znode before it has a version to publish
+            try:
+                record = StoreRecord.from_json(raw)
+            except RecordError as exc:
+                log.warning("ignoring store %s: %s", name, exc)
+                continue
+            if record.partitions < 1 or record.replication_factor < 1:
+                log.warning(
+                    "ignoring store %s: %d partitions, replication factor %d",
+                    name,
+                    record.partitions,
+                    record.replication_factor,
+                )
+                continue
+            stores[name] = (record.partitions, record.replication_factor)
+
+        previous: Assignment | None = None
+        version = -1
+        try:
+            raw, stat = zk.get(zk_layout.ASSIGNMENT)
+            version = stat.version
+            previous = Assignment.from_json(raw) if raw else None
+        except NoNodeError:
+            pass
+        except RecordError as exc:
+            log.warning("replacing an unreadable assignment: %s", exc)
+
+        if not nodes:
+            return  # not even this node's record is visible (session being re-established): wait
+        generation = previous.generation + 1 if previous is not None else 1
+        wanted = assign(stores, nodes, previous, generation)
+        if previous is not None and dict(previous.stores) == dict(wanted.stores):
+            return
+        self._write(election, wanted, version)
+        log.info(
+            "assignment generation %d written for %d nodes, %d stores", generation, len(nodes), len(stores)
+        )
+
+    def _write(self, election: Election, wanted: Assignment, version: int) -> None:
+        lock = election.lock
+        if lock.node is None:
+            raise NotLeader()
+        txn = self._client.transaction()
+        txn.check(f"{lock.path}/{lock.node}", 0)  # the election znode is never modified: version 0
+        if version < 0:
+            txn.create(zk_layout.ASSIGNMENT, wanted.to_json())
+        else:
+            txn.set_data(zk_layout.ASSIGNMENT, wanted.to_json(), version=version)
+        results = txn.commit()
+        failures = [r for r in results if isinstance(r, Exception)]
+        if not failures:
+            self.writes += 1
+            return
+        if isinstance(results[0], NoNodeError):
+            raise NotLeader()
+        # Someone else wrote /assignment in between (an operator, or a predecessor's last write):
+        # read it again and recompute on top of it.
+        self._dirty.set()
+        log.info("assignment changed under the controller (%s); recomputing", failures[-1])

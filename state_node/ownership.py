@@ -1,0 +1,442 @@
+"""What this node holds: the lifecycle of every partition it loads, serves, hands over and drops.
+
+Driven by partition maps on the event loop; loads run in worker threads; readers see an immutable view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from threading import Event
+from types import MappingProxyType
+from typing import Any
+
+from keyroute_core.partition_map import PartitionMap, StoreRecord
+from keyroute_core.settings import NodeSettings
+from state_node.registration import Registration
+from state_node.store import (
+    LoadCancelled,
+    LoadError,
+    PartitionId,
+    PartitionStore,
+    iter_partition_dirs,
+    load_partition,
+    remove_partition_dir,
+)
+
+log = logging.getLogger(__name__)
+
+Loader = Callable[[Path, StoreRecord, int, int, Callable[[], bool]], PartitionStore]
+
+
+class PartitionState(enum.Enum):
+    """Lifecycle of one (store, version, partition) on this node.
+
+        ASSIGNED  -> LOADING    a load slot is free (at most `max_parallel_loads` at a time)
+        LOADING   -> SERVING    the rows are committed; only now is it put in the view and announced
+        LOADING   -> FAILED     the snapshot or a key is bad; retried after a back-off while still wanted
+        LOADING   -> DROPPED    no longer wanted: the load is cancelled and its files removed
+        SERVING   -> DRAINING   unassigned from this node, or superseded by a newer version loaded here
+        DRAINING  -> SERVING    assigned here again
+        DRAINING  -> DROPPED    make before break: another node serves the partition at the published
+                                version (for a superseded version: this node serves the new one); it is
+                                unannounced first and its files go after a grace delay
+        FAILED    -> ASSIGNED   the back-off elapsed
+
+    DROPPED is terminal: the entry is forgotten once its files are gone.
+    """
+
+    ASSIGNED = "assigned"
+    LOADING = "loading"
+    SERVING = "serving"
+    DRAINING = "draining"
+    DROPPED = "dropped"
+    FAILED = "failed"
+
+
+class _Collection(enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+
+
+@dataclass(slots=True)
+class _Entry:
+    record: StoreRecord
+    state: PartitionState = PartitionState.ASSIGNED
+    store: PartitionStore | None = None
+    error: str = ""
+    retry_at: float = 0.0
+    cancel: Event = field(default_factory=Event)
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    """Whether the node has loaded everything assigned to it at the published versions, and if not why."""
+
+    ready: bool
+    stale: bool
+    pending: tuple[str, ...]
+    failed: Mapping[str, str]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "status": "ready" if self.ready else "not_ready",
+            "map_stale": self.stale,
+            "pending": list(self.pending),
+            "failed": dict(self.failed),
+        }
+
+
+class Ownership:
+    """Reconciles what this node holds with each new partition map.
+
+    All state is touched on the event loop only. Readers call `local()`, which reads one attribute
+    holding an immutable mapping {(store, partition): PartitionStore}, replaced whole on every change.
+    """
+
+    def __init__(
+        self,
+        settings: NodeSettings,
+        registration: Registration,
+        *,
+        max_parallel_loads: int = 2,
+        drop_grace_s: float = 2.0,
+        retry_failed_s: float = 5.0,
+        loader: Loader = load_partition,
+    ) -> None:
+        self._settings = settings
+        self._node_id = settings.node_id
+        self._registration = registration
+        self._max_parallel_loads = max_parallel_loads
+        self._drop_grace_s = drop_grace_s
+        self._retry_failed_s = retry_failed_s
+        self._loader = loader
+        self._executor = ThreadPoolExecutor(max_parallel_loads, thread_name_prefix="keyroute-load")
+        self._map = PartitionMap.empty().marked_stale(True)
+        self._entries: dict[PartitionId, _Entry] = {}
+        self._view: Mapping[tuple[str, int], PartitionStore] = MappingProxyType({})
+        self._desired: frozenset[PartitionId] = frozenset()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._publish_lock = asyncio.Lock()
+        self._published: dict[str, dict[int, int]] | None = None
+        self._registering = False
+        # Leftover directories from earlier runs are removed once, before the first load starts, so a
+        # removal can never race a load writing into the same directory.
+        self._collection = _Collection.PENDING
+        self._retry_handle: asyncio.TimerHandle | None = None
+        self._stopping = False
+
+    # -- readers -----------------------------------------------------------------------------------
+
+    @property
+    def map(self) -> PartitionMap:
+        return self._map
+
+    def local(self, store: str, partition: int) -> PartitionStore | None:
+        return self._view.get((store, partition))
+
+    def serving_view(self) -> dict[str, dict[int, int]]:
+        """What this node announces: store -> {partition: version}."""
+        announced: dict[str, dict[int, int]] = {}
+        for (store, partition), held in sorted(self._view.items()):
+            announced.setdefault(store, {})[partition] = held.version
+        return announced
+
+    def readiness(self) -> Readiness:
+        m = self._map
+        pending = []
+        failed = {}
+        for pid in sorted(self._desired, key=_order):
+            entry = self._entries.get(pid)
+            if entry is None or entry.state is not PartitionState.SERVING:
+                pending.append(str(pid))
+                if entry is not None and entry.state is PartitionState.FAILED:
+                    failed[str(pid)] = entry.error
+        awaiting_assignment = bool(m.stores) and m.assignment.generation == 0
+        registered = self._node_id in m.nodes
+        if awaiting_assignment:
+            pending.append("no assignment written by the controller yet")
+        if not registered and not m.stale:
+            pending.append("node record not yet visible in ZooKeeper")
+        ready = not m.stale and not pending
+        return Readiness(ready, m.stale, tuple(pending), failed)
+
+    def describe(self) -> dict[str, Any]:
+        """Local lifecycle for /admin/partition-map: every (store, version, partition) held or wanted."""
+        out: dict[str, list[dict[str, Any]]] = {}
+        for pid, entry in sorted(self._entries.items(), key=lambda item: _order(item[0])):
+            row: dict[str, Any] = {
+                "partition": pid.partition,
+                "version": pid.version,
+                "state": entry.state.value,
+            }
+            if entry.store is not None:
+                row["rows"] = entry.store.rows
+            if entry.error:
+                row["error"] = entry.error
+            out.setdefault(pid.store, []).append(row)
+        return out
+
+    # -- driven by the map watcher -----------------------------------------------------------------
+
+    def on_map(self, new_map: PartitionMap) -> None:
+        """Take a new map (on the event loop: the watcher hands it over with call_soon_threadsafe)."""
+        if self._stopping:
+            return
+        self._map = new_map
+        self._reconcile()
+        if new_map.stale:
+            return
+        if self._node_id not in new_map.nodes and not self._registering:
+            # The session was replaced (expired while disconnected): ephemeral records died with it.
+            self._registering = True
+            self._spawn(self._register())
+        announced = new_map.serving.get(self._node_id)
+        if announced is None or announced.stores != self.serving_view():
+            self._spawn(self._publish())
+
+    async def stop(self) -> None:
+        """Cancel loads, close every environment; files stay on disk for a fast restart."""
+        self._stopping = True
+        if self._retry_handle is not None:
+            self._retry_handle.cancel()
+        for entry in self._entries.values():
+            entry.cancel.set()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._view = MappingProxyType({})
+        for entry in self._entries.values():
+            if entry.store is not None:
+                entry.store.close()
+                entry.store = None
+
+    # -- reconciliation ----------------------------------------------------------------------------
+
+    def _reconcile(self) -> None:
+        if self._stopping:
+            return
+        m = self._map
+        now = time.monotonic()
+        desired: dict[PartitionId, StoreRecord] = {}
+        for store, partitions in m.assignment.partitions_of(self._node_id).items():
+            record = m.stores.get(store)
+            if record is None:
+                continue
+            for p in partitions:
+                if p < record.partitions:
+                    desired[PartitionId(store, record.version, p)] = record
+        self._desired = frozenset(desired)
+
+        for pid in sorted(desired, key=_order):
+            entry = self._entries.get(pid)
+            if entry is None:
+                self._entries[pid] = _Entry(desired[pid])
+            elif entry.state is PartitionState.FAILED and now >= entry.retry_at:
+                entry.state, entry.error = PartitionState.ASSIGNED, ""
+                entry.record = desired[pid]
+            elif entry.state is PartitionState.DRAINING:
+                entry.state = PartitionState.SERVING
+            elif entry.state is PartitionState.LOADING:
+                entry.cancel.clear()  # wanted again before the cancelled load noticed
+
+        for pid, entry in list(self._entries.items()):
+            if pid in desired:
+                continue
+            if entry.state in (PartitionState.ASSIGNED, PartitionState.FAILED):
+                del self._entries[pid]
+            elif entry.state is PartitionState.LOADING:
+                entry.cancel.set()  # the finished load sees it and discards its files
+
+        if not m.stale and self._collection is _Collection.PENDING:
+            self._collection = _Collection.RUNNING
+            self._spawn(self._collect_leftovers())
+        loading = sum(1 for e in self._entries.values() if e.state is PartitionState.LOADING)
+        for pid in sorted(self._entries, key=_order):
+            entry = self._entries[pid]
+            if self._collection is not _Collection.DONE:
+                break
+            if entry.state is PartitionState.ASSIGNED and loading < self._max_parallel_loads:
+                entry.state = PartitionState.LOADING
+                loading += 1
+                self._spawn(self._load(pid, entry))
+
+        wanted_version = {(pid.store, pid.partition): pid for pid in desired}
+        for pid, entry in list(self._entries.items()):
+            if entry.state in (PartitionState.SERVING, PartitionState.DRAINING) and pid not in desired:
+                if self._may_drop(pid, m, wanted_version.get((pid.store, pid.partition))):
+                    self._drop(pid, entry)
+                else:
+                    entry.state = PartitionState.DRAINING
+
+        self._rebuild_view()
+        self._schedule_retry(now)
+
+    def _may_drop(self, pid: PartitionId, m: PartitionMap, wanted: PartitionId | None) -> bool:
+        """Whether a partition no longer wanted at this version may go (make before break)."""
+        record = m.stores.get(pid.store)
+        if record is None:
+            # The store was deleted: there is nothing to hand over, and nobody routes to it any more.
+            return not m.stale
+        if wanted is not None:
+            # Still assigned here, at another version: superseded once that version serves here.
+            successor = self._entries.get(wanted)
+            return successor is not None and successor.state is PartitionState.SERVING
+        if m.stale:
+            return False  # a stale map cannot prove that anyone else has taken over
+        return any(
+            ep.node_id != self._node_id and ep.version == record.version
+            for ep in m.serving_endpoints(pid.store, pid.partition)
+        )
+
+    def _rebuild_view(self) -> None:
+        chosen: dict[tuple[str, int], PartitionStore] = {}
+        for pid, entry in self._entries.items():
+            if entry.store is None or entry.state not in (PartitionState.SERVING, PartitionState.DRAINING):
+                continue
+            key = (pid.store, pid.partition)
+            current = chosen.get(key)
+            if current is None or _preferred(entry.store, current, self._map):
+                chosen[key] = entry.store
+        if dict(self._view) != chosen:
+            self._view = MappingProxyType(chosen)  # one assignment: readers see the old or the new view
+            self._spawn(self._publish())
+
+    def _schedule_retry(self, now: float) -> None:
+        if self._retry_handle is not None:
+            self._retry_handle.cancel()
+            self._retry_handle = None
+        waits = [e.retry_at - now for e in self._entries.values() if e.state is PartitionState.FAILED]
+        if waits:
+            loop = asyncio.get_running_loop()
+            self._retry_handle = loop.call_later(max(0.0, min(waits)) + 0.01, self._reconcile)
+
+    # -- actions -----------------------------------------------------------------------------------
+
+    async def _load(self, pid: PartitionId, entry: _Entry) -> None:
+        loop = asyncio.get_running_loop()
+        settings = self._settings
+        try:
+            held = await loop.run_in_executor(
+                self._executor,
+                self._loader,
+                settings.data_dir,
+                entry.record,
+                pid.partition,
+                settings.lmdb_map_size_bytes,
+                entry.cancel.is_set,
+            )
+        except LoadCancelled:
+            self._forget(pid, entry)
+        except LoadError as exc:
+            if entry.cancel.is_set() or self._stopping:
+                self._forget(pid, entry)
+            else:
+                log.warning("loading %s failed: %s", pid, exc)
+                entry.state, entry.error = PartitionState.FAILED, str(exc)
+                entry.retry_at = time.monotonic() + self._retry_failed_s
+        except Exception as exc:  # a bug must not wedge the partition in LOADING forever
+            log.exception("loading %s failed unexpectedly", pid)
+            entry.state, entry.error = PartitionState.FAILED, f"internal error: {exc!r}"
+            entry.retry_at = time.monotonic() + self._retry_failed_s
+        else:
+            if entry.cancel.is_set() or self._stopping:
+                if self._stopping:
+                    held.close()
+                else:
+                    await asyncio.to_thread(held.discard)
+                self._forget(pid, entry)
+            else:
+                log.info("loaded %s (%d rows)", pid, held.rows)
+                entry.store, entry.state = held, PartitionState.SERVING
+        self._reconcile()
+
+    def _forget(self, pid: PartitionId, entry: _Entry) -> None:
+        entry.state = PartitionState.DROPPED
+        if self._entries.get(pid) is entry:
+            del self._entries[pid]
+
+    def _drop(self, pid: PartitionId, entry: _Entry) -> None:
+        entry.state = PartitionState.DROPPED
+        self._spawn(self._retire(pid, entry))
+
+    async def _retire(self, pid: PartitionId, entry: _Entry) -> None:
+        # Unannounce first (the view rebuild after this reconcile publishes without it), then give
+        # readers that still hold the old map or the old view a grace period before the files go.
+        await self._publish()
+        await asyncio.sleep(self._drop_grace_s)
+        held, entry.store = entry.store, None
+        if self._entries.get(pid) is entry:
+            del self._entries[pid]
+        if held is not None:
+            log.info("dropping %s", pid)
+            await asyncio.to_thread(held.discard)
+        self._reconcile()  # it may have been assigned here again during the grace period
+
+    async def _publish(self) -> None:
+        async with self._publish_lock:
+            announced = self.serving_view()
+            current = self._map.serving.get(self._node_id)
+            if announced == self._published and current is not None and current.stores == announced:
+                return
+            try:
+                await asyncio.to_thread(self._registration.publish_serving, announced)
+                self._published = announced
+            except Exception as exc:  # ZooKeeper unreachable: the next map after reconnecting retries
+                log.warning("publishing the serving record failed: %s", exc)
+                self._published = None
+
+    async def _register(self) -> None:
+        try:
+            await asyncio.to_thread(self._registration.register_node)
+            self._published = None
+            await self._publish()
+        except Exception as exc:
+            log.warning("re-registering node %s failed: %s", self._node_id, exc)
+        finally:
+            self._registering = False
+
+    async def _collect_leftovers(self) -> None:
+        """Remove partition directories from earlier runs that nothing here wants (startup only)."""
+        try:
+            on_disk = await asyncio.to_thread(_on_disk, self._settings.data_dir)
+            for pid, path in on_disk:
+                if pid not in self._entries:
+                    log.info("removing leftover partition directory %s", path)
+                    await asyncio.to_thread(remove_partition_dir, path)
+        except OSError as exc:
+            log.warning("cleaning leftover partitions failed: %s", exc)
+        finally:
+            self._collection = _Collection.DONE
+        self._reconcile()
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _on_disk(data_dir: Path) -> list[tuple[PartitionId, Path]]:
+    return list(iter_partition_dirs(data_dir))
+
+
+def _order(pid: PartitionId) -> tuple[str, int, int]:
+    return (pid.store, pid.partition, pid.version)
+
+
+def _preferred(candidate: PartitionStore, current: PartitionStore, m: PartitionMap) -> bool:
+    """Between two loaded versions of one partition, serve the published one, else the newest."""
+    record = m.stores.get(candidate.pid.store)
+    published = record.version if record is not None else None
+    if current.version == published:
+        return False
+    return candidate.version == published or candidate.version > current.version

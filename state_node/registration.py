@@ -1,0 +1,63 @@
+"""This node's ephemeral records in ZooKeeper: /nodes/{id} (it is alive) and /serving/{id} (what it serves).
+
+Both vanish with the session, so they are written again whenever a fresh map shows them missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NodeExistsError, NoNodeError
+
+from keyroute_core import zk_layout
+from keyroute_core.partition_map import NodeRecord, ServingRecord
+
+log = logging.getLogger(__name__)
+
+
+class Registration:
+    """Writes and withdraws this node's ephemeral records. Every method blocks on ZooKeeper: call them
+    from a worker thread when on the event loop."""
+
+    def __init__(self, client: KazooClient, node_id: str, url: str) -> None:
+        self._client = client
+        self.node_id = node_id
+        self.url = url
+
+    def register_node(self) -> None:
+        self._put(zk_layout.node_path(self.node_id), NodeRecord(self.node_id, self.url).to_json())
+
+    def publish_serving(self, stores: Mapping[str, Mapping[int, int]]) -> None:
+        record = ServingRecord(self.node_id, self.url, {s: dict(parts) for s, parts in stores.items()})
+        self._put(zk_layout.serving_path(self.node_id), record.to_json())
+
+    def withdraw(self) -> None:
+        """Delete both records now, serving first, so observers learn at once rather than at session end."""
+        for path in (zk_layout.serving_path(self.node_id), zk_layout.node_path(self.node_id)):
+            with contextlib.suppress(NoNodeError):
+                self._client.delete(path)
+
+    def _put(self, path: str, data: bytes) -> None:
+        client = self._client
+        try:
+            client.create(path, data, ephemeral=True, makepath=True)
+            return
+        except NodeExistsError:
+            pass
+        try:
+            _, stat = client.get(path)
+        except NoNodeError:
+            client.create(path, data, ephemeral=True, makepath=True)
+            return
+        if stat.ephemeralOwner != client.client_id[0]:
+            # Left by this node's previous session (a restart after a crash, before that session expired):
+            # the same node id is the same node, so the record is replaced by one this session owns.
+            log.warning("replacing %s left by an earlier session of node %s", path, self.node_id)
+            with contextlib.suppress(NoNodeError):
+                client.delete(path, version=stat.version)
+            client.create(path, data, ephemeral=True, makepath=True)
+        else:
+            client.set(path, data, version=stat.version)

@@ -1,0 +1,268 @@
+"""The embedded store: one LMDB environment per loaded (store, version, partition) on the node's disk.
+
+    {data_dir}/stores/{store}/v{version}/p{partition}/data.mdb     key = Kafka-serialized key bytes,
+                                                     lock.mdb     value = the value as compact JSON bytes
+                                                     loaded.json  written only after the load committed
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote, unquote
+
+import lmdb
+
+from keyroute_core.key_format import KeyFormatError, parse_key
+from keyroute_core.partition_map import StoreRecord
+from keyroute_core.partitioner import partition_for
+from keyroute_core.snapshot import Manifest, SnapshotError, iter_partition, local_path, read_manifest
+
+log = logging.getLogger(__name__)
+
+MARKER = "loaded.json"
+STORES_DIR = "stores"
+# Readers are the event loop plus a few worker threads; LMDB's default (126) is plenty but each slot is
+# only a few bytes of the lock file, so leave room for thread pools that grow.
+MAX_READERS = 512
+# How often (in rows) a load looks whether it was cancelled by a shutdown or a new version.
+_CANCEL_CHECK_ROWS = 4096
+
+
+class LoadError(Exception):
+    """A partition could not be loaded; nothing of it was left on disk."""
+
+
+class LoadCancelled(LoadError):
+    """The load was abandoned on request (the node is stopping or the version is no longer wanted)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionId:
+    """One partition of one version of one store: what a node loads, serves and drops."""
+
+    store: str
+    version: int
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.store} v{self.version} p{self.partition}"
+
+
+def store_root(data_dir: Path) -> Path:
+    return Path(data_dir) / STORES_DIR
+
+
+def partition_path(data_dir: Path, pid: PartitionId) -> Path:
+    # Store names come from a spec file: quote them so no name can climb out of the data directory.
+    name = quote(pid.store, safe="")
+    if name in (".", ".."):
+        name = name.replace(".", "%2E")
+    return store_root(data_dir) / name / f"v{pid.version}" / f"p{pid.partition}"
+
+
+def iter_partition_dirs(data_dir: Path) -> Iterator[tuple[PartitionId, Path]]:
+    """Every partition directory on disk, loaded or not (used to collect leftovers at startup)."""
+    root = store_root(data_dir)
+    if not root.is_dir():
+        return
+    for store_dir in sorted(root.iterdir()):
+        for version_dir in sorted(store_dir.iterdir()) if store_dir.is_dir() else ():
+            if not (version_dir.name.startswith("v") and version_dir.name[1:].isdigit()):
+                continue
+            for part_dir in sorted(version_dir.iterdir()):
+                if part_dir.name.startswith("p") and part_dir.name[1:].isdigit():
+                    version, partition = int(version_dir.name[1:]), int(part_dir.name[1:])
+                    yield PartitionId(unquote(store_dir.name), version, partition), part_dir
+
+
+class PartitionStore:
+    """A loaded partition, open read-only. `get` is safe from any thread; the LMDB lock file
+    coordinates the readers."""
+
+    def __init__(self, pid: PartitionId, path: Path, rows: int, env: lmdb.Environment) -> None:
+        self.pid = pid
+        self.path = path
+        self.rows = rows
+        self._env: lmdb.Environment | None = env
+        self._closed = threading.Event()
+
+    @property
+    def version(self) -> int:
+        return self.pid.version
+
+    def get(self, key: bytes) -> bytes | None:
+        env = self._env
+        if env is None:
+            raise LoadError(f"partition {self.pid} is closed")
+        with env.begin(buffers=False) as txn:
+            value = txn.get(key)
+        return None if value is None else bytes(value)
+
+    def close(self) -> None:
+        env, self._env = self._env, None
+        if env is not None:
+            env.close()
+
+    def discard(self) -> None:
+        """Close and delete the files: the partition is no longer served here."""
+        self.close()
+        remove_partition_dir(self.path)
+
+    def __repr__(self) -> str:
+        return f"PartitionStore({self.pid}, rows={self.rows})"
+
+
+def remove_partition_dir(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    # Tidy empty version/store folders so the data directory mirrors what is loaded.
+    for parent in (path.parent, path.parent.parent):
+        try:
+            parent.rmdir()
+        except OSError:
+            break
+
+
+def _marker(manifest: Manifest, partition: int) -> dict[str, object]:
+    return {
+        "store": manifest.store,
+        "version": manifest.version,
+        "partition": partition,
+        "rows": manifest.rows[partition],
+        "key_format": manifest.key_format.value,
+        "partitioner": manifest.partitioner.value,
+        "manifest_created_at": manifest.created_at,
+    }
+
+
+def _read_marker(path: Path) -> dict[str, object] | None:
+    try:
+        obj = json.loads((path / MARKER).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _write_marker(path: Path, marker: dict[str, object]) -> None:
+    tmp = path / (MARKER + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(json.dumps(marker, sort_keys=True).encode("utf-8"))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path / MARKER)
+
+
+def _open(path: Path, map_size: int, readonly: bool) -> lmdb.Environment:
+    return lmdb.open(
+        str(path),
+        map_size=map_size,
+        subdir=True,
+        readonly=readonly,
+        lock=True,
+        max_readers=MAX_READERS,
+        max_dbs=0,
+        # Point reads of random keys: read-ahead would only pull in pages nobody asked for.
+        readahead=False,
+        meminit=False,
+    )
+
+
+def load_partition(
+    data_dir: Path,
+    record: StoreRecord,
+    partition: int,
+    map_size: int,
+    cancelled: Callable[[], bool] = lambda: False,
+) -> PartitionStore:
+    """Load one partition of the record's published version, or reuse it if an earlier run did.
+
+    The rows go in one write transaction; `loaded.json` is written only after it commits, so a directory
+    without a matching marker is always a leftover and is rebuilt. Blocking: run it in a worker thread.
+    """
+    pid = PartitionId(record.name, record.version, partition)
+    path = partition_path(data_dir, pid)
+    try:
+        manifest = read_manifest(local_path(record.snapshot))
+    except SnapshotError as exc:
+        raise LoadError(f"{pid}: {exc}") from exc
+    _check_manifest(pid, record, manifest)
+
+    expected = _marker(manifest, partition)
+    if _read_marker(path) == expected:
+        try:
+            return PartitionStore(pid, path, manifest.rows[partition], _open(path, map_size, readonly=True))
+        except lmdb.Error as exc:
+            log.warning("%s: marker present but the environment did not open (%s); reloading", pid, exc)
+
+    remove_partition_dir(path)
+    path.mkdir(parents=True)
+    env: lmdb.Environment | None = None
+    try:
+        env = _open(path, map_size, readonly=False)
+        rows = _write_rows(env, pid, record, manifest, cancelled)
+        env.sync(True)
+        env.close()
+        env = None
+        _write_marker(path, expected)
+        return PartitionStore(pid, path, rows, _open(path, map_size, readonly=True))
+    except BaseException as exc:
+        if env is not None:
+            env.close()
+        remove_partition_dir(path)
+        if isinstance(exc, LoadError):
+            raise
+        if isinstance(exc, (SnapshotError, KeyFormatError, lmdb.Error, OSError)):
+            raise LoadError(f"{pid}: {exc}") from exc
+        raise
+
+
+def _check_manifest(pid: PartitionId, record: StoreRecord, manifest: Manifest) -> None:
+    # The record in ZooKeeper and the manifest on disk must describe the same data, or keys would be
+    # parsed or hashed differently from how they were written.
+    problems = []
+    if manifest.store != record.name:
+        problems.append(f"store {manifest.store!r}")
+    if manifest.version != record.version:
+        problems.append(f"version {manifest.version}")
+    if manifest.partitions != record.partitions:
+        problems.append(f"{manifest.partitions} partitions (record: {record.partitions})")
+    if manifest.key_format != record.key_format:
+        problems.append(f"key format {manifest.key_format.value} (record: {record.key_format.value})")
+    if manifest.partitioner != record.partitioner:
+        problems.append(f"partitioner {manifest.partitioner.value} (record: {record.partitioner.value})")
+    if not 0 <= pid.partition < manifest.partitions:
+        problems.append(f"partition out of range 0..{manifest.partitions - 1}")
+    if problems:
+        raise LoadError(f"{pid}: the manifest at {record.snapshot} says {'; '.join(problems)}")
+
+
+def _write_rows(
+    env: lmdb.Environment,
+    pid: PartitionId,
+    record: StoreRecord,
+    manifest: Manifest,
+    cancelled: Callable[[], bool],
+) -> int:
+    rows = 0
+    with env.begin(write=True) as txn:
+        snapshot = local_path(record.snapshot)
+        for key_text, value in iter_partition(snapshot, manifest, pid.partition):
+            key = parse_key(manifest.key_format, key_text).data
+            # A key the producer's partitioner sends elsewhere could never be asked for here: the
+            # snapshot was written with a different partitioner or key format.
+            if partition_for(manifest.partitioner, key, manifest.partitions) != pid.partition:
+                raise LoadError(f"{pid}: key {key_text!r} belongs to another partition")
+            if not txn.put(key, value, overwrite=False):
+                raise LoadError(f"{pid}: key {key_text!r} appears twice")
+            rows += 1
+            if rows % _CANCEL_CHECK_ROWS == 0 and cancelled():
+                raise LoadCancelled(f"{pid}: load cancelled")
+        if cancelled():
+            raise LoadCancelled(f"{pid}: load cancelled")
+    return rows

@@ -1,0 +1,443 @@
+"""The node's HTTP API in-process: local answers, forwarding rules, batch-get, admin and error bodies.
+
+Peers are an httpx.MockTransport, so every forwarded request can be inspected; no ZooKeeper is needed
+(the lifespan is not run: the app gets a hand-made `Node`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+
+from keyroute_core.key_format import KeyFormat, parse_key
+from keyroute_core.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord, StoreRecord
+from keyroute_core.partitioner import Partitioner
+from keyroute_core.settings import NodeSettings
+from state_node.app import Node, create_app
+from state_node.ownership import Readiness
+
+ME, B, C = "n1", "n2", "n3"
+URLS = {ME: "http://n1.test:1", B: "http://n2.test:2", C: "http://n3.test:3"}
+P = 4
+
+
+class Held:
+    def __init__(self, version: int, rows: Mapping[bytes, bytes]) -> None:
+        self.version = version
+        self.rows = dict(rows)
+
+    def get(self, key: bytes) -> bytes | None:
+        return self.rows.get(key)
+
+
+class FakeOwnership:
+    def __init__(self, m: PartitionMap, held: Mapping[tuple[str, int], Held], ready: bool = True) -> None:
+        self.map = m
+        self.held = dict(held)
+        self.ready = ready
+
+    def local(self, store: str, partition: int) -> Held | None:
+        return self.held.get((store, partition))
+
+    def readiness(self) -> Readiness:
+        return Readiness(self.ready, False, () if self.ready else ("s v1 p0",), {})
+
+    def describe(self) -> dict[str, Any]:
+        return {"s": [{"partition": 0, "version": 1, "state": "serving"}]}
+
+
+def records(version: int = 1) -> dict[str, StoreRecord]:
+    return {
+        "s": StoreRecord("s", P, Partitioner.MURMUR2, KeyFormat.STRING, version, "/nowhere", ("v",), 2),
+        "ints": StoreRecord("ints", P, Partitioner.MURMUR2, KeyFormat.INT64, 1, "/nowhere", ("v",), 1),
+    }
+
+
+def partition_of(store: str, text: str) -> int:
+    record = records()[store]
+    return PartitionMap.empty().route(record, parse_key(record.key_format, text).data).partition
+
+
+def key_in(store: str, partition: int, prefix: str = "k") -> str:
+    return next(t for i in range(1000) if partition_of(store, t := f"{prefix}{i}") == partition)
+
+
+def build(serving: Mapping[str, Mapping[str, Mapping[int, int]]], version: int = 1) -> PartitionMap:
+    return PartitionMap.build(
+        records(version),
+        {n: NodeRecord(n, url) for n, url in URLS.items()},
+        Assignment(1, {}),
+        {n: ServingRecord(n, URLS[n], {s: dict(p) for s, p in v.items()}) for n, v in serving.items()},
+    )
+
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+class Client:
+    """Synchronous calls into the app through httpx's ASGI transport (no sockets, no lifespan)."""
+
+    def __init__(self, app: Starlette) -> None:
+        self._transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        async def call() -> httpx.Response:
+            async with httpx.AsyncClient(transport=self._transport, base_url="http://node.test") as client:
+                return await client.request(method, path, **kwargs)
+
+        return asyncio.run(call())
+
+    def get(self, path: str, **kwargs: Any) -> httpx.Response:
+        return self.request("GET", path, **kwargs)
+
+    def post(self, path: str, **kwargs: Any) -> httpx.Response:
+        return self.request("POST", path, **kwargs)
+
+    def delete(self, path: str, **kwargs: Any) -> httpx.Response:
+        return self.request("DELETE", path, **kwargs)
+
+
+def client_for(
+    serving: Mapping[str, Mapping[str, Mapping[int, int]]],
+    held: Mapping[tuple[str, int], Held],
+    peer: Handler,
+    ready: bool = True,
+    version: int = 1,
+) -> tuple[Client, list[httpx.Request]]:
+    seen: list[httpx.Request] = []
+
+    def record_and_answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return peer(request)
+
+    settings = NodeSettings(node_id=ME, data_dir=None, max_batch_keys=5)  # type: ignore[arg-type]
+    app = create_app(settings)
+    http = httpx.AsyncClient(transport=httpx.MockTransport(record_and_answer))
+    app.state.node = Node(settings, FakeOwnership(build(serving, version), held, ready), http)  # type: ignore[arg-type]
+    return Client(app), seen
+
+
+def unreachable(request: httpx.Request) -> httpx.Response:
+    raise httpx.ConnectError("refused", request=request)
+
+
+LOCAL_P, REMOTE_P = 0, 1
+KEY_LOCAL = key_in("s", LOCAL_P)
+KEY_REMOTE = key_in("s", REMOTE_P)
+SERVING = {ME: {"s": {LOCAL_P: 1}}, B: {"s": {REMOTE_P: 1}}, C: {"s": {REMOTE_P: 1}}}
+HELD = {("s", LOCAL_P): Held(1, {KEY_LOCAL.encode(): b'{"v":1}'})}
+
+
+def test_a_local_key_is_answered_here_with_hops_0() -> None:
+    client, seen = client_for(SERVING, HELD, unreachable)
+    r = client.get(f"/stores/s/keys/{KEY_LOCAL}")
+    assert r.status_code == 200
+    assert r.json() == {"store": "s", "key": KEY_LOCAL, "partition": LOCAL_P, "version": 1, "value": {"v": 1}}
+    assert r.headers["x-keyroute-partition"] == str(LOCAL_P)
+    assert r.headers["x-keyroute-node"] == ME
+    assert r.headers["x-keyroute-version"] == "1"
+    assert r.headers["x-keyroute-hops"] == "0"
+    assert seen == []
+
+
+def test_a_forwarded_request_served_here_says_hops_1() -> None:
+    client, _ = client_for(SERVING, HELD, unreachable)
+    r = client.get(f"/stores/s/keys/{KEY_LOCAL}", headers={"x-keyroute-hops": "1"})
+    assert r.status_code == 200 and r.headers["x-keyroute-hops"] == "1"
+
+
+def test_a_missing_key_is_404_key_not_found_from_its_partition() -> None:
+    missing = key_in("s", LOCAL_P, prefix="zz")
+    client, _ = client_for(SERVING, HELD, unreachable)
+    r = client.get(f"/stores/s/keys/{missing}")
+    assert r.status_code == 404
+    assert r.json()["error"] == "key_not_found" and missing in r.json()["message"]
+    assert r.headers["x-keyroute-partition"] == str(LOCAL_P)
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "code"),
+    [
+        ("/stores/nope/keys/k", 404, "store_not_found"),
+        ("/stores/ints/keys/12x", 400, "bad_key"),
+        ("/stores/ints/keys/9223372036854775808", 400, "bad_key"),
+        ("/stores/s/keys/%FF", 400, "bad_key"),
+        ("/nothing-here", 404, "not_found"),
+        ("/stores/s/keys/a/b", 404, "not_found"),
+    ],
+)
+def test_errors_are_json_with_a_code_and_a_message(path: str, status: int, code: str) -> None:
+    client, _ = client_for(SERVING, HELD, unreachable)
+    r = client.get(path)
+    assert r.status_code == status
+    assert r.headers["content-type"] == "application/json"
+    assert r.json()["error"] == code and r.json()["message"]
+
+
+def test_wrong_method_is_json_405() -> None:
+    client, _ = client_for(SERVING, HELD, unreachable)
+    r = client.delete(f"/stores/s/keys/{KEY_LOCAL}")
+    assert r.status_code == 405 and r.json()["error"] == "method_not_allowed"
+
+
+def test_a_remote_key_is_forwarded_once_and_the_answer_relayed() -> None:
+    key = key_in("s", REMOTE_P, prefix="a/b ")  # needs %2F and %20 in the path
+
+    def peer(request: httpx.Request) -> httpx.Response:
+        body = b'{"store": "s", "key": "x", "partition": 1, "version": 1, "value": {"far": true}}'
+        return httpx.Response(
+            200,
+            content=body,
+            headers={
+                "content-type": "application/json",
+                "x-keyroute-node": B,
+                "x-keyroute-partition": str(REMOTE_P),
+                "x-keyroute-version": "1",
+                "x-keyroute-hops": "1",
+                "connection": "keep-alive, x-private",
+                "keep-alive": "timeout=5",
+                "x-private": "hop",
+                "x-other": "kept",
+            },
+        )
+
+    client, seen = client_for(SERVING, HELD, peer)
+    segment = httpx.URL("http://x/" + key.replace("/", "%2F").replace(" ", "%20")).raw_path.decode()[1:]
+    r = client.get(f"/stores/s/keys/{segment}", headers={"x-request-id": "req-7", "cookie": "secret"})
+    assert r.status_code == 200
+    assert r.content.endswith(b'"value": {"far": true}}')
+    assert r.headers["x-keyroute-node"] == B
+    assert r.headers["x-keyroute-hops"] == "1"
+    assert r.headers["x-keyroute-forwarded-by"] == ME
+    assert r.headers["x-other"] == "kept"
+    assert "keep-alive" not in r.headers and "x-private" not in r.headers
+    assert len(seen) == 1
+    sent = seen[0]
+    assert sent.url.host == "n2.test"
+    assert sent.url.raw_path == f"/stores/s/keys/{segment}".encode()  # %2F kept: still one segment
+    assert sent.headers["x-keyroute-hops"] == "1"
+    assert sent.headers["x-request-id"] == "req-7"
+    assert "cookie" not in sent.headers
+
+
+def test_forwarding_moves_to_the_next_replica_when_one_is_down() -> None:
+    def peer(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "n2.test":
+            raise httpx.ConnectTimeout("slow", request=request)
+        return httpx.Response(200, json={"from": "n3"}, headers={"x-keyroute-node": C})
+
+    client, seen = client_for(SERVING, HELD, peer)
+    r = client.get(f"/stores/s/keys/{KEY_REMOTE}")
+    assert r.status_code == 200 and r.json() == {"from": "n3"}
+    assert [s.url.host for s in seen] == ["n2.test", "n3.test"]
+
+
+def test_when_every_replica_fails_the_answer_is_503_with_retry_after() -> None:
+    client, seen = client_for(SERVING, HELD, unreachable)
+    r = client.get(f"/stores/s/keys/{KEY_REMOTE}")
+    assert r.status_code == 503
+    assert r.json()["error"] == "partition_unavailable"
+    assert r.headers["retry-after"] == "1"
+    assert len(seen) == 2
+
+
+def test_a_replica_refusing_with_503_is_relayed_when_no_other_answers() -> None:
+    def peer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, json={"error": "partition_unavailable", "message": "moved"})
+
+    client, seen = client_for(SERVING, HELD, peer)
+    r = client.get(f"/stores/s/keys/{KEY_REMOTE}")
+    assert r.status_code == 503 and r.json()["message"] == "moved"
+    assert len(seen) == 2 and r.headers["x-keyroute-forwarded-by"] == ME
+
+
+@pytest.mark.parametrize("hops", ["1", "2", "abc"])
+def test_a_forwarded_request_is_never_forwarded_again(hops: str) -> None:
+    client, seen = client_for(SERVING, HELD, unreachable)
+    r = client.get(f"/stores/s/keys/{KEY_REMOTE}", headers={"x-keyroute-hops": hops})
+    assert r.status_code == 503
+    assert r.json()["error"] == "partition_unavailable" and "forward" in r.json()["message"]
+    assert r.headers["retry-after"] == "1"
+    assert seen == []
+
+
+def test_a_partition_nobody_serves_is_503() -> None:
+    client, seen = client_for({ME: {"s": {LOCAL_P: 1}}}, HELD, unreachable)
+    r = client.get(f"/stores/s/keys/{KEY_REMOTE}")
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    assert seen == []
+
+
+def test_a_newer_version_elsewhere_wins_over_an_older_local_copy() -> None:
+    # Version 2 is published and served by B; this node still holds version 1 (loading 2).
+    serving = {ME: {"s": {LOCAL_P: 1}}, B: {"s": {LOCAL_P: 2}}}
+
+    def peer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"version": 2})
+
+    client, seen = client_for(serving, HELD, peer, version=2)
+    assert client.get(f"/stores/s/keys/{KEY_LOCAL}").json() == {"version": 2}
+    # ...unless the request was already forwarded: then the local copy answers.
+    r = client.get(f"/stores/s/keys/{KEY_LOCAL}", headers={"x-keyroute-hops": "1"})
+    assert r.status_code == 200 and r.json()["version"] == 1
+    assert len(seen) == 1
+
+
+def batch_peer(answers: dict[str, Callable[[list[str]], httpx.Response]]) -> Handler:
+    def peer(request: httpx.Request) -> httpx.Response:
+        keys = json.loads(request.content)["keys"]
+        return answers[request.url.host](keys)
+
+    return peer
+
+
+def found(keys: list[str], node: str) -> httpx.Response:
+    results = [
+        {"key": k, "status": 200, "partition": REMOTE_P, "version": 1, "value": {"node": node}} for k in keys
+    ]
+    return httpx.Response(200, json={"results": results})
+
+
+def test_batch_get_mixes_local_remote_missing_and_bad_keys_in_order() -> None:
+    other_remote = key_in("s", REMOTE_P, prefix="r")
+    missing = key_in("s", LOCAL_P, prefix="zz")
+    client, seen = client_for(SERVING, HELD, batch_peer({"n2.test": lambda keys: found(keys, B)}))
+    keys = [KEY_REMOTE, KEY_LOCAL, missing, other_remote]
+    body = json.dumps({"keys": keys})[:-2] + ', "\\ud800"]}'  # a lone surrogate: valid JSON, not a key
+    r = client.post("/stores/s/batch-get", content=body.encode())
+    assert r.status_code == 200
+    results = r.json()["results"]
+    assert [e["key"] for e in results[:4]] == [KEY_REMOTE, KEY_LOCAL, missing, other_remote]
+    assert [e["status"] for e in results] == [200, 200, 404, 200, 400]
+    assert results[0]["value"] == {"node": B} and results[3]["value"] == {"node": B}
+    assert results[1] == {
+        "key": KEY_LOCAL,
+        "status": 200,
+        "partition": LOCAL_P,
+        "version": 1,
+        "value": {"v": 1},
+    }
+    assert results[2]["error"] == "key_not_found"
+    assert results[4]["error"] == "bad_key"
+    assert len(seen) == 1  # one request per serving node, carrying both of its keys
+    assert json.loads(seen[0].content) == {"keys": [KEY_REMOTE, other_remote]}
+    assert seen[0].headers["x-keyroute-hops"] == "1"
+    assert r.headers["x-keyroute-hops"] == "0"
+
+
+def test_batch_get_moves_keys_to_the_next_replica_when_a_node_fails_or_refuses() -> None:
+    for failing in (
+        lambda keys: httpx.Response(500, json={"error": "internal_error"}),
+        lambda keys: httpx.Response(
+            200, json={"results": [{"key": k, "status": 503, "error": "partition_unavailable"} for k in keys]}
+        ),
+    ):
+        client, seen = client_for(
+            SERVING, HELD, batch_peer({"n2.test": failing, "n3.test": lambda k: found(k, C)})
+        )
+        r = client.post("/stores/s/batch-get", json={"keys": [KEY_REMOTE]})
+        assert r.json()["results"][0]["value"] == {"node": C}
+        assert [s.url.host for s in seen] == ["n2.test", "n3.test"]
+
+
+def test_batch_get_answers_503_per_key_when_no_replica_answers() -> None:
+    client, _ = client_for(SERVING, HELD, unreachable)
+    r = client.post("/stores/s/batch-get", json={"keys": [KEY_REMOTE, KEY_LOCAL]})
+    assert [e["status"] for e in r.json()["results"]] == [503, 200]
+    assert r.json()["results"][0]["error"] == "partition_unavailable"
+
+
+def test_a_forwarded_batch_is_never_forwarded_again() -> None:
+    client, seen = client_for(SERVING, HELD, unreachable)
+    r = client.post(
+        "/stores/s/batch-get", json={"keys": [KEY_REMOTE, KEY_LOCAL]}, headers={"x-keyroute-hops": "1"}
+    )
+    assert [e["status"] for e in r.json()["results"]] == [503, 200]
+    assert r.headers["x-keyroute-hops"] == "1"
+    assert seen == []
+
+
+def test_batch_get_accepts_json_integers_for_integer_keys() -> None:
+    key, missing = [i for i in range(1000) if partition_of("ints", str(i)) == LOCAL_P][:2]
+    held = {("ints", LOCAL_P): Held(1, {key.to_bytes(8, "big", signed=True): b'{"n":1}'})}
+    client, _ = client_for({ME: {"ints": {LOCAL_P: 1}}}, held, unreachable)
+    r = client.post("/stores/ints/batch-get", json={"keys": [key, str(key), missing, 2**63]})
+    results = r.json()["results"]
+    assert [e["status"] for e in results] == [200, 200, 404, 400]
+    assert results[0]["key"] == results[1]["key"] == str(key)
+    assert results[3]["error"] == "bad_key"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        (b"not json", 400, "bad_request"),
+        (b'["k"]', 400, "bad_request"),
+        (b'{"keys": "k"}', 400, "bad_request"),
+        (b'{"keys": ["k", null]}', 400, "bad_request"),
+        (b'{"keys": ["k", 1.5]}', 400, "bad_request"),
+        (b'{"keys": [true]}', 400, "bad_request"),
+        (b'{"keys": ["a", "b", "c", "d", "e", "f"]}', 413, "too_many_keys"),
+        (b'{"keys": [' + b'"k",' * 200_000 + b'"k"]}', 413, "body_too_large"),
+    ],
+)
+def test_batch_get_rejects_bad_bodies(body: bytes, status: int, code: str) -> None:
+    client, _ = client_for(SERVING, HELD, unreachable)
+    r = client.post("/stores/s/batch-get", content=body)
+    assert r.status_code == status and r.json()["error"] == code
+
+
+def test_batch_get_refuses_integers_for_string_keys_and_unknown_stores() -> None:
+    client, _ = client_for(SERVING, HELD, unreachable)
+    r = client.post("/stores/s/batch-get", json={"keys": [7]})
+    assert r.json()["results"][0]["status"] == 400
+    r = client.post("/stores/nope/batch-get", json={"keys": ["k"]})
+    assert r.status_code == 404 and r.json()["error"] == "store_not_found"
+
+
+def test_admin_route_explains_a_key() -> None:
+    client, _ = client_for(SERVING, HELD, unreachable)
+    r = client.get("/admin/route", params={"store": "s", "key": KEY_REMOTE})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["partition"] == REMOTE_P and isinstance(body["hash"], int)
+    assert [e["node"] for e in body["serving"]] == [B, C]
+    assert body["local"] == {"node": ME, "version": None}
+    assert client.get("/admin/route", params={"store": "s"}).status_code == 400
+    assert client.get("/admin/route", params={"store": "x", "key": "k"}).json()["error"] == "store_not_found"
+    assert client.get("/admin/route", params={"store": "ints", "key": "k"}).json()["error"] == "bad_key"
+
+
+def test_admin_partition_map_names_this_node() -> None:
+    client, _ = client_for(SERVING, HELD, unreachable)
+    body = client.get("/admin/partition-map").json()
+    assert body["node"] == ME
+    assert body["stores"]["s"]["partition_map"][REMOTE_P]["serving"][0]["node"] == B
+    assert body["local"]["s"][0]["state"] == "serving"
+
+
+def test_health_and_readiness() -> None:
+    client, _ = client_for(SERVING, HELD, unreachable)
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").status_code == 200
+    client, _ = client_for(SERVING, HELD, unreachable, ready=False)
+    r = client.get("/readyz")
+    assert r.status_code == 503 and r.json()["pending"] == ["s v1 p0"]
+
+
+def test_an_unexpected_error_is_a_json_500_without_a_stack_trace() -> None:
+    class Broken(Held):
+        def get(self, key: bytes) -> bytes | None:
+            raise RuntimeError("disk on fire at /secret/path")
+
+    client, _ = client_for(SERVING, {("s", LOCAL_P): Broken(1, {})}, unreachable)
+    r = client.get(f"/stores/s/keys/{KEY_LOCAL}")
+    assert r.status_code == 500
+    assert r.json()["error"] == "internal_error"
+    assert "secret" not in r.text and "Traceback" not in r.text

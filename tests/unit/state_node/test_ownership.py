@@ -1,0 +1,275 @@
+"""The node's partition lifecycle, driven by hand-built partition maps (no ZooKeeper, real LMDB)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+from collections.abc import Callable, Coroutine, Mapping
+from pathlib import Path
+from typing import Any
+
+from keyroute_core.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord, StoreRecord
+from keyroute_core.settings import NodeSettings
+from keyroute_core.snapshot import local_path, partition_dir
+from state_node.ownership import Ownership, PartitionState
+from state_node.store import PartitionId, PartitionStore, load_partition, partition_path
+
+ME = "n1"
+OTHER = "n2"
+ROWS = {f"k{i}": {"i": i} for i in range(40)}
+
+
+class FakeRegistration:
+    """Records what the node would have written to ZooKeeper."""
+
+    def __init__(self) -> None:
+        self.published: list[dict[str, dict[int, int]]] = []
+        self.registrations = 0
+
+    def publish_serving(self, stores: Mapping[str, Mapping[int, int]]) -> None:
+        self.published.append({s: dict(parts) for s, parts in stores.items()})
+
+    def register_node(self) -> None:
+        self.registrations += 1
+
+    def withdraw(self) -> None:
+        pass
+
+    @property
+    def last(self) -> dict[str, dict[int, int]] | None:
+        return self.published[-1] if self.published else None
+
+
+def build_map(
+    stores: list[StoreRecord],
+    assignment: Mapping[str, tuple[tuple[str, ...], ...]],
+    serving: Mapping[str, Mapping[str, Mapping[int, int]]] | None = None,
+    generation: int = 1,
+    nodes: tuple[str, ...] = (ME, OTHER),
+) -> PartitionMap:
+    return PartitionMap.build(
+        {s.name: s for s in stores},
+        {n: NodeRecord(n, f"http://{n}") for n in nodes},
+        Assignment(generation, dict(assignment)),
+        {
+            n: ServingRecord(n, f"http://{n}", {s: dict(p) for s, p in v.items()})
+            for n, v in (serving or {}).items()
+        },
+        generation=generation,
+    )
+
+
+async def until(predicate: Callable[[], object], timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached")
+        await asyncio.sleep(0.01)
+
+
+def run(
+    data_dir: Path,
+    scenario: Callable[[Ownership, FakeRegistration], Coroutine[Any, Any, None]],
+    **options: Any,
+) -> None:
+    async def main() -> None:
+        registration = FakeRegistration()
+        settings = NodeSettings(node_id=ME, data_dir=data_dir, lmdb_map_size_bytes=1 << 24)
+        options.setdefault("drop_grace_s", 0.0)
+        ownership = Ownership(settings, registration, **options)  # type: ignore[arg-type]
+        try:
+            await scenario(ownership, registration)
+        finally:
+            await ownership.stop()
+
+    asyncio.run(main())
+
+
+def state(ownership: Ownership, store: str, version: int, partition: int) -> str | None:
+    for row in ownership.describe().get(store, []):
+        if row["version"] == version and row["partition"] == partition:
+            return str(row["state"])
+    return None
+
+
+def test_a_partition_is_announced_only_once_loaded(snapshot, data_dir: Path) -> None:
+    record = snapshot("s", 1, 2, ROWS)
+    gate = threading.Event()
+
+    def slow_loader(*args: Any) -> PartitionStore:
+        gate.wait(10)
+        return load_partition(*args)
+
+    async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
+        ownership.on_map(build_map([record], {"s": ((ME,), (ME, OTHER))}))
+        await until(lambda: state(ownership, "s", 1, 0) == "loading")
+        assert ownership.local("s", 0) is None
+        assert not ownership.readiness().ready
+        assert "s v1 p0" in ownership.readiness().pending
+        assert all(not stores for stores in registration.published)  # nothing announced yet
+        gate.set()
+        await until(lambda: registration.last == {"s": {0: 1, 1: 1}})
+        for text in ROWS:  # every row answers from one of the two local partitions
+            found = [
+                held.get(text.encode()) for held in (ownership.local("s", 0), ownership.local("s", 1)) if held
+            ]
+            assert [v for v in found if v is not None] == [f'{{"i":{text[1:]}}}'.encode()]
+        ownership.on_map(build_map([record], {"s": ((ME,), (ME, OTHER))}, {ME: {"s": {0: 1, 1: 1}}}, 2))
+        assert ownership.readiness().ready
+
+    run(data_dir, scenario, loader=slow_loader)
+
+
+def test_make_before_break_when_a_partition_moves_away(snapshot, data_dir: Path) -> None:
+    record = snapshot("s", 1, 2, ROWS)
+
+    async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
+        ownership.on_map(build_map([record], {"s": ((ME,), (ME,))}))
+        await until(lambda: registration.last == {"s": {0: 1, 1: 1}})
+        path = partition_path(data_dir, PartitionId("s", 1, 0))
+        assert path.exists()
+
+        # Partition 0 is reassigned, but nobody else serves it yet: keep serving and announcing it.
+        moved = {"s": ((OTHER,), (ME,))}
+        ownership.on_map(build_map([record], moved, {ME: {"s": {0: 1, 1: 1}}}, 2))
+        await asyncio.sleep(0.05)
+        assert state(ownership, "s", 1, 0) == "draining"
+        assert ownership.local("s", 0) is not None
+        assert registration.last == {"s": {0: 1, 1: 1}}
+        assert ownership.readiness().ready  # readiness concerns assigned partitions only
+
+        # Another node serves it at an older version: still not a handover.
+        ownership.on_map(build_map([record], moved, {ME: {"s": {0: 1, 1: 1}}, OTHER: {"s": {0: 0}}}, 3))
+        await asyncio.sleep(0.05)
+        assert ownership.local("s", 0) is not None
+
+        # A stale map cannot prove a handover either.
+        handed = build_map([record], moved, {ME: {"s": {0: 1, 1: 1}}, OTHER: {"s": {0: 1}}}, 4)
+        ownership.on_map(handed.marked_stale(True))
+        await asyncio.sleep(0.05)
+        assert ownership.local("s", 0) is not None
+
+        ownership.on_map(handed)
+        await until(lambda: registration.last == {"s": {1: 1}})
+        assert ownership.local("s", 0) is None
+        await until(lambda: not path.exists())
+        assert state(ownership, "s", 1, 0) is None
+
+    run(data_dir, scenario)
+
+
+def test_a_new_version_is_loaded_beside_the_old_and_swapped_atomically(snapshot, data_dir: Path) -> None:
+    v1 = snapshot("s", 1, 1, ROWS)
+    v2 = snapshot("s", 2, 1, {**ROWS, "k0": {"i": "new"}})
+    gate = threading.Event()
+
+    def loader(directory: Path, record: StoreRecord, *args: Any) -> PartitionStore:
+        if record.version == 2:
+            gate.wait(10)
+        return load_partition(directory, record, *args)
+
+    async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
+        ownership.on_map(build_map([v1], {"s": ((ME,),)}))
+        await until(lambda: registration.last == {"s": {0: 1}})
+        old = ownership.local("s", 0)
+        assert old is not None and old.get(b"k0") == b'{"i":0}'
+
+        ownership.on_map(build_map([v2], {"s": ((ME,),)}, {ME: {"s": {0: 1}}}, 2))
+        await until(lambda: state(ownership, "s", 2, 0) == "loading")
+        assert ownership.local("s", 0) is old  # the old version keeps answering meanwhile
+        assert not ownership.readiness().ready
+        gate.set()
+        await until(lambda: registration.last == {"s": {0: 2}})
+        new = ownership.local("s", 0)
+        assert new is not None and new.version == 2 and new.get(b"k0") == b'{"i":"new"}'
+        await until(lambda: not partition_path(data_dir, PartitionId("s", 1, 0)).exists())
+        ownership.on_map(build_map([v2], {"s": ((ME,),)}, {ME: {"s": {0: 2}}}, 3))
+        assert ownership.readiness().ready
+
+    run(data_dir, scenario, loader=loader)
+
+
+def test_a_failed_load_is_reported_and_retried(snapshot, data_dir: Path) -> None:
+    record = snapshot("s", 1, 1, ROWS)
+    part = next(partition_dir(local_path(record.snapshot), 0).iterdir())
+    good = part.read_text()
+    part.write_text(good.split("\n", 1)[1])  # one row short of the manifest
+
+    async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
+        ownership.on_map(build_map([record], {"s": ((ME,),)}))
+        await until(lambda: state(ownership, "s", 1, 0) == "failed")
+        readiness = ownership.readiness()
+        assert not readiness.ready and "manifest says" in readiness.failed["s v1 p0"]
+        assert not partition_path(data_dir, PartitionId("s", 1, 0)).exists()
+        part.write_text(good)  # the snapshot is repaired; the retry picks it up without a new map
+        await until(lambda: registration.last == {"s": {0: 1}})
+        assert state(ownership, "s", 1, 0) == "serving"
+
+    run(data_dir, scenario, retry_failed_s=0.1)
+
+
+def test_a_deleted_store_is_dropped(snapshot, data_dir: Path) -> None:
+    record = snapshot("s", 1, 1, ROWS)
+
+    async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
+        ownership.on_map(build_map([record], {"s": ((ME,),)}))
+        await until(lambda: registration.last == {"s": {0: 1}})
+        ownership.on_map(build_map([], {}, {ME: {"s": {0: 1}}}, 2))
+        await until(lambda: registration.last == {})
+        await until(lambda: not partition_path(data_dir, PartitionId("s", 1, 0)).exists())
+
+    run(data_dir, scenario)
+
+
+def test_startup_reuses_loaded_partitions_and_removes_leftovers(snapshot, data_dir: Path) -> None:
+    record = snapshot("s", 1, 2, ROWS)
+    load_partition(data_dir, record, 0, 1 << 24).close()  # from an earlier run, still assigned
+    load_partition(data_dir, record, 1, 1 << 24).close()  # from an earlier run, no longer assigned
+    leftover = partition_path(data_dir, PartitionId("old", 3, 0))
+    leftover.mkdir(parents=True)
+    calls: list[int] = []
+
+    def counting_loader(directory: Path, rec: StoreRecord, partition: int, *args: Any) -> PartitionStore:
+        calls.append(partition)
+        return load_partition(directory, rec, partition, *args)
+
+    async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
+        ownership.on_map(build_map([record], {"s": ((ME,), (OTHER,))}))
+        await until(lambda: registration.last == {"s": {0: 1}})
+        await until(lambda: not leftover.exists())
+        assert not partition_path(data_dir, PartitionId("s", 1, 1)).exists()
+        assert partition_path(data_dir, PartitionId("s", 1, 0)).exists()
+        assert calls == [0]
+
+    run(data_dir, scenario, loader=counting_loader)
+
+
+def test_missing_ephemeral_records_are_written_again(snapshot, data_dir: Path) -> None:
+    record = snapshot("s", 1, 1, ROWS)
+
+    async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
+        ownership.on_map(build_map([record], {"s": ((ME,),)}, {ME: {}}))
+        await until(lambda: registration.last == {"s": {0: 1}})
+        published = len(registration.published)
+        # A new session: the map no longer lists this node nor its serving record.
+        ownership.on_map(build_map([record], {"s": ((ME,),)}, {}, 2, nodes=(OTHER,)))
+        await until(lambda: registration.registrations == 1 and len(registration.published) > published)
+        assert registration.last == {"s": {0: 1}}
+
+    run(data_dir, scenario)
+
+
+def test_lifecycle_states_are_the_documented_ones() -> None:
+    assert [s.name for s in PartitionState] == [
+        "ASSIGNED",
+        "LOADING",
+        "SERVING",
+        "DRAINING",
+        "DROPPED",
+        "FAILED",
+    ]
+    doc = PartitionState.__doc__ or ""
+    for s in PartitionState:
+        assert s.name in doc
+    assert dataclasses.is_dataclass(PartitionId)
