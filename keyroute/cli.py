@@ -19,6 +19,8 @@ from keyroute_core.partitioner import Partitioner, key_hash, partition_for
 from keyroute_core.settings import HttpSettings, NodeSettings, RouterSettings, ZkSettings
 
 ENV_PREFIX = "KEYROUTE_"
+# The pipeline's default, repeated here so that `keyroute --help` does not import the pipeline.
+DEFAULT_RETAIN = 3
 
 
 def _env_name(flag: str) -> str:
@@ -50,12 +52,20 @@ class _Parser:
             suffix += f" (default: {default})"
         parser.add_argument(flag, type=type, default=default, required=required, help=help + suffix, **kwargs)
 
+    def flag(self, parser: argparse.ArgumentParser, flag: str, *, help: str = "") -> None:
+        """An on/off switch; its variable is true for 1/true/yes/on."""
+        env_name = _env_name(flag)
+        default = self.env.get(env_name, "").strip().lower() in ("1", "true", "yes", "on")
+        parser.add_argument(flag, action="store_true", default=default, help=f"{help} [env {env_name}]")
+
 
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p = _Parser(env)
     parser = argparse.ArgumentParser(
         prog="keyroute",
-        description="One-hop HTTP reads of partitioned state, split exactly as a Kafka producer splits a keyed topic.",
+        description=(
+            "One-hop HTTP reads of partitioned state, split exactly as a Kafka producer splits a keyed topic."
+        ),
     )
     p.option(parser, "--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -67,11 +77,22 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
 
     pipe = sub.add_parser("pipeline", help="compute stores with Spark and publish new versions")
     pipe_sub = pipe.add_subparsers(dest="pipeline_command", required=True, metavar="ACTION")
-    build = pipe_sub.add_parser("build", help="compute every store in the spec, write and publish a new version")
+    build = pipe_sub.add_parser(
+        "build", help="compute every store in the spec, write and publish a new version"
+    )
     p.option(build, "--spec", type=Path, required=True, help="store spec (TOML)")
     p.option(build, "--zk", required=True, help="ZooKeeper HOST:PORT[/chroot]")
-    p.option(build, "--output", required=True, help="snapshot root (path or file:// URI shared with the nodes)")
+    p.option(
+        build, "--output", required=True, help="snapshot root (path or file:// URI shared with the nodes)"
+    )
     p.option(build, "--master", help="Spark master (default: local[*])")
+    p.option(
+        build,
+        "--retain",
+        type=int,
+        default=DEFAULT_RETAIN,
+        help="versions of each store kept for a rollback, the new one included; older snapshots are removed",
+    )
 
     node = sub.add_parser("node", help="run a state node")
     p.option(node, "--zk", required=True, help="ZooKeeper HOST:PORT[/chroot]")
@@ -81,17 +102,49 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p.option(node, "--advertise-url", default="", help="URL other members use to reach this node")
     p.option(node, "--data-dir", type=Path, required=True, help="where the node keeps its loaded partitions")
     p.option(node, "--zk-session-timeout-s", type=float, default=10.0, help="ZooKeeper session timeout")
+    p.option(
+        node,
+        "--drain-timeout-s",
+        type=float,
+        default=60.0,
+        help="on SIGTERM, how long to wait for other nodes to serve this node's partitions",
+    )
+    p.option(
+        node,
+        "--version-grace-s",
+        type=float,
+        default=300.0,
+        help="how long a replaced version's files stay on disk (a rollback meanwhile reuses them)",
+    )
 
     router = sub.add_parser("router", help="run a router")
     p.option(router, "--zk", required=True, help="ZooKeeper HOST:PORT[/chroot]")
     p.option(router, "--port", type=int, required=True, help="HTTP port")
     p.option(router, "--host", default="127.0.0.1", help="address to listen on")
-    p.option(router, "--upstream-timeout-s", type=float, default=5.0, help="timeout for one request to a node")
+    p.option(
+        router, "--upstream-timeout-s", type=float, default=5.0, help="timeout for one request to a node"
+    )
     p.option(router, "--zk-session-timeout-s", type=float, default=10.0, help="ZooKeeper session timeout")
+
+    store = sub.add_parser("store", help="list published stores, roll a store back to a retained version")
+    store_sub = store.add_subparsers(dest="store_command", required=True, metavar="ACTION")
+    listing = store_sub.add_parser(
+        "list", help="print each store's current and retained versions (JSON lines)"
+    )
+    p.option(listing, "--zk", required=True, help="ZooKeeper HOST:PORT[/chroot]")
+    roll = store_sub.add_parser("rollback", help="make a retained version of a store current again")
+    p.option(roll, "--zk", required=True, help="ZooKeeper HOST:PORT[/chroot]")
+    p.option(roll, "--store", required=True, help="store name")
+    p.option(
+        roll, "--version", type=int, required=True, help="a retained version (see `keyroute store list`)"
+    )
+    p.flag(roll, "--no-verify", help="do not check the version's snapshot manifest from this machine")
 
     demo = sub.add_parser("demo", help="run everything on this machine with generated sample data")
     p.option(demo, "--port", type=int, default=8080, help="router port")
-    p.option(demo, "--workdir", type=Path, default=Path(".keyroute-demo"), help="where the demo keeps its files")
+    p.option(
+        demo, "--workdir", type=Path, default=Path(".keyroute-demo"), help="where the demo keeps its files"
+    )
     p.option(demo, "--events", type=int, default=120_000, help="sample events per store")
 
     part = sub.add_parser("partition", help="print the partition of each key (arguments or stdin lines)")
@@ -136,7 +189,8 @@ def cmd_partition(args: argparse.Namespace) -> int:
         except KeyFormatError as exc:
             failed += 1
             shown = text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-            out.write(json.dumps({"key": shown, "error": "bad_key", "message": str(exc)}, ensure_ascii=False) + "\n")
+            error = {"key": shown, "error": "bad_key", "message": str(exc)}
+            out.write(json.dumps(error, ensure_ascii=False) + "\n")
             continue
         record = {
             "key": key.text,
@@ -169,14 +223,48 @@ def _zk(args: argparse.Namespace) -> ZkSettings:
 def cmd_pipeline(args: argparse.Namespace) -> int:
     from pipeline.build import build
     from pipeline.errors import PipelineError
+    from pipeline.publish import retaining
 
+    if args.retain < 1:
+        print("keyroute pipeline build: --retain must be at least 1", file=sys.stderr)
+        return 2
     try:
-        published = build(args.spec, _zk(args), args.output, master=args.master)
+        with retaining(args.retain):
+            published = build(args.spec, _zk(args), args.output, master=args.master)
     except PipelineError as exc:
         print(f"keyroute pipeline build: {exc}", file=sys.stderr)
         return 1
     for version in published:
         print(json.dumps(version.describe()))
+    return 0
+
+
+def cmd_store(args: argparse.Namespace) -> int:
+    from keyroute_core.zk import ZkUnavailableError, close, connect
+    from pipeline.errors import PipelineError
+    from pipeline.publish import describe_store, list_stores, rollback
+
+    what = f"keyroute store {args.store_command}"
+    try:
+        client = connect(_zk(args))
+    except ZkUnavailableError as exc:
+        print(f"{what}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        if args.store_command == "list":
+            for record in list_stores(client):
+                print(json.dumps(describe_store(record), ensure_ascii=False))
+            return 0
+        before = next((r for r in list_stores(client) if r.name == args.store), None)
+        record = rollback(client, args.store, args.version, verify=not args.no_verify)
+    except PipelineError as exc:
+        print(f"{what}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        close(client)
+    line = describe_store(record)
+    line["previous_version"] = before.version if before is not None else None
+    print(json.dumps(line, ensure_ascii=False))
     return 0
 
 
@@ -188,6 +276,8 @@ def cmd_node(args: argparse.Namespace) -> int:
         data_dir=args.data_dir,
         zk=_zk(args),
         http=HttpSettings(host=args.host, port=args.port, advertise_url=args.advertise_url),
+        drain_timeout_s=args.drain_timeout_s,
+        version_grace_s=args.version_grace_s,
     )
     return run(settings)
 
@@ -212,6 +302,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "zookeeper": cmd_zookeeper,
     "pipeline": cmd_pipeline,
+    "store": cmd_store,
     "node": cmd_node,
     "router": cmd_router,
     "demo": cmd_demo,

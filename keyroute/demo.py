@@ -130,7 +130,9 @@ def run(settings: DemoSettings) -> int:
     zk = f"{host}:{zk_port}/keyroute-demo"
     try:
         print(f"starting ZooKeeper on {host}:{zk_port} ...", flush=True)
-        procs.start("zookeeper", ["zookeeper", "--port", str(zk_port), "--host", host, "--data-dir", str(work / "zookeeper")])
+        procs.start(
+            "zookeeper", ["zookeeper", "--port", str(zk_port), "--host", host, "--data-dir", str(work / "zookeeper")]
+        )
         _wait("ZooKeeper", lambda: is_serving(host, zk_port), 60, procs)
 
         print(f"generating {settings.events:,} bookings and {settings.events:,} trades ...", flush=True)

@@ -8,7 +8,9 @@ States of the ZooKeeper connection and what the watcher does in each:
 
 Watch callbacks run on kazoo's threads and must not block: they only mark the map dirty. One worker
 thread does the reading and hands each new immutable map to `on_map` (the caller moves it onto its
-event loop, e.g. with `loop.call_soon_threadsafe`).
+event loop, e.g. with `loop.call_soon_threadsafe`). `refresh()` asks for a read at once (a node told a
+router that its view is stale). `hold_watches()` is a fault injection for tests: it makes the view stale
+on purpose by ignoring watch events, as if their delivery were delayed.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import ZnodeStat
 
 from keyroute_core import zk_layout
@@ -34,6 +37,10 @@ from keyroute_core.partition_map import (
 )
 
 log = logging.getLogger(__name__)
+
+# A read that has not answered by then is treated like a dropped connection (the map is kept, stale).
+_READ_TIMEOUT_S = 30.0
+_RETRY_READ_S = 1.0
 
 
 class MapWatcher:
@@ -53,6 +60,9 @@ class MapWatcher:
         # Maps are published from two threads (reads, connection-state changes): one lock orders them.
         self._publish_lock = threading.Lock()
         self._connected = False
+        self._watches_held = False
+        self._watch_missed = False
+        self.reads = 0  # maps read from ZooKeeper (for tests and benchmarks)
         self._thread = threading.Thread(target=self._run, name="keyroute-map-watcher", daemon=True)
         self._current = PartitionMap.empty().marked_stale(True)
         self._listener = self._on_state
@@ -77,6 +87,18 @@ class MapWatcher:
         """Re-read now (e.g. a node told us our view is stale)."""
         self._dirty.set()
 
+    def hold_watches(self) -> None:
+        """FAULT INJECTION, tests only: act on no watch event until `release_watches()`, as if ZooKeeper
+        delivered them late, so the published map goes stale without saying so. `refresh()`, reconnects
+        and the safety refresh still re-read (and re-arm the watches)."""
+        self._watches_held = True
+
+    def release_watches(self) -> None:
+        self._watches_held = False
+        if self._watch_missed:
+            self._watch_missed = False
+            self._dirty.set()
+
     def _on_state(self, state: str) -> None:
         # Runs on kazoo's connection thread: flag and hand over, never block on ZooKeeper.
         if state == KazooState.CONNECTED:
@@ -88,6 +110,9 @@ class MapWatcher:
                 self._publish(self._current.marked_stale(True))
 
     def _on_watch(self, *_event: Any) -> None:
+        if self._watches_held:
+            self._watch_missed = True
+            return
         self._dirty.set()
 
     def _publish(self, new_map: PartitionMap) -> None:
@@ -109,72 +134,76 @@ class MapWatcher:
                 continue
             try:
                 new_map = self._read()
-            except KazooException as exc:
-                log.warning("reading the partition map failed (%s); serving the last one, marked stale", exc)
+                self.reads += 1
+            except (KazooException, KazooTimeoutError) as exc:
+                log.warning("reading the partition map failed (%r); serving the last one, marked stale", exc)
                 with self._publish_lock:
                     self._publish(self._current.marked_stale(True))
+                if self._client.connected:  # still connected: no reconnect event will ask again
+                    self._stopped.wait(_RETRY_READ_S)
+                    self._dirty.set()
                 continue
             with self._publish_lock:
                 # The connection may have dropped while reading: then the new map is already stale.
                 self._publish(new_map.marked_stale(not self._connected))
 
     def _read(self) -> PartitionMap:
+        """Every record, in two pipelined rounds (the four roots, then every child), so a re-read costs
+        two round trips to ZooKeeper rather than one per record. Each read re-arms its watch."""
         zk = self._client
         watch = self._on_watch
         stats: list[ZnodeStat] = []
 
-        def children(path: str) -> list[str]:
+        def settle(path: str, pending: Any) -> Any:
             try:
-                names, stat = zk.get_children(path, watch=watch, include_data=True)
+                value, stat = pending.get(timeout=_READ_TIMEOUT_S)
             except NoNodeError:
                 # Readers never write (a router may hold a read-only identity): watch for its creation.
                 zk.exists(path, watch=watch)
-                return []
-            stats.append(stat)
-            return sorted(names)
-
-        def data(path: str) -> bytes | None:
-            try:
-                raw, stat = zk.get(path, watch=watch)
-            except NoNodeError:
-                # Re-arm on creation so a record that appears later is seen.
-                zk.exists(path, watch=watch)
                 return None
             stats.append(stat)
-            return raw
+            return value
+
+        parents = (zk_layout.STORES, zk_layout.NODES, zk_layout.SERVING)
+        listing = {path: zk.get_children_async(path, watch=watch, include_data=True) for path in parents}
+        assignment_read = zk.get_async(zk_layout.ASSIGNMENT, watch=watch)
+        names = {path: sorted(settle(path, pending) or ()) for path, pending in listing.items()}
+        records = {
+            (parent, name): zk.get_async(f"{parent}/{name}", watch=watch)
+            for parent in parents
+            for name in names[parent]
+        }
+        raw_assignment = settle(zk_layout.ASSIGNMENT, assignment_read)
+        raw = {key: settle(f"{key[0]}/{key[1]}", pending) for key, pending in records.items()}
 
         stores: dict[str, StoreRecord] = {}
-        for name in children(zk_layout.STORES):
-            raw = data(zk_layout.store_path(name))
-            if raw:
+        for name in names[zk_layout.STORES]:
+            if data := raw[(zk_layout.STORES, name)]:
                 try:
-                    stores[name] = StoreRecord.from_json(raw)
+                    stores[name] = StoreRecord.from_json(data)
                 except RecordError as exc:
                     log.warning("ignoring store %s: %s", name, exc)
 
         nodes: dict[str, NodeRecord] = {}
-        for node_id in children(zk_layout.NODES):
-            raw = data(zk_layout.node_path(node_id))
-            if raw:
+        for node_id in names[zk_layout.NODES]:
+            if data := raw[(zk_layout.NODES, node_id)]:
                 try:
-                    nodes[node_id] = NodeRecord.from_json(raw)
+                    nodes[node_id] = NodeRecord.from_json(data)
                 except RecordError as exc:
                     log.warning("ignoring node %s: %s", node_id, exc)
 
         assignment = EMPTY_ASSIGNMENT
-        raw = data(zk_layout.ASSIGNMENT)
-        if raw:
+        if raw_assignment:
             try:
-                assignment = Assignment.from_json(raw)
+                assignment = Assignment.from_json(raw_assignment)
             except RecordError as exc:
                 log.warning("ignoring assignment: %s", exc)
 
         serving: dict[str, ServingRecord] = {}
-        for node_id in children(zk_layout.SERVING):
-            raw = data(zk_layout.serving_path(node_id))
-            if raw:
+        for node_id in names[zk_layout.SERVING]:
+            if data := raw[(zk_layout.SERVING, node_id)]:
                 try:
-                    serving[node_id] = ServingRecord.from_json(raw)
+                    serving[node_id] = ServingRecord.from_json(data)
                 except RecordError as exc:
                     log.warning("ignoring serving record of %s: %s", node_id, exc)
 

@@ -37,7 +37,11 @@ def _dump(obj: Mapping[str, Any]) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class StoreRecord:
-    """A store as published by the pipeline: its shape and the version nodes should serve."""
+    """A store as published by the pipeline: its shape and the version nodes should serve.
+
+    `retained` maps every version that may still be rolled back to (the current one included) to its
+    snapshot directory; the pipeline keeps the last N there, `keyroute store rollback` picks from it.
+    """
 
     name: str
     partitions: int
@@ -48,6 +52,17 @@ class StoreRecord:
     value_columns: tuple[str, ...] = ()
     replication_factor: int = 1
     published_at: float = 0.0
+    retained: Mapping[int, str] = field(default_factory=dict)
+
+    @property
+    def retained_versions(self) -> tuple[int, ...]:
+        """Versions that can be made current again, oldest first (the current one always among them)."""
+        return tuple(sorted({*self.retained, self.version}))
+
+    def snapshot_of(self, version: int) -> str | None:
+        if version == self.version:
+            return self.snapshot
+        return self.retained.get(version)
 
     def to_json(self) -> bytes:
         return _dump(
@@ -61,6 +76,7 @@ class StoreRecord:
                 "value_columns": list(self.value_columns),
                 "replication_factor": self.replication_factor,
                 "published_at": self.published_at,
+                "retained": {str(v): path for v, path in sorted(self.retained.items())},
             }
         )
 
@@ -78,29 +94,39 @@ class StoreRecord:
                 value_columns=tuple(obj.get("value_columns", ())),
                 replication_factor=int(obj.get("replication_factor", 1)),
                 published_at=float(obj.get("published_at", 0.0)),
+                retained={int(v): str(path) for v, path in dict(obj.get("retained", {})).items()},
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise RecordError(f"store record: {exc!r}") from exc
         if record.partitions < 1 or record.version < 1 or record.replication_factor < 1:
-            raise RecordError(f"store record {record.name!r}: partitions, version and replication factor must be >= 1")
+            raise RecordError(
+                f"store record {record.name!r}: partitions, version and replication factor must be >= 1"
+            )
+        if any(v < 1 for v in record.retained):
+            raise RecordError(f"store record {record.name!r}: retained versions must be >= 1")
         return record
 
 
 @dataclass(frozen=True, slots=True)
 class NodeRecord:
-    """A live state node (ephemeral): its id and the URL it advertises."""
+    """A live state node (ephemeral): its id, the URL it advertises, and whether it is leaving.
+
+    A leaving node (SIGTERM received) still serves what it holds, but the controller assigns it nothing:
+    its partitions move to other nodes, then it de-announces and exits.
+    """
 
     node_id: str
     url: str
+    leaving: bool = False
 
     def to_json(self) -> bytes:
-        return _dump({"node_id": self.node_id, "url": self.url})
+        return _dump({"node_id": self.node_id, "url": self.url, "leaving": self.leaving})
 
     @classmethod
     def from_json(cls, raw: bytes) -> NodeRecord:
         obj = _load(raw, "node record")
         try:
-            return cls(node_id=str(obj["node_id"]), url=str(obj["url"]))
+            return cls(node_id=str(obj["node_id"]), url=str(obj["url"]), leaving=obj.get("leaving") is True)
         except KeyError as exc:
             raise RecordError(f"node record: missing {exc}") from exc
 
@@ -243,7 +269,8 @@ class PartitionMap:
                     if 0 <= partition < store.partitions:
                         per_partition[partition].append(Endpoint(record.node_id, record.url, version))
             routes[name] = tuple(
-                _routable(eps, store.version, assignment.replicas(name, p)) for p, eps in enumerate(per_partition)
+                _routable(eps, store.version, assignment.replicas(name, p))
+                for p, eps in enumerate(per_partition)
             )
         return cls(
             stores=MappingProxyType(dict(stores)),
@@ -263,7 +290,14 @@ class PartitionMap:
         if stale == self.stale:
             return self
         return PartitionMap(
-            self.stores, self.nodes, self.assignment, self.serving, self.generation, self.built_at, stale, self.routes
+            self.stores,
+            self.nodes,
+            self.assignment,
+            self.serving,
+            self.generation,
+            self.built_at,
+            stale,
+            self.routes,
         )
 
     def serving_endpoints(self, store: str, partition: int) -> tuple[Endpoint, ...]:
@@ -279,6 +313,29 @@ class PartitionMap:
             hash=hash_value,
             assigned=self.assignment.replicas(store.name, partition),
             serving=self.serving_endpoints(store.name, partition),
+        )
+
+    def live_nodes(self) -> frozenset[str]:
+        """Registered nodes that are not leaving: the ones the controller assigns partitions to."""
+        return frozenset(node_id for node_id, record in self.nodes.items() if not record.leaving)
+
+    def served_elsewhere(self, store: str, partition: int, node_id: str) -> bool:
+        """Whether every live node assigned the partition (other than `node_id`, and at least one) serves
+        it at the store's published version: what a node must see before it lets go of a partition it
+        is not assigned (make before break).
+
+        Only assigned holders count. When a partition moves from {A, B} to {C, D}, A and B each see
+        the other still serving it; were that enough, both would let go before C or D had loaded it.
+        And all of them: when it moves from {A, B} to {B, C}, A keeps it until C serves it too, so the
+        partition never has fewer copies than its replication factor asks for (B may crash meanwhile)."""
+        record = self.stores.get(store)
+        if record is None:
+            return True
+        live = self.live_nodes()
+        holders = [n for n in self.assignment.replicas(store, partition) if n != node_id and n in live]
+        return bool(holders) and all(
+            n in self.serving and self.serving[n].stores.get(store, {}).get(partition) == record.version
+            for n in holders
         )
 
     @property
@@ -301,6 +358,7 @@ class PartitionMap:
             "nodes": {
                 node_id: {
                     "url": record.url,
+                    "leaving": record.leaving,
                     "serving": {
                         s: len(parts) for s, parts in self.serving[node_id].stores.items()
                     }
@@ -318,6 +376,7 @@ class PartitionMap:
                     "replication_factor": store.replication_factor,
                     "value_columns": list(store.value_columns),
                     "published_at": store.published_at,
+                    "retained_versions": list(store.retained_versions),
                     "partition_map": [
                         {
                             "partition": p,
@@ -339,8 +398,9 @@ def _routable(endpoints: list[Endpoint], published: int, assigned: tuple[str, ..
     """Only one version of a partition is routable at a time, so answers never mix versions.
 
     That is the published version when some node serves it, else the newest version served (a new
-    version is still loading, or the store was rolled back). Within it, assigned replicas come first in assignment order (preferred replica first), then any
-    other holder (a node still serving a partition it is handing over).
+    version is still loading, or the store was rolled back and the older version is not loaded yet).
+    Within it, assigned replicas come first in assignment order (preferred replica first), then any
+    other holder (a node still serving a partition it is handing over, e.g. one that is leaving).
     """
     if not endpoints:
         return ()

@@ -62,6 +62,10 @@ class NodeSettings:
     forward_timeout_s: float = 5.0
     max_batch_keys: int = 1000
     lmdb_map_size_bytes: int = 1 << 34
+    # On SIGTERM: how long to wait for other nodes to serve this node's partitions before leaving anyway.
+    drain_timeout_s: float = 60.0
+    # How long a superseded version's files stay on disk (a rollback within it reuses them at once).
+    version_grace_s: float = 300.0
 
 
 @dataclass(frozen=True, slots=True)

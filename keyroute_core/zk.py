@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError
 from kazoo.retry import KazooRetry
@@ -36,10 +38,8 @@ def connect(settings: ZkSettings, *, ensure_layout: bool = True) -> KazooClient:
     _start(client, settings)
     if ensure_layout:
         for path in zk_layout.PERSISTENT_ROOTS:
-            try:
+            with contextlib.suppress(NodeExistsError):
                 client.ensure_path(path)
-            except NodeExistsError:
-                pass
     return client
 
 

@@ -1,7 +1,8 @@
 """Where keyroute keeps its records in ZooKeeper (all paths relative to the chroot).
 
-    /stores/{store}            persistent  StoreRecord: partitions, partitioner, key format, current version
-    /nodes/{node_id}           ephemeral   NodeRecord: the URL a node advertises (liveness)
+    /stores/{store}            persistent  StoreRecord: partitions, partitioner, key format, current version,
+                                           versions retained for a rollback (version -> snapshot)
+    /nodes/{node_id}           ephemeral   NodeRecord: the URL a node advertises (liveness), leaving flag
     /controller                            kazoo Election recipe: the node that writes the assignment
     /assignment                persistent  Assignment: desired replicas per partition, with a generation
     /serving/{node_id}         ephemeral   ServingRecord: partitions a node has loaded, at which version

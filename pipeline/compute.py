@@ -5,13 +5,15 @@ Routing (canonical key text and partition) runs in the shared core's own code, t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from py4j.protocol import Py4JError
 from pyspark import StorageLevel
 from pyspark.errors import PySparkException
@@ -22,6 +24,7 @@ from pyspark.sql import types as T
 from keyroute_core.key_format import KeyFormat, KeyFormatError, key_from_value
 from keyroute_core.partition_vectorized import partitions as vectorized_partitions
 from keyroute_core.partitioner import Partitioner
+from pipeline import audit
 from pipeline.errors import DataError, PipelineError, SpecError
 from pipeline.spec import Mode, SourceFormat, StoreSpec
 
@@ -32,6 +35,7 @@ _ROWS = "__keyroute_rows"
 _ORDER = "__keyroute_order"
 _LATEST = "__keyroute_latest"
 _ROUTE = "__keyroute_route"
+_OFF_PARTITION = "__keyroute_off_partition"
 
 ROUTE_TYPE = T.StructType(
     [
@@ -41,9 +45,16 @@ ROUTE_TYPE = T.StructType(
     ]
 )
 
-_INT_FORMATS = frozenset({KeyFormat.INT16, KeyFormat.INT32, KeyFormat.INT64})
+_INT_WIDTHS = {KeyFormat.INT16: 2, KeyFormat.INT32: 4, KeyFormat.INT64: 8}
+_INT_FORMATS = frozenset(_INT_WIDTHS)
+_INT_BOUNDS = {fmt: (-(1 << (8 * n - 1)), (1 << (8 * n - 1)) - 1) for fmt, n in _INT_WIDTHS.items()}
+# key_format's syntax checks in RE2, for Arrow's kernels: the same ASCII-only classes, anchored at both ends.
+_DECIMAL_PATTERN = r"^-?[0-9]+$"
+_UUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 _INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 _EXAMPLES = 3
+
+log = logging.getLogger(__name__)
 _SPARK_MESSAGE_CHARS = 400
 
 
@@ -64,6 +75,26 @@ class ComputedStore:
         self.frame.unpersist()
 
 
+@dataclass(frozen=True, slots=True)
+class SerializedKeys:
+    """A batch of raw keys in Kafka's serialized form; each entry has either data and text, or an error."""
+
+    data: pa.Array  # binary: the bytes the producer's serializer wrote, i.e. what is hashed; null on error
+    text: pa.Array  # string: the canonical text; null on error
+    error: pa.Array  # string: why the key does not fit the key format; null when it does
+
+
+def serialize_keys(keys: pa.Array | pa.ChunkedArray, key_format: KeyFormat) -> SerializedKeys:
+    """Serialize a batch of raw keys (as `_raw_key` types them) exactly as `key_from_value` does, key for key.
+
+    Batches of well-formed string, integer and uuid keys are serialized by Arrow and NumPy kernels; any other
+    batch (bytes keys, or one holding a key that does not fit, which fails the build anyway) key by key.
+    """
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
+    return _serialize_vectorized(keys, key_format) or _serialize_per_key(keys, key_format)
+
+
 def route_keys(
     keys: pa.Array, key_format: KeyFormat, partitioner: Partitioner, partitions: int
 ) -> pa.StructArray:
@@ -72,41 +103,121 @@ def route_keys(
     Errors are returned, not raised: the driver reports how many keys failed, with examples, rather than
     the first worker traceback.
     """
-    no_errors = pa.nulls(len(keys), pa.string())
-    if key_format is KeyFormat.STRING and _is_text(keys.type) and keys.null_count == 0:
-        # Arrow strings are valid UTF-8, i.e. already the serialized key: hash the buffers as they are.
-        parts = vectorized_partitions(partitioner, keys, partitions)
-        return pa.StructArray.from_arrays(
-            [keys.cast(pa.string()), pa.array(parts, pa.int32()), no_errors],
-            names=["key", "partition", "error"],
+    serialized = serialize_keys(keys, key_format)
+    return pa.StructArray.from_arrays(
+        [serialized.text, _partitions(serialized.data, partitioner, partitions), serialized.error],
+        names=["key", "partition", "error"],
+    )
+
+
+def key_partitions(
+    keys: pa.Array, key_format: KeyFormat, partitioner: Partitioner, partitions: int
+) -> pa.Array:
+    """The partition of every raw key as int32, null for a key that does not fit (the audit's record UDF)."""
+    return _partitions(serialize_keys(keys, key_format).data, partitioner, partitions)
+
+
+def _partitions(data: pa.Array, partitioner: Partitioner, partitions: int) -> pa.Array:
+    if not data.null_count:
+        return pa.array(vectorized_partitions(partitioner, data, partitions), pa.int32())
+    missing = data.is_null().to_numpy(zero_copy_only=False)
+    parts = np.zeros(len(data), dtype=np.int32)
+    present = data.drop_null()
+    if len(present):
+        parts[~missing] = vectorized_partitions(partitioner, present, partitions)
+    return pa.array(parts, pa.int32(), mask=missing)
+
+
+def _serialize_vectorized(keys: pa.Array, key_format: KeyFormat) -> SerializedKeys | None:
+    """The batch serialized by Arrow/NumPy kernels, or None when it needs `key_from_value` key by key."""
+    kind = keys.type
+    if key_format is KeyFormat.STRING and _is_text(kind):
+        # Arrow strings are valid UTF-8, i.e. already the serialized key: the same buffers, seen as bytes.
+        binary = pa.large_binary() if pa.types.is_large_string(kind) else pa.binary()
+        return SerializedKeys(keys.view(binary), keys.cast(pa.string()), _null_key_errors(keys, key_format))
+    if key_format in _INT_WIDTHS:
+        numbers = _whole_numbers(keys, key_format)
+        if numbers is None:
+            return None
+        return SerializedKeys(
+            _big_endian(numbers, _INT_WIDTHS[key_format]),
+            pc.cast(numbers, pa.string()),  # decimal, as str(int): "007" was read as 7 and reads "7"
+            _null_key_errors(keys, key_format),
         )
+    if key_format is KeyFormat.UUID and _is_text(kind) and _all_match(keys, _UUID_PATTERN):
+        # Kafka's UUIDSerializer writes the lowercase text; the pattern admits ASCII only.
+        text = pc.ascii_lower(keys.cast(pa.string()))
+        return SerializedKeys(text.view(pa.binary()), text, _null_key_errors(keys, key_format))
+    return None
+
+
+def _whole_numbers(keys: pa.Array, key_format: KeyFormat) -> pa.Array | None:
+    """Integer keys, or strict decimal text, as int64 when every one fits the format; else None."""
+    kind = keys.type
+    if _is_text(kind):
+        if not _all_match(keys, _DECIMAL_PATTERN):
+            return None
+    elif not pa.types.is_integer(kind):
+        return None
+    try:
+        numbers = pc.cast(keys, pa.int64())  # checked: text beyond 64 bits raises rather than wraps
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    low, high = _INT_BOUNDS[key_format]
+    bounds = pc.min_max(numbers)
+    least, greatest = bounds["min"].as_py(), bounds["max"].as_py()
+    if least is not None and not low <= least <= greatest <= high:
+        return None
+    return numbers
+
+
+def _big_endian(numbers: pa.Array, width: int) -> pa.Array:
+    """int64 values as `width`-byte big-endian two's complement, one binary value each (null stays null)."""
+    count = len(numbers)
+    values = numbers.fill_null(0).to_numpy()
+    # The low `width` bytes of the big-endian int64 are the value's `width`-byte two's complement.
+    data = np.ascontiguousarray(values.astype(">i8").view(np.uint8).reshape(count, 8)[:, 8 - width :])
+    offsets = np.arange(0, (count + 1) * width, width, dtype=np.int32)
+    validity = pc.is_valid(numbers).buffers()[1] if numbers.null_count else None
+    return pa.Array.from_buffers(
+        pa.binary(),
+        count,
+        [validity, pa.py_buffer(offsets), pa.py_buffer(data)],
+        null_count=numbers.null_count,
+    )
+
+
+def _all_match(keys: pa.Array, pattern: str) -> bool:
+    """Whether every non-null key matches `pattern` (RE2 syntax, anchored)."""
+    return bool(pc.all(pc.match_substring_regex(keys, pattern)).as_py() is not False)
+
+
+def _null_key_errors(keys: pa.Array, key_format: KeyFormat) -> pa.Array:
+    if not keys.null_count:
+        return pa.nulls(len(keys), pa.string())
+    # key_from_value's message for a null key.
+    message = pa.scalar(f"null key ({key_format.value} keys cannot be null)", pa.string())
+    return pc.if_else(keys.is_null(), message, pa.scalar(None, pa.string()))
+
+
+def _serialize_per_key(keys: pa.Array, key_format: KeyFormat) -> SerializedKeys:
     texts: list[str | None] = []
-    datas: list[bytes] = []
-    valid: list[int] = []
+    datas: list[bytes | None] = []
     errors: list[str | None] = []
     # to_pylist gives exact Python ints/str/bytes: no float detour for int64 keys.
-    for i, value in enumerate(keys.to_pylist()):
+    for value in keys.to_pylist():
         try:
             key = key_from_value(key_format, value)
         except KeyFormatError as exc:
             texts.append(None)
+            datas.append(None)
             errors.append(str(exc))
             continue
         texts.append(key.text)
         datas.append(key.data)
-        valid.append(i)
         errors.append(None)
-    parts_all = np.full(len(texts), -1, dtype=np.int32)
-    if datas:
-        parts_all[valid] = vectorized_partitions(partitioner, datas, partitions)
-    mask = np.array([t is None for t in texts], dtype=bool)
-    return pa.StructArray.from_arrays(
-        [
-            pa.array(texts, pa.string()),
-            pa.array(parts_all, pa.int32(), mask=mask),
-            pa.array(errors, pa.string()),
-        ],
-        names=["key", "partition", "error"],
+    return SerializedKeys(
+        pa.array(datas, pa.binary()), pa.array(texts, pa.string()), pa.array(errors, pa.string())
     )
 
 
@@ -125,38 +236,99 @@ def _router(store: StoreSpec) -> Any:
     return F.arrow_udf(route, ROUTE_TYPE)  # type: ignore[call-overload]
 
 
+def _partition_udf(store: StoreSpec) -> Any:
+    key_format, partitioner, partitions = store.key_format, store.partitioner, store.partitions
+
+    def partition(keys: pa.Array) -> pa.Array:
+        return key_partitions(keys, key_format, partitioner, partitions)
+
+    return F.arrow_udf(partition, T.IntegerType())  # type: ignore[call-overload]
+
+
+def route_column(store: StoreSpec, raw_key: Column) -> Column:
+    """struct(key, partition, error) for every raw key: `route_keys` in an Arrow UDF on Spark's workers."""
+    return _router(store)(raw_key)
+
+
+def unhashed_route_column(store: StoreSpec, raw_key: Column) -> Column:
+    """FOR BENCHMARKS ONLY: `route_column` without the partition step (no Python UDF, no Kafka hash).
+
+    Keys keep their text and are spread over the store's partitions by Spark's own JVM hash, so the write
+    stays as parallel as a real build's; no producer would agree with these partitions.
+    """
+    placed = F.pmod(F.hash(raw_key), F.lit(store.partitions)).cast(T.IntegerType())
+    return F.struct(
+        raw_key.cast(T.StringType()).alias("key"),
+        placed.alias("partition"),
+        F.lit(None).cast(T.StringType()).alias("error"),
+    )
+
+
+# Internal hook, not a spec option: how compute_store routes keys. Only benchmarks/pipeline.py replaces it
+# (with unhashed_route_column), to time the same build with and without the partition step.
+route_step: Callable[[StoreSpec, Column], Column] = route_column
+
+
 def compute_store(spark: SparkSession, store: StoreSpec) -> ComputedStore:
     """Read, check, reduce and route one store; raise DataError/SpecError naming the store on any problem.
 
     Spark jobs on the happy path: schema inference (json/csv) and one pass that reduces, routes, caches
-    and checks every key. Writing is the next pass, over the cache.
+    and checks every key (and, for an audited store, every record's source partition). Writing is the next
+    pass, over the cache. A failed audit costs a few more jobs, to count and sample the misplaced records.
     """
     with spark_errors(store.name, "computing the store"):
         source = _read_source(spark, store)
         value_columns = _check_columns(store, source.columns)
         keyed = source.withColumn(RAW_KEY, _raw_key(store, source.schema[store.key].dataType))
-        reduced, value = _reduce(store, keyed, value_columns)
-        route = _router(store)
+        source_partition = audit.source_partition(store, source.schema)
+        audited = source_partition is not None
+        extra = [] if source_partition is None else audit.key_aggregates(source_partition)
+        reduced, value = _reduce(store, keyed, value_columns, extra)
+        partition = F.col(_ROUTE).getField("partition")
         routed = (
             reduced.select(
-                F.col(RAW_KEY), F.col(_ROWS), route(F.col(RAW_KEY)).alias(_ROUTE), value.alias("value")
+                F.col(RAW_KEY),
+                F.col(_ROWS),
+                route_step(store, F.col(RAW_KEY)).alias(_ROUTE),
+                value.alias("value"),
+                *[F.col(name) for name in (audit.KEY_COLUMNS if audited else ())],
             )
             .select(
                 F.col(RAW_KEY),
                 F.col(_ROWS),
                 F.col(_ROUTE).getField("key").alias("key"),
-                F.col(_ROUTE).getField("partition").alias("partition"),
+                partition.alias("partition"),
                 F.col(_ROUTE).getField("error").alias(ERROR),
                 F.col("value"),
+                *([audit.key_off_partition(partition).alias(_OFF_PARTITION)] if audited else []),
             )
             .persist(StorageLevel.MEMORY_AND_DISK)
         )
         try:
-            partition_rows = _check_keys(store, routed)
+            checked = _check_keys(store, routed, audited)
+            if source_partition is not None:
+                _audit(store, keyed, source_partition, checked)
         except BaseException:
             routed.unpersist()
             raise
-    return ComputedStore(spec=store, frame=routed, value_columns=value_columns, partition_rows=partition_rows)
+    return ComputedStore(
+        spec=store, frame=routed, value_columns=value_columns, partition_rows=checked.partition_rows
+    )
+
+
+def _audit(store: StoreSpec, keyed: DataFrame, source_partition: Column, checked: _CheckedKeys) -> None:
+    """Raise PartitionAuditError when some record of the source is not in its key's partition."""
+    if checked.keys_off_partition:
+        computed = _partition_udf(store)(F.col(RAW_KEY))
+        findings = audit.find_mismatches(store, keyed, F.col(RAW_KEY), source_partition, computed)
+        raise audit.fail(store, findings)
+    log.info(
+        "store %r: partitioner audit passed: all %d records are in the partition %s assigns (column %r)",
+        store.name,
+        checked.records,
+        store.partitioner.value,
+        store.source_partition_column,
+    )
 
 
 @contextmanager
@@ -213,6 +385,8 @@ def _check_columns(store: StoreSpec, available: list[str]) -> tuple[str, ...]:
         )
 
     require(store.key, "key")
+    if store.source_partition_column is not None:
+        require(store.source_partition_column, "source_partition_column")
     if store.mode is Mode.AGGREGATE:
         return tuple(store.aggregations)
     assert store.order_by is not None  # the spec guarantees it for mode latest
@@ -221,7 +395,8 @@ def _check_columns(store: StoreSpec, available: list[str]) -> tuple[str, ...]:
         for column in store.columns:
             require(column, "value")
         return store.columns
-    values = tuple(c for c in available if c != store.key)
+    # The record's Kafka partition is where it was, not part of its value.
+    values = tuple(c for c in available if c not in (store.key, store.source_partition_column))
     if not values:
         raise DataError(store.name, f"the source has no columns besides the key {store.key!r}")
     return values
@@ -269,8 +444,10 @@ def _raw_key(store: StoreSpec, dtype: T.DataType) -> Column:
     )
 
 
-def _reduce(store: StoreSpec, keyed: DataFrame, value_columns: tuple[str, ...]) -> tuple[DataFrame, Column]:
-    """One row per raw key (nulls included, with their row count) and the column holding its value."""
+def _reduce(
+    store: StoreSpec, keyed: DataFrame, value_columns: tuple[str, ...], extra: Sequence[Column]
+) -> tuple[DataFrame, Column]:
+    """One row per raw key (nulls included, with its row count and `extra` aggregates), and its value."""
     rows = F.count(F.lit(1)).alias(_ROWS)
     grouped = keyed.groupBy(RAW_KEY)
     if store.mode is Mode.LATEST:
@@ -279,7 +456,7 @@ def _reduce(store: StoreSpec, keyed: DataFrame, value_columns: tuple[str, ...]) 
         # are decided by the value columns in their listed order (greatest wins, null lowest), so the
         # result never depends on how Spark split or ordered the input.
         candidate = F.struct(_quoted(store.order_by).alias(_ORDER), *[_quoted(c) for c in value_columns])
-        reduced = grouped.agg(rows, F.max(candidate).alias(_LATEST))
+        reduced = grouped.agg(rows, *extra, F.max(candidate).alias(_LATEST))
         value = F.struct(*[F.col(_LATEST).getField(c).alias(c) for c in value_columns])
         return reduced, value
     for name, expr in store.aggregations.items():
@@ -291,17 +468,26 @@ def _reduce(store: StoreSpec, keyed: DataFrame, value_columns: tuple[str, ...]) 
                 store.name,
                 f"aggregation {name!r} = {expr!r} is not a valid Spark SQL aggregate: {spark_message(exc)}",
             ) from exc
-    reduced = grouped.agg(rows, *[F.expr(expr).alias(name) for name, expr in store.aggregations.items()])
+    aggregated = [F.expr(expr).alias(name) for name, expr in store.aggregations.items()]
+    reduced = grouped.agg(rows, *extra, *aggregated)
     return reduced, F.struct(*[_quoted(name) for name in store.aggregations])
 
 
-def _check_keys(store: StoreSpec, routed: DataFrame) -> tuple[int, ...]:
+@dataclass(frozen=True, slots=True)
+class _CheckedKeys:
+    partition_rows: tuple[int, ...]  # keys per partition
+    records: int  # source records
+    keys_off_partition: int  # audited stores: keys with a record outside the key's partition
+
+
+def _check_keys(store: StoreSpec, routed: DataFrame, audited: bool) -> _CheckedKeys:
     """Keys per partition; DataError for null keys, keys that do not fit the format, or duplicate keys.
 
     One job summarises the whole frame per partition. Equal keys land in the same partition, so a
     partition holding fewer distinct keys than rows holds a duplicate; rows that could not be routed
     (null or malformed keys) have no partition. Examples are fetched only when something is wrong.
     """
+    off_partition = F.count(F.when(F.col(_OFF_PARTITION), True)) if audited else F.lit(0)
     summary = (
         routed.groupBy("partition")
         .agg(
@@ -309,6 +495,8 @@ def _check_keys(store: StoreSpec, routed: DataFrame) -> tuple[int, ...]:
             F.count_distinct("key").alias("distinct"),
             F.sum(F.when(F.col(RAW_KEY).isNull(), F.col(_ROWS))).alias("null_rows"),
             F.count(F.when(F.col(RAW_KEY).isNotNull() & F.col(ERROR).isNotNull(), True)).alias("bad"),
+            F.sum(_ROWS).alias("records"),
+            off_partition.alias("off_partition"),
         )
         .collect()
     )
@@ -324,7 +512,11 @@ def _check_keys(store: StoreSpec, routed: DataFrame) -> tuple[int, ...]:
     if any(row["rows"] != row["distinct"] for row in summary if row["partition"] is not None):
         _raise_duplicate_keys(store, routed)
     counts = {int(row["partition"]): int(row["rows"]) for row in summary if row["partition"] is not None}
-    return tuple(counts.get(p, 0) for p in range(store.partitions))
+    return _CheckedKeys(
+        partition_rows=tuple(counts.get(p, 0) for p in range(store.partitions)),
+        records=sum(row["records"] or 0 for row in summary),
+        keys_off_partition=sum(row["off_partition"] for row in summary),
+    )
 
 
 def _raise_bad_keys(store: StoreSpec, routed: DataFrame, count: int) -> None:

@@ -3,6 +3,7 @@
     PipelineError            a build failed; nothing of it was published
      +-- SpecError           the store spec is wrong (unknown field, missing key, bad aggregate expression)
      +-- DataError           the source data does not fit the spec (missing column, null or malformed keys)
+     |    +-- PartitionAuditError  records are not where the store's partitioner puts their keys
      +-- PublishError        a version could not be written or published (output, ZooKeeper, changed shape)
 """
 
@@ -28,3 +29,7 @@ class DataError(PipelineError):
 
 class PublishError(PipelineError):
     """A version could not be written to the output or published in ZooKeeper."""
+
+
+class PartitionAuditError(DataError):
+    """Source records are not in the partitions the store's partitioner gives their keys (failed audit)."""

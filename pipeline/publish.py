@@ -1,23 +1,73 @@
-"""Publishing written versions: the StoreRecord at /stores/{store} in ZooKeeper, all stores at once.
+"""Publishing versions: the StoreRecord at /stores/{store} in ZooKeeper, all stores at once.
 
 A store's routing shape (partitions, partitioner, key format) can never change under a published store.
+Each record also lists the versions retained for a rollback (the last N that were current); a version
+that falls out of that list has its snapshot directory removed. `rollback` makes a retained version
+current again; `list_stores` shows what is published and retained. Nothing here needs Spark.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
+import logging
+import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import KazooException, NoNodeError, RolledBackError
+from kazoo.exceptions import BadVersionError, KazooException, NoNodeError, RolledBackError
 from kazoo.protocol.states import ZnodeStat
 
 from keyroute_core import zk_layout
 from keyroute_core.partition_map import RecordError, StoreRecord
-from pipeline.errors import PublishError
-from pipeline.spec import StoreSpec
-from pipeline.writer import WrittenVersion
+from keyroute_core.snapshot import SnapshotError, local_path, read_manifest
+from pipeline.errors import PipelineError, PublishError
+
+if TYPE_CHECKING:  # type names only: publishing and rolling back must not load Spark
+    from pipeline.spec import StoreSpec
+    from pipeline.writer import WrittenVersion
+
+log = logging.getLogger(__name__)
+
+# Versions kept for a rollback, the current one included.
+DEFAULT_RETAIN = 3
+_retain: contextvars.ContextVar[int] = contextvars.ContextVar("keyroute_retain", default=DEFAULT_RETAIN)
+
+
+class RollbackError(PipelineError):
+    """A rollback was refused (unknown store, version not retained, snapshot gone); nothing changed."""
+
+
+@contextlib.contextmanager
+def retaining(versions: int) -> Iterator[None]:
+    """Publish with `versions` retained within this block (how `keyroute pipeline build --retain N`
+    reaches `publish` through `pipeline.build.build`, which does not take the option itself)."""
+    if versions < 1:
+        raise ValueError(f"at least 1 version must be retained, got {versions}")
+    token = _retain.set(versions)
+    try:
+        yield
+    finally:
+        _retain.reset(token)
+
+
+def retained_after(before: StoreRecord | None, new: StoreRecord, retain: int) -> dict[int, str]:
+    """The versions retained once `new` is current: `new`, the version it replaces (the natural rollback
+    target, even when older than others, e.g. after a rollback), then the newest of the rest; `retain`
+    in all."""
+    if before is None:
+        return {new.version: new.snapshot}
+    candidates = {**before.retained, before.version: before.snapshot}
+    candidates.pop(new.version, None)
+    order = [before.version] + sorted((v for v in candidates if v != before.version), reverse=True)
+    kept = {new.version: new.snapshot}
+    for version in order[: max(0, retain - 1)]:
+        kept[version] = candidates[version]
+    return kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,14 +135,21 @@ def publish(
     client: KazooClient,
     versions: Sequence[tuple[StoreSpec, WrittenVersion]],
     published: Mapping[str, PublishedStore | None],
+    retain: int | None = None,
 ) -> list[StoreRecord]:
     """Publish every version in one ZooKeeper transaction: all stores switch, or none does.
 
     `published` is what the build saw before it started; if any store record changed since (another
-    build published), the transaction fails instead of overwriting the newer version.
+    build published), the transaction fails instead of overwriting the newer version. Each record
+    retains `retain` versions (default: the `retaining` block's, else DEFAULT_RETAIN); snapshot
+    directories of versions no longer retained are removed after the commit.
     """
+    keep = _retain.get() if retain is None else retain
+    if keep < 1:
+        raise PublishError(None, f"at least 1 version must be retained, got {keep}")
     transaction = client.transaction()
     records = []
+    dropped: list[tuple[str, int, str]] = []
     now = time.time()
     for store, written in versions:
         before = published.get(store.name)
@@ -103,6 +160,11 @@ def publish(
                 f"version {written.version} is not newer than published version {before.record.version}",
             )
         record = store_record(store, written, now)
+        old = before.record if before is not None else None
+        record = dataclasses.replace(record, retained=retained_after(old, record, keep))
+        if old is not None:
+            previous = {**old.retained, old.version: old.snapshot}
+            dropped += [(store.name, v, path) for v, path in previous.items() if v not in record.retained]
         path = zk_layout.store_path(store.name)
         if before is None:
             transaction.create(path, record.to_json())
@@ -126,7 +188,114 @@ def publish(
             f"its record changed in ZooKeeper while this build ran ({type(result).__name__}); "
             "nothing was published, run the build again",
         )
+    for store_name, version, snapshot in dropped:
+        remove_snapshot(store_name, version, snapshot)
     return records
+
+
+def remove_snapshot(store: str, version: int, snapshot: str) -> bool:
+    """Remove a version's snapshot directory that is no longer retained. Only a local directory whose
+    manifest names this store and version is removed; anything else is left alone (and logged)."""
+    try:
+        path = local_path(snapshot)
+        manifest = read_manifest(path)
+    except SnapshotError as exc:
+        log.info("store %r: not removing version %d at %s (%s)", store, version, snapshot, exc)
+        return False
+    if (manifest.store, manifest.version) != (store, version):
+        log.warning(
+            "store %r: %s holds %s v%d, not removing it", store, snapshot, manifest.store, manifest.version
+        )
+        return False
+    log.info("store %r: version %d is no longer retained; removing %s", store, version, snapshot)
+    shutil.rmtree(path, ignore_errors=True)
+    return True
+
+
+def list_stores(client: KazooClient) -> list[StoreRecord]:
+    """Every published store, by name."""
+    try:
+        names = sorted(client.get_children(zk_layout.STORES))
+    except NoNodeError:
+        return []
+    except KazooException as exc:
+        raise PublishError(None, f"cannot list stores in ZooKeeper: {exc!r}") from exc
+    records = []
+    for name in names:
+        found = read_published(client, name)
+        if found is not None:
+            records.append(found.record)
+    return records
+
+
+def rollback(client: KazooClient, store: str, version: int, verify: bool = True) -> StoreRecord:
+    """Make retained `version` the current version of `store` again; returns the record published.
+
+    Refused (RollbackError, nothing written) for an unknown store or a version that is not retained;
+    with `verify`, also when the version's snapshot has no readable manifest for that store and version.
+    The retained set is unchanged, so a rollback can itself be undone. Routers keep answering from the
+    version being left until nodes serve the rolled-back one (nodes reuse its files while they have them).
+    """
+    found = read_published(client, store)
+    if found is None:
+        raise RollbackError(store, "no such store is published")
+    current = found.record
+    snapshot = current.snapshot_of(version)
+    if snapshot is None:
+        listed = ", ".join(str(v) for v in current.retained_versions)
+        raise RollbackError(
+            store,
+            f"version {version} is not retained (retained versions: {listed}; current: {current.version})",
+        )
+    if version == current.version:
+        return current
+    value_columns = current.value_columns
+    if verify:
+        try:
+            manifest = read_manifest(snapshot)
+        except SnapshotError as exc:
+            raise RollbackError(
+                store,
+                f"version {version} cannot be verified at {snapshot}: {exc} (--no-verify skips this check)",
+            ) from exc
+        if (manifest.store, manifest.version, manifest.partitions) != (store, version, current.partitions):
+            raise RollbackError(
+                store,
+                f"the snapshot at {snapshot} holds {manifest.store!r} v{manifest.version} with "
+                f"{manifest.partitions} partitions, not v{version} with {current.partitions}",
+            )
+        value_columns = manifest.value_columns
+    retained = {**current.retained, current.version: current.snapshot}
+    record = dataclasses.replace(
+        current,
+        version=version,
+        snapshot=snapshot,
+        value_columns=value_columns,
+        published_at=time.time(),
+        retained=retained,
+    )
+    try:
+        client.set(zk_layout.store_path(store), record.to_json(), version=found.znode_version)
+    except BadVersionError as exc:
+        raise RollbackError(
+            store, "its record changed in ZooKeeper meanwhile; nothing was changed, retry"
+        ) from exc
+    except KazooException as exc:
+        raise RollbackError(store, f"writing its record in ZooKeeper failed ({exc!r})") from exc
+    return record
+
+
+def describe_store(record: StoreRecord) -> dict[str, object]:
+    """One line of `keyroute store list`."""
+    return {
+        "store": record.name,
+        "version": record.version,
+        "snapshot": record.snapshot,
+        "published_at": record.published_at,
+        "partitions": record.partitions,
+        "replication_factor": record.replication_factor,
+        "retained": {str(v): record.snapshot_of(v) for v in record.retained_versions},
+    }
 
 
 def _znode_version(stat: ZnodeStat) -> int:

@@ -56,7 +56,8 @@ class StoreSpec:
     order_by: str | None = None
     columns: tuple[str, ...] | None = None  # None: every source column but the key
     aggregations: Mapping[str, str] = field(default_factory=dict)
-    source_partition_column: str | None = None  # accepted and kept; not used yet
+    # The Kafka partition each source record was produced to: when set, the build audits every record's.
+    source_partition_column: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +133,9 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
     order_by = fields.text("order_by")
     columns = fields.names("columns")
     aggregations = fields.aggregations()
+    source_partition_column = fields.text("source_partition_column")
+    if source_partition_column == key:
+        raise SpecError(name, f"'source_partition_column' names the key column {key!r}")
     if mode is Mode.LATEST:
         if order_by is None:
             raise SpecError(name, "mode 'latest' needs 'order_by' (the column whose greatest value wins)")
@@ -166,7 +170,7 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
         order_by=order_by,
         columns=columns,
         aggregations=dict(aggregations or {}),
-        source_partition_column=fields.text("source_partition_column"),
+        source_partition_column=source_partition_column,
     )
 
 

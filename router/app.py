@@ -24,10 +24,11 @@ from starlette.routing import Route
 from keyroute_core.api import HEADER_REQUEST_ID, ApiError, BadRequest, PayloadTooLarge, key_path_segment
 from keyroute_core.partition_map import PartitionMap
 from keyroute_core.settings import RouterSettings
+from router.fast_upstream import FastUpstream
 from router.map_source import MapSource, ZooKeeperMapSource
 from router.proxy import Proxy, parse_batch_body
 from router.routing_table import RoutingTable
-from router.upstream import HttpxUpstream
+from router.upstream import HttpxUpstream, Upstream
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +58,12 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         source = map_source if map_source is not None else ZooKeeperMapSource(settings.zk)
-        upstream = HttpxUpstream.create(
-            settings.upstream_timeout_s, settings.upstream_connect_timeout_s, transport
+        # The data path uses our own keep-alive pool (benchmarks/RESULTS.md, "Router": httpx costs ~20x
+        # more CPU per proxied read); an injected transport (tests) keeps httpx.
+        upstream: Upstream = (
+            HttpxUpstream.create(settings.upstream_timeout_s, settings.upstream_connect_timeout_s, transport)
+            if transport is not None
+            else FastUpstream(settings.upstream_timeout_s, settings.upstream_connect_timeout_s)
         )
         proxy = Proxy(
             upstream,
@@ -68,10 +73,12 @@ def create_app(
         )
         app.state.proxy = proxy
         loop = asyncio.get_running_loop()
+        built: list[RoutingTable] = []  # the last table built, on the source's thread
 
         def on_map(new_map: PartitionMap) -> None:
             # Runs on the source's thread: derive the table there, then one hand-over onto the loop.
-            table = RoutingTable.of(new_map)
+            table = RoutingTable.of(new_map, built[-1] if built else None)
+            built[:] = [table]
             with contextlib.suppress(RuntimeError):  # the loop has closed: we are shutting down
                 loop.call_soon_threadsafe(proxy.install, table)
 
@@ -118,7 +125,8 @@ def create_app(
         store, key = request.query_params.get("store"), request.query_params.get("key")
         if store is None or key is None:
             raise BadRequest("both query parameters are required: /admin/route?store=S&key=K")
-        found = _proxy(request).table.resolve(store, key)
+        table = _proxy(request).table
+        found = table.resolve(store, key)
         return _json_bytes(
             {
                 "store": found.store,
@@ -129,6 +137,11 @@ def create_app(
                 "serving": [
                     {"node": ep.node_id, "url": ep.url, "version": ep.version} for ep in found.serving
                 ],
+                # Asked when nobody announces the partition: the nodes that served it last.
+                "last_known": [
+                    {"node": ep.node_id, "url": ep.url, "version": ep.version}
+                    for ep in table.last_known_endpoints(found.store, found.partition)
+                ],
             }
         )
 
@@ -138,8 +151,15 @@ def create_app(
     async def readyz(request: Request) -> Response:
         # A complete map stays complete while ZooKeeper is away: keep serving it, and say it is stale.
         table = _proxy(request).table
-        body = {"ready": table.complete, "stale": table.stale, "generation": table.generation}
-        return JSONResponse(body, status_code=200 if table.complete else 503)
+        loading = sorted(set(table.map.stores) - table.ever_complete)
+        body = {
+            "ready": table.ready,
+            "stale": table.stale,
+            "generation": table.generation,
+            "complete": table.complete,
+            "stores_loading": loading,
+        }
+        return JSONResponse(body, status_code=200 if table.ready else 503)
 
     async def metrics(request: Request) -> Response:
         return PlainTextResponse(_proxy(request).metrics.render(), media_type="text/plain; version=0.0.4")

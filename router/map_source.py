@@ -40,6 +40,11 @@ class ZooKeeperMapSource:
         self._watcher = MapWatcher(self._client, on_map)
         self._watcher.start()
 
+    @property
+    def watcher(self) -> MapWatcher | None:
+        """The running watcher (tests use it for fault injection: `hold_watches()`)."""
+        return self._watcher
+
     def refresh(self) -> None:
         if self._watcher is not None:
             self._watcher.refresh()

@@ -19,6 +19,8 @@ class RouterMetrics:
     upstream_failures: int = 0
     failovers: int = 0
     misroutes: int = 0
+    map_refreshes: int = 0
+    last_known_routes: int = 0
     unavailable: int = 0
     map_updates: int = 0
     map_generation: int = 0
@@ -63,6 +65,18 @@ class RouterMetrics:
                 "counter",
                 "reads a node had to forward because the router's map was stale",
                 self.misroutes,
+            ),
+            (
+                "keyroute_router_map_refreshes_total",
+                "counter",
+                "immediate map re-reads asked for because a node reported the router's view stale",
+                self.map_refreshes,
+            ),
+            (
+                "keyroute_router_last_known_routes_total",
+                "counter",
+                "reads of partitions no node announces, sent to the nodes that served them last",
+                self.last_known_routes,
             ),
             (
                 "keyroute_router_unavailable_total",

@@ -1,6 +1,11 @@
 """The router's data path: one key, or a batch fanned out per node, sent to a node serving its partition.
 
 Failover across serving replicas, node back-off and misroute detection live here; the wire is `Upstream`.
+
+Versions: a partition's routable endpoints all serve one version (`PartitionMap` picks it), and a batch
+sends all keys of one partition to one node at a time (failover moves them together), so within one
+batch answer every key of a partition carries the same version. Partitions may differ from each other
+while a new version is being swapped in, partition by partition.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from typing import Any
 from urllib.parse import quote
 
 from keyroute_core.api import (
+    HEADER_GENERATION,
     HEADER_HOPS,
     HEADER_REQUEST_ID,
     ApiError,
@@ -39,6 +45,7 @@ HEADER_ROUTER = "x-keyroute-router"
 MIN_REFRESH_INTERVAL_S = 0.5
 
 _HOPS = HEADER_HOPS.encode("ascii")
+_GENERATION = HEADER_GENERATION.encode("ascii")
 # Hop-by-hop headers (RFC 9110 section 7.6.1) belong to one connection, never to the answer; the
 # framing and server headers are set again by our own server for our own connection.
 _NOT_PASSED = frozenset(
@@ -133,6 +140,8 @@ class Proxy:
         self._backoff = backoff or NodeBackoff()
         self._clock = clock
         self._last_refresh = float("-inf")
+        # The highest map generation a node reported while forwarding for us that made us re-read.
+        self._refreshed_for = 0
 
     def install(self, table: RoutingTable) -> None:
         """Swap in a new routing view (on the event loop thread; readers keep the one they started with)."""
@@ -146,15 +155,17 @@ class Proxy:
     async def get(self, store: str, key_text: str, request_id: str | None = None) -> UpstreamResponse:
         """A node's answer for one key, headers filtered for passing on; raises ApiError when none answers."""
         self.metrics.key_requests += 1
-        route = self.table.resolve(store, key_text)
-        if not route.serving:
+        table = self.table
+        route = table.resolve(store, key_text)
+        serving = self._serving(table, store, route.partition, route.serving)
+        if not serving:
             self.metrics.unavailable += 1
             raise self._unavailable(f"no node serves partition {route.partition} of store {store!r}")
         path = f"/stores/{key_segment(store)}/keys/{key_segment(key_text)}"
         headers = self._headers(request_id)
         refused: UpstreamResponse | None = None
         tried: list[str] = []
-        for endpoint in self._backoff.order(route.serving):
+        for endpoint in self._backoff.order(serving):
             if tried:
                 self.metrics.failovers += 1
             tried.append(endpoint.node_id)
@@ -192,6 +203,8 @@ class Proxy:
         results: list[dict[str, Any] | None] = [None] * len(keys)
         texts: dict[int, str] = {}
         candidates: dict[int, tuple[Endpoint, ...]] = {}
+        # One replica order per partition for the whole batch, so a partition's keys travel together.
+        orders: dict[int, tuple[Endpoint, ...]] = {}
         for i, raw in enumerate(keys):
             text = _key_text(raw)
             if text is None:
@@ -202,14 +215,18 @@ class Proxy:
             except ApiError as exc:
                 results[i] = error_entry(text, exc)
                 continue
-            if not route.serving:
+            order = orders.get(route.partition)
+            if order is None:
+                serving = self._serving(table, store, route.partition, route.serving)
+                order = orders[route.partition] = self._backoff.order(serving)
+            if not order:
                 self.metrics.unavailable += 1
                 results[i] = error_entry(
                     text, self._unavailable(f"no node serves partition {route.partition} of store {store!r}")
                 )
                 continue
             texts[i] = text
-            candidates[i] = self._backoff.order(route.serving)
+            candidates[i] = order
 
         path = f"/stores/{key_segment(store)}/batch-get"
         headers = {**self._headers(request_id), "content-type": "application/json"}
@@ -295,18 +312,45 @@ class Proxy:
             if exc.node_fault:
                 self._backoff.failed(endpoint, str(exc))
             return None
+        except ValueError as exc:
+            # A node advertising a URL we cannot speak to (not http://, bad characters) is misconfigured:
+            # treat it like an unreachable node rather than failing the read.
+            self.metrics.upstream_failures += 1
+            self._backoff.failed(endpoint, f"unusable node URL: {exc}")
+            return None
         self._backoff.succeeded(endpoint)
         hops = response.header(_HOPS)
         if hops is not None and hops.strip() not in (b"", b"0"):
             # The node had to forward: it does not serve what our map says it serves.
             self.metrics.misroutes += 1
-            self._refresh_map()
+            self._refresh_map(_int_header(response.header(_GENERATION)))
         return response
 
-    def _refresh_map(self) -> None:
+    def _serving(
+        self, table: RoutingTable, store: str, partition: int, serving: tuple[Endpoint, ...]
+    ) -> tuple[Endpoint, ...]:
+        if serving:
+            return serving
+        known = table.last_known_endpoints(store, partition)
+        if known:
+            self.metrics.last_known_routes += 1
+        return known
+
+    def _refresh_map(self, reported_generation: int | None = None) -> None:
+        """Ask the map source to re-read now. A node that forwarded for us and used a newer map than ours
+        proves our view is behind: re-read at once (once per such generation). Otherwise re-read at most
+        every MIN_REFRESH_INTERVAL_S, so a burst of misroutes costs one read."""
         now = self._clock()
-        if now - self._last_refresh >= MIN_REFRESH_INTERVAL_S:
+        newer = (
+            reported_generation is not None
+            and reported_generation > self.table.generation
+            and reported_generation > self._refreshed_for
+        )
+        if newer or now - self._last_refresh >= MIN_REFRESH_INTERVAL_S:
+            if newer and reported_generation is not None:
+                self._refreshed_for = reported_generation
             self._last_refresh = now
+            self.metrics.map_refreshes += 1
             self._on_stale_map()
 
     def _headers(self, request_id: str | None) -> dict[str, str]:
@@ -318,3 +362,12 @@ class Proxy:
 
     def _unavailable(self, message: str) -> PartitionUnavailable:
         return PartitionUnavailable(message, retry_after_s=self._retry_after_s)
+
+
+def _int_header(value: bytes | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value.strip())
+    except ValueError:
+        return None

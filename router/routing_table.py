@@ -5,24 +5,60 @@ Immutable and replaced whole (one attribute assignment) on every map update, so 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from keyroute_core.api import BadKey, PartitionUnavailable, StoreNotFound
 from keyroute_core.key_format import KeyFormatError, parse_key
-from keyroute_core.partition_map import KeyRoute, PartitionMap
+from keyroute_core.partition_map import Endpoint, KeyRoute, PartitionMap
 
 
 @dataclass(frozen=True, slots=True)
 class RoutingTable:
-    """Answers "which nodes serve this key?" from one partition map, with no ZooKeeper call."""
+    """Answers "which nodes serve this key?" from one partition map, with no ZooKeeper call.
+
+    `last_known` keeps, for a partition nobody serves in this map, the nodes that served it in an
+    earlier one. They are asked before answering 503: a node whose ZooKeeper session expired (say,
+    both replicas after a slow ZooKeeper restart) still holds its data and answers until it has
+    registered again; one that really let go forwards the read or refuses it, as for any stale route.
+    """
 
     map: PartitionMap
     # Precomputed: readiness probes ask often and `PartitionMap.complete` walks every partition.
     complete: bool
+    last_known: Mapping[tuple[str, int], tuple[Endpoint, ...]] = field(default_factory=dict)
+    # Stores every partition of which has been served at some point (in this map or an earlier one).
+    ever_complete: frozenset[str] = frozenset()
+    ready: bool = False
 
     @classmethod
-    def of(cls, partition_map: PartitionMap) -> RoutingTable:
-        return cls(map=partition_map, complete=partition_map.complete)
+    def of(cls, partition_map: PartitionMap, previous: RoutingTable | None = None) -> RoutingTable:
+        last_known: dict[tuple[str, int], tuple[Endpoint, ...]] = {}
+        if previous is not None:
+            for name, store in partition_map.stores.items():
+                before = previous.map.stores.get(name)
+                if before is None or before.partitions != store.partitions:
+                    continue
+                for p, endpoints in enumerate(partition_map.routes.get(name, ())):
+                    if not endpoints:
+                        known = previous.map.serving_endpoints(name, p) or previous.last_known.get((name, p))
+                        if known:
+                            last_known[(name, p)] = known
+        complete_now = frozenset(
+            name
+            for name, store in partition_map.stores.items()
+            if len(partition_map.routes.get(name, ())) == store.partitions and all(partition_map.routes[name])
+        )
+        earlier = previous.ever_complete if previous is not None else frozenset()
+        ever = (earlier & frozenset(partition_map.stores)) | complete_now
+        # Ready: some store is fully served and none that was fully served has lost a partition. A store
+        # that is still loading its first version must not take every router out of the load balancer.
+        ready = bool(complete_now) and ever <= complete_now
+        return cls(partition_map, partition_map.complete, MappingProxyType(last_known), ever, ready)
+
+    def last_known_endpoints(self, store: str, partition: int) -> tuple[Endpoint, ...]:
+        return self.last_known.get((store, partition), ())
 
     @classmethod
     def empty(cls) -> RoutingTable:

@@ -39,6 +39,8 @@ class _Server(uvicorn.Server):
 
 
 def run(settings: RouterSettings) -> int:
+    # httpx logs every proxied request at INFO: one line per read is noise; failures are logged here.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().getEffectiveLevel()))
     config = uvicorn.Config(
         create_app(settings),
         host=settings.http.host,

@@ -104,8 +104,8 @@ class HttpxUpstream:
             raise UpstreamUnavailable(f"{type(exc).__name__}: {exc}") from exc
         except httpx.InvalidURL as exc:
             raise UpstreamUnavailable(f"invalid node URL {url!r}: {exc}") from exc
-        headers = response.headers.raw
+        raw_headers = response.headers.raw
         if "content-encoding" in response.headers:
             # httpx has already decoded the body, so the coding header no longer describes it.
-            headers = [(k, v) for k, v in headers if k.lower() != b"content-encoding"]
-        return UpstreamResponse(response.status_code, headers, response.content)
+            raw_headers = [(k, v) for k, v in raw_headers if k.lower() != b"content-encoding"]
+        return UpstreamResponse(response.status_code, raw_headers, response.content)

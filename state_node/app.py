@@ -1,6 +1,8 @@
 """The node's HTTP face: reads answered from local partitions or forwarded once, plus admin endpoints.
 
-A forwarded request carries `X-Keyroute-Hops: 1` and is never forwarded again (503 instead).
+A forwarded request carries `X-Keyroute-Hops: 1` and is never forwarded again (503 instead). Answers
+carry `X-Keyroute-Generation`, the generation of the map this node routed with, so a router learns how
+far behind its own view is when a node had to forward for it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from starlette.routing import Route
 from keyroute_core import zk
 from keyroute_core.api import (
     HEADER_FORWARDED_BY,
+    HEADER_GENERATION,
     HEADER_HOPS,
     HEADER_NODE,
     HEADER_PARTITION,
@@ -89,10 +92,43 @@ class Node:
     ownership: Ownership
     http: httpx.AsyncClient
     controller: Controller | None = None
+    registration: Registration | None = None
 
     @property
     def node_id(self) -> str:
         return self.settings.node_id
+
+    async def leave(self) -> None:
+        """Graceful leave (SIGTERM): take no new work, let the controller move every partition away,
+        wait (at most `drain_timeout_s`) until live nodes serve them at the published version, then
+        de-announce. The caller stops the HTTP server afterwards, which finishes in-flight requests."""
+        timeout_s = self.settings.drain_timeout_s
+        log.info(
+            "node %s is leaving: handing its partitions over (waiting at most %.0fs)", self.node_id, timeout_s
+        )
+        self.ownership.leave()
+        if self.registration is not None:
+            try:
+                await run_in_threadpool(self.registration.mark_leaving)
+            except Exception as exc:  # ZooKeeper unreachable: nobody can take over; the drain times out
+                log.warning("marking node %s as leaving failed: %s", self.node_id, exc)
+        if self.controller is not None:
+            self.controller.leave()  # a leader writes the assignment without us, then resigns
+        remaining = await self.ownership.wait_handed_over(timeout_s)
+        if remaining:
+            log.warning(
+                "node %s leaves after %.0fs with %d partition(s) served by no other live node: %s",
+                self.node_id,
+                timeout_s,
+                len(remaining),
+                ", ".join(remaining[:10]),
+            )
+        else:
+            log.info("node %s: every partition it served is served elsewhere", self.node_id)
+        await self.ownership.withdraw()
+        # Routers see the withdrawal through the same kind of watch as we do: once ours has fired,
+        # theirs have too (or are about to). A straggler meanwhile is still answered from the view.
+        await self.ownership.wait_for_map(lambda m: self.node_id not in m.serving, timeout_s=2.0)
 
 
 def create_app(
@@ -170,7 +206,7 @@ async def _running_node(
         trust_env=False,
         follow_redirects=False,
     )
-    node = Node(settings, ownership, http, controller)
+    node = Node(settings, ownership, http, controller, registration)
     try:
         await run_in_threadpool(registration.register_node)
         watcher.start()
@@ -253,6 +289,7 @@ async def get_key(request: Request) -> Response:
             HEADER_NODE: node.node_id,
             HEADER_VERSION: str(held.version),
             HEADER_HOPS: hops,
+            HEADER_GENERATION: str(m.generation),
         }
         value = held.get(key.data)
         if value is None:
@@ -270,11 +307,18 @@ async def get_key(request: Request) -> Response:
         raise PartitionUnavailable(
             f"no node serves partition {route.partition} of store {store_name!r}", RETRY_AFTER_S
         )
-    return await _forward_get(node, raw_path, others, request.headers.get(HEADER_REQUEST_ID), route.partition)
+    return await _forward_get(
+        node, raw_path, others, request.headers.get(HEADER_REQUEST_ID), route.partition, m.generation
+    )
 
 
 async def _forward_get(
-    node: Node, raw_path: bytes, endpoints: Sequence[Endpoint], request_id: str | None, partition: int
+    node: Node,
+    raw_path: bytes,
+    endpoints: Sequence[Endpoint],
+    request_id: str | None,
+    partition: int,
+    generation: int,
 ) -> Response:
     headers = _forward_headers(request_id)
     refused: tuple[httpx.Response, bytes] | None = None
@@ -294,9 +338,9 @@ async def _forward_get(
             # That node stopped serving it too; another replica still might.
             refused = (upstream, body)
             continue
-        return _relay(node, upstream, body)
+        return _relay(node, upstream, body, generation)
     if refused is not None:
-        return _relay(node, *refused)
+        return _relay(node, *refused, generation)
     raise PartitionUnavailable(
         f"no node serving partition {partition} answered ({', '.join(failures)})", RETRY_AFTER_S
     )
@@ -310,7 +354,7 @@ def _forward_headers(request_id: str | None) -> dict[str, str]:
     return headers
 
 
-def _relay(node: Node, upstream: httpx.Response, body: bytes) -> Response:
+def _relay(node: Node, upstream: httpx.Response, body: bytes, generation: int) -> Response:
     named = {
         token.strip().lower()
         for value in upstream.headers.get_list("connection")
@@ -323,6 +367,8 @@ def _relay(node: Node, upstream: httpx.Response, body: bytes) -> Response:
     }
     headers[HEADER_HOPS] = "1"
     headers[HEADER_FORWARDED_BY] = node.node_id
+    # The map this (forwarding) node routed with, not the one of the node that read the value.
+    headers[HEADER_GENERATION] = str(generation)
     return Response(body, status_code=upstream.status_code, headers=headers)
 
 
@@ -374,7 +420,12 @@ async def batch_get(request: Request) -> Response:
             node, store_name, texts, choices, results, request.headers.get(HEADER_REQUEST_ID)
         )
 
-    headers = {HEADER_NODE: node.node_id, HEADER_HOPS: "1" if forwarded else "0"}
+    headers = {
+        HEADER_NODE: node.node_id,
+        # 1 also when this node forwarded some keys itself: the router's view of them was stale.
+        HEADER_HOPS: "1" if forwarded or choices else "0",
+        HEADER_GENERATION: str(m.generation),
+    }
     body = b'{"results":[' + b",".join(entry or b"null" for entry in results) + b"]}"
     return Response(body, media_type="application/json", headers=headers)
 
@@ -522,6 +573,7 @@ async def partition_map(request: Request) -> Response:
     body = node.ownership.map.describe()
     body["node"] = node.node_id
     body["controller"] = node.controller.is_leader if node.controller is not None else False
+    body["leaving"] = node.ownership.leaving
     body["local"] = node.ownership.describe()
     return JSONResponse(body)
 
@@ -559,6 +611,8 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
+    # 200 while the node holds what is assigned to it, also when ZooKeeper is away (the body then says
+    # the map is stale): a load balancer must keep sending traffic to a node that can answer.
     node = _node(request)
     readiness = node.ownership.readiness()
     body = {"node": node.node_id, **readiness.describe(), "checked_at": time.time()}

@@ -29,26 +29,29 @@ def assign(
 
     Guarantees (tests/property/test_assignment_props.py checks each on random inputs and histories):
       - partition p gets min(replication_factor, len(nodes)) distinct nodes, or () without nodes;
-      - replicas per node, all stores together, differ by at most 1 between any two nodes;
-      - preferred replicas (first in each list) per node differ by at most 1;
+      - per store, replicas per node differ by at most 1 between any two nodes, and so do the replicas
+        of all stores together (both are always reachable together: pick which nodes take each store's
+        surplus replica round-robin, then place each store's replica counts);
+      - preferred replicas (first in each list) per node differ by at most 1, all stores together, and
+        per store wherever the replica sets allow it (they always have in the property tests);
       - identical inputs give identical output (no dict/set/hash order is ever consulted);
-      - sticky: `moved_replicas` is minimised over the candidate placements below. When one node
-        leaves, let O = its replicas in partitions that keep their replica count (they must be placed
-        somewhere else, so moved >= O). Bound: O <= moved <= 2*O; nothing moves when O = 0.
+      - sticky: `moved_replicas` is minimised over the candidate placements below that reach the best
+        balance. When one node leaves, let O = its replicas in partitions that keep their replica count
+        (they must be placed somewhere else, so moved >= O); moved <= 2*O, and nothing moves when O = 0.
+        For the balance of all stores together the bound has a proof (below); with per-store balance
+        the same argument holds store by store for the counts, and the property tests check the bound
+        on random histories.
         Proof for the replica counts: survivors start within 1 of each other. Put each orphan on a
         least-loaded survivor j; if j already holds that partition, put it on a survivor i that does
         not (r <= n - 1 leaves one) and move to j a replica that i holds and j does not (i now holds
         more than j, so one exists, and it is not the orphan's partition, which j holds). That is at
         most 2 new replicas per orphan, and every orphan raises a least-loaded node by one, so the
-        counts stay balanced. The replica-first candidate is the cheapest count-balanced placement
-        (an exact min-cost flow), so it moves at most 2*O whenever preferred replicas can then be
-        balanced within its sets. For O = 0 they always can (the leaving node's partitions are on
-        every survivor, so its preferred replicas can go anywhere), hence nothing moves. That the
-        preferred replicas balance within 2*O moves in general is checked by the property tests on
-        random histories, not proven.
+        counts stay balanced.
 
-    How: three candidate placements are computed and the valid one that moves least wins (ties go to
-    the earlier one, so the choice is deterministic):
+    How: candidate placements are computed and the one with the best balance level wins, then the one
+    that moves least (ties go to the earlier one, so the choice is deterministic). Levels, best first:
+    per-store replicas and preferred replicas balanced; per-store replicas balanced; only the totals
+    balanced (the last is reached only when per-store balance was not; kept as a safety net). Candidates:
       1. replica-first: replica sets as a min-cost balanced flow (keeping a replica costs 0, a new one
          costs 1), then preferred replicas chosen among each set by a second balanced flow;
       2. leader-first: preferred replicas first (sticky, balanced), then the other replicas by a
@@ -56,9 +59,10 @@ def assign(
       3. leader-first, nested: as 2, but preferred replicas balanced within every prefix of partitions
          ordered by replica count. Partitions with few replicas have the fewest placement choices
          (with r=1 the preferred node *is* the whole set); spreading their leaders first is what
-         makes balanced totals reachable. Candidate 3 has always succeeded: in the property tests and
-         in 50,000 random shapes with arbitrary (not only sticky) nested leader choices; unproven.
-         Should all three ever fail, an uneven placement is returned rather than none.
+         makes balanced totals reachable.
+    Each is tried with per-store balance constraints in the flows; only if none of those reaches
+    per-store replica balance are the three tried with totals only. Should all fail, an uneven placement
+    is returned rather than none.
     """
     members = sorted(set(nodes))
     for name, (partitions, rf) in stores.items():
@@ -78,26 +82,70 @@ def assign(
             leader = before[0] if before and before[0] in alive else None
             slots.append(_Slot(name, p, min(rf, len(members)), kept, leader))
 
-    best: tuple[int, list[tuple[str, ...]]] | None = None
-    strategies: tuple[Callable[[Sequence[_Slot], Sequence[str]], list[tuple[str, ...]] | None], ...] = (
+    Strategy = Callable[[Sequence[_Slot], Sequence[str], bool], list[tuple[str, ...]] | None]
+    strategies: tuple[Strategy, ...] = (
         _replica_first,
-        lambda s, m: _leader_first(s, m, nested=False),
-        lambda s, m: _leader_first(s, m, nested=True),
+        lambda s, m, per_store: _leader_first(s, m, nested=False, per_store=per_store),
+        lambda s, m, per_store: _leader_first(s, m, nested=True, per_store=per_store),
     )
-    for strategy in strategies:
-        placed = strategy(slots, members)
-        if placed is None:
-            continue
-        cost = sum(len(set(reps).difference(slot.kept)) for slot, reps in zip(slots, placed, strict=True))
-        if best is None or cost < best[0]:
-            best = (cost, placed)
+    best: tuple[int, int, list[tuple[str, ...]]] | None = None
+    for per_store in (True, False):
+        for strategy in strategies:
+            placed = strategy(slots, members, per_store)
+            if placed is None:
+                continue
+            level = _balance_level(slots, placed, members)
+            cost = sum(len(set(reps).difference(slot.kept)) for slot, reps in zip(slots, placed, strict=True))
+            if best is None or (level, cost) < best[:2]:
+                best = (level, cost, placed)
+            if strategy is _replica_first and per_store and level == _PER_STORE_ALL:
+                # Its replica sets are a min-cost flow under per-store and total balance, so no
+                # candidate that is at least as balanced moves fewer replicas: nothing to compare.
+                break
+        if best is not None and best[0] <= _PER_STORE_REPLICAS:
+            break  # the totals-only candidates could only be less balanced
     if best is None:  # not reached on any input tried; a slightly uneven placement beats no placement
-        best = (0, _leader_first(slots, members, nested=True, balanced=False) or [])
+        best = (_UNBALANCED, 0, _leader_first(slots, members, nested=True, balanced=False) or [])
 
-    per_store: dict[str, list[tuple[str, ...]]] = {name: [] for name in names}
-    for slot, reps in zip(slots, best[1], strict=True):
-        per_store[slot.store].append(reps)
-    return Assignment(generation, {name: tuple(per) for name, per in per_store.items()})
+    per_store_out: dict[str, list[tuple[str, ...]]] = {name: [] for name in names}
+    for slot, reps in zip(slots, best[2], strict=True):
+        per_store_out[slot.store].append(reps)
+    return Assignment(generation, {name: tuple(per) for name, per in per_store_out.items()})
+
+
+# Balance levels of a placement, best first (see `assign`).
+_PER_STORE_ALL = 0
+_PER_STORE_REPLICAS = 1
+_TOTALS = 2
+_UNBALANCED = 3
+
+
+def _spread(counts: Mapping[str, int], members: Sequence[str]) -> int:
+    values = [counts.get(m, 0) for m in members]
+    return max(values) - min(values)
+
+
+def _balance_level(slots: Sequence[_Slot], placed: Sequence[tuple[str, ...]], members: Sequence[str]) -> int:
+    totals: dict[str, int] = {}
+    leaders: dict[str, int] = {}
+    store_totals: dict[str, dict[str, int]] = {}
+    store_leaders: dict[str, dict[str, int]] = {}
+    for slot, reps in zip(slots, placed, strict=True):
+        per_store = store_totals.setdefault(slot.store, {})
+        for node in reps:
+            totals[node] = totals.get(node, 0) + 1
+            per_store[node] = per_store.get(node, 0) + 1
+        if reps:
+            leaders[reps[0]] = leaders.get(reps[0], 0) + 1
+            lead = store_leaders.setdefault(slot.store, {})
+            lead[reps[0]] = lead.get(reps[0], 0) + 1
+    if _spread(totals, members) > 1 or _spread(leaders, members) > 1:
+        return _UNBALANCED
+    if any(_spread(counts, members) > 1 for counts in store_totals.values()):
+        return _TOTALS
+    if any(_spread(counts, members) > 1 for counts in store_leaders.values()):
+        return _PER_STORE_REPLICAS
+    return _PER_STORE_ALL
 
 
 def moved_replicas(before: Assignment, after: Assignment) -> int:
@@ -127,24 +175,29 @@ def _ordered(leader: str, others: Sequence[str], slot: _Slot) -> tuple[str, ...]
     return (leader, *sorted(others, key=lambda n: (rank.get(n, len(rank)), n)))
 
 
-def _replica_first(slots: Sequence[_Slot], members: Sequence[str]) -> list[tuple[str, ...]] | None:
+def _replica_first(
+    slots: Sequence[_Slot], members: Sequence[str], per_store: bool
+) -> list[tuple[str, ...]] | None:
+    groups = [s.store for s in slots] if per_store else None
     sets = _balanced_choice(
         [s.replicas for s in slots],
         [[(m, 0 if m in s.kept else 1) for m in _kept_first(s.kept, members)] for s in slots],
         members,
         dict.fromkeys(members, 0),
+        groups=groups,
     )
     if sets is None:
         return None
+    leader_options = [
+        [(m, 0 if m == s.leader else 1) for m in _kept_first(s.kept, [m for m in members if m in chosen])]
+        for s, chosen in zip(slots, sets, strict=True)
+    ]
     leaders = _balanced_choice(
-        [1] * len(slots),
-        [
-            [(m, 0 if m == s.leader else 1) for m in _kept_first(s.kept, [m for m in members if m in chosen])]
-            for s, chosen in zip(slots, sets, strict=True)
-        ],
-        members,
-        dict.fromkeys(members, 0),
+        [1] * len(slots), leader_options, members, dict.fromkeys(members, 0), groups=groups
     )
+    if leaders is None and groups is not None:
+        # The sets allow no per-store balance of preferred replicas: balance them over all stores.
+        leaders = _balanced_choice([1] * len(slots), leader_options, members, dict.fromkeys(members, 0))
     if leaders is None:
         return None
     return [
@@ -154,12 +207,25 @@ def _replica_first(slots: Sequence[_Slot], members: Sequence[str]) -> list[tuple
 
 
 def _leader_first(
-    slots: Sequence[_Slot], members: Sequence[str], nested: bool, balanced: bool = True
+    slots: Sequence[_Slot],
+    members: Sequence[str],
+    nested: bool,
+    per_store: bool = False,
+    balanced: bool = True,
 ) -> list[tuple[str, ...]] | None:
-    leaders = _place_leaders(slots, members, nested)
+    if per_store:
+        found = _place_leaders_per_store(slots, members, nested)
+        if found is None:
+            return None
+        leaders = found
+    else:
+        leaders = _place_leaders(slots, members, nested)
     counts = dict.fromkeys(members, 0)
-    for node in leaders:
+    store_counts: dict[str, dict[str, int]] = {}
+    for slot, node in zip(slots, leaders, strict=True):
         counts[node] += 1
+        per = store_counts.setdefault(slot.store, dict.fromkeys(members, 0))
+        per[node] += 1
     followers = _balanced_choice(
         [s.replicas - 1 for s in slots],
         [
@@ -169,10 +235,43 @@ def _leader_first(
         members,
         counts,
         balanced=balanced,
+        groups=[s.store for s in slots] if per_store else None,
+        group_base=store_counts,
     )
     if followers is None:
         return None
     return [_ordered(lead, chosen, s) for s, lead, chosen in zip(slots, leaders, followers, strict=True)]
+
+
+def _place_leaders_per_store(
+    slots: Sequence[_Slot], members: Sequence[str], nested: bool
+) -> list[str] | None:
+    """Preferred replica per slot, balanced per store and over all stores (or over every prefix of
+    slots ordered by replica count, when `nested`; a store's slots all have one replica count).
+    Costs: the previous leader 0, another node that holds the data 1, any other node 2."""
+    leader: list[str | None] = [None] * len(slots)
+    counts = dict.fromkeys(members, 0)
+    classes: dict[int, list[int]] = {}
+    for i, slot in enumerate(slots):
+        classes.setdefault(slot.replicas if nested else 0, []).append(i)
+    for r in sorted(classes):
+        indices = classes[r]
+        options = [
+            [
+                (m, 0 if m == slots[i].leader else 1 if m in slots[i].kept else 2)
+                for m in _kept_first(slots[i].kept, members)
+            ]
+            for i in indices
+        ]
+        chosen = _balanced_choice(
+            [1] * len(indices), options, members, counts, groups=[slots[i].store for i in indices]
+        )
+        if chosen is None:
+            return None
+        for i, picked in zip(indices, chosen, strict=True):
+            leader[i] = picked[0]
+            counts[picked[0]] += 1
+    return [node for node in leader if node is not None]
 
 
 def _kept_first(kept: Sequence[str], members: Sequence[str]) -> list[str]:
@@ -249,10 +348,14 @@ def _balanced_choice(
     members: Sequence[str],
     base: Mapping[str, int],
     balanced: bool = True,
+    groups: Sequence[str] | None = None,
+    group_base: Mapping[str, Mapping[str, int]] | None = None,
 ) -> list[list[str]] | None:
-    """Pick wants[i] distinct nodes for item i from options[i] ((node, cost) pairs, cost 0 or 1) so
-    that base + picks is balanced over members (floor or ceil of the total) at least cost; None if
-    impossible. With balanced=False only the floor is aimed for (used as a last resort)."""
+    """Pick wants[i] distinct nodes for item i from options[i] ((node, cost) pairs, small costs >= 0)
+    so that base + picks is balanced over members (floor or ceil of the total) at least cost; None if
+    impossible. With `groups` (a group name per item, e.g. its store), the picks of each group plus
+    `group_base[group]` are balanced over members as well. With balanced=False only the floor is aimed
+    for (used as a last resort)."""
     n = len(members)
     demand = sum(wants)
     floor, extra = divmod(sum(base.values()) + demand, n)
@@ -262,32 +365,60 @@ def _balanced_choice(
     source, sink = flow.add_vertex(), flow.add_vertex()
     vertex = {m: flow.add_vertex() for m in members}
     # Up to `floor` a node's picks are mandatory: a cost below any saving stickiness could bring makes
-    # the flow fill every node's floor first.
-    mandatory = -(demand + 1)
-    must: dict[str, int] = {}
+    # the flow fill every node's floor first (the min-cost flow saturates as many mandatory units as it
+    # can, so when both levels' floors can be met together, they are).
+    max_cost = max((c for opts in options for _, c in opts), default=0)
+    mandatory = -(max_cost * demand + 1)
+    must: list[int] = []
+    must_of: dict[str, int] = {}
     for m in members:
         lower = max(0, floor - base[m])
         upper = max(0, ceiling - base[m])
-        must[m] = flow.add_edge(vertex[m], sink, lower, mandatory)
+        must_of[m] = flow.add_edge(vertex[m], sink, lower, mandatory)
+        must.append(must_of[m])
         flow.add_edge(vertex[m], sink, upper - lower, 0)
 
+    # Per group, a vertex per member in front of the member's own vertex, with the same two-edge
+    # floor/ceiling shape for the group's own counts.
+    entry: dict[tuple[str, str], int] = {}
+    group_must: dict[tuple[str, str], int] = {}
+    if groups is not None:
+        group_demand: dict[str, int] = {}
+        for g, want in zip(groups, wants, strict=True):
+            group_demand[g] = group_demand.get(g, 0) + want
+        for g in sorted(group_demand):
+            gbase = (group_base or {}).get(g, {})
+            g_floor, g_extra = divmod(sum(gbase.get(m, 0) for m in members) + group_demand[g], n)
+            g_ceiling = g_floor + (1 if g_extra else 0)
+            for m in members:
+                v = flow.add_vertex()
+                entry[(g, m)] = v
+                lower = max(0, g_floor - gbase.get(m, 0))
+                upper = max(lower, g_ceiling - gbase.get(m, 0))
+                group_must[(g, m)] = flow.add_edge(v, vertex[m], lower, mandatory)
+                must.append(group_must[(g, m)])
+                flow.add_edge(v, vertex[m], upper - lower, 0)
+
     item_edges: list[list[tuple[str, int]]] = []
-    for want, opts in zip(wants, options, strict=True):
+    for i, (want, opts) in enumerate(zip(wants, options, strict=True)):
         edges: list[tuple[str, int]] = []
         if want:
             v = flow.add_vertex()
             feed = flow.add_edge(source, v, want, 0)
+            group = groups[i] if groups is not None else None
             for m, cost in opts:
-                edges.append((m, flow.add_edge(v, vertex[m], 1, cost)))
-            # Seed with free picks up to each node's mandatory share: those units cost the least any
+                target = entry[(group, m)] if group is not None else vertex[m]
+                edges.append((m, flow.add_edge(v, target, 1, cost)))
+            # Seed with free picks up to each node's mandatory share(s): those units cost the least any
             # unit can, so the seeded flow is min-cost for its value and the search may go on from it.
             for m, e in edges:
-                if flow.cost(e) == 0 and flow.residual(feed) and flow.residual(must[m]):
-                    flow.push((feed, e, must[m]))
+                path = [feed, e] + ([group_must[(group, m)]] if group is not None else []) + [must_of[m]]
+                if flow.cost(e) == 0 and all(flow.residual(x) for x in path):
+                    flow.push(path)
         item_edges.append(edges)
 
     flow.run(source, sink)
-    if flow.total != demand or any(flow.residual(e) for e in must.values()):
+    if flow.total != demand or any(flow.residual(e) for e in must):
         return None
     return [[m for m, e in edges if flow.flow_on(e)] for edges in item_edges]
 

@@ -1,6 +1,8 @@
 """The elected controller: one node at a time turns membership and stores into the assignment.
 
 Runs kazoo's Election recipe on its own thread; while leader it rewrites /assignment on every change.
+Nodes marked leaving in their /nodes record are not assigned anything; a leaving controller writes the
+assignment without itself, then resigns so another node takes over.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.recipe.election import Election
 
 from keyroute_core import zk_layout
-from keyroute_core.partition_map import Assignment, RecordError, StoreRecord
+from keyroute_core.partition_map import Assignment, NodeRecord, RecordError, StoreRecord
 from state_node.assignment import StoreShape, assign
 
 log = logging.getLogger(__name__)
@@ -41,15 +43,26 @@ class Controller:
         self._stopped = threading.Event()
         self._dirty = threading.Event()
         self._lost = threading.Event()
+        self._leaving = threading.Event()
         self._leader = False
         self._election: Election | None = None
         self._stale_contenders: list[str] = []
         self._thread = threading.Thread(target=self._run, name="keyroute-controller", daemon=True)
         self.writes = 0  # assignments written while leader (for tests and the admin view)
+        self.resigned = False
 
     @property
     def is_leader(self) -> bool:
         return self._leader
+
+    def leave(self) -> None:
+        """This node is leaving (its /nodes record already says so): a leader writes one more assignment,
+        without this node, then resigns; a contender stops contending. Never blocks."""
+        self._leaving.set()
+        self._dirty.set()
+        election = self._election
+        if election is not None and not self._leader:
+            election.cancel()
 
     def start(self) -> None:
         self._thread.start()
@@ -66,11 +79,11 @@ class Controller:
     # -- election loop -----------------------------------------------------------------------------
 
     def _run(self) -> None:
-        while not self._stopped.is_set():
+        while not self._stopped.is_set() and not self._leaving.is_set():
             self._remove_stale_contenders()
             election = self._client.Election(zk_layout.CONTROLLER, identifier=self._node_id)
             self._election = election
-            if self._stopped.is_set():
+            if self._stopped.is_set() or self._leaving.is_set():
                 return
             try:
                 election.run(self._lead, election)
@@ -110,6 +123,7 @@ class Controller:
                     break
                 if self._client.state != KazooState.CONNECTED:
                     continue  # a suspended session may come back; nothing can be written meanwhile
+                leaving = self._leaving.is_set()
                 try:
                     self._recompute(election)
                 except NotLeader:
@@ -119,6 +133,12 @@ class Controller:
                     log.warning("recomputing the assignment failed (%s); retrying", exc)
                     self._stopped.wait(RETRY_AFTER_ERROR_S)
                     self._dirty.set()
+                    continue
+                if leaving:
+                    # The assignment just written (or found unchanged) no longer places this node.
+                    log.info("node %s is leaving: resigning as controller", self._node_id)
+                    self.resigned = True
+                    break
         finally:
             self._client.remove_listener(self._on_state)
             self._leader = False
@@ -137,7 +157,8 @@ class Controller:
 
     def _recompute(self, election: Election) -> None:
         zk = self._client
-        nodes = sorted(zk.get_children(zk_layout.NODES, watch=self._on_change))
+        registered = sorted(zk.get_children(zk_layout.NODES, watch=self._on_change))
+        nodes = [name for name in registered if not self._is_leaving(name)]
         stores: dict[str, StoreShape] = {}
         for name in sorted(zk.get_children(zk_layout.STORES, watch=self._on_change)):
             try:
@@ -173,7 +194,9 @@ class Controller:
             log.warning("replacing an unreadable assignment: %s", exc)
 
         if not nodes:
-            return  # not even this node's record is visible (session being re-established): wait
+            # Not even this node's record is visible (session being re-established), or every node is
+            # leaving: keep the assignment as it is (leaving nodes serve until they go).
+            return
         generation = previous.generation + 1 if previous is not None else 1
         wanted = assign(stores, nodes, previous, generation)
         if previous is not None and dict(previous.stores) == dict(wanted.stores):
@@ -182,6 +205,16 @@ class Controller:
         log.info(
             "assignment generation %d written for %d nodes, %d stores", generation, len(nodes), len(stores)
         )
+
+    def _is_leaving(self, node_id: str) -> bool:
+        try:
+            raw, _ = self._client.get(zk_layout.node_path(node_id), watch=self._on_change)
+        except NoNodeError:
+            return True  # gone between listing and reading: nothing to assign to it
+        try:
+            return NodeRecord.from_json(raw).leaving
+        except RecordError:
+            return False  # an unreadable record still marks a live node
 
     def _write(self, election: Election, wanted: Assignment, version: int) -> None:
         lock = election.lock

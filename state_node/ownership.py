@@ -6,7 +6,9 @@ Driven by partition maps on the event loop; loads run in worker threads; readers
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -44,12 +46,17 @@ class PartitionState(enum.Enum):
         LOADING   -> DROPPED    no longer wanted: the load is cancelled and its files removed
         SERVING   -> DRAINING   unassigned from this node, or superseded by a newer version loaded here
         DRAINING  -> SERVING    assigned here again
-        DRAINING  -> DROPPED    make before break: another node serves the partition at the published
-                                version (for a superseded version: this node serves the new one); it is
-                                unannounced first and its files go after a grace delay
+        DRAINING  -> DROPPED    make before break: a live node assigned the partition serves it at the
+                                published version (for a superseded version: this node serves the new
+                                one); it is unannounced first and closed after a grace delay; its files
+                                go then, or for a superseded version after the version grace period (a
+                                rollback within it reuses them)
+        DROPPED   -> SERVING    assigned here again within that grace delay (still open)
         FAILED    -> ASSIGNED   the back-off elapsed
 
-    DROPPED is terminal: the entry is forgotten once its files are gone.
+    DROPPED is terminal: the entry is forgotten once it is closed. While the node is leaving (SIGTERM)
+    nothing new is loaded and nothing is dropped: it serves what it holds until it de-announces, and its
+    files stay on disk for a restart.
     """
 
     ASSIGNED = "assigned"
@@ -78,17 +85,26 @@ class _Entry:
 
 @dataclass(frozen=True, slots=True)
 class Readiness:
-    """Whether the node has loaded everything assigned to it at the published versions, and if not why."""
+    """Whether the node has loaded everything assigned to it at the published versions, and if not why.
+
+    A stale map (ZooKeeper unreachable) does not make a ready node unready: it keeps serving what it
+    holds and says the map is stale.
+    """
 
     ready: bool
     stale: bool
     pending: tuple[str, ...]
     failed: Mapping[str, str]
+    leaving: bool = False
+    generation: int = 0
 
     def describe(self) -> dict[str, Any]:
         return {
             "status": "ready" if self.ready else "not_ready",
+            "stale": self.stale,
             "map_stale": self.stale,
+            "generation": self.generation,
+            "leaving": self.leaving,
             "pending": list(self.pending),
             "failed": dict(self.failed),
         }
@@ -116,6 +132,7 @@ class Ownership:
         self._registration = registration
         self._max_parallel_loads = max_parallel_loads
         self._drop_grace_s = drop_grace_s
+        self._version_grace_s = settings.version_grace_s
         self._retry_failed_s = retry_failed_s
         self._loader = loader
         self._executor = ThreadPoolExecutor(max_parallel_loads, thread_name_prefix="keyroute-load")
@@ -127,11 +144,18 @@ class Ownership:
         self._publish_lock = asyncio.Lock()
         self._published: dict[str, dict[int, int]] | None = None
         self._registering = False
-        # Leftover directories from earlier runs are removed once, before the first load starts, so a
-        # removal can never race a load writing into the same directory.
+        # Leftover directories from earlier runs are removed once, when the node first holds everything
+        # the controller assigned it (so the assignment includes it: files it may get back are kept).
         self._collection = _Collection.PENDING
+        # Partitions whose directory is being removed: not loaded until the removal is done, so a
+        # removal never races a load writing into the same directory.
+        self._deleting: set[PartitionId] = set()
         self._retry_handle: asyncio.TimerHandle | None = None
         self._stopping = False
+        self._leaving = False
+        self._withdrawn = False
+        self._fresh_seen = False
+        self._map_changed = asyncio.Event()
 
     # -- readers -----------------------------------------------------------------------------------
 
@@ -161,12 +185,80 @@ class Ownership:
                     failed[str(pid)] = entry.error
         awaiting_assignment = bool(m.stores) and m.assignment.generation == 0
         registered = self._node_id in m.nodes
+        if not self._fresh_seen:
+            pending.append("no partition map read from ZooKeeper yet")
         if awaiting_assignment:
             pending.append("no assignment written by the controller yet")
         if not registered and not m.stale:
             pending.append("node record not yet visible in ZooKeeper")
-        ready = not m.stale and not pending
-        return Readiness(ready, m.stale, tuple(pending), failed)
+        ready = not pending
+        return Readiness(ready, m.stale, tuple(pending), failed, self._leaving, m.generation)
+
+    @property
+    def leaving(self) -> bool:
+        return self._leaving
+
+    def handed_over(self) -> list[str]:
+        """What still keeps a leaving node (empty: it may go): the assignment still placing it, and every
+        partition it serves that no live node assigned it serves at the published version yet. Waiting
+        for the new assignment too keeps each partition's replica count during a rolling restart. With
+        no other live node there is nobody to hand over to: nothing keeps it. A stale map proves
+        nothing, so then everything held is listed."""
+        m = self._map
+        held = sorted(self._view)
+        if m.stale:
+            return [f"{store} p{p}" for store, p in held]
+        if not m.live_nodes() - {self._node_id}:
+            return []
+        remaining = [f"{store} p{p}" for store, p in held if not m.served_elsewhere(store, p, self._node_id)]
+        if m.assignment.partitions_of(self._node_id):
+            remaining.append(f"assignment generation {m.assignment.generation} still places this node")
+        return remaining
+
+    def leave(self) -> None:
+        """Stop taking new work: nothing new is loaded or dropped; what is held keeps being served."""
+        self._leaving = True
+        for entry in self._entries.values():
+            if entry.state is PartitionState.LOADING:
+                entry.cancel.set()
+        self._reconcile()
+
+    async def wait_handed_over(self, timeout_s: float) -> list[str]:
+        """Wait (at most `timeout_s`) until `handed_over()` is empty; returns what still is not."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            self._map_changed.clear()
+            remaining = self.handed_over()
+            left = deadline - loop.time()
+            if not remaining or left <= 0:
+                return remaining
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._map_changed.wait(), timeout=min(left, 1.0))
+
+    async def wait_for_map(self, predicate: Callable[[PartitionMap], bool], timeout_s: float) -> bool:
+        """Wait (at most `timeout_s`) for a fresh map that satisfies `predicate`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            self._map_changed.clear()
+            if not self._map.stale and predicate(self._map):
+                return True
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._map_changed.wait(), timeout=min(left, 1.0))
+
+    async def withdraw(self) -> None:
+        """De-announce this node (delete /serving/{id}) and never announce again; the view stays, so
+        reads from routers whose map is a moment old still get answers until the server stops."""
+        self._withdrawn = True
+        async with self._publish_lock:
+            try:
+                await asyncio.to_thread(self._registration.withdraw_serving)
+            except Exception as exc:  # ZooKeeper unreachable: the record goes with the session
+                log.warning("withdrawing the serving record failed: %s", exc)
 
     def describe(self) -> dict[str, Any]:
         """Local lifecycle for /admin/partition-map: every (store, version, partition) held or wanted."""
@@ -191,8 +283,11 @@ class Ownership:
         if self._stopping:
             return
         self._map = new_map
+        self._map_changed.set()
+        if not new_map.stale:
+            self._fresh_seen = True
         self._reconcile()
-        if new_map.stale:
+        if new_map.stale or self._withdrawn:
             return
         if self._node_id not in new_map.nodes and not self._registering:
             # The session was replaced (expired while disconnected): ephemeral records died with it.
@@ -246,7 +341,10 @@ class Ownership:
                 entry.record = desired[pid]
             elif entry.state is PartitionState.DRAINING:
                 entry.state = PartitionState.SERVING
-            elif entry.state is PartitionState.LOADING:
+            elif entry.state is PartitionState.DROPPED and entry.store is not None and not self._leaving:
+                # Assigned here again within the drop grace period: still open, serve it again.
+                entry.state = PartitionState.SERVING
+            elif entry.state is PartitionState.LOADING and not self._leaving:
                 entry.cancel.clear()  # wanted again before the cancelled load noticed
 
         for pid, entry in list(self._entries.items()):
@@ -257,15 +355,19 @@ class Ownership:
             elif entry.state is PartitionState.LOADING:
                 entry.cancel.set()  # the finished load sees it and discards its files
 
-        if not m.stale and self._collection is _Collection.PENDING:
+        if self._collection is _Collection.PENDING and self._may_collect(m, desired):
             self._collection = _Collection.RUNNING
             self._spawn(self._collect_leftovers())
         loading = sum(1 for e in self._entries.values() if e.state is PartitionState.LOADING)
         for pid in sorted(self._entries, key=_order):
             entry = self._entries[pid]
-            if self._collection is not _Collection.DONE:
+            if self._leaving:
                 break
-            if entry.state is PartitionState.ASSIGNED and loading < self._max_parallel_loads:
+            if (
+                entry.state is PartitionState.ASSIGNED
+                and loading < self._max_parallel_loads
+                and pid not in self._deleting
+            ):
                 entry.state = PartitionState.LOADING
                 loading += 1
                 self._spawn(self._load(pid, entry))
@@ -273,8 +375,9 @@ class Ownership:
         wanted_version = {(pid.store, pid.partition): pid for pid in desired}
         for pid, entry in list(self._entries.items()):
             if entry.state in (PartitionState.SERVING, PartitionState.DRAINING) and pid not in desired:
-                if self._may_drop(pid, m, wanted_version.get((pid.store, pid.partition))):
-                    self._drop(pid, entry)
+                wanted = wanted_version.get((pid.store, pid.partition))
+                if not self._leaving and self._may_drop(pid, m, wanted):
+                    self._drop(pid, entry, superseded=wanted is not None)
                 else:
                     entry.state = PartitionState.DRAINING
 
@@ -293,9 +396,18 @@ class Ownership:
             return successor is not None and successor.state is PartitionState.SERVING
         if m.stale:
             return False  # a stale map cannot prove that anyone else has taken over
-        return any(
-            ep.node_id != self._node_id and ep.version == record.version
-            for ep in m.serving_endpoints(pid.store, pid.partition)
+        # Only a live node counts: a leaving one is about to let go of its copy too.
+        return m.served_elsewhere(pid.store, pid.partition, self._node_id)
+
+    def _may_collect(self, m: PartitionMap, desired: Mapping[PartitionId, StoreRecord]) -> bool:
+        """Whether leftovers can be told from partitions this node is about to get back: once the map is
+        fresh, this node is registered, and the assignment gives it partitions that are all served here
+        (a restarted node first sees the assignment of before its restart, which may not include it)."""
+        if m.stale or self._node_id not in m.nodes or not desired:
+            return False
+        return all(
+            (entry := self._entries.get(pid)) is not None and entry.state is PartitionState.SERVING
+            for pid in desired
         )
 
     def _rebuild_view(self) -> None:
@@ -365,25 +477,50 @@ class Ownership:
         if self._entries.get(pid) is entry:
             del self._entries[pid]
 
-    def _drop(self, pid: PartitionId, entry: _Entry) -> None:
+    def _drop(self, pid: PartitionId, entry: _Entry, superseded: bool = False) -> None:
         entry.state = PartitionState.DROPPED
-        self._spawn(self._retire(pid, entry))
+        self._spawn(self._retire(pid, entry, superseded))
 
-    async def _retire(self, pid: PartitionId, entry: _Entry) -> None:
+    async def _retire(self, pid: PartitionId, entry: _Entry, superseded: bool) -> None:
         # Unannounce first (the view rebuild after this reconcile publishes without it), then give
-        # readers that still hold the old map or the old view a grace period before the files go.
+        # readers that still hold the old map or the old view a grace period before closing.
         await self._publish()
         await asyncio.sleep(self._drop_grace_s)
+        if entry.state is not PartitionState.DROPPED:
+            return  # assigned here again during the grace period, and serving again
         held, entry.store = entry.store, None
         if self._entries.get(pid) is entry:
             del self._entries[pid]
         if held is not None:
-            log.info("dropping %s", pid)
-            await asyncio.to_thread(held.discard)
+            if superseded and self._version_grace_s > 0:
+                # A superseded version's files stay for the version grace period: a rollback reuses them.
+                log.info("closing %s; its files go in %.0fs", pid, self._version_grace_s)
+                held.close()
+                self._spawn(self._remove_later(pid, held.path))
+            else:
+                log.info("dropping %s", pid)
+                await self._remove(pid, held.discard)
         self._reconcile()  # it may have been assigned here again during the grace period
+
+    async def _remove_later(self, pid: PartitionId, path: Path) -> None:
+        await asyncio.sleep(self._version_grace_s)
+        if pid in self._entries or self._stopping:
+            return  # wanted again (a rollback) and reused, or about to be: keep the files
+        log.info("removing %s (superseded %.0fs ago)", pid, self._version_grace_s)
+        await self._remove(pid, functools.partial(remove_partition_dir, path))
+        self._reconcile()
+
+    async def _remove(self, pid: PartitionId, removal: Callable[[], None]) -> None:
+        self._deleting.add(pid)
+        try:
+            await asyncio.to_thread(removal)
+        finally:
+            self._deleting.discard(pid)
 
     async def _publish(self) -> None:
         async with self._publish_lock:
+            if self._withdrawn:
+                return
             announced = self.serving_view()
             current = self._map.serving.get(self._node_id)
             if announced == self._published and current is not None and current.stores == announced:
@@ -410,9 +547,9 @@ class Ownership:
         try:
             on_disk = await asyncio.to_thread(_on_disk, self._settings.data_dir)
             for pid, path in on_disk:
-                if pid not in self._entries:
+                if pid not in self._entries and pid not in self._deleting:
                     log.info("removing leftover partition directory %s", path)
-                    await asyncio.to_thread(remove_partition_dir, path)
+                    await self._remove(pid, functools.partial(remove_partition_dir, path))
         except OSError as exc:
             log.warning("cleaning leftover partitions failed: %s", exc)
         finally:

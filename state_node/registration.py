@@ -26,13 +26,27 @@ class Registration:
         self._client = client
         self.node_id = node_id
         self.url = url
+        # Once set, every (re-)registration says so: a session lost while draining must not make the
+        # controller assign partitions to this node again.
+        self.leaving = False
 
     def register_node(self) -> None:
-        self._put(zk_layout.node_path(self.node_id), NodeRecord(self.node_id, self.url).to_json())
+        record = NodeRecord(self.node_id, self.url, leaving=self.leaving)
+        self._put(zk_layout.node_path(self.node_id), record.to_json())
+
+    def mark_leaving(self) -> None:
+        """Rewrite /nodes/{id} as leaving: the controller then moves every partition away from this node."""
+        self.leaving = True
+        self.register_node()
 
     def publish_serving(self, stores: Mapping[str, Mapping[int, int]]) -> None:
         record = ServingRecord(self.node_id, self.url, {s: dict(parts) for s, parts in stores.items()})
         self._put(zk_layout.serving_path(self.node_id), record.to_json())
+
+    def withdraw_serving(self) -> None:
+        """De-announce: routers stop sending reads here (the node may still answer stragglers)."""
+        with contextlib.suppress(NoNodeError):
+            self._client.delete(zk_layout.serving_path(self.node_id))
 
     def withdraw(self) -> None:
         """Delete both records now, serving first, so observers learn at once rather than at session end."""

@@ -22,7 +22,7 @@ import lmdb
 from keyroute_core.key_format import KeyFormatError, parse_key
 from keyroute_core.partition_map import StoreRecord
 from keyroute_core.partitioner import partition_for
-from keyroute_core.snapshot import Manifest, SnapshotError, iter_partition, local_path, read_manifest
+from keyroute_core.snapshot import Manifest, SnapshotError, iter_partition, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,9 @@ STORES_DIR = "stores"
 MAX_READERS = 512
 # How often (in rows) a load looks whether it was cancelled by a shutdown or a new version.
 _CANCEL_CHECK_ROWS = 4096
+# Removing a partition tidies its empty version and store folders; creating one makes them. Both hold
+# this lock, so a load never sees the folder it just made vanish under a concurrent removal.
+_TREE_LOCK = threading.Lock()
 
 
 class LoadError(Exception):
@@ -122,11 +125,17 @@ class PartitionStore:
 def remove_partition_dir(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
     # Tidy empty version/store folders so the data directory mirrors what is loaded.
-    for parent in (path.parent, path.parent.parent):
-        try:
-            parent.rmdir()
-        except OSError:
-            break
+    with _TREE_LOCK:
+        for parent in (path.parent, path.parent.parent):
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+
+
+def _make_partition_dir(path: Path) -> None:
+    with _TREE_LOCK:
+        path.mkdir(parents=True)
 
 
 def _marker(manifest: Manifest, partition: int) -> dict[str, object]:
@@ -188,7 +197,7 @@ def load_partition(
     pid = PartitionId(record.name, record.version, partition)
     path = partition_path(data_dir, pid)
     try:
-        manifest = read_manifest(local_path(record.snapshot))
+        manifest = read_manifest(record.snapshot)
     except SnapshotError as exc:
         raise LoadError(f"{pid}: {exc}") from exc
     _check_manifest(pid, record, manifest)
@@ -201,7 +210,7 @@ def load_partition(
             log.warning("%s: marker present but the environment did not open (%s); reloading", pid, exc)
 
     remove_partition_dir(path)
-    path.mkdir(parents=True)
+    _make_partition_dir(path)
     env: lmdb.Environment | None = None
     try:
         env = _open(path, map_size, readonly=False)
@@ -251,8 +260,7 @@ def _write_rows(
 ) -> int:
     rows = 0
     with env.begin(write=True) as txn:
-        snapshot = local_path(record.snapshot)
-        for key_text, value in iter_partition(snapshot, manifest, pid.partition):
+        for key_text, value in iter_partition(record.snapshot, manifest, pid.partition):
             key = parse_key(manifest.key_format, key_text).data
             # A key the producer's partitioner sends elsewhere could never be asked for here: the
             # snapshot was written with a different partitioner or key format.

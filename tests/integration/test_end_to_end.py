@@ -31,7 +31,8 @@ PARTITIONS = {"bookings": 12, "positions": 6, "accounts": 8}
 
 def write_accounts(folder: Path, seed: int = 11) -> Path:
     rng = random.Random(seed)
-    ids = [INT64_MIN, INT64_MAX, -1, 0, 1, 2**31, -(2**31) - 1] + [rng.randint(INT64_MIN, INT64_MAX) for _ in range(300)]
+    ids = [INT64_MIN, INT64_MAX, -1, 0, 1, 2**31, -(2**31) - 1]
+    ids += [rng.randint(INT64_MIN, INT64_MAX) for _ in range(300)]
     path = folder / "accounts.jsonl"
     with open(path, "w") as fh:
         for n in range(1500):
@@ -233,12 +234,14 @@ def test_a_node_forwards_a_key_it_does_not_serve_exactly_once(cluster: Cluster) 
         partitions = pmap["stores"]["bookings"]["partition_map"]
         node_id, (_proc, node_url) = next(iter(cluster.nodes.items()))
         served_here = {p["partition"] for p in partitions if any(s["node"] == node_id for s in p["serving"])}
-        for key, value in cluster.expected["bookings"].items():
-            partition = partition_for(Partitioner.MURMUR2, key.encode(), PARTITIONS["bookings"])
-            if partition not in served_here:
-                break
-        else:
+        elsewhere = [
+            (key, value)
+            for key, value in cluster.expected["bookings"].items()
+            if partition_for(Partitioner.MURMUR2, key.encode(), PARTITIONS["bookings"]) not in served_here
+        ]
+        if not elsewhere:
             pytest.fail("node serves every partition; cannot test forwarding")
+        key, value = elsewhere[0]
         resp = client.get(key_url(node_url, "bookings", key))
         assert resp.status_code == 200 and resp.json()["value"] == value
         assert resp.headers["x-keyroute-hops"] == "1"

@@ -5,9 +5,13 @@ The snapshots are written by hand in the keyroute snapshot format (no Spark here
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import inspect
 import json
+import signal
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -15,13 +19,17 @@ from urllib.parse import quote
 import httpx
 import pytest
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
 
 from keyroute_core import zk, zk_layout
 from keyroute_core.key_format import KeyFormat, parse_key
-from keyroute_core.partition_map import Assignment, StoreRecord
+from keyroute_core.partition_map import Assignment, NodeRecord, ServingRecord, StoreRecord
 from keyroute_core.partitioner import Partitioner, partition_for
-from keyroute_core.settings import ZkSettings
+from keyroute_core.settings import NodeSettings, RouterSettings, ZkSettings
 from keyroute_core.snapshot import Manifest, partition_dir, version_dir, write_manifest
+from router.app import create_app as create_router
+from router.map_source import ZooKeeperMapSource
+from state_node.app import create_app as create_node
 from state_node.controller import Controller
 from tests.util import Proc, free_port, wait_for
 
@@ -86,6 +94,7 @@ class Cluster:
         connect = f"{self.zk_settings.hosts}{self.zk_settings.chroot}"
         args = ["node", "--zk", connect, "--node-id", node_id, "--port", str(port)]
         args += ["--data-dir", str(self.tmp / f"data-{node_id}"), "--zk-session-timeout-s", "4"]
+        args += ["--version-grace-s", "1", "--drain-timeout-s", "20"]
         self.procs[node_id] = Proc(args, self.tmp / f"{node_id}.log").start()
         self.urls[node_id] = f"http://127.0.0.1:{port}"
 
@@ -128,6 +137,10 @@ class Cluster:
         return "\n".join(f"----- {n} -----\n{p.output()[-6000:]}" for n, p in self.procs.items())
 
     def close(self) -> None:
+        # All at once: every node is leaving, so none waits for another to take its partitions over.
+        for proc in self.procs.values():
+            if proc.alive and proc.popen is not None:
+                proc.popen.send_signal(signal.SIGTERM)
         for proc in self.procs.values():
             proc.stop()
         self.http.close()
@@ -226,7 +239,9 @@ def test_three_nodes_serve_every_key_in_one_hop(cluster: Cluster) -> None:
         return held == everything == mine == on_disk
 
     for node_id in c.alive():
-        wait_for(lambda n=node_id: holds_only_its_assignment(n), timeout_s=30, message=f"{node_id} to drop")
+        wait_for(
+            functools.partial(holds_only_its_assignment, node_id), timeout_s=30, message=f"{node_id} to drop"
+        )
 
     # A request already forwarded once is never forwarded again, even by a node that could.
     text = "C0007"
@@ -248,8 +263,8 @@ def test_three_nodes_serve_every_key_in_one_hop(cluster: Cluster) -> None:
         assert (r.status_code, r.json()["error"]) == (400, "bad_key")
 
     # Batch-get from one node: local, remote, missing and bad keys, answered in request order.
-    # (Balance counts all stores together, so some node may hold every bookings partition: ask one
-    # that holds some but not all.)
+    # (Each store is balanced on its own: with rf=2 on 3 nodes every node holds some bookings
+    # partitions but not all.)
     def holders(text: str) -> list[str]:
         return owners(view, "bookings", partition_of("bookings", text))
 
@@ -417,3 +432,200 @@ def test_one_controller_at_a_time_rewrites_the_assignment_only_when_it_changes(
 
 def _fields(record: StoreRecord) -> dict[str, Any]:
     return {name: getattr(record, name) for name in record.__slots__}
+
+
+async def _until(predicate: Callable[[], Any], timeout_s: float = 30.0, message: str = "condition") -> Any:
+    """`wait_for` for async tests: polls without blocking the loop the app under test runs on."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    last_error: Exception | None = None
+    while True:
+        try:
+            result = predicate()
+            if inspect.isawaitable(result):
+                result = await result
+            if result:
+                return result
+        except Exception as exc:  # the condition may raise until the system is up
+            last_error = exc
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {message} ({last_error!r})")
+        await asyncio.sleep(0.05)
+
+
+def test_a_router_with_a_stale_view_is_answered_in_one_hop_and_re_reads_its_map_at_once(
+    tmp_path: Path, zk_settings: ZkSettings
+) -> None:
+    """Real nodes, a real ZooKeeper, and the router app in this process so that its view can be made
+    stale on purpose: FAULT INJECTION, its map watcher ignores watch events (as if delivered late)."""
+    client = zk.connect(zk_settings)
+    rows = {f"k{i:03d}": {"i": i} for i in range(60)}
+    snapshot = write_snapshot(tmp_path / "snapshots", "moving", rows, KeyFormat.STRING, 4)
+    record = StoreRecord("moving", 4, Partitioner.MURMUR2, KeyFormat.STRING, 1, snapshot, ("v",), 1, 1.0)
+    client.create(zk_layout.store_path("moving"), record.to_json())
+    c = Cluster(tmp_path, zk_settings, client)
+
+    def serving(node_id: str) -> set[int]:
+        try:
+            raw, _ = client.get(zk_layout.serving_path(node_id))
+        except NoNodeError:
+            return set()
+        return set(ServingRecord.from_json(raw).stores.get("moving", {}))
+
+    async def scenario() -> None:
+        source = ZooKeeperMapSource(zk_settings)
+        app = create_router(RouterSettings(zk=zk_settings), map_source=source)
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://router") as http:
+
+                async def pmap() -> dict[str, Any]:
+                    return dict((await http.get("/admin/partition-map")).json())
+
+                async def holders(p: int) -> list[str]:
+                    entries = (await pmap())["stores"]["moving"]["partition_map"]
+                    return [e["node"] for e in entries[p]["serving"]]
+
+                async def n1_serves_all() -> bool:
+                    return all([await holders(p) == ["n1"] for p in range(4)])
+
+                await _until(n1_serves_all, message="the router to see n1 serving everything")
+                stale_generation = (await pmap())["generation"]
+                assert source.watcher is not None
+                source.watcher.hold_watches()  # FAULT INJECTION: from here on the router's view is frozen
+
+                c.start("n2")  # the controller moves two partitions to n2; n1 lets go once n2 serves them
+                await _until(
+                    lambda: len(serving("n2")) == 2 and serving("n1") == {0, 1, 2, 3} - serving("n2"),
+                    message="the hand-over to n2",
+                )
+                assert (await pmap())["generation"] == stale_generation and await n1_serves_all()
+
+                moved = min(serving("n2"))
+                key = next(k for k in rows if partition_of_moving(k) == moved)
+                r = await http.get(key_url("moving", key))
+                assert r.status_code == 200 and r.json()["value"] == rows[key]
+                # One hop: n1 no longer holds the partition and forwarded the read to n2, once.
+                assert r.headers["x-keyroute-hops"] == "1"
+                assert r.headers["x-keyroute-forwarded-by"] == "n1" and r.headers["x-keyroute-node"] == "n2"
+                assert int(r.headers["x-keyroute-generation"]) > stale_generation
+                metrics = (await http.get("/metrics")).text
+                assert "keyroute_router_misroutes_total 1\n" in metrics
+                assert "keyroute_router_map_refreshes_total 1\n" in metrics
+                # The router re-read its map at once, with watches still held: only the misroute did it.
+                async def refreshed() -> bool:
+                    return await holders(moved) == ["n2"]
+
+                await _until(refreshed, timeout_s=5, message="the refreshed map")
+                assert (await pmap())["generation"] > stale_generation
+                r = await http.get(key_url("moving", key))
+                assert r.headers["x-keyroute-hops"] == "0" and r.headers["x-keyroute-node"] == "n2"
+                source.watcher.release_watches()
+
+    try:
+        c.start("n1")
+        wait_for(lambda: serving("n1") == {0, 1, 2, 3}, timeout_s=30, message="n1 serving everything")
+        asyncio.run(scenario())
+    finally:
+        c.close()
+        print(c.logs())
+        zk.close(client)
+
+
+def partition_of_moving(text: str) -> int:
+    return partition_for(Partitioner.MURMUR2, text.encode("utf-8"), 4)
+
+
+def test_a_node_whose_session_expired_registers_and_announces_again(
+    tmp_path: Path, zk_settings: ZkSettings
+) -> None:
+    """The node app in this process, so its ZooKeeper session can be expired the way kazoo's own test
+    harness does it: a second client joins the session and closes it."""
+    client = zk.connect(zk_settings)
+    rows = {f"k{i}": {"i": i} for i in range(20)}
+    snapshot = write_snapshot(tmp_path / "snapshots", "s", rows, KeyFormat.STRING, 2)
+    record = StoreRecord("s", 2, Partitioner.MURMUR2, KeyFormat.STRING, 1, snapshot, ("v",), 1, 1.0)
+    client.create(zk_layout.store_path("s"), record.to_json())
+    settings = NodeSettings(
+        node_id="solo", data_dir=tmp_path / "solo", zk=zk_settings, lmdb_map_size_bytes=1 << 24
+    )
+
+    def owner(path: str) -> int | None:
+        stat = client.exists(path)
+        return stat.ephemeralOwner if stat is not None else None
+
+    async def scenario() -> None:
+        app = create_node(settings)
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://solo") as http:
+                await _until(lambda: owner(zk_layout.serving_path("solo")), message="serving record")
+                await _until(lambda: _ready(http), message="ready")
+                node_client = app.state.node.registration._client
+                first_session = node_client.client_id[0]
+                assert owner(zk_layout.node_path("solo")) == first_session
+
+                intruder = KazooClient(hosts=zk_settings.connect_string, client_id=node_client.client_id)
+                intruder.start()
+                intruder.stop()  # closing the session: the node's ephemeral records go with it
+                intruder.close()
+                await _until(
+                    lambda: (o := owner(zk_layout.serving_path("solo"))) is not None and o != first_session,
+                    message="records written again under a new session",
+                )
+                assert owner(zk_layout.node_path("solo")) not in (None, first_session)
+                raw, _ = client.get(zk_layout.serving_path("solo"))
+                assert ServingRecord.from_json(raw).stores == {"s": {0: 1, 1: 1}}
+                r = await _until(lambda: _ready(http), message="ready again with a fresh map", timeout_s=20)
+                assert r.json()["stale"] is False
+                assert (await http.get(key_url("s", "k3"))).json()["value"] == {"i": 3}
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        zk.close(client)
+
+
+async def _ready(http: httpx.AsyncClient) -> httpx.Response | None:
+    r = await http.get("/readyz")
+    return r if r.status_code == 200 and not r.json()["stale"] else None
+
+
+def test_a_leaving_controller_writes_an_assignment_without_itself_then_resigns(
+    zk_settings: ZkSettings,
+) -> None:
+    admin, first, second = (zk.connect(zk_settings) for _ in range(3))
+    record = StoreRecord("s", 6, Partitioner.MURMUR2, KeyFormat.STRING, 1, "/unused", (), 1)
+    admin.create(zk_layout.store_path("s"), record.to_json())
+    clients = {"a": first, "b": second}
+    for node_id, client in clients.items():
+        record_json = NodeRecord(node_id, f"http://{node_id}").to_json()
+        client.create(zk_layout.node_path(node_id), record_json, ephemeral=True)
+    controllers = {node_id: Controller(client, node_id) for node_id, client in clients.items()}
+
+    def assignment() -> Assignment | None:
+        if not admin.exists(zk_layout.ASSIGNMENT):
+            return None
+        return Assignment.from_json(admin.get(zk_layout.ASSIGNMENT)[0])
+
+    try:
+        for controller in controllers.values():
+            controller.start()
+        wait_for(lambda: (a := assignment()) and {n for r in a.stores["s"] for n in r} == {"a", "b"})
+        leader_id = next(n for n, c in controllers.items() if c.is_leader)
+        other_id = "b" if leader_id == "a" else "a"
+        leader = controllers[leader_id]
+
+        # What a node does on SIGTERM: its record says leaving, then its controller is told.
+        leaving = NodeRecord(leader_id, f"http://{leader_id}", leaving=True)
+        clients[leader_id].set(zk_layout.node_path(leader_id), leaving.to_json())
+        leader.leave()
+        wait_for(lambda: leader.resigned and not leader.is_leader, message="the leader to resign")
+        final = assignment()
+        assert final is not None and {n for r in final.stores["s"] for n in r} == {other_id}
+        wait_for(lambda: controllers[other_id].is_leader, timeout_s=20, message="the other to take over")
+        assert not leader.is_leader  # and it does not contend again
+    finally:
+        for controller in controllers.values():
+            controller.stop()
+        for client in (admin, first, second):
+            zk.close(client)

@@ -345,11 +345,18 @@ def test_follows_a_moved_serving_record_without_restart(cluster: Cluster) -> Non
     for key in PLAIN_KEYS:
         assert cluster.get(key).json()["value"]["node"] == ("node-a" if partition(key) == 0 else "node-b")
 
-    # Nobody serves partition 0 any more: not ready, and its keys are 503 until someone does.
+    # Nobody announces partition 0 any more: not ready. Its keys still go to the node that served it
+    # last (a node whose ZooKeeper session expired still holds its data), and are 503 once it is gone.
     cluster.withdraw("node-a")
     wait_for(lambda: cluster.readyz().status_code == 503, message="router not ready")
     key0 = next(k for k in PLAIN_KEYS if partition(k) == 0)
-    assert cluster.get(key0).status_code == 503
+    still = cluster.get(key0)
+    assert still.status_code == 200 and still.json()["value"]["node"] == "node-a"
+    route = cluster.http.get(cluster.router_url + "/admin/route", params={"store": STORE, "key": key0}).json()
+    assert route["serving"] == [] and [e["node"] for e in route["last_known"]] == ["node-a"]
+    cluster.nodes["node-a"].stop()
+    gone = cluster.get(key0)
+    assert gone.status_code == 503 and gone.json()["error"] == "partition_unavailable"
     cluster.serve("node-b", [0, 1, 2, 3])
     wait_for(lambda: cluster.readyz().status_code == 200, message="router ready again")
     assert cluster.get(key0).json()["value"]["node"] == "node-b"

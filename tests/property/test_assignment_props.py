@@ -1,8 +1,9 @@
 """Properties of the controller's assignment over random stores, memberships and join/leave histories.
 
-Invariants: replica counts, distinct replicas, balance of replicas and of preferred replicas across all
-stores, determinism, and the stickiness bound for a leaving node stated in `state_node.assignment.assign`:
-with O = the leaving node's replicas in partitions that keep their replica count, O <= moved <= 2*O.
+Invariants: replica counts, distinct replicas, balance of replicas and of preferred replicas per store
+and across all stores, determinism, and the stickiness bound for a leaving node stated in
+`state_node.assignment.assign`: with O = the leaving node's replicas in partitions that keep their replica
+count, O <= moved <= 2*O.
 """
 
 from __future__ import annotations
@@ -36,13 +37,23 @@ def check_invariants(stores: Mapping[str, StoreShape], nodes: Sequence[str], a: 
     leaders: Counter[str] = Counter({n: 0 for n in members})
     for name, (partitions, rf) in stores.items():
         assert len(a.stores[name]) == partitions
+        store_totals: Counter[str] = Counter({n: 0 for n in members})
+        store_leaders: Counter[str] = Counter({n: 0 for n in members})
         for replicas in a.stores[name]:
             assert len(replicas) == min(rf, len(members))
             assert len(set(replicas)) == len(replicas), "replicas of a partition must be distinct nodes"
             assert set(replicas) <= members
             totals.update(replicas)
+            store_totals.update(replicas)
             if replicas:
                 leaders[replicas[0]] += 1
+                store_leaders[replicas[0]] += 1
+        if members:
+            # Per store too: a node never holds a store's partitions while another holds none of them.
+            spread = max(store_totals.values()) - min(store_totals.values())
+            assert spread <= 1, f"store {name}: replicas unbalanced: {store_totals}"
+            spread = max(store_leaders.values()) - min(store_leaders.values())
+            assert spread <= 1, f"store {name}: preferred unbalanced: {store_leaders}"
     if members:
         assert max(totals.values()) - min(totals.values()) <= 1, f"replicas unbalanced: {totals}"
         assert max(leaders.values()) - min(leaders.values()) <= 1, f"preferred unbalanced: {leaders}"

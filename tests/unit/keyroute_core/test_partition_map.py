@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -41,7 +42,7 @@ def test_records_round_trip_through_json() -> None:
     assert back.stores == {"bookings": {0: 2, 3: 1}}
 
 
-@pytest.mark.parametrize("raw", [b"", b"[]", b"{", '{"name": 1}'.encode(), b"\xff"])
+@pytest.mark.parametrize("raw", [b"", b"[]", b"{", b'{"name": 1}', b"\xff"])
 def test_malformed_records_raise_record_error(raw: bytes) -> None:
     with pytest.raises(RecordError):
         StoreRecord.from_json(raw)
@@ -73,7 +74,7 @@ def test_route_hashes_key_bytes_over_all_partitions_even_if_unserved() -> None:
     s = store(partitions=12)
     serving = {"n1": ServingRecord("n1", "http://n1", {"bookings": {0: 2}})}
     pmap = PartitionMap.build({"bookings": s}, {}, Assignment(1, {}), serving)
-    data = "customer-17".encode()
+    data = b"customer-17"
     route = pmap.route(s, data)
     assert route.partition == partition_for(Partitioner.MURMUR2, data, 12)
     assert not pmap.complete
@@ -97,3 +98,50 @@ def test_describe_lists_assigned_and_serving_per_partition() -> None:
     }
     assert doc["nodes"]["n1"]["serving"] == {"bookings": 2}
     assert pmap.marked_stale(True).describe()["stale"] is True
+
+
+def test_store_records_carry_their_retained_versions() -> None:
+    s = dataclasses.replace(store(version=3), retained={1: "/a", 2: "/b"})
+    back = StoreRecord.from_json(s.to_json())
+    assert back == s and back.retained_versions == (1, 2, 3)
+    assert back.snapshot_of(3) == s.snapshot and back.snapshot_of(1) == "/a" and back.snapshot_of(9) is None
+    # Records written before retention existed read as retaining nothing but the current version.
+    old = json.loads(store().to_json())
+    del old["retained"]
+    assert StoreRecord.from_json(json.dumps(old).encode()).retained_versions == (2,)
+    with pytest.raises(RecordError):
+        StoreRecord.from_json(json.dumps({**old, "retained": {"0": "/x"}}).encode())
+
+
+def test_node_records_say_whether_the_node_is_leaving() -> None:
+    assert NodeRecord.from_json(b'{"node_id": "n1", "url": "http://n1"}').leaving is False
+    leaving = NodeRecord("n1", "http://n1", leaving=True)
+    assert NodeRecord.from_json(leaving.to_json()) == leaving
+
+
+def test_only_a_live_assigned_holder_at_the_published_version_counts_as_serving_elsewhere() -> None:
+    s = store(partitions=1, version=2)
+    nodes = {n: NodeRecord(n, f"http://{n}") for n in ("a", "b", "c")}
+
+    def pmap(
+        assigned: tuple[str, ...], serving: dict[str, int], leaving: tuple[str, ...] = ()
+    ) -> PartitionMap:
+        records = {n: ServingRecord(n, f"http://{n}", {"bookings": {0: v}}) for n, v in serving.items()}
+        members = {n: NodeRecord(n, r.url, leaving=n in leaving) for n, r in nodes.items()}
+        return PartitionMap.build({"bookings": s}, members, Assignment(1, {"bookings": (assigned,)}), records)
+
+    # The partition moves from {a, b} to {c}: a and b see each other serving it, which is not enough,
+    # or both would let go before c has loaded it.
+    moving = pmap(("c",), {"a": 2, "b": 2})
+    assert not moving.served_elsewhere("bookings", 0, "a")
+    assert not moving.served_elsewhere("bookings", 0, "b")
+    assert pmap(("c",), {"a": 2, "b": 2, "c": 2}).served_elsewhere("bookings", 0, "a")
+    # From {a, b} to {b, c}: b serving it is not enough for a, c must serve it too (b may crash).
+    assert not pmap(("b", "c"), {"a": 2, "b": 2}).served_elsewhere("bookings", 0, "a")
+    assert pmap(("b", "c"), {"a": 2, "b": 2, "c": 2}).served_elsewhere("bookings", 0, "a")
+    assert not pmap(("c",), {"a": 2, "c": 1}).served_elsewhere("bookings", 0, "a")  # an older version
+    assert not pmap(("c",), {"a": 2, "c": 2}, leaving=("c",)).served_elsewhere("bookings", 0, "a")
+    assert pmap(("c",), {}).served_elsewhere("gone", 0, "a")  # a deleted store has nothing to hand over
+    assert pmap(("a",), {"a": 2}, leaving=("b",)).live_nodes() == frozenset({"a", "c"})
+    doc = pmap(("a",), {"a": 2}, leaving=("b",)).describe()
+    assert doc["nodes"]["b"]["leaving"] is True and doc["stores"]["bookings"]["retained_versions"] == [2]

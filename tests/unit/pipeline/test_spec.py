@@ -261,6 +261,16 @@ def test_aggregate_store(tmp_path: Path) -> None:
             {"aggregations": '{ customer_id = "max(ts)" }'},
             "aggregation 'customer_id' has the name of the key column",
         ),
+        (
+            LATEST,
+            {"source_partition_column": '"customer_id"'},
+            "'source_partition_column' names the key column 'customer_id'",
+        ),
+        (
+            LATEST,
+            {"source_partition_column": "3"},
+            "'source_partition_column' must be a non-empty string, got 3",
+        ),
     ],
 )
 def test_mistakes_name_the_store_and_the_problem(

@@ -267,6 +267,54 @@ def test_a_forwarded_answer_counts_a_misroute_and_refreshes_the_map_once_per_bur
     assert h.refreshes == 2
 
 
+def test_a_node_reporting_a_newer_map_generation_makes_the_router_re_read_at_once() -> None:
+    a = FakeNode("a", values_for(["k"]))
+    a.hops = "1"
+    a.extra_headers = [("x-keyroute-generation", "100")]  # ours is 7 (tests/unit/router/fakes.py)
+    h = Harness(build_map([store_record("s", PARTITIONS)], {"a": {"s": range(PARTITIONS)}}), a)
+
+    async def scenario() -> None:
+        await h.proxy.get("s", "k")  # within the throttle interval of nothing: one re-read
+        assert h.refreshes == 1
+        h.clock.now += 0.1
+        a.extra_headers = [("x-keyroute-generation", "101")]  # newer again: re-read at once
+        await h.proxy.get("s", "k")
+        assert h.refreshes == 2
+        h.clock.now += 0.1
+        await h.proxy.get("s", "k")  # the same generation again: the re-read is already under way
+        assert h.refreshes == 2
+        h.clock.now += 0.1
+        a.extra_headers = [("x-keyroute-generation", "3")]  # the node is behind us: throttled only
+        await h.proxy.get("s", "k")
+        assert h.refreshes == 2
+
+    run(scenario)
+    assert h.proxy.metrics.misroutes == 4 and h.proxy.metrics.map_refreshes == 2
+    assert "keyroute_router_map_refreshes_total 2" in h.proxy.metrics.render()
+
+
+def test_a_batch_sends_all_keys_of_a_partition_to_one_node_even_when_a_backoff_expires_meanwhile() -> None:
+    a, b = FakeNode("a", values_for(keys_in(0, 6))), FakeNode("b", values_for(keys_in(0, 6)))
+    h = Harness(replicated_map(("a", "b")), a, b)
+    h.proxy._backoff.failed(h.proxy.table.map.serving_endpoints("s", 0)[0], "test")
+
+    class Ticking:
+        """A clock that moves past the back-off while the batch is being grouped."""
+
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def __call__(self) -> float:
+            self.calls += 1
+            return h.clock.now + (0.0 if self.calls < 3 else 10.0)
+
+    h.proxy._backoff._clock = Ticking()
+    results = run(lambda: h.proxy.batch_get("s", keys_in(0, 6)))
+    assert [r["status"] for r in results] == [200] * 6
+    # Every key of partition 0 went in one request to one node.
+    assert len(a.received) + len(b.received) == 1
+
+
 def test_a_node_that_no_longer_serves_the_partition_hands_over_to_the_next_replica() -> None:
     a, b = FakeNode("a", values_for(["k"])), FakeNode("b", values_for(["k"]))
     a.unavailable = True
@@ -380,3 +428,19 @@ def test_a_malformed_batch_body_is_bad_request(body: bytes) -> None:
 
 def test_a_well_formed_batch_body_gives_its_keys() -> None:
     assert parse_batch_body(b'{"keys": ["a", 1]}') == ["a", 1]
+
+
+def test_a_partition_nobody_announces_is_read_from_the_node_that_served_it_last() -> None:
+    a = FakeNode("a", values_for(keys_in(1, 2)))
+    store = store_record("s", PARTITIONS)
+    h = Harness(build_map([store], {"a": {"s": range(PARTITIONS)}}), a)
+    h.proxy.install(RoutingTable.of(build_map([store], {"b": {"s": [0]}}), h.proxy.table))
+    key, other = keys_in(1, 2)
+    answer = run(lambda: h.proxy.get("s", key))
+    assert answer.status == 200 and dict(answer.headers)[b"x-keyroute-node"] == b"a"
+    results = run(lambda: h.proxy.batch_get("s", [key, other]))
+    assert [r["status"] for r in results] == [200, 200]
+    assert h.proxy.metrics.last_known_routes == 2 and h.proxy.metrics.unavailable == 0
+    a.down = True  # gone for good: 503, as when nobody served it at all
+    with pytest.raises(PartitionUnavailable):
+        run(lambda: h.proxy.get("s", key))

@@ -99,3 +99,22 @@ def test_before_any_map_the_table_is_empty_stale_and_not_complete() -> None:
     assert table.stale and not table.complete
     with pytest.raises(StoreNotFound):
         table.resolve("s", "k")
+
+
+def test_a_partition_nobody_announces_keeps_the_nodes_that_served_it_last() -> None:
+    store = store_record("s", 4)
+    first = RoutingTable.of(build_map([store], {"a": {"s": range(4)}, "b": {"s": [0]}}))
+    assert first.last_known == {}
+    # a's serving record is gone (its session expired, say): partitions 1-3 are announced by nobody.
+    second = RoutingTable.of(build_map([store], {"b": {"s": [0]}}), first)
+    assert [ep.node_id for ep in second.map.serving_endpoints("s", 0)] == ["b"]
+    assert second.last_known_endpoints("s", 0) == ()
+    assert [ep.node_id for ep in second.last_known_endpoints("s", 2)] == ["a"]
+    assert not second.complete  # readiness stays honest
+    # Carried over while nobody announces them, forgotten once somebody does.
+    third = RoutingTable.of(build_map([store], {"b": {"s": [0, 1]}}), second)
+    assert [ep.node_id for ep in third.last_known_endpoints("s", 2)] == ["a"]
+    assert third.last_known_endpoints("s", 1) == ()
+    # A store published again with another shape, or deleted, carries nothing over.
+    reshaped = RoutingTable.of(build_map([store_record("s", 8)], {"b": {"s": [0]}}), third)
+    assert reshaped.last_known == {}

@@ -48,6 +48,34 @@ def test_balance_counts_all_stores_together() -> None:
     assert totals == {"n0": 1, "n1": 1, "n2": 1}
 
 
+def test_each_store_is_balanced_on_its_own_as_well_as_in_total() -> None:
+    # Balanced totals alone allow one node to hold every bookings partition and another none of them:
+    # then the store's reads all go to one node, and one node can no longer forward to the other.
+    stores = {"bookings": (12, 2), "positions": (6, 2), "accounts": (8, 2)}
+    a = assign(stores, ["node-0", "node-1", "node-2"], None, 1)
+    for name in stores:
+        per_node: Counter[str] = Counter()
+        leaders: Counter[str] = Counter()
+        for replicas in a.stores[name]:
+            per_node.update(replicas)
+            leaders[replicas[0]] += 1
+        assert sorted(per_node) == ["node-0", "node-1", "node-2"]
+        assert max(per_node.values()) - min(per_node.values()) <= 1, (name, per_node)
+        assert max(leaders.values()) - min(leaders.values()) <= 1, (name, leaders)
+    totals, leaders = _load(a)
+    assert set(totals.values()) == {(12 + 6 + 8) * 2 // 3, (12 + 6 + 8) * 2 // 3 + 1}
+    assert max(leaders.values()) - min(leaders.values()) <= 1
+
+
+def test_a_joining_node_takes_a_share_of_every_store() -> None:
+    stores = {"a": (12, 1), "b": (12, 1)}
+    before = assign(stores, ["n0", "n1"], None, 1)
+    after = assign(stores, ["n0", "n1", "n2"], before, 2)
+    for name in stores:
+        assert sum("n2" in r for r in after.stores[name]) == 4
+    assert moved_replicas(before, after) == 8
+
+
 def test_mixed_replication_factors_stay_balanced() -> None:
     # rf=3 partitions must be on every node; rf=1 partitions must then be one per node. A leader choice
     # that ignores replica counts gets this wrong (two rf=1 partitions on one node, 5 vs 4 replicas).

@@ -41,6 +41,7 @@ class FakeOwnership:
         self.map = m
         self.held = dict(held)
         self.ready = ready
+        self.leaving = False
 
     def local(self, store: str, partition: int) -> Held | None:
         return self.held.get((store, partition))
@@ -68,12 +69,16 @@ def key_in(store: str, partition: int, prefix: str = "k") -> str:
     return next(t for i in range(1000) if partition_of(store, t := f"{prefix}{i}") == partition)
 
 
+GENERATION = 4242
+
+
 def build(serving: Mapping[str, Mapping[str, Mapping[int, int]]], version: int = 1) -> PartitionMap:
     return PartitionMap.build(
         records(version),
         {n: NodeRecord(n, url) for n, url in URLS.items()},
         Assignment(1, {}),
         {n: ServingRecord(n, URLS[n], {s: dict(p) for s, p in v.items()}) for n, v in serving.items()},
+        generation=GENERATION,
     )
 
 
@@ -143,6 +148,7 @@ def test_a_local_key_is_answered_here_with_hops_0() -> None:
     assert r.headers["x-keyroute-node"] == ME
     assert r.headers["x-keyroute-version"] == "1"
     assert r.headers["x-keyroute-hops"] == "0"
+    assert r.headers["x-keyroute-generation"] == str(GENERATION)
     assert seen == []
 
 
@@ -200,6 +206,7 @@ def test_a_remote_key_is_forwarded_once_and_the_answer_relayed() -> None:
                 "x-keyroute-partition": str(REMOTE_P),
                 "x-keyroute-version": "1",
                 "x-keyroute-hops": "1",
+                "x-keyroute-generation": "99999",
                 "connection": "keep-alive, x-private",
                 "keep-alive": "timeout=5",
                 "x-private": "hop",
@@ -215,6 +222,8 @@ def test_a_remote_key_is_forwarded_once_and_the_answer_relayed() -> None:
     assert r.headers["x-keyroute-node"] == B
     assert r.headers["x-keyroute-hops"] == "1"
     assert r.headers["x-keyroute-forwarded-by"] == ME
+    # The generation of the map the forwarding node routed with (a router compares it with its own).
+    assert r.headers["x-keyroute-generation"] == str(GENERATION)
     assert r.headers["x-other"] == "kept"
     assert "keep-alive" not in r.headers and "x-private" not in r.headers
     assert len(seen) == 1
@@ -328,7 +337,9 @@ def test_batch_get_mixes_local_remote_missing_and_bad_keys_in_order() -> None:
     assert len(seen) == 1  # one request per serving node, carrying both of its keys
     assert json.loads(seen[0].content) == {"keys": [KEY_REMOTE, other_remote]}
     assert seen[0].headers["x-keyroute-hops"] == "1"
-    assert r.headers["x-keyroute-hops"] == "0"
+    # Some keys had to be forwarded: the router that sent them here had a stale view of them.
+    assert r.headers["x-keyroute-hops"] == "1"
+    assert r.headers["x-keyroute-generation"] == str(GENERATION)
 
 
 def test_batch_get_moves_keys_to_the_next_replica_when_a_node_fails_or_refuses() -> None:

@@ -36,6 +36,9 @@ class FakeRegistration:
     def withdraw(self) -> None:
         pass
 
+    def withdraw_serving(self) -> None:
+        self.published.append({"<withdrawn>": {}})
+
     @property
     def last(self) -> dict[str, dict[int, int]] | None:
         return self.published[-1] if self.published else None
@@ -75,7 +78,12 @@ def run(
 ) -> None:
     async def main() -> None:
         registration = FakeRegistration()
-        settings = NodeSettings(node_id=ME, data_dir=data_dir, lmdb_map_size_bytes=1 << 24)
+        settings = NodeSettings(
+            node_id=ME,
+            data_dir=data_dir,
+            lmdb_map_size_bytes=1 << 24,
+            version_grace_s=options.pop("version_grace_s", 0.0),
+        )
         options.setdefault("drop_grace_s", 0.0)
         ownership = Ownership(settings, registration, **options)  # type: ignore[arg-type]
         try:
@@ -159,6 +167,54 @@ def test_make_before_break_when_a_partition_moves_away(snapshot, data_dir: Path)
     run(data_dir, scenario)
 
 
+def test_a_partition_leaving_both_its_holders_is_kept_until_a_new_holder_serves_it(
+    snapshot, data_dir: Path
+) -> None:
+    record = snapshot("s", 1, 1, ROWS)
+    third = "n3"
+
+    async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
+        ownership.on_map(build_map([record], {"s": ((ME, OTHER),)}, nodes=(ME, OTHER, third)))
+        await until(lambda: registration.last == {"s": {0: 1}})
+        # Moved from {ME, OTHER} to {n3}: OTHER still serving it is no reason to let go (OTHER may
+        # reason the same way about us), only n3, which is assigned it, serving it is.
+        both = {ME: {"s": {0: 1}}, OTHER: {"s": {0: 1}}}
+        ownership.on_map(build_map([record], {"s": ((third,),)}, both, 2, nodes=(ME, OTHER, third)))
+        await asyncio.sleep(0.05)
+        assert state(ownership, "s", 1, 0) == "draining" and ownership.local("s", 0) is not None
+        served = {**both, third: {"s": {0: 1}}}
+        ownership.on_map(build_map([record], {"s": ((third,),)}, served, 3, nodes=(ME, OTHER, third)))
+        await until(lambda: registration.last == {})
+
+    run(data_dir, scenario)
+
+
+def test_a_partition_assigned_back_during_its_drop_grace_is_served_again_without_a_reload(
+    snapshot, data_dir: Path
+) -> None:
+    record = snapshot("s", 1, 1, ROWS)
+    loads: list[int] = []
+
+    def loader(directory: Path, rec: StoreRecord, partition: int, *args: Any) -> PartitionStore:
+        loads.append(partition)
+        return load_partition(directory, rec, partition, *args)
+
+    async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
+        ownership.on_map(build_map([record], {"s": ((ME,),)}))
+        await until(lambda: registration.last == {"s": {0: 1}})
+        moved = build_map([record], {"s": ((OTHER,),)}, {ME: {"s": {0: 1}}, OTHER: {"s": {0: 1}}}, 2)
+        ownership.on_map(moved)
+        await until(lambda: registration.last == {})  # unannounced, still open for the grace period
+        ownership.on_map(build_map([record], {"s": ((ME,),)}, {OTHER: {"s": {0: 1}}}, 3))
+        await until(lambda: registration.last == {"s": {0: 1}})
+        await asyncio.sleep(0.4)  # past the grace period: nothing was closed or removed
+        held = ownership.local("s", 0)
+        assert held is not None and held.get(b"k1") == b'{"i":1}'
+        assert loads == [0] and partition_path(data_dir, PartitionId("s", 1, 0)).exists()
+
+    run(data_dir, scenario, loader=loader, drop_grace_s=0.2)
+
+
 def test_a_new_version_is_loaded_beside_the_old_and_swapped_atomically(snapshot, data_dir: Path) -> None:
     v1 = snapshot("s", 1, 1, ROWS)
     v2 = snapshot("s", 2, 1, {**ROWS, "k0": {"i": "new"}})
@@ -188,6 +244,120 @@ def test_a_new_version_is_loaded_beside_the_old_and_swapped_atomically(snapshot,
         assert ownership.readiness().ready
 
     run(data_dir, scenario, loader=loader)
+
+
+def test_a_superseded_version_keeps_its_files_for_the_grace_period_and_a_rollback_reuses_them(
+    snapshot, data_dir: Path
+) -> None:
+    v1 = snapshot("s", 1, 1, ROWS)
+    v2 = snapshot("s", 2, 1, {**ROWS, "k0": {"i": "new"}})
+    loads: list[int] = []
+
+    def loader(directory: Path, record: StoreRecord, *args: Any) -> PartitionStore:
+        loads.append(record.version)
+        return load_partition(directory, record, *args)
+
+    old_files = partition_path(data_dir, PartitionId("s", 1, 0))
+
+    async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
+        ownership.on_map(build_map([v1], {"s": ((ME,),)}))
+        await until(lambda: registration.last == {"s": {0: 1}})
+        marker = (old_files / "loaded.json").stat().st_ino
+        ownership.on_map(build_map([v2], {"s": ((ME,),)}, {ME: {"s": {0: 1}}}, 2))
+        await until(lambda: registration.last == {"s": {0: 2}})
+        await until(lambda: state(ownership, "s", 1, 0) is None)  # closed, forgotten...
+        assert old_files.exists()  # ...but its files wait out the grace period
+
+        # Rolled back within the grace period: version 1 is reused from disk, not rebuilt.
+        rolled_back = dataclasses.replace(v1, retained={1: v1.snapshot, 2: v2.snapshot})
+        ownership.on_map(build_map([rolled_back], {"s": ((ME,),)}, {ME: {"s": {0: 2}}}, 3))
+        await until(lambda: registration.last == {"s": {0: 1}})
+        assert (old_files / "loaded.json").stat().st_ino == marker
+        held = ownership.local("s", 0)
+        assert held is not None and held.version == 1 and held.get(b"k0") == b'{"i":0}'
+        # Version 2, superseded in turn, is removed once its grace period is over; version 1 stays.
+        await until(lambda: not partition_path(data_dir, PartitionId("s", 2, 0)).exists())
+        assert old_files.exists() and loads == [1, 2, 1]
+
+    run(data_dir, scenario, loader=loader, version_grace_s=1.0)
+
+
+def test_a_leaving_node_loads_nothing_new_and_keeps_serving_until_handed_over(
+    snapshot, data_dir: Path
+) -> None:
+    record = snapshot("s", 1, 2, ROWS)
+
+    async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
+        ownership.on_map(build_map([record], {"s": ((ME,), (OTHER,))}))
+        await until(lambda: registration.last == {"s": {0: 1}})
+        ownership.leave()
+        assert ownership.readiness().leaving
+        assert ownership.handed_over() == ["s p0", "assignment generation 1 still places this node"]
+        # The controller moves p0 away and gives p1 here: p1 is not loaded, p0 keeps serving.
+        moved = {"s": ((OTHER,), (ME, OTHER))}
+        ownership.on_map(build_map([record], moved, {ME: {"s": {0: 1}}}, 2))
+        await asyncio.sleep(0.05)
+        assert state(ownership, "s", 1, 1) == "assigned" and ownership.local("s", 0) is not None
+        waiting = asyncio.ensure_future(ownership.wait_handed_over(5.0))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        # Served elsewhere by a node that is itself leaving, while a live one (n3) could take it: not
+        # enough (with no live peer at all there would be nobody to wait for).
+        leaving_other = build_map(
+            [record], moved, {ME: {"s": {0: 1}}, OTHER: {"s": {0: 1}}}, 3, nodes=(ME, OTHER, "n3")
+        )
+        nodes = {**leaving_other.nodes, OTHER: NodeRecord(OTHER, f"http://{OTHER}", leaving=True)}
+        ownership.on_map(dataclasses.replace(leaving_other, nodes=nodes))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        # A live node assigned p0 serves it at the published version, but the assignment still places
+        # this node (p1): not yet. Then an assignment without this node: handed over. Nothing was
+        # dropped meanwhile.
+        ownership.on_map(build_map([record], moved, {ME: {"s": {0: 1}}, OTHER: {"s": {0: 1}}}, 4))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        assert ownership.handed_over() == ["assignment generation 4 still places this node"]
+        away = {"s": ((OTHER,), (OTHER,))}
+        ownership.on_map(build_map([record], away, {ME: {"s": {0: 1}}, OTHER: {"s": {0: 1, 1: 1}}}, 5))
+        assert await waiting == []
+        assert ownership.local("s", 0) is not None
+        assert partition_path(data_dir, PartitionId("s", 1, 0)).exists()
+        await ownership.withdraw()
+        assert registration.last == {"<withdrawn>": {}}
+        ownership.on_map(build_map([record], away, {OTHER: {"s": {0: 1, 1: 1}}}, 6))
+        await asyncio.sleep(0.05)
+        assert registration.last == {"<withdrawn>": {}}  # never announced again
+        assert ownership.local("s", 0) is not None  # stragglers still get answers
+
+    run(data_dir, scenario)
+
+
+def test_a_leaving_node_with_no_live_peer_has_nothing_to_hand_over(snapshot, data_dir: Path) -> None:
+    record = snapshot("s", 1, 1, ROWS)
+
+    async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
+        ownership.on_map(build_map([record], {"s": ((ME,),)}, nodes=(ME,)))
+        await until(lambda: registration.last == {"s": {0: 1}})
+        ownership.leave()
+        assert await ownership.wait_handed_over(1.0) == []
+
+    run(data_dir, scenario)
+
+
+def test_a_stale_map_keeps_a_ready_node_ready(snapshot, data_dir: Path) -> None:
+    record = snapshot("s", 1, 1, ROWS)
+
+    async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
+        assert not ownership.readiness().ready  # nothing read from ZooKeeper yet
+        fresh = build_map([record], {"s": ((ME,),)}, {ME: {"s": {0: 1}}})
+        ownership.on_map(fresh)
+        await until(lambda: ownership.readiness().ready)
+        ownership.on_map(fresh.marked_stale(True))
+        readiness = ownership.readiness()
+        assert readiness.ready and readiness.stale and readiness.describe()["stale"] is True
+        assert ownership.local("s", 0) is not None
+
+    run(data_dir, scenario)
 
 
 def test_a_failed_load_is_reported_and_retried(snapshot, data_dir: Path) -> None:
@@ -237,8 +407,8 @@ def test_startup_reuses_loaded_partitions_and_removes_leftovers(snapshot, data_d
     async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
         ownership.on_map(build_map([record], {"s": ((ME,), (OTHER,))}))
         await until(lambda: registration.last == {"s": {0: 1}})
-        await until(lambda: not leftover.exists())
-        assert not partition_path(data_dir, PartitionId("s", 1, 1)).exists()
+        unassigned = partition_path(data_dir, PartitionId("s", 1, 1))
+        await until(lambda: not leftover.exists() and not unassigned.exists())
         assert partition_path(data_dir, PartitionId("s", 1, 0)).exists()
         assert calls == [0]
 
