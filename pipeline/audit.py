@@ -4,9 +4,9 @@ Spark finds the records that are not; `explain` names the likely cause from a sa
 sample with the other partitioners, partition counts and key formats.
 
 How every record is checked without hashing every record: a key's partition is a function of its bytes, so
-the reduce keeps, per key, the least and greatest source partition and the count of null ones, and a key
-passes when both equal the partition it is routed to and none is null. Only when some key fails does a
-per-record pass (the same vectorised hashing, in an Arrow UDF) count the mismatching records and sample them.
+the reduce keeps, per key, the least and greatest source partition (a null one as -1), and a key passes when
+both equal the partition it is routed to. Only when some key fails does a per-record pass (the same
+vectorised hashing, in an Arrow UDF) count the mismatching records and sample them.
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ from pipeline.spec import StoreSpec
 # Per-key aggregates of the source partition column, named so they cannot meet a source column.
 LEAST = "__keyroute_audit_least"
 GREATEST = "__keyroute_audit_greatest"
-NULLS = "__keyroute_audit_nulls"
-KEY_COLUMNS = (LEAST, GREATEST, NULLS)
+KEY_COLUMNS = (LEAST, GREATEST)
 
 MISMATCH_SAMPLE = 10_000  # mismatching records the cause is looked for in
 MATCH_SAMPLE = 1_000  # matching records a cause must also place right (it explains the whole source)
@@ -77,17 +76,21 @@ def source_partition(store: StoreSpec, schema: T.StructType) -> Column | None:
 
 
 def key_aggregates(source: Column) -> list[Column]:
-    """What the reduce keeps per key of its records' source partitions."""
+    """What the reduce keeps per key: the least and greatest source partition of its records.
+
+    A null partition counts as -1, which no key is routed to. Two plain aggregates: every function added to
+    the reduce is paid per source record.
+    """
+    placed = F.coalesce(source, F.lit(-1))
     return [
-        F.min(source).alias(LEAST),
-        F.max(source).alias(GREATEST),
-        F.count(F.when(source.isNull(), True)).alias(NULLS),
+        F.min(placed).alias(LEAST),
+        F.max(placed).alias(GREATEST),
     ]
 
 
 def key_off_partition(partition: Column) -> Column:
     """True for a key with a record outside `partition`; null for a key without one (it is not routable)."""
-    return (F.col(NULLS) > 0) | (F.col(LEAST) != partition) | (F.col(GREATEST) != partition)
+    return (F.col(LEAST) != partition) | (F.col(GREATEST) != partition)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,9 +116,7 @@ class Findings:
     matched: tuple[SampledRecord, ...]
 
 
-def find_mismatches(
-    store: StoreSpec, keyed: DataFrame, raw_key: Column, source: Column, computed: Column
-) -> Findings:
+def find_mismatches(store: StoreSpec, keyed: DataFrame, raw_key: Column, source: Column, computed: Column) -> Findings:
     """Compare every record's `computed` partition with its `source` one: the failure path, several jobs.
 
     `computed` is null for a key that does not fit the key format: such records are left to the key check.

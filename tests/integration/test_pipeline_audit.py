@@ -36,9 +36,7 @@ def events(produce: Producer, count: int = 3000, keys: int = 400, seed: int = 7)
     rows = []
     for ts in range(count):
         key = f"cust-{rng.randrange(keys):04d}"
-        rows.append(
-            {"customer_id": key, "ts": ts, "fare": rng.randrange(100, 900), "partition": produce(key, rng)}
-        )
+        rows.append({"customer_id": key, "ts": ts, "fare": rng.randrange(100, 900), "partition": produce(key, rng)})
     return rows
 
 
@@ -116,25 +114,19 @@ def test_a_crc32_source_in_a_murmur2_store_fails_naming_crc32_and_publishes_noth
     good = write_source(tmp_path / "good", events(producer(Partitioner.MURMUR2, 4)))
     source = write_source(tmp_path / "bookings", events(producer(Partitioner.CRC32, 6)))
     # The good store is written first: its version must be removed again when bookings fails.
-    message = failed_build(
-        spark, zk_settings, tmp_path, {"good": store(good, 4), "bookings": store(source, 6)}
-    )
+    message = failed_build(spark, zk_settings, tmp_path, {"good": store(good, 4), "bookings": store(source, 6)})
 
     assert message.startswith("store 'bookings': partitioner audit: ")
     assert " of 3,000 records are not in the partition murmur2 assigns" in message
     assert 'they match crc32 (librdkafka\'s default consistent_random) — set partitioner = "crc32"' in message
 
 
-def test_a_wrong_partition_count_is_named(
-    spark: SparkSession, zk_settings: ZkSettings, tmp_path: Path
-) -> None:
+def test_a_wrong_partition_count_is_named(spark: SparkSession, zk_settings: ZkSettings, tmp_path: Path) -> None:
     source = write_source(tmp_path / "bookings", events(producer(Partitioner.MURMUR2, 12)))
     message = failed_build(spark, zk_settings, tmp_path, {"bookings": store(source, 6)})
 
     assert "source partitions go up to 11 but the store has 6 partitions" in message
-    assert (
-        "they match murmur2 (the Java client's default) over 12 partitions — set partitions = 12" in message
-    )
+    assert "they match murmur2 (the Java client's default) over 12 partitions — set partitions = 12" in message
 
 
 def test_empty_keys_spread_by_consistent_random_in_a_crc32_store_are_reported(
@@ -161,3 +153,26 @@ def test_empty_keys_spread_by_consistent_random_in_a_crc32_store_are_reported(
         "empty keys are spread at random by consistent_random (librdkafka's default) and cannot be looked up"
     ) in message
     assert "they match" not in message
+
+
+def test_int64_keys_produced_as_strings_and_null_partitions(
+    spark: SparkSession, zk_settings: ZkSettings, tmp_path: Path
+) -> None:
+    rng = random.Random(13)
+    rows: list[Row] = []
+    for ts in range(2000):
+        account = rng.randrange(-(2**40), 2**40)
+        # The producer's StringSerializer wrote the decimal text, not LongSerializer's 8 bytes.
+        produced = partition_for(Partitioner.MURMUR2, str(account).encode("ascii"), 6)
+        rows.append({"account": account, "ts": ts, "partition": None if ts < 3 else produced})
+    source = write_source(tmp_path / "accounts", rows)
+    spec = {**store(source, 6), "key": "account", "key_format": "int64"}
+
+    message = failed_build(spark, zk_settings, tmp_path, {"accounts": spec})
+
+    assert "records are not in the partition murmur2 assigns their key over 6 partitions" in message
+    assert "; 3 have no source partition (null in column 'partition'); " in message
+    assert message.endswith(
+        "they match murmur2 (the Java client's default) of keys serialized as string (UTF-8 text, Kafka's "
+        'StringSerializer) — set key_format = "string"'
+    )

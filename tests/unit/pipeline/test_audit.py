@@ -6,12 +6,14 @@ sources are "produced" the same way, by the producer each test imitates.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import uuid
 from collections import Counter
 from collections.abc import Sequence
 
 import pytest
+from pyspark.sql import types as T
 
 from keyroute_core.key_format import KeyFormat, key_from_value
 from keyroute_core.partitioner import Partitioner, partition_for
@@ -120,9 +122,7 @@ def test_each_partitioner_is_named_with_its_client(produced_with: Partitioner, n
 def test_a_topic_with_more_partitions_than_the_store() -> None:
     text = message(store(MURMUR2, 12), produced(customer_keys(), MURMUR2, 24))
     assert "source partitions go up to 23 but the store has 12 partitions" in text
-    assert text.endswith(
-        "they match murmur2 (the Java client's default) over 24 partitions — set partitions = 24"
-    )
+    assert text.endswith("they match murmur2 (the Java client's default) over 24 partitions — set partitions = 24")
 
 
 def test_a_topic_with_fewer_partitions_than_the_store() -> None:
@@ -139,8 +139,7 @@ def test_a_topic_with_one_partition() -> None:
 def test_another_partitioner_and_count_together() -> None:
     text = message(store(MURMUR2, 12), produced(customer_keys(), FNV1A, 10))
     assert text.endswith(
-        "they match fnv1a (Sarama's default) over 10 partitions"
-        ' — set partitioner = "fnv1a" and partitions = 10'
+        'they match fnv1a (Sarama\'s default) over 10 partitions — set partitioner = "fnv1a" and partitions = 10'
     )
 
 
@@ -193,16 +192,14 @@ def test_a_partial_match_is_named_with_its_share() -> None:
         data = key.encode()
         if rng.random() < 0.25:
             partition = next(
-                p
-                for p in range(6)
-                if p not in (partition_for(MURMUR2, data, 6), partition_for(CRC32, data, 6))
+                p for p in range(6) if p not in (partition_for(MURMUR2, data, 6), partition_for(CRC32, data, 6))
             )
         records.append((key, partition))
     found = findings(store(MURMUR2, 6), records)
     text = explain(store(MURMUR2, 6), found)
-    share = sum(
-        1 for r in found.mismatched if r.partition == partition_for(CRC32, str(r.key).encode(), 6)
-    ) / len(found.mismatched)
+    share = sum(1 for r in found.mismatched if r.partition == partition_for(CRC32, str(r.key).encode(), 6)) / len(
+        found.mismatched
+    )
     assert text.endswith(
         f"{share:.0%} of the {len(found.mismatched):,} sampled mismatching records match crc32 (librdkafka's "
         "default consistent_random); no single setting places every record: the source may mix producers"
@@ -377,3 +374,18 @@ def test_the_error_is_a_data_error_naming_the_store() -> None:
     assert isinstance(error, PartitionAuditError) and isinstance(error, DataError)
     assert error.store == "bookings"
     assert str(error).startswith("store 'bookings': partitioner audit: ")
+
+
+def test_the_source_partition_column_must_be_an_integer() -> None:
+    schema = T.StructType([T.StructField("customer_id", T.StringType()), T.StructField("partition", T.StringType())])
+    with pytest.raises(DataError) as failure:
+        audit.source_partition(store(), schema)
+    assert str(failure.value) == (
+        "store 'bookings': source_partition_column 'partition' has type string; it must hold the Kafka "
+        "partition of each record, an integer"
+    )
+
+
+def test_a_store_without_the_column_is_not_audited() -> None:
+    unaudited = dataclasses.replace(store(), source_partition_column=None)
+    assert audit.source_partition(unaudited, T.StructType([])) is None
