@@ -38,12 +38,13 @@ import pyarrow.parquet as pq
 import pyspark
 from pyspark.sql import Column, SparkSession
 
-from keyroute_core.partition_vectorized import partitions as vectorized_partitions
+from keyroute_core.key_format import KeyFormat
 from keyroute_core.partitioner import Partitioner
 from keyroute_core.settings import ZkSettings
 from keyroute_core.zookeeper_server import EmbeddedZooKeeper
 from pipeline import compute
 from pipeline.build import build
+from pipeline.compute import key_partitions
 from pipeline.session import create_session
 from pipeline.spec import StoreSpec
 
@@ -65,11 +66,20 @@ class Variant:
     route_step: Callable[[StoreSpec, Column], Column]
 
 
-def generate_events(folder: Path, events: int, keys: int, partitions: int, seed: int) -> None:
+KEY_SHAPES = {
+    KeyFormat.STRING: "string keys (`CNNNNNNN`)",
+    KeyFormat.INT64: "int64 keys (random 64-bit ids)",
+}
+
+
+def generate_events(folder: Path, events: int, keys: int, partitions: int, key_format: KeyFormat, seed: int) -> None:
     """Bookings-like events as parquet, with the partition a murmur2 producer sent each one to."""
     rng = np.random.default_rng(seed)
     customer = rng.integers(0, keys, size=events)
-    ids = pa.array(np.char.add("C", np.char.zfill(customer.astype("U7"), 7)), pa.string())
+    if key_format is KeyFormat.INT64:
+        ids = pa.array(rng.integers(-(2**63), 2**63 - 1, size=keys, dtype=np.int64)[customer])
+    else:
+        ids = pa.array(np.char.add("C", np.char.zfill(customer.astype("U7"), 7)), pa.string())
     table = pa.table(
         {
             "customer_id": ids,
@@ -77,7 +87,7 @@ def generate_events(folder: Path, events: int, keys: int, partitions: int, seed:
             "route": pa.array(np.array(ROUTES)[rng.integers(0, len(ROUTES), size=events)], pa.string()),
             "fare": np.round(rng.uniform(20.0, 900.0, size=events), 2),
             "seats": rng.integers(1, 9, size=events, dtype=np.int32),
-            "partition": vectorized_partitions(Partitioner.MURMUR2, ids, partitions),
+            "partition": key_partitions(ids, key_format, Partitioner.MURMUR2, partitions),
         }
     )
     folder.mkdir(parents=True)
@@ -86,13 +96,14 @@ def generate_events(folder: Path, events: int, keys: int, partitions: int, seed:
         pq.write_table(table.slice(first, step), folder / f"part-{index:03d}.parquet")
 
 
-def write_spec(path: Path, source: Path, partitions: int, audit: bool) -> Path:
+def write_spec(path: Path, source: Path, args: argparse.Namespace, audit: bool) -> Path:
     lines = [
         f"[stores.{STORE}]",
         f'source = "{source.as_posix()}"',
         'format = "parquet"',
         'key = "customer_id"',
-        f"partitions = {partitions}",
+        f'key_format = "{args.key_format}"',
+        f"partitions = {args.partitions}",
         'mode = "latest"',
         'order_by = "ts"',
         'columns = ["ts", "route", "fare", "seats"]',
@@ -240,9 +251,7 @@ def _listed(values: list[float]) -> str:
     return ", ".join(f"{value:.1f}" for value in values)
 
 
-def section(
-    timings: list[Timings], loads: list[float], args: argparse.Namespace, keys: int, command: str
-) -> str:
+def section(timings: list[Timings], loads: list[float], args: argparse.Namespace, keys: int, command: str) -> str:
     unhashed, hashed, audited = timings
     step_wall, step_cpu = Overhead.of(hashed.wall, unhashed.wall), Overhead.of(hashed.cpu, unhashed.cpu)
     audit_wall, audit_cpu = Overhead.of(audited.wall, hashed.wall), Overhead.of(audited.cpu, hashed.cpu)
@@ -265,7 +274,7 @@ def section(
             SECTION,
             "",
             f"`{command}` on {datetime.date.today().isoformat()}: {args.events:,} bookings-like events"
-            f" (parquet, {SOURCE_FILES} files, seed {args.seed}) over {keys:,} string keys (`CNNNNNNN`),"
+            f" (parquet, {SOURCE_FILES} files, seed {args.seed}) over {keys:,} {KEY_SHAPES[args.key_format]},"
             f" mode latest, {args.partitions} partitions, murmur2; one SparkSession ({args.master}),"
             " each build() into a fresh output and a fresh chroot of one embedded ZooKeeper;"
             f" one warm-up build of each kind, then {args.rounds} interleaved rounds.",
@@ -280,8 +289,7 @@ def section(
             "",
             f"- Partition step: wall **{step_wall}**, CPU {step_cpu};"
             f" target <= +{TARGET_OVERHEAD:.0%} (wall, medians): {verdict}.",
-            f"- Partitioner audit (`source_partition_column`) on top of it: wall **{audit_wall}**,"
-            f" CPU {audit_cpu}.",
+            f"- Partitioner audit (`source_partition_column`) on top of it: wall **{audit_wall}**, CPU {audit_cpu}.",
             "",
         ]
     )
@@ -303,8 +311,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=1_000_000, help="source records (default: 1,000,000)")
     parser.add_argument("--keys", type=int, default=250_000, help="distinct keys (default: 250,000)")
     parser.add_argument("--partitions", type=int, default=12, help="store partitions (default: 12)")
-    parser.add_argument("--rounds", type=int, default=7, help="timed rounds per build kind (default: 7)")
+    parser.add_argument("--rounds", type=int, default=11, help="timed rounds per build kind (default: 11)")
     parser.add_argument("--master", default="local[*]", help="Spark master (default: local[*])")
+    parser.add_argument(
+        "--key-format",
+        type=KeyFormat,
+        choices=list(KEY_SHAPES),
+        default=KeyFormat.STRING,
+        help="the keys' format (default: string)",
+    )
     parser.add_argument("--seed", type=int, default=20240611)
     parser.add_argument(
         "--settle-load",
@@ -312,9 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         default=float(os.cpu_count() or 1),
         help="before a round, wait for the 1-minute load average to drop to this (default: the CPU count)",
     )
-    parser.add_argument(
-        "--settle-wait-s", type=float, default=60.0, help="...but at most this long (default: 60)"
-    )
+    parser.add_argument("--settle-wait-s", type=float, default=30.0, help="...but at most this long (default: 30)")
     parser.add_argument("--write", action="store_true", help=f"record the figures in {RESULTS.name}")
     args = parser.parse_args(argv)
 
@@ -322,12 +335,12 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         source = work / "events"
         start = time.perf_counter()
-        generate_events(source, args.events, args.keys, args.partitions, args.seed)
+        generate_events(source, args.events, args.keys, args.partitions, args.key_format, args.seed)
         keys = len(pq.read_table(source, columns=["customer_id"]).column(0).unique())
         took = time.perf_counter() - start
         print(f"generated {args.events:,} events ({keys:,} keys) in {took:.1f}s", file=sys.stderr, flush=True)
-        plain = write_spec(work / "plain.toml", source, args.partitions, audit=False)
-        audited = write_spec(work / "audited.toml", source, args.partitions, audit=True)
+        plain = write_spec(work / "plain.toml", source, args, audit=False)
+        audited = write_spec(work / "audited.toml", source, args, audit=True)
         variants = [
             Variant("no partition step", plain, compute.unhashed_route_column),
             Variant("partition step (murmur2, Arrow UDF)", plain, compute.route_column),

@@ -1,6 +1,7 @@
 """Per-key state with Spark: read a store's source, reduce it to one value per key, route every key.
 
-Routing (canonical key text and partition) runs in the shared core's own code, through an Arrow UDF.
+Routing (canonical key text and partition) runs in the shared core's own code, through an Arrow UDF; keys
+are serialized a whole batch at a time as well. An audited store's records are checked in the same pass.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ ROUTE_TYPE = T.StructType(
     ]
 )
 
+# Kafka's Short/Integer/LongSerializer widths, as in key_format.
 _INT_WIDTHS = {KeyFormat.INT16: 2, KeyFormat.INT32: 4, KeyFormat.INT64: 8}
 _INT_FORMATS = frozenset(_INT_WIDTHS)
 _INT_BOUNDS = {fmt: (-(1 << (8 * n - 1)), (1 << (8 * n - 1)) - 1) for fmt, n in _INT_WIDTHS.items()}
@@ -53,9 +55,9 @@ _DECIMAL_PATTERN = r"^-?[0-9]+$"
 _UUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 _INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 _EXAMPLES = 3
+_SPARK_MESSAGE_CHARS = 400
 
 log = logging.getLogger(__name__)
-_SPARK_MESSAGE_CHARS = 400
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,9 +97,7 @@ def serialize_keys(keys: pa.Array | pa.ChunkedArray, key_format: KeyFormat) -> S
     return _serialize_vectorized(keys, key_format) or _serialize_per_key(keys, key_format)
 
 
-def route_keys(
-    keys: pa.Array, key_format: KeyFormat, partitioner: Partitioner, partitions: int
-) -> pa.StructArray:
+def route_keys(keys: pa.Array, key_format: KeyFormat, partitioner: Partitioner, partitions: int) -> pa.StructArray:
     """Canonical text and partition for a batch of raw keys; a key that does not fit gets an error instead.
 
     Errors are returned, not raised: the driver reports how many keys failed, with examples, rather than
@@ -110,9 +110,7 @@ def route_keys(
     )
 
 
-def key_partitions(
-    keys: pa.Array, key_format: KeyFormat, partitioner: Partitioner, partitions: int
-) -> pa.Array:
+def key_partitions(keys: pa.Array, key_format: KeyFormat, partitioner: Partitioner, partitions: int) -> pa.Array:
     """The partition of every raw key as int32, null for a key that does not fit (the audit's record UDF)."""
     return _partitions(serialize_keys(keys, key_format).data, partitioner, partitions)
 
@@ -216,9 +214,7 @@ def _serialize_per_key(keys: pa.Array, key_format: KeyFormat) -> SerializedKeys:
         texts.append(key.text)
         datas.append(key.data)
         errors.append(None)
-    return SerializedKeys(
-        pa.array(datas, pa.binary()), pa.array(texts, pa.string()), pa.array(errors, pa.string())
-    )
+    return SerializedKeys(pa.array(datas, pa.binary()), pa.array(texts, pa.string()), pa.array(errors, pa.string()))
 
 
 def _is_text(data_type: pa.DataType) -> bool:
@@ -311,9 +307,7 @@ def compute_store(spark: SparkSession, store: StoreSpec) -> ComputedStore:
         except BaseException:
             routed.unpersist()
             raise
-    return ComputedStore(
-        spec=store, frame=routed, value_columns=value_columns, partition_rows=checked.partition_rows
-    )
+    return ComputedStore(spec=store, frame=routed, value_columns=value_columns, partition_rows=checked.partition_rows)
 
 
 def _audit(store: StoreSpec, keyed: DataFrame, source_partition: Column, checked: _CheckedKeys) -> None:
@@ -380,9 +374,7 @@ def _check_columns(store: StoreSpec, available: list[str]) -> tuple[str, ...]:
         if near:
             hint = f" (column names are case-sensitive: did you mean {near[0]!r}?)"
         listed = ", ".join(repr(c) for c in available) or "none"
-        raise DataError(
-            store.name, f"{role} column {column!r} is not in the source{hint}; available: {listed}"
-        )
+        raise DataError(store.name, f"{role} column {column!r} is not in the source{hint}; available: {listed}")
 
     require(store.key, "key")
     if store.source_partition_column is not None:
