@@ -6,8 +6,8 @@ The environment is read here and nowhere else; everything inward receives typed 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import logging
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -15,8 +15,18 @@ from pathlib import Path
 from typing import Any
 
 from keyroute_core.key_format import KeyFormat, KeyFormatError, parse_key
+from keyroute_core.logs import FORMATS
+from keyroute_core.logs import configure as configure_logs
 from keyroute_core.partitioner import Partitioner, key_hash, partition_for
-from keyroute_core.settings import HttpSettings, NodeSettings, RouterSettings, ZkSettings
+from keyroute_core.settings import (
+    AccessSettings,
+    HttpSettings,
+    NodeSettings,
+    RequestLimits,
+    RouterSettings,
+    ZkIdentity,
+    ZkSettings,
+)
 
 ENV_PREFIX = "KEYROUTE_"
 # The pipeline's default, repeated here so that `keyroute --help` does not import the pipeline.
@@ -42,13 +52,17 @@ class _Parser:
         default: Any = None,
         required: bool = False,
         help: str = "",
+        secret: bool = False,
         **kwargs: Any,
     ) -> None:
         env_name = _env_name(flag)
         if env_name in self.env:
-            default, required = type(self.env[env_name]), False
+            # A secret stays text until argparse converts it, so that a bad value is a usage error that
+            # does not repeat it; its value never appears in --help.
+            default = self.env[env_name] if secret else type(self.env[env_name])
+            required = False
         suffix = f" [env {env_name}]"
-        if default is not None:
+        if default is not None and not secret:
             suffix += f" (default: {default})"
         parser.add_argument(flag, type=type, default=default, required=required, help=help + suffix, **kwargs)
 
@@ -57,6 +71,153 @@ class _Parser:
         env_name = _env_name(flag)
         default = self.env.get(env_name, "").strip().lower() in ("1", "true", "yes", "on")
         parser.add_argument(flag, action="store_true", default=default, help=f"{help} [env {env_name}]")
+
+
+def _hedge_after_ms(text: str) -> float | None:
+    """`auto` (None: derived from observed latencies) or a number of milliseconds, 0 meaning never."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a number of milliseconds, not {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"the hedge delay must be a finite number >= 0, not {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, not {text!r}")
+    return value
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage, not {text!r}") from None
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"a percentage is between 0 and 100, not {text!r}")
+    return value
+
+
+def _zk_identity(text: str) -> ZkIdentity | None:
+    """USER:PASSWORD for ZooKeeper's digest scheme; empty means none (e.g. an absent optional Secret)."""
+    text = text.rstrip("\r\n")  # a Secret written from a file often ends with a newline
+    if not text:
+        return None
+    try:
+        return ZkIdentity.parse(text)
+    except ValueError as exc:  # ArgumentTypeError: argparse shows the message, never the value
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _zk_options(p: _Parser, parser: argparse.ArgumentParser, *, writes: bool) -> None:
+    """--zk, the identity this process authenticates as and, for processes that write, the reader."""
+    p.option(parser, "--zk", required=True, help="ZooKeeper HOST:PORT[/chroot]")
+    p.option(
+        parser,
+        "--zk-auth",
+        type=_zk_identity,
+        secret=True,
+        metavar="USER:PASSWORD",
+        help="ZooKeeper digest identity USER:PASSWORD this process authenticates as"
+        + (
+            "; it gets ALL on everything this process creates (none: world-open ACLs, anyone can rewrite routing)"
+            if writes
+            else "; READ is all this process needs"
+        ),
+    )
+    if writes:
+        p.option(
+            parser,
+            "--zk-reader",
+            type=_zk_identity,
+            secret=True,
+            metavar="USER:PASSWORD",
+            help="digest identity USER:PASSWORD granted READ on everything this process creates (the routers')",
+        )
+
+
+def _secret_text(text: str) -> str:
+    return text.rstrip("\r\n")  # a Secret written from a file often ends with a newline
+
+
+def _serving_options(p: _Parser, parser: argparse.ArgumentParser) -> None:
+    """Request limits and access control, the same for routers and nodes."""
+    limits = RequestLimits()
+    p.option(
+        parser,
+        "--cluster-secret",
+        type=_secret_text,
+        secret=True,
+        help="shared by every router and node (a Kubernetes Secret); with it, forwarding headers count only "
+        "from members proving they hold it. Empty: anyone may send them (local use only)",
+    )
+    p.option(
+        parser,
+        "--admin-token",
+        type=_secret_text,
+        secret=True,
+        help="bearer token /admin/* requires (Authorization: Bearer TOKEN); empty: admin endpoints are open",
+    )
+    p.flag(parser, "--metrics-require-token", help="/metrics also requires the admin token")
+    p.option(parser, "--max-batch-keys", type=int, default=1000, help="keys in one batch-get (413 beyond)")
+    p.option(
+        parser,
+        "--max-key-bytes",
+        type=int,
+        default=limits.max_key_bytes,
+        help="longest key in bytes, UTF-8 after percent-decoding (414, or 400 for a batch entry); 0: no limit",
+    )
+    p.option(
+        parser,
+        "--max-body-bytes",
+        type=int,
+        default=limits.max_body_bytes,
+        help="largest request body (413 body_too_large); 0: no limit",
+    )
+    p.option(
+        parser,
+        "--max-header-bytes",
+        type=int,
+        default=limits.max_header_bytes,
+        help="largest request line plus headers (431 headers_too_large); 0: no limit",
+    )
+    p.option(
+        parser,
+        "--max-concurrent-requests",
+        type=int,
+        default=limits.max_concurrent_requests,
+        help="requests in progress at once; beyond it 503 overloaded with Retry-After at once, never queued; "
+        "0: no limit",
+    )
+
+
+def _limits(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings fields `_serving_options` fills, for NodeSettings and RouterSettings alike."""
+    for name in ("max_batch_keys", "max_key_bytes", "max_body_bytes", "max_header_bytes", "max_concurrent_requests"):
+        if getattr(args, name) < 0:
+            raise SystemExit(f"keyroute {args.command}: --{name.replace('_', '-')} must not be negative")
+    return {
+        "max_batch_keys": max(1, args.max_batch_keys),
+        "limits": RequestLimits(
+            max_key_bytes=args.max_key_bytes,
+            max_body_bytes=args.max_body_bytes,
+            max_header_bytes=args.max_header_bytes,
+            max_concurrent_requests=args.max_concurrent_requests,
+        ),
+        "access": AccessSettings(
+            cluster_secret=args.cluster_secret or "",
+            admin_token=args.admin_token or "",
+            metrics_require_token=args.metrics_require_token,
+        ),
+    }
 
 
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -68,6 +229,13 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         ),
     )
     p.option(parser, "--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    p.option(
+        parser,
+        "--log-format",
+        default="text",
+        choices=FORMATS,
+        help="text (for a terminal) or json (one JSON object per line, for log collectors)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     zk = sub.add_parser("zookeeper", help="run a real ZooKeeper server in the foreground (needs only Java)")
@@ -77,14 +245,10 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
 
     pipe = sub.add_parser("pipeline", help="compute stores with Spark and publish new versions")
     pipe_sub = pipe.add_subparsers(dest="pipeline_command", required=True, metavar="ACTION")
-    build = pipe_sub.add_parser(
-        "build", help="compute every store in the spec, write and publish a new version"
-    )
+    build = pipe_sub.add_parser("build", help="compute every store in the spec, write and publish a new version")
     p.option(build, "--spec", type=Path, required=True, help="store spec (TOML)")
-    p.option(build, "--zk", required=True, help="ZooKeeper HOST:PORT[/chroot]")
-    p.option(
-        build, "--output", required=True, help="snapshot root (path or file:// URI shared with the nodes)"
-    )
+    _zk_options(p, build, writes=True)
+    p.option(build, "--output", required=True, help="snapshot root (path or file:// URI shared with the nodes)")
     p.option(build, "--master", help="Spark master (default: local[*])")
     p.option(
         build,
@@ -95,7 +259,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     )
 
     node = sub.add_parser("node", help="run a state node")
-    p.option(node, "--zk", required=True, help="ZooKeeper HOST:PORT[/chroot]")
+    _zk_options(p, node, writes=True)
     p.option(node, "--node-id", required=True, help="unique, stable node id (e.g. the pod name)")
     p.option(node, "--port", type=int, required=True, help="HTTP port")
     p.option(node, "--host", default="127.0.0.1", help="address to listen on")
@@ -116,35 +280,53 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         default=300.0,
         help="how long a replaced version's files stay on disk (a rollback meanwhile reuses them)",
     )
+    p.option(node, "--forward-timeout-s", type=float, default=5.0, help="timeout for one request to another node")
+    _serving_options(p, node)
 
     router = sub.add_parser("router", help="run a router")
-    p.option(router, "--zk", required=True, help="ZooKeeper HOST:PORT[/chroot]")
+    _zk_options(p, router, writes=False)
     p.option(router, "--port", type=int, required=True, help="HTTP port")
     p.option(router, "--host", default="127.0.0.1", help="address to listen on")
-    p.option(
-        router, "--upstream-timeout-s", type=float, default=5.0, help="timeout for one request to a node"
-    )
+    p.option(router, "--upstream-timeout-s", type=float, default=5.0, help="timeout for one request to a node")
     p.option(router, "--zk-session-timeout-s", type=float, default=10.0, help="ZooKeeper session timeout")
+    p.option(router, "--upstream-connect-timeout-s", type=float, default=1.0, help="timeout for connecting to a node")
+    _serving_options(p, router)
+    p.option(
+        router,
+        "--hedge-after-ms",
+        type=_hedge_after_ms,
+        default="auto",
+        help="send a single-key read not answered within this many ms to a second replica too; "
+        "auto: the p95 of recent node latencies (2 ms to 1 s); 0: never",
+    )
+    p.option(
+        router,
+        "--retry-budget-percent",
+        type=_percent,
+        default=10.0,
+        help="hedges allowed as a percentage of reads (plus a burst of 10); failovers after errors always go",
+    )
+    p.option(
+        router,
+        "--workers",
+        type=_positive_int,
+        default=1,
+        help="router processes sharing the port, each with its own map watcher (about one per spare core)",
+    )
 
     store = sub.add_parser("store", help="list published stores, roll a store back to a retained version")
     store_sub = store.add_subparsers(dest="store_command", required=True, metavar="ACTION")
-    listing = store_sub.add_parser(
-        "list", help="print each store's current and retained versions (JSON lines)"
-    )
-    p.option(listing, "--zk", required=True, help="ZooKeeper HOST:PORT[/chroot]")
+    listing = store_sub.add_parser("list", help="print each store's current and retained versions (JSON lines)")
+    _zk_options(p, listing, writes=False)
     roll = store_sub.add_parser("rollback", help="make a retained version of a store current again")
-    p.option(roll, "--zk", required=True, help="ZooKeeper HOST:PORT[/chroot]")
+    _zk_options(p, roll, writes=True)
     p.option(roll, "--store", required=True, help="store name")
-    p.option(
-        roll, "--version", type=int, required=True, help="a retained version (see `keyroute store list`)"
-    )
+    p.option(roll, "--version", type=int, required=True, help="a retained version (see `keyroute store list`)")
     p.flag(roll, "--no-verify", help="do not check the version's snapshot manifest from this machine")
 
     demo = sub.add_parser("demo", help="run everything on this machine with generated sample data")
     p.option(demo, "--port", type=int, default=8080, help="router port")
-    p.option(
-        demo, "--workdir", type=Path, default=Path(".keyroute-demo"), help="where the demo keeps its files"
-    )
+    p.option(demo, "--workdir", type=Path, default=Path(".keyroute-demo"), help="where the demo keeps its files")
     p.option(demo, "--events", type=int, default=120_000, help="sample events per store")
 
     part = sub.add_parser("partition", help="print the partition of each key (arguments or stdin lines)")
@@ -217,7 +399,8 @@ def cmd_zookeeper(args: argparse.Namespace) -> int:
 
 def _zk(args: argparse.Namespace) -> ZkSettings:
     timeout = getattr(args, "zk_session_timeout_s", 10.0)
-    return ZkSettings.parse(args.zk, session_timeout_s=timeout)
+    auth, reader = getattr(args, "zk_auth", None), getattr(args, "zk_reader", None)
+    return ZkSettings.parse(args.zk, session_timeout_s=timeout, auth=auth, reader=reader)
 
 
 def cmd_pipeline(args: argparse.Namespace) -> int:
@@ -246,7 +429,8 @@ def cmd_store(args: argparse.Namespace) -> int:
 
     what = f"keyroute store {args.store_command}"
     try:
-        client = connect(_zk(args))
+        # Listing only reads: it creates nothing, so a read-only identity may list.
+        client = connect(_zk(args), ensure_layout=args.store_command != "list")
     except ZkUnavailableError as exc:
         print(f"{what}: {exc}", file=sys.stderr)
         return 1
@@ -278,6 +462,8 @@ def cmd_node(args: argparse.Namespace) -> int:
         http=HttpSettings(host=args.host, port=args.port, advertise_url=args.advertise_url),
         drain_timeout_s=args.drain_timeout_s,
         version_grace_s=args.version_grace_s,
+        forward_timeout_s=args.forward_timeout_s,
+        **_limits(args),
     )
     return run(settings)
 
@@ -289,8 +475,17 @@ def cmd_router(args: argparse.Namespace) -> int:
         zk=_zk(args),
         http=HttpSettings(host=args.host, port=args.port),
         upstream_timeout_s=args.upstream_timeout_s,
+        upstream_connect_timeout_s=args.upstream_connect_timeout_s,
+        **_limits(args),
+        hedge_after_ms=args.hedge_after_ms,
+        retry_budget_percent=args.retry_budget_percent,
+        workers=args.workers,
     )
-    return run(settings)
+    # Worker processes start afresh and set up their logging as this process did.
+    return run(
+        settings,
+        setup=functools.partial(configure_logs, args.log_format, str(args.log_level), fields={"service": "router"}),
+    )
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -314,12 +509,14 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     env = os.environ if env is None else env
     parser = build_parser(env)
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    logging.getLogger("kazoo").setLevel(logging.WARNING)
+    if getattr(args, "zk_reader", None) is not None and getattr(args, "zk_auth", None) is None:
+        parser.error("--zk-reader (KEYROUTE_ZK_READER) needs --zk-auth (KEYROUTE_ZK_AUTH): the identity granted ALL")
+    if args.log_format not in FORMATS:  # a value from the environment, which argparse does not check
+        parser.error(f"--log-format (KEYROUTE_LOG_FORMAT) must be one of {', '.join(FORMATS)}")
+    fields = {"service": args.command}
+    if getattr(args, "node_id", None):
+        fields["node"] = args.node_id
+    configure_logs(args.log_format, str(args.log_level), fields=fields)
     try:
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:

@@ -4,11 +4,18 @@
      ├── StoreNotFound             404 store_not_found
      ├── KeyNotFound               404 key_not_found
      ├── BadKey                    400 bad_key (does not fit the store's key format)
+     ├── KeyTooLong                414 key_too_long (400 for a key inside a batch-get body)
      ├── BadRequest                400 bad_request
      ├── NotFound                  404 not_found (no such route)
      ├── PayloadTooLarge           413 too_many_keys
      ├── BodyTooLarge              413 body_too_large
+     ├── Unauthorized              401 unauthorized, with WWW-Authenticate: Bearer
+     ├── HeadersTooLarge           431 headers_too_large
+     ├── Overloaded                503 overloaded, with Retry-After
      └── PartitionUnavailable      503 partition_unavailable, with Retry-After
+
+Limits shared by routers and nodes (`DEFAULT_MAX_*`) are checked by helpers here, so every path that
+reads a key (the full application or a leaner one in front of it) applies the same rules.
 """
 
 from __future__ import annotations
@@ -27,6 +34,17 @@ HEADER_FORWARDED_BY = "x-keyroute-forwarded-by"
 HEADER_REQUEST_ID = "x-request-id"
 # Set by routers on requests to nodes: the node may still forward once (the router's view may be stale).
 HEADER_ROUTER = "x-keyroute-router"
+# Proves a request comes from a cluster member (keyroute_core.security); without it, the member headers
+# above are a client's words and are ignored when a cluster secret is configured.
+HEADER_AUTH = "x-keyroute-auth"
+MEMBER_HEADERS = frozenset(
+    {HEADER_HOPS, HEADER_ROUTER, HEADER_PARTITION, HEADER_GENERATION, HEADER_FORWARDED_BY, HEADER_AUTH}
+)
+
+DEFAULT_MAX_KEY_BYTES = 1024
+DEFAULT_MAX_BODY_BYTES = 2 * 1024 * 1024
+DEFAULT_MAX_HEADER_BYTES = 32 * 1024
+DEFAULT_MAX_CONCURRENT_REQUESTS = 1024
 
 KEYS_PREFIX = "/stores/"
 
@@ -59,6 +77,17 @@ class BadKey(ApiError):
     code = "bad_key"
 
 
+class KeyTooLong(ApiError):
+    status = 414
+    code = "key_too_long"
+
+
+class BatchKeyTooLong(KeyTooLong):
+    """The same limit for one key of a batch-get body: that entry is a 400, the batch goes on."""
+
+    status = 400
+
+
 class BadRequest(ApiError):
     status = 400
     code = "bad_request"
@@ -79,6 +108,28 @@ class BodyTooLarge(ApiError):
     code = "body_too_large"
 
 
+class Unauthorized(ApiError):
+    status = 401
+    code = "unauthorized"
+
+    def __init__(self, message: str, invalid_token: bool = False) -> None:
+        challenge = 'Bearer error="invalid_token"' if invalid_token else "Bearer"
+        super().__init__(message, {"WWW-Authenticate": challenge})
+
+
+class HeadersTooLarge(ApiError):
+    status = 431
+    code = "headers_too_large"
+
+
+class Overloaded(ApiError):
+    status = 503
+    code = "overloaded"
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message, {"Retry-After": str(retry_after_s)})
+
+
 class PartitionUnavailable(ApiError):
     status = 503
     code = "partition_unavailable"
@@ -91,21 +142,40 @@ def error_json(code: str, message: str) -> bytes:
     return json.dumps({"error": code, "message": message}, ensure_ascii=False).encode("utf-8")
 
 
-def key_path_segment(raw_path: bytes) -> tuple[str, str] | None:
+def key_path_segment(raw_path: bytes, max_key_bytes: int = DEFAULT_MAX_KEY_BYTES) -> tuple[str, str] | None:
     """(store, key) from the raw request path `/stores/{store}/keys/{key}`, or None if it is not one.
 
     The raw path is used because servers percent-decode `path`, which would turn a key's `%2F` into a
-    separator. Raises BadKey when the key's percent-encoding is not UTF-8.
+    separator. Raises BadKey when the key's percent-encoding is not UTF-8, and KeyTooLong when the
+    decoded key (or the store name) is longer than `max_key_bytes` (0: no limit).
     """
     parts = raw_path.split(b"/")
     if len(parts) != 5 or parts[0] != b"" or parts[1] != b"stores" or parts[3] != b"keys" or not parts[2]:
         return None
+    raw_store, raw_key = parts[2], parts[4]
+    # Checked before decoding too: a percent-encoded byte is 3 characters, so this bounds the work.
+    if max_key_bytes and (len(raw_key) > 3 * max_key_bytes or len(raw_store) > 3 * max_key_bytes):
+        raise KeyTooLong(f"the key is longer than {max_key_bytes} bytes")
+    store_bytes = unquote_to_bytes(raw_store) if b"%" in raw_store else raw_store
+    key_bytes = unquote_to_bytes(raw_key) if b"%" in raw_key else raw_key
+    if max_key_bytes and (len(key_bytes) > max_key_bytes or len(store_bytes) > max_key_bytes):
+        raise KeyTooLong(f"the key is longer than {max_key_bytes} bytes")
     try:
-        store = unquote_to_bytes(parts[2]).decode("utf-8")
-        key = unquote_to_bytes(parts[4]).decode("utf-8")
+        store = store_bytes.decode("utf-8")
+        key = key_bytes.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BadKey("the key is not valid UTF-8 after percent-decoding") from exc
     return store, key
+
+
+def key_too_long(text: str, max_key_bytes: int) -> bool:
+    """Whether a key given as text (a batch-get entry) is longer than `max_key_bytes` in UTF-8 (0: no limit).
+
+    A lone surrogate (only possible as a JSON escape) counts as the 3 bytes it would take.
+    """
+    if not max_key_bytes or len(text) * 4 <= max_key_bytes:
+        return False  # the common case needs no encoding: no character takes more than 4 bytes
+    return len(text) > max_key_bytes or len(text.encode("utf-8", "surrogatepass")) > max_key_bytes
 
 
 def found_body(store: str, key: str, partition: int, version: int, value_json: bytes) -> bytes:

@@ -11,6 +11,10 @@ thread does the reading and hands each new immutable map to `on_map` (the caller
 event loop, e.g. with `loop.call_soon_threadsafe`). `refresh()` asks for a read at once (a node told a
 router that its view is stale). `hold_watches()` is a fault injection for tests: it makes the view stale
 on purpose by ignoring watch events, as if their delivery were delayed.
+
+The watcher only reads, so a router may hold a read-only ZooKeeper identity: a path that does not exist
+yet is watched with `exists` until it is created; a record this identity may not read is left out of the
+map with a warning (a root it may not read keeps the last map, stale).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException, NoNodeError
+from kazoo.exceptions import KazooException, NoAuthError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import ZnodeStat
 
@@ -154,12 +158,20 @@ class MapWatcher:
         watch = self._on_watch
         stats: list[ZnodeStat] = []
 
-        def settle(path: str, pending: Any) -> Any:
+        def settle(path: str, pending: Any, record: bool = False) -> Any:
             try:
                 value, stat = pending.get(timeout=_READ_TIMEOUT_S)
             except NoNodeError:
                 # Readers never write (a router may hold a read-only identity): watch for its creation.
-                zk.exists(path, watch=watch)
+                if zk.exists(path, watch=watch) is not None:
+                    self._dirty.set()  # created since the read: its listing needs a watch of its own
+                return None
+            except NoAuthError:
+                if not record:
+                    raise  # a root this identity may not read: keep the last map, stale, and retry
+                # One record a writer created without granting this identity READ: the rest of the map
+                # is still right, so route on it and say what is missing.
+                log.warning("ZooKeeper denies reading %s to this identity; ignoring it", path)
                 return None
             stats.append(stat)
             return value
@@ -174,7 +186,7 @@ class MapWatcher:
             for name in names[parent]
         }
         raw_assignment = settle(zk_layout.ASSIGNMENT, assignment_read)
-        raw = {key: settle(f"{key[0]}/{key[1]}", pending) for key, pending in records.items()}
+        raw = {key: settle(f"{key[0]}/{key[1]}", pending, record=True) for key, pending in records.items()}
 
         stores: dict[str, StoreRecord] = {}
         for name in names[zk_layout.STORES]:

@@ -7,19 +7,65 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from keyroute_core.api import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_CONCURRENT_REQUESTS,
+    DEFAULT_MAX_HEADER_BYTES,
+    DEFAULT_MAX_KEY_BYTES,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ZkIdentity:
+    """A ZooKeeper digest identity, written `user:password`; the password never appears in a repr or log."""
+
+    user: str
+    password: str = field(repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.user or ":" in self.user or self.user != self.user.strip():
+            raise ValueError("a ZooKeeper digest user must be non-empty, without ':' or surrounding spaces")
+        if not self.password:
+            raise ValueError(f"the ZooKeeper digest identity {self.user!r} has an empty password")
+
+    @classmethod
+    def parse(cls, text: str) -> ZkIdentity:
+        """`user:password` (the password may itself contain ':'). Messages never repeat the password."""
+        user, colon, password = text.partition(":")
+        if not colon:
+            raise ValueError("expected USER:PASSWORD (a ZooKeeper digest identity), found no ':'")
+        return cls(user, password)
+
+    @property
+    def credential(self) -> str:
+        """What the digest scheme authenticates with (`add_auth("digest", ...)`)."""
+        return f"{self.user}:{self.password}"
 
 
 @dataclass(frozen=True, slots=True)
 class ZkSettings:
-    """Where the ZooKeeper ensemble is and how long a session may go silent."""
+    """Where the ZooKeeper ensemble is, how long a session may go silent, and who this process is there.
+
+    `auth` is the digest identity this process authenticates as; None keeps ZooKeeper's world-open ACL
+    on everything keyroute creates. `reader`, for processes that write (nodes, pipeline, rollback), is the
+    identity granted READ on what they create; it needs `auth` (the identity granted everything).
+    """
 
     hosts: str = "127.0.0.1:2181"
     chroot: str = ""
     session_timeout_s: float = 10.0
     connect_timeout_s: float = 15.0
+    auth: ZkIdentity | None = None
+    reader: ZkIdentity | None = None
+
+    def __post_init__(self) -> None:
+        if self.reader is not None and self.auth is None:
+            raise ValueError("a ZooKeeper reader identity needs an identity to authenticate as (auth)")
 
     @classmethod
-    def parse(cls, connect: str, **kwargs: float) -> ZkSettings:
+    def parse(cls, connect: str, **kwargs: Any) -> ZkSettings:
         """Split `host:port[,host:port...][/chroot]` into hosts and chroot."""
         connect = connect.strip()
         if not connect:
@@ -52,6 +98,26 @@ class HttpSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """What one request may cost a router or node; each answered with a JSON error. 0 switches one off."""
+
+    max_key_bytes: int = DEFAULT_MAX_KEY_BYTES  # 414 key_too_long (a batch-get entry: 400)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # 413 body_too_large
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES  # request line + header fields: 431 headers_too_large
+    # Beyond it: 503 overloaded with Retry-After at once, never queued.
+    max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS
+
+
+@dataclass(frozen=True, slots=True)
+class AccessSettings:
+    """Secrets (never shown in a repr): the cluster secret members prove themselves with, the admin token."""
+
+    cluster_secret: str = field(default="", repr=False)
+    admin_token: str = field(default="", repr=False)
+    metrics_require_token: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class NodeSettings:
     """A state node: identity, storage and how it reaches its peers."""
 
@@ -66,6 +132,8 @@ class NodeSettings:
     drain_timeout_s: float = 60.0
     # How long a superseded version's files stay on disk (a rollback within it reuses them at once).
     version_grace_s: float = 300.0
+    limits: RequestLimits = field(default_factory=RequestLimits)
+    access: AccessSettings = field(default_factory=AccessSettings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,3 +146,12 @@ class RouterSettings:
     upstream_connect_timeout_s: float = 1.0
     max_batch_keys: int = 1000
     unavailable_retry_after_s: int = 1
+    # A single-key read not answered after this long is also sent to another serving replica.
+    # None: automatic (p95 of recent upstream latencies, within 2 ms..1 s); 0: never.
+    hedge_after_ms: float | None = None
+    # Hedges allowed, as a percentage of primary requests (plus a small burst).
+    retry_budget_percent: float = 10.0
+    # Processes sharing the listening port, each a whole router (map watcher, pools, metrics).
+    workers: int = 1
+    limits: RequestLimits = field(default_factory=RequestLimits)
+    access: AccessSettings = field(default_factory=AccessSettings)

@@ -1,51 +1,180 @@
-"""Connecting to ZooKeeper: one kazoo client per process, chroot created when missing."""
+"""Connecting to ZooKeeper: one kazoo client per process, the chroot and layout created when missing, ACLs.
+
+Access control uses ZooKeeper's digest scheme. Every process authenticates as one identity
+(`ZkSettings.auth`, `USER:PASSWORD`). Processes that write (nodes, the pipeline, rollback) create every
+znode (the chroot, the layout roots and every record below them, ephemeral or not) with one ACL, set once
+here as the client's default: their own identity ALL, the reader identity (`ZkSettings.reader`) READ,
+nobody else anything. Routers only read: they authenticate as the reader and create nothing
+(`ensure_layout=False`). Writers are given the reader as `USER:PASSWORD`, not as a pre-hashed digest: one
+Secret then serves both sides, the digest is computed here, and a writer learns nothing it could misuse
+(it already holds ALL). Without credentials every znode gets ZooKeeper's world-open ACL, as before: anyone
+who can reach ZooKeeper can rewrite the routing.
+
+A writer also checks the ACL of the persistent layout (chroot, roots, assignment, store records) when it
+connects: world access is removed and its own identity (ALL) and reader (READ) are added, so a layout
+created before credentials were configured is locked on first use and a new reader identity takes
+effect. Other identities' entries are kept: a writer configured without the reader never locks the
+routers out. Ephemeral records get the ACL when their owner creates them again.
+
+    ZkUnavailableError     ZooKeeper cannot be used by this process
+     +-- ZkAccessError     reachable, but this identity may not read or administer keyroute's layout
+"""
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import warnings
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NodeExistsError
+from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
 from kazoo.retry import KazooRetry
+from kazoo.security import ACL, OPEN_ACL_UNSAFE, Permissions, make_digest_acl
 
 from keyroute_core import zk_layout
 from keyroute_core.settings import ZkSettings
 
+log = logging.getLogger(__name__)
+
 
 class ZkUnavailableError(RuntimeError):
-    """ZooKeeper could not be reached within the connect timeout."""
+    """ZooKeeper could not be used: not reached within the connect timeout, or (ZkAccessError) refused."""
+
+
+class ZkAccessError(ZkUnavailableError):
+    """ZooKeeper answered, but this process's identity may not read or administer keyroute's layout."""
 
 
 def _retry() -> KazooRetry:
     return KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=2.0, ignore_expire=False)
 
 
+def layout_acl(settings: ZkSettings) -> list[ACL]:
+    """The ACL of every znode a process with `settings` creates: writer ALL, reader READ (world-open
+    without credentials)."""
+    if settings.auth is None:
+        return list(OPEN_ACL_UNSAFE)
+    acl = [make_digest_acl(settings.auth.user, settings.auth.password, all=True)]
+    reader = settings.reader
+    if reader is not None and reader != settings.auth:
+        acl.append(make_digest_acl(reader.user, reader.password, read=True))
+    return acl
+
+
+def _client(settings: ZkSettings, hosts: str, **kwargs: object) -> KazooClient:
+    if settings.auth is None:
+        return KazooClient(hosts=hosts, timeout=settings.session_timeout_s, **kwargs)
+    return KazooClient(
+        hosts=hosts,
+        timeout=settings.session_timeout_s,
+        auth_data=[("digest", settings.auth.credential)],
+        default_acl=layout_acl(settings),
+        **kwargs,
+    )
+
+
 def connect(settings: ZkSettings, *, ensure_layout: bool = True) -> KazooClient:
-    """Start a kazoo client on `settings`, creating the chroot and keyroute's top-level paths."""
-    if settings.chroot:
-        root = KazooClient(hosts=settings.hosts, timeout=settings.session_timeout_s)
+    """Start a kazoo client on `settings`. With `ensure_layout` (processes that write), also create the
+    chroot and keyroute's top-level paths and bring their ACL in line; without it (routers) nothing is
+    created and READ suffices, even before the chroot exists."""
+    if settings.chroot and ensure_layout:
+        root = _client(settings, settings.hosts)
         _start(root, settings)
         try:
             root.ensure_path(settings.chroot)
+        except NoAuthError as exc:
+            raise ZkAccessError(
+                f"{_who(settings)} may not create the chroot {settings.chroot} on ZooKeeper {settings.hosts}"
+            ) from exc
         finally:
-            root.stop()
-            root.close()
-    client = KazooClient(
-        hosts=settings.connect_string,
-        timeout=settings.session_timeout_s,
-        connection_retry=_retry(),
-    )
+            close(root)
+    client = _client(settings, settings.connect_string, connection_retry=_retry())
     _start(client, settings)
     if ensure_layout:
-        for path in zk_layout.PERSISTENT_ROOTS:
-            with contextlib.suppress(NodeExistsError):
-                client.ensure_path(path)
+        try:
+            for path in zk_layout.PERSISTENT_ROOTS:
+                with contextlib.suppress(NodeExistsError):
+                    client.ensure_path(path)
+            _check_layout_acl(client, settings)
+        except NoAuthError as exc:
+            close(client)
+            raise ZkAccessError(
+                f"{_who(settings)} may not write keyroute's layout at {settings.connect_string} "
+                f"(it is protected by another identity's ACL)"
+            ) from exc
+        except ZkAccessError:
+            close(client)
+            raise
     return client
+
+
+def _who(settings: ZkSettings) -> str:
+    if settings.auth is None:
+        return "an unauthenticated client (no ZooKeeper identity configured)"
+    return f"ZooKeeper identity {settings.auth.user!r}"
+
+
+def _acl_key(acl: list[ACL]) -> set[tuple[int, str, str]]:
+    return {(entry.perms, entry.id.scheme, entry.id.id) for entry in acl}
+
+
+def _layout_paths(client: KazooClient, settings: ZkSettings) -> list[str]:
+    paths = ["/"] if settings.chroot else []  # "/" of a chrooted client is the chroot itself
+    paths += zk_layout.PERSISTENT_ROOTS
+    if client.exists(zk_layout.ASSIGNMENT) is not None:
+        paths.append(zk_layout.ASSIGNMENT)
+    paths += [zk_layout.store_path(name) for name in sorted(client.get_children(zk_layout.STORES))]
+    return paths
+
+
+def _check_layout_acl(client: KazooClient, settings: ZkSettings) -> None:
+    if settings.auth is None:
+        # No identity: the layout must still be world-writable, or every write would fail later on.
+        for path in zk_layout.PERSISTENT_ROOTS:
+            acl, _ = client.get_acls(path)
+            if not any(e.id.scheme == "world" and e.perms == Permissions.ALL for e in acl):
+                raise ZkAccessError(
+                    f"keyroute's layout at {settings.connect_string} is protected by an ACL: configure this "
+                    f"process's ZooKeeper identity (keyroute --zk-auth USER:PASSWORD, KEYROUTE_ZK_AUTH)"
+                )
+        return
+    wanted = layout_acl(settings)
+    for path in _layout_paths(client, settings):
+        try:
+            current, _ = client.get_acls(path)
+            merged = _merged_acl(current, wanted)
+            if _acl_key(merged) == _acl_key(current):
+                continue
+            client.set_acls(path, merged)
+        except NoNodeError:  # a store deleted meanwhile
+            continue
+        where = (settings.chroot + path).rstrip("/") or "/"
+        log.warning("ZooKeeper ACL of %s changed to: %s", where, ", ".join(_describe(e) for e in merged))
+
+
+def _merged_acl(current: list[ACL], wanted: list[ACL]) -> list[ACL]:
+    """`wanted`, plus the entries of `current` for other identities; world access goes."""
+    ours = {entry.id for entry in wanted}
+    kept = [entry for entry in current if entry.id.scheme != "world" and entry.id not in ours]
+    return [*wanted, *kept]
+
+
+def _describe(entry: ACL) -> str:
+    user = str(entry.id.id).split(":", 1)[0]  # a digest's hash is not for logs
+    perms = {Permissions.ALL: "ALL", Permissions.READ: "READ"}.get(entry.perms, str(entry.perms))
+    return f"{entry.id.scheme}:{user} {perms}"
 
 
 def _start(client: KazooClient, settings: ZkSettings) -> None:
     try:
-        client.start(timeout=settings.connect_timeout_s)
+        with warnings.catch_warnings():
+            # kazoo warns when the chroot does not exist yet; a reader waits for it (watches), a writer
+            # has just created it.
+            warnings.filterwarnings("ignore", message="No chroot path exists", category=UserWarning)
+            client.start(timeout=settings.connect_timeout_s)
+    except NoAuthError as exc:  # kazoo checks that the chroot exists, which needs READ on it
+        close(client)
+        raise ZkAccessError(f"{_who(settings)} may not read {settings.connect_string}") from exc
     except Exception as exc:  # kazoo raises its own timeout type; the caller needs one meaning
         client.close()
         raise ZkUnavailableError(

@@ -17,25 +17,39 @@ import httpx
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from keyroute_core.api import HEADER_REQUEST_ID, ApiError, BadRequest, PayloadTooLarge, key_path_segment
+from keyroute_core.api import (
+    HEADER_REQUEST_ID,
+    ApiError,
+    BadRequest,
+    BatchKeyTooLong,
+    PayloadTooLarge,
+    key_path_segment,
+    key_too_long,
+)
+from keyroute_core.logs import bind_request_id
+from keyroute_core.metrics import CONTENT_TYPE, KIND_BATCH, KIND_KEY
 from keyroute_core.partition_map import PartitionMap
+from keyroute_core.request_guard import RequestGuard
+from keyroute_core.security import ClusterAuth
 from keyroute_core.settings import RouterSettings
+from router.fast_path import KeyReadFastPath
 from router.fast_upstream import FastUpstream
+from router.limits import guard_options
 from router.map_source import MapSource, ZooKeeperMapSource
-from router.proxy import Proxy, parse_batch_body
+from router.openapi import OPENAPI_JSON
+from router.proxy import Proxy, error_entry, parse_batch_body
 from router.routing_table import RoutingTable
 from router.upstream import HttpxUpstream, Upstream
 
 log = logging.getLogger(__name__)
 
-# Room for long keys plus JSON punctuation; a body beyond this cannot be a legitimate batch.
-MAX_BODY_BYTES_PER_KEY = 4096
-
 _HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed"}
+_REQUEST_ID = HEADER_REQUEST_ID.encode("ascii")
 
 
 class PathNotFound(ApiError):
@@ -68,8 +82,11 @@ def create_app(
         proxy = Proxy(
             upstream,
             on_stale_map=source.refresh,
+            member_headers=ClusterAuth(settings.access.cluster_secret).headers(),
             max_batch_keys=settings.max_batch_keys,
             retry_after_s=settings.unavailable_retry_after_s,
+            hedge_after_s=None if settings.hedge_after_ms is None else settings.hedge_after_ms / 1000,
+            retry_budget_ratio=settings.retry_budget_percent / 100,
         )
         app.state.proxy = proxy
         loop = asyncio.get_running_loop()
@@ -96,27 +113,46 @@ def create_app(
             finally:
                 await upstream.aclose()
 
-    max_body_bytes = settings.max_batch_keys * MAX_BODY_BYTES_PER_KEY + MAX_BODY_BYTES_PER_KEY
+    max_body_bytes = settings.limits.max_body_bytes
+    max_key_bytes = settings.limits.max_key_bytes
 
     async def get_key(request: Request) -> Response:
+        request_id = bind_request_id(request.scope, request.headers.get(HEADER_REQUEST_ID))
         raw_path: bytes | None = request.scope.get("raw_path")
         # The raw path, because the decoded one has already turned a key's %2F into a separator.
-        located = key_path_segment(raw_path.split(b"?", 1)[0]) if raw_path else None
+        located = key_path_segment(raw_path.split(b"?", 1)[0], max_key_bytes) if raw_path else None
         if located is None:
             raise PathNotFound("not a key path: a key containing '/' must be percent-encoded as %2F")
         store, key = located
-        answer = await _proxy(request).get(store, key, request.headers.get(HEADER_REQUEST_ID))
+        proxy = _proxy(request)
+        try:
+            answer = await proxy.get(store, key, request_id)
+        except ApiError as exc:
+            proxy.metrics.count(store, KIND_KEY, exc.status)
+            raise
+        proxy.metrics.count(store, KIND_KEY, answer.status)
         response = Response(content=answer.body, status_code=answer.status)
         response.raw_headers.extend(answer.headers)
+        # The node echoes the id we sent (proof that it got there); one that does not gets it added here.
+        if not any(name == _REQUEST_ID for name, _ in answer.headers):
+            response.raw_headers.append((_REQUEST_ID, request_id.encode("ascii")))
         return response
 
     async def batch_get(request: Request) -> Response:
-        body = await _read_body(request, max_body_bytes)
-        keys = parse_batch_body(body)
-        results = await _proxy(request).batch_get(
-            request.path_params["store"], keys, request.headers.get(HEADER_REQUEST_ID)
-        )
-        return _json_bytes({"results": results})
+        request_id = bind_request_id(request.scope, request.headers.get(HEADER_REQUEST_ID))
+        store = request.path_params["store"]
+        proxy = _proxy(request)
+        try:
+            body = await _read_body(request, max_body_bytes)
+            keys = parse_batch_body(body)
+            results = await _batch_get(proxy, store, keys, request_id)
+        except ApiError as exc:
+            proxy.metrics.count(store, KIND_BATCH, exc.status)  # the whole batch was refused
+            raise
+        proxy.metrics.count_results(store, KIND_BATCH, results)
+        response = _json_bytes({"results": results})
+        response.raw_headers.append((_REQUEST_ID, request_id.encode("ascii")))
+        return response
 
     async def partition_map(request: Request) -> Response:
         return JSONResponse({**_proxy(request).table.map.describe(), "router": True})
@@ -134,9 +170,7 @@ def create_app(
                 "hash": found.hash,
                 "partition": found.partition,
                 "assigned": list(found.assigned),
-                "serving": [
-                    {"node": ep.node_id, "url": ep.url, "version": ep.version} for ep in found.serving
-                ],
+                "serving": [{"node": ep.node_id, "url": ep.url, "version": ep.version} for ep in found.serving],
                 # Asked when nobody announces the partition: the nodes that served it last.
                 "last_known": [
                     {"node": ep.node_id, "url": ep.url, "version": ep.version}
@@ -161,8 +195,22 @@ def create_app(
         }
         return JSONResponse(body, status_code=200 if table.ready else 503)
 
+    async def _batch_get(proxy: Proxy, store: str, keys: list[Any], request_id: str) -> list[dict[str, Any]]:
+        # A key over the limit gets its own 400 entry and never reaches a node; the others go on as usual.
+        too_long = {i for i, k in enumerate(keys) if isinstance(k, str) and key_too_long(k, max_key_bytes)}
+        if not too_long:
+            return await proxy.batch_get(store, keys, request_id)
+        if len(keys) > settings.max_batch_keys:
+            raise PayloadTooLarge(f"{len(keys)} keys in one batch; at most {settings.max_batch_keys} are allowed")
+        answered = iter(await proxy.batch_get(store, [k for i, k in enumerate(keys) if i not in too_long], request_id))
+        refusal = BatchKeyTooLong(f"the key is longer than {max_key_bytes} bytes")
+        return [error_entry(k, refusal) if i in too_long else next(answered) for i, k in enumerate(keys)]
+
+    async def openapi(request: Request) -> Response:
+        return Response(OPENAPI_JSON, media_type="application/json")
+
     async def metrics(request: Request) -> Response:
-        return PlainTextResponse(_proxy(request).metrics.render(), media_type="text/plain; version=0.0.4")
+        return Response(_proxy(request).metrics.exposition(), headers={"content-type": CONTENT_TYPE})
 
     return Starlette(
         routes=[
@@ -173,6 +221,13 @@ def create_app(
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
+            Route("/openapi.json", openapi, methods=["GET"]),
+        ],
+        # The first thing every request meets: concurrency and header limits, the admin token. Then
+        # single-key reads, nearly all the traffic, are answered without Starlette's routing.
+        middleware=[
+            Middleware(RequestGuard, **guard_options(settings)),
+            Middleware(KeyReadFastPath, max_key_bytes=max_key_bytes),
         ],
         exception_handlers={
             ApiError: _api_error,
@@ -198,6 +253,9 @@ def _json_bytes(obj: Any) -> Response:
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
+    """The whole body; BodyTooLarge as soon as it exceeds `limit` bytes (0: no limit)."""
+    if not limit:
+        return await request.body()
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge(f"the body is larger than {limit} bytes")
@@ -213,17 +271,26 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+    return JSONResponse(exc.body(), status_code=exc.status, headers={**exc.headers, **_request_id(request)})
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = _HTTP_ERROR_CODES.get(exc.status_code, "http_error")
     return JSONResponse(
-        {"error": code, "message": exc.detail}, status_code=exc.status_code, headers=exc.headers
+        {"error": code, "message": exc.detail},
+        status_code=exc.status_code,
+        headers={**(exc.headers or {}), **_request_id(request)},
     )
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
     # The traceback goes to the log (the server logs the re-raised exception), never to the client.
-    return JSONResponse({"error": "internal_error", "message": "internal error"}, status_code=500)
+    return JSONResponse(
+        {"error": "internal_error", "message": "internal error"}, status_code=500, headers=_request_id(request)
+    )
+
+
+def _request_id(request: Request) -> dict[str, str]:
+    """The X-Request-ID header of an error answer: the id bound by the handler, else the client's or a new one."""
+    return {HEADER_REQUEST_ID: bind_request_id(request.scope, request.headers.get(HEADER_REQUEST_ID))}

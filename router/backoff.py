@@ -19,9 +19,7 @@ DEFAULT_BACKOFF_S = 2.0
 class NodeBackoff:
     """Node URLs that failed within the last `backoff_s` seconds, with the time each may lead again."""
 
-    def __init__(
-        self, backoff_s: float = DEFAULT_BACKOFF_S, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, backoff_s: float = DEFAULT_BACKOFF_S, clock: Callable[[], float] = time.monotonic) -> None:
         self._backoff_s = backoff_s
         self._clock = clock
         # Touched only from the event loop thread, so no lock.
@@ -50,6 +48,20 @@ class NodeBackoff:
             del self._until[url]
             return False
         return True
+
+    @property
+    def active(self) -> bool:
+        """Whether any node is (or was until just now) backed off: False makes `split` unnecessary."""
+        return bool(self._until)
+
+    def split(self, endpoints: tuple[Endpoint, ...]) -> tuple[tuple[Endpoint, ...], tuple[Endpoint, ...]]:
+        """`endpoints` as (healthy, backed off), each keeping the map's preference order."""
+        if not self._until:
+            return endpoints, ()
+        healthy = tuple(ep for ep in endpoints if not self.backed_off(ep.url))
+        if len(healthy) == len(endpoints):
+            return endpoints, ()
+        return healthy, tuple(ep for ep in endpoints if ep not in healthy)
 
     def order(self, endpoints: tuple[Endpoint, ...]) -> tuple[Endpoint, ...]:
         """`endpoints` with backed-off nodes moved last, each group keeping the map's preference order."""

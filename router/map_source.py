@@ -36,7 +36,8 @@ class ZooKeeperMapSource:
         self._watcher: MapWatcher | None = None
 
     def start(self, on_map: Callable[[PartitionMap], None]) -> None:
-        self._client = zk.connect(self._settings)
+        # Routers only read: they create nothing, so a read-only identity is enough.
+        self._client = zk.connect(self._settings, ensure_layout=False)
         self._watcher = MapWatcher(self._client, on_map)
         self._watcher.start()
 

@@ -11,8 +11,11 @@ while a new version is being swapped in, partition by partition.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import json
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -31,6 +34,7 @@ from keyroute_core.api import (
 )
 from keyroute_core.partition_map import Endpoint
 from router.backoff import NodeBackoff
+from router.balancer import Balancer, LatencyQuantile, RetryBudget
 from router.metrics import RouterMetrics
 from router.routing_table import RoutingTable
 from router.upstream import Upstream, UpstreamResponse, UpstreamUnavailable
@@ -69,10 +73,7 @@ _NOT_PASSED = frozenset(
 def passthrough_headers(headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """A node's response headers minus hop-by-hop ones (also those its Connection header names)."""
     named = {
-        token.strip().lower()
-        for name, value in headers
-        if name.lower() == b"connection"
-        for token in value.split(b",")
+        token.strip().lower() for name, value in headers if name.lower() == b"connection" for token in value.split(b",")
     }
     kept = []
     for name, value in headers:
@@ -130,14 +131,31 @@ class Proxy:
         backoff: NodeBackoff | None = None,
         metrics: RouterMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        hedge_after_s: float | None = None,
+        retry_budget_ratio: float = 0.1,
+        rng: random.Random | None = None,
+        member_headers: Mapping[str, str] | None = None,
     ) -> None:
         self.table = RoutingTable.empty()
+        # Proof of membership (keyroute_core.security.ClusterAuth.headers()) sent with every request to a node.
+        self._member_headers = dict(member_headers or {})
         self.metrics = metrics or RouterMetrics()
         self._upstream = upstream
         self._on_stale_map = on_stale_map
         self._max_batch_keys = max_batch_keys
         self._retry_after_s = retry_after_s
         self._backoff = backoff or NodeBackoff()
+        # Hedging: a single-key read that has not answered after `hedge_after_s` is also sent to another
+        # serving replica; None derives the delay from recent upstream latencies, 0 turns hedging off.
+        if hedge_after_s is not None and hedge_after_s < 0:
+            raise ValueError("hedge_after_s must not be negative (0 turns hedging off)")
+        self._balancer = Balancer(self._backoff, rng)
+        self._budget = RetryBudget(retry_budget_ratio)
+        self._hedging = hedge_after_s != 0
+        self._hedge_after_s = hedge_after_s
+        # Only the automatic threshold needs latencies: a fixed one or none at all skips the bookkeeping.
+        self._latency = LatencyQuantile() if hedge_after_s is None else None
+        self._hedge_timer = _HedgeTimer()
         self._clock = clock
         self._last_refresh = float("-inf")
         # The highest map generation a node reported while forwarding for us that made us re-read.
@@ -151,6 +169,7 @@ class Proxy:
         m.map_generation = table.generation
         m.map_stale = table.stale
         m.map_complete = table.complete
+        m.map_installed(table.map)
 
     async def get(self, store: str, key_text: str, request_id: str | None = None) -> UpstreamResponse:
         """A node's answer for one key, headers filtered for passing on; raises ApiError when none answers."""
@@ -163,13 +182,23 @@ class Proxy:
             raise self._unavailable(f"no node serves partition {route.partition} of store {store!r}")
         path = f"/stores/{key_segment(store)}/keys/{key_segment(key_text)}"
         headers = self._headers(request_id)
+        order = self._balancer.order(serving)
+        self._budget.deposit()
         refused: UpstreamResponse | None = None
         tried: list[str] = []
-        for endpoint in self._backoff.order(serving):
+        if self._hedging and len(order) > 1:
+            latency = self._latency
+            delay = self._hedge_after_s if latency is None else latency.value_s
+            if delay:
+                answer, refused = await self._hedged(order, path, headers, delay, tried)
+                if answer is not None:
+                    return UpstreamResponse(answer.status, passthrough_headers(answer.headers), answer.body)
+        for endpoint in order[len(tried) :]:
             if tried:
                 self.metrics.failovers += 1
+                self._budget.spend_failover()
             tried.append(endpoint.node_id)
-            response = await self._send(endpoint, self._upstream.get(endpoint.url + path, headers))
+            response = await self._fetch(endpoint, path, headers)
             if response is None:
                 continue
             if response.status == 503:
@@ -182,20 +211,15 @@ class Proxy:
             return UpstreamResponse(refused.status, passthrough_headers(refused.headers), refused.body)
         self.metrics.unavailable += 1
         raise self._unavailable(
-            f"no node serving partition {route.partition} of store {store!r} answered"
-            f" (tried {', '.join(tried)})"
+            f"no node serving partition {route.partition} of store {store!r} answered (tried {', '.join(tried)})"
         )
 
-    async def batch_get(
-        self, store: str, keys: Sequence[Any], request_id: str | None = None
-    ) -> list[dict[str, Any]]:
+    async def batch_get(self, store: str, keys: Sequence[Any], request_id: str | None = None) -> list[dict[str, Any]]:
         """One result per key in request order; one request per node, in parallel, replicas on failure."""
         self.metrics.batch_requests += 1
         self.metrics.batch_keys += len(keys)
         if len(keys) > self._max_batch_keys:
-            raise PayloadTooLarge(
-                f"{len(keys)} keys in one batch; at most {self._max_batch_keys} are allowed"
-            )
+            raise PayloadTooLarge(f"{len(keys)} keys in one batch; at most {self._max_batch_keys} are allowed")
         table = self.table
         if not table.has_store(store):
             raise StoreNotFound(f"no store named {store!r}")
@@ -218,7 +242,7 @@ class Proxy:
             order = orders.get(route.partition)
             if order is None:
                 serving = self._serving(table, store, route.partition, route.serving)
-                order = orders[route.partition] = self._backoff.order(serving)
+                order = orders[route.partition] = self._balancer.order(serving)
             if not order:
                 self.metrics.unavailable += 1
                 results[i] = error_entry(
@@ -233,6 +257,7 @@ class Proxy:
         attempt = dict.fromkeys(candidates, 0)
         refused: dict[int, dict[str, Any]] = {}
         pending = list(candidates)
+        first_round = True
         while pending:
             # Grouped by URL, not Endpoint: one node may serve different partitions at different versions.
             groups: dict[str, list[int]] = {}
@@ -241,6 +266,12 @@ class Proxy:
                 endpoint = candidates[i][attempt[i]]
                 groups.setdefault(endpoint.url, []).append(i)
                 endpoints.setdefault(endpoint.url, endpoint)
+            for _ in groups:
+                if first_round:
+                    self._budget.deposit()
+                else:
+                    self._budget.spend_failover()
+            first_round = False
             answers = await asyncio.gather(
                 *(
                     self._node_batch(endpoints[url], path, [texts[i] for i in indexes], headers)
@@ -274,6 +305,85 @@ class Proxy:
         assert len(answered) == len(keys), "every key gets exactly one result"
         return answered
 
+    async def _fetch(self, endpoint: Endpoint, path: str, headers: Mapping[str, str]) -> UpstreamResponse | None:
+        """One single-key request (`_send`), its latency kept for the automatic hedge threshold."""
+        latency = self._latency
+        if latency is None:
+            return await self._send(endpoint, self._upstream.get(endpoint.url + path, headers))
+        started = time.perf_counter()
+        try:
+            response = await self._send(endpoint, self._upstream.get(endpoint.url + path, headers))
+        except asyncio.CancelledError:
+            # Cancelled because another request answered first: it took at least this long.
+            latency.record(time.perf_counter() - started)
+            raise
+        if response is not None:  # a failure's latency says nothing about how long an answer takes
+            latency.record(time.perf_counter() - started)
+        return response
+
+    async def _hedged(
+        self,
+        order: tuple[Endpoint, ...],
+        path: str,
+        headers: Mapping[str, str],
+        delay_s: float,
+        tried: list[str],
+    ) -> tuple[UpstreamResponse | None, UpstreamResponse | None]:
+        """Ask `order[0]`; when it has not answered within `delay_s`, also `order[1]` (budget allowing).
+
+        Returns (the first answer, None), or (None, a 503 one of them gave) when neither answered; the
+        nodes asked are appended to `tried`. The loser is cancelled: a cancelled request's connection is
+        closed, never reused (FastUpstream). A fast answer costs one entry in `_HedgeTimer`, no timer.
+        """
+        reader = asyncio.current_task()
+        assert reader is not None
+        first = order[0]
+        tried.append(first.node_id)
+        hedge = _Hedge(self, reader, order[1], path, headers)
+        cancelling = reader.cancelling()
+        self._hedge_timer.add(hedge, delay_s)
+        response: UpstreamResponse | None = None
+        try:
+            response = await self._fetch(first, path, headers)
+        except asyncio.CancelledError:
+            # The hedge answered and cancelled us (as `asyncio.timeout` does) unless someone else, too,
+            # wants this read cancelled: then that cancellation goes on.
+            if not hedge.won or reader.uncancel() > cancelling:
+                hedge.abandon()
+                raise
+        finally:
+            hedge.waiting = False
+        task = hedge.task
+        if task is None:  # answered in time, or no hedge was allowed
+            if response is not None and response.status == 503:
+                self._refresh_map()
+                return None, response
+            return response, None
+        tried.append(hedge.endpoint.node_id)
+        if hedge.won:
+            self.metrics.hedge_wins += 1
+            return task.result(), None
+        refused: UpstreamResponse | None = None
+        if response is not None:
+            if response.status != 503:
+                hedge.abandon()
+                return response, None
+            refused = response
+            self._refresh_map()
+        # The first request failed while the hedge is still out (or failed too): the hedge may answer.
+        try:
+            second = await task
+        except asyncio.CancelledError:
+            hedge.abandon()
+            raise
+        if second is None:
+            return None, refused
+        if second.status == 503:
+            self._refresh_map()
+            return None, second
+        self.metrics.hedge_wins += 1
+        return second, None
+
     async def _node_batch(
         self, endpoint: Endpoint, path: str, texts: list[str], headers: Mapping[str, str]
     ) -> list[dict[str, Any]] | None:
@@ -300,11 +410,13 @@ class Proxy:
             return None
         return entries
 
-    async def _send(
-        self, endpoint: Endpoint, request: Awaitable[UpstreamResponse]
-    ) -> UpstreamResponse | None:
+    async def _send(self, endpoint: Endpoint, request: Awaitable[UpstreamResponse]) -> UpstreamResponse | None:
         """One request to one node; None (and the node backed off) when it could not be completed."""
         self.metrics.upstream_requests += 1
+        started = time.perf_counter()
+        balancer = self._balancer
+        url = endpoint.url
+        balancer.started(url)
         try:
             response = await request
         except UpstreamUnavailable as exc:
@@ -318,6 +430,9 @@ class Proxy:
             self.metrics.upstream_failures += 1
             self._backoff.failed(endpoint, f"unusable node URL: {exc}")
             return None
+        finally:
+            balancer.finished(url)
+        self.metrics.observe_upstream(endpoint.node_id, time.perf_counter() - started)
         self._backoff.succeeded(endpoint)
         hops = response.header(_HOPS)
         if hops is not None and hops.strip() not in (b"", b"0"):
@@ -355,13 +470,119 @@ class Proxy:
 
     def _headers(self, request_id: str | None) -> dict[str, str]:
         # identity: the body is passed on as bytes, so it must not need decoding.
-        headers = {HEADER_ROUTER: "1", "accept-encoding": "identity"}
+        headers = {HEADER_ROUTER: "1", "accept-encoding": "identity", **self._member_headers}
         if request_id:
             headers[HEADER_REQUEST_ID] = request_id
         return headers
 
     def _unavailable(self, message: str) -> PartitionUnavailable:
         return PartitionUnavailable(message, retry_after_s=self._retry_after_s)
+
+
+class _HedgeTimer:
+    """When each waiting read's hedge is due, on one loop timer for all of them.
+
+    A timer per read (`loop.call_later` and its cancel) costs ~3 us on uvloop, more than the rest of the
+    hedging bookkeeping together; here a read costs a heap push, and the one timer is armed for the
+    earliest deadline. Reads that have answered meanwhile are dropped when their deadline comes up.
+    """
+
+    # uvloop counts whole milliseconds, so a timer may fire up to one early: that much early is due.
+    _EARLY_S = 0.001
+
+    def __init__(self) -> None:
+        self._due: list[tuple[float, int, _Hedge]] = []
+        self._seq = itertools.count()  # ties on the deadline must never compare two _Hedge objects
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def add(self, hedge: _Hedge, delay_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        when = loop.time() + delay_s
+        if loop is not self._loop:  # a new event loop (tests run one after another): start afresh
+            self._loop, self._timer, self._due = loop, None, []
+        heapq.heappush(self._due, (when, next(self._seq), hedge))
+        if self._timer is None or when < self._timer_at - self._EARLY_S:
+            self._arm(loop, when)
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = loop.call_at(when, self._fire, loop)
+        self._timer_at = when
+
+    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        due = self._due
+        now = loop.time() + self._EARLY_S
+        while due:
+            when, _, hedge = due[0]
+            if hedge.waiting and when > now:
+                self._arm(loop, when)
+                return
+            heapq.heappop(due)
+            if hedge.waiting:
+                hedge.fire()
+
+
+class _Hedge:
+    """The second request of one single-key read, sent by a timer when the first has not answered in time.
+
+    The read's task awaits its first request itself (a task of its own for it would cost more than the
+    rest of the hedging bookkeeping); when the hedge answers first, it cancels the read's task while that
+    waits for the first request, the way `asyncio.timeout` interrupts an await, and `Proxy._hedged` takes
+    the hedge's answer. `waiting` is True exactly while the read's task is suspended in that await.
+    """
+
+    __slots__ = ("proxy", "reader", "endpoint", "path", "headers", "task", "waiting", "won")
+
+    def __init__(
+        self, proxy: Proxy, reader: asyncio.Task[Any], endpoint: Endpoint, path: str, headers: Mapping[str, str]
+    ) -> None:
+        self.proxy = proxy
+        self.reader = reader
+        self.endpoint = endpoint
+        self.path = path
+        self.headers = headers
+        self.task: asyncio.Task[UpstreamResponse | None] | None = None
+        self.waiting = True
+        self.won = False
+
+    def fire(self) -> None:
+        proxy = self.proxy
+        if proxy._backoff.backed_off(self.endpoint.url):
+            return  # the other replica failed just now: a second request there would not be faster
+        if not proxy._budget.try_spend():
+            proxy.metrics.budget_exhausted += 1
+            return
+        self.task = task = asyncio.get_running_loop().create_task(self._send())
+        task.add_done_callback(self._answered)
+
+    async def _send(self) -> UpstreamResponse | None:
+        # Counted here, not in `fire`: a hedge cancelled before its task first ran was never sent.
+        proxy = self.proxy
+        proxy.metrics.hedges += 1
+        return await proxy._fetch(self.endpoint, self.path, self.headers)
+
+    def _answered(self, task: asyncio.Task[UpstreamResponse | None]) -> None:
+        if not self.waiting or task.cancelled() or task.exception() is not None:
+            return
+        response = task.result()
+        if response is not None and response.status != 503:
+            self.won = True
+            self.waiting = False
+            self.reader.cancel()
+
+    def abandon(self) -> None:
+        """The read is over without the hedge's answer: stop it, and let no error of it go unseen."""
+        task = self.task
+        if task is None:
+            return
+        if not task.done():
+            task.cancel()
+        elif not task.cancelled() and task.exception() is not None:
+            log.error("a hedged request failed unexpectedly", exc_info=task.exception())
 
 
 def _int_header(value: bytes | None) -> int | None:

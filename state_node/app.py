@@ -12,8 +12,8 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
@@ -21,12 +21,14 @@ import httpx
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from keyroute_core import zk
 from keyroute_core.api import (
+    HEADER_AUTH,
     HEADER_FORWARDED_BY,
     HEADER_GENERATION,
     HEADER_HOPS,
@@ -37,21 +39,28 @@ from keyroute_core.api import (
     ApiError,
     BadKey,
     BadRequest,
+    BatchKeyTooLong,
     KeyNotFound,
     PartitionUnavailable,
     PayloadTooLarge,
     StoreNotFound,
     found_body,
     key_path_segment,
+    key_too_long,
 )
 from keyroute_core.key_format import Key, KeyFormat, KeyFormatError, key_from_value, parse_key
+from keyroute_core.logs import SCOPE_REQUEST_ID, bind_request_id
 from keyroute_core.map_watcher import MapWatcher
+from keyroute_core.metrics import CONTENT_TYPE, KIND_BATCH, KIND_KEY
 from keyroute_core.partition_map import Endpoint, PartitionMap, StoreRecord
+from keyroute_core.request_guard import RequestGuard
+from keyroute_core.security import BearerAuth, ClusterAuth
 from keyroute_core.settings import NodeSettings
 from state_node.controller import Controller
+from state_node.metrics import NodeMetrics
 from state_node.ownership import Ownership
 from state_node.registration import Registration
-from state_node.store import PartitionStore
+from state_node.store import PartitionStore, load_partition
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +84,9 @@ _NOT_RELAYED = frozenset(
 )
 # Seconds a client should wait before asking again when nobody serves a partition (rebalance or reload).
 RETRY_AFTER_S = 1
-# Upper bound on a batch-get body: generous per key, still far below anything that could hurt the node.
-_BATCH_BYTES_PER_KEY = 1024
-_BATCH_BYTES_BASE = 64 * 1024
+# A router re-encodes the keys it sends on (integers become strings, `", "` separators): a body within the
+# router's limit may grow by this much per key and must still fit the node's.
+_REENCODING_BYTES_PER_KEY = 8
 
 
 class BodyTooLarge(PayloadTooLarge):
@@ -93,6 +102,12 @@ class Node:
     http: httpx.AsyncClient
     controller: Controller | None = None
     registration: Registration | None = None
+    metrics: NodeMetrics = field(default_factory=NodeMetrics)
+    # Tells other members' requests (whose hop header counts) from clients' (whose does not).
+    members: ClusterAuth = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.members = ClusterAuth(self.settings.access.cluster_secret)
 
     @property
     def node_id(self) -> str:
@@ -103,9 +118,7 @@ class Node:
         wait (at most `drain_timeout_s`) until live nodes serve them at the published version, then
         de-announce. The caller stops the HTTP server afterwards, which finishes in-flight requests."""
         timeout_s = self.settings.drain_timeout_s
-        log.info(
-            "node %s is leaving: handing its partitions over (waiting at most %.0fs)", self.node_id, timeout_s
-        )
+        log.info("node %s is leaving: handing its partitions over (waiting at most %.0fs)", self.node_id, timeout_s)
         self.ownership.leave()
         if self.registration is not None:
             try:
@@ -141,15 +154,16 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with _running_node(settings, drop_grace_s, max_parallel_loads) as node:
+        async with _running_node(settings, drop_grace_s, max_parallel_loads, metrics) as node:
             app.state.node = node
             yield
 
     node_id = settings.node_id
+    metrics = NodeMetrics()
 
     async def api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
-        headers = {HEADER_NODE: node_id, **exc.headers}
+        headers = {HEADER_NODE: node_id, **exc.headers, **_request_id_header(request)}
         return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     async def http_error(request: Request, exc: Exception) -> Response:
@@ -157,39 +171,59 @@ def create_app(
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         body = {"error": code, "message": str(exc.detail)}
         return JSONResponse(
-            body, status_code=exc.status_code, headers={HEADER_NODE: node_id, **(exc.headers or {})}
+            body,
+            status_code=exc.status_code,
+            headers={HEADER_NODE: node_id, **(exc.headers or {}), **_request_id_header(request)},
         )
 
     async def internal_error(request: Request, exc: Exception) -> Response:
         log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
         body = {"error": "internal_error", "message": "the node failed to answer; see its log"}
-        return JSONResponse(body, status_code=500, headers={HEADER_NODE: node_id})
+        return JSONResponse(body, status_code=500, headers={HEADER_NODE: node_id, **_request_id_header(request)})
 
     routes = [
-        Route("/stores/{store}/keys/{key:path}", get_key, methods=["GET"]),
-        Route("/stores/{store}/batch-get", batch_get, methods=["POST"]),
+        Route("/stores/{store}/keys/{key:path}", _data(KIND_KEY, get_key), methods=["GET"]),
+        Route("/stores/{store}/batch-get", _data(KIND_BATCH, batch_get), methods=["POST"]),
         Route("/admin/partition-map", partition_map, methods=["GET"]),
         Route("/admin/route", route, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
     ]
+    access = settings.access
+    guard = Middleware(
+        RequestGuard,
+        max_concurrent_requests=settings.limits.max_concurrent_requests,
+        max_header_bytes=settings.limits.max_header_bytes,
+        admin=BearerAuth(access.admin_token),
+        protected=("/admin", "/metrics") if access.metrics_require_token else ("/admin",),
+        retry_after_s=RETRY_AFTER_S,
+        error_headers=[(HEADER_NODE, node_id)],
+    )
     return Starlette(
         routes=routes,
         lifespan=lifespan,
+        middleware=[guard],
         exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: internal_error},
     )
 
 
 @contextlib.asynccontextmanager
 async def _running_node(
-    settings: NodeSettings, drop_grace_s: float, max_parallel_loads: int
+    settings: NodeSettings, drop_grace_s: float, max_parallel_loads: int, metrics: NodeMetrics | None = None
 ) -> AsyncIterator[Node]:
+    metrics = metrics if metrics is not None else NodeMetrics()
     loop = asyncio.get_running_loop()
     client = await run_in_threadpool(zk.connect, settings.zk)
     registration = Registration(client, settings.node_id, settings.http.url)
     ownership = Ownership(
-        settings, registration, drop_grace_s=drop_grace_s, max_parallel_loads=max_parallel_loads
+        settings,
+        registration,
+        drop_grace_s=drop_grace_s,
+        max_parallel_loads=max_parallel_loads,
+        loader=metrics.timed(load_partition),
     )
+    metrics.watch(ownership)
 
     def on_map(new_map: PartitionMap) -> None:
         # Called on the watcher's thread: hand the immutable map to the loop and return at once.
@@ -206,7 +240,7 @@ async def _running_node(
         trust_env=False,
         follow_redirects=False,
     )
-    node = Node(settings, ownership, http, controller, registration)
+    node = Node(settings, ownership, http, controller, registration, metrics)
     try:
         await run_in_threadpool(registration.register_node)
         watcher.start()
@@ -237,6 +271,10 @@ def _forwarded(request: Request) -> bool:
     raw = request.headers.get(HEADER_HOPS)
     if raw is None:
         return False
+    if not _node(request).members.is_member(request.headers.get(HEADER_AUTH)):
+        # A client's hop count (a cluster secret is set and the request does not prove membership): ignored,
+        # so a client can neither stop this node from forwarding nor make it forward twice.
+        return False
     try:
         return int(raw.strip()) >= 1
     except ValueError:
@@ -265,13 +303,18 @@ def _answer_locally(held: PartitionStore | None, endpoints: Sequence[Endpoint], 
     return forwarded or not endpoints or held.version >= endpoints[0].version
 
 
+def _lookup(held: PartitionStore, data: bytes) -> bytes | None:
+    """The stored value of a key, None when absent."""
+    return held.get(data)
+
+
 # -- data API ---------------------------------------------------------------------------------------
 
 
 async def get_key(request: Request) -> Response:
     node = _node(request)
     raw_path = (request.scope.get("raw_path") or request.url.path.encode("utf-8")).split(b"?", 1)[0]
-    parsed = key_path_segment(raw_path)
+    parsed = key_path_segment(raw_path, node.settings.limits.max_key_bytes)
     if parsed is None:
         raise HTTPException(404, "expected /stores/{store}/keys/{key} with the key as one path segment")
     store_name, key_text = parsed
@@ -284,6 +327,7 @@ async def get_key(request: Request) -> Response:
     held = node.ownership.local(store_name, route.partition)
     others = [ep for ep in route.serving if ep.node_id != node.node_id]
     if held is not None and _answer_locally(held, others, forwarded):
+        node.metrics.local_answers += 1
         headers = {
             HEADER_PARTITION: str(route.partition),
             HEADER_NODE: node.node_id,
@@ -291,7 +335,7 @@ async def get_key(request: Request) -> Response:
             HEADER_HOPS: hops,
             HEADER_GENERATION: str(m.generation),
         }
-        value = held.get(key.data)
+        value = _lookup(held, key.data)
         if value is None:
             raise KeyNotFound(f"key {key.text!r} is not in store {store_name!r}", headers)
         body = found_body(store_name, key.text, route.partition, held.version, value)
@@ -304,11 +348,9 @@ async def get_key(request: Request) -> Response:
             RETRY_AFTER_S,
         )
     if not others:
-        raise PartitionUnavailable(
-            f"no node serves partition {route.partition} of store {store_name!r}", RETRY_AFTER_S
-        )
+        raise PartitionUnavailable(f"no node serves partition {route.partition} of store {store_name!r}", RETRY_AFTER_S)
     return await _forward_get(
-        node, raw_path, others, request.headers.get(HEADER_REQUEST_ID), route.partition, m.generation
+        node, raw_path, others, request.scope.get(SCOPE_REQUEST_ID), route.partition, m.generation
     )
 
 
@@ -320,14 +362,17 @@ async def _forward_get(
     partition: int,
     generation: int,
 ) -> Response:
-    headers = _forward_headers(request_id)
+    headers = _forward_headers(request_id, node.members)
     refused: tuple[httpx.Response, bytes] | None = None
     failures = []
     for endpoint in endpoints:
         url = httpx.URL(endpoint.url).copy_with(raw_path=raw_path)
+        node.metrics.forwards += 1
         try:
             upstream = await node.http.get(url, headers=headers)
         except httpx.HTTPError as exc:
+            node.metrics.forward_failures += 1
+            log.warning("forwarding a read to node %s failed: %s", endpoint.node_id, type(exc).__name__)
             failures.append(f"{endpoint.node_id}: {type(exc).__name__}")
             continue
         try:
@@ -338,32 +383,26 @@ async def _forward_get(
             # That node stopped serving it too; another replica still might.
             refused = (upstream, body)
             continue
+        node.metrics.forwarded_answers += 1
         return _relay(node, upstream, body, generation)
     if refused is not None:
         return _relay(node, *refused, generation)
-    raise PartitionUnavailable(
-        f"no node serving partition {partition} answered ({', '.join(failures)})", RETRY_AFTER_S
-    )
+    raise PartitionUnavailable(f"no node serving partition {partition} answered ({', '.join(failures)})", RETRY_AFTER_S)
 
 
-def _forward_headers(request_id: str | None) -> dict[str, str]:
-    # Only what the next node needs: never the client's Host, Content-Length or hop-by-hop headers.
-    headers = {HEADER_HOPS: "1", "accept-encoding": "identity", "accept": "application/json"}
+def _forward_headers(request_id: str | None, members: ClusterAuth) -> dict[str, str]:
+    # Only what the next node needs: never the client's Host, Content-Length or hop-by-hop headers. The
+    # membership proof makes the next node honour the hop count, so it never forwards again.
+    headers = {HEADER_HOPS: "1", "accept-encoding": "identity", "accept": "application/json", **members.headers()}
     if request_id:
         headers[HEADER_REQUEST_ID] = request_id
     return headers
 
 
 def _relay(node: Node, upstream: httpx.Response, body: bytes, generation: int) -> Response:
-    named = {
-        token.strip().lower()
-        for value in upstream.headers.get_list("connection")
-        for token in value.split(",")
-    }
+    named = {token.strip().lower() for value in upstream.headers.get_list("connection") for token in value.split(",")}
     headers = {
-        name: value
-        for name, value in upstream.headers.items()
-        if name not in _NOT_RELAYED and name not in named
+        name: value for name, value in upstream.headers.items() if name not in _NOT_RELAYED and name not in named
     }
     headers[HEADER_HOPS] = "1"
     headers[HEADER_FORWARDED_BY] = node.node_id
@@ -376,7 +415,7 @@ async def batch_get(request: Request) -> Response:
     node = _node(request)
     settings = node.settings
     store_name = request.path_params["store"]
-    keys = _batch_keys(await _read_body(request, settings.max_batch_keys))
+    keys = _batch_keys(await _read_body(request, _body_limit(settings)))
     if len(keys) > settings.max_batch_keys:
         raise PayloadTooLarge(f"{len(keys)} keys in one batch; at most {settings.max_batch_keys} are allowed")
     m = node.ownership.map
@@ -386,39 +425,43 @@ async def batch_get(request: Request) -> Response:
     results: list[bytes | None] = [None] * len(keys)
     texts: dict[int, str] = {}
     choices: dict[int, list[Endpoint]] = {}
+    max_key_bytes = settings.limits.max_key_bytes
     for i, raw in enumerate(keys):
+        if isinstance(raw, str) and key_too_long(raw, max_key_bytes):
+            node.metrics.count(store_name, KIND_BATCH, BatchKeyTooLong.status)
+            results[i] = _error_entry(raw, BatchKeyTooLong(f"the key is longer than {max_key_bytes} bytes"))
+            continue
         try:
             key = _batch_key(record.key_format, raw)
         except BadKey as exc:
+            node.metrics.count(store_name, KIND_BATCH, exc.status)
             results[i] = _error_entry(raw if isinstance(raw, str) else str(raw), exc)
             continue
         route = m.route(record, key.data)
         held = node.ownership.local(store_name, route.partition)
         others = [ep for ep in route.serving if ep.node_id != node.node_id]
         if held is not None and _answer_locally(held, others, forwarded):
-            value = held.get(key.data)
+            node.metrics.local_answers += 1
+            value = _lookup(held, key.data)
             if value is None:
-                results[i] = _error_entry(
-                    key.text, KeyNotFound(f"key {key.text!r} is not in store {store_name!r}")
-                )
+                node.metrics.count(store_name, KIND_BATCH, KeyNotFound.status)
+                results[i] = _error_entry(key.text, KeyNotFound(f"key {key.text!r} is not in store {store_name!r}"))
             else:
+                node.metrics.count(store_name, KIND_BATCH, 200)
                 results[i] = _found_entry(key.text, route.partition, held.version, value)
         elif forwarded or not others:
+            node.metrics.count(store_name, KIND_BATCH, PartitionUnavailable.status)
             why = "does not forward a forwarded request" if forwarded else "no node serves it"
             results[i] = _error_entry(
                 key.text,
-                PartitionUnavailable(
-                    f"partition {route.partition} of store {store_name!r}: {why}", RETRY_AFTER_S
-                ),
+                PartitionUnavailable(f"partition {route.partition} of store {store_name!r}: {why}", RETRY_AFTER_S),
             )
         else:
             texts[i] = key.text
             choices[i] = others
 
     if choices:
-        await _forward_batch(
-            node, store_name, texts, choices, results, request.headers.get(HEADER_REQUEST_ID)
-        )
+        await _forward_batch(node, store_name, texts, choices, results, request.scope.get(SCOPE_REQUEST_ID))
 
     headers = {
         HEADER_NODE: node.node_id,
@@ -440,7 +483,7 @@ async def _forward_batch(
 ) -> None:
     """One batch-get per serving node, in parallel; keys whose node fails move to their next replica."""
     path = f"/stores/{quote(store, safe='')}/batch-get"
-    headers = {**_forward_headers(request_id), "content-type": "application/json"}
+    headers = {**_forward_headers(request_id, node.members), "content-type": "application/json"}
     attempt = dict.fromkeys(choices, 0)
     refused: dict[int, bytes] = {}
     pending = sorted(choices)
@@ -449,16 +492,16 @@ async def _forward_batch(
         for i in pending:
             groups.setdefault(choices[i][attempt[i]].url, []).append(i)
         answers = await asyncio.gather(
-            *(
-                _node_batch(node, url + path, [texts[i] for i in indexes], headers)
-                for url, indexes in groups.items()
-            )
+            *(_node_batch(node, url + path, [texts[i] for i in indexes], headers) for url, indexes in groups.items())
         )
         pending = []
         for indexes, answer in zip(groups.values(), answers, strict=True):
             for n, i in enumerate(indexes):
                 entry = answer[n] if answer is not None else None
                 if entry is not None and entry.get("status") != 503:
+                    node.metrics.forwarded_answers += 1
+                    status = entry.get("status")
+                    node.metrics.count(store, KIND_BATCH, status if isinstance(status, int) else 500)
                     results[i] = _json(entry)
                     continue
                 if entry is not None:
@@ -467,20 +510,21 @@ async def _forward_batch(
                 if attempt[i] < len(choices[i]):
                     pending.append(i)
                 else:
+                    node.metrics.count(store, KIND_BATCH, PartitionUnavailable.status)
                     results[i] = refused.get(i) or _error_entry(
                         texts[i],
                         PartitionUnavailable(f"no node serving the partition of key {texts[i]!r} answered"),
                     )
 
 
-async def _node_batch(
-    node: Node, url: str, texts: list[str], headers: dict[str, str]
-) -> list[dict[str, Any]] | None:
+async def _node_batch(node: Node, url: str, texts: list[str], headers: dict[str, str]) -> list[dict[str, Any]] | None:
     """Another node's entries for `texts`, in order; None if it failed or answered something unusable."""
     payload = json.dumps({"keys": texts}, ensure_ascii=False).encode("utf-8")
+    node.metrics.forwards += 1
     try:
         upstream = await node.http.post(url, content=payload, headers=headers)
     except httpx.HTTPError as exc:
+        node.metrics.forward_failures += 1
         log.warning("forwarding a batch-get to %s failed: %s", url, type(exc).__name__)
         return None
     try:
@@ -488,23 +532,29 @@ async def _node_batch(
     finally:
         await upstream.aclose()
     if upstream.status_code != 200:
+        node.metrics.forward_failures += 1
         log.warning("forwarded batch-get to %s answered %d", url, upstream.status_code)
         return None
     try:
         entries = json.loads(body)["results"]
     except (ValueError, KeyError, TypeError):
+        node.metrics.forward_failures += 1
         return None
-    if (
-        not isinstance(entries, list)
-        or len(entries) != len(texts)
-        or not all(isinstance(e, dict) for e in entries)
-    ):
+    if not isinstance(entries, list) or len(entries) != len(texts) or not all(isinstance(e, dict) for e in entries):
+        node.metrics.forward_failures += 1
         return None
     return entries
 
 
-async def _read_body(request: Request, max_keys: int) -> bytes:
-    limit = _BATCH_BYTES_BASE + max_keys * _BATCH_BYTES_PER_KEY
+def _body_limit(settings: NodeSettings) -> int:
+    """max_body_bytes, plus room for a router's re-encoding of a batch it split (a few bytes per key)."""
+    limit = settings.limits.max_body_bytes
+    return limit + _REENCODING_BYTES_PER_KEY * settings.max_batch_keys if limit else 0
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    if not limit:
+        return await request.body()
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge(f"a batch-get body may be at most {limit} bytes")
@@ -528,9 +578,7 @@ def _batch_keys(body: bytes) -> list[Any]:
     keys: list[Any] = obj["keys"]
     for raw in keys:
         if not isinstance(raw, str) and not (isinstance(raw, int) and not isinstance(raw, bool)):
-            raise BadRequest(
-                f"keys must be JSON strings (or integers for integer key formats), got {raw!r:.40}"
-            )
+            raise BadRequest(f"keys must be JSON strings (or integers for integer key formats), got {raw!r:.40}")
     return keys
 
 
@@ -563,6 +611,35 @@ def _json(obj: Any) -> bytes:
     except UnicodeEncodeError:
         # A key echoed back may hold a lone surrogate (valid in JSON text, not in UTF-8): escape it.
         return json.dumps(obj).encode("ascii")
+
+
+def _data(kind: str, handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    """A data endpoint with its request id bound (logs, forwards, the answer's X-Request-ID) and its
+    outcome counted; a batch counts its keys itself, and only a batch refused whole is counted here."""
+
+    async def endpoint(request: Request) -> Response:
+        request_id = bind_request_id(request.scope, request.headers.get(HEADER_REQUEST_ID))
+        metrics = _node(request).metrics
+        if _forwarded(request):
+            metrics.forwarded_in += 1
+        store = request.path_params.get("store", "")
+        try:
+            response = await handler(request)
+        except ApiError as exc:
+            metrics.count(store, kind, exc.status)
+            raise
+        if kind == KIND_KEY:
+            metrics.count(store, kind, response.status_code)
+        if HEADER_REQUEST_ID not in response.headers:  # a relayed answer carries the id the other node got
+            response.headers[HEADER_REQUEST_ID] = request_id
+        return response
+
+    return endpoint
+
+
+def _request_id_header(request: Request) -> dict[str, str]:
+    """X-Request-ID for an error answer: the id bound to the request, else the client's or a new one."""
+    return {HEADER_REQUEST_ID: bind_request_id(request.scope, request.headers.get(HEADER_REQUEST_ID))}
 
 
 # -- admin --------------------------------------------------------------------------------------------
@@ -608,6 +685,10 @@ async def route(request: Request) -> Response:
 
 async def healthz(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
+
+
+async def metrics_endpoint(request: Request) -> Response:
+    return Response(_node(request).metrics.render(), headers={"content-type": CONTENT_TYPE})
 
 
 async def readyz(request: Request) -> Response:

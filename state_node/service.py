@@ -18,6 +18,8 @@ from types import FrameType
 
 import uvicorn
 
+from keyroute_core.bounded_http import bounded_httptools
+from keyroute_core.http_server import CoalescingHttpToolsProtocol
 from keyroute_core.settings import NodeSettings
 from state_node.app import Node, create_app
 
@@ -95,10 +97,15 @@ def run(settings: NodeSettings) -> int:
         host=settings.http.host,
         port=settings.http.port,
         loop="auto",
-        http="httptools",
+        # Request heads beyond max_header_bytes are answered 431 before they are buffered whole.
+        http=bounded_httptools(settings.limits.max_header_bytes, CoalescingHttpToolsProtocol),
         lifespan="on",
         log_level="warning",
+        # uvicorn's own records go through the process's handlers (text or JSON lines, see keyroute_core.logs).
+        log_config=None,
         access_log=False,
+        proxy_headers=False,
+        server_header=False,
         # Long enough for in-flight forwards to finish, short enough for a Kubernetes grace period.
         timeout_graceful_shutdown=10,
     )

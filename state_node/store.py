@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -36,6 +37,12 @@ _CANCEL_CHECK_ROWS = 4096
 # Removing a partition tidies its empty version and store folders; creating one makes them. Both hold
 # this lock, so a load never sees the folder it just made vanish under a concurrent removal.
 _TREE_LOCK = threading.Lock()
+
+# LMDB's largest key (the lmdb wheel's build: `Environment.max_key_size()`).
+_LMDB_MAX_KEY_BYTES = 511
+# How keys are laid out in LMDB (`db_key`); part of the loaded marker, so files written another way are
+# loaded again rather than reused.
+KEY_ENCODING = 2
 
 
 class LoadError(Exception):
@@ -105,7 +112,7 @@ class PartitionStore:
         if env is None:
             raise LoadError(f"partition {self.pid} is closed")
         with env.begin(buffers=False) as txn:
-            value = txn.get(key)
+            value = txn.get(db_key(key))
         return None if value is None else bytes(value)
 
     def close(self) -> None:
@@ -138,8 +145,18 @@ def _make_partition_dir(path: Path) -> None:
         path.mkdir(parents=True)
 
 
+def db_key(key: bytes) -> bytes:
+    """The LMDB key of a key's serialized bytes. LMDB keys are 1 to 511 bytes, while a store's keys may be
+    empty or longer: every key gets a one-byte tag, `=` before the bytes themselves when they fit, `#`
+    before their SHA-256 when they do not (a collision would need two keys with one SHA-256)."""
+    if len(key) < _LMDB_MAX_KEY_BYTES:
+        return b"=" + key
+    return b"#" + hashlib.sha256(key).digest()
+
+
 def _marker(manifest: Manifest, partition: int) -> dict[str, object]:
     return {
+        "key_encoding": KEY_ENCODING,
         "store": manifest.store,
         "version": manifest.version,
         "partition": partition,
@@ -266,7 +283,7 @@ def _write_rows(
             # snapshot was written with a different partitioner or key format.
             if partition_for(manifest.partitioner, key, manifest.partitions) != pid.partition:
                 raise LoadError(f"{pid}: key {key_text!r} belongs to another partition")
-            if not txn.put(key, value, overwrite=False):
+            if not txn.put(db_key(key), value, overwrite=False):
                 raise LoadError(f"{pid}: key {key_text!r} appears twice")
             rows += 1
             if rows % _CANCEL_CHECK_ROWS == 0 and cancelled():

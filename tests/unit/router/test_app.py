@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -14,11 +15,13 @@ import httpx
 from keyroute_core.key_format import KeyFormat
 from keyroute_core.partition_map import PartitionMap
 from keyroute_core.partitioner import Partitioner, key_hash, partition_for
-from keyroute_core.settings import RouterSettings
+from keyroute_core.request_guard import RequestGuard
+from keyroute_core.security import member_token
+from keyroute_core.settings import AccessSettings, RequestLimits, RouterSettings
 from router.app import create_app
 from tests.unit.router.fakes import FakeCluster, FakeNode, StaticMapSource, build_map, node_url, store_record
 
-SETTINGS = RouterSettings(max_batch_keys=5, unavailable_retry_after_s=2)
+SETTINGS = RouterSettings(max_batch_keys=5, unavailable_retry_after_s=2, limits=RequestLimits(max_body_bytes=20_000))
 STORES = [store_record("s", 4), store_record("n", 2, key_format=KeyFormat.INT64)]
 FULL = {"a": {"s": [0, 1], "n": [0, 1]}, "b": {"s": [2, 3]}}
 
@@ -35,10 +38,12 @@ class Router:
 
 
 @asynccontextmanager
-async def router(initial: PartitionMap | None, *nodes: FakeNode) -> AsyncIterator[Router]:
+async def router(
+    initial: PartitionMap | None, *nodes: FakeNode, settings: RouterSettings = SETTINGS
+) -> AsyncIterator[Router]:
     source = StaticMapSource(initial)
     cluster = FakeCluster(*nodes)
-    app = create_app(SETTINGS, map_source=source, transport=cluster)
+    app = create_app(settings, map_source=source, transport=cluster)
     async with app.router.lifespan_context(app):
         await asyncio.sleep(0)
         transport = httpx.ASGITransport(app, raise_app_exceptions=False)
@@ -75,14 +80,10 @@ def test_errors_are_json_with_code_and_message() -> None:
     async def scenario() -> None:
         async with router(build_map(STORES, {"a": {"s": [0, 1, 2]}}), *nodes()) as r:
             unserved = next(
-                k
-                for k in (f"k{i}" for i in range(99))
-                if partition_for(Partitioner.MURMUR2, k.encode(), 4) == 3
+                k for k in (f"k{i}" for i in range(99)) if partition_for(Partitioner.MURMUR2, k.encode(), 4) == 3
             )
             served = next(
-                k
-                for k in (f"k{i}" for i in range(99))
-                if partition_for(Partitioner.MURMUR2, k.encode(), 4) == 0
+                k for k in (f"k{i}" for i in range(99)) if partition_for(Partitioner.MURMUR2, k.encode(), 4) == 0
             )
             cases: list[tuple[str, str, int, str, Any]] = [
                 ("GET", "/stores/nope/keys/k", 404, "store_not_found", None),
@@ -172,7 +173,11 @@ def test_readyz_follows_map_completeness_and_stays_ready_but_stale_while_zookeep
             resp = await r.client.get("/readyz")
             assert resp.status_code == 200
             assert resp.json() == {
-                "ready": True, "stale": False, "generation": 11, "complete": True, "stores_loading": [],
+                "ready": True,
+                "stale": False,
+                "generation": 11,
+                "complete": True,
+                "stores_loading": [],
             }
             await r.push(complete.marked_stale(True))  # what MapWatcher publishes on SUSPENDED
             resp = await r.client.get("/readyz")
@@ -218,5 +223,141 @@ def test_a_misroute_asks_the_map_source_to_refresh_and_shows_in_metrics() -> Non
             metrics = (await r.client.get("/metrics")).text
             assert "keyroute_router_misroutes_total 1" in metrics
             assert "keyroute_router_map_generation 7" in metrics
+
+    run(scenario)
+
+
+SECURED = dataclasses.replace(
+    SETTINGS,
+    access=AccessSettings(cluster_secret="s3cret", admin_token="adm1n", metrics_require_token=True),
+)
+
+
+def test_admin_endpoints_need_the_admin_token_when_one_is_configured() -> None:
+    async def scenario() -> None:
+        async with router(build_map(STORES, FULL), *nodes("k"), settings=SECURED) as r:
+            for path in ("/admin/partition-map", "/admin/route?store=s&key=k", "/metrics", "/%61dmin/partition-map"):
+                missing = await r.client.get(path)
+                assert missing.status_code == 401, path
+                assert missing.json()["error"] == "unauthorized" and missing.json()["message"]
+                assert missing.headers["www-authenticate"] == "Bearer"
+                wrong = await r.client.get(path, headers={"authorization": "Bearer nope"})
+                assert wrong.status_code == 401 and "invalid_token" in wrong.headers["www-authenticate"]
+                latin = await r.client.get(path, headers={"authorization": "Bearer \xe9t\xe9".encode("latin-1")})
+                assert latin.status_code == 401
+                right = await r.client.get(path, headers={"authorization": "bearer adm1n"})
+                assert right.status_code == 200, (path, right.text)
+            # Probes, reads and the API document stay open.
+            for path in ("/healthz", "/readyz", "/openapi.json", "/stores/s/keys/k"):
+                assert (await r.client.get(path)).status_code == 200, path
+
+    run(scenario)
+
+
+def test_without_metrics_require_token_metrics_stay_open() -> None:
+    settings = dataclasses.replace(SETTINGS, access=AccessSettings(admin_token="adm1n"))
+
+    async def scenario() -> None:
+        async with router(build_map(STORES, FULL), *nodes(), settings=settings) as r:
+            assert (await r.client.get("/metrics")).status_code == 200
+            assert (await r.client.get("/admin/partition-map")).status_code == 401
+
+    run(scenario)
+
+
+def test_the_router_proves_membership_to_nodes_and_never_passes_a_clients_member_headers() -> None:
+    async def scenario() -> None:
+        async with router(build_map(STORES, FULL), *nodes("k", "j"), settings=SECURED) as r:
+            forged = {
+                "x-keyroute-hops": "1",
+                "x-keyroute-router": "evil",
+                "x-keyroute-partition": "3",
+                "x-keyroute-generation": "999999",
+                "x-keyroute-forwarded-by": "someone",
+                "x-keyroute-auth": "forged",
+            }
+            assert (await r.client.get("/stores/s/keys/k", headers=forged)).status_code == 200
+            resp = await r.client.post("/stores/s/batch-get", json={"keys": ["k", "j"]}, headers=forged)
+            assert [e["status"] for e in resp.json()["results"]] == [200, 200]
+            received = [x for node in ("a", "b") for x in r.cluster[node].received]
+            assert received
+            for x in received:
+                assert x.headers["x-keyroute-auth"] == member_token("s3cret")
+                assert x.headers["x-keyroute-router"] == "1"
+                for name in ("x-keyroute-hops", "x-keyroute-partition", "x-keyroute-generation"):
+                    assert name not in x.headers
+                assert "x-keyroute-forwarded-by" not in x.headers
+
+    run(scenario)
+
+
+def test_keys_over_the_limit_are_refused_before_any_node_is_asked() -> None:
+    settings = dataclasses.replace(SETTINGS, limits=RequestLimits(max_key_bytes=8, max_body_bytes=20_000))
+
+    async def scenario() -> None:
+        async with router(build_map(STORES, FULL), *nodes("k", "東京"), settings=settings) as r:
+            for segment in ("123456789", "%E6%9D%B1%E4%BA%AC%E6%9D%B1", "x" * 5000):
+                resp = await r.client.get(f"/stores/s/keys/{segment}")
+                assert resp.status_code == 414 and resp.json()["error"] == "key_too_long", segment
+            assert (await r.client.get("/stores/s/keys/%E6%9D%B1%E4%BA%AC")).status_code == 200  # 6 bytes
+            resp = await r.client.post("/stores/s/batch-get", json={"keys": ["k", "123456789", "東京東京", "東京"]})
+            results = resp.json()["results"]
+            assert [e["status"] for e in results] == [200, 400, 400, 200]
+            assert results[1] == {
+                "key": "123456789",
+                "status": 400,
+                "error": "key_too_long",
+                "message": "the key is longer than 8 bytes",
+            }
+            assert all("123456789" not in (x.keys or []) for n in ("a", "b") for x in r.cluster[n].received)
+            # The batch limit still counts every key, long or not.
+            resp = await r.client.post("/stores/s/batch-get", json={"keys": ["123456789"] * 6})
+            assert resp.status_code == 413 and resp.json()["error"] == "too_many_keys"
+
+    run(scenario)
+
+
+def test_oversized_headers_are_431_json() -> None:
+    settings = dataclasses.replace(SETTINGS, limits=RequestLimits(max_header_bytes=2000))
+
+    async def scenario() -> None:
+        async with router(build_map(STORES, FULL), *nodes("k"), settings=settings) as r:
+            resp = await r.client.get("/stores/s/keys/k", headers={"x-filler": "y" * 2000})
+            assert resp.status_code == 431 and resp.json()["error"] == "headers_too_large"
+            assert (await r.client.get("/stores/s/keys/k", headers={"x-filler": "y" * 1000})).status_code == 200
+
+    run(scenario)
+
+
+def test_the_guard_refuses_beyond_the_concurrency_limit_at_once_and_lets_probes_through() -> None:
+    gate = asyncio.Event()
+    entered = 0
+
+    async def slow_app(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal entered
+        entered += 1
+        await gate.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    guard = RequestGuard(slow_app, max_concurrent_requests=2, retry_after_s=3)
+
+    async def scenario() -> None:
+        transport = httpx.ASGITransport(guard)
+        async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+            held = [asyncio.create_task(client.get("/stores/s/keys/k")) for _ in range(2)]
+            while entered < 2:
+                await asyncio.sleep(0)
+            refused = await asyncio.wait_for(client.get("/stores/s/keys/k"), timeout=5)
+            assert refused.status_code == 503 and refused.headers["retry-after"] == "3"
+            assert refused.json()["error"] == "overloaded" and refused.json()["message"]
+            assert guard.overloaded == 1 and guard.active == 2
+            probe = asyncio.create_task(client.get("/healthz"))  # counted past the limit, not refused
+            while entered < 3:
+                await asyncio.sleep(0)
+            gate.set()
+            assert [t.status_code for t in await asyncio.gather(*held, probe)] == [200, 200, 200]
+            assert guard.active == 0
+            assert (await client.get("/stores/s/keys/k")).status_code == 200
 
     run(scenario)

@@ -126,9 +126,7 @@ def app_server() -> Iterator[AppServer]:
         ]
     )
     port = free_port()
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, http="httptools", log_level="warning", lifespan="off"
-    )
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, http="httptools", log_level="warning", lifespan="off")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="fast-upstream-target", daemon=True)
     thread.start()
@@ -483,6 +481,68 @@ def test_an_exhausted_pool_is_not_a_node_fault_and_frees_up_when_the_busy_reques
     assert status == 200
 
 
+def test_a_cancelled_exchange_closes_its_connection_and_the_next_request_gets_its_own_answer(
+    run: Runner,
+) -> None:
+    # A hedge that lost is cancelled mid-exchange; its answer may still be on the way. Were its connection
+    # reused, the next request would read that answer (or, here, wait forever behind it).
+    def script(connection: int, number: int) -> list[bytes | str]:
+        if connection == 0:
+            return [ok(b"first")] if number == 0 else [HANG]
+        return [ok(f"conn {connection}".encode())]
+
+    async def scenario() -> tuple[bytes, bytes, int, int, int]:
+        async with RawServer(script) as server:
+            upstream = FastUpstream()
+            try:
+                first = (await upstream.get(server.url + "/k", HEADERS)).body
+                lost = asyncio.ensure_future(upstream.get(server.url + "/k", HEADERS))  # reuses connection 0
+                await until(lambda: len(server.requests) == 2, message="the second request at the node")
+                lost.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await lost
+                # The node sees the connection go: its hanging handler ends only when the client closes.
+                await until(lambda: server.open == 0, message="the cancelled exchange's connection closed")
+                after = (await upstream.get(server.url + "/k", HEADERS)).body
+                pool = upstream._pools[server.url]
+                return first, after, server.accepted, pool.opened, len(pool.idle)
+            finally:
+                await upstream.aclose()
+
+    first, after, accepted, opened, idle = run(scenario)
+    assert (first, after) == (b"first", b"conn 1")
+    assert accepted == 2
+    assert (opened, idle) == (1, 1)  # the cancelled connection no longer counts against the cap
+
+
+def test_a_request_cancelled_while_waiting_for_a_connection_gives_up_its_place(run: Runner) -> None:
+    def script(connection: int, number: int) -> list[bytes | str]:
+        return [HANG] if connection == 0 else [ok()]
+
+    async def scenario() -> tuple[int, int, int, int]:
+        async with RawServer(script) as server:
+            upstream = FastUpstream(max_connections_per_origin=1, pool_wait_s=5.0)
+            try:
+                busy = asyncio.ensure_future(upstream.get(server.url + "/slow", HEADERS))
+                await until(lambda: len(server.requests) == 1, message="the first request at the node")
+                waiting = asyncio.ensure_future(upstream.get(server.url + "/k", HEADERS))
+                pool = upstream._pools[server.url]
+                await until(lambda: len(pool.waiters) == 1, message="the second request waiting")
+                waiting.cancel()
+                busy.cancel()
+                for task in (waiting, busy):
+                    with pytest.raises(asyncio.CancelledError):
+                        await task
+                status = (await upstream.get(server.url + "/k", HEADERS)).status
+                return status, pool.opened, len(pool.waiters), server.accepted
+            finally:
+                await upstream.aclose()
+
+    status, opened, waiters, accepted = run(scenario)
+    assert status == 200
+    assert (opened, waiters, accepted) == (1, 0, 2)
+
+
 def test_connection_close_is_honoured_even_when_the_node_keeps_the_socket_open(run: Runner) -> None:
     async def scenario() -> tuple[list[int], int]:
         async with RawServer(lambda connection, number: [ok(extra="connection: close\r\n")]) as server:
@@ -573,8 +633,7 @@ def test_a_request_in_flight_when_the_client_closes_is_not_blamed_on_the_node(ru
         (b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nuntil the end", b"until the end"),
         (b"HTTP/1.1 100 Continue\r\n\r\n" + ok(b"after continue"), b"after continue"),
         (
-            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
-            b"3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nx-t: 1\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nx-t: 1\r\n\r\n",
             b"abcde",
         ),
     ],

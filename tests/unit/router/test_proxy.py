@@ -4,22 +4,41 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
 import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
-from keyroute_core.api import BadRequest, PartitionUnavailable, PayloadTooLarge, StoreNotFound
+from keyroute_core.api import (
+    BadRequest,
+    PartitionUnavailable,
+    PayloadTooLarge,
+    StoreNotFound,
+    found_body,
+    key_path_segment,
+)
 from keyroute_core.key_format import KeyFormat
-from keyroute_core.partition_map import Assignment, PartitionMap
+from keyroute_core.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord
 from keyroute_core.partitioner import Partitioner, partition_for
 from router.backoff import NodeBackoff
+from router.fast_upstream import FastUpstream
 from router.proxy import HEADER_ROUTER, Proxy, parse_batch_body, passthrough_headers
 from router.routing_table import RoutingTable
 from router.upstream import HttpxUpstream
 from tests.unit.router.fakes import FakeCluster, FakeNode, build_map, store_record
+from tests.unit.router.test_fast_upstream import until
+from tests.util import free_port, wait_for
 
 T = TypeVar("T")
 PARTITIONS = 4
@@ -57,10 +76,24 @@ class Clock:
         return self.now
 
 
+class MapOrderOnTies(random.Random):
+    """Draws that make the balancer keep the map's order between equally loaded replicas, so tests of
+    failover and back-off know which replica is asked first (spreading is tested in test_balancer.py)."""
+
+    def random(self) -> float:
+        return 0.0
+
+
 class Harness:
     """A Proxy wired to fake nodes `a` and `b`, with a controllable clock and a refresh counter."""
 
-    def __init__(self, partition_map: PartitionMap, *nodes: FakeNode, max_batch_keys: int = 1000) -> None:
+    def __init__(
+        self,
+        partition_map: PartitionMap,
+        *nodes: FakeNode,
+        max_batch_keys: int = 1000,
+        hedge_after_s: float | None = 0.0,
+    ) -> None:
         self.cluster = FakeCluster(*nodes)
         self.clock = Clock()
         self.refreshes = 0
@@ -71,6 +104,8 @@ class Harness:
             retry_after_s=3,
             backoff=NodeBackoff(backoff_s=2.0, clock=self.clock),
             clock=self.clock,
+            hedge_after_s=hedge_after_s,
+            rng=MapOrderOnTies(),
         )
         self.proxy.install(RoutingTable.of(partition_map))
 
@@ -444,3 +479,312 @@ def test_a_partition_nobody_announces_is_read_from_the_node_that_served_it_last(
     a.down = True  # gone for good: 503, as when nobody served it at all
     with pytest.raises(PartitionUnavailable):
         run(lambda: h.proxy.get("s", key))
+
+
+# -- spreading ----------------------------------------------------------------------------------------------
+
+
+def test_reads_of_one_partition_are_spread_over_its_replicas() -> None:
+    a, b = FakeNode("a", values_for(["k"])), FakeNode("b", values_for(["k"]))
+    h = Harness(replicated_map(("a", "b")), a, b)
+    h.proxy._balancer._random = random.Random(3).random
+
+    async def scenario() -> None:
+        for _ in range(200):
+            assert (await h.proxy.get("s", "k")).status == 200
+
+    run(scenario)
+    assert 70 <= len(a.received) <= 130 and len(a.received) + len(b.received) == 200
+    assert h.proxy._balancer.in_flight == {}
+
+
+def test_batches_are_spread_over_the_replicas_too_with_each_partition_in_one_request() -> None:
+    keys = [k for p in range(PARTITIONS) for k in keys_in(p, 3)]
+    a, b = FakeNode("a", values_for(keys)), FakeNode("b", values_for(keys))
+    h = Harness(replicated_map(("a", "b")), a, b)
+    h.proxy._balancer._random = random.Random(5).random
+
+    async def scenario() -> None:
+        for _ in range(20):
+            results = await h.proxy.batch_get("s", keys)
+            assert [r["status"] for r in results] == [200] * len(keys)
+
+    run(scenario)
+    got_a = Counter(partition(k) for r in a.received for k in r.keys)
+    got_b = Counter(partition(k) for r in b.received for k in r.keys)
+    # Both replicas carry a share, and each partition's 3 keys always travelled together.
+    assert sum(got_a.values()) >= 40 and sum(got_b.values()) >= 40
+    assert all(n % 3 == 0 for n in [*got_a.values(), *got_b.values()])
+    assert h.proxy.metrics.upstream_requests == len(a.received) + len(b.received)
+
+
+# -- hedging, against real nodes on 127.0.0.1 over the router's own HTTP client -------------------------------
+
+
+class LocalNode:
+    """A small real node (uvicorn in a thread) answering every key of store `s` after `delay_s`.
+
+    Records the key of every request that reached it; `unavailable` answers 503 (after the delay)."""
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        self.port = free_port()
+        self.delay_s = 0.0
+        self.unavailable = False
+        self.received: list[str] = []
+        app = Starlette(routes=[Route("/stores/{store}/keys/{key:path}", self._get, methods=["GET"])])
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name=f"node-{node_id}", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _get(self, request: Request) -> Response:
+        located = key_path_segment(request.scope["raw_path"])
+        assert located is not None
+        store, key = located
+        self.received.append(key)
+        delay_s, unavailable = self.delay_s, self.unavailable  # as they were when the request arrived
+        if delay_s:
+            await asyncio.sleep(delay_s)  # the node being slow, not the test waiting
+        headers = {"x-keyroute-node": self.node_id, "x-keyroute-hops": "0"}
+        if unavailable:
+            body = json.dumps({"error": "partition_unavailable", "message": "not here"}).encode()
+            return Response(body, status_code=503, media_type="application/json", headers=headers)
+        value = json.dumps({"node": self.node_id}).encode()
+        return Response(found_body(store, key, 0, 1, value), media_type="application/json", headers=headers)
+
+    def start(self) -> LocalNode:
+        self.thread.start()
+        wait_for(lambda: self.server.started, timeout_s=10, message=f"{self.node_id} up")
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+    def reset(self) -> None:
+        self.delay_s = 0.0
+        self.unavailable = False
+        self.received = []
+
+
+@pytest.fixture(scope="module")
+def local_nodes() -> Iterator[tuple[LocalNode, LocalNode]]:
+    nodes = (LocalNode("slow").start(), LocalNode("fast").start())
+    try:
+        yield nodes
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+@pytest.fixture
+def slow_fast(local_nodes: tuple[LocalNode, LocalNode]) -> tuple[LocalNode, LocalNode]:
+    for node in local_nodes:
+        node.reset()
+    return local_nodes
+
+
+class LocalHarness:
+    """A Proxy over FastUpstream to two real nodes serving every partition; the first is preferred."""
+
+    def __init__(
+        self,
+        first: LocalNode,
+        second: LocalNode,
+        hedge_after_s: float | None,
+        rng: random.Random | None = None,
+    ) -> None:
+        store = store_record("s", PARTITIONS)
+        assignment = Assignment(
+            generation=1, stores={"s": tuple((first.node_id, second.node_id) for _ in range(PARTITIONS))}
+        )
+        serving = {
+            n.node_id: ServingRecord(n.node_id, n.url, {"s": dict.fromkeys(range(PARTITIONS), 1)})
+            for n in (first, second)
+        }
+        nodes = {n.node_id: NodeRecord(n.node_id, n.url) for n in (first, second)}
+        self.refreshes = 0
+        self.upstream = FastUpstream(5.0, 1.0)
+        self.proxy = Proxy(
+            self.upstream,
+            on_stale_map=self._refresh,
+            hedge_after_s=hedge_after_s,
+            rng=rng or MapOrderOnTies(),
+        )
+        self.proxy.install(RoutingTable.of(PartitionMap.build({"s": store}, nodes, assignment, serving, 7)))
+
+    def _refresh(self) -> None:
+        self.refreshes += 1
+
+    async def read(self, key: str) -> tuple[str, str, float]:
+        """(answering node, key in the answer, seconds taken) of one read through the proxy."""
+        started = time.monotonic()
+        answer = await self.proxy.get("s", key)
+        took = time.monotonic() - started
+        assert answer.status == 200, answer.body
+        return dict(answer.headers)[b"x-keyroute-node"].decode(), json.loads(answer.body)["key"], took
+
+
+def test_a_read_stuck_on_a_slow_replica_is_hedged_and_answered_by_the_other(
+    slow_fast: tuple[LocalNode, LocalNode],
+) -> None:
+    slow, fast = slow_fast
+    slow.delay_s = 0.3
+    h = LocalHarness(slow, fast, hedge_after_s=0.02)  # the slow node is always asked first
+    keys = [f"k{i}" for i in range(8)]
+
+    async def scenario() -> tuple[list[tuple[str, str, float]], list[tuple[str, str, float]]]:
+        try:
+            hedged = [await h.read(key) for key in keys]
+            # The slow node still owes its answers to the cancelled requests: had a cancelled request's
+            # connection gone back to the pool, these reads would receive those late answers.
+            slow.delay_s = 0.0
+            after = [await h.read(f"after-{i}") for i in range(8)]
+            return hedged, after
+        finally:
+            await h.upstream.aclose()
+
+    hedged, after = run(scenario)
+    assert [(node, key) for node, key, _ in hedged] == [("fast", key) for key in keys]
+    assert sorted(took for _, _, took in hedged)[len(hedged) // 2] < 0.25  # generous: the slow one takes 0.3
+    assert slow.received[: len(keys)] == keys and fast.received == keys
+    m = h.proxy.metrics
+    assert m.hedges == len(keys) and m.hedge_wins == len(keys) and m.budget_exhausted == 0
+    assert [(node, key) for node, key, _ in after] == [("slow", f"after-{i}") for i in range(8)]
+    assert m.hedges == len(keys)  # fast answers are not hedged
+    assert h.proxy._balancer.in_flight == {}
+
+
+def test_without_hedging_the_slow_replica_answers_every_read_it_gets(
+    slow_fast: tuple[LocalNode, LocalNode],
+) -> None:
+    slow, fast = slow_fast
+    slow.delay_s = 0.3
+    h = LocalHarness(slow, fast, hedge_after_s=0)
+
+    async def scenario() -> list[tuple[str, str, float]]:
+        try:
+            return [await h.read(f"k{i}") for i in range(2)]
+        finally:
+            await h.upstream.aclose()
+
+    answers = run(scenario)
+    assert [node for node, _, _ in answers] == ["slow", "slow"] and fast.received == []
+    assert h.proxy.metrics.hedges == 0
+
+
+def test_when_the_first_replica_answers_first_the_hedge_is_cancelled(
+    slow_fast: tuple[LocalNode, LocalNode],
+) -> None:
+    first, second = slow_fast
+    first.delay_s, second.delay_s = 0.1, 1.0
+    h = LocalHarness(first, second, hedge_after_s=0.02)
+
+    async def scenario() -> tuple[str, str, float]:
+        try:
+            return await h.read("k")
+        finally:
+            await h.upstream.aclose()
+
+    node, _, took = run(scenario)
+    assert node == "slow" and took < 0.9  # the first node's answer, without waiting for the hedge
+    assert second.received == ["k"]
+    assert h.proxy.metrics.hedges == 1 and h.proxy.metrics.hedge_wins == 0
+    assert h.proxy._balancer.in_flight == {}
+
+
+def test_a_first_replica_refusing_after_the_hedge_went_out_leaves_the_answer_to_the_hedge(
+    slow_fast: tuple[LocalNode, LocalNode],
+) -> None:
+    first, second = slow_fast
+    first.delay_s, first.unavailable = 0.05, True
+    second.delay_s = 0.15
+    h = LocalHarness(first, second, hedge_after_s=0.01)
+
+    async def scenario() -> tuple[str, str, float]:
+        try:
+            return await h.read("k")
+        finally:
+            await h.upstream.aclose()
+
+    node, key, _ = run(scenario)
+    assert (node, key) == ("fast", "k")
+    assert h.proxy.metrics.hedges == 1 and h.proxy.metrics.hedge_wins == 1
+    assert h.proxy.metrics.failovers == 0  # the hedge was already out: nothing more was sent
+    assert h.refreshes == 1  # the 503 still tells the router its map may be stale
+
+
+def test_a_read_cancelled_while_hedged_cancels_both_requests(slow_fast: tuple[LocalNode, LocalNode]) -> None:
+    first, second = slow_fast
+    first.delay_s = second.delay_s = 2.0
+    h = LocalHarness(first, second, hedge_after_s=0.01)
+
+    async def scenario() -> dict[str, int]:
+        try:
+            read = asyncio.ensure_future(h.proxy.get("s", "k"))
+            await until(lambda: first.received and second.received, message="both requests at the nodes")
+            read.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await read
+            await until(lambda: not h.proxy._balancer.in_flight, message="no request in flight")
+            return dict(h.proxy._balancer.in_flight)
+        finally:
+            await h.upstream.aclose()
+
+    assert run(scenario) == {}
+    assert h.proxy.metrics.hedge_wins == 0
+
+
+def test_the_budget_holds_the_extra_requests_for_a_node_slow_on_every_read(
+    slow_fast: tuple[LocalNode, LocalNode],
+) -> None:
+    slow, fast = slow_fast
+    slow.delay_s = 0.2
+    h = LocalHarness(slow, fast, hedge_after_s=0.01, rng=random.Random(1))
+    waves, per_wave = 3, 100
+
+    async def scenario() -> list[tuple[str, str, float]]:
+        try:
+            answers = []
+            for wave in range(waves):
+                keys = [f"w{wave}-{i}" for i in range(per_wave)]
+                answers += await asyncio.gather(*(h.read(key) for key in keys))
+            return answers
+        finally:
+            await h.upstream.aclose()
+
+    answers = run(scenario)
+    reads = waves * per_wave
+    assert len(answers) == reads and all(key.startswith("w") for _, key, _ in answers)
+    extra = len(slow.received) + len(fast.received) - reads
+    m = h.proxy.metrics
+    # A hedge cancelled while still connecting never reaches its node, so the nodes may count fewer.
+    assert m.upstream_requests == reads + m.hedges and extra <= m.hedges
+    # 10% of the reads plus the burst of a full bucket, and no more, though half the reads were slow.
+    assert extra > 0 and m.hedges <= 0.1 * reads + 10
+    assert m.budget_exhausted > 0
+    assert h.proxy._balancer.in_flight == {}
+
+
+def test_the_automatic_threshold_comes_from_recent_latencies(slow_fast: tuple[LocalNode, LocalNode]) -> None:
+    slow, fast = slow_fast
+    h = LocalHarness(slow, fast, hedge_after_s=None)
+
+    async def scenario() -> list[tuple[str, str, float]]:
+        try:
+            for i in range(64):  # both fast: enough reads to know what "usual" is
+                await h.read(f"warm-{i}")
+            assert h.proxy._latency is not None and h.proxy._latency.value_s is not None
+            assert h.proxy.metrics.hedges == 0
+            slow.delay_s = 0.3
+            return [await h.read(f"k{i}") for i in range(4)]
+        finally:
+            await h.upstream.aclose()
+
+    answers = run(scenario)
+    assert [node for node, _, _ in answers] == ["fast"] * 4
+    assert h.proxy.metrics.hedges == 4 and h.proxy.metrics.hedge_wins == 4

@@ -18,7 +18,8 @@ from starlette.applications import Starlette
 from keyroute_core.key_format import KeyFormat, parse_key
 from keyroute_core.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord, StoreRecord
 from keyroute_core.partitioner import Partitioner
-from keyroute_core.settings import NodeSettings
+from keyroute_core.security import member_token
+from keyroute_core.settings import AccessSettings, NodeSettings, RequestLimits
 from state_node.app import Node, create_app
 from state_node.ownership import Readiness
 
@@ -114,6 +115,8 @@ def client_for(
     peer: Handler,
     ready: bool = True,
     version: int = 1,
+    access: AccessSettings | None = None,
+    limits: RequestLimits | None = None,
 ) -> tuple[Client, list[httpx.Request]]:
     seen: list[httpx.Request] = []
 
@@ -121,7 +124,13 @@ def client_for(
         seen.append(request)
         return peer(request)
 
-    settings = NodeSettings(node_id=ME, data_dir=None, max_batch_keys=5)  # type: ignore[arg-type]
+    settings = NodeSettings(
+        node_id=ME,
+        data_dir=None,  # type: ignore[arg-type]
+        max_batch_keys=5,
+        access=access or AccessSettings(),
+        limits=limits or RequestLimits(),
+    )
     app = create_app(settings)
     http = httpx.AsyncClient(transport=httpx.MockTransport(record_and_answer))
     app.state.node = Node(settings, FakeOwnership(build(serving, version), held, ready), http)  # type: ignore[arg-type]
@@ -307,9 +316,7 @@ def batch_peer(answers: dict[str, Callable[[list[str]], httpx.Response]]) -> Han
 
 
 def found(keys: list[str], node: str) -> httpx.Response:
-    results = [
-        {"key": k, "status": 200, "partition": REMOTE_P, "version": 1, "value": {"node": node}} for k in keys
-    ]
+    results = [{"key": k, "status": 200, "partition": REMOTE_P, "version": 1, "value": {"node": node}} for k in keys]
     return httpx.Response(200, json={"results": results})
 
 
@@ -349,9 +356,7 @@ def test_batch_get_moves_keys_to_the_next_replica_when_a_node_fails_or_refuses()
             200, json={"results": [{"key": k, "status": 503, "error": "partition_unavailable"} for k in keys]}
         ),
     ):
-        client, seen = client_for(
-            SERVING, HELD, batch_peer({"n2.test": failing, "n3.test": lambda k: found(k, C)})
-        )
+        client, seen = client_for(SERVING, HELD, batch_peer({"n2.test": failing, "n3.test": lambda k: found(k, C)}))
         r = client.post("/stores/s/batch-get", json={"keys": [KEY_REMOTE]})
         assert r.json()["results"][0]["value"] == {"node": C}
         assert [s.url.host for s in seen] == ["n2.test", "n3.test"]
@@ -366,9 +371,7 @@ def test_batch_get_answers_503_per_key_when_no_replica_answers() -> None:
 
 def test_a_forwarded_batch_is_never_forwarded_again() -> None:
     client, seen = client_for(SERVING, HELD, unreachable)
-    r = client.post(
-        "/stores/s/batch-get", json={"keys": [KEY_REMOTE, KEY_LOCAL]}, headers={"x-keyroute-hops": "1"}
-    )
+    r = client.post("/stores/s/batch-get", json={"keys": [KEY_REMOTE, KEY_LOCAL]}, headers={"x-keyroute-hops": "1"})
     assert [e["status"] for e in r.json()["results"]] == [503, 200]
     assert r.headers["x-keyroute-hops"] == "1"
     assert seen == []
@@ -395,7 +398,7 @@ def test_batch_get_accepts_json_integers_for_integer_keys() -> None:
         (b'{"keys": ["k", 1.5]}', 400, "bad_request"),
         (b'{"keys": [true]}', 400, "bad_request"),
         (b'{"keys": ["a", "b", "c", "d", "e", "f"]}', 413, "too_many_keys"),
-        (b'{"keys": [' + b'"k",' * 200_000 + b'"k"]}', 413, "body_too_large"),
+        (b'{"keys": [' + b'"k",' * 600_000 + b'"k"]}', 413, "body_too_large"),
     ],
 )
 def test_batch_get_rejects_bad_bodies(body: bytes, status: int, code: str) -> None:
@@ -452,3 +455,80 @@ def test_an_unexpected_error_is_a_json_500_without_a_stack_trace() -> None:
     assert r.status_code == 500
     assert r.json()["error"] == "internal_error"
     assert "secret" not in r.text and "Traceback" not in r.text
+
+
+SECRET = AccessSettings(cluster_secret="s3cret", admin_token="adm1n")
+MEMBER = {"x-keyroute-auth": member_token("s3cret")}
+
+
+def found_at_b(request: httpx.Request) -> httpx.Response:
+    if request.method == "POST":
+        keys = json.loads(request.content)["keys"]
+        return httpx.Response(200, json={"results": [{"key": k, "status": 200, "value": {}} for k in keys]})
+    body = b'{"store": "s", "key": "x", "partition": 1, "version": 1, "value": {"far": true}}'
+    return httpx.Response(200, content=body, headers={"x-keyroute-node": B, "x-keyroute-hops": "1"})
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        {"x-keyroute-hops": "1"},
+        {"x-keyroute-hops": "abc", "x-keyroute-router": "1"},
+        {"x-keyroute-hops": "1", "x-keyroute-auth": "guess"},
+        {"x-keyroute-hops": "1", "x-keyroute-auth": member_token("other secret")},
+        {"x-keyroute-hops": "1", "x-keyroute-auth": "\xe9t\xe9"},
+    ],
+)
+def test_with_a_cluster_secret_a_clients_hop_header_neither_stops_nor_repeats_a_forward(
+    forged: dict[str, str],
+) -> None:
+    client, seen = client_for(SERVING, HELD, found_at_b, access=SECRET)
+    raw = {k: v.encode("latin-1") for k, v in forged.items()}
+    r = client.get(f"/stores/s/keys/{KEY_REMOTE}", headers=raw)
+    assert r.status_code == 200 and r.headers["x-keyroute-forwarded-by"] == ME
+    assert len(seen) == 1 and seen[0].url.host in ("n2.test", "n3.test")
+    # The next node gets this node's proof of membership, so it honours the hop count and never forwards.
+    assert seen[0].headers["x-keyroute-hops"] == "1"
+    assert seen[0].headers["x-keyroute-auth"] == member_token("s3cret")
+
+    r = client.post("/stores/s/batch-get", json={"keys": [KEY_REMOTE]}, headers=raw)
+    assert r.json()["results"][0]["status"] == 200 and len(seen) == 2
+    assert seen[1].headers["x-keyroute-auth"] == member_token("s3cret")
+
+
+def test_with_a_cluster_secret_a_members_hop_header_still_forbids_a_second_forward() -> None:
+    client, seen = client_for(SERVING, HELD, found_at_b, access=SECRET)
+    r = client.get(f"/stores/s/keys/{KEY_REMOTE}", headers={"x-keyroute-hops": "1", **MEMBER})
+    assert r.status_code == 503 and r.json()["error"] == "partition_unavailable"
+    r = client.post("/stores/s/batch-get", json={"keys": [KEY_REMOTE]}, headers={"x-keyroute-hops": "1", **MEMBER})
+    assert r.json()["results"][0]["status"] == 503
+    assert seen == []
+
+
+def test_without_a_secret_no_token_is_sent_to_peers() -> None:
+    client, seen = client_for(SERVING, HELD, found_at_b)
+    assert client.get(f"/stores/s/keys/{KEY_REMOTE}").status_code == 200
+    assert "x-keyroute-auth" not in seen[0].headers
+
+
+def test_node_admin_endpoints_need_the_admin_token() -> None:
+    client, _ = client_for(SERVING, HELD, unreachable, access=SECRET)
+    r = client.get("/admin/partition-map")
+    assert r.status_code == 401 and r.json()["error"] == "unauthorized"
+    assert r.headers["www-authenticate"] == "Bearer" and r.headers["x-keyroute-node"] == ME
+    assert client.get("/admin/partition-map", headers={"authorization": "Bearer adm1n"}).status_code == 200
+    assert client.get("/healthz").status_code == 200
+    assert client.get("/metrics").status_code == 200
+
+
+def test_node_refuses_keys_and_heads_over_the_limits() -> None:
+    limits = RequestLimits(max_key_bytes=8, max_header_bytes=4000)
+    client, seen = client_for(SERVING, HELD, unreachable, limits=limits)
+    r = client.get("/stores/s/keys/" + "x" * 9)
+    assert r.status_code == 414 and r.json()["error"] == "key_too_long"
+    r = client.post("/stores/s/batch-get", json={"keys": [KEY_LOCAL, "x" * 9]})
+    assert [e["status"] for e in r.json()["results"]] == [200, 400]
+    assert r.json()["results"][1]["error"] == "key_too_long"
+    r = client.get(f"/stores/s/keys/{KEY_LOCAL}", headers={"x-big": "b" * 5000})
+    assert r.status_code == 431 and r.json()["error"] == "headers_too_large"
+    assert seen == []

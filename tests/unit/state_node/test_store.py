@@ -65,6 +65,23 @@ def test_values_are_stored_as_compact_json_bytes_under_the_serialized_key(snapsh
         held.close()
 
 
+def test_keys_of_any_length_are_stored_even_those_lmdb_cannot_hold_as_they_are(snapshot, data_dir: Path) -> None:
+    # LMDB keys are 1 to 511 bytes: an empty key and longer ones are stored under a tagged SHA-256.
+    rows = {"": {"n": 0}, "k" * 510: {"n": 510}, "k" * 511: {"n": 511}, "k" * 3000: {"n": 3000}}
+    rows["k" * 3000 + "x"] = {"n": 3001}  # shares its first 3000 bytes with another key
+    record = snapshot("odd", 1, 1, rows)
+    held = load_partition(data_dir, record, 0, MAP_SIZE)
+    try:
+        assert held.rows == len(rows)
+        for text, value in rows.items():
+            got = held.get(text.encode())
+            assert got is not None and json.loads(got) == value, len(text)
+        assert held.get(b"k" * 2999) is None
+        assert held.get(b"k" * 4000) is None
+    finally:
+        held.close()
+
+
 def test_layout_and_marker(snapshot, data_dir: Path) -> None:
     record = snapshot("bookings", 7, 2, ROWS)
     held = load_partition(data_dir, record, 1, MAP_SIZE)

@@ -1,0 +1,124 @@
+"""The cheap checks in front of every request to a router or node: concurrency, header size, admin token.
+
+One plain ASGI wrapper, answered with the API's JSON errors before any routing happens. It takes no lock
+and never queues: an event loop runs one request at a time between awaits, so a plain counter is exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import Any
+
+from keyroute_core.api import (
+    DEFAULT_MAX_CONCURRENT_REQUESTS,
+    DEFAULT_MAX_HEADER_BYTES,
+    ApiError,
+    HeadersTooLarge,
+    Overloaded,
+    error_json,
+)
+from keyroute_core.security import BearerAuth
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# Probes must keep answering under overload: a failed liveness probe restarts a pod that is merely busy.
+PROBE_PATHS = frozenset({"/healthz", "/readyz"})
+_AUTHORIZATION = b"authorization"
+
+
+class RequestGuard:
+    """ASGI wrapper: at most `max_concurrent_requests` requests inside `app` at once (beyond: 503
+    `overloaded` with Retry-After, at once), request heads of at most `max_header_bytes` (431), and the
+    admin token on paths starting with one of `protected` (401). 0 switches a limit off."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS,
+        max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+        admin: BearerAuth | None = None,
+        protected: Iterable[str] = ("/admin",),
+        retry_after_s: int = 1,
+        error_headers: Iterable[tuple[str, str]] = (),
+    ) -> None:
+        self.app = app
+        self.max_concurrent_requests = max_concurrent_requests
+        self.max_header_bytes = max_header_bytes
+        self.admin = admin if admin is not None else BearerAuth()
+        self.protected = tuple(protected) if self.admin.enabled else ()
+        self.retry_after_s = retry_after_s
+        self._error_headers = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in error_headers]
+        self.active = 0
+        # Refusals by reason, for metrics.
+        self.overloaded = 0
+        self.headers_too_large = 0
+        self.unauthorized = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        if self.max_concurrent_requests and self.active >= self.max_concurrent_requests and path not in PROBE_PATHS:
+            self.overloaded += 1
+            await self.refuse(
+                send,
+                Overloaded(
+                    f"more than {self.max_concurrent_requests} requests in progress; retry shortly",
+                    self.retry_after_s,
+                ),
+            )
+            return
+        try:
+            if self.max_header_bytes:
+                check_header_bytes(scope, self.max_header_bytes)
+            if self.protected and path.startswith(self.protected):
+                self.admin.check(header(scope, _AUTHORIZATION))
+        except HeadersTooLarge as exc:
+            self.headers_too_large += 1
+            await self.refuse(send, exc)
+            return
+        except ApiError as exc:
+            self.unauthorized += 1
+            await self.refuse(send, exc)
+            return
+        self.active += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.active -= 1
+
+    async def refuse(self, send: Send, exc: ApiError) -> None:
+        await send_error(send, exc, self._error_headers)
+
+
+def check_header_bytes(scope: Scope, limit: int) -> None:
+    """Raises HeadersTooLarge when the request head (target and header fields) exceeds `limit` bytes."""
+    size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
+    for name, value in scope["headers"]:
+        size += len(name) + len(value) + 4
+    if size > limit:
+        raise HeadersTooLarge(f"the request line and headers take {size} bytes; at most {limit} are allowed")
+
+
+def header(scope: Scope, name: bytes) -> bytes | None:
+    """The first value of header `name` (lower case) in an ASGI scope."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value)
+    return None
+
+
+async def send_error(send: Send, exc: ApiError, extra: Iterable[tuple[bytes, bytes]] = ()) -> None:
+    """An ApiError as the API's JSON error response, sent with bare ASGI messages."""
+    body = error_json(exc.code, exc.message)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode("ascii"))]
+    headers.extend((n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in exc.headers.items())
+    headers.extend(extra)
+    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,41 @@
+"""The router's request limits and admin access, built from its settings: one outermost ASGI wrapper and
+the uvicorn protocol that bounds request heads before the application sees them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from keyroute_core.bounded_http import bounded_httptools
+from keyroute_core.request_guard import ASGIApp, RequestGuard
+from keyroute_core.security import BearerAuth
+from keyroute_core.settings import RouterSettings
+
+
+def protected_paths(settings: RouterSettings) -> tuple[str, ...]:
+    """Paths that need the admin token (when one is configured): admin, and metrics if asked for."""
+    return ("/admin", "/metrics") if settings.access.metrics_require_token else ("/admin",)
+
+
+def guard_options(settings: RouterSettings) -> dict[str, Any]:
+    """RequestGuard's options from the router's settings (also for `starlette.middleware.Middleware`)."""
+    limits = settings.limits
+    return {
+        "max_concurrent_requests": limits.max_concurrent_requests,
+        "max_header_bytes": limits.max_header_bytes,
+        "admin": BearerAuth(settings.access.admin_token),
+        "protected": protected_paths(settings),
+        "retry_after_s": settings.unavailable_retry_after_s,
+    }
+
+
+def guard(app: ASGIApp, settings: RouterSettings) -> RequestGuard:
+    """`app` behind the concurrency limit, the header-size limit and the admin token."""
+    return RequestGuard(app, **guard_options(settings))
+
+
+def http_protocol(settings: RouterSettings, base: type[HttpToolsProtocol] = HttpToolsProtocol) -> type:
+    """uvicorn's `http` protocol class: `base` with request heads bounded by `max_header_bytes`."""
+    return bounded_httptools(settings.limits.max_header_bytes, base)

@@ -1,0 +1,332 @@
+"""The router's HTTP API as an OpenAPI 3.1 document, served at `/openapi.json`.
+
+A static value kept in step with the router's routes by tests/unit/router/test_openapi.py.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def _error(description: str, *, retry_after: bool = False, challenge: bool = False) -> dict[str, Any]:
+    response: dict[str, Any] = {
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+    }
+    headers: dict[str, Any] = {}
+    if retry_after:
+        headers["Retry-After"] = {"$ref": "#/components/headers/Retry-After"}
+    if challenge:
+        headers["WWW-Authenticate"] = {
+            "description": '`Bearer` (no token sent) or `Bearer error="invalid_token"`',
+            "schema": {"type": "string"},
+        }
+    if headers:
+        response["headers"] = headers
+    return response
+
+
+# Answers any request may get before it reaches its endpoint (see keyroute_core.request_guard).
+_GUARD = {
+    "431": _error("`headers_too_large`: the request line and headers exceed the configured limit"),
+    "503": _error(
+        "`overloaded` (too many requests in progress) or `partition_unavailable` (no node serves the "
+        "partition, a rebalance or reload is in flight): retry after `Retry-After` seconds",
+        retry_after=True,
+    ),
+}
+_INTERNAL = {"500": _error("`internal_error`: an unexpected failure (details are only in the log)")}
+_ADMIN = {
+    "401": _error("`unauthorized`: an admin token is configured and was not presented", challenge=True),
+}
+_NOT_ALLOWED = {"405": _error("`method_not_allowed`")}
+_STORE = {"name": "store", "in": "path", "required": True, "schema": {"type": "string"}, "description": "store name"}
+_READ_HEADERS = {
+    name: {"description": description, "schema": {"type": "string"}}
+    for name, description in (
+        ("X-Keyroute-Partition", "the key's partition"),
+        ("X-Keyroute-Node", "the node that answered"),
+        ("X-Keyroute-Version", "the store version the value comes from"),
+        ("X-Keyroute-Hops", "0 when the first node asked answered, 1 when it forwarded once"),
+        ("X-Request-Id", "the request's id (the client's when acceptable, else a new one)"),
+    )
+}
+
+
+def _json(schema_ref: str, description: str, headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    response: dict[str, Any] = {
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema_ref}"}}},
+    }
+    if headers:
+        response["headers"] = headers
+    return response
+
+
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {
+        "title": "keyroute router",
+        "version": "1",
+        "description": (
+            "One-hop reads of partitioned state: each key is routed to a node serving its partition, "
+            "partitioned exactly as Kafka's default partitioner. Every error is a JSON object with an "
+            "`error` code and a human `message`."
+        ),
+    },
+    "paths": {
+        "/stores/{store}/keys/{key}": {
+            "get": {
+                "operationId": "getKey",
+                "summary": "The value of one key",
+                "parameters": [
+                    _STORE,
+                    {
+                        "name": "key",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "string"},
+                        "description": (
+                            "one path segment, percent-encoded UTF-8 ('/' as %2F); decimal for int16/int32/"
+                            "int64 stores, base64url for bytes stores; at most `max_key_bytes` bytes decoded"
+                        ),
+                    },
+                ],
+                "responses": {
+                    "200": _json("Found", "the key's value", _READ_HEADERS),
+                    "400": _error("`bad_key`: the key does not fit the store's key format or is not UTF-8"),
+                    "404": _error("`store_not_found`, `key_not_found`, or `not_found` (not a key path)"),
+                    "414": _error("`key_too_long`: the key is longer than `max_key_bytes`"),
+                    **_NOT_ALLOWED,
+                    **_GUARD,
+                    **_INTERNAL,
+                },
+            }
+        },
+        "/stores/{store}/batch-get": {
+            "post": {
+                "operationId": "batchGet",
+                "summary": "Many keys of one store, one result per key in request order",
+                "parameters": [_STORE],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/BatchRequest"}}},
+                },
+                "responses": {
+                    "200": _json("BatchResponse", "one entry per key, each with its own status"),
+                    "400": _error('`bad_request`: the body is not JSON of the form {"keys": [...]}'),
+                    "404": _error("`store_not_found`"),
+                    "413": _error("`too_many_keys` (more than `max_batch_keys`) or `body_too_large`"),
+                    **_NOT_ALLOWED,
+                    **_GUARD,
+                    **_INTERNAL,
+                },
+            }
+        },
+        "/admin/partition-map": {
+            "get": {
+                "operationId": "partitionMap",
+                "summary": "Stores, nodes, and per partition the assigned and serving nodes",
+                "security": [{"adminToken": []}, {}],
+                "responses": {
+                    "200": _json("PartitionMap", "the router's current view"),
+                    **_ADMIN,
+                    **_NOT_ALLOWED,
+                    **_GUARD,
+                    **_INTERNAL,
+                },
+            }
+        },
+        "/admin/route": {
+            "get": {
+                "operationId": "route",
+                "summary": "Hash, partition, assigned and serving nodes for one key",
+                "security": [{"adminToken": []}, {}],
+                "parameters": [
+                    {"name": "store", "in": "query", "required": True, "schema": {"type": "string"}},
+                    {"name": "key", "in": "query", "required": True, "schema": {"type": "string"}},
+                ],
+                "responses": {
+                    "200": _json("Route", "where the key goes"),
+                    "400": _error("`bad_request` (a parameter is missing) or `bad_key`"),
+                    **_ADMIN,
+                    "404": _error("`store_not_found`"),
+                    **_NOT_ALLOWED,
+                    **_GUARD,
+                    **_INTERNAL,
+                },
+            }
+        },
+        "/healthz": {
+            "get": {
+                "operationId": "healthz",
+                "summary": "The process is alive",
+                "responses": {
+                    "200": _json("Health", "alive"),
+                    **_NOT_ALLOWED,
+                    "431": _GUARD["431"],
+                    **_INTERNAL,
+                },
+            }
+        },
+        "/readyz": {
+            "get": {
+                "operationId": "readyz",
+                "summary": "The router has a complete partition map (stale while ZooKeeper is away)",
+                "responses": {
+                    "200": _json("Readiness", "ready"),
+                    "503": _json("Readiness", "not ready: some partition of a store is served by no node"),
+                    **_NOT_ALLOWED,
+                    "431": _GUARD["431"],
+                    **_INTERNAL,
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "operationId": "metrics",
+                "summary": "Prometheus metrics (needs the admin token with --metrics-require-token)",
+                "security": [{"adminToken": []}, {}],
+                "responses": {
+                    "200": {
+                        "description": "Prometheus text exposition format",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    },
+                    **_ADMIN,
+                    **_NOT_ALLOWED,
+                    **_GUARD,
+                    **_INTERNAL,
+                },
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "operationId": "openapi",
+                "summary": "This document",
+                "responses": {
+                    "200": {
+                        "description": "the OpenAPI 3.1 document of the router's API",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    },
+                    **_NOT_ALLOWED,
+                    **_GUARD,
+                    **_INTERNAL,
+                },
+            }
+        },
+    },
+    "components": {
+        "securitySchemes": {
+            "adminToken": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "the admin token (--admin-token / KEYROUTE_ADMIN_TOKEN), when one is configured",
+            }
+        },
+        "headers": {
+            "Retry-After": {"description": "seconds to wait before asking again", "schema": {"type": "integer"}}
+        },
+        "schemas": {
+            "Error": {
+                "type": "object",
+                "required": ["error", "message"],
+                "properties": {
+                    "error": {
+                        "type": "string",
+                        "description": "a stable code",
+                        "examples": ["key_not_found", "partition_unavailable"],
+                    },
+                    "message": {"type": "string", "description": "for humans"},
+                },
+            },
+            "Found": {
+                "type": "object",
+                "required": ["store", "key", "partition", "version", "value"],
+                "properties": {
+                    "store": {"type": "string"},
+                    "key": {"type": "string"},
+                    "partition": {"type": "integer", "minimum": 0},
+                    "version": {"type": "integer", "minimum": 1},
+                    "value": {"type": "object", "description": "the store's value columns for the key"},
+                },
+            },
+            "BatchRequest": {
+                "type": "object",
+                "required": ["keys"],
+                "properties": {
+                    "keys": {
+                        "type": "array",
+                        "items": {"type": ["string", "integer"]},
+                        "description": "strings; integers are accepted for integer key formats",
+                    }
+                },
+            },
+            "BatchEntry": {
+                "type": "object",
+                "required": ["key", "status"],
+                "properties": {
+                    "key": {"type": ["string", "integer"]},
+                    "status": {"type": "integer", "description": "the HTTP status a single read would get"},
+                    "partition": {"type": "integer"},
+                    "version": {"type": "integer"},
+                    "value": {"type": "object"},
+                    "error": {"type": "string", "description": "present when status is not 200"},
+                    "message": {"type": "string"},
+                },
+            },
+            "BatchResponse": {
+                "type": "object",
+                "required": ["results"],
+                "properties": {"results": {"type": "array", "items": {"$ref": "#/components/schemas/BatchEntry"}}},
+            },
+            "PartitionMap": {
+                "type": "object",
+                "description": "stores (partitions, partitioner, key format, version), nodes, and per partition "
+                "the assigned replicas and the serving nodes with versions; the map's generation and age",
+                "required": ["stores", "nodes", "generation"],
+                "properties": {
+                    "stores": {"type": "object"},
+                    "nodes": {"type": "object"},
+                    "generation": {"type": "integer"},
+                    "router": {"type": "boolean"},
+                },
+            },
+            "Endpoint": {
+                "type": "object",
+                "properties": {"node": {"type": "string"}, "url": {"type": "string"}, "version": {"type": "integer"}},
+            },
+            "Route": {
+                "type": "object",
+                "required": ["store", "key", "hash", "partition", "assigned", "serving"],
+                "properties": {
+                    "store": {"type": "string"},
+                    "key": {"type": "string"},
+                    "hash": {"type": "integer"},
+                    "partition": {"type": "integer"},
+                    "assigned": {"type": "array", "items": {"type": "string"}},
+                    "serving": {"type": "array", "items": {"$ref": "#/components/schemas/Endpoint"}},
+                    "last_known": {"type": "array", "items": {"$ref": "#/components/schemas/Endpoint"}},
+                },
+            },
+            "Health": {
+                "type": "object",
+                "required": ["status"],
+                "properties": {"status": {"const": "ok"}},
+            },
+            "Readiness": {
+                "type": "object",
+                "required": ["ready", "stale", "generation", "complete", "stores_loading"],
+                "properties": {
+                    "ready": {"type": "boolean"},
+                    "stale": {"type": "boolean"},
+                    "generation": {"type": "integer"},
+                    "complete": {"type": "boolean"},
+                    "stores_loading": {"type": "array", "items": {"type": "string"}},
+                },
+            },
+        },
+    },
+}
+
+OPENAPI_JSON = json.dumps(OPENAPI, ensure_ascii=False).encode("utf-8")

@@ -1,0 +1,101 @@
+"""Several router processes behind one listening socket, for when the machine has cores to spare.
+
+A router's work is CPU-bound Python on one event loop, so one process uses at most one core. With
+`--workers N` the parent binds the port once and starts N worker processes ("spawn": nothing of the
+parent's threads or ZooKeeper session is inherited); the kernel hands each new connection to one of them.
+Every worker is a whole router: its own map watcher and ZooKeeper session, its own connection pools, its
+own `/metrics` (counters are per worker; a scrape sees the worker that accepted it).
+
+The parent only supervises. SIGTERM or SIGINT is passed to every worker, which finishes its in-flight
+requests and stops; the parent then exits 0. A worker that exits on its own (a crash, ZooKeeper
+unreachable at start) stops the others and the parent exits non-zero: the orchestrator restarts the whole
+router, rather than the router limping on with fewer workers than it was given.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import wait
+from multiprocessing.process import BaseProcess
+from types import FrameType
+
+log = logging.getLogger(__name__)
+
+# How long a worker may take to finish its in-flight requests after SIGTERM before it is killed.
+STOP_TIMEOUT_S = 30.0
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+Serve = Callable[[socket.socket], int]
+
+
+def bind(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """The listening socket the workers share."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(backlog)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _worker(serve: Serve, sock: socket.socket) -> None:
+    raise SystemExit(serve(sock))
+
+
+def run(serve: Serve, workers: int, sock: socket.socket) -> int:
+    """Run `serve(sock)` in `workers` spawned processes until stopped; the process exit code.
+
+    `serve` must be picklable (a module-level function or a `functools.partial` of one).
+    """
+    context = multiprocessing.get_context("spawn")
+    stopping = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stopping.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in _STOP_SIGNALS}
+    processes: list[BaseProcess] = []
+    try:
+        for index in range(workers):
+            process = context.Process(target=_worker, args=(serve, sock), name=f"keyroute-router-{index + 1}")
+            process.start()
+            processes.append(process)
+        log.info("router started %d workers: %s", workers, ", ".join(str(p.pid) for p in processes))
+        failed: BaseProcess | None = None
+        while not stopping.is_set() and failed is None:
+            wait([p.sentinel for p in processes], timeout=0.5)
+            failed = next((p for p in processes if p.exitcode is not None), None)
+        if stopping.is_set():
+            failed = None  # asked to stop: workers that got the same signal first exited as they should
+        elif failed is not None:
+            log.error("router worker %s exited with code %s: stopping the router", failed.pid, failed.exitcode)
+        return _stop(processes, failed)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        sock.close()
+
+
+def _stop(processes: list[BaseProcess], failed: BaseProcess | None) -> int:
+    for process in processes:
+        if process.exitcode is None and process.pid is not None:
+            process.terminate()  # SIGTERM: the worker's server finishes in-flight requests, then stops
+    for process in processes:
+        process.join(STOP_TIMEOUT_S)
+        if process.exitcode is None:
+            log.warning("router worker %s did not stop within %.0fs: killing it", process.pid, STOP_TIMEOUT_S)
+            process.kill()
+            process.join()
+    if failed is not None:
+        return failed.exitcode or 1
+    return 0

@@ -1,0 +1,154 @@
+"""The node's metrics: plain counters bumped on the event loop, rendered for Prometheus at /metrics.
+
+Request counters are ints and dicts touched only by the loop. Partition state, versions and the map are
+read from `Ownership` when /metrics is scraped; load durations come from the load threads (under a lock).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+
+from keyroute_core.metrics import (
+    LOAD_BUCKETS_S,
+    Exposition,
+    Histogram,
+    RequestCounts,
+    counter,
+    gauge,
+    labelled_gauge,
+    store_label,
+)
+from keyroute_core.partition_map import StoreRecord
+from state_node.store import LoadCancelled, PartitionStore
+
+if TYPE_CHECKING:
+    from state_node.ownership import Ownership
+
+Loader = Callable[[Path, StoreRecord, int, int, Callable[[], bool]], PartitionStore]
+
+LOAD_OUTCOMES = ("loaded", "failed", "cancelled")
+
+
+class NodeMetrics:
+    """What an operator needs to see that a node answers: outcomes, forwarding, partitions and loads."""
+
+    def __init__(self) -> None:
+        # Reads by (store, kind, outcome); a batch counts each of its keys.
+        self.requests = RequestCounts()
+        # Keys answered from a partition held here / by another node this one forwarded to.
+        self.local_answers = 0
+        self.forwarded_answers = 0
+        # Requests sent to other nodes (one per single-key forward, one per node of a batch forward).
+        self.forwards = 0
+        self.forward_failures = 0
+        # Requests that arrived already forwarded by another node (X-Keyroute-Hops >= 1).
+        self.forwarded_in = 0
+        self._ownership: Ownership | None = None
+        self._loads_lock = threading.Lock()
+        self._load_seconds = {outcome: Histogram(LOAD_BUCKETS_S) for outcome in LOAD_OUTCOMES}
+        self._exposition = Exposition(self.families)
+
+    def watch(self, ownership: Ownership) -> None:
+        """Read partition states and the map from `ownership` at scrape time."""
+        self._ownership = ownership
+
+    def count(self, store: str, kind: str, status: int) -> None:
+        ownership = self._ownership
+        self.requests.add(store_label(store, ownership.map.stores if ownership is not None else ()), kind, status)
+
+    def timed(self, loader: Loader) -> Loader:
+        """`loader`, with the duration of every load recorded by how it ended."""
+
+        def load(
+            data_dir: Path, record: StoreRecord, partition: int, map_size: int, cancelled: Callable[[], bool]
+        ) -> PartitionStore:
+            started = time.monotonic()
+            outcome = "failed"
+            try:
+                held = loader(data_dir, record, partition, map_size, cancelled)
+                outcome = "loaded"
+                return held
+            except LoadCancelled:
+                outcome = "cancelled"
+                raise
+            finally:
+                with self._loads_lock:
+                    self._load_seconds[outcome].observe(time.monotonic() - started)
+
+        return load
+
+    def families(self) -> Iterable[Metric]:
+        yield self.requests.family(
+            "keyroute_node_requests",
+            "reads answered, by store, kind (key: one per GET, batch: one per key of a batch-get) and outcome",
+        )
+        answers = CounterMetricFamily(
+            "keyroute_node_answers",
+            "keys answered from a partition held here (local) or by the node this one forwarded to (forwarded)",
+            labels=["source"],
+        )
+        answers.add_metric(["local"], self.local_answers)
+        answers.add_metric(["forwarded"], self.forwarded_answers)
+        yield answers
+        yield counter("keyroute_node_forwards", "requests forwarded to another node", self.forwards)
+        yield counter(
+            "keyroute_node_forward_failures",
+            "forwarded requests that failed to connect, timed out or got an unusable answer",
+            self.forward_failures,
+        )
+        yield counter(
+            "keyroute_node_forwarded_in",
+            "requests received already forwarded by another node",
+            self.forwarded_in,
+        )
+        with self._loads_lock:
+            loads = HistogramMetricFamily(
+                "keyroute_node_partition_load_seconds",
+                "time to load one partition into the local store, by how the load ended",
+                labels=["outcome"],
+            )
+            for outcome, histogram in self._load_seconds.items():
+                loads.add_metric([outcome], histogram.cumulative(), histogram.sum)
+        yield loads
+        yield from self._partition_families()
+
+    def _partition_families(self) -> Iterable[Metric]:
+        ownership = self._ownership
+        if ownership is None:
+            return
+        served = ownership.serving_view()
+        known: set[tuple[str, int]] = {(s, p) for s, parts in served.items() for p in parts}
+        for store, rows in ownership.describe().items():
+            known.update((store, row["partition"]) for row in rows)
+        yield labelled_gauge(
+            "keyroute_node_partition_serving",
+            "1 while this node serves the partition, 0 while it is loading, failed or being dropped",
+            ["store", "partition"],
+            (([s, str(p)], 1 if p in served.get(s, {}) else 0) for s, p in sorted(known)),
+        )
+        yield labelled_gauge(
+            "keyroute_node_partition_version",
+            "store version this node serves the partition at",
+            ["store", "partition"],
+            (([s, str(p)], version) for s, parts in sorted(served.items()) for p, version in sorted(parts.items())),
+        )
+        m = ownership.map
+        readiness = ownership.readiness()
+        yield gauge("keyroute_node_ready", "1 when the node has loaded everything assigned to it", int(readiness.ready))
+        yield gauge("keyroute_node_map_generation", "generation of the partition map in use", m.generation)
+        yield gauge("keyroute_node_map_stale", "1 while ZooKeeper is unreachable", int(m.stale))
+        yield gauge(
+            "keyroute_node_map_age_seconds",
+            "seconds since the map in use was read from ZooKeeper (it is re-read on every change)",
+            max(0.0, time.time() - m.built_at),
+        )
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition."""
+        return self._exposition.render()

@@ -1,0 +1,147 @@
+"""A small real cluster for request-hardening tests: one store written by hand in the snapshot format (no
+Spark), published in ZooKeeper, two `keyroute node` processes and one `keyroute router` process."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from keyroute_core import zk, zk_layout
+from keyroute_core.key_format import KeyFormat
+from keyroute_core.partition_map import StoreRecord
+from keyroute_core.partitioner import Partitioner, partition_for
+from keyroute_core.settings import ZkSettings
+from keyroute_core.snapshot import Manifest, partition_dir, version_dir, write_manifest
+from tests.util import Proc, free_port, wait_for
+
+STORE = "bookings"
+PARTITIONS = 4
+ROWS: dict[str, dict[str, Any]] = {
+    **{f"C{i:03d}": {"customer": i, "fare": round(10 + i * 1.5, 2)} for i in range(40)},
+    "a/b": {"slash": True},
+    "東京": {"city": "Tokyo"},
+    "x y?#%": {"odd": "chars"},
+    "..": {"dots": 2},
+}
+SECRET = "cluster-s3cret"
+ADMIN_TOKEN = "admin-t0ken"
+
+
+def partition(key: str) -> int:
+    return partition_for(Partitioner.MURMUR2, key.encode("utf-8"), PARTITIONS)
+
+
+def key_path(key: str, store: str = STORE) -> str:
+    segment = key.replace(".", "%2E") if key in (".", "..") else quote(key, safe="")
+    return f"/stores/{store}/keys/{segment}"
+
+
+def expected(key: str) -> dict[str, Any]:
+    return {"store": STORE, "key": key, "partition": partition(key), "version": 1, "value": ROWS[key]}
+
+
+def _write_snapshot(root: Path) -> str:
+    snapshot = version_dir(str(root), STORE, 1)
+    per_partition: dict[int, list[tuple[str, Any]]] = {p: [] for p in range(PARTITIONS)}
+    for text, value in ROWS.items():
+        per_partition[partition(text)].append((text, value))
+    for p, items in per_partition.items():
+        folder = partition_dir(snapshot, p)
+        folder.mkdir(parents=True)
+        lines = "".join(json.dumps({"key": k, "value": v}, ensure_ascii=False) + "\n" for k, v in sorted(items))
+        (folder / "part-00000.json").write_text(lines, encoding="utf-8")
+    counts = tuple(len(per_partition[p]) for p in range(PARTITIONS))
+    write_manifest(snapshot, Manifest(STORE, 1, PARTITIONS, Partitioner.MURMUR2, KeyFormat.STRING, ("v",), counts))
+    return str(snapshot)
+
+
+@dataclass
+class SmallCluster:
+    router_url: str
+    node_urls: dict[str, str]
+    procs: list[Proc] = field(default_factory=list)
+
+    def serving(self) -> dict[int, list[str]]:
+        """partition -> node ids serving it, from the router's view (with the admin token if any)."""
+        view = httpx.get(
+            self.router_url + "/admin/partition-map",
+            headers={"authorization": f"Bearer {ADMIN_TOKEN}"},
+            timeout=10,
+        ).json()
+        entries = view["stores"][STORE]["partition_map"]
+        return {p: [e["node"] for e in entries[p]["serving"]] for p in range(PARTITIONS)}
+
+    def check_every_key(self, client: httpx.Client) -> None:
+        for key in ROWS:
+            r = client.get(self.router_url + key_path(key))
+            assert r.status_code == 200, (key, r.status_code, r.text)
+            assert r.json() == expected(key), key
+
+    def logs(self) -> str:
+        return "\n".join(f"----- {' '.join(p.args[:1])} -----\n{p.output()[-4000:]}" for p in self.procs)
+
+
+@contextmanager
+def small_cluster(
+    tmp_path: Path,
+    zk_settings: ZkSettings,
+    *,
+    extra_args: Sequence[str] = (),
+    router_args: Sequence[str] = (),
+    replication_factor: int = 1,
+) -> Iterator[SmallCluster]:
+    """Two nodes and a router, all given `extra_args` (say, the cluster secret); yields once every key of
+    the store answers through the router and every partition is served as assigned."""
+    client = zk.connect(zk_settings)
+    snapshot = _write_snapshot(tmp_path / "snapshots")
+    record = StoreRecord(
+        STORE, PARTITIONS, Partitioner.MURMUR2, KeyFormat.STRING, 1, snapshot, ("v",), replication_factor, 1.0
+    )
+    try:
+        client.create(zk_layout.store_path(STORE), record.to_json(), makepath=True)
+    finally:
+        # Closed at once: its threads would otherwise run (and draw random numbers) beside the test.
+        zk.close(client)
+    connect = zk_settings.connect_string
+    procs: list[Proc] = []
+    node_urls: dict[str, str] = {}
+    cluster: SmallCluster | None = None
+    try:
+        for node_id in ("n1", "n2"):
+            port = free_port()
+            args = ["node", "--zk", connect, "--node-id", node_id, "--port", str(port)]
+            args += ["--data-dir", str(tmp_path / f"data-{node_id}"), "--zk-session-timeout-s", "4"]
+            args += ["--version-grace-s", "1", "--drain-timeout-s", "5", *extra_args]
+            procs.append(Proc(args, tmp_path / f"{node_id}.log").start())
+            node_urls[node_id] = f"http://127.0.0.1:{port}"
+        port = free_port()
+        router = Proc(
+            ["router", "--zk", connect, "--port", str(port), *extra_args, *router_args], tmp_path / "router.log"
+        )
+        procs.append(router.start())
+        cluster = SmallCluster(f"http://127.0.0.1:{port}", node_urls, procs)
+
+        def settled() -> bool:
+            if httpx.get(cluster.router_url + "/readyz", timeout=5).status_code != 200:
+                return False
+            serving = cluster.serving()
+            # Both nodes serve something, and each partition has exactly its replicas (no hand-over left).
+            nodes = {n for owners in serving.values() for n in owners}
+            return nodes == set(node_urls) and all(len(o) == replication_factor for o in serving.values())
+
+        wait_for(settled, timeout_s=90, interval_s=0.2, message="the cluster to settle")
+        with httpx.Client(timeout=10, trust_env=False) as http:
+            cluster.check_every_key(http)
+        yield cluster
+    finally:
+        for proc in procs:
+            proc.stop()
+        if cluster is not None:
+            print(cluster.logs())  # shown by pytest only when the test failed

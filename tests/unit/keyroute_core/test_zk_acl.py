@@ -1,0 +1,118 @@
+"""ZooKeeper credentials: parsing them (settings and CLI), keeping passwords out of sight, and the ACL built
+from them (digests checked against ZooKeeper's own formula, base64(sha1("user:password")))."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+
+import pytest
+from kazoo.security import ACL, OPEN_ACL_UNSAFE, Id, Permissions
+
+from keyroute.cli import _zk, build_parser, main
+from keyroute_core.settings import ZkIdentity, ZkSettings
+from keyroute_core.zk import _merged_acl, layout_acl
+
+WRITER = ZkIdentity("writer", "w-pass")
+READER = ZkIdentity("reader", "r-pass")
+NODE_ARGS = ["node", "--zk", "zk:2181/keyroute", "--node-id", "n1", "--port", "8000", "--data-dir", "/data"]
+
+
+def digest(user: str, password: str) -> str:
+    """ZooKeeper's DigestAuthenticationProvider.generateDigest, written out independently of kazoo."""
+    return f"{user}:{base64.b64encode(hashlib.sha1(f'{user}:{password}'.encode()).digest()).decode()}"
+
+
+@pytest.mark.parametrize(
+    ("text", "user", "password"),
+    [("alice:secret", "alice", "secret"), ("alice:se:cr:et", "alice", "se:cr:et"), ("a:" + "x" * 64, "a", "x" * 64)],
+)
+def test_an_identity_is_user_colon_password(text: str, user: str, password: str) -> None:
+    identity = ZkIdentity.parse(text)
+    assert (identity.user, identity.password) == (user, password)
+    assert identity.credential == text
+
+
+@pytest.mark.parametrize("text", ["alice", ":secret", "alice:", " alice:secret", ""])
+def test_a_malformed_identity_is_refused_without_repeating_the_password(text: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        ZkIdentity.parse(text)
+    assert "secret" not in str(caught.value)
+
+
+def test_passwords_stay_out_of_reprs() -> None:
+    settings = ZkSettings(hosts="zk:2181", auth=WRITER, reader=READER)
+    assert "w-pass" not in repr(settings) and "r-pass" not in repr(settings) and "w-pass" not in str(WRITER)
+    assert "writer" in repr(settings) and "reader" in repr(settings)
+
+
+def test_a_reader_needs_an_identity_to_authenticate_as() -> None:
+    with pytest.raises(ValueError, match="reader"):
+        ZkSettings(hosts="zk:2181", reader=READER)
+
+
+def test_without_credentials_the_acl_is_world_open() -> None:
+    assert layout_acl(ZkSettings()) == list(OPEN_ACL_UNSAFE)
+
+
+def test_the_writer_gets_everything_and_the_reader_only_reads() -> None:
+    acl = layout_acl(ZkSettings(auth=WRITER, reader=READER))
+    assert [(e.perms, e.id.scheme, e.id.id) for e in acl] == [
+        (Permissions.ALL, "digest", digest("writer", "w-pass")),
+        (Permissions.READ, "digest", digest("reader", "r-pass")),
+    ]
+    assert Permissions.READ == 1 and Permissions.ALL == 31  # ZooKeeper's own bits
+    assert [e.perms for e in layout_acl(ZkSettings(auth=WRITER))] == [Permissions.ALL]
+    assert len(layout_acl(ZkSettings(auth=WRITER, reader=WRITER))) == 1  # one identity, one entry
+
+
+def test_merging_removes_world_access_and_keeps_other_identities() -> None:
+    wanted = layout_acl(ZkSettings(auth=WRITER, reader=READER))
+    other = ACL(Permissions.READ, Id("digest", digest("auditor", "a")))
+    stale_reader = ACL(Permissions.ALL, Id("digest", digest("reader", "r-pass")))
+    current = [*OPEN_ACL_UNSAFE, other, stale_reader]
+    assert _merged_acl(current, wanted) == [*wanted, other]
+    assert _merged_acl(wanted, wanted) == wanted
+
+
+def test_the_cli_reads_identities_from_options_and_environment() -> None:
+    env = {"KEYROUTE_ZK_AUTH": "writer:w-pass\n", "KEYROUTE_ZK_READER": "reader:r-pass"}
+    settings = _zk(build_parser(env).parse_args(NODE_ARGS))
+    assert (settings.auth, settings.reader) == (WRITER, READER)
+    assert (settings.hosts, settings.chroot) == ("zk:2181", "/keyroute")
+    given = build_parser(env).parse_args([*NODE_ARGS, "--zk-auth", "other:o-pass"])
+    assert _zk(given).auth == ZkIdentity("other", "o-pass")
+    none = _zk(build_parser({"KEYROUTE_ZK_AUTH": ""}).parse_args(NODE_ARGS))  # an absent optional Secret
+    assert (none.auth, none.reader) == (None, None)
+    router = build_parser({"KEYROUTE_ZK_AUTH": "reader:r-pass"}).parse_args(
+        ["router", "--zk", "zk:2181", "--port", "8080"]
+    )
+    assert (_zk(router).auth, _zk(router).reader) == (READER, None)
+    listing = build_parser({"KEYROUTE_ZK_AUTH": "reader:r-pass"}).parse_args(["store", "list", "--zk", "zk:2181"])
+    assert _zk(listing).auth == READER
+
+
+def test_routers_and_listings_take_no_reader_option(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["router", "--zk", "zk:2181", "--port", "1"], ["store", "list", "--zk", "zk:2181"]):
+        with pytest.raises(SystemExit):
+            build_parser({}).parse_args([*argv, "--zk-reader", "reader:r-pass"])
+    assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_cli_errors_and_help_never_show_a_password(capsys: pytest.CaptureFixture[str]) -> None:
+    env = {"KEYROUTE_ZK_AUTH": "writer:w-pass", "KEYROUTE_ZK_READER": "reader:r-pass"}
+    with pytest.raises(SystemExit):
+        build_parser(env).parse_args(["node", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "[env KEYROUTE_ZK_AUTH]" in shown and "[env KEYROUTE_ZK_READER]" in shown
+    assert "w-pass" not in shown and "r-pass" not in shown
+    with pytest.raises(SystemExit) as exited:
+        build_parser({"KEYROUTE_ZK_AUTH": "nopassword-here"}).parse_args(NODE_ARGS)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--zk-auth" in err and "USER:PASSWORD" in err and "nopassword-here" not in err
+    with pytest.raises(SystemExit) as exited:
+        main([*NODE_ARGS, "--zk-reader", "reader:r-pass"], env={})
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--zk-reader" in err and "--zk-auth" in err and "r-pass" not in err

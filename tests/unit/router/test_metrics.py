@@ -1,0 +1,214 @@
+"""The router's /metrics: valid Prometheus text, bounded labels, histogram buckets, and request ids."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client import REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
+
+from keyroute_core.metrics import UNKNOWN_STORE, Histogram, outcome
+from keyroute_core.settings import RouterSettings
+from router.app import create_app
+from router.metrics import RouterMetrics
+from tests.unit.router.fakes import FakeCluster, FakeNode, StaticMapSource, build_map, store_record
+
+STORES = [store_record("s", 4), store_record("t", 2)]
+
+
+def parse(text: str) -> dict[str, Any]:
+    """name -> family, with every sample of the text (the parser fails on anything malformed)."""
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def sample(families: dict[str, Any], family: str, name: str | None = None, **labels: str) -> float:
+    matches = [s.value for s in families[family].samples if s.name == (name or family) and s.labels == labels]
+    assert len(matches) == 1, (family, name, labels, families[family].samples)
+    return float(matches[0])
+
+
+def test_the_exposition_is_valid_prometheus_text_with_every_family() -> None:
+    m = RouterMetrics()
+    m.map_installed(build_map(STORES, {"a": {"s": [0, 1, 2], "t": [0, 1]}, "b": {"s": [0]}}, generation=9))
+    m.map_generation = 9
+    m.count("s", "key", 200)
+    m.count("s", "key", 404)
+    m.count("s", "key", 400)
+    m.count("s", "key", 503)
+    m.count("s", "key", 500)
+    m.count_results("t", "batch", [{"status": 200}, {"status": 200}, {"status": 404}])
+    m.misroutes = 3
+    m.hedges = 2
+    m.observe_upstream("a", 0.0007)
+
+    families = parse(m.render())
+
+    assert families["keyroute_router_requests"].type == "counter"
+    for status_outcome in ("found", "not_found", "bad_request", "unavailable", "error"):
+        assert (
+            sample(
+                families,
+                "keyroute_router_requests",
+                "keyroute_router_requests_total",
+                store="s",
+                kind="key",
+                outcome=status_outcome,
+            )
+            == 1
+        )
+    assert (
+        sample(
+            families,
+            "keyroute_router_requests",
+            "keyroute_router_requests_total",
+            store="t",
+            kind="batch",
+            outcome="found",
+        )
+        == 2
+    )
+    assert sample(families, "keyroute_router_misroutes", "keyroute_router_misroutes_total") == 3
+    assert sample(families, "keyroute_router_hedges", "keyroute_router_hedges_total") == 2
+    assert sample(families, "keyroute_router_map_generation") == 9
+    assert families["keyroute_router_map_generation"].type == "gauge"
+    assert families["keyroute_router_upstream_latency_seconds"].type == "histogram"
+    # One gauge per partition: the number of nodes reads of it go to.
+    replicas = {
+        (s.labels["store"], s.labels["partition"]): s.value
+        for s in families["keyroute_router_partition_serving_replicas"].samples
+    }
+    assert replicas == {("s", "0"): 2, ("s", "1"): 1, ("s", "2"): 1, ("s", "3"): 0, ("t", "0"): 1, ("t", "1"): 1}
+
+
+def test_apps_use_registries_of_their_own() -> None:
+    before = {f.name for f in REGISTRY.collect()}
+    first, second = RouterMetrics(), RouterMetrics()
+    first.misroutes = 1
+    assert sample(parse(first.render()), "keyroute_router_misroutes", "keyroute_router_misroutes_total") == 1
+    assert sample(parse(second.render()), "keyroute_router_misroutes", "keyroute_router_misroutes_total") == 0
+    assert {f.name for f in REGISTRY.collect()} == before
+
+
+def test_store_names_the_map_does_not_know_share_one_label() -> None:
+    m = RouterMetrics()
+    m.map_installed(build_map(STORES, {"a": {"s": [0, 1, 2, 3]}}))
+    for i in range(500):
+        m.count(f"made-up-{i}", "key", 404)
+    m.count_results("nope", "batch", [{"status": 404}] * 3)
+    m.count("s", "key", 200)
+
+    requests = parse(m.render())["keyroute_router_requests"].samples
+    assert {s.labels["store"] for s in requests} == {"s", UNKNOWN_STORE}
+    assert (
+        sample(
+            parse(m.render()),
+            "keyroute_router_requests",
+            "keyroute_router_requests_total",
+            store=UNKNOWN_STORE,
+            kind="key",
+            outcome="not_found",
+        )
+        == 500
+    )
+
+
+def test_before_any_map_every_store_is_unknown() -> None:
+    m = RouterMetrics()
+    m.count("s", "key", 503)
+    assert {k[0] for k in m.requests.counts} == {UNKNOWN_STORE}
+
+
+def test_histogram_buckets_are_cumulative_and_bounds_inclusive() -> None:
+    h = Histogram((0.001, 0.01, 0.1))
+    for value in (0.0005, 0.001, 0.002, 0.01, 0.05, 7.0):
+        h.observe(value)
+    assert h.cumulative() == [("0.001", 2), ("0.01", 4), ("0.1", 5), ("+Inf", 6)]
+    assert h.count == 6 and h.sum == pytest.approx(7.0635)
+
+    m = RouterMetrics()
+    for seconds in (0.0004, 0.0004, 0.003, 30.0):
+        m.observe_upstream("a", seconds)
+    m.observe_upstream("b", 0.2)
+    families = parse(m.render())
+    name = "keyroute_router_upstream_latency_seconds"
+    assert sample(families, name, name + "_bucket", node="a", le="0.0005") == 2
+    assert sample(families, name, name + "_bucket", node="a", le="0.005") == 3
+    assert sample(families, name, name + "_bucket", node="a", le="5.0") == 3
+    assert sample(families, name, name + "_bucket", node="a", le="+Inf") == 4
+    assert sample(families, name, name + "_count", node="a") == 4
+    assert sample(families, name, name + "_sum", node="a") == pytest.approx(30.0038)
+    assert sample(families, name, name + "_bucket", node="b", le="0.1") == 0
+    assert sample(families, name, name + "_bucket", node="b", le="0.25") == 1
+
+
+def test_outcomes_follow_the_status_answered() -> None:
+    assert [outcome(s) for s in (200, 404, 400, 413, 503, 500, 502)] == [
+        "found",
+        "not_found",
+        "bad_request",
+        "bad_request",
+        "unavailable",
+        "error",
+        "error",
+    ]
+
+
+def test_map_age_and_staleness() -> None:
+    m = RouterMetrics()
+    fresh = build_map(STORES, {"a": {"s": [0]}})
+    m.map_installed(fresh)
+    families = parse(m.render())
+    assert sample(families, "keyroute_router_map_stale_seconds") == 0
+    assert 0 <= sample(families, "keyroute_router_map_age_seconds") < 60
+
+    m.map_installed(fresh.marked_stale(True))
+    went_stale = m.stale_since
+    assert went_stale is not None and went_stale <= time.time()
+    m.map_installed(fresh.marked_stale(True))  # still stale: the time it went stale stays
+    assert m.stale_since == went_stale
+    assert sample(parse(m.render()), "keyroute_router_map_stale_seconds") >= 0
+    m.map_installed(fresh)
+    assert m.stale_since is None
+
+
+def test_router_app_serves_the_exposition_and_answers_with_request_ids() -> None:
+    node = FakeNode("a", {("s", "k"): {"v": 1}})
+
+    async def scenario() -> None:
+        source = StaticMapSource(build_map(STORES, {"a": {"s": [0, 1, 2, 3]}}))
+        app = create_app(RouterSettings(), map_source=source, transport=FakeCluster(node))
+        async with app.router.lifespan_context(app):
+            await asyncio.sleep(0)
+            transport = httpx.ASGITransport(app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+                ok = await client.get("/stores/s/keys/k", headers={"x-request-id": "client-1"})
+                missing = await client.get("/stores/s/keys/nope")
+                unknown = await client.get("/stores/zzz/keys/k", headers={"x-request-id": "bad id with spaces"})
+                batch = await client.post("/stores/s/batch-get", json={"keys": ["k", "nope"]})
+                scraped = await client.get("/metrics")
+
+        assert ok.status_code == 200 and ok.headers.get_list("x-request-id") == ["client-1"]
+        assert node.received[0].headers["x-request-id"] == "client-1"
+        generated = missing.headers["x-request-id"]
+        assert missing.status_code == 404 and generated and generated != "client-1"
+        assert node.received[1].headers["x-request-id"] == generated
+        # An unusable client id is replaced, also on an error the router answers itself.
+        assert unknown.status_code == 404 and unknown.headers["x-request-id"] not in ("", "bad id with spaces")
+        assert batch.headers["x-request-id"] not in (generated, unknown.headers["x-request-id"])
+
+        assert scraped.headers["content-type"].startswith("text/plain; version=")
+        families = parse(scraped.text)
+        name, total = "keyroute_router_requests", "keyroute_router_requests_total"
+        assert sample(families, name, total, store="s", kind="key", outcome="found") == 1
+        assert sample(families, name, total, store="s", kind="key", outcome="not_found") == 1
+        assert sample(families, name, total, store=UNKNOWN_STORE, kind="key", outcome="not_found") == 1
+        assert sample(families, name, total, store="s", kind="batch", outcome="found") == 1
+        assert sample(families, name, total, store="s", kind="batch", outcome="not_found") == 1
+        latency = "keyroute_router_upstream_latency_seconds"
+        assert sample(families, latency, latency + "_count", node="a") == 3
+
+    asyncio.run(scenario())

@@ -1,0 +1,88 @@
+"""The router's OpenAPI document: valid OpenAPI 3.1, served at /openapi.json, in step with the app's routes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any
+
+import httpx
+from openapi_spec_validator import validate
+from starlette.routing import Route
+
+from keyroute_core.settings import RouterSettings
+from router.app import create_app
+from router.openapi import OPENAPI, OPENAPI_JSON
+from tests.unit.router.fakes import StaticMapSource
+
+_HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
+
+
+def _app_routes() -> dict[str, set[str]]:
+    app = create_app(RouterSettings(), map_source=StaticMapSource(None))
+    routes: dict[str, set[str]] = {}
+    for route in app.routes:
+        assert isinstance(route, Route)
+        # Starlette's `{key:path}` is an OpenAPI `{key}`; HEAD is added by Starlette for every GET.
+        path = re.sub(r"\{(\w+):\w+\}", r"{\1}", route.path)
+        routes[path] = {m.lower() for m in (route.methods or ())} - {"head"}
+    return routes
+
+
+def test_every_route_is_documented_with_its_methods_and_nothing_else() -> None:
+    documented = {path: {m for m in item if m in _HTTP_METHODS} for path, item in OPENAPI["paths"].items()}
+    assert documented == _app_routes()
+
+
+def test_the_document_is_valid_openapi_3_1() -> None:
+    validate(OPENAPI)  # raises on any violation of the OpenAPI 3.1 schema
+    assert OPENAPI["openapi"].startswith("3.1")
+    assert json.loads(OPENAPI_JSON) == OPENAPI
+
+
+def _refs(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        found = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
+        return found + [r for value in node.values() for r in _refs(value)]
+    if isinstance(node, list):
+        return [r for value in node for r in _refs(value)]
+    return []
+
+
+def test_every_reference_resolves_and_every_error_answer_is_the_error_schema() -> None:
+    for ref in _refs(OPENAPI):
+        target: Any = OPENAPI
+        for part in ref.removeprefix("#/").split("/"):
+            target = target[part]
+        assert isinstance(target, dict), ref
+    for path, item in OPENAPI["paths"].items():
+        for method, operation in item.items():
+            responses = operation["responses"]
+            assert "200" in responses and "500" in responses and "405" in responses, (path, method)
+            for status, response in responses.items():
+                if int(status) >= 400 and not (path == "/readyz" and status == "503"):
+                    schema = response["content"]["application/json"]["schema"]
+                    assert schema == {"$ref": "#/components/schemas/Error"}, (path, method, status)
+
+
+def test_the_documented_error_statuses_cover_what_the_data_api_answers() -> None:
+    key = set(OPENAPI["paths"]["/stores/{store}/keys/{key}"]["get"]["responses"])
+    assert {"200", "400", "404", "405", "414", "431", "500", "503"} <= key
+    batch = set(OPENAPI["paths"]["/stores/{store}/batch-get"]["post"]["responses"])
+    assert {"200", "400", "404", "405", "413", "431", "500", "503"} <= batch
+    for admin in ("/admin/partition-map", "/admin/route", "/metrics"):
+        assert "401" in OPENAPI["paths"][admin]["get"]["responses"]
+
+
+def test_the_document_is_served_at_openapi_json() -> None:
+    async def scenario() -> httpx.Response:
+        app = create_app(RouterSettings(), map_source=StaticMapSource(None))
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+                return await client.get("/openapi.json")
+
+    resp = asyncio.run(scenario())
+    assert resp.status_code == 200 and resp.headers["content-type"] == "application/json"
+    assert resp.json() == OPENAPI
