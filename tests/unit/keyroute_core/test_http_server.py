@@ -74,6 +74,18 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
     path = scope["path"]
+    if path == "/echo":  # reads the body first: a client sending `Expect: 100-continue` waits for the 100
+        received = b""
+        while True:
+            message = await receive()
+            received += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(received))]}
+        )
+        await send({"type": "http.response.body", "body": received})
+        return
     if path == "/stream":  # no content-length: chunked, several body messages with awaits between them
         await send({"type": "http.response.start", "status": 200, "headers": []})
         for part in (b"one", b"two", b"three"):
@@ -81,6 +93,9 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             await asyncio.sleep(0.001)
         await send({"type": "http.response.body", "body": b""})
         return
+    if path == "/fail-after-start":
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"10")]})
+        raise RuntimeError("the app broke off its answer")
     body = path.encode()
     headers = [(b"content-length", str(len(body)).encode())]
     if path == "/close":
@@ -130,3 +145,23 @@ def test_a_chunked_stream_and_a_closing_answer_are_complete(server: int) -> None
     assert streamed.endswith(b"3\r\none\r\n3\r\ntwo\r\n5\r\nthree\r\n0\r\n\r\n")
     closed = exchange(server, b"GET /close HTTP/1.1\r\nHost: x\r\n\r\n", b"never")
     assert closed.endswith(b"\r\n\r\n/close")  # everything arrived before the server closed the connection
+
+
+def test_a_head_answer_and_an_answer_the_app_broke_off_still_reach_the_client(server: int) -> None:
+    head = exchange(server, b"HEAD /h HTTP/1.1\r\nHost: x\r\n\r\n", b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"content-length: 2\r\n" in head
+    broken = exchange(server, b"GET /fail-after-start HTTP/1.1\r\nHost: x\r\n\r\n", b"never")
+    assert broken.startswith(b"HTTP/1.1 200 OK\r\n")  # the head was sent, then the connection closed
+
+
+def test_a_client_expecting_100_continue_gets_it_before_sending_its_body(server: int) -> None:
+    with socket.create_connection(("127.0.0.1", server), timeout=5) as sock:
+        sock.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\ncontent-length: 4\r\n\r\n")
+        assert sock.recv(100).startswith(b"HTTP/1.1 100 Continue")
+        sock.sendall(b"data")
+        received = b""
+        while not received.endswith(b"data"):
+            chunk = sock.recv(65536)
+            assert chunk, received
+            received += chunk
+        assert received.startswith(b"HTTP/1.1 200 OK\r\n")

@@ -1,0 +1,202 @@
+"""What each part of the router's hot path buys: the router as built against itself with one part taken out.
+
+Run from the repository root: `.venv/bin/python benchmarks/router_variants.py [--write]`. It starts the
+cluster of benchmarks/router.py (store without Spark, ZooKeeper, two nodes, the router), then two more
+routers on the same map, each with one change undone:
+
+- "uvicorn's own writes": the response head and body leave in two socket writes, as uvicorn sends them,
+  instead of keyroute_core.http_server's coalesced write;
+- "key reads through Starlette": single-key reads go through Starlette's exception handling and routing
+  like every other request (the fast-path middleware replaced by one that passes everything on).
+
+wrk measures each router in turn, in a shuffled order per round; --write records the table in
+benchmarks/RESULTS.md under "Router".
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import os
+import platform
+import random
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+_SPEC = importlib.util.spec_from_file_location("router_bench", Path(__file__).resolve().parent / "router.py")
+assert _SPEC is not None and _SPEC.loader is not None
+bench = importlib.util.module_from_spec(_SPEC)
+sys.modules["router_bench"] = bench
+_SPEC.loader.exec_module(bench)
+
+SUBSECTION = "### Router variants"
+AS_BUILT = "as built"
+PLAIN_WRITES = "uvicorn's own writes (head and body in two)"
+STARLETTE = "key reads through Starlette"
+
+# Runs `keyroute router` with one part of the hot path undone (the first argument names which).
+VARIANT_ROUTER = """
+import sys
+
+variant = sys.argv.pop(1)
+if variant == "plain-writes":
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    import router.service
+    router.service.CoalescingHttpToolsProtocol = HttpToolsProtocol
+elif variant == "starlette":
+    import router.app
+
+    class PassOn:
+        def __init__(self, app, **options):
+            self.app = app
+
+        async def __call__(self, scope, receive, send):
+            await self.app(scope, receive, send)
+
+    router.app.KeyReadFastPath = PassOn
+from keyroute.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--keys", type=int, default=20_000, help="keys in the store (default: 20,000)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32], help="wrk connections (1 32)")
+    parser.add_argument("--duration", type=float, default=4.0, help="seconds per measurement (default: 4)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds (default: 5)")
+    parser.add_argument("--write", action="store_true", help="record the figures in RESULTS.md")
+    args = parser.parse_args(argv)
+    cluster_args = argparse.Namespace(keys=args.keys, partitions=12, nodes=2)
+
+    wrk, nginx = bench.ensure_tools()
+    work = Path(tempfile.mkdtemp(prefix="keyroute-variants-bench-"))
+    load_before = os.getloadavg()[0]
+    runs: dict[tuple[str, int], list[bench.Run]] = {}
+    try:
+        with bench.running_cluster(cluster_args, wrk, nginx, work) as cluster:
+            connect = cluster.router.popen.args[cluster.router.popen.args.index("--zk") + 1]
+            routers = {AS_BUILT: cluster.router}
+            for name, variant in ((PLAIN_WRITES, "plain-writes"), (STARLETTE, "starlette")):
+                port = bench.free_port()
+                command = [sys.executable, "-c", VARIANT_ROUTER, variant, "router", "--zk", connect]
+                service = bench.start_service(
+                    variant, [*command, "--port", str(port)], work, f"http://127.0.0.1:{port}"
+                )
+                routers[name] = service
+            try:
+                bench.wait_until(
+                    lambda: all(bench.http_json(r.url + "/readyz")[0] == 200 for r in routers.values()),
+                    60,
+                    "every router to be ready",
+                    list(routers.values()),
+                )
+                for service in routers.values():  # warm up: connections to the nodes, caches
+                    bench.wrk_run(wrk, cluster.script, service.url, cluster.files["all"], max(args.concurrency), 1, 1)
+                rng = random.Random(20241121)
+                for round_index in range(args.rounds):
+                    for concurrency in args.concurrency:
+                        order = list(routers)
+                        rng.shuffle(order)
+                        for name in order:
+                            service = routers[name]
+                            nodes_before = sum(bench.tree_cpu_s(n.popen.pid) for n in cluster.nodes.values())
+                            proxy_before = bench.tree_cpu_s(service.popen.pid)
+                            run = bench.wrk_run(
+                                wrk,
+                                cluster.script,
+                                service.url,
+                                cluster.files["all"],
+                                concurrency,
+                                args.duration,
+                                rng.randrange(1, 1 << 30),
+                            )
+                            run.proxy_cpu_s = bench.tree_cpu_s(service.popen.pid) - proxy_before
+                            run.node_cpu_s = (
+                                sum(bench.tree_cpu_s(n.popen.pid) for n in cluster.nodes.values()) - nodes_before
+                            )
+                            runs.setdefault((name, concurrency), []).append(run)
+                    print(f"round {round_index + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+            finally:
+                for name, service in routers.items():
+                    if name != AS_BUILT:
+                        service.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    load = f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after"
+    text = section(runs, args, _command(argv), bench.tool_versions(wrk, nginx), load)
+    print(text)
+    if args.write:
+        write_subsection(text)
+    return 0
+
+
+def section(
+    runs: dict[tuple[str, int], list[bench.Run]], args: argparse.Namespace, command: str, versions: str, load: str
+) -> str:
+    lines = [
+        SUBSECTION,
+        "",
+        f"`{command}` on {datetime.date.today().isoformat()}: the cluster of the table above ({args.keys:,} keys,"
+        f" 12 partitions, 2 nodes) with three routers on the same map, measured in turn (order shuffled per"
+        f" round), {args.duration:g} s each, median of {args.rounds} rounds. Router CPU µs/request as above.",
+        f"Machine: {os.cpu_count()} CPUs, {platform.machine()}, Python {platform.python_version()}, {versions};"
+        f" load average {load}.",
+        "",
+        "| router | concurrency | requests/s | p50 ms | p99 ms | router CPU µs/request | node CPU µs/request |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    order = (AS_BUILT, PLAIN_WRITES, STARLETTE)
+    for (name, concurrency), measured in sorted(runs.items(), key=lambda i: (i[0][1], order.index(i[0][0]))):
+        lines.append(
+            f"| {name} | {concurrency} | {statistics.median(r.requests / r.duration_s for r in measured):,.0f}"
+            f" | {statistics.median(r.p50_us for r in measured) / 1000:.2f}"
+            f" | {statistics.median(r.p99_us for r in measured) / 1000:.2f}"
+            f" | {_median_us(measured, 'proxy_cpu_s'):,.0f} | {_median_us(measured, 'node_cpu_s'):,.0f} |"
+        )
+    lines.append("")
+    for concurrency in args.concurrency:
+        built = _median_us(runs[(AS_BUILT, concurrency)], "proxy_cpu_s")
+        for name in (PLAIN_WRITES, STARLETTE):
+            other = _median_us(runs[(name, concurrency)], "proxy_cpu_s")
+            lines.append(
+                f"- Concurrency {concurrency}: {name}: {other:,.0f} µs/request, {other / built:.2f}x the router"
+                f" as built ({built:,.0f} µs)."
+            )
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _median_us(runs: list[bench.Run], attribute: str) -> float:
+    return statistics.median(getattr(r, attribute) / r.requests * 1e6 for r in runs)
+
+
+def write_subsection(text: str) -> None:
+    """Replace (or add) this subsection inside the Router section of RESULTS.md."""
+    results = bench.RESULTS
+    current = results.read_text(encoding="utf-8")
+    section_re = re.compile(rf"^{re.escape(bench.SECTION)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
+    found = section_re.search(current)
+    if found is None:
+        raise SystemExit(f"{results} has no {bench.SECTION!r} section: run benchmarks/router.py --write first")
+    body = found.group(0)
+    sub_re = re.compile(rf"^{re.escape(SUBSECTION)}\n.*?(?=^### |\Z)", re.MULTILINE | re.DOTALL)
+    if sub_re.search(body):
+        body = sub_re.sub(lambda _: text.rstrip("\n") + "\n\n", body, count=1)
+    else:
+        body = body.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n\n"
+    results.write_text((current[: found.start()] + body + current[found.end() :]).rstrip("\n") + "\n", encoding="utf-8")
+    print(f"wrote {SUBSECTION!r} under {bench.SECTION!r} in {results}", file=sys.stderr)
+
+
+def _command(argv: list[str] | None) -> str:
+    return bench._command(argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
