@@ -197,6 +197,13 @@ def _serving_options(p: _Parser, parser: argparse.ArgumentParser) -> None:
         help="requests in progress at once; beyond it 503 overloaded with Retry-After at once, never queued; "
         "0: no limit",
     )
+    p.option(
+        parser,
+        "--body-timeout-s",
+        type=float,
+        default=limits.body_timeout_s,
+        help="a request body must arrive whole within this many seconds (408 body_timeout); 0: no limit",
+    )
 
 
 def _limits(args: argparse.Namespace) -> dict[str, Any]:
@@ -204,6 +211,8 @@ def _limits(args: argparse.Namespace) -> dict[str, Any]:
     for name in ("max_batch_keys", "max_key_bytes", "max_body_bytes", "max_header_bytes", "max_concurrent_requests"):
         if getattr(args, name) < 0:
             raise SystemExit(f"keyroute {args.command}: --{name.replace('_', '-')} must not be negative")
+    if not args.body_timeout_s >= 0:
+        raise SystemExit(f"keyroute {args.command}: --body-timeout-s must not be negative")
     return {
         "max_batch_keys": max(1, args.max_batch_keys),
         "limits": RequestLimits(
@@ -211,6 +220,7 @@ def _limits(args: argparse.Namespace) -> dict[str, Any]:
             max_body_bytes=args.max_body_bytes,
             max_header_bytes=args.max_header_bytes,
             max_concurrent_requests=args.max_concurrent_requests,
+            body_timeout_s=args.body_timeout_s,
         ),
         "access": AccessSettings(
             cluster_secret=args.cluster_secret or "",

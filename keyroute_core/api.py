@@ -45,6 +45,7 @@ DEFAULT_MAX_KEY_BYTES = 1024
 DEFAULT_MAX_BODY_BYTES = 2 * 1024 * 1024
 DEFAULT_MAX_HEADER_BYTES = 32 * 1024
 DEFAULT_MAX_CONCURRENT_REQUESTS = 1024
+DEFAULT_BODY_TIMEOUT_S = 10.0
 
 KEYS_PREFIX = "/stores/"
 
@@ -106,6 +107,16 @@ class NotFound(ApiError):
 class BodyTooLarge(ApiError):
     status = 413
     code = "body_too_large"
+
+
+class BodyTimeout(ApiError):
+    """The body did not arrive in time; the connection is closed (the rest may still be on its way)."""
+
+    status = 408
+    code = "body_timeout"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, {"Connection": "close"})
 
 
 class Unauthorized(ApiError):

@@ -6,13 +6,18 @@ and never queues: an event loop runs one request at a time between awaits, so a 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
+
+from starlette.requests import Request
 
 from keyroute_core.api import (
     DEFAULT_MAX_CONCURRENT_REQUESTS,
     DEFAULT_MAX_HEADER_BYTES,
     ApiError,
+    BodyTimeout,
+    BodyTooLarge,
     HeadersTooLarge,
     Overloaded,
     error_json,
@@ -122,3 +127,23 @@ async def send_error(send: Send, exc: ApiError, extra: Iterable[tuple[bytes, byt
     headers.extend(extra)
     await send({"type": "http.response.start", "status": exc.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The whole request body: BodyTooLarge as soon as it exceeds `limit` bytes, BodyTimeout when it has not
+    all arrived within `timeout_s` (0: no limit, no timeout)."""
+    declared = request.headers.get("content-length")
+    if limit and declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(f"the body is larger than {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(timeout_s or None):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if limit and size > limit:
+                    raise BodyTooLarge(f"the body is larger than {limit} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise BodyTimeout(f"the body did not arrive within {timeout_s:g} s") from None
+    return b"".join(chunks)

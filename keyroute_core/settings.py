@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from keyroute_core.api import (
+    DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONCURRENT_REQUESTS,
     DEFAULT_MAX_HEADER_BYTES,
@@ -106,6 +107,9 @@ class RequestLimits:
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES  # request line + header fields: 431 headers_too_large
     # Beyond it: 503 overloaded with Retry-After at once, never queued.
     max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS
+    # The whole request body must arrive within this long (408 body_timeout), so a client that never
+    # finishes one cannot hold a request slot.
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
 
 
 @dataclass(frozen=True, slots=True)

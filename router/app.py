@@ -34,7 +34,7 @@ from keyroute_core.api import (
 from keyroute_core.logs import bind_request_id
 from keyroute_core.metrics import CONTENT_TYPE, KIND_BATCH, KIND_KEY
 from keyroute_core.partition_map import PartitionMap
-from keyroute_core.request_guard import RequestGuard
+from keyroute_core.request_guard import RequestGuard, read_body
 from keyroute_core.security import ClusterAuth
 from keyroute_core.settings import RouterSettings
 from router.fast_path import KeyReadFastPath
@@ -55,10 +55,6 @@ _REQUEST_ID = HEADER_REQUEST_ID.encode("ascii")
 class PathNotFound(ApiError):
     status = 404
     code = "not_found"
-
-
-class BodyTooLarge(PayloadTooLarge):
-    code = "body_too_large"
 
 
 def create_app(
@@ -143,7 +139,7 @@ def create_app(
         store = request.path_params["store"]
         proxy = _proxy(request)
         try:
-            body = await _read_body(request, max_body_bytes)
+            body = await read_body(request, max_body_bytes, settings.limits.body_timeout_s)
             keys = parse_batch_body(body)
             results = await _batch_get(proxy, store, keys, request_id)
         except ApiError as exc:
@@ -250,23 +246,6 @@ def _json_bytes(obj: Any) -> Response:
         # A key echoed back may hold a lone surrogate (sent as a JSON escape); escaping is then the only way.
         content = json.dumps(obj).encode("ascii")
     return Response(content, media_type="application/json")
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The whole body; BodyTooLarge as soon as it exceeds `limit` bytes (0: no limit)."""
-    if not limit:
-        return await request.body()
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge(f"the body is larger than {limit} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"the body is larger than {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:

@@ -117,6 +117,7 @@ OPENAPI: dict[str, Any] = {
                     "200": _json("BatchResponse", "one entry per key, each with its own status"),
                     "400": _error('`bad_request`: the body is not JSON of the form {"keys": [...]}'),
                     "404": _error("`store_not_found`"),
+                    "408": _error("`body_timeout`: the body did not arrive whole within the configured time"),
                     "413": _error("`too_many_keys` (more than `max_batch_keys`) or `body_too_large`"),
                     **_NOT_ALLOWED,
                     **_GUARD,

@@ -53,7 +53,7 @@ from keyroute_core.logs import SCOPE_REQUEST_ID, bind_request_id
 from keyroute_core.map_watcher import MapWatcher
 from keyroute_core.metrics import CONTENT_TYPE, KIND_BATCH, KIND_KEY
 from keyroute_core.partition_map import Endpoint, PartitionMap, StoreRecord
-from keyroute_core.request_guard import RequestGuard
+from keyroute_core.request_guard import RequestGuard, read_body
 from keyroute_core.security import BearerAuth, ClusterAuth
 from keyroute_core.settings import NodeSettings
 from state_node.controller import Controller
@@ -87,10 +87,6 @@ RETRY_AFTER_S = 1
 # A router re-encodes the keys it sends on (integers become strings, `", "` separators): a body within the
 # router's limit may grow by this much per key and must still fit the node's.
 _REENCODING_BYTES_PER_KEY = 8
-
-
-class BodyTooLarge(PayloadTooLarge):
-    code = "body_too_large"
 
 
 @dataclass(slots=True)
@@ -415,7 +411,7 @@ async def batch_get(request: Request) -> Response:
     node = _node(request)
     settings = node.settings
     store_name = request.path_params["store"]
-    keys = _batch_keys(await _read_body(request, _body_limit(settings)))
+    keys = _batch_keys(await read_body(request, _body_limit(settings), settings.limits.body_timeout_s))
     if len(keys) > settings.max_batch_keys:
         raise PayloadTooLarge(f"{len(keys)} keys in one batch; at most {settings.max_batch_keys} are allowed")
     m = node.ownership.map
@@ -550,22 +546,6 @@ def _body_limit(settings: NodeSettings) -> int:
     """max_body_bytes, plus room for a router's re-encoding of a batch it split (a few bytes per key)."""
     limit = settings.limits.max_body_bytes
     return limit + _REENCODING_BYTES_PER_KEY * settings.max_batch_keys if limit else 0
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    if not limit:
-        return await request.body()
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge(f"a batch-get body may be at most {limit} bytes")
-    chunks = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"a batch-get body may be at most {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _batch_keys(body: bytes) -> list[Any]:

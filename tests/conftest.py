@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,17 @@ import pytest
 from keyroute_core.settings import ZkSettings
 from keyroute_core.zookeeper_server import EmbeddedZooKeeper
 from tests.util import free_port
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Iterator[None]:
+    """A test that runs the CLI installs handlers on pytest's captured stderr, which is closed after the
+    test; later log records (threads, shutdown) must not go there."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ import pytest
 
 from keyroute_core.settings import ZkSettings
 from tests.integration.small_cluster import ROWS, STORE, SmallCluster, expected, key_path, small_cluster
+from tests.util import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +39,8 @@ def _raise_open_files_limit(needed: int) -> None:
 @pytest.fixture
 def cluster(tmp_path: Path, zk_settings: ZkSettings) -> Iterator[SmallCluster]:
     _raise_open_files_limit(3 * SLOW_CLIENTS + 512)
-    with small_cluster(tmp_path, zk_settings) as c:
+    # Bodies may take their time here (the body timeout has a test of its own below).
+    with small_cluster(tmp_path, zk_settings, router_args=["--body-timeout-s", "300"]) as c:
         yield c
 
 
@@ -135,3 +137,47 @@ def test_oversized_keys_bodies_batches_and_headers_get_4xx(cluster: SmallCluster
         r = http.get(url + key_path("C001"), headers={"x-filler": "h" * 20_000})
         assert r.status_code == 200 and r.json() == expected("C001")
         cluster.check_every_key(http)
+
+
+def test_a_body_that_never_arrives_times_out_and_frees_its_slot(tmp_path: Path, zk_settings: ZkSettings) -> None:
+    slots = 3
+    router_args = ["--body-timeout-s", "1", "--max-concurrent-requests", str(slots)]
+    with small_cluster(tmp_path, zk_settings, router_args=router_args) as cluster:
+        parts = urlsplit(cluster.router_url)
+        address = (parts.hostname or "127.0.0.1", parts.port or 80)
+        slow = [_open_slow(address, 0) for _ in range(slots)]  # complete heads, bodies that never finish
+        try:
+            with httpx.Client(timeout=10, trust_env=False) as fast:
+                # Every slot is held by a body that is not coming...
+                refused = wait_for(
+                    lambda: (r := fast.get(cluster.router_url + key_path("C0"))).status_code == 503 and r,
+                    timeout_s=5,
+                    interval_s=0.01,
+                    message="every slot to be taken",
+                )
+                _assert_json_error(refused, 503, "overloaded")
+                # ...until the timeout answers those 408 and the slots are free again.
+                r = wait_for(
+                    lambda: (r := fast.get(cluster.router_url + key_path(sorted(ROWS)[0]))).status_code == 200 and r,
+                    timeout_s=20,
+                    message="a slot to be freed",
+                )
+                assert r.json() == expected(sorted(ROWS)[0])
+            for sock in slow:
+                answer = _read_answer(sock)
+                assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+                assert b'"error": "body_timeout"' in answer or b'"error":"body_timeout"' in answer, answer
+        finally:
+            for sock in slow:
+                sock.close()
+
+
+def _read_answer(sock: socket.socket) -> bytes:
+    sock.settimeout(10)
+    received = b""
+    while b"}" not in received:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        received += chunk
+    return received
