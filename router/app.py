@@ -26,13 +26,9 @@ from keyroute_core.api import (
     HEADER_REQUEST_ID,
     ApiError,
     BadRequest,
-    BatchKeyTooLong,
-    PayloadTooLarge,
-    key_path_segment,
-    key_too_long,
 )
 from keyroute_core.logs import bind_request_id
-from keyroute_core.metrics import CONTENT_TYPE, KIND_BATCH, KIND_KEY
+from keyroute_core.metrics import CONTENT_TYPE, KIND_BATCH
 from keyroute_core.partition_map import PartitionMap
 from keyroute_core.request_guard import RequestGuard, read_body
 from keyroute_core.security import ClusterAuth
@@ -42,7 +38,7 @@ from router.fast_upstream import FastUpstream
 from router.limits import guard_options
 from router.map_source import MapSource, ZooKeeperMapSource
 from router.openapi import OPENAPI_JSON
-from router.proxy import Proxy, error_entry, parse_batch_body
+from router.proxy import Proxy, parse_batch_body
 from router.routing_table import RoutingTable
 from router.upstream import HttpxUpstream, Upstream
 
@@ -80,6 +76,7 @@ def create_app(
             on_stale_map=source.refresh,
             member_headers=ClusterAuth(settings.access.cluster_secret).headers(),
             max_batch_keys=settings.max_batch_keys,
+            max_key_bytes=settings.limits.max_key_bytes,
             retry_after_s=settings.unavailable_retry_after_s,
             hedge_after_s=None if settings.hedge_after_ms is None else settings.hedge_after_ms / 1000,
             retry_budget_ratio=settings.retry_budget_percent / 100,
@@ -113,26 +110,9 @@ def create_app(
     max_key_bytes = settings.limits.max_key_bytes
 
     async def get_key(request: Request) -> Response:
-        request_id = bind_request_id(request.scope, request.headers.get(HEADER_REQUEST_ID))
-        raw_path: bytes | None = request.scope.get("raw_path")
-        # The raw path, because the decoded one has already turned a key's %2F into a separator.
-        located = key_path_segment(raw_path.split(b"?", 1)[0], max_key_bytes) if raw_path else None
-        if located is None:
-            raise PathNotFound("not a key path: a key containing '/' must be percent-encoded as %2F")
-        store, key = located
-        proxy = _proxy(request)
-        try:
-            answer = await proxy.get(store, key, request_id)
-        except ApiError as exc:
-            proxy.metrics.count(store, KIND_KEY, exc.status)
-            raise
-        proxy.metrics.count(store, KIND_KEY, answer.status)
-        response = Response(content=answer.body, status_code=answer.status)
-        response.raw_headers.extend(answer.headers)
-        # The node echoes the id we sent (proof that it got there); one that does not gets it added here.
-        if not any(name == _REQUEST_ID for name, _ in answer.headers):
-            response.raw_headers.append((_REQUEST_ID, request_id.encode("ascii")))
-        return response
+        # Every key read is answered by KeyReadFastPath; what reaches this route matched its pattern without
+        # being a key path, such as `/stores/a/b/keys/c`.
+        raise PathNotFound("not a key path: a key containing '/' must be percent-encoded as %2F")
 
     async def batch_get(request: Request) -> Response:
         request_id = bind_request_id(request.scope, request.headers.get(HEADER_REQUEST_ID))
@@ -141,7 +121,7 @@ def create_app(
         try:
             body = await read_body(request, max_body_bytes, settings.limits.body_timeout_s)
             keys = parse_batch_body(body)
-            results = await _batch_get(proxy, store, keys, request_id)
+            results = await proxy.batch_get(store, keys, request_id)
         except ApiError as exc:
             proxy.metrics.count(store, KIND_BATCH, exc.status)  # the whole batch was refused
             raise
@@ -190,17 +170,6 @@ def create_app(
             "stores_loading": loading,
         }
         return JSONResponse(body, status_code=200 if table.ready else 503)
-
-    async def _batch_get(proxy: Proxy, store: str, keys: list[Any], request_id: str) -> list[dict[str, Any]]:
-        # A key over the limit gets its own 400 entry and never reaches a node; the others go on as usual.
-        too_long = {i for i, k in enumerate(keys) if isinstance(k, str) and key_too_long(k, max_key_bytes)}
-        if not too_long:
-            return await proxy.batch_get(store, keys, request_id)
-        if len(keys) > settings.max_batch_keys:
-            raise PayloadTooLarge(f"{len(keys)} keys in one batch; at most {settings.max_batch_keys} are allowed")
-        answered = iter(await proxy.batch_get(store, [k for i, k in enumerate(keys) if i not in too_long], request_id))
-        refusal = BatchKeyTooLong(f"the key is longer than {max_key_bytes} bytes")
-        return [error_entry(k, refusal) if i in too_long else next(answered) for i, k in enumerate(keys)]
 
     async def openapi(request: Request) -> Response:
         return Response(OPENAPI_JSON, media_type="application/json")

@@ -4,7 +4,7 @@
 route matching and Request/Response objects cost a large share of a proxied read's CPU, so this path reads
 the raw path and the one header it needs straight from the ASGI scope, asks the proxy, and sends the
 node's answer on with two ASGI messages. Everything else (batch-get, admin, health, a method other than
-GET, a path that is not a key path) goes on to the full application.
+GET or HEAD, a path that is not a key path) goes on to the full application.
 
 Errors keep the one JSON shape every endpoint uses: an `ApiError` becomes its status and
 `{"error", "message"}`; anything unexpected is logged with its traceback and answered 500 with no detail.
@@ -31,6 +31,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _PREFIX = b"/stores/"
 _KEYS = b"/keys/"
+# HEAD is GET without the body, which the server leaves out.
+_READ_METHODS = ("GET", "HEAD")
 _REQUEST_ID = b"x-request-id"
 _JSON = (b"content-type", b"application/json")
 _INTERNAL = error_json("internal_error", "internal error")
@@ -51,7 +53,7 @@ class KeyReadFastPath:
         raw: bytes = scope.get("raw_path") or b""
         if (
             scope["type"] == "http"
-            and scope["method"] == "GET"
+            and scope["method"] in _READ_METHODS
             and raw.startswith(_PREFIX)
             and raw.find(_KEYS, 8) > 0
             and await self.serve(scope["app"].state.proxy, scope, raw, send)

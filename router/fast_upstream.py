@@ -32,11 +32,10 @@ DEFAULT_IDLE_EXPIRY_S = 4.0
 DEFAULT_POOL_WAIT_S = 1.0
 
 # Set by us from the URL and the body; a caller's value would contradict the framing we send.
-_FRAMING = frozenset(
-    {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "te", "upgrade"}
-)
+_FRAMING = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive", "te", "upgrade"})
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(r"[\r\n\x00]")
+_REQUEST_ID = "x-request-id"
 # A request target is sent as is: it must already be percent-encoded ASCII without spaces or controls.
 _BAD_TARGET = re.compile(r"[\x00-\x20\x7f]")
 # Anything the fast path leaves to the careful one: non-ASCII, controls, spaces, a fragment.
@@ -537,16 +536,21 @@ class FastUpstream:
             pool = self._pools[origin] = _Pool(self, self._loop, origin)
         return pool, target
 
-    def _encode(
-        self, method: bytes, target: str, pool: _Pool, headers: Mapping[str, str], body: bytes | None
-    ) -> bytes:
-        key = tuple(headers.items())
+    def _encode(self, method: bytes, target: str, pool: _Pool, headers: Mapping[str, str], body: bytes | None) -> bytes:
+        # The request id is the one header that changes on every request: it is added on its own, so the
+        # rest (the same few sets again and again) is encoded and checked once.
+        request_id = headers.get(_REQUEST_ID)
+        key = tuple(headers.items()) if request_id is None else tuple(i for i in headers.items() if i[0] != _REQUEST_ID)
         block = self._blocks.get(key)
         if block is None:
-            block = _header_block(headers)
-            if len(self._blocks) >= 256:  # a request id per request would otherwise grow it without bound
+            block = _header_block(dict(key))
+            if len(self._blocks) >= 256:  # a caller varying other headers must not grow it without bound
                 self._blocks.clear()
             self._blocks[key] = block
+        if request_id is not None:
+            if _BAD_VALUE.search(request_id):
+                raise ValueError(f"invalid value for header {_REQUEST_ID!r}")
+            block += b"x-request-id: " + request_id.encode("latin-1") + b"\r\n"
         if body is None:
             return b"".join((method, target.encode("ascii"), pool.host_line, block, b"\r\n"))
         return b"".join(

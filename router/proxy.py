@@ -28,9 +28,11 @@ from keyroute_core.api import (
     ApiError,
     BadKey,
     BadRequest,
+    BatchKeyTooLong,
     PartitionUnavailable,
     PayloadTooLarge,
     StoreNotFound,
+    key_too_long,
 )
 from keyroute_core.partition_map import Endpoint
 from router.backoff import NodeBackoff
@@ -127,6 +129,7 @@ class Proxy:
         *,
         on_stale_map: Callable[[], None],
         max_batch_keys: int = 1000,
+        max_key_bytes: int = 0,
         retry_after_s: int = 1,
         backoff: NodeBackoff | None = None,
         metrics: RouterMetrics | None = None,
@@ -143,6 +146,7 @@ class Proxy:
         self._upstream = upstream
         self._on_stale_map = on_stale_map
         self._max_batch_keys = max_batch_keys
+        self._max_key_bytes = max_key_bytes  # a batch key beyond it gets its own 400 entry (0: no limit)
         self._retry_after_s = retry_after_s
         self._backoff = backoff or NodeBackoff()
         # Hedging: a single-key read that has not answered after `hedge_after_s` is also sent to another
@@ -233,6 +237,9 @@ class Proxy:
             text = _key_text(raw)
             if text is None:
                 results[i] = error_entry(raw, BadKey("a key must be a JSON string"))
+                continue
+            if self._max_key_bytes and key_too_long(text, self._max_key_bytes):
+                results[i] = error_entry(raw, BatchKeyTooLong(f"the key is longer than {self._max_key_bytes} bytes"))
                 continue
             try:
                 route = table.resolve(store, text)

@@ -73,3 +73,16 @@ def test_what_is_not_a_key_read_goes_to_the_full_application(served: list[bool])
             assert served == [False]
 
     run(scenario)
+
+
+def test_a_head_read_takes_the_fast_path_and_says_how_long_the_answer_is(served: list[bool]) -> None:
+    async def scenario() -> None:
+        async with router(build_map(STORES, FULL), *nodes("k1")) as r:
+            got = await r.client.get("/stores/s/keys/k1")
+            head = await r.client.head("/stores/s/keys/k1")
+            assert head.status_code == 200
+            assert head.headers["content-length"] == str(len(got.content))
+            assert head.headers["x-keyroute-node"] == got.headers["x-keyroute-node"]
+            assert served == [True, True]
+
+    run(scenario)

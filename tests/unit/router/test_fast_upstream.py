@@ -687,6 +687,23 @@ def test_the_request_head_is_exactly_what_we_mean(run: Runner) -> None:
     )
 
 
+def test_each_request_carries_its_own_request_id_while_the_other_headers_are_encoded_once(run: Runner) -> None:
+    async def scenario() -> tuple[list[bytes], int]:
+        async with RawServer(lambda connection, number: [ok(), ok(), ok()]) as server:
+            upstream = FastUpstream()
+            try:
+                for request_id in ("r1", "r2", "r3"):
+                    await upstream.get(server.url + "/k", {"x-keyroute-router": "1", "x-request-id": request_id})
+            finally:
+                await upstream.aclose()
+            return [head for _, head in server.requests], len(upstream._blocks)
+
+    heads, blocks = run(scenario)
+    assert [h.split(b"x-request-id: ", 1)[1].split(b"\r\n", 1)[0] for h in heads] == [b"r1", b"r2", b"r3"]
+    assert all(h.count(b"x-keyroute-router: 1\r\n") == 1 for h in heads)
+    assert blocks == 1
+
+
 @pytest.mark.parametrize(
     ("url", "headers"),
     [
@@ -697,6 +714,7 @@ def test_the_request_head_is_exactly_what_we_mean(run: Runner) -> None:
         ("http://127.0.0.1:1/a b", {}),
         ("http://127.0.0.1:1/ключ", {}),
         ("http://127.0.0.1:1/k", {"x-id": "a\r\nx-injected: 1"}),
+        ("http://127.0.0.1:1/k", {"x-request-id": "a\r\nx-injected: 1"}),
         ("http://127.0.0.1:1/k", {"bad name": "v"}),
     ],
 )
