@@ -299,11 +299,6 @@ def _answer_locally(held: PartitionStore | None, endpoints: Sequence[Endpoint], 
     return forwarded or not endpoints or held.version >= endpoints[0].version
 
 
-def _lookup(held: PartitionStore, data: bytes) -> bytes | None:
-    """The stored value of a key, None when absent."""
-    return held.get(data)
-
-
 # -- data API ---------------------------------------------------------------------------------------
 
 
@@ -331,7 +326,7 @@ async def get_key(request: Request) -> Response:
             HEADER_HOPS: hops,
             HEADER_GENERATION: str(m.generation),
         }
-        value = _lookup(held, key.data)
+        value = held.get(key.data)
         if value is None:
             raise KeyNotFound(f"key {key.text!r} is not in store {store_name!r}", headers)
         body = found_body(store_name, key.text, route.partition, held.version, value)
@@ -438,7 +433,7 @@ async def batch_get(request: Request) -> Response:
         others = [ep for ep in route.serving if ep.node_id != node.node_id]
         if held is not None and _answer_locally(held, others, forwarded):
             node.metrics.local_answers += 1
-            value = _lookup(held, key.data)
+            value = held.get(key.data)
             if value is None:
                 node.metrics.count(store_name, KIND_BATCH, KeyNotFound.status)
                 results[i] = _error_entry(key.text, KeyNotFound(f"key {key.text!r} is not in store {store_name!r}"))
