@@ -4,10 +4,14 @@ Run from the repository root: `.venv/bin/python benchmarks/router_variants.py [-
 cluster of benchmarks/router.py (store without Spark, ZooKeeper, two nodes, the router), then two more
 routers on the same map, each with one change undone:
 
-- "uvicorn's own writes": the response head and body leave in two socket writes, as uvicorn sends them,
-  instead of keyroute_core.http_server's coalesced write;
-- "key reads through Starlette": single-key reads go through Starlette's exception handling and routing
-  like every other request (the fast-path middleware replaced by one that passes everything on).
+- "ASGI fast path": single-key reads are not answered by the server protocol (router/fast_path.py,
+  `KeyReadProtocol`) but by the bare-ASGI middleware behind uvicorn's ASGI exchange, whose writes
+  keyroute_core.http_server coalesces into one;
+- "ASGI fast path, uvicorn's own writes": the same, with the response head and body leaving in two socket
+  writes, as uvicorn sends them;
+- "key reads through Starlette": single-key reads go through the ASGI exchange and Starlette's exception
+  handling and routing like every other request (no protocol path, the fast-path middleware replaced by
+  one that passes everything on).
 
 wrk measures each router in turn, in a shuffled order per round; --write records the table in
 benchmarks/RESULTS.md under "Router".
@@ -36,17 +40,22 @@ _SPEC.loader.exec_module(bench)
 
 SUBSECTION = "### Router variants"
 AS_BUILT = "as built"
-PLAIN_WRITES = "uvicorn's own writes (head and body in two)"
+ASGI = "ASGI fast path"
+PLAIN_WRITES = "ASGI fast path, uvicorn's own writes (head and body in two)"
 STARLETTE = "key reads through Starlette"
+VARIANTS = ((ASGI, "asgi"), (PLAIN_WRITES, "plain-writes"), (STARLETTE, "starlette"))
 
 # Runs `keyroute router` with one part of the hot path undone (the first argument names which).
 VARIANT_ROUTER = """
 import sys
 
+import router.service
+
 variant = sys.argv.pop(1)
+# Every variant: key reads are not answered by the server protocol.
+router.service.key_read_protocol = lambda app, max_key_bytes, base: base
 if variant == "plain-writes":
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-    import router.service
     router.service.CoalescingHttpToolsProtocol = HttpToolsProtocol
 elif variant == "starlette":
     import router.app
@@ -82,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         with bench.running_cluster(cluster_args, wrk, nginx, work) as cluster:
             connect = cluster.router.popen.args[cluster.router.popen.args.index("--zk") + 1]
             routers = {AS_BUILT: cluster.router}
-            for name, variant in ((PLAIN_WRITES, "plain-writes"), (STARLETTE, "starlette")):
+            for name, variant in VARIANTS:
                 port = bench.free_port()
                 command = [sys.executable, "-c", VARIANT_ROUTER, variant, "router", "--zk", connect]
                 service = bench.start_service(
@@ -143,15 +152,16 @@ def section(
         SUBSECTION,
         "",
         f"`{command}` on {datetime.date.today().isoformat()}: the cluster of the table above ({args.keys:,} keys,"
-        f" 12 partitions, 2 nodes) with three routers on the same map, measured in turn (order shuffled per"
-        f" round), {args.duration:g} s each, median of {args.rounds} rounds. Router CPU µs/request as above.",
+        f" 12 partitions, 2 nodes) with {1 + len(VARIANTS)} routers on the same map, measured in turn (order"
+        f" shuffled per round), {args.duration:g} s each, median of {args.rounds} rounds."
+        " Router CPU µs/request as above.",
         f"Machine: {os.cpu_count()} CPUs, {platform.machine()}, Python {platform.python_version()}, {versions};"
         f" load average {load}.",
         "",
         "| router | concurrency | requests/s | p50 ms | p99 ms | router CPU µs/request | node CPU µs/request |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    order = (AS_BUILT, PLAIN_WRITES, STARLETTE)
+    order = (AS_BUILT, *(name for name, _ in VARIANTS))
     for (name, concurrency), measured in sorted(runs.items(), key=lambda i: (i[0][1], order.index(i[0][0]))):
         lines.append(
             f"| {name} | {concurrency} | {statistics.median(r.requests / r.duration_s for r in measured):,.0f}"
@@ -162,7 +172,7 @@ def section(
     lines.append("")
     for concurrency in args.concurrency:
         built = _median_us(runs[(AS_BUILT, concurrency)], "proxy_cpu_s")
-        for name in (PLAIN_WRITES, STARLETTE):
+        for name, _ in VARIANTS:
             other = _median_us(runs[(name, concurrency)], "proxy_cpu_s")
             lines.append(
                 f"- Concurrency {concurrency}: {name}: {other:,.0f} µs/request, {other / built:.2f}x the router"

@@ -43,6 +43,16 @@ class CoalescingWrites:
         if not self._transport.is_closing():
             self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
 
+    def write_now(self, data: bytes) -> None:
+        """`data` to the socket at once, after whatever is still gathered (the order is kept)."""
+        pending = self._pending
+        if pending is None:
+            if not self._transport.is_closing():
+                self._transport.write(data)
+        else:
+            pending.append(data)
+            self.flush()
+
     def close(self) -> None:
         self.flush()
         self._transport.close()

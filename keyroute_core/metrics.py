@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Container, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from keyroute_core.request_guard import Admission
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -144,3 +147,19 @@ class Exposition:
         """The Prometheus text exposition (served with CONTENT_TYPE)."""
         data: Any = generate_latest(self.registry)
         return bytes(data)
+
+
+REFUSAL_REASONS = ("overloaded", "headers_too_large", "unauthorized")
+
+
+def refusals_family(name: str, admission: Admission | None) -> CounterMetricFamily:
+    """Requests the admission checks (keyroute_core.request_guard) refused, by reason."""
+    family = CounterMetricFamily(
+        name,
+        "requests refused before they were handled: overloaded (503, too many in progress), headers_too_large"
+        " (431), unauthorized (401, admin token)",
+        labels=["reason"],
+    )
+    for reason in REFUSAL_REASONS:
+        family.add_metric([reason], getattr(admission, reason) if admission is not None else 0)
+    return family

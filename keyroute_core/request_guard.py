@@ -35,50 +35,42 @@ PROBE_PATHS = frozenset({"/healthz", "/readyz"})
 _AUTHORIZATION = b"authorization"
 
 
-class RequestGuard:
-    """ASGI wrapper: at most `max_concurrent_requests` requests inside `app` at once (beyond: 503
-    `overloaded` with Retry-After, at once), request heads of at most `max_header_bytes` (431), and the
-    admin token on paths starting with one of `protected` (401). 0 switches a limit off."""
+class Admission:
+    """The checks themselves, shared by every way a request comes in (the ASGI wrapper below, or a server
+    protocol that answers some requests without ASGI): at most `max_concurrent_requests` admitted at once
+    (beyond: 503 `overloaded` with Retry-After, at once), request heads of at most `max_header_bytes` (431),
+    and the admin token on paths starting with one of `protected` (401). 0 switches a limit off.
+
+    `admit(scope)` returns the refusal to send, or None after counting the request in `active`: the caller
+    then calls `release()` when the request is done."""
 
     def __init__(
         self,
-        app: ASGIApp,
         *,
         max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS,
         max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
         admin: BearerAuth | None = None,
         protected: Iterable[str] = ("/admin",),
         retry_after_s: int = 1,
-        error_headers: Iterable[tuple[str, str]] = (),
     ) -> None:
-        self.app = app
         self.max_concurrent_requests = max_concurrent_requests
         self.max_header_bytes = max_header_bytes
         self.admin = admin if admin is not None else BearerAuth()
         self.protected = tuple(protected) if self.admin.enabled else ()
         self.retry_after_s = retry_after_s
-        self._error_headers = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in error_headers]
         self.active = 0
         # Refusals by reason, for metrics.
         self.overloaded = 0
         self.headers_too_large = 0
         self.unauthorized = 0
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    def admit(self, scope: Scope) -> ApiError | None:
         path: str = scope["path"]
         if self.max_concurrent_requests and self.active >= self.max_concurrent_requests and path not in PROBE_PATHS:
             self.overloaded += 1
-            await self.refuse(
-                send,
-                Overloaded(
-                    f"more than {self.max_concurrent_requests} requests in progress; retry shortly",
-                    self.retry_after_s,
-                ),
+            return Overloaded(
+                f"more than {self.max_concurrent_requests} requests in progress; retry shortly", self.retry_after_s
             )
-            return
         try:
             if self.max_header_bytes:
                 check_header_bytes(scope, self.max_header_bytes)
@@ -86,20 +78,46 @@ class RequestGuard:
                 self.admin.check(header(scope, _AUTHORIZATION))
         except HeadersTooLarge as exc:
             self.headers_too_large += 1
-            await self.refuse(send, exc)
-            return
+            return exc
         except ApiError as exc:
             self.unauthorized += 1
-            await self.refuse(send, exc)
-            return
+            return exc
         self.active += 1
+        return None
+
+    def release(self) -> None:
+        self.active -= 1
+
+
+class RequestGuard:
+    """ASGI wrapper: `app` behind an `Admission` (given, to share it with another entry point, or built
+    from the keyword options); refusals are answered with the API's JSON errors plus `error_headers`."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        admission: Admission | None = None,
+        error_headers: Iterable[tuple[str, str]] = (),
+        **options: Any,
+    ) -> None:
+        self.app = app
+        self.admission = admission if admission is not None else Admission(**options)
+        self._error_headers = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in error_headers]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        admission = self.admission
+        refusal = admission.admit(scope)
+        if refusal is not None:
+            await send_error(send, refusal, self._error_headers)
+            return
         try:
             await self.app(scope, receive, send)
         finally:
-            self.active -= 1
-
-    async def refuse(self, send: Send, exc: ApiError) -> None:
-        await send_error(send, exc, self._error_headers)
+            admission.release()
 
 
 def check_header_bytes(scope: Scope, limit: int) -> None:

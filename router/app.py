@@ -35,7 +35,7 @@ from keyroute_core.security import ClusterAuth
 from keyroute_core.settings import RouterSettings
 from router.fast_path import KeyReadFastPath
 from router.fast_upstream import FastUpstream
-from router.limits import guard_options
+from router.limits import admission
 from router.map_source import MapSource, ZooKeeperMapSource
 from router.openapi import OPENAPI_JSON
 from router.proxy import Proxy, parse_batch_body
@@ -81,6 +81,7 @@ def create_app(
             hedge_after_s=None if settings.hedge_after_ms is None else settings.hedge_after_ms / 1000,
             retry_budget_ratio=settings.retry_budget_percent / 100,
         )
+        proxy.metrics.admission = checks
         app.state.proxy = proxy
         loop = asyncio.get_running_loop()
         built: list[RoutingTable] = []  # the last table built, on the source's thread
@@ -177,7 +178,9 @@ def create_app(
     async def metrics(request: Request) -> Response:
         return Response(_proxy(request).metrics.exposition(), headers={"content-type": CONTENT_TYPE})
 
-    return Starlette(
+    # Shared with KeyReadProtocol (router/fast_path.py), which answers key reads before the middleware.
+    checks = admission(settings)
+    app = Starlette(
         routes=[
             Route("/stores/{store}/keys/{key:path}", get_key, methods=["GET"]),
             Route("/stores/{store}/batch-get", batch_get, methods=["POST"]),
@@ -191,7 +194,7 @@ def create_app(
         # The first thing every request meets: concurrency and header limits, the admin token. Then
         # single-key reads, nearly all the traffic, are answered without Starlette's routing.
         middleware=[
-            Middleware(RequestGuard, **guard_options(settings)),
+            Middleware(RequestGuard, admission=checks),
             Middleware(KeyReadFastPath, max_key_bytes=max_key_bytes),
         ],
         exception_handlers={
@@ -201,6 +204,8 @@ def create_app(
         },
         lifespan=lifespan,
     )
+    app.state.admission = checks
+    return app
 
 
 def _proxy(request: Request) -> Proxy:

@@ -1,15 +1,13 @@
-"""The router's request limits and admin access, built from its settings: one outermost ASGI wrapper and
-the uvicorn protocol that bounds request heads before the application sees them.
+"""The router's request limits and admin access, built from its settings: the admission checks every request
+passes and the uvicorn protocol that bounds request heads before the application sees them.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from keyroute_core.bounded_http import bounded_httptools
-from keyroute_core.request_guard import ASGIApp, RequestGuard
+from keyroute_core.request_guard import Admission
 from keyroute_core.security import BearerAuth
 from keyroute_core.settings import RouterSettings
 
@@ -19,21 +17,17 @@ def protected_paths(settings: RouterSettings) -> tuple[str, ...]:
     return ("/admin", "/metrics") if settings.access.metrics_require_token else ("/admin",)
 
 
-def guard_options(settings: RouterSettings) -> dict[str, Any]:
-    """RequestGuard's options from the router's settings (also for `starlette.middleware.Middleware`)."""
+def admission(settings: RouterSettings) -> Admission:
+    """The router's concurrency limit, header-size limit and admin token, shared by the ASGI guard in front
+    of the application and the server protocol's own key-read path."""
     limits = settings.limits
-    return {
-        "max_concurrent_requests": limits.max_concurrent_requests,
-        "max_header_bytes": limits.max_header_bytes,
-        "admin": BearerAuth(settings.access.admin_token),
-        "protected": protected_paths(settings),
-        "retry_after_s": settings.unavailable_retry_after_s,
-    }
-
-
-def guard(app: ASGIApp, settings: RouterSettings) -> RequestGuard:
-    """`app` behind the concurrency limit, the header-size limit and the admin token."""
-    return RequestGuard(app, **guard_options(settings))
+    return Admission(
+        max_concurrent_requests=limits.max_concurrent_requests,
+        max_header_bytes=limits.max_header_bytes,
+        admin=BearerAuth(settings.access.admin_token),
+        protected=protected_paths(settings),
+        retry_after_s=settings.unavailable_retry_after_s,
+    )
 
 
 def http_protocol(settings: RouterSettings, base: type[HttpToolsProtocol] = HttpToolsProtocol) -> type:

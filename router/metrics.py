@@ -21,9 +21,11 @@ from keyroute_core.metrics import (
     gauge,
     histogram_family,
     labelled_gauge,
+    refusals_family,
     store_label,
 )
 from keyroute_core.partition_map import PartitionMap
+from keyroute_core.request_guard import Admission
 
 # attribute -> (metric name, help). Counters get `_total` appended by the exposition.
 _COUNTERS = {
@@ -58,7 +60,16 @@ _COUNTERS = {
     "map_updates": ("keyroute_router_map_updates", "partition maps installed"),
 }
 _NOT_COUNTERS = frozenset(
-    {"map_generation", "map_stale", "map_complete", "partition_map", "stale_since", "requests", "upstream_latency"}
+    {
+        "map_generation",
+        "map_stale",
+        "map_complete",
+        "partition_map",
+        "stale_since",
+        "requests",
+        "upstream_latency",
+        "admission",
+    }
 )
 
 
@@ -91,6 +102,8 @@ class RouterMetrics:
     requests: RequestCounts = field(default_factory=RequestCounts)
     # Time to a node's answer, per node id.
     upstream_latency: dict[str, Histogram] = field(default_factory=dict)
+    # The admission checks in front of every request: their refusals are exported.
+    admission: Admission | None = None
     _exposition: Exposition | None = None
 
     def map_installed(self, partition_map: PartitionMap) -> None:
@@ -127,6 +140,7 @@ class RouterMetrics:
         )
         for attr, (name, documentation) in _COUNTERS.items():
             yield counter(name, documentation, getattr(self, attr))
+        yield refusals_family("keyroute_router_refused_requests", self.admission)
         # Counters added to this class without a name above still show, under their attribute's name.
         for f in fields(self):
             if f.name not in _COUNTERS and f.name not in _NOT_COUNTERS and not f.name.startswith("_"):

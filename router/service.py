@@ -20,6 +20,7 @@ from keyroute_core.http_server import CoalescingHttpToolsProtocol
 from keyroute_core.settings import RouterSettings
 from router import workers
 from router.app import create_app
+from router.fast_path import key_read_protocol
 from router.limits import http_protocol
 
 log = logging.getLogger(__name__)
@@ -66,12 +67,15 @@ def _worker(settings: RouterSettings, setup: Callable[[], None] | None, sock: so
 def _serve(settings: RouterSettings, sockets: list[socket.socket] | None) -> int:
     # httpx logs every proxied request at INFO: one line per read is noise; failures are logged here.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().getEffectiveLevel()))
+    app = create_app(settings)
+    # Key reads answered by the protocol itself, then uvicorn's writes coalesced, then the head bound.
+    protocol = key_read_protocol(app, settings.limits.max_key_bytes, CoalescingHttpToolsProtocol)
     config = uvicorn.Config(
-        create_app(settings),
+        app,
         host=settings.http.host,
         port=settings.http.port,
         # Request heads beyond max_header_bytes are answered 431 before they are buffered whole.
-        http=http_protocol(settings, CoalescingHttpToolsProtocol),
+        http=http_protocol(settings, protocol),
         loop="auto",
         lifespan="on",
         log_level="warning",

@@ -53,7 +53,7 @@ from keyroute_core.logs import SCOPE_REQUEST_ID, bind_request_id
 from keyroute_core.map_watcher import MapWatcher
 from keyroute_core.metrics import CONTENT_TYPE, KIND_BATCH, KIND_KEY
 from keyroute_core.partition_map import Endpoint, PartitionMap, StoreRecord
-from keyroute_core.request_guard import RequestGuard, read_body
+from keyroute_core.request_guard import Admission, RequestGuard, read_body
 from keyroute_core.security import BearerAuth, ClusterAuth
 from keyroute_core.settings import NodeSettings
 from state_node.controller import Controller
@@ -187,15 +187,14 @@ def create_app(
         Route("/metrics", metrics_endpoint, methods=["GET"]),
     ]
     access = settings.access
-    guard = Middleware(
-        RequestGuard,
+    metrics.admission = Admission(
         max_concurrent_requests=settings.limits.max_concurrent_requests,
         max_header_bytes=settings.limits.max_header_bytes,
         admin=BearerAuth(access.admin_token),
         protected=("/admin", "/metrics") if access.metrics_require_token else ("/admin",),
         retry_after_s=RETRY_AFTER_S,
-        error_headers=[(HEADER_NODE, node_id)],
     )
+    guard = Middleware(RequestGuard, admission=metrics.admission, error_headers=[(HEADER_NODE, node_id)])
     return Starlette(
         routes=routes,
         lifespan=lifespan,

@@ -22,9 +22,11 @@ from keyroute_core.metrics import (
     counter,
     gauge,
     labelled_gauge,
+    refusals_family,
     store_label,
 )
 from keyroute_core.partition_map import StoreRecord
+from keyroute_core.request_guard import Admission
 from state_node.store import LoadCancelled, PartitionStore
 
 if TYPE_CHECKING:
@@ -50,6 +52,8 @@ class NodeMetrics:
         # Requests that arrived already forwarded by another node (X-Keyroute-Hops >= 1).
         self.forwarded_in = 0
         self._ownership: Ownership | None = None
+        # The admission checks in front of every request: their refusals are exported.
+        self.admission: Admission | None = None
         self._loads_lock = threading.Lock()
         self._load_seconds = {outcome: Histogram(LOAD_BUCKETS_S) for outcome in LOAD_OUTCOMES}
         self._exposition = Exposition(self.families)
@@ -96,6 +100,7 @@ class NodeMetrics:
         answers.add_metric(["local"], self.local_answers)
         answers.add_metric(["forwarded"], self.forwarded_answers)
         yield answers
+        yield refusals_family("keyroute_node_refused_requests", self.admission)
         yield counter("keyroute_node_forwards", "requests forwarded to another node", self.forwards)
         yield counter(
             "keyroute_node_forward_failures",

@@ -351,13 +351,13 @@ def test_the_guard_refuses_beyond_the_concurrency_limit_at_once_and_lets_probes_
             refused = await asyncio.wait_for(client.get("/stores/s/keys/k"), timeout=5)
             assert refused.status_code == 503 and refused.headers["retry-after"] == "3"
             assert refused.json()["error"] == "overloaded" and refused.json()["message"]
-            assert guard.overloaded == 1 and guard.active == 2
+            assert guard.admission.overloaded == 1 and guard.admission.active == 2
             probe = asyncio.create_task(client.get("/healthz"))  # counted past the limit, not refused
             while entered < 3:
                 await asyncio.sleep(0)
             gate.set()
             assert [t.status_code for t in await asyncio.gather(*held, probe)] == [200, 200, 200]
-            assert guard.active == 0
+            assert guard.admission.active == 0
             assert (await client.get("/stores/s/keys/k")).status_code == 200
 
     run(scenario)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from router.fast_path import KeyReadFastPath
+from router import fast_path
 from tests.unit.router.fakes import build_map
 from tests.unit.router.test_app import FULL, STORES, nodes, router, run
 
@@ -16,14 +16,14 @@ from tests.unit.router.test_app import FULL, STORES, nodes, router, run
 def served(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """What every fast-path attempt returned (True: it answered; False: it passed the request on)."""
     seen: list[bool] = []
-    original = KeyReadFastPath.serve
+    original = fast_path.answer_key_read
 
-    async def spy(self: KeyReadFastPath, *args: Any) -> bool:
-        handled = await original(self, *args)
-        seen.append(handled)
-        return handled
+    async def spy(*args: Any) -> Any:
+        answered = await original(*args)
+        seen.append(answered is not None)
+        return answered
 
-    monkeypatch.setattr(KeyReadFastPath, "serve", spy)
+    monkeypatch.setattr(fast_path, "answer_key_read", spy)
     return seen
 
 

@@ -1,0 +1,229 @@
+"""KeyReadProtocol on a real uvicorn server (127.0.0.1, raw sockets): key reads are answered by the protocol,
+with uvicorn's connection semantics intact (keep-alive, pipelining in order, HTTP/1.0, HEAD), the admission
+checks applied on the same counters as the ASGI guard, and anything that is not a key read answered by the
+application. The proxy behind it is a stand-in (this is about the HTTP side, not routing)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from keyroute_core.api import KeyNotFound
+from keyroute_core.http_server import CoalescingHttpToolsProtocol
+from keyroute_core.request_guard import Admission
+from router.fast_path import KeyReadProtocol, key_read_protocol
+from router.metrics import RouterMetrics
+from router.service import _Server
+from router.upstream import UpstreamResponse
+from tests.util import free_port, wait_for
+
+
+@dataclass
+class StandInProxy:
+    """Answers every key with its own name; `absent` is not found; `slow-*` waits for `release`."""
+
+    metrics: RouterMetrics = field(default_factory=RouterMetrics)
+    release: threading.Event = field(default_factory=threading.Event)
+    waiting: int = 0
+
+    async def get(self, store: str, key: str, request_id: str) -> UpstreamResponse:
+        if key == "absent":
+            raise KeyNotFound(f"key {key!r} is not in store {store!r}")
+        if key.startswith("slow-"):
+            self.waiting += 1
+            while not self.release.is_set():
+                await asyncio.sleep(0.005)
+        body = json.dumps({"store": store, "key": key, "value": {"v": key}}).encode()
+        headers = [(b"content-type", b"application/json"), (b"x-keyroute-node", b"n1"), (b"x-request-id", b"ignored")]
+        # The node echoes the id it was sent: the stand-in does the same.
+        headers[-1] = (b"x-request-id", request_id.encode())
+        return UpstreamResponse(200, headers, body)
+
+
+@dataclass
+class Served:
+    port: int
+    proxy: StandInProxy
+    admission: Admission
+    by_protocol: list[str]
+
+    def exchange(self, raw: bytes, timeout_s: float = 10.0) -> bytes:
+        """Send `raw` on a fresh connection; everything the server sends until it closes."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=timeout_s) as sock:
+            sock.sendall(raw)
+            chunks = []
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def parse_responses(data: bytes, head_requests: set[int] = frozenset()) -> list[tuple[int, dict[str, str], bytes]]:
+    """Responses one after another in `data`; the ones at `head_requests` indexes carry no body."""
+    out = []
+    while data:
+        head, _, data = data.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            assert name.lower() not in headers, f"header {name} twice"
+            headers[name.lower()] = value.strip()
+        length = 0 if len(out) in head_requests else int(headers["content-length"])
+        out.append((status, headers, data[:length]))
+        data = data[length:]
+    return out
+
+
+def read_one(sock: socket.socket) -> bytes:
+    """One whole response (with a content-length) from a connection that stays open."""
+    data = b""
+    while True:
+        head, sep, rest = data.partition(b"\r\n\r\n")
+        if sep:
+            length = next(
+                int(line.split(b":", 1)[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            )
+            if len(rest) >= length:
+                return data
+        chunk = sock.recv(65536)
+        assert chunk, "the server closed the connection"
+        data += chunk
+
+
+@pytest.fixture
+def served() -> Iterator[Served]:
+    proxy = StandInProxy()
+    admission = Admission(max_concurrent_requests=2, retry_after_s=3)
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def not_found(request: Request) -> Response:
+        return JSONResponse({"error": "not_found", "message": request.url.path}, status_code=404)
+
+    app = Starlette(routes=[Route("/healthz", healthz), Route("/{rest:path}", not_found)])
+    app.state.proxy = proxy
+    app.state.admission = admission
+    by_protocol: list[str] = []
+
+    class Spy(key_read_protocol(app, 64, CoalescingHttpToolsProtocol)):  # type: ignore[misc]
+        async def _serve(self, cycle: Any, app: Any, raw: bytes) -> None:
+            by_protocol.append(raw.decode())
+            await super()._serve(cycle, app, raw)
+
+    port = free_port()
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, http=Spy, lifespan="off", log_level="warning", log_config=None
+    )
+    server = _Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, timeout_s=10, message="the server to start")
+        yield Served(port, proxy, admission, by_protocol)
+    finally:
+        proxy.release.set()
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_pipelined_requests_are_answered_in_order_by_the_protocol_or_the_application(served: Served) -> None:
+    raw = (
+        b"GET /stores/s/keys/k1 HTTP/1.1\r\nHost: x\r\nX-Request-ID: mine-1\r\n\r\n"
+        b"HEAD /stores/s/keys/k2 HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"GET /stores/s/deeper/keys/k3 HTTP/1.1\r\nHost: x\r\n\r\n"  # looks like one, is not a key path
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"GET /stores/s/keys/absent HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"GET /stores/s/keys/k%2F4?q=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    responses = parse_responses(served.exchange(raw), head_requests={1})
+    assert [status for status, _, _ in responses] == [200, 200, 404, 200, 404, 200]
+    (_, h1, b1), (_, h2, b2), (_, _, b3), (_, _, b4), (_, h5, b5), (_, h6, b6) = responses
+    assert json.loads(b1)["key"] == "k1" and h1["x-request-id"] == "mine-1" and h1["x-keyroute-node"] == "n1"
+    assert int(h1["content-length"]) == len(b1) and "date" in h1 and "connection" not in h1
+    # HEAD: the length of the answer a GET would get, and no body (the next response follows at once).
+    assert b2 == b"" and int(h2["content-length"]) == len(json.dumps({"store": "s", "key": "k2", "value": {"v": "k2"}}))
+    assert json.loads(b3) == {"error": "not_found", "message": "/stores/s/deeper/keys/k3"}
+    assert json.loads(b4) == {"status": "ok"}
+    assert json.loads(b5)["error"] == "key_not_found" and h5["content-type"] == "application/json"
+    assert h5["x-request-id"]
+    assert json.loads(b6)["key"] == "k/4" and h6["connection"] == "close"
+    assert served.by_protocol == [
+        "/stores/s/keys/k1",
+        "/stores/s/keys/k2",
+        "/stores/s/deeper/keys/k3",
+        "/stores/s/keys/absent",
+        "/stores/s/keys/k%2F4",
+    ]
+    assert served.admission.active == 0
+
+
+def test_http_1_0_gets_its_answer_and_the_connection_closed(served: Served) -> None:
+    responses = parse_responses(served.exchange(b"GET /stores/s/keys/k1 HTTP/1.0\r\n\r\n"))
+    assert len(responses) == 1
+    status, headers, body = responses[0]
+    assert status == 200 and headers["connection"] == "close" and json.loads(body)["key"] == "k1"
+
+
+def test_a_keep_alive_connection_serves_request_after_request(served: Served) -> None:
+    with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
+        for i in range(20):
+            sock.sendall(f"GET /stores/s/keys/k{i} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            ((status, _, body),) = parse_responses(read_one(sock))
+            assert status == 200 and json.loads(body)["key"] == f"k{i}"
+    assert len(served.by_protocol) == 20
+
+
+def test_admission_refuses_beyond_the_limit_with_the_apis_error_and_counts_it(served: Served) -> None:
+    slow = [socket.create_connection(("127.0.0.1", served.port), timeout=10) for _ in range(2)]
+    try:
+        for i, sock in enumerate(slow):
+            sock.sendall(f"GET /stores/s/keys/slow-{i} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        wait_for(lambda: served.proxy.waiting == 2, timeout_s=10, message="two reads in progress")
+        assert served.admission.active == 2
+        raw = b"GET /stores/s/keys/k1 HTTP/1.1\r\nHost: x\r\nX-Request-ID: over-1\r\nConnection: close\r\n\r\n"
+        ((status, headers, body),) = parse_responses(served.exchange(raw))
+        assert status == 503 and headers["retry-after"] == "3" and headers["x-request-id"] == "over-1"
+        assert json.loads(body)["error"] == "overloaded"
+        assert served.admission.overloaded == 1
+    finally:
+        served.proxy.release.set()
+        for sock in slow:
+            sock.close()
+    wait_for(lambda: served.admission.active == 0, timeout_s=10, message="the slow reads to finish")
+
+
+def test_a_client_gone_mid_read_leaves_the_server_answering(served: Served) -> None:
+    sock = socket.create_connection(("127.0.0.1", served.port), timeout=10)
+    sock.sendall(b"GET /stores/s/keys/slow-gone HTTP/1.1\r\nHost: x\r\n\r\n")
+    wait_for(lambda: served.proxy.waiting == 1, timeout_s=10, message="the read in progress")
+    sock.close()
+    served.proxy.release.set()
+    wait_for(lambda: served.admission.active == 0, timeout_s=10, message="the read to end")
+    ((status, _, body),) = parse_responses(
+        served.exchange(b"GET /stores/s/keys/k9 HTTP/1.1\r\nConnection: close\r\n\r\n")
+    )
+    assert status == 200 and json.loads(body)["key"] == "k9"
+
+
+def test_the_protocol_is_uvicorns_httptools_protocol_underneath() -> None:
+    # It hooks uvicorn's private `_start_asgi_task`: an upgrade of uvicorn that renames it must fail here.
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    assert callable(HttpToolsProtocol._start_asgi_task)
+    assert issubclass(KeyReadProtocol, HttpToolsProtocol)
