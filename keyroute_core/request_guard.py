@@ -22,6 +22,7 @@ from keyroute_core.api import (
     Overloaded,
     error_json,
 )
+from keyroute_core.logs import bind_request_id
 from keyroute_core.security import BearerAuth
 
 Scope = MutableMapping[str, Any]
@@ -33,6 +34,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # Probes must keep answering under overload: a failed liveness probe restarts a pod that is merely busy.
 PROBE_PATHS = frozenset({"/healthz", "/readyz"})
 _AUTHORIZATION = b"authorization"
+_REQUEST_ID = b"x-request-id"
 
 
 class Admission:
@@ -112,7 +114,9 @@ class RequestGuard:
         admission = self.admission
         refusal = admission.admit(scope)
         if refusal is not None:
-            await send_error(send, refusal, self._error_headers)
+            supplied = header(scope, _REQUEST_ID)
+            request_id = bind_request_id(scope, supplied.decode("latin-1") if supplied is not None else None)
+            await send_error(send, refusal, [*self._error_headers, (_REQUEST_ID, request_id.encode("latin-1"))])
             return
         try:
             await self.app(scope, receive, send)

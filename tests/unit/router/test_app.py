@@ -351,6 +351,7 @@ def test_the_guard_refuses_beyond_the_concurrency_limit_at_once_and_lets_probes_
             refused = await asyncio.wait_for(client.get("/stores/s/keys/k"), timeout=5)
             assert refused.status_code == 503 and refused.headers["retry-after"] == "3"
             assert refused.json()["error"] == "overloaded" and refused.json()["message"]
+            assert refused.headers["x-request-id"]
             assert guard.admission.overloaded == 1 and guard.admission.active == 2
             probe = asyncio.create_task(client.get("/healthz"))  # counted past the limit, not refused
             while entered < 3:

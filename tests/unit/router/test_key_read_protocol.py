@@ -119,6 +119,7 @@ def served() -> Iterator[Served]:
     app = Starlette(routes=[Route("/healthz", healthz), Route("/{rest:path}", not_found)])
     app.state.proxy = proxy
     app.state.admission = admission
+    proxy.metrics.admission = admission
     by_protocol: list[str] = []
 
     class Spy(key_read_protocol(app, 64, CoalescingHttpToolsProtocol)):  # type: ignore[misc]
@@ -201,6 +202,7 @@ def test_admission_refuses_beyond_the_limit_with_the_apis_error_and_counts_it(se
         assert status == 503 and headers["retry-after"] == "3" and headers["x-request-id"] == "over-1"
         assert json.loads(body)["error"] == "overloaded"
         assert served.admission.overloaded == 1
+        assert 'keyroute_router_refused_requests_total{reason="overloaded"} 1.0' in served.proxy.metrics.render()
     finally:
         served.proxy.release.set()
         for sock in slow:
