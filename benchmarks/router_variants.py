@@ -58,7 +58,10 @@ if variant == "plain-writes":
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     router.service.CoalescingHttpToolsProtocol = HttpToolsProtocol
 elif variant == "starlette":
+    # No fast path: key reads reach a Starlette route (the router's own answers only non-key paths there).
     import router.app
+    from starlette.responses import Response
+    from router.fast_path import answer_key_read
 
     class PassOn:
         def __init__(self, app, **options):
@@ -67,7 +70,23 @@ elif variant == "starlette":
         async def __call__(self, scope, receive, send):
             await self.app(scope, receive, send)
 
+    async def get_key(request):
+        raw = request.scope["raw_path"]
+        answered = await answer_key_read(request.app.state.proxy, request.scope, raw, 1024)
+        if answered is None:
+            return Response(b"", status_code=404)
+        status, headers, body = answered
+        response = Response(body, status_code=status)
+        response.raw_headers.extend(headers)
+        return response
+
+    route = router.app.Route
+
+    def key_route(path, endpoint, **options):
+        return route(path, get_key if path == "/stores/{store}/keys/{key:path}" else endpoint, **options)
+
     router.app.KeyReadFastPath = PassOn
+    router.app.Route = key_route
 from keyroute.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -158,8 +177,9 @@ def section(
         f"Machine: {os.cpu_count()} CPUs, {platform.machine()}, Python {platform.python_version()}, {versions};"
         f" load average {load}.",
         "",
-        "| router | concurrency | requests/s | p50 ms | p99 ms | router CPU µs/request | node CPU µs/request |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| router | concurrency | requests/s | p50 ms | p99 ms | router CPU µs/request | node CPU µs/request"
+        " | errors |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     order = (AS_BUILT, *(name for name, _ in VARIANTS))
     for (name, concurrency), measured in sorted(runs.items(), key=lambda i: (i[0][1], order.index(i[0][0]))):
@@ -167,7 +187,8 @@ def section(
             f"| {name} | {concurrency} | {statistics.median(r.requests / r.duration_s for r in measured):,.0f}"
             f" | {statistics.median(r.p50_us for r in measured) / 1000:.2f}"
             f" | {statistics.median(r.p99_us for r in measured) / 1000:.2f}"
-            f" | {_median_us(measured, 'proxy_cpu_s'):,.0f} | {_median_us(measured, 'node_cpu_s'):,.0f} |"
+            f" | {_median_us(measured, 'proxy_cpu_s'):,.0f} | {_median_us(measured, 'node_cpu_s'):,.0f}"
+            f" | {sum(r.errors for r in measured)} |"
         )
     lines.append("")
     for concurrency in args.concurrency:
