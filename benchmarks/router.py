@@ -3,7 +3,8 @@
 Run from the repository root: `.venv/bin/python benchmarks/router.py [--write]`. It installs wrk and nginx
 with apt-get when they are missing, builds a store without Spark, starts ZooKeeper, two nodes, a router
 and nginx on 127.0.0.1, measures with wrk, stops everything; --write records the figures in
-benchmarks/RESULTS.md.
+benchmarks/RESULTS.md. Two tables: every setup at saturation, and every setup at one equal, moderate rate
+(wrk paced), where the CPU a node spends per read compares like with like.
 """
 
 from __future__ import annotations
@@ -73,6 +74,34 @@ function done(summary, latency, requests)
   local e = summary.errors
   io.write(string.format("KEYROUTE-WRK %d %d %d %d %d %d %d %d %d\\n", summary.requests, summary.duration,
     e.connect, e.read, e.write, e.status, e.timeout, latency:percentile(50), latency:percentile(99)))
+end
+"""
+
+# Added to WRK_SCRIPT for a paced run: the thread sends args[3] requests per second over all its connections.
+# Every request takes the next free slot of one schedule (wrk calls delay() before each request and waits
+# that many ms), so the rate holds whatever the latency, as long as a connection is free for every slot;
+# slots missed while all connections were busy are dropped, never made up in a burst.
+WRK_PACING = """
+local ffi = require("ffi")
+ffi.cdef[[
+typedef struct { long tv_sec; long tv_nsec; } keyroute_timespec;
+int clock_gettime(int clock, keyroute_timespec *now);
+]]
+local now, interval_ms, next_ms = ffi.new("keyroute_timespec"), 0, 0
+local function clock_ms()
+  ffi.C.clock_gettime(1, now)  -- CLOCK_MONOTONIC
+  return tonumber(now.tv_sec) * 1000 + tonumber(now.tv_nsec) / 1e6
+end
+local load_paths = init
+function init(args)
+  load_paths(args)
+  interval_ms = 1000 / tonumber(args[3])
+end
+function delay()
+  local t = clock_ms()
+  local slot = math.max(next_ms, t)
+  next_ms = slot + interval_ms
+  return math.floor(slot - t + 0.5)
 end
 """
 
@@ -284,15 +313,46 @@ class Run:
     node_cpu_s: float = 0.0
 
 
-def wrk_run(wrk: str, script: Path, url: str, paths: Path, concurrency: int, duration_s: float, seed: int) -> Run:
+def wrk_start(
+    wrk: str,
+    script: Path,
+    url: str,
+    paths: Path,
+    concurrency: int,
+    duration_s: float,
+    seed: int,
+    rate_per_s: float | None = None,
+) -> subprocess.Popen[str]:
+    """wrk as fast as it can, or paced to `rate_per_s` (then `script` must hold WRK_PACING)."""
     command = [wrk, "-t1", f"-c{concurrency}", f"-d{duration_s:g}s", "--timeout", "5s", "--latency"]
     command += ["-s", str(script), url, "--", str(paths), str(seed)]
-    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    if rate_per_s is not None:
+        command.append(f"{rate_per_s:g}")
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wrk_result(popen: subprocess.Popen[str]) -> Run:
+    out, err = popen.communicate()
+    if popen.returncode != 0:
+        raise SystemExit(f"wrk failed ({popen.returncode}):\n{out}{err}")
     line = next((ln for ln in out.splitlines() if ln.startswith("KEYROUTE-WRK ")), None)
     if line is None:
         raise SystemExit(f"wrk printed no summary:\n{out}")
     requests, duration_us, *errors, p50, p99 = (int(v) for v in line.split()[1:])
     return Run(requests, duration_us / 1e6, sum(errors), float(p50), float(p99))
+
+
+def wrk_run(
+    wrk: str,
+    script: Path,
+    url: str,
+    paths: Path,
+    concurrency: int,
+    duration_s: float,
+    seed: int,
+    rate_per_s: float | None = None,
+) -> Run:
+    return wrk_result(wrk_start(wrk, script, url, paths, concurrency, duration_s, seed, rate_per_s))
 
 
 @dataclass
@@ -305,9 +365,14 @@ class Cluster:
     rr_url: str
     owner_url: str
     files: dict[str, Path]
+    paced_script: Path
 
-    def measure(self, scenario: str, concurrency: int, duration_s: float, seed: int) -> Run:
-        """One measurement; per-owner scenarios run one wrk per node in turn and add the figures up."""
+    def measure(
+        self, scenario: str, concurrency: int, duration_s: float, seed: int, rate_per_s: float | None = None
+    ) -> Run:
+        """One measurement. Unpaced, (a) runs one wrk per node in turn and adds the figures up; paced to a
+        total `rate_per_s` over `concurrency` connections, it runs them at once, each with its share of
+        both, so that every node sees the rate it sees behind a proxy."""
         if scenario == DIRECT:
             legs = [(node.url, self.files[name]) for name, node in self.nodes.items()]
         elif scenario == ROUTER:
@@ -320,17 +385,29 @@ class Cluster:
         proxy = proxies.get(scenario)
         total = Run()
         weighted_p50 = weighted_p99 = 0.0
-        for url, paths in legs:
+        batches: list[list[tuple[str, Path, int, float | None]]]
+        if rate_per_s is None:
+            batches = [[(url, paths, concurrency, None)] for url, paths in legs]
+        else:
+            share = len(legs)
+            batches = [[(url, paths, max(1, concurrency // share), rate_per_s / share) for url, paths in legs]]
+        for batch in batches:
             before_nodes = sum(tree_cpu_s(n.popen.pid) for n in self.nodes.values())
             before_proxy = tree_cpu_s(proxy.popen.pid) if proxy else 0.0
-            run = wrk_run(self.wrk, self.script, url, paths, concurrency, duration_s, seed)
+            script = self.script if rate_per_s is None else self.paced_script
+            started = [
+                wrk_start(self.wrk, script, url, paths, connections, duration_s, seed + i, rate)
+                for i, (url, paths, connections, rate) in enumerate(batch)
+            ]
+            runs = [wrk_result(popen) for popen in started]
             total.node_cpu_s += sum(tree_cpu_s(n.popen.pid) for n in self.nodes.values()) - before_nodes
             total.proxy_cpu_s += (tree_cpu_s(proxy.popen.pid) - before_proxy) if proxy else 0.0
-            total.requests += run.requests
-            total.duration_s += run.duration_s
-            total.errors += run.errors
-            weighted_p50 += run.p50_us * run.requests
-            weighted_p99 += run.p99_us * run.requests
+            total.duration_s += max(run.duration_s for run in runs)  # the legs of a batch run at the same time
+            for run in runs:
+                total.requests += run.requests
+                total.errors += run.errors
+                weighted_p50 += run.p50_us * run.requests
+                weighted_p99 += run.p99_us * run.requests
         total.p50_us = weighted_p50 / max(1, total.requests)
         total.p99_us = weighted_p99 / max(1, total.requests)
         return total
@@ -410,9 +487,10 @@ def running_cluster(args: argparse.Namespace, wrk: str, nginx: str, work: Path) 
         stack.callback(nginx_service.stop, signal.SIGQUIT)
         rr_url, owner_url = f"http://127.0.0.1:{rr_port}", f"http://127.0.0.1:{owner_port}"
         wait_until(lambda: http_json(rr_url + "/healthz")[0] == 200, 30, "nginx", [nginx_service])
-        script = work / "random-paths.lua"
+        script, paced_script = work / "random-paths.lua", work / "paced-random-paths.lua"
         script.write_text(WRK_SCRIPT)
-        cluster = Cluster(wrk, script, nodes, router, nginx_service, rr_url, owner_url, files)
+        paced_script.write_text(WRK_SCRIPT + WRK_PACING)
+        cluster = Cluster(wrk, script, nodes, router, nginx_service, rr_url, owner_url, files, paced_script)
         check_answers(cluster)
         yield cluster
 
@@ -512,9 +590,20 @@ class Figures:
         return sum(r.errors for r in self.runs)
 
 
-def measure(cluster: Cluster, args: argparse.Namespace) -> dict[tuple[str, int], Figures]:
+def paced_rates(args: argparse.Namespace) -> dict[str, float]:
+    """The total rate each scenario is paced to in the equal-rate table; (c) serves far fewer reads."""
+    rates = {scenario: args.rate for scenario in SCENARIOS if scenario != NGINX_RR}
+    if args.rr_rate > 0:
+        rates[NGINX_RR] = args.rr_rate
+    return {scenario: rates[scenario] for scenario in SCENARIOS if scenario in rates}
+
+
+def measure(cluster: Cluster, args: argparse.Namespace) -> tuple[dict[tuple[str, int], Figures], dict[str, Figures]]:
+    """Figures at saturation, per (scenario, concurrency), and at an equal rate, per scenario."""
     figures: dict[tuple[str, int], Figures] = {}
+    paced: dict[str, Figures] = {}
     scenarios = list(SCENARIOS)
+    rates = paced_rates(args)
     for scenario in scenarios:  # warm up every path: connections, caches, the nodes' LMDB pages
         cluster.measure(scenario, max(args.concurrency), 1.0, seed=1)
     rng = random.Random(20240229)
@@ -525,8 +614,14 @@ def measure(cluster: Cluster, args: argparse.Namespace) -> dict[tuple[str, int],
             for scenario in order:
                 run = cluster.measure(scenario, concurrency, args.duration, seed=rng.randrange(1, 1 << 30))
                 figures.setdefault((scenario, concurrency), Figures()).runs.append(run)
+        order = list(rates)
+        rng.shuffle(order)
+        for scenario in order:
+            seed = rng.randrange(1, 1 << 30)
+            run = cluster.measure(scenario, args.paced_connections, args.duration, seed, rates[scenario])
+            paced.setdefault(scenario, Figures()).runs.append(run)
         print(f"round {round_index + 1}/{args.rounds} done", file=sys.stderr, flush=True)
-    return figures
+    return figures, paced
 
 
 def table(figures: dict[tuple[str, int], Figures]) -> str:
@@ -543,14 +638,46 @@ def table(figures: dict[tuple[str, int], Figures]) -> str:
     return "\n".join(lines)
 
 
-def verdicts(figures: dict[tuple[str, int], Figures], concurrencies: list[int]) -> list[str]:
+def paced_table(paced: dict[str, Figures], rates: dict[str, float]) -> str:
+    lines = [
+        "| setup | target requests/s | requests/s | p50 ms | p99 ms | proxy CPU µs/request | node CPU µs/request"
+        " | errors |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for scenario, f in sorted(paced.items(), key=lambda i: SCENARIOS.index(i[0])):
+        proxy = "—" if scenario == DIRECT else f"{f.proxy_us:,.0f}"
+        lines.append(
+            f"| {scenario} | {rates[scenario]:,.0f} | {f.per_s:,.0f} | {f.p50_us / 1000:.2f} | {f.p99_us / 1000:.2f}"
+            f" | {proxy} | {f.node_us:,.0f} | {f.errors} |"
+        )
+    return "\n".join(lines)
+
+
+def rates_check(paced: dict[str, Figures], rates: dict[str, float], tolerance: float = 0.1) -> str:
+    """One sentence: did every paced scenario reach its target rate, so that the CPU figures compare?"""
+    deviation = {scenario: f.per_s / rates[scenario] - 1 for scenario, f in paced.items()}
+    off = [scenario for scenario, d in deviation.items() if abs(d) > tolerance]
+    if not off:
+        largest = max(deviation.values(), key=abs)
+        return f"Every setup reached its target rate within {tolerance:.0%} (largest deviation {largest:+.1%})."
+    listed = "; ".join(f"{s}: {paced[s].per_s:,.0f} of {rates[s]:,.0f} requests/s" for s in off)
+    return (
+        f"**Off the target rate by more than {tolerance:.0%}**: {listed}. These do not compare with the"
+        " others at an equal rate (a setup that cannot keep up is saturated, or the machine was busy)."
+    )
+
+
+def verdicts(
+    figures: dict[tuple[str, int], Figures], concurrencies: list[int], paced: dict[str, Figures], rate: float
+) -> list[str]:
     def verdict(ok: bool) -> str:
         return "**met**" if ok else "**missed**"
 
     low, high = min(concurrencies), max(concurrencies)
     direct, rr, nginx = figures[(DIRECT, high)], figures[(NGINX_RR, high)], figures[(NGINX_OWNER, high)]
     router = figures[(ROUTER, high)]
-    ratio = router.node_us / direct.node_us
+    ratio = paced[ROUTER].node_us / paced[DIRECT].node_us
+    saturated_ratio = router.node_us / direct.node_us
     added = figures[(ROUTER, low)].p50_us - figures[(DIRECT, low)].p50_us
     beats = router.p99_us < rr.p99_us and router.node_us < rr.node_us
     # The targets were set on a machine where nginx's plain proxy hop costs ~20 µs: the same ratio to (d)
@@ -563,11 +690,14 @@ def verdicts(figures: dict[tuple[str, int], Figures], concurrencies: list[int]) 
         f" (d, {nginx.proxy_us:,.0f} µs): {relative:.1f}x, where the target is {TARGET_ROUTER_US:.0f} /"
         f" {NGINX_REFERENCE_US:.0f} = {TARGET_ROUTER_US / NGINX_REFERENCE_US:.0f}x:"
         f" {verdict(relative <= TARGET_ROUTER_US / NGINX_REFERENCE_US)}.",
-        f"- Node CPU per read via the router / direct (concurrency {high}): {ratio:.2f}x, target"
+        f"- Node CPU per read via the router / direct at an equal {rate:,.0f} requests/s:"
+        f" {ratio:.2f}x ({paced[ROUTER].node_us:,.0f} vs {paced[DIRECT].node_us:,.0f} µs), target"
         f" <= {TARGET_NODE_RATIO}x: {verdict(ratio <= TARGET_NODE_RATIO)}. Via nginx's plain hop (d) the same"
-        f" ratio is {nginx.node_us / direct.node_us:.2f}x: in (a) one node at a time has a core to itself, while"
-        " behind a proxy both nodes, the proxy and wrk share the two cores, and a node that receives fewer"
-        " reads per second handles fewer per event-loop wakeup.",
+        f" ratio is {paced[NGINX_OWNER].node_us / paced[DIRECT].node_us:.2f}x. At saturation (concurrency"
+        f" {high}) these ratios are {saturated_ratio:.2f}x and {nginx.node_us / direct.node_us:.2f}x, because"
+        " there (a) floods one node at a time, which then serves many reads per event-loop wakeup, while"
+        " behind a proxy each node gets reads at the proxy's pace, fewer per wakeup and so dearer each:"
+        " that ratio measures the shape of the load, not the work a node does per read.",
         f"- Added p50 latency through the router at concurrency {low} over a direct read:"
         f" {added:,.0f} µs, target <= {TARGET_ADDED_P50_US:.0f}: {verdict(added <= TARGET_ADDED_P50_US)}"
         f" (nginx's plain hop: {figures[(NGINX_OWNER, low)].p50_us - figures[(DIRECT, low)].p50_us:,.0f} µs).",
@@ -584,8 +714,19 @@ def router_client() -> str:
 
 
 def section(
-    figures: dict[tuple[str, int], Figures], args: argparse.Namespace, command: str, versions: str, load: str
+    figures: dict[tuple[str, int], Figures],
+    paced: dict[str, Figures],
+    args: argparse.Namespace,
+    command: str,
+    versions: str,
+    load: str,
 ) -> str:
+    rates = paced_rates(args)
+    own_rate = (
+        f" ((c) at its own {args.rr_rate:,.0f} requests/s, as it serves far fewer)"
+        if NGINX_RR in rates
+        else " ((c), which serves far fewer, is left out)"
+    )
     return "\n".join(
         [
             SUBSECTION,
@@ -599,16 +740,25 @@ def section(
             f" {versions}; load average {load} (other work on the machine makes figures noisy).",
             "CPU µs/request = the process tree's user+system CPU time (/proc) during the run / requests;"
             " node CPU adds up every node. (a) and (d) need the owner of each key: (a) runs one wrk per node"
-            " with that node's keys, in turn (figures summed, latencies request-weighted); in (d) the wrk"
+            " with that node's keys (figures summed, latencies request-weighted); in (d) the wrk"
             " script puts the owner in the path prefix (`/n1/stores/...`) and nginx strips it, so nginx"
             " does a plain proxy hop: the C-language reference for what a proxy hop costs. In (c) nginx"
             " spreads reads over every node and a node forwards what it does not own (one hop). A node"
             " that a slow proxy leaves half idle pays the event loop's per-wakeup costs for each read, so"
             " its CPU per read also rises with the proxy's slowness, not only with forwarding.",
             "",
+            "At saturation (wrk as fast as it can; (a) loads one node at a time):",
+            "",
             table(figures),
             "",
-            *verdicts(figures, args.concurrency),
+            f"At an equal rate: wrk paced by its Lua `delay()` to {args.rate:,.0f} requests/s in all over"
+            f" {args.paced_connections} connections{own_rate}, well below what each setup serves, so that"
+            " nothing saturates; (a) loads both nodes at once, each with half the rate and half the"
+            " connections, so every node sees the rate it sees behind a proxy. " + rates_check(paced, rates),
+            "",
+            paced_table(paced, rates),
+            "",
+            *verdicts(figures, args.concurrency, paced, args.rate),
             "",
         ]
     )
@@ -640,6 +790,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32], help="wrk connections (1 32)")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement (default: 5)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds (default: 3)")
+    parser.add_argument(
+        "--rate", type=float, default=1000.0, help="requests/s in all for the equal-rate table (default: 1,000)"
+    )
+    parser.add_argument(
+        "--rr-rate",
+        type=float,
+        default=200.0,
+        help="requests/s for (c) in the equal-rate table, 0 to leave it out (default: 200)",
+    )
+    parser.add_argument(
+        "--paced-connections", type=int, default=32, help="wrk connections in the equal-rate table (default: 32)"
+    )
     parser.add_argument("--write", action="store_true", help=f"record the figures in {RESULTS.name}")
     parser.add_argument("--keep", action="store_true", help="keep the working directory (logs, configs)")
     args = parser.parse_args(argv)
@@ -650,14 +812,14 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()[0]
     try:
         with running_cluster(args, wrk, nginx, work) as cluster:
-            figures = measure(cluster, args)
+            figures, paced = measure(cluster, args)
     finally:
         if args.keep:
             print(f"kept {work}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
     load = f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after"
-    text = section(figures, args, _command(argv), versions, load)
+    text = section(figures, paced, args, _command(argv), versions, load)
     print(text)
     if args.write:
         write_subsection(text)
