@@ -70,13 +70,19 @@ class SmallCluster:
 
     def serving(self) -> dict[int, list[str]]:
         """partition -> node ids serving it, from the router's view (with the admin token if any)."""
+        return {p: serving for p, (serving, _) in self.placement().items()}
+
+    def placement(self) -> dict[int, tuple[list[str], list[str]]]:
+        """partition -> (node ids serving it, node ids assigned it), from the router's view."""
         view = httpx.get(
             self.router_url + "/admin/partition-map",
             headers={"authorization": f"Bearer {ADMIN_TOKEN}"},
             timeout=10,
         ).json()
         entries = view["stores"][STORE]["partition_map"]
-        return {p: [e["node"] for e in entries[p]["serving"]] for p in range(PARTITIONS)}
+        return {
+            p: ([e["node"] for e in entries[p]["serving"]], list(entries[p]["assigned"])) for p in range(PARTITIONS)
+        }
 
     def check_every_key(self, client: httpx.Client) -> None:
         for key in ROWS:
@@ -131,10 +137,15 @@ def small_cluster(
         def settled() -> bool:
             if httpx.get(cluster.router_url + "/readyz", timeout=5).status_code != 200:
                 return False
-            serving = cluster.serving()
-            # Both nodes serve something, and each partition has exactly its replicas (no hand-over left).
-            nodes = {n for owners in serving.values() for n in owners}
-            return nodes == set(node_urls) and all(len(o) == replication_factor for o in serving.values())
+            placement = cluster.placement()
+            # Both nodes serve something, and each partition is served by exactly its assigned replicas (no
+            # hand-over left: while the second node is still loading its share, the first one serves the
+            # rest, so "one replica each" alone can hold before the placement is final).
+            nodes = {n for serving, _ in placement.values() for n in serving}
+            return nodes == set(node_urls) and all(
+                len(serving) == replication_factor and sorted(serving) == sorted(assigned)
+                for serving, assigned in placement.values()
+            )
 
         wait_for(settled, timeout_s=90, interval_s=0.2, message="the cluster to settle")
         with httpx.Client(timeout=10, trust_env=False) as http:

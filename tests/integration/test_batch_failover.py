@@ -114,6 +114,16 @@ class Cluster:
         store = self.http.get(self.router_url + "/admin/partition-map").json()["stores"][STORE]
         return [{s["node"] for s in entry["serving"]} for entry in store["partition_map"]]
 
+    def settled(self) -> bool:
+        """The router sees every partition served by exactly its RF assigned replicas, and every node placed:
+        while only two nodes are up, every partition on both of them also looks like "RF replicas each"."""
+        store = self.http.get(self.router_url + "/admin/partition-map").json()["stores"][STORE]
+        placed = {n for entry in store["partition_map"] for n in entry["assigned"]}
+        return placed == set(NODES) and all(
+            len(entry["assigned"]) == RF and {s["node"] for s in entry["serving"]} == set(entry["assigned"])
+            for entry in store["partition_map"]
+        )
+
     def metrics(self) -> dict[str, float]:
         text = self.http.get(self.router_url + "/metrics").text
         return {
@@ -198,7 +208,7 @@ def test_batches_answer_every_key_in_order_and_survive_a_node_killed_mid_batch(c
     c = cluster
     wait_for(lambda: c.http.get(c.router_url + "/readyz").status_code == 200, timeout_s=60, message="router ready")
     # Every partition on two of the three nodes, as the router sees it.
-    wait_for(lambda: all(len(nodes) == RF for nodes in c.serving()), timeout_s=60, message="every partition on 2 nodes")
+    wait_for(c.settled, timeout_s=60, message="every partition on its 2 assigned nodes, every node placed")
 
     keys, expected = batch_request()
     r = c.http.post(f"{c.router_url}/stores/{STORE}/batch-get", json={"keys": keys})

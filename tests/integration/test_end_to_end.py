@@ -136,12 +136,16 @@ columns = ["balance", "tier"]
 
 
 def settled(pmap: dict[str, Any]) -> bool:
+    assigned: set[str] = set()
     for store in pmap["stores"].values():
         for entry in store["partition_map"]:
             serving = {s["node"] for s in entry["serving"] if s["version"] == store["version"]}
             if len(entry["assigned"]) != 2 or serving != set(entry["assigned"]):
                 return False
-    return len(pmap["stores"]) == 3
+            assigned.update(entry["assigned"])
+    # All three nodes placed: with two nodes up, every partition on both of them also fits "2 replicas each",
+    # and the third node's arrival would then move partitions under the tests' feet.
+    return len(pmap["stores"]) == 3 and assigned == set(pmap["nodes"]) and len(assigned) == 3
 
 
 def key_url(base: str, store: str, key: Any) -> str:

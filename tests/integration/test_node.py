@@ -120,6 +120,11 @@ class Cluster:
             view = self.get(node_id, "/admin/partition-map").json()
             if set(view["nodes"]) != set(nodes) or set(view["stores"]) != set(STORES):
                 return False
+            # Every live node placed: one that just registered is ready (nothing assigned to it yet) until
+            # the controller's next assignment, which then moves partitions.
+            placed = {n for store in view["stores"].values() for e in store["partition_map"] for n in e["assigned"]}
+            if placed != set(nodes):
+                return False
             for store in view["stores"].values():
                 for entry in store["partition_map"]:
                     serving = sorted(e["node"] for e in entry["serving"])
@@ -503,7 +508,8 @@ def test_a_router_with_a_stale_view_is_answered_in_one_hop_and_re_reads_its_map_
                 async def refreshed() -> bool:
                     return await holders(moved) == ["n2"]
 
-                await _until(refreshed, timeout_s=5, message="the refreshed map")
+                # Well within the watcher's 60 s safety refresh, which would otherwise re-read it too.
+                await _until(refreshed, timeout_s=15, message="the refreshed map")
                 assert (await pmap())["generation"] > stale_generation
                 r = await http.get(key_url("moving", key))
                 assert r.headers["x-keyroute-hops"] == "0" and r.headers["x-keyroute-node"] == "n2"
@@ -552,8 +558,12 @@ def test_a_node_whose_session_expired_registers_and_announces_again(tmp_path: Pa
                 intruder.start()
                 intruder.stop()  # closing the session: the node's ephemeral records go with it
                 intruder.close()
+                # Both records: the node writes them in two steps, not necessarily node record first.
                 await _until(
-                    lambda: (o := owner(zk_layout.serving_path("solo"))) is not None and o != first_session,
+                    lambda: all(
+                        owner(path) not in (None, first_session)
+                        for path in (zk_layout.serving_path("solo"), zk_layout.node_path("solo"))
+                    ),
                     message="records written again under a new session",
                 )
                 assert owner(zk_layout.node_path("solo")) not in (None, first_session)

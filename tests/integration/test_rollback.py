@@ -140,6 +140,7 @@ def test_rollback_to_a_retained_version_without_a_failed_read(
         v4_marker = tmp_path / "n1" / "stores" / STORE / "v4" / "p0" / "loaded.json"
         v4_inode = v4_marker.stat().st_ino
         thread.start()
+        wait_for(lambda: 4 in seen, timeout_s=10, message="reads answered at version 4")
 
         listed = cli("store", "list", "--zk", connect)
         assert listed.returncode == 0, listed.stderr

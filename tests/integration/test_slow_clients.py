@@ -141,7 +141,8 @@ def test_oversized_keys_bodies_batches_and_headers_get_4xx(cluster: SmallCluster
 
 def test_a_body_that_never_arrives_times_out_and_frees_its_slot(tmp_path: Path, zk_settings: ZkSettings) -> None:
     slots = 3
-    router_args = ["--body-timeout-s", "1", "--max-concurrent-requests", str(slots)]
+    # The body timeout is also how long the test has to see every slot taken: not too short for a busy machine.
+    router_args = ["--body-timeout-s", "3", "--max-concurrent-requests", str(slots)]
     with small_cluster(tmp_path, zk_settings, router_args=router_args) as cluster:
         parts = urlsplit(cluster.router_url)
         address = (parts.hostname or "127.0.0.1", parts.port or 80)
