@@ -44,6 +44,8 @@ from router.upstream import HttpxUpstream, Upstream
 
 log = logging.getLogger(__name__)
 
+# How long startup waits for the first partition map (ZooKeeper answers within milliseconds when it is up).
+FIRST_MAP_WAIT_S = 5.0
 _HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed"}
 _REQUEST_ID = HEADER_REQUEST_ID.encode("ascii")
 
@@ -58,8 +60,11 @@ def create_app(
     *,
     map_source: MapSource | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
+    first_map_wait_s: float = FIRST_MAP_WAIT_S,
 ) -> Starlette:
-    """The router app. `map_source` and `transport` replace ZooKeeper and the network in tests."""
+    """The router app. `map_source` and `transport` replace ZooKeeper and the network in tests. Startup
+    waits up to `first_map_wait_s` for the first map, so that a router (or one of several workers sharing a
+    port) does not take connections it can only answer 503."""
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -85,16 +90,26 @@ def create_app(
         app.state.proxy = proxy
         loop = asyncio.get_running_loop()
         built: list[RoutingTable] = []  # the last table built, on the source's thread
+        first_map = asyncio.Event()
+
+        def install(table: RoutingTable) -> None:
+            proxy.install(table)
+            first_map.set()
 
         def on_map(new_map: PartitionMap) -> None:
             # Runs on the source's thread: derive the table there, then one hand-over onto the loop.
             table = RoutingTable.of(new_map, built[-1] if built else None)
             built[:] = [table]
             with contextlib.suppress(RuntimeError):  # the loop has closed: we are shutting down
-                loop.call_soon_threadsafe(proxy.install, table)
+                loop.call_soon_threadsafe(install, table)
 
         try:
             await run_in_threadpool(source.start, on_map)
+            try:
+                async with asyncio.timeout(first_map_wait_s):
+                    await first_map.wait()
+            except TimeoutError:
+                log.warning("no partition map within %g s of starting; serving once it arrives", first_map_wait_s)
         except BaseException:
             await run_in_threadpool(source.stop)
             await upstream.aclose()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -43,7 +45,7 @@ async def router(
 ) -> AsyncIterator[Router]:
     source = StaticMapSource(initial)
     cluster = FakeCluster(*nodes)
-    app = create_app(settings, map_source=source, transport=cluster)
+    app = create_app(settings, map_source=source, transport=cluster, first_map_wait_s=0 if initial is None else 5)
     async with app.router.lifespan_context(app):
         await asyncio.sleep(0)
         transport = httpx.ASGITransport(app, raise_app_exceptions=False)
@@ -360,5 +362,45 @@ def test_the_guard_refuses_beyond_the_concurrency_limit_at_once_and_lets_probes_
             assert [t.status_code for t in await asyncio.gather(*held, probe)] == [200, 200, 200]
             assert guard.admission.active == 0
             assert (await client.get("/stores/s/keys/k")).status_code == 200
+
+    run(scenario)
+
+
+class LateMapSource(StaticMapSource):
+    """Delivers its first map from another thread, `delay_s` after start (as the ZooKeeper watcher does)."""
+
+    def __init__(self, initial: PartitionMap | None, delay_s: float) -> None:
+        super().__init__(None)
+        self.late = initial
+        self.delay_s = delay_s
+
+    def start(self, on_map: Callable[[PartitionMap], None]) -> None:
+        super().start(on_map)
+        if self.late is not None:
+            threading.Timer(self.delay_s, on_map, args=(self.late,)).start()
+
+
+def test_startup_waits_for_the_first_map_so_the_first_read_is_answered() -> None:
+    async def scenario() -> None:
+        source = LateMapSource(build_map(STORES, FULL), delay_s=0.3)
+        app = create_app(SETTINGS, map_source=source, transport=FakeCluster(*nodes("k1")))
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app, raise_app_exceptions=False)
+            async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+                first = await client.get("/stores/s/keys/k1")
+                assert first.status_code == 200 and first.json()["value"] == {"v": "k1"}
+
+    run(scenario)
+
+
+def test_startup_gives_up_waiting_for_a_map_and_says_it_is_not_ready() -> None:
+    async def scenario() -> None:
+        app = create_app(SETTINGS, map_source=LateMapSource(None, 0), transport=FakeCluster(), first_map_wait_s=0.2)
+        started = time.monotonic()
+        async with app.router.lifespan_context(app):
+            assert 0.2 <= time.monotonic() - started < 5
+            transport = httpx.ASGITransport(app, raise_app_exceptions=False)
+            async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+                assert (await client.get("/readyz")).status_code == 503
 
     run(scenario)

@@ -20,7 +20,7 @@ _HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "tr
 
 
 def _app_routes() -> dict[str, set[str]]:
-    app = create_app(RouterSettings(), map_source=StaticMapSource(None))
+    app = create_app(RouterSettings(), map_source=StaticMapSource(None), first_map_wait_s=0)
     routes: dict[str, set[str]] = {}
     for route in app.routes:
         assert isinstance(route, Route)
@@ -77,7 +77,7 @@ def test_the_documented_error_statuses_cover_what_the_data_api_answers() -> None
 
 def test_the_document_is_served_at_openapi_json() -> None:
     async def scenario() -> httpx.Response:
-        app = create_app(RouterSettings(), map_source=StaticMapSource(None))
+        app = create_app(RouterSettings(), map_source=StaticMapSource(None), first_map_wait_s=0)
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app)
             async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
