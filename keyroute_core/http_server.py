@@ -1,5 +1,6 @@
-"""uvicorn's httptools protocol with one change: what a response writes in one event-loop step goes out in
-one socket write.
+"""uvicorn's httptools protocol, changed in two ways for keyroute's small answers.
+
+Coalesced writes: what a response writes in one event-loop step goes out in one socket write.
 
 uvicorn writes a response's status line and headers, then its body, each with its own `transport.write`,
 and on a TCP socket each is a `send` system call that runs the whole loopback path to the peer. For the
@@ -7,14 +8,28 @@ small answers keyroute serves, those calls are the largest single CPU cost of a 
 (benchmarks/RESULTS.md, "Router"). Here the connection's writes are gathered and handed to the socket once,
 at the next turn of the event loop (a few microseconds later), which halves the calls for such answers.
 Flow control, close, upgrade and peer addresses still go to the real transport.
+
+Direct answers (`DirectAnswerProtocol`): the requests nearly all traffic consists of (single-key reads) are
+answered by the protocol itself, where uvicorn would start the ASGI application, in one write.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable, MutableMapping
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
+
+from keyroute_core.api import ApiError, error_json
+from keyroute_core.logs import bind_request_id
+from keyroute_core.request_guard import Admission
+
+Scope = MutableMapping[str, Any]
+# Status, headers (without content-length: it is added) and body.
+Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
+_JSON = (b"content-type", b"application/json")
+_REQUEST_ID = b"x-request-id"
 
 
 class CoalescingWrites:
@@ -68,3 +83,104 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         # Set after the parent has taken the real transport for flow control and the peer's address.
         self.transport = CoalescingWrites(transport, self.loop)  # type: ignore[assignment]
+
+
+class DirectAnswerProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol answering the requests `claims` picks out itself.
+
+    uvicorn parses the request and builds its scope as usual; where it would start the ASGI application, a
+    claimed request instead runs the admission checks (the ones `RequestGuard` applies to every other
+    request, on the same counters: the application's `state.admission`), gets its answer from `answer` and
+    writes it whole in one call. That leaves out the ASGI exchange, the middleware chain, routing and the
+    per-header checks of uvicorn's response writer: an answer's headers are our own or ones httptools
+    parsed (so without line breaks). Keep-alive, HTTP/1.0, pipelining and flow control follow uvicorn's
+    own cycle, whose state is kept up to date. When `answer` returns None the application answers.
+
+    Subclasses set `owner_app` (the ASGI application; its state is read once its lifespan has started)
+    and implement `claims` (cheap: method and raw path only) and `answer`; `refusal_headers` go on the
+    admission's refusals.
+    """
+
+    owner_app: Any = None
+    refusal_headers: tuple[tuple[bytes, bytes], ...] = ()
+
+    def claims(self, method: str, raw_path: bytes) -> bool:
+        return False
+
+    async def answer(self, scope: Scope, raw_path: bytes) -> Answer | None:
+        return None
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        scope = cycle.scope
+        raw = scope["raw_path"]
+        # `app is self.app`: not uvicorn's own refusal (its concurrency limit, which keyroute leaves off).
+        if app is self.app and self.claims(scope["method"], raw):
+            task = self.loop.create_task(self._serve(cycle, app, raw))
+            task.add_done_callback(self.tasks.discard)
+            self.tasks.add(task)
+            return
+        super()._start_asgi_task(cycle, app)
+
+    async def _serve(self, cycle: RequestResponseCycle, app: Any, raw: bytes) -> None:
+        admission: Admission = self.owner_app.state.admission
+        scope: Scope = cycle.scope  # type: ignore[assignment]
+        refusal = admission.admit(scope)
+        if refusal is not None:
+            headers = error_headers(refusal, self.refusal_headers)
+            headers.append((_REQUEST_ID, request_id_of(scope).encode("latin-1")))
+            await respond(cycle, refusal.status, headers, error_json(refusal.code, refusal.message))
+            return
+        try:
+            answered = await self.answer(scope, raw)
+        finally:
+            admission.release()
+        if answered is None:
+            await cycle.run_asgi(app)
+        else:
+            await respond(cycle, *answered)
+
+
+def request_id_of(scope: Scope) -> str:
+    """The request's id, bound to it (keyroute_core.logs): the client's acceptable one, else a new one."""
+    supplied = None
+    for name, value in scope["headers"]:
+        if name == _REQUEST_ID:
+            supplied = value.decode("latin-1")
+            break
+    return bind_request_id(scope, supplied)
+
+
+def error_headers(exc: ApiError, extra: Iterable[tuple[bytes, bytes]] = ()) -> list[tuple[bytes, bytes]]:
+    """The headers of an ApiError's JSON answer (without content-length and request id)."""
+    headers = [_JSON, *extra]
+    for name, value in exc.headers.items():
+        headers.append((name.lower().encode("latin-1"), value.encode("latin-1")))
+    return headers
+
+
+async def respond(cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    """The whole response in one write, with the cycle's state as uvicorn's own writer leaves it."""
+    if cycle.flow.write_paused and not cycle.disconnected:
+        await cycle.flow.drain()
+    if cycle.disconnected:
+        return
+    out = [STATUS_LINE.get(status) or b"HTTP/1.1 %d \r\n" % status]
+    for name, value in cycle.default_headers:
+        out += (name, b": ", value, b"\r\n")
+    for name, value in headers:
+        out += (name, b": ", value, b"\r\n")
+    out.append(b"content-length: %d\r\n" % len(body))
+    if not cycle.keep_alive:
+        out.append(b"connection: close\r\n")
+    out.append(b"\r\n")
+    if cycle.scope["method"] != "HEAD":
+        out.append(body)
+    cycle.response_started = True
+    cycle.response_complete = True
+    transport = cycle.transport
+    write_now = getattr(transport, "write_now", None)
+    (write_now or transport.write)(b"".join(out))
+    cycle.message_event.set()
+    if not cycle.keep_alive:
+        transport.close()
+    cycle.on_response()

@@ -18,12 +18,11 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from keyroute_core.api import ApiError, error_json, key_path_segment
-from keyroute_core.logs import bind_request_id
+from keyroute_core.http_server import Answer, DirectAnswerProtocol, error_headers, request_id_of
 from keyroute_core.metrics import KIND_KEY
-from keyroute_core.request_guard import Admission
 from router.proxy import Proxy
 
 log = logging.getLogger(__name__)
@@ -43,15 +42,12 @@ _JSON = (b"content-type", b"application/json")
 _INTERNAL = error_json("internal_error", "internal error")
 
 
-Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
-
-
 async def answer_key_read(proxy: Proxy, scope: Scope, raw: bytes, max_key_bytes: int) -> Answer | None:
     """Status, headers (without content-length) and body of the read at raw path `raw`; None when the path
     is not a key path after all, such as `/stores/a/b/keys/c` (the application then answers it as usual).
     Never raises for a failed read: errors become their JSON answers."""
     query = raw.find(b"?")
-    request_id = _bind_request_id(scope)
+    request_id = request_id_of(scope)
     store = ""
     try:
         # The raw path, because the decoded one has already turned a key's %2F into a separator.
@@ -78,15 +74,6 @@ async def answer_key_read(proxy: Proxy, scope: Scope, raw: bytes, max_key_bytes:
     else:
         headers.append((_REQUEST_ID, request_id.encode("latin-1")))
     return answer.status, headers, answer.body
-
-
-def _bind_request_id(scope: Scope) -> str:
-    supplied = None
-    for name, value in scope["headers"]:
-        if name == _REQUEST_ID:
-            supplied = value.decode("latin-1")
-            break
-    return bind_request_id(scope, supplied)
 
 
 def is_key_read(method: str, raw: bytes) -> bool:
@@ -120,95 +107,24 @@ class KeyReadFastPath:
         await self.app(scope, receive, send)
 
 
-def error_headers(exc: ApiError) -> list[tuple[bytes, bytes]]:
-    headers = [_JSON]
-    for name, value in exc.headers.items():
-        headers.append((name.lower().encode("latin-1"), value.encode("latin-1")))
-    return headers
-
-
 # -- under uvicorn: before ASGI ---------------------------------------------------------------------------
 
 
-class KeyReadProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol answering single-key reads itself.
+class KeyReadProtocol(DirectAnswerProtocol):
+    """uvicorn's httptools protocol answering single-key reads itself (keyroute_core.http_server): the
+    router application's `state` has `proxy` and `admission` once its lifespan has started. Subclass with
+    `owner_app` and `max_key_bytes` set: see `key_read_protocol`."""
 
-    uvicorn parses the request and builds its scope as usual; where it would start the ASGI application,
-    a key read instead runs the admission checks (the ones `RequestGuard` applies to every other request,
-    on the same counters), asks the proxy and writes the whole answer in one call. That leaves out the
-    ASGI exchange, the middleware chain and the per-header checks of uvicorn's response writer: a key
-    read's answer is headers a node sent (parsed by httptools, so without line breaks) or our own.
-    Keep-alive, HTTP/1.0, pipelining and flow control follow uvicorn's own cycle, whose state is kept
-    up to date. A path that is not a key path after all goes to the application.
-
-    Subclass with `router_app` (whose `state` has `proxy` and `admission` once its lifespan has started)
-    and `max_key_bytes` set: see `key_read_protocol`.
-    """
-
-    router_app: Any = None
     max_key_bytes = 0
 
-    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
-        scope = cycle.scope
-        raw = scope["raw_path"]
-        # `app is self.app`: not uvicorn's own refusal (its concurrency limit, which keyroute leaves off).
-        if app is self.app and is_key_read(scope["method"], raw):
-            task = self.loop.create_task(self._serve(cycle, app, raw))
-            task.add_done_callback(self.tasks.discard)
-            self.tasks.add(task)
-            return
-        super()._start_asgi_task(cycle, app)
+    def claims(self, method: str, raw_path: bytes) -> bool:
+        return is_key_read(method, raw_path)
 
-    async def _serve(self, cycle: RequestResponseCycle, app: Any, raw: bytes) -> None:
-        state = self.router_app.state
-        admission: Admission = state.admission
-        scope: Scope = cycle.scope  # type: ignore[assignment]
-        refusal = admission.admit(scope)
-        if refusal is not None:
-            request_id = _bind_request_id(scope)
-            headers = error_headers(refusal)
-            headers.append((_REQUEST_ID, request_id.encode("latin-1")))
-            await _respond(cycle, refusal.status, headers, error_json(refusal.code, refusal.message))
-            return
-        try:
-            answered = await answer_key_read(state.proxy, scope, raw, self.max_key_bytes)
-        finally:
-            admission.release()
-        if answered is None:
-            await cycle.run_asgi(app)
-        else:
-            await _respond(cycle, *answered)
-
-
-async def _respond(cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-    """The whole response in one write, with the cycle's state as uvicorn's own writer leaves it."""
-    if cycle.flow.write_paused and not cycle.disconnected:
-        await cycle.flow.drain()
-    if cycle.disconnected:
-        return
-    out = [STATUS_LINE.get(status) or b"HTTP/1.1 %d \r\n" % status]
-    for name, value in cycle.default_headers:
-        out += (name, b": ", value, b"\r\n")
-    for name, value in headers:
-        out += (name, b": ", value, b"\r\n")
-    out.append(b"content-length: %d\r\n" % len(body))
-    if not cycle.keep_alive:
-        out.append(b"connection: close\r\n")
-    out.append(b"\r\n")
-    if cycle.scope["method"] != "HEAD":
-        out.append(body)
-    cycle.response_started = True
-    cycle.response_complete = True
-    transport = cycle.transport
-    write_now = getattr(transport, "write_now", None)
-    (write_now or transport.write)(b"".join(out))
-    cycle.message_event.set()
-    if not cycle.keep_alive:
-        transport.close()
-    cycle.on_response()
+    async def answer(self, scope: Scope, raw_path: bytes) -> Answer | None:
+        return await answer_key_read(self.owner_app.state.proxy, scope, raw_path, self.max_key_bytes)
 
 
 def key_read_protocol(app: Any, max_key_bytes: int, base: type[HttpToolsProtocol] = HttpToolsProtocol) -> type:
     """The uvicorn protocol class (`base` with `KeyReadProtocol`'s key reads) for the router app `app`."""
     bases = (KeyReadProtocol,) if base is HttpToolsProtocol else (KeyReadProtocol, base)
-    return type("KeyReadProtocol", bases, {"router_app": app, "max_key_bytes": max_key_bytes})
+    return type("KeyReadProtocol", bases, {"owner_app": app, "max_key_bytes": max_key_bytes})

@@ -25,6 +25,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from keyroute_core import zk
 from keyroute_core.api import (
@@ -48,6 +49,7 @@ from keyroute_core.api import (
     key_path_segment,
     key_too_long,
 )
+from keyroute_core.http_server import Answer, DirectAnswerProtocol, Scope, request_id_of
 from keyroute_core.key_format import Key, KeyFormat, KeyFormatError, key_from_value, parse_key
 from keyroute_core.logs import SCOPE_REQUEST_ID, bind_request_id
 from keyroute_core.map_watcher import MapWatcher
@@ -84,6 +86,17 @@ _NOT_RELAYED = frozenset(
 )
 # Seconds a client should wait before asking again when nobody serves a partition (rebalance or reload).
 RETRY_AFTER_S = 1
+# For key reads answered before the application (LocalReadProtocol): HEAD is GET without the body.
+_READ_METHODS = ("GET", "HEAD")
+_PREFIX = b"/stores/"
+_KEYS = b"/keys/"
+_JSON = (b"content-type", b"application/json")
+_PARTITION = HEADER_PARTITION.encode("ascii")
+_NODE = HEADER_NODE.encode("ascii")
+_VERSION = HEADER_VERSION.encode("ascii")
+_HOPS = HEADER_HOPS.encode("ascii")
+_GENERATION = HEADER_GENERATION.encode("ascii")
+_REQUEST_ID = HEADER_REQUEST_ID.encode("ascii")
 # A router re-encodes the keys it sends on (integers become strings, `", "` separators): a body within the
 # router's limit may grow by this much per key and must still fit the node's.
 _REENCODING_BYTES_PER_KEY = 8
@@ -195,12 +208,15 @@ def create_app(
         retry_after_s=RETRY_AFTER_S,
     )
     guard = Middleware(RequestGuard, admission=metrics.admission, error_headers=[(HEADER_NODE, node_id)])
-    return Starlette(
+    app = Starlette(
         routes=routes,
         lifespan=lifespan,
         middleware=[guard],
         exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: internal_error},
     )
+    # Shared with LocalReadProtocol, which answers reads of keys held here before the middleware.
+    app.state.admission = metrics.admission
+    return app
 
 
 @contextlib.asynccontextmanager
@@ -342,6 +358,74 @@ async def get_key(request: Request) -> Response:
     return await _forward_get(
         node, raw_path, others, request.scope.get(SCOPE_REQUEST_ID), route.partition, m.generation
     )
+
+
+def is_key_read(method: str, raw_path: bytes) -> bool:
+    """Whether a request may be a single-key read (the path is checked fully when it is answered)."""
+    return method in _READ_METHODS and raw_path.startswith(_PREFIX) and raw_path.find(_KEYS, 8) > 0
+
+
+def answer_local_read(node: Node, scope: Scope, raw_path: bytes) -> Answer | None:
+    """The answer to a client's or router's read of a key this node holds, found in its own copy, exactly
+    as `get_key` gives it; None for everything else (a forwarded request, a partition held elsewhere or
+    at an older version, a missing key, a bad key or path), which the application answers."""
+    query = raw_path.find(b"?")
+    parsed = key_path_segment(raw_path if query < 0 else raw_path[:query], node.settings.limits.max_key_bytes)
+    if parsed is None:
+        return None
+    for name, _ in scope["headers"]:
+        if name == _HOPS:
+            return None  # counted and checked by the application
+    store_name, key_text = parsed
+    m = node.ownership.map
+    record = m.stores.get(store_name)
+    if record is None:
+        return None
+    try:
+        key = parse_key(record.key_format, key_text)
+    except KeyFormatError:
+        return None
+    route = m.route(record, key.data)
+    held = node.ownership.local(store_name, route.partition)
+    if held is None:
+        return None
+    others = [ep for ep in route.serving if ep.node_id != node.node_id]
+    if not _answer_locally(held, others, False):
+        return None
+    value = held.get(key.data)
+    if value is None:
+        return None
+    request_id = request_id_of(scope)
+    node.metrics.local_answers += 1
+    node.metrics.count(store_name, KIND_KEY, 200)
+    headers = [
+        _JSON,
+        (_PARTITION, str(route.partition).encode("ascii")),
+        (_NODE, node.node_id.encode("latin-1")),
+        (_VERSION, str(held.version).encode("ascii")),
+        (_HOPS, b"0"),
+        (_GENERATION, str(m.generation).encode("ascii")),
+        (_REQUEST_ID, request_id.encode("latin-1")),
+    ]
+    return 200, headers, found_body(store_name, key.text, route.partition, held.version, value)
+
+
+class LocalReadProtocol(DirectAnswerProtocol):
+    """uvicorn's httptools protocol answering reads of keys this node holds itself (keyroute_core.http_server),
+    everything else through the application. Subclass with `owner_app` set: see `local_read_protocol`."""
+
+    def claims(self, method: str, raw_path: bytes) -> bool:
+        return is_key_read(method, raw_path)
+
+    async def answer(self, scope: Scope, raw_path: bytes) -> Answer | None:
+        return answer_local_read(self.owner_app.state.node, scope, raw_path)
+
+
+def local_read_protocol(app: Starlette, node_id: str, base: type[HttpToolsProtocol] = HttpToolsProtocol) -> type:
+    """The uvicorn protocol class (`base` with `LocalReadProtocol`'s reads) for the node app `app`."""
+    bases = (LocalReadProtocol,) if base is HttpToolsProtocol else (LocalReadProtocol, base)
+    refusal_headers = ((_NODE, node_id.encode("latin-1")),)
+    return type("LocalReadProtocol", bases, {"owner_app": app, "refusal_headers": refusal_headers})
 
 
 async def _forward_get(

@@ -21,7 +21,7 @@ import uvicorn
 from keyroute_core.bounded_http import bounded_httptools
 from keyroute_core.http_server import CoalescingHttpToolsProtocol
 from keyroute_core.settings import NodeSettings
-from state_node.app import Node, create_app
+from state_node.app import Node, create_app, local_read_protocol
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +97,11 @@ def run(settings: NodeSettings) -> int:
         host=settings.http.host,
         port=settings.http.port,
         loop="auto",
-        # Request heads beyond max_header_bytes are answered 431 before they are buffered whole.
-        http=bounded_httptools(settings.limits.max_header_bytes, CoalescingHttpToolsProtocol),
+        # Reads of keys held here answered by the protocol itself, other writes coalesced, request heads
+        # beyond max_header_bytes answered 431 before they are buffered whole.
+        http=bounded_httptools(
+            settings.limits.max_header_bytes, local_read_protocol(app, settings.node_id, CoalescingHttpToolsProtocol)
+        ),
         lifespan="on",
         log_level="warning",
         # uvicorn's own records go through the process's handlers (text or JSON lines, see keyroute_core.logs).

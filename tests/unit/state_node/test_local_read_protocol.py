@@ -1,0 +1,117 @@
+"""LocalReadProtocol on a real uvicorn server (127.0.0.1): a read of a key held here is answered by the
+protocol itself, byte for byte as the application answers it (same status, body and headers); every other
+request (forwarded, held elsewhere, missing, bad) still gets the application's answer."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from keyroute_core.http_server import CoalescingHttpToolsProtocol
+from state_node.app import LocalReadProtocol, local_read_protocol
+from tests.unit.state_node.test_node_app import (
+    HELD,
+    KEY_LOCAL,
+    KEY_REMOTE,
+    LOCAL_P,
+    ME,
+    SERVING,
+    Client,
+    client_for,
+    key_in,
+    unreachable,
+)
+from tests.util import free_port, wait_for
+
+# Differ between any two answers, whoever gives them.
+_VOLATILE = {"date", "server", "x-request-id"}
+
+
+class Server:
+    def __init__(self, client: Client) -> None:
+        app = client._transport.app  # type: ignore[attr-defined]
+        self.answered: list[str] = []
+        answered = self.answered
+
+        class Spy(local_read_protocol(app, ME, CoalescingHttpToolsProtocol)):  # type: ignore[misc]
+            async def answer(self, scope: Any, raw_path: bytes) -> Any:
+                result = await super().answer(scope, raw_path)
+                if result is not None:
+                    answered.append(raw_path.decode())
+                return result
+
+        self.port = free_port()
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, http=Spy, lifespan="off", log_level="warning", log_config=None
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> Server:
+        self.thread.start()
+        wait_for(lambda: self.server.started, timeout_s=10, message="the node server to start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[Client, Server]]:
+    client, _ = client_for(SERVING, HELD, unreachable)
+    with Server(client) as server:
+        yield client, server
+
+
+def comparable(r: httpx.Response) -> tuple[int, bytes, dict[str, str]]:
+    return r.status_code, r.content, {k: v for k, v in r.headers.items() if k not in _VOLATILE}
+
+
+def test_a_held_key_is_answered_by_the_protocol_exactly_as_the_application_answers_it(
+    pair: tuple[Client, Server],
+) -> None:
+    client, server = pair
+    url = f"http://127.0.0.1:{server.port}"
+    with httpx.Client(base_url=url, trust_env=False, timeout=10) as http:
+        for method in ("GET", "HEAD"):
+            direct = http.request(method, f"/stores/s/keys/{KEY_LOCAL}", headers={"x-request-id": "rid-1"})
+            via_app = client.request(method, f"/stores/s/keys/{KEY_LOCAL}", headers={"x-request-id": "rid-1"})
+            assert direct.status_code == 200
+            assert comparable(direct) == comparable(via_app)
+            assert direct.headers["x-request-id"] == "rid-1" == via_app.headers["x-request-id"]
+        generated = http.get(f"/stores/s/keys/{KEY_LOCAL}")
+        assert generated.headers["x-request-id"] not in ("", "rid-1")
+    assert server.answered == [f"/stores/s/keys/{KEY_LOCAL}"] * 3
+
+
+def test_everything_else_is_answered_by_the_application(pair: tuple[Client, Server]) -> None:
+    client, server = pair
+    missing = key_in("s", LOCAL_P, prefix="zz")
+    requests: list[tuple[str, dict[str, str]]] = [
+        (f"/stores/s/keys/{missing}", {}),  # held here, not in it: 404
+        (f"/stores/s/keys/{KEY_REMOTE}", {}),  # held elsewhere: forwarded (the peers refuse: 503)
+        (f"/stores/s/keys/{KEY_LOCAL}", {"x-keyroute-hops": "1"}),  # forwarded to us: hops 1
+        ("/stores/nope/keys/k", {}),
+        ("/stores/s/deeper/keys/k", {}),
+        ("/healthz", {}),
+    ]
+    with httpx.Client(base_url=f"http://127.0.0.1:{server.port}", trust_env=False, timeout=10) as http:
+        for path, headers in requests:
+            direct, via_app = http.get(path, headers=headers), client.get(path, headers=headers)
+            assert comparable(direct) == comparable(via_app), path
+            assert path == "/healthz" or direct.headers["x-request-id"]
+    statuses = [client.get(path, headers=headers).status_code for path, headers in requests]
+    assert statuses[:4] == [404, 503, 200, 404]
+    assert server.answered == []
+
+
+def test_the_node_protocol_is_a_direct_answer_protocol() -> None:
+    from keyroute_core.http_server import DirectAnswerProtocol
+
+    assert issubclass(LocalReadProtocol, DirectAnswerProtocol)
