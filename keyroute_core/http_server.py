@@ -16,6 +16,7 @@ answered by the protocol itself, where uvicorn would start the ASGI application,
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable, MutableMapping
 from typing import Any
 
@@ -30,6 +31,9 @@ Scope = MutableMapping[str, Any]
 Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
 _JSON = (b"content-type", b"application/json")
 _REQUEST_ID = b"x-request-id"
+_INTERNAL = error_json("internal_error", "internal error")
+
+log = logging.getLogger(__name__)
 
 
 class CoalescingWrites:
@@ -132,6 +136,15 @@ class DirectAnswerProtocol(HttpToolsProtocol):
             return
         try:
             answered = await self.answer(scope, raw)
+        except ApiError as exc:
+            headers = error_headers(exc, self.refusal_headers)
+            headers.append((_REQUEST_ID, request_id_of(scope).encode("latin-1")))
+            answered = exc.status, headers, error_json(exc.code, exc.message)
+        except Exception:
+            # Never a hung connection and never a traceback for the client: logged, answered 500.
+            log.exception("answering %s %r failed", scope["method"], raw[:200])
+            headers = [_JSON, *self.refusal_headers, (_REQUEST_ID, request_id_of(scope).encode("latin-1"))]
+            answered = 500, headers, _INTERNAL
         finally:
             admission.release()
         if answered is None:

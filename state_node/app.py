@@ -370,7 +370,10 @@ def answer_local_read(node: Node, scope: Scope, raw_path: bytes) -> Answer | Non
     as `get_key` gives it; None for everything else (a forwarded request, a partition held elsewhere or
     at an older version, a missing key, a bad key or path), which the application answers."""
     query = raw_path.find(b"?")
-    parsed = key_path_segment(raw_path if query < 0 else raw_path[:query], node.settings.limits.max_key_bytes)
+    try:
+        parsed = key_path_segment(raw_path if query < 0 else raw_path[:query], node.settings.limits.max_key_bytes)
+    except ApiError:
+        return None  # a key over the limit: the application's 414
     if parsed is None:
         return None
     for name, _ in scope["headers"]:

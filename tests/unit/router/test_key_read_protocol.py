@@ -127,6 +127,13 @@ def served() -> Iterator[Served]:
             by_protocol.append(raw.decode())
             await super()._serve(cycle, app, raw)
 
+        async def answer(self, scope: Any, raw_path: bytes) -> Any:
+            if raw_path.endswith(b"/explode"):
+                raise RuntimeError("a bug in an answer")
+            if raw_path.endswith(b"/refuse"):
+                raise KeyNotFound("refused by the answer itself")
+            return await super().answer(scope, raw_path)
+
     port = free_port()
     config = uvicorn.Config(
         app, host="127.0.0.1", port=port, http=Spy, lifespan="off", log_level="warning", log_config=None
@@ -172,6 +179,23 @@ def test_pipelined_requests_are_answered_in_order_by_the_protocol_or_the_applica
         "/stores/s/keys/k%2F4",
     ]
     assert served.admission.active == 0
+
+
+def test_an_answer_that_fails_is_a_json_error_and_the_connection_goes_on(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    raw = (
+        b"GET /stores/s/keys/explode HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"GET /stores/s/keys/refuse HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"GET /stores/s/keys/k1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    (s1, h1, b1), (s2, _, b2), (s3, _, b3) = parse_responses(served.exchange(raw))
+    assert (s1, json.loads(b1)) == (500, {"error": "internal_error", "message": "internal error"})
+    assert h1["x-request-id"] and b"Traceback" not in b1
+    assert (s2, json.loads(b2)["error"]) == (404, "key_not_found")
+    assert s3 == 200 and json.loads(b3)["key"] == "k1"
+    assert served.admission.active == 0
+    assert any("a bug in an answer" in str(r.exc_info[1]) for r in caplog.records if r.exc_info)
 
 
 def test_http_1_0_gets_its_answer_and_the_connection_closed(served: Served) -> None:

@@ -98,6 +98,7 @@ def test_everything_else_is_answered_by_the_application(pair: tuple[Client, Serv
         (f"/stores/s/keys/{KEY_REMOTE}", {}),  # held elsewhere: forwarded (the peers refuse: 503)
         (f"/stores/s/keys/{KEY_LOCAL}", {"x-keyroute-hops": "1"}),  # forwarded to us: hops 1
         ("/stores/nope/keys/k", {}),
+        ("/stores/s/keys/" + "k" * 5000, {}),  # over the key limit
         ("/stores/s/deeper/keys/k", {}),
         ("/healthz", {}),
     ]
@@ -107,7 +108,7 @@ def test_everything_else_is_answered_by_the_application(pair: tuple[Client, Serv
             assert comparable(direct) == comparable(via_app), path
             assert path == "/healthz" or direct.headers["x-request-id"]
     statuses = [client.get(path, headers=headers).status_code for path, headers in requests]
-    assert statuses[:4] == [404, 503, 200, 404]
+    assert statuses[:5] == [404, 503, 200, 404, 414]
     assert server.answered == []
 
 
