@@ -21,7 +21,7 @@ reads a key (the full application or a leaner one in front of it) applies the sa
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
@@ -151,6 +151,20 @@ class PartitionUnavailable(ApiError):
 
 def error_json(code: str, message: str) -> bytes:
     return json.dumps({"error": code, "message": message}, ensure_ascii=False).encode("utf-8")
+
+
+def error_headers(exc: ApiError, extra: Iterable[tuple[bytes, bytes]] = ()) -> list[tuple[bytes, bytes]]:
+    """The raw headers of an ApiError's JSON answer: content type, `extra`, the error's own (no length)."""
+    headers = [(b"content-type", b"application/json"), *extra]
+    for name, value in exc.headers.items():
+        headers.append((name.lower().encode("latin-1"), value.encode("latin-1")))
+    return headers
+
+
+def is_key_read(method: str, raw_path: bytes) -> bool:
+    """Whether a request may be a single-key read: GET or HEAD of a raw path under /stores/ with /keys/ in
+    it (cheap; `key_path_segment` checks the path fully)."""
+    return method in ("GET", "HEAD") and raw_path.startswith(b"/stores/") and raw_path.find(b"/keys/", 8) > 0
 
 
 def key_path_segment(raw_path: bytes, max_key_bytes: int = DEFAULT_MAX_KEY_BYTES) -> tuple[str, str] | None:

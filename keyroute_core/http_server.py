@@ -9,29 +9,26 @@ small answers keyroute serves, those calls are the largest single CPU cost of a 
 at the next turn of the event loop (a few microseconds later), which halves the calls for such answers.
 Flow control, close, upgrade and peer addresses still go to the real transport.
 
-Direct answers (`DirectAnswerProtocol`): the requests nearly all traffic consists of (single-key reads) are
-answered by the protocol itself, where uvicorn would start the ASGI application, in one write.
+Direct answers (`DirectAnswerProtocol`): single-key reads, nearly all the traffic, are answered by the
+protocol itself, where uvicorn would start the ASGI application, in one write.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, MutableMapping
+from collections.abc import MutableMapping
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
-from keyroute_core.api import ApiError, error_json
-from keyroute_core.logs import bind_request_id
-from keyroute_core.request_guard import Admission
+from keyroute_core.api import ApiError, error_headers, error_json, is_key_read
+from keyroute_core.request_guard import Admission, request_id_of
 
 Scope = MutableMapping[str, Any]
 # Status, headers (without content-length: it is added) and body.
 Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
-_JSON = (b"content-type", b"application/json")
 _REQUEST_ID = b"x-request-id"
-_INTERNAL = error_json("internal_error", "internal error")
 
 log = logging.getLogger(__name__)
 
@@ -90,26 +87,30 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
 
 
 class DirectAnswerProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol answering the requests `claims` picks out itself.
+    """uvicorn's httptools protocol answering single-key reads itself.
 
     uvicorn parses the request and builds its scope as usual; where it would start the ASGI application, a
-    claimed request instead runs the admission checks (the ones `RequestGuard` applies to every other
-    request, on the same counters: the application's `state.admission`), gets its answer from `answer` and
-    writes it whole in one call. That leaves out the ASGI exchange, the middleware chain, routing and the
-    per-header checks of uvicorn's response writer: an answer's headers are our own or ones httptools
-    parsed (so without line breaks). Keep-alive, HTTP/1.0, pipelining and flow control follow uvicorn's
-    own cycle, whose state is kept up to date. When `answer` returns None the application answers.
+    key read (`keyroute_core.api.is_key_read`) instead runs the admission checks (the ones `RequestGuard`
+    applies to every other request, on the same counters: the application's `state.admission`), gets its
+    answer from `answer` and writes it whole in one call. That leaves out the ASGI exchange, the middleware
+    chain, routing and the per-header checks of uvicorn's response writer: an answer's headers are our own
+    or ones httptools parsed (so without line breaks). Keep-alive, HTTP/1.0, pipelining and flow control
+    follow uvicorn's own cycle, whose state is kept up to date. When `answer` returns None the application
+    answers; an ApiError it raises is answered as such, anything else it raises is logged and answered 500.
 
-    Subclasses set `owner_app` (the ASGI application; its state is read once its lifespan has started)
-    and implement `claims` (cheap: method and raw path only) and `answer`; `refusal_headers` go on the
-    admission's refusals.
+    Subclasses implement `answer`; `for_app` makes the class uvicorn is given. `extra_error_headers` go on
+    every error answered here.
     """
 
-    owner_app: Any = None
-    refusal_headers: tuple[tuple[bytes, bytes], ...] = ()
+    owner_app: Any = None  # the ASGI application; its state is read once its lifespan has started
+    extra_error_headers: tuple[tuple[bytes, bytes], ...] = ()
 
-    def claims(self, method: str, raw_path: bytes) -> bool:
-        return False
+    @classmethod
+    def for_app(cls, app: Any, base: type[HttpToolsProtocol] = HttpToolsProtocol, **attributes: Any) -> type:
+        """The protocol class to pass as uvicorn's `http`: this one for `app`, over `base` (another
+        HttpToolsProtocol subclass, whose changes are kept), with `attributes` set."""
+        bases = (cls,) if base is HttpToolsProtocol else (cls, base)
+        return type(cls.__name__, bases, {"owner_app": app, **attributes})
 
     async def answer(self, scope: Scope, raw_path: bytes) -> Answer | None:
         return None
@@ -118,7 +119,7 @@ class DirectAnswerProtocol(HttpToolsProtocol):
         scope = cycle.scope
         raw = scope["raw_path"]
         # `app is self.app`: not uvicorn's own refusal (its concurrency limit, which keyroute leaves off).
-        if app is self.app and self.claims(scope["method"], raw):
+        if app is self.app and is_key_read(scope["method"], raw):
             task = self.loop.create_task(self._serve(cycle, app, raw))
             task.add_done_callback(self.tasks.discard)
             self.tasks.add(task)
@@ -130,21 +131,16 @@ class DirectAnswerProtocol(HttpToolsProtocol):
         scope: Scope = cycle.scope  # type: ignore[assignment]
         refusal = admission.admit(scope)
         if refusal is not None:
-            headers = error_headers(refusal, self.refusal_headers)
-            headers.append((_REQUEST_ID, request_id_of(scope).encode("latin-1")))
-            await respond(cycle, refusal.status, headers, error_json(refusal.code, refusal.message))
+            await respond(cycle, *self._error(scope, refusal))
             return
         try:
             answered = await self.answer(scope, raw)
         except ApiError as exc:
-            headers = error_headers(exc, self.refusal_headers)
-            headers.append((_REQUEST_ID, request_id_of(scope).encode("latin-1")))
-            answered = exc.status, headers, error_json(exc.code, exc.message)
+            answered = self._error(scope, exc)
         except Exception:
             # Never a hung connection and never a traceback for the client: logged, answered 500.
             log.exception("answering %s %r failed", scope["method"], raw[:200])
-            headers = [_JSON, *self.refusal_headers, (_REQUEST_ID, request_id_of(scope).encode("latin-1"))]
-            answered = 500, headers, _INTERNAL
+            answered = self._error(scope, ApiError("internal error"))
         finally:
             admission.release()
         if answered is None:
@@ -152,23 +148,10 @@ class DirectAnswerProtocol(HttpToolsProtocol):
         else:
             await respond(cycle, *answered)
 
-
-def request_id_of(scope: Scope) -> str:
-    """The request's id, bound to it (keyroute_core.logs): the client's acceptable one, else a new one."""
-    supplied = None
-    for name, value in scope["headers"]:
-        if name == _REQUEST_ID:
-            supplied = value.decode("latin-1")
-            break
-    return bind_request_id(scope, supplied)
-
-
-def error_headers(exc: ApiError, extra: Iterable[tuple[bytes, bytes]] = ()) -> list[tuple[bytes, bytes]]:
-    """The headers of an ApiError's JSON answer (without content-length and request id)."""
-    headers = [_JSON, *extra]
-    for name, value in exc.headers.items():
-        headers.append((name.lower().encode("latin-1"), value.encode("latin-1")))
-    return headers
+    def _error(self, scope: Scope, exc: ApiError) -> Answer:
+        headers = error_headers(exc, self.extra_error_headers)
+        headers.append((_REQUEST_ID, request_id_of(scope).encode("latin-1")))
+        return exc.status, headers, error_json(exc.code, exc.message)
 
 
 async def respond(cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:

@@ -20,6 +20,7 @@ from keyroute_core.api import (
     BodyTooLarge,
     HeadersTooLarge,
     Overloaded,
+    error_headers,
     error_json,
 )
 from keyroute_core.logs import bind_request_id
@@ -114,9 +115,8 @@ class RequestGuard:
         admission = self.admission
         refusal = admission.admit(scope)
         if refusal is not None:
-            supplied = header(scope, _REQUEST_ID)
-            request_id = bind_request_id(scope, supplied.decode("latin-1") if supplied is not None else None)
-            await send_error(send, refusal, [*self._error_headers, (_REQUEST_ID, request_id.encode("latin-1"))])
+            request_id = request_id_of(scope).encode("latin-1")
+            await send_error(send, refusal, [*self._error_headers, (_REQUEST_ID, request_id)])
             return
         try:
             await self.app(scope, receive, send)
@@ -133,6 +133,12 @@ def check_header_bytes(scope: Scope, limit: int) -> None:
         raise HeadersTooLarge(f"the request line and headers take {size} bytes; at most {limit} are allowed")
 
 
+def request_id_of(scope: Scope) -> str:
+    """The request's id, bound to it (keyroute_core.logs): the client's acceptable one, else a new one."""
+    supplied = header(scope, _REQUEST_ID)
+    return bind_request_id(scope, supplied.decode("latin-1") if supplied is not None else None)
+
+
 def header(scope: Scope, name: bytes) -> bytes | None:
     """The first value of header `name` (lower case) in an ASGI scope."""
     for key, value in scope["headers"]:
@@ -144,9 +150,8 @@ def header(scope: Scope, name: bytes) -> bytes | None:
 async def send_error(send: Send, exc: ApiError, extra: Iterable[tuple[bytes, bytes]] = ()) -> None:
     """An ApiError as the API's JSON error response, sent with bare ASGI messages."""
     body = error_json(exc.code, exc.message)
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode("ascii"))]
-    headers.extend((n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in exc.headers.items())
-    headers.extend(extra)
+    headers = error_headers(exc, extra)
+    headers.append((b"content-length", str(len(body)).encode("ascii")))
     await send({"type": "http.response.start", "status": exc.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

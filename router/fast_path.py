@@ -20,9 +20,10 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from keyroute_core.api import ApiError, error_json, key_path_segment
-from keyroute_core.http_server import Answer, DirectAnswerProtocol, error_headers, request_id_of
+from keyroute_core.api import ApiError, error_headers, error_json, is_key_read, key_path_segment
+from keyroute_core.http_server import Answer, DirectAnswerProtocol
 from keyroute_core.metrics import KIND_KEY
+from keyroute_core.request_guard import request_id_of
 from router.proxy import Proxy
 
 log = logging.getLogger(__name__)
@@ -33,13 +34,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-_PREFIX = b"/stores/"
-_KEYS = b"/keys/"
-# HEAD is GET without the body, which the server leaves out.
-_READ_METHODS = ("GET", "HEAD")
 _REQUEST_ID = b"x-request-id"
-_JSON = (b"content-type", b"application/json")
-_INTERNAL = error_json("internal_error", "internal error")
 
 
 async def answer_key_read(proxy: Proxy, scope: Scope, raw: bytes, max_key_bytes: int) -> Answer | None:
@@ -56,15 +51,13 @@ async def answer_key_read(proxy: Proxy, scope: Scope, raw: bytes, max_key_bytes:
             return None
         store = located[0]
         answer = await proxy.get(store, located[1], request_id)
-    except ApiError as exc:
-        proxy.metrics.count(store, KIND_KEY, exc.status)
-        headers = error_headers(exc)
-        headers.append((_REQUEST_ID, request_id.encode("latin-1")))
-        return exc.status, headers, error_json(exc.code, exc.message)
-    except Exception:
-        log.exception("a key read failed")
-        proxy.metrics.count(store, KIND_KEY, 500)
-        return 500, [_JSON, (_REQUEST_ID, request_id.encode("latin-1"))], _INTERNAL
+    except Exception as exc:
+        error = exc if isinstance(exc, ApiError) else ApiError("internal error")  # the base class is the 500
+        if error is not exc:
+            log.exception("a key read failed")
+        proxy.metrics.count(store, KIND_KEY, error.status)
+        headers = error_headers(error, ((_REQUEST_ID, request_id.encode("latin-1")),))
+        return error.status, headers, error_json(error.code, error.message)
     proxy.metrics.count(store, KIND_KEY, answer.status)
     headers = list(answer.headers)
     # The node echoes the id we sent (proof that it got there); one that does not gets it added here.
@@ -74,11 +67,6 @@ async def answer_key_read(proxy: Proxy, scope: Scope, raw: bytes, max_key_bytes:
     else:
         headers.append((_REQUEST_ID, request_id.encode("latin-1")))
     return answer.status, headers, answer.body
-
-
-def is_key_read(method: str, raw: bytes) -> bool:
-    """Whether a request may be a single-key read (the path is checked fully when it is answered)."""
-    return method in _READ_METHODS and raw.startswith(_PREFIX) and raw.find(_KEYS, 8) > 0
 
 
 class KeyReadFastPath:
@@ -112,13 +100,9 @@ class KeyReadFastPath:
 
 class KeyReadProtocol(DirectAnswerProtocol):
     """uvicorn's httptools protocol answering single-key reads itself (keyroute_core.http_server): the
-    router application's `state` has `proxy` and `admission` once its lifespan has started. Subclass with
-    `owner_app` and `max_key_bytes` set: see `key_read_protocol`."""
+    router application's `state` has `proxy` and `admission` once its lifespan has started."""
 
     max_key_bytes = 0
-
-    def claims(self, method: str, raw_path: bytes) -> bool:
-        return is_key_read(method, raw_path)
 
     async def answer(self, scope: Scope, raw_path: bytes) -> Answer | None:
         return await answer_key_read(self.owner_app.state.proxy, scope, raw_path, self.max_key_bytes)
@@ -126,5 +110,4 @@ class KeyReadProtocol(DirectAnswerProtocol):
 
 def key_read_protocol(app: Any, max_key_bytes: int, base: type[HttpToolsProtocol] = HttpToolsProtocol) -> type:
     """The uvicorn protocol class (`base` with `KeyReadProtocol`'s key reads) for the router app `app`."""
-    bases = (KeyReadProtocol,) if base is HttpToolsProtocol else (KeyReadProtocol, base)
-    return type("KeyReadProtocol", bases, {"owner_app": app, "max_key_bytes": max_key_bytes})
+    return KeyReadProtocol.for_app(app, base, max_key_bytes=max_key_bytes)

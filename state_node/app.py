@@ -49,13 +49,13 @@ from keyroute_core.api import (
     key_path_segment,
     key_too_long,
 )
-from keyroute_core.http_server import Answer, DirectAnswerProtocol, Scope, request_id_of
+from keyroute_core.http_server import Answer, DirectAnswerProtocol, Scope
 from keyroute_core.key_format import Key, KeyFormat, KeyFormatError, key_from_value, parse_key
 from keyroute_core.logs import SCOPE_REQUEST_ID, bind_request_id
 from keyroute_core.map_watcher import MapWatcher
 from keyroute_core.metrics import CONTENT_TYPE, KIND_BATCH, KIND_KEY
 from keyroute_core.partition_map import Endpoint, PartitionMap, StoreRecord
-from keyroute_core.request_guard import Admission, RequestGuard, read_body
+from keyroute_core.request_guard import Admission, RequestGuard, header, read_body, request_id_of
 from keyroute_core.security import BearerAuth, ClusterAuth
 from keyroute_core.settings import NodeSettings
 from state_node.controller import Controller
@@ -86,10 +86,7 @@ _NOT_RELAYED = frozenset(
 )
 # Seconds a client should wait before asking again when nobody serves a partition (rebalance or reload).
 RETRY_AFTER_S = 1
-# For key reads answered before the application (LocalReadProtocol): HEAD is GET without the body.
-_READ_METHODS = ("GET", "HEAD")
-_PREFIX = b"/stores/"
-_KEYS = b"/keys/"
+# For key reads answered before the application (LocalReadProtocol).
 _JSON = (b"content-type", b"application/json")
 _PARTITION = HEADER_PARTITION.encode("ascii")
 _NODE = HEADER_NODE.encode("ascii")
@@ -360,11 +357,6 @@ async def get_key(request: Request) -> Response:
     )
 
 
-def is_key_read(method: str, raw_path: bytes) -> bool:
-    """Whether a request may be a single-key read (the path is checked fully when it is answered)."""
-    return method in _READ_METHODS and raw_path.startswith(_PREFIX) and raw_path.find(_KEYS, 8) > 0
-
-
 def answer_local_read(node: Node, scope: Scope, raw_path: bytes) -> Answer | None:
     """The answer to a client's or router's read of a key this node holds, found in its own copy, exactly
     as `get_key` gives it; None for everything else (a forwarded request, a partition held elsewhere or
@@ -376,9 +368,8 @@ def answer_local_read(node: Node, scope: Scope, raw_path: bytes) -> Answer | Non
         return None  # a key over the limit: the application's 414
     if parsed is None:
         return None
-    for name, _ in scope["headers"]:
-        if name == _HOPS:
-            return None  # counted and checked by the application
+    if header(scope, _HOPS) is not None:
+        return None  # counted and checked by the application
     store_name, key_text = parsed
     m = node.ownership.map
     record = m.stores.get(store_name)
@@ -415,10 +406,7 @@ def answer_local_read(node: Node, scope: Scope, raw_path: bytes) -> Answer | Non
 
 class LocalReadProtocol(DirectAnswerProtocol):
     """uvicorn's httptools protocol answering reads of keys this node holds itself (keyroute_core.http_server),
-    everything else through the application. Subclass with `owner_app` set: see `local_read_protocol`."""
-
-    def claims(self, method: str, raw_path: bytes) -> bool:
-        return is_key_read(method, raw_path)
+    everything else through the application."""
 
     async def answer(self, scope: Scope, raw_path: bytes) -> Answer | None:
         return answer_local_read(self.owner_app.state.node, scope, raw_path)
@@ -426,9 +414,7 @@ class LocalReadProtocol(DirectAnswerProtocol):
 
 def local_read_protocol(app: Starlette, node_id: str, base: type[HttpToolsProtocol] = HttpToolsProtocol) -> type:
     """The uvicorn protocol class (`base` with `LocalReadProtocol`'s reads) for the node app `app`."""
-    bases = (LocalReadProtocol,) if base is HttpToolsProtocol else (LocalReadProtocol, base)
-    refusal_headers = ((_NODE, node_id.encode("latin-1")),)
-    return type("LocalReadProtocol", bases, {"owner_app": app, "refusal_headers": refusal_headers})
+    return LocalReadProtocol.for_app(app, base, extra_error_headers=((_NODE, node_id.encode("latin-1")),))
 
 
 async def _forward_get(

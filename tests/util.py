@@ -1,4 +1,5 @@
-"""Test helpers: wait on a condition with a deadline (never a fixed sleep), free ports, processes."""
+"""Test helpers: wait on a condition with a deadline (never a fixed sleep), free ports, processes, an
+in-process uvicorn server."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -98,3 +101,26 @@ class Proc:
             return self.log_path.read_text(errors="replace")
         except FileNotFoundError:
             return ""
+
+
+@contextmanager
+def uvicorn_in_thread(app: Any, protocol: type) -> Iterator[int]:
+    """`app` served by a real uvicorn server on 127.0.0.1 with the `protocol` class, without its lifespan,
+    on a thread of this process; yields the port once the server listens."""
+    import uvicorn
+
+    from router.service import _Server  # stops without re-raising a signal, also off the main thread
+
+    port = free_port()
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, http=protocol, lifespan="off", log_level="warning", log_config=None
+    )
+    server = _Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, timeout_s=10, message="the server to start")
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

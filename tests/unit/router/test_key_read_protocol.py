@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -25,9 +24,8 @@ from keyroute_core.http_server import CoalescingHttpToolsProtocol
 from keyroute_core.request_guard import Admission
 from router.fast_path import KeyReadProtocol, key_read_protocol
 from router.metrics import RouterMetrics
-from router.service import _Server
 from router.upstream import UpstreamResponse
-from tests.util import free_port, wait_for
+from tests.util import uvicorn_in_thread, wait_for
 
 
 @dataclass
@@ -134,20 +132,11 @@ def served() -> Iterator[Served]:
                 raise KeyNotFound("refused by the answer itself")
             return await super().answer(scope, raw_path)
 
-    port = free_port()
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, http=Spy, lifespan="off", log_level="warning", log_config=None
-    )
-    server = _Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        wait_for(lambda: server.started, timeout_s=10, message="the server to start")
-        yield Served(port, proxy, admission, by_protocol)
-    finally:
-        proxy.release.set()
-        server.should_exit = True
-        thread.join(timeout=10)
+    with uvicorn_in_thread(app, Spy) as port:
+        try:
+            yield Served(port, proxy, admission, by_protocol)
+        finally:
+            proxy.release.set()
 
 
 def test_pipelined_requests_are_answered_in_order_by_the_protocol_or_the_application(served: Served) -> None:

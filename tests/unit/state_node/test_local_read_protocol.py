@@ -4,13 +4,12 @@ request (forwarded, held elsewhere, missing, bad) still gets the application's a
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from keyroute_core.http_server import CoalescingHttpToolsProtocol
 from state_node.app import LocalReadProtocol, local_read_protocol
@@ -26,47 +25,33 @@ from tests.unit.state_node.test_node_app import (
     key_in,
     unreachable,
 )
-from tests.util import free_port, wait_for
+from tests.util import uvicorn_in_thread
 
 # Differ between any two answers, whoever gives them.
 _VOLATILE = {"date", "server", "x-request-id"}
 
 
+@dataclass
 class Server:
-    def __init__(self, client: Client) -> None:
-        app = client._transport.app  # type: ignore[attr-defined]
-        self.answered: list[str] = []
-        answered = self.answered
-
-        class Spy(local_read_protocol(app, ME, CoalescingHttpToolsProtocol)):  # type: ignore[misc]
-            async def answer(self, scope: Any, raw_path: bytes) -> Any:
-                result = await super().answer(scope, raw_path)
-                if result is not None:
-                    answered.append(raw_path.decode())
-                return result
-
-        self.port = free_port()
-        config = uvicorn.Config(
-            app, host="127.0.0.1", port=self.port, http=Spy, lifespan="off", log_level="warning", log_config=None
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> Server:
-        self.thread.start()
-        wait_for(lambda: self.server.started, timeout_s=10, message="the node server to start")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+    port: int
+    answered: list[str]  # raw paths the protocol answered itself
 
 
 @pytest.fixture
 def pair() -> Iterator[tuple[Client, Server]]:
     client, _ = client_for(SERVING, HELD, unreachable)
-    with Server(client) as server:
-        yield client, server
+    app = client._transport.app  # type: ignore[attr-defined]
+    answered: list[str] = []
+
+    class Spy(local_read_protocol(app, ME, CoalescingHttpToolsProtocol)):  # type: ignore[misc]
+        async def answer(self, scope: Any, raw_path: bytes) -> Any:
+            result = await super().answer(scope, raw_path)
+            if result is not None:
+                answered.append(raw_path.decode())
+            return result
+
+    with uvicorn_in_thread(app, Spy) as port:
+        yield client, Server(port, answered)
 
 
 def comparable(r: httpx.Response) -> tuple[int, bytes, dict[str, str]]:
