@@ -18,9 +18,11 @@ from starlette.applications import Starlette
 from keyroute_core.key_format import KeyFormat, parse_key
 from keyroute_core.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord, StoreRecord
 from keyroute_core.partitioner import Partitioner
+from keyroute_core.request_guard import Admission
 from keyroute_core.security import member_token
 from keyroute_core.settings import AccessSettings, NodeSettings, RequestLimits
 from state_node.app import Node, create_app
+from state_node.metrics import NodeMetrics
 from state_node.ownership import Readiness
 
 ME, B, C = "n1", "n2", "n3"
@@ -531,4 +533,17 @@ def test_node_refuses_keys_and_heads_over_the_limits() -> None:
     assert r.json()["results"][1]["error"] == "key_too_long"
     r = client.get(f"/stores/s/keys/{KEY_LOCAL}", headers={"x-big": "b" * 5000})
     assert r.status_code == 431 and r.json()["error"] == "headers_too_large"
+    assert r.headers["x-request-id"] and r.headers["x-keyroute-node"] == ME
+    assert client._transport.app.state.admission.headers_too_large == 1  # type: ignore[attr-defined]
     assert seen == []
+
+
+def test_node_metrics_export_the_admission_refusals_by_reason() -> None:
+    metrics = NodeMetrics()
+    metrics.admission = Admission(max_concurrent_requests=1)
+    scope = {"path": "/stores/s/keys/k", "headers": [], "raw_path": b"/stores/s/keys/k", "query_string": b""}
+    assert metrics.admission.admit(scope) is None
+    assert metrics.admission.admit(scope) is not None  # the second one in progress: overloaded
+    text = metrics.render().decode()
+    assert 'keyroute_node_refused_requests_total{reason="overloaded"} 1.0' in text
+    assert 'keyroute_node_refused_requests_total{reason="unauthorized"} 0.0' in text
