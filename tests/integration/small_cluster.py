@@ -3,7 +3,6 @@ Spark), published in ZooKeeper, two `keyroute node` processes and one `keyroute 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from keyroute_core.key_format import KeyFormat
 from keyroute_core.partition_map import StoreRecord
 from keyroute_core.partitioner import Partitioner, partition_for
 from keyroute_core.settings import ZkSettings
-from keyroute_core.snapshot import Manifest, partition_dir, version_dir, write_manifest
+from tests.integration.test_node import write_snapshot
 from tests.util import Proc, free_port, wait_for
 
 STORE = "bookings"
@@ -45,21 +44,6 @@ def key_path(key: str, store: str = STORE) -> str:
 
 def expected(key: str) -> dict[str, Any]:
     return {"store": STORE, "key": key, "partition": partition(key), "version": 1, "value": ROWS[key]}
-
-
-def _write_snapshot(root: Path) -> str:
-    snapshot = version_dir(str(root), STORE, 1)
-    per_partition: dict[int, list[tuple[str, Any]]] = {p: [] for p in range(PARTITIONS)}
-    for text, value in ROWS.items():
-        per_partition[partition(text)].append((text, value))
-    for p, items in per_partition.items():
-        folder = partition_dir(snapshot, p)
-        folder.mkdir(parents=True)
-        lines = "".join(json.dumps({"key": k, "value": v}, ensure_ascii=False) + "\n" for k, v in sorted(items))
-        (folder / "part-00000.json").write_text(lines, encoding="utf-8")
-    counts = tuple(len(per_partition[p]) for p in range(PARTITIONS))
-    write_manifest(snapshot, Manifest(STORE, 1, PARTITIONS, Partitioner.MURMUR2, KeyFormat.STRING, ("v",), counts))
-    return str(snapshot)
 
 
 @dataclass
@@ -106,7 +90,7 @@ def small_cluster(
     """Two nodes and a router, all given `extra_args` (say, the cluster secret); yields once every key of
     the store answers through the router and every partition is served as assigned."""
     client = zk.connect(zk_settings)
-    snapshot = _write_snapshot(tmp_path / "snapshots")
+    snapshot = write_snapshot(tmp_path / "snapshots", STORE, ROWS, KeyFormat.STRING, PARTITIONS)
     record = StoreRecord(
         STORE, PARTITIONS, Partitioner.MURMUR2, KeyFormat.STRING, 1, snapshot, ("v",), replication_factor, 1.0
     )

@@ -24,7 +24,7 @@ from keyroute_core.metrics import UNKNOWN_STORE
 from keyroute_core.partition_map import StoreRecord
 from keyroute_core.partitioner import Partitioner, partition_for
 from keyroute_core.settings import ZkSettings
-from keyroute_core.snapshot import Manifest, partition_dir, version_dir, write_manifest
+from tests.integration.test_node import write_snapshot
 from tests.util import Proc, free_port, wait_for
 
 pytestmark = pytest.mark.integration
@@ -37,24 +37,6 @@ STORES: dict[str, tuple[dict[str, Any], KeyFormat, int]] = {
 }
 ALL_PARTITIONS = {(store, p) for store, (_, _, partitions) in STORES.items() for p in range(partitions)}
 NODES = ("n1", "n2")
-
-
-def write_snapshot(root: Path, store: str) -> str:
-    rows, fmt, partitions = STORES[store]
-    snapshot = version_dir(str(root), store, 1)
-    per_partition: dict[int, list[tuple[str, Any]]] = {p: [] for p in range(partitions)}
-    for text, value in rows.items():
-        key = parse_key(fmt, text)
-        per_partition[partition_for(Partitioner.MURMUR2, key.data, partitions)].append((key.text, value))
-    for p, items in per_partition.items():
-        folder = partition_dir(snapshot, p)
-        folder.mkdir(parents=True)
-        (folder / "part-00000.json").write_text(
-            "".join(json.dumps({"key": k, "value": v}) + "\n" for k, v in sorted(items))
-        )
-    counts = tuple(len(per_partition[p]) for p in range(partitions))
-    write_manifest(snapshot, Manifest(store, 1, partitions, Partitioner.MURMUR2, fmt, ("v",), counts))
-    return str(snapshot)
 
 
 def partition_of(store: str, text: str) -> int:
@@ -135,7 +117,8 @@ class Cluster:
 def cluster(tmp_path: Path, zk_settings: ZkSettings) -> Iterator[Cluster]:
     client = zk.connect(zk_settings)
     for store, (_, fmt, partitions) in STORES.items():
-        snapshot = write_snapshot(tmp_path / "snapshots", store)
+        rows, fmt, partitions = STORES[store]
+        snapshot = write_snapshot(tmp_path / "snapshots", store, rows, fmt, partitions)
         record = StoreRecord(store, partitions, Partitioner.MURMUR2, fmt, 1, snapshot, ("v",), 1, 1.0)
         client.create(zk_layout.store_path(store), record.to_json(), makepath=True)
     c = Cluster(tmp_path, zk_settings)

@@ -61,7 +61,7 @@ def write_snapshot(
     for p, items in per_partition.items():
         folder = partition_dir(snapshot, p)
         folder.mkdir(parents=True)
-        with open(folder / "part-00000.json", "w") as fh:
+        with open(folder / "part-00000.json", "w", encoding="utf-8") as fh:
             for text, value in sorted(items):
                 fh.write(json.dumps({"key": text, "value": value}, ensure_ascii=False) + "\n")
     counts = tuple(len(per_partition[p]) for p in range(partitions))
