@@ -10,7 +10,10 @@ at the next turn of the event loop (a few microseconds later), which halves the 
 Flow control, close, upgrade and peer addresses still go to the real transport.
 
 Direct answers (`DirectAnswerProtocol`): single-key reads, nearly all the traffic, are answered by the
-protocol itself, where uvicorn would start the ASGI application, in one write.
+protocol itself in one write. The usual way ("express") starts as soon as httptools has parsed the request
+head: no ASGI scope, no RequestResponseCycle, no task unless the answer has to wait on a coroutine. A
+request the express way cannot take (a pipelined one behind an unanswered request, one with a body, an
+upgrade) is answered where uvicorn would start the ASGI application, from the scope uvicorn builds.
 """
 
 from __future__ import annotations
@@ -29,6 +32,38 @@ Scope = MutableMapping[str, Any]
 # Status, headers (without content-length: it is added) and body.
 Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
 _REQUEST_ID = b"x-request-id"
+_BODY_HEADERS = (b"content-length", b"transfer-encoding")
+
+
+class _NoEvent:
+    """uvicorn sets its cycle's `message_event` on a body chunk, the end of a message or a lost connection;
+    an express exchange waits on none of them."""
+
+    __slots__ = ()
+
+    def set(self) -> None:
+        pass
+
+
+class ExpressCycle:
+    """What uvicorn's protocol reads and writes of the current request's cycle, for a request answered the
+    express way (`DirectAnswerProtocol.express`): whether the connection stays open, whether the response
+    is complete, whether the client has gone. Answer it with `DirectAnswerProtocol.finish_express`."""
+
+    __slots__ = ("keep_alive", "head", "response_complete", "disconnected", "more_body", "body")
+    message_event = _NoEvent()
+
+    def __init__(self, keep_alive: bool, head: bool) -> None:
+        self.keep_alive = keep_alive
+        self.head = head  # a HEAD request: the answer goes without its body
+        self.response_complete = False
+        self.disconnected = False
+        self.more_body = False
+        self.body = bytearray()
+
+
+# `DirectAnswerProtocol.express` returns this when it will call `finish_express` later.
+PENDING: Any = object()
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +133,13 @@ class DirectAnswerProtocol(HttpToolsProtocol):
     follow uvicorn's own cycle, whose state is kept up to date. When `answer` returns None the application
     answers; an ApiError it raises is answered as such, anything else it raises is logged and answered 500.
 
-    Subclasses implement `answer`; `for_app` makes the class uvicorn is given. `extra_error_headers` go on
-    every error answered here.
+    Before that, as soon as a GET or HEAD head under /stores/ is parsed, `express` may take the request:
+    uvicorn then builds no scope and no cycle for it (an `ExpressCycle` stands in for the cycle). It is
+    offered only a request that may be answered at once: nothing unanswered before it on the connection,
+    no body, no upgrade, writing not paused.
+
+    Subclasses implement `answer` and `express`; `for_app` makes the class uvicorn is given.
+    `extra_error_headers` go on every error answered here.
     """
 
     owner_app: Any = None  # the ASGI application; its state is read once its lifespan has started
@@ -114,6 +154,100 @@ class DirectAnswerProtocol(HttpToolsProtocol):
 
     async def answer(self, scope: Scope, raw_path: bytes) -> Answer | None:
         return None
+
+    def express(
+        self, cycle: ExpressCycle, raw_path: bytes, target_bytes: int, headers: list[tuple[bytes, bytes]]
+    ) -> Any:
+        """Take the request (`raw_path` without its query; `target_bytes` the length of the whole target;
+        `headers` with lower-case names): its Answer, PENDING when `finish_express(cycle, ...)` follows
+        later, or None to leave it to the application. Must not raise."""
+        return None
+
+    # -- the express way ------------------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        # uvicorn's own, without the scope: built in on_headers_complete only when the application answers.
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
+
+    def on_headers_complete(self) -> None:
+        if self._express_head():
+            return
+        url, headers, expect_100_continue = self.url, self.headers, self.expect_100_continue
+        super().on_message_begin()  # the scope, as uvicorn builds it, for the headers parsed into ours
+        self.url, self.headers, self.expect_100_continue = url, headers, expect_100_continue
+        self.scope["headers"] = headers
+        super().on_headers_complete()
+
+    def _express_head(self) -> bool:
+        url = self.url
+        if not url.startswith(b"/stores/"):
+            return False
+        parser = self.parser
+        method = parser.get_method()
+        if method != b"GET" and method != b"HEAD":
+            return False
+        cycle = self.cycle
+        if (
+            (cycle is not None and not cycle.response_complete)
+            or self.flow.write_paused
+            or self.limit_concurrency is not None
+            or parser.should_upgrade()
+            or self.root_path
+        ):
+            return False
+        headers = self.headers
+        for name, _ in headers:
+            if name in _BODY_HEADERS:
+                return False
+        query = url.find(b"?")
+        raw_path = url if query < 0 else url[:query]
+        if b"#" in raw_path:
+            return False
+        express = ExpressCycle(parser.get_http_version() != "1.0" and parser.should_keep_alive(), method == b"HEAD")
+        self.cycle = express  # type: ignore[assignment]
+        # The target's length as uvicorn's scope has it: raw path plus query string, without the '?'.
+        answered = self.express(express, raw_path, len(url) - (query >= 0), headers)
+        if answered is None:
+            self.cycle = cycle
+            return False
+        if answered is not PENDING:
+            self.finish_express(express, *answered)
+        return True
+
+    def finish_express(self, cycle: ExpressCycle, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """Write the answer of an express request in one write (once; nothing when the client has gone)."""
+        if cycle.response_complete:
+            return
+        cycle.response_complete = True
+        if cycle.disconnected:
+            return
+        out = [STATUS_LINE.get(status) or b"HTTP/1.1 %d \r\n" % status]
+        for name, value in self.server_state.default_headers:
+            out += (name, b": ", value, b"\r\n")
+        for name, value in headers:
+            out += (name, b": ", value, b"\r\n")
+        out.append(b"content-length: %d\r\n" % len(body))
+        if not cycle.keep_alive:
+            out.append(b"connection: close\r\n")
+        out.append(b"\r\n")
+        if not cycle.head:
+            out.append(body)
+        transport = self.transport
+        write_now = getattr(transport, "write_now", None)
+        (write_now or transport.write)(b"".join(out))
+        if not cycle.keep_alive:
+            transport.close()
+        self.on_response_complete()
+
+    def express_error(self, exc: ApiError, request_id: str) -> Answer:
+        """An ApiError as an express answer."""
+        headers = error_headers(exc, self.extra_error_headers)
+        headers.append((_REQUEST_ID, request_id.encode("latin-1")))
+        return exc.status, headers, error_json(exc.code, exc.message)
+
+    # -- where uvicorn would start the application ----------------------------------------------------
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         scope = cycle.scope

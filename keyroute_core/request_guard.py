@@ -23,7 +23,7 @@ from keyroute_core.api import (
     error_headers,
     error_json,
 )
-from keyroute_core.logs import bind_request_id
+from keyroute_core.logs import acceptable_request_id, bind_request_id, new_request_id
 from keyroute_core.security import BearerAuth
 
 Scope = MutableMapping[str, Any]
@@ -68,7 +68,12 @@ class Admission:
         self.unauthorized = 0
 
     def admit(self, scope: Scope) -> ApiError | None:
-        path: str = scope["path"]
+        target_bytes = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
+        return self.admit_head(scope["path"], target_bytes, scope["headers"])
+
+    def admit_head(self, path: str, target_bytes: int, headers: Iterable[tuple[bytes, bytes]]) -> ApiError | None:
+        """`admit` for a request known by its decoded `path`, the length of its target (raw path and query
+        string) and its headers (lower-case names), without an ASGI scope."""
         if self.max_concurrent_requests and self.active >= self.max_concurrent_requests and path not in PROBE_PATHS:
             self.overloaded += 1
             return Overloaded(
@@ -76,9 +81,9 @@ class Admission:
             )
         try:
             if self.max_header_bytes:
-                check_header_bytes(scope, self.max_header_bytes)
+                check_head_bytes(target_bytes, headers, self.max_header_bytes)
             if self.protected and path.startswith(self.protected):
-                self.admin.check(header(scope, _AUTHORIZATION))
+                self.admin.check(first_header(headers, _AUTHORIZATION))
         except HeadersTooLarge as exc:
             self.headers_too_large += 1
             return exc
@@ -126,8 +131,14 @@ class RequestGuard:
 
 def check_header_bytes(scope: Scope, limit: int) -> None:
     """Raises HeadersTooLarge when the request head (target and header fields) exceeds `limit` bytes."""
-    size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
-    for name, value in scope["headers"]:
+    target_bytes = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
+    check_head_bytes(target_bytes, scope["headers"], limit)
+
+
+def check_head_bytes(target_bytes: int, headers: Iterable[tuple[bytes, bytes]], limit: int) -> None:
+    """`check_header_bytes` for a target of `target_bytes` (raw path and query string) and `headers`."""
+    size = target_bytes
+    for name, value in headers:
         size += len(name) + len(value) + 4
     if size > limit:
         raise HeadersTooLarge(f"the request line and headers take {size} bytes; at most {limit} are allowed")
@@ -141,10 +152,26 @@ def request_id_of(scope: Scope) -> str:
 
 def header(scope: Scope, name: bytes) -> bytes | None:
     """The first value of header `name` (lower case) in an ASGI scope."""
-    for key, value in scope["headers"]:
+    return first_header(scope["headers"], name)
+
+
+def first_header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    """The first value of header `name` (lower case) in raw headers with lower-case names."""
+    for key, value in headers:
         if key == name:
             return bytes(value)
     return None
+
+
+def request_id_in(headers: Iterable[tuple[bytes, bytes]]) -> str:
+    """The id of a request answered without an ASGI scope: the client's acceptable one, else a new one. It is
+    not bound to the context (`request_id_of` does that for a request with a task of its own)."""
+    supplied = first_header(headers, _REQUEST_ID)
+    if supplied is not None:
+        text = supplied.decode("latin-1")
+        if acceptable_request_id(text):
+            return text
+    return new_request_id()
 
 
 async def send_error(send: Send, exc: ApiError, extra: Iterable[tuple[bytes, bytes]] = ()) -> None:

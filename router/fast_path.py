@@ -15,16 +15,17 @@ Errors keep the one JSON shape every endpoint uses: an `ApiError` becomes its st
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from keyroute_core.api import ApiError, error_headers, error_json, is_key_read, key_path_segment
-from keyroute_core.http_server import Answer, DirectAnswerProtocol
+from keyroute_core.http_server import PENDING, Answer, DirectAnswerProtocol, ExpressCycle
 from keyroute_core.metrics import KIND_KEY
-from keyroute_core.request_guard import request_id_of
+from keyroute_core.request_guard import Admission, request_id_in, request_id_of
 from router.proxy import Proxy
+from router.upstream import UpstreamResponse
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +60,7 @@ async def answer_key_read(proxy: Proxy, scope: Scope, raw: bytes, max_key_bytes:
         headers = error_headers(error, ((_REQUEST_ID, request_id.encode("latin-1")),))
         return error.status, headers, error_json(error.code, error.message)
     proxy.metrics.count(store, KIND_KEY, answer.status)
-    headers = list(answer.headers)
-    # The node echoes the id we sent (proof that it got there); one that does not gets it added here.
-    for name, _ in headers:
-        if name == _REQUEST_ID:
-            break
-    else:
-        headers.append((_REQUEST_ID, request_id.encode("latin-1")))
-    return answer.status, headers, answer.body
+    return answer.status, with_request_id(answer.headers, request_id), answer.body
 
 
 class KeyReadFastPath:
@@ -100,12 +94,78 @@ class KeyReadFastPath:
 
 class KeyReadProtocol(DirectAnswerProtocol):
     """uvicorn's httptools protocol answering single-key reads itself (keyroute_core.http_server): the
-    router application's `state` has `proxy` and `admission` once its lifespan has started."""
+    router application's `state` has `proxy` and `admission` once its lifespan has started.
+
+    The express way (`express`) asks `Proxy.read`, which mostly needs no coroutine at all; a pipelined
+    read waiting behind another one goes through `answer` and `Proxy.get` in a task of its own.
+    """
 
     max_key_bytes = 0
 
     async def answer(self, scope: Scope, raw_path: bytes) -> Answer | None:
         return await answer_key_read(self.owner_app.state.proxy, scope, raw_path, self.max_key_bytes)
+
+    def express(
+        self, cycle: ExpressCycle, raw_path: bytes, target_bytes: int, headers: list[tuple[bytes, bytes]]
+    ) -> Any:
+        try:
+            located: tuple[str, str] | ApiError | None = key_path_segment(raw_path, self.max_key_bytes)
+        except ApiError as exc:
+            located = exc
+        if located is None:
+            return None  # not a key path after all: the application answers
+        state = self.owner_app.state
+        admission: Admission = state.admission
+        proxy: Proxy = state.proxy
+        request_id = request_id_in(headers)
+        # A key path starts with /stores/: percent-decoding cannot make it a probe or an admin path.
+        refusal = admission.admit_head(raw_path.decode("latin-1"), target_bytes, headers)
+        if refusal is not None:
+            return self.express_error(refusal, request_id)
+        if isinstance(located, ApiError):
+            admission.release()
+            proxy.metrics.count("", KIND_KEY, located.status)
+            return self.express_error(located, request_id)
+        store, key = located
+
+        def answered(result: UpstreamResponse | Exception) -> None:
+            try:
+                admission.release()
+                if isinstance(result, UpstreamResponse):
+                    proxy.metrics.count(store, KIND_KEY, result.status)
+                    self.finish_express(cycle, result.status, with_request_id(result.headers, request_id), result.body)
+                else:
+                    self.finish_express(cycle, *self._express_failure(proxy, store, request_id, result))
+            except Exception:
+                # Never a hung connection: the client sees it close.
+                log.exception("answering a key read failed", extra={"request_id": request_id})
+                self.transport.close()
+
+        try:
+            proxy.read(store, key, request_id, answered)
+        except Exception as exc:
+            admission.release()
+            return self._express_failure(proxy, store, request_id, exc)
+        return PENDING
+
+    def _express_failure(self, proxy: Proxy, store: str, request_id: str, exc: Exception) -> Answer:
+        if not isinstance(exc, ApiError):
+            log.error("a key read failed", exc_info=exc, extra={"request_id": request_id})
+            exc = ApiError("internal error")  # the base class is the 500
+        proxy.metrics.count(store, KIND_KEY, exc.status)
+        return self.express_error(exc, request_id)
+
+
+def with_request_id(headers: Sequence[tuple[bytes, bytes]], request_id: str) -> list[tuple[bytes, bytes]]:
+    """A node's answer headers to pass on, with the read's id: the node echoes the id we sent (proof that it
+    got there); one that does not gets it added here."""
+    kept = list(headers)
+    for name, _ in kept:
+        if name == _REQUEST_ID:
+            break
+    else:
+        kept.append((_REQUEST_ID, request_id.encode("latin-1")))
+    return kept
 
 
 def key_read_protocol(app: Any, max_key_bytes: int, base: type[HttpToolsProtocol] = HttpToolsProtocol) -> type:

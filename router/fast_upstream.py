@@ -18,7 +18,8 @@ import contextlib
 import re
 import zlib
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
@@ -79,7 +80,7 @@ class _Connection(asyncio.Protocol):
         self.pool = pool
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
-        self.waiter: asyncio.Future[UpstreamResponse] | None = None
+        self.waiter: Any = None  # an asyncio.Future[UpstreamResponse] or a _Callback
         # Resolved when the socket is really gone, so aclose() can wait for it.
         self.lost: asyncio.Future[None] = pool.loop.create_future()
         self.status = 0
@@ -96,7 +97,14 @@ class _Connection(asyncio.Protocol):
     # -- one exchange -------------------------------------------------------------------------------
 
     def start(self, request: bytes, deadline: float) -> asyncio.Future[UpstreamResponse]:
-        self.waiter = waiter = self.pool.loop.create_future()
+        waiter: asyncio.Future[UpstreamResponse] = self.pool.loop.create_future()
+        self.start_with(request, deadline, waiter)
+        return waiter
+
+    def start_with(self, request: bytes, deadline: float, waiter: Any) -> None:
+        """Send `request`; the answer (or a _Failure) goes to `waiter`: a future, or anything with its
+        `done`, `set_result` and `set_exception` (`_Callback`)."""
+        self.waiter = waiter
         self.status = 0
         self.headers = []
         self.body = []
@@ -105,10 +113,9 @@ class _Connection(asyncio.Protocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             waiter.set_exception(_Failure("the connection was closed before the request", retriable=True))
-            return waiter
+            return
         self.pool.upstream.watch(self, deadline)
         transport.write(request)
-        return waiter
 
     def finish(self) -> None:
         self.waiter = None
@@ -222,6 +229,54 @@ class _Connection(asyncio.Protocol):
             # The body no longer has that coding, so the header no longer describes it (as httpx does).
             headers = [(k, v) for k, v in headers if k != b"content-encoding"]
         waiter.set_result(UpstreamResponse(self.status, headers, body))
+
+
+class StaleConnection(UpstreamUnavailable):
+    """`FastUpstream.get_now` met an idle connection the node had already closed: it never saw the request."""
+
+
+class _Callback:
+    """The waiter of an exchange started by `FastUpstream.get_now`: hands the connection back and the answer
+    (or failure) on, at once, instead of waking a coroutine."""
+
+    __slots__ = ("upstream", "pool", "conn", "url", "on_answer", "finished")
+
+    def __init__(
+        self,
+        upstream: FastUpstream,
+        pool: _Pool,
+        conn: _Connection,
+        url: str,
+        on_answer: Callable[[UpstreamResponse | Exception], None],
+    ) -> None:
+        self.upstream = upstream
+        self.pool = pool
+        self.conn = conn
+        self.url = url
+        self.on_answer = on_answer
+        self.finished = False
+
+    def done(self) -> bool:
+        return self.finished
+
+    def set_result(self, response: UpstreamResponse) -> None:
+        self.finished = True
+        conn = self.conn
+        conn.finish()
+        self.pool.release(conn)
+        self.on_answer(response)
+
+    def set_exception(self, failure: BaseException) -> None:
+        self.finished = True
+        conn = self.conn
+        conn.finish()
+        self.pool.discard(conn)
+        if self.upstream.closed:  # aclose() broke the connection off: not the node's fault
+            self.on_answer(UpstreamUnavailable(_WHEN_CLOSED_MESSAGE, node_fault=False))
+        elif isinstance(failure, _Failure) and failure.retriable:
+            self.on_answer(StaleConnection(f"GET {self.url}: {failure}"))
+        else:
+            self.on_answer(UpstreamUnavailable(f"GET {self.url}: {failure}"))
 
 
 def _decode(coding: bytes, body: bytes) -> bytes:
@@ -451,6 +506,36 @@ class FastUpstream:
     async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> UpstreamResponse:
         return await self._request(b"POST ", url, body, headers)
 
+    def get_now(self, url: str, head: bytes, on_answer: Callable[[UpstreamResponse | Exception], None]) -> bool:
+        """GET `url` on an idle connection, without a coroutine: False (nothing sent) when no idle connection
+        to the origin is at hand or the URL needs a closer look, so the caller uses `get` instead.
+
+        `head` is the request's header lines, each ending in CRLF, already checked (no framing
+        headers, no CR/LF in values). `on_answer` is called once, from the event loop, with the answer or
+        with the failure: UpstreamUnavailable, or `StaleConnection` when the node had closed the idle
+        connection before it saw the request (send it again with `get`, which opens a new one)."""
+        if self.closed or not url.startswith("http://"):
+            return False
+        slash = url.find("/", 7)
+        pool = self._pools.get(url[:slash]) if slash > 0 else None
+        if pool is None:
+            return False
+        target = url[slash:]
+        if _UNUSUAL_TARGET.search(target) is not None:
+            return False
+        now = pool.loop.time()
+        while True:
+            conn = pool.take_idle(now)
+            if conn is None:
+                return False
+            transport = conn.transport
+            if transport is not None and not transport.is_closing():
+                break
+            pool.discard(conn)  # closed while idle: `on_answer` must never run before this returns
+        request = b"".join((b"GET ", target.encode("ascii"), pool.host_line, head, b"\r\n"))
+        conn.start_with(request, now + self.timeout_s, _Callback(self, pool, conn, url, on_answer))
+        return True
+
     async def aclose(self) -> None:
         """Close every connection (in-flight requests fail as unavailable) and wait until they are gone."""
         self.closed = True
@@ -543,7 +628,7 @@ class FastUpstream:
         key = tuple(headers.items()) if request_id is None else tuple(i for i in headers.items() if i[0] != _REQUEST_ID)
         block = self._blocks.get(key)
         if block is None:
-            block = _header_block(dict(key))
+            block = header_block(dict(key))
             if len(self._blocks) >= 256:  # a caller varying other headers must not grow it without bound
                 self._blocks.clear()
             self._blocks[key] = block
@@ -612,7 +697,7 @@ class FastUpstream:
             self.sweep_later()
 
 
-def _header_block(headers: Mapping[str, str]) -> bytes:
+def header_block(headers: Mapping[str, str]) -> bytes:
     """The caller's headers as request-head lines, with accept-encoding: identity unless it chose one."""
     lines = []
     identity = True

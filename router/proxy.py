@@ -34,9 +34,11 @@ from keyroute_core.api import (
     StoreNotFound,
     key_too_long,
 )
+from keyroute_core.logs import bind_request_id
 from keyroute_core.partition_map import Endpoint
 from router.backoff import NodeBackoff
 from router.balancer import Balancer, LatencyQuantile, RetryBudget
+from router.fast_upstream import StaleConnection, header_block
 from router.metrics import RouterMetrics
 from router.routing_table import RoutingTable
 from router.upstream import Upstream, UpstreamResponse, UpstreamUnavailable
@@ -161,6 +163,13 @@ class Proxy:
         self._latency = LatencyQuantile() if hedge_after_s is None else None
         self._hedge_timer = _HedgeTimer()
         self._clock = clock
+        # `Proxy.read` without a coroutine needs an upstream that can send at once (FastUpstream.get_now).
+        self._send_now: Callable[[str, bytes, Callable[[UpstreamResponse | Exception], None]], bool] | None = getattr(
+            upstream, "get_now", None
+        )
+        # What every request to a node carries except its request id, as header lines.
+        self._block = header_block(self._headers(None))
+        self._tasks: set[asyncio.Task[None]] = set()
         self._last_refresh = float("-inf")
         # The highest map generation a node reported while forwarding for us that made us re-read.
         self._refreshed_for = 0
@@ -177,6 +186,46 @@ class Proxy:
 
     async def get(self, store: str, key_text: str, request_id: str | None = None) -> UpstreamResponse:
         """A node's answer for one key, headers filtered for passing on; raises ApiError when none answers."""
+        read = self._plan(store, key_text, request_id, None)
+        return await self._attempts(read, [], None)
+
+    def read(
+        self,
+        store: str,
+        key_text: str,
+        request_id: str,
+        on_answer: Callable[[UpstreamResponse | Exception], None],
+    ) -> None:
+        """`get` for a caller that is not a coroutine (the router's server protocol): `on_answer` is called
+        once, later, with what `get` would return or raise (an ApiError, or anything unexpected); what is
+        wrong at once (an unknown store, a bad key, nothing serving) is raised here.
+
+        Most reads go without a coroutine: sent on an idle connection at once, their answer handed on from
+        the connection's callback. A read that may be hedged, finds no idle connection, or has to try
+        again elsewhere (a failed or refusing node, a stale connection) continues as `get` in a task."""
+        read = self._plan(store, key_text, request_id, on_answer)
+        order = read.order
+        if self._send_now is not None and not (len(order) > 1 and self._hedge_delay()):
+            endpoint = order[0]
+            url = endpoint.url
+            balancer = self._balancer
+            balancer.started(url)
+            read.endpoint = endpoint
+            read.started = time.perf_counter()
+            if self._send_now(url + read.path, self._express_block(request_id), read.answered):
+                return
+            balancer.finished(url)
+        self._continue(read, [], None)
+
+    def _plan(
+        self,
+        store: str,
+        key_text: str,
+        request_id: str | None,
+        on_answer: Callable[[UpstreamResponse | Exception], None] | None,
+    ) -> _Read:
+        """The read's route and the order to ask the serving nodes in; counted, and a deposit in the retry
+        budget. Raises ApiError when the store or key is bad or no node serves the partition."""
         self.metrics.key_requests += 1
         table = self.table
         route = table.resolve(store, key_text)
@@ -185,14 +234,44 @@ class Proxy:
             self.metrics.unavailable += 1
             raise self._unavailable(f"no node serves partition {route.partition} of store {store!r}")
         path = f"/stores/{key_segment(store)}/keys/{key_segment(key_text)}"
-        headers = self._headers(request_id)
         order = self._balancer.order(serving)
         self._budget.deposit()
-        refused: UpstreamResponse | None = None
-        tried: list[str] = []
-        if self._hedging and len(order) > 1:
-            latency = self._latency
-            delay = self._hedge_after_s if latency is None else latency.value_s
+        return _Read(self, store, route.partition, path, order, request_id, on_answer)
+
+    def _hedge_delay(self) -> float | None:
+        """How long a read waits before it is hedged; None or 0 when it is not."""
+        if not self._hedging:
+            return None
+        latency = self._latency
+        return self._hedge_after_s if latency is None else latency.value_s
+
+    def _express_block(self, request_id: str) -> bytes:
+        # The request id is one `request_id_in` accepted or made: visible ASCII, no spaces.
+        return self._block + b"x-request-id: " + request_id.encode("ascii") + b"\r\n"
+
+    def _continue(self, read: _Read, tried: list[str], refused: UpstreamResponse | None) -> None:
+        """The rest of `read` as `get` does it, in a task; its answer goes to `read.on_answer`."""
+        task = asyncio.get_running_loop().create_task(self._finish(read, tried, refused))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _finish(self, read: _Read, tried: list[str], refused: UpstreamResponse | None) -> None:
+        on_answer = read.on_answer
+        assert on_answer is not None
+        if read.request_id is not None:
+            bind_request_id({}, read.request_id)  # this task's log lines carry it
+        try:
+            answer: UpstreamResponse | Exception = await self._attempts(read, tried, refused)
+        except Exception as exc:
+            answer = exc
+        on_answer(answer)
+
+    async def _attempts(self, read: _Read, tried: list[str], refused: UpstreamResponse | None) -> UpstreamResponse:
+        """Ask the nodes of `read.order` not yet `tried` (hedged when none was), until one answers."""
+        order, path = read.order, read.path
+        headers = self._headers(read.request_id)
+        if not tried:
+            delay = self._hedge_delay() if len(order) > 1 else None
             if delay:
                 answer, refused = await self._hedged(order, path, headers, delay, tried)
                 if answer is not None:
@@ -215,8 +294,37 @@ class Proxy:
             return UpstreamResponse(refused.status, passthrough_headers(refused.headers), refused.body)
         self.metrics.unavailable += 1
         raise self._unavailable(
-            f"no node serving partition {route.partition} of store {store!r} answered (tried {', '.join(tried)})"
+            f"no node serving partition {read.partition} of store {read.store!r} answered (tried {', '.join(tried)})"
         )
+
+    def _answered_now(self, read: _Read, result: UpstreamResponse | Exception) -> None:
+        """The answer to a read sent by `read` without a coroutine: handed on, or the read continues."""
+        endpoint = read.endpoint
+        assert endpoint is not None and read.on_answer is not None
+        self._balancer.finished(endpoint.url)
+        if isinstance(result, UpstreamResponse):
+            # As `_send` and `_fetch` do for an answer.
+            self.metrics.upstream_requests += 1
+            elapsed = time.perf_counter() - read.started
+            self.metrics.observe_upstream(endpoint.node_id, elapsed)
+            self._backoff.succeeded(endpoint)
+            if self._latency is not None:
+                self._latency.record(elapsed)
+            self._check_hops(result)
+            if result.status == 503:
+                self._refresh_map()
+                self._continue(read, [endpoint.node_id], result)
+                return
+            read.on_answer(UpstreamResponse(result.status, passthrough_headers(result.headers), result.body))
+        elif isinstance(result, StaleConnection):
+            # The node had closed the idle connection: sent again on a new one, as `get` does.
+            self._continue(read, [], None)
+        else:
+            self.metrics.upstream_requests += 1
+            self.metrics.upstream_failures += 1
+            if not isinstance(result, UpstreamUnavailable) or result.node_fault:
+                self._backoff.failed(endpoint, str(result))
+            self._continue(read, [endpoint.node_id], None)
 
     async def batch_get(self, store: str, keys: Sequence[Any], request_id: str | None = None) -> list[dict[str, Any]]:
         """One result per key in request order; one request per node, in parallel, replicas on failure."""
@@ -441,12 +549,15 @@ class Proxy:
             balancer.finished(url)
         self.metrics.observe_upstream(endpoint.node_id, time.perf_counter() - started)
         self._backoff.succeeded(endpoint)
+        self._check_hops(response)
+        return response
+
+    def _check_hops(self, response: UpstreamResponse) -> None:
         hops = response.header(_HOPS)
         if hops is not None and hops.strip() not in (b"", b"0"):
             # The node had to forward: it does not serve what our map says it serves.
             self.metrics.misroutes += 1
             self._refresh_map(_int_header(response.header(_GENERATION)))
-        return response
 
     def _serving(
         self, table: RoutingTable, store: str, partition: int, serving: tuple[Endpoint, ...]
@@ -484,6 +595,41 @@ class Proxy:
 
     def _unavailable(self, message: str) -> PartitionUnavailable:
         return PartitionUnavailable(message, retry_after_s=self._retry_after_s)
+
+
+class _Read:
+    """One single-key read: where to send it, in which order, and (for `Proxy.read`) whom to tell."""
+
+    __slots__ = ("proxy", "store", "partition", "path", "order", "request_id", "on_answer", "endpoint", "started")
+
+    def __init__(
+        self,
+        proxy: Proxy,
+        store: str,
+        partition: int,
+        path: str,
+        order: tuple[Endpoint, ...],
+        request_id: str | None,
+        on_answer: Callable[[UpstreamResponse | Exception], None] | None,
+    ) -> None:
+        self.proxy = proxy
+        self.store = store
+        self.partition = partition
+        self.path = path
+        self.order = order
+        self.request_id = request_id
+        self.on_answer = on_answer
+        self.endpoint: Endpoint | None = None  # the node asked without a coroutine
+        self.started = 0.0
+
+    def answered(self, result: UpstreamResponse | Exception) -> None:
+        try:
+            self.proxy._answered_now(self, result)
+        except Exception as exc:  # never into the connection's parser: the read fails, the router goes on
+            log.exception("handling a node's answer failed")
+            on_answer = self.on_answer
+            assert on_answer is not None
+            on_answer(exc)
 
 
 class _HedgeTimer:

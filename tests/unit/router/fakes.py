@@ -120,9 +120,7 @@ class FakeNode:
         located = key_path_segment(request.scope["raw_path"])
         assert located is not None
         store, key = located
-        self.received.append(
-            Received("GET", request.scope["raw_path"], httpx.Headers(request.headers), key=key)
-        )
+        self.received.append(Received("GET", request.scope["raw_path"], httpx.Headers(request.headers), key=key))
         status, body = self.answer(store, key)
         headers = {
             "content-type": "application/json",
@@ -151,9 +149,7 @@ class FakeNode:
             status, body = self.answer(store, key)
             entry = json.loads(body)
             if status == 200:
-                results.append(
-                    {"key": key, "status": 200, "partition": 0, "version": 1, "value": entry["value"]}
-                )
+                results.append({"key": key, "status": 200, "partition": 0, "version": 1, "value": entry["value"]})
             else:
                 results.append({"key": key, "status": status, **entry})
         return Response(json.dumps({"results": results}), media_type="application/json")

@@ -728,3 +728,152 @@ def test_what_cannot_be_sent_as_is_is_a_value_error(run: Runner, url: str, heade
             await upstream.aclose()
 
     run(scenario)
+
+
+# -- get_now: an exchange without a coroutine, on an idle connection ---------------------------------------
+
+HEAD_LINES = b"x-keyroute-router: 1\r\naccept-encoding: identity\r\n"
+
+
+async def get_now(upstream: FastUpstream, url: str) -> UpstreamResponse | Exception | None:
+    """What `get_now` hands its callback, or None when it declined (nothing sent)."""
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future[UpstreamResponse | Exception] = loop.create_future()
+    if not upstream.get_now(url, HEAD_LINES, answer.set_result):
+        return None
+    assert not answer.done(), "the callback must never run before get_now returns"
+    return await asyncio.wait_for(answer, 10)
+
+
+def test_get_now_declines_without_an_idle_connection_and_then_uses_the_one_get_left(
+    run: Runner, app_server: AppServer
+) -> None:
+    async def scenario() -> tuple[object, list[object], list[int]]:
+        upstream = FastUpstream()
+        try:
+            before = len(app_server.client_ports)
+            declined = await get_now(upstream, app_server.url + "/json")  # no connection yet
+            await upstream.get(app_server.url + "/json", HEADERS)
+            answers = [await get_now(upstream, app_server.url + f"/status/{code}") for code in (200, 404, 503)]
+            answers.append(await get_now(upstream, app_server.url + "/json"))
+            return declined, answers, app_server.client_ports[before:]
+        finally:
+            await upstream.aclose()
+
+    declined, answers, ports = run(scenario)
+    assert declined is None
+    assert [a.status for a in answers] == [200, 404, 503, 200]  # type: ignore[union-attr]
+    assert all(isinstance(a, UpstreamResponse) for a in answers)
+    assert answers[1].header(b"x-multi") == b"one" and answers[1].body == b"status body"  # type: ignore[union-attr]
+    assert len(set(ports)) == 1  # every exchange on the connection `get` opened
+
+
+def test_get_now_sends_the_head_it_is_given(run: Runner) -> None:
+    async def scenario() -> bytes:
+        async with RawServer(lambda connection, number: [ok()]) as server:
+            upstream = FastUpstream()
+            try:
+                await upstream.get(server.url + "/first", HEADERS)
+                answer = await get_now(upstream, server.url + "/stores/s/keys/a%2Fb")
+                assert isinstance(answer, UpstreamResponse) and answer.body == b"hello"
+            finally:
+                await upstream.aclose()
+            return server.requests[1][1]
+
+    head_line, _, rest = run(scenario).partition(b"\r\n")
+    assert head_line == b"GET /stores/s/keys/a%2Fb HTTP/1.1"
+    assert rest.split(b"\r\n", 1)[1] == HEAD_LINES + b"\r\n"  # after the host line: exactly our lines
+
+
+def test_get_now_reports_a_connection_the_node_closed_while_idle_as_stale(run: Runner) -> None:
+    from router.fast_upstream import StaleConnection
+
+    # Every connection answers its first request and closes on its second, without a byte of answer.
+    def script(connection: int, number: int) -> list[bytes | str]:
+        return [ok()] if number == 0 else [CLOSE]
+
+    async def scenario() -> object:
+        async with RawServer(script) as server:
+            upstream = FastUpstream()
+            try:
+                await upstream.get(server.url + "/k", HEADERS)
+                return await get_now(upstream, server.url + "/k")
+            finally:
+                await upstream.aclose()
+
+    answer = run(scenario)
+    assert isinstance(answer, StaleConnection) and answer.node_fault is True
+
+
+@pytest.mark.parametrize("trouble", ["mid-body", "malformed", "hang"])
+def test_get_now_reports_a_node_failing_mid_answer_as_unavailable_and_drops_the_connection(
+    run: Runner, trouble: str
+) -> None:
+    from router.fast_upstream import StaleConnection
+
+    actions: dict[str, list[bytes | str]] = {
+        "mid-body": [b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly ten..", CLOSE],
+        "malformed": [b"HTTP/1.1 OK\r\nnonsense\r\n\r\n"],
+        "hang": [HANG],
+    }
+
+    def script(connection: int, number: int) -> list[bytes | str]:
+        return [ok()] if number == 0 else actions[trouble]
+
+    async def scenario() -> tuple[object, float]:
+        async with RawServer(script) as server:
+            upstream = FastUpstream(timeout_s=0.3)
+            try:
+                await upstream.get(server.url + "/k", HEADERS)
+                started = time.monotonic()
+                answer = await get_now(upstream, server.url + "/k")
+                took = time.monotonic() - started
+                await until(lambda: server.open == 0, message="the failed connection closed")
+                # Nothing idle is left: the next exchange needs `get` and a new connection.
+                assert await get_now(upstream, server.url + "/k") is None
+                return answer, took
+            finally:
+                await upstream.aclose()
+
+    answer, took = run(scenario)
+    assert isinstance(answer, UpstreamUnavailable) and not isinstance(answer, StaleConnection)
+    assert answer.node_fault is True
+    if trouble == "hang":
+        assert 0.29 <= took < 1.5
+
+
+def test_get_now_in_flight_when_the_client_closes_is_not_blamed_on_the_node(run: Runner) -> None:
+    async def scenario() -> object:
+        def script(connection: int, number: int) -> list[bytes | str]:
+            return [ok()] if number == 0 else [HANG]
+
+        async with RawServer(script) as server:
+            upstream = FastUpstream()
+            loop = asyncio.get_running_loop()
+            answer: asyncio.Future[object] = loop.create_future()
+            await upstream.get(server.url + "/k", HEADERS)
+            assert upstream.get_now(server.url + "/k", HEAD_LINES, answer.set_result)
+            await until(lambda: len(server.requests) == 2, message="the request at the node")
+            await upstream.aclose()
+            return await asyncio.wait_for(answer, 10)
+
+    answer = run(scenario)
+    assert isinstance(answer, UpstreamUnavailable) and answer.node_fault is False
+
+
+def test_get_now_declines_what_needs_the_careful_path(run: Runner, app_server: AppServer) -> None:
+    async def scenario() -> list[object]:
+        upstream = FastUpstream()
+        try:
+            await upstream.get(app_server.url + "/json", HEADERS)
+            unusual = [
+                "https://127.0.0.1/json",  # not http://
+                app_server.url + "/with space",
+                app_server.url + "/caf\u00e9",
+                "http://127.0.0.1:1/json",  # an origin without a pool
+            ]
+            return [await get_now(upstream, url) for url in unusual]
+        finally:
+            await upstream.aclose()
+
+    assert run(scenario) == [None, None, None, None]

@@ -9,7 +9,7 @@ import asyncio
 import json
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,15 +30,32 @@ from tests.util import uvicorn_in_thread, wait_for
 
 @dataclass
 class StandInProxy:
-    """Answers every key with its own name; `absent` is not found; `slow-*` waits for `release`."""
+    """Answers every key with its own name; `absent` and `refuse` are not found, `explode` raises an
+    unexpected error, `slow-*` waits for `release`. Both ways in: `get` (a coroutine) and `read` (a callback,
+    with the errors known at once raised at once, as `Proxy.read` does)."""
 
     metrics: RouterMetrics = field(default_factory=RouterMetrics)
     release: threading.Event = field(default_factory=threading.Event)
     waiting: int = 0
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
-    async def get(self, store: str, key: str, request_id: str) -> UpstreamResponse:
+    def read(self, store: str, key: str, request_id: str, on_answer: Callable[[Any], None]) -> None:
         if key == "absent":
             raise KeyNotFound(f"key {key!r} is not in store {store!r}")
+
+        def done(task: asyncio.Task[UpstreamResponse]) -> None:
+            self.tasks.discard(task)
+            on_answer(task.exception() or task.result())
+
+        task = asyncio.get_running_loop().create_task(self.get(store, key, request_id))
+        self.tasks.add(task)
+        task.add_done_callback(done)
+
+    async def get(self, store: str, key: str, request_id: str) -> UpstreamResponse:
+        if key in ("absent", "refuse"):
+            raise KeyNotFound(f"key {key!r} is not in store {store!r}")
+        if key == "explode":
+            raise RuntimeError("a bug in an answer")
         if key.startswith("slow-"):
             self.waiting += 1
             while not self.release.is_set():
@@ -121,16 +138,13 @@ def served() -> Iterator[Served]:
     by_protocol: list[str] = []
 
     class Spy(key_read_protocol(app, 64, CoalescingHttpToolsProtocol)):  # type: ignore[misc]
-        async def _serve(self, cycle: Any, app: Any, raw: bytes) -> None:
-            by_protocol.append(raw.decode())
-            await super()._serve(cycle, app, raw)
+        def express(self, cycle: Any, raw_path: bytes, target_bytes: int, headers: Any) -> Any:
+            by_protocol.append(f"express {raw_path.decode()}")
+            return super().express(cycle, raw_path, target_bytes, headers)
 
-        async def answer(self, scope: Any, raw_path: bytes) -> Any:
-            if raw_path.endswith(b"/explode"):
-                raise RuntimeError("a bug in an answer")
-            if raw_path.endswith(b"/refuse"):
-                raise KeyNotFound("refused by the answer itself")
-            return await super().answer(scope, raw_path)
+        async def _serve(self, cycle: Any, app: Any, raw: bytes) -> None:
+            by_protocol.append(f"task {raw.decode()}")
+            await super()._serve(cycle, app, raw)
 
     with uvicorn_in_thread(app, Spy) as port:
         try:
@@ -160,12 +174,13 @@ def test_pipelined_requests_are_answered_in_order_by_the_protocol_or_the_applica
     assert json.loads(b5)["error"] == "key_not_found" and h5["content-type"] == "application/json"
     assert h5["x-request-id"]
     assert json.loads(b6)["key"] == "k/4" and h6["connection"] == "close"
+    # The first is answered the express way; the others wait behind it, so go the way of uvicorn's cycle.
     assert served.by_protocol == [
-        "/stores/s/keys/k1",
-        "/stores/s/keys/k2",
-        "/stores/s/deeper/keys/k3",
-        "/stores/s/keys/absent",
-        "/stores/s/keys/k%2F4",
+        "express /stores/s/keys/k1",
+        "task /stores/s/keys/k2",
+        "task /stores/s/deeper/keys/k3",
+        "task /stores/s/keys/absent",
+        "task /stores/s/keys/k%2F4",
     ]
     assert served.admission.active == 0
 

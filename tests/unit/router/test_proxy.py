@@ -531,6 +531,7 @@ class LocalNode:
         self.port = free_port()
         self.delay_s = 0.0
         self.unavailable = False
+        self.hops = "0"
         self.received: list[str] = []
         app = Starlette(routes=[Route("/stores/{store}/keys/{key:path}", self._get, methods=["GET"])])
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")
@@ -549,7 +550,7 @@ class LocalNode:
         delay_s, unavailable = self.delay_s, self.unavailable  # as they were when the request arrived
         if delay_s:
             await asyncio.sleep(delay_s)  # the node being slow, not the test waiting
-        headers = {"x-keyroute-node": self.node_id, "x-keyroute-hops": "0"}
+        headers = {"x-keyroute-node": self.node_id, "x-keyroute-hops": self.hops, "x-keyroute-generation": "9"}
         if unavailable:
             body = json.dumps({"error": "partition_unavailable", "message": "not here"}).encode()
             return Response(body, status_code=503, media_type="application/json", headers=headers)
@@ -568,6 +569,7 @@ class LocalNode:
     def reset(self) -> None:
         self.delay_s = 0.0
         self.unavailable = False
+        self.hops = "0"
         self.received = []
 
 
@@ -597,6 +599,7 @@ class LocalHarness:
         second: LocalNode,
         hedge_after_s: float | None,
         rng: random.Random | None = None,
+        timeout_s: float = 5.0,
     ) -> None:
         store = store_record("s", PARTITIONS)
         assignment = Assignment(
@@ -608,7 +611,7 @@ class LocalHarness:
         }
         nodes = {n.node_id: NodeRecord(n.node_id, n.url) for n in (first, second)}
         self.refreshes = 0
-        self.upstream = FastUpstream(5.0, 1.0)
+        self.upstream = FastUpstream(timeout_s, 1.0)
         self.proxy = Proxy(
             self.upstream,
             on_stale_map=self._refresh,
@@ -788,3 +791,164 @@ def test_the_automatic_threshold_comes_from_recent_latencies(slow_fast: tuple[Lo
     answers = run(scenario)
     assert [node for node, _, _ in answers] == ["fast"] * 4
     assert h.proxy.metrics.hedges == 4 and h.proxy.metrics.hedge_wins == 4
+
+
+# -- Proxy.read: the same reads without a coroutine (the router's server protocol calls it) ----------------
+
+
+class SendNowSpy:
+    """Wraps a proxy's way of sending without a coroutine, counting what it sent and what it declined."""
+
+    def __init__(self, proxy: Proxy) -> None:
+        self.sent = 0
+        self.declined = 0
+        send_now = proxy._send_now
+        assert send_now is not None
+
+        def spy(*args: Any) -> Any:
+            taken = send_now(*args)
+            if taken:
+                self.sent += 1
+            else:
+                self.declined += 1
+            return taken
+
+        proxy._send_now = spy
+
+
+async def read_via_callback(proxy: Proxy, key: str, store: str = "s") -> Any:
+    """What `Proxy.read` hands its callback (an UpstreamResponse or the exception `get` would raise)."""
+    answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    proxy.read(store, key, "rid-1", answer.set_result)
+    assert not answer.done(), "the callback must never run before read returns"
+    return await asyncio.wait_for(answer, 10)
+
+
+def counters(proxy: Proxy) -> dict[str, int]:
+    m = proxy.metrics
+    names = ("key_requests", "upstream_requests", "upstream_failures", "failovers", "misroutes", "unavailable")
+    return {name: getattr(m, name) for name in names}
+
+
+def test_read_answers_what_get_answers_and_mostly_without_a_coroutine(slow_fast: tuple[LocalNode, LocalNode]) -> None:
+    first, second = slow_fast
+    h = LocalHarness(first, second, hedge_after_s=0)
+    spy = SendNowSpy(h.proxy)
+    keys = [f"k{i}" for i in range(10)] + ["a/b", "東京", ".."]
+
+    async def scenario() -> tuple[list[Any], list[Any], dict[str, int], dict[str, int]]:
+        try:
+            got = [await h.proxy.get("s", key, "rid-1") for key in keys]
+            after_get = counters(h.proxy)
+            read = [await read_via_callback(h.proxy, key) for key in keys]
+            return got, read, after_get, counters(h.proxy)
+        finally:
+            await h.upstream.aclose()
+
+    got, read, after_get, after_read = run(scenario)
+    assert [(r.status, r.body) for r in read] == [(g.status, g.body) for g in got]
+    assert [sorted(r.headers) for r in read] == [sorted(g.headers) for g in got]
+    assert all(json.loads(r.body)["key"] == key for r, key in zip(read, keys, strict=True))
+    # The same bookkeeping as `get`: one key request and one upstream request per read.
+    assert {name: after_read[name] - after_get[name] for name in after_get} == {
+        name: value for name, value in after_get.items()
+    }
+    assert spy.sent == len(keys) and spy.declined == 0  # `get` left an idle connection for every read
+    assert h.proxy._tasks == set() and h.proxy._balancer.in_flight == {}
+    latency = h.proxy.metrics.upstream_latency["slow"]
+    assert latency.count == 2 * len(keys)
+
+
+def test_read_raises_at_once_what_is_wrong_before_any_node_is_asked(slow_fast: tuple[LocalNode, LocalNode]) -> None:
+    first, second = slow_fast
+    h = LocalHarness(first, second, hedge_after_s=0)
+
+    async def scenario() -> None:
+        try:
+            with pytest.raises(StoreNotFound):
+                h.proxy.read("nope", "k", "rid-1", lambda answer: pytest.fail("no answer expected"))
+        finally:
+            await h.upstream.aclose()
+
+    run(scenario)
+    assert first.received == [] and second.received == []
+
+
+def test_a_read_the_first_replica_refuses_is_answered_by_the_other(slow_fast: tuple[LocalNode, LocalNode]) -> None:
+    first, second = slow_fast
+    h = LocalHarness(first, second, hedge_after_s=0)
+    spy = SendNowSpy(h.proxy)
+
+    async def scenario() -> Any:
+        try:
+            await h.proxy.get("s", "warm", "rid-1")  # an idle connection to the first replica
+            first.unavailable = True
+            return await read_via_callback(h.proxy, "k")
+        finally:
+            await h.upstream.aclose()
+
+    answer = run(scenario)
+    assert answer.status == 200 and answer.header(b"x-keyroute-node") == b"fast"
+    assert spy.sent == 1 and first.received == ["warm", "k"] and second.received == ["k"]
+    assert h.proxy.metrics.failovers == 1 and h.refreshes == 1
+
+
+def test_a_read_whose_node_stops_answering_goes_to_the_other_and_the_node_is_backed_off(
+    slow_fast: tuple[LocalNode, LocalNode],
+) -> None:
+    first, second = slow_fast
+    h = LocalHarness(first, second, hedge_after_s=0, timeout_s=0.3)
+    spy = SendNowSpy(h.proxy)
+
+    async def scenario() -> tuple[Any, Any]:
+        try:
+            await h.proxy.get("s", "warm", "rid-1")
+            first.delay_s = 1.0
+            answer = await read_via_callback(h.proxy, "k")
+            first.delay_s = 0.0
+            return answer, await read_via_callback(h.proxy, "k2")
+        finally:
+            await h.upstream.aclose()
+
+    answer, later = run(scenario)
+    assert answer.status == 200 and answer.header(b"x-keyroute-node") == b"fast"
+    assert spy.sent >= 1
+    m = h.proxy.metrics
+    assert m.upstream_failures == 1 and m.failovers == 1
+    # Backed off: the next read goes to the other replica first.
+    assert later.header(b"x-keyroute-node") == b"fast" and h.proxy._backoff.backed_off(first.url)
+    assert h.proxy._balancer.in_flight == {}
+
+
+def test_a_forwarded_answer_read_without_a_coroutine_counts_a_misroute(
+    slow_fast: tuple[LocalNode, LocalNode],
+) -> None:
+    first, second = slow_fast
+    h = LocalHarness(first, second, hedge_after_s=0)
+    spy = SendNowSpy(h.proxy)
+
+    async def scenario() -> Any:
+        try:
+            await h.proxy.get("s", "warm", "rid-1")
+            first.hops = "1"
+            return await read_via_callback(h.proxy, "k")
+        finally:
+            await h.upstream.aclose()
+
+    answer = run(scenario)
+    assert answer.status == 200 and spy.sent == 1
+    assert h.proxy.metrics.misroutes == 1 and h.refreshes == 1  # generation 9 is newer than our 7
+
+
+def test_read_over_an_upstream_that_cannot_send_at_once_goes_through_a_task() -> None:
+    a, b = FakeNode("a", values_for(["k"])), FakeNode("b", values_for(["k"]))
+    h = Harness(replicated_map(), a, b)
+    assert h.proxy._send_now is None  # httpx: only coroutines
+    a.down = True
+
+    async def scenario() -> Any:
+        return await read_via_callback(h.proxy, "k")
+
+    answer = run(scenario)
+    assert answer.status == 200 and answer.header(b"x-keyroute-node") == b"b"
+    assert h.proxy.metrics.failovers == 1

@@ -16,9 +16,7 @@ KEYS = ["21", "foobar", "a/b", "100%", "東京", "", "key with spaces", "x" * 30
 
 def test_a_key_routes_to_the_partition_of_its_serialized_bytes_and_the_node_serving_it() -> None:
     store = store_record("bookings", 12)
-    table = RoutingTable.of(
-        build_map([store], {"a": {"bookings": range(0, 6)}, "b": {"bookings": range(6, 12)}})
-    )
+    table = RoutingTable.of(build_map([store], {"a": {"bookings": range(0, 6)}, "b": {"bookings": range(6, 12)}}))
     for key in KEYS:
         route = table.resolve("bookings", key)
         expected = partition_for(Partitioner.MURMUR2, key.encode("utf-8"), 12)
@@ -72,12 +70,8 @@ def test_serving_replicas_come_preferred_first_and_unserved_partitions_have_none
     store = store_record("s", 2)
     assignment = Assignment(generation=3, stores={"s": (("b", "a"), ("a", "b"))})
     table = RoutingTable.of(build_map([store], {"a": {"s": [0]}, "b": {"s": [0]}}, assignment))
-    key_p0 = next(
-        k for k in (f"k{i}" for i in range(100)) if partition_for(Partitioner.MURMUR2, k.encode(), 2) == 0
-    )
-    key_p1 = next(
-        k for k in (f"k{i}" for i in range(100)) if partition_for(Partitioner.MURMUR2, k.encode(), 2) == 1
-    )
+    key_p0 = next(k for k in (f"k{i}" for i in range(100)) if partition_for(Partitioner.MURMUR2, k.encode(), 2) == 0)
+    key_p1 = next(k for k in (f"k{i}" for i in range(100)) if partition_for(Partitioner.MURMUR2, k.encode(), 2) == 1)
     route = table.resolve("s", key_p0)
     assert [ep.node_id for ep in route.serving] == ["b", "a"]
     assert route.assigned == ("b", "a")
