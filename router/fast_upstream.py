@@ -259,6 +259,16 @@ class _Callback:
     def done(self) -> bool:
         return self.finished
 
+    def cancel(self) -> None:
+        """Abandon the exchange: the connection is closed (whatever is still on the wire is not ours to
+        read) and `on_answer` is not called."""
+        if self.finished:
+            return
+        self.finished = True
+        conn = self.conn
+        conn.finish()
+        self.pool.discard(conn)
+
     def set_result(self, response: UpstreamResponse) -> None:
         self.finished = True
         conn = self.conn
@@ -506,35 +516,39 @@ class FastUpstream:
     async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> UpstreamResponse:
         return await self._request(b"POST ", url, body, headers)
 
-    def get_now(self, url: str, head: bytes, on_answer: Callable[[UpstreamResponse | Exception], None]) -> bool:
-        """GET `url` on an idle connection, without a coroutine: False (nothing sent) when no idle connection
-        to the origin is at hand or the URL needs a closer look, so the caller uses `get` instead.
+    def get_now(
+        self, url: str, head: bytes, on_answer: Callable[[UpstreamResponse | Exception], None]
+    ) -> _Callback | None:
+        """GET `url` on an idle connection, without a coroutine: the exchange (its `cancel()` abandons it:
+        the connection is closed and `on_answer` never called), or None (nothing sent) when no idle
+        connection to the origin is at hand or the URL needs a closer look, so the caller uses `get` instead.
 
         `head` is the request's header lines, each ending in CRLF, already checked (no framing
         headers, no CR/LF in values). `on_answer` is called once, from the event loop, with the answer or
         with the failure: UpstreamUnavailable, or `StaleConnection` when the node had closed the idle
         connection before it saw the request (send it again with `get`, which opens a new one)."""
         if self.closed or not url.startswith("http://"):
-            return False
+            return None
         slash = url.find("/", 7)
         pool = self._pools.get(url[:slash]) if slash > 0 else None
         if pool is None:
-            return False
+            return None
         target = url[slash:]
         if _UNUSUAL_TARGET.search(target) is not None:
-            return False
+            return None
         now = pool.loop.time()
         while True:
             conn = pool.take_idle(now)
             if conn is None:
-                return False
+                return None
             transport = conn.transport
             if transport is not None and not transport.is_closing():
                 break
             pool.discard(conn)  # closed while idle: `on_answer` must never run before this returns
         request = b"".join((b"GET ", target.encode("ascii"), pool.host_line, head, b"\r\n"))
-        conn.start_with(request, now + self.timeout_s, _Callback(self, pool, conn, url, on_answer))
-        return True
+        exchange = _Callback(self, pool, conn, url, on_answer)
+        conn.start_with(request, now + self.timeout_s, exchange)
+        return exchange
 
     async def aclose(self) -> None:
         """Close every connection (in-flight requests fail as unavailable) and wait until they are gone."""

@@ -164,7 +164,7 @@ class Proxy:
         self._hedge_timer = _HedgeTimer()
         self._clock = clock
         # `Proxy.read` without a coroutine needs an upstream that can send at once (FastUpstream.get_now).
-        self._send_now: Callable[[str, bytes, Callable[[UpstreamResponse | Exception], None]], bool] | None = getattr(
+        self._send_now: Callable[[str, bytes, Callable[[UpstreamResponse | Exception], None]], Any] | None = getattr(
             upstream, "get_now", None
         )
         # What every request to a node carries except its request id, as header lines.
@@ -201,18 +201,26 @@ class Proxy:
         wrong at once (an unknown store, a bad key, nothing serving) is raised here.
 
         Most reads go without a coroutine: sent on an idle connection at once, their answer handed on from
-        the connection's callback. A read that may be hedged, finds no idle connection, or has to try
-        again elsewhere (a failed or refusing node, a stale connection) continues as `get` in a task."""
+        the connection's callback, hedged (`_Read.fire`) by the same timer as `get`'s hedges. A read that
+        finds no idle connection, or has to try again elsewhere (a failed or refusing node, a stale
+        connection), continues as `get` does, in a task."""
         read = self._plan(store, key_text, request_id, on_answer)
-        order = read.order
-        if self._send_now is not None and not (len(order) > 1 and self._hedge_delay()):
-            endpoint = order[0]
+        send_now = self._send_now
+        if send_now is not None:
+            endpoint = read.order[0]
             url = endpoint.url
             balancer = self._balancer
             balancer.started(url)
-            read.endpoint = endpoint
             read.started = time.perf_counter()
-            if self._send_now(url + read.path, self._express_block(request_id), read.answered):
+            exchange = send_now(url + read.path, self._express_block(request_id), read.answered)
+            if exchange is not None:
+                self.metrics.upstream_requests += 1
+                read.exchange = exchange
+                if len(read.order) > 1:
+                    delay = self._hedge_delay()
+                    if delay:
+                        read.waiting = True
+                        self._hedge_timer.add(read, delay)
                 return
             balancer.finished(url)
         self._continue(read, [], None)
@@ -250,21 +258,17 @@ class Proxy:
         return self._block + b"x-request-id: " + request_id.encode("ascii") + b"\r\n"
 
     def _continue(self, read: _Read, tried: list[str], refused: UpstreamResponse | None) -> None:
-        """The rest of `read` as `get` does it, in a task; its answer goes to `read.on_answer`."""
-        task = asyncio.get_running_loop().create_task(self._finish(read, tried, refused))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        """The rest of `read` as `get` does it (the nodes not yet `tried`), in a task."""
+        self._spawn(self._attempts(read, tried, refused), read)
 
-    async def _finish(self, read: _Read, tried: list[str], refused: UpstreamResponse | None) -> None:
-        on_answer = read.on_answer
-        assert on_answer is not None
+    async def _finish(self, work: Awaitable[UpstreamResponse], read: _Read) -> None:
         if read.request_id is not None:
             bind_request_id({}, read.request_id)  # this task's log lines carry it
         try:
-            answer: UpstreamResponse | Exception = await self._attempts(read, tried, refused)
+            answer: UpstreamResponse | Exception = await work
         except Exception as exc:
             answer = exc
-        on_answer(answer)
+        read.deliver(answer)
 
     async def _attempts(self, read: _Read, tried: list[str], refused: UpstreamResponse | None) -> UpstreamResponse:
         """Ask the nodes of `read.order` not yet `tried` (hedged when none was), until one answers."""
@@ -298,33 +302,65 @@ class Proxy:
         )
 
     def _answered_now(self, read: _Read, result: UpstreamResponse | Exception) -> None:
-        """The answer to a read sent by `read` without a coroutine: handed on, or the read continues."""
-        endpoint = read.endpoint
-        assert endpoint is not None and read.on_answer is not None
-        self._balancer.finished(endpoint.url)
+        """The answer to the request `read` sent without a coroutine: handed on, or the read continues."""
+        first = read.order[0]
+        read.waiting = False
+        hedge = read.hedge
+        self._balancer.finished(first.url)
         if isinstance(result, UpstreamResponse):
             # As `_send` and `_fetch` do for an answer.
-            self.metrics.upstream_requests += 1
             elapsed = time.perf_counter() - read.started
-            self.metrics.observe_upstream(endpoint.node_id, elapsed)
-            self._backoff.succeeded(endpoint)
+            self.metrics.observe_upstream(first.node_id, elapsed)
+            self._backoff.succeeded(first)
             if self._latency is not None:
                 self._latency.record(elapsed)
             self._check_hops(result)
-            if result.status == 503:
-                self._refresh_map()
-                self._continue(read, [endpoint.node_id], result)
+            if result.status != 503:
+                if hedge is not None:
+                    _abandon(hedge)
+                read.deliver(UpstreamResponse(result.status, passthrough_headers(result.headers), result.body))
                 return
-            read.on_answer(UpstreamResponse(result.status, passthrough_headers(result.headers), result.body))
+            # The node no longer serves the partition and knows no one who does: a replica still might.
+            self._refresh_map()
+            refused: UpstreamResponse | None = result
         elif isinstance(result, StaleConnection):
-            # The node had closed the idle connection: sent again on a new one, as `get` does.
-            self._continue(read, [], None)
+            # The node had closed the idle connection and never saw the request (not its fault).
+            if hedge is None:
+                # Sent again on a new connection, as `get` does, within the same upstream request.
+                self.metrics.upstream_requests -= 1
+                self._continue(read, [], None)
+                return
+            refused = None  # the hedge is out and may answer
         else:
-            self.metrics.upstream_requests += 1
             self.metrics.upstream_failures += 1
             if not isinstance(result, UpstreamUnavailable) or result.node_fault:
-                self._backoff.failed(endpoint, str(result))
-            self._continue(read, [endpoint.node_id], None)
+                self._backoff.failed(first, str(result))
+            refused = None
+        if hedge is None:
+            self._continue(read, [first.node_id], refused)
+        else:
+            self._spawn(self._after_hedge(read, hedge, refused), read)
+
+    def _spawn(self, work: Awaitable[UpstreamResponse], read: _Read) -> None:
+        """The rest of `read` as `work` does it, in a task; its answer goes to `read.on_answer`."""
+        task = asyncio.get_running_loop().create_task(self._finish(work, read))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _after_hedge(
+        self, read: _Read, hedge: asyncio.Task[UpstreamResponse | None], refused: UpstreamResponse | None
+    ) -> UpstreamResponse:
+        """The first request failed or refused while the hedge is out: the hedge may answer (as in `_hedged`),
+        else the replicas neither was sent to."""
+        order = read.order
+        second = await hedge
+        if second is not None:
+            if second.status != 503:
+                self.metrics.hedge_wins += 1
+                return UpstreamResponse(second.status, passthrough_headers(second.headers), second.body)
+            self._refresh_map()
+            refused = second
+        return await self._attempts(read, [order[0].node_id, order[1].node_id], refused)
 
     async def batch_get(self, store: str, keys: Sequence[Any], request_id: str | None = None) -> list[dict[str, Any]]:
         """One result per key in request order; one request per node, in parallel, replicas on failure."""
@@ -598,9 +634,26 @@ class Proxy:
 
 
 class _Read:
-    """One single-key read: where to send it, in which order, and (for `Proxy.read`) whom to tell."""
+    """One single-key read: where to send it, in which order, and (for `Proxy.read`) whom to tell.
 
-    __slots__ = ("proxy", "store", "partition", "path", "order", "request_id", "on_answer", "endpoint", "started")
+    A read sent without a coroutine (`Proxy.read`) is also its own hedge: `waiting` while the first
+    request is out, `fire` (from `_HedgeTimer`) sends the second one to `order[1]` in a task; when that
+    answers first, the first request's connection is closed and the hedge's answer handed on.
+    """
+
+    __slots__ = (
+        "proxy",
+        "store",
+        "partition",
+        "path",
+        "order",
+        "request_id",
+        "on_answer",
+        "started",
+        "exchange",
+        "waiting",
+        "hedge",
+    )
 
     def __init__(
         self,
@@ -619,17 +672,71 @@ class _Read:
         self.order = order
         self.request_id = request_id
         self.on_answer = on_answer
-        self.endpoint: Endpoint | None = None  # the node asked without a coroutine
         self.started = 0.0
+        self.exchange: Any = None  # the first request, sent without a coroutine (it has `cancel`)
+        self.waiting = False
+        self.hedge: asyncio.Task[UpstreamResponse | None] | None = None
+
+    def deliver(self, answer: UpstreamResponse | Exception) -> None:
+        on_answer = self.on_answer
+        assert on_answer is not None
+        on_answer(answer)
 
     def answered(self, result: UpstreamResponse | Exception) -> None:
         try:
             self.proxy._answered_now(self, result)
         except Exception as exc:  # never into the connection's parser: the read fails, the router goes on
             log.exception("handling a node's answer failed")
-            on_answer = self.on_answer
-            assert on_answer is not None
-            on_answer(exc)
+            self.deliver(exc)
+
+    # -- the hedge ------------------------------------------------------------------------------------
+
+    def fire(self) -> None:
+        proxy = self.proxy
+        second = self.order[1]
+        if proxy._backoff.backed_off(second.url):
+            return  # the other replica failed just now: a second request there would not be faster
+        if not proxy._budget.try_spend():
+            proxy.metrics.budget_exhausted += 1
+            return
+        self.hedge = task = asyncio.get_running_loop().create_task(self._send_hedge(second))
+        task.add_done_callback(self._hedge_answered)
+
+    async def _send_hedge(self, endpoint: Endpoint) -> UpstreamResponse | None:
+        proxy = self.proxy
+        proxy.metrics.hedges += 1
+        if self.request_id is not None:
+            bind_request_id({}, self.request_id)
+        return await proxy._fetch(endpoint, self.path, proxy._headers(self.request_id))
+
+    def _hedge_answered(self, task: asyncio.Task[UpstreamResponse | None]) -> None:
+        if not self.waiting or task.cancelled() or task.exception() is not None:
+            return  # the first request answered meanwhile, and decides
+        response = task.result()
+        if response is None or response.status == 503:
+            return  # the first request may still answer
+        self.waiting = False
+        proxy = self.proxy
+        # The first request is abandoned: its connection is closed, never reused, and it counts as `get`
+        # counts a cancelled request (its latency is at least this long).
+        self.exchange.cancel()
+        first = self.order[0]
+        proxy._balancer.finished(first.url)
+        if proxy._latency is not None:
+            proxy._latency.record(time.perf_counter() - self.started)
+        proxy.metrics.hedge_wins += 1
+        try:
+            self.deliver(UpstreamResponse(response.status, passthrough_headers(response.headers), response.body))
+        except Exception:
+            log.exception("handing on a hedged answer failed")
+
+
+def _abandon(hedge: asyncio.Task[UpstreamResponse | None]) -> None:
+    """A hedge whose answer is no longer wanted: stopped, and no error of it unseen."""
+    if not hedge.done():
+        hedge.cancel()
+    elif not hedge.cancelled() and hedge.exception() is not None:
+        log.error("a hedged request failed unexpectedly", exc_info=hedge.exception())
 
 
 class _HedgeTimer:
@@ -644,13 +751,14 @@ class _HedgeTimer:
     _EARLY_S = 0.001
 
     def __init__(self) -> None:
-        self._due: list[tuple[float, int, _Hedge]] = []
+        # Entries are `_Hedge`s of `get` and `_Read`s of `Proxy.read`: each has `waiting` and `fire`.
+        self._due: list[tuple[float, int, _Hedge | _Read]] = []
         self._seq = itertools.count()  # ties on the deadline must never compare two _Hedge objects
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def add(self, hedge: _Hedge, delay_s: float) -> None:
+    def add(self, hedge: _Hedge | _Read, delay_s: float) -> None:
         loop = asyncio.get_running_loop()
         when = loop.time() + delay_s
         if loop is not self._loop:  # a new event loop (tests run one after another): start afresh
@@ -729,13 +837,8 @@ class _Hedge:
 
     def abandon(self) -> None:
         """The read is over without the hedge's answer: stop it, and let no error of it go unseen."""
-        task = self.task
-        if task is None:
-            return
-        if not task.done():
-            task.cancel()
-        elif not task.cancelled() and task.exception() is not None:
-            log.error("a hedged request failed unexpectedly", exc_info=task.exception())
+        if self.task is not None:
+            _abandon(self.task)
 
 
 def _int_header(value: bytes | None) -> int | None:

@@ -91,9 +91,7 @@ class HttpxUpstream:
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def _send(
-        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str]
-    ) -> UpstreamResponse:
+    async def _send(self, method: str, url: str, body: bytes | None, headers: Mapping[str, str]) -> UpstreamResponse:
         try:
             # Non-streaming request: httpx reads the whole body and closes the response, also on errors.
             response = await self._client.request(method, url, content=body, headers=headers)

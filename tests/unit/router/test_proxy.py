@@ -952,3 +952,103 @@ def test_read_over_an_upstream_that_cannot_send_at_once_goes_through_a_task() ->
     answer = run(scenario)
     assert answer.status == 200 and answer.header(b"x-keyroute-node") == b"b"
     assert h.proxy.metrics.failovers == 1
+
+
+async def idle_connections_to(h: LocalHarness, node: LocalNode, count: int) -> None:
+    """`count` idle connections from the harness's upstream to `node`, for reads sent without a coroutine."""
+    answers = await asyncio.gather(
+        *(h.upstream.get(f"{node.url}/stores/s/keys/warm-{i}", {"accept-encoding": "identity"}) for i in range(count))
+    )
+    assert {a.status for a in answers} == {200}
+    node.received.clear()
+
+
+def test_a_read_sent_without_a_coroutine_is_hedged_when_its_replica_is_slow(
+    slow_fast: tuple[LocalNode, LocalNode],
+) -> None:
+    slow, fast = slow_fast
+    h = LocalHarness(slow, fast, hedge_after_s=0.02)
+    spy = SendNowSpy(h.proxy)
+    keys = [f"k{i}" for i in range(6)]
+
+    async def scenario() -> tuple[list[tuple[Any, float]], list[Any]]:
+        try:
+            await idle_connections_to(h, slow, len(keys))
+            slow.delay_s = 0.3
+            hedged = []
+            for key in keys:
+                started = time.monotonic()
+                answer = await read_via_callback(h.proxy, key)
+                hedged.append((answer, time.monotonic() - started))
+            # The slow node still owes its answers to the abandoned requests: had an abandoned request's
+            # connection gone back to the pool, these reads would receive those late answers.
+            slow.delay_s = 0.0
+            after = [await read_via_callback(h.proxy, f"after-{i}") for i in range(6)]
+            await until(lambda: not h.proxy._balancer.in_flight, message="no request in flight")
+            return hedged, after
+        finally:
+            await h.upstream.aclose()
+
+    hedged, after = run(scenario)
+    assert spy.sent >= len(keys)  # every hedged read went out without a coroutine
+    assert [(a.header(b"x-keyroute-node"), json.loads(a.body)["key"]) for a, _ in hedged] == [
+        (b"fast", key) for key in keys
+    ]
+    assert sorted(took for _, took in hedged)[len(keys) // 2] < 0.25  # generous: the slow one takes 0.3
+    assert slow.received[: len(keys)] == keys and fast.received == keys
+    m = h.proxy.metrics
+    assert m.hedges == len(keys) and m.hedge_wins == len(keys) and m.budget_exhausted == 0
+    assert [json.loads(a.body)["key"] for a in after] == [f"after-{i}" for i in range(6)]
+    assert all(a.header(b"x-keyroute-node") == b"slow" for a in after)
+    assert m.upstream_requests == len(keys) + len(after) + m.hedges
+
+
+def test_when_the_first_replica_answers_first_the_hedge_of_a_read_without_a_coroutine_is_cancelled(
+    slow_fast: tuple[LocalNode, LocalNode],
+) -> None:
+    first, second = slow_fast
+    h = LocalHarness(first, second, hedge_after_s=0.02)
+    spy = SendNowSpy(h.proxy)
+
+    async def scenario() -> tuple[Any, float]:
+        try:
+            await idle_connections_to(h, first, 1)
+            first.delay_s, second.delay_s = 0.1, 1.0
+            started = time.monotonic()
+            answer = await read_via_callback(h.proxy, "k")
+            took = time.monotonic() - started
+            await until(lambda: not h.proxy._balancer.in_flight, message="the hedge stopped")
+            return answer, took
+        finally:
+            await h.upstream.aclose()
+
+    answer, took = run(scenario)
+    assert spy.sent == 1
+    assert answer.header(b"x-keyroute-node") == b"slow" and took < 0.9  # without waiting for the hedge
+    assert second.received == ["k"]
+    assert h.proxy.metrics.hedges == 1 and h.proxy.metrics.hedge_wins == 0
+
+
+def test_a_first_replica_refusing_while_the_hedge_is_out_leaves_the_answer_to_the_hedge_without_a_coroutine(
+    slow_fast: tuple[LocalNode, LocalNode],
+) -> None:
+    first, second = slow_fast
+    h = LocalHarness(first, second, hedge_after_s=0.01)
+    spy = SendNowSpy(h.proxy)
+
+    async def scenario() -> Any:
+        try:
+            await idle_connections_to(h, first, 1)
+            first.delay_s, first.unavailable = 0.05, True
+            second.delay_s = 0.15
+            return await read_via_callback(h.proxy, "k")
+        finally:
+            await h.upstream.aclose()
+
+    answer = run(scenario)
+    assert spy.sent == 1
+    assert (answer.header(b"x-keyroute-node"), json.loads(answer.body)["key"]) == (b"fast", "k")
+    m = h.proxy.metrics
+    assert m.hedges == 1 and m.hedge_wins == 1
+    assert m.failovers == 0  # the hedge was already out: nothing more was sent
+    assert h.refreshes == 1  # the 503 still tells the router its map may be stale
