@@ -49,13 +49,20 @@ from keyroute_core.api import (
     key_path_segment,
     key_too_long,
 )
-from keyroute_core.http_server import Answer, DirectAnswerProtocol, Scope
+from keyroute_core.http_server import Answer, DirectAnswerProtocol, ExpressCycle, Scope
 from keyroute_core.key_format import Key, KeyFormat, KeyFormatError, key_from_value, parse_key
 from keyroute_core.logs import SCOPE_REQUEST_ID, bind_request_id
 from keyroute_core.map_watcher import MapWatcher
 from keyroute_core.metrics import CONTENT_TYPE, KIND_BATCH, KIND_KEY
 from keyroute_core.partition_map import Endpoint, PartitionMap, StoreRecord
-from keyroute_core.request_guard import Admission, RequestGuard, header, read_body, request_id_of
+from keyroute_core.request_guard import (
+    Admission,
+    RequestGuard,
+    first_header,
+    read_body,
+    request_id_in,
+    request_id_of,
+)
 from keyroute_core.security import BearerAuth, ClusterAuth
 from keyroute_core.settings import NodeSettings
 from state_node.controller import Controller
@@ -357,10 +364,13 @@ async def get_key(request: Request) -> Response:
     )
 
 
-def answer_local_read(node: Node, scope: Scope, raw_path: bytes) -> Answer | None:
+def answer_local_read(
+    node: Node, raw_path: bytes, headers: Sequence[tuple[bytes, bytes]], request_id: Callable[[], str]
+) -> Answer | None:
     """The answer to a client's or router's read of a key this node holds, found in its own copy, exactly
     as `get_key` gives it; None for everything else (a forwarded request, a partition held elsewhere or
-    at an older version, a missing key, a bad key or path), which the application answers."""
+    at an older version, a missing key, a bad key or path), which the application answers. `headers` are
+    the request's (lower-case names); `request_id()` gives its id, only called for an answer."""
     query = raw_path.find(b"?")
     try:
         parsed = key_path_segment(raw_path if query < 0 else raw_path[:query], node.settings.limits.max_key_bytes)
@@ -368,7 +378,7 @@ def answer_local_read(node: Node, scope: Scope, raw_path: bytes) -> Answer | Non
         return None  # a key over the limit: the application's 414
     if parsed is None:
         return None
-    if header(scope, _HOPS) is not None:
+    if first_header(headers, _HOPS) is not None:
         return None  # counted and checked by the application
     store_name, key_text = parsed
     m = node.ownership.map
@@ -389,7 +399,6 @@ def answer_local_read(node: Node, scope: Scope, raw_path: bytes) -> Answer | Non
     value = held.get(key.data)
     if value is None:
         return None
-    request_id = request_id_of(scope)
     node.metrics.local_answers += 1
     node.metrics.count(store_name, KIND_KEY, 200)
     headers = [
@@ -399,17 +408,36 @@ def answer_local_read(node: Node, scope: Scope, raw_path: bytes) -> Answer | Non
         (_VERSION, str(held.version).encode("ascii")),
         (_HOPS, b"0"),
         (_GENERATION, str(m.generation).encode("ascii")),
-        (_REQUEST_ID, request_id.encode("latin-1")),
+        (_REQUEST_ID, request_id().encode("latin-1")),
     ]
     return 200, headers, found_body(store_name, key.text, route.partition, held.version, value)
 
 
 class LocalReadProtocol(DirectAnswerProtocol):
     """uvicorn's httptools protocol answering reads of keys this node holds itself (keyroute_core.http_server),
-    everything else through the application."""
+    everything else through the application: the express way as soon as the request head is parsed, or,
+    for a pipelined read waiting behind another request, where uvicorn would start the application."""
 
     async def answer(self, scope: Scope, raw_path: bytes) -> Answer | None:
-        return answer_local_read(self.owner_app.state.node, scope, raw_path)
+        return answer_local_read(self.owner_app.state.node, raw_path, scope["headers"], lambda: request_id_of(scope))
+
+    def express(
+        self, cycle: ExpressCycle, raw_path: bytes, target_bytes: int, headers: list[tuple[bytes, bytes]]
+    ) -> Any:
+        state = self.owner_app.state
+        admission: Admission = state.admission
+        # A key path starts with /stores/: percent-decoding cannot make it a probe or an admin path.
+        refusal = admission.admit_head(raw_path.decode("latin-1"), target_bytes, headers)
+        if refusal is not None:
+            return self.express_error(refusal, request_id_in(headers))
+        try:
+            return answer_local_read(state.node, raw_path, headers, lambda: request_id_in(headers))
+        except Exception:
+            # Left to the application, which answers (or logs and answers 500) as for any request.
+            log.exception("answering a local read failed")
+            return None
+        finally:
+            admission.release()
 
 
 def local_read_protocol(app: Starlette, node_id: str, base: type[HttpToolsProtocol] = HttpToolsProtocol) -> type:

@@ -175,9 +175,7 @@ def _ordered(leader: str, others: Sequence[str], slot: _Slot) -> tuple[str, ...]
     return (leader, *sorted(others, key=lambda n: (rank.get(n, len(rank)), n)))
 
 
-def _replica_first(
-    slots: Sequence[_Slot], members: Sequence[str], per_store: bool
-) -> list[tuple[str, ...]] | None:
+def _replica_first(slots: Sequence[_Slot], members: Sequence[str], per_store: bool) -> list[tuple[str, ...]] | None:
     groups = [s.store for s in slots] if per_store else None
     sets = _balanced_choice(
         [s.replicas for s in slots],
@@ -192,9 +190,7 @@ def _replica_first(
         [(m, 0 if m == s.leader else 1) for m in _kept_first(s.kept, [m for m in members if m in chosen])]
         for s, chosen in zip(slots, sets, strict=True)
     ]
-    leaders = _balanced_choice(
-        [1] * len(slots), leader_options, members, dict.fromkeys(members, 0), groups=groups
-    )
+    leaders = _balanced_choice([1] * len(slots), leader_options, members, dict.fromkeys(members, 0), groups=groups)
     if leaders is None and groups is not None:
         # The sets allow no per-store balance of preferred replicas: balance them over all stores.
         leaders = _balanced_choice([1] * len(slots), leader_options, members, dict.fromkeys(members, 0))
@@ -243,9 +239,7 @@ def _leader_first(
     return [_ordered(lead, chosen, s) for s, lead, chosen in zip(slots, leaders, followers, strict=True)]
 
 
-def _place_leaders_per_store(
-    slots: Sequence[_Slot], members: Sequence[str], nested: bool
-) -> list[str] | None:
+def _place_leaders_per_store(slots: Sequence[_Slot], members: Sequence[str], nested: bool) -> list[str] | None:
     """Preferred replica per slot, balanced per store and over all stores (or over every prefix of
     slots ordered by replica count, when `nested`; a store's slots all have one replica count).
     Costs: the previous leader 0, another node that holds the data 1, any other node 2."""

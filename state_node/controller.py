@@ -202,9 +202,7 @@ class Controller:
         if previous is not None and dict(previous.stores) == dict(wanted.stores):
             return
         self._write(election, wanted, version)
-        log.info(
-            "assignment generation %d written for %d nodes, %d stores", generation, len(nodes), len(stores)
-        )
+        log.info("assignment generation %d written for %d nodes, %d stores", generation, len(nodes), len(stores))
 
     def _is_leaving(self, node_id: str) -> bool:
         try:

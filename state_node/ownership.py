@@ -406,8 +406,7 @@ class Ownership:
         if m.stale or self._node_id not in m.nodes or not desired:
             return False
         return all(
-            (entry := self._entries.get(pid)) is not None and entry.state is PartitionState.SERVING
-            for pid in desired
+            (entry := self._entries.get(pid)) is not None and entry.state is PartitionState.SERVING for pid in desired
         )
 
     def _rebuild_view(self) -> None:

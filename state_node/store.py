@@ -1,8 +1,8 @@
 """The embedded store: one LMDB environment per loaded (store, version, partition) on the node's disk.
 
-    {data_dir}/stores/{store}/v{version}/p{partition}/data.mdb     key = Kafka-serialized key bytes,
-                                                     lock.mdb     value = the value as compact JSON bytes
-                                                     loaded.json  written only after the load committed
+{data_dir}/stores/{store}/v{version}/p{partition}/data.mdb     key = Kafka-serialized key bytes,
+                                                 lock.mdb     value = the value as compact JSON bytes
+                                                 loaded.json  written only after the load committed
 """
 
 from __future__ import annotations

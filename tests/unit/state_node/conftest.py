@@ -79,9 +79,7 @@ def data_dir(tmp_path: Path) -> Path:
 def snapshot(snapshot_root: Path) -> SnapshotWriter:
     """`snapshot(store, version, partitions, rows, **options)` writes a version and returns its record."""
 
-    def write(
-        store: str, version: int, partitions: int, rows: Mapping[str, Any], **options: Any
-    ) -> StoreRecord:
+    def write(store: str, version: int, partitions: int, rows: Mapping[str, Any], **options: Any) -> StoreRecord:
         return write_snapshot(snapshot_root, store, version, partitions, rows, **options)
 
     return write

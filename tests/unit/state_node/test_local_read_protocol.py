@@ -4,6 +4,7 @@ request (forwarded, held elsewhere, missing, bad) still gets the application's a
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -44,10 +45,16 @@ def pair() -> Iterator[tuple[Client, Server]]:
     answered: list[str] = []
 
     class Spy(local_read_protocol(app, ME, CoalescingHttpToolsProtocol)):  # type: ignore[misc]
+        def express(self, cycle: Any, raw_path: bytes, target_bytes: int, headers: Any) -> Any:
+            result = super().express(cycle, raw_path, target_bytes, headers)
+            if result is not None:
+                answered.append(f"express {raw_path.decode()}")
+            return result
+
         async def answer(self, scope: Any, raw_path: bytes) -> Any:
             result = await super().answer(scope, raw_path)
             if result is not None:
-                answered.append(raw_path.decode())
+                answered.append(f"task {raw_path.decode()}")
             return result
 
     with uvicorn_in_thread(app, Spy) as port:
@@ -72,7 +79,34 @@ def test_a_held_key_is_answered_by_the_protocol_exactly_as_the_application_answe
             assert direct.headers["x-request-id"] == "rid-1" == via_app.headers["x-request-id"]
         generated = http.get(f"/stores/s/keys/{KEY_LOCAL}")
         assert generated.headers["x-request-id"] not in ("", "rid-1")
-    assert server.answered == [f"/stores/s/keys/{KEY_LOCAL}"] * 3
+    assert server.answered == [f"express /stores/s/keys/{KEY_LOCAL}"] * 3
+
+
+def test_pipelined_reads_are_answered_in_order_by_the_protocol_or_the_application(
+    pair: tuple[Client, Server],
+) -> None:
+    client, server = pair
+    path = f"/stores/s/keys/{KEY_LOCAL}"
+    missing = f"/stores/s/keys/{key_in('s', LOCAL_P, prefix='zz')}"
+    raw = (
+        f"GET {path} HTTP/1.1\r\nHost: x\r\nX-Request-ID: one\r\n\r\n"
+        f"GET {missing} HTTP/1.1\r\nHost: x\r\n\r\n"
+        f"GET {path} HTTP/1.1\r\nHost: x\r\nX-Request-ID: three\r\nConnection: close\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(raw)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+    first, second, third = received.split(b"HTTP/1.1 ")[1:]
+    body = client.get(path).content
+    assert second.startswith(b"404 ") and b"key_not_found" in second
+    for answer, request_id in ((first, b"one"), (third, b"three")):
+        assert answer.startswith(b"200 ") and answer.endswith(body)
+        assert b"\r\nx-request-id: " + request_id + b"\r\n" in answer
+    # The first is answered at once, the express way; the missing key goes to the application, and the
+    # read behind it waits for that answer, so goes the way of uvicorn's cycle.
+    assert server.answered == [f"express {path}", f"task {path}"]
 
 
 def test_everything_else_is_answered_by_the_application(pair: tuple[Client, Server]) -> None:

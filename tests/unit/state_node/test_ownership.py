@@ -55,10 +55,7 @@ def build_map(
         {s.name: s for s in stores},
         {n: NodeRecord(n, f"http://{n}") for n in nodes},
         Assignment(generation, dict(assignment)),
-        {
-            n: ServingRecord(n, f"http://{n}", {s: dict(p) for s, p in v.items()})
-            for n, v in (serving or {}).items()
-        },
+        {n: ServingRecord(n, f"http://{n}", {s: dict(p) for s, p in v.items()}) for n, v in (serving or {}).items()},
         generation=generation,
     )
 
@@ -119,9 +116,7 @@ def test_a_partition_is_announced_only_once_loaded(snapshot, data_dir: Path) -> 
         gate.set()
         await until(lambda: registration.last == {"s": {0: 1, 1: 1}})
         for text in ROWS:  # every row answers from one of the two local partitions
-            found = [
-                held.get(text.encode()) for held in (ownership.local("s", 0), ownership.local("s", 1)) if held
-            ]
+            found = [held.get(text.encode()) for held in (ownership.local("s", 0), ownership.local("s", 1)) if held]
             assert [v for v in found if v is not None] == [f'{{"i":{text[1:]}}}'.encode()]
         ownership.on_map(build_map([record], {"s": ((ME,), (ME, OTHER))}, {ME: {"s": {0: 1, 1: 1}}}, 2))
         assert ownership.readiness().ready
@@ -167,9 +162,7 @@ def test_make_before_break_when_a_partition_moves_away(snapshot, data_dir: Path)
     run(data_dir, scenario)
 
 
-def test_a_partition_leaving_both_its_holders_is_kept_until_a_new_holder_serves_it(
-    snapshot, data_dir: Path
-) -> None:
+def test_a_partition_leaving_both_its_holders_is_kept_until_a_new_holder_serves_it(snapshot, data_dir: Path) -> None:
     record = snapshot("s", 1, 1, ROWS)
     third = "n3"
 
@@ -282,9 +275,7 @@ def test_a_superseded_version_keeps_its_files_for_the_grace_period_and_a_rollbac
     run(data_dir, scenario, loader=loader, version_grace_s=1.0)
 
 
-def test_a_leaving_node_loads_nothing_new_and_keeps_serving_until_handed_over(
-    snapshot, data_dir: Path
-) -> None:
+def test_a_leaving_node_loads_nothing_new_and_keeps_serving_until_handed_over(snapshot, data_dir: Path) -> None:
     record = snapshot("s", 1, 2, ROWS)
 
     async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
