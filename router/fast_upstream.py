@@ -235,6 +235,10 @@ class StaleConnection(UpstreamUnavailable):
     """`FastUpstream.get_now` met an idle connection the node had already closed: it never saw the request."""
 
 
+def _answered_already(answer: UpstreamResponse | Exception) -> None:
+    raise AssertionError("an exchange answered twice")
+
+
 class _Callback:
     """The waiter of an exchange started by `FastUpstream.get_now`: hands the connection back and the answer
     (or failure) on, at once, instead of waking a coroutine."""
@@ -264,29 +268,33 @@ class _Callback:
         read) and `on_answer` is not called."""
         if self.finished:
             return
-        self.finished = True
-        conn = self.conn
-        conn.finish()
-        self.pool.discard(conn)
+        self._finish()
+        self.pool.discard(self.conn)
 
     def set_result(self, response: UpstreamResponse) -> None:
-        self.finished = True
-        conn = self.conn
-        conn.finish()
-        self.pool.release(conn)
-        self.on_answer(response)
+        on_answer = self._finish()
+        self.pool.release(self.conn)
+        on_answer(response)
 
     def set_exception(self, failure: BaseException) -> None:
-        self.finished = True
-        conn = self.conn
-        conn.finish()
-        self.pool.discard(conn)
+        on_answer = self._finish()
+        self.pool.discard(self.conn)
         if self.upstream.closed:  # aclose() broke the connection off: not the node's fault
-            self.on_answer(UpstreamUnavailable(_WHEN_CLOSED_MESSAGE, node_fault=False))
+            on_answer(UpstreamUnavailable(_WHEN_CLOSED_MESSAGE, node_fault=False))
         elif isinstance(failure, _Failure) and failure.retriable:
-            self.on_answer(StaleConnection(f"GET {self.url}: {failure}"))
+            on_answer(StaleConnection(f"GET {self.url}: {failure}"))
         else:
-            self.on_answer(UpstreamUnavailable(f"GET {self.url}: {failure}"))
+            on_answer(UpstreamUnavailable(f"GET {self.url}: {failure}"))
+
+    def _finish(self) -> Callable[[UpstreamResponse | Exception], None]:
+        self.finished = True
+        self.conn.finish()
+        on_answer = self.on_answer
+        # Let go of the caller's callback: whoever keeps this exchange (to cancel it) is usually what the
+        # callback belongs to, and a reference cycle per read would leave every read to the cyclic garbage
+        # collector instead of freeing it at once (measured: ~10% of the router's CPU).
+        self.on_answer = _answered_already
+        return on_answer
 
 
 def _decode(coding: bytes, body: bytes) -> bytes:
