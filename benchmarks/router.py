@@ -1,9 +1,9 @@
 """What a proxied read costs on a real cluster: direct, through keyroute's router, through nginx both ways.
 
 Run from the repository root: `.venv/bin/python benchmarks/router.py [--write]`. It installs wrk and nginx
-with apt-get when they are missing, builds a store without Spark, starts ZooKeeper, two nodes, a router
-and nginx on 127.0.0.1, measures with wrk, stops everything; --write records the figures in
-benchmarks/RESULTS.md. Two tables: every setup at saturation, and every setup at one equal, moderate rate
+with apt-get when they are missing, builds a store without Spark, starts ZooKeeper, two nodes, a router,
+nginx and two references (benchmarks/baselines/) on 127.0.0.1, measures with wrk, stops everything;
+--write records the figures in benchmarks/RESULTS.md. Two tables: every setup at saturation, and every setup at one equal, moderate rate
 (wrk paced), where the CPU a node spends per read compares like with like.
 """
 
@@ -51,14 +51,20 @@ CHROOT = "/keyroute-bench"
 TARGET_ROUTER_US = 120.0
 TARGET_NODE_RATIO = 1.1
 TARGET_ADDED_P50_US = 150.0
-# What nginx's plain proxy hop cost where the targets were set.
+# What nginx's plain proxy hop, and a Starlette app's answer to a read, cost where the targets were set.
 NGINX_REFERENCE_US = 20.0
+STARLETTE_REFERENCE_US = 32.0
 
 DIRECT = "a. direct to the owning node"
 ROUTER = "b. keyroute router -> owner"
 NGINX_RR = "c. nginx round-robin, nodes forward"
 NGINX_OWNER = "d. nginx -> owner (client-side routing)"
+BARE = "e. bare Python proxy -> owner (the floor for a Python hop)"
+FRAMEWORK = "f. Starlette app, one fixed answer (no node, no store)"
+# The equal-rate table compares (a) to (d); (e) and (f) are references measured at saturation only.
 SCENARIOS = (DIRECT, ROUTER, NGINX_RR, NGINX_OWNER)
+SATURATED_SCENARIOS = (*SCENARIOS, BARE, FRAMEWORK)
+BASELINES = Path(__file__).resolve().parent / "baselines"
 
 # Picks a random path from a file for every request, and prints wrk's summary as one parseable line.
 WRK_SCRIPT = """
@@ -240,6 +246,15 @@ def start_service(name: str, args: Sequence[str], work: Path, url: str) -> Servi
     return Service(name, popen, url, log)
 
 
+def _listening(url: str) -> bool:
+    host, _, port = url.removeprefix("http://").partition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
 def http_json(url: str) -> tuple[int, object]:
     try:
         with urllib.request.urlopen(url, timeout=5) as response:
@@ -366,6 +381,8 @@ class Cluster:
     owner_url: str
     files: dict[str, Path]
     paced_script: Path
+    bare: Service
+    framework: Service
 
     def measure(
         self, scenario: str, concurrency: int, duration_s: float, seed: int, rate_per_s: float | None = None
@@ -379,10 +396,16 @@ class Cluster:
             legs = [(self.router.url, self.files["all"])]
         elif scenario == NGINX_RR:
             legs = [(self.rr_url, self.files["all"])]
+        elif scenario == BARE:
+            legs = [(self.bare.url, self.files["all"])]
+        elif scenario == FRAMEWORK:
+            legs = [(self.framework.url, self.files["all"])]
         else:
             legs = [(self.owner_url, self.files["prefixed"])]
-        proxies = {ROUTER: self.router, NGINX_RR: self.nginx, NGINX_OWNER: self.nginx}
+        proxies = {ROUTER: self.router, NGINX_RR: self.nginx, NGINX_OWNER: self.nginx, BARE: self.bare}
         proxy = proxies.get(scenario)
+        # (f) answers by itself: its CPU is the "node" CPU of its row.
+        nodes = [self.framework] if scenario == FRAMEWORK else list(self.nodes.values())
         total = Run()
         weighted_p50 = weighted_p99 = 0.0
         batches: list[list[tuple[str, Path, int, float | None]]]
@@ -392,7 +415,7 @@ class Cluster:
             share = len(legs)
             batches = [[(url, paths, max(1, concurrency // share), rate_per_s / share) for url, paths in legs]]
         for batch in batches:
-            before_nodes = sum(tree_cpu_s(n.popen.pid) for n in self.nodes.values())
+            before_nodes = sum(tree_cpu_s(n.popen.pid) for n in nodes)
             before_proxy = tree_cpu_s(proxy.popen.pid) if proxy else 0.0
             script = self.script if rate_per_s is None else self.paced_script
             started = [
@@ -400,7 +423,7 @@ class Cluster:
                 for i, (url, paths, connections, rate) in enumerate(batch)
             ]
             runs = [wrk_result(popen) for popen in started]
-            total.node_cpu_s += sum(tree_cpu_s(n.popen.pid) for n in self.nodes.values()) - before_nodes
+            total.node_cpu_s += sum(tree_cpu_s(n.popen.pid) for n in nodes) - before_nodes
             total.proxy_cpu_s += (tree_cpu_s(proxy.popen.pid) - before_proxy) if proxy else 0.0
             total.duration_s += max(run.duration_s for run in runs)  # the legs of a batch run at the same time
             for run in runs:
@@ -490,7 +513,27 @@ def running_cluster(args: argparse.Namespace, wrk: str, nginx: str, work: Path) 
         script, paced_script = work / "random-paths.lua", work / "paced-random-paths.lua"
         script.write_text(WRK_SCRIPT)
         paced_script.write_text(WRK_SCRIPT + WRK_PACING)
-        cluster = Cluster(wrk, script, nodes, router, nginx_service, rr_url, owner_url, files, paced_script)
+        routes = work / "bare-proxy-routes.json"
+        routes.write_text(json.dumps({"partitions": args.partitions, "owners": [nodes[n].url for n in owner_of]}))
+        bare_port, framework_port = free_port(), free_port()
+        bare = start_service(
+            "bare-proxy",
+            [sys.executable, str(BASELINES / "bare_proxy.py"), str(routes), str(bare_port)],
+            work,
+            f"http://127.0.0.1:{bare_port}",
+        )
+        stack.callback(bare.stop)
+        framework = start_service(
+            "starlette-answer",
+            [sys.executable, str(BASELINES / "starlette_answer.py"), str(framework_port)],
+            work,
+            f"http://127.0.0.1:{framework_port}",
+        )
+        stack.callback(framework.stop)
+        wait_until(lambda: all(_listening(s.url) for s in (bare, framework)), 30, "the baselines", [bare, framework])
+        cluster = Cluster(
+            wrk, script, nodes, router, nginx_service, rr_url, owner_url, files, paced_script, bare, framework
+        )
         check_answers(cluster)
         yield cluster
 
@@ -544,7 +587,7 @@ def check_answers(cluster: Cluster) -> None:
         owner, plain = path.split("/", 2)[1], "/" + path.split("/", 2)[2]
         bodies = set()
         routers = [cluster.router.url]
-        for url in (cluster.nodes[owner].url, *routers, cluster.rr_url, cluster.owner_url):
+        for url in (cluster.nodes[owner].url, *routers, cluster.rr_url, cluster.owner_url, cluster.bare.url):
             target = url + (path if url == cluster.owner_url else plain)
             status, body = http_json(target)
             if status != 200:
@@ -602,7 +645,7 @@ def measure(cluster: Cluster, args: argparse.Namespace) -> tuple[dict[tuple[str,
     """Figures at saturation, per (scenario, concurrency), and at an equal rate, per scenario."""
     figures: dict[tuple[str, int], Figures] = {}
     paced: dict[str, Figures] = {}
-    scenarios = list(SCENARIOS)
+    scenarios = list(SATURATED_SCENARIOS)
     rates = paced_rates(args)
     for scenario in scenarios:  # warm up every path: connections, caches, the nodes' LMDB pages
         cluster.measure(scenario, max(args.concurrency), 1.0, seed=1)
@@ -629,8 +672,9 @@ def table(figures: dict[tuple[str, int], Figures]) -> str:
         "| setup | concurrency | requests/s | p50 ms | p99 ms | proxy CPU µs/request | node CPU µs/request | errors |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for (scenario, concurrency), f in sorted(figures.items(), key=lambda i: (i[0][1], SCENARIOS.index(i[0][0]))):
-        proxy = "—" if scenario == DIRECT else f"{f.proxy_us:,.0f}"
+    order = SATURATED_SCENARIOS.index
+    for (scenario, concurrency), f in sorted(figures.items(), key=lambda i: (i[0][1], order(i[0][0]))):
+        proxy = "—" if scenario in (DIRECT, FRAMEWORK) else f"{f.proxy_us:,.0f}"
         lines.append(
             f"| {scenario} | {concurrency} | {f.per_s:,.0f} | {f.p50_us / 1000:.2f} | {f.p99_us / 1000:.2f}"
             f" | {proxy} | {f.node_us:,.0f} | {f.errors} |"
@@ -680,6 +724,12 @@ def verdicts(
     saturated_ratio = router.node_us / direct.node_us
     added = figures[(ROUTER, low)].p50_us - figures[(DIRECT, low)].p50_us
     beats = router.p99_us < rr.p99_us and router.node_us < rr.node_us
+    bare, framework = figures[(BARE, high)], figures[(FRAMEWORK, high)]
+    # How much dearer this machine is than the one the targets were set on, by two measures taken in
+    # this run: nginx's plain hop, and a Starlette app's answer (the framework the nodes use).
+    nginx_factor = nginx.proxy_us / NGINX_REFERENCE_US
+    framework_factor = framework.node_us / STARLETTE_REFERENCE_US
+    factor = min(nginx_factor, framework_factor)
     # The targets were set on a machine where nginx's plain proxy hop costs ~20 µs: the same ratio to (d)
     # measured in this run is the figure that does not depend on how busy this machine is.
     relative = router.proxy_us / nginx.proxy_us
@@ -704,6 +754,14 @@ def verdicts(
         f"- keyroute (router) vs nginx round-robin with forwarding nodes (concurrency {high}): p99"
         f" {router.p99_us / 1000:.2f} vs {rr.p99_us / 1000:.2f} ms, node CPU {router.node_us:,.0f} vs"
         f" {rr.node_us:,.0f} µs/read: {verdict(beats)}.",
+        f"- This machine against the one the targets were set on (concurrency {high}): nginx's plain hop costs"
+        f" {nginx.proxy_us:,.0f} µs here against {NGINX_REFERENCE_US:.0f} there ({nginx_factor:.1f}x), a"
+        f" Starlette app's answer (f) {framework.node_us:,.0f} µs against {STARLETTE_REFERENCE_US:.0f}"
+        f" ({framework_factor:.1f}x). Divided by the smaller factor, the router's {router.proxy_us:,.0f} µs"
+        f" would be ~{router.proxy_us / factor:,.0f} µs there (target {TARGET_ROUTER_US:.0f}).",
+        f"- The floor for a proxy hop in Python on this machine (e: uvloop, httptools, callbacks only, no"
+        f" metrics, request ids, admission, failover or timeouts): {bare.proxy_us:,.0f} µs/read; the router"
+        f" costs {router.proxy_us / bare.proxy_us:.1f}x that.",
     ]
 
 
@@ -745,7 +803,11 @@ def section(
             " does a plain proxy hop: the C-language reference for what a proxy hop costs. In (c) nginx"
             " spreads reads over every node and a node forwards what it does not own (one hop). A node"
             " that a slow proxy leaves half idle pays the event loop's per-wakeup costs for each read, so"
-            " its CPU per read also rises with the proxy's slowness, not only with forwarding.",
+            " its CPU per read also rises with the proxy's slowness, not only with forwarding. Two references,"
+            " at saturation only: (e) a bare Python proxy hop to the owner with nothing else"
+            " (benchmarks/baselines/bare_proxy.py), the floor a Python hop does not go below; (f) a Starlette"
+            " app answering every read with one fixed body (benchmarks/baselines/starlette_answer.py), which"
+            " with (d) says how much dearer this machine is than the one the targets were set on.",
             "",
             "At saturation (wrk as fast as it can; (a) loads one node at a time):",
             "",
