@@ -3,8 +3,8 @@
 Run from the repository root: `.venv/bin/python benchmarks/router.py [--write]`. It installs wrk and nginx
 with apt-get when they are missing, builds a store without Spark, starts ZooKeeper, two nodes, a router,
 nginx and two references (benchmarks/baselines/) on 127.0.0.1, measures with wrk, stops everything;
---write records the figures in benchmarks/RESULTS.md. Two tables: every setup at saturation, and every setup at one equal, moderate rate
-(wrk paced), where the CPU a node spends per read compares like with like.
+--write records the figures in benchmarks/RESULTS.md. Two tables: every setup at saturation, and every
+setup at one equal, moderate rate (wrk paced), where the CPU a node spends per read compares like with like.
 """
 
 from __future__ import annotations

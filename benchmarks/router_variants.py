@@ -1,9 +1,12 @@
 """What each part of the router's hot path buys: the router as built against itself with one part taken out.
 
 Run from the repository root: `.venv/bin/python benchmarks/router_variants.py [--write]`. It starts the
-cluster of benchmarks/router.py (store without Spark, ZooKeeper, two nodes, the router), then two more
-routers on the same map, each with one change undone:
+cluster of benchmarks/router.py (store without Spark, ZooKeeper, two nodes, the router), then one more
+router per variant on the same map, each with one change undone:
 
+- "no express way": single-key reads answered by the server protocol where uvicorn would start the
+  application (`DirectAnswerProtocol._serve`, a task per read, `Proxy.get`), not from the parsed request
+  head without a task (`DirectAnswerProtocol.express`, `Proxy.read`);
 - "ASGI fast path": single-key reads are not answered by the server protocol (router/fast_path.py,
   `KeyReadProtocol`) but by the bare-ASGI middleware behind uvicorn's ASGI exchange, whose writes
   keyroute_core.http_server coalesces into one;
@@ -40,10 +43,16 @@ _SPEC.loader.exec_module(bench)
 
 SUBSECTION = "### Router variants"
 AS_BUILT = "as built"
+NO_EXPRESS = "no express way (a task per read, where uvicorn would start the application)"
 ASGI = "ASGI fast path"
 PLAIN_WRITES = "ASGI fast path, uvicorn's own writes (head and body in two)"
 STARLETTE = "key reads through Starlette"
-VARIANTS = ((ASGI, "asgi"), (PLAIN_WRITES, "plain-writes"), (STARLETTE, "starlette"))
+VARIANTS = (
+    (NO_EXPRESS, "no-express"),
+    (ASGI, "asgi"),
+    (PLAIN_WRITES, "plain-writes"),
+    (STARLETTE, "starlette"),
+)
 
 # Runs `keyroute router` with one part of the hot path undone (the first argument names which).
 VARIANT_ROUTER = """
@@ -52,8 +61,13 @@ import sys
 import router.service
 
 variant = sys.argv.pop(1)
-# Every variant: key reads are not answered by the server protocol.
-router.service.key_read_protocol = lambda app, max_key_bytes, base: base
+if variant == "no-express":
+    from router.fast_path import KeyReadProtocol
+
+    KeyReadProtocol.express = lambda self, cycle, raw_path, target_bytes, headers: None
+else:
+    # Every other variant: key reads are not answered by the server protocol.
+    router.service.key_read_protocol = lambda app, max_key_bytes, base: base
 if variant == "plain-writes":
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     router.service.CoalescingHttpToolsProtocol = HttpToolsProtocol

@@ -108,6 +108,9 @@ class CoalescingWrites:
         self.flush()
         self._transport.close()
 
+    def is_closing(self) -> bool:  # asked once per request: not through __getattr__
+        return self._transport.is_closing()
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
 
@@ -144,6 +147,11 @@ class DirectAnswerProtocol(HttpToolsProtocol):
 
     owner_app: Any = None  # the ASGI application; its state is read once its lifespan has started
     extra_error_headers: tuple[tuple[bytes, bytes], ...] = ()
+    # The keep-alive timeout: one timer per connection, re-armed only when it fires (see on_response_complete).
+    _keep_alive_timer: asyncio.TimerHandle | None = None
+    _idle_since = 0.0
+    _requests_begun = 0
+    _idle_after = 0
 
     @classmethod
     def for_app(cls, app: Any, base: type[HttpToolsProtocol] = HttpToolsProtocol, **attributes: Any) -> type:
@@ -167,6 +175,7 @@ class DirectAnswerProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         # uvicorn's own, without the scope: built in on_headers_complete only when the application answers.
+        self._requests_begun += 1
         self.url = b""
         self.expect_100_continue = False
         self.headers = []
@@ -240,6 +249,42 @@ class DirectAnswerProtocol(HttpToolsProtocol):
         if not cycle.keep_alive:
             transport.close()
         self.on_response_complete()
+
+    def on_response_complete(self) -> None:
+        # uvicorn's own, except for the keep-alive timeout: uvicorn starts a timer when a response completes
+        # and cancels it when the next request arrives, a timer per request; here one timer per connection
+        # checks, when it fires, whether the connection has been idle for the whole timeout since the last
+        # response (then it closes it, as uvicorn would) and otherwise waits again for what is left.
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._unset_keepalive_if_required()
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        self._idle_since = self.loop.time()
+        self._idle_after = self._requests_begun
+        if self._keep_alive_timer is None:
+            self._keep_alive_timer = self.loop.call_later(self.timeout_keep_alive, self._keep_alive_due)
+
+    def _keep_alive_due(self) -> None:
+        self._keep_alive_timer = None
+        if self._requests_begun != self._idle_after or self.transport.is_closing():
+            return  # a request came meanwhile: the next response completed starts the wait again
+        left = self._idle_since + self.timeout_keep_alive - self.loop.time()
+        if left > 0.001:  # uvloop's timers count whole milliseconds
+            self._keep_alive_timer = self.loop.call_later(left, self._keep_alive_due)
+        else:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        timer = self._keep_alive_timer
+        if timer is not None:
+            timer.cancel()
+            self._keep_alive_timer = None
+        super().connection_lost(exc)
 
     def express_error(self, exc: ApiError, request_id: str) -> Answer:
         """An ApiError as an express answer."""

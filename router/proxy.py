@@ -76,14 +76,16 @@ _NOT_PASSED = frozenset(
 
 def passthrough_headers(headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """A node's response headers minus hop-by-hop ones (also those its Connection header names)."""
-    named = {
-        token.strip().lower() for name, value in headers if name.lower() == b"connection" for token in value.split(b",")
-    }
     kept = []
+    named: set[bytes] | None = None
     for name, value in headers:
         lowered = name.lower()
-        if lowered not in _NOT_PASSED and lowered not in named:
+        if lowered not in _NOT_PASSED:
             kept.append((lowered, value))
+        elif lowered == b"connection":
+            named = (named or set()) | {token.strip().lower() for token in value.split(b",")}
+    if named:
+        kept = [(name, value) for name, value in kept if name not in named]
     return kept
 
 

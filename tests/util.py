@@ -104,16 +104,24 @@ class Proc:
 
 
 @contextmanager
-def uvicorn_in_thread(app: Any, protocol: type) -> Iterator[int]:
+def uvicorn_in_thread(app: Any, protocol: type, **options: Any) -> Iterator[int]:
     """`app` served by a real uvicorn server on 127.0.0.1 with the `protocol` class, without its lifespan,
-    on a thread of this process; yields the port once the server listens."""
+    on a thread of this process (more `uvicorn.Config` options in `options`); yields the port once the
+    server listens."""
     import uvicorn
 
     from router.service import _Server  # stops without re-raising a signal, also off the main thread
 
     port = free_port()
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, http=protocol, lifespan="off", log_level="warning", log_config=None
+        app,
+        host="127.0.0.1",
+        port=port,
+        http=protocol,
+        lifespan="off",
+        log_level="warning",
+        log_config=None,
+        **options,
     )
     server = _Server(config)
     thread = threading.Thread(target=server.run, daemon=True)

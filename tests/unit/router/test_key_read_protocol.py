@@ -9,6 +9,7 @@ import asyncio
 import json
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,7 +122,8 @@ def read_one(sock: socket.socket) -> bytes:
 
 
 @pytest.fixture
-def served() -> Iterator[Served]:
+def served(request: pytest.FixtureRequest) -> Iterator[Served]:
+    options = getattr(request, "param", {})  # more uvicorn.Config options, by indirect parametrization
     proxy = StandInProxy()
     admission = Admission(max_concurrent_requests=2, retry_after_s=3)
 
@@ -146,7 +148,7 @@ def served() -> Iterator[Served]:
             by_protocol.append(f"task {raw.decode()}")
             await super()._serve(cycle, app, raw)
 
-    with uvicorn_in_thread(app, Spy) as port:
+    with uvicorn_in_thread(app, Spy, **options) as port:
         try:
             yield Served(port, proxy, admission, by_protocol)
         finally:
@@ -257,3 +259,30 @@ def test_the_protocol_is_uvicorns_httptools_protocol_underneath() -> None:
 
     assert callable(HttpToolsProtocol._start_asgi_task)
     assert issubclass(KeyReadProtocol, HttpToolsProtocol)
+
+
+@pytest.mark.parametrize("served", [{"timeout_keep_alive": 1}], indirect=True)
+def test_an_idle_keep_alive_connection_is_closed_a_whole_timeout_after_its_last_answer(served: Served) -> None:
+    def still_open_after(seconds: float) -> None:
+        sock.settimeout(seconds)
+        with pytest.raises(TimeoutError):
+            sock.recv(1)
+
+    with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
+        for path in ("/stores/s/keys/k1", "/healthz"):  # answered by the protocol, then by the application
+            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            ((status, _, _),) = parse_responses(read_one(sock))
+            assert status == 200
+            still_open_after(0.6)  # well within the timeout
+        # A read still in progress when the timeout since the last answer has passed keeps the connection.
+        sock.sendall(b"GET /stores/s/keys/slow-1 HTTP/1.1\r\nHost: x\r\n\r\n")
+        wait_for(lambda: served.proxy.waiting == 1, timeout_s=10, message="the slow read in progress")
+        still_open_after(1.2)
+        served.proxy.release.set()
+        sock.settimeout(10)
+        ((status, _, _),) = parse_responses(read_one(sock))
+        answered = time.monotonic()
+        assert status == 200
+        assert sock.recv(1) == b""  # then closed by the server, a whole timeout after that answer
+        idle = time.monotonic() - answered
+    assert 0.9 <= idle < 3.0
