@@ -232,20 +232,9 @@ class DirectAnswerProtocol(HttpToolsProtocol):
         cycle.response_complete = True
         if cycle.disconnected:
             return
-        out = [STATUS_LINE.get(status) or b"HTTP/1.1 %d \r\n" % status]
-        for name, value in self.server_state.default_headers:
-            out += (name, b": ", value, b"\r\n")
-        for name, value in headers:
-            out += (name, b": ", value, b"\r\n")
-        out.append(b"content-length: %d\r\n" % len(body))
-        if not cycle.keep_alive:
-            out.append(b"connection: close\r\n")
-        out.append(b"\r\n")
-        if not cycle.head:
-            out.append(body)
         transport = self.transport
-        write_now = getattr(transport, "write_now", None)
-        (write_now or transport.write)(b"".join(out))
+        head = response_head(status, self.server_state.default_headers, headers, len(body), cycle.keep_alive)
+        write_at_once(transport, head if cycle.head else head + body)
         if not cycle.keep_alive:
             transport.close()
         self.on_response_complete()
@@ -339,23 +328,39 @@ async def respond(cycle: RequestResponseCycle, status: int, headers: list[tuple[
         await cycle.flow.drain()
     if cycle.disconnected:
         return
-    out = [STATUS_LINE.get(status) or b"HTTP/1.1 %d \r\n" % status]
-    for name, value in cycle.default_headers:
-        out += (name, b": ", value, b"\r\n")
-    for name, value in headers:
-        out += (name, b": ", value, b"\r\n")
-    out.append(b"content-length: %d\r\n" % len(body))
-    if not cycle.keep_alive:
-        out.append(b"connection: close\r\n")
-    out.append(b"\r\n")
-    if cycle.scope["method"] != "HEAD":
-        out.append(body)
+    head = response_head(status, cycle.default_headers, headers, len(body), cycle.keep_alive)
     cycle.response_started = True
     cycle.response_complete = True
     transport = cycle.transport
-    write_now = getattr(transport, "write_now", None)
-    (write_now or transport.write)(b"".join(out))
+    write_at_once(transport, head if cycle.scope["method"] == "HEAD" else head + body)
     cycle.message_event.set()
     if not cycle.keep_alive:
         transport.close()
     cycle.on_response()
+
+
+def response_head(
+    status: int,
+    default_headers: list[tuple[bytes, bytes]],
+    headers: list[tuple[bytes, bytes]],
+    content_length: int,
+    keep_alive: bool,
+) -> bytes:
+    """Status line and headers of a whole answer: the server's default ones (date, server), then `headers`,
+    the length, and `connection: close` when the connection ends with it."""
+    out = [STATUS_LINE.get(status) or b"HTTP/1.1 %d \r\n" % status]
+    for name, value in default_headers:
+        out += (name, b": ", value, b"\r\n")
+    for name, value in headers:
+        out += (name, b": ", value, b"\r\n")
+    out.append(b"content-length: %d\r\n" % content_length)
+    if not keep_alive:
+        out.append(b"connection: close\r\n")
+    out.append(b"\r\n")
+    return b"".join(out)
+
+
+def write_at_once(transport: Any, data: bytes) -> None:
+    """`data` to the socket now (after what CoalescingWrites still holds), not at the next loop turn."""
+    write_now = getattr(transport, "write_now", None)
+    (write_now or transport.write)(data)
