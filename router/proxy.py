@@ -343,6 +343,35 @@ class Proxy:
         else:
             self._spawn(self._after_hedge(read, hedge, refused), read)
 
+    def _launch_hedge(
+        self,
+        endpoint: Endpoint,
+        path: str,
+        headers: Mapping[str, str],
+        request_id: str | None,
+        on_done: Callable[[asyncio.Task[UpstreamResponse | None]], None],
+    ) -> asyncio.Task[UpstreamResponse | None] | None:
+        """The second request of a hedged read (`_Hedge` for `get`, `_Read` for `read`), to `endpoint` in a
+        task that calls `on_done` when it ends; None when that replica is backed off (it failed just now: a
+        second request there would not be faster) or the retry budget is spent."""
+        if self._backoff.backed_off(endpoint.url):
+            return None
+        if not self._budget.try_spend():
+            self.metrics.budget_exhausted += 1
+            return None
+        task = asyncio.get_running_loop().create_task(self._hedge_request(endpoint, path, headers, request_id))
+        task.add_done_callback(on_done)
+        return task
+
+    async def _hedge_request(
+        self, endpoint: Endpoint, path: str, headers: Mapping[str, str], request_id: str | None
+    ) -> UpstreamResponse | None:
+        # Counted here, not at launch: a hedge cancelled before its task first ran was never sent.
+        self.metrics.hedges += 1
+        if request_id is not None:
+            bind_request_id({}, request_id)  # this task's log lines carry it
+        return await self._fetch(endpoint, path, headers)
+
     def _spawn(self, work: Awaitable[UpstreamResponse], read: _Read) -> None:
         """The rest of `read` as `work` does it, in a task; its answer goes to `read.on_answer`."""
         task = asyncio.get_running_loop().create_task(self._finish(work, read))
@@ -695,28 +724,13 @@ class _Read:
 
     def fire(self) -> None:
         proxy = self.proxy
-        second = self.order[1]
-        if proxy._backoff.backed_off(second.url):
-            return  # the other replica failed just now: a second request there would not be faster
-        if not proxy._budget.try_spend():
-            proxy.metrics.budget_exhausted += 1
-            return
-        self.hedge = task = asyncio.get_running_loop().create_task(self._send_hedge(second))
-        task.add_done_callback(self._hedge_answered)
-
-    async def _send_hedge(self, endpoint: Endpoint) -> UpstreamResponse | None:
-        proxy = self.proxy
-        proxy.metrics.hedges += 1
-        if self.request_id is not None:
-            bind_request_id({}, self.request_id)
-        return await proxy._fetch(endpoint, self.path, proxy._headers(self.request_id))
+        headers = proxy._headers(self.request_id)
+        self.hedge = proxy._launch_hedge(self.order[1], self.path, headers, self.request_id, self._hedge_answered)
 
     def _hedge_answered(self, task: asyncio.Task[UpstreamResponse | None]) -> None:
-        if not self.waiting or task.cancelled() or task.exception() is not None:
-            return  # the first request answered meanwhile, and decides
-        response = task.result()
-        if response is None or response.status == 503:
-            return  # the first request may still answer
+        response = _winning(task) if self.waiting else None
+        if response is None:
+            return  # the first request answered meanwhile and decides, or it may still answer
         self.waiting = False
         proxy = self.proxy
         # The first request is abandoned: its connection is closed, never reused, and it counts as `get`
@@ -731,6 +745,14 @@ class _Read:
             self.deliver(UpstreamResponse(response.status, passthrough_headers(response.headers), response.body))
         except Exception:
             log.exception("handing on a hedged answer failed")
+
+
+def _winning(hedge: asyncio.Task[UpstreamResponse | None]) -> UpstreamResponse | None:
+    """The answer of a hedge that ended with one the read can take (not a failure, not a 503), else None."""
+    if hedge.cancelled() or hedge.exception() is not None:
+        return None
+    response = hedge.result()
+    return response if response is not None and response.status != 503 else None
 
 
 def _abandon(hedge: asyncio.Task[UpstreamResponse | None]) -> None:
@@ -813,26 +835,11 @@ class _Hedge:
         self.won = False
 
     def fire(self) -> None:
-        proxy = self.proxy
-        if proxy._backoff.backed_off(self.endpoint.url):
-            return  # the other replica failed just now: a second request there would not be faster
-        if not proxy._budget.try_spend():
-            proxy.metrics.budget_exhausted += 1
-            return
-        self.task = task = asyncio.get_running_loop().create_task(self._send())
-        task.add_done_callback(self._answered)
-
-    async def _send(self) -> UpstreamResponse | None:
-        # Counted here, not in `fire`: a hedge cancelled before its task first ran was never sent.
-        proxy = self.proxy
-        proxy.metrics.hedges += 1
-        return await proxy._fetch(self.endpoint, self.path, self.headers)
+        # The reader's task is where this is created from: the hedge's task inherits its request id.
+        self.task = self.proxy._launch_hedge(self.endpoint, self.path, self.headers, None, self._answered)
 
     def _answered(self, task: asyncio.Task[UpstreamResponse | None]) -> None:
-        if not self.waiting or task.cancelled() or task.exception() is not None:
-            return
-        response = task.result()
-        if response is not None and response.status != 503:
+        if self.waiting and _winning(task) is not None:
             self.won = True
             self.waiting = False
             self.reader.cancel()
