@@ -51,16 +51,24 @@ async def answer_key_read(proxy: Proxy, scope: Scope, raw: bytes, max_key_bytes:
         if located is None:
             return None
         store = located[0]
-        answer = await proxy.get(store, located[1], request_id)
+        result: UpstreamResponse | Exception = await proxy.get(store, located[1], request_id)
     except Exception as exc:
-        error = exc if isinstance(exc, ApiError) else ApiError("internal error")  # the base class is the 500
-        if error is not exc:
-            log.exception("a key read failed")
-        proxy.metrics.count(store, KIND_KEY, error.status)
-        headers = error_headers(error, ((_REQUEST_ID, request_id.encode("latin-1")),))
-        return error.status, headers, error_json(error.code, error.message)
-    proxy.metrics.count(store, KIND_KEY, answer.status)
-    return answer.status, with_request_id(answer.headers, request_id), answer.body
+        result = exc
+    return answered_read(proxy, store, request_id, result)
+
+
+def answered_read(proxy: Proxy, store: str, request_id: str, result: UpstreamResponse | Exception) -> Answer:
+    """What the client gets for a read's outcome, counted: the node's answer with the read's id, or the JSON
+    error of an ApiError; anything unexpected is logged with its traceback and answered 500 without detail."""
+    if isinstance(result, UpstreamResponse):
+        proxy.metrics.count(store, KIND_KEY, result.status)
+        return result.status, with_request_id(result.headers, request_id), result.body
+    error = result if isinstance(result, ApiError) else ApiError("internal error")  # the base class is the 500
+    if error is not result:
+        log.error("a key read failed", exc_info=result, extra={"request_id": request_id})
+    proxy.metrics.count(store, KIND_KEY, error.status)
+    headers = error_headers(error, ((_REQUEST_ID, request_id.encode("latin-1")),))
+    return error.status, headers, error_json(error.code, error.message)
 
 
 class KeyReadFastPath:
@@ -124,18 +132,13 @@ class KeyReadProtocol(DirectAnswerProtocol):
             return self.express_error(refusal, request_id)
         if isinstance(located, ApiError):
             admission.release()
-            proxy.metrics.count("", KIND_KEY, located.status)
-            return self.express_error(located, request_id)
+            return answered_read(proxy, "", request_id, located)
         store, key = located
 
         def answered(result: UpstreamResponse | Exception) -> None:
             try:
                 admission.release()
-                if isinstance(result, UpstreamResponse):
-                    proxy.metrics.count(store, KIND_KEY, result.status)
-                    self.finish_express(cycle, result.status, with_request_id(result.headers, request_id), result.body)
-                else:
-                    self.finish_express(cycle, *self._express_failure(proxy, store, request_id, result))
+                self.finish_express(cycle, *answered_read(proxy, store, request_id, result))
             except Exception:
                 # Never a hung connection: the client sees it close.
                 log.exception("answering a key read failed", extra={"request_id": request_id})
@@ -145,15 +148,8 @@ class KeyReadProtocol(DirectAnswerProtocol):
             proxy.read(store, key, request_id, answered)
         except Exception as exc:
             admission.release()
-            return self._express_failure(proxy, store, request_id, exc)
+            return answered_read(proxy, store, request_id, exc)
         return PENDING
-
-    def _express_failure(self, proxy: Proxy, store: str, request_id: str, exc: Exception) -> Answer:
-        if not isinstance(exc, ApiError):
-            log.error("a key read failed", exc_info=exc, extra={"request_id": request_id})
-            exc = ApiError("internal error")  # the base class is the 500
-        proxy.metrics.count(store, KIND_KEY, exc.status)
-        return self.express_error(exc, request_id)
 
 
 def with_request_id(headers: Sequence[tuple[bytes, bytes]], request_id: str) -> list[tuple[bytes, bytes]]:
