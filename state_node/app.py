@@ -433,9 +433,9 @@ class LocalReadProtocol(DirectAnswerProtocol):
         try:
             return answer_local_read(state.node, raw_path, headers, lambda: request_id_in(headers))
         except Exception:
-            # Left to the application, which answers (or logs and answers 500) as for any request.
+            # As on every other way in: logged, answered 500 without detail, the connection goes on.
             log.exception("answering a local read failed")
-            return None
+            return self.express_error(ApiError("internal error"), request_id_in(headers))
         finally:
             admission.release()
 

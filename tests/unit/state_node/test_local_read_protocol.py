@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+import state_node.app
 from keyroute_core.http_server import CoalescingHttpToolsProtocol
 from state_node.app import LocalReadProtocol, local_read_protocol
 from tests.unit.state_node.test_node_app import (
@@ -135,3 +136,50 @@ def test_the_node_protocol_is_a_direct_answer_protocol() -> None:
     from keyroute_core.http_server import DirectAnswerProtocol
 
     assert issubclass(LocalReadProtocol, DirectAnswerProtocol)
+
+
+def test_a_held_key_read_is_refused_by_the_admission_checks_before_it_is_answered(
+    pair: tuple[Client, Server],
+) -> None:
+    client, server = pair
+    admission = client._transport.app.state.admission  # type: ignore[attr-defined]
+    path = f"/stores/s/keys/{KEY_LOCAL}"
+    with httpx.Client(base_url=f"http://127.0.0.1:{server.port}", trust_env=False, timeout=10) as http:
+        admission.active = admission.max_concurrent_requests  # as many reads in progress as allowed
+        try:
+            busy = http.get(path, headers={"x-request-id": "busy-1"})
+        finally:
+            admission.active = 0
+        oversized = http.get(path, headers={"x-padding": "p" * (admission.max_header_bytes + 1)})
+        after = http.get(path)
+    assert busy.status_code == 503 and busy.json()["error"] == "overloaded"
+    assert busy.headers["x-request-id"] == "busy-1" and busy.headers["x-keyroute-node"] == ME
+    assert busy.headers["retry-after"]
+    assert oversized.status_code == 431 and oversized.json()["error"] == "headers_too_large"
+    assert (admission.overloaded, admission.headers_too_large) == (1, 1)
+    assert after.status_code == 200 and admission.active == 0
+    assert server.answered == [f"express {path}"] * 3  # the refusals too, without the application
+
+
+def test_a_local_answer_that_fails_is_a_json_500_and_the_connection_goes_on(
+    pair: tuple[Client, Server], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    client, server = pair
+    path = f"/stores/s/keys/{KEY_LOCAL}"
+    working = state_node.app.answer_local_read
+
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("a bug in the local answer")
+
+    with httpx.Client(base_url=f"http://127.0.0.1:{server.port}", trust_env=False, timeout=10) as http:
+        monkeypatch.setattr(state_node.app, "answer_local_read", broken)
+        failed = http.get(path, headers={"x-request-id": "oops-1"})
+        monkeypatch.setattr(state_node.app, "answer_local_read", working)
+        after = http.get(path)  # on the same kept-alive connection
+    assert failed.status_code == 500
+    assert failed.json() == {"error": "internal_error", "message": "internal error"}
+    assert failed.headers["x-request-id"] == "oops-1" and failed.headers["x-keyroute-node"] == ME
+    assert b"Traceback" not in failed.content
+    assert comparable(after) == comparable(client.get(path)) and after.status_code == 200
+    assert client._transport.app.state.admission.active == 0  # type: ignore[attr-defined]
+    assert any("a bug in the local answer" in str(r.exc_info[1]) for r in caplog.records if r.exc_info)
