@@ -535,15 +535,10 @@ class FastUpstream:
         headers, no CR/LF in values). `on_answer` is called once, from the event loop, with the answer or
         with the failure: UpstreamUnavailable, or `StaleConnection` when the node had closed the idle
         connection before it saw the request (send it again with `get`, which opens a new one)."""
-        if self.closed or not url.startswith("http://"):
+        located = None if self.closed else self._locate_known(url)
+        if located is None:
             return None
-        slash = url.find("/", 7)
-        pool = self._pools.get(url[:slash]) if slash > 0 else None
-        if pool is None:
-            return None
-        target = url[slash:]
-        if _UNUSUAL_TARGET.search(target) is not None:
-            return None
+        pool, target = located
         now = pool.loop.time()
         while True:
             conn = pool.take_idle(now)
@@ -617,6 +612,10 @@ class FastUpstream:
 
     def _locate(self, url: str) -> tuple[_Pool, str]:
         """The pool for the URL's origin and the request target (path and query)."""
+        return self._locate_known(url) or self._locate_slowly(url)
+
+    def _locate_known(self, url: str) -> tuple[_Pool, str] | None:
+        """`_locate` for a plain http:// URL of an origin that has a pool already; None for anything else."""
         if url.startswith("http://"):
             slash = url.find("/", 7)
             if slash > 0:
@@ -625,7 +624,7 @@ class FastUpstream:
                     target = url[slash:]
                     if _UNUSUAL_TARGET.search(target) is None:
                         return pool, target
-        return self._locate_slowly(url)
+        return None
 
     def _locate_slowly(self, url: str) -> tuple[_Pool, str]:
         scheme, colon, rest = url.partition(":")
