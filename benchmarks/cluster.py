@@ -40,13 +40,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from keyroute_core import zk, zk_layout  # noqa: E402
-from keyroute_core.key_format import KeyFormat  # noqa: E402
-from keyroute_core.partition_map import Assignment, ServingRecord, StoreRecord  # noqa: E402
-from keyroute_core.partitioner import Partitioner, partition_for  # noqa: E402
-from keyroute_core.settings import ZkSettings  # noqa: E402
-from keyroute_core.snapshot import Manifest, partition_dir, version_dir, write_manifest  # noqa: E402
-from keyroute_core.zookeeper_server import EmbeddedZooKeeper  # noqa: E402
+from keyroute.core import zk, zk_layout  # noqa: E402
+from keyroute.core.key_format import KeyFormat  # noqa: E402
+from keyroute.core.partition_map import Assignment, ServingRecord, StoreRecord  # noqa: E402
+from keyroute.core.partitioner import Partitioner, partition_for  # noqa: E402
+from keyroute.core.settings import ZkSettings  # noqa: E402
+from keyroute.core.snapshot import Manifest, partition_dir, version_dir, write_manifest  # noqa: E402
+from keyroute.core.zookeeper_server import EmbeddedZooKeeper  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 SECTION = "## Cluster"

@@ -36,17 +36,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pyspark
+from keyroute.core.key_format import KeyFormat
+from keyroute.core.partitioner import Partitioner
+from keyroute.core.settings import ZkSettings
+from keyroute.core.zookeeper_server import EmbeddedZooKeeper
+from keyroute.pipeline import compute
+from keyroute.pipeline.build import build
+from keyroute.pipeline.compute import key_partitions
+from keyroute.pipeline.session import create_session
+from keyroute.pipeline.spec import StoreSpec
 from pyspark.sql import Column, SparkSession
-
-from keyroute_core.key_format import KeyFormat
-from keyroute_core.partitioner import Partitioner
-from keyroute_core.settings import ZkSettings
-from keyroute_core.zookeeper_server import EmbeddedZooKeeper
-from pipeline import compute
-from pipeline.build import build
-from pipeline.compute import key_partitions
-from pipeline.session import create_session
-from pipeline.spec import StoreSpec
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 SECTION = "## Pipeline"
@@ -282,7 +281,7 @@ def section(timings: list[Timings], loads: list[float], args: argparse.Namespace
             f" 1-minute load average {min(loads):.1f}-{max(loads):.1f} at the start of the rounds, so"
             " wall-clock times are noisy; CPU time (Spark's JVM with its Python workers, and the driver)"
             " is steadier.",
-            '"No partition step" swaps `pipeline.compute.route_step` for `unhashed_route_column` (no Python',
+            '"No partition step" swaps `keyroute.pipeline.compute.route_step` for `unhashed_route_column` (no Python',
             "UDF, no Kafka hash: keys spread by Spark's JVM hash, so the write stays as parallel).",
             "",
             *rows,

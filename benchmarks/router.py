@@ -32,13 +32,13 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from keyroute_core import zk, zk_layout
-from keyroute_core.key_format import KeyFormat
-from keyroute_core.partition_map import StoreRecord
-from keyroute_core.partitioner import Partitioner, partition_for
-from keyroute_core.settings import ZkSettings
-from keyroute_core.snapshot import Manifest, partition_dir, version_dir, write_manifest
-from keyroute_core.zookeeper_server import EmbeddedZooKeeper
+from keyroute.core import zk, zk_layout
+from keyroute.core.key_format import KeyFormat
+from keyroute.core.partition_map import StoreRecord
+from keyroute.core.partitioner import Partitioner, partition_for
+from keyroute.core.settings import ZkSettings
+from keyroute.core.snapshot import Manifest, partition_dir, version_dir, write_manifest
+from keyroute.core.zookeeper_server import EmbeddedZooKeeper
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"

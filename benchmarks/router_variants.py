@@ -58,24 +58,24 @@ VARIANTS = (
 VARIANT_ROUTER = """
 import sys
 
-import router.service
+import keyroute.router.service
 
 variant = sys.argv.pop(1)
 if variant == "no-express":
-    from router.fast_path import KeyReadProtocol
+    from keyroute.router.fast_path import KeyReadProtocol
 
     KeyReadProtocol.express = lambda self, cycle, raw_path, target_bytes, headers: None
 else:
     # Every other variant: key reads are not answered by the server protocol.
-    router.service.key_read_protocol = lambda app, max_key_bytes, base: base
+    keyroute.router.service.key_read_protocol = lambda app, max_key_bytes, base: base
 if variant == "plain-writes":
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-    router.service.CoalescingHttpToolsProtocol = HttpToolsProtocol
+    keyroute.router.service.CoalescingHttpToolsProtocol = HttpToolsProtocol
 elif variant == "starlette":
     # No fast path: key reads reach a Starlette route (the router's own answers only non-key paths there).
-    import router.app
+    import keyroute.router.app
     from starlette.responses import Response
-    from router.fast_path import answer_key_read
+    from keyroute.router.fast_path import answer_key_read
 
     class PassOn:
         def __init__(self, app, **options):
@@ -94,13 +94,13 @@ elif variant == "starlette":
         response.raw_headers.extend(headers)
         return response
 
-    route = router.app.Route
+    route = keyroute.router.app.Route
 
     def key_route(path, endpoint, **options):
         return route(path, get_key if path == "/stores/{store}/keys/{key:path}" else endpoint, **options)
 
-    router.app.KeyReadFastPath = PassOn
-    router.app.Route = key_route
+    keyroute.router.app.KeyReadFastPath = PassOn
+    keyroute.router.app.Route = key_route
 from keyroute.cli import main
 sys.exit(main(sys.argv[1:]))
 """

@@ -14,11 +14,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from keyroute_core.key_format import KeyFormat, KeyFormatError, parse_key
-from keyroute_core.logs import FORMATS
-from keyroute_core.logs import configure as configure_logs
-from keyroute_core.partitioner import Partitioner, key_hash, partition_for
-from keyroute_core.settings import (
+from keyroute.core.key_format import KeyFormat, KeyFormatError, parse_key
+from keyroute.core.logs import FORMATS
+from keyroute.core.logs import configure as configure_logs
+from keyroute.core.partitioner import Partitioner, key_hash, partition_for
+from keyroute.core.settings import (
     AccessSettings,
     HttpSettings,
     NodeSettings,
@@ -395,7 +395,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 
 def cmd_zookeeper(args: argparse.Namespace) -> int:
-    from keyroute_core.zookeeper_server import ZooKeeperLaunchError, command
+    from keyroute.core.zookeeper_server import ZooKeeperLaunchError, command
 
     try:
         argv = command(args.data_dir.resolve(), args.port, args.host)
@@ -414,9 +414,9 @@ def _zk(args: argparse.Namespace) -> ZkSettings:
 
 
 def cmd_pipeline(args: argparse.Namespace) -> int:
-    from pipeline.build import build
-    from pipeline.errors import PipelineError
-    from pipeline.publish import retaining
+    from keyroute.pipeline.build import build
+    from keyroute.pipeline.errors import PipelineError
+    from keyroute.pipeline.publish import retaining
 
     if args.retain < 1:
         print("keyroute pipeline build: --retain must be at least 1", file=sys.stderr)
@@ -433,9 +433,9 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
 
 
 def cmd_store(args: argparse.Namespace) -> int:
-    from keyroute_core.zk import ZkUnavailableError, close, connect
-    from pipeline.errors import PipelineError
-    from pipeline.publish import describe_store, list_stores, rollback
+    from keyroute.core.zk import ZkUnavailableError, close, connect
+    from keyroute.pipeline.errors import PipelineError
+    from keyroute.pipeline.publish import describe_store, list_stores, rollback
 
     what = f"keyroute store {args.store_command}"
     try:
@@ -463,7 +463,7 @@ def cmd_store(args: argparse.Namespace) -> int:
 
 
 def cmd_node(args: argparse.Namespace) -> int:
-    from state_node.service import run
+    from keyroute.node.service import run
 
     settings = NodeSettings(
         node_id=args.node_id,
@@ -479,7 +479,7 @@ def cmd_node(args: argparse.Namespace) -> int:
 
 
 def cmd_router(args: argparse.Namespace) -> int:
-    from router.service import run
+    from keyroute.router.service import run
 
     settings = RouterSettings(
         zk=_zk(args),

@@ -19,7 +19,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from keyroute import sample_data
-from keyroute_core.zookeeper_server import is_serving
+from keyroute.core.zookeeper_server import is_serving
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,9 +4,9 @@ Pure values and formats are re-exported here; ZooKeeper plumbing (`zk`, `map_wat
 `zookeeper_server`) is imported from its module so that hashing a key never loads kazoo.
 """
 
-from keyroute_core.api import ApiError
-from keyroute_core.key_format import Key, KeyFormat, KeyFormatError, key_from_data, key_from_value, parse_key
-from keyroute_core.partition_map import (
+from keyroute.core.api import ApiError
+from keyroute.core.key_format import Key, KeyFormat, KeyFormatError, key_from_data, key_from_value, parse_key
+from keyroute.core.partition_map import (
     Assignment,
     Endpoint,
     KeyRoute,
@@ -16,9 +16,9 @@ from keyroute_core.partition_map import (
     ServingRecord,
     StoreRecord,
 )
-from keyroute_core.partitioner import Partitioner, crc32, fnv1a_32, key_hash, murmur2, partition_for, to_positive
-from keyroute_core.settings import HttpSettings, NodeSettings, RouterSettings, ZkSettings
-from keyroute_core.snapshot import Manifest, SnapshotError
+from keyroute.core.partitioner import Partitioner, crc32, fnv1a_32, key_hash, murmur2, partition_for, to_positive
+from keyroute.core.settings import HttpSettings, NodeSettings, RouterSettings, ZkSettings
+from keyroute.core.snapshot import Manifest, SnapshotError
 
 __all__ = [
     "ApiError",

@@ -12,9 +12,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from keyroute.core.api import error_json
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
-from keyroute_core.api import error_json
 
 
 def _response_431(max_head_bytes: int) -> bytes:

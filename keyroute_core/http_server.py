@@ -23,10 +23,9 @@ import logging
 from collections.abc import MutableMapping
 from typing import Any
 
+from keyroute.core.api import ApiError, error_headers, error_json, is_key_read
+from keyroute.core.request_guard import Admission, request_id_of
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
-
-from keyroute_core.api import ApiError, error_headers, error_json, is_key_read
-from keyroute_core.request_guard import Admission, request_id_of
 
 Scope = MutableMapping[str, Any]
 # Status, headers (without content-length: it is added) and body.
@@ -128,7 +127,7 @@ class DirectAnswerProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol answering single-key reads itself.
 
     uvicorn parses the request and builds its scope as usual; where it would start the ASGI application, a
-    key read (`keyroute_core.api.is_key_read`) instead runs the admission checks (the ones `RequestGuard`
+    key read (`keyroute.core.api.is_key_read`) instead runs the admission checks (the ones `RequestGuard`
     applies to every other request, on the same counters: the application's `state.admission`), gets its
     answer from `answer` and writes it whole in one call. That leaves out the ASGI exchange, the middleware
     chain, routing and the per-header checks of uvicorn's response writer: an answer's headers are our own

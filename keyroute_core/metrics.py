@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 if TYPE_CHECKING:
-    from keyroute_core.request_guard import Admission
+    from keyroute.core.request_guard import Admission
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 

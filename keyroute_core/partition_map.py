@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from keyroute_core.key_format import KeyFormat
-from keyroute_core.partitioner import Partitioner, key_hash, partition_of_hash
+from keyroute.core.key_format import KeyFormat
+from keyroute.core.partitioner import Partitioner, key_hash, partition_of_hash
 
 
 class RecordError(ValueError):

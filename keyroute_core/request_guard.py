@@ -10,9 +10,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
-from starlette.requests import Request
-
-from keyroute_core.api import (
+from keyroute.core.api import (
     DEFAULT_MAX_CONCURRENT_REQUESTS,
     DEFAULT_MAX_HEADER_BYTES,
     ApiError,
@@ -23,8 +21,9 @@ from keyroute_core.api import (
     error_headers,
     error_json,
 )
-from keyroute_core.logs import acceptable_request_id, bind_request_id, new_request_id
-from keyroute_core.security import BearerAuth
+from keyroute.core.logs import acceptable_request_id, bind_request_id, new_request_id
+from keyroute.core.security import BearerAuth
+from starlette.requests import Request
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

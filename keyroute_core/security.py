@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-from keyroute_core.api import Unauthorized
+from keyroute.core.api import Unauthorized
 
 # The token members present is derived from the secret, so the secret itself never travels and one secret
 # can later derive other tokens (say, a versioned one) without them being interchangeable.

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any, overload
 from urllib.parse import unquote, urlparse
 
-from keyroute_core.key_format import KeyFormat
-from keyroute_core.partitioner import Partitioner
+from keyroute.core.key_format import KeyFormat
+from keyroute.core.partitioner import Partitioner
 
 FORMAT = "keyroute-snapshot/1"
 _VERSION_DIR = re.compile(r"v[0-9]+")

@@ -30,9 +30,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
 from kazoo.retry import KazooRetry
 from kazoo.security import ACL, OPEN_ACL_UNSAFE, Permissions, make_digest_acl
-
-from keyroute_core import zk_layout
-from keyroute_core.settings import ZkSettings
+from keyroute.core import zk_layout
+from keyroute.core.settings import ZkSettings
 
 log = logging.getLogger(__name__)
 

@@ -12,18 +12,17 @@ from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooClient
+from keyroute.core.settings import ZkSettings
+from keyroute.core.snapshot import SnapshotError, local_path
+from keyroute.core.zk import ZkUnavailableError, close, connect
+from keyroute.pipeline.compute import compute_store, spark_message
+from keyroute.pipeline.errors import PipelineError, PublishError
+from keyroute.pipeline.publish import PublishedStore, check_shape, publish, read_published
+from keyroute.pipeline.session import create_session
+from keyroute.pipeline.spec import Spec, StoreSpec, load_spec
+from keyroute.pipeline.writer import WrittenVersion, next_version, remove_version, write_version
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
-
-from keyroute_core.settings import ZkSettings
-from keyroute_core.snapshot import SnapshotError, local_path
-from keyroute_core.zk import ZkUnavailableError, close, connect
-from pipeline.compute import compute_store, spark_message
-from pipeline.errors import PipelineError, PublishError
-from pipeline.publish import PublishedStore, check_shape, publish, read_published
-from pipeline.session import create_session
-from pipeline.spec import Spec, StoreSpec, load_spec
-from pipeline.writer import WrittenVersion, next_version, remove_version, write_version
 
 log = logging.getLogger(__name__)
 

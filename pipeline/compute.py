@@ -15,19 +15,18 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from keyroute.core.key_format import KeyFormat, KeyFormatError, key_from_value
+from keyroute.core.partition_vectorized import partitions as vectorized_partitions
+from keyroute.core.partitioner import Partitioner
+from keyroute.pipeline import audit
+from keyroute.pipeline.errors import DataError, PipelineError, SpecError
+from keyroute.pipeline.spec import Mode, SourceFormat, StoreSpec
 from py4j.protocol import Py4JError
 from pyspark import StorageLevel
 from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
-
-from keyroute_core.key_format import KeyFormat, KeyFormatError, key_from_value
-from keyroute_core.partition_vectorized import partitions as vectorized_partitions
-from keyroute_core.partitioner import Partitioner
-from pipeline import audit
-from pipeline.errors import DataError, PipelineError, SpecError
-from pipeline.spec import Mode, SourceFormat, StoreSpec
 
 # Internal column names, chosen so they cannot meet a source column by accident.
 RAW_KEY = "__keyroute_raw_key"

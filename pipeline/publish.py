@@ -21,15 +21,14 @@ from typing import TYPE_CHECKING
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, KazooException, NoNodeError, RolledBackError
 from kazoo.protocol.states import ZnodeStat
-
-from keyroute_core import zk_layout
-from keyroute_core.partition_map import RecordError, StoreRecord
-from keyroute_core.snapshot import SnapshotError, local_path, read_manifest
-from pipeline.errors import PipelineError, PublishError
+from keyroute.core import zk_layout
+from keyroute.core.partition_map import RecordError, StoreRecord
+from keyroute.core.snapshot import SnapshotError, local_path, read_manifest
+from keyroute.pipeline.errors import PipelineError, PublishError
 
 if TYPE_CHECKING:  # type names only: publishing and rolling back must not load Spark
-    from pipeline.spec import StoreSpec
-    from pipeline.writer import WrittenVersion
+    from keyroute.pipeline.spec import StoreSpec
+    from keyroute.pipeline.writer import WrittenVersion
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +44,7 @@ class RollbackError(PipelineError):
 @contextlib.contextmanager
 def retaining(versions: int) -> Iterator[None]:
     """Publish with `versions` retained within this block (how `keyroute pipeline build --retain N`
-    reaches `publish` through `pipeline.build.build`, which does not take the option itself)."""
+    reaches `publish` through `keyroute.pipeline.build.build`, which does not take the option itself)."""
     if versions < 1:
         raise ValueError(f"at least 1 version must be retained, got {versions}")
     token = _retain.set(versions)

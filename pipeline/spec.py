@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from keyroute_core.key_format import KeyFormat
-from keyroute_core.partitioner import Partitioner
-from pipeline.errors import SpecError
+from keyroute.core.key_format import KeyFormat
+from keyroute.core.partitioner import Partitioner
+from keyroute.pipeline.errors import SpecError
 
 # Store names become ZooKeeper node names and directory names: nothing that needs escaping anywhere.
 _STORE_NAME = re.compile(r"[A-Za-z0-9_.-]+", re.ASCII)

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from keyroute_core.snapshot import (
+from keyroute.core.snapshot import (
     Manifest,
     SnapshotError,
     existing_versions,
@@ -18,8 +18,8 @@ from keyroute_core.snapshot import (
     version_dir,
     write_manifest,
 )
-from pipeline.compute import ComputedStore, spark_errors
-from pipeline.errors import PublishError
+from keyroute.pipeline.compute import ComputedStore, spark_errors
+from keyroute.pipeline.errors import PublishError
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,25 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
+from keyroute.core.api import (
+    HEADER_REQUEST_ID,
+    ApiError,
+    BadRequest,
+)
+from keyroute.core.logs import bind_request_id
+from keyroute.core.metrics import CONTENT_TYPE, KIND_BATCH
+from keyroute.core.partition_map import PartitionMap
+from keyroute.core.request_guard import RequestGuard, read_body
+from keyroute.core.security import ClusterAuth
+from keyroute.core.settings import RouterSettings
+from keyroute.router.fast_path import KeyReadFastPath
+from keyroute.router.fast_upstream import FastUpstream
+from keyroute.router.limits import admission
+from keyroute.router.map_source import MapSource, ZooKeeperMapSource
+from keyroute.router.openapi import OPENAPI_JSON
+from keyroute.router.proxy import Proxy, parse_batch_body
+from keyroute.router.routing_table import RoutingTable
+from keyroute.router.upstream import HttpxUpstream, Upstream
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -21,26 +40,6 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-
-from keyroute_core.api import (
-    HEADER_REQUEST_ID,
-    ApiError,
-    BadRequest,
-)
-from keyroute_core.logs import bind_request_id
-from keyroute_core.metrics import CONTENT_TYPE, KIND_BATCH
-from keyroute_core.partition_map import PartitionMap
-from keyroute_core.request_guard import RequestGuard, read_body
-from keyroute_core.security import ClusterAuth
-from keyroute_core.settings import RouterSettings
-from router.fast_path import KeyReadFastPath
-from router.fast_upstream import FastUpstream
-from router.limits import admission
-from router.map_source import MapSource, ZooKeeperMapSource
-from router.openapi import OPENAPI_JSON
-from router.proxy import Proxy, parse_batch_body
-from router.routing_table import RoutingTable
-from router.upstream import HttpxUpstream, Upstream
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from keyroute_core.partition_map import Endpoint
+from keyroute.core.partition_map import Endpoint
 
 log = logging.getLogger(__name__)
 

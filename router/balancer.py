@@ -11,8 +11,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from keyroute_core.partition_map import Endpoint
-from router.backoff import NodeBackoff
+from keyroute.core.partition_map import Endpoint
+from keyroute.router.backoff import NodeBackoff
 
 DEFAULT_BUDGET_RATIO = 0.1
 # Hedges the bucket can hold: a burst after a quiet spell, and what a fresh router may send at once.

@@ -18,14 +18,13 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
+from keyroute.core.api import ApiError, error_headers, error_json, is_key_read, key_path_segment
+from keyroute.core.http_server import PENDING, Answer, DirectAnswerProtocol, ExpressCycle
+from keyroute.core.metrics import KIND_KEY
+from keyroute.core.request_guard import Admission, request_id_in, request_id_of
+from keyroute.router.proxy import Proxy
+from keyroute.router.upstream import UpstreamResponse
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
-from keyroute_core.api import ApiError, error_headers, error_json, is_key_read, key_path_segment
-from keyroute_core.http_server import PENDING, Answer, DirectAnswerProtocol, ExpressCycle
-from keyroute_core.metrics import KIND_KEY
-from keyroute_core.request_guard import Admission, request_id_in, request_id_of
-from router.proxy import Proxy
-from router.upstream import UpstreamResponse
 
 log = logging.getLogger(__name__)
 

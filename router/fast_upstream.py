@@ -23,8 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
-
-from router.upstream import UpstreamResponse, UpstreamUnavailable
+from keyroute.router.upstream import UpstreamResponse, UpstreamUnavailable
 
 DEFAULT_MAX_CONNECTIONS_PER_ORIGIN = 256
 # Shorter than uvicorn's keep-alive timeout (5 s), so we usually let an idle connection go before the node

@@ -4,12 +4,11 @@ passes and the uvicorn protocol that bounds request heads before the application
 
 from __future__ import annotations
 
+from keyroute.core.bounded_http import bounded_httptools
+from keyroute.core.request_guard import Admission
+from keyroute.core.security import BearerAuth
+from keyroute.core.settings import RouterSettings
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
-from keyroute_core.bounded_http import bounded_httptools
-from keyroute_core.request_guard import Admission
-from keyroute_core.security import BearerAuth
-from keyroute_core.settings import RouterSettings
 
 
 def protected_paths(settings: RouterSettings) -> tuple[str, ...]:

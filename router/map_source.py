@@ -9,11 +9,10 @@ from collections.abc import Callable
 from typing import Protocol
 
 from kazoo.client import KazooClient
-
-from keyroute_core import zk
-from keyroute_core.map_watcher import MapWatcher
-from keyroute_core.partition_map import PartitionMap
-from keyroute_core.settings import ZkSettings
+from keyroute.core import zk
+from keyroute.core.map_watcher import MapWatcher
+from keyroute.core.partition_map import PartitionMap
+from keyroute.core.settings import ZkSettings
 
 
 class MapSource(Protocol):

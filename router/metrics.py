@@ -11,9 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from prometheus_client.core import Metric
-
-from keyroute_core.metrics import (
+from keyroute.core.metrics import (
     Exposition,
     Histogram,
     RequestCounts,
@@ -24,8 +22,9 @@ from keyroute_core.metrics import (
     refusals_family,
     store_label,
 )
-from keyroute_core.partition_map import PartitionMap
-from keyroute_core.request_guard import Admission
+from keyroute.core.partition_map import PartitionMap
+from keyroute.core.request_guard import Admission
+from prometheus_client.core import Metric
 
 # attribute -> (metric name, help). Counters get `_total` appended by the exposition.
 _COUNTERS = {

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
-from keyroute_core.api import (
+from keyroute.core.api import (
     HEADER_GENERATION,
     HEADER_HOPS,
     HEADER_REQUEST_ID,
@@ -34,14 +34,14 @@ from keyroute_core.api import (
     StoreNotFound,
     key_too_long,
 )
-from keyroute_core.logs import bind_request_id
-from keyroute_core.partition_map import Endpoint
-from router.backoff import NodeBackoff
-from router.balancer import Balancer, LatencyQuantile, RetryBudget
-from router.fast_upstream import StaleConnection, header_block
-from router.metrics import RouterMetrics
-from router.routing_table import RoutingTable
-from router.upstream import Upstream, UpstreamResponse, UpstreamUnavailable
+from keyroute.core.logs import bind_request_id
+from keyroute.core.partition_map import Endpoint
+from keyroute.router.backoff import NodeBackoff
+from keyroute.router.balancer import Balancer, LatencyQuantile, RetryBudget
+from keyroute.router.fast_upstream import StaleConnection, header_block
+from keyroute.router.metrics import RouterMetrics
+from keyroute.router.routing_table import RoutingTable
+from keyroute.router.upstream import Upstream, UpstreamResponse, UpstreamUnavailable
 
 log = logging.getLogger(__name__)
 

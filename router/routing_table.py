@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from keyroute_core.api import BadKey, PartitionUnavailable, StoreNotFound
-from keyroute_core.key_format import KeyFormatError, parse_key
-from keyroute_core.partition_map import Endpoint, KeyRoute, PartitionMap
+from keyroute.core.api import BadKey, PartitionUnavailable, StoreNotFound
+from keyroute.core.key_format import KeyFormatError, parse_key
+from keyroute.core.partition_map import Endpoint, KeyRoute, PartitionMap
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,13 +15,12 @@ import threading
 from collections.abc import Callable, Iterator
 
 import uvicorn
-
-from keyroute_core.http_server import CoalescingHttpToolsProtocol
-from keyroute_core.settings import RouterSettings
-from router import workers
-from router.app import create_app
-from router.fast_path import key_read_protocol
-from router.limits import http_protocol
+from keyroute.core.http_server import CoalescingHttpToolsProtocol
+from keyroute.core.settings import RouterSettings
+from keyroute.router import workers
+from keyroute.router.app import create_app
+from keyroute.router.fast_path import key_read_protocol
+from keyroute.router.limits import http_protocol
 
 log = logging.getLogger(__name__)
 

@@ -18,17 +18,8 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
-from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
-from keyroute_core import zk
-from keyroute_core.api import (
+from keyroute.core import zk
+from keyroute.core.api import (
     HEADER_AUTH,
     HEADER_FORWARDED_BY,
     HEADER_GENERATION,
@@ -49,13 +40,13 @@ from keyroute_core.api import (
     key_path_segment,
     key_too_long,
 )
-from keyroute_core.http_server import Answer, DirectAnswerProtocol, ExpressCycle, Scope
-from keyroute_core.key_format import Key, KeyFormat, KeyFormatError, key_from_value, parse_key
-from keyroute_core.logs import SCOPE_REQUEST_ID, bind_request_id
-from keyroute_core.map_watcher import MapWatcher
-from keyroute_core.metrics import CONTENT_TYPE, KIND_BATCH, KIND_KEY
-from keyroute_core.partition_map import Endpoint, PartitionMap, StoreRecord
-from keyroute_core.request_guard import (
+from keyroute.core.http_server import Answer, DirectAnswerProtocol, ExpressCycle, Scope
+from keyroute.core.key_format import Key, KeyFormat, KeyFormatError, key_from_value, parse_key
+from keyroute.core.logs import SCOPE_REQUEST_ID, bind_request_id
+from keyroute.core.map_watcher import MapWatcher
+from keyroute.core.metrics import CONTENT_TYPE, KIND_BATCH, KIND_KEY
+from keyroute.core.partition_map import Endpoint, PartitionMap, StoreRecord
+from keyroute.core.request_guard import (
     Admission,
     RequestGuard,
     first_header,
@@ -63,13 +54,21 @@ from keyroute_core.request_guard import (
     request_id_in,
     request_id_of,
 )
-from keyroute_core.security import BearerAuth, ClusterAuth
-from keyroute_core.settings import NodeSettings
-from state_node.controller import Controller
-from state_node.metrics import NodeMetrics
-from state_node.ownership import Ownership
-from state_node.registration import Registration
-from state_node.store import PartitionStore, load_partition
+from keyroute.core.security import BearerAuth, ClusterAuth
+from keyroute.core.settings import NodeSettings
+from keyroute.node.controller import Controller
+from keyroute.node.metrics import NodeMetrics
+from keyroute.node.ownership import Ownership
+from keyroute.node.registration import Registration
+from keyroute.node.store import PartitionStore, load_partition
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import heapq
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from keyroute_core.partition_map import Assignment
+from keyroute.core.partition_map import Assignment
 
 # (partitions, replication_factor) per store, as the pipeline published them.
 StoreShape = tuple[int, int]

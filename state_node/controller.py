@@ -14,10 +14,9 @@ from typing import Any
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.recipe.election import Election
-
-from keyroute_core import zk_layout
-from keyroute_core.partition_map import Assignment, NodeRecord, RecordError, StoreRecord
-from state_node.assignment import StoreShape, assign
+from keyroute.core import zk_layout
+from keyroute.core.partition_map import Assignment, NodeRecord, RecordError, StoreRecord
+from keyroute.node.assignment import StoreShape, assign
 
 log = logging.getLogger(__name__)
 

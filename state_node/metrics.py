@@ -12,9 +12,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
-
-from keyroute_core.metrics import (
+from keyroute.core.metrics import (
     LOAD_BUCKETS_S,
     Exposition,
     Histogram,
@@ -25,12 +23,13 @@ from keyroute_core.metrics import (
     refusals_family,
     store_label,
 )
-from keyroute_core.partition_map import StoreRecord
-from keyroute_core.request_guard import Admission
-from state_node.store import LoadCancelled, PartitionStore
+from keyroute.core.partition_map import StoreRecord
+from keyroute.core.request_guard import Admission
+from keyroute.node.store import LoadCancelled, PartitionStore
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
 if TYPE_CHECKING:
-    from state_node.ownership import Ownership
+    from keyroute.node.ownership import Ownership
 
 Loader = Callable[[Path, StoreRecord, int, int, Callable[[], bool]], PartitionStore]
 

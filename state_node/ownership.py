@@ -19,10 +19,10 @@ from threading import Event
 from types import MappingProxyType
 from typing import Any
 
-from keyroute_core.partition_map import PartitionMap, StoreRecord
-from keyroute_core.settings import NodeSettings
-from state_node.registration import Registration
-from state_node.store import (
+from keyroute.core.partition_map import PartitionMap, StoreRecord
+from keyroute.core.settings import NodeSettings
+from keyroute.node.registration import Registration
+from keyroute.node.store import (
     LoadCancelled,
     LoadError,
     PartitionId,

@@ -11,9 +11,8 @@ from collections.abc import Mapping
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
-
-from keyroute_core import zk_layout
-from keyroute_core.partition_map import NodeRecord, ServingRecord
+from keyroute.core import zk_layout
+from keyroute.core.partition_map import NodeRecord, ServingRecord
 
 log = logging.getLogger(__name__)
 

@@ -17,11 +17,10 @@ from collections.abc import Awaitable, Callable, Iterator
 from types import FrameType
 
 import uvicorn
-
-from keyroute_core.bounded_http import bounded_httptools
-from keyroute_core.http_server import CoalescingHttpToolsProtocol
-from keyroute_core.settings import NodeSettings
-from state_node.app import Node, create_app, local_read_protocol
+from keyroute.core.bounded_http import bounded_httptools
+from keyroute.core.http_server import CoalescingHttpToolsProtocol
+from keyroute.core.settings import NodeSettings
+from keyroute.node.app import Node, create_app, local_read_protocol
 
 log = logging.getLogger(__name__)
 

@@ -19,11 +19,10 @@ from pathlib import Path
 from urllib.parse import quote, unquote
 
 import lmdb
-
-from keyroute_core.key_format import KeyFormatError, parse_key
-from keyroute_core.partition_map import StoreRecord
-from keyroute_core.partitioner import partition_for
-from keyroute_core.snapshot import Manifest, SnapshotError, iter_partition, read_manifest
+from keyroute.core.key_format import KeyFormatError, parse_key
+from keyroute.core.partition_map import StoreRecord
+from keyroute.core.partitioner import partition_for
+from keyroute.core.snapshot import Manifest, SnapshotError, iter_partition, read_manifest
 
 log = logging.getLogger(__name__)
 

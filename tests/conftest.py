@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from keyroute.core.settings import ZkSettings
+from keyroute.core.zookeeper_server import EmbeddedZooKeeper
 
-from keyroute_core.settings import ZkSettings
-from keyroute_core.zookeeper_server import EmbeddedZooKeeper
 from tests.util import free_port
 
 
@@ -41,7 +41,7 @@ def zk_settings(zk_server: EmbeddedZooKeeper) -> ZkSettings:
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    from pipeline.session import create_session
+    from keyroute.pipeline.session import create_session
 
     session = create_session(master="local[2]", local_dir=Path(tmp_path_factory.mktemp("spark")))
     yield session

@@ -109,8 +109,7 @@ def uvicorn_in_thread(app: Any, protocol: type, **options: Any) -> Iterator[int]
     on a thread of this process (more `uvicorn.Config` options in `options`); yields the port once the
     server listens."""
     import uvicorn
-
-    from router.service import _Server  # stops without re-raising a signal, also off the main thread
+    from keyroute.router.service import _Server  # stops without re-raising a signal, also off the main thread
 
     port = free_port()
     config = uvicorn.Config(

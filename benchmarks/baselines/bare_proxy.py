@@ -17,8 +17,7 @@ from urllib.parse import unquote_to_bytes
 
 import httptools
 import uvloop
-
-from keyroute_core.partitioner import murmur2, to_positive
+from keyroute.core.partitioner import murmur2, to_positive
 
 
 class Upstream(asyncio.Protocol):

@@ -16,11 +16,11 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+from keyroute.core.key_format import KeyFormat, parse_key
+from keyroute.core.partitioner import Partitioner, partition_for
+from keyroute.core.settings import ZkSettings
 
 from keyroute import sample_data
-from keyroute_core.key_format import KeyFormat, parse_key
-from keyroute_core.partitioner import Partitioner, partition_for
-from keyroute_core.settings import ZkSettings
 from tests.util import Proc, free_port, wait_for
 
 pytestmark = pytest.mark.integration
@@ -74,7 +74,7 @@ class Cluster:
 
 @pytest.fixture
 def cluster(tmp_path: Path, zk_settings: ZkSettings, spark: Any) -> Iterator[Cluster]:
-    from pipeline.build import build
+    from keyroute.pipeline.build import build
 
     files = sample_data.generate(tmp_path / "events", events=6_000)
     accounts = write_accounts(tmp_path / "events")

@@ -14,8 +14,8 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from keyroute.core.settings import ZkSettings
 
-from keyroute_core.settings import ZkSettings
 from tests.integration.small_cluster import (
     ADMIN_TOKEN,
     ROWS,

@@ -19,9 +19,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import pytest
-
-from keyroute_core.partition_vectorized import partitions
-from keyroute_core.partitioner import Partitioner, partition_for
+from keyroute.core.partition_vectorized import partitions
+from keyroute.core.partitioner import Partitioner, partition_for
 
 confluent_kafka = pytest.importorskip(
     "confluent_kafka", reason="the confluent-kafka dev dependency is missing"

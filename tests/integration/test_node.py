@@ -20,17 +20,17 @@ import httpx
 import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
+from keyroute.core import zk, zk_layout
+from keyroute.core.key_format import KeyFormat, parse_key
+from keyroute.core.partition_map import Assignment, NodeRecord, ServingRecord, StoreRecord
+from keyroute.core.partitioner import Partitioner, partition_for
+from keyroute.core.settings import NodeSettings, RouterSettings, ZkSettings
+from keyroute.core.snapshot import Manifest, partition_dir, version_dir, write_manifest
+from keyroute.node.app import create_app as create_node
+from keyroute.node.controller import Controller
+from keyroute.router.app import create_app as create_router
+from keyroute.router.map_source import ZooKeeperMapSource
 
-from keyroute_core import zk, zk_layout
-from keyroute_core.key_format import KeyFormat, parse_key
-from keyroute_core.partition_map import Assignment, NodeRecord, ServingRecord, StoreRecord
-from keyroute_core.partitioner import Partitioner, partition_for
-from keyroute_core.settings import NodeSettings, RouterSettings, ZkSettings
-from keyroute_core.snapshot import Manifest, partition_dir, version_dir, write_manifest
-from router.app import create_app as create_router
-from router.map_source import ZooKeeperMapSource
-from state_node.app import create_app as create_node
-from state_node.controller import Controller
 from tests.util import Proc, free_port, wait_for
 
 pytestmark = pytest.mark.integration

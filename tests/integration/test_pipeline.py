@@ -19,16 +19,15 @@ from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
+from keyroute.core import zk_layout
+from keyroute.core.key_format import KeyFormat, parse_key
+from keyroute.core.partition_map import StoreRecord
+from keyroute.core.partitioner import Partitioner, partition_for
+from keyroute.core.settings import ZkSettings
+from keyroute.core.snapshot import existing_versions, iter_partition, read_manifest
+from keyroute.pipeline.build import PublishedVersion, build
+from keyroute.pipeline.errors import DataError, PipelineError, PublishError, SpecError
 from pyspark.sql import SparkSession
-
-from keyroute_core import zk_layout
-from keyroute_core.key_format import KeyFormat, parse_key
-from keyroute_core.partition_map import StoreRecord
-from keyroute_core.partitioner import Partitioner, partition_for
-from keyroute_core.settings import ZkSettings
-from keyroute_core.snapshot import existing_versions, iter_partition, read_manifest
-from pipeline.build import PublishedVersion, build
-from pipeline.errors import DataError, PipelineError, PublishError, SpecError
 
 pytestmark = pytest.mark.integration
 

@@ -12,14 +12,13 @@ from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
+from keyroute.core import zk_layout
+from keyroute.core.partitioner import Partitioner, partition_for
+from keyroute.core.settings import ZkSettings
+from keyroute.core.snapshot import existing_versions, iter_partition, read_manifest
+from keyroute.pipeline.build import build
+from keyroute.pipeline.errors import PartitionAuditError
 from pyspark.sql import SparkSession
-
-from keyroute_core import zk_layout
-from keyroute_core.partitioner import Partitioner, partition_for
-from keyroute_core.settings import ZkSettings
-from keyroute_core.snapshot import existing_versions, iter_partition, read_manifest
-from pipeline.build import build
-from pipeline.errors import PartitionAuditError
 
 pytestmark = pytest.mark.integration
 

@@ -18,19 +18,19 @@ import httpx
 import pytest
 import uvicorn
 from kazoo.client import KazooClient
+from keyroute.core import zk_layout
+from keyroute.core.api import found_body, key_path_segment
+from keyroute.core.key_format import KeyFormat
+from keyroute.core.partition_map import ServingRecord, StoreRecord
+from keyroute.core.partitioner import Partitioner, partition_for
+from keyroute.core.settings import ZkSettings
+from keyroute.core.zk import close, connect
+from keyroute.core.zookeeper_server import EmbeddedZooKeeper
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from keyroute_core import zk_layout
-from keyroute_core.api import found_body, key_path_segment
-from keyroute_core.key_format import KeyFormat
-from keyroute_core.partition_map import ServingRecord, StoreRecord
-from keyroute_core.partitioner import Partitioner, partition_for
-from keyroute_core.settings import ZkSettings
-from keyroute_core.zk import close, connect
-from keyroute_core.zookeeper_server import EmbeddedZooKeeper
 from tests.util import Proc, free_port, wait_for
 
 pytestmark = pytest.mark.integration

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from keyroute.core.settings import ZkSettings
 
-from keyroute_core.settings import ZkSettings
 from tests.integration.small_cluster import SmallCluster, small_cluster
 from tests.util import Proc, wait_for
 

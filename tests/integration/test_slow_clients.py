@@ -14,8 +14,8 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from keyroute.core.settings import ZkSettings
 
-from keyroute_core.settings import ZkSettings
 from tests.integration.small_cluster import ROWS, STORE, SmallCluster, expected, key_path, small_cluster
 from tests.util import wait_for
 

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 from kazoo.client import KazooClient
+from keyroute.core import zk_layout
+from keyroute.core.key_format import KeyFormat
+from keyroute.core.map_watcher import MapWatcher
+from keyroute.core.partition_map import Assignment, PartitionMap, ServingRecord, StoreRecord
+from keyroute.core.partitioner import Partitioner
+from keyroute.core.settings import ZkSettings
+from keyroute.core.zk import close, connect
+from keyroute.core.zookeeper_server import EmbeddedZooKeeper, four_letter_word, is_serving
 
-from keyroute_core import zk_layout
-from keyroute_core.key_format import KeyFormat
-from keyroute_core.map_watcher import MapWatcher
-from keyroute_core.partition_map import Assignment, PartitionMap, ServingRecord, StoreRecord
-from keyroute_core.partitioner import Partitioner
-from keyroute_core.settings import ZkSettings
-from keyroute_core.zk import close, connect
-from keyroute_core.zookeeper_server import EmbeddedZooKeeper, four_letter_word, is_serving
 from tests.util import Proc, free_port, wait_for
 
 pytestmark = pytest.mark.integration

@@ -2,7 +2,7 @@
 
 Invariants: replica counts, distinct replicas, balance of replicas and of preferred replicas per store
 and across all stores, determinism, and the stickiness bound for a leaving node stated in
-`state_node.assignment.assign`: with O = the leaving node's replicas in partitions that keep their replica
+`keyroute.node.assignment.assign`: with O = the leaving node's replicas in partitions that keep their replica
 count, O <= moved <= 2*O.
 """
 
@@ -14,9 +14,8 @@ from collections.abc import Mapping, Sequence
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from keyroute_core.partition_map import Assignment
-from state_node.assignment import StoreShape, assign, moved_replicas
+from keyroute.core.partition_map import Assignment
+from keyroute.node.assignment import StoreShape, assign, moved_replicas
 
 EXAMPLES = settings(max_examples=250, deadline=None)
 POOL = [f"node-{i}" for i in range(10)] + ["a", "ä", "Z9", "n-10", "n-2"]

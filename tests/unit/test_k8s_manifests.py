@@ -22,10 +22,10 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from keyroute.core.settings import NodeSettings, RouterSettings, ZkSettings
 from starlette.routing import Match, Route
 
 from keyroute.cli import build_parser
-from keyroute_core.settings import NodeSettings, RouterSettings, ZkSettings
 from tests.k8s_render import (
     OVERLAYS,
     ROOT,
@@ -132,11 +132,11 @@ def pods_selected(objs: list[Obj], selector: Mapping[str, str]) -> list[Obj]:
 
 def app_for(command: list[str]) -> Any:
     if command == ["router"]:
-        from router.app import create_app as router_app
+        from keyroute.router.app import create_app as router_app
 
         return router_app(RouterSettings())
     if command == ["node"]:
-        from state_node.app import create_app as node_app
+        from keyroute.node.app import create_app as node_app
 
         return node_app(NodeSettings(node_id="probe", data_dir=Path("/nonexistent")))
     return None
@@ -539,7 +539,7 @@ def claim_at(pod_spec: Obj, container: Obj, path: str) -> tuple[str, str]:
 
 
 def test_the_spec_parses_and_reads_from_the_shared_volume(objs: list[Obj], tmp_path: Path) -> None:
-    from pipeline.spec import load_spec
+    from keyroute.pipeline.spec import load_spec
 
     for pod in pipeline_pods(objs):
         [c] = pod["spec"]["containers"]
@@ -678,8 +678,8 @@ def test_every_copy_source_exists_and_reaches_the_build_context() -> None:
                 assert not dockerignored(relative, patterns), f"{relative} is excluded by .dockerignore"
     # Every package pyproject installs is copied.
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    packages = {p.split(".")[0] for p in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
-    assert packages <= set(sources)
+    folders = set(pyproject["tool"]["setuptools"]["package-dir"].values())
+    assert folders <= set(sources)
     assert dockerignored(".venv/bin/python", patterns) and dockerignored("tests/conftest.py", patterns)
 
 

@@ -1,4 +1,4 @@
-"""pipeline.audit's reasoning: from the records a failed partitioner audit found to the likely cause.
+"""keyroute.pipeline.audit's reasoning: from the records a failed partitioner audit found to the likely cause.
 
 Pure: no Spark. `findings` stands in for the Spark pass, computed here with the scalar partitioners; the
 sources are "produced" the same way, by the producer each test imitates.
@@ -13,14 +13,13 @@ from collections import Counter
 from collections.abc import Sequence
 
 import pytest
+from keyroute.core.key_format import KeyFormat, key_from_value
+from keyroute.core.partitioner import Partitioner, partition_for
+from keyroute.pipeline import audit
+from keyroute.pipeline.audit import Findings, SampledRecord, explain
+from keyroute.pipeline.errors import DataError, PartitionAuditError
+from keyroute.pipeline.spec import Mode, SourceFormat, StoreSpec
 from pyspark.sql import types as T
-
-from keyroute_core.key_format import KeyFormat, key_from_value
-from keyroute_core.partitioner import Partitioner, partition_for
-from pipeline import audit
-from pipeline.audit import Findings, SampledRecord, explain
-from pipeline.errors import DataError, PartitionAuditError
-from pipeline.spec import Mode, SourceFormat, StoreSpec
 
 MURMUR2, CRC32, FNV1A = Partitioner.MURMUR2, Partitioner.CRC32, Partitioner.FNV1A
 Record = tuple[object, int | None]  # raw key as the source holds it, source partition

@@ -1,4 +1,4 @@
-"""pipeline.compute.route_keys: a batch of raw keys to canonical text and partition, errors returned per key.
+"""keyroute.pipeline.compute.route_keys: a batch of raw keys to canonical text and partition, errors returned per key.
 
 The function that runs inside Spark's Arrow UDF, tested here on plain Arrow arrays (no Spark session).
 """
@@ -11,11 +11,10 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from keyroute_core.key_format import KeyFormat, KeyFormatError, key_from_value, parse_key
-from keyroute_core.partitioner import Partitioner, partition_for
-from pipeline import compute
-from pipeline.compute import key_partitions, route_keys, serialize_keys, spark_message
+from keyroute.core.key_format import KeyFormat, KeyFormatError, key_from_value, parse_key
+from keyroute.core.partitioner import Partitioner, partition_for
+from keyroute.pipeline import compute
+from keyroute.pipeline.compute import key_partitions, route_keys, serialize_keys, spark_message
 
 
 def routed(

@@ -1,4 +1,4 @@
-"""pipeline.publish, pipeline.writer and pipeline.build without Spark or ZooKeeper: the decisions alone.
+"""keyroute.pipeline.publish, pipeline.writer and pipeline.build without Spark or ZooKeeper: the decisions alone.
 
 Shape checks, version numbering, the record published, and a bad spec failing before anything starts.
 """
@@ -8,18 +8,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from keyroute_core.key_format import KeyFormat
-from keyroute_core.partition_map import StoreRecord
-from keyroute_core.partitioner import Partitioner
-from keyroute_core.settings import ZkSettings
-from keyroute_core.snapshot import Manifest
-from pipeline import build as build_module
-from pipeline.build import PublishedVersion, build
-from pipeline.errors import PublishError, SpecError
-from pipeline.publish import PublishedStore, check_shape, store_record
-from pipeline.spec import Mode, SourceFormat, StoreSpec
-from pipeline.writer import WrittenVersion, next_version, snapshot_dir
+from keyroute.core.key_format import KeyFormat
+from keyroute.core.partition_map import StoreRecord
+from keyroute.core.partitioner import Partitioner
+from keyroute.core.settings import ZkSettings
+from keyroute.core.snapshot import Manifest
+from keyroute.pipeline import build as build_module
+from keyroute.pipeline.build import PublishedVersion, build
+from keyroute.pipeline.errors import PublishError, SpecError
+from keyroute.pipeline.publish import PublishedStore, check_shape, store_record
+from keyroute.pipeline.spec import Mode, SourceFormat, StoreSpec
+from keyroute.pipeline.writer import WrittenVersion, next_version, snapshot_dir
 
 STORE = StoreSpec(
     name="bookings",

@@ -1,4 +1,4 @@
-"""pipeline.spec: the TOML store spec parsed into frozen values, and every mistake named with its store.
+"""keyroute.pipeline.spec: the TOML store spec parsed into frozen values, and every mistake named with its store.
 
 Pure: no Spark, no ZooKeeper.
 """
@@ -9,11 +9,10 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-
-from keyroute_core.key_format import KeyFormat
-from keyroute_core.partitioner import Partitioner
-from pipeline.errors import PipelineError, SpecError
-from pipeline.spec import Mode, SourceFormat, Spec, StoreSpec, load_spec
+from keyroute.core.key_format import KeyFormat
+from keyroute.core.partitioner import Partitioner
+from keyroute.pipeline.errors import PipelineError, SpecError
+from keyroute.pipeline.spec import Mode, SourceFormat, Spec, StoreSpec, load_spec
 
 CONTRACT_EXAMPLE = """
 [stores.bookings]

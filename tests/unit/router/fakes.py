@@ -12,14 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
-
-from keyroute_core.api import ApiError, KeyNotFound, PartitionUnavailable, found_body, key_path_segment
-from keyroute_core.key_format import KeyFormat
-from keyroute_core.partition_map import (
+from keyroute.core.api import ApiError, KeyNotFound, PartitionUnavailable, found_body, key_path_segment
+from keyroute.core.key_format import KeyFormat
+from keyroute.core.partition_map import (
     EMPTY_ASSIGNMENT,
     Assignment,
     NodeRecord,
@@ -27,7 +22,11 @@ from keyroute_core.partition_map import (
     ServingRecord,
     StoreRecord,
 )
-from keyroute_core.partitioner import Partitioner
+from keyroute.core.partitioner import Partitioner
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 
 def store_record(

@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from keyroute.core.key_format import KeyFormat
+from keyroute.core.partition_map import PartitionMap
+from keyroute.core.partitioner import Partitioner, key_hash, partition_for
+from keyroute.core.request_guard import RequestGuard
+from keyroute.core.security import member_token
+from keyroute.core.settings import AccessSettings, RequestLimits, RouterSettings
+from keyroute.router.app import create_app
 
-from keyroute_core.key_format import KeyFormat
-from keyroute_core.partition_map import PartitionMap
-from keyroute_core.partitioner import Partitioner, key_hash, partition_for
-from keyroute_core.request_guard import RequestGuard
-from keyroute_core.security import member_token
-from keyroute_core.settings import AccessSettings, RequestLimits, RouterSettings
-from router.app import create_app
 from tests.unit.router.fakes import FakeCluster, FakeNode, StaticMapSource, build_map, node_url, store_record
 
 SETTINGS = RouterSettings(max_batch_keys=5, unavailable_retry_after_s=2, limits=RequestLimits(max_body_bytes=20_000))

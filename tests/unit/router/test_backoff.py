@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from keyroute_core.partition_map import Endpoint
-from router.backoff import NodeBackoff
+from keyroute.core.partition_map import Endpoint
+from keyroute.router.backoff import NodeBackoff
 
 A, B, C = (Endpoint(n, f"http://{n}:1", 1) for n in "abc")
 

@@ -6,10 +6,9 @@ import random
 from collections import Counter
 
 import pytest
-
-from keyroute_core.partition_map import Endpoint
-from router.backoff import NodeBackoff
-from router.balancer import Balancer, LatencyQuantile, RetryBudget
+from keyroute.core.partition_map import Endpoint
+from keyroute.router.backoff import NodeBackoff
+from keyroute.router.balancer import Balancer, LatencyQuantile, RetryBudget
 
 A, B, C, D = (Endpoint(n, f"http://{n}:1", 1) for n in "abcd")
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from keyroute.router import fast_path
 
-from router import fast_path
 from tests.unit.router.fakes import build_map
 from tests.unit.router.test_app import FULL, STORES, nodes, router, run
 

@@ -15,17 +15,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from keyroute.core.api import KeyNotFound
+from keyroute.core.http_server import CoalescingHttpToolsProtocol
+from keyroute.core.request_guard import Admission
+from keyroute.router.fast_path import KeyReadProtocol, key_read_protocol
+from keyroute.router.metrics import RouterMetrics
+from keyroute.router.upstream import UpstreamResponse
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from keyroute_core.api import KeyNotFound
-from keyroute_core.http_server import CoalescingHttpToolsProtocol
-from keyroute_core.request_guard import Admission
-from router.fast_path import KeyReadProtocol, key_read_protocol
-from router.metrics import RouterMetrics
-from router.upstream import UpstreamResponse
 from tests.util import uvicorn_in_thread, wait_for
 
 

@@ -8,13 +8,13 @@ from typing import Any
 
 import httpx
 import pytest
+from keyroute.core.metrics import UNKNOWN_STORE, Histogram, outcome
+from keyroute.core.settings import RouterSettings
+from keyroute.router.app import create_app
+from keyroute.router.metrics import RouterMetrics
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from keyroute_core.metrics import UNKNOWN_STORE, Histogram, outcome
-from keyroute_core.settings import RouterSettings
-from router.app import create_app
-from router.metrics import RouterMetrics
 from tests.unit.router.fakes import FakeCluster, FakeNode, StaticMapSource, build_map, store_record
 
 STORES = [store_record("s", 4), store_record("t", 2)]

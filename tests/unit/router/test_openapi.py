@@ -8,12 +8,12 @@ import re
 from typing import Any
 
 import httpx
+from keyroute.core.settings import RouterSettings
+from keyroute.router.app import create_app
+from keyroute.router.openapi import OPENAPI, OPENAPI_JSON
 from openapi_spec_validator import validate
 from starlette.routing import Route
 
-from keyroute_core.settings import RouterSettings
-from router.app import create_app
-from router.openapi import OPENAPI, OPENAPI_JSON
 from tests.unit.router.fakes import StaticMapSource
 
 _HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}

@@ -16,12 +16,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
-
-from keyroute_core.api import (
+from keyroute.core.api import (
     BadRequest,
     PartitionUnavailable,
     PayloadTooLarge,
@@ -29,14 +24,19 @@ from keyroute_core.api import (
     found_body,
     key_path_segment,
 )
-from keyroute_core.key_format import KeyFormat
-from keyroute_core.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord
-from keyroute_core.partitioner import Partitioner, partition_for
-from router.backoff import NodeBackoff
-from router.fast_upstream import FastUpstream
-from router.proxy import HEADER_ROUTER, Proxy, parse_batch_body, passthrough_headers
-from router.routing_table import RoutingTable
-from router.upstream import HttpxUpstream
+from keyroute.core.key_format import KeyFormat
+from keyroute.core.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord
+from keyroute.core.partitioner import Partitioner, partition_for
+from keyroute.router.backoff import NodeBackoff
+from keyroute.router.fast_upstream import FastUpstream
+from keyroute.router.proxy import HEADER_ROUTER, Proxy, parse_batch_body, passthrough_headers
+from keyroute.router.routing_table import RoutingTable
+from keyroute.router.upstream import HttpxUpstream
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
 from tests.unit.router.fakes import FakeCluster, FakeNode, build_map, store_record
 from tests.unit.router.test_fast_upstream import until
 from tests.util import free_port, wait_for

@@ -13,12 +13,10 @@ from typing import Any
 
 import pyarrow.fs as arrow_fs
 import pytest
-from pyarrow._fs import _MockFileSystem
-
-from keyroute_core import snapshot as snapshot_module
-from keyroute_core.key_format import KeyFormat
-from keyroute_core.partitioner import Partitioner
-from keyroute_core.snapshot import (
+from keyroute.core import snapshot as snapshot_module
+from keyroute.core.key_format import KeyFormat
+from keyroute.core.partitioner import Partitioner
+from keyroute.core.snapshot import (
     ArrowLocation,
     Manifest,
     SnapshotError,
@@ -31,6 +29,7 @@ from keyroute_core.snapshot import (
     version_dir,
     write_manifest,
 )
+from pyarrow._fs import _MockFileSystem
 
 ROWS: dict[int, list[tuple[str, Any]]] = {
     0: [("a", {"n": 1, "f": 2.5, "s": "x", "z": None}), ("ü/%", {"n": -3}), ("東京-42", {"city": "Tokyo"})],

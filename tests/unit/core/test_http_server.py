@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 import uvicorn
+from keyroute.core.http_server import CoalescingHttpToolsProtocol, CoalescingWrites
 
-from keyroute_core.http_server import CoalescingHttpToolsProtocol, CoalescingWrites
 from tests.util import free_port, wait_for
 
 

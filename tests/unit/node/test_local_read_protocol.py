@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import keyroute.node.app
 import pytest
+from keyroute.core.http_server import CoalescingHttpToolsProtocol
+from keyroute.node.app import LocalReadProtocol, local_read_protocol
 
-import state_node.app
-from keyroute_core.http_server import CoalescingHttpToolsProtocol
-from state_node.app import LocalReadProtocol, local_read_protocol
-from tests.unit.state_node.test_node_app import (
+from tests.unit.node.test_node_app import (
     HELD,
     KEY_LOCAL,
     KEY_REMOTE,
@@ -133,7 +133,7 @@ def test_everything_else_is_answered_by_the_application(pair: tuple[Client, Serv
 
 
 def test_the_node_protocol_is_a_direct_answer_protocol() -> None:
-    from keyroute_core.http_server import DirectAnswerProtocol
+    from keyroute.core.http_server import DirectAnswerProtocol
 
     assert issubclass(LocalReadProtocol, DirectAnswerProtocol)
 
@@ -166,15 +166,15 @@ def test_a_local_answer_that_fails_is_a_json_500_and_the_connection_goes_on(
 ) -> None:
     client, server = pair
     path = f"/stores/s/keys/{KEY_LOCAL}"
-    working = state_node.app.answer_local_read
+    working = keyroute.node.app.answer_local_read
 
     def broken(*args: Any) -> Any:
         raise RuntimeError("a bug in the local answer")
 
     with httpx.Client(base_url=f"http://127.0.0.1:{server.port}", trust_env=False, timeout=10) as http:
-        monkeypatch.setattr(state_node.app, "answer_local_read", broken)
+        monkeypatch.setattr(keyroute.node.app, "answer_local_read", broken)
         failed = http.get(path, headers={"x-request-id": "oops-1"})
-        monkeypatch.setattr(state_node.app, "answer_local_read", working)
+        monkeypatch.setattr(keyroute.node.app, "answer_local_read", working)
         after = http.get(path)  # on the same kept-alive connection
     assert failed.status_code == 500
     assert failed.json() == {"error": "internal_error", "message": "internal error"}

@@ -8,8 +8,7 @@ from __future__ import annotations
 import zlib
 
 import pytest
-
-from keyroute_core.partitioner import (
+from keyroute.core.partitioner import (
     Partitioner,
     crc32,
     fnv1a_32,

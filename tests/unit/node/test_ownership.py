@@ -9,11 +9,11 @@ from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
-from keyroute_core.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord, StoreRecord
-from keyroute_core.settings import NodeSettings
-from keyroute_core.snapshot import local_path, partition_dir
-from state_node.ownership import Ownership, PartitionState
-from state_node.store import PartitionId, PartitionStore, load_partition, partition_path
+from keyroute.core.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord, StoreRecord
+from keyroute.core.settings import NodeSettings
+from keyroute.core.snapshot import local_path, partition_dir
+from keyroute.node.ownership import Ownership, PartitionState
+from keyroute.node.store import PartitionId, PartitionStore, load_partition, partition_path
 
 ME = "n1"
 OTHER = "n2"

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-
-from keyroute_core.partition_map import Assignment
-from state_node.assignment import AssignmentError, assign, moved_replicas
+from keyroute.core.partition_map import Assignment
+from keyroute.node.assignment import AssignmentError, assign, moved_replicas
 
 
 def _load(a: Assignment) -> tuple[Counter[str], Counter[str]]:

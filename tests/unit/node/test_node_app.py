@@ -13,17 +13,16 @@ from typing import Any
 
 import httpx
 import pytest
+from keyroute.core.key_format import KeyFormat, parse_key
+from keyroute.core.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord, StoreRecord
+from keyroute.core.partitioner import Partitioner
+from keyroute.core.request_guard import Admission
+from keyroute.core.security import member_token
+from keyroute.core.settings import AccessSettings, NodeSettings, RequestLimits
+from keyroute.node.app import Node, create_app
+from keyroute.node.metrics import NodeMetrics
+from keyroute.node.ownership import Readiness
 from starlette.applications import Starlette
-
-from keyroute_core.key_format import KeyFormat, parse_key
-from keyroute_core.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord, StoreRecord
-from keyroute_core.partitioner import Partitioner
-from keyroute_core.request_guard import Admission
-from keyroute_core.security import member_token
-from keyroute_core.settings import AccessSettings, NodeSettings, RequestLimits
-from state_node.app import Node, create_app
-from state_node.metrics import NodeMetrics
-from state_node.ownership import Readiness
 
 ME, B, C = "n1", "n2", "n3"
 URLS = {ME: "http://n1.test:1", B: "http://n2.test:2", C: "http://n3.test:3"}

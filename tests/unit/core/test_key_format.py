@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from keyroute_core.key_format import (
+from keyroute.core.key_format import (
     Key,
     KeyFormat,
     KeyFormatError,

@@ -10,10 +10,9 @@ import random
 import numpy as np
 import pyarrow as pa
 import pytest
-
-from keyroute_core import partition_vectorized
-from keyroute_core.partition_vectorized import hashes, partitions
-from keyroute_core.partitioner import Partitioner, key_hash, partition_for
+from keyroute.core import partition_vectorized
+from keyroute.core.partition_vectorized import hashes, partitions
+from keyroute.core.partitioner import Partitioner, key_hash, partition_for
 
 # org.apache.kafka.common.utils.UtilsTest.testMurmur2
 KAFKA_UTILS_TEST = [

@@ -5,24 +5,24 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import keyroute_core
+import keyroute.core
 
 
 def test_public_surface_is_pinned_and_sorted() -> None:
-    assert keyroute_core.__all__ == sorted(keyroute_core.__all__)
-    assert set(keyroute_core.__all__) == {
+    assert keyroute.core.__all__ == sorted(keyroute.core.__all__)
+    assert set(keyroute.core.__all__) == {
         "ApiError", "Assignment", "Endpoint", "HttpSettings", "Key", "KeyFormat", "KeyFormatError", "KeyRoute",
         "Manifest", "NodeRecord", "NodeSettings", "PartitionMap", "Partitioner", "RecordError",
         "RouterSettings", "ServingRecord", "SnapshotError", "StoreRecord", "ZkSettings", "crc32", "fnv1a_32",
         "key_from_data", "key_from_value", "key_hash", "murmur2", "parse_key", "partition_for", "to_positive",
     }
-    for name in keyroute_core.__all__:
-        assert getattr(keyroute_core, name) is not None
+    for name in keyroute.core.__all__:
+        assert getattr(keyroute.core, name) is not None
 
 
 def test_hashing_a_key_does_not_load_zookeeper_or_spark() -> None:
     code = (
-        "import sys, keyroute_core; keyroute_core.partition_for(keyroute_core.Partitioner.MURMUR2, b'k', 3); "
+        "import sys, keyroute.core; keyroute.core.partition_for(keyroute.core.Partitioner.MURMUR2, b'k', 3); "
         "assert not [m for m in sys.modules if m.split('.')[0] in ('kazoo', 'pyspark')]"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -5,10 +5,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
-from keyroute_core.key_format import KeyFormat
-from keyroute_core.partitioner import Partitioner
-from keyroute_core.snapshot import (
+from keyroute.core.key_format import KeyFormat
+from keyroute.core.partitioner import Partitioner
+from keyroute.core.snapshot import (
     Manifest,
     SnapshotError,
     existing_versions,

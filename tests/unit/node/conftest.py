@@ -8,11 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from keyroute_core.key_format import KeyFormat, parse_key
-from keyroute_core.partition_map import StoreRecord
-from keyroute_core.partitioner import Partitioner, partition_for
-from keyroute_core.snapshot import Manifest, partition_dir, version_dir, write_manifest
+from keyroute.core.key_format import KeyFormat, parse_key
+from keyroute.core.partition_map import StoreRecord
+from keyroute.core.partitioner import Partitioner, partition_for
+from keyroute.core.snapshot import Manifest, partition_dir, version_dir, write_manifest
 
 SnapshotWriter = Callable[..., StoreRecord]
 

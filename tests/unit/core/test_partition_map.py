@@ -4,9 +4,8 @@ import dataclasses
 import json
 
 import pytest
-
-from keyroute_core.key_format import KeyFormat
-from keyroute_core.partition_map import (
+from keyroute.core.key_format import KeyFormat
+from keyroute.core.partition_map import (
     Assignment,
     NodeRecord,
     PartitionMap,
@@ -14,7 +13,7 @@ from keyroute_core.partition_map import (
     ServingRecord,
     StoreRecord,
 )
-from keyroute_core.partitioner import Partitioner, partition_for
+from keyroute.core.partitioner import Partitioner, partition_for
 
 
 def store(name: str = "bookings", partitions: int = 4, version: int = 2) -> StoreRecord:

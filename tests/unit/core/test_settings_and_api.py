@@ -3,9 +3,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from keyroute_core.api import BadKey, PartitionUnavailable, found_body, key_path_segment
-from keyroute_core.settings import HttpSettings, ZkSettings
+from keyroute.core.api import BadKey, PartitionUnavailable, found_body, key_path_segment
+from keyroute.core.settings import HttpSettings, ZkSettings
 
 
 @pytest.mark.parametrize(

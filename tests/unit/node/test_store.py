@@ -8,11 +8,10 @@ import os
 from pathlib import Path
 
 import pytest
-
-from keyroute_core.key_format import KeyFormat, parse_key
-from keyroute_core.partitioner import Partitioner, partition_for
-from keyroute_core.snapshot import local_path, partition_dir, read_manifest, write_manifest
-from state_node.store import (
+from keyroute.core.key_format import KeyFormat, parse_key
+from keyroute.core.partitioner import Partitioner, partition_for
+from keyroute.core.snapshot import local_path, partition_dir, read_manifest, write_manifest
+from keyroute.node.store import (
     MARKER,
     LoadCancelled,
     LoadError,
