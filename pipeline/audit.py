@@ -16,15 +16,16 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, Row
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
 from keyroute.core.key_format import KeyFormat, KeyFormatError, key_from_value
 from keyroute.core.partition_vectorized import hashes
 from keyroute.core.partitioner import Partitioner, partition_for
 from keyroute.pipeline.errors import DataError, PartitionAuditError
 from keyroute.pipeline.spec import StoreSpec
-from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, Row
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 # Per-key aggregates of the source partition column, named so they cannot meet a source column.
 LEAST = "__keyroute_audit_least"

@@ -12,17 +12,18 @@ from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooClient
+from pyspark.errors import PySparkException
+from pyspark.sql import SparkSession
+
 from keyroute.core.settings import ZkSettings
-from keyroute.core.snapshot import SnapshotError, local_path
+from keyroute.core.snapshot import ArrowLocation, SnapshotError, is_local, local_path
 from keyroute.core.zk import ZkUnavailableError, close, connect
 from keyroute.pipeline.compute import compute_store, spark_message
 from keyroute.pipeline.errors import PipelineError, PublishError
 from keyroute.pipeline.publish import PublishedStore, check_shape, publish, read_published
 from keyroute.pipeline.session import create_session
 from keyroute.pipeline.spec import Spec, StoreSpec, load_spec
-from keyroute.pipeline.writer import WrittenVersion, next_version, remove_version, write_version
-from pyspark.errors import PySparkException
-from pyspark.sql import SparkSession
+from keyroute.pipeline.writer import WrittenVersion, claim_next_version, remove_version, write_version
 
 log = logging.getLogger(__name__)
 
@@ -112,22 +113,39 @@ def _write_all(
 def _write_store(
     spark: SparkSession, store: StoreSpec, output: str, published: PublishedStore | None
 ) -> WrittenVersion:
-    version = next_version(output, store.name, published.record.version if published else None)
-    log.info("store %r: computing version %d from %s", store.name, version, store.source)
+    log.info("store %r: computing from %s", store.name, store.source)
     computed = compute_store(spark, store)
     try:
-        written = write_version(computed, output, version)
+        # Claimed once the data is known good, so a failed computation leaves no version behind.
+        claimed = claim_next_version(output, store.name, published.record.version if published else None)
+        log.info("store %r: writing version %d to %s", store.name, claimed.version, claimed.snapshot)
+        written = write_version(computed, claimed)
     finally:
         computed.release()
-    log.info("store %r: wrote version %d to %s", store.name, version, written.snapshot)
+    log.info("store %r: wrote version %d to %s", store.name, written.version, written.snapshot)
     return written
 
 
 def _check_output(spec: Spec, output: str) -> None:
+    """The output is a local path, a file:// URI or a URI some pyarrow filesystem writes; format-1 stores
+    need a local one (Spark's JSON writer on the driver's filesystem)."""
+    names = ", ".join(repr(store.name) for store in spec.stores)
     try:
-        local_path(output)
+        if is_local(output):
+            local_path(output)
+            return
     except SnapshotError as exc:
-        names = ", ".join(repr(store.name) for store in spec.stores)
+        raise PublishError(None, f"stores {names}: {exc}") from exc
+    for store in spec.stores:
+        if store.snapshot_format == 1:
+            raise PublishError(
+                store.name,
+                f"snapshot_format 1 is written to local paths or file:// URIs only, not {output!r} "
+                "(format 2, the default, is written to any filesystem pyarrow reaches)",
+            )
+    try:
+        ArrowLocation.from_uri(output)  # the filesystem exists and (for S3) its bucket's region resolves
+    except SnapshotError as exc:
         raise PublishError(None, f"stores {names}: {exc}") from exc
 
 

@@ -15,18 +15,20 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from keyroute.core.key_format import KeyFormat, KeyFormatError, key_from_value
-from keyroute.core.partition_vectorized import partitions as vectorized_partitions
-from keyroute.core.partitioner import Partitioner
-from keyroute.pipeline import audit
-from keyroute.pipeline.errors import DataError, PipelineError, SpecError
-from keyroute.pipeline.spec import Mode, SourceFormat, StoreSpec
 from py4j.protocol import Py4JError
 from pyspark import StorageLevel
 from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+
+from keyroute.core.key_format import KeyFormat, KeyFormatError, key_from_value
+from keyroute.core.lmdb_layout import db_keys
+from keyroute.core.partition_vectorized import partitions as vectorized_partitions
+from keyroute.core.partitioner import Partitioner
+from keyroute.pipeline import audit
+from keyroute.pipeline.errors import DataError, PipelineError, SpecError
+from keyroute.pipeline.spec import Mode, SourceFormat, StoreSpec
 
 # Internal column names, chosen so they cannot meet a source column by accident.
 RAW_KEY = "__keyroute_raw_key"
@@ -238,6 +240,41 @@ def _partition_udf(store: StoreSpec) -> Any:
         return key_partitions(keys, key_format, partitioner, partitions)
 
     return F.arrow_udf(partition, T.IntegerType())  # type: ignore[call-overload]
+
+
+def lmdb_keys(
+    keys: pa.Array,
+    parts: pa.Array,
+    key_format: KeyFormat,
+    partitioner: Partitioner,
+    partitions: int,
+    verify: bool = True,
+) -> pa.Array:
+    """The LMDB key (`db_key`) of every canonical key text, or null for a key that does not parse or (with
+    `verify`) whose serialized bytes do not hash to its row's partition: such a row must never be written."""
+    data = serialize_keys(keys, key_format).data
+    if verify:
+        placed = _partitions(data, partitioner, partitions)
+        fits = pc.fill_null(pc.equal(placed, pc.cast(parts, pa.int32())), False)
+    else:
+        fits = pc.is_valid(data)
+    return pc.if_else(fits, db_keys(data), pa.scalar(None, pa.binary()))
+
+
+def lmdb_key_column(store: StoreSpec, key: Column, partition: Column) -> Column:
+    """`lmdb_keys` in an Arrow UDF: the canonical `key` text serialized again with the store's key format,
+    checked against `partition`, and laid out as the node's LMDB key (binary, ordered as LMDB orders it).
+
+    The partition check is left out only while a benchmark has swapped `route_step` for one that places
+    keys by another hash (`unhashed_route_column`): then no key is where the partitioner puts it.
+    """
+    key_format, partitioner, partitions = store.key_format, store.partitioner, store.partitions
+    verify = route_step is route_column
+
+    def lmdb_key(keys: pa.Array, parts: pa.Array) -> pa.Array:
+        return lmdb_keys(keys, parts, key_format, partitioner, partitions, verify)
+
+    return F.arrow_udf(lmdb_key, T.BinaryType())(key, partition)  # type: ignore[call-overload]
 
 
 def route_column(store: StoreSpec, raw_key: Column) -> Column:

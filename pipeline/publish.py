@@ -16,14 +16,16 @@ import shutil
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, KazooException, NoNodeError, RolledBackError
 from kazoo.protocol.states import ZnodeStat
+
 from keyroute.core import zk_layout
 from keyroute.core.partition_map import RecordError, StoreRecord
-from keyroute.core.snapshot import SnapshotError, local_path, read_manifest
+from keyroute.core.snapshot import SnapshotError, read_manifest, resolve_location
 from keyroute.pipeline.errors import PipelineError, PublishError
 
 if TYPE_CHECKING:  # type names only: publishing and rolling back must not load Spark
@@ -193,12 +195,13 @@ def publish(
 
 
 def remove_snapshot(store: str, version: int, snapshot: str) -> bool:
-    """Remove a version's snapshot directory that is no longer retained. Only a local directory whose
-    manifest names this store and version is removed; anything else is left alone (and logged)."""
+    """Remove a version's snapshot directory that is no longer retained (a local directory or a location on
+    a pyarrow filesystem). Only a version whose manifest names this store and version is removed; anything
+    else is left alone (and logged)."""
     try:
-        path = local_path(snapshot)
-        manifest = read_manifest(path)
-    except SnapshotError as exc:
+        where = resolve_location(snapshot)
+        manifest = read_manifest(where)
+    except (SnapshotError, OSError) as exc:
         log.info("store %r: not removing version %d at %s (%s)", store, version, snapshot, exc)
         return False
     if (manifest.store, manifest.version) != (store, version):
@@ -207,7 +210,14 @@ def remove_snapshot(store: str, version: int, snapshot: str) -> bool:
         )
         return False
     log.info("store %r: version %d is no longer retained; removing %s", store, version, snapshot)
-    shutil.rmtree(path, ignore_errors=True)
+    if isinstance(where, Path):
+        shutil.rmtree(where, ignore_errors=True)
+        return True
+    try:
+        where.delete()
+    except OSError as exc:
+        log.warning("store %r: removing version %d at %s failed (%s)", store, version, snapshot, exc)
+        return False
     return True
 
 

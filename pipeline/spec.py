@@ -58,6 +58,9 @@ class StoreSpec:
     aggregations: Mapping[str, str] = field(default_factory=dict)
     # The Kafka partition each source record was produced to: when set, the build audits every record's.
     source_partition_column: str | None = None
+    # How versions are written: 2 = ready-to-serve LMDB files per partition (keyroute-snapshot/2); 1 = JSON
+    # lines (keyroute-snapshot/1, local outputs only) for nodes that do not read format 2 yet.
+    snapshot_format: int = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +89,10 @@ _FIELDS = (
     "columns",
     "aggregations",
     "source_partition_column",
+    "snapshot_format",
 )
+# The snapshot formats a spec may ask for (keyroute_core.snapshot.FORMAT_1, FORMAT_2).
+SNAPSHOT_FORMATS = (1, 2)
 
 
 def load_spec(path: Path) -> Spec:
@@ -171,6 +177,7 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
         columns=columns,
         aggregations=dict(aggregations or {}),
         source_partition_column=source_partition_column,
+        snapshot_format=fields.snapshot_format(),
     )
 
 
@@ -239,6 +246,13 @@ class _Fields:
         if maximum is not None and value > maximum:
             raise SpecError(self.store, f"{name!r} must be at most {maximum}, got {value}")
         return value
+
+    def snapshot_format(self) -> int:
+        value = self.table.get("snapshot_format", SNAPSHOT_FORMATS[-1])
+        if not isinstance(value, int) or isinstance(value, bool) or value not in SNAPSHOT_FORMATS:
+            allowed = " or ".join(str(v) for v in SNAPSHOT_FORMATS)
+            raise SpecError(self.store, f"'snapshot_format' must be {allowed}, got {value!r}")
+        return int(value)
 
     def names(self, name: str) -> tuple[str, ...] | None:
         value = self.table.get(name)

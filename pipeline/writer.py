@@ -1,39 +1,102 @@
 """Writing one computed store as a new snapshot version, in keyroute_core.snapshot's layout.
 
-The version directory is claimed with mkdir (never overwritten), filled by Spark, and sealed by the manifest.
+A version is claimed first (never overwritten, never shared with another build), filled by Spark, and
+sealed by the manifest, written last by the driver. Whatever fails in between, the version is removed again.
+
+Where: `output` is a local path, a file:// URI, or any URI a pyarrow filesystem writes (s3://, gs://,
+hdfs://; s3a:// as s3://), with credentials from the usual environment variables.
+
+Claiming a version:
+    local path    mkdir of the version directory: atomic, a second builder gets FileExistsError.
+    pyarrow URI   object stores have no atomic mkdir, and pyarrow offers no create-if-absent write; so a
+                  builder writes its own marker `_claim-{token}.json` into the version directory and then
+                  lists the directory: it owns the version only if its marker is the only entry there. On a
+                  store whose writes and listings are strongly consistent (S3 since December 2020, GCS,
+                  Azure Blob, HDFS, MinIO) at most one of any number of concurrent builders sees only its
+                  own marker: whichever lists second sees the first one's marker (the first wrote before it
+                  listed). A builder that sees another entry leaves its marker (so the version stays visibly
+                  taken) and tries the next number. The marker stays in the version as a record of the
+                  build that wrote it. The ZooKeeper publish (keyroute.pipeline.publish) is a separate
+                  compare-and-set on the store record, so two builds never publish over each other either.
+
+Format 2 (the default, `snapshot_format = 2`): the rows are shuffled so that each store partition's rows
+are in one Spark task, sorted there by their LMDB key, and every task builds, compacts, checksums and
+uploads the LMDB file of each of its partitions (keyroute.pipeline.lmdb_files); the driver writes the
+empty partitions' files and the manifest. Format 1 (`snapshot_format = 1`, local outputs only): Spark's JSON
+writer, one JSON-lines file per non-empty partition.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import shutil
+import socket
+import tempfile
 import time
+import uuid
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from pyspark.sql import functions as F
+
+from keyroute.core.lmdb_layout import build_partition_file
 from keyroute.core.snapshot import (
+    FORMAT_1,
+    FORMAT_2,
+    ArrowLocation,
     Manifest,
     SnapshotError,
+    data_file,
     existing_versions,
+    is_local,
     partition_dir,
-    version_dir,
+    resolve_location,
+    version_uri,
     write_manifest,
 )
-from keyroute.pipeline.compute import ComputedStore, spark_errors
+from keyroute.pipeline import lmdb_files
+from keyroute.pipeline.compute import ComputedStore, lmdb_key_column, spark_errors
 from keyroute.pipeline.errors import PublishError
+
+# A builder's claim on a version directory on a pyarrow filesystem (see the module docstring).
+CLAIM_PREFIX = "_claim-"
+# How many version numbers a build tries before giving up (each one taken by a concurrent build).
+_CLAIM_ATTEMPTS = 20
 
 
 @dataclass(frozen=True, slots=True)
 class WrittenVersion:
-    """A complete snapshot version on disk (manifest written), not yet published."""
+    """A complete snapshot version (manifest written), not yet published.
+
+    `snapshot` is where nodes read it: the absolute local path, or the URI under the output.
+    """
 
     store: str
     version: int
-    snapshot: Path
+    snapshot: str | Path
     manifest: Manifest
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimedVersion:
+    """A version directory this build owns: created (locally) or marked (on a pyarrow filesystem), empty."""
+
+    store: str
+    version: int
+    snapshot: str  # the version's location as published: an absolute local path or a URI
+    location: Path | ArrowLocation
+
+
+class VersionTaken(PublishError):
+    """The version directory exists already, or another build claimed it at the same moment."""
+
+
 def next_version(output: str, store: str, published: int | None) -> int:
-    """One past every version on disk and the one published in ZooKeeper, so numbers never repeat."""
+    """One past every version under the output and the one published in ZooKeeper, so numbers never repeat."""
     try:
         on_disk = existing_versions(output, store)
     except (SnapshotError, OSError) as exc:
@@ -41,60 +104,245 @@ def next_version(output: str, store: str, published: int | None) -> int:
     return max([*on_disk, published or 0]) + 1
 
 
-def snapshot_dir(output: str, store: str, version: int) -> Path:
-    """The absolute directory of one version (a local path or file:// output only)."""
+def version_snapshot(output: str, store: str, version: int) -> str:
+    """Where one version lives, as published: the absolute local path, or the URI under the output."""
     try:
-        return version_dir(output, store, version).resolve()
+        location = version_uri(output, store, version)
+        return str(Path(location).resolve()) if is_local(output) else location
     except SnapshotError as exc:
         raise PublishError(store, str(exc)) from exc
 
 
-def write_version(computed: ComputedStore, output: str, version: int) -> WrittenVersion:
-    """Write `computed` as version `version`; on any failure the version directory is removed again."""
-    store = computed.spec
-    target = snapshot_dir(output, store.name, version)
+def claim_version(output: str, store: str, version: int) -> ClaimedVersion:
+    """Claim `version` of `store` under `output` for this build; VersionTaken if it is anyone else's."""
+    snapshot = version_snapshot(output, store, version)
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.mkdir()  # claims the version: a concurrent build (or an old one) cannot share it
-    except FileExistsError:
-        raise PublishError(
-            store.name, f"version directory {target} already exists (versions are never overwritten)"
-        ) from None
+        location = resolve_location(snapshot)
+    except SnapshotError as exc:
+        raise PublishError(store, str(exc)) from exc
+    claimed = ClaimedVersion(store, version, snapshot, location)
+    if isinstance(location, Path):
+        try:
+            location.parent.mkdir(parents=True, exist_ok=True)
+            location.mkdir()
+        except FileExistsError:
+            raise VersionTaken(
+                store, f"version directory {location} already exists (versions are never overwritten)"
+            ) from None
+        except OSError as exc:
+            raise PublishError(store, f"cannot create version directory {location}: {exc}") from exc
+        return claimed
+    taken = VersionTaken(store, f"version {version} at {snapshot} is taken (versions are never overwritten)")
+    try:
+        if location.exists():
+            raise taken
+        marker = f"{CLAIM_PREFIX}{uuid.uuid4().hex}.json"
+        location.write_bytes(marker, _claim_record(store, version))
+        others = [name for name, _ in location.names() if name != marker]
     except OSError as exc:
-        raise PublishError(store.name, f"cannot create version directory {target}: {exc}") from exc
-    try:
-        rows = _write_rows(computed, target)
-        files = {p: _partition_files(target, p) for p in range(store.partitions)}
-        for partition, count in enumerate(rows):
-            if count and not files[partition]:
-                raise PublishError(
-                    store.name, f"Spark wrote no file for partition {partition} ({count} rows)"
-                )
-        manifest = Manifest(
-            store=store.name,
-            version=version,
-            partitions=store.partitions,
-            partitioner=store.partitioner,
-            key_format=store.key_format,
-            value_columns=computed.value_columns,
-            rows=rows,
-            files=files,
-            created_at=time.time(),
-        )
-        write_manifest(target, manifest)  # last: until now, readers see an incomplete version
-    except BaseException:
-        remove_version(target)
-        raise
-    return WrittenVersion(store=store.name, version=version, snapshot=target, manifest=manifest)
+        raise PublishError(store, f"cannot claim version {version} at {snapshot}: {exc}") from exc
+    if others:
+        raise taken
+    return claimed
 
 
-def remove_version(snapshot: Path) -> None:
-    """Delete a version directory this build created and did not publish."""
-    shutil.rmtree(snapshot, ignore_errors=True)
+def claim_next_version(output: str, store: str, published: int | None) -> ClaimedVersion:
+    """Claim the next free version of `store` (see `next_version`), trying later numbers while concurrent
+    builds take them."""
+    version = next_version(output, store, published)
+    for _ in range(_CLAIM_ATTEMPTS):
+        try:
+            return claim_version(output, store, version)
+        except VersionTaken:
+            version = max(version + 1, next_version(output, store, published))
+    raise PublishError(store, f"no free version under {output!r} after {_CLAIM_ATTEMPTS} attempts")
 
 
-def _write_rows(computed: ComputedStore, target: Path) -> tuple[int, ...]:
+def _claim_record(store: str, version: int) -> bytes:
+    record = {"store": store, "version": version, "host": socket.gethostname(), "pid": os.getpid(), "at": time.time()}
+    return json.dumps(record, sort_keys=True).encode("utf-8")
+
+
+def write_version(computed: ComputedStore, claimed: ClaimedVersion) -> WrittenVersion:
+    """Write `computed` into the version `claimed` for it; on any failure the version is removed again."""
     store = computed.spec
+    try:
+        try:
+            if store.snapshot_format == 1:
+                manifest = _write_format_1(computed, claimed)
+            else:
+                manifest = _write_format_2(computed, claimed)
+            write_manifest(claimed.location, manifest)  # last: until now, readers see an incomplete version
+        except (OSError, SnapshotError) as exc:
+            problem = f"writing version {claimed.version} to {claimed.snapshot} failed: {exc}"
+            raise PublishError(store.name, problem) from exc
+    except BaseException:
+        remove_version(claimed.location)
+        raise
+    return WrittenVersion(store=store.name, version=claimed.version, snapshot=claimed.snapshot, manifest=manifest)
+
+
+def remove_version(snapshot: str | Path | ArrowLocation) -> None:
+    """Delete a version this build created and did not publish (a local directory or a pyarrow location)."""
+    try:
+        where = resolve_location(snapshot)
+    except SnapshotError:
+        return
+    if isinstance(where, Path):
+        shutil.rmtree(where, ignore_errors=True)
+        return
+    with contextlib.suppress(OSError):
+        where.delete()
+
+
+def _manifest(computed: ComputedStore, version: int, **fields: object) -> Manifest:
+    store = computed.spec
+    return Manifest(
+        store=store.name,
+        version=version,
+        partitions=store.partitions,
+        partitioner=store.partitioner,
+        key_format=store.key_format,
+        value_columns=computed.value_columns,
+        rows=computed.partition_rows,  # counted from the cached frame while checking its keys
+        created_at=time.time(),
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+# --- format 2: ready-to-serve LMDB files, built by the executors ----------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _PartitionFile:
+    rows: int
+    size: int
+    checksum: str
+
+
+def _write_format_2(computed: ComputedStore, claimed: ClaimedVersion) -> Manifest:
+    store = computed.spec
+    expected = computed.partition_rows
+    written = _build_files(computed, claimed)
+    problems = []
+    for partition, result in sorted(written.items()):
+        if not 0 <= partition < store.partitions:
+            problems.append(f"partition {partition} is out of range")
+        elif result.rows != expected[partition]:
+            problems.append(f"partition {partition}: {result.rows} rows written, {expected[partition]} computed")
+    problems += [f"partition {p}: no file for {n} rows" for p, n in enumerate(expected) if n and p not in written]
+    if problems:
+        raise PublishError(store.name, "the partition files do not hold the computed rows: " + "; ".join(problems[:5]))
+    empty = [p for p in range(store.partitions) if p not in written]
+    written.update(_write_empty(claimed, empty))
+    _check_sizes(store.name, claimed, {p: f.size for p, f in written.items()})
+    return _manifest(
+        computed,
+        claimed.version,
+        format=FORMAT_2,
+        files={p: (data_file(p),) for p in range(store.partitions)},
+        checksums={p: written[p].checksum for p in range(store.partitions)},
+        bytes={p: written[p].size for p in range(store.partitions)},
+    )
+
+
+def _build_files(computed: ComputedStore, claimed: ClaimedVersion) -> dict[int, _PartitionFile]:
+    """Run the Spark job that builds and uploads every non-empty partition's file; what each task reported."""
+    store = computed.spec
+    rows = computed.frame.select(
+        F.col("partition").alias(lmdb_files.PARTITION),
+        lmdb_key_column(store, F.col("key"), F.col("partition")).alias(lmdb_files.LMDB_KEY),
+        # Spark's JSON for the value, as format 1 writes it; made compact JSON on the executors.
+        F.to_json(F.col("value"), {"ignoreNullFields": "false"}).alias(lmdb_files.VALUE_JSON),
+    )
+    task = lmdb_files.partition_task(claimed.snapshot)
+    with spark_errors(store.name, f"writing the partition files of {claimed.snapshot}", PublishError):
+        # Every row of a store partition in one task, in LMDB key order there (Spark compares binary values
+        # as unsigned bytes, shorter first on a common prefix: LMDB's default order).
+        ordered = rows.repartition(store.partitions, lmdb_files.PARTITION).sortWithinPartitions(
+            lmdb_files.PARTITION, lmdb_files.LMDB_KEY
+        )
+        with warnings.catch_warnings():
+            # mapInArrow goes through pandas_udf's version check, which warns about pandas 3; no pandas is
+            # involved (Arrow batches in and out), as in keyroute.pipeline.session.
+            warnings.filterwarnings(
+                "ignore", message="PySpark does not yet fully support pandas", category=FutureWarning
+            )
+            files = ordered.mapInArrow(task, lmdb_files.RESULT_DDL)
+        results = files.collect()
+    written: dict[int, _PartitionFile] = {}
+    misplaced = 0
+    for row in results:
+        partition = int(row["partition"])
+        if partition in written:
+            raise PublishError(store.name, f"partition {partition} was written by two tasks")
+        written[partition] = _PartitionFile(int(row["rows"]), int(row["bytes"]), str(row["checksum"]))
+        misplaced += int(row["misplaced"])
+    if misplaced:
+        raise PublishError(
+            store.name,
+            f"{misplaced} key(s) do not serialize to bytes that {store.partitioner.value} puts in their "
+            "partition; nothing was published",
+        )
+    return written
+
+
+def _write_empty(claimed: ClaimedVersion, partitions: list[int]) -> dict[int, _PartitionFile]:
+    """The file of every empty partition: one empty LMDB file, built here and put in place for each."""
+    if not partitions:
+        return {}
+    destination = lmdb_files.Destination(claimed.snapshot)
+    with tempfile.TemporaryDirectory(prefix="keyroute-empty-") as scratch:
+        built = build_partition_file([], Path(scratch))
+        result = {}
+        for partition in partitions:
+            checksum = destination.put(built.path, data_file(partition))
+            result[partition] = _PartitionFile(0, checksum.size, checksum.value)
+    return result
+
+
+def _check_sizes(store: str, claimed: ClaimedVersion, sizes: Mapping[int, int]) -> None:
+    """Every partition file is in place with the size its writer reported (one listing on a pyarrow
+    filesystem): a file missing, or replaced since, fails the build before the manifest is written."""
+    found = _file_sizes(claimed.location)
+    wrong = []
+    for partition, size in sorted(sizes.items()):
+        actual = found.get(data_file(partition))
+        if actual != size:
+            found_as = "missing" if actual is None else f"{actual} bytes"
+            wrong.append(f"{data_file(partition)}: {found_as}, expected {size}")
+    if wrong:
+        raise PublishError(
+            store, f"partition files at {claimed.snapshot} differ from what was written: " + "; ".join(wrong[:5])
+        )
+
+
+def _file_sizes(location: Path | ArrowLocation) -> dict[str, int]:
+    if isinstance(location, Path):
+        return {
+            path.relative_to(location).as_posix(): path.stat().st_size
+            for path in location.glob("partition=*/*")
+            if path.is_file()
+        }
+    from pyarrow import fs as arrow_fs
+
+    selector = arrow_fs.FileSelector(location.path, recursive=True, allow_not_found=True)
+    base = location.path.rstrip("/") + "/"
+    return {
+        info.path[len(base) :]: int(info.size)
+        for info in location.filesystem.get_file_info(selector)
+        if info.type == arrow_fs.FileType.File and info.path.startswith(base)
+    }
+
+
+# --- format 1: JSON lines, by Spark's writer (local outputs only) -----------------------------------------
+
+
+def _write_format_1(computed: ComputedStore, claimed: ClaimedVersion) -> Manifest:
+    store = computed.spec
+    target = claimed.location
+    if not isinstance(target, Path):
+        raise PublishError(store.name, f"snapshot_format 1 is written to local paths only, not {claimed.snapshot}")
     with spark_errors(store.name, f"writing {target}", PublishError):
         rows = computed.frame.select("key", "value", "partition")
         # All rows of a partition go to one task, so each partition directory gets exactly one file.
@@ -103,15 +351,18 @@ def _write_rows(computed: ComputedStore, target: Path) -> tuple[int, ...]:
         (
             rows.repartition(store.partitions, "partition")
             .sortWithinPartitions("partition", "key")
-            .write.mode("append")  # into the empty directory claimed above
+            .write.mode("append")  # into the empty directory claimed
             .partitionBy("partition")
             .option("ignoreNullFields", False)  # a null value column stays in the value as null
             .option("maxRecordsPerFile", 0)
             # Spark takes a path string literally (no percent-decoding), unlike Path.as_uri().
             .json("file://" + target.as_posix())
         )
-    # Counted from the same cached frame while checking its keys (see compute._check_keys).
-    return computed.partition_rows
+    files = {p: _partition_files(target, p) for p in range(store.partitions)}
+    for partition, count in enumerate(computed.partition_rows):
+        if count and not files[partition]:
+            raise PublishError(store.name, f"Spark wrote no file for partition {partition} ({count} rows)")
+    return _manifest(computed, claimed.version, format=FORMAT_1, files=files)
 
 
 def _partition_files(target: Path, partition: int) -> tuple[str, ...]:

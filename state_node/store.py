@@ -3,11 +3,19 @@
 {data_dir}/stores/{store}/v{version}/p{partition}/data.mdb     key = Kafka-serialized key bytes,
                                                  lock.mdb     value = the value as compact JSON bytes
                                                  loaded.json  written only after the load committed
+
+How data.mdb comes to be depends on the snapshot's format (the manifest says which):
+  format 1 (JSON lines)        every row is parsed, hashed and put, in one write transaction
+  format 2 (ready-to-serve)    the executor-built `partition={p}/data.mdb` is fetched as it is (a hard link
+                               on the same filesystem, else a streamed copy or download: keyroute.node.fetch)
+                               and checked: size and checksum in the same pass as the bytes move, then the
+                               entry count and a sample of keys against the manifest and the partitioner.
+                               Always opened read-only: a hard-linked file is the snapshot's own.
+The marker records which format a directory was loaded from, so a directory is reused only for the same.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -19,10 +27,22 @@ from pathlib import Path
 from urllib.parse import quote, unquote
 
 import lmdb
+
 from keyroute.core.key_format import KeyFormatError, parse_key
+from keyroute.core.lmdb_layout import KEY_ENCODING, db_key
 from keyroute.core.partition_map import StoreRecord
 from keyroute.core.partitioner import partition_for
-from keyroute.core.snapshot import Manifest, SnapshotError, iter_partition, read_manifest
+from keyroute.core.snapshot import (
+    DATA_FILE,
+    FORMAT_2,
+    Manifest,
+    SnapshotError,
+    data_file,
+    iter_partition,
+    read_manifest,
+    resolve_location,
+)
+from keyroute.node.fetch import FetchCancelled, FetchError, check_keys, fetch_file
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +56,6 @@ _CANCEL_CHECK_ROWS = 4096
 # Removing a partition tidies its empty version and store folders; creating one makes them. Both hold
 # this lock, so a load never sees the folder it just made vanish under a concurrent removal.
 _TREE_LOCK = threading.Lock()
-
-# LMDB's largest key (the lmdb wheel's build: `Environment.max_key_size()`).
-_LMDB_MAX_KEY_BYTES = 511
-# How keys are laid out in LMDB (`db_key`); part of the loaded marker, so files written another way are
-# loaded again rather than reused.
-KEY_ENCODING = 2
-
 
 class LoadError(Exception):
     """A partition could not be loaded; nothing of it was left on disk."""
@@ -144,15 +157,6 @@ def _make_partition_dir(path: Path) -> None:
         path.mkdir(parents=True)
 
 
-def db_key(key: bytes) -> bytes:
-    """The LMDB key of a key's serialized bytes. LMDB keys are 1 to 511 bytes, while a store's keys may be
-    empty or longer: every key gets a one-byte tag, `=` before the bytes themselves when they fit, `#`
-    before their SHA-256 when they do not (a collision would need two keys with one SHA-256)."""
-    if len(key) < _LMDB_MAX_KEY_BYTES:
-        return b"=" + key
-    return b"#" + hashlib.sha256(key).digest()
-
-
 def _marker(manifest: Manifest, partition: int) -> dict[str, object]:
     return {
         "key_encoding": KEY_ENCODING,
@@ -204,11 +208,15 @@ def load_partition(
     partition: int,
     map_size: int,
     cancelled: Callable[[], bool] = lambda: False,
+    *,
+    link: bool = True,
 ) -> PartitionStore:
     """Load one partition of the record's published version, or reuse it if an earlier run did.
 
-    The rows go in one write transaction; `loaded.json` is written only after it commits, so a directory
-    without a matching marker is always a leftover and is rebuilt. Blocking: run it in a worker thread.
+    Format 1: the rows go in one write transaction. Format 2: the partition's data file is fetched and
+    verified (`link=False` copies it even where a hard link would do). Either way `loaded.json` is
+    written only after the data is complete, so a directory without a matching marker is always a
+    leftover and is rebuilt. Blocking: run it in a worker thread.
     """
     pid = PartitionId(record.name, record.version, partition)
     path = partition_path(data_dir, pid)
@@ -217,6 +225,8 @@ def load_partition(
     except SnapshotError as exc:
         raise LoadError(f"{pid}: {exc}") from exc
     _check_manifest(pid, record, manifest)
+    if manifest.format == FORMAT_2:
+        return _load_file(pid, path, record, manifest, map_size, cancelled, link)
 
     expected = _marker(manifest, partition)
     if _read_marker(path) == expected:
@@ -290,3 +300,107 @@ def _write_rows(
         if cancelled():
             raise LoadCancelled(f"{pid}: load cancelled")
     return rows
+
+
+# -- format 2: a ready-to-serve data file per partition -----------------------------------------------
+
+
+def _load_file(
+    pid: PartitionId,
+    path: Path,
+    record: StoreRecord,
+    manifest: Manifest,
+    map_size: int,
+    cancelled: Callable[[], bool],
+    link: bool,
+) -> PartitionStore:
+    partition = pid.partition
+    name = data_file(partition)  # the manifest lists exactly this (Manifest.from_json checks it)
+    rows = manifest.rows[partition]
+    expected = _file_marker(manifest, partition)
+    if _read_marker(path) == expected:
+        reused = _reuse_file(pid, path, manifest, map_size)
+        if reused is not None:
+            return reused
+
+    remove_partition_dir(path)
+    _make_partition_dir(path)
+    env: lmdb.Environment | None = None
+    shown = f"{record.snapshot.rstrip('/')}/{name}"
+    try:
+        where = resolve_location(record.snapshot)
+        shown = str(where / name) if isinstance(where, Path) else where.describe(name)
+        fetched = fetch_file(
+            where,
+            name,
+            path / DATA_FILE,
+            size=manifest.bytes[partition],
+            checksum=manifest.checksums[partition],
+            cancelled=cancelled,
+            link=link,
+        )
+        if cancelled():
+            raise LoadCancelled(f"{pid}: load cancelled")
+        # Read-only, always: a hard-linked file is the snapshot's own (the lock file is this directory's).
+        env = _open(path, map_size, readonly=True)
+        with env.begin(buffers=False) as txn:
+            check_keys(
+                txn,
+                partitioner=manifest.partitioner,
+                partitions=manifest.partitions,
+                partition=partition,
+                key_format=manifest.key_format,
+                shown=shown,
+            )
+        entries = int(env.stat()["entries"])
+        if entries != rows:
+            raise LoadError(f"{pid}: {shown}: {entries} rows vs manifest {rows}")
+        _write_marker(path, expected)
+        log.info("%s: %s by %s (%d bytes, %s)", pid, shown, fetched.method, fetched.size, fetched.checksum)
+        held, env = PartitionStore(pid, path, entries, env), None
+        return held
+    except BaseException as exc:
+        if env is not None:
+            env.close()
+        remove_partition_dir(path)
+        if isinstance(exc, FetchCancelled):
+            raise LoadCancelled(f"{pid}: load cancelled") from exc
+        if isinstance(exc, LoadError):
+            raise
+        if isinstance(exc, (FetchError, SnapshotError, OSError)):
+            raise LoadError(f"{pid}: {exc}") from exc
+        if isinstance(exc, lmdb.Error):
+            raise LoadError(f"{pid}: {shown} does not open as an LMDB environment: {exc}") from exc
+        raise
+
+
+def _file_marker(manifest: Manifest, partition: int) -> dict[str, object]:
+    # The format-1 marker has no "format": neither kind of directory is ever taken for the other.
+    return {
+        **_marker(manifest, partition),
+        "format": manifest.format,
+        "bytes": manifest.bytes[partition],
+        "checksum": manifest.checksums[partition],
+    }
+
+
+def _reuse_file(pid: PartitionId, path: Path, manifest: Manifest, map_size: int) -> PartitionStore | None:
+    """The partition loaded by an earlier run, if its file still looks like it (size and entry count:
+    cheap, no read of the data); else None and it is fetched again."""
+    rows = manifest.rows[pid.partition]
+    try:
+        env = _open(path, map_size, readonly=True)
+    except lmdb.Error as exc:
+        log.warning("%s: marker present but the environment did not open (%s); reloading", pid, exc)
+        return None
+    try:
+        size = (path / DATA_FILE).stat().st_size
+        entries = int(env.stat()["entries"])
+    except (OSError, lmdb.Error) as exc:
+        size, entries = -1, -1
+        log.warning("%s: marker present but the data file is unreadable (%s)", pid, exc)
+    if size == manifest.bytes[pid.partition] and entries == rows:
+        return PartitionStore(pid, path, rows, env)
+    env.close()
+    log.warning("%s: marker present but the data file differs (%d bytes, %d rows); reloading", pid, size, entries)
+    return None

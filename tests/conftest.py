@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from keyroute.core.settings import ZkSettings
 from keyroute.core.zookeeper_server import EmbeddedZooKeeper
-
 from tests.util import free_port
 
 
@@ -46,3 +46,26 @@ def spark(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-
     session = create_session(master="local[2]", local_dir=Path(tmp_path_factory.mktemp("spark")))
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """One S3-API server for the session: moto's server mode (a mock S3) as a real process on 127.0.0.1
+    (tests/integration/s3.py). Started on first use only: moto is a dev dependency."""
+    import importlib.util
+
+    from tests.integration.s3 import moto_server
+
+    if importlib.util.find_spec("moto") is None:
+        pytest.fail("moto[server] is not installed: install the dev extras (pip install -e '.[dev]')")
+    with moto_server(tmp_path_factory.mktemp("moto")) as server:
+        yield server
+
+
+@pytest.fixture
+def s3_bucket(s3_server):  # type: ignore[no-untyped-def]
+    """A fresh bucket and prefix per test; `.env` is what the test's subprocesses need to reach it
+    (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION)."""
+    from tests.integration.s3 import new_bucket
+
+    return new_bucket(s3_server)

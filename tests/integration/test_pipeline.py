@@ -1,13 +1,16 @@
 """The pipeline end to end on real Spark and a real ZooKeeper: events in, snapshots and store records out.
 
-Expected state is computed independently in plain Python from the same events, and the snapshot is read
-back with keyroute_core.snapshot, the way a node reads it.
+Expected state is computed independently in plain Python from the same events. A format-2 version is read
+back as a node reads it: every partition's data.mdb opened read-only with LMDB, its size and checksum
+against the manifest, every entry against the LMDB key and value bytes of the expected rows (the bytes
+format 1 gives a node, see test_format_2_holds_exactly_what_format_1_held).
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import os
 import random
 import subprocess
 import sys
@@ -17,17 +20,31 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import lmdb
 import pytest
 from kazoo.client import KazooClient
+from pyspark.sql import SparkSession
+
 from keyroute.core import zk_layout
-from keyroute.core.key_format import KeyFormat, parse_key
+from keyroute.core.key_format import KeyFormat, key_from_data, key_from_value, parse_key
+from keyroute.core.lmdb_layout import db_key
 from keyroute.core.partition_map import StoreRecord
 from keyroute.core.partitioner import Partitioner, partition_for
 from keyroute.core.settings import ZkSettings
-from keyroute.core.snapshot import existing_versions, iter_partition, read_manifest
+from keyroute.core.snapshot import (
+    FORMAT_1,
+    FORMAT_2,
+    Manifest,
+    checksum_file,
+    compact_json,
+    data_file,
+    existing_versions,
+    iter_partition,
+    read_manifest,
+)
+from keyroute.pipeline import lmdb_files, writer
 from keyroute.pipeline.build import PublishedVersion, build
 from keyroute.pipeline.errors import DataError, PipelineError, PublishError, SpecError
-from pyspark.sql import SparkSession
 
 pytestmark = pytest.mark.integration
 
@@ -217,6 +234,39 @@ def assert_same_typed(actual: Row, expected: Row, where: str) -> None:
         )
 
 
+def read_partition_file(snapshot: Path, partition: int) -> list[tuple[bytes, bytes]]:
+    """Every (LMDB key, value) of one format-2 partition file, in LMDB's order, opened read-only as a node
+    opens it (no lock file: nothing is written into the snapshot)."""
+    folder = snapshot / data_file(partition)
+    env = lmdb.open(str(folder.parent), readonly=True, lock=False, subdir=True, max_dbs=0)
+    try:
+        with env.begin() as txn:
+            return [(bytes(key), bytes(value)) for key, value in txn.cursor()]
+    finally:
+        env.close()
+
+
+def assert_files_match_manifest(snapshot: Path, manifest: Manifest) -> None:
+    """Format 2: one data.mdb per partition, empty ones included, with the manifest's size and checksum."""
+    assert manifest.format == FORMAT_2
+    for partition in range(manifest.partitions):
+        path = snapshot / data_file(partition)
+        assert manifest.files[partition] == (f"partition={partition}/data.mdb",)
+        assert sorted(os.listdir(path.parent)) == ["data.mdb"], "only the data file: no lock or temporary file"
+        checksum = checksum_file(path)
+        assert (manifest.bytes[partition], manifest.checksums[partition]) == (checksum.size, checksum.value)
+        assert manifest.checksums[partition].startswith("crc32:")
+
+
+def partition_rows(snapshot: Path, manifest: Manifest, partition: int) -> list[tuple[str, bytes]]:
+    """(key text, value bytes) of one partition of either format (format 2: keys that are not hashed)."""
+    if manifest.format == FORMAT_1:
+        return list(iter_partition(snapshot, manifest, partition))
+    rows = read_partition_file(snapshot, partition)
+    assert len(rows) == manifest.rows[partition]
+    return [(key_from_data(manifest.key_format, key[1:]).text, value) for key, value in rows if key[:1] == b"="]
+
+
 def assert_snapshot(
     published: PublishedVersion,
     *,
@@ -239,8 +289,29 @@ def assert_snapshot(
     assert manifest.value_columns == tuple(value_columns)
     assert manifest.total_rows == published.rows == len(expected)
     expected_by_text = {text_of(k): v for k, v in expected.items()}
-    seen: dict[str, int] = {}
+    if manifest.format == FORMAT_1:
+        assert_format_1(snapshot, manifest, expected_by_text, published.store)
+        return
+    assert_files_match_manifest(snapshot, manifest)
+    # What each partition's file must hold: the LMDB key of every expected key, in the partition its
+    # serialized bytes hash to, and the value as compact JSON.
+    wanted: dict[int, dict[bytes, str]] = defaultdict(dict)
+    for text in expected_by_text:
+        data = parse_key(key_format, text).data
+        wanted[partition_for(partitioner, data, partitions)][db_key(data)] = text
     for partition in range(partitions):
+        entries = read_partition_file(snapshot, partition)
+        assert len(entries) == manifest.rows[partition] == len(wanted[partition])
+        assert [key for key, _ in entries] == sorted(wanted[partition]), f"partition {partition}: keys differ"
+        for key, value in entries:
+            text = wanted[partition][key]
+            assert value == compact_json(json.loads(value)), "values are stored as compact JSON"
+            assert_same_typed(json.loads(value), expected_by_text[text], f"{published.store}[{text!r}]")
+
+
+def assert_format_1(snapshot: Path, manifest: Manifest, expected_by_text: Mapping[str, Row], store: str) -> None:
+    seen: dict[str, int] = {}
+    for partition in range(manifest.partitions):
         files = manifest.files[partition]
         assert len(files) == (1 if manifest.rows[partition] else 0), f"one file per partition: {files}"
         assert all(name.startswith(f"partition={partition}/part-") for name in files)
@@ -251,10 +322,11 @@ def assert_snapshot(
             f"partition {partition} not sorted by key"
         )
         for key, value in rows:
-            assert partition_for(partitioner, parse_key(key_format, key).data, partitions) == partition, key
+            owner = partition_for(manifest.partitioner, parse_key(manifest.key_format, key).data, manifest.partitions)
+            assert owner == partition, key
             assert key not in seen
             seen[key] = partition
-            assert_same_typed(json.loads(value), expected_by_text[key], f"{published.store}[{key!r}]")
+            assert_same_typed(json.loads(value), expected_by_text[key], f"{store}[{key!r}]")
     assert set(seen) == set(expected_by_text)
 
 
@@ -458,6 +530,107 @@ def test_version_continues_after_the_one_published_in_zookeeper(
         partitions=3,
         value_columns=["n"],
         expected={1: {"n": 2}, -7: {"n": 3}},
+    )
+
+
+# --- format 2: ready-to-serve files -----------------------------------------------------------------------
+
+SMALL_STORE = {"source": "e.json", "format": "json", "key": "k", "partitions": 6, "mode": "latest", "order_by": "ts"}
+
+
+def value_events(rng: random.Random, keys: Sequence[Any]) -> list[Row]:
+    """Rows whose values exercise the JSON path: nested objects, arrays, nulls, escapes, big and tiny numbers."""
+    rows = []
+    for ts, key in enumerate([*keys, *(rng.choice(keys) for _ in range(len(keys) * 2))]):  # every key, some often
+        rows.append(
+            {
+                "k": key,
+                "ts": ts,
+                "fare": maybe(rng, rng.uniform(-1e-300, 1e300) if rng.random() < 0.2 else rng.random() * 100),
+                "text": maybe(rng, rng.choice(["plain", "line\nbreak", 'quote " and \\', "ü 日本 😀", "\u0001"])),
+                "nested": {"a": rng.randrange(-(2**62), 2**62), "b": [rng.random(), None]},
+                "flag": rng.random() < 0.5,
+            }
+        )
+    return rows
+
+
+def format_pair(name: str, key_format: str, partitions: int, partitioner: str) -> dict[str, dict[str, Any]]:
+    fields = {
+        "source": f"{name}.json",
+        "format": "json",
+        "key": "k",
+        "key_format": key_format,
+        "partitions": partitions,
+        "partitioner": partitioner,
+        "mode": "latest",
+        "order_by": "ts",
+    }
+    return {f"{name}-1": {**fields, "snapshot_format": 1}, f"{name}-2": fields}
+
+
+def test_format_2_holds_exactly_what_format_1_held(
+    spark: SparkSession, zk_settings: ZkSettings, tmp_path: Path
+) -> None:
+    """The same rows written in both formats: every format-2 file holds, in LMDB's order, exactly the LMDB
+    keys and value bytes a node makes of format 1's rows. Keys are chosen where Spark's order of the key
+    text, of the key bytes and LMDB's order of its keys all differ: long (hashed) keys, which LMDB sorts
+    first, bytes above 0x7f, negative integers (big-endian two's complement), keys that prefix others."""
+    rng = random.Random(99)
+    string_keys = [*AWKWARD_KEYS, "", "a", "ab", "a" * 510, "b" * 511, "c" * 700, "ç" * 300, "Z", "é"]
+    byte_keys = [bytes([0x80]), b"\xff", b"\x00", b"\x00\x00", b"\x7f", b"\xff" * 600, b"a", b"ab"]
+    byte_keys += [rng.randbytes(rng.randrange(1, 12)) for _ in range(40)]
+    int_keys = [INT64_MIN, -1, 0, 1, 255, 256, -256, INT64_MAX]
+    int_keys += [rng.randrange(INT64_MIN, INT64_MAX) for _ in range(30)]
+    sources = {
+        "strings": ("string", 5, "murmur2", string_keys),
+        "bytes": ("bytes", 4, "crc32", [key_from_value(KeyFormat.BYTES, k).text for k in byte_keys]),
+        "ints": ("int64", 3, "fnv1a", int_keys),
+    }
+    for name, (key_format, partitions, partitioner, keys) in sources.items():
+        write_jsonl(tmp_path / f"{name}.json", value_events(rng, keys))
+        spec = write_spec(tmp_path / f"{name}.toml", format_pair(name, key_format, partitions, partitioner))
+        f1, f2 = build(spec, zk_settings, str(tmp_path / "out" / name), spark=spark)
+        one, two = read_manifest(Path(f1.snapshot)), read_manifest(Path(f2.snapshot))
+        assert (one.format, two.format) == (FORMAT_1, FORMAT_2)
+        assert (one.rows, one.value_columns) == (two.rows, two.value_columns)
+        assert two.total_rows == len(set(keys))
+        assert_files_match_manifest(Path(f2.snapshot), two)
+        for partition in range(partitions):
+            format_1 = {
+                db_key(parse_key(one.key_format, key).data): value
+                for key, value in iter_partition(Path(f1.snapshot), one, partition)
+            }
+            format_2 = read_partition_file(Path(f2.snapshot), partition)
+            assert [key for key, _ in format_2] == sorted(format_1), f"{name} p{partition}: LMDB keys differ"
+            assert dict(format_2) == format_1, f"{name} p{partition}: values differ"
+        entries = [key for p in range(partitions) for key, _ in read_partition_file(Path(f2.snapshot), p)]
+        hashed = sum(1 for key in entries if key[:1] == b"#")
+        assert hashed == {"strings": 3, "bytes": 1, "ints": 0}[name]
+
+
+def test_empty_partitions_get_an_empty_file(spark: SparkSession, zk_settings: ZkSettings, tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "e.json", [{"k": "only", "ts": 1, "v": 1}, {"k": "two", "ts": 2, "v": None}])
+    spec = write_spec(
+        tmp_path / "stores.toml",
+        {"sparse": {**SMALL_STORE, "partitions": 12}},
+    )
+    [published] = build(spec, zk_settings, str(tmp_path / "out"), spark=spark)
+    snapshot = Path(published.snapshot)
+    manifest = read_manifest(snapshot)
+    assert_files_match_manifest(snapshot, manifest)
+    empty = [p for p in range(12) if not manifest.rows[p]]
+    assert len(empty) >= 10
+    for p in empty:
+        assert read_partition_file(snapshot, p) == []
+        assert (manifest.bytes[p], manifest.checksums[p]) == (manifest.bytes[empty[0]], manifest.checksums[empty[0]])
+    assert_snapshot(
+        published,
+        partitioner=Partitioner.MURMUR2,
+        key_format=KeyFormat.STRING,
+        partitions=12,
+        value_columns=["ts", "v"],
+        expected={"only": {"ts": 1, "v": 1}, "two": {"ts": 2, "v": None}},
     )
 
 
@@ -688,6 +861,143 @@ def test_changing_the_routing_shape_of_a_published_store_is_refused(
     )
     assert store_record(zk_settings, "shape").version == 1  # type: ignore[union-attr]
     assert existing_versions(str(output), "shape") == [1]
+
+
+
+def small_source(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "e.json", [{"k": f"key-{i}", "ts": i, "v": i * 0.5} for i in range(200)])
+
+
+def test_a_task_failing_after_writing_files_removes_the_version(
+    spark: SparkSession, zk_settings: ZkSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An executor fails after it published a partition file: the build fails naming the store, the
+    version (files already written included) is removed, nothing is published."""
+    real_task = lmdb_files.partition_task
+
+    def failing_task(destination: str) -> lmdb_files.BatchTask:
+        task = real_task(destination)
+
+        def write_then_fail(batches: Any) -> Any:
+            for result in task(batches):
+                yield result
+                raise RuntimeError("injected: the executor died after one partition file")
+
+        return write_then_fail
+
+    monkeypatch.setattr(lmdb_files, "partition_task", failing_task)
+    small_source(tmp_path)
+    output = tmp_path / "out"
+    with pytest.raises(PublishError) as err:
+        build(write_spec(tmp_path / "stores.toml", {"dies": SMALL_STORE}), zk_settings, str(output), spark=spark)
+    assert str(err.value).startswith("store 'dies': Spark failed while writing the partition files of ")
+    assert_nothing_published(zk_settings, output, ["dies"])
+    assert list((output / "dies").iterdir()) == []
+
+
+def test_a_failure_before_the_manifest_removes_the_version(
+    spark: SparkSession, zk_settings: ZkSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    written: list[Path] = []
+
+    def full_disk(location: Any, manifest: Manifest) -> None:
+        written.extend(sorted(Path(location).rglob("data.mdb")))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(writer, "write_manifest", full_disk)
+    small_source(tmp_path)
+    output = tmp_path / "out"
+    with pytest.raises(PublishError, match="^store 'full': writing version 1 to .* failed: .*No space left"):
+        build(write_spec(tmp_path / "stores.toml", {"full": SMALL_STORE}), zk_settings, str(output), spark=spark)
+    assert len(written) == 6  # every partition's file was in place when the manifest failed
+    assert not any(path.exists() for path in written)
+    assert_nothing_published(zk_settings, output, ["full"])
+
+
+def test_format_1_stays_writable_for_older_nodes(spark: SparkSession, zk_settings: ZkSettings, tmp_path: Path) -> None:
+    small_source(tmp_path)
+    spec = write_spec(tmp_path / "stores.toml", {"old": {**SMALL_STORE, "snapshot_format": 1}})
+    [published] = build(spec, zk_settings, str(tmp_path / "out"), spark=spark)
+    assert read_manifest(Path(published.snapshot)).format == FORMAT_1
+    assert_snapshot(
+        published,
+        partitioner=Partitioner.MURMUR2,
+        key_format=KeyFormat.STRING,
+        partitions=6,
+        value_columns=["ts", "v"],
+        expected={f"key-{i}": {"ts": i, "v": i * 0.5} for i in range(200)},
+    )
+
+
+def download(filesystem: Any, path: str, target: Path) -> None:
+    """Copy every object under `path` (pyarrow syntax) into the local directory `target`."""
+    from pyarrow import fs as arrow_fs
+
+    for info in filesystem.get_file_info(arrow_fs.FileSelector(path, recursive=True)):
+        if info.type == arrow_fs.FileType.File:
+            local = target / info.path[len(path) + 1 :]
+            local.parent.mkdir(parents=True, exist_ok=True)
+            with filesystem.open_input_stream(info.path) as stream:
+                local.write_bytes(stream.read())
+
+
+def test_a_build_to_object_storage(
+    spark: SparkSession, zk_settings: ZkSettings, tmp_path: Path, s3_bucket: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--output s3://bucket/prefix` (an S3-API server: see tests/integration/s3.py): versions are numbered,
+    claimed, written, listed, removed after a failure, and dropped when no longer retained, all through
+    pyarrow. The endpoint and credentials ride in the URI so that this session's executors, started before
+    the server, reach it too (a real deployment gives them AWS_* environment variables)."""
+    from keyroute.pipeline.publish import retaining
+
+    server = s3_bucket.server
+    query = f"endpoint_override={server.host}:{server.port}&scheme=http&region={server.region}"
+    output = f"s3://{server.access_key}:{server.secret_key}@{s3_bucket.name}/{s3_bucket.prefix}?{query}"
+    small_source(tmp_path)
+    spec = write_spec(tmp_path / "stores.toml", {"objs": SMALL_STORE})
+    expected = {f"key-{i}": {"ts": i, "v": i * 0.5} for i in range(200)}
+
+    [first] = build(spec, zk_settings, output, spark=spark)
+    assert first.snapshot == output.replace(f"?{query}", f"/objs/v000001?{query}")
+    assert store_record(zk_settings, "objs").snapshot == first.snapshot  # type: ignore[union-attr]
+    objects = s3_bucket.objects()
+    assert [name for name in objects if "_claim-" in name] == [next(n for n in objects if "_claim-" in n)]
+    assert sorted(name for name in objects if "_claim-" not in name) == sorted(
+        ["objs/v000001/manifest.json", *[f"objs/v000001/partition={p}/data.mdb" for p in range(6)]]
+    )
+    manifest = read_manifest(first.snapshot)  # through pyarrow, as a node reads it
+    assert manifest.format == FORMAT_2 and manifest.total_rows == 200
+    local = tmp_path / "copy" / "v000001"
+    download(s3_bucket.filesystem(), s3_bucket.path("objs", "v000001"), local)
+    assert_files_match_manifest(local, manifest)
+    value_columns = ["ts", "v"]
+    copy = PublishedVersion("objs", 1, str(local), 200, 6)
+    assert_snapshot(
+        copy, partitioner=Partitioner.MURMUR2, key_format=KeyFormat.STRING, partitions=6,
+        value_columns=value_columns, expected=expected,
+    )
+
+    # A failure before the manifest: version 2 is removed from the bucket, nothing is published.
+    real_write_manifest = writer.write_manifest
+
+    def failing(location: Any, manifest: Manifest) -> None:
+        raise OSError("injected: the manifest upload failed")
+
+    monkeypatch.setattr(writer, "write_manifest", failing)
+    with pytest.raises(PublishError, match="^store 'objs': writing version 2 to s3://.* failed: injected"):
+        build(spec, zk_settings, output, spark=spark)
+    assert existing_versions(output, "objs") == [1]
+    assert not [name for name in s3_bucket.objects() if name.startswith("objs/v000002")]
+    assert store_record(zk_settings, "objs").version == 1  # type: ignore[union-attr]
+
+    # The next build numbers past the versions in the bucket; retaining only it drops version 1 there.
+    monkeypatch.setattr(writer, "write_manifest", real_write_manifest)
+    with retaining(1):
+        [second] = build(spec, zk_settings, output, spark=spark)
+    assert second.version == 2
+    assert existing_versions(output, "objs") == [2]
+    assert not [name for name in s3_bucket.objects() if name.startswith("objs/v000001")]
+    assert read_manifest(second.snapshot).rows == manifest.rows
 
 
 # --- the CLI: `keyroute pipeline build` in its own process -----------------------------------------------

@@ -12,13 +12,15 @@ from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
+from pyspark.sql import SparkSession
+
 from keyroute.core import zk_layout
 from keyroute.core.partitioner import Partitioner, partition_for
 from keyroute.core.settings import ZkSettings
-from keyroute.core.snapshot import existing_versions, iter_partition, read_manifest
+from keyroute.core.snapshot import existing_versions, read_manifest
 from keyroute.pipeline.build import build
 from keyroute.pipeline.errors import PartitionAuditError
-from pyspark.sql import SparkSession
+from tests.integration.test_pipeline import partition_rows
 
 pytestmark = pytest.mark.integration
 
@@ -102,9 +104,12 @@ def test_a_source_placed_by_the_stores_partitioner_passes_and_is_published(
     manifest = read_manifest(Path(published.snapshot))
     # The Kafka partition is where a record was, not part of its value.
     assert manifest.value_columns == ("fare", "ts")
+    seen = set()
     for partition in range(8):
-        for key, _ in iter_partition(Path(published.snapshot), manifest, partition):
+        for key, _ in partition_rows(Path(published.snapshot), manifest, partition):
             assert all(row["partition"] == partition for row in rows if row["customer_id"] == key)
+            seen.add(key)
+    assert seen == {row["customer_id"] for row in rows}
 
 
 def test_a_crc32_source_in_a_murmur2_store_fails_naming_crc32_and_publishes_nothing(

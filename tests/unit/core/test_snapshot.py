@@ -5,6 +5,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+
 from keyroute.core.key_format import KeyFormat
 from keyroute.core.partitioner import Partitioner
 from keyroute.core.snapshot import (

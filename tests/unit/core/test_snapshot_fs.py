@@ -13,6 +13,8 @@ from typing import Any
 
 import pyarrow.fs as arrow_fs
 import pytest
+from pyarrow._fs import _MockFileSystem
+
 from keyroute.core import snapshot as snapshot_module
 from keyroute.core.key_format import KeyFormat
 from keyroute.core.partitioner import Partitioner
@@ -29,7 +31,6 @@ from keyroute.core.snapshot import (
     version_dir,
     write_manifest,
 )
-from pyarrow._fs import _MockFileSystem
 
 ROWS: dict[int, list[tuple[str, Any]]] = {
     0: [("a", {"n": 1, "f": 2.5, "s": "x", "z": None}), ("ü/%", {"n": -3}), ("東京-42", {"city": "Tokyo"})],

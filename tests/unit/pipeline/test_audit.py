@@ -13,13 +13,14 @@ from collections import Counter
 from collections.abc import Sequence
 
 import pytest
+from pyspark.sql import types as T
+
 from keyroute.core.key_format import KeyFormat, key_from_value
 from keyroute.core.partitioner import Partitioner, partition_for
 from keyroute.pipeline import audit
 from keyroute.pipeline.audit import Findings, SampledRecord, explain
 from keyroute.pipeline.errors import DataError, PartitionAuditError
 from keyroute.pipeline.spec import Mode, SourceFormat, StoreSpec
-from pyspark.sql import types as T
 
 MURMUR2, CRC32, FNV1A = Partitioner.MURMUR2, Partitioner.CRC32, Partitioner.FNV1A
 Record = tuple[object, int | None]  # raw key as the source holds it, source partition

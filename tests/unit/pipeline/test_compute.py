@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from keyroute.core.key_format import KeyFormat, KeyFormatError, key_from_value, parse_key
 from keyroute.core.partitioner import Partitioner, partition_for
 from keyroute.pipeline import compute

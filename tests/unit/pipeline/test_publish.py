@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from keyroute.core.key_format import KeyFormat
 from keyroute.core.partition_map import StoreRecord
 from keyroute.core.partitioner import Partitioner
@@ -18,7 +19,7 @@ from keyroute.pipeline.build import PublishedVersion, build
 from keyroute.pipeline.errors import PublishError, SpecError
 from keyroute.pipeline.publish import PublishedStore, check_shape, store_record
 from keyroute.pipeline.spec import Mode, SourceFormat, StoreSpec
-from keyroute.pipeline.writer import WrittenVersion, next_version, snapshot_dir
+from keyroute.pipeline.writer import WrittenVersion, next_version, version_snapshot
 
 STORE = StoreSpec(
     name="bookings",
@@ -103,10 +104,9 @@ def test_next_version_is_past_disk_and_zookeeper(tmp_path: Path) -> None:
     assert next_version(tmp_path.as_uri(), "bookings", None) == 10
 
 
-def test_snapshot_dir_refuses_remote_output() -> None:
-    with pytest.raises(PublishError) as err:
-        snapshot_dir("s3a://bucket/out", "bookings", 1)
-    assert str(err.value).startswith("store 'bookings': snapshot location 's3a://bucket/out'")
+def test_a_version_lives_under_any_output() -> None:
+    assert version_snapshot("s3a://bucket/out", "bookings", 1) == "s3a://bucket/out/bookings/v000001"
+    assert version_snapshot("file:///out", "bookings", 2) == "/out/bookings/v000002"
 
 
 def test_published_version_describes_itself() -> None:
@@ -138,7 +138,23 @@ def test_a_bad_spec_fails_before_zookeeper_or_spark(tmp_path: Path, monkeypatch:
     assert str(err.value) == "store 'bookings': 'partitions' must be an integer of at least 1, got 0"
 
 
-def test_a_remote_output_fails_before_zookeeper_or_spark(
+def test_a_format_1_store_with_a_remote_output_fails_before_zookeeper_or_spark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(build_module, "connect", lambda *a, **k: pytest.fail("must not connect"))
+    spec = tmp_path / "stores.toml"
+    spec.write_text(
+        '[stores.bookings]\nsource = "x"\nformat = "json"\nkey = "k"\npartitions = 2\nmode = "latest"\n'
+        'order_by = "ts"\nsnapshot_format = 1\n'
+    )
+    with pytest.raises(PublishError) as err:
+        build(spec, ZkSettings(hosts="127.0.0.1:1"), "s3a://bucket/out")
+    assert str(err.value).startswith(
+        "store 'bookings': snapshot_format 1 is written to local paths or file:// URIs only, not 's3a://bucket/out'"
+    )
+
+
+def test_an_output_no_filesystem_writes_fails_before_zookeeper_or_spark(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(build_module, "connect", lambda *a, **k: pytest.fail("must not connect"))
@@ -148,5 +164,5 @@ def test_a_remote_output_fails_before_zookeeper_or_spark(
         'order_by = "ts"\n'
     )
     with pytest.raises(PublishError) as err:
-        build(spec, ZkSettings(hosts="127.0.0.1:1"), "s3a://bucket/out")
-    assert str(err.value).startswith("stores 'bookings': snapshot location 's3a://bucket/out'")
+        build(spec, ZkSettings(hosts="127.0.0.1:1"), "nosuchfs://bucket/out")
+    assert str(err.value).startswith("stores 'bookings': snapshot location 'nosuchfs://bucket/out'")

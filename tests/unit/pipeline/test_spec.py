@@ -9,6 +9,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+
 from keyroute.core.key_format import KeyFormat
 from keyroute.core.partitioner import Partitioner
 from keyroute.pipeline.errors import PipelineError, SpecError

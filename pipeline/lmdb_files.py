@@ -1,0 +1,221 @@
+"""Snapshot format 2 on Spark's executors: each task turns its sorted rows into ready-to-serve partition files.
+
+A task receives Arrow batches of (partition, LMDB key, value as JSON text), sorted by partition and then by
+LMDB key, all rows of a store partition in the same task. For every store partition it meets it builds
+the LMDB file in a local scratch directory (keyroute_core.lmdb_layout), uploads the compacted data.mdb to
+`{version}/partition={p}/data.mdb` while checksumming it, and yields one result row (partition, rows,
+bytes, checksum, misplaced), which the driver checks and writes into the manifest.
+
+This module runs on executors: it imports the shared core, pyarrow and lmdb only (never the node, never
+Spark), so the functions Spark ships here stay small.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from keyroute.core.lmdb_layout import PartitionFileBuilder
+from keyroute.core.snapshot import (
+    ArrowLocation,
+    Checksum,
+    SnapshotError,
+    compact_value,
+    copy_checksummed,
+    data_file,
+    is_local,
+    local_path,
+)
+
+# The columns a task reads (internal names, as in keyroute.pipeline.compute).
+PARTITION = "partition"
+LMDB_KEY = "__keyroute_lmdb_key"
+VALUE_JSON = "__keyroute_value_json"
+# One row per partition file written; `misplaced` counts rows whose key does not hash to their partition
+# (their LMDB key is null; they are not written, and the driver fails the build).
+RESULT_SCHEMA = pa.schema(
+    [
+        pa.field("partition", pa.int32(), nullable=False),
+        pa.field("rows", pa.int64(), nullable=False),
+        pa.field("bytes", pa.int64(), nullable=False),
+        pa.field("checksum", pa.string(), nullable=False),
+        pa.field("misplaced", pa.int64(), nullable=False),
+    ]
+)
+RESULT_DDL = "partition int, rows long, bytes long, checksum string, misplaced long"
+
+BatchTask = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    """A version directory files are published to: a local path (plain file I/O) or a pyarrow URI."""
+
+    location: str
+
+    def put(self, source: Path, name: str) -> Checksum:
+        """Copy the local file `source` to `name` (relative) in this directory, checksumming it in the same
+        pass. Readers never see a partial file: a local file (or one on a filesystem with renames) is
+        written under a temporary name and moved into place; an object appears whole when its upload
+        completes. A retried or speculative task writing the same file writes the same bytes."""
+        if is_local(self.location):
+            return _put_local(source, local_path(self.location) / name)
+        return _put_arrow(source, _arrow_location(self.location), name)
+
+
+@functools.lru_cache(maxsize=16)
+def _arrow_location(uri: str) -> ArrowLocation:
+    """One filesystem per version directory and process: making one may cost a request (S3 looks up the
+    bucket's region), and a task publishes several files."""
+    return ArrowLocation.from_uri(uri)
+
+
+def _put_local(source: Path, target: Path) -> Checksum:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "wb") as out:
+            checksum = copy_checksummed(source, out.write)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(target.parent)
+    return checksum
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _put_arrow(source: Path, where: ArrowLocation, name: str) -> Checksum:
+    target = where.child(name)
+    filesystem = where.filesystem
+    if where.is_object_store:
+        with filesystem.open_output_stream(target, compression=None) as out:
+            return copy_checksummed(source, out.write)
+    filesystem.create_dir(target.rsplit("/", 1)[0], recursive=True)
+    tmp = f"{target}.{uuid.uuid4().hex}.tmp"
+    try:
+        with filesystem.open_output_stream(tmp, compression=None) as out:
+            checksum = copy_checksummed(source, out.write)
+        filesystem.move(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            filesystem.delete_file(tmp)
+        raise
+    return checksum
+
+
+def scratch_root() -> str | None:
+    """Where a task builds its files: the executor's first Spark local directory (SPARK_LOCAL_DIRS, as
+    pyspark's own spill files), else the system's temporary directory."""
+    for entry in os.environ.get("SPARK_LOCAL_DIRS", "").split(","):
+        if entry and os.path.isdir(entry):
+            return entry
+    return None
+
+
+def partition_task(destination: str) -> BatchTask:
+    """The function `mapInArrow` runs in every task: build and publish the files of the partitions in its
+    rows (see the module docstring), to the version directory `destination` (a local path or a URI)."""
+
+    def write_partitions(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        workdir = Path(tempfile.mkdtemp(prefix="keyroute-partitions-", dir=scratch_root()))
+        try:
+            yield from write_partition_files(batches, Destination(destination), workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    return write_partitions
+
+
+def write_partition_files(
+    batches: Iterator[pa.RecordBatch], destination: Destination, workdir: Path
+) -> Iterator[pa.RecordBatch]:
+    """Build, publish and report every partition in `batches` (sorted by partition, then LMDB key)."""
+    builder: PartitionFileBuilder | None = None
+    current = -1
+    misplaced = 0
+    done: set[int] = set()
+    try:
+        for batch in batches:
+            if not batch.num_rows:
+                continue
+            runs = pc.run_end_encode(batch.column(PARTITION))
+            start = 0
+            for end, value in zip(runs.run_ends.to_pylist(), runs.values.to_pylist(), strict=True):
+                if value is None:
+                    raise SnapshotError(f"{end - start} row(s) have no partition")
+                partition = int(value)
+                if partition != current:
+                    if builder is not None:
+                        yield _publish(builder, current, misplaced, destination)
+                        builder = None
+                    if partition in done or partition < current:
+                        raise SnapshotError(f"the rows of partition {partition} are not together in the task")
+                    done.add(partition)
+                    builder, current, misplaced = PartitionFileBuilder(workdir), partition, 0
+                assert builder is not None
+                misplaced += _add(builder, batch.slice(start, end - start))
+                start = end
+        if builder is not None:
+            yield _publish(builder, current, misplaced, destination)
+            builder = None
+    finally:
+        if builder is not None:
+            builder.discard()
+
+
+def _add(builder: PartitionFileBuilder, rows: pa.RecordBatch) -> int:
+    """Append one run of rows of a partition; the number left out for having no LMDB key (misplaced)."""
+    keys = rows.column(LMDB_KEY)
+    values = rows.column(VALUE_JSON)
+    missing = keys.null_count
+    if missing:
+        present = keys.is_valid()
+        keys, values = keys.filter(present), values.filter(present)
+    builder.add(zip(keys.to_pylist(), map(compact_value, values.to_pylist()), strict=True))
+    return missing
+
+
+def _publish(builder: PartitionFileBuilder, partition: int, misplaced: int, destination: Destination) -> pa.RecordBatch:
+    try:
+        built = builder.finish()
+        checksum = destination.put(built.path, data_file(partition))
+    finally:
+        builder.discard()
+    return result_batch(partition, built.rows, checksum, misplaced)
+
+
+def result_batch(partition: int, rows: int, checksum: Checksum, misplaced: int = 0) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict(
+        {
+            "partition": [partition],
+            "rows": [rows],
+            "bytes": [checksum.size],
+            "checksum": [checksum.value],
+            "misplaced": [misplaced],
+        },
+        schema=RESULT_SCHEMA,
+    )

@@ -1,0 +1,319 @@
+"""The format-2 writer without Spark: claiming versions (local and on a pyarrow filesystem, also under
+concurrent builds), what an executor task does with its sorted rows, the LMDB keys the driver's UDF computes,
+and removing versions. Spark runs these pieces in tests/integration/test_pipeline.py."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import pyarrow as pa
+import pytest
+from pyarrow._fs import _MockFileSystem
+
+from keyroute.core import snapshot as snapshot_module
+from keyroute.core.key_format import KeyFormat, parse_key
+from keyroute.core.lmdb_layout import db_key
+from keyroute.core.partitioner import Partitioner, partition_for
+from keyroute.core.snapshot import (
+    FORMAT_2,
+    ArrowLocation,
+    Manifest,
+    SnapshotError,
+    checksum_file,
+    compact_value,
+    data_file,
+    existing_versions,
+    read_manifest,
+    write_manifest,
+)
+from keyroute.pipeline import lmdb_files
+from keyroute.pipeline.compute import lmdb_keys
+from keyroute.pipeline.errors import PublishError, SpecError
+from keyroute.pipeline.publish import remove_snapshot
+from keyroute.pipeline.spec import parse_spec
+from keyroute.pipeline.writer import (
+    CLAIM_PREFIX,
+    VersionTaken,
+    claim_next_version,
+    claim_version,
+    next_version,
+    remove_version,
+    version_snapshot,
+)
+
+MOCK = "mock://"
+
+
+@pytest.fixture
+def mock_fs(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """`mock://bucket/...` URIs open one in-memory pyarrow filesystem (not an object store: it renames)."""
+    filesystem = _MockFileSystem()
+    real = snapshot_module._arrow_from_uri
+
+    def from_uri(uri: str) -> tuple[Any, str]:
+        if uri.startswith(MOCK):
+            return filesystem, uri[len(MOCK) :].split("?", 1)[0]
+        return real(uri)
+
+    monkeypatch.setattr(snapshot_module, "_arrow_from_uri", from_uri)
+    lmdb_files._arrow_location.cache_clear()
+    yield filesystem
+    lmdb_files._arrow_location.cache_clear()
+
+
+# --- the spec option ---------------------------------------------------------------------------------------
+
+
+def spec_with(**fields: object) -> Any:
+    table = {"source": "x", "format": "json", "key": "k", "partitions": 2, "mode": "latest", "order_by": "ts"}
+    return parse_spec({"stores": {"s": {**table, **fields}}}, Path("/data"))
+
+
+def test_format_2_is_the_default_and_format_1_can_be_asked_for() -> None:
+    assert spec_with().stores[0].snapshot_format == 2
+    assert spec_with(snapshot_format=1).stores[0].snapshot_format == 1
+    for bad in (3, 0, "2", True, 1.0):
+        with pytest.raises(SpecError, match="'snapshot_format' must be 1 or 2"):
+            spec_with(snapshot_format=bad)
+
+
+# --- claiming a version ------------------------------------------------------------------------------------
+
+
+def test_a_local_version_is_claimed_by_creating_its_directory(tmp_path: Path) -> None:
+    claimed = claim_version(str(tmp_path / "out"), "s", 3)
+    assert claimed.location == tmp_path / "out" / "s" / "v000003" and claimed.location.is_dir()
+    assert claimed.snapshot == str(claimed.location) and list(claimed.location.iterdir()) == []
+    with pytest.raises(VersionTaken, match="already exists"):
+        claim_version(str(tmp_path / "out"), "s", 3)
+    assert claim_next_version(str(tmp_path / "out"), "s", None).version == 4
+    assert claim_next_version(tmp_path.as_uri() + "/out", "s", 9).version == 10
+
+
+def test_the_snapshot_of_a_version_is_an_absolute_path_or_the_uri() -> None:
+    assert version_snapshot("rel/out", "s", 1) == str(Path("rel/out/s/v000001").resolve())
+    assert version_snapshot("s3a://bucket/out", "s", 2) == "s3a://bucket/out/s/v000002"
+
+
+def test_a_version_on_a_pyarrow_filesystem_is_claimed_by_a_marker(mock_fs: Any) -> None:
+    output = MOCK + "bucket/out"
+    assert next_version(output, "s", None) == 1 and existing_versions(output, "s") == []
+    claimed = claim_version(output, "s", 1)
+    assert isinstance(claimed.location, ArrowLocation) and claimed.snapshot == output + "/s/v000001"
+    [(marker, is_dir)] = claimed.location.names()
+    assert marker.startswith(CLAIM_PREFIX) and not is_dir
+    record = json.loads(claimed.location.read_bytes(marker))
+    assert (record["store"], record["version"]) == ("s", 1) and record["pid"] > 0
+    assert existing_versions(output, "s") == [1] and next_version(output, "s", None) == 2
+    with pytest.raises(VersionTaken, match="taken"):
+        claim_version(output, "s", 1)
+    assert [name for name, _ in claimed.location.names()] == [marker]  # no second marker in a taken version
+    assert claim_next_version(output, "s", 4).version == 5
+
+
+def test_a_builder_that_sees_another_claim_backs_off(mock_fs: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two builders wrote their markers into the same new version at once: whoever lists and sees another
+    entry gives the version up (leaving its marker, so the version stays visibly taken) and takes the next."""
+    output = MOCK + "bucket/out"
+    real_write = ArrowLocation.write_bytes
+    raced: list[str] = []
+
+    def write_and_race(self: ArrowLocation, name: str, data: bytes) -> None:
+        real_write(self, name, data)
+        if not raced:  # a concurrent builder's marker lands right after ours, before we list
+            raced.append(name)
+            real_write(self, f"{CLAIM_PREFIX}{uuid.uuid4().hex}.json", b"{}")
+
+    monkeypatch.setattr(ArrowLocation, "write_bytes", write_and_race)
+    with pytest.raises(VersionTaken):
+        claim_version(output, "s", 1)
+    claimed = claim_next_version(output, "s", None)
+    assert claimed.version == 2
+    assert existing_versions(output, "s") == [1, 2]
+
+
+def test_concurrent_builders_never_share_a_version(mock_fs: Any) -> None:
+    output = MOCK + "bucket/out"
+    versions: list[int] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def build() -> None:
+        try:
+            start.wait()
+            versions.append(claim_next_version(output, "s", None).version)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=build) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert len(versions) == len(set(versions)) == 8
+
+
+def test_removing_a_version_removes_it_everywhere(tmp_path: Path, mock_fs: Any) -> None:
+    local = claim_version(str(tmp_path), "s", 1)
+    (local.location / "partition=0").mkdir()  # type: ignore[operator]
+    remove_version(local.snapshot)
+    assert not Path(local.snapshot).exists() and existing_versions(str(tmp_path), "s") == []
+    remote = claim_version(MOCK + "bucket/out", "s", 1)
+    remote.location.at("partition=0").write_bytes("data.mdb", b"x")  # type: ignore[union-attr]
+    remove_version(remote.snapshot)
+    assert existing_versions(MOCK + "bucket/out", "s") == []
+    remove_version(remote.snapshot)  # already gone: no error
+
+
+def test_a_version_no_longer_retained_is_removed_from_a_pyarrow_filesystem(mock_fs: Any) -> None:
+    claimed = claim_version(MOCK + "bucket/out", "s", 4)
+    manifest = Manifest("s", 4, 1, Partitioner.MURMUR2, KeyFormat.STRING, ("v",), (0,))
+    write_manifest(claimed.location, manifest)
+    assert not remove_snapshot("other", 4, claimed.snapshot)  # another store's manifest: left alone
+    assert read_manifest(claimed.snapshot).version == 4
+    assert remove_snapshot("s", 4, claimed.snapshot)
+    assert existing_versions(MOCK + "bucket/out", "s") == []
+
+
+# --- an executor task ---------------------------------------------------------------------------------------
+
+STRING_KEYS = {
+    0: ["a", "b/c", "ü", "k" * 600],
+    2: ["x", "y"],
+    5: [],
+}
+
+
+def batch(partition: int, keys: list[bytes | None], values: list[str]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict(
+        {
+            lmdb_files.PARTITION: pa.array([partition] * len(keys), pa.int32()),
+            lmdb_files.LMDB_KEY: pa.array(keys, pa.binary()),
+            lmdb_files.VALUE_JSON: pa.array(values, pa.string()),
+        }
+    )
+
+
+def sorted_rows(texts: list[str]) -> tuple[list[bytes], list[str]]:
+    entries = sorted((db_key(t.encode()), json.dumps({"key": t, "n": 1.0e-5})) for t in texts)
+    return [k for k, _ in entries], [v for _, v in entries]
+
+
+def read_file(path: Path) -> list[tuple[bytes, bytes]]:
+    env = lmdb.open(str(path.parent), readonly=True, lock=False, max_dbs=0)
+    try:
+        with env.begin() as txn:
+            return [(bytes(k), bytes(v)) for k, v in txn.cursor()]
+    finally:
+        env.close()
+
+
+def run_task(destination: str, batches: list[pa.RecordBatch], workdir: Path) -> list[dict[str, Any]]:
+    out = lmdb_files.write_partition_files(iter(batches), lmdb_files.Destination(destination), workdir)
+    return [row for b in out for row in pa.Table.from_batches([b]).to_pylist()]
+
+
+def test_a_task_builds_uploads_and_reports_each_of_its_partitions(tmp_path: Path) -> None:
+    keys0, values0 = sorted_rows(STRING_KEYS[0])
+    keys2, values2 = sorted_rows(STRING_KEYS[2])
+    # Partition 0 spans two batches; its rest and partition 2 share the second; the last batch is empty.
+    shared = pa.Table.from_batches([batch(0, keys0[2:], values0[2:]), batch(2, keys2, values2)])
+    batches = [batch(0, keys0[:2], values0[:2]), shared.combine_chunks().to_batches()[0], batch(2, [], [])]
+    assert batches[1].num_rows == 4
+    version = tmp_path / "out" / "s" / "v000001"
+    workdir = tmp_path / "scratch"
+    workdir.mkdir()
+    results = run_task(str(version), batches, workdir)
+    assert [(r["partition"], r["rows"], r["misplaced"]) for r in results] == [(0, 4, 0), (2, 2, 0)]
+    for result, keys, values in ((results[0], keys0, values0), (results[1], keys2, values2)):
+        path = version / data_file(result["partition"])
+        assert sorted(p.name for p in path.parent.iterdir()) == ["data.mdb"]  # no temporary or lock file
+        assert result["bytes"] == path.stat().st_size
+        assert result["checksum"] == checksum_file(path).value
+        assert read_file(path) == [(k, compact_value(v)) for k, v in zip(keys, values, strict=True)]
+    assert list(workdir.iterdir()) == []  # the task's scratch files are gone
+
+
+def test_rows_without_an_lmdb_key_are_counted_not_written(tmp_path: Path) -> None:
+    keys, values = sorted_rows(["a", "b"])
+    results = run_task(str(tmp_path / "v"), [batch(1, [None, *keys], ['{"x":1}', *values])], tmp_path)
+    assert [(r["partition"], r["rows"], r["misplaced"]) for r in results] == [(1, 2, 1)]
+
+
+@pytest.mark.parametrize(
+    ("batches", "message"),
+    [
+        ([batch(0, [b"=b", b"=a"], ["{}", "{}"])], "out of LMDB key order"),
+        ([batch(0, [b"=a"], ["{}"]), batch(1, [b"=a"], ["{}"]), batch(0, [b"=b"], ["{}"])], "not together"),
+    ],
+    ids=["keys out of order", "a partition split in two"],
+)
+def test_a_task_fails_on_rows_it_cannot_write(tmp_path: Path, batches: list[pa.RecordBatch], message: str) -> None:
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    with pytest.raises(SnapshotError, match=message):
+        run_task(str(tmp_path / "v"), batches, scratch)
+    assert list(scratch.iterdir()) == []
+
+
+def test_a_task_uploads_to_a_pyarrow_filesystem(tmp_path: Path, mock_fs: Any) -> None:
+    keys, values = sorted_rows(["a", "b", "c"])
+    destination = MOCK + "bucket/out/s/v000001"
+    [result] = run_task(destination, [batch(3, keys, values)], tmp_path)
+    where = ArrowLocation.from_uri(destination)
+    assert where.names() == [("partition=3", True)]
+    assert [name for name, _ in where.names("partition=3")] == ["data.mdb"]
+    local = tmp_path / "copy" / "data.mdb"
+    local.parent.mkdir()
+    local.write_bytes(where.read_bytes(data_file(3)))
+    assert (result["bytes"], result["checksum"]) == (local.stat().st_size, checksum_file(local).value)
+    assert read_file(local) == [(k, compact_value(v)) for k, v in zip(keys, values, strict=True)]
+
+
+# --- the driver's LMDB keys ----------------------------------------------------------------------------------
+
+KEYS = {
+    KeyFormat.STRING: ["a", "ü/%", "", "k" * 511],
+    KeyFormat.INT64: ["0", "-1", "9223372036854775807", "-9223372036854775808"],
+    KeyFormat.INT16: ["7", "-32768"],
+    KeyFormat.UUID: ["5e0b6a52-4c52-4bd8-9b8e-3a2f4c9d1e7f"],
+    KeyFormat.BYTES: ["", "AAEC", "_-8", "w4_DvA"],
+}
+
+
+@pytest.mark.parametrize("key_format", list(KEYS), ids=lambda f: f.value)
+def test_lmdb_keys_are_db_key_of_the_serialized_key_in_its_partition(key_format: KeyFormat) -> None:
+    texts = KEYS[key_format]
+    data = [parse_key(key_format, t).data for t in texts]
+    parts = [partition_for(Partitioner.MURMUR2, d, 6) for d in data]
+    got = lmdb_keys(pa.array(texts, pa.string()), pa.array(parts, pa.int32()), key_format, Partitioner.MURMUR2, 6)
+    assert got.to_pylist() == [db_key(d) for d in data]
+    # A row whose key hashes elsewhere gets no LMDB key: the task leaves it out and the build fails.
+    wrong = [(p + 1) % 6 for p in parts]
+    got = lmdb_keys(pa.array(texts, pa.string()), pa.array(wrong, pa.int32()), key_format, Partitioner.MURMUR2, 6)
+    assert got.to_pylist() == [None] * len(texts)
+
+
+def test_a_build_with_an_unwritable_output_fails_cleanly(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(PublishError, match="cannot create version directory"):
+        claim_version(str(blocker), "s", 1)
+
+
+def test_manifest_written_on_a_pyarrow_filesystem_is_format_2(mock_fs: Any) -> None:
+    claimed = claim_version(MOCK + "bucket/out", "s", 1)
+    manifest = Manifest(
+        "s", 1, 1, Partitioner.MURMUR2, KeyFormat.STRING, ("v",), (0,),
+        files={0: (data_file(0),)}, created_at=5.0, format=FORMAT_2, checksums={0: "crc32:00000000"},
+        bytes={0: 8192},
+    )
+    write_manifest(claimed.location, manifest)
+    assert read_manifest(claimed.snapshot) == manifest
