@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+
 from keyroute.core.partition_vectorized import partitions
 from keyroute.core.partitioner import Partitioner, partition_for
 

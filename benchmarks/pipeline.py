@@ -36,6 +36,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pyspark
+from pyspark.sql import Column, SparkSession
+
 from keyroute.core.key_format import KeyFormat
 from keyroute.core.partitioner import Partitioner
 from keyroute.core.settings import ZkSettings
@@ -45,7 +47,6 @@ from keyroute.pipeline.build import build
 from keyroute.pipeline.compute import key_partitions
 from keyroute.pipeline.session import create_session
 from keyroute.pipeline.spec import StoreSpec
-from pyspark.sql import Column, SparkSession
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 SECTION = "## Pipeline"

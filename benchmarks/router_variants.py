@@ -1,20 +1,13 @@
-"""What each part of the router's hot path buys: the router as built against itself with one part taken out.
+"""What the router's data plane buys: the router as built against itself with key reads through its app.
 
 Run from the repository root: `.venv/bin/python benchmarks/router_variants.py [--write]`. It starts the
 cluster of benchmarks/router.py (store without Spark, ZooKeeper, two nodes, the router), then one more
-router per variant on the same map, each with one change undone:
+router per variant on the same map, each with one part of today's data plane undone:
 
-- "no express way": single-key reads answered by the server protocol where uvicorn would start the
-  application (`DirectAnswerProtocol._serve`, a task per read, `Proxy.get`), not from the parsed request
-  head without a task (`DirectAnswerProtocol.express`, `Proxy.read`);
-- "ASGI fast path": single-key reads are not answered by the server protocol (router/fast_path.py,
-  `KeyReadProtocol`) but by the bare-ASGI middleware behind uvicorn's ASGI exchange, whose writes
-  keyroute_core.http_server coalesces into one;
-- "ASGI fast path, uvicorn's own writes": the same, with the response head and body leaving in two socket
-  writes, as uvicorn sends them;
-- "key reads through Starlette": single-key reads go through the ASGI exchange and Starlette's exception
-  handling and routing like every other request (no protocol path, the fast-path middleware replaced by
-  one that passes everything on).
+- "key reads through Starlette": no data plane (router/dataplane.py). keyroute's HTTP server hands every
+  request to the router's Starlette app through its ASGI bridge, and single-key reads go through
+  Starlette's middleware, exception handling and routing to a route that asks the same `Proxy.read`,
+  as any endpoint of the app would.
 
 wrk measures each router in turn, in a shuffled order per round; --write records the table in
 benchmarks/RESULTS.md under "Router".
@@ -42,65 +35,50 @@ sys.modules["router_bench"] = bench
 _SPEC.loader.exec_module(bench)
 
 SUBSECTION = "### Router variants"
-AS_BUILT = "as built"
-NO_EXPRESS = "no express way (a task per read, where uvicorn would start the application)"
-ASGI = "ASGI fast path"
-PLAIN_WRITES = "ASGI fast path, uvicorn's own writes (head and body in two)"
-STARLETTE = "key reads through Starlette"
-VARIANTS = (
-    (NO_EXPRESS, "no-express"),
-    (ASGI, "asgi"),
-    (PLAIN_WRITES, "plain-writes"),
-    (STARLETTE, "starlette"),
-)
+AS_BUILT = "today's data plane (router/dataplane.py)"
+STARLETTE = "key reads through Starlette (no data plane)"
+VARIANTS = ((STARLETTE, "starlette"),)
 
-# Runs `keyroute router` with one part of the hot path undone (the first argument names which).
+# Runs `keyroute router` with one part of the data plane undone (the first argument names which).
 VARIANT_ROUTER = """
 import sys
 
 import keyroute.router.service
 
 variant = sys.argv.pop(1)
-if variant == "no-express":
-    from keyroute.router.fast_path import KeyReadProtocol
+if variant == "starlette":
+    import asyncio
 
-    KeyReadProtocol.express = lambda self, cycle, raw_path, target_bytes, headers: None
-else:
-    # Every other variant: key reads are not answered by the server protocol.
-    keyroute.router.service.key_read_protocol = lambda app, max_key_bytes, base: base
-if variant == "plain-writes":
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-    keyroute.router.service.CoalescingHttpToolsProtocol = HttpToolsProtocol
-elif variant == "starlette":
-    # No fast path: key reads reach a Starlette route (the router's own answers only non-key paths there).
-    import keyroute.router.app
+    from keyroute.core.api import NotFound, key_path_segment
+    from keyroute.core.logs import bind_request_id
+    from keyroute.http.server import HttpServer
+    from keyroute.router.app import create_app
+    from keyroute.router.limits import server_limits
     from starlette.responses import Response
-    from keyroute.router.fast_path import answer_key_read
+    from starlette.routing import Route
 
-    class PassOn:
-        def __init__(self, app, **options):
-            self.app = app
+    def server(settings):
+        max_key_bytes = settings.limits.max_key_bytes
 
-        async def __call__(self, scope, receive, send):
-            await self.app(scope, receive, send)
+        async def get_key(request):
+            located = key_path_segment(request.scope["raw_path"], max_key_bytes)  # an ApiError: the app's answer
+            if located is None:
+                raise NotFound("not a key path")
+            request_id = bind_request_id(request.scope, request.headers.get("x-request-id"))
+            result = asyncio.get_running_loop().create_future()
+            request.app.state.proxy.read(*located, request_id, result.set_result)
+            reply = await result
+            if isinstance(reply, Exception):
+                raise reply
+            response = Response(reply.body, status_code=reply.status)
+            response.raw_headers.extend(reply.headers)
+            return response
 
-    async def get_key(request):
-        raw = request.scope["raw_path"]
-        answered = await answer_key_read(request.app.state.proxy, request.scope, raw, 1024)
-        if answered is None:
-            return Response(b"", status_code=404)
-        status, headers, body = answered
-        response = Response(body, status_code=status)
-        response.raw_headers.extend(headers)
-        return response
+        app = create_app(settings)
+        app.router.routes.insert(0, Route("/stores/{store}/keys/{key:path}", get_key, methods=["GET"]))
+        return HttpServer(app, server_limits(settings))  # no data plane: everything goes to the app
 
-    route = keyroute.router.app.Route
-
-    def key_route(path, endpoint, **options):
-        return route(path, get_key if path == "/stores/{store}/keys/{key:path}" else endpoint, **options)
-
-    keyroute.router.app.KeyReadFastPath = PassOn
-    keyroute.router.app.Route = key_route
+    keyroute.router.service.server = server
 from keyroute.cli import main
 sys.exit(main(sys.argv[1:]))
 """

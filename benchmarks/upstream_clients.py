@@ -33,6 +33,7 @@ from typing import Any  # noqa: E402
 import httptools  # noqa: E402
 import httpx  # noqa: E402
 import uvloop  # noqa: E402
+
 from keyroute.router.fast_upstream import FastUpstream  # noqa: E402
 from keyroute.router.upstream import HttpxUpstream, UpstreamResponse  # noqa: E402
 

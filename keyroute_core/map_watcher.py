@@ -28,6 +28,7 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoAuthError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import ZnodeStat
+
 from keyroute.core import zk_layout
 from keyroute.core.partition_map import (
     EMPTY_ASSIGNMENT,

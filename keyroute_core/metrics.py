@@ -3,19 +3,30 @@
 The request path only bumps ints in dicts and lists on the event loop thread (no lock, no client library);
 `Exposition` turns them into prometheus-client metric families when /metrics is scraped, through a
 registry of its own per app (never the global one: a process may run several apps, tests do).
+
+Several worker processes behind one port (the router's `--workers`) share their counters through files, as
+prometheus-client's multiprocess mode does, without touching the request path: see `WorkerSnapshots`.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import secrets
+import threading
 from bisect import bisect_left
 from collections.abc import Callable, Container, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from itertools import zip_longest
+from pathlib import Path
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-if TYPE_CHECKING:
-    from keyroute.core.request_guard import Admission
+from keyroute.core.request_guard import REFUSAL_REASONS, Admission
+
+log = logging.getLogger(__name__)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -86,6 +97,17 @@ class Histogram:
         self.counts[bisect_left(self.bounds, value)] += 1
         self.sum += value
 
+    @classmethod
+    def of(cls, bounds: tuple[float, ...], counts: list[int], total: float) -> Histogram | None:
+        """The histogram with these per-bucket `counts` (the last one +Inf) and sum; None if they do not fit
+        `bounds`."""
+        if len(counts) != len(bounds) + 1:
+            return None
+        histogram = cls(bounds)
+        histogram.counts = list(counts)
+        histogram.sum = total
+        return histogram
+
     @property
     def count(self) -> int:
         return sum(self.counts)
@@ -116,6 +138,15 @@ def counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
 
 def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, documentation, value=value)
+
+
+def labelled_counter(
+    name: str, documentation: str, labels: list[str], samples: Iterable[tuple[list[str], float]]
+) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, documentation, labels=labels)
+    for values, value in samples:
+        family.add_metric(values, value)
+    return family
 
 
 def labelled_gauge(
@@ -149,17 +180,231 @@ class Exposition:
         return bytes(data)
 
 
-REFUSAL_REASONS = ("overloaded", "headers_too_large", "unauthorized")
+def refusals(admission: Admission | None) -> dict[str, int]:
+    """reason -> requests refused for it, as the admission checks count them (0s without checks): every
+    reason of `keyroute.core.request_guard.REFUSAL_REASONS`, the HTTP server's refusals included."""
+    return {reason: getattr(admission, reason) if admission is not None else 0 for reason in REFUSAL_REASONS}
 
 
 def refusals_family(name: str, admission: Admission | None) -> CounterMetricFamily:
-    """Requests the admission checks (keyroute_core.request_guard) refused, by reason."""
+    """Requests refused before they were handled, by reason: by the admission checks
+    (keyroute_core.request_guard) and by the HTTP server in front of them (counted by `Admission.refused`)."""
+    return refusal_counts_family(name, refusals(admission))
+
+
+def refusal_counts_family(name: str, counts: Mapping[str, float]) -> CounterMetricFamily:
+    """`refusals_family` of counts by reason (`refusals`, or their sum over several processes)."""
     family = CounterMetricFamily(
         name,
         "requests refused before they were handled: overloaded (503, too many in progress), headers_too_large"
-        " (431), unauthorized (401, admin token)",
+        " (431), unauthorized (401, admin token), bad_request (400, malformed HTTP), body_timeout (408, body"
+        " not in time), body_too_large (413), expectation_failed (417)",
         labels=["reason"],
     )
     for reason in REFUSAL_REASONS:
-        family.add_metric([reason], getattr(admission, reason) if admission is not None else 0)
+        family.add_metric([reason], counts.get(reason, 0))
     return family
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Several worker processes, one exposition.
+#
+# The parent of the workers creates a private directory and hands it to each worker, with the worker's
+# index. Every worker publishes a snapshot of its own metrics to `<dir>/<pid>.json` (written whole to a
+# temporary file, then renamed over the old one) every PUBLISH_INTERVAL_S on a daemon thread, and again
+# whenever it is scraped. A scrape renders the worker's own snapshot, just published, plus the latest one
+# of every other worker, plus RETIRED_FILE: the counters of workers that have exited, which the parent
+# folds in there (`retire`) when it reaps one, before deleting its file.
+#
+# A snapshot is {"sums": ..., "facts": ...}. Sums are counters: nested dicts of numbers and of lists of
+# numbers (histogram buckets), added key by key and element by element over workers (`add_sums`). Facts
+# are per-process values (a gauge such as the map generation): the caller decides how to combine them,
+# and they leave with the worker.
+#
+# Why the sum never goes backwards (Prometheus would read a decrease as a counter reset): each worker
+# publishes its sums clamped to what it published before (`at_least`), so each file only grows; a scrape
+# renders exactly what its worker just published; and a retired worker's last snapshot stays in the sum.
+# So for two scrapes one after the other, answered by any workers, every worker's part of the second is at
+# least its part of the first. What a worker counted after its last snapshot before it died is never
+# shown: at most one interval's worth, which no scrape had shown either.
+# ---------------------------------------------------------------------------------------------------------
+
+SNAPSHOT_FORMAT = 1
+RETIRED_FILE = "retired.json"
+PUBLISH_INTERVAL_S = 1.0
+
+Sums = dict[str, Any]
+Facts = dict[str, Any]
+Snapshot = tuple[Sums, Facts]
+
+
+def add_sums(a: Any, b: Any) -> Any:
+    """`a` + `b` for counters: dicts key by key (a key in one only is kept), lists element by element
+    (the shorter one padded with 0), numbers added."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = dict(a)
+        for key, value in b.items():
+            out[key] = add_sums(out[key], value) if key in out else value
+        return out
+    if isinstance(a, list) and isinstance(b, list):
+        return [add_sums(x, y) for x, y in zip_longest(a, b, fillvalue=0)]
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a + b
+    return b  # a mismatch (never between processes of one version): the newer wins
+
+
+def at_least(previous: Any, current: Any) -> Any:
+    """`current`, raised wherever it is below `previous`: a counter published once never goes back."""
+    if isinstance(previous, dict) and isinstance(current, dict):
+        out = dict(previous)
+        for key, value in current.items():
+            out[key] = at_least(previous[key], value) if key in previous else value
+        return out
+    if isinstance(previous, list) and isinstance(current, list) and len(previous) == len(current):
+        return [at_least(p, c) for p, c in zip(previous, current, strict=True)]
+    if isinstance(previous, int | float) and isinstance(current, int | float):
+        return max(previous, current)
+    return current
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    # Readers see the old file or the new one, never a part: rename replaces the name in one step.
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_bytes(data)
+    os.replace(temporary, path)
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        record = json.loads(path.read_bytes())
+    except (OSError, ValueError):  # gone (its worker was retired meanwhile), or not one of ours
+        return None
+    return record if isinstance(record, dict) and record.get("format") == SNAPSHOT_FORMAT else None
+
+
+def read_snapshots(
+    directory: str | os.PathLike[str], exclude: str | os.PathLike[str] | None = None
+) -> tuple[list[dict[str, Any]], Sums]:
+    """(the latest snapshot record of every live worker but the one at `exclude`, the retired workers'
+    summed counters).
+
+    The retired file is read after the workers' files, and a worker's file whose snapshot it already holds
+    is skipped: `retire` writes the retired file before deleting the worker's file, so a worker being
+    retired during the read is counted once, from one place or the other."""
+    directory = Path(directory)
+    excluded = Path(exclude) if exclude is not None else None
+    records: list[dict[str, Any]] = []
+    for path in sorted(directory.glob("*.json")):
+        if path.name == RETIRED_FILE or path == excluded:
+            continue
+        record = _read(path)
+        if record is not None:
+            records.append(record)
+    retired = _read(directory / RETIRED_FILE) or {}
+    folded = set(retired.get("folded", ()))
+    return [r for r in records if r.get("token") not in folded], retired.get("sums", {})
+
+
+def retire(directory: str | os.PathLike[str], pid: int) -> None:
+    """Called by the parent when it has reaped worker `pid`: its last snapshot's counters join the retired
+    sum (its facts are dropped), then its file is deleted. Only the parent writes the retired file."""
+    directory = Path(directory)
+    path = directory / f"{pid}.json"
+    record = _read(path)
+    if record is not None:
+        retired = _read(directory / RETIRED_FILE) or {"format": SNAPSHOT_FORMAT, "folded": [], "sums": {}}
+        if record.get("token") not in retired["folded"]:
+            retired["sums"] = add_sums(retired["sums"], record.get("sums", {}))
+            retired["folded"].append(record.get("token"))
+            _write_atomically(directory / RETIRED_FILE, json.dumps(retired, separators=(",", ":")).encode())
+    path.unlink(missing_ok=True)
+    path.with_name(f".{path.name}.tmp").unlink(missing_ok=True)  # killed while writing
+
+
+class WorkerSnapshots:
+    """One worker's side of the directory its parent shares between its workers' metrics.
+
+    `attach(take)` gives the function that snapshots this worker's metrics, `take() -> (sums, facts)`; it
+    runs on the event loop at scrape time and on a daemon thread every `interval_s` (None: only when
+    asked, for tests), so it must only copy what the request path mutates with C-level operations
+    (`dict.copy()`, `list(...)`, reading an attribute), never iterate a live dict in Python. `gather()`
+    publishes a fresh snapshot and returns it with every other worker's latest: what a scrape renders.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        worker: int,
+        *,
+        interval_s: float | None = PUBLISH_INTERVAL_S,
+        pid: int | None = None,
+    ) -> None:
+        self.directory = Path(directory)
+        self.worker = worker
+        self.pid = os.getpid() if pid is None else pid
+        self.path = self.directory / f"{self.pid}.json"
+        # Tells this worker's snapshots from those of an earlier process with the same pid (`retire`).
+        self.token = secrets.token_hex(8)
+        self.interval_s = interval_s
+        self._take: Callable[[], Snapshot] | None = None
+        self._lock = threading.Lock()  # one publication at a time: the file only ever grows
+        self._published: Sums = {}
+        self._written: bytes | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def attach(self, take: Callable[[], Snapshot]) -> None:
+        """Publish the snapshots `take` returns (from now on, in place of any attached before)."""
+        self._take = take
+        if self.interval_s is not None and self._thread is None and not self._stop.is_set():
+            self._thread = threading.Thread(target=self._run, name="keyroute-metrics-snapshots", daemon=True)
+            self._thread.start()
+
+    def publish(self) -> dict[str, Any] | None:
+        """Write this worker's snapshot now (unless unchanged) and return it; None before `attach`."""
+        take = self._take
+        if take is None:
+            return None
+        with self._lock:
+            sums, facts = take()
+            sums = at_least(self._published, sums)
+            record = {
+                "format": SNAPSHOT_FORMAT,
+                "pid": self.pid,
+                "worker": self.worker,
+                "token": self.token,
+                "sums": sums,
+                "facts": facts,
+            }
+            data = json.dumps(record, separators=(",", ":")).encode()
+            if data != self._written:
+                try:
+                    _write_atomically(self.path, data)
+                except OSError as exc:  # the directory is gone: the parent is stopping
+                    log.debug("cannot publish worker metrics to %s: %s", self.path, exc)
+                else:
+                    self._written = data
+            self._published = sums
+        return record
+
+    def gather(self) -> tuple[dict[str, Any] | None, list[dict[str, Any]], Sums]:
+        """(this worker's snapshot, just published; the other live workers' latest; the retired sums)."""
+        own = self.publish()
+        others, retired = read_snapshots(self.directory, exclude=self.path)
+        return own, others, retired
+
+    def close(self) -> None:
+        """Stop the thread and publish a last time (the worker is exiting: `retire` keeps the result)."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        self.publish()
+
+    def _run(self) -> None:
+        interval_s = self.interval_s if self.interval_s is not None else PUBLISH_INTERVAL_S
+        while not self._stop.wait(interval_s):
+            try:
+                self.publish()
+            except Exception:
+                log.exception("publishing this worker's metrics failed")

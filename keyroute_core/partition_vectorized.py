@@ -15,6 +15,7 @@ from typing import TypeAlias
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+
 from keyroute.core.partitioner import (
     _FNV32_OFFSET,
     _FNV32_PRIME,

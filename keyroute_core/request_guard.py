@@ -10,6 +10,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
+from starlette.requests import Request
+
 from keyroute.core.api import (
     DEFAULT_MAX_CONCURRENT_REQUESTS,
     DEFAULT_MAX_HEADER_BYTES,
@@ -23,7 +25,6 @@ from keyroute.core.api import (
 )
 from keyroute.core.logs import acceptable_request_id, bind_request_id, new_request_id
 from keyroute.core.security import BearerAuth
-from starlette.requests import Request
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -36,6 +37,22 @@ PROBE_PATHS = frozenset({"/healthz", "/readyz"})
 _AUTHORIZATION = b"authorization"
 _REQUEST_ID = b"x-request-id"
 
+# Why requests are refused before they are handled, as `Admission` counts them (one attribute each) and the
+# metrics export them (the `reason` label): its own checks' reasons (overloaded, headers_too_large,
+# unauthorized), then those of the HTTP server, which refuses some requests before any service code sees them
+# (keyroute.http.server's `on_refusal`: SERVER_REFUSALS, headers_too_large being both).
+REFUSAL_REASONS = (
+    "overloaded",
+    "headers_too_large",
+    "unauthorized",
+    "bad_request",
+    "body_timeout",
+    "body_too_large",
+    "expectation_failed",
+)
+SERVER_REFUSALS = ("bad_request", "body_timeout", "body_too_large", "expectation_failed", "headers_too_large")
+_COUNTED = frozenset(REFUSAL_REASONS)
+
 
 class Admission:
     """The checks themselves, shared by every way a request comes in (the ASGI wrapper below, or a server
@@ -44,7 +61,8 @@ class Admission:
     and the admin token on paths starting with one of `protected` (401). 0 switches a limit off.
 
     `admit(scope)` returns the refusal to send, or None after counting the request in `active`: the caller
-    then calls `release()` when the request is done."""
+    then calls `release()` when the request is done. Refusals are counted by reason (REFUSAL_REASONS, one
+    attribute each); `refused(code)` counts those made before these checks (by the HTTP server)."""
 
     def __init__(
         self,
@@ -61,10 +79,16 @@ class Admission:
         self.protected = tuple(protected) if self.admin.enabled else ()
         self.retry_after_s = retry_after_s
         self.active = 0
-        # Refusals by reason, for metrics.
+        # Refusals by reason (REFUSAL_REASONS), for metrics: by these checks...
         self.overloaded = 0
         self.headers_too_large = 0
         self.unauthorized = 0
+        # ...and by the HTTP server, before them (`refused`): malformed (400), body late (408), body too large
+        # (413), an Expect other than 100-continue (417); a head too large counts with headers_too_large.
+        self.bad_request = 0
+        self.body_timeout = 0
+        self.body_too_large = 0
+        self.expectation_failed = 0
 
     def admit(self, scope: Scope) -> ApiError | None:
         target_bytes = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
@@ -94,6 +118,14 @@ class Admission:
 
     def release(self) -> None:
         self.active -= 1
+
+    def refused(self, code: str) -> None:
+        """Count a request refused with the API error `code` before it reached these checks: what the HTTP
+        server calls `on_refusal` with (SERVER_REFUSALS). ValueError for a code that is not a REFUSAL_REASONS
+        (its count would never be exported)."""
+        if code not in _COUNTED:
+            raise ValueError(f"{code!r} is not a refusal reason counted by Admission (one of {REFUSAL_REASONS})")
+        setattr(self, code, getattr(self, code) + 1)
 
 
 class RequestGuard:

@@ -30,6 +30,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
 from kazoo.retry import KazooRetry
 from kazoo.security import ACL, OPEN_ACL_UNSAFE, Permissions, make_digest_acl
+
 from keyroute.core import zk_layout
 from keyroute.core.settings import ZkSettings
 

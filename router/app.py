@@ -1,6 +1,8 @@
-"""The router's HTTP application: the data API, admin and health endpoints, one error mapping.
+"""The router's Starlette app: admin, health, metrics and the API document, one error mapping. The data API
+(everything under /stores/) is answered by the router's data plane (router/dataplane.py), not here.
 
-Its lifespan owns the long-lived resources: the partition-map source (ZooKeeper) and the HTTP client.
+Its lifespan owns the long-lived resources: the partition-map source (ZooKeeper), the HTTP client to the
+nodes, and the `Proxy` the data plane reads through (`app.state.proxy`).
 """
 
 from __future__ import annotations
@@ -14,25 +16,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-from keyroute.core.api import (
-    HEADER_REQUEST_ID,
-    ApiError,
-    BadRequest,
-)
-from keyroute.core.logs import bind_request_id
-from keyroute.core.metrics import CONTENT_TYPE, KIND_BATCH
-from keyroute.core.partition_map import PartitionMap
-from keyroute.core.request_guard import RequestGuard, read_body
-from keyroute.core.security import ClusterAuth
-from keyroute.core.settings import RouterSettings
-from keyroute.router.fast_path import KeyReadFastPath
-from keyroute.router.fast_upstream import FastUpstream
-from keyroute.router.limits import admission
-from keyroute.router.map_source import MapSource, ZooKeeperMapSource
-from keyroute.router.openapi import OPENAPI_JSON
-from keyroute.router.proxy import Proxy, parse_batch_body
-from keyroute.router.routing_table import RoutingTable
-from keyroute.router.upstream import HttpxUpstream, Upstream
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -41,17 +24,26 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from keyroute.core.api import HEADER_REQUEST_ID, ApiError, BadRequest
+from keyroute.core.logs import bind_request_id
+from keyroute.core.metrics import CONTENT_TYPE
+from keyroute.core.partition_map import PartitionMap
+from keyroute.core.request_guard import RequestGuard
+from keyroute.core.security import ClusterAuth
+from keyroute.core.settings import RouterSettings
+from keyroute.router.fast_upstream import FastUpstream
+from keyroute.router.limits import admission
+from keyroute.router.map_source import MapSource, ZooKeeperMapSource
+from keyroute.router.openapi import OPENAPI_JSON
+from keyroute.router.proxy import Proxy
+from keyroute.router.routing_table import RoutingTable
+from keyroute.router.upstream import HttpxUpstream, Upstream
+
 log = logging.getLogger(__name__)
 
 # How long startup waits for the first partition map (ZooKeeper answers within milliseconds when it is up).
 FIRST_MAP_WAIT_S = 5.0
 _HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed"}
-_REQUEST_ID = HEADER_REQUEST_ID.encode("ascii")
-
-
-class PathNotFound(ApiError):
-    status = 404
-    code = "not_found"
 
 
 def create_app(
@@ -121,30 +113,6 @@ def create_app(
             finally:
                 await upstream.aclose()
 
-    max_body_bytes = settings.limits.max_body_bytes
-    max_key_bytes = settings.limits.max_key_bytes
-
-    async def get_key(request: Request) -> Response:
-        # Every key read is answered by KeyReadFastPath; what reaches this route matched its pattern without
-        # being a key path, such as `/stores/a/b/keys/c`.
-        raise PathNotFound("not a key path: a key containing '/' must be percent-encoded as %2F")
-
-    async def batch_get(request: Request) -> Response:
-        request_id = bind_request_id(request.scope, request.headers.get(HEADER_REQUEST_ID))
-        store = request.path_params["store"]
-        proxy = _proxy(request)
-        try:
-            body = await read_body(request, max_body_bytes, settings.limits.body_timeout_s)
-            keys = parse_batch_body(body)
-            results = await proxy.batch_get(store, keys, request_id)
-        except ApiError as exc:
-            proxy.metrics.count(store, KIND_BATCH, exc.status)  # the whole batch was refused
-            raise
-        proxy.metrics.count_results(store, KIND_BATCH, results)
-        response = _json_bytes({"results": results})
-        response.raw_headers.append((_REQUEST_ID, request_id.encode("ascii")))
-        return response
-
     async def partition_map(request: Request) -> Response:
         return JSONResponse({**_proxy(request).table.map.describe(), "router": True})
 
@@ -192,12 +160,10 @@ def create_app(
     async def metrics(request: Request) -> Response:
         return Response(_proxy(request).metrics.exposition(), headers={"content-type": CONTENT_TYPE})
 
-    # Shared with KeyReadProtocol (router/fast_path.py), which answers key reads before the middleware.
+    # Shared with the data plane (router/dataplane.py): one count of requests in progress for both.
     checks = admission(settings)
     app = Starlette(
         routes=[
-            Route("/stores/{store}/keys/{key:path}", get_key, methods=["GET"]),
-            Route("/stores/{store}/batch-get", batch_get, methods=["POST"]),
             Route("/admin/partition-map", partition_map, methods=["GET"]),
             Route("/admin/route", route, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
@@ -205,12 +171,8 @@ def create_app(
             Route("/metrics", metrics, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),
         ],
-        # The first thing every request meets: concurrency and header limits, the admin token. Then
-        # single-key reads, nearly all the traffic, are answered without Starlette's routing.
-        middleware=[
-            Middleware(RequestGuard, admission=checks),
-            Middleware(KeyReadFastPath, max_key_bytes=max_key_bytes),
-        ],
+        # The first thing every request meets: concurrency and header limits, the admin token.
+        middleware=[Middleware(RequestGuard, admission=checks)],
         exception_handlers={
             ApiError: _api_error,
             HTTPException: _http_error,

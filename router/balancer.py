@@ -33,8 +33,8 @@ class Balancer:
     follows (the hedge and first failover target), then the remaining healthy replicas in map order, then
     the ones `NodeBackoff` holds back. A single healthy replica involves no randomness at all.
 
-    In-flight counts are per node URL, raised by `started` and lowered by `finished` around every upstream
-    request (single keys and batch groups alike, as both load the node). One event loop, so no lock.
+    In-flight counts are per node URL, raised by `request_sent` and lowered by `request_ended` around every
+    upstream request (single keys and batch groups alike, as both load the node). One event loop, so no lock.
     """
 
     def __init__(self, backoff: NodeBackoff | None = None, rng: random.Random | None = None) -> None:
@@ -44,11 +44,13 @@ class Balancer:
         # replaced over the router's lifetime (new pod addresses) leave nothing behind.
         self.in_flight: dict[str, int] = {}
 
-    def started(self, url: str) -> None:
+    def request_sent(self, url: str) -> None:
+        """A request to the node at `url` went out."""
         in_flight = self.in_flight
         in_flight[url] = in_flight.get(url, 0) + 1
 
-    def finished(self, url: str) -> None:
+    def request_ended(self, url: str) -> None:
+        """A request to the node at `url` ended: replied, failed or cancelled."""
         in_flight = self.in_flight
         count = in_flight.get(url, 0)
         if count > 1:

@@ -3,7 +3,7 @@
 httpx costs 0.6-1.2 ms of CPU per proxied read on our machines; this does only what the router needs (GET
 and POST to http:// nodes, whole bodies, keep-alive) for a small fraction of that (benchmarks/RESULTS.md).
 
-    UpstreamUnavailable(node_fault=True)    connect refused/timed out, reset, EOF or a malformed answer
+    UpstreamUnavailable(node_fault=True)    connect refused/timed out, reset, EOF or a malformed reply
                                             mid-response, the request timed out
     UpstreamUnavailable(node_fault=False)   every connection to the origin stayed busy for `pool_wait_s`,
                                             or the client is closed
@@ -23,11 +23,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
+
 from keyroute.router.upstream import UpstreamResponse, UpstreamUnavailable
 
 DEFAULT_MAX_CONNECTIONS_PER_ORIGIN = 256
-# Shorter than uvicorn's keep-alive timeout (5 s), so we usually let an idle connection go before the node
-# does; when the node's close still crosses our next request on the wire, that request is retried once.
+# Shorter than the nodes' keep-alive timeout (5 s, keyroute.http.server's ServerLimits), so we usually let an
+# idle connection go before the node does; when the node's close still crosses our next request on the wire,
+# that request is sent once more.
 DEFAULT_IDLE_EXPIRY_S = 4.0
 DEFAULT_POOL_WAIT_S = 1.0
 
@@ -47,7 +49,7 @@ _WHEN_CLOSED_MESSAGE = "the upstream client is closed"
 
 class _Failure(Exception):
     """One exchange on one connection went wrong. `retriable` when a reused connection was closed by the
-    peer before any byte of the answer arrived: the node never saw or never answered the request."""
+    peer before any byte of the reply arrived: the node never saw the request or never replied to it."""
 
     def __init__(self, message: str, retriable: bool = False) -> None:
         super().__init__(message)
@@ -79,7 +81,7 @@ class _Connection(asyncio.Protocol):
         self.pool = pool
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
-        self.waiter: Any = None  # an asyncio.Future[UpstreamResponse] or a _Callback
+        self.waiter: Any = None  # an asyncio.Future[UpstreamResponse] or an _Exchange
         # Resolved when the socket is really gone, so aclose() can wait for it.
         self.lost: asyncio.Future[None] = pool.loop.create_future()
         self.status = 0
@@ -101,8 +103,8 @@ class _Connection(asyncio.Protocol):
         return waiter
 
     def start_with(self, request: bytes, deadline: float, waiter: Any) -> None:
-        """Send `request`; the answer (or a _Failure) goes to `waiter`: a future, or anything with its
-        `done`, `set_result` and `set_exception` (`_Callback`)."""
+        """Send `request`; the reply (or a _Failure) goes to `waiter`: a future, or anything with its
+        `done`, `set_result` and `set_exception` (`_Exchange`)."""
         self.waiter = waiter
         self.status = 0
         self.headers = []
@@ -116,7 +118,8 @@ class _Connection(asyncio.Protocol):
         self.pool.upstream.watch(self, deadline)
         transport.write(request)
 
-    def finish(self) -> None:
+    def end_exchange(self) -> None:
+        """The exchange is over (replied, failed or abandoned): nothing waits, no deadline is watched."""
         self.waiter = None
         self.pool.upstream.unwatch(self)
 
@@ -134,7 +137,7 @@ class _Connection(asyncio.Protocol):
         self.close()
 
     def timed_out(self) -> None:
-        self._fail(_Failure(f"no complete answer within {self.pool.upstream.timeout_s}s"))
+        self._fail(_Failure(f"no complete reply within {self.pool.upstream.timeout_s}s"))
 
     # -- asyncio.Protocol ---------------------------------------------------------------------------
 
@@ -204,7 +207,7 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         if self.status < 200:
-            # An informational answer (we never ask for one, but a node may send it): the real one follows.
+            # An informational reply (we never ask for one, but a node may send it): the real one follows.
             self.headers = []
             self.body = []
             self.framed = False
@@ -234,15 +237,16 @@ class StaleConnection(UpstreamUnavailable):
     """`FastUpstream.get_now` met an idle connection the node had already closed: it never saw the request."""
 
 
-def _answered_already(answer: UpstreamResponse | Exception) -> None:
-    raise AssertionError("an exchange answered twice")
+def _ended_already(result: UpstreamResponse | Exception) -> None:
+    raise AssertionError("an exchange ended twice")
 
 
-class _Callback:
-    """The waiter of an exchange started by `FastUpstream.get_now`: hands the connection back and the answer
-    (or failure) on, at once, instead of waking a coroutine."""
+class _Exchange:
+    """One request sent by `FastUpstream.get_now` and its reply, on one connection: the connection's waiter,
+    which hands the connection back and the reply (or the failure) on at once, instead of waking a
+    coroutine."""
 
-    __slots__ = ("upstream", "pool", "conn", "url", "on_answer", "finished")
+    __slots__ = ("upstream", "pool", "conn", "url", "on_reply", "ended")
 
     def __init__(
         self,
@@ -250,50 +254,50 @@ class _Callback:
         pool: _Pool,
         conn: _Connection,
         url: str,
-        on_answer: Callable[[UpstreamResponse | Exception], None],
+        on_reply: Callable[[UpstreamResponse | Exception], None],
     ) -> None:
         self.upstream = upstream
         self.pool = pool
         self.conn = conn
         self.url = url
-        self.on_answer = on_answer
-        self.finished = False
+        self.on_reply = on_reply
+        self.ended = False
 
     def done(self) -> bool:
-        return self.finished
+        return self.ended
 
     def cancel(self) -> None:
         """Abandon the exchange: the connection is closed (whatever is still on the wire is not ours to
-        read) and `on_answer` is not called."""
-        if self.finished:
+        read) and `on_reply` is not called."""
+        if self.ended:
             return
-        self._finish()
+        self._end()
         self.pool.discard(self.conn)
 
-    def set_result(self, response: UpstreamResponse) -> None:
-        on_answer = self._finish()
+    def set_result(self, reply: UpstreamResponse) -> None:
+        on_reply = self._end()
         self.pool.release(self.conn)
-        on_answer(response)
+        on_reply(reply)
 
     def set_exception(self, failure: BaseException) -> None:
-        on_answer = self._finish()
+        on_reply = self._end()
         self.pool.discard(self.conn)
         if self.upstream.closed:  # aclose() broke the connection off: not the node's fault
-            on_answer(UpstreamUnavailable(_WHEN_CLOSED_MESSAGE, node_fault=False))
+            on_reply(UpstreamUnavailable(_WHEN_CLOSED_MESSAGE, node_fault=False))
         elif isinstance(failure, _Failure) and failure.retriable:
-            on_answer(StaleConnection(f"GET {self.url}: {failure}"))
+            on_reply(StaleConnection(f"GET {self.url}: {failure}"))
         else:
-            on_answer(UpstreamUnavailable(f"GET {self.url}: {failure}"))
+            on_reply(UpstreamUnavailable(f"GET {self.url}: {failure}"))
 
-    def _finish(self) -> Callable[[UpstreamResponse | Exception], None]:
-        self.finished = True
-        self.conn.finish()
-        on_answer = self.on_answer
+    def _end(self) -> Callable[[UpstreamResponse | Exception], None]:
+        self.ended = True
+        self.conn.end_exchange()
+        on_reply = self.on_reply
         # Let go of the caller's callback: whoever keeps this exchange (to cancel it) is usually what the
         # callback belongs to, and a reference cycle per read would leave every read to the cyclic garbage
         # collector instead of freeing it at once (measured: ~10% of the router's CPU).
-        self.on_answer = _answered_already
-        return on_answer
+        self.on_reply = _ended_already
+        return on_reply
 
 
 def _decode(coding: bytes, body: bytes) -> bytes:
@@ -478,11 +482,11 @@ class _Pool:
 class FastUpstream:
     """`Upstream` over HTTP/1.1 keep-alive connections of our own, pooled per origin (host and port).
 
-    `timeout_s` bounds a whole request (waiting for a connection, connecting, sending, the whole answer);
+    `timeout_s` bounds a whole request (waiting for a connection, connecting, sending, the whole reply);
     `connect_timeout_s` bounds a TCP connect, `pool_wait_s` the wait for a free connection when
-    `max_connections_per_origin` are busy. Idle connections live `idle_expiry_s`. A connection whose answer
+    `max_connections_per_origin` are busy. Idle connections live `idle_expiry_s`. A connection whose reply
     was incomplete, said `Connection: close`, or came with extra bytes is never reused. A request that
-    meets a reused connection closed by the node before any answer byte is sent once more on a new
+    meets a reused connection closed by the node before any reply byte is sent once more on a new
     connection: both methods are only used for reads (batch-get is a POST), so that is always safe.
     Use it from one event loop (the one it first ran on).
     """
@@ -524,14 +528,14 @@ class FastUpstream:
         return await self._request(b"POST ", url, body, headers)
 
     def get_now(
-        self, url: str, head: bytes, on_answer: Callable[[UpstreamResponse | Exception], None]
-    ) -> _Callback | None:
+        self, url: str, head: bytes, on_reply: Callable[[UpstreamResponse | Exception], None]
+    ) -> _Exchange | None:
         """GET `url` on an idle connection, without a coroutine: the exchange (its `cancel()` abandons it:
-        the connection is closed and `on_answer` never called), or None (nothing sent) when no idle
+        the connection is closed and `on_reply` never called), or None (nothing sent) when no idle
         connection to the origin is at hand or the URL needs a closer look, so the caller uses `get` instead.
 
         `head` is the request's header lines, each ending in CRLF, already checked (no framing
-        headers, no CR/LF in values). `on_answer` is called once, from the event loop, with the answer or
+        headers, no CR/LF in values). `on_reply` is called once, from the event loop, with the reply or
         with the failure: UpstreamUnavailable, or `StaleConnection` when the node had closed the idle
         connection before it saw the request (send it again with `get`, which opens a new one)."""
         located = None if self.closed else self._locate_known(url)
@@ -546,9 +550,9 @@ class FastUpstream:
             transport = conn.transport
             if transport is not None and not transport.is_closing():
                 break
-            pool.discard(conn)  # closed while idle: `on_answer` must never run before this returns
+            pool.discard(conn)  # closed while idle: `on_reply` must never run before this returns
         request = b"".join((b"GET ", target.encode("ascii"), pool.host_line, head, b"\r\n"))
-        exchange = _Callback(self, pool, conn, url, on_answer)
+        exchange = _Exchange(self, pool, conn, url, on_reply)
         conn.start_with(request, now + self.timeout_s, exchange)
         return exchange
 
@@ -588,7 +592,7 @@ class FastUpstream:
             try:
                 response = await waiter
             except _Failure as failure:
-                conn.finish()
+                conn.end_exchange()
                 pool.discard(conn)
                 if self.closed:  # aclose() broke the connection off: not the node's fault
                     raise UpstreamUnavailable(_WHEN_CLOSED_MESSAGE, node_fault=False) from failure
@@ -597,11 +601,11 @@ class FastUpstream:
                     raise UpstreamUnavailable(f"{method.decode()}{url}{again}: {failure}") from failure
             except BaseException:
                 # Cancelled mid-exchange: whatever is still on the wire is not ours to read.
-                conn.finish()
+                conn.end_exchange()
                 pool.discard(conn)
                 raise
             else:
-                conn.finish()
+                conn.end_exchange()
                 pool.release(conn)
                 return response
             # The node closed the idle connection just as we used it (the keep-alive race): once more, on a

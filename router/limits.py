@@ -1,14 +1,15 @@
 """The router's request limits and admin access, built from its settings: the admission checks every request
-passes and the uvicorn protocol that bounds request heads before the application sees them.
+passes (the app's and the data plane's alike) and the limits of the HTTP server in front of both.
 """
 
 from __future__ import annotations
 
-from keyroute.core.bounded_http import bounded_httptools
+import sys
+
 from keyroute.core.request_guard import Admission
 from keyroute.core.security import BearerAuth
 from keyroute.core.settings import RouterSettings
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from keyroute.http.server import ServerLimits
 
 
 def protected_paths(settings: RouterSettings) -> tuple[str, ...]:
@@ -18,7 +19,7 @@ def protected_paths(settings: RouterSettings) -> tuple[str, ...]:
 
 def admission(settings: RouterSettings) -> Admission:
     """The router's concurrency limit, header-size limit and admin token, shared by the ASGI guard in front
-    of the application and the server protocol's own key-read path."""
+    of the application and the data plane (router/dataplane.py)."""
     limits = settings.limits
     return Admission(
         max_concurrent_requests=limits.max_concurrent_requests,
@@ -29,6 +30,15 @@ def admission(settings: RouterSettings) -> Admission:
     )
 
 
-def http_protocol(settings: RouterSettings, base: type[HttpToolsProtocol] = HttpToolsProtocol) -> type:
-    """uvicorn's `http` protocol class: `base` with request heads bounded by `max_header_bytes`."""
-    return bounded_httptools(settings.limits.max_header_bytes, base)
+def server_limits(settings: RouterSettings) -> ServerLimits:
+    """What the router's HTTP server bounds before any request is handled: request heads (431) and bodies
+    (413), as the settings say (0 switches a limit off)."""
+    limits = settings.limits
+    return ServerLimits(
+        max_header_bytes=limits.max_header_bytes or _UNLIMITED,
+        max_body_bytes=limits.max_body_bytes or _UNLIMITED,
+        body_timeout_s=limits.body_timeout_s,
+    )
+
+
+_UNLIMITED = sys.maxsize

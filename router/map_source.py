@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from kazoo.client import KazooClient
+
 from keyroute.core import zk
 from keyroute.core.map_watcher import MapWatcher
 from keyroute.core.partition_map import PartitionMap

@@ -2,29 +2,51 @@
 
 The data path only adds to ints and dicts (no lock, no client library); `render()` builds the metric
 families from them and from the installed partition map at scrape time (keyroute_core.metrics).
+
+With `--workers N` (router/workers.py) every worker process calls `share_across_workers` first: the
+metrics made in that process then publish snapshots to the directory the parent shares between its
+workers, and a scrape, whichever worker answers it, shows what the whole router did:
+
+- counters and histograms (buckets, sums, counts) are the sum over the live workers and those that have
+  exited (`keyroute_core.metrics.WorkerSnapshots`: the sum never goes backwards);
+- the per-process gauges, under their usual names, show the worker that is furthest behind, what an alert
+  wants: the lowest map generation, stale if any worker is, complete only if every worker's map is, the
+  oldest map age and longest staleness, and per partition the fewest serving replicas any worker sees;
+- families only present with workers break it down per live worker, label `worker` (1..N, the process's
+  index, not its pid, so series stay few): `keyroute_router_workers`, `keyroute_router_worker_requests_total`
+  (reads answered, by outcome) and `keyroute_router_worker_map_generation`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from prometheus_client.core import Metric
+
 from keyroute.core.metrics import (
+    LATENCY_BUCKETS_S,
     Exposition,
+    Facts,
     Histogram,
     RequestCounts,
+    Snapshot,
+    Sums,
+    WorkerSnapshots,
+    add_sums,
     counter,
     gauge,
     histogram_family,
+    labelled_counter,
     labelled_gauge,
-    refusals_family,
+    refusal_counts_family,
+    refusals,
     store_label,
 )
 from keyroute.core.partition_map import PartitionMap
 from keyroute.core.request_guard import Admission
-from prometheus_client.core import Metric
 
 # attribute -> (metric name, help). Counters get `_total` appended by the exposition.
 _COUNTERS = {
@@ -72,6 +94,20 @@ _NOT_COUNTERS = frozenset(
 )
 
 
+# Set in a worker process before its router starts (`share_across_workers`); None in a single-process router.
+_process_snapshots: WorkerSnapshots | None = None
+
+
+def share_across_workers(directory: str, worker: int) -> WorkerSnapshots:
+    """Make every RouterMetrics created in this process from now on publish to, and render the sum over,
+    `directory`: the one the parent created for its workers; `worker` is this process's index (1..N).
+    Called once, first thing in each worker process (router/workers.py); the caller closes the result
+    when the worker stops."""
+    global _process_snapshots
+    _process_snapshots = WorkerSnapshots(directory, worker)
+    return _process_snapshots
+
+
 @dataclass(slots=True)
 class RouterMetrics:
     """What an operator needs to see that routing is healthy: outcomes, misroutes, failovers, latency."""
@@ -104,6 +140,17 @@ class RouterMetrics:
     # The admission checks in front of every request: their refusals are exported.
     admission: Admission | None = None
     _exposition: Exposition | None = None
+    # With workers: where this worker publishes its snapshots and finds the others' (see the module doc).
+    _snapshots: WorkerSnapshots | None = None
+
+    def __post_init__(self) -> None:
+        if _process_snapshots is not None:
+            self.share(_process_snapshots)
+
+    def share(self, snapshots: WorkerSnapshots) -> None:
+        """Publish this worker's counters through `snapshots` and render the sum over every worker."""
+        self._snapshots = snapshots
+        snapshots.attach(self.snapshot)
 
     def map_installed(self, partition_map: PartitionMap) -> None:
         """A new map was installed (on the event loop)."""
@@ -132,55 +179,54 @@ class RouterMetrics:
             histogram = self.upstream_latency[node_id] = Histogram()
         histogram.observe(seconds)
 
-    def families(self) -> Iterable[Metric]:
-        yield self.requests.family(
-            "keyroute_router_requests",
-            "reads answered, by store, kind (key: one per GET, batch: one per key of a batch-get) and outcome",
-        )
-        for attr, (name, documentation) in _COUNTERS.items():
-            yield counter(name, documentation, getattr(self, attr))
-        yield refusals_family("keyroute_router_refused_requests", self.admission)
-        # Counters added to this class without a name above still show, under their attribute's name.
+    def snapshot(self) -> Snapshot:
+        """(sums, facts): this process's counters, and its gauges' inputs, as JSON values.
+
+        May run on another thread than the event loop (the snapshot publisher), so what the request path
+        changes is only copied by single C-level operations, then read from the copies."""
+        counts = self.requests.counts.copy()
+        latency = list(self.upstream_latency.items())
+        requests: dict[str, dict[str, dict[str, int]]] = {}
+        for (store, kind, outcome_label), n in counts.items():
+            requests.setdefault(store, {}).setdefault(kind, {})[outcome_label] = n
+        counters = {attr: getattr(self, attr) for attr in _COUNTERS}
+        # Counters added to this class without a name in _COUNTERS still show, under their attribute's name.
         for f in fields(self):
             if f.name not in _COUNTERS and f.name not in _NOT_COUNTERS and not f.name.startswith("_"):
                 value = getattr(self, f.name)
                 if isinstance(value, int) and not isinstance(value, bool):
-                    yield counter(f"keyroute_router_{f.name}", f.name.replace("_", " "), value)
-        yield histogram_family(
-            "keyroute_router_upstream_latency_seconds",
-            "time from sending a request to a node to its complete answer, by node",
-            "node",
-            self.upstream_latency,
-        )
-        yield gauge("keyroute_router_map_generation", "generation of the installed map", self.map_generation)
-        yield gauge("keyroute_router_map_stale", "1 while ZooKeeper is unreachable", int(self.map_stale))
-        yield gauge(
-            "keyroute_router_map_complete",
-            "1 when every partition of every store is served",
-            int(self.map_complete),
-        )
-        now = time.time()
+                    counters[f.name] = value
+        sums: Sums = {
+            "counters": counters,
+            "requests": requests,
+            "refused": refusals(self.admission),
+            "upstream_latency": {node: {"counts": list(h.counts), "sum": h.sum} for node, h in latency},
+        }
         m = self.partition_map
-        yield gauge(
-            "keyroute_router_map_age_seconds",
-            "seconds since the installed map was read from ZooKeeper (it is re-read on every change)",
-            max(0.0, now - m.built_at) if m is not None else 0.0,
-        )
-        yield gauge(
-            "keyroute_router_map_stale_seconds",
-            "seconds the installed map has been stale (ZooKeeper unreachable); 0 while it is fresh",
-            max(0.0, now - self.stale_since) if self.stale_since is not None else 0.0,
-        )
-        yield labelled_gauge(
-            "keyroute_router_partition_serving_replicas",
-            "nodes the router sends reads of this partition to (0: no node serves it)",
-            ["store", "partition"],
-            (
-                ([name, str(p)], len(endpoints))
-                for name, per_partition in (sorted(m.routes.items()) if m is not None else ())
-                for p, endpoints in enumerate(per_partition)
-            ),
-        )
+        facts: Facts = {
+            "map_generation": self.map_generation,
+            "map_stale": int(self.map_stale),
+            "map_complete": int(self.map_complete),
+            "map_built_at": m.built_at if m is not None else None,
+            "stale_since": self.stale_since,
+            "replicas": {
+                name: [len(endpoints) for endpoints in per_partition]
+                for name, per_partition in (m.routes.items() if m is not None else ())
+            },
+        }
+        return sums, facts
+
+    def families(self) -> Iterable[Metric]:
+        snapshots = self._snapshots
+        if snapshots is None:
+            sums, facts = self.snapshot()
+            return _families(sums, [facts], None)
+        own, others, retired = snapshots.gather()
+        records = ([own] if own is not None else []) + others
+        total = retired
+        for record in records:
+            total = add_sums(total, record.get("sums", {}))
+        return _families(total, [r.get("facts", {}) for r in records], records)
 
     def render(self) -> str:
         """The Prometheus text exposition."""
@@ -190,3 +236,112 @@ class RouterMetrics:
         if self._exposition is None:
             self._exposition = Exposition(self.families)
         return self._exposition.render()
+
+
+def _families(sums: Sums, facts: Sequence[Facts], workers: Sequence[Mapping[str, Any]] | None) -> Iterable[Metric]:
+    """The exposition of `sums` (one process's counters, or their sum over workers) and of `facts` (one
+    per live process: their gauges show the furthest behind); with `workers` (their snapshot records),
+    the per-worker families too."""
+    yield labelled_counter(
+        "keyroute_router_requests",
+        "reads answered, by store, kind (key: one per GET, batch: one per key of a batch-get) and outcome",
+        ["store", "kind", "outcome"],
+        _request_samples(sums.get("requests", {})),
+    )
+    counters: dict[str, float] = sums.get("counters", {})
+    for attr, (name, documentation) in _COUNTERS.items():
+        yield counter(name, documentation, counters.get(attr, 0))
+    yield refusal_counts_family("keyroute_router_refused_requests", sums.get("refused", {}))
+    for attr, value in counters.items():
+        if attr not in _COUNTERS:
+            yield counter(f"keyroute_router_{attr}", attr.replace("_", " "), value)
+    latency: dict[str, Histogram] = {}
+    for node, h in sums.get("upstream_latency", {}).items():
+        histogram = Histogram.of(LATENCY_BUCKETS_S, h.get("counts", []), h.get("sum", 0.0))
+        if histogram is not None:
+            latency[node] = histogram
+    yield histogram_family(
+        "keyroute_router_upstream_latency_seconds",
+        "time from sending a request to a node to its complete answer, by node",
+        "node",
+        latency,
+    )
+    yield gauge(
+        "keyroute_router_map_generation",
+        "generation of the installed map (with workers: the lowest any worker has installed)",
+        min((f.get("map_generation", 0) for f in facts), default=0),
+    )
+    yield gauge(
+        "keyroute_router_map_stale",
+        "1 while ZooKeeper is unreachable (with workers: for any of them)",
+        max((f.get("map_stale", 1) for f in facts), default=1),
+    )
+    yield gauge(
+        "keyroute_router_map_complete",
+        "1 when every partition of every store is served (with workers: in every worker's map)",
+        min((f.get("map_complete", 0) for f in facts), default=0),
+    )
+    now = time.time()
+    yield gauge(
+        "keyroute_router_map_age_seconds",
+        "seconds since the installed map was read from ZooKeeper (it is re-read on every change; with workers:"
+        " the oldest)",
+        max((max(0.0, now - f["map_built_at"]) for f in facts if f.get("map_built_at") is not None), default=0.0),
+    )
+    yield gauge(
+        "keyroute_router_map_stale_seconds",
+        "seconds the installed map has been stale (ZooKeeper unreachable); 0 while it is fresh (with workers: the"
+        " longest)",
+        max((max(0.0, now - f["stale_since"]) for f in facts if f.get("stale_since") is not None), default=0.0),
+    )
+    fewest: dict[tuple[str, int], int] = {}
+    for f in facts:
+        for name, per_partition in f.get("replicas", {}).items():
+            for p, n in enumerate(per_partition):
+                fewest[name, p] = min(n, fewest.get((name, p), n))
+    yield labelled_gauge(
+        "keyroute_router_partition_serving_replicas",
+        "nodes the router sends reads of this partition to (0: no node serves it; with workers: the fewest)",
+        ["store", "partition"],
+        (([name, str(p)], n) for (name, p), n in sorted(fewest.items())),
+    )
+    if workers is not None:
+        yield from _worker_families(workers)
+
+
+def _worker_families(records: Sequence[Mapping[str, Any]]) -> Iterable[Metric]:
+    """What each live worker contributes, by its index (two records of one index, which the parent never
+    runs at once, would be combined rather than exposed twice)."""
+    answered: dict[tuple[str, str], float] = {}
+    generation: dict[str, int] = {}
+    for record in records:
+        worker = str(record.get("worker"))
+        for per_kind in record.get("sums", {}).get("requests", {}).values():
+            for per_outcome in per_kind.values():
+                for outcome_label, n in per_outcome.items():
+                    answered[worker, outcome_label] = answered.get((worker, outcome_label), 0) + n
+        g = record.get("facts", {}).get("map_generation", 0)
+        generation[worker] = min(g, generation.get(worker, g))
+    yield gauge("keyroute_router_workers", "router worker processes reporting", len(generation))
+    yield labelled_counter(
+        "keyroute_router_worker_requests",
+        "reads answered by each live router worker (by its index), by outcome",
+        ["worker", "outcome"],
+        (([worker, outcome_label], n) for (worker, outcome_label), n in sorted(answered.items())),
+    )
+    yield labelled_gauge(
+        "keyroute_router_worker_map_generation",
+        "generation of the map each live router worker (by its index) has installed",
+        ["worker"],
+        (([worker], g) for worker, g in sorted(generation.items())),
+    )
+
+
+def _request_samples(requests: Mapping[str, Any]) -> Iterable[tuple[list[str], float]]:
+    flat = [
+        ((store, kind, outcome_label), n)
+        for store, per_kind in requests.items()
+        for kind, per_outcome in per_kind.items()
+        for outcome_label, n in per_outcome.items()
+    ]
+    return ((list(labels), n) for labels, n in sorted(flat))

@@ -1,6 +1,7 @@
 """The router's HTTP API as an OpenAPI 3.1 document, served at `/openapi.json`.
 
-A static value kept in step with the router's routes by tests/unit/router/test_openapi.py.
+It describes the whole router API: the data plane's routes (router/dataplane.py, everything under /stores/)
+and the app's (router/app.py). A static value kept in step with both by tests/unit/router/test_openapi.py.
 """
 
 from __future__ import annotations

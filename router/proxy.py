@@ -1,6 +1,19 @@
 """The router's data path: one key, or a batch fanned out per node, sent to a node serving its partition.
 
-Failover across serving replicas, node back-off and misroute detection live here; the wire is `Upstream`.
+Failover across serving replicas, hedging, node back-off and misroute detection live here; the wire is
+`Upstream` (mostly `FastUpstream`). One engine reads a single key: `Proxy.read`, driven by callbacks.
+
+Words, each with one meaning here (and in router/dataplane.py, router/fast_upstream.py):
+
+    read      one single-key lookup, from `Proxy.read` until its result is delivered (or it is cancelled)
+    request   what the router sends one node for a read: a read sends one, or more (failover, hedge)
+    reply     a node's complete HTTP response to one request (`UpstreamResponse`); a 503 reply is a refusal
+    end       a request ends when its reply or its failure arrives, or when it is cancelled
+    result    what a read ends with: the reply to pass on (hop-by-hop headers stripped) or an exception
+    deliver   hand a read's result to its `on_result`, exactly once
+    answer    what the router's client is sent: the data plane's business, not this module's
+    hedge     a read's second request, to the next replica, when the first has not replied in time
+    failover  a read's next request, to the next replica, after every request out failed or was refused
 
 Versions: a partition's routable endpoints all serve one version (`PartitionMap` picks it), and a batch
 sends all keys of one partition to one node at a time (failover moves them together), so within one
@@ -13,21 +26,19 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-import json
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
-from urllib.parse import quote
 
 from keyroute.core.api import (
     HEADER_GENERATION,
     HEADER_HOPS,
     HEADER_REQUEST_ID,
+    HEADER_ROUTER,
     ApiError,
     BadKey,
-    BadRequest,
     BatchKeyTooLong,
     PartitionUnavailable,
     PayloadTooLarge,
@@ -36,6 +47,15 @@ from keyroute.core.api import (
 )
 from keyroute.core.logs import bind_request_id
 from keyroute.core.partition_map import Endpoint
+from keyroute.http.forwarding import (
+    batch_body,
+    batch_path,
+    error_entry,
+    forward_batch,
+    parse_batch_answer,
+    passthrough_headers,
+    path_segment,
+)
 from keyroute.router.backoff import NodeBackoff
 from keyroute.router.balancer import Balancer, LatencyQuantile, RetryBudget
 from keyroute.router.fast_upstream import StaleConnection, header_block
@@ -45,74 +65,15 @@ from keyroute.router.upstream import Upstream, UpstreamResponse, UpstreamUnavail
 
 log = logging.getLogger(__name__)
 
-# Marks a request as sent by a router. Deliberately not the hop header: a node whose view is newer than
-# ours must still be allowed to forward once, which is the fallback when our map is stale.
-HEADER_ROUTER = "x-keyroute-router"
-
 # A burst of misrouted reads (say, during a rebalance) asks for one re-read, not one per read.
 MIN_REFRESH_INTERVAL_S = 0.5
 
 _HOPS = HEADER_HOPS.encode("ascii")
+_now = time.perf_counter  # for latencies
 _GENERATION = HEADER_GENERATION.encode("ascii")
-# Hop-by-hop headers (RFC 9110 section 7.6.1) belong to one connection, never to the answer; the
-# framing and server headers are set again by our own server for our own connection.
-_NOT_PASSED = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-connection",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-        b"content-length",
-        b"date",
-        b"server",
-    }
-)
 
-
-def passthrough_headers(headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """A node's response headers minus hop-by-hop ones (also those its Connection header names)."""
-    kept = []
-    named: set[bytes] | None = None
-    for name, value in headers:
-        lowered = name.lower()
-        if lowered not in _NOT_PASSED:
-            kept.append((lowered, value))
-        elif lowered == b"connection":
-            named = (named or set()) | {token.strip().lower() for token in value.split(b",")}
-    if named:
-        kept = [(name, value) for name, value in kept if name not in named]
-    return kept
-
-
-def key_segment(text: str) -> str:
-    """A key as one URL path segment that every client and server on the way leaves alone.
-
-    '/', '%', '?', '#', '+', spaces and non-ASCII are percent-encoded; "." and ".." also are, because
-    URL normalisation (RFC 3986 dot segments, which httpx applies) would otherwise remove them.
-    """
-    if text in (".", ".."):
-        return text.replace(".", "%2E")
-    return quote(text, safe="")
-
-
-def parse_batch_body(body: bytes) -> list[Any]:
-    """The `keys` of a batch-get body; BadRequest when the body is not `{"keys": [...]}`."""
-    try:
-        obj = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequest(f"the body is not valid JSON ({exc})") from exc
-    if not isinstance(obj, dict) or not isinstance(obj.get("keys"), list):
-        raise BadRequest('expected a JSON object {"keys": [...]}')
-    return obj["keys"]
-
-
-def error_entry(key: Any, error: ApiError) -> dict[str, Any]:
-    return {"key": key, "status": error.status, "error": error.code, "message": error.message}
+# What a read's caller gets its result with (`Proxy.read`), and what a request's reply or failure goes to.
+OnResult = Callable[[UpstreamResponse | Exception], None]
 
 
 def _key_text(raw: Any) -> str | None:
@@ -153,7 +114,7 @@ class Proxy:
         self._max_key_bytes = max_key_bytes  # a batch key beyond it gets its own 400 entry (0: no limit)
         self._retry_after_s = retry_after_s
         self._backoff = backoff or NodeBackoff()
-        # Hedging: a single-key read that has not answered after `hedge_after_s` is also sent to another
+        # Hedging: a read whose first request has not replied after `hedge_after_s` also asks another
         # serving replica; None derives the delay from recent upstream latencies, 0 turns hedging off.
         if hedge_after_s is not None and hedge_after_s < 0:
             raise ValueError("hedge_after_s must not be negative (0 turns hedging off)")
@@ -165,13 +126,13 @@ class Proxy:
         self._latency = LatencyQuantile() if hedge_after_s is None else None
         self._hedge_timer = _HedgeTimer()
         self._clock = clock
-        # `Proxy.read` without a coroutine needs an upstream that can send at once (FastUpstream.get_now).
-        self._send_now: Callable[[str, bytes, Callable[[UpstreamResponse | Exception], None]], Any] | None = getattr(
-            upstream, "get_now", None
-        )
+        # Sending on an idle connection without a coroutine (FastUpstream.get_now); None: every request
+        # goes through `Upstream.get` in a task.
+        self._send_now: Callable[[str, bytes, OnResult], Any] | None = getattr(upstream, "get_now", None)
         # What every request to a node carries except its request id, as header lines.
         self._block = header_block(self._headers(None))
-        self._tasks: set[asyncio.Task[None]] = set()
+        # Requests sent through `Upstream.get`: the loop keeps only weak references to tasks.
+        self._tasks: set[asyncio.Task[UpstreamResponse]] = set()
         self._last_refresh = float("-inf")
         # The highest map generation a node reported while forwarding for us that made us re-read.
         self._refreshed_for = 0
@@ -186,56 +147,22 @@ class Proxy:
         m.map_complete = table.complete
         m.map_installed(table.map)
 
-    async def get(self, store: str, key_text: str, request_id: str | None = None) -> UpstreamResponse:
-        """A node's answer for one key, headers filtered for passing on; raises ApiError when none answers."""
-        read = self._plan(store, key_text, request_id, None)
-        return await self._attempts(read, [], None)
+    # -- one key ----------------------------------------------------------------------------------------
 
-    def read(
-        self,
-        store: str,
-        key_text: str,
-        request_id: str,
-        on_answer: Callable[[UpstreamResponse | Exception], None],
-    ) -> None:
-        """`get` for a caller that is not a coroutine (the router's server protocol): `on_answer` is called
-        once, later, with what `get` would return or raise (an ApiError, or anything unexpected); what is
-        wrong at once (an unknown store, a bad key, nothing serving) is raised here.
+    def read(self, store: str, key_text: str, request_id: str, on_result: OnResult) -> Read:
+        """Read one key: `on_result` is called once, later, on the event loop, with the result: a node's
+        reply (headers filtered for passing on; any status, a last replica's 503 included) or the exception
+        the read failed with (an ApiError, or anything unexpected). What is wrong at once (an unknown store,
+        a bad key, no node serving the partition) is raised here, and `on_result` is never called.
 
-        Most reads go without a coroutine: sent on an idle connection at once, their answer handed on from
-        the connection's callback, hedged (`_Read.fire`) by the same timer as `get`'s hedges. A read that
-        finds no idle connection, or has to try again elsewhere (a failed or refusing node, a stale
-        connection), continues as `get` does, in a task."""
-        read = self._plan(store, key_text, request_id, on_answer)
-        send_now = self._send_now
-        if send_now is not None:
-            endpoint = read.order[0]
-            url = endpoint.url
-            balancer = self._balancer
-            balancer.started(url)
-            read.started = time.perf_counter()
-            exchange = send_now(url + read.path, self._express_block(request_id), read.answered)
-            if exchange is not None:
-                self.metrics.upstream_requests += 1
-                read.exchange = exchange
-                if len(read.order) > 1:
-                    delay = self._hedge_delay()
-                    if delay:
-                        read.waiting = True
-                        self._hedge_timer.add(read, delay)
-                return
-            balancer.finished(url)
-        self._continue(read, [], None)
+        `request_id` (visible ASCII, as `keyroute.core.logs` accepts or makes one) goes to the nodes.
 
-    def _plan(
-        self,
-        store: str,
-        key_text: str,
-        request_id: str | None,
-        on_answer: Callable[[UpstreamResponse | Exception], None] | None,
-    ) -> _Read:
-        """The read's route and the order to ask the serving nodes in; counted, and a deposit in the retry
-        budget. Raises ApiError when the store or key is bad or no node serves the partition."""
+        The common read costs no coroutine: its request goes out on an idle pooled connection at once and
+        its reply is delivered from that connection's callback. A request (first, hedge or failover) that
+        finds no idle connection goes through `Upstream.get` in a task, and so does a resend.
+
+        Returns the read, whose `cancel()` abandons it (every request out is cancelled, nothing delivered).
+        """
         self.metrics.key_requests += 1
         table = self.table
         route = table.resolve(store, key_text)
@@ -243,155 +170,151 @@ class Proxy:
         if not serving:
             self.metrics.unavailable += 1
             raise self._unavailable(f"no node serves partition {route.partition} of store {store!r}")
-        path = f"/stores/{key_segment(store)}/keys/{key_segment(key_text)}"
         order = self._balancer.order(serving)
         self._budget.deposit()
-        return _Read(self, store, route.partition, path, order, request_id, on_answer)
-
-    def _hedge_delay(self) -> float | None:
-        """How long a read waits before it is hedged; None or 0 when it is not."""
-        if not self._hedging:
-            return None
-        latency = self._latency
-        return self._hedge_after_s if latency is None else latency.value_s
-
-    def _express_block(self, request_id: str) -> bytes:
-        # The request id is one `request_id_in` accepted or made: visible ASCII, no spaces.
-        return self._block + b"x-request-id: " + request_id.encode("ascii") + b"\r\n"
-
-    def _continue(self, read: _Read, tried: list[str], refused: UpstreamResponse | None) -> None:
-        """The rest of `read` as `get` does it (the nodes not yet `tried`), in a task."""
-        self._spawn(self._attempts(read, tried, refused), read)
-
-    async def _finish(self, work: Awaitable[UpstreamResponse], read: _Read) -> None:
-        if read.request_id is not None:
-            bind_request_id({}, read.request_id)  # this task's log lines carry it
-        try:
-            answer: UpstreamResponse | Exception = await work
-        except Exception as exc:
-            answer = exc
-        read.deliver(answer)
-
-    async def _attempts(self, read: _Read, tried: list[str], refused: UpstreamResponse | None) -> UpstreamResponse:
-        """Ask the nodes of `read.order` not yet `tried` (hedged when none was), until one answers."""
-        order, path = read.order, read.path
-        headers = self._headers(read.request_id)
-        if not tried:
-            delay = self._hedge_delay() if len(order) > 1 else None
+        path = f"/stores/{path_segment(store)}/keys/{path_segment(key_text)}"
+        read = Read(self, store, route.partition, path, order, request_id, on_result)
+        self._send(read, order[0], False, False)
+        if len(order) > 1 and self._hedging:
+            latency = self._latency
+            delay = self._hedge_after_s if latency is None else latency.value_s
             if delay:
-                answer, refused = await self._hedged(order, path, headers, delay, tried)
-                if answer is not None:
-                    return UpstreamResponse(answer.status, passthrough_headers(answer.headers), answer.body)
-        for endpoint in order[len(tried) :]:
-            if tried:
-                self.metrics.failovers += 1
-                self._budget.spend_failover()
-            tried.append(endpoint.node_id)
-            response = await self._fetch(endpoint, path, headers)
-            if response is None:
-                continue
-            if response.status == 503:
-                # The node no longer serves the partition and knows no one who does: a replica still might.
-                refused = response
-                self._refresh_map()
-                continue
-            return UpstreamResponse(response.status, passthrough_headers(response.headers), response.body)
-        if refused is not None:
-            return UpstreamResponse(refused.status, passthrough_headers(refused.headers), refused.body)
-        self.metrics.unavailable += 1
-        raise self._unavailable(
-            f"no node serving partition {read.partition} of store {read.store!r} answered (tried {', '.join(tried)})"
-        )
+                read.waiting = True
+                self._hedge_timer.add(read, delay)
+        return read
 
-    def _answered_now(self, read: _Read, result: UpstreamResponse | Exception) -> None:
-        """The answer to the request `read` sent without a coroutine: handed on, or the read continues."""
-        first = read.order[0]
-        read.waiting = False
-        hedge = read.hedge
-        self._balancer.finished(first.url)
+    def _send(self, read: Read, endpoint: Endpoint, hedge: bool, resend: bool) -> None:
+        """One request of `read` to `endpoint`: on an idle connection at once when there is one, else in a
+        task. A `resend` (the idle connection had been closed by the node) is the same upstream request
+        again, never on an idle connection: `Upstream.get` opens a new one if it must."""
+        request = _Request(read, endpoint)
+        if hedge:
+            read.hedge = request
+        else:
+            read.lead = request
+        url = endpoint.url
+        self._balancer.request_sent(url)
+        if not resend:
+            self.metrics.upstream_requests += 1
+        request.started = _now()
+        send_now = self._send_now
+        if send_now is not None and not resend:
+            # The request id is one the server accepted or made: visible ASCII, no spaces.
+            head = self._block + b"x-request-id: " + read.request_id.encode("ascii") + b"\r\n"
+            exchange = send_now(url + read.path, head, request.replied)
+            if exchange is not None:
+                request.pending = exchange
+                return
+        task = asyncio.get_running_loop().create_task(self._get(url + read.path, read.request_id))
+        request.pending = task
+        self._tasks.add(task)
+        task.add_done_callback(request.fetched)
+
+    async def _get(self, url: str, request_id: str) -> UpstreamResponse:
+        bind_request_id({}, request_id)  # this task's log lines carry it
+        return await self._upstream.get(url, self._headers(request_id))
+
+    def _replied(self, request: _Request, result: UpstreamResponse | Exception) -> None:
+        """`request` ended with `result` (a reply or a failure): the read delivers, waits for its other
+        request, or fails over to the next replica."""
+        read = request.read
+        endpoint = request.endpoint
+        # The request is over: no longer out for its read, nor in flight to its node.
+        request.pending = None
+        hedge = read.lead is not request
+        if hedge:
+            read.hedge = None
+        else:
+            read.lead = None
+        self._balancer.request_ended(endpoint.url)
         if isinstance(result, UpstreamResponse):
-            # As `_send` and `_fetch` do for an answer.
-            elapsed = time.perf_counter() - read.started
-            self.metrics.observe_upstream(first.node_id, elapsed)
-            self._backoff.succeeded(first)
+            elapsed = _now() - request.started
+            self.metrics.observe_upstream(endpoint.node_id, elapsed)
+            self._backoff.succeeded(endpoint)
             if self._latency is not None:
                 self._latency.record(elapsed)
             self._check_hops(result)
             if result.status != 503:
-                if hedge is not None:
-                    _abandon(hedge)
+                if hedge:
+                    self.metrics.hedge_wins += 1
                 read.deliver(UpstreamResponse(result.status, passthrough_headers(result.headers), result.body))
                 return
             # The node no longer serves the partition and knows no one who does: a replica still might.
             self._refresh_map()
-            refused: UpstreamResponse | None = result
+            read.refused = result
         elif isinstance(result, StaleConnection):
             # The node had closed the idle connection and never saw the request (not its fault).
-            if hedge is None:
-                # Sent again on a new connection, as `get` does, within the same upstream request.
-                self.metrics.upstream_requests -= 1
-                self._continue(read, [], None)
-                return
-            refused = None  # the hedge is out and may answer
-        else:
+            self._send(read, endpoint, hedge, True)
+            return
+        elif isinstance(result, UpstreamUnavailable):
             self.metrics.upstream_failures += 1
-            if not isinstance(result, UpstreamUnavailable) or result.node_fault:
-                self._backoff.failed(first, str(result))
-            refused = None
-        if hedge is None:
-            self._continue(read, [first.node_id], refused)
+            if result.node_fault:
+                self._backoff.failed(endpoint, str(result))
+        elif isinstance(result, ValueError):
+            # A node advertising a URL we cannot speak to (not http://, bad characters) is misconfigured:
+            # treat it like an unreachable node rather than failing the read.
+            self.metrics.upstream_failures += 1
+            self._backoff.failed(endpoint, f"unusable node URL: {result}")
         else:
-            self._spawn(self._after_hedge(read, hedge, refused), read)
+            read.deliver(result)  # unexpected: the read fails with it
+            return
+        if read.lead is None and read.hedge is None:
+            self._fail_over(read)
+        # else: the read's other request may still reply
 
-    def _launch_hedge(
-        self,
-        endpoint: Endpoint,
-        path: str,
-        headers: Mapping[str, str],
-        request_id: str | None,
-        on_done: Callable[[asyncio.Task[UpstreamResponse | None]], None],
-    ) -> asyncio.Task[UpstreamResponse | None] | None:
-        """The second request of a hedged read (`_Hedge` for `get`, `_Read` for `read`), to `endpoint` in a
-        task that calls `on_done` when it ends; None when that replica is backed off (it failed just now: a
-        second request there would not be faster) or the retry budget is spent."""
+    def _fail_over(self, read: Read) -> None:
+        """Nothing of `read` is out and nothing usable came back: ask the next replica, or deliver the last
+        refusal, or PartitionUnavailable when every replica failed."""
+        read.waiting = False  # a hedge not sent yet never will be: the next replica is asked now
+        order = read.order
+        if read.asked < len(order):
+            self.metrics.failovers += 1
+            self._budget.spend_failover()
+            endpoint = order[read.asked]
+            read.asked += 1
+            self._send(read, endpoint, False, False)
+            return
+        refused = read.refused
+        if refused is not None:
+            read.deliver(UpstreamResponse(refused.status, passthrough_headers(refused.headers), refused.body))
+            return
+        self.metrics.unavailable += 1
+        tried = ", ".join(endpoint.node_id for endpoint in order)
+        read.deliver(
+            self._unavailable(
+                f"no node serving partition {read.partition} of store {read.store!r} answered (tried {tried})"
+            )
+        )
+
+    def _hedge(self, read: Read) -> None:
+        """`read`'s first request has not replied in time: ask the next replica too, unless it is backed off
+        (it failed just now: a second request there would not be faster) or the retry budget is spent."""
+        endpoint = read.order[1]
         if self._backoff.backed_off(endpoint.url):
-            return None
+            return
         if not self._budget.try_spend():
             self.metrics.budget_exhausted += 1
-            return None
-        task = asyncio.get_running_loop().create_task(self._hedge_request(endpoint, path, headers, request_id))
-        task.add_done_callback(on_done)
-        return task
-
-    async def _hedge_request(
-        self, endpoint: Endpoint, path: str, headers: Mapping[str, str], request_id: str | None
-    ) -> UpstreamResponse | None:
-        # Counted here, not at launch: a hedge cancelled before its task first ran was never sent.
+            return
         self.metrics.hedges += 1
-        if request_id is not None:
-            bind_request_id({}, request_id)  # this task's log lines carry it
-        return await self._fetch(endpoint, path, headers)
+        read.asked = 2
+        self._send(read, endpoint, True, False)
 
-    def _spawn(self, work: Awaitable[UpstreamResponse], read: _Read) -> None:
-        """The rest of `read` as `work` does it, in a task; its answer goes to `read.on_answer`."""
-        task = asyncio.get_running_loop().create_task(self._finish(work, read))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _cancel(self, request: _Request) -> None:
+        """Abandon `request` (out for its read): its connection is closed, never reused, and its reply never
+        read. It counts for the automatic hedge threshold: it took at least this long."""
+        pending = request.pending
+        request.pending = None
+        read = request.read
+        if read.lead is request:
+            read.lead = None
+        else:
+            read.hedge = None
+        self._balancer.request_ended(request.endpoint.url)
+        if self._latency is not None:
+            self._latency.record(_now() - request.started)
+        pending.cancel()
 
-    async def _after_hedge(
-        self, read: _Read, hedge: asyncio.Task[UpstreamResponse | None], refused: UpstreamResponse | None
-    ) -> UpstreamResponse:
-        """The first request failed or refused while the hedge is out: the hedge may answer (as in `_hedged`),
-        else the replicas neither was sent to."""
-        order = read.order
-        second = await hedge
-        if second is not None:
-            if second.status != 503:
-                self.metrics.hedge_wins += 1
-                return UpstreamResponse(second.status, passthrough_headers(second.headers), second.body)
-            self._refresh_map()
-            refused = second
-        return await self._attempts(read, [order[0].node_id, order[1].node_id], refused)
+    # -- batches ----------------------------------------------------------------------------------------
 
     async def batch_get(self, store: str, keys: Sequence[Any], request_id: str | None = None) -> list[dict[str, Any]]:
         """One result per key in request order; one request per node, in parallel, replicas on failure."""
@@ -434,197 +357,71 @@ class Proxy:
             texts[i] = text
             candidates[i] = order
 
-        path = f"/stores/{key_segment(store)}/batch-get"
+        path = batch_path(store)
         headers = {**self._headers(request_id), "content-type": "application/json"}
-        attempt = dict.fromkeys(candidates, 0)
-        refused: dict[int, dict[str, Any]] = {}
-        pending = list(candidates)
-        first_round = True
-        while pending:
-            # Grouped by URL, not Endpoint: one node may serve different partitions at different versions.
-            groups: dict[str, list[int]] = {}
-            endpoints: dict[str, Endpoint] = {}
-            for i in pending:
-                endpoint = candidates[i][attempt[i]]
-                groups.setdefault(endpoint.url, []).append(i)
-                endpoints.setdefault(endpoint.url, endpoint)
-            for _ in groups:
-                if first_round:
-                    self._budget.deposit()
-                else:
-                    self._budget.spend_failover()
-            first_round = False
-            answers = await asyncio.gather(
-                *(
-                    self._node_batch(endpoints[url], path, [texts[i] for i in indexes], headers)
-                    for url, indexes in groups.items()
-                )
-            )
-            pending = []
-            for indexes, answer in zip(groups.values(), answers, strict=True):
-                retry: list[int] = []
-                if answer is None:
-                    retry = indexes
-                else:
-                    for i, entry in zip(indexes, answer, strict=True):
-                        if entry.get("status") == 503:
-                            refused[i] = entry
-                            retry.append(i)
-                        else:
-                            results[i] = entry
-                for i in retry:
-                    attempt[i] += 1
-                    if attempt[i] < len(candidates[i]):
-                        self.metrics.failovers += 1
-                        pending.append(i)
-                        continue
-                    self.metrics.unavailable += 1
-                    results[i] = refused.get(i) or error_entry(
-                        texts[i],
-                        self._unavailable(f"no node serving the partition of key {texts[i]!r} answered"),
-                    )
-        answered = [entry for entry in results if entry is not None]
-        assert len(answered) == len(keys), "every key gets exactly one result"
-        return answered
 
-    async def _fetch(self, endpoint: Endpoint, path: str, headers: Mapping[str, str]) -> UpstreamResponse | None:
-        """One single-key request (`_send`), its latency kept for the automatic hedge threshold."""
-        latency = self._latency
-        if latency is None:
-            return await self._send(endpoint, self._upstream.get(endpoint.url + path, headers))
-        started = time.perf_counter()
-        try:
-            response = await self._send(endpoint, self._upstream.get(endpoint.url + path, headers))
-        except asyncio.CancelledError:
-            # Cancelled because another request answered first: it took at least this long.
-            latency.record(time.perf_counter() - started)
-            raise
-        if response is not None:  # a failure's latency says nothing about how long an answer takes
-            latency.record(time.perf_counter() - started)
-        return response
+        async def send(endpoint: Endpoint, group: list[str], round_number: int) -> list[dict[str, Any]] | None:
+            # A first request to a node feeds the retry budget, a failover round spends from it.
+            if round_number == 0:
+                self._budget.deposit()
+            else:
+                self._budget.spend_failover()
+            return await self._node_batch(endpoint, path, group, headers)
 
-    async def _hedged(
-        self,
-        order: tuple[Endpoint, ...],
-        path: str,
-        headers: Mapping[str, str],
-        delay_s: float,
-        tried: list[str],
-    ) -> tuple[UpstreamResponse | None, UpstreamResponse | None]:
-        """Ask `order[0]`; when it has not answered within `delay_s`, also `order[1]` (budget allowing).
-
-        Returns (the first answer, None), or (None, a 503 one of them gave) when neither answered; the
-        nodes asked are appended to `tried`. The loser is cancelled: a cancelled request's connection is
-        closed, never reused (FastUpstream). A fast answer costs one entry in `_HedgeTimer`, no timer.
-        """
-        reader = asyncio.current_task()
-        assert reader is not None
-        first = order[0]
-        tried.append(first.node_id)
-        hedge = _Hedge(self, reader, order[1], path, headers)
-        cancelling = reader.cancelling()
-        self._hedge_timer.add(hedge, delay_s)
-        response: UpstreamResponse | None = None
-        try:
-            response = await self._fetch(first, path, headers)
-        except asyncio.CancelledError:
-            # The hedge answered and cancelled us (as `asyncio.timeout` does) unless someone else, too,
-            # wants this read cancelled: then that cancellation goes on.
-            if not hedge.won or reader.uncancel() > cancelling:
-                hedge.abandon()
-                raise
-        finally:
-            hedge.waiting = False
-        task = hedge.task
-        if task is None:  # answered in time, or no hedge was allowed
-            if response is not None and response.status == 503:
-                self._refresh_map()
-                return None, response
-            return response, None
-        tried.append(hedge.endpoint.node_id)
-        if hedge.won:
-            self.metrics.hedge_wins += 1
-            return task.result(), None
-        refused: UpstreamResponse | None = None
-        if response is not None:
-            if response.status != 503:
-                hedge.abandon()
-                return response, None
-            refused = response
-            self._refresh_map()
-        # The first request failed while the hedge is still out (or failed too): the hedge may answer.
-        try:
-            second = await task
-        except asyncio.CancelledError:
-            hedge.abandon()
-            raise
-        if second is None:
-            return None, refused
-        if second.status == 503:
-            self._refresh_map()
-            return None, second
-        self.metrics.hedge_wins += 1
-        return second, None
+        forwarded = await forward_batch(texts, candidates, send)
+        self.metrics.failovers += forwarded.failovers
+        for i, entry in forwarded.entries.items():
+            if entry.get("status") == 503:
+                self.metrics.unavailable += 1
+            results[i] = entry
+        complete = [entry for entry in results if entry is not None]
+        assert len(complete) == len(keys), "every key gets exactly one result"
+        return complete
 
     async def _node_batch(
         self, endpoint: Endpoint, path: str, texts: list[str], headers: Mapping[str, str]
     ) -> list[dict[str, Any]] | None:
-        """The node's result entries for `texts` in order, or None when it failed or answered nonsense."""
-        body = json.dumps({"keys": texts}, ensure_ascii=False).encode("utf-8")
-        response = await self._send(endpoint, self._upstream.post(endpoint.url + path, body, headers))
-        if response is None:
-            return None
-        if response.status != 200:
-            if response.status == 503:
-                self._refresh_map()
-            log.warning("node %s answered a batch-get with status %d", endpoint.node_id, response.status)
-            return None
-        try:
-            entries = json.loads(response.body)["results"]
-        except (ValueError, KeyError, TypeError):
-            entries = None
-        if (
-            not isinstance(entries, list)
-            or len(entries) != len(texts)
-            or not all(isinstance(e, dict) and isinstance(e.get("status"), int) for e in entries)
-        ):
-            log.warning("node %s answered a batch-get with a malformed body", endpoint.node_id)
-            return None
-        return entries
-
-    async def _send(self, endpoint: Endpoint, request: Awaitable[UpstreamResponse]) -> UpstreamResponse | None:
-        """One request to one node; None (and the node backed off) when it could not be completed."""
+        """The node's entries for `texts` in order, or None when it failed or replied with nonsense."""
         self.metrics.upstream_requests += 1
         started = time.perf_counter()
         balancer = self._balancer
         url = endpoint.url
-        balancer.started(url)
+        balancer.request_sent(url)
         try:
-            response = await request
+            reply = await self._upstream.post(url + path, batch_body(texts), headers)
         except UpstreamUnavailable as exc:
             self.metrics.upstream_failures += 1
             if exc.node_fault:
                 self._backoff.failed(endpoint, str(exc))
             return None
         except ValueError as exc:
-            # A node advertising a URL we cannot speak to (not http://, bad characters) is misconfigured:
-            # treat it like an unreachable node rather than failing the read.
+            # A node advertising a URL we cannot speak to is misconfigured: like an unreachable node.
             self.metrics.upstream_failures += 1
             self._backoff.failed(endpoint, f"unusable node URL: {exc}")
             return None
         finally:
-            balancer.finished(url)
+            balancer.request_ended(url)
         self.metrics.observe_upstream(endpoint.node_id, time.perf_counter() - started)
         self._backoff.succeeded(endpoint)
-        self._check_hops(response)
-        return response
+        self._check_hops(reply)
+        if reply.status != 200:
+            if reply.status == 503:
+                self._refresh_map()
+            log.warning("node %s replied to a batch-get with status %d", endpoint.node_id, reply.status)
+            return None
+        entries = parse_batch_answer(reply.body, len(texts))
+        if entries is None:
+            log.warning("node %s replied to a batch-get with a malformed body", endpoint.node_id)
+        return entries
 
-    def _check_hops(self, response: UpstreamResponse) -> None:
-        hops = response.header(_HOPS)
+    # -- shared -----------------------------------------------------------------------------------------
+
+    def _check_hops(self, reply: UpstreamResponse) -> None:
+        hops = reply.header(_HOPS)
         if hops is not None and hops.strip() not in (b"", b"0"):
             # The node had to forward: it does not serve what our map says it serves.
             self.metrics.misroutes += 1
-            self._refresh_map(_int_header(response.header(_GENERATION)))
+            self._refresh_map(_int_header(reply.header(_GENERATION)))
 
     def _serving(
         self, table: RoutingTable, store: str, partition: int, serving: tuple[Endpoint, ...]
@@ -664,12 +461,18 @@ class Proxy:
         return PartitionUnavailable(message, retry_after_s=self._retry_after_s)
 
 
-class _Read:
-    """One single-key read: where to send it, in which order, and (for `Proxy.read`) whom to tell.
+def _delivered(result: UpstreamResponse | Exception) -> None:
+    """A read's `on_result` once it has delivered or been cancelled: nothing may reach its caller again."""
+    raise AssertionError("a read delivered twice")
 
-    A read sent without a coroutine (`Proxy.read`) is also its own hedge: `waiting` while the first
-    request is out, `fire` (from `_HedgeTimer`) sends the second one to `order[1]` in a task; when that
-    answers first, the first request's connection is closed and the hedge's answer handed on.
+
+class Read:
+    """One single-key read (made by `Proxy.read`): where it goes, in which order, its requests out.
+
+    At most two requests are out at once: `lead` (the first request, or after a failure the failover) and
+    `hedge`. `asked` counts the replicas of `order` asked so far. `waiting` is True while a hedge may still
+    be sent (`_HedgeTimer` calls `fire` when it is due). The first usable reply is delivered and the other
+    request cancelled; when nothing is out and nothing usable came back, the next replica is asked.
     """
 
     __slots__ = (
@@ -679,11 +482,12 @@ class _Read:
         "path",
         "order",
         "request_id",
-        "on_answer",
-        "started",
-        "exchange",
-        "waiting",
+        "on_result",
+        "asked",
+        "lead",
         "hedge",
+        "refused",
+        "waiting",
     )
 
     def __init__(
@@ -693,8 +497,8 @@ class _Read:
         partition: int,
         path: str,
         order: tuple[Endpoint, ...],
-        request_id: str | None,
-        on_answer: Callable[[UpstreamResponse | Exception], None] | None,
+        request_id: str,
+        on_result: OnResult,
     ) -> None:
         self.proxy = proxy
         self.store = store
@@ -702,65 +506,82 @@ class _Read:
         self.path = path
         self.order = order
         self.request_id = request_id
-        self.on_answer = on_answer
-        self.started = 0.0
-        self.exchange: Any = None  # the first request, sent without a coroutine (it has `cancel`)
+        self.on_result = on_result
+        self.asked = 1
+        self.lead: _Request | None = None
+        self.hedge: _Request | None = None
+        self.refused: UpstreamResponse | None = None  # the last 503 reply, passed on if no replica does better
         self.waiting = False
-        self.hedge: asyncio.Task[UpstreamResponse | None] | None = None
 
-    def deliver(self, answer: UpstreamResponse | Exception) -> None:
-        on_answer = self.on_answer
-        assert on_answer is not None
-        on_answer(answer)
+    @property
+    def over(self) -> bool:
+        """Delivered or cancelled."""
+        return self.on_result is _delivered
 
-    def answered(self, result: UpstreamResponse | Exception) -> None:
+    def deliver(self, result: UpstreamResponse | Exception) -> None:
+        """The read's result to its caller (once); whatever request is still out is cancelled."""
+        self.waiting = False
+        if self.lead is not None or self.hedge is not None:
+            self._stop()
+        on_result = self.on_result
+        # Let go of the caller's callback: whatever it holds (the client's exchange) is freed with it.
+        self.on_result = _delivered
         try:
-            self.proxy._answered_now(self, result)
-        except Exception as exc:  # never into the connection's parser: the read fails, the router goes on
-            log.exception("handling a node's answer failed")
-            self.deliver(exc)
+            on_result(result)
+        except Exception:  # never into a connection's parser: the router goes on
+            log.exception("delivering a read's result failed", extra={"request_id": self.request_id})
 
-    # -- the hedge ------------------------------------------------------------------------------------
+    def cancel(self) -> None:
+        """Abandon the read: every request out is cancelled and nothing is delivered."""
+        self._stop()
+        self.on_result = _delivered
 
     def fire(self) -> None:
-        proxy = self.proxy
-        headers = proxy._headers(self.request_id)
-        self.hedge = proxy._launch_hedge(self.order[1], self.path, headers, self.request_id, self._hedge_answered)
+        """The hedge is due (called by `_HedgeTimer` while `waiting`)."""
+        self.waiting = False
+        self.proxy._hedge(self)
 
-    def _hedge_answered(self, task: asyncio.Task[UpstreamResponse | None]) -> None:
-        response = _winning(task) if self.waiting else None
-        if response is None:
-            return  # the first request answered meanwhile and decides, or it may still answer
+    def _stop(self) -> None:
         self.waiting = False
         proxy = self.proxy
-        # The first request is abandoned: its connection is closed, never reused, and it counts as `get`
-        # counts a cancelled request (its latency is at least this long).
-        self.exchange.cancel()
-        first = self.order[0]
-        proxy._balancer.finished(first.url)
-        if proxy._latency is not None:
-            proxy._latency.record(time.perf_counter() - self.started)
-        proxy.metrics.hedge_wins += 1
+        for request in (self.lead, self.hedge):
+            if request is not None:
+                proxy._cancel(request)
+
+
+class _Request:
+    """One request of a read to one node (the read's `lead` or its `hedge`). `pending` is what cancels it
+    while it is out (FastUpstream's exchange, or the task of `Upstream.get`); None once it has ended."""
+
+    __slots__ = ("read", "endpoint", "started", "pending")
+
+    def __init__(self, read: Read, endpoint: Endpoint) -> None:
+        self.read = read
+        self.endpoint = endpoint
+        self.started = 0.0
+        self.pending: Any = None
+
+    def replied(self, result: UpstreamResponse | Exception) -> None:
+        """The request's reply or failure (from the connection's callback or the task's end)."""
+        if self.pending is None:
+            return  # cancelled meanwhile
+        read = self.read
         try:
-            self.deliver(UpstreamResponse(response.status, passthrough_headers(response.headers), response.body))
-        except Exception:
-            log.exception("handing on a hedged answer failed")
+            read.proxy._replied(self, result)
+        except Exception as exc:  # never into the connection's parser: the read fails, the router goes on
+            log.exception("handling a node's reply failed", extra={"request_id": read.request_id})
+            if not read.over:
+                read.deliver(exc)
 
-
-def _winning(hedge: asyncio.Task[UpstreamResponse | None]) -> UpstreamResponse | None:
-    """The answer of a hedge that ended with one the read can take (not a failure, not a 503), else None."""
-    if hedge.cancelled() or hedge.exception() is not None:
-        return None
-    response = hedge.result()
-    return response if response is not None and response.status != 503 else None
-
-
-def _abandon(hedge: asyncio.Task[UpstreamResponse | None]) -> None:
-    """A hedge whose answer is no longer wanted: stopped, and no error of it unseen."""
-    if not hedge.done():
-        hedge.cancel()
-    elif not hedge.cancelled() and hedge.exception() is not None:
-        log.error("a hedged request failed unexpectedly", exc_info=hedge.exception())
+    def fetched(self, task: asyncio.Task[UpstreamResponse]) -> None:
+        self.read.proxy._tasks.discard(task)
+        if task.cancelled():
+            if self.pending is None:
+                return  # cancelled by the read
+            self.replied(UpstreamUnavailable("the request was cancelled", node_fault=False))
+            return
+        failure = task.exception()
+        self.replied(task.result() if failure is None else failure)  # type: ignore[arg-type]
 
 
 class _HedgeTimer:
@@ -768,26 +589,26 @@ class _HedgeTimer:
 
     A timer per read (`loop.call_later` and its cancel) costs ~3 us on uvloop, more than the rest of the
     hedging bookkeeping together; here a read costs a heap push, and the one timer is armed for the
-    earliest deadline. Reads that have answered meanwhile are dropped when their deadline comes up.
+    earliest deadline. Reads no longer waiting (delivered, failed over or cancelled meanwhile) are dropped
+    when their deadline comes up.
     """
 
     # uvloop counts whole milliseconds, so a timer may fire up to one early: that much early is due.
     _EARLY_S = 0.001
 
     def __init__(self) -> None:
-        # Entries are `_Hedge`s of `get` and `_Read`s of `Proxy.read`: each has `waiting` and `fire`.
-        self._due: list[tuple[float, int, _Hedge | _Read]] = []
-        self._seq = itertools.count()  # ties on the deadline must never compare two _Hedge objects
+        self._due: list[tuple[float, int, Read]] = []
+        self._seq = itertools.count()  # ties on the deadline must never compare two reads
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def add(self, hedge: _Hedge | _Read, delay_s: float) -> None:
+    def add(self, read: Read, delay_s: float) -> None:
         loop = asyncio.get_running_loop()
         when = loop.time() + delay_s
         if loop is not self._loop:  # a new event loop (tests run one after another): start afresh
             self._loop, self._timer, self._due = loop, None, []
-        heapq.heappush(self._due, (when, next(self._seq), hedge))
+        heapq.heappush(self._due, (when, next(self._seq), read))
         if self._timer is None or when < self._timer_at - self._EARLY_S:
             self._arm(loop, when)
 
@@ -802,52 +623,18 @@ class _HedgeTimer:
         due = self._due
         now = loop.time() + self._EARLY_S
         while due:
-            when, _, hedge = due[0]
-            if hedge.waiting and when > now:
+            when, _, read = due[0]
+            if read.waiting and when > now:
                 self._arm(loop, when)
                 return
             heapq.heappop(due)
-            if hedge.waiting:
-                hedge.fire()
-
-
-class _Hedge:
-    """The second request of one single-key read, sent by a timer when the first has not answered in time.
-
-    The read's task awaits its first request itself (a task of its own for it would cost more than the
-    rest of the hedging bookkeeping); when the hedge answers first, it cancels the read's task while that
-    waits for the first request, the way `asyncio.timeout` interrupts an await, and `Proxy._hedged` takes
-    the hedge's answer. `waiting` is True exactly while the read's task is suspended in that await.
-    """
-
-    __slots__ = ("proxy", "reader", "endpoint", "path", "headers", "task", "waiting", "won")
-
-    def __init__(
-        self, proxy: Proxy, reader: asyncio.Task[Any], endpoint: Endpoint, path: str, headers: Mapping[str, str]
-    ) -> None:
-        self.proxy = proxy
-        self.reader = reader
-        self.endpoint = endpoint
-        self.path = path
-        self.headers = headers
-        self.task: asyncio.Task[UpstreamResponse | None] | None = None
-        self.waiting = True
-        self.won = False
-
-    def fire(self) -> None:
-        # The reader's task is where this is created from: the hedge's task inherits its request id.
-        self.task = self.proxy._launch_hedge(self.endpoint, self.path, self.headers, None, self._answered)
-
-    def _answered(self, task: asyncio.Task[UpstreamResponse | None]) -> None:
-        if self.waiting and _winning(task) is not None:
-            self.won = True
-            self.waiting = False
-            self.reader.cancel()
-
-    def abandon(self) -> None:
-        """The read is over without the hedge's answer: stop it, and let no error of it go unseen."""
-        if self.task is not None:
-            _abandon(self.task)
+            if read.waiting:
+                try:
+                    read.fire()
+                except Exception as exc:  # one read's trouble must not stop the others' hedges
+                    log.exception("hedging a read failed", extra={"request_id": read.request_id})
+                    if not read.over:
+                        read.deliver(exc)
 
 
 def _int_header(value: bytes | None) -> int | None:

@@ -1,47 +1,27 @@
-"""The router as a process: a uvicorn server around the router app (or several worker processes, see
-router/workers.py), stopped cleanly by SIGTERM or SIGINT.
+"""The router as a process: keyroute's HTTP server around the router's app and data plane (or several worker
+processes sharing the port, see router/workers.py), stopped cleanly by SIGTERM or SIGINT.
 
 Called by `keyroute router`; returns the process exit code.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
-import signal
 import socket
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-import uvicorn
-from keyroute.core.http_server import CoalescingHttpToolsProtocol
+from starlette.applications import Starlette
+
 from keyroute.core.settings import RouterSettings
+from keyroute.http.server import HttpServer
+from keyroute.http.server import run as serve
 from keyroute.router import workers
 from keyroute.router.app import create_app
-from keyroute.router.fast_path import key_read_protocol
-from keyroute.router.limits import http_protocol
+from keyroute.router.dataplane import RouterDataPlane
+from keyroute.router.limits import server_limits
 
 log = logging.getLogger(__name__)
-
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-class _Server(uvicorn.Server):
-    """uvicorn re-raises the stop signal after shutting down, which would end the process with -SIGTERM;
-    an orchestrator asked us to stop and we did, so the exit is a clean 0."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in _STOP_SIGNALS}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
 
 def run(settings: RouterSettings, *, setup: Callable[[], None] | None = None) -> int:
@@ -63,36 +43,24 @@ def _worker(settings: RouterSettings, setup: Callable[[], None] | None, sock: so
     return _serve(settings, [sock])
 
 
-def _serve(settings: RouterSettings, sockets: list[socket.socket] | None) -> int:
-    # httpx logs every proxied request at INFO: one line per read is noise; failures are logged here.
-    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().getEffectiveLevel()))
-    app = create_app(settings)
-    # Key reads answered by the protocol itself, then uvicorn's writes coalesced, then the head bound.
-    protocol = key_read_protocol(app, settings.limits.max_key_bytes, CoalescingHttpToolsProtocol)
-    config = uvicorn.Config(
+def server(settings: RouterSettings, app: Starlette | None = None) -> HttpServer:
+    """The router's HTTP server: its app (admin, health, metrics; `create_app(settings)` unless given) and
+    its data plane (everything under /stores/), built once the app's lifespan has made the proxy."""
+    app = create_app(settings) if app is None else app
+    return HttpServer(
         app,
-        host=settings.http.host,
-        port=settings.http.port,
-        # Request heads beyond max_header_bytes are answered 431 before they are buffered whole.
-        http=http_protocol(settings, protocol),
-        loop="auto",
-        lifespan="on",
-        log_level="warning",
-        # uvicorn's own records go through the process's handlers (text or JSON lines, see keyroute_core.logs).
-        log_config=None,
-        access_log=False,
-        # Nothing sits between clients and a router that we would trust to say who the client is.
-        proxy_headers=False,
-        server_header=False,
+        server_limits(settings),
+        data_plane=RouterDataPlane.factory(settings.limits.max_key_bytes),
+        # Requests the server refuses itself (400, 408, 413, 417, 431), counted with admission's refusals.
+        on_refusal=app.state.admission.refused,
     )
-    server = _Server(config)
-    try:
-        server.run(sockets=sockets)
-    except SystemExit as exc:
-        # uvicorn exits this way when startup fails (ZooKeeper unreachable, port taken); it has logged why.
-        code = exc.code if isinstance(exc.code, int) else 1
-        return code or 1
-    if not server.started:
+
+
+def _serve(settings: RouterSettings, sockets: list[socket.socket] | None) -> int:
+    # httpx (the upstream when tests inject a transport) logs every request at INFO: failures are logged here.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().getEffectiveLevel()))
+    code = serve(server(settings), settings.http.host, settings.http.port, sockets)
+    if code != 0:
+        # The server has logged why (ZooKeeper unreachable, port taken).
         log.error("the router did not start")
-        return 1
-    return 0
+    return code

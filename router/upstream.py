@@ -19,7 +19,7 @@ POOL_KEEPALIVE_EXPIRY_S = 30.0
 
 
 class UpstreamUnavailable(Exception):
-    """The node could not be reached, timed out, or went away mid-answer; the read may go to a replica.
+    """The node could not be reached, timed out, or went away mid-reply; the read may go to a replica.
 
     `node_fault` is False when the router itself was the bottleneck (its connection pool was exhausted):
     the request may still be retried, but the node should not be put in back-off for it.
@@ -32,7 +32,7 @@ class UpstreamUnavailable(Exception):
 
 @dataclass(frozen=True, slots=True)
 class UpstreamResponse:
-    """A node's complete answer: status, raw headers and the body (any content coding already removed)."""
+    """A node's complete reply: status, raw headers and the body (any content coding already removed)."""
 
     status: int
     headers: Sequence[tuple[bytes, bytes]]

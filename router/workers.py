@@ -3,8 +3,12 @@
 A router's work is CPU-bound Python on one event loop, so one process uses at most one core. With
 `--workers N` the parent binds the port once and starts N worker processes ("spawn": nothing of the
 parent's threads or ZooKeeper session is inherited); the kernel hands each new connection to one of them.
-Every worker is a whole router: its own map watcher and ZooKeeper session, its own connection pools, its
-own `/metrics` (counters are per worker; a scrape sees the worker that accepted it).
+Every worker is a whole router: its own map watcher and ZooKeeper session, its own connection pools. Its
+`/metrics` shows the whole router, whichever worker answers the scrape: the parent creates a private
+directory for the workers' metric snapshots and hands it to each worker with its index; the worker passes
+them to router/metrics.py (`share_across_workers`) before its router starts, and the parent folds the
+counters of each worker it reaps into the directory's retired sum (`keyroute_core.metrics.retire`) and
+removes the directory when it exits. Nothing reads the directory's path from anywhere else.
 
 The parent only supervises. SIGTERM or SIGINT is passed to every worker, which finishes its in-flight
 requests and stops; the parent then exits 0. A worker that exits on its own (a crash, ZooKeeper
@@ -16,13 +20,18 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import shutil
 import signal
 import socket
+import tempfile
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from types import FrameType
+
+from keyroute.core.metrics import retire
+from keyroute.router.metrics import share_across_workers
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +57,14 @@ def bind(host: str, port: int, backlog: int = 2048) -> socket.socket:
     return sock
 
 
-def _worker(serve: Serve, sock: socket.socket) -> None:
-    raise SystemExit(serve(sock))
+def _worker(serve: Serve, sock: socket.socket, metrics_dir: str, index: int) -> None:
+    # Before `serve` builds the router: its metrics publish to, and render the sum over, `metrics_dir`.
+    snapshots = share_across_workers(metrics_dir, index)
+    try:
+        code = serve(sock)
+    finally:
+        snapshots.close()  # a last snapshot, which the parent keeps in the retired sum
+    raise SystemExit(code)
 
 
 def run(serve: Serve, workers: int, sock: socket.socket) -> int:
@@ -65,9 +80,13 @@ def run(serve: Serve, workers: int, sock: socket.socket) -> int:
 
     previous = {sig: signal.signal(sig, on_signal) for sig in _STOP_SIGNALS}
     processes: list[BaseProcess] = []
+    # The workers' metric snapshots (router/metrics.py): private to this router, gone when it stops.
+    metrics_dir = tempfile.mkdtemp(prefix="keyroute-router-metrics-")
     try:
-        for index in range(workers):
-            process = context.Process(target=_worker, args=(serve, sock), name=f"keyroute-router-{index + 1}")
+        for index in range(1, workers + 1):
+            process = context.Process(
+                target=_worker, args=(serve, sock, metrics_dir, index), name=f"keyroute-router-{index}"
+            )
             process.start()
             processes.append(process)
         log.info("router started %d workers: %s", workers, ", ".join(str(p.pid) for p in processes))
@@ -79,14 +98,26 @@ def run(serve: Serve, workers: int, sock: socket.socket) -> int:
             failed = None  # asked to stop: workers that got the same signal first exited as they should
         elif failed is not None:
             log.error("router worker %s exited with code %s: stopping the router", failed.pid, failed.exitcode)
-        return _stop(processes, failed)
+            _retire(metrics_dir, failed)  # the others still answer scrapes while they stop
+        return _stop(processes, failed, metrics_dir)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         sock.close()
+        shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
-def _stop(processes: list[BaseProcess], failed: BaseProcess | None) -> int:
+def _retire(metrics_dir: str, process: BaseProcess) -> None:
+    """Keep the counters of a worker that has exited in the sum the others show, without its file."""
+    if process.pid is None:
+        return
+    try:
+        retire(metrics_dir, process.pid)
+    except OSError as exc:
+        log.warning("cannot retire the metrics of router worker %s: %s", process.pid, exc)
+
+
+def _stop(processes: list[BaseProcess], failed: BaseProcess | None, metrics_dir: str) -> int:
     for process in processes:
         if process.exitcode is None and process.pid is not None:
             process.terminate()  # SIGTERM: the worker's server finishes in-flight requests, then stops
@@ -96,6 +127,8 @@ def _stop(processes: list[BaseProcess], failed: BaseProcess | None) -> int:
             log.warning("router worker %s did not stop within %.0fs: killing it", process.pid, STOP_TIMEOUT_S)
             process.kill()
             process.join()
+        if process is not failed:
+            _retire(metrics_dir, process)
     if failed is not None:
         return failed.exitcode or 1
     return 0

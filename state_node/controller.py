@@ -14,6 +14,7 @@ from typing import Any
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.recipe.election import Election
+
 from keyroute.core import zk_layout
 from keyroute.core.partition_map import Assignment, NodeRecord, RecordError, StoreRecord
 from keyroute.node.assignment import StoreShape, assign

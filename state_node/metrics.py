@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+
 from keyroute.core.metrics import (
     LOAD_BUCKETS_S,
     Exposition,
@@ -26,7 +28,6 @@ from keyroute.core.metrics import (
 from keyroute.core.partition_map import StoreRecord
 from keyroute.core.request_guard import Admission
 from keyroute.node.store import LoadCancelled, PartitionStore
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
 if TYPE_CHECKING:
     from keyroute.node.ownership import Ownership

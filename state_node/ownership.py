@@ -156,6 +156,8 @@ class Ownership:
         self._withdrawn = False
         self._fresh_seen = False
         self._map_changed = asyncio.Event()
+        # Spawned tasks that are only waiting out a grace period (see `settled`).
+        self._in_grace = 0
 
     # -- readers -----------------------------------------------------------------------------------
 
@@ -484,7 +486,7 @@ class Ownership:
         # Unannounce first (the view rebuild after this reconcile publishes without it), then give
         # readers that still hold the old map or the old view a grace period before closing.
         await self._publish()
-        await asyncio.sleep(self._drop_grace_s)
+        await self._grace(self._drop_grace_s)
         if entry.state is not PartitionState.DROPPED:
             return  # assigned here again during the grace period, and serving again
         held, entry.store = entry.store, None
@@ -502,7 +504,7 @@ class Ownership:
         self._reconcile()  # it may have been assigned here again during the grace period
 
     async def _remove_later(self, pid: PartitionId, path: Path) -> None:
-        await asyncio.sleep(self._version_grace_s)
+        await self._grace(self._version_grace_s)
         if pid in self._entries or self._stopping:
             return  # wanted again (a rollback) and reused, or about to be: keep the files
         log.info("removing %s (superseded %.0fs ago)", pid, self._version_grace_s)
@@ -554,6 +556,31 @@ class Ownership:
         finally:
             self._collection = _Collection.DONE
         self._reconcile()
+
+    async def _grace(self, delay_s: float) -> None:
+        self._in_grace += 1
+        try:
+            await asyncio.sleep(delay_s)
+        finally:
+            self._in_grace -= 1
+
+    async def settled(self, *, graces: bool = False, timeout_s: float = 10.0) -> None:
+        """Wait until everything started so far has run its course: loads, publishes, registrations and
+        removals (and, with `graces`, the grace periods of dropped or superseded partitions too). Then the
+        state is what the maps given so far lead to, until the next map or the next grace period ends.
+        Raises TimeoutError after `timeout_s`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        await asyncio.sleep(0)  # what was just scheduled (a task's first step, a callback) runs first
+        while True:
+            busy = [task for task in self._tasks if not task.done()]
+            if len(busy) <= (0 if graces else self._in_grace):
+                return
+            left = deadline - loop.time()
+            if left <= 0:
+                raise TimeoutError(f"{len(busy)} ownership tasks still running after {timeout_s}s")
+            # A task in its grace period wakes none of these: look again now and then.
+            await asyncio.wait(busy, timeout=min(left, 0.01), return_when=asyncio.FIRST_COMPLETED)
 
     def _spawn(self, work: Awaitable[None]) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(work)

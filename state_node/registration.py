@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
+
 from keyroute.core import zk_layout
 from keyroute.core.partition_map import NodeRecord, ServingRecord
 

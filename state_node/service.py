@@ -1,122 +1,129 @@
 """Runs one state node in the foreground until SIGTERM or SIGINT, then leaves the cluster gracefully.
 
-`keyroute node` calls `run(settings)`. The first stop signal starts a graceful leave (hand every partition
-over, de-announce) and then stops the server, which finishes in-flight requests; a second signal stops at
-once. The exit code is 0 after a signal-initiated shutdown.
+`keyroute node` calls `run(settings)`: keyroute's HTTP server (`keyroute.http.server`) with the node's app
+(admin, health, metrics) and its data plane (reads). The first stop signal starts a graceful leave (hand
+every partition over, de-announce, serving reads all the while) and then stops the server, which finishes
+the requests in flight; a second signal cuts the leave short. The exit code is 0 after a signal-initiated
+shutdown, 1 when the node could not start (ZooKeeper unreachable, port taken: logged).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
-import socket
+import sys
 import threading
-from collections.abc import Awaitable, Callable, Iterator
-from types import FrameType
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
-import uvicorn
-from keyroute.core.bounded_http import bounded_httptools
-from keyroute.core.http_server import CoalescingHttpToolsProtocol
+from keyroute.core.request_guard import Admission
 from keyroute.core.settings import NodeSettings
-from keyroute.node.app import Node, create_app, local_read_protocol
+from keyroute.http.server import ASGIApp, HttpServer, ServerLimits
+from keyroute.http.server import run as serve
+from keyroute.node.app import Node, create_app
+from keyroute.node.dataplane import NodeDataPlane
 
 log = logging.getLogger(__name__)
 
+# After the graceful leave, requests in flight get at most this long to finish (a Kubernetes grace period
+# must cover the leave's drain timeout plus this).
+SHUTDOWN_GRACE_S = 10.0
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_UNLIMITED = sys.maxsize
+# A router re-encodes the keys it sends on (integers become strings, `", "` separators): a body within the
+# router's limit may grow by this much per key and must still fit the node's.
+_REENCODING_BYTES_PER_KEY = 8
 
 
-class _Server(uvicorn.Server):
-    """uvicorn's server, with two changes for a node.
+def server_limits(settings: NodeSettings) -> ServerLimits:
+    """What the node's HTTP server bounds before any request is handled: request heads (431) as the settings
+    say, bodies (413) with room for a router's re-encoding of a batch-get, and the time a body has to arrive
+    (408), as the settings say (0 switches a limit off)."""
+    limits = settings.limits
+    return ServerLimits(
+        max_header_bytes=limits.max_header_bytes or _UNLIMITED,
+        max_body_bytes=body_limit(limits.max_body_bytes, settings.max_batch_keys) or _UNLIMITED,
+        body_timeout_s=limits.body_timeout_s,
+    )
 
-    A stop signal first runs `leave` (the graceful hand-over) and only then lets uvicorn shut down; a
-    second signal, or one that arrives before the node has started, stops at once.
-    uvicorn re-raises the captured signal once it has shut down, so the default handler would kill the
-    process with -SIGTERM after the lifespan had already deregistered it. A service stopped on purpose
-    should exit 0, so the signals are captured the same way and not raised again.
-    """
 
-    def __init__(self, config: uvicorn.Config, leave: Callable[[], Awaitable[None] | None]) -> None:
-        super().__init__(config)
-        self._leave = leave
-        self._leaving: asyncio.Task[None] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+def body_limit(max_body_bytes: int, max_batch_keys: int) -> int:
+    """The largest batch-get body a node takes: a router's limit plus room for its re-encoding of a batch it
+    split (a few bytes per key); 0 when bodies are not limited."""
+    return max_body_bytes + _REENCODING_BYTES_PER_KEY * max_batch_keys if max_body_bytes else 0
 
-    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
-        self._loop = asyncio.get_running_loop()
-        await super().serve(sockets)
 
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        original = {sig: signal.signal(sig, self.handle_exit) for sig in _SIGNALS}
-        try:
-            yield
-        finally:
-            for sig, handler in original.items():
-                signal.signal(sig, handler)
+class NodeServer(HttpServer):
+    """The node's HTTP server: `stop` first hands the node's partitions over (`Node.leave`) while reads are
+    still served, then stops as `HttpServer.stop` does. A stop signal that arrives during the leave cuts it
+    short; one during the final stop changes nothing (the stop is bounded by its grace period)."""
 
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self._loop is None or not self.started or self._leaving is not None or self.should_exit:
-            self.should_exit = True  # not started yet, or asked twice: stop now
-            return
-        # A signal handler runs between two bytecodes of the loop's thread: only schedule from here.
-        self._loop.call_soon_threadsafe(self._start_leaving)
+    def __init__(self, app: ASGIApp, settings: NodeSettings) -> None:
+        """`app`: the node's app (`keyroute.node.app.create_app`), whose lifespan puts the `Node` on its
+        `state`. The requests the server refuses itself are counted by the app's admission checks
+        (`state.admission`, made by create_app), so /metrics shows them with the others."""
+        admission: Admission = app.state.admission  # type: ignore[attr-defined]
+        super().__init__(
+            app, server_limits(settings), data_plane=NodeDataPlane.from_state, on_refusal=admission.refused
+        )
+        self._left = False
 
-    def _start_leaving(self) -> None:
-        if self._leaving is None:
-            self._leaving = asyncio.ensure_future(self._leave_then_stop())
+    async def stop(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+        with _signals_handled() as on_signal:
+            node: Node | None = getattr(getattr(self.app, "state", None), "node", None)
+            if node is not None and not self._left:
+                self._left = True
+                await _leave(node, on_signal)
+            on_signal(lambda: None)
+            await super().stop(min(grace_s, SHUTDOWN_GRACE_S))
 
-    async def _leave_then_stop(self) -> None:
-        try:
-            work = self._leave()
-            if work is not None:
-                await work
-        except Exception:  # leaving must end in a stop, whatever happened on the way
-            log.exception("graceful leave failed; stopping now")
-        finally:
-            self.should_exit = True
+
+async def _leave(node: Node, on_signal: Callable[[Callable[[], None]], None]) -> None:
+    leaving = asyncio.get_running_loop().create_task(node.leave())
+    on_signal(leaving.cancel)
+    try:
+        await asyncio.wait((leaving,))
+    except asyncio.CancelledError:
+        leaving.cancel()
+        raise
+    if leaving.cancelled():
+        log.warning("node %s stops at once: a second stop signal came during its graceful leave", node.node_id)
+    elif leaving.exception() is not None:  # leaving must end in a stop, whatever happened on the way
+        log.error("graceful leave failed; stopping now", exc_info=leaving.exception())
+
+
+@contextmanager
+def _signals_handled() -> Iterator[Callable[[Callable[[], None]], None]]:
+    """While open, SIGINT and SIGTERM (on the main thread) call the callback last given to the function
+    yielded; they are restored to their default afterwards (the server's own handlers are gone by then)."""
+    loop = asyncio.get_running_loop()
+    action: list[Callable[[], None]] = [lambda: None]
+    installed: list[int] = []
+    if threading.current_thread() is threading.main_thread():
+        for sig in _SIGNALS:
+            try:
+                loop.add_signal_handler(sig, lambda: action[0]())
+            except (NotImplementedError, RuntimeError, ValueError):
+                continue
+            installed.append(sig)
+
+    def on_signal(callback: Callable[[], None]) -> None:
+        action[0] = callback
+
+    try:
+        yield on_signal
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
 
 
 def run(settings: NodeSettings) -> int:
     """Serve until told to stop; 0 after a clean shutdown, 1 if the node could not start."""
     # httpx logs every forwarded request at INFO: one line per read is noise, failures are logged here.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().getEffectiveLevel()))
-    app = create_app(settings)
-
-    def leave() -> Awaitable[None] | None:
-        node: Node | None = getattr(app.state, "node", None)
-        return node.leave() if node is not None else None
-
-    config = uvicorn.Config(
-        app,
-        host=settings.http.host,
-        port=settings.http.port,
-        loop="auto",
-        # Reads of keys held here answered by the protocol itself, other writes coalesced, request heads
-        # beyond max_header_bytes answered 431 before they are buffered whole.
-        http=bounded_httptools(
-            settings.limits.max_header_bytes, local_read_protocol(app, settings.node_id, CoalescingHttpToolsProtocol)
-        ),
-        lifespan="on",
-        log_level="warning",
-        # uvicorn's own records go through the process's handlers (text or JSON lines, see keyroute_core.logs).
-        log_config=None,
-        access_log=False,
-        proxy_headers=False,
-        server_header=False,
-        # Long enough for in-flight forwards to finish, short enough for a Kubernetes grace period.
-        timeout_graceful_shutdown=10,
-    )
-    server = _Server(config, leave)
-    try:
-        server.run()
-    except SystemExit as exc:  # uvicorn's way out when startup failed (ZooKeeper unreachable, port taken)
-        return 0 if exc.code in (0, None) else 1
-    if not server.started:
+    server = NodeServer(create_app(settings), settings)
+    if serve(server, settings.http.host, settings.http.port) != 0:
         log.error("node %s did not start (see the errors above)", settings.node_id)
         return 1
     log.info("node %s stopped", settings.node_id)

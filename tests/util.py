@@ -1,8 +1,9 @@
-"""Test helpers: wait on a condition with a deadline (never a fixed sleep), free ports, processes, an
-in-process uvicorn server."""
+"""Test helpers: wait on a condition with a deadline (never a fixed sleep), free ports, processes, and
+keyroute's own HTTP server on a thread."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -13,7 +14,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from keyroute.http import HttpServer
 
 T = TypeVar("T")
 
@@ -37,6 +41,18 @@ def wait_for(
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {message} (last error: {last_error!r})")
         time.sleep(interval_s)
+
+
+async def wait_until(
+    predicate: Callable[[], object], timeout_s: float = 10.0, interval_s: float = 0.01, message: str = ""
+) -> None:
+    """In a coroutine: poll the synchronous `predicate` until it is truthy, letting the event loop run in
+    between; AssertionError after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {message or predicate!r}")
+        await asyncio.sleep(interval_s)
 
 
 _handed_out: set[int] = set()
@@ -104,30 +120,40 @@ class Proc:
 
 
 @contextmanager
-def uvicorn_in_thread(app: Any, protocol: type, **options: Any) -> Iterator[int]:
-    """`app` served by a real uvicorn server on 127.0.0.1 with the `protocol` class, without its lifespan,
-    on a thread of this process (more `uvicorn.Config` options in `options`); yields the port once the
-    server listens."""
-    import uvicorn
-    from keyroute.router.service import _Server  # stops without re-raising a signal, also off the main thread
+def serve_in_thread(server: HttpServer, host: str = "127.0.0.1") -> Iterator[int]:
+    """`server` (keyroute.http) started on its own event loop in a daemon thread, on any free port of `host`;
+    yields the bound port once it listens, and stops the server (gracefully) on exit."""
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    failure: list[BaseException] = []
 
-    port = free_port()
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=port,
-        http=protocol,
-        lifespan="off",
-        log_level="warning",
-        log_config=None,
-        **options,
-    )
-    server = _Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            try:
+                loop.run_until_complete(server.start(host=host, port=0))
+            except BaseException as exc:  # handed to the caller's thread
+                failure.append(exc)
+                return
+            finally:
+                started.set()
+            loop.run_forever()
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    thread = threading.Thread(target=serve, name="http-server", daemon=True)
     thread.start()
-    try:
-        wait_for(lambda: server.started, timeout_s=10, message="the server to start")
-        yield port
-    finally:
-        server.should_exit = True
+    if not started.wait(timeout=10):
+        raise AssertionError("the server did not start within 10s")
+    if failure:
         thread.join(timeout=10)
+        raise failure[0]
+    try:
+        yield server.port
+    finally:
+        try:
+            asyncio.run_coroutine_threadsafe(server.stop(grace_s=5.0), loop).result(timeout=15)
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=10)

@@ -17,6 +17,7 @@ from urllib.parse import unquote_to_bytes
 
 import httptools
 import uvloop
+
 from keyroute.core.partitioner import murmur2, to_positive
 
 

@@ -11,12 +11,12 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+
 from keyroute.core import zk, zk_layout
 from keyroute.core.key_format import KeyFormat
 from keyroute.core.partition_map import StoreRecord
 from keyroute.core.partitioner import Partitioner, partition_for
 from keyroute.core.settings import ZkSettings
-
 from tests.integration.test_node import write_snapshot
 from tests.util import Proc, free_port, wait_for
 

@@ -16,11 +16,11 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+
+from keyroute import sample_data
 from keyroute.core.key_format import KeyFormat, parse_key
 from keyroute.core.partitioner import Partitioner, partition_for
 from keyroute.core.settings import ZkSettings
-
-from keyroute import sample_data
 from tests.util import Proc, free_port, wait_for
 
 pytestmark = pytest.mark.integration

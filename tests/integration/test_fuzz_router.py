@@ -1,6 +1,7 @@
-"""Thousands of hypothesis-made requests against a live cluster (router and two nodes, real ZooKeeper and
-uvicorn): odd methods, paths, keys, headers and bodies. No 5xx but the documented 503s, every error is the
-JSON `{"error", "message"}` with no traceback, and afterwards every key still reads back exactly."""
+"""Thousands of hypothesis-made requests against a live cluster (router and two nodes on keyroute's HTTP
+server, real ZooKeeper): odd methods, paths, keys, headers and bodies. No 5xx but the documented 503s, every
+error is the JSON `{"error", "message"}` with no traceback, and afterwards every key still reads back
+exactly."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from keyroute.core.settings import ZkSettings
 
+from keyroute.core.settings import ZkSettings
 from tests.integration.small_cluster import (
     ADMIN_TOKEN,
     ROWS,

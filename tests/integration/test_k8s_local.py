@@ -31,6 +31,7 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+
 from keyroute.core import zk, zk_layout
 from keyroute.core.key_format import KeyFormat, parse_key
 from keyroute.core.partition_map import StoreRecord
@@ -38,7 +39,6 @@ from keyroute.core.partitioner import Partitioner, partition_for
 from keyroute.core.settings import ZkSettings
 from keyroute.core.snapshot import Manifest, partition_dir, version_dir, write_manifest
 from keyroute.core.zookeeper_server import EmbeddedZooKeeper
-
 from tests.k8s_render import Obj, find, of_kind, pod_template, render, resolve_argv, resolve_env, selects
 from tests.util import Proc, wait_for
 

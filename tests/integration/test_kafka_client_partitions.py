@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import pytest
+
 from keyroute.core.partition_vectorized import partitions
 from keyroute.core.partitioner import Partitioner, partition_for
 

@@ -16,14 +16,14 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
 from keyroute.core import zk, zk_layout
 from keyroute.core.key_format import KeyFormat, parse_key
 from keyroute.core.metrics import UNKNOWN_STORE
 from keyroute.core.partition_map import StoreRecord
 from keyroute.core.partitioner import Partitioner, partition_for
 from keyroute.core.settings import ZkSettings
-from prometheus_client.parser import text_string_to_metric_families
-
 from tests.integration.test_node import write_snapshot
 from tests.util import Proc, free_port, wait_for
 

@@ -20,17 +20,22 @@ import httpx
 import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
+
 from keyroute.core import zk, zk_layout
 from keyroute.core.key_format import KeyFormat, parse_key
 from keyroute.core.partition_map import Assignment, NodeRecord, ServingRecord, StoreRecord
 from keyroute.core.partitioner import Partitioner, partition_for
 from keyroute.core.settings import NodeSettings, RouterSettings, ZkSettings
 from keyroute.core.snapshot import Manifest, partition_dir, version_dir, write_manifest
+from keyroute.http.server import HttpServer
 from keyroute.node.app import create_app as create_node
 from keyroute.node.controller import Controller
+from keyroute.node.dataplane import NodeDataPlane
+from keyroute.node.service import server_limits as node_server_limits
 from keyroute.router.app import create_app as create_router
+from keyroute.router.dataplane import RouterDataPlane
+from keyroute.router.limits import server_limits as router_server_limits
 from keyroute.router.map_source import ZooKeeperMapSource
-
 from tests.util import Proc, free_port, wait_for
 
 pytestmark = pytest.mark.integration
@@ -447,7 +452,7 @@ async def _until(predicate: Callable[[], Any], timeout_s: float = 30.0, message:
 def test_a_router_with_a_stale_view_is_answered_in_one_hop_and_re_reads_its_map_at_once(
     tmp_path: Path, zk_settings: ZkSettings
 ) -> None:
-    """Real nodes, a real ZooKeeper, and the router app in this process so that its view can be made
+    """Real nodes, a real ZooKeeper, and a router served in this process so that its view can be made
     stale on purpose: FAULT INJECTION, its map watcher ignores watch events (as if delivered late)."""
     client = zk.connect(zk_settings)
     rows = {f"k{i:03d}": {"i": i} for i in range(60)}
@@ -465,10 +470,16 @@ def test_a_router_with_a_stale_view_is_answered_in_one_hop_and_re_reads_its_map_
 
     async def scenario() -> None:
         source = ZooKeeperMapSource(zk_settings)
-        app = create_router(RouterSettings(zk=zk_settings), map_source=source)
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://router") as http:
+        settings = RouterSettings(zk=zk_settings)
+        router = HttpServer(
+            create_router(settings, map_source=source),
+            router_server_limits(settings),
+            data_plane=RouterDataPlane.factory(settings.limits.max_key_bytes),
+        )
+        await router.start(port=0)
+        try:
+            base_url = f"http://127.0.0.1:{router.port}"
+            async with httpx.AsyncClient(base_url=base_url, trust_env=False, timeout=10) as http:
 
                 async def pmap() -> dict[str, Any]:
                     return dict((await http.get("/admin/partition-map")).json())
@@ -514,6 +525,8 @@ def test_a_router_with_a_stale_view_is_answered_in_one_hop_and_re_reads_its_map_
                 r = await http.get(key_url("moving", key))
                 assert r.headers["x-keyroute-hops"] == "0" and r.headers["x-keyroute-node"] == "n2"
                 source.watcher.release_watches()
+        finally:
+            await router.stop(grace_s=5.0)
 
     try:
         c.start("n1")
@@ -530,7 +543,7 @@ def partition_of_moving(text: str) -> int:
 
 
 def test_a_node_whose_session_expired_registers_and_announces_again(tmp_path: Path, zk_settings: ZkSettings) -> None:
-    """The node app in this process, so its ZooKeeper session can be expired the way kazoo's own test
+    """The node served in this process, so its ZooKeeper session can be expired the way kazoo's own test
     harness does it: a second client joins the session and closes it."""
     client = zk.connect(zk_settings)
     rows = {f"k{i}": {"i": i} for i in range(20)}
@@ -545,9 +558,11 @@ def test_a_node_whose_session_expired_registers_and_announces_again(tmp_path: Pa
 
     async def scenario() -> None:
         app = create_node(settings)
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://solo") as http:
+        node = HttpServer(app, node_server_limits(settings), data_plane=NodeDataPlane.from_state)
+        await node.start(port=0)
+        try:
+            base_url = f"http://127.0.0.1:{node.port}"
+            async with httpx.AsyncClient(base_url=base_url, trust_env=False, timeout=10) as http:
                 await _until(lambda: owner(zk_layout.serving_path("solo")), message="serving record")
                 await _until(lambda: _ready(http), message="ready")
                 node_client = app.state.node.registration._client
@@ -572,6 +587,8 @@ def test_a_node_whose_session_expired_registers_and_announces_again(tmp_path: Pa
                 r = await _until(lambda: _ready(http), message="ready again with a fresh map", timeout_s=20)
                 assert r.json()["stale"] is False
                 assert (await http.get(key_url("s", "k3"))).json()["value"] == {"i": 3}
+        finally:
+            await node.stop(grace_s=5.0)
 
     try:
         asyncio.run(scenario())

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 from kazoo.client import KazooClient
+
 from keyroute.core import zk, zk_layout
 from keyroute.core.key_format import KeyFormat
 from keyroute.core.partition_map import ServingRecord, StoreRecord
@@ -27,7 +28,6 @@ from keyroute.core.snapshot import read_manifest
 from keyroute.pipeline.publish import publish, read_published, retained_after, retaining
 from keyroute.pipeline.spec import Mode, SourceFormat, StoreSpec
 from keyroute.pipeline.writer import WrittenVersion
-
 from tests.integration.test_node import key_url, write_snapshot
 from tests.util import Proc, free_port, wait_for
 

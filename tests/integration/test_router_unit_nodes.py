@@ -7,17 +7,20 @@ decision the router makes is visible; serving records are written to ZooKeeper b
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
 import httpx
 import pytest
-import uvicorn
 from kazoo.client import KazooClient
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
 from keyroute.core import zk_layout
 from keyroute.core.api import found_body, key_path_segment
 from keyroute.core.key_format import KeyFormat
@@ -26,12 +29,8 @@ from keyroute.core.partitioner import Partitioner, partition_for
 from keyroute.core.settings import ZkSettings
 from keyroute.core.zk import close, connect
 from keyroute.core.zookeeper_server import EmbeddedZooKeeper
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
-
-from tests.util import Proc, free_port, wait_for
+from keyroute.http.server import HttpServer
+from tests.util import Proc, free_port, serve_in_thread, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -54,14 +53,13 @@ def key_url(base: str, key: str, store: str = STORE) -> str:
 
 @dataclass
 class FakeNode:
-    """A tiny real node: uvicorn in a thread, answering every key of STORE except MISSING."""
+    """A tiny real node: keyroute's HTTP server in a thread, answering every key of STORE except MISSING."""
 
     node_id: str
-    port: int = field(default_factory=free_port)
+    port: int = 0
     received: list[str] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
-    server: uvicorn.Server | None = None
-    thread: threading.Thread | None = None
+    running: ExitStack | None = None
 
     @property
     def url(self) -> str:
@@ -116,23 +114,14 @@ class FakeNode:
                 Route("/stores/{store}/batch-get", self.batch, methods=["POST"]),
             ]
         )
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, name=f"fake-{self.node_id}", daemon=True)
-        self.thread.start()
-        wait_for(
-            lambda: self.server is not None and self.server.started,
-            timeout_s=10,
-            message=f"{self.node_id} up",
-        )
+        self.running = ExitStack()
+        self.port = self.running.enter_context(serve_in_thread(HttpServer(app)))
         return self
 
     def stop(self) -> None:
-        if self.server is not None and self.thread is not None:
-            self.server.should_exit = True
-            self.thread.join(timeout=10)
-            assert not self.thread.is_alive()
-        self.server = self.thread = None
+        if self.running is not None:
+            self.running.close()
+        self.running = None
 
     def refuses_connections(self) -> bool:
         try:

@@ -22,6 +22,7 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 from kazoo.security import OPEN_ACL_UNSAFE, make_digest_acl
+
 from keyroute.core import zk, zk_layout
 from keyroute.core.key_format import KeyFormat
 from keyroute.core.map_watcher import MapWatcher
@@ -32,7 +33,6 @@ from keyroute.core.snapshot import read_manifest
 from keyroute.pipeline.publish import publish, read_published
 from keyroute.pipeline.spec import Mode, SourceFormat, StoreSpec
 from keyroute.pipeline.writer import WrittenVersion
-
 from tests.integration.test_node import key_url, write_snapshot
 from tests.util import Proc, free_port, wait_for
 

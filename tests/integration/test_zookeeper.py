@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from kazoo.client import KazooClient
+
 from keyroute.core import zk_layout
 from keyroute.core.key_format import KeyFormat
 from keyroute.core.map_watcher import MapWatcher
@@ -15,7 +16,6 @@ from keyroute.core.partitioner import Partitioner
 from keyroute.core.settings import ZkSettings
 from keyroute.core.zk import close, connect
 from keyroute.core.zookeeper_server import EmbeddedZooKeeper, four_letter_word, is_serving
-
 from tests.util import Proc, free_port, wait_for
 
 pytestmark = pytest.mark.integration

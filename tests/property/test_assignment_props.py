@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from keyroute.core.partition_map import Assignment
 from keyroute.node.assignment import StoreShape, assign, moved_replicas
 

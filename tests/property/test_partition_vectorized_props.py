@@ -11,6 +11,7 @@ import warnings
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from keyroute.core.partition_vectorized import hashes, partitions
 from keyroute.core.partitioner import Partitioner, key_hash, partition_for
 

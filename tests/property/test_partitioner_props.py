@@ -12,6 +12,7 @@ import zlib
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from keyroute.core.partitioner import Partitioner, crc32, fnv1a_32, murmur2, partition_for
 
 with warnings.catch_warnings():

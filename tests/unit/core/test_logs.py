@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
 from keyroute.core.logs import (
     REQUEST_ID,
     SCOPE_REQUEST_ID,

@@ -4,6 +4,7 @@ import dataclasses
 import json
 
 import pytest
+
 from keyroute.core.key_format import KeyFormat
 from keyroute.core.partition_map import (
     Assignment,

@@ -10,6 +10,7 @@ import random
 import numpy as np
 import pyarrow as pa
 import pytest
+
 from keyroute.core import partition_vectorized
 from keyroute.core.partition_vectorized import hashes, partitions
 from keyroute.core.partitioner import Partitioner, key_hash, partition_for

@@ -8,6 +8,7 @@ from __future__ import annotations
 import zlib
 
 import pytest
+
 from keyroute.core.partitioner import (
     Partitioner,
     crc32,

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from keyroute.core.api import BadKey, PartitionUnavailable, found_body, key_path_segment
 from keyroute.core.settings import HttpSettings, ZkSettings
 

@@ -8,10 +8,10 @@ import hashlib
 
 import pytest
 from kazoo.security import ACL, OPEN_ACL_UNSAFE, Id, Permissions
-from keyroute.core.settings import ZkIdentity, ZkSettings
-from keyroute.core.zk import _merged_acl, layout_acl
 
 from keyroute.cli import _zk, build_parser, main
+from keyroute.core.settings import ZkIdentity, ZkSettings
+from keyroute.core.zk import _merged_acl, layout_acl
 
 WRITER = ZkIdentity("writer", "w-pass")
 READER = ZkIdentity("reader", "r-pass")

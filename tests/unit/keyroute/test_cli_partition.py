@@ -7,10 +7,10 @@ import subprocess
 import sys
 
 import pytest
-from keyroute.core.key_format import KeyFormat, parse_key
-from keyroute.core.partitioner import Partitioner, murmur2, partition_for
 
 from keyroute.cli import build_parser, main
+from keyroute.core.key_format import KeyFormat, parse_key
+from keyroute.core.partitioner import Partitioner, murmur2, partition_for
 
 
 def run(args: list[str], stdin: bytes = b"") -> tuple[int, list[dict]]:

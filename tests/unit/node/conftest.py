@@ -1,17 +1,20 @@
-"""Snapshots written by hand in the keyroute snapshot format (no Spark), for the node's unit tests."""
+"""The node's unit-test fixtures: snapshots written by hand in the keyroute snapshot format (no Spark), and
+nodes served for a test (`client_for`, see tests/unit/node/fakes.py)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+
 from keyroute.core.key_format import KeyFormat, parse_key
 from keyroute.core.partition_map import StoreRecord
 from keyroute.core.partitioner import Partitioner, partition_for
 from keyroute.core.snapshot import Manifest, partition_dir, version_dir, write_manifest
+from tests.unit.node.fakes import Nodes
 
 SnapshotWriter = Callable[..., StoreRecord]
 
@@ -82,3 +85,14 @@ def snapshot(snapshot_root: Path) -> SnapshotWriter:
         return write_snapshot(snapshot_root, store, version, partitions, rows, **options)
 
     return write
+
+
+@pytest.fixture
+def client_for() -> Iterator[Nodes]:
+    """`client_for(serving, held, peer, ...)` starts a node for the test (`Nodes.__call__`): its client and
+    the requests its peers received. Every node started is stopped after the test."""
+    nodes = Nodes()
+    try:
+        yield nodes
+    finally:
+        nodes.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+
 from keyroute.core.partition_map import Assignment
 from keyroute.node.assignment import AssignmentError, assign, moved_replicas
 

@@ -14,6 +14,8 @@ from keyroute.core.settings import NodeSettings
 from keyroute.core.snapshot import local_path, partition_dir
 from keyroute.node.ownership import Ownership, PartitionState
 from keyroute.node.store import PartitionId, PartitionStore, load_partition, partition_path
+from tests.unit.node.test_store_files import data_file, write_files_snapshot
+from tests.util import wait_until
 
 ME = "n1"
 OTHER = "n2"
@@ -60,14 +62,6 @@ def build_map(
     )
 
 
-async def until(predicate: Callable[[], object], timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.01)
-
-
 def run(
     data_dir: Path,
     scenario: Callable[[Ownership, FakeRegistration], Coroutine[Any, Any, None]],
@@ -108,13 +102,13 @@ def test_a_partition_is_announced_only_once_loaded(snapshot, data_dir: Path) -> 
 
     async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
         ownership.on_map(build_map([record], {"s": ((ME,), (ME, OTHER))}))
-        await until(lambda: state(ownership, "s", 1, 0) == "loading")
+        await wait_until(lambda: state(ownership, "s", 1, 0) == "loading")
         assert ownership.local("s", 0) is None
         assert not ownership.readiness().ready
         assert "s v1 p0" in ownership.readiness().pending
         assert all(not stores for stores in registration.published)  # nothing announced yet
         gate.set()
-        await until(lambda: registration.last == {"s": {0: 1, 1: 1}})
+        await wait_until(lambda: registration.last == {"s": {0: 1, 1: 1}})
         for text in ROWS:  # every row answers from one of the two local partitions
             found = [held.get(text.encode()) for held in (ownership.local("s", 0), ownership.local("s", 1)) if held]
             assert [v for v in found if v is not None] == [f'{{"i":{text[1:]}}}'.encode()]
@@ -129,14 +123,14 @@ def test_make_before_break_when_a_partition_moves_away(snapshot, data_dir: Path)
 
     async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
         ownership.on_map(build_map([record], {"s": ((ME,), (ME,))}))
-        await until(lambda: registration.last == {"s": {0: 1, 1: 1}})
+        await wait_until(lambda: registration.last == {"s": {0: 1, 1: 1}})
         path = partition_path(data_dir, PartitionId("s", 1, 0))
         assert path.exists()
 
         # Partition 0 is reassigned, but nobody else serves it yet: keep serving and announcing it.
         moved = {"s": ((OTHER,), (ME,))}
         ownership.on_map(build_map([record], moved, {ME: {"s": {0: 1, 1: 1}}}, 2))
-        await asyncio.sleep(0.05)
+        await ownership.settled()
         assert state(ownership, "s", 1, 0) == "draining"
         assert ownership.local("s", 0) is not None
         assert registration.last == {"s": {0: 1, 1: 1}}
@@ -144,19 +138,19 @@ def test_make_before_break_when_a_partition_moves_away(snapshot, data_dir: Path)
 
         # Another node serves it at an older version: still not a handover.
         ownership.on_map(build_map([record], moved, {ME: {"s": {0: 1, 1: 1}}, OTHER: {"s": {0: 0}}}, 3))
-        await asyncio.sleep(0.05)
+        await ownership.settled()
         assert ownership.local("s", 0) is not None
 
         # A stale map cannot prove a handover either.
         handed = build_map([record], moved, {ME: {"s": {0: 1, 1: 1}}, OTHER: {"s": {0: 1}}}, 4)
         ownership.on_map(handed.marked_stale(True))
-        await asyncio.sleep(0.05)
+        await ownership.settled()
         assert ownership.local("s", 0) is not None
 
         ownership.on_map(handed)
-        await until(lambda: registration.last == {"s": {1: 1}})
+        await wait_until(lambda: registration.last == {"s": {1: 1}})
         assert ownership.local("s", 0) is None
-        await until(lambda: not path.exists())
+        await wait_until(lambda: not path.exists())
         assert state(ownership, "s", 1, 0) is None
 
     run(data_dir, scenario)
@@ -168,16 +162,16 @@ def test_a_partition_leaving_both_its_holders_is_kept_until_a_new_holder_serves_
 
     async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
         ownership.on_map(build_map([record], {"s": ((ME, OTHER),)}, nodes=(ME, OTHER, third)))
-        await until(lambda: registration.last == {"s": {0: 1}})
+        await wait_until(lambda: registration.last == {"s": {0: 1}})
         # Moved from {ME, OTHER} to {n3}: OTHER still serving it is no reason to let go (OTHER may
         # reason the same way about us), only n3, which is assigned it, serving it is.
         both = {ME: {"s": {0: 1}}, OTHER: {"s": {0: 1}}}
         ownership.on_map(build_map([record], {"s": ((third,),)}, both, 2, nodes=(ME, OTHER, third)))
-        await asyncio.sleep(0.05)
+        await ownership.settled()
         assert state(ownership, "s", 1, 0) == "draining" and ownership.local("s", 0) is not None
         served = {**both, third: {"s": {0: 1}}}
         ownership.on_map(build_map([record], {"s": ((third,),)}, served, 3, nodes=(ME, OTHER, third)))
-        await until(lambda: registration.last == {})
+        await wait_until(lambda: registration.last == {})
 
     run(data_dir, scenario)
 
@@ -194,13 +188,13 @@ def test_a_partition_assigned_back_during_its_drop_grace_is_served_again_without
 
     async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
         ownership.on_map(build_map([record], {"s": ((ME,),)}))
-        await until(lambda: registration.last == {"s": {0: 1}})
+        await wait_until(lambda: registration.last == {"s": {0: 1}})
         moved = build_map([record], {"s": ((OTHER,),)}, {ME: {"s": {0: 1}}, OTHER: {"s": {0: 1}}}, 2)
         ownership.on_map(moved)
-        await until(lambda: registration.last == {})  # unannounced, still open for the grace period
+        await wait_until(lambda: registration.last == {})  # unannounced, still open for the grace period
         ownership.on_map(build_map([record], {"s": ((ME,),)}, {OTHER: {"s": {0: 1}}}, 3))
-        await until(lambda: registration.last == {"s": {0: 1}})
-        await asyncio.sleep(0.4)  # past the grace period: nothing was closed or removed
+        await wait_until(lambda: registration.last == {"s": {0: 1}})
+        await ownership.settled(graces=True)  # past the grace period: nothing was closed or removed
         held = ownership.local("s", 0)
         assert held is not None and held.get(b"k1") == b'{"i":1}'
         assert loads == [0] and partition_path(data_dir, PartitionId("s", 1, 0)).exists()
@@ -220,19 +214,19 @@ def test_a_new_version_is_loaded_beside_the_old_and_swapped_atomically(snapshot,
 
     async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
         ownership.on_map(build_map([v1], {"s": ((ME,),)}))
-        await until(lambda: registration.last == {"s": {0: 1}})
+        await wait_until(lambda: registration.last == {"s": {0: 1}})
         old = ownership.local("s", 0)
         assert old is not None and old.get(b"k0") == b'{"i":0}'
 
         ownership.on_map(build_map([v2], {"s": ((ME,),)}, {ME: {"s": {0: 1}}}, 2))
-        await until(lambda: state(ownership, "s", 2, 0) == "loading")
+        await wait_until(lambda: state(ownership, "s", 2, 0) == "loading")
         assert ownership.local("s", 0) is old  # the old version keeps answering meanwhile
         assert not ownership.readiness().ready
         gate.set()
-        await until(lambda: registration.last == {"s": {0: 2}})
+        await wait_until(lambda: registration.last == {"s": {0: 2}})
         new = ownership.local("s", 0)
         assert new is not None and new.version == 2 and new.get(b"k0") == b'{"i":"new"}'
-        await until(lambda: not partition_path(data_dir, PartitionId("s", 1, 0)).exists())
+        await wait_until(lambda: not partition_path(data_dir, PartitionId("s", 1, 0)).exists())
         ownership.on_map(build_map([v2], {"s": ((ME,),)}, {ME: {"s": {0: 2}}}, 3))
         assert ownership.readiness().ready
 
@@ -254,22 +248,22 @@ def test_a_superseded_version_keeps_its_files_for_the_grace_period_and_a_rollbac
 
     async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
         ownership.on_map(build_map([v1], {"s": ((ME,),)}))
-        await until(lambda: registration.last == {"s": {0: 1}})
+        await wait_until(lambda: registration.last == {"s": {0: 1}})
         marker = (old_files / "loaded.json").stat().st_ino
         ownership.on_map(build_map([v2], {"s": ((ME,),)}, {ME: {"s": {0: 1}}}, 2))
-        await until(lambda: registration.last == {"s": {0: 2}})
-        await until(lambda: state(ownership, "s", 1, 0) is None)  # closed, forgotten...
+        await wait_until(lambda: registration.last == {"s": {0: 2}})
+        await wait_until(lambda: state(ownership, "s", 1, 0) is None)  # closed, forgotten...
         assert old_files.exists()  # ...but its files wait out the grace period
 
         # Rolled back within the grace period: version 1 is reused from disk, not rebuilt.
         rolled_back = dataclasses.replace(v1, retained={1: v1.snapshot, 2: v2.snapshot})
         ownership.on_map(build_map([rolled_back], {"s": ((ME,),)}, {ME: {"s": {0: 2}}}, 3))
-        await until(lambda: registration.last == {"s": {0: 1}})
+        await wait_until(lambda: registration.last == {"s": {0: 1}})
         assert (old_files / "loaded.json").stat().st_ino == marker
         held = ownership.local("s", 0)
         assert held is not None and held.version == 1 and held.get(b"k0") == b'{"i":0}'
         # Version 2, superseded in turn, is removed once its grace period is over; version 1 stays.
-        await until(lambda: not partition_path(data_dir, PartitionId("s", 2, 0)).exists())
+        await wait_until(lambda: not partition_path(data_dir, PartitionId("s", 2, 0)).exists())
         assert old_files.exists() and loads == [1, 2, 1]
 
     run(data_dir, scenario, loader=loader, version_grace_s=1.0)
@@ -280,18 +274,18 @@ def test_a_leaving_node_loads_nothing_new_and_keeps_serving_until_handed_over(sn
 
     async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
         ownership.on_map(build_map([record], {"s": ((ME,), (OTHER,))}))
-        await until(lambda: registration.last == {"s": {0: 1}})
+        await wait_until(lambda: registration.last == {"s": {0: 1}})
         ownership.leave()
         assert ownership.readiness().leaving
         assert ownership.handed_over() == ["s p0", "assignment generation 1 still places this node"]
         # The controller moves p0 away and gives p1 here: p1 is not loaded, p0 keeps serving.
         moved = {"s": ((OTHER,), (ME, OTHER))}
         ownership.on_map(build_map([record], moved, {ME: {"s": {0: 1}}}, 2))
-        await asyncio.sleep(0.05)
+        await ownership.settled()
         assert state(ownership, "s", 1, 1) == "assigned" and ownership.local("s", 0) is not None
         waiting = asyncio.ensure_future(ownership.wait_handed_over(5.0))
-        await asyncio.sleep(0.05)
-        assert not waiting.done()
+        await ownership.settled()
+        assert not waiting.done() and ownership.handed_over()
         # Served elsewhere by a node that is itself leaving, while a live one (n3) could take it: not
         # enough (with no live peer at all there would be nobody to wait for).
         leaving_other = build_map(
@@ -299,14 +293,14 @@ def test_a_leaving_node_loads_nothing_new_and_keeps_serving_until_handed_over(sn
         )
         nodes = {**leaving_other.nodes, OTHER: NodeRecord(OTHER, f"http://{OTHER}", leaving=True)}
         ownership.on_map(dataclasses.replace(leaving_other, nodes=nodes))
-        await asyncio.sleep(0.05)
-        assert not waiting.done()
+        await ownership.settled()
+        assert not waiting.done() and ownership.handed_over()
         # A live node assigned p0 serves it at the published version, but the assignment still places
         # this node (p1): not yet. Then an assignment without this node: handed over. Nothing was
         # dropped meanwhile.
         ownership.on_map(build_map([record], moved, {ME: {"s": {0: 1}}, OTHER: {"s": {0: 1}}}, 4))
-        await asyncio.sleep(0.05)
-        assert not waiting.done()
+        await ownership.settled()
+        assert not waiting.done() and ownership.handed_over()
         assert ownership.handed_over() == ["assignment generation 4 still places this node"]
         away = {"s": ((OTHER,), (OTHER,))}
         ownership.on_map(build_map([record], away, {ME: {"s": {0: 1}}, OTHER: {"s": {0: 1, 1: 1}}}, 5))
@@ -316,7 +310,7 @@ def test_a_leaving_node_loads_nothing_new_and_keeps_serving_until_handed_over(sn
         await ownership.withdraw()
         assert registration.last == {"<withdrawn>": {}}
         ownership.on_map(build_map([record], away, {OTHER: {"s": {0: 1, 1: 1}}}, 6))
-        await asyncio.sleep(0.05)
+        await ownership.settled()
         assert registration.last == {"<withdrawn>": {}}  # never announced again
         assert ownership.local("s", 0) is not None  # stragglers still get answers
 
@@ -328,7 +322,7 @@ def test_a_leaving_node_with_no_live_peer_has_nothing_to_hand_over(snapshot, dat
 
     async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
         ownership.on_map(build_map([record], {"s": ((ME,),)}, nodes=(ME,)))
-        await until(lambda: registration.last == {"s": {0: 1}})
+        await wait_until(lambda: registration.last == {"s": {0: 1}})
         ownership.leave()
         assert await ownership.wait_handed_over(1.0) == []
 
@@ -342,7 +336,7 @@ def test_a_stale_map_keeps_a_ready_node_ready(snapshot, data_dir: Path) -> None:
         assert not ownership.readiness().ready  # nothing read from ZooKeeper yet
         fresh = build_map([record], {"s": ((ME,),)}, {ME: {"s": {0: 1}}})
         ownership.on_map(fresh)
-        await until(lambda: ownership.readiness().ready)
+        await wait_until(lambda: ownership.readiness().ready)
         ownership.on_map(fresh.marked_stale(True))
         readiness = ownership.readiness()
         assert readiness.ready and readiness.stale and readiness.describe()["stale"] is True
@@ -359,12 +353,12 @@ def test_a_failed_load_is_reported_and_retried(snapshot, data_dir: Path) -> None
 
     async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
         ownership.on_map(build_map([record], {"s": ((ME,),)}))
-        await until(lambda: state(ownership, "s", 1, 0) == "failed")
+        await wait_until(lambda: state(ownership, "s", 1, 0) == "failed")
         readiness = ownership.readiness()
         assert not readiness.ready and "manifest says" in readiness.failed["s v1 p0"]
         assert not partition_path(data_dir, PartitionId("s", 1, 0)).exists()
         part.write_text(good)  # the snapshot is repaired; the retry picks it up without a new map
-        await until(lambda: registration.last == {"s": {0: 1}})
+        await wait_until(lambda: registration.last == {"s": {0: 1}})
         assert state(ownership, "s", 1, 0) == "serving"
 
     run(data_dir, scenario, retry_failed_s=0.1)
@@ -375,10 +369,10 @@ def test_a_deleted_store_is_dropped(snapshot, data_dir: Path) -> None:
 
     async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
         ownership.on_map(build_map([record], {"s": ((ME,),)}))
-        await until(lambda: registration.last == {"s": {0: 1}})
+        await wait_until(lambda: registration.last == {"s": {0: 1}})
         ownership.on_map(build_map([], {}, {ME: {"s": {0: 1}}}, 2))
-        await until(lambda: registration.last == {})
-        await until(lambda: not partition_path(data_dir, PartitionId("s", 1, 0)).exists())
+        await wait_until(lambda: registration.last == {})
+        await wait_until(lambda: not partition_path(data_dir, PartitionId("s", 1, 0)).exists())
 
     run(data_dir, scenario)
 
@@ -397,9 +391,9 @@ def test_startup_reuses_loaded_partitions_and_removes_leftovers(snapshot, data_d
 
     async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
         ownership.on_map(build_map([record], {"s": ((ME,), (OTHER,))}))
-        await until(lambda: registration.last == {"s": {0: 1}})
+        await wait_until(lambda: registration.last == {"s": {0: 1}})
         unassigned = partition_path(data_dir, PartitionId("s", 1, 1))
-        await until(lambda: not leftover.exists() and not unassigned.exists())
+        await wait_until(lambda: not leftover.exists() and not unassigned.exists())
         assert partition_path(data_dir, PartitionId("s", 1, 0)).exists()
         assert calls == [0]
 
@@ -411,11 +405,11 @@ def test_missing_ephemeral_records_are_written_again(snapshot, data_dir: Path) -
 
     async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
         ownership.on_map(build_map([record], {"s": ((ME,),)}, {ME: {}}))
-        await until(lambda: registration.last == {"s": {0: 1}})
+        await wait_until(lambda: registration.last == {"s": {0: 1}})
         published = len(registration.published)
         # A new session: the map no longer lists this node nor its serving record.
         ownership.on_map(build_map([record], {"s": ((ME,),)}, {}, 2, nodes=(OTHER,)))
-        await until(lambda: registration.registrations == 1 and len(registration.published) > published)
+        await wait_until(lambda: registration.registrations == 1 and len(registration.published) > published)
         assert registration.last == {"s": {0: 1}}
 
     run(data_dir, scenario)
@@ -434,3 +428,35 @@ def test_lifecycle_states_are_the_documented_ones() -> None:
     for s in PartitionState:
         assert s.name in doc
     assert dataclasses.is_dataclass(PartitionId)
+
+
+def test_a_corrupt_new_version_leaves_the_old_one_serving(snapshot_root: Path, data_dir: Path) -> None:
+    v1 = write_files_snapshot(snapshot_root, "s", 1, 1, ROWS)
+    v2 = write_files_snapshot(snapshot_root, "s", 2, 1, {**ROWS, "k0": {"i": "new"}})
+    source = data_file(v2, 0)
+    good = source.read_bytes()
+    bad = bytearray(good)
+    bad[len(bad) // 2] ^= 0x01
+    source.write_bytes(bytes(bad))  # one bit flipped in transit or on the storage
+
+    async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
+        ownership.on_map(build_map([v1], {"s": ((ME,),)}))
+        await wait_until(lambda: registration.last == {"s": {0: 1}})
+        old = ownership.local("s", 0)
+        assert old is not None and old.version == 1
+        ownership.on_map(build_map([v2], {"s": ((ME,),)}, {ME: {"s": {0: 1}}}, 2))
+        await wait_until(lambda: state(ownership, "s", 2, 0) == "failed")
+        failure = ownership.readiness().failed["s v2 p0"]
+        assert "checksum" in failure and str(source) in failure
+        # The old version keeps serving and stays announced; nothing of the new one is on disk.
+        assert ownership.local("s", 0) is old and old.get(b"k0") == b'{"i":0}'
+        assert state(ownership, "s", 1, 0) == "draining" and registration.last == {"s": {0: 1}}
+        assert not partition_path(data_dir, PartitionId("s", 2, 0)).exists()
+        source.write_bytes(good)  # republished intact: the retry loads it and swaps
+        await wait_until(lambda: registration.last == {"s": {0: 2}})
+        new = ownership.local("s", 0)
+        assert new is not None and new.version == 2 and new.get(b"k0") == b'{"i":"new"}'
+        await wait_until(lambda: not partition_path(data_dir, PartitionId("s", 1, 0)).exists())
+        assert data_file(v1, 0).stat().st_nlink == 1  # the node's hard link to v1 went with it
+
+    run(data_dir, scenario, retry_failed_s=0.1)

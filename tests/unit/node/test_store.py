@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from keyroute.core.key_format import KeyFormat, parse_key
 from keyroute.core.partitioner import Partitioner, partition_for
 from keyroute.core.snapshot import local_path, partition_dir, read_manifest, write_manifest

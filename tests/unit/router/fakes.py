@@ -1,4 +1,5 @@
-"""In-process stand-ins for state nodes and ZooKeeper, for unit tests of the router's logic.
+"""In-process stand-ins for state nodes and ZooKeeper, for unit tests of the router's logic, and `Proxy.read`
+as an awaitable.
 
 Fake nodes are real ASGI apps reached through an httpx transport that can also play a dead node.
 """
@@ -12,6 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
 from keyroute.core.api import ApiError, KeyNotFound, PartitionUnavailable, found_body, key_path_segment
 from keyroute.core.key_format import KeyFormat
 from keyroute.core.partition_map import (
@@ -23,10 +29,8 @@ from keyroute.core.partition_map import (
     StoreRecord,
 )
 from keyroute.core.partitioner import Partitioner
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
+from keyroute.router.proxy import Proxy
+from keyroute.router.upstream import UpstreamResponse
 
 
 def store_record(
@@ -198,3 +202,31 @@ class StaticMapSource:
 
     def stop(self) -> None:
         self.stopped = True
+
+
+# -- Proxy.read as an awaitable, for tests --------------------------------------------------------------------
+
+
+def read_result(
+    proxy: Proxy, store: str, key: str, request_id: str = "rid-1"
+) -> asyncio.Future[UpstreamResponse | Exception]:
+    """`Proxy.read` as a future of its result (the node's reply or the exception the read failed with);
+    cancelling the future cancels the read. What `read` raises at once is raised here."""
+    result: asyncio.Future[UpstreamResponse | Exception] = asyncio.get_running_loop().create_future()
+
+    def deliver(outcome: UpstreamResponse | Exception) -> None:
+        if not result.done():
+            result.set_result(outcome)
+
+    read = proxy.read(store, key, request_id, deliver)
+    assert not result.done(), "a read never delivers before `read` returns"
+    result.add_done_callback(lambda future: read.cancel() if future.cancelled() else None)
+    return result
+
+
+async def get(proxy: Proxy, store: str, key: str, request_id: str = "rid-1") -> UpstreamResponse:
+    """The reply a read delivers; the exception it delivers is raised."""
+    outcome = await read_result(proxy, store, key, request_id)
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome

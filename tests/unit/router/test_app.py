@@ -1,4 +1,5 @@
-"""The router app over HTTP (in process): endpoints, JSON errors, readiness, and the map hand-over."""
+"""The router over HTTP: its app and data plane on keyroute's HTTP server (127.0.0.1), nodes in process
+behind an httpx transport: endpoints, JSON errors, readiness, and the map hand-over."""
 
 from __future__ import annotations
 
@@ -13,14 +14,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+
 from keyroute.core.key_format import KeyFormat
 from keyroute.core.partition_map import PartitionMap
 from keyroute.core.partitioner import Partitioner, key_hash, partition_for
 from keyroute.core.request_guard import RequestGuard
 from keyroute.core.security import member_token
 from keyroute.core.settings import AccessSettings, RequestLimits, RouterSettings
+from keyroute.http.server import HttpServer
+from keyroute.router import service
 from keyroute.router.app import create_app
-
 from tests.unit.router.fakes import FakeCluster, FakeNode, StaticMapSource, build_map, node_url, store_record
 
 SETTINGS = RouterSettings(max_batch_keys=5, unavailable_retry_after_s=2, limits=RequestLimits(max_body_bytes=20_000))
@@ -39,18 +42,27 @@ class Router:
         await asyncio.sleep(0)  # the map reaches the loop through call_soon_threadsafe
 
 
+def router_server(app: Any, settings: RouterSettings) -> HttpServer:
+    """The router's server as the router process builds it, around `app`."""
+    return service.server(settings, app)
+
+
 @asynccontextmanager
 async def router(
     initial: PartitionMap | None, *nodes: FakeNode, settings: RouterSettings = SETTINGS
 ) -> AsyncIterator[Router]:
+    """A router on 127.0.0.1 (on this event loop) and a client for it; the nodes are in process."""
     source = StaticMapSource(initial)
     cluster = FakeCluster(*nodes)
     app = create_app(settings, map_source=source, transport=cluster, first_map_wait_s=0 if initial is None else 5)
-    async with app.router.lifespan_context(app):
+    server = router_server(app, settings)
+    await server.start(port=0)
+    try:
         await asyncio.sleep(0)
-        transport = httpx.ASGITransport(app, raise_app_exceptions=False)
-        async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}", trust_env=False) as client:
             yield Router(client, source, cluster)
+    finally:
+        await server.stop(grace_s=5)
     assert source.stopped
 
 
@@ -74,6 +86,26 @@ def test_a_key_read_passes_the_nodes_answer_through() -> None:
             node = "a" if partition_for(Partitioner.MURMUR2, "a/b 東京?#+%".encode(), 4) < 2 else "b"
             assert resp.headers["x-keyroute-node"] == node
             assert r.cluster[node].received[0].key == "a/b 東京?#+%"
+
+    run(scenario)
+
+
+def test_a_key_read_carries_the_request_id_and_a_head_read_the_length_of_the_answer() -> None:
+    async def scenario() -> None:
+        async with router(build_map(STORES, FULL), *nodes("k1")) as r:
+            resp = await r.client.get("/stores/s/keys/k1", headers={"x-request-id": "abc-123"})
+            assert resp.status_code == 200 and resp.json()["value"] == {"v": "k1"}
+            assert resp.headers.get_list("x-request-id") == ["abc-123"]
+            assert int(resp.headers["content-length"]) == len(resp.content)
+            node = resp.headers["x-keyroute-node"]
+            assert r.cluster[node].received[-1].headers["x-request-id"] == "abc-123"  # the node got it too
+            generated = await r.client.get("/stores/s/keys/k1")
+            assert generated.headers["x-request-id"] not in ("", "abc-123")
+            head = await r.client.head("/stores/s/keys/k1")
+            assert head.status_code == 200 and head.content == b""
+            assert head.headers["content-length"] == str(len(resp.content))
+            assert head.headers["x-keyroute-node"] == node
+            assert r.cluster[node].received[-1].method == "GET"  # a HEAD is a GET to the node
 
     run(scenario)
 
@@ -384,11 +416,14 @@ def test_startup_waits_for_the_first_map_so_the_first_read_is_answered() -> None
     async def scenario() -> None:
         source = LateMapSource(build_map(STORES, FULL), delay_s=0.3)
         app = create_app(SETTINGS, map_source=source, transport=FakeCluster(*nodes("k1")))
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app, raise_app_exceptions=False)
-            async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+        server = router_server(app, SETTINGS)
+        await server.start(port=0)  # listens once the lifespan's startup is over
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}", trust_env=False) as client:
                 first = await client.get("/stores/s/keys/k1")
                 assert first.status_code == 200 and first.json()["value"] == {"v": "k1"}
+        finally:
+            await server.stop(grace_s=5)
 
     run(scenario)
 

@@ -6,6 +6,7 @@ import random
 from collections import Counter
 
 import pytest
+
 from keyroute.core.partition_map import Endpoint
 from keyroute.router.backoff import NodeBackoff
 from keyroute.router.balancer import Balancer, LatencyQuantile, RetryBudget
@@ -33,7 +34,7 @@ def firsts(balancer: Balancer, endpoints: tuple[Endpoint, ...], times: int) -> C
 def load(balancer: Balancer, **in_flight: int) -> None:
     for node_id, count in in_flight.items():
         for _ in range(count):
-            balancer.started(f"http://{node_id}:1")
+            balancer.request_sent(f"http://{node_id}:1")
 
 
 def test_every_order_holds_each_replica_exactly_once() -> None:
@@ -81,7 +82,7 @@ def test_in_flight_requests_spread_a_burst_over_the_replicas() -> None:
     # Reads that start before any answers: each one's request counts against its node for the next.
     balancer = Balancer(rng=random.Random(3))
     for _ in range(300):
-        balancer.started(balancer.order((A, B, C))[0].url)
+        balancer.request_sent(balancer.order((A, B, C))[0].url)
     assert all(90 <= balancer.in_flight[ep.url] <= 110 for ep in (A, B, C)), balancer.in_flight
 
 
@@ -102,15 +103,15 @@ def test_the_runner_up_of_the_two_choices_comes_second_then_the_rest_in_map_orde
 
 def test_in_flight_counts_go_up_and_down_and_idle_nodes_leave_no_entry() -> None:
     balancer = Balancer()
-    balancer.started(A.url)
-    balancer.started(A.url)
-    balancer.started(B.url)
+    balancer.request_sent(A.url)
+    balancer.request_sent(A.url)
+    balancer.request_sent(B.url)
     assert balancer.in_flight == {A.url: 2, B.url: 1}
-    balancer.finished(A.url)
-    balancer.finished(B.url)
+    balancer.request_ended(A.url)
+    balancer.request_ended(B.url)
     assert balancer.in_flight == {A.url: 1}
-    balancer.finished(A.url)
-    balancer.finished(A.url)  # one too many (never happens) must not go negative
+    balancer.request_ended(A.url)
+    balancer.request_ended(A.url)  # one too many (never happens) must not go negative
     assert balancer.in_flight == {}
 
 

@@ -1,12 +1,12 @@
-"""FastUpstream against real servers on 127.0.0.1: a uvicorn app (compared with httpx) and a raw asyncio
-server of our own that misbehaves on cue (closes, hangs, breaks off, answers twice), on asyncio and uvloop."""
+"""FastUpstream against real servers on 127.0.0.1: an app on keyroute's HTTP server, as the nodes run
+(compared with httpx), and a raw asyncio server of our own that misbehaves on cue (closes, hangs, breaks
+off, answers twice), on asyncio and uvloop."""
 
 from __future__ import annotations
 
 import asyncio
 import gzip
 import hashlib
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -14,16 +14,16 @@ from typing import Protocol, TypeVar
 
 import httpx
 import pytest
-import uvicorn
 import uvloop
-from keyroute.router.fast_upstream import FastUpstream
-from keyroute.router.upstream import UpstreamResponse, UpstreamUnavailable
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.util import free_port, wait_for
+from keyroute.http.server import HttpServer
+from keyroute.router.fast_upstream import FastUpstream
+from keyroute.router.upstream import UpstreamResponse, UpstreamUnavailable
+from tests.util import free_port, serve_in_thread
 
 T = TypeVar("T")
 MIB = bytes(range(256)) * 4096
@@ -58,7 +58,7 @@ async def until(predicate: Callable[[], object], timeout_s: float = 5.0, message
         await asyncio.sleep(0.005)
 
 
-# -- a uvicorn server (httptools, as the nodes run) in a thread --------------------------------------------
+# -- an app on keyroute's HTTP server (as the nodes run) in a thread --------------------------------------
 
 
 @dataclass
@@ -125,17 +125,8 @@ def app_server() -> Iterator[AppServer]:
             Route("/echo", echo, methods=["POST"]),
         ]
     )
-    port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, http="httptools", log_level="warning", lifespan="off")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="fast-upstream-target", daemon=True)
-    thread.start()
-    wait_for(lambda: server.started, timeout_s=10, message="uvicorn up")
-    try:
+    with serve_in_thread(HttpServer(app)) as port:
         yield AppServer(f"http://127.0.0.1:{port}", ports)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 # -- a raw server whose every answer the test writes -------------------------------------------------------
@@ -221,7 +212,7 @@ class RawServer:
             self._tasks.discard(task)
 
 
-# -- keep-alive and framing, against uvicorn --------------------------------------------------------------
+# -- keep-alive and framing, against keyroute's HTTP server ----------------------------------------------
 
 
 def test_many_requests_travel_over_one_kept_alive_connection(run: Runner, app_server: AppServer) -> None:
@@ -266,9 +257,11 @@ def test_status_headers_and_body_are_what_httpx_sees(run: Runner, app_server: Ap
 
     ours, theirs = run(scenario)
     assert ours.status == theirs.status_code
-    # Names lowercased, values as sent, order and repeats kept; the date may tick between the two requests.
-    expected = [(k.lower(), v) for k, v in theirs.headers.raw if k.lower() != b"date"]
-    assert [(k, v) for k, v in ours.headers if k != b"date"] == expected
+    # Names lowercased, values as sent, order and repeats kept; the date may tick between the two requests,
+    # and each request gets an id of its own.
+    own = (b"date", b"x-request-id")
+    expected = [(k.lower(), v) for k, v in theirs.headers.raw if k.lower() not in own]
+    assert [(k, v) for k, v in ours.headers if k not in own] == expected
     assert ours.body == theirs.content
     if path.startswith("/big"):
         assert ours.body == MIB

@@ -6,16 +6,14 @@ import asyncio
 import time
 from typing import Any
 
-import httpx
 import pytest
-from keyroute.core.metrics import UNKNOWN_STORE, Histogram, outcome
-from keyroute.core.settings import RouterSettings
-from keyroute.router.app import create_app
-from keyroute.router.metrics import RouterMetrics
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.unit.router.fakes import FakeCluster, FakeNode, StaticMapSource, build_map, store_record
+from keyroute.core.metrics import UNKNOWN_STORE, Histogram, outcome
+from keyroute.router.metrics import RouterMetrics
+from tests.unit.router.fakes import FakeNode, build_map, store_record
+from tests.unit.router.test_app import router
 
 STORES = [store_record("s", 4), store_record("t", 2)]
 
@@ -179,17 +177,15 @@ def test_router_app_serves_the_exposition_and_answers_with_request_ids() -> None
     node = FakeNode("a", {("s", "k"): {"v": 1}})
 
     async def scenario() -> None:
-        source = StaticMapSource(build_map(STORES, {"a": {"s": [0, 1, 2, 3]}}))
-        app = create_app(RouterSettings(), map_source=source, transport=FakeCluster(node))
-        async with app.router.lifespan_context(app):
-            await asyncio.sleep(0)
-            transport = httpx.ASGITransport(app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
-                ok = await client.get("/stores/s/keys/k", headers={"x-request-id": "client-1"})
-                missing = await client.get("/stores/s/keys/nope")
-                unknown = await client.get("/stores/zzz/keys/k", headers={"x-request-id": "bad id with spaces"})
-                batch = await client.post("/stores/s/batch-get", json={"keys": ["k", "nope"]})
-                scraped = await client.get("/metrics")
+        # Over real sockets, through the router's own server: key reads and batches on the data plane,
+        # /metrics on the application behind it.
+        async with router(build_map(STORES, {"a": {"s": [0, 1, 2, 3]}}), node) as r:
+            client = r.client
+            ok = await client.get("/stores/s/keys/k", headers={"x-request-id": "client-1"})
+            missing = await client.get("/stores/s/keys/nope")
+            unknown = await client.get("/stores/zzz/keys/k", headers={"x-request-id": "bad id with spaces"})
+            batch = await client.post("/stores/s/batch-get", json={"keys": ["k", "nope"]})
+            scraped = await client.get("/metrics")
 
         assert ok.status_code == 200 and ok.headers.get_list("x-request-id") == ["client-1"]
         assert node.received[0].headers["x-request-id"] == "client-1"

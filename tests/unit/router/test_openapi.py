@@ -1,4 +1,5 @@
-"""The router's OpenAPI document: valid OpenAPI 3.1, served at /openapi.json, in step with the app's routes."""
+"""The router's OpenAPI document: valid OpenAPI 3.1, served at /openapi.json, in step with the routes of the
+router's app and of its data plane."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import re
 from typing import Any
 
 import httpx
-from keyroute.core.settings import RouterSettings
-from keyroute.router.app import create_app
-from keyroute.router.openapi import OPENAPI, OPENAPI_JSON
 from openapi_spec_validator import validate
 from starlette.routing import Route
 
+from keyroute.core.settings import RouterSettings
+from keyroute.router.app import create_app
+from keyroute.router.dataplane import ROUTES as DATA_PLANE_ROUTES
+from keyroute.router.openapi import OPENAPI, OPENAPI_JSON
 from tests.unit.router.fakes import StaticMapSource
 
 _HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
@@ -27,10 +29,14 @@ def _app_routes() -> dict[str, set[str]]:
         # Starlette's `{key:path}` is an OpenAPI `{key}`; HEAD is added by Starlette for every GET.
         path = re.sub(r"\{(\w+):\w+\}", r"{\1}", route.path)
         routes[path] = {m.lower() for m in (route.methods or ())} - {"head"}
+    # Everything under /stores/ is answered by the data plane, not by the app.
+    assert not any(path.startswith("/stores/") for path in routes)
+    for path, methods in DATA_PLANE_ROUTES.items():
+        routes[path] = {m.lower() for m in methods}
     return routes
 
 
-def test_every_route_is_documented_with_its_methods_and_nothing_else() -> None:
+def test_every_route_of_the_app_and_the_data_plane_is_documented_with_its_methods_and_nothing_else() -> None:
     documented = {path: {m for m in item if m in _HTTP_METHODS} for path, item in OPENAPI["paths"].items()}
     assert documented == _app_routes()
 

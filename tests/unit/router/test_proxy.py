@@ -1,23 +1,30 @@
-"""Proxy: the data path against in-process fake nodes (failover, back-off, misroutes, batches)."""
+"""Proxy: the data path against in-process fake nodes (failover, back-off, misroutes, batches), and its one
+single-key read engine against real nodes over the router's own HTTP client (hedging, stale connections,
+reads sent without a coroutine)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import random
-import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
 
 import httpx
 import pytest
-import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
 from keyroute.core.api import (
-    BadRequest,
+    HEADER_ROUTER,
     PartitionUnavailable,
     PayloadTooLarge,
     StoreNotFound,
@@ -27,19 +34,15 @@ from keyroute.core.api import (
 from keyroute.core.key_format import KeyFormat
 from keyroute.core.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord
 from keyroute.core.partitioner import Partitioner, partition_for
+from keyroute.http.server import HttpServer, ServerLimits
 from keyroute.router.backoff import NodeBackoff
 from keyroute.router.fast_upstream import FastUpstream
-from keyroute.router.proxy import HEADER_ROUTER, Proxy, parse_batch_body, passthrough_headers
+from keyroute.router.proxy import Proxy
 from keyroute.router.routing_table import RoutingTable
-from keyroute.router.upstream import HttpxUpstream
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
-
-from tests.unit.router.fakes import FakeCluster, FakeNode, build_map, store_record
-from tests.unit.router.test_fast_upstream import until
-from tests.util import free_port, wait_for
+from keyroute.router.upstream import HttpxUpstream, UpstreamResponse
+from tests.unit.router.fakes import FakeCluster, FakeNode, build_map, get, read_result, store_record
+from tests.unit.router.test_fast_upstream import CLOSE, RawServer, ok, until
+from tests.util import serve_in_thread
 
 T = TypeVar("T")
 PARTITIONS = 4
@@ -143,7 +146,7 @@ def test_each_key_goes_to_the_node_serving_its_partition_with_the_router_marker_
 
     async def scenario() -> None:
         for key in keys:
-            answer = await h.proxy.get("s", key, request_id="req-1")
+            answer = await get(h.proxy, "s", key, "req-1")
             assert answer.status == 200
             assert json.loads(answer.body)["value"] == {"v": key}
             assert dict(answer.headers)[b"x-keyroute-node"] == (b"a" if partition(key) < 2 else b"b")
@@ -164,7 +167,7 @@ def test_keys_with_reserved_and_non_ascii_characters_reach_the_node_intact() -> 
 
     async def scenario() -> None:
         for key in WEIRD_KEYS:
-            answer = await h.proxy.get("s", key)
+            answer = await get(h.proxy, "s", key)
             assert answer.status == 200, key
             assert json.loads(answer.body)["key"] == key
 
@@ -186,8 +189,8 @@ def test_status_body_and_keyroute_headers_pass_through_while_hop_by_hop_headers_
     direct: list[httpx.Response] = []
 
     async def scenario() -> tuple[Any, Any]:
-        found = await h.proxy.get("s", "k")
-        missing = await h.proxy.get("s", "nope")
+        found = await get(h.proxy, "s", "k")
+        missing = await get(h.proxy, "s", "nope")
         async with httpx.AsyncClient(transport=h.cluster) as client:
             direct.append(await client.get("http://a:8000/stores/s/keys/nope"))
         return found, missing
@@ -205,19 +208,6 @@ def test_status_body_and_keyroute_headers_pass_through_while_hop_by_hop_headers_
     assert json.loads(missing.body)["error"] == "key_not_found"
 
 
-def test_passthrough_headers_drops_what_connection_names_and_lowercases_names() -> None:
-    kept = passthrough_headers(
-        [
-            (b"Connection", b"close, X-A"),
-            (b"X-A", b"1"),
-            (b"X-Keyroute-Node", b"n"),
-            (b"Transfer-Encoding", b"chunked"),
-            (b"Retry-After", b"2"),
-        ]
-    )
-    assert kept == [(b"x-keyroute-node", b"n"), (b"retry-after", b"2")]
-
-
 @pytest.mark.parametrize(
     "fault",
     [
@@ -233,7 +223,7 @@ def test_a_failing_node_is_retried_at_once_on_the_next_replica(fault: Callable[[
     a, b = FakeNode("a", values_for(["k"])), FakeNode("b", values_for(["k"]))
     a.fault = fault
     h = Harness(replicated_map(("a", "b")), a, b)
-    answer = run(lambda: h.proxy.get("s", "k"))
+    answer = run(lambda: get(h.proxy, "s", "k"))
     assert answer.status == 200 and dict(answer.headers)[b"x-keyroute-node"] == b"b"
     assert len(b.received) == 1
     assert h.proxy.metrics.failovers == 1 and h.proxy.metrics.upstream_failures == 1
@@ -245,14 +235,14 @@ def test_a_failed_node_is_ordered_last_during_its_backoff_then_first_again() -> 
 
     async def scenario() -> None:
         a.down = True
-        assert dict((await h.proxy.get("s", "k")).headers)[b"x-keyroute-node"] == b"b"
+        assert dict((await get(h.proxy, "s", "k")).headers)[b"x-keyroute-node"] == b"b"
         a.down = False
         # Within the back-off the healthy replica is asked first: `a` sees nothing.
         h.clock.now += 1.0
-        assert dict((await h.proxy.get("s", "k")).headers)[b"x-keyroute-node"] == b"b"
+        assert dict((await get(h.proxy, "s", "k")).headers)[b"x-keyroute-node"] == b"b"
         assert a.received == []
         h.clock.now += 1.5
-        assert dict((await h.proxy.get("s", "k")).headers)[b"x-keyroute-node"] == b"a"
+        assert dict((await get(h.proxy, "s", "k")).headers)[b"x-keyroute-node"] == b"a"
 
     run(scenario)
     assert h.proxy.metrics.upstream_failures == 1 and h.proxy.metrics.failovers == 1
@@ -263,7 +253,7 @@ def test_every_replica_failing_is_503_partition_unavailable_with_retry_after() -
     a.down = b.down = True
     h = Harness(replicated_map(), a, b)
     with pytest.raises(PartitionUnavailable) as caught:
-        run(lambda: h.proxy.get("s", "k"))
+        run(lambda: get(h.proxy, "s", "k"))
     assert caught.value.status == 503 and caught.value.headers == {"Retry-After": "3"}
     assert "a, b" in caught.value.message
     assert h.proxy.metrics.unavailable == 1
@@ -273,7 +263,7 @@ def test_no_serving_node_is_503_without_contacting_any_node() -> None:
     a = FakeNode("a", values_for(keys_in(0) + keys_in(3)))
     h = Harness(build_map([store_record("s", PARTITIONS)], {"a": {"s": [0, 1, 2]}}), a)
     with pytest.raises(PartitionUnavailable) as caught:
-        run(lambda: h.proxy.get("s", keys_in(3)[0]))
+        run(lambda: get(h.proxy, "s", keys_in(3)[0]))
     assert caught.value.headers["Retry-After"] == "3"
     assert a.received == []
 
@@ -282,7 +272,7 @@ def test_an_unknown_store_is_404_without_contacting_any_node() -> None:
     a = FakeNode("a")
     h = Harness(split_map(), a)
     with pytest.raises(StoreNotFound):
-        run(lambda: h.proxy.get("nope", "k"))
+        run(lambda: get(h.proxy, "nope", "k"))
     assert a.received == []
 
 
@@ -293,10 +283,10 @@ def test_a_forwarded_answer_counts_a_misroute_and_refreshes_the_map_once_per_bur
 
     async def scenario() -> None:
         for _ in range(3):
-            answer = await h.proxy.get("s", "k")
+            answer = await get(h.proxy, "s", "k")
             assert answer.status == 200 and dict(answer.headers)[b"x-keyroute-hops"] == b"1"
         h.clock.now += 1.0
-        await h.proxy.get("s", "k")
+        await get(h.proxy, "s", "k")
 
     run(scenario)
     assert h.proxy.metrics.misroutes == 4
@@ -310,18 +300,18 @@ def test_a_node_reporting_a_newer_map_generation_makes_the_router_re_read_at_onc
     h = Harness(build_map([store_record("s", PARTITIONS)], {"a": {"s": range(PARTITIONS)}}), a)
 
     async def scenario() -> None:
-        await h.proxy.get("s", "k")  # within the throttle interval of nothing: one re-read
+        await get(h.proxy, "s", "k")  # within the throttle interval of nothing: one re-read
         assert h.refreshes == 1
         h.clock.now += 0.1
         a.extra_headers = [("x-keyroute-generation", "101")]  # newer again: re-read at once
-        await h.proxy.get("s", "k")
+        await get(h.proxy, "s", "k")
         assert h.refreshes == 2
         h.clock.now += 0.1
-        await h.proxy.get("s", "k")  # the same generation again: the re-read is already under way
+        await get(h.proxy, "s", "k")  # the same generation again: the re-read is already under way
         assert h.refreshes == 2
         h.clock.now += 0.1
         a.extra_headers = [("x-keyroute-generation", "3")]  # the node is behind us: throttled only
-        await h.proxy.get("s", "k")
+        await get(h.proxy, "s", "k")
         assert h.refreshes == 2
 
     run(scenario)
@@ -355,7 +345,7 @@ def test_a_node_that_no_longer_serves_the_partition_hands_over_to_the_next_repli
     a, b = FakeNode("a", values_for(["k"])), FakeNode("b", values_for(["k"]))
     a.unavailable = True
     h = Harness(replicated_map(("a", "b")), a, b)
-    answer = run(lambda: h.proxy.get("s", "k"))
+    answer = run(lambda: get(h.proxy, "s", "k"))
     assert answer.status == 200 and dict(answer.headers)[b"x-keyroute-node"] == b"b"
     assert h.refreshes == 1
 
@@ -364,7 +354,7 @@ def test_the_last_replicas_503_is_passed_through_with_its_retry_after() -> None:
     a = FakeNode("a", values_for(["k"]))
     a.unavailable = True
     h = Harness(build_map([store_record("s", PARTITIONS)], {"a": {"s": range(PARTITIONS)}}), a)
-    answer = run(lambda: h.proxy.get("s", "k"))
+    answer = run(lambda: get(h.proxy, "s", "k"))
     assert answer.status == 503 and dict(answer.headers)[b"retry-after"] == b"7"
     assert json.loads(answer.body)["error"] == "partition_unavailable"
 
@@ -456,30 +446,20 @@ def test_a_batch_over_the_limit_is_413_and_an_unknown_store_404() -> None:
         run(lambda: h.proxy.batch_get("nope", ["1"]))
 
 
-@pytest.mark.parametrize("body", [b"", b"{", b"[]", b'{"keys": "k"}', b'{"key": []}', b"\xff"])
-def test_a_malformed_batch_body_is_bad_request(body: bytes) -> None:
-    with pytest.raises(BadRequest):
-        parse_batch_body(body)
-
-
-def test_a_well_formed_batch_body_gives_its_keys() -> None:
-    assert parse_batch_body(b'{"keys": ["a", 1]}') == ["a", 1]
-
-
 def test_a_partition_nobody_announces_is_read_from_the_node_that_served_it_last() -> None:
     a = FakeNode("a", values_for(keys_in(1, 2)))
     store = store_record("s", PARTITIONS)
     h = Harness(build_map([store], {"a": {"s": range(PARTITIONS)}}), a)
     h.proxy.install(RoutingTable.of(build_map([store], {"b": {"s": [0]}}), h.proxy.table))
     key, other = keys_in(1, 2)
-    answer = run(lambda: h.proxy.get("s", key))
+    answer = run(lambda: get(h.proxy, "s", key))
     assert answer.status == 200 and dict(answer.headers)[b"x-keyroute-node"] == b"a"
     results = run(lambda: h.proxy.batch_get("s", [key, other]))
     assert [r["status"] for r in results] == [200, 200]
     assert h.proxy.metrics.last_known_routes == 2 and h.proxy.metrics.unavailable == 0
     a.down = True  # gone for good: 503, as when nobody served it at all
     with pytest.raises(PartitionUnavailable):
-        run(lambda: h.proxy.get("s", key))
+        run(lambda: get(h.proxy, "s", key))
 
 
 # -- spreading ----------------------------------------------------------------------------------------------
@@ -492,7 +472,7 @@ def test_reads_of_one_partition_are_spread_over_its_replicas() -> None:
 
     async def scenario() -> None:
         for _ in range(200):
-            assert (await h.proxy.get("s", "k")).status == 200
+            assert (await get(h.proxy, "s", "k")).status == 200
 
     run(scenario)
     assert 70 <= len(a.received) <= 130 and len(a.received) + len(b.received) == 200
@@ -519,25 +499,22 @@ def test_batches_are_spread_over_the_replicas_too_with_each_partition_in_one_req
     assert h.proxy.metrics.upstream_requests == len(a.received) + len(b.received)
 
 
-# -- hedging, against real nodes on 127.0.0.1 over the router's own HTTP client -------------------------------
+# -- the read engine against real nodes on 127.0.0.1, over the router's own HTTP client ----------------------
 
 
 class LocalNode:
-    """A small real node (uvicorn in a thread) answering every key of store `s` after `delay_s`.
-
-    Records the key of every request that reached it; `unavailable` answers 503 (after the delay)."""
+    """A small real node (keyroute's HTTP server in a thread) answering every key of store `s` after
+    `delay_s`. Records the key of every request that reached it; `unavailable` answers 503 (after the delay)."""
 
     def __init__(self, node_id: str) -> None:
         self.node_id = node_id
-        self.port = free_port()
+        self.port = 0
         self.delay_s = 0.0
         self.unavailable = False
         self.hops = "0"
         self.received: list[str] = []
         app = Starlette(routes=[Route("/stores/{store}/keys/{key:path}", self._get, methods=["GET"])])
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, name=f"node-{node_id}", daemon=True)
+        self.server = HttpServer(app, ServerLimits())
 
     @property
     def url(self) -> str:
@@ -558,15 +535,6 @@ class LocalNode:
         value = json.dumps({"node": self.node_id}).encode()
         return Response(found_body(store, key, 0, 1, value), media_type="application/json", headers=headers)
 
-    def start(self) -> LocalNode:
-        self.thread.start()
-        wait_for(lambda: self.server.started, timeout_s=10, message=f"{self.node_id} up")
-        return self
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-
     def reset(self) -> None:
         self.delay_s = 0.0
         self.unavailable = False
@@ -576,12 +544,11 @@ class LocalNode:
 
 @pytest.fixture(scope="module")
 def local_nodes() -> Iterator[tuple[LocalNode, LocalNode]]:
-    nodes = (LocalNode("slow").start(), LocalNode("fast").start())
-    try:
-        yield nodes
-    finally:
+    nodes = (LocalNode("slow"), LocalNode("fast"))
+    with contextlib.ExitStack() as stack:
         for node in nodes:
-            node.stop()
+            node.port = stack.enter_context(serve_in_thread(node.server))
+        yield nodes
 
 
 @pytest.fixture
@@ -591,13 +558,27 @@ def slow_fast(local_nodes: tuple[LocalNode, LocalNode]) -> tuple[LocalNode, Loca
     return local_nodes
 
 
+class Named(Protocol):
+    @property
+    def node_id(self) -> str: ...
+
+    @property
+    def url(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class Somewhere:
+    node_id: str
+    url: str
+
+
 class LocalHarness:
     """A Proxy over FastUpstream to two real nodes serving every partition; the first is preferred."""
 
     def __init__(
         self,
-        first: LocalNode,
-        second: LocalNode,
+        first: Named,
+        second: Named,
         hedge_after_s: float | None,
         rng: random.Random | None = None,
         timeout_s: float = 5.0,
@@ -627,7 +608,7 @@ class LocalHarness:
     async def read(self, key: str) -> tuple[str, str, float]:
         """(answering node, key in the answer, seconds taken) of one read through the proxy."""
         started = time.monotonic()
-        answer = await self.proxy.get("s", key)
+        answer = await get(self.proxy, "s", key)
         took = time.monotonic() - started
         assert answer.status == 200, answer.body
         return dict(answer.headers)[b"x-keyroute-node"].decode(), json.loads(answer.body)["key"], took
@@ -729,7 +710,7 @@ def test_a_read_cancelled_while_hedged_cancels_both_requests(slow_fast: tuple[Lo
 
     async def scenario() -> dict[str, int]:
         try:
-            read = asyncio.ensure_future(h.proxy.get("s", "k"))
+            read = asyncio.ensure_future(get(h.proxy, "s", "k"))
             await until(lambda: first.received and second.received, message="both requests at the nodes")
             read.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -794,7 +775,7 @@ def test_the_automatic_threshold_comes_from_recent_latencies(slow_fast: tuple[Lo
     assert h.proxy.metrics.hedges == 4 and h.proxy.metrics.hedge_wins == 4
 
 
-# -- Proxy.read: the same reads without a coroutine (the router's server protocol calls it) ----------------
+# -- a read on an idle connection: no coroutine, the reply delivered from the connection's callback --------
 
 
 class SendNowSpy:
@@ -818,11 +799,8 @@ class SendNowSpy:
 
 
 async def read_via_callback(proxy: Proxy, key: str, store: str = "s") -> Any:
-    """What `Proxy.read` hands its callback (an UpstreamResponse or the exception `get` would raise)."""
-    answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    proxy.read(store, key, "rid-1", answer.set_result)
-    assert not answer.done(), "the callback must never run before read returns"
-    return await asyncio.wait_for(answer, 10)
+    """What `Proxy.read` delivers (an UpstreamResponse or the exception the read failed with)."""
+    return await asyncio.wait_for(read_result(proxy, store, key), 10)
 
 
 def counters(proxy: Proxy) -> dict[str, int]:
@@ -831,30 +809,34 @@ def counters(proxy: Proxy) -> dict[str, int]:
     return {name: getattr(m, name) for name in names}
 
 
-def test_read_answers_what_get_answers_and_mostly_without_a_coroutine(slow_fast: tuple[LocalNode, LocalNode]) -> None:
+def test_a_read_on_an_idle_connection_delivers_what_a_read_through_a_task_delivers(
+    slow_fast: tuple[LocalNode, LocalNode],
+) -> None:
     first, second = slow_fast
     h = LocalHarness(first, second, hedge_after_s=0)
-    spy = SendNowSpy(h.proxy)
     keys = [f"k{i}" for i in range(10)] + ["a/b", "東京", ".."]
 
-    async def scenario() -> tuple[list[Any], list[Any], dict[str, int], dict[str, int]]:
+    async def scenario() -> tuple[list[Any], list[Any], dict[str, int], dict[str, int], SendNowSpy]:
         try:
-            got = [await h.proxy.get("s", key, "rid-1") for key in keys]
-            after_get = counters(h.proxy)
-            read = [await read_via_callback(h.proxy, key) for key in keys]
-            return got, read, after_get, counters(h.proxy)
+            send_now, h.proxy._send_now = h.proxy._send_now, None  # every request through `Upstream.get`
+            through_tasks = [await read_via_callback(h.proxy, key) for key in keys]
+            after_tasks = counters(h.proxy)
+            assert h.proxy._tasks == set()
+            h.proxy._send_now = send_now
+            spy = SendNowSpy(h.proxy)
+            at_once = [await read_via_callback(h.proxy, key) for key in keys]
+            return through_tasks, at_once, after_tasks, counters(h.proxy), spy
         finally:
             await h.upstream.aclose()
 
-    got, read, after_get, after_read = run(scenario)
-    assert [(r.status, r.body) for r in read] == [(g.status, g.body) for g in got]
-    assert [sorted(r.headers) for r in read] == [sorted(g.headers) for g in got]
-    assert all(json.loads(r.body)["key"] == key for r, key in zip(read, keys, strict=True))
-    # The same bookkeeping as `get`: one key request and one upstream request per read.
-    assert {name: after_read[name] - after_get[name] for name in after_get} == {
-        name: value for name, value in after_get.items()
-    }
-    assert spy.sent == len(keys) and spy.declined == 0  # `get` left an idle connection for every read
+    through_tasks, at_once, after_tasks, after_at_once, spy = run(scenario)
+    assert [(r.status, r.body) for r in at_once] == [(g.status, g.body) for g in through_tasks]
+    assert [sorted(r.headers) for r in at_once] == [sorted(g.headers) for g in through_tasks]
+    assert all(json.loads(r.body)["key"] == key for r, key in zip(at_once, keys, strict=True))
+    # The same bookkeeping either way: one key request and one upstream request per read.
+    assert {name: after_at_once[name] - after_tasks[name] for name in after_tasks} == after_tasks
+    assert after_tasks["key_requests"] == after_tasks["upstream_requests"] == len(keys)
+    assert spy.sent == len(keys) and spy.declined == 0  # the first pass left an idle connection for each
     assert h.proxy._tasks == set() and h.proxy._balancer.in_flight == {}
     latency = h.proxy.metrics.upstream_latency["slow"]
     assert latency.count == 2 * len(keys)
@@ -882,7 +864,7 @@ def test_a_read_the_first_replica_refuses_is_answered_by_the_other(slow_fast: tu
 
     async def scenario() -> Any:
         try:
-            await h.proxy.get("s", "warm", "rid-1")  # an idle connection to the first replica
+            await get(h.proxy, "s", "warm", "rid-1")  # an idle connection to the first replica
             first.unavailable = True
             return await read_via_callback(h.proxy, "k")
         finally:
@@ -903,7 +885,7 @@ def test_a_read_whose_node_stops_answering_goes_to_the_other_and_the_node_is_bac
 
     async def scenario() -> tuple[Any, Any]:
         try:
-            await h.proxy.get("s", "warm", "rid-1")
+            await get(h.proxy, "s", "warm", "rid-1")
             first.delay_s = 1.0
             answer = await read_via_callback(h.proxy, "k")
             first.delay_s = 0.0
@@ -930,7 +912,7 @@ def test_a_forwarded_answer_read_without_a_coroutine_counts_a_misroute(
 
     async def scenario() -> Any:
         try:
-            await h.proxy.get("s", "warm", "rid-1")
+            await get(h.proxy, "s", "warm", "rid-1")
             first.hops = "1"
             return await read_via_callback(h.proxy, "k")
         finally:
@@ -941,7 +923,7 @@ def test_a_forwarded_answer_read_without_a_coroutine_counts_a_misroute(
     assert h.proxy.metrics.misroutes == 1 and h.refreshes == 1  # generation 9 is newer than our 7
 
 
-def test_read_over_an_upstream_that_cannot_send_at_once_goes_through_a_task() -> None:
+def test_a_read_over_an_upstream_that_cannot_send_at_once_goes_through_a_task() -> None:
     a, b = FakeNode("a", values_for(["k"])), FakeNode("b", values_for(["k"]))
     h = Harness(replicated_map(), a, b)
     assert h.proxy._send_now is None  # httpx: only coroutines
@@ -1064,7 +1046,7 @@ def test_a_read_without_a_coroutine_is_freed_as_soon_as_it_is_answered(slow_fast
 
     async def scenario() -> list[str]:
         try:
-            await h.proxy.get("s", "warm", "rid-1")
+            await get(h.proxy, "s", "warm", "rid-1")
             gc.collect()
             gc.disable()
             gc.set_debug(gc.DEBUG_SAVEALL)  # what the collector finds stays in gc.garbage, for us to see
@@ -1072,7 +1054,8 @@ def test_a_read_without_a_coroutine_is_freed_as_soon_as_it_is_answered(slow_fast
                 for i in range(20):
                     assert (await read_via_callback(h.proxy, f"k{i}")).status == 200
                 gc.collect()
-                return sorted({type(o).__name__ for o in gc.garbage if type(o).__module__.startswith("router.")})
+                ours = {type(o).__name__ for o in gc.garbage if type(o).__module__.startswith("keyroute.router.")}
+                return sorted(ours)
             finally:
                 gc.set_debug(0)
                 gc.garbage.clear()
@@ -1082,3 +1065,31 @@ def test_a_read_without_a_coroutine_is_freed_as_soon_as_it_is_answered(slow_fast
 
     assert run(scenario) == []
     assert spy.sent == 20
+
+
+def test_a_read_whose_idle_connection_the_node_had_closed_is_sent_again_on_a_new_one() -> None:
+    # Every connection replies to its first request and closes on its second, without a byte of reply.
+    def script(connection: int, number: int) -> list[bytes | str]:
+        return [ok(b'{"key": "k"}')] if number == 0 else [CLOSE]
+
+    async def scenario() -> tuple[Any, list[int], LocalHarness, str]:
+        async with RawServer(script) as server:
+            node = Somewhere("raw", server.url)
+            h = LocalHarness(node, Somewhere("other", "http://127.0.0.1:1"), hedge_after_s=0)
+            spy = SendNowSpy(h.proxy)
+            try:
+                assert (await read_via_callback(h.proxy, "k")).status == 200  # leaves an idle connection
+                answer = await read_via_callback(h.proxy, "k")
+                assert spy.sent == 1  # the second read found the idle connection
+                return answer, [connection for connection, _ in server.requests], h, server.url
+            finally:
+                await h.upstream.aclose()
+
+    answer, connections, h, url = run(scenario)
+    assert isinstance(answer, UpstreamResponse) and answer.status == 200
+    # The node never saw the request on the closed connection: one upstream request, on a new connection,
+    # nothing blamed on the node, nothing sent to the other replica.
+    assert connections == [0, 0, 1]
+    m = h.proxy.metrics
+    assert m.upstream_requests == 2 and m.upstream_failures == 0 and m.failovers == 0
+    assert not h.proxy._backoff.backed_off(url) and h.proxy._balancer.in_flight == {}

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
+
 from keyroute.core.api import BadKey, StoreNotFound
 from keyroute.core.key_format import KeyFormat, KeyFormatError
 from keyroute.core.partition_map import Assignment
 from keyroute.core.partitioner import Partitioner, key_hash, partition_for
 from keyroute.router.routing_table import RoutingTable
-
 from tests.unit.router.fakes import build_map, node_url, store_record
 
 KEYS = ["21", "foobar", "a/b", "100%", "東京", "", "key with spaces", "x" * 300]

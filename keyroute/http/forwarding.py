@@ -1,0 +1,251 @@
+"""What routers and nodes share when they pass a read on to another member: relayed headers, batch-get bodies
+and entries, and the per-node batch failover loop. No HTTP client here: the caller injects how it sends.
+
+The batch-get wire format, as every member speaks it:
+
+    request   {"keys": [KEY, ...]}                       a JSON object; KEY a string (or an integer)
+    answer    {"results": [ENTRY, ...]}                  one ENTRY per key, in request order
+    ENTRY     {"key": TEXT, "status": 200, "partition": P, "version": V, "value": VALUE}
+            | {"key": TEXT, "status": S, "error": CODE, "message": TEXT}      (S 400, 404, 503, ...)
+
+An entry with status 503 means "that node does not serve the key's partition now": another replica may.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+from urllib.parse import quote
+
+from keyroute.core.api import ApiError, BadRequest, PartitionUnavailable, PayloadTooLarge
+
+__all__ = [
+    "HOP_BY_HOP",
+    "ForwardedBatch",
+    "Replica",
+    "SendBatch",
+    "batch_body",
+    "batch_path",
+    "encode_entry",
+    "error_entry",
+    "forward_batch",
+    "found_entry",
+    "parse_batch_answer",
+    "parse_batch_body",
+    "passthrough_headers",
+    "path_segment",
+    "results_body",
+]
+
+# Never relayed from another member's answer (lower-case names): the hop-by-hop headers of RFC 9110
+# section 7.6.1, which describe that one connection, and the framing and server headers our own server
+# sets again for the connection the answer goes out on. Bodies are relayed as the bytes received, so a
+# Content-Encoding is relayed with them.
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"content-length",
+        b"date",
+        b"server",
+    }
+)
+
+
+def passthrough_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """Another member's answer headers to relay: names lower-cased, in order, without `HOP_BY_HOP` and
+    without the headers its Connection header names (`Connection: close, X-A` drops X-A too)."""
+    kept = []
+    named: set[bytes] | None = None
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered not in HOP_BY_HOP:
+            kept.append((lowered, value))
+        elif lowered == b"connection":
+            named = (named or set()) | {token.strip().lower() for token in value.split(b",")}
+    if named:
+        kept = [(name, value) for name, value in kept if name not in named]
+    return kept
+
+
+def path_segment(text: str) -> str:
+    """`text` (a store name or key) as one URL path segment that every client and server on the way leaves
+    alone: '/', '%', '?', '#', '+', spaces and non-ASCII percent-encoded, and "." and ".." too, because URL
+    normalisation (RFC 3986 dot segments, which httpx applies) would otherwise remove them."""
+    if text in (".", ".."):
+        return text.replace(".", "%2E")
+    return quote(text, safe="")
+
+
+def batch_path(store: str) -> str:
+    """The path of `store`'s batch-get endpoint."""
+    return f"/stores/{path_segment(store)}/batch-get"
+
+
+# -- bodies and entries -------------------------------------------------------------------------------
+
+
+def parse_batch_body(body: bytes, max_keys: int) -> list[Any]:
+    """The `keys` of a batch-get request body, as JSON gave them (any JSON values: each caller decides per
+    key what it accepts).
+
+    Raises BadRequest (400 bad_request) when the body is not UTF-8 JSON of the form `{"keys": [...]}`, and
+    PayloadTooLarge (413 too_many_keys) when it holds more than `max_keys` keys (0: no limit)."""
+    try:
+        obj = json.loads(body)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BadRequest(f"the body is not valid JSON ({exc})") from exc
+    if not isinstance(obj, dict) or not isinstance(obj.get("keys"), list):
+        raise BadRequest('expected a JSON object {"keys": [...]}')
+    keys: list[Any] = obj["keys"]
+    if max_keys and len(keys) > max_keys:
+        raise PayloadTooLarge(f"{len(keys)} keys in one batch; at most {max_keys} are allowed")
+    return keys
+
+
+def batch_body(texts: Sequence[str]) -> bytes:
+    """The request body of a batch-get for `texts`."""
+    return encode_entry({"keys": list(texts)})
+
+
+def found_entry(key: str, partition: int, version: int, value_json: bytes) -> bytes:
+    """The JSON of a found key's entry, built around the stored value's JSON bytes (never re-parsed)."""
+    head = json.dumps(
+        {"key": key, "status": 200, "partition": partition, "version": version}, ensure_ascii=False
+    ).encode("utf-8")
+    return head[:-1] + b', "value": ' + value_json + b"}"
+
+
+def error_entry(key: Any, error: ApiError) -> dict[str, Any]:
+    """The entry of a key answered with `error` (its status, code and message); `key` as the client gave it."""
+    return {"key": key, "status": error.status, "error": error.code, "message": error.message}
+
+
+def encode_entry(entry: Mapping[str, Any]) -> bytes:
+    """An entry (or any JSON object) as UTF-8 JSON bytes. A key echoed back may hold a lone surrogate (valid
+    in JSON text, not in UTF-8): then everything non-ASCII is escaped instead."""
+    try:
+        return json.dumps(entry, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(entry).encode("ascii")
+
+
+def results_body(entries: Iterable[bytes]) -> bytes:
+    """The batch-get answer body around entries already encoded (`found_entry`, `encode_entry`)."""
+    return b'{"results":[' + b",".join(entries) + b"]}"
+
+
+def parse_batch_answer(body: bytes, count: int) -> list[dict[str, Any]] | None:
+    """The entries of another member's batch-get answer for `count` keys, or None when the body is not a
+    usable answer (not JSON, no `results` list, a different number of entries, an entry that is not an
+    object with an integer `status`): the caller then treats the member as failed."""
+    try:
+        entries = json.loads(body)["results"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(entries, list) or len(entries) != count:
+        return None
+    for entry in entries:
+        if not isinstance(entry, dict):
+            return None
+        status = entry.get("status")
+        if not isinstance(status, int) or isinstance(status, bool):
+            return None
+    return entries
+
+
+# -- the per-node failover loop -----------------------------------------------------------------------
+
+
+class Replica(Protocol):
+    """What the failover loop needs of a place to send keys to (keyroute.core.partition_map.Endpoint)."""
+
+    @property
+    def url(self) -> str: ...
+
+
+R = TypeVar("R", bound=Replica)
+
+# send(replica, texts, round) -> the replica's entries for `texts` in order, or None when it failed.
+SendBatch = Callable[[R, list[str], int], Awaitable[list[dict[str, Any]] | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardedBatch:
+    """What `forward_batch` ends with: one entry per key index, and how many times a key moved on to its
+    next replica (a failover)."""
+
+    entries: dict[int, dict[str, Any]]
+    failovers: int
+
+
+async def forward_batch(
+    texts: Mapping[int, str],
+    replicas: Mapping[int, Sequence[R]],
+    send: SendBatch[R],
+) -> ForwardedBatch:
+    """Send each key to the first of its replicas that answers for it, then the next: one request per node
+    and round, all nodes of a round in parallel.
+
+    `texts[i]` is the text of the key at index i of the caller's batch and `replicas[i]` the replicas to
+    ask for it, in order (same keys: `replicas` must have an entry for every index in `texts`, none empty).
+    Round 0 sends every key to its first replica, grouped by the replica's `url` (a node may serve
+    partitions at different versions: one request to it all the same; `send` gets the first of the
+    replicas grouped under that URL), keys in index order. A key whose node failed (`send` returned None)
+    or answered its entry with status 503 goes, in the next round, to its next replica; `send` gets the
+    round's number, so a caller can tell first requests from failovers (a retry budget, metrics).
+
+    `send` must not raise for a node that fails (None is the answer then); it returns the node's entries
+    for the keys it was given, in order (`parse_batch_answer` checks a body).
+
+    Every index of `texts` ends with exactly one entry: the first one a node answered with a status other
+    than 503; else, when every replica failed or refused, the last 503 entry a replica gave; else a 503
+    `partition_unavailable` entry made here. So a key is unavailable exactly when its entry's status is
+    503."""
+    entries: dict[int, dict[str, Any]] = {}
+    attempt = dict.fromkeys(texts, 0)
+    refused: dict[int, dict[str, Any]] = {}
+    failovers = 0
+    pending = sorted(texts)
+    round_number = 0
+    while pending:
+        groups: dict[str, list[int]] = {}
+        first: dict[str, R] = {}
+        for i in pending:
+            replica = replicas[i][attempt[i]]
+            groups.setdefault(replica.url, []).append(i)
+            first.setdefault(replica.url, replica)
+        answers = await asyncio.gather(
+            *(send(first[url], [texts[i] for i in indexes], round_number) for url, indexes in groups.items())
+        )
+        round_number += 1
+        pending = []
+        for indexes, answer in zip(groups.values(), answers, strict=True):
+            for n, i in enumerate(indexes):
+                entry = answer[n] if answer is not None else None
+                if entry is not None:
+                    if entry.get("status") != 503:
+                        entries[i] = entry
+                        continue
+                    refused[i] = entry
+                attempt[i] += 1
+                if attempt[i] < len(replicas[i]):
+                    failovers += 1
+                    pending.append(i)
+                    continue
+                entries[i] = refused.get(i) or error_entry(
+                    texts[i],
+                    PartitionUnavailable(f"no node serving the partition of key {texts[i]!r} answered"),
+                )
+        pending.sort()
+    return ForwardedBatch(entries, failovers)

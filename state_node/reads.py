@@ -1,0 +1,360 @@
+"""The node's answer to a read: from its own copy of the key's partition, or passed on once to a node that
+serves it (never a second time: a forwarded read the node cannot answer itself is 503).
+
+`read_key` is the one local answer to a single-key read; what it cannot answer here it returns as a
+`Forward`, which `forward_read` sends on. `read_batch` answers a batch-get's keys the same way, key by key,
+and `Batch.forward` sends the rest on, one request per serving node.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from keyroute.core.api import (
+    HEADER_FORWARDED_BY,
+    HEADER_GENERATION,
+    HEADER_HOPS,
+    HEADER_PARTITION,
+    HEADER_REQUEST_ID,
+    HEADER_VERSION,
+    BadKey,
+    BadRequest,
+    BatchKeyTooLong,
+    KeyNotFound,
+    PartitionUnavailable,
+    StoreNotFound,
+    error_json,
+    found_body,
+    key_too_long,
+)
+from keyroute.core.key_format import Key, KeyFormat, KeyFormatError, key_from_value, parse_key
+from keyroute.core.metrics import KIND_BATCH
+from keyroute.core.partition_map import Endpoint, PartitionMap, StoreRecord
+from keyroute.core.security import ClusterAuth
+from keyroute.http.forwarding import (
+    batch_body,
+    batch_path,
+    encode_entry,
+    error_entry,
+    forward_batch,
+    found_entry,
+    parse_batch_answer,
+    passthrough_headers,
+    results_body,
+)
+from keyroute.http.server import Answer
+
+if TYPE_CHECKING:
+    from keyroute.node.app import Node
+    from keyroute.node.store import PartitionStore
+
+log = logging.getLogger(__name__)
+
+# Seconds a client should wait before asking again when nobody serves a partition (rebalance or reload).
+RETRY_AFTER_S = 1
+
+_JSON = (b"content-type", b"application/json")
+_PARTITION = HEADER_PARTITION.encode("ascii")
+_VERSION = HEADER_VERSION.encode("ascii")
+_HOPS = HEADER_HOPS.encode("ascii")
+_GENERATION = HEADER_GENERATION.encode("ascii")
+_FORWARDED_BY = HEADER_FORWARDED_BY.encode("ascii")
+_HOPS_0 = (_HOPS, b"0")
+_HOPS_1 = (_HOPS, b"1")
+# Not relayed besides the hop-by-hop headers: set by the node relaying the answer (the peer's values are
+# replaced), and the body's content coding, which httpx has removed.
+_NOT_RELAYED = frozenset({_HOPS, _FORWARDED_BY, _GENERATION, b"content-encoding"})
+_INT_FORMATS = frozenset({KeyFormat.INT16, KeyFormat.INT32, KeyFormat.INT64})
+
+
+def is_forwarded(members: ClusterAuth, hops: bytes | None, auth: bytes | None) -> bool:
+    """Whether another node already forwarded this request, by its hop count `hops` and membership proof
+    `auth` (raw header values). An unreadable hop count counts as forwarded: a request we cannot prove
+    fresh is never forwarded again. With a cluster secret, a hop count without the proof is a client's
+    and is ignored, so a client can neither stop this node from forwarding nor make it forward twice."""
+    if hops is None or not members.is_member(auth):
+        return False
+    try:
+        return int(hops.strip()) >= 1
+    except ValueError:
+        return True
+
+
+def find_store(m: PartitionMap, name: str) -> StoreRecord:
+    record = m.stores.get(name)
+    if record is None:
+        raise StoreNotFound(f"no store named {name!r}")
+    return record
+
+
+def parse_key_text(record: StoreRecord, text: str) -> Key:
+    try:
+        return parse_key(record.key_format, text)
+    except KeyFormatError as exc:
+        raise BadKey(str(exc)) from exc
+
+
+def answers_locally(held: PartitionStore | None, endpoints: Sequence[Endpoint], forwarded: bool) -> bool:
+    """Serve from the local copy `held` unless the map routes the partition to a newer version elsewhere
+    (`endpoints`, the other nodes serving it) and we may still forward: answers then never go back to an
+    older version than the router would give."""
+    if held is None:
+        return False
+    return forwarded or not endpoints or held.version >= endpoints[0].version
+
+
+# -- one key --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """A read this node passes on: the other nodes serving the key's partition (in the map's order), the
+    partition, and the generation of the map this node routed it with."""
+
+    partition: int
+    endpoints: tuple[Endpoint, ...]
+    generation: int
+
+
+def read_key(node: Node, store_name: str, key_text: str, forwarded: bool) -> Answer | Forward:
+    """The answer to a read of `key_text` in `store_name` when this node holds the key's partition (and no
+    newer version of it is served elsewhere, unless the read was `forwarded` here): 200 with the value, or
+    404 key_not_found, both with X-Keyroute-Partition/Node/Version/Hops/Generation. Otherwise the `Forward`
+    to send on. Raises ApiError: an unknown store (404), a key that does not fit the store's key format
+    (400), a partition it can neither answer nor forward (503: the read was forwarded here already, or no
+    node serves the partition). Synchronous: nearly every read is answered here, without a task."""
+    m = node.ownership.map
+    key = parse_key_text(record := find_store(m, store_name), key_text)
+    route = m.route(record, key.data)
+    held = node.ownership.local(store_name, route.partition)
+    node_id = node.node_id
+    others = [ep for ep in route.serving if ep.node_id != node_id]
+    if held is not None and answers_locally(held, others, forwarded):
+        node.metrics.local_answers += 1
+        headers = [
+            _JSON,
+            (_PARTITION, str(route.partition).encode("ascii")),
+            node.node_header,
+            (_VERSION, str(held.version).encode("ascii")),
+            _HOPS_1 if forwarded else _HOPS_0,
+            (_GENERATION, str(m.generation).encode("ascii")),
+        ]
+        value = held.get(key.data)
+        if value is None:
+            return 404, headers, error_json("key_not_found", f"key {key.text!r} is not in store {store_name!r}")
+        return 200, headers, found_body(store_name, key.text, route.partition, held.version, value)
+    if forwarded:
+        # Our view and the forwarding node's differ (a rebalance is in flight): say so, never bounce.
+        raise PartitionUnavailable(
+            f"node {node_id} does not serve partition {route.partition} of store {store_name!r}"
+            " and does not forward a forwarded request",
+            RETRY_AFTER_S,
+        )
+    if not others:
+        raise PartitionUnavailable(f"no node serves partition {route.partition} of store {store_name!r}", RETRY_AFTER_S)
+    return Forward(route.partition, tuple(others), m.generation)
+
+
+async def forward_read(node: Node, raw_path: bytes, forward: Forward, request_id: str) -> Answer:
+    """The read of `raw_path` (still percent-encoded, so a key's %2F stays one segment) passed on to the
+    first of `forward.endpoints` that answers other than 503, its answer relayed; a 503 one gave when none
+    did; raises PartitionUnavailable when none answered at all."""
+    headers = forward_headers(request_id, node.members)
+    refused: Answer | None = None
+    failures = []
+    metrics = node.metrics
+    for endpoint in forward.endpoints:
+        url = httpx.URL(endpoint.url).copy_with(raw_path=raw_path)
+        metrics.forwards += 1
+        try:
+            status, raw_headers, body = await _get(node.http, url, headers)
+        except httpx.HTTPError as exc:
+            metrics.forward_failures += 1
+            log.warning("forwarding a read to node %s failed: %s", endpoint.node_id, type(exc).__name__)
+            failures.append(f"{endpoint.node_id}: {type(exc).__name__}")
+            continue
+        answer = _relay(node, status, raw_headers, body, forward.generation)
+        if status == 503:
+            # That node stopped serving it too; another replica still might.
+            refused = answer
+            continue
+        metrics.forwarded_answers += 1
+        return answer
+    if refused is not None:
+        return refused
+    raise PartitionUnavailable(
+        f"no node serving partition {forward.partition} answered ({', '.join(failures)})", RETRY_AFTER_S
+    )
+
+
+def forward_headers(request_id: str | None, members: ClusterAuth) -> dict[str, str]:
+    """What a forwarded request carries: only what the next node needs, never the client's Host,
+    Content-Length or hop-by-hop headers. The membership proof makes the next node honour the hop count,
+    so it never forwards again."""
+    headers = {HEADER_HOPS: "1", "accept-encoding": "identity", "accept": "application/json", **members.headers()}
+    if request_id:
+        headers[HEADER_REQUEST_ID] = request_id
+    return headers
+
+
+async def _get(
+    http: httpx.AsyncClient, url: httpx.URL, headers: dict[str, str]
+) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """A GET to a peer: status, raw headers and the whole body; the response is always closed."""
+    response = await http.get(url, headers=headers)
+    try:
+        body = await response.aread()
+    finally:
+        await response.aclose()
+    return response.status_code, response.headers.raw, body
+
+
+def _relay(node: Node, status: int, raw_headers: list[tuple[bytes, bytes]], body: bytes, generation: int) -> Answer:
+    headers = [(name, value) for name, value in passthrough_headers(raw_headers) if name not in _NOT_RELAYED]
+    headers.append(_HOPS_1)
+    headers.append((_FORWARDED_BY, node.node_id.encode("latin-1")))
+    # The map this (forwarding) node routed with, not the one of the node that read the value.
+    headers.append((_GENERATION, str(generation).encode("ascii")))
+    return status, headers, body
+
+
+# -- a batch --------------------------------------------------------------------------------------------
+
+
+class Batch:
+    """One batch-get: the entries answered here (in request order; None where a key waits for another
+    node), and the keys to send on with the nodes serving them."""
+
+    __slots__ = ("node", "store", "forwarded", "generation", "entries", "texts", "replicas")
+
+    def __init__(self, node: Node, store: str, forwarded: bool, generation: int, size: int) -> None:
+        self.node = node
+        self.store = store
+        self.forwarded = forwarded
+        self.generation = generation
+        self.entries: list[bytes | None] = [None] * size
+        self.texts: dict[int, str] = {}
+        self.replicas: dict[int, list[Endpoint]] = {}
+
+    async def forward(self, request_id: str) -> None:
+        """The keys waiting for other nodes, sent on (`keyroute.http.forwarding.forward_batch`); their
+        entries filled in."""
+        node = self.node
+        metrics = node.metrics
+        store = self.store
+        url_path = batch_path(store)
+        headers = {**forward_headers(request_id, node.members), "content-type": "application/json"}
+
+        async def send(endpoint: Endpoint, texts: list[str], round_number: int) -> list[dict[str, Any]] | None:
+            return await _send_batch(node, endpoint.url + url_path, texts, headers)
+
+        done = await forward_batch(self.texts, self.replicas, send)
+        for i, entry in done.entries.items():
+            status = entry["status"]
+            if status != 503:
+                metrics.forwarded_answers += 1
+            metrics.count(store, KIND_BATCH, status)
+            self.entries[i] = encode_entry(entry)
+
+    def answer(self) -> Answer:
+        headers = [
+            _JSON,
+            self.node.node_header,
+            # 1 also when this node forwarded some keys itself: the router's view of them was stale.
+            _HOPS_1 if self.forwarded or self.texts else _HOPS_0,
+            (_GENERATION, str(self.generation).encode("ascii")),
+        ]
+        return 200, headers, results_body(entry or b"null" for entry in self.entries)
+
+
+def read_batch(node: Node, store_name: str, keys: list[Any], forwarded: bool) -> Batch:
+    """A batch-get of `keys` (as `keyroute.http.forwarding.parse_batch_body` gave them) in `store_name`:
+    every key answered here as `read_key` would (found, not found, a bad key or one too long as a 400 entry,
+    a partition it can neither answer nor forward as a 503 entry), the others left to `Batch.forward`.
+    Raises BadRequest when a key is not a JSON string or integer (the whole batch is refused: only a
+    client sends one), StoreNotFound for an unknown store."""
+    for raw in keys:
+        if not isinstance(raw, str) and not (isinstance(raw, int) and not isinstance(raw, bool)):
+            raise BadRequest(f"keys must be JSON strings (or integers for integer key formats), got {raw!r:.40}")
+    m = node.ownership.map
+    record = find_store(m, store_name)
+    batch = Batch(node, store_name, forwarded, m.generation, len(keys))
+    entries = batch.entries
+    metrics = node.metrics
+    node_id = node.node_id
+    max_key_bytes = node.settings.limits.max_key_bytes
+    for i, raw in enumerate(keys):
+        if isinstance(raw, str) and key_too_long(raw, max_key_bytes):
+            metrics.count(store_name, KIND_BATCH, BatchKeyTooLong.status)
+            entries[i] = encode_entry(
+                error_entry(raw, BatchKeyTooLong(f"the key is longer than {max_key_bytes} bytes"))
+            )
+            continue
+        try:
+            key = _batch_key(record.key_format, raw)
+        except BadKey as exc:
+            metrics.count(store_name, KIND_BATCH, exc.status)
+            entries[i] = encode_entry(error_entry(raw if isinstance(raw, str) else str(raw), exc))
+            continue
+        route = m.route(record, key.data)
+        held = node.ownership.local(store_name, route.partition)
+        others = [ep for ep in route.serving if ep.node_id != node_id]
+        if held is not None and answers_locally(held, others, forwarded):
+            metrics.local_answers += 1
+            value = held.get(key.data)
+            if value is None:
+                metrics.count(store_name, KIND_BATCH, KeyNotFound.status)
+                not_found = KeyNotFound(f"key {key.text!r} is not in store {store_name!r}")
+                entries[i] = encode_entry(error_entry(key.text, not_found))
+            else:
+                metrics.count(store_name, KIND_BATCH, 200)
+                entries[i] = found_entry(key.text, route.partition, held.version, value)
+        elif forwarded or not others:
+            metrics.count(store_name, KIND_BATCH, PartitionUnavailable.status)
+            why = "does not forward a forwarded request" if forwarded else "no node serves it"
+            unavailable = PartitionUnavailable(f"partition {route.partition} of store {store_name!r}: {why}")
+            entries[i] = encode_entry(error_entry(key.text, unavailable))
+        else:
+            batch.texts[i] = key.text
+            batch.replicas[i] = others
+    return batch
+
+
+def _batch_key(fmt: KeyFormat, raw: str | int) -> Key:
+    if isinstance(raw, int) and fmt not in _INT_FORMATS:
+        raise BadKey(f"a {fmt.value} key must be a JSON string")
+    try:
+        return key_from_value(fmt, raw)
+    except KeyFormatError as exc:
+        raise BadKey(str(exc)) from exc
+
+
+async def _send_batch(node: Node, url: str, texts: list[str], headers: dict[str, str]) -> list[dict[str, Any]] | None:
+    """Another node's entries for `texts`, in order; None if it failed or answered something unusable."""
+    metrics = node.metrics
+    metrics.forwards += 1
+    try:
+        upstream = await node.http.post(url, content=batch_body(texts), headers=headers)
+        try:
+            body = await upstream.aread()
+        finally:
+            await upstream.aclose()
+    except httpx.HTTPError as exc:
+        metrics.forward_failures += 1
+        log.warning("forwarding a batch-get to %s failed: %s", url, type(exc).__name__)
+        return None
+    status = upstream.status_code
+    if status != 200:
+        metrics.forward_failures += 1
+        log.warning("forwarded batch-get to %s answered %d", url, status)
+        return None
+    entries = parse_batch_answer(body, len(texts))
+    if entries is None:
+        metrics.forward_failures += 1
+        log.warning("forwarded batch-get to %s answered a malformed body", url)
+    return entries
