@@ -4,6 +4,7 @@ keyroute's own HTTP server on a thread."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import signal
 import socket
@@ -14,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from keyroute.http import HttpServer
@@ -44,14 +45,26 @@ def wait_for(
 
 
 async def wait_until(
-    predicate: Callable[[], object], timeout_s: float = 10.0, interval_s: float = 0.01, message: str = ""
-) -> None:
-    """In a coroutine: poll the synchronous `predicate` until it is truthy, letting the event loop run in
-    between; AssertionError after `timeout_s`."""
+    predicate: Callable[[], Any], timeout_s: float = 10.0, interval_s: float = 0.01, message: str = ""
+) -> Any:
+    """`wait_for` in a coroutine: poll `predicate` (sync, or returning an awaitable) until it gives something
+    truthy, letting the event loop run in between; return it, or AssertionError after `timeout_s`. The
+    predicate may raise until the system is up (the last error is in the failure message)."""
     deadline = time.monotonic() + timeout_s
-    while not predicate():
+    last_error: BaseException | None = None
+    while True:
+        try:
+            result = predicate()
+            if inspect.isawaitable(result):
+                result = await result
+            if result:
+                return result
+        except Exception as exc:
+            last_error = exc
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {message or predicate!r}")
+            raise AssertionError(
+                f"timed out after {timeout_s}s waiting for {message or predicate!r} (last error: {last_error!r})"
+            )
         await asyncio.sleep(interval_s)
 
 

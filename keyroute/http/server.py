@@ -835,9 +835,10 @@ class _Connection(asyncio.Protocol):
                 slot._held.append(data)
             return
         self._out.append(data)
-        if not self._flush_pending:
-            self._flush_pending = True
-            self._loop.call_soon(self._flush)
+        # Answered outside this connection's own read (from a node's reply, a task): nothing else of this
+        # step is coming for it, so the answer goes to the socket now rather than a loop turn later.
+        write_now = not self._flush_pending
+        self._flush_pending = True  # what follows in this call (held pipelined answers) joins the write
         queue.popleft()
         if not slot._keep_alive:
             self._close_after_flush()
@@ -845,6 +846,8 @@ class _Connection(asyncio.Protocol):
             self._advance()
         else:
             self._idle()
+        if write_now:
+            self._flush()
 
     def _advance(self) -> None:
         queue = self._queue

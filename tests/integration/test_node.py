@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import inspect
 import json
 import signal
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -36,7 +35,7 @@ from keyroute.router.app import create_app as create_router
 from keyroute.router.dataplane import RouterDataPlane
 from keyroute.router.limits import server_limits as router_server_limits
 from keyroute.router.map_source import ZooKeeperMapSource
-from tests.util import Proc, free_port, wait_for
+from tests.util import Proc, free_port, wait_for, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -431,24 +430,6 @@ def _fields(record: StoreRecord) -> dict[str, Any]:
     return {name: getattr(record, name) for name in record.__slots__}
 
 
-async def _until(predicate: Callable[[], Any], timeout_s: float = 30.0, message: str = "condition") -> Any:
-    """`wait_for` for async tests: polls without blocking the loop the app under test runs on."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    last_error: Exception | None = None
-    while True:
-        try:
-            result = predicate()
-            if inspect.isawaitable(result):
-                result = await result
-            if result:
-                return result
-        except Exception as exc:  # the condition may raise until the system is up
-            last_error = exc
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {message} ({last_error!r})")
-        await asyncio.sleep(0.05)
-
-
 def test_a_router_with_a_stale_view_is_answered_in_one_hop_and_re_reads_its_map_at_once(
     tmp_path: Path, zk_settings: ZkSettings
 ) -> None:
@@ -491,15 +472,16 @@ def test_a_router_with_a_stale_view_is_answered_in_one_hop_and_re_reads_its_map_
                 async def n1_serves_all() -> bool:
                     return all([await holders(p) == ["n1"] for p in range(4)])
 
-                await _until(n1_serves_all, message="the router to see n1 serving everything")
+                await wait_until(n1_serves_all, message="the router to see n1 serving everything", timeout_s=30)
                 stale_generation = (await pmap())["generation"]
                 assert source.watcher is not None
                 source.watcher.hold_watches()  # FAULT INJECTION: from here on the router's view is frozen
 
                 c.start("n2")  # the controller moves two partitions to n2; n1 lets go once n2 serves them
-                await _until(
+                await wait_until(
                     lambda: len(serving("n2")) == 2 and serving("n1") == {0, 1, 2, 3} - serving("n2"),
                     message="the hand-over to n2",
+                    timeout_s=30,
                 )
                 assert (await pmap())["generation"] == stale_generation and await n1_serves_all()
 
@@ -520,7 +502,7 @@ def test_a_router_with_a_stale_view_is_answered_in_one_hop_and_re_reads_its_map_
                     return await holders(moved) == ["n2"]
 
                 # Well within the watcher's 60 s safety refresh, which would otherwise re-read it too.
-                await _until(refreshed, timeout_s=15, message="the refreshed map")
+                await wait_until(refreshed, timeout_s=15, message="the refreshed map")
                 assert (await pmap())["generation"] > stale_generation
                 r = await http.get(key_url("moving", key))
                 assert r.headers["x-keyroute-hops"] == "0" and r.headers["x-keyroute-node"] == "n2"
@@ -563,8 +545,8 @@ def test_a_node_whose_session_expired_registers_and_announces_again(tmp_path: Pa
         try:
             base_url = f"http://127.0.0.1:{node.port}"
             async with httpx.AsyncClient(base_url=base_url, trust_env=False, timeout=10) as http:
-                await _until(lambda: owner(zk_layout.serving_path("solo")), message="serving record")
-                await _until(lambda: _ready(http), message="ready")
+                await wait_until(lambda: owner(zk_layout.serving_path("solo")), message="serving record", timeout_s=30)
+                await wait_until(lambda: _ready(http), message="ready", timeout_s=30)
                 node_client = app.state.node.registration._client
                 first_session = node_client.client_id[0]
                 assert owner(zk_layout.node_path("solo")) == first_session
@@ -574,17 +556,18 @@ def test_a_node_whose_session_expired_registers_and_announces_again(tmp_path: Pa
                 intruder.stop()  # closing the session: the node's ephemeral records go with it
                 intruder.close()
                 # Both records: the node writes them in two steps, not necessarily node record first.
-                await _until(
+                await wait_until(
                     lambda: all(
                         owner(path) not in (None, first_session)
                         for path in (zk_layout.serving_path("solo"), zk_layout.node_path("solo"))
                     ),
                     message="records written again under a new session",
+                    timeout_s=30,
                 )
                 assert owner(zk_layout.node_path("solo")) not in (None, first_session)
                 raw, _ = client.get(zk_layout.serving_path("solo"))
                 assert ServingRecord.from_json(raw).stores == {"s": {0: 1, 1: 1}}
-                r = await _until(lambda: _ready(http), message="ready again with a fresh map", timeout_s=20)
+                r = await wait_until(lambda: _ready(http), message="ready again with a fresh map", timeout_s=20)
                 assert r.json()["stale"] is False
                 assert (await http.get(key_url("s", "k3"))).json()["value"] == {"i": 3}
         finally:

@@ -23,7 +23,7 @@ from starlette.routing import Route
 from keyroute.http.server import HttpServer
 from keyroute.router.fast_upstream import FastUpstream
 from keyroute.router.upstream import UpstreamResponse, UpstreamUnavailable
-from tests.util import free_port, serve_in_thread
+from tests.util import free_port, serve_in_thread, wait_until
 
 T = TypeVar("T")
 MIB = bytes(range(256)) * 4096
@@ -47,15 +47,6 @@ def run(request: pytest.FixtureRequest) -> Runner:
             return loop.run(main())
 
     return runner  # type: ignore[return-value]
-
-
-async def until(predicate: Callable[[], object], timeout_s: float = 5.0, message: str = "condition") -> None:
-    """`tests.util.wait_for` for code on the event loop: poll with a deadline, never a fixed sleep."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {message}")
-        await asyncio.sleep(0.005)
 
 
 # -- an app on keyroute's HTTP server (as the nodes run) in a thread --------------------------------------
@@ -404,7 +395,7 @@ def test_a_malformed_answer_is_a_node_fault(run: Runner) -> None:
                     await upstream.get(server.url + "/k", HEADERS)
             finally:
                 await upstream.aclose()
-            await until(lambda: server.open == 0, message="the broken connection closed")
+            await wait_until(lambda: server.open == 0, message="the broken connection closed")
             return caught.value
 
     error = run(scenario)
@@ -422,7 +413,7 @@ def test_a_node_that_never_answers_times_out_within_the_bound_and_loses_the_conn
                     await upstream.get(server.url + "/k", HEADERS)
                 took = time.monotonic() - started
                 # The late answer must never be read as the answer to another request: the connection goes.
-                await until(lambda: server.open == 0, message="the timed-out connection closed")
+                await wait_until(lambda: server.open == 0, message="the timed-out connection closed")
             finally:
                 await upstream.aclose()
             return caught.value, took
@@ -454,7 +445,7 @@ def test_an_exhausted_pool_is_not_a_node_fault_and_frees_up_when_the_busy_reques
             upstream = FastUpstream(max_connections_per_origin=1, pool_wait_s=0.1)
             try:
                 busy = asyncio.ensure_future(upstream.get(server.url + "/slow", HEADERS))
-                await until(lambda: len(server.requests) == 1, message="the first request at the node")
+                await wait_until(lambda: len(server.requests) == 1, message="the first request at the node")
                 started = time.monotonic()
                 with pytest.raises(UpstreamUnavailable) as caught:
                     await upstream.get(server.url + "/k", HEADERS)
@@ -490,12 +481,12 @@ def test_a_cancelled_exchange_closes_its_connection_and_the_next_request_gets_it
             try:
                 first = (await upstream.get(server.url + "/k", HEADERS)).body
                 lost = asyncio.ensure_future(upstream.get(server.url + "/k", HEADERS))  # reuses connection 0
-                await until(lambda: len(server.requests) == 2, message="the second request at the node")
+                await wait_until(lambda: len(server.requests) == 2, message="the second request at the node")
                 lost.cancel()
                 with pytest.raises(asyncio.CancelledError):
                     await lost
                 # The node sees the connection go: its hanging handler ends only when the client closes.
-                await until(lambda: server.open == 0, message="the cancelled exchange's connection closed")
+                await wait_until(lambda: server.open == 0, message="the cancelled exchange's connection closed")
                 after = (await upstream.get(server.url + "/k", HEADERS)).body
                 pool = upstream._pools[server.url]
                 return first, after, server.accepted, pool.opened, len(pool.idle)
@@ -517,10 +508,10 @@ def test_a_request_cancelled_while_waiting_for_a_connection_gives_up_its_place(r
             upstream = FastUpstream(max_connections_per_origin=1, pool_wait_s=5.0)
             try:
                 busy = asyncio.ensure_future(upstream.get(server.url + "/slow", HEADERS))
-                await until(lambda: len(server.requests) == 1, message="the first request at the node")
+                await wait_until(lambda: len(server.requests) == 1, message="the first request at the node")
                 waiting = asyncio.ensure_future(upstream.get(server.url + "/k", HEADERS))
                 pool = upstream._pools[server.url]
-                await until(lambda: len(pool.waiters) == 1, message="the second request waiting")
+                await wait_until(lambda: len(pool.waiters) == 1, message="the second request waiting")
                 waiting.cancel()
                 busy.cancel()
                 for task in (waiting, busy):
@@ -542,7 +533,7 @@ def test_connection_close_is_honoured_even_when_the_node_keeps_the_socket_open(r
             upstream = FastUpstream()
             try:
                 statuses = [(await upstream.get(server.url + "/k", HEADERS)).status for _ in range(3)]
-                await until(lambda: server.open == 0, message="the client closed every connection")
+                await wait_until(lambda: server.open == 0, message="the client closed every connection")
             finally:
                 await upstream.aclose()
             return statuses, server.accepted
@@ -576,7 +567,7 @@ def test_idle_connections_expire(run: Runner) -> None:
             upstream = FastUpstream(idle_expiry_s=0.05)
             try:
                 assert (await upstream.get(server.url + "/k", HEADERS)).status == 200
-                await until(lambda: server.open == 0, message="the idle connection expired and closed")
+                await wait_until(lambda: server.open == 0, message="the idle connection expired and closed")
                 assert (await upstream.get(server.url + "/k", HEADERS)).status == 200
             finally:
                 await upstream.aclose()
@@ -593,7 +584,7 @@ def test_aclose_closes_every_connection_and_later_requests_are_refused(run: Runn
             assert {a.status for a in answers} == {200}
             opened = server.accepted
             await upstream.aclose()
-            await until(lambda: server.open == 0, message="every connection closed")
+            await wait_until(lambda: server.open == 0, message="every connection closed")
             with pytest.raises(UpstreamUnavailable) as caught:
                 await upstream.get(server.url + "/k", HEADERS)
             return opened, caught.value
@@ -608,7 +599,7 @@ def test_a_request_in_flight_when_the_client_closes_is_not_blamed_on_the_node(ru
         async with RawServer(lambda connection, number: [HANG]) as server:
             upstream = FastUpstream()
             pending = asyncio.ensure_future(upstream.get(server.url + "/k", HEADERS))
-            await until(lambda: len(server.requests) == 1, message="the request at the node")
+            await wait_until(lambda: len(server.requests) == 1, message="the request at the node")
             await upstream.aclose()
             with pytest.raises(UpstreamUnavailable) as caught:
                 await pending
@@ -821,7 +812,7 @@ def test_get_now_reports_a_node_failing_mid_answer_as_unavailable_and_drops_the_
                 started = time.monotonic()
                 answer = await get_now(upstream, server.url + "/k")
                 took = time.monotonic() - started
-                await until(lambda: server.open == 0, message="the failed connection closed")
+                await wait_until(lambda: server.open == 0, message="the failed connection closed")
                 # Nothing idle is left: the next exchange needs `get` and a new connection.
                 assert await get_now(upstream, server.url + "/k") is None
                 return answer, took
@@ -846,7 +837,7 @@ def test_get_now_in_flight_when_the_client_closes_is_not_blamed_on_the_node(run:
             answer: asyncio.Future[object] = loop.create_future()
             await upstream.get(server.url + "/k", HEADERS)
             assert upstream.get_now(server.url + "/k", HEAD_LINES, answer.set_result)
-            await until(lambda: len(server.requests) == 2, message="the request at the node")
+            await wait_until(lambda: len(server.requests) == 2, message="the request at the node")
             await upstream.aclose()
             return await asyncio.wait_for(answer, 10)
 

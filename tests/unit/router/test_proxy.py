@@ -41,8 +41,8 @@ from keyroute.router.proxy import Proxy
 from keyroute.router.routing_table import RoutingTable
 from keyroute.router.upstream import HttpxUpstream, UpstreamResponse
 from tests.unit.router.fakes import FakeCluster, FakeNode, build_map, get, read_result, store_record
-from tests.unit.router.test_fast_upstream import CLOSE, RawServer, ok, until
-from tests.util import serve_in_thread
+from tests.unit.router.test_fast_upstream import CLOSE, RawServer, ok
+from tests.util import serve_in_thread, wait_until
 
 T = TypeVar("T")
 PARTITIONS = 4
@@ -711,11 +711,11 @@ def test_a_read_cancelled_while_hedged_cancels_both_requests(slow_fast: tuple[Lo
     async def scenario() -> dict[str, int]:
         try:
             read = asyncio.ensure_future(get(h.proxy, "s", "k"))
-            await until(lambda: first.received and second.received, message="both requests at the nodes")
+            await wait_until(lambda: first.received and second.received, message="both requests at the nodes")
             read.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await read
-            await until(lambda: not h.proxy._balancer.in_flight, message="no request in flight")
+            await wait_until(lambda: not h.proxy._balancer.in_flight, message="no request in flight")
             return dict(h.proxy._balancer.in_flight)
         finally:
             await h.upstream.aclose()
@@ -967,7 +967,7 @@ def test_a_read_sent_without_a_coroutine_is_hedged_when_its_replica_is_slow(
             # connection gone back to the pool, these reads would receive those late answers.
             slow.delay_s = 0.0
             after = [await read_via_callback(h.proxy, f"after-{i}") for i in range(6)]
-            await until(lambda: not h.proxy._balancer.in_flight, message="no request in flight")
+            await wait_until(lambda: not h.proxy._balancer.in_flight, message="no request in flight")
             return hedged, after
         finally:
             await h.upstream.aclose()
@@ -1000,7 +1000,7 @@ def test_when_the_first_replica_answers_first_the_hedge_of_a_read_without_a_coro
             started = time.monotonic()
             answer = await read_via_callback(h.proxy, "k")
             took = time.monotonic() - started
-            await until(lambda: not h.proxy._balancer.in_flight, message="the hedge stopped")
+            await wait_until(lambda: not h.proxy._balancer.in_flight, message="the hedge stopped")
             return answer, took
         finally:
             await h.upstream.aclose()
