@@ -1091,7 +1091,7 @@ def section(
         f" {_rounds(args.rebalance_rounds)} per row. The snapshot on the nodes' disk is hard-linked: the leaving"
         " owner serves the same inode through its LMDB map, so pages it touched stay resident however the"
         " cache is dropped (mincore: "
-        + (f"{min(rebalance_cold):.0%}-{max(rebalance_cold):.0%}" if rebalance_cold else "n/a")
+        + _share_range(rebalance_cold)
         + " resident at the stop); the /dev/shm row is the fetch of a node whose snapshot is on another"
         " filesystem (a streamed, checksummed, fsynced copy, from RAM).",
         "",
@@ -1248,3 +1248,11 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def _share_range(shares: list[float]) -> str:
+    """"87%" when every round saw the same share, "80%-87%" otherwise."""
+    if not shares:
+        return "n/a"
+    low, high = f"{min(shares):.0%}", f"{max(shares):.0%}"
+    return low if low == high else f"{low}-{high}"
