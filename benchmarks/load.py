@@ -30,6 +30,7 @@ import ctypes
 import dataclasses
 import datetime
 import functools
+import importlib.util
 import json
 import mmap
 import os
@@ -97,7 +98,6 @@ PARTITION = 0
 NODE = "bench-node"
 SOURCE_FILES = 8
 ROUTES = ["LIS-OPO", "OPO-FAO", "FAO-LIS", "LIS-Ponta Delgada", "OPO-Funchal"]
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # Targets of the issue.
 TARGET_VS_FORMAT_1 = 50.0  # format 2's rows/s at least this many times format 1's
 TARGET_VS_CP = 2.0  # format 2 within this factor of `cp` of the same bytes
@@ -202,31 +202,13 @@ def wait(predicate: Callable[[], Any], timeout_s: float, what: str, interval_s: 
         time.sleep(interval_s)
 
 
-def process_tree_cpu_s(root: int) -> float:
-    """CPU seconds used so far by process `root` and its descendants (Linux /proc; reaped children included).
-
-    For the Spark JVM in local mode: the driver's and the executors' threads, and the Python workers its
-    daemon forks.
-    """
-    stats: dict[int, list[str]] = {}
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            text = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue  # exited meanwhile
-        fields = text[text.rindex(")") + 2 :].split()  # from field 3 (state) on: comm may hold spaces
-        stats[int(entry)] = fields
-        children.setdefault(int(fields[1]), []).append(int(entry))
-    ticks, pending = 0, [root]
-    while pending:
-        pid = pending.pop()
-        if pid in stats:
-            ticks += sum(int(value) for value in stats[pid][11:15])  # utime stime cutime cstime
-            pending.extend(children.get(pid, []))
-    return ticks / CLOCK_TICKS
+# Process-tree CPU from /proc: the same measure as benchmarks/pipeline.py, taken from there.
+_PIPELINE_SPEC = importlib.util.spec_from_file_location("pipeline_bench", Path(__file__).with_name("pipeline.py"))
+assert _PIPELINE_SPEC is not None and _PIPELINE_SPEC.loader is not None
+_pipeline_bench = importlib.util.module_from_spec(_PIPELINE_SPEC)
+sys.modules["pipeline_bench"] = _pipeline_bench  # dataclasses look their module up there
+_PIPELINE_SPEC.loader.exec_module(_pipeline_bench)
+process_tree_cpu_s = _pipeline_bench.process_tree_cpu_s
 
 
 def own_cpu_s() -> float:
@@ -1246,13 +1228,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 def _share_range(shares: list[float]) -> str:
-    """"87%" when every round saw the same share, "80%-87%" otherwise."""
+    """ "87%" when every round saw the same share, "80%-87%" otherwise."""
     if not shares:
         return "n/a"
     low, high = f"{min(shares):.0%}", f"{max(shares):.0%}"
     return low if low == high else f"{low}-{high}"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
