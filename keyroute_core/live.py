@@ -1,0 +1,439 @@
+"""Live stores: what a store that follows a Kafka topic is, and how one record changes one key.
+
+Store partition p IS topic partition p (the pipeline proves the partitioner; `keyroute.core.partitioner`),
+so every replica serving p consumes p itself and folds its records, in offset order, into the same LMDB
+environment the batch version was loaded into. This module is the one definition of that fold, shared by
+the pipeline (which builds the batch part of a hybrid version in the same stored form) and the nodes
+(which apply the topic on top):
+
+    record key     the key serialized in the store's key format, as the producer wrote it
+    record value   a JSON object carrying the store's columns; null (a tombstone) deletes the key
+    latest         the record with the greatest `order_by` wins (ties: the later offset)
+    aggregate      count(*), count(col), sum(col), min(col), max(col), max_by(col, ord), min_by(col, ord),
+                   merged one record at a time (nulls ignored as Spark SQL ignores them)
+
+A live store's stored value is the answer's compact JSON, then, where the fold needs more than the answer
+(the winning `order_by` of `latest`, the ordering value of `max_by`/`min_by`), a NUL byte and that merge
+state as compact JSON. JSON text never holds a raw NUL, so `answer_bytes` cuts the state off exactly.
+
+The partition's progress lives beside its rows: the LMDB entry OFFSET_KEY holds the next offset to apply,
+written in the same write transaction as the rows a batch of records changed, so a crash at any point
+neither loses nor applies twice.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from keyroute.core.key_format import KeyFormat, KeyFormatError, key_from_data
+from keyroute.core.partitioner import Partitioner, partition_for
+
+# Kept in the partition's own LMDB database: `!` sorts before both key tags (`#`, `=`), and no key's
+# LMDB key starts with it (keyroute.core.lmdb_layout.db_key), so lookups and scans of keys never meet it.
+META_TAG = b"!"
+OFFSET_KEY = META_TAG + b"next-offset"
+# Between a live value's answer and its merge state.
+STATE_SEPARATOR = b"\0"
+
+STARTS = ("earliest", "latest")
+ON_BAD_RECORD = ("skip", "stop")
+# How far behind the topic (in records) a partition may be when it is announced as serving.
+DEFAULT_CATCH_UP_RECORDS = 1000
+
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False, allow_nan=False)
+
+
+class LiveSpecError(ValueError):
+    """A live store that cannot be built as described; the message says what and how to fix it."""
+
+
+class Reason(enum.StrEnum):
+    """Why a record was not applied (the `reason` label of the skipped-records counter)."""
+
+    MISPLACED = "misplaced"  # its key hashes to another partition
+    NULL_KEY = "null_key"  # no key: it cannot be found by key
+    BAD_KEY = "bad_key"  # the key bytes are not a key of the store's key format
+    NOT_JSON = "not_json"  # the value is not UTF-8 JSON
+    NOT_OBJECT = "not_object"  # the value is JSON but not an object
+    MISSING_COLUMN = "missing_column"  # a column the store needs is absent
+    BAD_TYPE = "bad_type"  # a column holds a value the fold cannot use (e.g. sum of a string)
+
+
+class BadRecord(Exception):
+    """A record that cannot be applied: `reason` for the counters, the message for the log."""
+
+    def __init__(self, reason: Reason, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+# --- aggregates that merge one record at a time -----------------------------------------------------------
+
+MERGEABLE = ("count(*)", "count(col)", "sum(col)", "min(col)", "max(col)", "max_by(col, ord)", "min_by(col, ord)")
+_IDENT = r"`[^`]+`|[A-Za-z_][A-Za-z0-9_]*"
+_AGGREGATE = re.compile(
+    rf"\s*(?P<function>count|sum|min|max|max_by|min_by)\s*\(\s*(?P<arg>\*|{_IDENT})\s*"
+    rf"(?:,\s*(?P<by>{_IDENT})\s*)?\)\s*",
+    re.IGNORECASE | re.ASCII,
+)
+_TWO_ARGS = ("max_by", "min_by")
+
+
+@dataclass(frozen=True, slots=True)
+class Aggregate:
+    """One output column of an aggregate store: `function` over `column` (None for count(*)), ordered by
+    `by` for max_by/min_by."""
+
+    name: str
+    function: str
+    column: str | None
+    by: str | None = None
+
+    @property
+    def has_state(self) -> bool:
+        return self.by is not None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "function": self.function, "column": self.column, "by": self.by}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Aggregate:
+        return cls(str(doc["name"]), str(doc["function"]), _opt(doc.get("column")), _opt(doc.get("by")))
+
+
+def parse_aggregate(name: str, expression: str) -> Aggregate:
+    """The mergeable aggregate an expression is; LiveSpecError (listing those that are) if it is not one."""
+    match = _AGGREGATE.fullmatch(expression)
+    if match is not None:
+        function = match["function"].lower()
+        arg, by = _unquote(match["arg"]), _unquote(match["by"]) if match["by"] else None
+        two = function in _TWO_ARGS
+        if (by is not None) == two and not (arg == "*" and (function != "count")):
+            return Aggregate(name, function, None if arg == "*" else arg, by)
+    raise LiveSpecError(
+        f"aggregation {name!r} = {expression!r} cannot be merged one record at a time; a live store "
+        f"accepts only: {', '.join(MERGEABLE)}"
+    )
+
+
+def _unquote(ident: str) -> str:
+    return ident[1:-1] if ident.startswith("`") else ident
+
+
+def _opt(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+# --- the fold ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Merge:
+    """How records fold into a key's stored value: mode `latest` (by `order_by`, keeping `columns`, or every
+    field of the record but `key_column` when columns is None) or `aggregate` (`aggregates`, in order)."""
+
+    mode: str
+    key_column: str
+    order_by: str | None = None
+    columns: tuple[str, ...] | None = None
+    aggregates: tuple[Aggregate, ...] = ()
+
+    @property
+    def has_state(self) -> bool:
+        """Whether stored values carry a merge state after the answer."""
+        return self.mode == "latest" or any(a.has_state for a in self.aggregates)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "key_column": self.key_column,
+            "order_by": self.order_by,
+            "columns": None if self.columns is None else list(self.columns),
+            "aggregates": [a.to_json() for a in self.aggregates],
+        }
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Merge:
+        mode = str(doc["mode"])
+        if mode not in ("latest", "aggregate"):
+            raise ValueError(f"unknown live merge mode {mode!r}")
+        columns = doc.get("columns")
+        return cls(
+            mode=mode,
+            key_column=str(doc["key_column"]),
+            order_by=_opt(doc.get("order_by")),
+            columns=None if columns is None else tuple(str(c) for c in columns),
+            aggregates=tuple(Aggregate.from_json(a) for a in doc.get("aggregates", ())),
+        )
+
+    def apply(self, stored: bytes | None, row: Mapping[str, Any]) -> bytes | None:
+        """The stored value after one record's row; None when the record changes nothing (an older
+        `latest`). BadRecord when the row cannot be folded (then nothing changes)."""
+        if self.mode == "latest":
+            return self._latest(stored, row)
+        return self._aggregate(stored, row)
+
+    def initial_state(self, answer: Mapping[str, Any], order: Any = None) -> bytes:
+        """The stored bytes of a batch-built value (the pipeline's side of a hybrid version)."""
+        return encode_stored(answer, [order] if self.mode == "latest" else None)
+
+    def _latest(self, stored: bytes | None, row: Mapping[str, Any]) -> bytes | None:
+        order_by = self.order_by
+        assert order_by is not None
+        if order_by not in row:
+            raise BadRecord(Reason.MISSING_COLUMN, f"no {order_by!r} (the store's order_by)")
+        order = row[order_by]
+        rank = _rank(order, order_by)
+        if stored is not None:
+            state = decode_state(stored)
+            if state and _rank(state[0], order_by) > rank:
+                return None
+        if self.columns is None:
+            answer = {name: value for name, value in row.items() if name != self.key_column}
+        else:
+            missing = [c for c in self.columns if c not in row]
+            if missing:
+                raise BadRecord(Reason.MISSING_COLUMN, f"no {missing[0]!r} (a column of the store)")
+            answer = {c: row[c] for c in self.columns}
+        return encode_stored(answer, [order])
+
+    def _aggregate(self, stored: bytes | None, row: Mapping[str, Any]) -> bytes:
+        for agg in self.aggregates:
+            for column in (agg.column, agg.by):
+                if column is not None and column not in row:
+                    raise BadRecord(Reason.MISSING_COLUMN, f"no {column!r} (aggregation {agg.name!r})")
+        if stored is None:
+            answer: dict[str, Any] = {}
+            state: list[Any] | None = None
+        else:
+            answer = json.loads(answer_bytes(stored))
+            state = decode_state(stored)
+        has_state = self.has_state
+        new_state: list[Any] = []
+        out: dict[str, Any] = {}
+        for i, agg in enumerate(self.aggregates):
+            current = answer.get(agg.name)
+            held = state[i] if state is not None and i < len(state) else None
+            value, kept = _fold(agg, current, held, row, stored is None)
+            out[agg.name] = value
+            new_state.append(kept)
+        return encode_stored(out, new_state if has_state else None)
+
+
+def _fold(agg: Aggregate, current: Any, held: Any, row: Mapping[str, Any], first: bool) -> tuple[Any, Any]:
+    """(new output value, new merge state) of one aggregate after one row."""
+    function = agg.function
+    if function == "count":
+        counted = 1 if agg.column is None or row[agg.column] is not None else 0
+        return (0 if first else int(current or 0)) + counted, None
+    value = row[agg.column] if agg.column is not None else None
+    if function == "sum":
+        if value is None:
+            return current, None
+        _number(value, agg)
+        return (value if current is None else current + value), None
+    if function in ("min", "max"):
+        if value is None:
+            return current, None
+        if current is None:
+            return value, None
+        better = _rank(value, agg.name) > _rank(current, agg.name)
+        if function == "min":
+            better = _rank(value, agg.name) < _rank(current, agg.name)
+        return (value if better else current), None
+    # max_by / min_by: the column's value on the row with the greatest (least) ordering value.
+    assert agg.by is not None
+    order = row[agg.by]
+    if order is None:
+        return current, held
+    if held is None:
+        return value, order
+    rank, held_rank = _rank(order, agg.by), _rank(held, agg.by)
+    wins = rank >= held_rank if function == "max_by" else rank <= held_rank
+    return (value, order) if wins else (current, held)
+
+
+def _number(value: Any, agg: Aggregate) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadRecord(Reason.BAD_TYPE, f"{agg.column!r} = {value!r} is not a number ({agg.function})")
+
+
+def _rank(value: Any, column: str) -> tuple[int, Any]:
+    """An order over the JSON values a column may hold: null first, then numbers, then strings (ISO dates
+    compare as text). Booleans, arrays and objects are not orderable."""
+    if value is None:
+        return (0, 0)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, float) and math.isnan(value):
+            raise BadRecord(Reason.BAD_TYPE, f"{column!r} is NaN")
+        return (1, value)
+    if isinstance(value, str):
+        return (2, value)
+    raise BadRecord(Reason.BAD_TYPE, f"{column!r} = {value!r} cannot be ordered (numbers and strings can)")
+
+
+# --- stored bytes -----------------------------------------------------------------------------------------
+
+
+def encode_stored(answer: Mapping[str, Any], state: Sequence[Any] | None) -> bytes:
+    """Compact JSON of the answer, then (when the fold keeps one) NUL and the merge state."""
+    try:
+        body = _COMPACT.encode(answer).encode("utf-8")
+        if state is None:
+            return body
+        return body + STATE_SEPARATOR + _COMPACT.encode(list(state)).encode("utf-8")
+    except ValueError as exc:  # NaN or infinity: not JSON
+        raise BadRecord(Reason.BAD_TYPE, str(exc)) from None
+
+
+def answer_bytes(stored: bytes) -> bytes:
+    """What a read answers from a stored value: everything before the merge state (all of a batch value)."""
+    cut = stored.find(STATE_SEPARATOR)
+    return stored if cut < 0 else stored[:cut]
+
+
+def decode_state(stored: bytes) -> list[Any] | None:
+    cut = stored.find(STATE_SEPARATOR)
+    if cut < 0:
+        return None
+    state = json.loads(stored[cut + 1 :])
+    return state if isinstance(state, list) else None
+
+
+# --- records ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RecordReader:
+    """Turns one Kafka record of partition `partition` into (key bytes, row or None for a tombstone)."""
+
+    key_format: KeyFormat
+    partitioner: Partitioner
+    partitions: int
+    partition: int
+
+    def read(self, key: bytes | None, value: bytes | None) -> tuple[bytes, dict[str, Any] | None]:
+        if key is None:
+            raise BadRecord(Reason.NULL_KEY, "the record has no key")
+        try:
+            key_from_data(self.key_format, key)
+        except KeyFormatError as exc:
+            raise BadRecord(Reason.BAD_KEY, str(exc)) from None
+        owner = partition_for(self.partitioner, key, self.partitions)
+        if owner != self.partition:
+            raise BadRecord(Reason.MISPLACED, f"its key belongs to partition {owner}")
+        if value is None:
+            return key, None
+        try:
+            row = json.loads(value)
+        except (UnicodeDecodeError, ValueError):
+            raise BadRecord(Reason.NOT_JSON, "the value is not UTF-8 JSON") from None
+        if not isinstance(row, dict):
+            raise BadRecord(Reason.NOT_OBJECT, f"the value is JSON {type(row).__name__}, not an object")
+        return key, row
+
+
+# --- what a version says about its topic ------------------------------------------------------------------
+
+
+def _env_reference(value: str) -> str | None:
+    match = re.fullmatch(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", value)
+    return None if match is None else match[1]
+
+
+# Consumer settings that carry secrets: a spec must name an environment variable for them (`${NAME}`), so
+# no secret is ever written to a manifest or to ZooKeeper; nodes read the variable when they connect.
+SECRET_SETTINGS = frozenset(
+    {
+        "sasl.password",
+        "sasl.oauthbearer.client.secret",
+        "ssl.key.password",
+        "ssl.keystore.password",
+        "ssl.key.pem",
+        "ssl_key",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LiveConfig:
+    """The live part of a version's manifest: where its topic is, how to fold it, and where the version's
+    batch part ends. `offsets[p]` is the next offset of topic partition p to apply on top of the batch part
+    (resolved by the pipeline when it built the version, so every replica starts from the same offset)."""
+
+    topic: str
+    bootstrap_servers: str
+    merge: Merge
+    offsets: tuple[int, ...]
+    kafka: Mapping[str, str] = field(default_factory=dict)
+    on_bad_record: str = "skip"
+    catch_up_records: int = DEFAULT_CATCH_UP_RECORDS
+
+    def consumer_settings(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """The client settings, `${NAME}` references resolved from `environ` (LiveSpecError if unset)."""
+        settings: dict[str, str] = {}
+        for name, value in self.kafka.items():
+            ref = _env_reference(value)
+            if ref is not None:
+                if ref not in environ:
+                    raise LiveSpecError(f"kafka setting {name!r} names ${{{ref}}}, which is not set")
+                value = environ[ref]
+            settings[name] = value
+        return settings
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "bootstrap_servers": self.bootstrap_servers,
+            "kafka": dict(sorted(self.kafka.items())),
+            "merge": self.merge.to_json(),
+            "offsets": list(self.offsets),
+            "on_bad_record": self.on_bad_record,
+            "catch_up_records": self.catch_up_records,
+        }
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> LiveConfig:
+        on_bad = str(doc.get("on_bad_record", "skip"))
+        if on_bad not in ON_BAD_RECORD:
+            raise ValueError(f"on_bad_record {on_bad!r} (expected one of: {', '.join(ON_BAD_RECORD)})")
+        offsets = tuple(int(o) for o in doc["offsets"])
+        if any(o < 0 for o in offsets):
+            raise ValueError("live offsets must be >= 0")
+        return cls(
+            topic=str(doc["topic"]),
+            bootstrap_servers=str(doc["bootstrap_servers"]),
+            merge=Merge.from_json(doc["merge"]),
+            offsets=offsets,
+            kafka={str(k): str(v) for k, v in dict(doc.get("kafka", {})).items()},
+            on_bad_record=on_bad,
+            catch_up_records=int(doc.get("catch_up_records", DEFAULT_CATCH_UP_RECORDS)),
+        )
+
+
+def check_kafka_settings(kafka: Mapping[str, Any]) -> dict[str, str]:
+    """The spec's `kafka` table as client settings: strings (TOML numbers and booleans spelled as librdkafka
+    wants them); secrets only as `${ENV}` references. LiveSpecError otherwise."""
+    settings: dict[str, str] = {}
+    for name, value in kafka.items():
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, (int, float, str)):
+            text = str(value)
+        else:
+            raise LiveSpecError(f"kafka setting {name!r} must be a string, number or boolean")
+        if name.lower() in SECRET_SETTINGS and _env_reference(text) is None:
+            raise LiveSpecError(
+                f"kafka setting {name!r} is a secret: write it as \"${{ENV_VAR}}\" and set that variable on the "
+                "nodes (secrets are never written to manifests or ZooKeeper)"
+            )
+        if name in ("group.id", "enable.auto.commit", "bootstrap.servers"):
+            raise LiveSpecError(f"kafka setting {name!r} is keyroute's own (bootstrap_servers is its own field)")
+        settings[str(name)] = text
+    return settings
