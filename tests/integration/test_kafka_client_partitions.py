@@ -12,27 +12,20 @@ read in its src/rdkafka_msg.c and confirmed by the tests below:
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import confluent_kafka
 import pytest
 
 from keyroute.core.partition_vectorized import partitions
 from keyroute.core.partitioner import Partitioner, partition_for
-
-confluent_kafka = pytest.importorskip(
-    "confluent_kafka", reason="the confluent-kafka dev dependency is missing"
-)
-cimpl = confluent_kafka.cimpl  # the C extension, linked to librdkafka
+from keyroute.kafka_mock import MockKafka
 
 pytestmark = pytest.mark.integration
 
-_PRODUCER = 0  # rd_kafka_type_t RD_KAFKA_PRODUCER
-_VOID_P = ctypes.c_void_p
-_CHAR_P = ctypes.c_char_p
 _DELIVERY_TIMEOUT_S = 30.0
 
 # Topics the test creates, with partition counts that are not powers of two: modulo a power of two, clearing
@@ -63,47 +56,14 @@ class MockCluster:
     topics: tuple[str, ...]
 
 
-def _librdkafka() -> ctypes.CDLL:
-    """The librdkafka that confluent-kafka loaded, for its mock-cluster API, which confluent-kafka lacks."""
-    # Symbol lookup through a handle also searches the libraries it depends on, so this works whether the
-    # wheel bundles librdkafka or the extension links a system one.
-    lib = ctypes.CDLL(cimpl.__file__)
-    lib.rd_kafka_conf_new.restype = _VOID_P
-    lib.rd_kafka_conf_set.argtypes = [_VOID_P, _CHAR_P, _CHAR_P, _CHAR_P, ctypes.c_size_t]
-    lib.rd_kafka_new.restype = _VOID_P
-    lib.rd_kafka_new.argtypes = [ctypes.c_int, _VOID_P, _CHAR_P, ctypes.c_size_t]
-    lib.rd_kafka_handle_mock_cluster.restype = _VOID_P
-    lib.rd_kafka_handle_mock_cluster.argtypes = [_VOID_P]
-    lib.rd_kafka_mock_topic_create.argtypes = [_VOID_P, _CHAR_P, ctypes.c_int, ctypes.c_int]
-    lib.rd_kafka_mock_cluster_bootstraps.restype = _CHAR_P
-    lib.rd_kafka_mock_cluster_bootstraps.argtypes = [_VOID_P]
-    lib.rd_kafka_destroy.argtypes = [_VOID_P]
-    return lib
-
-
 @pytest.fixture(scope="module")
 def mock_cluster() -> Iterator[MockCluster]:
-    """One mock broker, owned by a bare librdkafka handle, with topics of the partition counts we choose.
-
-    `test.mock.num.brokers` alone gives topics of the mock's default 4 partitions, and the mock broker does
-    not implement CreateTopics, so the topics are made through librdkafka's rd_kafka_mock_topic_create.
-    """
-    lib = _librdkafka()
-    error = ctypes.create_string_buffer(512)
-    conf = lib.rd_kafka_conf_new()
-    for name, value in ((b"test.mock.num.brokers", b"1"), (b"log_level", b"3")):
-        assert lib.rd_kafka_conf_set(conf, name, value, error, len(error)) == 0, error.value
-    owner = lib.rd_kafka_new(_PRODUCER, conf, error, len(error))  # takes ownership of conf
-    assert owner, error.value
-    try:
-        cluster = lib.rd_kafka_handle_mock_cluster(owner)
-        assert cluster
+    """One mock broker with topics of the partition counts we choose (the mock broker does not implement
+    CreateTopics; `MockKafka.create_topic` goes through librdkafka's mock API)."""
+    with MockKafka() as kafka:
         for topic, count in _CREATED_TOPICS.items():
-            assert lib.rd_kafka_mock_topic_create(cluster, topic.encode(), count, 1) == 0
-        bootstrap = lib.rd_kafka_mock_cluster_bootstraps(cluster).decode()
-        yield MockCluster(bootstrap, (*_CREATED_TOPICS, _AUTO_CREATED_TOPIC))
-    finally:
-        lib.rd_kafka_destroy(owner)  # and with it the mock cluster
+            kafka.create_topic(topic, count)
+        yield MockCluster(kafka.bootstrap_servers, (*_CREATED_TOPICS, _AUTO_CREATED_TOPIC))
 
 
 @dataclass(frozen=True)
