@@ -744,6 +744,8 @@ def test_the_executor_launcher_starts_spark_s_executor_backend(tmp_path: Path) -
 
 OBJECT_STORAGE = "object-storage"
 OBJECT_STORE_SECRET = "keyroute-object-store"
+# The variables live stores' Kafka settings name ("${NAME}"): optional, for nodes and the pipeline only.
+KAFKA_SECRET = "keyroute-kafka"
 OBJECT_STORE_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 SNAPSHOT_STORE_CONFIG = "keyroute-snapshot-store"
 
@@ -916,8 +918,10 @@ def test_object_storage_credentials_come_from_the_required_secret(object_storage
             assert entry["valueFrom"] == {
                 "secretKeyRef": {"name": OBJECT_STORE_SECRET, "key": name, "optional": False}
             }, where
-        # The Secret's optional keys (AWS_REGION, AWS_ENDPOINT_URL, AWS_SESSION_TOKEN) as a whole.
-        assert c.get("envFrom") == [{"secretRef": {"name": OBJECT_STORE_SECRET, "optional": False}}], where
+        # The Secret's optional keys (AWS_REGION, AWS_ENDPOINT_URL, AWS_SESSION_TOKEN) as a whole; nodes and
+        # the pipeline's driver keep the optional Kafka variables of live stores (executors never consume).
+        kafka = [] if where == "executor" else [{"secretRef": {"name": KAFKA_SECRET, "optional": True}}]
+        assert c.get("envFrom") == [{"secretRef": {"name": OBJECT_STORE_SECRET, "optional": False}}, *kafka], where
     # Routers never touch snapshots: no credentials there.
     router = pod_template(find(objs, "Deployment", "keyroute-router"))["spec"]["containers"][0]
     assert OBJECT_STORE_SECRET not in yaml.safe_dump(router)
@@ -974,3 +978,15 @@ def test_the_object_storage_component_also_fits_the_dev_overlay(tmp_path: Path) 
         env = container_env(with_object_store_secret(objs), pod["spec"]["containers"][0])
         assert env["KEYROUTE_OUTPUT"] == "s3://dev-bucket/keyroute"
     assert not [v for v in node_pod(objs)["spec"].get("volumes", []) if "persistentVolumeClaim" in v]
+
+
+def test_kafka_variables_reach_nodes_and_the_pipeline_only_and_are_optional(objs: list[Obj]) -> None:
+    consumers = [("node", node_pod(objs)["spec"]["containers"][0])]
+    consumers += [(f"pipeline {i}", pod["spec"]["containers"][0]) for i, pod in enumerate(pipeline_pods(objs))]
+    for where, c in consumers:
+        assert {"secretRef": {"name": KAFKA_SECRET, "optional": True}} in c.get("envFrom", []), where
+    router = pod_template(find(objs, "Deployment", "keyroute-router"))["spec"]["containers"][0]
+    assert KAFKA_SECRET not in yaml.safe_dump(router)
+    assert of_kind(objs, "Secret") == []  # the operator creates it; no secret is in the manifests
+    # Without the Secret the pods still start (a spec without live stores needs none of it).
+    container_env(objs, node_pod(objs)["spec"]["containers"][0], pod_name="keyroute-node-0")
