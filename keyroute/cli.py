@@ -291,6 +291,20 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="how long a replaced version's files stay on disk (a rollback meanwhile reuses them)",
     )
     p.option(node, "--forward-timeout-s", type=float, default=5.0, help="timeout for one request to another node")
+    p.option(
+        node,
+        "--min-offset-wait-ms",
+        type=float,
+        default=500.0,
+        help="how long a read with min_offset waits for a live partition to apply it (then 503 not_up_to_bound)",
+    )
+    p.option(
+        node,
+        "--live-batch-records",
+        type=int,
+        default=2000,
+        help="records a live store's consumer takes per call; each partition's share goes in one LMDB transaction",
+    )
     _serving_options(p, node)
 
     router = sub.add_parser("router", help="run a router")
@@ -414,7 +428,7 @@ def _zk(args: argparse.Namespace) -> ZkSettings:
 
 
 def cmd_pipeline(args: argparse.Namespace) -> int:
-    from keyroute.pipeline.build import build
+    from keyroute.pipeline.build import KafkaAccess, build
     from keyroute.pipeline.errors import PipelineError
     from keyroute.pipeline.publish import retaining
 
@@ -423,7 +437,9 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         return 2
     try:
         with retaining(args.retain):
-            published = build(args.spec, _zk(args), args.output, master=args.master)
+            # Live stores' Kafka settings may name environment variables (secrets): resolved here, at the edge.
+            kafka = KafkaAccess(dict(os.environ))
+            published = build(args.spec, _zk(args), args.output, master=args.master, kafka=kafka)
     except PipelineError as exc:
         print(f"keyroute pipeline build: {exc}", file=sys.stderr)
         return 1
@@ -473,6 +489,8 @@ def cmd_node(args: argparse.Namespace) -> int:
         drain_timeout_s=args.drain_timeout_s,
         version_grace_s=args.version_grace_s,
         forward_timeout_s=args.forward_timeout_s,
+        min_offset_wait_ms=args.min_offset_wait_ms,
+        live_batch_records=args.live_batch_records,
         **_limits(args),
     )
     return run(settings)

@@ -1,16 +1,20 @@
 """`keyroute demo`: the whole system on one machine with generated sample data.
 
 Embedded ZooKeeper, the Spark pipeline, three state nodes (replication 2) and a router, each its own
-process; Ctrl-C stops them all, router first, ZooKeeper last, and leaves nothing behind.
+process, and a Kafka-protocol broker (librdkafka's mock cluster, in this process) with a producer writing
+quotes to the topic the live store `quotes` follows; Ctrl-C stops them all, router first, ZooKeeper last,
+and leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -20,6 +24,7 @@ from urllib.parse import quote
 
 from keyroute import sample_data
 from keyroute.core.zookeeper_server import is_serving
+from keyroute.kafka_mock import MockKafka
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +35,8 @@ class DemoSettings:
     nodes: int = 3
     host: str = "127.0.0.1"
     ready_timeout_s: float = 180.0
+    quotes_per_s: float = 20.0
+    live_partitions: int = 6
 
 
 class DemoError(RuntimeError):
@@ -128,6 +135,8 @@ def run(settings: DemoSettings) -> int:
     procs = _Processes(logs)
     zk_port = _free_port(host)
     zk = f"{host}:{zk_port}/keyroute-demo"
+    kafka: MockKafka | None = None
+    feeding = threading.Event()
     try:
         print(f"starting ZooKeeper on {host}:{zk_port} ...", flush=True)
         procs.start(
@@ -137,8 +146,19 @@ def run(settings: DemoSettings) -> int:
 
         print(f"generating {settings.events:,} bookings and {settings.events:,} trades ...", flush=True)
         files = sample_data.generate(work / "events", events=settings.events)
+        print("starting a Kafka-protocol broker (librdkafka's mock cluster) and the quotes producer ...", flush=True)
+        kafka = MockKafka()
+        kafka.create_topic(sample_data.LIVE_TOPIC, settings.live_partitions)
+        feeder = threading.Thread(
+            target=_produce_quotes, args=(kafka.bootstrap_servers, settings.quotes_per_s, feeding), daemon=True
+        )
+        feeder.start()
         spec = work / "stores.toml"
-        spec.write_text(sample_data.spec_toml(files))
+        spec.write_text(
+            sample_data.spec_toml(files)
+            + "\n"
+            + sample_data.live_spec_toml(kafka.bootstrap_servers, settings.live_partitions)
+        )
 
         print("running the Spark pipeline ...", flush=True)
         node_ports = [_free_port(host) for _ in range(settings.nodes)]
@@ -177,7 +197,27 @@ def run(settings: DemoSettings) -> int:
         return 1
     finally:
         procs.stop_all()
+        feeding.set()
+        if kafka is not None:
+            kafka.close()
         print("all demo processes stopped.", flush=True)
+
+
+def _produce_quotes(bootstrap_servers: str, per_s: float, stop: threading.Event) -> None:
+    """Quotes for the live store, keyed by asset and partitioned as Kafka's Java client does (murmur2)."""
+    import confluent_kafka
+
+    producer = confluent_kafka.Producer(
+        {"bootstrap.servers": bootstrap_servers, "partitioner": "murmur2_random", "linger.ms": 5, "log_level": 3}
+    )
+    rng = random.Random(11)
+    n = 0
+    while not stop.wait(1.0 / per_s):
+        key, value = sample_data.quote(rng, n)
+        producer.produce(sample_data.LIVE_TOPIC, key=key, value=value)
+        producer.poll(0)
+        n += 1
+    producer.flush(2.0)
 
 
 def _print_banner(router: str, zk: str, node_ports: list[int], host: str, work: Path) -> None:
@@ -194,6 +234,8 @@ def _print_banner(router: str, zk: str, node_ports: list[int], host: str, work: 
         f"  curl -s {router}/stores/bookings/keys/{sample_data.customer_id(42)}",
         f"  curl -s {router}/stores/bookings/keys/{quote(customer, safe='')}      # key {customer!r}",
         f"  curl -s {router}/stores/positions/keys/{sample_data.asset_id(7)}",
+        f"  curl -si {router}/stores/quotes/keys/{sample_data.asset_id(7)}    # live: run it twice, watch "
+        "the value and X-Keyroute-Offset move",
         f"  curl -s -X POST {router}/stores/bookings/batch-get -H 'content-type: application/json' "
         f"-d '{json.dumps({'keys': [sample_data.customer_id(1), 'a/b', 'nobody']})}'",
         f"  curl -s '{router}/admin/route?store=bookings&key={sample_data.customer_id(42)}'",

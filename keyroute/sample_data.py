@@ -63,6 +63,37 @@ def generate(folder: Path, events: int = 120_000, seed: int = 7) -> SampleFiles:
     return SampleFiles(bookings=bookings, trades=trades, customers=customers, assets=assets)
 
 
+# The demo's live store: quotes per asset, produced to this topic while the demo runs.
+LIVE_TOPIC = "quotes"
+LIVE_ASSETS = 50
+
+
+def quote(rng: random.Random, n: int) -> tuple[bytes, bytes]:
+    """One quote event: (record key, record value) as the demo's producer writes them."""
+    asset = asset_id(rng.randrange(LIVE_ASSETS))
+    value = {"ts": 1_800_000_000_000 + n, "bid": round(rng.uniform(10.0, 20.0), 2), "seq": n}
+    return asset.encode(), json.dumps(value).encode()
+
+
+def live_spec_toml(bootstrap_servers: str, partitions: int = 6, replication_factor: int = 2) -> str:
+    """A live-only store following LIVE_TOPIC from its first record: the latest quote per asset."""
+    return f"""\
+[stores.quotes]
+key = "asset"
+partitions = {partitions}
+replication_factor = {replication_factor}
+mode = "latest"
+order_by = "ts"
+
+[stores.quotes.live]
+topic = "{LIVE_TOPIC}"
+bootstrap_servers = "{bootstrap_servers}"
+start = "earliest"
+# The demo's broker (librdkafka's mock cluster) holds every fetch this long even when records arrive.
+kafka = {{ "fetch.wait.max.ms" = 20 }}
+"""
+
+
 def spec_toml(files: SampleFiles, partitions: int = 12, replication_factor: int = 2) -> str:
     return f"""\
 [stores.bookings]

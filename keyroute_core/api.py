@@ -6,13 +6,15 @@
      ├── BadKey                    400 bad_key (does not fit the store's key format)
      ├── KeyTooLong                414 key_too_long (400 for a key inside a batch-get body)
      ├── BadRequest                400 bad_request
+ ├── NotLive                   400 not_live (min_offset asked of a store that does not follow a topic)
      ├── NotFound                  404 not_found (no such route)
      ├── PayloadTooLarge           413 too_many_keys
      ├── BodyTooLarge              413 body_too_large
      ├── Unauthorized              401 unauthorized, with WWW-Authenticate: Bearer
      ├── HeadersTooLarge           431 headers_too_large
      ├── Overloaded                503 overloaded, with Retry-After
-     └── PartitionUnavailable      503 partition_unavailable, with Retry-After
+     ├── PartitionUnavailable      503 partition_unavailable, with Retry-After
+     └── NotUpToBound              503 not_up_to_bound, with Retry-After (and X-Keyroute-Offset when known)
 
 Limits shared by routers and nodes (`DEFAULT_MAX_*`) are checked by helpers here, so every path that
 reads a key (the full application or a leaner one in front of it) applies the same rules.
@@ -32,6 +34,13 @@ HEADER_HOPS = "x-keyroute-hops"
 HEADER_GENERATION = "x-keyroute-generation"
 HEADER_FORWARDED_BY = "x-keyroute-forwarded-by"
 HEADER_REQUEST_ID = "x-request-id"
+# Answers of live stores: the partition's last applied offset (-1: none yet) and how many records it is behind.
+HEADER_OFFSET = "x-keyroute-offset"
+HEADER_LAG = "x-keyroute-lag"
+# A read's freshness bound (`?min_offset=N`, or "min_offset"/"min_offsets" in a batch-get body).
+MIN_OFFSET = "min_offset"
+# Kafka offsets are signed 64-bit integers.
+MAX_OFFSET = (1 << 63) - 1
 # Set by routers on requests to nodes: the node may still forward once (the router's view may be stale).
 HEADER_ROUTER = "x-keyroute-router"
 # Proves a request comes from a cluster member (keyroute_core.security); without it, the member headers
@@ -147,6 +156,53 @@ class PartitionUnavailable(ApiError):
 
     def __init__(self, message: str, retry_after_s: int = 1) -> None:
         super().__init__(message, {"Retry-After": str(retry_after_s)})
+
+
+class NotLive(ApiError):
+    status = 400
+    code = "not_live"
+
+
+class NotUpToBound(ApiError):
+    """The partition has not applied the asked offset within the wait: another replica may have, or this
+    one soon will."""
+
+    status = 503
+    code = "not_up_to_bound"
+
+    def __init__(self, message: str, retry_after_s: int = 1, offset: int | None = None) -> None:
+        headers = {"Retry-After": str(retry_after_s)}
+        if offset is not None:
+            headers[HEADER_OFFSET] = str(offset)
+        super().__init__(message, headers)
+
+
+def parse_min_offset(text: str) -> int:
+    """A `min_offset` given as text (a query parameter): a decimal offset in 0..MAX_OFFSET. Raises BadRequest."""
+    if not (text.isascii() and text.isdigit()) or len(text) > 19 or int(text) > MAX_OFFSET:
+        raise BadRequest(f"min_offset must be an offset: an integer from 0 to {MAX_OFFSET}, got {text[:40]!r}")
+    return int(text)
+
+
+def min_offset_query(query: bytes) -> int | None:
+    """The `min_offset` of a raw query string (without '?'), or None when it has none. Other parameters are
+    ignored, as they always were. Raises BadRequest for a malformed or repeated one."""
+    found: int | None = None
+    for pair in query.split(b"&"):
+        name, _, value = pair.partition(b"=")
+        if name != b"min_offset":
+            continue
+        if found is not None:
+            raise BadRequest("min_offset is given more than once")
+        found = parse_min_offset(value.decode("latin-1"))
+    return found
+
+
+def offset_value(value: Any, what: str = "min_offset") -> int:
+    """A bound given as JSON (a batch-get body): an integer in 0..MAX_OFFSET. Raises BadRequest."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_OFFSET:
+        raise BadRequest(f"{what} must be an offset: an integer from 0 to {MAX_OFFSET}, got {value!r:.40}")
+    return value
 
 
 def error_json(code: str, message: str) -> bytes:

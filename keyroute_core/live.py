@@ -31,6 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from keyroute.core.key_format import KeyFormat, KeyFormatError, key_from_data
 from keyroute.core.partitioner import Partitioner, partition_for
 
@@ -47,6 +49,9 @@ ON_BAD_RECORD = ("skip", "stop")
 DEFAULT_CATCH_UP_RECORDS = 1000
 
 _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False, allow_nan=False)
+# orjson reads a JSON integer beyond 64 bits as a float: text with a run of 19 or more digits is read by the
+# standard library instead, which keeps every integer exact.
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
 
 
 class LiveSpecError(ValueError):
@@ -143,11 +148,21 @@ class Merge:
     order_by: str | None = None
     columns: tuple[str, ...] | None = None
     aggregates: tuple[Aggregate, ...] = ()
+    # Worked out once (every record is folded with them): whether stored values carry a merge state, the
+    # columns a record must have, and per aggregate (name, function code, column, by).
+    has_state: bool = field(init=False, repr=False, compare=False)
+    _needed: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    _plan: tuple[tuple[str, int, str | None, str | None], ...] = field(init=False, repr=False, compare=False)
 
-    @property
-    def has_state(self) -> bool:
-        """Whether stored values carry a merge state after the answer."""
-        return self.mode == "latest" or any(a.has_state for a in self.aggregates)
+    def __post_init__(self) -> None:
+        needed: list[str] = []
+        for agg in self.aggregates:
+            needed += [c for c in (agg.column, agg.by) if c is not None and c not in needed]
+        plan = tuple((a.name, _CODES[a.function], a.column, a.by) for a in self.aggregates)
+        has_state = self.mode == "latest" or any(a.has_state for a in self.aggregates)
+        object.__setattr__(self, "has_state", has_state)
+        object.__setattr__(self, "_needed", tuple(needed))
+        object.__setattr__(self, "_plan", plan)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -186,95 +201,136 @@ class Merge:
     def _latest(self, stored: bytes | None, row: Mapping[str, Any]) -> bytes | None:
         order_by = self.order_by
         assert order_by is not None
-        if order_by not in row:
-            raise BadRecord(Reason.MISSING_COLUMN, f"no {order_by!r} (the store's order_by)")
-        order = row[order_by]
+        try:
+            order = row[order_by]
+        except KeyError:
+            raise BadRecord(Reason.MISSING_COLUMN, f"no {order_by!r} (the store's order_by)") from None
         rank = _rank(order, order_by)
         if stored is not None:
-            state = decode_state(stored)
-            if state and _rank(state[0], order_by) > rank:
-                return None
-        if self.columns is None:
-            answer = {name: value for name, value in row.items() if name != self.key_column}
+            cut = stored.find(STATE_SEPARATOR)
+            if cut >= 0:
+                state = _loads(stored[cut + 1 :])
+                if state and _rank(state[0], order_by) > rank:
+                    return None
+        columns = self.columns
+        if columns is None:
+            key_column = self.key_column
+            answer = {name: value for name, value in row.items() if name != key_column}
         else:
-            missing = [c for c in self.columns if c not in row]
-            if missing:
-                raise BadRecord(Reason.MISSING_COLUMN, f"no {missing[0]!r} (a column of the store)")
-            answer = {c: row[c] for c in self.columns}
+            try:
+                answer = {c: row[c] for c in columns}
+            except KeyError as exc:
+                raise BadRecord(Reason.MISSING_COLUMN, f"no {exc.args[0]!r} (a column of the store)") from None
         return encode_stored(answer, [order])
 
     def _aggregate(self, stored: bytes | None, row: Mapping[str, Any]) -> bytes:
-        for agg in self.aggregates:
-            for column in (agg.column, agg.by):
-                if column is not None and column not in row:
-                    raise BadRecord(Reason.MISSING_COLUMN, f"no {column!r} (aggregation {agg.name!r})")
-        if stored is None:
-            answer: dict[str, Any] = {}
-            state: list[Any] | None = None
-        else:
-            answer = json.loads(answer_bytes(stored))
-            state = decode_state(stored)
-        has_state = self.has_state
-        new_state: list[Any] = []
+        for column in self._needed:
+            if column not in row:
+                agg = next(a for a in self.aggregates if column in (a.column, a.by))
+                raise BadRecord(Reason.MISSING_COLUMN, f"no {column!r} (aggregation {agg.name!r})")
+        first = stored is None
+        answer: dict[str, Any] = {}
+        state: list[Any] | None = None
+        if stored is not None:
+            cut = stored.find(STATE_SEPARATOR)
+            if cut < 0:
+                answer = _loads(stored)
+            else:
+                answer, state = _loads(stored[:cut]), _loads(stored[cut + 1 :])
         out: dict[str, Any] = {}
-        for i, agg in enumerate(self.aggregates):
-            current = answer.get(agg.name)
-            held = state[i] if state is not None and i < len(state) else None
-            value, kept = _fold(agg, current, held, row, stored is None)
-            out[agg.name] = value
-            new_state.append(kept)
-        return encode_stored(out, new_state if has_state else None)
+        new_state: list[Any] | None = [] if self.has_state else None
+        for i, (name, code, column, by) in enumerate(self._plan):
+            current = answer.get(name)
+            held = None
+            if code == _COUNT:
+                counted = 1 if column is None or row[column] is not None else 0
+                current = (0 if first else int(current or 0)) + counted
+            else:
+                value = row[column]  # type: ignore[index]  # every function but count(*) has a column
+                if code == _SUM:
+                    if value is not None:
+                        if value.__class__ not in _NUMBERS:
+                            raise BadRecord(Reason.BAD_TYPE, f"{column!r} = {value!r} is not a number (sum)")
+                        current = value if current is None else current + value
+                        if current.__class__ is float and not math.isfinite(current):
+                            raise BadRecord(Reason.BAD_TYPE, f"the sum of {column!r} overflows")
+                elif code in (_MAX, _MIN):
+                    if value is not None:
+                        if current is None:
+                            _rank(value, name)  # refuses what cannot be ordered
+                            current = value
+                        else:
+                            newer, older = _rank(value, name), _rank(current, name)
+                            if (newer > older) if code == _MAX else (newer < older):
+                                current = value
+                else:  # max_by / min_by: the column's value on the row with the greatest (least) ordering value
+                    held = state[i] if state is not None and i < len(state) else None
+                    order = row[by]  # type: ignore[index]
+                    if order is not None:
+                        if held is None:
+                            current, held = value, order
+                        else:
+                            newer, older = _rank(order, by), _rank(held, by)  # type: ignore[arg-type]
+                            if (newer >= older) if code == _MAX_BY else (newer <= older):
+                                current, held = value, order
+            out[name] = current
+            if new_state is not None:
+                new_state.append(held)
+        return encode_stored(out, new_state)
 
 
-def _fold(agg: Aggregate, current: Any, held: Any, row: Mapping[str, Any], first: bool) -> tuple[Any, Any]:
-    """(new output value, new merge state) of one aggregate after one row."""
-    function = agg.function
-    if function == "count":
-        counted = 1 if agg.column is None or row[agg.column] is not None else 0
-        return (0 if first else int(current or 0)) + counted, None
-    value = row[agg.column] if agg.column is not None else None
-    if function == "sum":
-        if value is None:
-            return current, None
-        _number(value, agg)
-        return (value if current is None else current + value), None
-    if function in ("min", "max"):
-        if value is None:
-            return current, None
-        if current is None:
-            return value, None
-        better = _rank(value, agg.name) > _rank(current, agg.name)
-        if function == "min":
-            better = _rank(value, agg.name) < _rank(current, agg.name)
-        return (value if better else current), None
-    # max_by / min_by: the column's value on the row with the greatest (least) ordering value.
-    assert agg.by is not None
-    order = row[agg.by]
-    if order is None:
-        return current, held
-    if held is None:
-        return value, order
-    rank, held_rank = _rank(order, agg.by), _rank(held, agg.by)
-    wins = rank >= held_rank if function == "max_by" else rank <= held_rank
-    return (value, order) if wins else (current, held)
+_COUNT, _SUM, _MIN, _MAX, _MIN_BY, _MAX_BY = range(6)
+_CODES = {"count": _COUNT, "sum": _SUM, "min": _MIN, "max": _MAX, "min_by": _MIN_BY, "max_by": _MAX_BY}
+_NUMBERS = (int, float)
 
 
-def _number(value: Any, agg: Aggregate) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise BadRecord(Reason.BAD_TYPE, f"{agg.column!r} = {value!r} is not a number ({agg.function})")
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _loads(raw: bytes) -> Any:
+    """JSON text as Python values, exactly (ValueError if it is not UTF-8 JSON; NaN and infinities are
+    not JSON). Every record and every stored value is read here: orjson, which is several times faster than
+    the standard library, unless the text has a number orjson would not keep exact."""
+    if _LONG_DIGITS.search(raw) is None:
+        return orjson.loads(raw)
+    value = json.loads(raw, parse_constant=_refuse_constant)
+    if _has_infinity(value):
+        raise ValueError("a number is too large for a double")
+    return value
+
+
+def _has_infinity(value: Any) -> bool:
+    if value.__class__ is float:
+        return not math.isfinite(value)
+    if value.__class__ is dict:
+        return any(_has_infinity(v) for v in value.values())
+    if value.__class__ is list:
+        return any(_has_infinity(v) for v in value)
+    return False
+
+
+def _dumps(value: Any) -> bytes:
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:  # an integer beyond 64 bits (a sum can grow past them): exact, slower
+        return _COMPACT.encode(value).encode("utf-8")
 
 
 def _rank(value: Any, column: str) -> tuple[int, Any]:
     """An order over the JSON values a column may hold: null first, then numbers, then strings (ISO dates
     compare as text). Booleans, arrays and objects are not orderable."""
-    if value is None:
-        return (0, 0)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if isinstance(value, float) and math.isnan(value):
+    kind = value.__class__
+    if kind is int:
+        return (1, value)
+    if kind is str:
+        return (2, value)
+    if kind is float:
+        if math.isnan(value):
             raise BadRecord(Reason.BAD_TYPE, f"{column!r} is NaN")
         return (1, value)
-    if isinstance(value, str):
-        return (2, value)
+    if value is None:
+        return (0, 0)
     raise BadRecord(Reason.BAD_TYPE, f"{column!r} = {value!r} cannot be ordered (numbers and strings can)")
 
 
@@ -282,14 +338,12 @@ def _rank(value: Any, column: str) -> tuple[int, Any]:
 
 
 def encode_stored(answer: Mapping[str, Any], state: Sequence[Any] | None) -> bytes:
-    """Compact JSON of the answer, then (when the fold keeps one) NUL and the merge state."""
-    try:
-        body = _COMPACT.encode(answer).encode("utf-8")
-        if state is None:
-            return body
-        return body + STATE_SEPARATOR + _COMPACT.encode(list(state)).encode("utf-8")
-    except ValueError as exc:  # NaN or infinity: not JSON
-        raise BadRecord(Reason.BAD_TYPE, str(exc)) from None
+    """Compact JSON of the answer, then (when the fold keeps one) NUL and the merge state. Values read by
+    `_loads` are finite; only a sum can overflow to infinity, and `_aggregate` refuses that record."""
+    body = _dumps(answer)
+    if state is None:
+        return body
+    return body + STATE_SEPARATOR + _dumps(list(state))
 
 
 def answer_bytes(stored: bytes) -> bytes:
@@ -302,25 +356,52 @@ def decode_state(stored: bytes) -> list[Any] | None:
     cut = stored.find(STATE_SEPARATOR)
     if cut < 0:
         return None
-    state = json.loads(stored[cut + 1 :])
+    state = _loads(stored[cut + 1 :])
     return state if isinstance(state, list) else None
 
 
 # --- records ----------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class RecordReader:
-    """Turns one Kafka record of partition `partition` into (key bytes, row or None for a tombstone)."""
+# Keys a RecordReader has proven to be well-formed and of its partition, before it starts over.
+KNOWN_KEYS = 1 << 17
 
-    key_format: KeyFormat
-    partitioner: Partitioner
-    partitions: int
-    partition: int
+
+class RecordReader:
+    """Turns one Kafka record of partition `partition` into (key bytes, row or None for a tombstone).
+
+    A key's format and partition are checked once: keys proven here are remembered (up to KNOWN_KEYS of
+    them), since most records of a stream are about keys it has seen before."""
+
+    __slots__ = ("key_format", "partitioner", "partitions", "partition", "_known")
+
+    def __init__(self, key_format: KeyFormat, partitioner: Partitioner, partitions: int, partition: int) -> None:
+        self.key_format = key_format
+        self.partitioner = partitioner
+        self.partitions = partitions
+        self.partition = partition
+        self._known: set[bytes] = set()
 
     def read(self, key: bytes | None, value: bytes | None) -> tuple[bytes, dict[str, Any] | None]:
         if key is None:
             raise BadRecord(Reason.NULL_KEY, "the record has no key")
+        known = self._known
+        if key not in known:
+            self._prove(key)
+            if len(known) >= KNOWN_KEYS:
+                known.clear()
+            known.add(key)
+        if value is None:
+            return key, None
+        try:
+            row = _loads(value)
+        except (UnicodeDecodeError, ValueError):
+            raise BadRecord(Reason.NOT_JSON, "the value is not UTF-8 JSON") from None
+        if row.__class__ is not dict:
+            raise BadRecord(Reason.NOT_OBJECT, f"the value is JSON {type(row).__name__}, not an object")
+        return key, row
+
+    def _prove(self, key: bytes) -> None:
         try:
             key_from_data(self.key_format, key)
         except KeyFormatError as exc:
@@ -328,15 +409,6 @@ class RecordReader:
         owner = partition_for(self.partitioner, key, self.partitions)
         if owner != self.partition:
             raise BadRecord(Reason.MISPLACED, f"its key belongs to partition {owner}")
-        if value is None:
-            return key, None
-        try:
-            row = json.loads(value)
-        except (UnicodeDecodeError, ValueError):
-            raise BadRecord(Reason.NOT_JSON, "the value is not UTF-8 JSON") from None
-        if not isinstance(row, dict):
-            raise BadRecord(Reason.NOT_OBJECT, f"the value is JSON {type(row).__name__}, not an object")
-        return key, row
 
 
 # --- what a version says about its topic ------------------------------------------------------------------

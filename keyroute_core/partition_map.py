@@ -41,6 +41,7 @@ class StoreRecord:
 
     `retained` maps every version that may still be rolled back to (the current one included) to its
     snapshot directory; the pipeline keeps the last N there, `keyroute store rollback` picks from it.
+    `live`: the store follows a Kafka topic (its versions' manifests say which and from which offsets).
     """
 
     name: str
@@ -53,6 +54,7 @@ class StoreRecord:
     replication_factor: int = 1
     published_at: float = 0.0
     retained: Mapping[int, str] = field(default_factory=dict)
+    live: bool = False
 
     @property
     def retained_versions(self) -> tuple[int, ...]:
@@ -77,6 +79,7 @@ class StoreRecord:
                 "replication_factor": self.replication_factor,
                 "published_at": self.published_at,
                 "retained": {str(v): path for v, path in sorted(self.retained.items())},
+                "live": self.live,
             }
         )
 
@@ -84,6 +87,9 @@ class StoreRecord:
     def from_json(cls, raw: bytes) -> StoreRecord:
         obj = _load(raw, "store record")
         try:
+            live = obj.get("live", False)
+            if not isinstance(live, bool):
+                raise ValueError(f"'live' must be true or false, got {live!r}")
             record = cls(
                 name=str(obj["name"]),
                 partitions=int(obj["partitions"]),
@@ -95,6 +101,7 @@ class StoreRecord:
                 replication_factor=int(obj.get("replication_factor", 1)),
                 published_at=float(obj.get("published_at", 0.0)),
                 retained={int(v): str(path) for v, path in dict(obj.get("retained", {})).items()},
+                live=live,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise RecordError(f"store record: {exc!r}") from exc

@@ -8,6 +8,7 @@ from __future__ import annotations
 import enum
 import struct
 import zlib
+from collections.abc import Iterable
 
 _MASK32 = 0xFFFFFFFF
 _SIGN32 = 0x80000000
@@ -22,6 +23,7 @@ _FNV32_OFFSET = 0x811C9DC5
 _FNV32_PRIME = 0x01000193
 
 _LE_WORD = struct.Struct("<I")
+_LE_WORDS = tuple(struct.Struct(f"<{n}I") for n in range(17))  # 0 to 16 words
 
 
 class Partitioner(enum.StrEnum):
@@ -51,25 +53,29 @@ def murmur2(data: bytes) -> int:
     m = _MURMUR2_M
     h = (_MURMUR2_SEED ^ length) & _MASK32
     body = length & ~3
-    # iter_unpack walks the 4-byte little-endian words in C; only the mixing stays in Python.
-    for (k,) in _LE_WORD.iter_unpack(memoryview(data)[:body]):
+    # The 4-byte little-endian words unpacked in C (one precompiled Struct for keys up to 64 bytes); only the
+    # mixing stays in Python.
+    n = body >> 2
+    if n < len(_LE_WORDS):
+        words: Iterable[int] = _LE_WORDS[n].unpack_from(data)
+    else:
+        words = [k for (k,) in _LE_WORD.iter_unpack(memoryview(data)[:body])]
+    for k in words:
         k = (k * m) & _MASK32
         k ^= k >> _MURMUR2_R
-        k = (k * m) & _MASK32
-        h = ((h * m) & _MASK32) ^ k
+        h = ((h * m) & _MASK32) ^ ((k * m) & _MASK32)
     tail = length & 3
-    # Mirrors the Java switch's fallthrough: 3 mixes bytes 2,1,0; 2 mixes 1,0; 1 mixes 0.
-    if tail == 3:
-        h ^= data[body + 2] << 16
-    if tail >= 2:
-        h ^= data[body + 1] << 8
-    if tail >= 1:
-        h ^= data[body]
-        h = (h * m) & _MASK32
+    if tail:
+        # Mirrors the Java switch's fallthrough: 3 mixes bytes 2,1,0; 2 mixes 1,0; 1 mixes 0.
+        if tail == 3:
+            h ^= data[body + 2] << 16
+        if tail >= 2:
+            h ^= data[body + 1] << 8
+        h = ((h ^ data[body]) * m) & _MASK32
     h ^= h >> 13
     h = (h * m) & _MASK32
     h ^= h >> 15
-    return _signed32(h)
+    return h - 0x100000000 if h & _SIGN32 else h
 
 
 def to_positive(value: int) -> int:

@@ -103,8 +103,14 @@ class Admission:
                 f"more than {self.max_concurrent_requests} requests in progress; retry shortly", self.retry_after_s
             )
         try:
-            if self.max_header_bytes:
-                check_head_bytes(target_bytes, headers, self.max_header_bytes)
+            limit = self.max_header_bytes
+            if limit:
+                # check_head_bytes's sum, inline (once per request); it raises when over.
+                size = target_bytes
+                for name, value in headers:
+                    size += len(name) + len(value) + 4
+                if size > limit:
+                    check_head_bytes(target_bytes, headers, limit)
             if self.protected and path.startswith(self.protected):
                 self.admin.check(first_header(headers, _AUTHORIZATION))
         except HeadersTooLarge as exc:

@@ -136,6 +136,11 @@ class NodeSettings:
     drain_timeout_s: float = 60.0
     # How long a superseded version's files stay on disk (a rollback within it reuses them at once).
     version_grace_s: float = 300.0
+    # How long a read bounded by `min_offset` waits for a live partition to apply it before 503 not_up_to_bound.
+    min_offset_wait_ms: float = 500.0
+    # Live stores: records asked of the Kafka client per consume call (each partition's share of them is
+    # applied in one LMDB write transaction, its offset with it).
+    live_batch_records: int = 2000
     limits: RequestLimits = field(default_factory=RequestLimits)
     access: AccessSettings = field(default_factory=AccessSettings)
 

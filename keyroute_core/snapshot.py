@@ -43,6 +43,7 @@ from typing import Any, overload
 from urllib.parse import unquote, urlparse
 
 from keyroute.core.key_format import KeyFormat
+from keyroute.core.live import LiveConfig
 from keyroute.core.partitioner import Partitioner
 
 FORMAT_1 = "keyroute-snapshot/1"
@@ -255,6 +256,9 @@ class Manifest:
     `format` is FORMAT_1 or FORMAT_2. Format 2 also has, for every partition p, `files[p]` ==
     (data_file(p),), `checksums[p]` ("<algorithm>:<hex>" of that file's bytes) and `bytes[p]` (its size);
     a format-1 manifest has neither (empty mappings).
+
+    `live` (live stores only, always format 2): the topic the version follows, how its records fold, and
+    `live.offsets[p]`, the next offset of topic partition p to apply on top of the version's rows.
     """
 
     store: str
@@ -269,6 +273,7 @@ class Manifest:
     format: str = FORMAT_1
     checksums: Mapping[int, str] = field(default_factory=dict)
     bytes: Mapping[int, int] = field(default_factory=dict)
+    live: LiveConfig | None = None
 
     @property
     def total_rows(self) -> int:
@@ -291,6 +296,8 @@ class Manifest:
         if self.format != FORMAT_1:
             doc["checksums"] = {str(p): str(value) for p, value in sorted(self.checksums.items())}
             doc["bytes"] = {str(p): int(size) for p, size in sorted(self.bytes.items())}
+        if self.live is not None:
+            doc["live"] = self.live.to_json()
         return json.dumps(doc, indent=2, sort_keys=True).encode("utf-8")
 
     @classmethod
@@ -314,6 +321,17 @@ class Manifest:
                 checksums = {int(p): str(value) for p, value in doc["checksums"].items()}
                 sizes = {int(p): int(size) for p, size in doc["bytes"].items()}
                 _check_files(partitions, files, checksums, sizes)
+            live = None
+            if doc.get("live") is not None:
+                if snapshot_format != FORMAT_2:
+                    raise SnapshotError(f"a live store's manifest must be format {FORMAT_2}, not {snapshot_format}")
+                if not isinstance(doc["live"], dict):
+                    raise SnapshotError(f"manifest's 'live' must be an object, got {doc['live']!r}")
+                live = LiveConfig.from_json(doc["live"])
+                if len(live.offsets) != partitions:
+                    raise SnapshotError(
+                        f"manifest's live offsets name {len(live.offsets)} partitions, not {partitions}"
+                    )
             return cls(
                 store=str(doc["store"]),
                 version=int(doc["version"]),
@@ -327,6 +345,7 @@ class Manifest:
                 format=snapshot_format,
                 checksums=checksums,
                 bytes=sizes,
+                live=live,
             )
         except SnapshotError:
             raise

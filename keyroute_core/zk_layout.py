@@ -1,11 +1,13 @@
 """Where keyroute keeps its records in ZooKeeper (all paths relative to the chroot).
 
-    /stores/{store}            persistent  StoreRecord: partitions, partitioner, key format, current version,
-                                           versions retained for a rollback (version -> snapshot)
-    /nodes/{node_id}           ephemeral   NodeRecord: the URL a node advertises (liveness), leaving flag
-    /controller                            kazoo Election recipe: the node that writes the assignment
-    /assignment                persistent  Assignment: desired replicas per partition, with a generation
-    /serving/{node_id}         ephemeral   ServingRecord: partitions a node has loaded, at which version
+/stores/{store}            persistent  StoreRecord: partitions, partitioner, key format, current version,
+                                       versions retained for a rollback (version -> snapshot)
+/nodes/{node_id}           ephemeral   NodeRecord: the URL a node advertises (liveness), leaving flag
+/controller                            kazoo Election recipe: the node that writes the assignment
+/assignment                persistent  Assignment: desired replicas per partition, with a generation
+/serving/{node_id}         ephemeral   ServingRecord: partitions a node has loaded, at which version
+/live/{node_id}            ephemeral   the state of every live partition a node holds (offset, lag, state,
+                                       counters; keyroute.core.live_status reads them), throttled
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ NODES = "/nodes"
 CONTROLLER = "/controller"
 ASSIGNMENT = "/assignment"
 SERVING = "/serving"
+LIVE = "/live"
 
-PERSISTENT_ROOTS = (STORES, NODES, CONTROLLER, SERVING)
+PERSISTENT_ROOTS = (STORES, NODES, CONTROLLER, SERVING, LIVE)
 
 
 def store_path(store: str) -> str:
@@ -29,3 +32,7 @@ def node_path(node_id: str) -> str:
 
 def serving_path(node_id: str) -> str:
     return f"{SERVING}/{node_id}"
+
+
+def live_path(node_id: str) -> str:
+    return f"{LIVE}/{node_id}"

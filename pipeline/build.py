@@ -1,6 +1,9 @@
 """One pipeline build: compute and write a new version of every store in a spec, then publish them all.
 
 A store that fails stops the build before anything is published, and its build's written versions are removed.
+Live stores' topics are checked before any Spark work (keyroute.pipeline.live); a live store without a source
+gets an empty version starting at the offsets its `start` names, without Spark (a spec of only such stores
+starts no Spark session at all).
 """
 
 from __future__ import annotations
@@ -20,10 +23,24 @@ from keyroute.core.snapshot import ArrowLocation, SnapshotError, is_local, local
 from keyroute.core.zk import ZkUnavailableError, close, connect
 from keyroute.pipeline.compute import compute_store, spark_message
 from keyroute.pipeline.errors import PipelineError, PublishError
+from keyroute.pipeline.live import (
+    METADATA_TIMEOUT_S,
+    check_offsets,
+    check_topic,
+    live_config,
+    live_value_columns,
+    start_offsets,
+)
 from keyroute.pipeline.publish import PublishedStore, check_shape, publish, read_published
 from keyroute.pipeline.session import create_session
 from keyroute.pipeline.spec import Spec, StoreSpec, load_spec
-from keyroute.pipeline.writer import WrittenVersion, claim_next_version, remove_version, write_version
+from keyroute.pipeline.writer import (
+    WrittenVersion,
+    claim_next_version,
+    remove_version,
+    write_empty_version,
+    write_version,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,15 +54,30 @@ class PublishedVersion:
     snapshot: str
     rows: int
     partitions: int
+    # Live stores: the next offset of each topic partition nodes apply on top of the version's rows.
+    live_offsets: tuple[int, ...] | None = None
 
     def describe(self) -> dict[str, Any]:
-        return {
+        line: dict[str, Any] = {
             "store": self.store,
             "version": self.version,
             "snapshot": self.snapshot,
             "rows": self.rows,
             "partitions": self.partitions,
+            "live": self.live_offsets is not None,
         }
+        if self.live_offsets is not None:
+            line["live_offsets"] = list(self.live_offsets)
+        return line
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaAccess:
+    """How the build asks live stores' Kafka clusters: `environ` resolves `${ENV}` settings, every question
+    is bounded by `timeout_s`."""
+
+    environ: Mapping[str, str]
+    timeout_s: float = METADATA_TIMEOUT_S
 
 
 def build(
@@ -54,24 +86,31 @@ def build(
     output: str,
     master: str | None = None,
     spark: SparkSession | None = None,
+    kafka: KafkaAccess | None = None,
 ) -> list[PublishedVersion]:
     """Build every store of the spec at `spec_path` into `output` and publish the new versions in ZooKeeper.
 
-    The spec is checked before Spark or ZooKeeper are touched. A session passed in is left running; one
-    created here (on `master`, default local[*]) is stopped before returning.
+    The spec is checked before Spark or ZooKeeper are touched, live stores' topics before Spark. A session
+    passed in is left running; one created here (on `master`, default local[*]) is stopped before
+    returning. `kafka` says how to reach live stores' clusters (default: no environment variables).
     """
     spec = load_spec(spec_path)
     _check_output(spec, output)
+    kafka = KafkaAccess({}) if kafka is None else kafka
     client = _connect(zk)
     try:
         published = {store.name: read_published(client, store.name) for store in spec.stores}
         for store in spec.stores:
             check_shape(store, published[store.name])  # before hours of Spark work, not after
-        session = spark if spark is not None else _start_spark(master)
+        for store in spec.stores:
+            if store.live is not None:
+                check_topic(store, kafka.environ, kafka.timeout_s)
+        needs_spark = spark is None and any(store.source is not None for store in spec.stores)
+        session = _start_spark(master) if needs_spark else spark
         try:
-            written = _write_all(session, spec, output, published)
+            written = _write_all(session, spec, output, published, kafka)
         finally:
-            if spark is None:
+            if needs_spark and session is not None:
                 session.stop()
         try:
             publish(client, list(zip(spec.stores, written, strict=True)), published)
@@ -88,6 +127,7 @@ def build(
             snapshot=str(w.snapshot),
             rows=w.manifest.total_rows,
             partitions=w.manifest.partitions,
+            live_offsets=None if w.manifest.live is None else w.manifest.live.offsets,
         )
         for w in written
     ]
@@ -97,12 +137,21 @@ def build(
 
 
 def _write_all(
-    spark: SparkSession, spec: Spec, output: str, published: Mapping[str, PublishedStore | None]
+    spark: SparkSession | None,
+    spec: Spec,
+    output: str,
+    published: Mapping[str, PublishedStore | None],
+    kafka: KafkaAccess,
 ) -> list[WrittenVersion]:
     written: list[WrittenVersion] = []
     try:
         for store in spec.stores:
-            written.append(_write_store(spark, store, output, published[store.name]))
+            before = published[store.name]
+            if store.source is None:
+                written.append(_write_live_only(store, output, before, kafka))
+                continue
+            assert spark is not None
+            written.append(_write_store(spark, store, output, before, kafka))
     except BaseException:
         for version in written:
             remove_version(version.snapshot)
@@ -111,19 +160,43 @@ def _write_all(
 
 
 def _write_store(
-    spark: SparkSession, store: StoreSpec, output: str, published: PublishedStore | None
+    spark: SparkSession, store: StoreSpec, output: str, published: PublishedStore | None, kafka: KafkaAccess
 ) -> WrittenVersion:
     log.info("store %r: computing from %s", store.name, store.source)
     computed = compute_store(spark, store)
     try:
+        live = None
+        if store.live is not None:
+            assert computed.live_offsets is not None  # a hybrid store's spec names its offset column
+            check_offsets(store, computed.live_offsets, kafka.environ, kafka.timeout_s)
+            live = live_config(store, computed.live_offsets, computed.value_columns)
         # Claimed once the data is known good, so a failed computation leaves no version behind.
         claimed = claim_next_version(output, store.name, published.record.version if published else None)
         log.info("store %r: writing version %d to %s", store.name, claimed.version, claimed.snapshot)
-        written = write_version(computed, claimed)
+        written = write_version(computed, claimed, live)
     finally:
         computed.release()
     log.info("store %r: wrote version %d to %s", store.name, written.version, written.snapshot)
     return written
+
+
+def _write_live_only(
+    store: StoreSpec, output: str, published: PublishedStore | None, kafka: KafkaAccess
+) -> WrittenVersion:
+    """An empty version of a live store without a source, starting at the watermarks its `start` names."""
+    assert store.live is not None
+    offsets = start_offsets(store, kafka.environ, kafka.timeout_s)
+    claimed = claim_next_version(output, store.name, published.record.version if published else None)
+    log.info(
+        "store %r: writing empty version %d to %s, following topic %r from its %s offsets %s",
+        store.name,
+        claimed.version,
+        claimed.snapshot,
+        store.live.topic,
+        store.live.start,
+        list(offsets),
+    )
+    return write_empty_version(store, claimed, live_config(store, offsets), live_value_columns(store))
 
 
 def _check_output(spec: Spec, output: str) -> None:

@@ -2,6 +2,8 @@
 
 Routing (canonical key text and partition) runs in the shared core's own code, through an Arrow UDF; keys
 are serialized a whole batch at a time as well. An audited store's records are checked in the same pass.
+A live store's values also carry the merge state its nodes fold the topic's records into (keyroute.core.live),
+and a hybrid store's pass finds where its source ends in each topic partition.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from keyroute.core.key_format import KeyFormat, KeyFormatError, key_from_value
+from keyroute.core.live import Aggregate
 from keyroute.core.lmdb_layout import db_keys
 from keyroute.core.partition_vectorized import partitions as vectorized_partitions
 from keyroute.core.partitioner import Partitioner
@@ -38,6 +41,12 @@ _ORDER = "__keyroute_order"
 _LATEST = "__keyroute_latest"
 _ROUTE = "__keyroute_route"
 _OFF_PARTITION = "__keyroute_off_partition"
+# Live stores (see "live stores" below).
+STATE = "__keyroute_live_state"  # the merge state as a JSON object {"0": ..., "1": ...}, in merge order
+_TIE = "__keyroute_tie"
+_MAX_OFFSET = "__keyroute_max_offset"
+_NULL_OFFSETS = "__keyroute_null_offsets"
+_STATE_FIELD = "__keyroute_state_{}"
 
 ROUTE_TYPE = T.StructType(
     [
@@ -67,12 +76,17 @@ class ComputedStore:
 
     `frame` is cached; call `release()` once it has been written. `partition_rows[p]` is the number of
     keys in partition p, counted from `frame` while checking it.
+
+    A live store whose fold keeps a merge state has a `STATE` column too (`live_value` appends it to the
+    value); a hybrid store has `live_offsets[p]`, one past the greatest source offset of partition p (0
+    when the source has none), i.e. the first offset of the topic its nodes apply on top.
     """
 
     spec: StoreSpec
     frame: DataFrame
     value_columns: tuple[str, ...]
     partition_rows: tuple[int, ...]
+    live_offsets: tuple[int, ...] | None = None
 
     def release(self) -> None:
         self.frame.unpersist()
@@ -315,7 +329,10 @@ def compute_store(spark: SparkSession, store: StoreSpec) -> ComputedStore:
         source_partition = audit.source_partition(store, source.schema)
         audited = source_partition is not None
         extra = [] if source_partition is None else audit.key_aggregates(source_partition)
-        reduced, value = _reduce(store, keyed, value_columns, extra)
+        offset = _source_offset(store, source.schema)
+        extra += _offset_aggregates(offset)
+        reduced, value = _reduce(store, keyed, value_columns, extra, offset)
+        state = live_state(store)
         partition = F.col(_ROUTE).getField("partition")
         routed = (
             reduced.select(
@@ -324,6 +341,8 @@ def compute_store(spark: SparkSession, store: StoreSpec) -> ComputedStore:
                 route_step(store, F.col(RAW_KEY)).alias(_ROUTE),
                 value.alias("value"),
                 *[F.col(name) for name in (audit.KEY_COLUMNS if audited else ())],
+                *([] if state is None else [state.alias(STATE)]),
+                *([] if offset is None else [F.col(_MAX_OFFSET), F.col(_NULL_OFFSETS)]),
             )
             .select(
                 F.col(RAW_KEY),
@@ -333,17 +352,25 @@ def compute_store(spark: SparkSession, store: StoreSpec) -> ComputedStore:
                 F.col(_ROUTE).getField("error").alias(ERROR),
                 F.col("value"),
                 *([audit.key_off_partition(partition).alias(_OFF_PARTITION)] if audited else []),
+                *([] if state is None else [F.col(STATE)]),
+                *([] if offset is None else [F.col(_MAX_OFFSET), F.col(_NULL_OFFSETS)]),
             )
             .persist(StorageLevel.MEMORY_AND_DISK)
         )
         try:
-            checked = _check_keys(store, routed, audited)
+            checked = _check_keys(store, routed, audited, offset is not None)
             if source_partition is not None:
                 _audit(store, keyed, source_partition, checked)
         except BaseException:
             routed.unpersist()
             raise
-    return ComputedStore(spec=store, frame=routed, value_columns=value_columns, partition_rows=checked.partition_rows)
+    return ComputedStore(
+        spec=store,
+        frame=routed,
+        value_columns=value_columns,
+        partition_rows=checked.partition_rows,
+        live_offsets=checked.offsets,
+    )
 
 
 def _audit(store: StoreSpec, keyed: DataFrame, source_partition: Column, checked: _CheckedKeys) -> None:
@@ -415,6 +442,8 @@ def _check_columns(store: StoreSpec, available: list[str]) -> tuple[str, ...]:
     require(store.key, "key")
     if store.source_partition_column is not None:
         require(store.source_partition_column, "source_partition_column")
+    if store.source_offset_column is not None:
+        require(store.source_offset_column, "source_offset_column")
     if store.mode is Mode.AGGREGATE:
         return tuple(store.aggregations)
     assert store.order_by is not None  # the spec guarantees it for mode latest
@@ -423,8 +452,9 @@ def _check_columns(store: StoreSpec, available: list[str]) -> tuple[str, ...]:
         for column in store.columns:
             require(column, "value")
         return store.columns
-    # The record's Kafka partition is where it was, not part of its value.
-    values = tuple(c for c in available if c not in (store.key, store.source_partition_column))
+    # The record's Kafka partition and offset are where it was, not part of its value.
+    where = (store.key, store.source_partition_column, store.source_offset_column)
+    values = tuple(c for c in available if c not in where)
     if not values:
         raise DataError(store.name, f"the source has no columns besides the key {store.key!r}")
     return values
@@ -473,17 +503,26 @@ def _raw_key(store: StoreSpec, dtype: T.DataType) -> Column:
 
 
 def _reduce(
-    store: StoreSpec, keyed: DataFrame, value_columns: tuple[str, ...], extra: Sequence[Column]
+    store: StoreSpec,
+    keyed: DataFrame,
+    value_columns: tuple[str, ...],
+    extra: Sequence[Column],
+    offset: Column | None = None,
 ) -> tuple[DataFrame, Column]:
-    """One row per raw key (nulls included, with its row count and `extra` aggregates), and its value."""
+    """One row per raw key (nulls included, with its row count and `extra` aggregates), and its value.
+
+    With `offset` (a hybrid store's source offsets), rows that tie on the ordering are decided as the live
+    fold decides them: the later offset wins."""
     rows = F.count(F.lit(1)).alias(_ROWS)
     grouped = keyed.groupBy(RAW_KEY)
     if store.mode is Mode.LATEST:
         assert store.order_by is not None
         # max() of a struct compares field by field: the greatest order_by wins, and rows that tie on it
         # are decided by the value columns in their listed order (greatest wins, null lowest), so the
-        # result never depends on how Spark split or ordered the input.
-        candidate = F.struct(_quoted(store.order_by).alias(_ORDER), *[_quoted(c) for c in value_columns])
+        # result never depends on how Spark split or ordered the input. A hybrid store's ties go to the later
+        # offset first, as in the live fold that continues from these values.
+        tie = [] if offset is None else [offset.alias(_TIE)]
+        candidate = F.struct(_quoted(store.order_by).alias(_ORDER), *tie, *[_quoted(c) for c in value_columns])
         reduced = grouped.agg(rows, *extra, F.max(candidate).alias(_LATEST))
         value = F.struct(*[F.col(_LATEST).getField(c).alias(c) for c in value_columns])
         return reduced, value
@@ -496,9 +535,87 @@ def _reduce(
                 store.name,
                 f"aggregation {name!r} = {expr!r} is not a valid Spark SQL aggregate: {spark_message(exc)}",
             ) from exc
-    aggregated = [F.expr(expr).alias(name) for name, expr in store.aggregations.items()]
+    if store.live is not None:
+        aggregated = _live_aggregates(store.merge().aggregates, offset)
+    else:
+        aggregated = [F.expr(expr).alias(name) for name, expr in store.aggregations.items()]
     reduced = grouped.agg(rows, *extra, *aggregated)
     return reduced, F.struct(*[_quoted(name) for name in store.aggregations])
+
+
+# --- live stores ------------------------------------------------------------------------------------------
+#
+# A live store's nodes fold the topic's records into the values this pass computes (keyroute.core.live), so
+# each value carries what the fold needs to continue exactly where the source ended: the winning order_by
+# of `latest`, the ordering value of each max_by/min_by. A hybrid store's source is the topic's archive;
+# its offsets say where each partition's archive ends.
+
+
+def live_state(store: StoreSpec) -> Column | None:
+    """The merge state of every key of a live store, as JSON text of {"0": s0, "1": s1, ...} (the state
+    list in order; `lmdb_files.live_value` makes it the list), or None when the fold keeps none."""
+    if store.live is None:
+        return None
+    merge = store.merge()
+    if not merge.has_state:
+        return None
+    if store.mode is Mode.LATEST:
+        fields = [F.col(_LATEST).getField(_ORDER).alias("0")]
+    else:
+        fields = [
+            (F.col(_STATE_FIELD.format(i)) if agg.has_state else F.lit(None).cast(T.StringType())).alias(str(i))
+            for i, agg in enumerate(merge.aggregates)
+        ]
+    return F.to_json(F.struct(*fields), {"ignoreNullFields": "false"})
+
+
+def _live_aggregates(aggregates: Sequence[Aggregate], offset: Column | None) -> list[Column]:
+    """The live store's aggregations as the fold computes them (and, per max_by/min_by, its state: the
+    greatest or least ordering value). Rows that tie on a max_by/min_by ordering go to the later offset,
+    as in the fold (a live store with a source always has offsets; without, the tie is Spark's pick)."""
+    columns = []
+    for i, agg in enumerate(aggregates):
+        value = None if agg.column is None else _quoted(agg.column)
+        if agg.function == "count":
+            columns.append(F.count(F.lit(1) if value is None else value).alias(agg.name))
+            continue
+        assert value is not None
+        if agg.by is None:
+            function = {"sum": F.sum, "min": F.min, "max": F.max}[agg.function]
+            columns.append(function(value).alias(agg.name))
+            continue
+        order = _quoted(agg.by)
+        latest = agg.function == "max_by"
+        ranked: Column = order
+        if offset is not None:
+            # Null orderings are ignored, as Spark's max_by ignores them; the offset breaks ties.
+            ranked = F.when(order.isNotNull(), F.struct(order, offset if latest else -offset))
+        pick = F.max_by if latest else F.min_by
+        columns.append(pick(value, ranked).alias(agg.name))
+        columns.append((F.max if latest else F.min)(order).alias(_STATE_FIELD.format(i)))
+    return columns
+
+
+def _source_offset(store: StoreSpec, schema: T.StructType) -> Column | None:
+    """A hybrid store's source offset column as a long, or None for any other store."""
+    name = store.source_offset_column
+    if name is None:
+        return None
+    dtype = schema[name].dataType
+    if not isinstance(dtype, _INTEGRAL):
+        raise DataError(
+            store.name,
+            f"source_offset_column {name!r} has type {dtype.simpleString()}; it must hold the Kafka offset of "
+            "each record, an integer",
+        )
+    return _quoted(name).cast(T.LongType())
+
+
+def _offset_aggregates(offset: Column | None) -> list[Column]:
+    """Per key: its greatest source offset, and how many of its records have none."""
+    if offset is None:
+        return []
+    return [F.max(offset).alias(_MAX_OFFSET), F.count(F.when(offset.isNull(), True)).alias(_NULL_OFFSETS)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -506,9 +623,10 @@ class _CheckedKeys:
     partition_rows: tuple[int, ...]  # keys per partition
     records: int  # source records
     keys_off_partition: int  # audited stores: keys with a record outside the key's partition
+    offsets: tuple[int, ...] | None = None  # hybrid stores: one past each partition's greatest offset
 
 
-def _check_keys(store: StoreSpec, routed: DataFrame, audited: bool) -> _CheckedKeys:
+def _check_keys(store: StoreSpec, routed: DataFrame, audited: bool, offsets: bool = False) -> _CheckedKeys:
     """Keys per partition; DataError for null keys, keys that do not fit the format, or duplicate keys.
 
     One job summarises the whole frame per partition. Equal keys land in the same partition, so a
@@ -516,6 +634,8 @@ def _check_keys(store: StoreSpec, routed: DataFrame, audited: bool) -> _CheckedK
     (null or malformed keys) have no partition. Examples are fetched only when something is wrong.
     """
     off_partition = F.count(F.when(F.col(_OFF_PARTITION), True)) if audited else F.lit(0)
+    # A partition's greatest offset is over its keys' records; the audit proves they are the partition's.
+    offset_summary = [F.max(_MAX_OFFSET).alias("max_offset"), F.sum(_NULL_OFFSETS).alias("null_offsets")]
     summary = (
         routed.groupBy("partition")
         .agg(
@@ -525,6 +645,7 @@ def _check_keys(store: StoreSpec, routed: DataFrame, audited: bool) -> _CheckedK
             F.count(F.when(F.col(RAW_KEY).isNotNull() & F.col(ERROR).isNotNull(), True)).alias("bad"),
             F.sum(_ROWS).alias("records"),
             off_partition.alias("off_partition"),
+            *(offset_summary if offsets else []),
         )
         .collect()
     )
@@ -544,7 +665,21 @@ def _check_keys(store: StoreSpec, routed: DataFrame, audited: bool) -> _CheckedK
         partition_rows=tuple(counts.get(p, 0) for p in range(store.partitions)),
         records=sum(row["records"] or 0 for row in summary),
         keys_off_partition=sum(row["off_partition"] for row in summary),
+        offsets=_next_offsets(store, summary) if offsets else None,
     )
+
+
+def _next_offsets(store: StoreSpec, summary: list[Any]) -> tuple[int, ...]:
+    """Per partition, the first topic offset after the source's records (0 for a partition without any)."""
+    missing = sum(row["null_offsets"] or 0 for row in summary)
+    if missing:
+        raise DataError(
+            store.name,
+            f"{missing} source row(s) have a null offset (column {store.source_offset_column!r}); a hybrid "
+            "store's source is the topic's archive, every record has its offset",
+        )
+    greatest = {int(row["partition"]): row["max_offset"] for row in summary if row["partition"] is not None}
+    return tuple(0 if greatest.get(p) is None else int(greatest[p]) + 1 for p in range(store.partitions))
 
 
 def _raise_bad_keys(store: StoreSpec, routed: DataFrame, count: int) -> None:

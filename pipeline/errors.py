@@ -5,6 +5,7 @@
      +-- DataError           the source data does not fit the spec (missing column, null or malformed keys)
      |    +-- PartitionAuditError  records are not where the store's partitioner puts their keys
      +-- PublishError        a version could not be written or published (output, ZooKeeper, changed shape)
+     +-- TopicError          a live store's Kafka topic cannot be reached or read (broker, unknown topic)
 """
 
 from __future__ import annotations
@@ -33,3 +34,7 @@ class PublishError(PipelineError):
 
 class PartitionAuditError(DataError):
     """Source records are not in the partitions the store's partitioner gives their keys (failed audit)."""
+
+
+class TopicError(PipelineError):
+    """A live store's Kafka topic could not be reached or read when the build asked the cluster about it."""

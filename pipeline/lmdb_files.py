@@ -1,10 +1,11 @@
 """Snapshot format 2 on Spark's executors: each task turns its sorted rows into ready-to-serve partition files.
 
-A task receives Arrow batches of (partition, LMDB key, value as JSON text), sorted by partition and then by
-LMDB key, all rows of a store partition in the same task. For every store partition it meets it builds
-the LMDB file in a local scratch directory (keyroute_core.lmdb_layout), uploads the compacted data.mdb to
-`{version}/partition={p}/data.mdb` while checksumming it, and yields one result row (partition, rows,
-bytes, checksum, misplaced), which the driver checks and writes into the manifest.
+A task receives Arrow batches of (partition, LMDB key, value as JSON text[, a live store's merge state as
+JSON text]), sorted by partition and then by LMDB key, all rows of a store partition in the same task. For
+every store partition it meets it builds the LMDB file in a local scratch directory
+(keyroute_core.lmdb_layout), uploads the compacted data.mdb to `{version}/partition={p}/data.mdb` while
+checksumming it, and yields one result row (partition, rows, bytes, checksum, misplaced), which the driver
+checks and writes into the manifest.
 
 This module runs on executors: it imports the shared core, pyarrow and lmdb only (never the node, never
 Spark), so the functions Spark ships here stay small.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import shutil
 import tempfile
@@ -25,11 +27,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from keyroute.core.live import STATE_SEPARATOR
 from keyroute.core.lmdb_layout import PartitionFileBuilder
 from keyroute.core.snapshot import (
     ArrowLocation,
     Checksum,
     SnapshotError,
+    compact_json,
     compact_value,
     copy_checksummed,
     data_file,
@@ -41,6 +45,8 @@ from keyroute.core.snapshot import (
 PARTITION = "partition"
 LMDB_KEY = "__keyroute_lmdb_key"
 VALUE_JSON = "__keyroute_value_json"
+# Live stores whose fold keeps a merge state: {"0": s0, "1": s1, ...} (keyroute.pipeline.compute.live_state).
+LIVE_STATE = "__keyroute_live_state"
 # One row per partition file written; `misplaced` counts rows whose key does not hash to their partition
 # (their LMDB key is null; they are not written, and the driver fails the build).
 RESULT_SCHEMA = pa.schema(
@@ -191,12 +197,23 @@ def _add(builder: PartitionFileBuilder, rows: pa.RecordBatch) -> int:
     """Append one run of rows of a partition; the number left out for having no LMDB key (misplaced)."""
     keys = rows.column(LMDB_KEY)
     values = rows.column(VALUE_JSON)
+    states = rows.column(LIVE_STATE) if LIVE_STATE in rows.schema.names else None
     missing = keys.null_count
     if missing:
         present = keys.is_valid()
         keys, values = keys.filter(present), values.filter(present)
-    builder.add(zip(keys.to_pylist(), map(compact_value, values.to_pylist()), strict=True))
+        states = None if states is None else states.filter(present)
+    stored = map(compact_value, values.to_pylist())
+    if states is not None:
+        stored = map(live_value, stored, states.to_pylist())
+    builder.add(zip(keys.to_pylist(), stored, strict=True))
     return missing
+
+
+def live_value(answer: bytes, state: str) -> bytes:
+    """A live store's stored value (keyroute.core.live.encode_stored): the answer's compact JSON, NUL, and the
+    merge state as a compact JSON list, from the state object Spark wrote (its fields in merge order)."""
+    return answer + STATE_SEPARATOR + compact_json(list(json.loads(state).values()))
 
 
 def _publish(builder: PartitionFileBuilder, partition: int, misplaced: int, destination: Destination) -> pa.RecordBatch:

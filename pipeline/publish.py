@@ -129,6 +129,7 @@ def store_record(store: StoreSpec, written: WrittenVersion, published_at: float 
         value_columns=written.manifest.value_columns,
         replication_factor=store.replication_factor,
         published_at=time.time() if published_at is None else published_at,
+        live=written.manifest.live is not None,
     )
 
 
@@ -303,6 +304,7 @@ def describe_store(record: StoreRecord) -> dict[str, object]:
         "published_at": record.published_at,
         "partitions": record.partitions,
         "replication_factor": record.replication_factor,
+        "live": record.live,
         "retained": {str(v): record.snapshot_of(v) for v in record.retained_versions},
     }
 

@@ -1,4 +1,5 @@
-"""The store spec: which stores to build, from which source, keyed and partitioned how.
+"""The store spec: which stores to build, from which source (and for live stores, which Kafka topic), keyed
+and partitioned how.
 
 Parsed strictly from TOML into frozen values; every mistake is a SpecError naming the store and the field.
 """
@@ -14,6 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from keyroute.core.key_format import KeyFormat
+from keyroute.core.live import (
+    DEFAULT_CATCH_UP_RECORDS,
+    ON_BAD_RECORD,
+    STARTS,
+    LiveSpecError,
+    Merge,
+    check_kafka_settings,
+    parse_aggregate,
+)
 from keyroute.core.partitioner import Partitioner
 from keyroute.pipeline.errors import SpecError
 
@@ -41,12 +51,32 @@ class Mode(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class LiveSpec:
+    """A store's `[stores.NAME.live]` table: the Kafka topic it follows, partitioned as the store is.
+
+    `kafka` holds extra consumer settings, secrets only as `${ENV}` references; `start` says where a live
+    store without `source` begins (its versions are empty; each build resolves it to offsets).
+    """
+
+    topic: str
+    bootstrap_servers: str
+    kafka: Mapping[str, str] = field(default_factory=dict)
+    start: str = STARTS[0]
+    on_bad_record: str = ON_BAD_RECORD[0]
+    catch_up_records: int = DEFAULT_CATCH_UP_RECORDS
+
+
+@dataclass(frozen=True, slots=True)
 class StoreSpec:
-    """One store as the spec describes it; `source` is absolute (or a URI) once parsed."""
+    """One store as the spec describes it; `source` is absolute (or a URI) once parsed.
+
+    A store has a `source` (a batch store; with `live`, a hybrid one), or only `live` (then `source` and
+    `format` are None and every version starts empty).
+    """
 
     name: str
-    source: str
-    format: SourceFormat
+    source: str | None
+    format: SourceFormat | None
     key: str
     partitions: int
     mode: Mode
@@ -61,6 +91,20 @@ class StoreSpec:
     # How versions are written: 2 = ready-to-serve LMDB files per partition (keyroute-snapshot/2); 1 = JSON
     # lines (keyroute-snapshot/1, local outputs only) for nodes that do not read format 2 yet.
     snapshot_format: int = 2
+    # The Kafka topic the store follows; None for a batch store.
+    live: LiveSpec | None = None
+    # The Kafka offset of each source record (a hybrid store's source is the topic's archive): where the
+    # version's batch part ends in each partition.
+    source_offset_column: str | None = None
+
+    def merge(self, value_columns: tuple[str, ...] | None = None) -> Merge:
+        """How the live topic's records fold into this store's values (keyroute.core.live), keeping
+        `value_columns` (a `latest` store's answer columns as the batch part holds them) when given."""
+        if self.mode is Mode.LATEST:
+            columns = self.columns if value_columns is None else value_columns
+            return Merge("latest", self.key, order_by=self.order_by, columns=columns)
+        aggregates = tuple(parse_aggregate(name, expr) for name, expr in self.aggregations.items())
+        return Merge("aggregate", self.key, aggregates=aggregates)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +133,11 @@ _FIELDS = (
     "columns",
     "aggregations",
     "source_partition_column",
+    "source_offset_column",
     "snapshot_format",
+    "live",
 )
+_LIVE_FIELDS = ("topic", "bootstrap_servers", "kafka", "start", "on_bad_record", "catch_up_records")
 # The snapshot formats a spec may ask for (keyroute_core.snapshot.FORMAT_1, FORMAT_2).
 SNAPSHOT_FORMATS = (1, 2)
 
@@ -142,6 +189,15 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
     source_partition_column = fields.text("source_partition_column")
     if source_partition_column == key:
         raise SpecError(name, f"'source_partition_column' names the key column {key!r}")
+    source = fields.text("source")
+    live = _parse_live(name, table.get("live"), has_source=source is not None)
+    if source is None and live is None:
+        raise SpecError(name, "missing required field 'source' (or a [stores.NAME.live] table: a live store)")
+    source_format = fields.choice("format", SourceFormat, required=source is not None)
+    if source is None and source_format is not None:
+        raise SpecError(name, "'format' describes 'source', which a live store without 'source' does not have")
+    source_offset_column = fields.text("source_offset_column")
+    snapshot_format = fields.snapshot_format()
     if mode is Mode.LATEST:
         if order_by is None:
             raise SpecError(name, "mode 'latest' needs 'order_by' (the column whose greatest value wins)")
@@ -162,11 +218,14 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
             )
         if key in aggregations:
             raise SpecError(name, f"aggregation {key!r} has the name of the key column")
+    if live is not None:
+        _check_live_store(name, mode, aggregations or {}, snapshot_format)
+    _check_offset_column(name, key, source, live, source_partition_column, source_offset_column)
 
     return StoreSpec(
         name=name,
-        source=_resolve_source(fields.required_text("source"), base_dir),
-        format=fields.choice("format", SourceFormat, required=True),
+        source=None if source is None else _resolve_source(source, base_dir),
+        format=source_format,
         key=key,
         key_format=fields.parsed("key_format", KeyFormat.parse, KeyFormat.STRING),
         partitions=fields.count("partitions", required=True, maximum=_MAX_PARTITIONS),
@@ -177,8 +236,106 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
         columns=columns,
         aggregations=dict(aggregations or {}),
         source_partition_column=source_partition_column,
-        snapshot_format=fields.snapshot_format(),
+        snapshot_format=snapshot_format,
+        live=live,
+        source_offset_column=source_offset_column,
     )
+
+
+def _parse_live(name: str, table: Any, has_source: bool) -> LiveSpec | None:
+    """The `[stores.NAME.live]` table, checked; None when the store has none."""
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise SpecError(name, f"'live' must be a table ([stores.{name}.live]), got {table!r}")
+    unknown = sorted(set(table) - set(_LIVE_FIELDS))
+    if unknown:
+        raise SpecError(
+            name, f"unknown field 'live.{unknown[0]}' (expected some of: {', '.join(_LIVE_FIELDS)})"
+        )
+    fields = _Fields(name, table, prefix="live.")
+    kafka = table.get("kafka", {})
+    if not isinstance(kafka, dict):
+        raise SpecError(name, f"'live.kafka' must be a table of consumer settings, got {kafka!r}")
+    try:
+        settings = check_kafka_settings(kafka)
+    except LiveSpecError as exc:
+        raise SpecError(name, f"'live.kafka': {exc}") from None
+    start = fields.text("start")
+    if start is not None and has_source:
+        raise SpecError(
+            name,
+            "'live.start' is for a live store without 'source'; a hybrid store's versions start where "
+            "its source ends ('source_offset_column')",
+        )
+    on_bad_record = fields.text("on_bad_record") or ON_BAD_RECORD[0]
+    if on_bad_record not in ON_BAD_RECORD:
+        raise SpecError(
+            name, f"unknown live.on_bad_record {on_bad_record!r} (expected one of: {', '.join(ON_BAD_RECORD)})"
+        )
+    start = start or STARTS[0]
+    if start not in STARTS:
+        raise SpecError(name, f"unknown live.start {start!r} (expected one of: {', '.join(STARTS)})")
+    catch_up = table.get("catch_up_records", DEFAULT_CATCH_UP_RECORDS)
+    if not isinstance(catch_up, int) or isinstance(catch_up, bool) or catch_up < 0:
+        raise SpecError(name, f"'live.catch_up_records' must be an integer of at least 0, got {catch_up!r}")
+    return LiveSpec(
+        topic=fields.required_text("topic"),
+        bootstrap_servers=fields.required_text("bootstrap_servers"),
+        kafka=settings,
+        start=start,
+        on_bad_record=on_bad_record,
+        catch_up_records=catch_up,
+    )
+
+
+def _check_live_store(name: str, mode: Mode, aggregations: Mapping[str, str], snapshot_format: int) -> None:
+    """What a live store needs besides its table: format-2 versions and aggregates that merge one record
+    at a time (a latest store's `order_by` is checked with the mode)."""
+    if snapshot_format != 2:
+        raise SpecError(
+            name,
+            f"'snapshot_format' must be 2 for a live store (nodes apply the topic to format-2 files), "
+            f"got {snapshot_format}",
+        )
+    if mode is Mode.AGGREGATE:
+        for agg_name, expr in aggregations.items():
+            try:
+                parse_aggregate(agg_name, expr)
+            except LiveSpecError as exc:
+                raise SpecError(name, f"'aggregations': {exc}") from None
+
+
+def _check_offset_column(
+    name: str,
+    key: str,
+    source: str | None,
+    live: LiveSpec | None,
+    partition_column: str | None,
+    offset_column: str | None,
+) -> None:
+    """A hybrid store's source carries each record's Kafka partition and offset; nothing else has offsets."""
+    if offset_column is None:
+        if live is not None and source is not None:
+            raise SpecError(
+                name,
+                "a live store with 'source' (the topic's archive) needs 'source_offset_column' and "
+                "'source_partition_column': where each partition's archive ends, so nodes replay the topic "
+                "from the next offset",
+            )
+        return
+    if live is None:
+        raise SpecError(name, "'source_offset_column' only applies to a live store ([stores.NAME.live])")
+    if source is None:
+        raise SpecError(name, "'source_offset_column' names a column of 'source', which this store does not have")
+    if partition_column is None:
+        raise SpecError(
+            name, "'source_offset_column' needs 'source_partition_column' (an offset is within a partition)"
+        )
+    if offset_column == key:
+        raise SpecError(name, f"'source_offset_column' names the key column {key!r}")
+    if offset_column == partition_column:
+        raise SpecError(name, f"'source_offset_column' and 'source_partition_column' both name {offset_column!r}")
 
 
 def _resolve_source(source: str, base_dir: Path) -> str:
@@ -193,12 +350,13 @@ def _resolve_source(source: str, base_dir: Path) -> str:
 class _Fields:
     """Typed reads of one store table; each failure names the store and the field."""
 
-    def __init__(self, store: str, table: Mapping[str, Any]) -> None:
+    def __init__(self, store: str, table: Mapping[str, Any], prefix: str = "") -> None:
         self.store = store
         self.table = table
+        self.prefix = prefix  # how field names are spelled in messages: "live." for the live table's
 
     def _missing(self, name: str) -> SpecError:
-        return SpecError(self.store, f"missing required field {name!r}")
+        return SpecError(self.store, f"missing required field {self.prefix + name!r}")
 
     def text(self, name: str, *, required: bool = False) -> str | None:
         value = self.table.get(name)
@@ -207,7 +365,7 @@ class _Fields:
                 raise self._missing(name)
             return None
         if not isinstance(value, str) or not value:
-            raise SpecError(self.store, f"{name!r} must be a non-empty string, got {value!r}")
+            raise SpecError(self.store, f"{self.prefix + name!r} must be a non-empty string, got {value!r}")
         return value
 
     def required_text(self, name: str) -> str:

@@ -24,11 +24,16 @@ are in one Spark task, sorted there by their LMDB key, and every task builds, co
 uploads the LMDB file of each of its partitions (keyroute.pipeline.lmdb_files); the driver writes the
 empty partitions' files and the manifest. Format 1 (`snapshot_format = 1`, local outputs only): Spark's JSON
 writer, one JSON-lines file per non-empty partition.
+
+Live stores are always format 2: their values carry the merge state beside the answer, and the manifest
+says which topic the version follows from which offsets (`live`). A live store without a source gets an
+empty version (`write_empty_version`): every partition's file is the empty LMDB file, no Spark job.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -43,6 +48,7 @@ from pathlib import Path
 
 from pyspark.sql import functions as F
 
+from keyroute.core.live import LiveConfig
 from keyroute.core.lmdb_layout import build_partition_file
 from keyroute.core.snapshot import (
     FORMAT_1,
@@ -59,8 +65,9 @@ from keyroute.core.snapshot import (
     write_manifest,
 )
 from keyroute.pipeline import lmdb_files
-from keyroute.pipeline.compute import ComputedStore, lmdb_key_column, spark_errors
+from keyroute.pipeline.compute import STATE, ComputedStore, lmdb_key_column, spark_errors
 from keyroute.pipeline.errors import PublishError
+from keyroute.pipeline.spec import StoreSpec
 
 # A builder's claim on a version directory on a pyarrow filesystem (see the module docstring).
 CLAIM_PREFIX = "_claim-"
@@ -163,16 +170,51 @@ def _claim_record(store: str, version: int) -> bytes:
     return json.dumps(record, sort_keys=True).encode("utf-8")
 
 
-def write_version(computed: ComputedStore, claimed: ClaimedVersion) -> WrittenVersion:
-    """Write `computed` into the version `claimed` for it; on any failure the version is removed again."""
+def write_version(computed: ComputedStore, claimed: ClaimedVersion, live: LiveConfig | None = None) -> WrittenVersion:
+    """Write `computed` into the version `claimed` for it (a live store's with `live` in its manifest); on
+    any failure the version is removed again."""
     store = computed.spec
     try:
         try:
             if store.snapshot_format == 1:
                 manifest = _write_format_1(computed, claimed)
             else:
-                manifest = _write_format_2(computed, claimed)
+                manifest = dataclasses.replace(_write_format_2(computed, claimed), live=live)
             write_manifest(claimed.location, manifest)  # last: until now, readers see an incomplete version
+        except (OSError, SnapshotError) as exc:
+            problem = f"writing version {claimed.version} to {claimed.snapshot} failed: {exc}"
+            raise PublishError(store.name, problem) from exc
+    except BaseException:
+        remove_version(claimed.location)
+        raise
+    return WrittenVersion(store=store.name, version=claimed.version, snapshot=claimed.snapshot, manifest=manifest)
+
+
+def write_empty_version(
+    store: StoreSpec, claimed: ClaimedVersion, live: LiveConfig, value_columns: tuple[str, ...]
+) -> WrittenVersion:
+    """A version of a live store without a source: no rows, every partition's file the empty LMDB file,
+    put in place and checksummed as any partition file; `live.offsets` says where nodes start applying."""
+    try:
+        try:
+            written = _write_empty(claimed, list(range(store.partitions)))
+            _check_sizes(store.name, claimed, {p: f.size for p, f in written.items()})
+            manifest = Manifest(
+                store=store.name,
+                version=claimed.version,
+                partitions=store.partitions,
+                partitioner=store.partitioner,
+                key_format=store.key_format,
+                value_columns=value_columns,
+                rows=(0,) * store.partitions,
+                created_at=time.time(),
+                format=FORMAT_2,
+                files={p: (data_file(p),) for p in range(store.partitions)},
+                checksums={p: written[p].checksum for p in range(store.partitions)},
+                bytes={p: written[p].size for p in range(store.partitions)},
+                live=live,
+            )
+            write_manifest(claimed.location, manifest)
         except (OSError, SnapshotError) as exc:
             problem = f"writing version {claimed.version} to {claimed.snapshot} failed: {exc}"
             raise PublishError(store.name, problem) from exc
@@ -249,11 +291,14 @@ def _write_format_2(computed: ComputedStore, claimed: ClaimedVersion) -> Manifes
 def _build_files(computed: ComputedStore, claimed: ClaimedVersion) -> dict[int, _PartitionFile]:
     """Run the Spark job that builds and uploads every non-empty partition's file; what each task reported."""
     store = computed.spec
+    # A live store's merge state, appended to each value on the executors (keyroute.core.live's stored form).
+    state = [F.col(STATE).alias(lmdb_files.LIVE_STATE)] if STATE in computed.frame.columns else []
     rows = computed.frame.select(
         F.col("partition").alias(lmdb_files.PARTITION),
         lmdb_key_column(store, F.col("key"), F.col("partition")).alias(lmdb_files.LMDB_KEY),
         # Spark's JSON for the value, as format 1 writes it; made compact JSON on the executors.
         F.to_json(F.col("value"), {"ignoreNullFields": "false"}).alias(lmdb_files.VALUE_JSON),
+        *state,
     )
     task = lmdb_files.partition_task(claimed.snapshot)
     with spark_errors(store.name, f"writing the partition files of {claimed.snapshot}", PublishError):

@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from keyroute.core.api import HEADER_REQUEST_ID, ApiError, BadRequest
+from keyroute.core.live_status import LiveStatusReader, annotate
 from keyroute.core.logs import bind_request_id
 from keyroute.core.metrics import CONTENT_TYPE
 from keyroute.core.partition_map import PartitionMap
@@ -79,6 +80,8 @@ def create_app(
         )
         proxy.metrics.admission = checks
         app.state.proxy = proxy
+        # A source without a ZooKeeper session (tests) has no live status to show.
+        app.state.live_status = LiveStatusReader(lambda: getattr(source, "client", None))
         loop = asyncio.get_running_loop()
         built: list[RoutingTable] = []  # the last table built, on the source's thread
         first_map = asyncio.Event()
@@ -114,7 +117,10 @@ def create_app(
                 await upstream.aclose()
 
     async def partition_map(request: Request) -> Response:
-        return JSONResponse({**_proxy(request).table.map.describe(), "router": True})
+        m = _proxy(request).table.map
+        body = {**m.describe(), "router": True}
+        annotate(body, m, await run_in_threadpool(request.app.state.live_status.read_for, m))
+        return JSONResponse(body)
 
     async def route(request: Request) -> Response:
         store, key = request.query_params.get("store"), request.query_params.get("key")

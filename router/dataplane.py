@@ -1,6 +1,7 @@
 """The router's data plane: every request under /stores/, answered without the ASGI app (keyroute.http.server).
 
-    GET|HEAD /stores/{store}/keys/{key}   admission, then `Proxy.read`: the node's reply passed on
+    GET|HEAD /stores/{store}/keys/{key}   admission, then `Proxy.read` (with `?min_offset=N` when given): the
+                                          node's reply passed on
     POST     /stores/{store}/batch-get    admission, then `Proxy.batch_get` in a task: the entries as JSON
     anything else under /stores/          404 not_found, or 405 method_not_allowed with Allow
 
@@ -19,11 +20,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_to_bytes
 
-from keyroute.core.api import ApiError, NotFound, error_headers, error_json, key_path_segment
+from keyroute.core.api import ApiError, NotFound, error_headers, error_json, key_path_segment, min_offset_query
 from keyroute.core.logs import bind_request_id
 from keyroute.core.metrics import KIND_BATCH, KIND_KEY
 from keyroute.core.request_guard import Admission
-from keyroute.http.forwarding import encode_entry, parse_batch_body
+from keyroute.http.forwarding import encode_entry, parse_batch_request
 from keyroute.router.proxy import Proxy
 from keyroute.router.upstream import UpstreamResponse
 
@@ -92,7 +93,12 @@ class RouterDataPlane:
             if located is not None:
                 store, key = located
                 try:
-                    self.proxy.read(store, key, request.request_id, functools.partial(self._delivered, exchange, store))
+                    on_result = functools.partial(self._delivered, exchange, store)
+                    # Only a request with a query string pays for looking at it.
+                    if request.query and (min_offset := min_offset_query(request.query)) is not None:
+                        self.proxy.read(store, key, request.request_id, on_result, min_offset)
+                    else:
+                        self.proxy.read(store, key, request.request_id, on_result)
                 except Exception as exc:
                     admission.release()
                     self._answer_read(exchange, store, exc)
@@ -113,7 +119,11 @@ class RouterDataPlane:
         """The read's result (from `Proxy.read`), answered."""
         self.admission.release()
         try:
-            self._answer_read(exchange, store, result)
+            if result.__class__ is UpstreamResponse:  # the common case, answered here
+                self.proxy.metrics.count(store, KIND_KEY, result.status)  # type: ignore[union-attr]
+                exchange.answer(result.status, result.headers, result.body)  # type: ignore[union-attr]
+            else:
+                self._answer_read(exchange, store, result)
         except Exception:
             # Never a hung connection: the client gets a 500, the traceback goes to the log.
             log.exception("answering a key read failed", extra={"request_id": exchange.request.request_id})
@@ -141,8 +151,8 @@ class RouterDataPlane:
         bind_request_id({}, request.request_id)  # this task's log lines carry it
         proxy = self.proxy
         try:
-            keys = parse_batch_body(request.body, 0)  # the proxy checks (and counts) the number of keys
-            results = await proxy.batch_get(store, keys, request.request_id)
+            parsed = parse_batch_request(request.body, 0)  # the proxy checks (and counts) the number of keys
+            results = await proxy.batch_get(store, parsed.keys, request.request_id, parsed.bounds)
         except ApiError as exc:
             self.admission.release()
             proxy.metrics.count(store, KIND_BATCH, exc.status)  # the whole batch was refused

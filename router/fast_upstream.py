@@ -40,8 +40,6 @@ _BAD_VALUE = re.compile(r"[\r\n\x00]")
 _REQUEST_ID = "x-request-id"
 # A request target is sent as is: it must already be percent-encoded ASCII without spaces or controls.
 _BAD_TARGET = re.compile(r"[\x00-\x20\x7f]")
-# Anything the fast path leaves to the careful one: non-ASCII, controls, spaces, a fragment.
-_UNUSUAL_TARGET = re.compile(r"[^\x21-\x7e]|#")
 # Response headers that change how the message is framed or decoded.
 _SPECIAL = frozenset({b"content-length", b"transfer-encoding", b"content-encoding"})
 _WHEN_CLOSED_MESSAGE = "the upstream client is closed"
@@ -115,13 +113,17 @@ class _Connection(asyncio.Protocol):
         if transport is None or transport.is_closing():
             waiter.set_exception(_Failure("the connection was closed before the request", retriable=True))
             return
-        self.pool.upstream.watch(self, deadline)
+        # FastUpstream.watch, inline (once per request).
+        upstream = self.pool.upstream
+        upstream._in_flight[self] = deadline
+        if upstream._watchdog is None or deadline < upstream._watchdog_at:
+            upstream._arm_watchdog(deadline)
         transport.write(request)
 
     def end_exchange(self) -> None:
         """The exchange is over (replied, failed or abandoned): nothing waits, no deadline is watched."""
         self.waiter = None
-        self.pool.upstream.unwatch(self)
+        self.pool.upstream._in_flight.pop(self, None)  # unwatch, inline
 
     def close(self) -> None:
         self.reusable = False
@@ -275,8 +277,13 @@ class _Exchange:
         self.pool.discard(self.conn)
 
     def set_result(self, reply: UpstreamResponse) -> None:
-        on_reply = self._end()
-        self.pool.release(self.conn)
+        # _end, inline (once per reply)
+        self.ended = True
+        conn = self.conn
+        conn.end_exchange()
+        on_reply = self.on_reply
+        self.on_reply = _ended_already
+        self.pool.release(conn)
         on_reply(reply)
 
     def set_exception(self, failure: BaseException) -> None:
@@ -435,7 +442,8 @@ class _Pool:
                 return
         conn.idle_since = self.loop.time()
         self.idle.append(conn)
-        self.upstream.sweep_later()
+        if self.upstream._sweeper is None:
+            self.upstream.sweep_later()
 
     def discard(self, conn: _Connection) -> None:
         conn.close()
@@ -538,10 +546,16 @@ class FastUpstream:
         headers, no CR/LF in values). `on_reply` is called once, from the event loop, with the reply or
         with the failure: UpstreamUnavailable, or `StaleConnection` when the node had closed the idle
         connection before it saw the request (send it again with `get`, which opens a new one)."""
-        located = None if self.closed else self._locate_known(url)
-        if located is None:
+        # _locate_known, inline (once per request)
+        if self.closed or not url.startswith("http://"):
             return None
-        pool, target = located
+        slash = url.find("/", 7)
+        pool = self._pools.get(url[:slash]) if slash > 0 else None
+        if pool is None:
+            return None
+        target = url[slash:]
+        if not (target.isascii() and target.isprintable() and " " not in target and "#" not in target):
+            return None
         now = pool.loop.time()
         while True:
             conn = pool.take_idle(now)
@@ -625,7 +639,9 @@ class FastUpstream:
                 pool = self._pools.get(url[:slash])
                 if pool is not None:
                     target = url[slash:]
-                    if _UNUSUAL_TARGET.search(target) is None:
+                    # Anything else (non-ASCII, controls, spaces, a fragment) is left to the careful path;
+                    # C string methods tell, cheaper than a regular expression.
+                    if target.isascii() and target.isprintable() and " " not in target and "#" not in target:
                         return pool, target
         return None
 

@@ -42,6 +42,11 @@ class ZooKeeperMapSource:
         self._watcher.start()
 
     @property
+    def client(self) -> KazooClient | None:
+        """The ZooKeeper session while started (the admin partition map reads live status with it)."""
+        return self._client
+
+    @property
     def watcher(self) -> MapWatcher | None:
         """The running watcher (tests use it for fault injection: `hold_watches()`)."""
         return self._watcher

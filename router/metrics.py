@@ -20,6 +20,7 @@ workers, and a scrape, whichever worker answers it, shows what the whole router 
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -28,6 +29,7 @@ from prometheus_client.core import Metric
 
 from keyroute.core.metrics import (
     LATENCY_BUCKETS_S,
+    UNKNOWN_STORE,
     Exposition,
     Facts,
     Histogram,
@@ -41,6 +43,7 @@ from keyroute.core.metrics import (
     histogram_family,
     labelled_counter,
     labelled_gauge,
+    outcome,
     refusal_counts_family,
     refusals,
     store_label,
@@ -93,6 +96,9 @@ _NOT_COUNTERS = frozenset(
     }
 )
 
+
+# The outcome label of the statuses a read is usually answered with (`outcome` for any other).
+_OUTCOMES = {status: outcome(status) for status in range(100, 600)}
 
 # Set in a worker process before its router starts (`share_across_workers`); None in a single-process router.
 _process_snapshots: WorkerSnapshots | None = None
@@ -162,8 +168,13 @@ class RouterMetrics:
 
     def count(self, store: str, kind: str, status: int) -> None:
         """One read of `store` answered with `status` (store names the map does not know share one label)."""
+        # RequestCounts.add(store_label(...), kind, status) in one frame: it runs once per read.
         m = self.partition_map
-        self.requests.add(store_label(store, m.stores if m is not None else ()), kind, status)
+        if m is None or store not in m.stores:
+            store = UNKNOWN_STORE
+        key = (store, kind, _OUTCOMES.get(status) or outcome(status))
+        counts = self.requests.counts
+        counts[key] = counts.get(key, 0) + 1
 
     def count_results(self, store: str, kind: str, results: Sequence[dict[str, Any]]) -> None:
         """Each key of a batch by the status of its own result entry."""
@@ -177,7 +188,9 @@ class RouterMetrics:
         histogram = self.upstream_latency.get(node_id)
         if histogram is None:
             histogram = self.upstream_latency[node_id] = Histogram()
-        histogram.observe(seconds)
+        # Histogram.observe, inline (once per upstream request).
+        histogram.counts[bisect_left(histogram.bounds, seconds)] += 1
+        histogram.sum += seconds
 
     def snapshot(self) -> Snapshot:
         """(sums, facts): this process's counters, and its gauges' inputs, as JSON values.

@@ -51,8 +51,11 @@ _READ_HEADERS = {
         ("X-Keyroute-Version", "the store version the value comes from"),
         ("X-Keyroute-Hops", "0 when the first node asked answered, 1 when it forwarded once"),
         ("X-Request-Id", "the request's id (the client's when acceptable, else a new one)"),
+        ("X-Keyroute-Offset", "live stores: the partition's last applied offset (-1: none yet)"),
+        ("X-Keyroute-Lag", "live stores: how many records the partition was behind the topic"),
     )
 }
+_OFFSET = {"type": "integer", "minimum": 0, "maximum": (1 << 63) - 1}
 
 
 def _json(schema_ref: str, description: str, headers: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -93,14 +96,34 @@ OPENAPI: dict[str, Any] = {
                             "int64 stores, base64url for bytes stores; at most `max_key_bytes` bytes decoded"
                         ),
                     },
+                    {
+                        "name": "min_offset",
+                        "in": "query",
+                        "required": False,
+                        "schema": _OFFSET,
+                        "description": (
+                            "live stores only: answer from a state that has applied at least this topic offset "
+                            "of the key's partition (read-your-writes after a produce), else 503 not_up_to_bound"
+                        ),
+                    },
                 ],
                 "responses": {
                     "200": _json("Found", "the key's value", _READ_HEADERS),
-                    "400": _error("`bad_key`: the key does not fit the store's key format or is not UTF-8"),
+                    "400": _error(
+                        "`bad_key`: the key does not fit the store's key format or is not UTF-8; `bad_request`: "
+                        "min_offset is not an offset; `not_live`: min_offset on a store that follows no topic"
+                    ),
                     "404": _error("`store_not_found`, `key_not_found`, or `not_found` (not a key path)"),
                     "414": _error("`key_too_long`: the key is longer than `max_key_bytes`"),
                     **_NOT_ALLOWED,
                     **_GUARD,
+                    "503": _error(
+                        "`overloaded` (too many requests in progress), `partition_unavailable` (no node serves the "
+                        "partition, a rebalance or reload is in flight) or `not_up_to_bound` (no replica applied "
+                        "min_offset within the wait; X-Keyroute-Offset says how far the last one asked got): "
+                        "retry after `Retry-After` seconds",
+                        retry_after=True,
+                    ),
                     **_INTERNAL,
                 },
             }
@@ -116,7 +139,10 @@ OPENAPI: dict[str, Any] = {
                 },
                 "responses": {
                     "200": _json("BatchResponse", "one entry per key, each with its own status"),
-                    "400": _error('`bad_request`: the body is not JSON of the form {"keys": [...]}'),
+                    "400": _error(
+                        '`bad_request`: the body is not JSON of the form {"keys": [...]}, or a bound is malformed '
+                        "or names a partition the store lacks"
+                    ),
                     "404": _error("`store_not_found`"),
                     "408": _error("`body_timeout`: the body did not arrive whole within the configured time"),
                     "413": _error("`too_many_keys` (more than `max_batch_keys`) or `body_too_large`"),
@@ -261,7 +287,18 @@ OPENAPI: dict[str, Any] = {
                         "type": "array",
                         "items": {"type": ["string", "integer"]},
                         "description": "strings; integers are accepted for integer key formats",
-                    }
+                    },
+                    "min_offset": {
+                        **_OFFSET,
+                        "description": "live stores: a bound for every partition of the request (see getKey)",
+                    },
+                    "min_offsets": {
+                        "type": "object",
+                        "description": "live stores: a bound per partition, by partition number; with "
+                        "min_offset too, the larger bound applies",
+                        "propertyNames": {"pattern": "^[0-9]+$"},
+                        "additionalProperties": _OFFSET,
+                    },
                 },
             },
             "BatchEntry": {
@@ -273,7 +310,11 @@ OPENAPI: dict[str, Any] = {
                     "partition": {"type": "integer"},
                     "version": {"type": "integer"},
                     "value": {"type": "object"},
-                    "error": {"type": "string", "description": "present when status is not 200"},
+                    "offset": {"type": "integer", "description": "live stores: the partition's last applied offset"},
+                    "error": {
+                        "type": "string",
+                        "description": "present when status is not 200 (`not_up_to_bound`, `not_live`, ...)",
+                    },
                     "message": {"type": "string"},
                 },
             },
@@ -285,7 +326,9 @@ OPENAPI: dict[str, Any] = {
             "PartitionMap": {
                 "type": "object",
                 "description": "stores (partitions, partitioner, key format, version), nodes, and per partition "
-                "the assigned replicas and the serving nodes with versions; the map's generation and age",
+                "the assigned replicas and the serving nodes with versions; the map's generation and age. A live "
+                "store says `live` (and `topic`), and each of its partitions lists under `live` every replica's "
+                "report: node, version, offset, lag_records, lag_ms, state, applied, skipped, error",
                 "required": ["stores", "nodes", "generation"],
                 "properties": {
                     "stores": {"type": "object"},

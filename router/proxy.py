@@ -15,6 +15,12 @@ Words, each with one meaning here (and in router/dataplane.py, router/fast_upstr
     hedge     a read's second request, to the next replica, when the first has not replied in time
     failover  a read's next request, to the next replica, after every request out failed or was refused
 
+Freshness (live stores): the router keeps, per (node, store, partition), the highest X-Keyroute-Offset a
+node answered with (`_offsets`, bounded). A read bounded by `min_offset` asks first the replicas known to
+have applied it; a replica that has not within its wait answers 503 not_up_to_bound, and the next replica
+is asked, each once, as after any refusal. The bound goes to the node with the read (a query string, or a
+batch's "min_offsets"): the node decides, the router only prefers.
+
 Versions: a partition's routable endpoints all serve one version (`PartitionMap` picks it), and a batch
 sends all keys of one partition to one node at a time (failover moves them together), so within one
 batch answer every key of a partition carries the same version. Partitions may differ from each other
@@ -26,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import json
 import logging
 import random
 import time
@@ -35,6 +42,7 @@ from typing import Any
 from keyroute.core.api import (
     HEADER_GENERATION,
     HEADER_HOPS,
+    HEADER_OFFSET,
     HEADER_REQUEST_ID,
     HEADER_ROUTER,
     ApiError,
@@ -48,6 +56,7 @@ from keyroute.core.api import (
 from keyroute.core.logs import bind_request_id
 from keyroute.core.partition_map import Endpoint
 from keyroute.http.forwarding import (
+    OffsetBounds,
     batch_body,
     batch_path,
     error_entry,
@@ -71,6 +80,9 @@ MIN_REFRESH_INTERVAL_S = 0.5
 _HOPS = HEADER_HOPS.encode("ascii")
 _now = time.perf_counter  # for latencies
 _GENERATION = HEADER_GENERATION.encode("ascii")
+_OFFSET = HEADER_OFFSET.encode("ascii")
+# Offsets remembered per (node URL, store, partition): beyond it the oldest entry is forgotten.
+MAX_REMEMBERED_OFFSETS = 65536
 
 # What a read's caller gets its result with (`Proxy.read`), and what a request's reply or failure goes to.
 OnResult = Callable[[UpstreamResponse | Exception], None]
@@ -105,6 +117,8 @@ class Proxy:
         member_headers: Mapping[str, str] | None = None,
     ) -> None:
         self.table = RoutingTable.empty()
+        # "/stores/{store}/keys/" per store of the table, percent-encoded once (see `read`).
+        self._key_paths: dict[str, str] = {}
         # Proof of membership (keyroute_core.security.ClusterAuth.headers()) sent with every request to a node.
         self._member_headers = dict(member_headers or {})
         self.metrics = metrics or RouterMetrics()
@@ -119,6 +133,7 @@ class Proxy:
         if hedge_after_s is not None and hedge_after_s < 0:
             raise ValueError("hedge_after_s must not be negative (0 turns hedging off)")
         self._balancer = Balancer(self._backoff, rng)
+        self._in_flight = self._balancer.in_flight  # requests in flight per node URL, the balancer's own
         self._budget = RetryBudget(retry_budget_ratio)
         self._hedging = hedge_after_s != 0
         self._hedge_after_s = hedge_after_s
@@ -131,15 +146,23 @@ class Proxy:
         self._send_now: Callable[[str, bytes, OnResult], Any] | None = getattr(upstream, "get_now", None)
         # What every request to a node carries except its request id, as header lines.
         self._block = header_block(self._headers(None))
+        self._id_head = self._block + b"x-request-id: "  # followed by the read's id
         # Requests sent through `Upstream.get`: the loop keeps only weak references to tasks.
         self._tasks: set[asyncio.Task[UpstreamResponse]] = set()
         self._last_refresh = float("-inf")
         # The highest map generation a node reported while forwarding for us that made us re-read.
         self._refreshed_for = 0
+        # Live stores of the current table (their answers' offsets are remembered) and those offsets.
+        self._live_stores: frozenset[str] = frozenset()
+        self._offsets: dict[tuple[str, str, int], int] = {}
 
     def install(self, table: RoutingTable) -> None:
         """Swap in a new routing view (on the event loop thread; readers keep the one they started with)."""
         self.table = table
+        self._key_paths = {}
+        self._live_stores = frozenset(
+            name for name, record in table.map.stores.items() if record.live
+        )
         m = self.metrics
         m.map_updates += 1
         m.map_generation = table.generation
@@ -149,11 +172,16 @@ class Proxy:
 
     # -- one key ----------------------------------------------------------------------------------------
 
-    def read(self, store: str, key_text: str, request_id: str, on_result: OnResult) -> Read:
+    def read(
+        self, store: str, key_text: str, request_id: str, on_result: OnResult, min_offset: int | None = None
+    ) -> Read:
         """Read one key: `on_result` is called once, later, on the event loop, with the result: a node's
         reply (headers filtered for passing on; any status, a last replica's 503 included) or the exception
         the read failed with (an ApiError, or anything unexpected). What is wrong at once (an unknown store,
         a bad key, no node serving the partition) is raised here, and `on_result` is never called.
+
+        A read bounded by `min_offset` goes first to the replicas known to have applied it; the nodes
+        enforce the bound (the last replica's 503 not_up_to_bound is the result when none has).
 
         `request_id` (visible ASCII, as `keyroute.core.logs` accepts or makes one) goes to the nodes.
 
@@ -165,15 +193,29 @@ class Proxy:
         """
         self.metrics.key_requests += 1
         table = self.table
-        route = table.resolve(store, key_text)
-        serving = self._serving(table, store, route.partition, route.serving)
+        partition, serving = table.locate(store, key_text)
         if not serving:
-            self.metrics.unavailable += 1
-            raise self._unavailable(f"no node serves partition {route.partition} of store {store!r}")
-        order = self._balancer.order(serving)
+            serving = self._serving(table, store, partition, serving)
+            if not serving:
+                self.metrics.unavailable += 1
+                raise self._unavailable(f"no node serves partition {partition} of store {store!r}")
+        order = serving if len(serving) < 2 else self._balancer.order(serving)  # one replica: no choice
         self._budget.deposit()
-        path = f"/stores/{path_segment(store)}/keys/{path_segment(key_text)}"
-        read = Read(self, store, route.partition, path, order, request_id, on_result)
+        prefix = self._key_paths.get(store)
+        if prefix is None:
+            # Only stores of the current table get here (`locate` raised for others): bounded, and
+            # emptied whenever a new table is installed.
+            prefix = self._key_paths[store] = f"/stores/{path_segment(store)}/keys/"
+        path = prefix + path_segment(key_text)
+        if min_offset is not None:
+            path += f"?min_offset={min_offset}"
+            order = self._fresh_first(order, store, partition, min_offset)
+        read = Read(self, store, partition, path, order, request_id, on_result)
+        if min_offset is not None:
+            read.min_offset = min_offset
+            read.live = True  # only a live store answers a bounded read
+        elif store in self._live_stores:
+            read.live = True
         self._send(read, order[0], False, False)
         if len(order) > 1 and self._hedging:
             latency = self._latency
@@ -193,14 +235,15 @@ class Proxy:
         else:
             read.lead = request
         url = endpoint.url
-        self._balancer.request_sent(url)
+        in_flight = self._in_flight  # Balancer.request_sent, inline (once per request)
+        in_flight[url] = in_flight.get(url, 0) + 1
         if not resend:
             self.metrics.upstream_requests += 1
         request.started = _now()
         send_now = self._send_now
         if send_now is not None and not resend:
             # The request id is one the server accepted or made: visible ASCII, no spaces.
-            head = self._block + b"x-request-id: " + read.request_id.encode("ascii") + b"\r\n"
+            head = self._id_head + read.request_id.encode("ascii") + b"\r\n"
             exchange = send_now(url + read.path, head, request.replied)
             if exchange is not None:
                 request.pending = exchange
@@ -226,7 +269,13 @@ class Proxy:
             read.hedge = None
         else:
             read.lead = None
-        self._balancer.request_ended(endpoint.url)
+        url = endpoint.url
+        in_flight = self._in_flight  # Balancer.request_ended, inline (once per request)
+        count = in_flight.get(url, 0)
+        if count > 1:
+            in_flight[url] = count - 1
+        else:
+            in_flight.pop(url, None)
         if isinstance(result, UpstreamResponse):
             elapsed = _now() - request.started
             self.metrics.observe_upstream(endpoint.node_id, elapsed)
@@ -234,13 +283,17 @@ class Proxy:
             if self._latency is not None:
                 self._latency.record(elapsed)
             self._check_hops(result)
+            if read.live:
+                self._remember(endpoint.url, read.store, read.partition, result.header(_OFFSET))
             if result.status != 503:
                 if hedge:
                     self.metrics.hedge_wins += 1
                 read.deliver(UpstreamResponse(result.status, passthrough_headers(result.headers), result.body))
                 return
-            # The node no longer serves the partition and knows no one who does: a replica still might.
-            self._refresh_map()
+            # The node no longer serves the partition and knows no one who does (or, for a bounded read,
+            # has not applied the bound yet: no map to refresh): a replica still might.
+            if read.min_offset is None or _error_code(result.body) != "not_up_to_bound":
+                self._refresh_map()
             read.refused = result
         elif isinstance(result, StaleConnection):
             # The node had closed the idle connection and never saw the request (not its fault).
@@ -316,8 +369,12 @@ class Proxy:
 
     # -- batches ----------------------------------------------------------------------------------------
 
-    async def batch_get(self, store: str, keys: Sequence[Any], request_id: str | None = None) -> list[dict[str, Any]]:
-        """One result per key in request order; one request per node, in parallel, replicas on failure."""
+    async def batch_get(
+        self, store: str, keys: Sequence[Any], request_id: str | None = None, bounds: OffsetBounds | None = None
+    ) -> list[dict[str, Any]]:
+        """One result per key in request order; one request per node, in parallel, replicas on failure.
+        With `bounds`, each node gets the bounds of its keys' partitions, and a partition's keys go first
+        to the replicas known to have applied its bound."""
         self.metrics.batch_requests += 1
         self.metrics.batch_keys += len(keys)
         if len(keys) > self._max_batch_keys:
@@ -325,6 +382,10 @@ class Proxy:
         table = self.table
         if not table.has_store(store):
             raise StoreNotFound(f"no store named {store!r}")
+        if bounds is not None:
+            bounds.check(store, table.map.stores[store].partitions)
+        # Where each key goes, for the bounds sent with it and the offsets its entry reports.
+        partition_of: dict[str, int] | None = {} if bounds is not None or store in self._live_stores else None
 
         results: list[dict[str, Any] | None] = [None] * len(keys)
         texts: dict[int, str] = {}
@@ -347,7 +408,11 @@ class Proxy:
             order = orders.get(route.partition)
             if order is None:
                 serving = self._serving(table, store, route.partition, route.serving)
-                order = orders[route.partition] = self._balancer.order(serving)
+                order = self._balancer.order(serving)
+                bound = bounds.bound(route.partition) if bounds is not None else None
+                if bound is not None:
+                    order = self._fresh_first(order, store, route.partition, bound)
+                orders[route.partition] = order
             if not order:
                 self.metrics.unavailable += 1
                 results[i] = error_entry(
@@ -356,6 +421,8 @@ class Proxy:
                 continue
             texts[i] = text
             candidates[i] = order
+            if partition_of is not None:
+                partition_of[text] = route.partition
 
         path = batch_path(store)
         headers = {**self._headers(request_id), "content-type": "application/json"}
@@ -366,7 +433,16 @@ class Proxy:
                 self._budget.deposit()
             else:
                 self._budget.spend_failover()
-            return await self._node_batch(endpoint, path, group, headers)
+            min_offsets = None
+            if bounds is not None and partition_of is not None:
+                min_offsets = bounds.wire(sorted({partition_of[text] for text in group}))
+            entries = await self._node_batch(endpoint, path, group, headers, min_offsets)
+            if entries is not None and partition_of is not None:
+                for text, entry in zip(group, entries, strict=True):
+                    offset = entry.get("offset")
+                    if type(offset) is int:
+                        self._remember(endpoint.url, store, partition_of[text], offset)
+            return entries
 
         forwarded = await forward_batch(texts, candidates, send)
         self.metrics.failovers += forwarded.failovers
@@ -379,16 +455,22 @@ class Proxy:
         return complete
 
     async def _node_batch(
-        self, endpoint: Endpoint, path: str, texts: list[str], headers: Mapping[str, str]
+        self,
+        endpoint: Endpoint,
+        path: str,
+        texts: list[str],
+        headers: Mapping[str, str],
+        min_offsets: Mapping[str, int] | None = None,
     ) -> list[dict[str, Any]] | None:
-        """The node's entries for `texts` in order, or None when it failed or replied with nonsense."""
+        """The node's entries for `texts` (bounded by `min_offsets`) in order, or None when it failed or
+        replied with nonsense."""
         self.metrics.upstream_requests += 1
         started = time.perf_counter()
         balancer = self._balancer
         url = endpoint.url
         balancer.request_sent(url)
         try:
-            reply = await self._upstream.post(url + path, batch_body(texts), headers)
+            reply = await self._upstream.post(url + path, batch_body(texts, min_offsets), headers)
         except UpstreamUnavailable as exc:
             self.metrics.upstream_failures += 1
             if exc.node_fault:
@@ -415,6 +497,39 @@ class Proxy:
         return entries
 
     # -- shared -----------------------------------------------------------------------------------------
+
+    def _remember(self, url: str, store: str, partition: int, offset: bytes | int | None) -> None:
+        """Keep the highest offset a node reported for a partition (a header's bytes or an entry's int)."""
+        if offset is None:
+            return
+        if type(offset) is bytes:
+            try:
+                offset = int(offset)
+            except ValueError:
+                return
+        where = (url, store, partition)
+        offsets = self._offsets
+        known = offsets.get(where)
+        if known is None:
+            if len(offsets) >= MAX_REMEMBERED_OFFSETS:
+                del offsets[next(iter(offsets))]  # the oldest remembered
+            offsets[where] = offset
+        elif offset > known:
+            offsets[where] = offset
+
+    def remembered_offset(self, url: str, store: str, partition: int) -> int | None:
+        """The highest offset the node at `url` reported for `partition` of `store`, if any."""
+        return self._offsets.get((url, store, partition))
+
+    def _fresh_first(
+        self, order: tuple[Endpoint, ...], store: str, partition: int, min_offset: int
+    ) -> tuple[Endpoint, ...]:
+        """`order` with the replicas known to have applied `min_offset` first (each group in its order)."""
+        offsets = self._offsets
+        fresh = [ep for ep in order if offsets.get((ep.url, store, partition), -1) >= min_offset]
+        if not fresh or len(fresh) == len(order):
+            return order
+        return (*fresh, *(ep for ep in order if ep not in fresh))
 
     def _check_hops(self, reply: UpstreamResponse) -> None:
         hops = reply.header(_HOPS)
@@ -461,6 +576,15 @@ class Proxy:
         return PartitionUnavailable(message, retry_after_s=self._retry_after_s)
 
 
+def _error_code(body: bytes) -> str | None:
+    """The `error` of a JSON error body, or None when it is not one."""
+    try:
+        code = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return None
+    return code if isinstance(code, str) else None
+
+
 def _delivered(result: UpstreamResponse | Exception) -> None:
     """A read's `on_result` once it has delivered or been cancelled: nothing may reach its caller again."""
     raise AssertionError("a read delivered twice")
@@ -488,6 +612,8 @@ class Read:
         "hedge",
         "refused",
         "waiting",
+        "live",
+        "min_offset",
     )
 
     def __init__(
@@ -512,6 +638,9 @@ class Read:
         self.hedge: _Request | None = None
         self.refused: UpstreamResponse | None = None  # the last 503 reply, passed on if no replica does better
         self.waiting = False
+        # A read of a live store (its replies' offsets are remembered), and its bound (None: none).
+        self.live = False
+        self.min_offset: int | None = None
 
     @property
     def over(self) -> bool:

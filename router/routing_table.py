@@ -10,8 +10,14 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from keyroute.core.api import BadKey, PartitionUnavailable, StoreNotFound
-from keyroute.core.key_format import KeyFormatError, parse_key
+from keyroute.core.key_format import KeyFormat, KeyFormatError, parse_key
 from keyroute.core.partition_map import Endpoint, KeyRoute, PartitionMap
+from keyroute.core.partitioner import Partitioner, murmur2, partition_for
+
+# What a single-key read needs of a store, derived once per map (`RoutingTable.locate`): its partition
+# count, whether its keys are strings hashed with murmur2 (the common case, computed inline), its
+# partitioner, and the endpoints serving each partition.
+_StoreRoutes = tuple[int, bool, Partitioner, tuple[tuple[Endpoint, ...], ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +37,8 @@ class RoutingTable:
     # Stores every partition of which has been served at some point (in this map or an earlier one).
     ever_complete: frozenset[str] = frozenset()
     ready: bool = False
+    # Per store, what `locate` needs (see _StoreRoutes); a store missing here is located by `resolve`.
+    reads: Mapping[str, _StoreRoutes] = field(default_factory=dict)
 
     @classmethod
     def of(cls, partition_map: PartitionMap, previous: RoutingTable | None = None) -> RoutingTable:
@@ -55,7 +63,14 @@ class RoutingTable:
         # Ready: some store is fully served and none that was fully served has lost a partition. A store
         # that is still loading its first version must not take every router out of the load balancer.
         ready = bool(complete_now) and ever <= complete_now
-        return cls(partition_map, partition_map.complete, MappingProxyType(last_known), ever, ready)
+        reads: dict[str, _StoreRoutes] = {}
+        for name, store in partition_map.stores.items():
+            if 1 <= store.partitions <= 0x7FFFFFFF:  # else `resolve` raises what it must (Kafka's int count)
+                routes = partition_map.routes.get(name, ())
+                per_partition = tuple(routes[p] if p < len(routes) else () for p in range(store.partitions))
+                plain = store.key_format is KeyFormat.STRING and store.partitioner is Partitioner.MURMUR2
+                reads[name] = (store.partitions, plain, store.partitioner, per_partition)
+        return cls(partition_map, partition_map.complete, MappingProxyType(last_known), ever, ready, reads)
 
     def last_known_endpoints(self, store: str, partition: int) -> tuple[Endpoint, ...]:
         return self.last_known.get((store, partition), ())
@@ -89,3 +104,29 @@ class RoutingTable:
             # A malformed store record would otherwise make the partitioner raise a bare ValueError.
             raise PartitionUnavailable(f"store {store_name!r} is published with no partitions")
         return self.map.route(store, key.data)
+
+    def locate(self, store_name: str, key_text: str) -> tuple[int, tuple[Endpoint, ...]]:
+        """(partition, serving endpoints) of one key: what `resolve` says of it, without building a KeyRoute
+        (a single-key read needs no more). Raises as `resolve` does."""
+        reads = self.reads.get(store_name)
+        if reads is not None:
+            partitions, plain, partitioner, serving = reads
+            if plain:
+                try:
+                    data = key_text.encode("utf-8")
+                except UnicodeEncodeError:
+                    pass  # `resolve` says why
+                else:
+                    # Kafka's toPositive(murmur2(key)) % partitions, as `partition_for` computes it.
+                    partition = (murmur2(data) & 0x7FFFFFFF) % partitions
+                    return partition, serving[partition]
+            else:
+                store = self.map.stores[store_name]
+                try:
+                    key = parse_key(store.key_format, key_text)
+                except KeyFormatError as exc:
+                    raise BadKey(str(exc)) from exc
+                partition = partition_for(partitioner, key.data, partitions)
+                return partition, serving[partition]
+        route = self.resolve(store_name, key_text)
+        return route.partition, route.serving

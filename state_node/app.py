@@ -25,6 +25,7 @@ from starlette.routing import Route
 
 from keyroute.core import zk
 from keyroute.core.api import HEADER_NODE, HEADER_REQUEST_ID, ApiError, BadRequest
+from keyroute.core.live_status import LiveStatusReader, annotate
 from keyroute.core.logs import bind_request_id
 from keyroute.core.map_watcher import MapWatcher
 from keyroute.core.metrics import CONTENT_TYPE
@@ -54,6 +55,8 @@ class Node:
     controller: Controller | None = None
     registration: Registration | None = None
     metrics: NodeMetrics = field(default_factory=NodeMetrics)
+    # Every node's live partitions' reports, for the partition map (None: no ZooKeeper session, in tests).
+    live_status: LiveStatusReader | None = None
     # Tells other members' requests (whose hop header counts) from clients' (whose does not).
     members: ClusterAuth = field(init=False)
     # X-Keyroute-Node, as every answer of this node carries it.
@@ -195,7 +198,7 @@ async def _running_node(
         trust_env=False,
         follow_redirects=False,
     )
-    node = Node(settings, ownership, http, controller, registration, metrics)
+    node = Node(settings, ownership, http, controller, registration, metrics, LiveStatusReader(lambda: client))
     try:
         await run_in_threadpool(registration.register_node)
         watcher.start()
@@ -230,7 +233,10 @@ def _request_id_header(request: Request) -> dict[str, str]:
 
 async def partition_map(request: Request) -> Response:
     node = _node(request)
-    body = node.ownership.map.describe()
+    m = node.ownership.map
+    body = m.describe()
+    if node.live_status is not None:
+        annotate(body, m, await run_in_threadpool(node.live_status.read_for, m))
     body["node"] = node.node_id
     body["controller"] = node.controller.is_leader if node.controller is not None else False
     body["leaving"] = node.ownership.leaving

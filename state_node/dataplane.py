@@ -1,8 +1,10 @@
 """The node's data plane: every request under /stores/, handed over by `keyroute.http.server` without ASGI.
 
     GET|HEAD /stores/{store}/keys/{key}   `reads.read_key`: answered at once when held here, else passed on
-                                          once (`reads.forward_read`) in a task
-    POST     /stores/{store}/batch-get    `reads.read_batch`, the keys held elsewhere sent on in a task
+                                          once (`reads.forward_read`) in a task; `?min_offset=N` a live
+                                          partition has not applied yet waits for it in a task
+    POST     /stores/{store}/batch-get    `reads.read_batch`, the keys held elsewhere sent on (and the keys
+                                          of partitions behind their bound waited for) in a task
     anything else under /stores/          404 not_found, or 405 method_not_allowed with Allow
 
 Every request passes the admission checks first (the ones the admin app's `RequestGuard` applies, on the
@@ -25,14 +27,15 @@ from keyroute.core.api import (
     error_headers,
     error_json,
     key_path_segment,
+    min_offset_query,
 )
 from keyroute.core.logs import bind_request_id
 from keyroute.core.metrics import KIND_BATCH, KIND_KEY
 from keyroute.core.request_guard import Admission
-from keyroute.http.forwarding import parse_batch_body
+from keyroute.http.forwarding import parse_batch_request
 from keyroute.http.server import Answer, Exchange, Request
 from keyroute.node.app import Node
-from keyroute.node.reads import Batch, Forward, forward_read, is_forwarded, read_batch, read_key
+from keyroute.node.reads import Batch, Behind, Forward, forward_read, is_forwarded, read_batch, read_key
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +141,9 @@ class NodeDataPlane:
             return False
         store, key_text = parsed
         try:
-            answer = read_key(self.node, store, key_text, forwarded)
+            # Only a request with a query string pays for looking at it.
+            min_offset = min_offset_query(request.query) if request.query else None
+            answer = read_key(self.node, store, key_text, forwarded, min_offset)
         except ApiError as exc:
             metrics.count(store, KIND_KEY, exc.status)
             exchange.answer(*self.error_answer(exc))
@@ -147,15 +152,40 @@ class NodeDataPlane:
             metrics.count(store, KIND_KEY, answer[0])
             exchange.answer(*answer)
             return False
+        if type(answer) is Behind:
+            self._spawn(self._catch_up(exchange, store, key_text, forwarded, answer))
+            return True
         assert isinstance(answer, Forward)
         self._spawn(self._forward(exchange, store, answer))
         return True
+
+    async def _catch_up(self, exchange: Exchange, store: str, key_text: str, forwarded: bool, behind: Behind) -> None:
+        """A bounded read of a live partition held here, once it has applied the bound or the wait is over."""
+        request = exchange.request
+        bind_request_id({}, request.request_id)
+        node = self.node
+        try:
+            await behind.live.wait_reached(behind.min_offset, node.settings.min_offset_wait_ms / 1000)
+            # Read again: the partition may have moved or changed version meanwhile.
+            answer = read_key(node, store, key_text, forwarded, behind.min_offset, waited=True)
+            if isinstance(answer, Forward):
+                answer = await forward_read(node, _target(request), answer, request.request_id)
+        except ApiError as exc:
+            answer = self.error_answer(exc)
+        except Exception:
+            log.exception("answering a bounded read of %r failed", request.path[:200])
+            answer = self.error_answer(ApiError("internal error"))
+        finally:
+            self.admission.release()
+        assert type(answer) is tuple
+        node.metrics.count(store, KIND_KEY, answer[0])
+        exchange.answer(*answer)
 
     async def _forward(self, exchange: Exchange, store: str, forward: Forward) -> None:
         request = exchange.request
         bind_request_id({}, request.request_id)  # this task's log lines carry it
         try:
-            answer = await forward_read(self.node, request.path, forward, request.request_id)
+            answer = await forward_read(self.node, _target(request), forward, request.request_id)
         except ApiError as exc:
             answer = self.error_answer(exc)
         except Exception:
@@ -173,13 +203,13 @@ class NodeDataPlane:
         node = self.node
         try:
             # The body's size is bounded by the server (keyroute.node.service.server_limits).
-            keys = parse_batch_body(request.body, self._max_batch_keys)
-            batch = read_batch(node, store, keys, forwarded)
+            parsed = parse_batch_request(request.body, self._max_batch_keys)
+            batch = read_batch(node, store, parsed.keys, forwarded, parsed.bounds)
         except ApiError as exc:
             node.metrics.count(store, KIND_BATCH, exc.status)  # the whole batch was refused
             exchange.answer(*self.error_answer(exc))
             return False
-        if not batch.texts:
+        if batch.complete:
             exchange.answer(*batch.answer())
             return False
         self._spawn(self._forward_batch(exchange, batch))
@@ -189,7 +219,7 @@ class NodeDataPlane:
         request_id = exchange.request.request_id
         bind_request_id({}, request_id)
         try:
-            await batch.forward(request_id)
+            await batch.finish(request_id)
             answer = batch.answer()
         except Exception:
             log.exception("forwarding a batch-get failed")
@@ -216,6 +246,11 @@ def _no_route(method: str, path: bytes) -> ApiError:
         if parts[3] == b"batch-get" and len(parts) == 4:
             return MethodNotAllowed("POST")
     return NotFound("Not Found")
+
+
+def _target(request: Request) -> bytes:
+    """The raw path with its query (a `min_offset` goes on with a forwarded read)."""
+    return request.path + b"?" + request.query if request.query else request.path
 
 
 def _segment(raw: bytes) -> str:

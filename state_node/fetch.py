@@ -28,6 +28,7 @@ from pathlib import Path
 import lmdb
 
 from keyroute.core.key_format import KeyFormat, KeyFormatError, key_from_data
+from keyroute.core.live import META_TAG
 from keyroute.core.lmdb_layout import HASHED_KEY_BYTES, TAG_HASHED, TAG_KEY
 from keyroute.core.partitioner import Partitioner, partition_for
 from keyroute.core.snapshot import CHECKSUM_CHUNK_BYTES, ArrowLocation, Checksum, SnapshotError
@@ -233,6 +234,9 @@ def sample_keys(txn: lmdb.Transaction, limit: int, shown: str = "the file") -> l
     layout keyroute writes (keyroute.core.lmdb_layout)."""
     cursor = txn.cursor()
     if not cursor.first():
+        return []
+    # A live partition's meta entries (META_TAG) sort before every key: skip them.
+    if cursor.key()[:1] == META_TAG and not cursor.set_range(TAG_HASHED):
         return []
     ends = [bytes(cursor.key())]
     cursor.last()

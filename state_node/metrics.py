@@ -21,12 +21,14 @@ from keyroute.core.metrics import (
     RequestCounts,
     counter,
     gauge,
+    labelled_counter,
     labelled_gauge,
     refusals_family,
     store_label,
 )
 from keyroute.core.partition_map import StoreRecord
 from keyroute.core.request_guard import Admission
+from keyroute.node.live import STATES as LIVE_STATES
 from keyroute.node.store import LoadCancelled, PartitionStore
 
 if TYPE_CHECKING:
@@ -122,6 +124,7 @@ class NodeMetrics:
                 loads.add_metric([outcome], histogram.cumulative(), histogram.sum)
         yield loads
         yield from self._partition_families()
+        yield from self._live_families()
 
     def _partition_families(self) -> Iterable[Metric]:
         ownership = self._ownership
@@ -152,6 +155,60 @@ class NodeMetrics:
             "keyroute_node_map_age_seconds",
             "seconds since the map in use was read from ZooKeeper (it is re-read on every change)",
             max(0.0, time.time() - m.built_at),
+        )
+
+    def _live_families(self) -> Iterable[Metric]:
+        """Live partitions held here (every version consuming: both during a version swap)."""
+        ownership = self._ownership
+        held = ownership.live_partitions() if ownership is not None else []
+        # One sample per (store, partition): the version in the view, else the newest (as /live reports).
+        chosen = {}
+        for pid, live in held:
+            served = ownership.local(pid.store, pid.partition) if ownership is not None else None
+            key = (pid.store, pid.partition)
+            if (
+                key not in chosen
+                or (served is not None and served.version == pid.version)
+                or ((served is None or served.version != chosen[key].version) and pid.version > chosen[key].version)
+            ):
+                chosen[key] = live
+        lives = sorted(chosen.items())
+        labels = ["store", "partition"]
+        yield labelled_counter(
+            "keyroute_node_live_applied_records",
+            "records of a live store's topic partition folded into the partition held here",
+            labels,
+            (([s, str(p)], live.applied) for (s, p), live in lives),
+        )
+        yield labelled_counter(
+            "keyroute_node_live_skipped_records",
+            "records of a live store's topic partition skipped (counted, not applied), by why",
+            [*labels, "reason"],
+            (([s, str(p), reason], n) for (s, p), live in lives for reason, n in sorted(live.skipped.items())),
+        )
+        yield labelled_gauge(
+            "keyroute_node_live_lag_records",
+            "records of the topic partition not applied yet (last known high watermark - next offset)",
+            labels,
+            (([s, str(p)], live.lag_records) for (s, p), live in lives),
+        )
+        yield labelled_gauge(
+            "keyroute_node_live_lag_seconds",
+            "age of the last applied record while the partition is behind (0 when it is not)",
+            labels,
+            (([s, str(p)], live.lag_ms / 1000) for (s, p), live in lives),
+        )
+        yield labelled_gauge(
+            "keyroute_node_live_offset",
+            "last applied offset of the topic partition (-1: none yet)",
+            labels,
+            (([s, str(p)], live.offset) for (s, p), live in lives),
+        )
+        yield labelled_gauge(
+            "keyroute_node_live_state",
+            "1 for the live partition's current state (catching_up, live, stalled, gap, stopped)",
+            [*labels, "state"],
+            (([s, str(p), state], int(live.state == state)) for (s, p), live in lives for state in LIVE_STATES),
         )
 
     def render(self) -> bytes:

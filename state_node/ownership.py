@@ -21,6 +21,7 @@ from typing import Any
 
 from keyroute.core.partition_map import PartitionMap, StoreRecord
 from keyroute.core.settings import NodeSettings
+from keyroute.node.live import GAP, LiveApplier, LivePartition
 from keyroute.node.registration import Registration
 from keyroute.node.store import (
     LoadCancelled,
@@ -36,12 +37,19 @@ log = logging.getLogger(__name__)
 
 Loader = Callable[[Path, StoreRecord, int, int, Callable[[], bool]], PartitionStore]
 
+# How often the live status record (/live/{node_id}) may be rewritten.
+LIVE_REPORT_EVERY_S = 1.0
+
 
 class PartitionState(enum.Enum):
     """Lifecycle of one (store, version, partition) on this node.
 
         ASSIGNED  -> LOADING    a load slot is free (at most `max_parallel_loads` at a time)
         LOADING   -> SERVING    the rows are committed; only now is it put in the view and announced
+        LOADING   -> CATCHING_UP  a live partition: loaded, now consuming its topic partition
+        CATCHING_UP -> SERVING  its lag was within the version's `catch_up_records` once: put in the view
+                                and announced (meanwhile the old version or other replicas serve it)
+        CATCHING_UP -> DROPPED  no longer wanted: it stops consuming, then closes
         LOADING   -> FAILED     the snapshot or a key is bad; retried after a back-off while still wanted
         LOADING   -> DROPPED    no longer wanted: the load is cancelled and its files removed
         SERVING   -> DRAINING   unassigned from this node, or superseded by a newer version loaded here
@@ -57,10 +65,15 @@ class PartitionState(enum.Enum):
     DROPPED is terminal: the entry is forgotten once it is closed. While the node is leaving (SIGTERM)
     nothing new is loaded and nothing is dropped: it serves what it holds until it de-announces, and its
     files stay on disk for a restart.
+
+    A live partition (keyroute.node.live) consumes its topic partition from the moment it is loaded until
+    it is closed; it is stopped before its environment closes. One in a gap (records it needs are gone) is
+    kept out of the view and the announcement whatever its state, until a new version replaces it.
     """
 
     ASSIGNED = "assigned"
     LOADING = "loading"
+    CATCHING_UP = "catching_up"
     SERVING = "serving"
     DRAINING = "draining"
     DROPPED = "dropped"
@@ -158,6 +171,11 @@ class Ownership:
         self._map_changed = asyncio.Event()
         # Spawned tasks that are only waiting out a grace period (see `settled`).
         self._in_grace = 0
+        # Live stores: one applier per (store, version) held here, and the status record's last content.
+        self._appliers: dict[tuple[str, int], LiveApplier] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._live_reporter: asyncio.Task[None] | None = None
+        self._live_reported: dict[str, Any] | None = None
 
     # -- readers -----------------------------------------------------------------------------------
 
@@ -167,6 +185,32 @@ class Ownership:
 
     def local(self, store: str, partition: int) -> PartitionStore | None:
         return self._view.get((store, partition))
+
+    def live_partitions(self) -> list[tuple[PartitionId, LivePartition]]:
+        """Every live partition held here (consuming), in order."""
+        held = []
+        for pid, entry in sorted(self._entries.items(), key=lambda item: _order(item[0])):
+            store = entry.store
+            if store is not None and store.live is not None and not store.closed:
+                held.append((pid, store.live))
+        return held
+
+    def live_report(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """store -> {"<partition>": status} of the live partitions held here: for each partition the
+        version served (else the newest held)."""
+        chosen: dict[tuple[str, int], tuple[PartitionId, LivePartition]] = {}
+        for pid, live in self.live_partitions():
+            key = (pid.store, pid.partition)
+            served = self._view.get(key)
+            current = chosen.get(key)
+            is_served = served is not None and served.version == pid.version
+            current_served = current is not None and served is not None and served.version == current[0].version
+            if is_served or current is None or (not current_served and pid.version > current[0].version):
+                chosen[key] = (pid, live)
+        report: dict[str, dict[str, dict[str, Any]]] = {}
+        for (store, partition), (_, live) in sorted(chosen.items()):
+            report.setdefault(store, {})[str(partition)] = live.status()
+        return report
 
     def serving_view(self) -> dict[str, dict[int, int]]:
         """What this node announces: store -> {partition: version}."""
@@ -181,7 +225,11 @@ class Ownership:
         failed = {}
         for pid in sorted(self._desired, key=_order):
             entry = self._entries.get(pid)
-            if entry is None or entry.state is not PartitionState.SERVING:
+            live = entry.store.live if entry is not None and entry.store is not None else None
+            if live is not None and live.state == GAP:
+                # Not served, but nothing this node can do until a new version: it does not make it unready.
+                failed[str(pid)] = live.error or "gap"
+            elif entry is None or entry.state is not PartitionState.SERVING:
                 pending.append(str(pid))
                 if entry is not None and entry.state is PartitionState.FAILED:
                     failed[str(pid)] = entry.error
@@ -261,6 +309,10 @@ class Ownership:
                 await asyncio.to_thread(self._registration.withdraw_serving)
             except Exception as exc:  # ZooKeeper unreachable: the record goes with the session
                 log.warning("withdrawing the serving record failed: %s", exc)
+        if self._live_reporter is not None:
+            self._live_reporter.cancel()
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self._registration.withdraw_live)
 
     def describe(self) -> dict[str, Any]:
         """Local lifecycle for /admin/partition-map: every (store, version, partition) held or wanted."""
@@ -273,6 +325,8 @@ class Ownership:
             }
             if entry.store is not None:
                 row["rows"] = entry.store.rows
+                if entry.store.live is not None:
+                    row["live"] = entry.store.live.status()
             if entry.error:
                 row["error"] = entry.error
             out.setdefault(pid.store, []).append(row)
@@ -312,6 +366,13 @@ class Ownership:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._view = MappingProxyType({})
+        if self._live_reporter is not None:
+            self._live_reporter.cancel()
+            await asyncio.gather(self._live_reporter, return_exceptions=True)
+        # Every applier stops before any environment closes: no write ever reaches a closed one.
+        appliers, self._appliers = list(self._appliers.values()), {}
+        for applier in appliers:
+            await asyncio.to_thread(applier.close)
         for entry in self._entries.values():
             if entry.store is not None:
                 entry.store.close()
@@ -338,6 +399,11 @@ class Ownership:
             entry = self._entries.get(pid)
             if entry is None:
                 self._entries[pid] = _Entry(desired[pid])
+            elif entry.state is PartitionState.CATCHING_UP:
+                live = entry.store.live if entry.store is not None else None
+                if live is not None and live.caught_up:
+                    log.info("%s caught up (offset %d, lag %d records): serving it", pid, live.offset, live.lag_records)
+                    entry.state = PartitionState.SERVING
             elif entry.state is PartitionState.FAILED and now >= entry.retry_at:
                 entry.state, entry.error = PartitionState.ASSIGNED, ""
                 entry.record = desired[pid]
@@ -345,7 +411,10 @@ class Ownership:
                 entry.state = PartitionState.SERVING
             elif entry.state is PartitionState.DROPPED and entry.store is not None and not self._leaving:
                 # Assigned here again within the drop grace period: still open, serve it again.
-                entry.state = PartitionState.SERVING
+                live = entry.store.live
+                entry.state = (
+                    PartitionState.CATCHING_UP if live is not None and not live.caught_up else PartitionState.SERVING
+                )
             elif entry.state is PartitionState.LOADING and not self._leaving:
                 entry.cancel.clear()  # wanted again before the cancelled load noticed
 
@@ -356,6 +425,10 @@ class Ownership:
                 del self._entries[pid]
             elif entry.state is PartitionState.LOADING:
                 entry.cancel.set()  # the finished load sees it and discards its files
+            elif entry.state is PartitionState.CATCHING_UP and not self._leaving:
+                # Never served: nothing to hand over. A superseded version's files stay for a rollback.
+                newer = any(d.store == pid.store and d.partition == pid.partition for d in desired)
+                self._drop(pid, entry, superseded=newer)
 
         if self._collection is _Collection.PENDING and self._may_collect(m, desired):
             self._collection = _Collection.RUNNING
@@ -395,7 +468,11 @@ class Ownership:
         if wanted is not None:
             # Still assigned here, at another version: superseded once that version serves here.
             successor = self._entries.get(wanted)
-            return successor is not None and successor.state is PartitionState.SERVING
+            return (
+                successor is not None
+                and successor.state is PartitionState.SERVING
+                and (successor.store is None or successor.store.live is None or successor.store.live.serves)
+            )
         if m.stale:
             return False  # a stale map cannot prove that anyone else has taken over
         # Only a live node counts: a leaving one is about to let go of its copy too.
@@ -416,6 +493,8 @@ class Ownership:
         for pid, entry in self._entries.items():
             if entry.store is None or entry.state not in (PartitionState.SERVING, PartitionState.DRAINING):
                 continue
+            if entry.store.live is not None and entry.store.live.state == GAP:
+                continue  # never served as if it were complete
             key = (pid.store, pid.partition)
             current = chosen.get(key)
             if current is None or _preferred(entry.store, current, self._map):
@@ -468,10 +547,73 @@ class Ownership:
                 else:
                     await asyncio.to_thread(held.discard)
                 self._forget(pid, entry)
+            elif held.live is not None:
+                log.info("loaded %s (%d rows); consuming from offset %d", pid, held.rows, held.live.next_offset)
+                entry.store, entry.state = held, PartitionState.CATCHING_UP
+                await self._start_consuming(entry.record, held)
             else:
                 log.info("loaded %s (%d rows)", pid, held.rows)
                 entry.store, entry.state = held, PartitionState.SERVING
         self._reconcile()
+
+    # -- live partitions -----------------------------------------------------------------------------
+
+    async def _start_consuming(self, record: StoreRecord, held: PartitionStore) -> None:
+        live = held.live
+        assert live is not None
+        loop = self._loop = asyncio.get_running_loop()
+
+        def changed(_: LivePartition) -> None:  # on the applier's thread
+            with contextlib.suppress(RuntimeError):  # the loop is closing
+                loop.call_soon_threadsafe(self._reconcile)
+
+        live.on_change = changed
+        key = (held.pid.store, held.pid.version)
+        applier = self._appliers.get(key)
+        if applier is None:
+            applier = self._appliers[key] = LiveApplier(
+                held.pid.store,
+                held.pid.version,
+                live.config,
+                node_id=self._node_id,
+                key_format=record.key_format,
+                partitioner=record.partitioner,
+                partitions=record.partitions,
+                batch_records=self._settings.live_batch_records,
+            )
+        await asyncio.to_thread(applier.add, held)
+        if self._live_reporter is None and not self._stopping:
+            self._live_reporter = asyncio.ensure_future(self._report_live())
+
+    async def _stop_consuming(self, held: PartitionStore) -> None:
+        """Stop applying to `held` (before it closes); the applier goes with its last partition."""
+        if held.live is None:
+            return
+        held.live.on_change = None
+        key = (held.pid.store, held.pid.version)
+        applier = self._appliers.get(key)
+        if applier is None:
+            return
+        await asyncio.to_thread(applier.remove, held.pid.partition)
+        if not applier.partitions and self._appliers.get(key) is applier:
+            del self._appliers[key]
+            await asyncio.to_thread(applier.close)
+
+    async def _report_live(self) -> None:
+        """Write /live/{node_id} about once a second, when what it says changed (and while held)."""
+        while not self._stopping and not self._withdrawn:
+            stores = self.live_report()
+            if stores != self._live_reported:
+                try:
+                    if stores:
+                        report = {"stores": stores, "updated_at": time.time()}
+                        await asyncio.to_thread(self._registration.publish_live, report)
+                    else:
+                        await asyncio.to_thread(self._registration.withdraw_live)
+                    self._live_reported = stores
+                except Exception as exc:  # ZooKeeper unreachable: tried again next time
+                    log.debug("publishing the live status failed: %s", exc)
+            await asyncio.sleep(LIVE_REPORT_EVERY_S)
 
     def _forget(self, pid: PartitionId, entry: _Entry) -> None:
         entry.state = PartitionState.DROPPED
@@ -493,6 +635,7 @@ class Ownership:
         if self._entries.get(pid) is entry:
             del self._entries[pid]
         if held is not None:
+            await self._stop_consuming(held)  # before it closes
             if superseded and self._version_grace_s > 0:
                 # A superseded version's files stay for the version grace period: a rollback reuses them.
                 log.info("closing %s; its files go in %.0fs", pid, self._version_grace_s)
@@ -537,6 +680,7 @@ class Ownership:
         try:
             await asyncio.to_thread(self._registration.register_node)
             self._published = None
+            self._live_reported = None  # the live record went with the old session too
             await self._publish()
         except Exception as exc:
             log.warning("re-registering node %s failed: %s", self._node_id, exc)

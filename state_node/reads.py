@@ -4,10 +4,17 @@ serves it (never a second time: a forwarded read the node cannot answer itself i
 `read_key` is the one local answer to a single-key read; what it cannot answer here it returns as a
 `Forward`, which `forward_read` sends on. `read_batch` answers a batch-get's keys the same way, key by key,
 and `Batch.forward` sends the rest on, one request per serving node.
+
+Live partitions (`PartitionStore.live` set) say in every answer which offset they reflect
+(X-Keyroute-Offset, X-Keyroute-Lag; an "offset" in batch entries). A read bounded by `min_offset` that the
+partition has not applied yet is a `Behind` (single key) or waits in `Batch.catch_up`: the node waits for
+the applier at most `min_offset_wait_ms`, then reads again or answers 503 not_up_to_bound. The offset is
+read before the value, so the value reflects at least that offset.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +26,8 @@ from keyroute.core.api import (
     HEADER_FORWARDED_BY,
     HEADER_GENERATION,
     HEADER_HOPS,
+    HEADER_LAG,
+    HEADER_OFFSET,
     HEADER_PARTITION,
     HEADER_REQUEST_ID,
     HEADER_VERSION,
@@ -26,6 +35,8 @@ from keyroute.core.api import (
     BadRequest,
     BatchKeyTooLong,
     KeyNotFound,
+    NotLive,
+    NotUpToBound,
     PartitionUnavailable,
     StoreNotFound,
     error_json,
@@ -37,6 +48,7 @@ from keyroute.core.metrics import KIND_BATCH
 from keyroute.core.partition_map import Endpoint, PartitionMap, StoreRecord
 from keyroute.core.security import ClusterAuth
 from keyroute.http.forwarding import (
+    OffsetBounds,
     batch_body,
     batch_path,
     encode_entry,
@@ -64,6 +76,8 @@ _VERSION = HEADER_VERSION.encode("ascii")
 _HOPS = HEADER_HOPS.encode("ascii")
 _GENERATION = HEADER_GENERATION.encode("ascii")
 _FORWARDED_BY = HEADER_FORWARDED_BY.encode("ascii")
+_OFFSET = HEADER_OFFSET.encode("ascii")
+_LAG = HEADER_LAG.encode("ascii")
 _HOPS_0 = (_HOPS, b"0")
 _HOPS_1 = (_HOPS, b"1")
 # Not relayed besides the hop-by-hop headers: set by the node relaying the answer (the peer's values are
@@ -99,6 +113,18 @@ def parse_key_text(record: StoreRecord, text: str) -> Key:
         raise BadKey(str(exc)) from exc
 
 
+def not_live(store_name: str) -> NotLive:
+    return NotLive(f"store {store_name!r} does not follow a topic: min_offset applies to live stores only")
+
+
+def not_up_to_bound(store_name: str, partition: int, offset: int, min_offset: int) -> NotUpToBound:
+    return NotUpToBound(
+        f"partition {partition} of store {store_name!r} has applied offset {offset}, not yet {min_offset}",
+        RETRY_AFTER_S,
+        offset,
+    )
+
+
 def answers_locally(held: PartitionStore | None, endpoints: Sequence[Endpoint], forwarded: bool) -> bool:
     """Serve from the local copy `held` unless the map routes the partition to a newer version elsewhere
     (`endpoints`, the other nodes serving it) and we may still forward: answers then never go back to an
@@ -121,13 +147,27 @@ class Forward:
     generation: int
 
 
-def read_key(node: Node, store_name: str, key_text: str, forwarded: bool) -> Answer | Forward:
+@dataclass(frozen=True, slots=True)
+class Behind:
+    """A read bounded by `min_offset` of a live partition held here that has not applied it yet: wait for
+    `live` (the partition's `LivePartition`) to reach it, then `read_key` again with `waited=True`."""
+
+    live: Any
+    min_offset: int
+
+
+def read_key(
+    node: Node, store_name: str, key_text: str, forwarded: bool, min_offset: int | None = None, waited: bool = False
+) -> Answer | Forward | Behind:
     """The answer to a read of `key_text` in `store_name` when this node holds the key's partition (and no
     newer version of it is served elsewhere, unless the read was `forwarded` here): 200 with the value, or
-    404 key_not_found, both with X-Keyroute-Partition/Node/Version/Hops/Generation. Otherwise the `Forward`
-    to send on. Raises ApiError: an unknown store (404), a key that does not fit the store's key format
-    (400), a partition it can neither answer nor forward (503: the read was forwarded here already, or no
-    node serves the partition). Synchronous: nearly every read is answered here, without a task."""
+    404 key_not_found, both with X-Keyroute-Partition/Node/Version/Hops/Generation (and, for a live
+    partition, X-Keyroute-Offset/Lag). Otherwise the `Forward` to send on. A read bounded by `min_offset`
+    that the live partition has not applied is `Behind` (to wait for), or, once `waited` (or when the node
+    does not wait), 503 not_up_to_bound. Raises ApiError: an unknown store (404), a key that does not fit
+    the store's key format (400), `min_offset` on a partition that is not live (400 not_live), a partition
+    it can neither answer nor forward (503: the read was forwarded here already, or no node serves the
+    partition). Synchronous: nearly every read is answered here, without a task."""
     m = node.ownership.map
     key = parse_key_text(record := find_store(m, store_name), key_text)
     route = m.route(record, key.data)
@@ -144,6 +184,21 @@ def read_key(node: Node, store_name: str, key_text: str, forwarded: bool) -> Ans
             _HOPS_1 if forwarded else _HOPS_0,
             (_GENERATION, str(m.generation).encode("ascii")),
         ]
+        live = held.live
+        if live is not None:
+            offset = live.offset  # before the value: the value reflects at least this offset
+            if min_offset is not None and offset < min_offset:
+                if not waited and node.settings.min_offset_wait_ms > 0:
+                    return Behind(live, min_offset)
+                behind = not_up_to_bound(store_name, route.partition, offset, min_offset)
+                behind.headers[HEADER_LAG] = str(live.lag_records)
+                behind.headers[HEADER_PARTITION] = str(route.partition)
+                behind.headers[HEADER_VERSION] = str(held.version)
+                raise behind
+            headers.append((_OFFSET, str(offset).encode("ascii")))
+            headers.append((_LAG, str(live.lag_records).encode("ascii")))
+        elif min_offset is not None:
+            raise not_live(store_name)
         value = held.get(key.data)
         if value is None:
             return 404, headers, error_json("key_not_found", f"key {key.text!r} is not in store {store_name!r}")
@@ -161,9 +216,10 @@ def read_key(node: Node, store_name: str, key_text: str, forwarded: bool) -> Ans
 
 
 async def forward_read(node: Node, raw_path: bytes, forward: Forward, request_id: str) -> Answer:
-    """The read of `raw_path` (still percent-encoded, so a key's %2F stays one segment) passed on to the
-    first of `forward.endpoints` that answers other than 503, its answer relayed; a 503 one gave when none
-    did; raises PartitionUnavailable when none answered at all."""
+    """The read of `raw_path` (still percent-encoded, so a key's %2F stays one segment; with its query, so
+    a `min_offset` goes on with it) passed on to the first of `forward.endpoints` that answers other than
+    503, its answer relayed; a 503 one gave when none did; raises PartitionUnavailable when none answered
+    at all."""
     headers = forward_headers(request_id, node.members)
     refused: Answer | None = None
     failures = []
@@ -230,9 +286,22 @@ class Batch:
     """One batch-get: the entries answered here (in request order; None where a key waits for another
     node), and the keys to send on with the nodes serving them."""
 
-    __slots__ = ("node", "store", "forwarded", "generation", "entries", "texts", "replicas")
+    __slots__ = (
+        "node",
+        "store",
+        "forwarded",
+        "generation",
+        "entries",
+        "texts",
+        "replicas",
+        "bounds",
+        "forwarded_partitions",
+        "behind",
+    )
 
-    def __init__(self, node: Node, store: str, forwarded: bool, generation: int, size: int) -> None:
+    def __init__(
+        self, node: Node, store: str, forwarded: bool, generation: int, size: int, bounds: OffsetBounds | None = None
+    ) -> None:
         self.node = node
         self.store = store
         self.forwarded = forwarded
@@ -240,6 +309,56 @@ class Batch:
         self.entries: list[bytes | None] = [None] * size
         self.texts: dict[int, str] = {}
         self.replicas: dict[int, list[Endpoint]] = {}
+        self.bounds = bounds
+        # With bounds: the partitions of the keys sent on, whose bounds go with them.
+        self.forwarded_partitions: set[int] = set()
+        # Live partitions held here that have not applied their bound yet: partition -> (bound, [(index, key)]).
+        self.behind: dict[int, tuple[int, list[tuple[int, Key]]]] = {}
+
+    @property
+    def complete(self) -> bool:
+        """Whether every entry was answered here at once (nothing to send on, nothing to wait for)."""
+        return not self.texts and not self.behind
+
+    async def finish(self, request_id: str) -> None:
+        """Wait for the partitions behind their bound and send the other keys on, at the same time."""
+        if not self.behind:
+            await self.forward(request_id)
+        elif not self.texts:
+            await self.catch_up()
+        else:
+            await asyncio.gather(self.forward(request_id), self.catch_up())
+
+    async def catch_up(self) -> None:
+        """The entries of the partitions behind their bound, once each has applied it (waiting at most
+        `min_offset_wait_ms` for all of them together), else 503 not_up_to_bound entries."""
+        node = self.node
+        wait_s = node.settings.min_offset_wait_ms / 1000
+        behind = self.behind
+
+        async def wait(partition: int, bound: int) -> None:
+            held = node.ownership.local(self.store, partition)
+            live = held.live
+            if live is not None:
+                await live.wait_reached(bound, wait_s)
+
+        await asyncio.gather(*(wait(p, bound) for p, (bound, _) in behind.items()))
+        metrics = node.metrics
+        store = self.store
+        for partition, (bound, waiting) in behind.items():
+            held = node.ownership.local(store, partition)
+            live = held.live
+            offset = live.offset if live is not None else -1
+            for i, key in waiting:
+                if held is None or live is None or offset < bound:
+                    metrics.count(store, KIND_BATCH, NotUpToBound.status)
+                    entry = error_entry(key.text, not_up_to_bound(store, partition, offset, bound))
+                    if live is not None:
+                        entry["offset"] = offset
+                    self.entries[i] = encode_entry(entry)
+                else:
+                    self.entries[i] = _local_entry(node, store, held, key, partition, offset)
+        behind.clear()
 
     async def forward(self, request_id: str) -> None:
         """The keys waiting for other nodes, sent on (`keyroute.http.forwarding.forward_batch`); their
@@ -250,8 +369,11 @@ class Batch:
         url_path = batch_path(store)
         headers = {**forward_headers(request_id, node.members), "content-type": "application/json"}
 
+        bounds = self.bounds
+        min_offsets = bounds.wire(sorted(self.forwarded_partitions)) if bounds is not None else None
+
         async def send(endpoint: Endpoint, texts: list[str], round_number: int) -> list[dict[str, Any]] | None:
-            return await _send_batch(node, endpoint.url + url_path, texts, headers)
+            return await _send_batch(node, endpoint.url + url_path, texts, headers, min_offsets)
 
         done = await forward_batch(self.texts, self.replicas, send)
         for i, entry in done.entries.items():
@@ -272,18 +394,24 @@ class Batch:
         return 200, headers, results_body(entry or b"null" for entry in self.entries)
 
 
-def read_batch(node: Node, store_name: str, keys: list[Any], forwarded: bool) -> Batch:
-    """A batch-get of `keys` (as `keyroute.http.forwarding.parse_batch_body` gave them) in `store_name`:
-    every key answered here as `read_key` would (found, not found, a bad key or one too long as a 400 entry,
-    a partition it can neither answer nor forward as a 503 entry), the others left to `Batch.forward`.
-    Raises BadRequest when a key is not a JSON string or integer (the whole batch is refused: only a
-    client sends one), StoreNotFound for an unknown store."""
+def read_batch(
+    node: Node, store_name: str, keys: list[Any], forwarded: bool, bounds: OffsetBounds | None = None
+) -> Batch:
+    """A batch-get of `keys` (as `keyroute.http.forwarding.parse_batch_request` gave them, with its
+    `bounds`) in `store_name`: every key answered here as `read_key` would (found, not found, a bad key or
+    one too long as a 400 entry, a bound on a partition that is not live as a 400 not_live entry, a
+    partition it can neither answer nor forward as a 503 entry), the others left to `Batch.finish` (keys
+    of live partitions behind their bound, keys served elsewhere). Raises BadRequest when a key is not a
+    JSON string or integer or a bound names a partition the store lacks (the whole batch is refused: only
+    a client sends one), StoreNotFound for an unknown store."""
     for raw in keys:
         if not isinstance(raw, str) and not (isinstance(raw, int) and not isinstance(raw, bool)):
             raise BadRequest(f"keys must be JSON strings (or integers for integer key formats), got {raw!r:.40}")
     m = node.ownership.map
     record = find_store(m, store_name)
-    batch = Batch(node, store_name, forwarded, m.generation, len(keys))
+    if bounds is not None:
+        bounds.check(store_name, record.partitions)
+    batch = Batch(node, store_name, forwarded, m.generation, len(keys), bounds)
     entries = batch.entries
     metrics = node.metrics
     node_id = node.node_id
@@ -305,15 +433,22 @@ def read_batch(node: Node, store_name: str, keys: list[Any], forwarded: bool) ->
         held = node.ownership.local(store_name, route.partition)
         others = [ep for ep in route.serving if ep.node_id != node_id]
         if held is not None and answers_locally(held, others, forwarded):
-            metrics.local_answers += 1
-            value = held.get(key.data)
-            if value is None:
-                metrics.count(store_name, KIND_BATCH, KeyNotFound.status)
-                not_found = KeyNotFound(f"key {key.text!r} is not in store {store_name!r}")
-                entries[i] = encode_entry(error_entry(key.text, not_found))
-            else:
-                metrics.count(store_name, KIND_BATCH, 200)
-                entries[i] = found_entry(key.text, route.partition, held.version, value)
+            live = held.live
+            offset = None
+            if live is not None:
+                offset = live.offset
+                bound = bounds.bound(route.partition) if bounds is not None else None
+                if bound is not None and offset < bound:
+                    waiting = batch.behind.get(route.partition)
+                    if waiting is None:
+                        waiting = batch.behind[route.partition] = (bound, [])
+                    waiting[1].append((i, key))
+                    continue
+            elif bounds is not None and bounds.bound(route.partition) is not None:
+                metrics.count(store_name, KIND_BATCH, NotLive.status)
+                entries[i] = encode_entry(error_entry(key.text, not_live(store_name)))
+                continue
+            entries[i] = _local_entry(node, store_name, held, key, route.partition, offset)
         elif forwarded or not others:
             metrics.count(store_name, KIND_BATCH, PartitionUnavailable.status)
             why = "does not forward a forwarded request" if forwarded else "no node serves it"
@@ -322,7 +457,35 @@ def read_batch(node: Node, store_name: str, keys: list[Any], forwarded: bool) ->
         else:
             batch.texts[i] = key.text
             batch.replicas[i] = others
+            if bounds is not None:
+                batch.forwarded_partitions.add(route.partition)
+    if batch.behind and node.settings.min_offset_wait_ms <= 0:
+        # Nothing to wait for: the bound is checked once, now.
+        for partition, (bound, waiting) in batch.behind.items():
+            for i, key in waiting:
+                metrics.count(store_name, KIND_BATCH, NotUpToBound.status)
+                held = node.ownership.local(store_name, partition)
+                offset = held.live.offset if held is not None and held.live is not None else -1
+                entry = error_entry(key.text, not_up_to_bound(store_name, partition, offset, bound))
+                entry["offset"] = offset
+                entries[i] = encode_entry(entry)
+        batch.behind.clear()
     return batch
+
+
+def _local_entry(node: Node, store: str, held: PartitionStore, key: Key, partition: int, offset: int | None) -> bytes:
+    """The entry of a key read from the partition held here (`offset`: a live partition's, read before)."""
+    metrics = node.metrics
+    metrics.local_answers += 1
+    value = held.get(key.data)
+    if value is None:
+        metrics.count(store, KIND_BATCH, KeyNotFound.status)
+        entry = error_entry(key.text, KeyNotFound(f"key {key.text!r} is not in store {store!r}"))
+        if offset is not None:
+            entry["offset"] = offset
+        return encode_entry(entry)
+    metrics.count(store, KIND_BATCH, 200)
+    return found_entry(key.text, partition, held.version, value, offset)
 
 
 def _batch_key(fmt: KeyFormat, raw: str | int) -> Key:
@@ -334,12 +497,15 @@ def _batch_key(fmt: KeyFormat, raw: str | int) -> Key:
         raise BadKey(str(exc)) from exc
 
 
-async def _send_batch(node: Node, url: str, texts: list[str], headers: dict[str, str]) -> list[dict[str, Any]] | None:
-    """Another node's entries for `texts`, in order; None if it failed or answered something unusable."""
+async def _send_batch(
+    node: Node, url: str, texts: list[str], headers: dict[str, str], min_offsets: dict[str, int] | None = None
+) -> list[dict[str, Any]] | None:
+    """Another node's entries for `texts` (bounded by `min_offsets`), in order; None if it failed or answered
+    something unusable."""
     metrics = node.metrics
     metrics.forwards += 1
     try:
-        upstream = await node.http.post(url, content=batch_body(texts), headers=headers)
+        upstream = await node.http.post(url, content=batch_body(texts, min_offsets), headers=headers)
         try:
             body = await upstream.aread()
         finally:

@@ -1,13 +1,16 @@
-"""This node's ephemeral records in ZooKeeper: /nodes/{id} (it is alive) and /serving/{id} (what it serves).
+"""This node's ephemeral records in ZooKeeper: /nodes/{id} (it is alive), /serving/{id} (what it serves)
+and /live/{id} (the state of its live partitions, for the partition map).
 
-Both vanish with the session, so they are written again whenever a fresh map shows them missing.
+They vanish with the session, so they are written again whenever a fresh map shows them missing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
@@ -43,14 +46,28 @@ class Registration:
         record = ServingRecord(self.node_id, self.url, {s: dict(parts) for s, parts in stores.items()})
         self._put(zk_layout.serving_path(self.node_id), record.to_json())
 
+    def publish_live(self, report: Mapping[str, Any]) -> None:
+        """Write /live/{id}: `{"stores": {store: {"<partition>": {...}}}, "updated_at": unix_s}`."""
+        data = json.dumps(report, sort_keys=True, separators=(",", ":")).encode("utf-8")
+        self._put(zk_layout.live_path(self.node_id), data)
+
+    def withdraw_live(self) -> None:
+        with contextlib.suppress(NoNodeError):
+            self._client.delete(zk_layout.live_path(self.node_id))
+
     def withdraw_serving(self) -> None:
         """De-announce: routers stop sending reads here (the node may still answer stragglers)."""
         with contextlib.suppress(NoNodeError):
             self._client.delete(zk_layout.serving_path(self.node_id))
 
     def withdraw(self) -> None:
-        """Delete both records now, serving first, so observers learn at once rather than at session end."""
-        for path in (zk_layout.serving_path(self.node_id), zk_layout.node_path(self.node_id)):
+        """Delete the records now, serving first, so observers learn at once rather than at session end."""
+        paths = (
+            zk_layout.serving_path(self.node_id),
+            zk_layout.live_path(self.node_id),
+            zk_layout.node_path(self.node_id),
+        )
+        for path in paths:
             with contextlib.suppress(NoNodeError):
                 self._client.delete(path)
 

@@ -10,8 +10,14 @@ How data.mdb comes to be depends on the snapshot's format (the manifest says whi
                                on the same filesystem, else a streamed copy or download: keyroute.node.fetch)
                                and checked: size and checksum in the same pass as the bytes move, then the
                                entry count and a sample of keys against the manifest and the partitioner.
-                               Always opened read-only: a hard-linked file is the snapshot's own.
+                               Opened read-only: a hard-linked file is the snapshot's own.
+  live (format 2 + `live`)     the file is always copied (never linked: it is written), checked as above,
+                               opened writable, and OFFSET_KEY (the next topic offset to apply) set to the
+                               manifest's `live.offsets[p]` in one write transaction; the partition's
+                               `LivePartition` (keyroute.node.live) says how far it has applied since.
 The marker records which format a directory was loaded from, so a directory is reused only for the same.
+A live directory's file changes as records are applied: it is reused when its marker matches and it holds
+OFFSET_KEY (applying resumes from there), without comparing its size, entry count or checksum.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from urllib.parse import quote, unquote
 import lmdb
 
 from keyroute.core.key_format import KeyFormatError, parse_key
+from keyroute.core.live import OFFSET_KEY, LiveConfig, answer_bytes
 from keyroute.core.lmdb_layout import KEY_ENCODING, db_key
 from keyroute.core.partition_map import StoreRecord
 from keyroute.core.partitioner import partition_for
@@ -43,6 +50,7 @@ from keyroute.core.snapshot import (
     resolve_location,
 )
 from keyroute.node.fetch import FetchCancelled, FetchError, check_keys, fetch_file
+from keyroute.node.live import LivePartition, read_next_offset
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +64,7 @@ _CANCEL_CHECK_ROWS = 4096
 # Removing a partition tidies its empty version and store folders; creating one makes them. Both hold
 # this lock, so a load never sees the folder it just made vanish under a concurrent removal.
 _TREE_LOCK = threading.Lock()
+
 
 class LoadError(Exception):
     """A partition could not be loaded; nothing of it was left on disk."""
@@ -105,19 +114,35 @@ def iter_partition_dirs(data_dir: Path) -> Iterator[tuple[PartitionId, Path]]:
 
 
 class PartitionStore:
-    """A loaded partition, open read-only. `get` is safe from any thread; the LMDB lock file
-    coordinates the readers."""
+    """A loaded partition. `get` is safe from any thread; the LMDB lock file coordinates the readers.
 
-    def __init__(self, pid: PartitionId, path: Path, rows: int, env: lmdb.Environment) -> None:
+    A batch partition is open read-only. A live one (`live` set) is open writable: its applier writes it
+    through `write_txn` under `write_lock`, which `close` takes too, so no write ever reaches a closed
+    environment; `get` answers without the merge state."""
+
+    def __init__(
+        self,
+        pid: PartitionId,
+        path: Path,
+        rows: int,
+        env: lmdb.Environment,
+        live: LivePartition | None = None,
+    ) -> None:
         self.pid = pid
         self.path = path
         self.rows = rows
+        self.live = live
         self._env: lmdb.Environment | None = env
         self._closed = threading.Event()
+        self.write_lock = threading.Lock()
 
     @property
     def version(self) -> int:
         return self.pid.version
+
+    @property
+    def closed(self) -> bool:
+        return self._env is None
 
     def get(self, key: bytes) -> bytes | None:
         env = self._env
@@ -125,10 +150,21 @@ class PartitionStore:
             raise LoadError(f"partition {self.pid} is closed")
         with env.begin(buffers=False) as txn:
             value = txn.get(db_key(key))
-        return None if value is None else bytes(value)
+        if value is None:
+            return None
+        return answer_bytes(value) if self.live is not None else bytes(value)
+
+    def write_txn(self) -> lmdb.Transaction:
+        """A write transaction on a live partition's environment; the caller holds `write_lock` and has
+        checked `closed` under it."""
+        env = self._env
+        if env is None or self.live is None:
+            raise LoadError(f"partition {self.pid} is closed or not live")
+        return env.begin(write=True)
 
     def close(self) -> None:
-        env, self._env = self._env, None
+        with self.write_lock:
+            env, self._env = self._env, None
         if env is not None:
             env.close()
 
@@ -138,7 +174,7 @@ class PartitionStore:
         remove_partition_dir(self.path)
 
     def __repr__(self) -> str:
-        return f"PartitionStore({self.pid}, rows={self.rows})"
+        return f"PartitionStore({self.pid}, rows={self.rows}{', live' if self.live is not None else ''})"
 
 
 def remove_partition_dir(path: Path) -> None:
@@ -199,6 +235,11 @@ def _open(path: Path, map_size: int, readonly: bool) -> lmdb.Environment:
         # Point reads of random keys: read-ahead would only pull in pages nobody asked for.
         readahead=False,
         meminit=False,
+        # A live partition commits often (every batch of records): one fsync per commit instead of two. The
+        # meta page is flushed with the next commit, so an operating-system crash may undo the last commit,
+        # rows and next offset together (they are one transaction): the node then applies those records
+        # again from the topic. A process crash loses nothing. Format-1 loads sync explicitly at the end.
+        metasync=False,
     )
 
 
@@ -317,9 +358,12 @@ def _load_file(
     partition = pid.partition
     name = data_file(partition)  # the manifest lists exactly this (Manifest.from_json checks it)
     rows = manifest.rows[partition]
+    live = manifest.live
     expected = _file_marker(manifest, partition)
     if _read_marker(path) == expected:
-        reused = _reuse_file(pid, path, manifest, map_size)
+        reused = (
+            _reuse_live(pid, path, live, map_size) if live is not None else _reuse_file(pid, path, manifest, map_size)
+        )
         if reused is not None:
             return reused
 
@@ -337,12 +381,13 @@ def _load_file(
             size=manifest.bytes[partition],
             checksum=manifest.checksums[partition],
             cancelled=cancelled,
-            link=link,
+            # A live partition's file is written as records are applied: never the snapshot's own.
+            link=link and live is None,
         )
         if cancelled():
             raise LoadCancelled(f"{pid}: load cancelled")
-        # Read-only, always: a hard-linked file is the snapshot's own (the lock file is this directory's).
-        env = _open(path, map_size, readonly=True)
+        # Read-only unless live: a hard-linked file is the snapshot's own (the lock file is this directory's).
+        env = _open(path, map_size, readonly=live is None)
         with env.begin(buffers=False) as txn:
             check_keys(
                 txn,
@@ -355,9 +400,12 @@ def _load_file(
         entries = int(env.stat()["entries"])
         if entries != rows:
             raise LoadError(f"{pid}: {shown}: {entries} rows vs manifest {rows}")
+        live_partition = None
+        if live is not None:
+            live_partition = LivePartition(pid.store, pid.version, partition, live, _start_offset(env, live, partition))
         _write_marker(path, expected)
         log.info("%s: %s by %s (%d bytes, %s)", pid, shown, fetched.method, fetched.size, fetched.checksum)
-        held, env = PartitionStore(pid, path, entries, env), None
+        held, env = PartitionStore(pid, path, entries, env, live_partition), None
         return held
     except BaseException as exc:
         if env is not None:
@@ -376,12 +424,52 @@ def _load_file(
 
 def _file_marker(manifest: Manifest, partition: int) -> dict[str, object]:
     # The format-1 marker has no "format": neither kind of directory is ever taken for the other.
-    return {
+    marker = {
         **_marker(manifest, partition),
         "format": manifest.format,
         "bytes": manifest.bytes[partition],
         "checksum": manifest.checksums[partition],
     }
+    if manifest.live is not None:
+        # The size and checksum are the version's file as fetched, not as it is now (records were applied).
+        marker["live"] = True
+        marker["start_offset"] = manifest.live.offsets[partition]
+    return marker
+
+
+def _start_offset(env: lmdb.Environment, live: LiveConfig, partition: int) -> int:
+    """The next offset to apply: OFFSET_KEY, set (durably) to the version's offset when absent."""
+    with env.begin(write=True) as txn:
+        stored = read_next_offset(txn)
+        if stored is not None:
+            return stored
+        start = live.offsets[partition]
+        txn.put(OFFSET_KEY, str(start).encode("ascii"))
+    return start
+
+
+def _reuse_live(pid: PartitionId, path: Path, live: LiveConfig, map_size: int) -> PartitionStore | None:
+    """A live partition loaded by an earlier run: reused (applying resumes from its OFFSET_KEY) when it opens
+    and holds OFFSET_KEY; else None and it is fetched again from the version."""
+    try:
+        env = _open(path, map_size, readonly=False)
+    except lmdb.Error as exc:
+        log.warning("%s: marker present but the environment did not open (%s); reloading", pid, exc)
+        return None
+    try:
+        with env.begin() as txn:
+            next_offset = read_next_offset(txn)
+        entries = int(env.stat()["entries"])
+    except (lmdb.Error, ValueError) as exc:
+        log.warning("%s: marker present but the live data is unreadable (%s); reloading", pid, exc)
+        next_offset, entries = None, 0
+    if next_offset is None:
+        env.close()
+        log.warning("%s: marker present but no applied offset is stored; reloading", pid)
+        return None
+    log.info("%s: reusing the live partition on disk, resuming at offset %d", pid, next_offset)
+    live_partition = LivePartition(pid.store, pid.version, pid.partition, live, next_offset)
+    return PartitionStore(pid, path, max(0, entries - 1), env, live_partition)
 
 
 def _reuse_file(pid: PartitionId, path: Path, manifest: Manifest, map_size: int) -> PartitionStore | None:

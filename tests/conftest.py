@@ -1,16 +1,18 @@
-"""Session-wide real components: one ZooKeeper server and one SparkSession; a fresh chroot per test."""
+"""Session-wide real components: one ZooKeeper server, one SparkSession and one Kafka-protocol broker (librdkafka's
+mock cluster); a fresh chroot and fresh topics per test."""
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from keyroute.core.settings import ZkSettings
 from keyroute.core.zookeeper_server import EmbeddedZooKeeper
+from keyroute.kafka_mock import MockKafka
 from tests.util import free_port
 
 
@@ -46,6 +48,27 @@ def spark(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-
     session = create_session(master="local[2]", local_dir=Path(tmp_path_factory.mktemp("spark")))
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka() -> Iterator[MockKafka]:
+    """One mock Kafka cluster for the session (in this process; other processes reach it over TCP at
+    `kafka.bootstrap_servers`). Tests create their own topics with `kafka_topic`, never share one."""
+    with MockKafka() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def kafka_topic(kafka: MockKafka) -> Callable[[int], str]:
+    """`kafka_topic(partitions)`: a new topic with a name no other test uses, created on the session's
+    cluster (`kafka`) with that many partitions."""
+
+    def create(partitions: int) -> str:
+        name = f"t-{uuid.uuid4().hex[:12]}"
+        kafka.create_topic(name, partitions)
+        return name
+
+    return create
 
 
 @pytest.fixture(scope="session")

@@ -4,27 +4,34 @@ and entries, and the per-node batch failover loop. No HTTP client here: the call
 The batch-get wire format, as every member speaks it:
 
     request   {"keys": [KEY, ...]}                       a JSON object; KEY a string (or an integer)
+              optional: "min_offset": N                  a bound for every partition of the request
+                        "min_offsets": {"P": N, ...}     a bound per partition (the larger one counts)
     answer    {"results": [ENTRY, ...]}                  one ENTRY per key, in request order
     ENTRY     {"key": TEXT, "status": 200, "partition": P, "version": V, "value": VALUE}
             | {"key": TEXT, "status": S, "error": CODE, "message": TEXT}      (S 400, 404, 503, ...)
+              an entry of a live store also carries "offset": the partition's last applied offset
 
-An entry with status 503 means "that node does not serve the key's partition now": another replica may.
+An entry with status 503 means "that node does not serve the key's partition now" (or, `not_up_to_bound`,
+"it has not applied the bound yet"): another replica may.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
 
-from keyroute.core.api import ApiError, BadRequest, PartitionUnavailable, PayloadTooLarge
+from keyroute.core.api import ApiError, BadRequest, PartitionUnavailable, PayloadTooLarge, offset_value
 
 __all__ = [
     "HOP_BY_HOP",
+    "BatchRequest",
     "ForwardedBatch",
+    "OffsetBounds",
     "Replica",
     "SendBatch",
     "batch_body",
@@ -35,6 +42,7 @@ __all__ = [
     "found_entry",
     "parse_batch_answer",
     "parse_batch_body",
+    "parse_batch_request",
     "passthrough_headers",
     "path_segment",
     "results_body",
@@ -82,9 +90,14 @@ def path_segment(text: str) -> str:
     """`text` (a store name or key) as one URL path segment that every client and server on the way leaves
     alone: '/', '%', '?', '#', '+', spaces and non-ASCII percent-encoded, and "." and ".." too, because URL
     normalisation (RFC 3986 dot segments, which httpx applies) would otherwise remove them."""
-    if text in (".", ".."):
-        return text.replace(".", "%2E")
+    if text.isascii() and (text.isalnum() or _UNRESERVED.fullmatch(text) is not None):
+        # Nothing to encode (what quote() leaves alone), the common case: one C call instead of quote's.
+        return text if text != "." and text != ".." else text.replace(".", "%2E")
     return quote(text, safe="")
+
+
+# The characters quote() never encodes (RFC 3986 unreserved).
+_UNRESERVED = re.compile(r"[A-Za-z0-9_.~-]+")
 
 
 def batch_path(store: str) -> str:
@@ -95,12 +108,56 @@ def batch_path(store: str) -> str:
 # -- bodies and entries -------------------------------------------------------------------------------
 
 
-def parse_batch_body(body: bytes, max_keys: int) -> list[Any]:
-    """The `keys` of a batch-get request body, as JSON gave them (any JSON values: each caller decides per
-    key what it accepts).
+@dataclass(frozen=True, slots=True)
+class OffsetBounds:
+    """A batch-get's freshness bounds: `every` for all partitions of the request, `partitions` per partition.
+    A partition's bound is the larger of the two that apply (`bound`)."""
 
-    Raises BadRequest (400 bad_request) when the body is not UTF-8 JSON of the form `{"keys": [...]}`, and
-    PayloadTooLarge (413 too_many_keys) when it holds more than `max_keys` keys (0: no limit)."""
+    every: int | None
+    partitions: Mapping[int, int]
+
+    def bound(self, partition: int) -> int | None:
+        own = self.partitions.get(partition)
+        if own is None:
+            return self.every
+        return own if self.every is None or own > self.every else self.every
+
+    def check(self, store: str, partitions: int) -> None:
+        """Raises BadRequest when a bound names a partition `store` (of `partitions` partitions) does not have."""
+        for p in self.partitions:
+            if p >= partitions:
+                raise BadRequest(f"min_offsets names partition {p}; store {store!r} has {partitions} partitions")
+
+    def wire(self, partitions: Iterable[int]) -> dict[str, int]:
+        """The bounds of `partitions` as a request body's "min_offsets" (partitions without one left out)."""
+        wired = {}
+        for p in partitions:
+            bound = self.bound(p)
+            if bound is not None:
+                wired[str(p)] = bound
+        return wired
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRequest:
+    """A batch-get request body: the keys as JSON gave them, and its freshness bounds (None: no bound)."""
+
+    keys: list[Any]
+    bounds: OffsetBounds | None
+
+
+def parse_batch_body(body: bytes, max_keys: int) -> list[Any]:
+    """The `keys` of a batch-get request body (`parse_batch_request`), for callers that take no bounds."""
+    return parse_batch_request(body, max_keys).keys
+
+
+def parse_batch_request(body: bytes, max_keys: int) -> BatchRequest:
+    """The `keys` of a batch-get request body, as JSON gave them (any JSON values: each caller decides per
+    key what it accepts), and its bounds ("min_offset", "min_offsets").
+
+    Raises BadRequest (400 bad_request) when the body is not UTF-8 JSON of the form `{"keys": [...]}` or a
+    bound is malformed (not an offset; a partition that is not a decimal number), and PayloadTooLarge (413
+    too_many_keys) when it holds more than `max_keys` keys (0: no limit)."""
     try:
         obj = json.loads(body)
     except (UnicodeDecodeError, ValueError) as exc:
@@ -110,19 +167,39 @@ def parse_batch_body(body: bytes, max_keys: int) -> list[Any]:
     keys: list[Any] = obj["keys"]
     if max_keys and len(keys) > max_keys:
         raise PayloadTooLarge(f"{len(keys)} keys in one batch; at most {max_keys} are allowed")
-    return keys
+    if "min_offset" not in obj and "min_offsets" not in obj:
+        return BatchRequest(keys, None)
+    every = obj.get("min_offset")
+    if every is not None:
+        every = offset_value(every)
+    per_partition = obj.get("min_offsets")
+    partitions: dict[int, int] = {}
+    if per_partition is not None:
+        if not isinstance(per_partition, dict):
+            raise BadRequest('min_offsets must be a JSON object {"<partition>": offset, ...}')
+        for name, value in per_partition.items():
+            if not (name.isascii() and name.isdigit() and len(name) <= 9):
+                raise BadRequest(f"min_offsets: {name[:40]!r} is not a partition number")
+            partitions[int(name)] = offset_value(value, f"min_offsets[{name}]")
+    if every is None and not partitions:
+        return BatchRequest(keys, None)
+    return BatchRequest(keys, OffsetBounds(every, partitions))
 
 
-def batch_body(texts: Sequence[str]) -> bytes:
-    """The request body of a batch-get for `texts`."""
+def batch_body(texts: Sequence[str], min_offsets: Mapping[str, int] | None = None) -> bytes:
+    """The request body of a batch-get for `texts`, with per-partition bounds when given."""
+    if min_offsets:
+        return encode_entry({"keys": list(texts), "min_offsets": dict(min_offsets)})
     return encode_entry({"keys": list(texts)})
 
 
-def found_entry(key: str, partition: int, version: int, value_json: bytes) -> bytes:
-    """The JSON of a found key's entry, built around the stored value's JSON bytes (never re-parsed)."""
-    head = json.dumps(
-        {"key": key, "status": 200, "partition": partition, "version": version}, ensure_ascii=False
-    ).encode("utf-8")
+def found_entry(key: str, partition: int, version: int, value_json: bytes, offset: int | None = None) -> bytes:
+    """The JSON of a found key's entry, built around the stored value's JSON bytes (never re-parsed); a live
+    partition's entry carries its applied `offset`."""
+    entry: dict[str, Any] = {"key": key, "status": 200, "partition": partition, "version": version}
+    if offset is not None:
+        entry["offset"] = offset
+    head = json.dumps(entry, ensure_ascii=False).encode("utf-8")
     return head[:-1] + b', "value": ' + value_json + b"}"
 
 

@@ -233,7 +233,15 @@ class Exchange(_Slot):
     def __init__(
         self, conn: _Connection, request: Request, rid: bytes, keep_alive: bool, connection: bytes, head: bool
     ) -> None:
-        _Slot.__init__(self, conn, rid, keep_alive, connection, head)
+        # _Slot.__init__, inline: one exchange per data-plane request.
+        self._conn = conn
+        self._held = None
+        self._done = False
+        self._gone = False
+        self._keep_alive = keep_alive
+        self._connection = connection
+        self._head = head
+        self._rid = rid
         self.request = request
 
     def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
@@ -637,7 +645,10 @@ class _Connection(asyncio.Protocol):
                 # request without a body (or with all of it in one read) never creates one.
                 self._start_body_clock()
         if not scheduled:
-            self._flush()
+            if self._out or self._close_pending:
+                self._flush()
+            else:
+                self._flush_pending = False  # nothing to write (the answer comes later): what _flush does
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -662,7 +673,15 @@ class _Connection(asyncio.Protocol):
         # where an earlier request ended counts from the next read on (a lower bound: never a false 431);
         # otherwise it began with the read, and the whole read is head.
         self._head_raw = -self._feed_len if self._ended_in_feed else 0
-        self._reset()
+        # What `_reset` does, inline (once per request).
+        self._url = b""
+        self._headers = []
+        self._head_size = 0
+        self._content_length = None
+        self._expect = None
+        self._rid_raw = None
+        self._body = None
+        self._body_size = 0
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -703,7 +722,12 @@ class _Connection(asyncio.Protocol):
                 path, query = url[:mark], url[mark + 1 :]
         else:
             path, query = self._odd_target(url)
-        request_id, rid = _request_id(self._rid_raw)
+        supplied = self._rid_raw
+        if supplied is None:
+            request_id = new_request_id()
+            rid = request_id.encode("ascii")
+        else:
+            request_id, rid = _request_id(supplied)
         length = self._content_length
         if length is not None and length > self._max_body:
             self._rejection = self._body_too_large()
@@ -844,6 +868,8 @@ class _Connection(asyncio.Protocol):
             self._close_after_flush()
         elif queue:
             self._advance()
+        elif not self._stopping and not self._read_paused:
+            self._last_active = self._loop.time()  # `_idle` when it has nothing else to do
         else:
             self._idle()
         if write_now:

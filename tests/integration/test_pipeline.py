@@ -1048,7 +1048,7 @@ def test_cli_builds_and_prints_each_published_version(zk_settings: ZkSettings, t
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
     snapshot = str(tmp_path / "out" / "cli" / "v000001")
-    assert lines == [{"store": "cli", "version": 1, "snapshot": snapshot, "rows": 2, "partitions": 3}]
+    assert lines == [{"store": "cli", "version": 1, "snapshot": snapshot, "rows": 2, "partitions": 3, "live": False}]
     assert store_record(zk_settings, "cli").snapshot == snapshot  # type: ignore[union-attr]
 
 

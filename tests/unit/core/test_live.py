@@ -231,3 +231,34 @@ def test_kafka_settings_keep_secrets_out_and_spell_values_for_librdkafka() -> No
         check_kafka_settings({"group.id": "mine"})
     with pytest.raises(LiveSpecError, match="string, number or boolean"):
         check_kafka_settings({"x": [1]})
+
+
+def test_integers_beyond_64_bits_stay_exact_and_non_finite_numbers_are_refused() -> None:
+    big = 2**70 + 1
+    reader = RecordReader(KeyFormat.STRING, Partitioner.MURMUR2, 1, 0)
+    _, row = reader.read(b"k", f'{{"qty": {big}, "price": 1, "ts": 1}}'.encode())
+    assert row is not None and row["qty"] == big
+    stored = AGGREGATE.apply(None, row)
+    stored = AGGREGATE.apply(stored, row)
+    assert stored is not None and json.loads(answer_bytes(stored))["volume"] == 2 * big
+    for text in (b'{"ts": 1e999}', b'{"ts": NaN}', b'{"ts": 12345678901234567890e999}'):
+        with pytest.raises(BadRecord) as caught:
+            reader.read(b"k", text)
+        assert caught.value.reason is Reason.NOT_JSON, text
+    huge = AGGREGATE.apply(None, {"price": 1, "qty": 1.5e308, "ts": 1})
+    with pytest.raises(BadRecord, match="overflows") as caught:
+        AGGREGATE.apply(huge, {"price": 1, "qty": 1.5e308, "ts": 2})
+    assert caught.value.reason is Reason.BAD_TYPE
+
+
+def test_keys_are_proven_once_and_a_misplaced_key_is_refused_every_time() -> None:
+    partitions = 4
+    key = b"customer-7"
+    home = partition_for(Partitioner.MURMUR2, key, partitions)
+    elsewhere = RecordReader(KeyFormat.STRING, Partitioner.MURMUR2, partitions, (home + 1) % partitions)
+    for _ in range(3):
+        with pytest.raises(BadRecord) as caught:
+            elsewhere.read(key, b"{}")
+        assert caught.value.reason is Reason.MISPLACED
+    reader = RecordReader(KeyFormat.STRING, Partitioner.MURMUR2, partitions, home)
+    assert [reader.read(key, b'{"n": 1}') for _ in range(3)] == [(key, {"n": 1})] * 3

@@ -29,6 +29,10 @@ P = 4
 
 
 class Held:
+    """A loaded partition as the read path sees it (keyroute.node.store.PartitionStore): a batch one."""
+
+    live: Any = None
+
     def __init__(self, version: int, rows: Mapping[bytes, bytes]) -> None:
         self.version = version
         self.rows = dict(rows)

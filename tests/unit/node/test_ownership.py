@@ -419,6 +419,7 @@ def test_lifecycle_states_are_the_documented_ones() -> None:
     assert [s.name for s in PartitionState] == [
         "ASSIGNED",
         "LOADING",
+        "CATCHING_UP",
         "SERVING",
         "DRAINING",
         "DROPPED",

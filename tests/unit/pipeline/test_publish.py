@@ -119,6 +119,19 @@ def test_published_version_describes_itself() -> None:
         "snapshot": "/out/bookings/v000002",
         "rows": 10,
         "partitions": 4,
+        "live": False,
+    }
+    live = PublishedVersion(
+        store="clicks", version=3, snapshot="/out/clicks/v000003", rows=0, partitions=2, live_offsets=(5, 0)
+    )
+    assert live.describe() == {
+        "store": "clicks",
+        "version": 3,
+        "snapshot": "/out/clicks/v000003",
+        "rows": 0,
+        "partitions": 2,
+        "live": True,
+        "live_offsets": [5, 0],
     }
 
 

@@ -184,7 +184,11 @@ def test_aggregate_store(tmp_path: Path) -> None:
     ("base", "fields", "message"),
     [
         (LATEST, {"key": ""}, "missing required field 'key'"),
-        (LATEST, {"source": ""}, "missing required field 'source'"),
+        (
+            LATEST,
+            {"source": ""},
+            "missing required field 'source' (or a [stores.NAME.live] table: a live store)",
+        ),
         (LATEST, {"format": ""}, "missing required field 'format'"),
         (LATEST, {"partitions": ""}, "missing required field 'partitions'"),
         (LATEST, {"mode": ""}, "missing required field 'mode'"),

@@ -1,0 +1,410 @@
+"""Building live stores (keyroute.pipeline.build with keyroute.pipeline.live) on a real SparkSession, a real
+ZooKeeper and librdkafka's mock cluster: the topic is checked (partition count, reachable, exists) before any
+Spark work; a hybrid version records where its archive ends and stores values the nodes' fold continues
+exactly; a live-only version is empty and starts at the topic's watermarks."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import pytest
+from pyspark.sql import SparkSession
+
+from keyroute.core.live import Merge, answer_bytes, decode_state
+from keyroute.core.partition_map import StoreRecord
+from keyroute.core.partitioner import Partitioner, partition_for
+from keyroute.core.settings import ZkSettings
+from keyroute.core.snapshot import FORMAT_2, Manifest, checksum_file, data_file, existing_versions, read_manifest
+from keyroute.kafka_mock import MockKafka
+from keyroute.pipeline import build as build_module
+from keyroute.pipeline.build import KafkaAccess, build
+from keyroute.pipeline.errors import PartitionAuditError, PipelineError, SpecError, TopicError
+from tests.integration.test_pipeline import store_record, write_jsonl, write_spec
+from tests.util import free_port
+
+Row = dict[str, Any]
+PARTITIONS = 3
+
+
+def produce(kafka: MockKafka, topic: str, records: Sequence[tuple[str, Row | None]]) -> list[tuple[int, int]]:
+    """Produce (key, value) records to the partition murmur2 gives each key, in order; their (partition,
+    offset) as the broker acknowledged them."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "log_level": 3, "linger.ms": 5})
+    acked: dict[int, tuple[int, int]] = {}
+
+    def on_delivery(index: int) -> Callable[[Any, Any], None]:
+        def done(err: Any, msg: Any) -> None:
+            assert err is None, err
+            acked[index] = (msg.partition(), msg.offset())
+
+        return done
+
+    for i, (key, value) in enumerate(records):
+        partition = partition_for(Partitioner.MURMUR2, key.encode(), PARTITIONS)
+        body = None if value is None else json.dumps(value).encode()
+        producer.produce(topic, key=key.encode(), value=body, partition=partition, on_delivery=on_delivery(i))
+    assert producer.flush(30) == 0
+    return [acked[i] for i in range(len(records))]
+
+
+def stored_values(snapshot: Path, manifest: Manifest) -> dict[str, bytes]:
+    """Every key's stored bytes in a format-2 version (keys as text), opened read-only as a node opens it."""
+    found: dict[str, bytes] = {}
+    for partition in range(manifest.partitions):
+        env = lmdb.open(str((snapshot / data_file(partition)).parent), readonly=True, lock=False, max_dbs=0)
+        try:
+            with env.begin() as txn:
+                for key, value in txn.cursor():
+                    assert bytes(key)[:1] == b"=", "string keys are stored whole"
+                    found[bytes(key)[1:].decode()] = bytes(value)
+        finally:
+            env.close()
+    return found
+
+
+def fold(merge: Merge, stored: bytes | None, rows: Sequence[Row]) -> bytes | None:
+    for row in rows:
+        new = merge.apply(stored, row)
+        stored = stored if new is None else new
+    return stored
+
+
+def decoded(stored: bytes | None) -> tuple[Any, Any]:
+    return (None, None) if stored is None else (json.loads(answer_bytes(stored)), decode_state(stored))
+
+
+def build_spec(tmp_path: Path, name: str, fields: Mapping[str, Any], live: Mapping[str, Any]) -> Path:
+    path = write_spec(tmp_path / "stores.toml", {name: fields})
+    with path.open("a", encoding="utf-8") as spec:
+        spec.write(f'[stores."{name}".live]\n')
+        spec.writelines(f"{field} = {json.dumps(value)}\n" for field, value in live.items())
+    return path
+
+
+@pytest.fixture
+def no_spark(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A build of live-only stores must not start Spark."""
+
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a live-only build started Spark")
+
+    monkeypatch.setattr(build_module, "create_session", forbidden)
+    yield
+
+
+# --- hybrid stores: the batch part, and the fold continuing on top of it ---------------------------------
+
+
+def trade_events(rng: random.Random, count: int) -> list[tuple[str, Row]]:
+    """Trades over a few assets with many ties on `ts` and some nulls, so tie-breaking and null handling
+    both matter."""
+    events = []
+    for _ in range(count):
+        asset = f"A{rng.randrange(12):02d}"
+        price = None if rng.random() < 0.1 else round(rng.uniform(1, 100), 2)
+        events.append(
+            (
+                asset,
+                {
+                    "asset": asset,
+                    "ts": None if rng.random() < 0.05 else rng.randrange(20),
+                    "price": price,
+                    "qty": None if rng.random() < 0.1 else rng.randrange(1, 50),
+                    "venue": rng.choice(["x", "y", "z"]),
+                },
+            )
+        )
+    return events
+
+
+HYBRID_STORES: dict[str, dict[str, Any]] = {
+    "latest": {
+        "mode": "latest",
+        "order_by": "ts",
+        # no `columns`: every source column but key, partition and offset
+    },
+    "aggregate": {
+        "mode": "aggregate",
+        "aggregations": {
+            "trades": "count(*)",
+            "priced": "count(price)",
+            "volume": "sum(qty)",
+            "low": "min(price)",
+            "high": "max(price)",
+            "last_price": "max_by(price, ts)",
+            "first_venue": "min_by(venue, ts)",
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("mode", sorted(HYBRID_STORES))
+def test_a_hybrid_version_ends_where_its_archive_ends_and_the_fold_continues_exactly(
+    spark: SparkSession,
+    zk_settings: ZkSettings,
+    kafka: MockKafka,
+    kafka_topic: Callable[[int], str],
+    tmp_path: Path,
+    mode: str,
+) -> None:
+    topic = kafka_topic(PARTITIONS)
+    events = trade_events(random.Random(mode), 400)
+    placed = produce(kafka, topic, events)
+    # The archive: each partition's records up to a cut that differs per partition (none at all for one).
+    cuts = {0: 0, 1: 37, 2: 95}
+    by_partition: dict[int, list[tuple[int, Row]]] = defaultdict(list)
+    for (partition, offset), (_, row) in zip(placed, events, strict=True):
+        by_partition[partition].append((offset, row))
+    assert all(len(by_partition[p]) > cuts[p] for p in range(PARTITIONS))
+    archive = [
+        {**row, "kafka_partition": p, "kafka_offset": offset}
+        for p, records in by_partition.items()
+        for offset, row in records[: cuts[p]]
+    ]
+    write_jsonl(tmp_path / "archive" / "part-1.json", archive)
+    fields = {
+        "source": "archive",
+        "format": "json",
+        "key": "asset",
+        "partitions": PARTITIONS,
+        "source_partition_column": "kafka_partition",
+        "source_offset_column": "kafka_offset",
+        **HYBRID_STORES[mode],
+    }
+    spec = build_spec(tmp_path, "trades", fields, {"topic": topic, "bootstrap_servers": kafka.bootstrap_servers})
+
+    [published] = build(spec, zk_settings, str(tmp_path / "out"), spark=spark)
+
+    manifest = read_manifest(Path(published.snapshot))
+    assert manifest.format == FORMAT_2 and manifest.live is not None
+    expected_offsets = tuple(by_partition[p][cuts[p] - 1][0] + 1 if cuts[p] else 0 for p in range(PARTITIONS))
+    assert expected_offsets == (0, 37, 95)  # the broker's offsets start at 0 in a new topic
+    assert manifest.live.offsets == expected_offsets
+    assert published.live_offsets == expected_offsets
+    assert (manifest.live.topic, manifest.live.bootstrap_servers) == (topic, kafka.bootstrap_servers)
+    record = store_record(zk_settings, "trades")
+    assert record is not None and record.live
+    merge = manifest.live.merge
+    if mode == "latest":
+        assert merge.columns == ("price", "qty", "ts", "venue")  # the batch part's answer columns
+        assert manifest.value_columns == merge.columns
+
+    batch = stored_values(Path(published.snapshot), manifest)
+    assert sum(manifest.rows) == len(batch) == len({row["asset"] for row in archive})
+    keys = {key for key, _ in events}
+    for key in sorted(keys):
+        p = partition_for(Partitioner.MURMUR2, key.encode(), PARTITIONS)
+        rows = [row for _, row in by_partition[p] if row["asset"] == key]
+        archived = [row for _, row in by_partition[p][: cuts[p]] if row["asset"] == key]
+        rest = [row for offset, row in by_partition[p] if offset >= expected_offsets[p] and row["asset"] == key]
+        assert len(archived) + len(rest) == len(rows)
+        everything = fold(merge, None, rows)
+        if archived:
+            # The batch part alone is what the fold of the archived records gives, state included.
+            assert decoded(batch[key]) == decoded(fold(merge, None, archived)), key
+        continued = fold(merge, batch.get(key), rest)
+        assert decoded(continued) == decoded(everything), key
+
+
+def test_a_hybrid_source_past_the_end_of_the_topic_fails_the_build(
+    spark: SparkSession, zk_settings: ZkSettings, kafka: MockKafka, kafka_topic: Callable[[int], str], tmp_path: Path
+) -> None:
+    topic = kafka_topic(PARTITIONS)
+    produce(kafka, topic, [("k1", {"k": "k1", "ts": 1})])
+    p = partition_for(Partitioner.MURMUR2, b"k1", PARTITIONS)
+    write_jsonl(tmp_path / "archive.json", [{"k": "k1", "ts": 1, "part": p, "off": 7}])
+    fields = {
+        "source": "archive.json",
+        "format": "json",
+        "key": "k",
+        "partitions": PARTITIONS,
+        "mode": "latest",
+        "order_by": "ts",
+        "source_partition_column": "part",
+        "source_offset_column": "off",
+    }
+    spec = build_spec(tmp_path, "k", fields, {"topic": topic, "bootstrap_servers": kafka.bootstrap_servers})
+    with pytest.raises(TopicError) as err:
+        build(spec, zk_settings, str(tmp_path / "out"), spark=spark)
+    assert err.value.store == "k"
+    assert f"partition {p}: source ends at offset 7, topic at 0" in str(err.value)
+    assert store_record(zk_settings, "k") is None
+    assert existing_versions(str(tmp_path / "out"), "k") == []
+
+
+def test_the_audit_still_catches_an_archive_record_in_the_wrong_partition(
+    spark: SparkSession, zk_settings: ZkSettings, kafka: MockKafka, kafka_topic: Callable[[int], str], tmp_path: Path
+) -> None:
+    topic = kafka_topic(PARTITIONS)
+    produce(kafka, topic, [("k1", {"k": "k1", "ts": 1}), ("k2", {"k": "k2", "ts": 1})])
+    right = partition_for(Partitioner.MURMUR2, b"k1", PARTITIONS)
+    wrong = (partition_for(Partitioner.MURMUR2, b"k2", PARTITIONS) + 1) % PARTITIONS
+    archive = [{"k": "k1", "ts": 1, "part": right, "off": 0}, {"k": "k2", "ts": 1, "part": wrong, "off": 0}]
+    write_jsonl(tmp_path / "archive.json", archive)
+    fields = {
+        "source": "archive.json",
+        "format": "json",
+        "key": "k",
+        "partitions": PARTITIONS,
+        "mode": "latest",
+        "order_by": "ts",
+        "source_partition_column": "part",
+        "source_offset_column": "off",
+    }
+    spec = build_spec(tmp_path, "k", fields, {"topic": topic, "bootstrap_servers": kafka.bootstrap_servers})
+    with pytest.raises(PartitionAuditError) as err:
+        build(spec, zk_settings, str(tmp_path / "out"), spark=spark)
+    assert err.value.store == "k" and "1 of 2 records" in str(err.value)
+    assert store_record(zk_settings, "k") is None
+
+
+# --- live-only stores: empty versions at the watermarks ----------------------------------------------------
+
+
+def live_only_fields() -> dict[str, Any]:
+    return {"key": "user", "partitions": PARTITIONS, "mode": "latest", "order_by": "ts", "columns": ["ts", "page"]}
+
+
+def assert_empty_version(snapshot: Path, manifest: Manifest) -> None:
+    assert manifest.format == FORMAT_2 and manifest.rows == (0,) * PARTITIONS
+    for partition in range(PARTITIONS):
+        path = snapshot / data_file(partition)
+        checksum = checksum_file(path)
+        assert (manifest.bytes[partition], manifest.checksums[partition]) == (checksum.size, checksum.value)
+    assert stored_values(snapshot, manifest) == {}
+
+
+@pytest.mark.parametrize("start", ["earliest", "latest"])
+def test_a_live_only_build_publishes_empty_partitions_starting_at_the_watermarks(
+    zk_settings: ZkSettings,
+    kafka: MockKafka,
+    kafka_topic: Callable[[int], str],
+    tmp_path: Path,
+    no_spark: None,
+    start: str,
+) -> None:
+    topic = kafka_topic(PARTITIONS)
+    users = [f"u{i}" for i in range(40)]
+    placed = produce(kafka, topic, [(u, {"user": u, "ts": 1, "page": "/"}) for u in users])
+    ends = [0] * PARTITIONS
+    for partition, offset in placed:
+        ends[partition] = max(ends[partition], offset + 1)
+    assert all(ends), "every partition got records"
+    spec = build_spec(
+        tmp_path,
+        "clicks",
+        live_only_fields(),
+        {"topic": topic, "bootstrap_servers": kafka.bootstrap_servers, "start": start},
+    )
+    output = tmp_path / "out"
+
+    [first] = build(spec, zk_settings, str(output))
+
+    manifest = read_manifest(Path(first.snapshot))
+    assert_empty_version(Path(first.snapshot), manifest)
+    assert manifest.value_columns == ("ts", "page")
+    assert manifest.live is not None
+    assert manifest.live.offsets == (tuple(ends) if start == "latest" else (0,) * PARTITIONS)
+    assert manifest.live.merge == Merge("latest", "user", order_by="ts", columns=("ts", "page"))
+    assert first.describe()["live"] is True and first.rows == 0
+    record = store_record(zk_settings, "clicks")
+    assert record is not None and record.live and record.version == 1
+
+    # Every build publishes a new version; `latest` follows the topic's end as it grows.
+    more = produce(kafka, topic, [(u, {"user": u, "ts": 2, "page": "/2"}) for u in users[:10]])
+    for partition, offset in more:
+        ends[partition] = max(ends[partition], offset + 1)
+    [second] = build(spec, zk_settings, str(output))
+    assert second.version == 2 and existing_versions(str(output), "clicks") == [1, 2]
+    again = read_manifest(Path(second.snapshot))
+    assert_empty_version(Path(second.snapshot), again)
+    assert again.live is not None
+    assert again.live.offsets == (tuple(ends) if start == "latest" else (0,) * PARTITIONS)
+    assert store_record(zk_settings, "clicks").version == 2  # type: ignore[union-attr]
+
+
+# --- the topic is checked before anything else ------------------------------------------------------------
+
+
+def test_a_topic_with_another_partition_count_fails_naming_the_store(
+    zk_settings: ZkSettings, kafka: MockKafka, kafka_topic: Callable[[int], str], tmp_path: Path, no_spark: None
+) -> None:
+    topic = kafka_topic(PARTITIONS + 1)
+    spec = build_spec(
+        tmp_path, "clicks", live_only_fields(), {"topic": topic, "bootstrap_servers": kafka.bootstrap_servers}
+    )
+    with pytest.raises(SpecError) as err:
+        build(spec, zk_settings, str(tmp_path / "out"))
+    assert err.value.store == "clicks"
+    assert str(err.value) == (
+        f"store 'clicks': topic {topic!r} has {PARTITIONS + 1} partitions but the store has {PARTITIONS}: "
+        "store partition p is topic partition p, so the counts must be equal"
+    )
+    assert store_record(zk_settings, "clicks") is None
+
+
+def test_an_unknown_topic_fails_naming_the_store_and_is_not_created(
+    zk_settings: ZkSettings, kafka: MockKafka, tmp_path: Path, no_spark: None
+) -> None:
+    spec = build_spec(
+        tmp_path, "clicks", live_only_fields(), {"topic": "nope-x", "bootstrap_servers": kafka.bootstrap_servers}
+    )
+    for _ in range(2):  # the first ask must not have created it (brokers may auto-create on metadata requests)
+        with pytest.raises(TopicError) as err:
+            build(spec, zk_settings, str(tmp_path / "out"))
+        assert err.value.store == "clicks"
+        assert "topic 'nope-x'" in str(err.value) and "Unknown topic" in str(err.value)
+
+
+def test_an_unreachable_broker_fails_naming_the_store_and_the_servers(
+    zk_settings: ZkSettings, tmp_path: Path, no_spark: None
+) -> None:
+    servers = f"127.0.0.1:{free_port()}"
+    spec = build_spec(tmp_path, "clicks", live_only_fields(), {"topic": "clicks", "bootstrap_servers": servers})
+    with pytest.raises(TopicError) as err:
+        build(spec, zk_settings, str(tmp_path / "out"), kafka=KafkaAccess({}, timeout_s=1.5))
+    assert err.value.store == "clicks"
+    message = str(err.value)
+    assert f"from Kafka at {servers!r} within 1.5 s" in message
+    assert "Connection refused" in message  # librdkafka's own words on why
+    assert store_record(zk_settings, "clicks") is None
+
+
+def test_secret_settings_come_from_the_environment_given(
+    zk_settings: ZkSettings, kafka: MockKafka, kafka_topic: Callable[[int], str], tmp_path: Path, no_spark: None
+) -> None:
+    topic = kafka_topic(PARTITIONS)
+    path = build_spec(
+        tmp_path, "clicks", live_only_fields(), {"topic": topic, "bootstrap_servers": kafka.bootstrap_servers}
+    )
+    with path.open("a", encoding="utf-8") as spec:
+        # A setting the mock cluster ignores (no SASL): what matters is where its value comes from.
+        spec.write('kafka = { "sasl.password" = "${CLICKS_KAFKA_PASSWORD}" }\n')
+    with pytest.raises(TopicError) as err:
+        build(path, zk_settings, str(tmp_path / "out"))
+    assert "names ${CLICKS_KAFKA_PASSWORD}, which is not set" in str(err.value)
+
+    [published] = build(
+        path, zk_settings, str(tmp_path / "out"), kafka=KafkaAccess({"CLICKS_KAFKA_PASSWORD": "s3cret"})
+    )
+    manifest_text = (Path(published.snapshot) / "manifest.json").read_text()
+    assert "s3cret" not in manifest_text and "${CLICKS_KAFKA_PASSWORD}" in manifest_text
+    record = store_record(zk_settings, "clicks")
+    assert isinstance(record, StoreRecord) and record.live
+
+
+def test_a_bad_live_spec_fails_before_kafka_zookeeper_or_spark(tmp_path: Path, no_spark: None) -> None:
+    fields = {**live_only_fields(), "snapshot_format": 1}
+    spec = build_spec(tmp_path, "clicks", fields, {"topic": "t", "bootstrap_servers": "127.0.0.1:1"})
+    zk = ZkSettings(hosts=f"127.0.0.1:{free_port()}", chroot="/x", session_timeout_s=1.0)
+    with pytest.raises(PipelineError) as err:
+        build(spec, zk, str(tmp_path / "out"))
+    assert isinstance(err.value, SpecError) and "'snapshot_format' must be 2 for a live store" in str(err.value)
