@@ -125,16 +125,23 @@ class PartitionFileBuilder:
 
     def finish(self) -> BuiltPartition:
         """Commit, and write the compacted copy: `workdir/compact/data.mdb`."""
+        target = self.workdir / "compact"
+        target.mkdir()
+        with open(target / DATA_FILE, "xb", buffering=0) as out:
+            rows = self.finish_into(out.fileno())
+        return BuiltPartition(target / DATA_FILE, rows)
+
+    def finish_into(self, fd: int) -> int:
+        """Commit, and write the compacted copy to the open file `fd` (from its current position; not
+        synced); the number of entries. The work files are removed."""
         if self._txn is None or self._env is None:
             raise SnapshotError("the partition file is already finished")
         txn, self._txn = self._txn, None
         txn.commit()
-        target = self.workdir / "compact"
-        target.mkdir()
-        self._env.copy(str(target), compact=True)
+        self._env.copyfd(fd, compact=True)
         self._close()
         shutil.rmtree(self.workdir / "build", ignore_errors=True)
-        return BuiltPartition(target / DATA_FILE, self.rows)
+        return self.rows
 
     def _close(self) -> None:
         if self._txn is not None:

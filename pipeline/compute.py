@@ -55,6 +55,10 @@ ROUTE_TYPE = T.StructType(
         T.StructField("error", T.StringType()),
     ]
 )
+# A format-2 store's route also carries each key's LMDB key (keyroute.core.lmdb_layout.db_key of the very
+# bytes its partition was computed from): the writer sorts by it and the executors store it as it is.
+LMDB_KEY = "__keyroute_lmdb_key"
+ROUTE_TYPE_WITH_LMDB_KEY = T.StructType([*ROUTE_TYPE.fields, T.StructField("lmdb_key", T.BinaryType())])
 
 # Kafka's Short/Integer/LongSerializer widths, as in key_format.
 _INT_WIDTHS = {KeyFormat.INT16: 2, KeyFormat.INT32: 4, KeyFormat.INT64: 8}
@@ -112,17 +116,23 @@ def serialize_keys(keys: pa.Array | pa.ChunkedArray, key_format: KeyFormat) -> S
     return _serialize_vectorized(keys, key_format) or _serialize_per_key(keys, key_format)
 
 
-def route_keys(keys: pa.Array, key_format: KeyFormat, partitioner: Partitioner, partitions: int) -> pa.StructArray:
+def route_keys(
+    keys: pa.Array, key_format: KeyFormat, partitioner: Partitioner, partitions: int, lmdb_key: bool = False
+) -> pa.StructArray:
     """Canonical text and partition for a batch of raw keys; a key that does not fit gets an error instead.
+    With `lmdb_key`, also the LMDB key the node stores it under (`db_key` of the serialized bytes the
+    partition was computed from; null for a key that does not fit).
 
     Errors are returned, not raised: the driver reports how many keys failed, with examples, rather than
     the first worker traceback.
     """
     serialized = serialize_keys(keys, key_format)
-    return pa.StructArray.from_arrays(
-        [serialized.text, _partitions(serialized.data, partitioner, partitions), serialized.error],
-        names=["key", "partition", "error"],
-    )
+    arrays = [serialized.text, _partitions(serialized.data, partitioner, partitions), serialized.error]
+    names = ["key", "partition", "error"]
+    if lmdb_key:
+        arrays.append(db_keys(serialized.data))
+        names.append("lmdb_key")
+    return pa.StructArray.from_arrays(arrays, names=names)
 
 
 def key_partitions(keys: pa.Array, key_format: KeyFormat, partitioner: Partitioner, partitions: int) -> pa.Array:
@@ -238,13 +248,14 @@ def _is_text(data_type: pa.DataType) -> bool:
 
 def _router(store: StoreSpec) -> Any:
     key_format, partitioner, partitions = store.key_format, store.partitioner, store.partitions
+    lmdb_key = store.snapshot_format != 1
 
     def route(keys: pa.Array) -> pa.Array:
-        return route_keys(keys, key_format, partitioner, partitions)
+        return route_keys(keys, key_format, partitioner, partitions, lmdb_key)
 
     # arrow_udf: whole Arrow batches in and out, no pandas in between (a scalar Arrow UDF, Spark >= 4.1).
     # The kind is read from the type hints; pyspark's stubs insist on functionType, which it warns about.
-    return F.arrow_udf(route, ROUTE_TYPE)  # type: ignore[call-overload]
+    return F.arrow_udf(route, ROUTE_TYPE_WITH_LMDB_KEY if lmdb_key else ROUTE_TYPE)  # type: ignore[call-overload]
 
 
 def _partition_udf(store: StoreSpec) -> Any:
@@ -310,6 +321,11 @@ def unhashed_route_column(store: StoreSpec, raw_key: Column) -> Column:
     )
 
 
+def _routes_lmdb_key(store: StoreSpec) -> bool:
+    """Whether compute_store's frame has the LMDB key column (format 2, routed by `route_column`)."""
+    return store.snapshot_format != 1 and route_step is route_column
+
+
 # Internal hook, not a spec option: how compute_store routes keys. Only benchmarks/pipeline.py replaces it
 # (with unhashed_route_column), to time the same build with and without the partition step.
 route_step: Callable[[StoreSpec, Column], Column] = route_column
@@ -350,6 +366,7 @@ def compute_store(spark: SparkSession, store: StoreSpec) -> ComputedStore:
                 F.col(_ROUTE).getField("key").alias("key"),
                 partition.alias("partition"),
                 F.col(_ROUTE).getField("error").alias(ERROR),
+                *([F.col(_ROUTE).getField("lmdb_key").alias(LMDB_KEY)] if _routes_lmdb_key(store) else []),
                 F.col("value"),
                 *([audit.key_off_partition(partition).alias(_OFF_PARTITION)] if audited else []),
                 *([] if state is None else [F.col(STATE)]),

@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 from keyroute.core.live import STATE_SEPARATOR
 from keyroute.core.lmdb_layout import PartitionFileBuilder
 from keyroute.core.snapshot import (
+    CHECKSUM_CHUNK_BYTES,
     ArrowLocation,
     Checksum,
     SnapshotError,
@@ -78,6 +79,28 @@ class Destination:
             return _put_local(source, local_path(self.location) / name)
         return _put_arrow(source, _arrow_location(self.location), name)
 
+    def put_built(self, builder: PartitionFileBuilder, name: str) -> tuple[int, Checksum]:
+        """Finish `builder` into `name` in this directory: its entry count and the file's checksum. A local
+        directory gets the compacted copy written straight into place (no scratch copy of it), checksummed
+        as read back from the page cache; anywhere else it is written to the scratch directory and put."""
+        if not is_local(self.location):
+            built = builder.finish()
+            return built.rows, _put_arrow(built.path, _arrow_location(self.location), name)
+        target = local_path(self.location) / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+        try:
+            with open(tmp, "xb+", buffering=0) as out:
+                rows = builder.finish_into(out.fileno())
+                checksum = checksum_fd(out.fileno())
+                os.fsync(out.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        _fsync_dir(target.parent)
+        return rows, checksum
+
 
 @functools.lru_cache(maxsize=16)
 def _arrow_location(uri: str) -> ArrowLocation:
@@ -99,6 +122,17 @@ def _put_local(source: Path, target: Path) -> Checksum:
         tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(target.parent)
+    return checksum
+
+
+def checksum_fd(fd: int) -> Checksum:
+    """The checksum of everything in the open file `fd` (read with pread: its position does not matter)."""
+    checksum = Checksum()
+    buffer = memoryview(bytearray(CHECKSUM_CHUNK_BYTES))
+    offset = 0
+    while n := os.preadv(fd, [buffer], offset):
+        checksum.update(buffer[:n])
+        offset += n
     return checksum
 
 
@@ -203,11 +237,36 @@ def _add(builder: PartitionFileBuilder, rows: pa.RecordBatch) -> int:
         present = keys.is_valid()
         keys, values = keys.filter(present), values.filter(present)
         states = None if states is None else states.filter(present)
-    stored = map(compact_value, values.to_pylist())
+    stored = compact_values(values)
     if states is not None:
         stored = map(live_value, stored, states.to_pylist())
     builder.add(zip(keys.to_pylist(), stored, strict=True))
     return missing
+
+
+# Text in which some JSON token might not be spelled as `compact_value` spells it (a conservative test: it
+# may match text that is, never miss one that is not): a backslash or a control character (escapes);
+# 16 or more digits in a row, a fraction ending in 0 (other than "N.0"), an exponent, a plain fraction
+# below 1e-4, NaN or Infinity, an integer -0 (numbers: any other float of at most 15 significant digits in
+# plain notation is re-spelled exactly as written, since no other decimal of that precision stands for the
+# same double); whitespace next to a structural character or at either end (Spark writes none). RE2
+# syntax, as pyarrow's compute functions take it.
+NEEDS_RESPELLING = (
+    r"[\\\x00-\x1f]|[0-9.]{17,}|\.[0-9]*[0-9]0([^0-9]|$)|[0-9][eE]|0\.0000|NaN|Infinity|-0([^.0-9]|$)"
+    r"|[\[{:,][ \t\r\n]|[ \t\r\n][\]},:]|^[ \t\r\n]|[ \t\r\n]$"
+)
+
+
+def compact_values(values: pa.Array) -> list[bytes]:
+    """`compact_value` of every JSON text in `values` (Spark's `to_json` of each row's value), without
+    parsing the texts that are already spelled that way: their UTF-8 bytes are the stored value as they are.
+    Only the texts `NEEDS_RESPELLING` matches go through `compact_value`."""
+    respell = pc.match_substring_regex(values, NEEDS_RESPELLING)
+    stored: list[bytes] = values.cast(pa.binary()).to_pylist()
+    if respell.true_count:
+        for index in pc.indices_nonzero(respell).to_pylist():
+            stored[index] = compact_value(stored[index])
+    return stored
 
 
 def live_value(answer: bytes, state: str) -> bytes:
@@ -218,11 +277,10 @@ def live_value(answer: bytes, state: str) -> bytes:
 
 def _publish(builder: PartitionFileBuilder, partition: int, misplaced: int, destination: Destination) -> pa.RecordBatch:
     try:
-        built = builder.finish()
-        checksum = destination.put(built.path, data_file(partition))
+        rows, checksum = destination.put_built(builder, data_file(partition))
     finally:
         builder.discard()
-    return result_batch(partition, built.rows, checksum, misplaced)
+    return result_batch(partition, rows, checksum, misplaced)
 
 
 def result_batch(partition: int, rows: int, checksum: Checksum, misplaced: int = 0) -> pa.RecordBatch:

@@ -65,7 +65,7 @@ from keyroute.core.snapshot import (
     write_manifest,
 )
 from keyroute.pipeline import lmdb_files
-from keyroute.pipeline.compute import STATE, ComputedStore, lmdb_key_column, spark_errors
+from keyroute.pipeline.compute import LMDB_KEY, STATE, ComputedStore, lmdb_key_column, spark_errors
 from keyroute.pipeline.errors import PublishError
 from keyroute.pipeline.spec import StoreSpec
 
@@ -295,7 +295,13 @@ def _build_files(computed: ComputedStore, claimed: ClaimedVersion) -> dict[int, 
     state = [F.col(STATE).alias(lmdb_files.LIVE_STATE)] if STATE in computed.frame.columns else []
     rows = computed.frame.select(
         F.col("partition").alias(lmdb_files.PARTITION),
-        lmdb_key_column(store, F.col("key"), F.col("partition")).alias(lmdb_files.LMDB_KEY),
+        # The LMDB key came with the route (computed from the bytes the partition was computed from); only
+        # a benchmark's route without the partitioner leaves it to be made here.
+        (
+            F.col(LMDB_KEY)
+            if LMDB_KEY in computed.frame.columns
+            else lmdb_key_column(store, F.col("key"), F.col("partition"))
+        ).alias(lmdb_files.LMDB_KEY),
         # Spark's JSON for the value, as format 1 writes it; made compact JSON on the executors.
         F.to_json(F.col("value"), {"ignoreNullFields": "false"}).alias(lmdb_files.VALUE_JSON),
         *state,

@@ -6,8 +6,10 @@ The bytes are checked against the manifest's size and checksum in the same pass 
     link       the snapshot is a local path on the node's filesystem: a hard link (no bytes move), then
                one read of the file to verify its checksum; the node never writes it (it opens LMDB
                read-only), so the snapshot's copy stays as published
-    copy       a local path on another filesystem (or a link refused: EXDEV, EPERM, ...): a streamed copy
-               in large chunks, checksummed as it goes, fsynced before it counts as fetched
+    copy       a local path on another filesystem (or a link refused: EXDEV, EPERM, ...): the kernel copies
+               each chunk (copy_file_range: the bytes never pass through this process), then the chunk is
+               read back from the new file (in the page cache) into the checksum; fsynced before it counts
+               as fetched. Where the kernel cannot copy between the two files, a streamed copy instead
     download   any other location (s3://, gs://, hdfs://, ...): a pyarrow input stream, same as a copy
 
 Between chunks the fetch looks whether it was cancelled. Whatever fails, the destination file is removed.
@@ -124,7 +126,67 @@ def _local(src: Path, dest: Path, size: int, expected: str, cancelled: Callable[
             return _checked("link", str(src), checksum, size, expected)
     with open(src, "rb", buffering=0) as fh:
         _advise_sequential(fh.fileno())
+        copied = _copy_in_kernel(fh.fileno(), str(src), dest, size, expected, cancelled)
+        if copied is not None:
+            return copied
         return _write(fh.readinto, "copy", str(src), dest, size, expected, cancelled)
+
+
+# Answers of copy_file_range / sendfile that mean "not between these two files" (another filesystem, an
+# old kernel, a filesystem without it): the next way of copying does the job instead.
+_NO_KERNEL_COPY = frozenset({errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EBADF})
+
+
+def _copy_file_range(src_fd: int, out_fd: int, count: int, offset: int) -> int:
+    return os.copy_file_range(src_fd, out_fd, count, offset, offset)
+
+
+def _sendfile(src_fd: int, out_fd: int, count: int, offset: int) -> int:
+    return os.sendfile(out_fd, src_fd, offset, count)  # writes at out_fd's position: `offset` too here
+
+
+def _kernel_copies() -> list[Callable[[int, int, int, int], int]]:
+    """The kernel's ways to copy between two files, best first: copy_file_range (same filesystem: the
+    filesystem's own copy, a reflink where it has them), sendfile (any two files)."""
+    return [
+        copy for name, copy in (("copy_file_range", _copy_file_range), ("sendfile", _sendfile)) if hasattr(os, name)
+    ]
+
+
+def _copy_in_kernel(
+    src_fd: int, shown: str, dest: Path, size: int, expected: str, cancelled: Callable[[], bool]
+) -> Fetched | None:
+    """Copy in the kernel, a chunk at a time, checksumming each chunk as read back from `dest` (from the page
+    cache); None (and no `dest`) when no kernel copy works between these files, before any byte moved."""
+    checksum = Checksum.like(expected)
+    buffer = memoryview(bytearray(CHUNK_BYTES))
+    for copy in _kernel_copies():
+        with open(dest, "xb+", buffering=0) as out:  # read too: the chunks are checksummed as read back
+            out_fd = out.fileno()
+            done = 0
+            while True:
+                if cancelled():
+                    raise FetchCancelled(f"fetching {shown} cancelled")
+                try:
+                    n = copy(src_fd, out_fd, CHUNK_BYTES, done)
+                except OSError as exc:
+                    if done or exc.errno not in _NO_KERNEL_COPY:
+                        raise
+                    break  # this way cannot copy between these files: the next one
+                if not n:
+                    os.fsync(out_fd)  # durable before the marker says the partition is loaded
+                    return _checked("copy", shown, checksum, size, expected)
+                end = done + n
+                while done < end:
+                    got = os.preadv(out_fd, [buffer[: min(CHUNK_BYTES, end - done)]], done)
+                    if not got:
+                        raise FetchError(f"{dest}: {end - done} byte(s) copied from {shown} cannot be read back")
+                    checksum.update(buffer[:got])
+                    done += got
+                if done > size:  # the file grew since it was measured: no need to copy the rest
+                    raise FetchError(f"{shown}: size at least {done} bytes vs manifest {size}")
+        _unlink(dest)
+    return None
 
 
 def _download(

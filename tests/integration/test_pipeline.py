@@ -181,9 +181,7 @@ def write_csv(path: Path, rows: Sequence[Row]) -> None:
         writer.writeheader()
         for row in rows:
             # repr() of a float is its shortest exact spelling; empty cells are nulls to Spark's CSV reader.
-            writer.writerow(
-                {k: "" if v is None else (repr(v) if isinstance(v, float) else v) for k, v in row.items()}
-            )
+            writer.writerow({k: "" if v is None else (repr(v) if isinstance(v, float) else v) for k, v in row.items()})
 
 
 def toml_value(value: Any) -> str:
@@ -229,9 +227,7 @@ def assert_same_typed(actual: Row, expected: Row, where: str) -> None:
     assert actual == expected, where
     for column, value in expected.items():
         # 1 == 1.0 in Python: the type is what tells whether Spark kept an int an int.
-        assert type(actual[column]) is type(value), (
-            f"{where}: {column} is {actual[column]!r}, expected {value!r}"
-        )
+        assert type(actual[column]) is type(value), f"{where}: {column} is {actual[column]!r}, expected {value!r}"
 
 
 def read_partition_file(snapshot: Path, partition: int) -> list[tuple[bytes, bytes]]:
@@ -318,9 +314,7 @@ def assert_format_1(snapshot: Path, manifest: Manifest, expected_by_text: Mappin
         # iter_partition itself fails when the rows found differ from the manifest's count.
         rows = list(iter_partition(snapshot, manifest, partition))
         keys = [key for key, _ in rows]
-        assert keys == sorted(keys) and len(set(keys)) == len(keys), (
-            f"partition {partition} not sorted by key"
-        )
+        assert keys == sorted(keys) and len(set(keys)) == len(keys), f"partition {partition} not sorted by key"
         for key, value in rows:
             owner = partition_for(manifest.partitioner, parse_key(manifest.key_format, key).data, manifest.partitions)
             assert owner == partition, key
@@ -514,9 +508,7 @@ def test_version_continues_after_the_one_published_in_zookeeper(
     # Published from another output directory (or one since cleaned up): numbering must still move forward.
     publish_record(
         zk_settings,
-        StoreRecord(
-            "counts", 3, Partitioner.MURMUR2, KeyFormat.INT32, version=41, snapshot="/elsewhere/v000041"
-        ),
+        StoreRecord("counts", 3, Partitioner.MURMUR2, KeyFormat.INT32, version=41, snapshot="/elsewhere/v000041"),
     )
     output = tmp_path.as_uri() + "/out"  # file:// URIs are accepted as output too
     [published] = build(spec, zk_settings, output, spark=spark)
@@ -550,6 +542,8 @@ def value_events(rng: random.Random, keys: Sequence[Any]) -> list[Row]:
                 "text": maybe(rng, rng.choice(["plain", "line\nbreak", 'quote " and \\', "ü 日本 😀", "\u0001"])),
                 "nested": {"a": rng.randrange(-(2**62), 2**62), "b": [rng.random(), None]},
                 "flag": rng.random() < 0.5,
+                # Short decimals, written by Spark as they are; tiny and huge ones in Java's E notation.
+                "price": round(rng.uniform(-1000, 1000) * 10 ** rng.choice([-7, -3, 0, 0, 0, 6]), rng.randrange(0, 4)),
             }
         )
     return rows
@@ -807,9 +801,7 @@ def test_a_failing_store_unwinds_the_stores_written_before_it(
     # Both good stores are computed and written before the bad one fails; their versions must go again.
     spec = write_spec(tmp_path / "stores.toml", {"good": good, "also_good": good, "bad": bad})
     output = tmp_path / "out"
-    with pytest.raises(
-        DataError, match="^store 'bad': 1 key\\(s\\) in column 'id' do not fit key format int32"
-    ):
+    with pytest.raises(DataError, match="^store 'bad': 1 key\\(s\\) in column 'id' do not fit key format int32"):
         build(spec, zk_settings, str(output), spark=spark)
     assert_nothing_published(zk_settings, output, ["good", "also_good", "bad"])
     assert (output / "good").is_dir()  # the store directory may stay; no version inside it does
@@ -831,9 +823,7 @@ def test_missing_source_is_a_data_error(spark: SparkSession, zk_settings: ZkSett
     )
     with pytest.raises(DataError) as err:
         build(spec, zk_settings, str(tmp_path / "out"), spark=spark)
-    assert str(err.value).startswith(
-        f"store 'gone': cannot read json source {str(tmp_path / 'nowhere.json')!r}"
-    )
+    assert str(err.value).startswith(f"store 'gone': cannot read json source {str(tmp_path / 'nowhere.json')!r}")
     assert_nothing_published(zk_settings, tmp_path / "out", ["gone"])
 
 
@@ -861,7 +851,6 @@ def test_changing_the_routing_shape_of_a_published_store_is_refused(
     )
     assert store_record(zk_settings, "shape").version == 1  # type: ignore[union-attr]
     assert existing_versions(str(output), "shape") == [1]
-
 
 
 def small_source(tmp_path: Path) -> None:
@@ -973,8 +962,12 @@ def test_a_build_to_object_storage(
     value_columns = ["ts", "v"]
     copy = PublishedVersion("objs", 1, str(local), 200, 6)
     assert_snapshot(
-        copy, partitioner=Partitioner.MURMUR2, key_format=KeyFormat.STRING, partitions=6,
-        value_columns=value_columns, expected=expected,
+        copy,
+        partitioner=Partitioner.MURMUR2,
+        key_format=KeyFormat.STRING,
+        partitions=6,
+        value_columns=value_columns,
+        expected=expected,
     )
 
     # A failure before the manifest: version 2 is removed from the bucket, nothing is published.

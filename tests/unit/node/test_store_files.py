@@ -6,6 +6,7 @@ their manifests written by hand."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -621,6 +622,64 @@ def test_fetch_file_is_cancelled_between_chunks(tmp_path: Path, small_chunks: in
         )
     assert len(asked) == 4 and not dest.exists()
     assert (root / "partition=0" / "data.mdb").read_bytes() == data
+
+
+@pytest.mark.parametrize("refused", [(), ("copy_file_range",), ("copy_file_range", "sendfile")])
+def test_a_copy_takes_the_next_way_when_the_kernel_refuses_one(
+    tmp_path: Path, small_chunks: int, monkeypatch: pytest.MonkeyPatch, refused: tuple[str, ...]
+) -> None:
+    """copy_file_range, else sendfile (between filesystems), else a streamed copy: the same bytes, checked."""
+    root, data, checksum = _source_file(tmp_path)
+    used: list[str] = []
+
+    def way(name: str, copy: Any) -> Any:
+        def run(src_fd: int, out_fd: int, count: int, offset: int) -> int:
+            used.append(name)
+            if name in refused:
+                raise OSError(errno.EXDEV, "Invalid cross-device link")
+            return copy(src_fd, out_fd, count, offset)
+
+        return run
+
+    ways = [way("copy_file_range", fetch._copy_file_range), way("sendfile", fetch._sendfile)]
+    monkeypatch.setattr(fetch, "_kernel_copies", lambda: ways)
+    dest = tmp_path / "dest" / "data.mdb"
+    dest.parent.mkdir()
+    got = fetch_file(root, "partition=0/data.mdb", dest, size=len(data), checksum=checksum, link=False)
+    assert got.method == "copy" and dest.read_bytes() == data
+    chunks = -(-len(data) // small_chunks)
+    expected_calls = {name: (1 if name in refused else chunks + 1) for name in ("copy_file_range", "sendfile")}
+    if not refused:
+        expected_calls["sendfile"] = 0
+    assert {name: used.count(name) for name in expected_calls} == expected_calls
+    # A way that fails after bytes moved (a full disk, an I/O error) fails the fetch; nothing is left behind.
+    dest.unlink()
+    calls = 0
+
+    def breaks_midway(src_fd: int, out_fd: int, count: int, offset: int) -> int:
+        nonlocal calls
+        calls += 1
+        if calls > 2:
+            raise OSError(errno.EIO, "Input/output error")
+        return fetch._copy_file_range(src_fd, out_fd, count, offset)
+
+    monkeypatch.setattr(fetch, "_kernel_copies", lambda: [breaks_midway])
+    with pytest.raises(FetchError, match="Input/output error"):
+        fetch_file(root, "partition=0/data.mdb", dest, size=len(data), checksum=checksum, link=False)
+    assert not dest.exists()
+
+
+def test_a_kernel_copy_of_a_corrupted_file_is_refused(tmp_path: Path, small_chunks: int) -> None:
+    root, data, checksum = _source_file(tmp_path)
+    source = root / "partition=0" / "data.mdb"
+    corrupted = bytearray(data)
+    corrupted[len(data) // 2] ^= 0x01
+    source.write_bytes(bytes(corrupted))
+    dest = tmp_path / "dest" / "data.mdb"
+    dest.parent.mkdir()
+    with pytest.raises(FetchError, match=r"partition=0/data.mdb: checksum sha256:[0-9a-f]{64} vs manifest "):
+        fetch_file(root, "partition=0/data.mdb", dest, size=len(data), checksum=checksum, link=False)
+    assert not dest.exists()
 
 
 def test_a_refused_hard_link_falls_back_to_a_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
