@@ -1020,7 +1020,9 @@ def section(
         "From handing the node's `Ownership` (keyroute.node.ownership, as in a node; no ZooKeeper, the map is"
         " built here) a partition map that assigns it the partition, to the partition being in its view (what"
         " reads are answered from; one read is then checked): the load in the node's load thread (format 2:"
-        " hard link or streamed copy, checksummed in the same pass (crc32), size, open read-only, entry count,"
+        " hard link, then one checksum read (crc32); or a copy by the kernel (copy_file_range on one filesystem,"
+        " sendfile between two), each chunk checksummed as read back from the page cache, fsynced; then size,"
+        " open read-only, entry count,"
         " 64 sampled keys against the partitioner, `loaded.json` fsynced; format 1: parse, hash and put every row"
         " in one LMDB write transaction, synced) and the hand-over to the event loop. `cp` rows: `cp data.mdb"
         " <node's partition dir>` (and `sync <file>`, an fsync, since the node's copy fsyncs) of the same bytes."
@@ -1078,7 +1080,7 @@ def section(
         " cache is dropped (mincore: "
         + _share_range(rebalance_cold)
         + " resident at the stop); the /dev/shm row is the fetch of a node whose snapshot is on another"
-        " filesystem (a streamed, checksummed, fsynced copy, from RAM).",
+        " filesystem (a kernel copy with sendfile, checksummed as read back, fsynced, from RAM).",
         "",
         *move_lines,
         "",
