@@ -1061,9 +1061,11 @@ def section(
         " it in the write phase): the Python work of the task that builds the file (keyroute.pipeline.lmdb_files),"
         " repeated step by step in this process on the same rows, fed as Spark feeds it (Arrow batches of"
         f" 10,000 rows): {steps}; **{python_work:.1f} s** in all, one core. The rest of the write phase is Spark's"
-        " side: sorting by the binary LMDB key, the `lmdb_key` Arrow UDF (serialize, partition check, tag),"
-        " `to_json` of the value, and the Arrow hand-over of every row to the Python worker; format 1 spends its"
-        " write phase in Spark's JSON writer instead.",
+        " side: sorting by the binary LMDB key (which the routing UDF of the compute phase returns with the"
+        " partition, from the same serialized bytes), `to_json` of the value, and the Arrow hand-over of every row"
+        " to the Python worker; format 1 spends its write phase in Spark's JSON writer instead. With ONE store"
+        " partition all of it is one task on one core: the same per-row work spreads over the executors when a"
+        " store has several partitions.",
         "",
         "### Rebalance: a partition moving to another node",
         "",

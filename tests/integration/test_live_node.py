@@ -107,6 +107,7 @@ class LiveNode:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: Proc | None = None
         self.http = httpx.Client(timeout=10, trust_env=False)
+        self.producer_servers = bootstrap
         self.producer = Producer({"bootstrap.servers": bootstrap, "log_level": 3, "linger.ms": 1})
         self.starts = 0
 
@@ -308,3 +309,64 @@ def test_a_partition_whose_records_are_gone_is_not_served(live_node) -> None:  #
     serving = node.http.get(node.url + "/admin/partition-map").json()["stores"]["gappy"]["partition_map"]
     assert [e["node"] for e in serving[0]["serving"]] == [] and [e["node"] for e in serving[1]["serving"]] == ["n1"]
     assert node.http.get(node.url + "/readyz").status_code == 200  # the rest is served: the node is ready
+
+
+def test_records_gone_to_retention_are_a_gap_and_the_other_partition_is_served(live_node) -> None:  # type: ignore[no-untyped-def]
+    """The broker drops a partition's oldest records while the node is down (the mock cluster keeps about
+    5 MB per partition, as retention would): on its return the node finds its next offset below the low
+    watermark, withdraws that partition with a message saying which records are gone, and serves the other."""
+    node = live_node("retained", LATEST)
+    (a,) = keys_of(0, 1)
+    (b,) = keys_of(1, 1)
+    node.produce(a, {"user": a, "ts": 1, "page": "/a"})
+    node.produce(b, {"user": b, "ts": 1, "page": "/b"})
+    node.flush()
+    node.wait(lambda: node.value("retained", a) == {"ts": 1, "page": "/a"}, "partition 0's first record")
+    node.wait(lambda: node.value("retained", b) == {"ts": 1, "page": "/b"}, "partition 1's first record")
+    node.stop()
+    filler = keys_of(0, 70, prefix="big")
+    for i, key in enumerate(filler):
+        node.produce(key, {"user": key, "ts": 2 + i, "page": "x" * 100_000})
+        node.flush()  # one batch per record: the broker drops whole batches
+    low, _ = _watermarks(node, 0)
+    assert low > 1, "the broker kept every record: no retention to test"
+    node.start()
+    status = node.wait(lambda: (s := node.live("retained").get(0)) and s["state"] == "gap" and s, "the gap")
+    assert f"records 1..{low - 1} of topic" in status["error"] and "are gone" in status["error"]
+    assert node.read("retained", a).status_code == 503  # never answered as if the partition were complete
+    assert node.value("retained", b) == {"ts": 1, "page": "/b"}
+    assert node.live("retained")[1]["state"] == "live"
+
+
+def test_a_deleted_topic_stalls_its_partitions_which_keep_serving_and_a_recreated_one_is_a_gap(
+    live_node, kafka: MockKafka
+) -> None:  # type: ignore[no-untyped-def]
+    node = live_node("deleted", LATEST)
+    (a,) = keys_of(0, 1)
+    node.produce(a, {"user": a, "ts": 1, "page": "/a"})
+    node.flush()
+    node.wait(lambda: node.value("deleted", a) == {"ts": 1, "page": "/a"}, "the first record")
+    kafka.delete_topic(node.topic)
+    statuses = node.wait(
+        lambda: (s := node.live("deleted")) and {v["state"] for v in s.values()} == {"stalled"} and s,
+        "both partitions stalled",
+    )
+    assert all(node.topic in s["error"] for s in statuses.values()), statuses
+    assert node.value("deleted", a) == {"ts": 1, "page": "/a"}  # what it has is still served
+    # The topic comes back empty: partition 0's next offset (1) is past its end, so its records are gone.
+    kafka.create_topic(node.topic, PARTITIONS)
+    status = node.wait(lambda: (s := node.live("deleted").get(0)) and s["state"] == "gap" and s, "partition 0's gap")
+    assert "beyond the end" in status["error"]
+    assert node.read("deleted", a).status_code == 503
+    node.wait(lambda: node.live("deleted")[1]["state"] == "live", "partition 1 (next offset 0) live again")
+
+
+def _watermarks(node: LiveNode, p: int) -> tuple[int, int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": node.producer_servers, "group.id": "watermarks", "log_level": 3})
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(node.topic, p), timeout=10)
+        return int(low), int(high)
+    finally:
+        consumer.close()

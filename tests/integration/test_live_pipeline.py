@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
 import lmdb
 import pytest
 from pyspark.sql import SparkSession
@@ -26,7 +27,7 @@ from keyroute.pipeline import build as build_module
 from keyroute.pipeline.build import KafkaAccess, build
 from keyroute.pipeline.errors import PartitionAuditError, PipelineError, SpecError, TopicError
 from tests.integration.test_pipeline import store_record, write_jsonl, write_spec
-from tests.util import free_port
+from tests.util import Proc, free_port, wait_for
 
 Row = dict[str, Any]
 PARTITIONS = 3
@@ -212,6 +213,37 @@ def test_a_hybrid_version_ends_where_its_archive_ends_and_the_fold_continues_exa
             assert decoded(batch[key]) == decoded(fold(merge, None, archived)), key
         continued = fold(merge, batch.get(key), rest)
         assert decoded(continued) == decoded(everything), key
+
+    # A real node loads the version, replays the topic from where the archive ends and serves the fold of
+    # every record, each answer at the partition's last offset.
+    last = {p: max(offset for offset, _ in by_partition[p]) for p in range(PARTITIONS)}
+    expected = {key: fold(merge, None, [row for k, row in events if k == key]) for key in keys}
+    port = free_port()
+    node = Proc(
+        ["node", "--zk", zk_settings.connect_string, "--node-id", "n1", "--port", str(port),
+         "--data-dir", str(tmp_path / "node"), "--zk-session-timeout-s", "4"],
+        tmp_path / "node.log",
+    ).start()  # fmt: skip
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10, trust_env=False) as http:
+
+            def served() -> bool:
+                try:
+                    return http.get("/readyz").status_code == 200
+                except httpx.HTTPError:
+                    return False
+
+            wait_for(served, timeout_s=60, message=node.output()[-4000:])
+            for key in sorted(keys):
+                p = partition_for(Partitioner.MURMUR2, key.encode(), PARTITIONS)
+                answer = http.get(f"/stores/trades/keys/{key}", params={"min_offset": last[p]})
+                assert answer.status_code == 200, (key, answer.text)
+                want = expected[key]
+                assert want is not None
+                assert answer.json()["value"] == json.loads(answer_bytes(want)), key
+                assert int(answer.headers["X-Keyroute-Offset"]) == last[p]
+    finally:
+        node.stop()
 
 
 def test_a_hybrid_source_past_the_end_of_the_topic_fails_the_build(
