@@ -30,6 +30,7 @@ import multiprocessing
 import os
 import platform
 import random
+import resource
 import shlex
 import shutil
 import signal
@@ -65,6 +66,8 @@ PARTITIONS = 6
 FETCH_WAIT_MS = 10
 # Samples produced from the kill -9 until this long after the restart are set apart in the figures.
 KILL_WINDOW_S = 10.0
+# A reader's pooled connection idle this long is closed rather than reused (the router closes them at 5 s).
+IDLE_REUSE_S = 4.0
 LATEST, AGGREGATE = "live_latest", "live_totals"
 
 
@@ -98,6 +101,16 @@ def wait(predicate: Callable[[], Any], timeout_s: float, what: str, interval_s: 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
+def pid_cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds of process `pid` so far (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except (OSError, TypeError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Proc:
@@ -143,9 +156,7 @@ class Broker:
         self.bootstrap_servers: str = self._conn.recv()
 
     def cpu_s(self) -> float:
-        with open(f"/proc/{self.process.pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return pid_cpu_s(self.process.pid)
 
     def close(self) -> None:
         self._conn.send("stop")
@@ -276,14 +287,12 @@ def bare_consumer(bootstrap: str, topic: str, ready: Any, stop: Any, results: An
     delays: list[float] = []
     signalled = False
     while not stop.is_set():
-        batch = consumer.consume(1000, 0.05)
+        msg = consumer.poll(0.05)  # returns as soon as a record is there (consume(n, t) would wait for n or t)
         if not signalled:
             ready.set()  # assigned and fetching: the producer may start
             signalled = True
-        now = time.time() * 1000
-        for msg in batch:
-            if msg.error() is None:
-                delays.append(now - msg.timestamp()[1])
+        if msg is not None and msg.error() is None:
+            delays.append(time.time() * 1000 - msg.timestamp()[1])
     consumer.close()
     results.put(
         {
@@ -441,6 +450,12 @@ class RawClient:
         self.host, self.port = host, port
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
+        self.last_used = time.monotonic()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
 
     async def get(self, path: str) -> tuple[int, bytes]:
         if self.writer is None:
@@ -482,8 +497,18 @@ async def watch(
     idle: list[RawClient] = []
 
     async def get(path: str) -> tuple[int, bytes]:
-        client = idle.pop() if idle else RawClient(host, int(port))
+        # The router closes a connection idle for 5 s (keep_alive_timeout_s): as HTTP clients do, a pooled
+        # connection idle that long is not reused.
+        client = None
+        while idle:
+            candidate = idle.pop()
+            if time.monotonic() - candidate.last_used < IDLE_REUSE_S:
+                client = candidate
+                break
+            candidate.close()
+        client = client or RawClient(host, int(port))
         status, body = await client.get(path)
+        client.last_used = time.monotonic()
         idle.append(client)
         return status, body
 
@@ -665,21 +690,41 @@ def one_rate(
         if not bare_ready.wait(60):
             raise RuntimeError("the bare consumer did not start")
         log(f"producing {total:,} events at {rate:,.0f}/s for {args.duration_s:.0f} s")
+
+        def cpu_by_part() -> dict[str, float]:
+            own = resource.getrusage(resource.RUSAGE_SELF)
+            return {
+                "nodes": sum(pid_cpu_s(proc.popen.pid) for proc, _, _ in cluster.nodes.values()),
+                "router": pid_cpu_s(cluster.router.popen.pid if cluster.router else None),
+                "producer": pid_cpu_s(producer.pid),
+                "bare consumer": pid_cpu_s(bare.pid),
+                "readers (this process)": own.ru_utime + own.ru_stime,
+            }
+
         broker_cpu, began = kafka.cpu_s(), time.monotonic()
         producer.start()
         watcher.start()
+        cpu_start = cpu_by_part()
         time.sleep(args.duration_s / 2)
         victim = "node-1"
         killed_at = time.time()
+        cpu_killed = pid_cpu_s(cluster.nodes[victim][0].popen.pid)
         cluster.nodes[victim][0].kill9()
         log(f"killed {victim} (SIGKILL)")
         time.sleep(3)
         cluster.restart_node(victim)
         restarted_at = time.time()
         log(f"restarted {victim} on its data")
+        seen = cpu_by_part()
+        while producer.is_alive():  # its CPU is read while it runs: the process is gone after the join
+            seen = cpu_by_part()
+            producer.join(0.5)
         producer.join()
+        cpu_end = {**cpu_by_part(), "producer": seen["producer"]}
         produce_s = time.monotonic() - began
         broker_share = (kafka.cpu_s() - broker_cpu) / produce_s
+        cpu_end["nodes"] += cpu_killed  # the killed incarnation's CPU up to its kill
+        shares = {part: (cpu_end[part] - cpu_start[part]) / produce_s for part in cpu_start}
         last = done.get(timeout=60)
         stop.set()
         watcher.join()
@@ -707,6 +752,7 @@ def one_rate(
             "bare": reference,
             "produce_s": produce_s,
             "broker_cpu": broker_share,
+            "cpu_shares": shares,
             "sample_every": sample_every,
         }
         log(
@@ -818,6 +864,9 @@ def section(out: dict[str, Any], args: argparse.Namespace, command: str) -> str:
             f" {r['freshness']['away_p50_ms'] / r['freshness']['bare']['p50_ms']:.1f}x, p99"
             f" {r['freshness']['away_p99_ms'] / r['freshness']['bare']['p99_ms']:.1f}x. Read errors:"
             f" {', '.join(f'{n} x {k}' for k, n in r['freshness']['error_kinds'].items()) or 'none'}."
+            f" CPU while producing (share of a core): broker {r['freshness']['broker_cpu']:.0%}, "
+            + ", ".join(f"{part} {share:.0%}" for part, share in r["freshness"]["cpu_shares"].items())
+            + f" (of {os.cpu_count()} cores)."
             for r in out["runs"]
         ),
         "",
