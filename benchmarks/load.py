@@ -705,6 +705,13 @@ class Cluster:
         args += ["--version-grace-s", "0"]
         self.nodes[node_id] = (Proc(args, self.work / f"{node_id}.log"), f"http://127.0.0.1:{port}")
         wait(lambda: self.registered(node_id), 60, f"{node_id} registered")
+        wait(lambda: self.answers(node_id), 60, f"{node_id} answering HTTP")
+
+    def answers(self, node_id: str) -> bool:
+        try:
+            return self.http.get(self.nodes[node_id][1] + "/healthz").status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def registered(self, node_id: str) -> bool:
         raw, _ = self.client.get(zk_layout.node_path(node_id))

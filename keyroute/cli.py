@@ -86,6 +86,16 @@ def _hedge_after_ms(text: str) -> float | None:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, not {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number from 0 up, not {text!r}")
+    return value
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -305,6 +315,14 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         default=2000,
         help="records a live store's consumer takes per call; each partition's share goes in one LMDB transaction",
     )
+    p.option(
+        node,
+        "--live-sync-ms",
+        type=_non_negative_float,
+        default=1000.0,
+        help="how often a live partition's commits are flushed to disk (0: after every commit); a process crash "
+        "loses nothing either way",
+    )
     _serving_options(p, node)
 
     router = sub.add_parser("router", help="run a router")
@@ -491,6 +509,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         forward_timeout_s=args.forward_timeout_s,
         min_offset_wait_ms=args.min_offset_wait_ms,
         live_batch_records=args.live_batch_records,
+        live_sync_ms=args.live_sync_ms,
         **_limits(args),
     )
     return run(settings)

@@ -141,6 +141,8 @@ class NodeSettings:
     # Live stores: records asked of the Kafka client per consume call (each partition's share of them is
     # applied in one LMDB write transaction, its offset with it).
     live_batch_records: int = 2000
+    # Live stores: how often each partition's commits are flushed to disk (0: after every commit).
+    live_sync_ms: float = 1000.0
     limits: RequestLimits = field(default_factory=RequestLimits)
     access: AccessSettings = field(default_factory=AccessSettings)
 

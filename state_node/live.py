@@ -62,6 +62,9 @@ STATES = (CATCHING_UP, LIVE, STALLED, GAP, STOPPED)
 
 # Records asked of the client per consume call (a partition's share of them goes in one transaction).
 DEFAULT_BATCH_RECORDS = 2000
+# How often a live partition's commits are flushed to disk (keyroute.node.store: a commit is safe from a
+# process crash at once; this bounds what an operating-system crash could undo). 0: after every commit.
+DEFAULT_SYNC_INTERVAL_S = 1.0
 # How long one consume call waits for records when there are none.
 POLL_TIMEOUT_S = 0.05
 # How often each partition's watermarks are asked of the broker (lag, retention gaps, broker faults).
@@ -267,6 +270,7 @@ class _Slot:
     reader: RecordReader
     next: int
     halted: bool = False  # gap or stopped: no longer consumed
+    unsynced: bool = False  # commits not yet flushed to disk
     reassign_at: float | None = None  # unassigned after a failure; assigned again at this time
     skipped: dict[str, int] = field(default_factory=dict)
 
@@ -287,6 +291,7 @@ class LiveApplier:
         partitioner: Partitioner,
         partitions: int,
         batch_records: int = DEFAULT_BATCH_RECORDS,
+        sync_interval_s: float = DEFAULT_SYNC_INTERVAL_S,
         environ: Mapping[str, str] | None = None,
     ) -> None:
         self.store = store
@@ -297,6 +302,7 @@ class LiveApplier:
         self._partitioner = partitioner
         self._partitions = partitions
         self._batch_records = max(1, batch_records)
+        self._sync_interval_s = max(0.0, sync_interval_s)
         self._environ = os.environ if environ is None else environ
         self._slots: dict[int, _Slot] = {}
         # Held while a batch is applied and while a slot is added or removed.
@@ -356,6 +362,7 @@ class LiveApplier:
 
     def _run(self) -> None:
         next_watermarks = 0.0
+        next_sync = time.monotonic() + self._sync_interval_s
         try:
             while not self._stop.is_set():
                 if self._consumer is None and not self._create_consumer():
@@ -366,6 +373,9 @@ class LiveApplier:
                 if messages:
                     self._apply(messages)
                 now = time.monotonic()
+                if now >= next_sync:
+                    self._sync()
+                    next_sync = time.monotonic() + self._sync_interval_s
                 if now >= next_watermarks:
                     self._refresh_watermarks(now)
                     next_watermarks = time.monotonic() + WATERMARKS_EVERY_S
@@ -380,6 +390,18 @@ class LiveApplier:
             if consumer is not None:
                 with contextlib.suppress(Exception):
                     consumer.close()
+
+    def _sync(self) -> None:
+        """Flush the partitions committed to since the last flush (one fsync each)."""
+        with self._lock:
+            for partition, slot in self._slots.items():
+                if slot.unsynced:
+                    slot.unsynced = False
+                    try:
+                        slot.store.sync()
+                    except Exception as exc:  # lmdb.Error, OSError: a full or failing disk
+                        log.error("live partition %s p%d: flushing to disk failed: %s", self.store, partition, exc)
+                        slot.unsynced = True
 
     def _take(self) -> list[Any]:
         """Every record the client holds, up to a batch, without waiting when there is one; else wait at most
@@ -545,6 +567,7 @@ class LiveApplier:
                     if expected != slot.next:
                         put(OFFSET_KEY, str(expected).encode("ascii"))
                         txn.commit()
+                        slot.unsynced = True
                     else:
                         txn.abort()
                 except BaseException:
@@ -556,6 +579,9 @@ class LiveApplier:
                 live.set_state(STALLED, f"applying records failed: {exc}; retrying")
                 self._unassign(partition, slot, retry=True)
                 return
+        if slot.unsynced and not self._sync_interval_s:
+            slot.unsynced = False
+            held.sync()
         if expected != slot.next:
             slot.next = expected
             timestamp = last.timestamp()[1] if last is not None else -1

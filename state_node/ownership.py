@@ -580,6 +580,7 @@ class Ownership:
                 partitioner=record.partitioner,
                 partitions=record.partitions,
                 batch_records=self._settings.live_batch_records,
+                sync_interval_s=self._settings.live_sync_ms / 1000,
             )
         await asyncio.to_thread(applier.add, held)
         if self._live_reporter is None and not self._stopping:

@@ -18,10 +18,20 @@ How data.mdb comes to be depends on the snapshot's format (the manifest says whi
 The marker records which format a directory was loaded from, so a directory is reused only for the same.
 A live directory's file changes as records are applied: it is reused when its marker matches and it holds
 OFFSET_KEY (applying resumes from there), without comparing its size, entry count or checksum.
+
+A live partition commits every batch of records without waiting for the disk: a commit is in the page cache
+at once, so a process crash (kill -9) loses nothing, and its applier flushes the file to disk about once per
+`--live-sync-ms` and on close. An operating-system crash may lose what was not flushed and leave the file
+inconsistent, so `live.json` records the boot (Linux's boot_id) the file was last written in and whether it
+was closed cleanly: a directory written in an earlier boot and not closed cleanly is loaded again from the
+version, and the topic replayed from the version's offsets. Where the boot cannot be told, every commit is
+flushed (LMDB's own sync).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import logging
 import os
@@ -55,6 +65,9 @@ from keyroute.node.live import LivePartition, read_next_offset
 log = logging.getLogger(__name__)
 
 MARKER = "loaded.json"
+# A live partition's last boot and clean close (see the module docstring).
+LIVE_STATE = "live.json"
+_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 STORES_DIR = "stores"
 # Readers are the event loop plus a few worker threads; LMDB's default (126) is plenty but each slot is
 # only a few bytes of the lock file, so leave room for thread pools that grow.
@@ -162,9 +175,19 @@ class PartitionStore:
             raise LoadError(f"partition {self.pid} is closed or not live")
         return env.begin(write=True)
 
+    def sync(self) -> None:
+        """Flush a live partition's committed writes to disk (its applier calls it every --live-sync-ms)."""
+        with self.write_lock:
+            if self._env is not None and self.live is not None:
+                self._env.sync(True)
+
     def close(self) -> None:
         with self.write_lock:
             env, self._env = self._env, None
+            if env is not None and self.live is not None:
+                with contextlib.suppress(lmdb.Error, OSError):
+                    env.sync(True)
+                    _write_live_state(self.path, clean=True)
         if env is not None:
             env.close()
 
@@ -223,6 +246,40 @@ def _write_marker(path: Path, marker: dict[str, object]) -> None:
     os.replace(tmp, path / MARKER)
 
 
+@functools.cache
+def boot_id() -> str | None:
+    """This operating system's boot (Linux's random boot_id), or None where it cannot be told."""
+    try:
+        return _BOOT_ID.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _write_live_state(path: Path, *, clean: bool) -> None:
+    tmp = path / (LIVE_STATE + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(json.dumps({"boot_id": boot_id(), "clean": clean}).encode("utf-8"))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path / LIVE_STATE)
+
+
+def _live_state_trusted(path: Path) -> str | None:
+    """None when a live directory's file can be trusted (closed cleanly, or written in this boot, whose page
+    cache holds every commit); else why not."""
+    try:
+        state = json.loads((path / LIVE_STATE).read_bytes())
+    except (OSError, ValueError):
+        return "its boot record is missing"
+    if not isinstance(state, dict):
+        return "its boot record is unreadable"
+    if state.get("clean") is True:
+        return None
+    if state.get("boot_id") is not None and state.get("boot_id") == boot_id():
+        return None
+    return "the machine restarted while it had writes not yet flushed to disk"
+
+
 def _open(path: Path, map_size: int, readonly: bool) -> lmdb.Environment:
     return lmdb.open(
         str(path),
@@ -235,10 +292,11 @@ def _open(path: Path, map_size: int, readonly: bool) -> lmdb.Environment:
         # Point reads of random keys: read-ahead would only pull in pages nobody asked for.
         readahead=False,
         meminit=False,
-        # A live partition commits often (every batch of records): one fsync per commit instead of two. The
-        # meta page is flushed with the next commit, so an operating-system crash may undo the last commit,
-        # rows and next offset together (they are one transaction): the node then applies those records
-        # again from the topic. A process crash loses nothing. Format-1 loads sync explicitly at the end.
+        # A live partition commits every batch of records; its applier flushes them every --live-sync-ms (see
+        # the module docstring). Where the boot cannot be told, each commit is flushed, once (no meta sync:
+        # an operating-system crash may then undo the last commit, rows and next offset together, and the node
+        # applies those records again). Format-1 loads sync explicitly at the end.
+        sync=readonly or boot_id() is None,
         metasync=False,
     )
 
@@ -403,6 +461,8 @@ def _load_file(
         live_partition = None
         if live is not None:
             live_partition = LivePartition(pid.store, pid.version, partition, live, _start_offset(env, live, partition))
+            env.sync(True)
+            _write_live_state(path, clean=False)
         _write_marker(path, expected)
         log.info("%s: %s by %s (%d bytes, %s)", pid, shown, fetched.method, fetched.size, fetched.checksum)
         held, env = PartitionStore(pid, path, entries, env, live_partition), None
@@ -449,8 +509,13 @@ def _start_offset(env: lmdb.Environment, live: LiveConfig, partition: int) -> in
 
 
 def _reuse_live(pid: PartitionId, path: Path, live: LiveConfig, map_size: int) -> PartitionStore | None:
-    """A live partition loaded by an earlier run: reused (applying resumes from its OFFSET_KEY) when it opens
-    and holds OFFSET_KEY; else None and it is fetched again from the version."""
+    """A live partition loaded by an earlier run: reused (applying resumes from its OFFSET_KEY) when its file
+    can be trusted (`_live_state_trusted`), opens and holds OFFSET_KEY; else None and it is fetched again from
+    the version."""
+    distrust = _live_state_trusted(path)
+    if distrust is not None:
+        log.warning("%s: not reusing the live partition on disk (%s); loading it from the version again", pid, distrust)
+        return None
     try:
         env = _open(path, map_size, readonly=False)
     except lmdb.Error as exc:
@@ -466,6 +531,12 @@ def _reuse_live(pid: PartitionId, path: Path, live: LiveConfig, map_size: int) -
     if next_offset is None:
         env.close()
         log.warning("%s: marker present but no applied offset is stored; reloading", pid)
+        return None
+    try:
+        _write_live_state(path, clean=False)
+    except OSError as exc:
+        env.close()
+        log.warning("%s: cannot record the boot of the live partition (%s); reloading", pid, exc)
         return None
     log.info("%s: reusing the live partition on disk, resuming at offset %d", pid, next_offset)
     live_partition = LivePartition(pid.store, pid.version, pid.partition, live, next_offset)

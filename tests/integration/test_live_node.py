@@ -334,8 +334,9 @@ def test_records_gone_to_retention_are_a_gap_and_the_other_partition_is_served(l
     status = node.wait(lambda: (s := node.live("retained").get(0)) and s["state"] == "gap" and s, "the gap")
     assert f"records 1..{low - 1} of topic" in status["error"] and "are gone" in status["error"]
     assert node.read("retained", a).status_code == 503  # never answered as if the partition were complete
-    assert node.value("retained", b) == {"ts": 1, "page": "/b"}
+    node.wait(lambda: node.value("retained", b) == {"ts": 1, "page": "/b"}, "partition 1 served again")
     assert node.live("retained")[1]["state"] == "live"
+    assert node.read("retained", a).status_code == 503
 
 
 def test_a_deleted_topic_stalls_its_partitions_which_keep_serving_and_a_recreated_one_is_a_gap(
