@@ -7,7 +7,7 @@
 How data.mdb comes to be depends on the snapshot's format (the manifest says which):
   format 1 (JSON lines)        every row is parsed, hashed and put, in one write transaction
   format 2 (ready-to-serve)    the executor-built `partition={p}/data.mdb` is fetched as it is (a hard link
-                               on the same filesystem, else a streamed copy or download: keyroute.node.fetch)
+                               on the same filesystem, else a kernel copy or a download: keyroute.node.fetch)
                                and checked: size and checksum in the same pass as the bytes move, then the
                                entry count and a sample of keys against the manifest and the partitioner.
                                Opened read-only: a hard-linked file is the snapshot's own.
