@@ -270,13 +270,13 @@ def generate_source(folder: Path, rows: int, seed: int) -> None:
         pq.write_table(table.slice(first, step), folder / f"part-{index:03d}.parquet")
 
 
-def write_spec(path: Path, source: Path, snapshot_format: int) -> Path:
+def write_spec(path: Path, source: Path, snapshot_format: int, partitions: int = 1) -> Path:
     lines = [
         f"[stores.{STORE}]",
         f'source = "{source.as_posix()}"',
         'format = "parquet"',
         'key = "customer_id"',
-        "partitions = 1",
+        f"partitions = {partitions}",
         'mode = "latest"',
         'order_by = "ts"',
         'columns = ["ts", "route", "fare", "seats"]',
@@ -291,6 +291,7 @@ class Built:
     """One size's builds of both formats: timings per round, and the last build of each kept for the nodes."""
 
     rows: int
+    partitions: int = 1
     wall: dict[int, list[float]] = field(default_factory=lambda: {1: [], 2: []})
     write: dict[int, list[float]] = field(default_factory=lambda: {1: [], 2: []})
     spark_cpu: dict[int, list[float]] = field(default_factory=lambda: {1: [], 2: []})
@@ -352,13 +353,14 @@ def measure_pipeline(
     rounds: int,
     warm_up: bool,
     seed: int,
+    partitions: int = 1,
 ) -> Built:
-    source = work / f"source-{rows}"
+    source = work / f"source-{rows}-{partitions}"
     start = time.perf_counter()
     generate_source(source, rows, seed)
     log(f"{rows:,} rows: source generated in {time.perf_counter() - start:.1f}s")
-    specs = {f: write_spec(work / f"spec-{rows}-f{f}.toml", source, f) for f in (1, 2)}
-    built = Built(rows)
+    specs = {f: write_spec(work / f"spec-{rows}-{partitions}-f{f}.toml", source, f, partitions) for f in (1, 2)}
+    built = Built(rows, partitions)
     if warm_up:  # the JVM's JIT and Spark's caches, once per run
         for f in (1, 2):
             output = work / f"warm-up-f{f}"
@@ -369,7 +371,7 @@ def measure_pipeline(
     for round_index in range(rounds):
         order = (1, 2) if round_index % 2 == 0 else (2, 1)
         for f in order:
-            output = work / f"out-{rows}-f{f}-r{round_index}"
+            output = work / f"out-{rows}-{partitions}-f{f}-r{round_index}"
             wall, write, spark_cpu, driver_cpu, record = run_build(spark, zk_server, reader, specs[f], output, rows)
             built.wall[f].append(wall)
             built.write[f].append(write)
@@ -385,7 +387,7 @@ def measure_pipeline(
         version = Path(record.snapshot)
         manifest = read_manifest(record.snapshot)
         assert manifest.format == (FORMAT_1 if f == 1 else FORMAT_2)
-        built.files[f] = [version / name for name in manifest.files[PARTITION]]
+        built.files[f] = [version / name for p in range(partitions) for name in manifest.files[p]]
         built.disk_bytes[f] = sum(path.stat().st_size for path in files_under(version))
         built.data_bytes[f] = sum(path.stat().st_size for path in built.files[f])
     return built
@@ -900,18 +902,21 @@ def node_table(all_loads: list[Loads], builds: dict[int, Built]) -> tuple[list[s
     return lines, findings
 
 
-def pipeline_table(builds: dict[int, Built]) -> tuple[list[str], list[str]]:
+def pipeline_table(builds: dict[int, Built], spread: Built | None = None) -> tuple[list[str], list[str]]:
     lines = [
         "| rows | format | wall s, median | of which writing, median | Spark CPU s, median | driver CPU s, median"
         " | on disk | bytes/row (data files / all files) | wall s, rounds | Spark CPU s, rounds |",
         "| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |",
     ]
     findings = []
-    for rows, built in sorted(builds.items()):
+    for built in [*(b for _, b in sorted(builds.items())), *([spread] if spread is not None else [])]:
+        rows = built.rows
+        where = f" in {built.partitions} partitions" if built.partitions > 1 else ""
+        shown = f"{rows:,}{where}"
         for f in (1, 2):
             kind = "1 (JSON lines)" if f == 1 else "2 (LMDB data.mdb)"
             lines.append(
-                f"| {rows:,} | {kind} | {median(built.wall[f]):.1f} | {median(built.write[f]):.1f}"
+                f"| {shown} | {kind} | {median(built.wall[f]):.1f} | {median(built.write[f]):.1f}"
                 f" | {median(built.spark_cpu[f]):.1f} | {median(built.driver_cpu[f]):.2f}"
                 f" | {built.disk_bytes[f] / 1e6:,.1f} MB"
                 f" | {built.data_bytes[f] / rows:.1f} / {built.disk_bytes[f] / rows:.1f}"
@@ -924,7 +929,7 @@ def pipeline_table(builds: dict[int, Built]) -> tuple[list[str], list[str]]:
         write_extra = median(built.write[2]) - median(built.write[1])
         verdict = "met" if wall <= TARGET_BUILD_OVERHEAD else "MISSED"
         findings.append(
-            f"{rows:,} rows ({_rounds(len(built.wall[1]))}): format 2's build wall **{wall:+.1%}** (round pairs"
+            f"{rows:,} rows{where} ({_rounds(len(built.wall[1]))}): format 2's build wall **{wall:+.1%}** (round pairs"
             f" {pairs:+.1%}; {extra_s:+.1f} s, {extra_s / rows * 1e6:+.1f} µs/row, of which the write phase"
             f" {write_extra:+.1f} s), Spark CPU {cpu:+.1%}; target <= +{TARGET_BUILD_OVERHEAD:.0%} (wall, medians):"
             f" {verdict}."
@@ -947,6 +952,7 @@ def section(
     cache: PageCache,
     work_fs: str,
     load_average: tuple[float, float],
+    spread: Built | None = None,
 ) -> str:
     versions = (
         f"Python {platform.python_version()}, PySpark {pyspark.__version__}, pyarrow {pa.__version__},"
@@ -969,7 +975,7 @@ def section(
     rebalance_cold = cache.cold_resident.get("rebalance-f2-link", [])
     warm_min = min(cache.warm_resident, default=1.0)
     node_lines, node_findings = node_table(all_loads, builds)
-    pipe_lines, pipe_findings = pipeline_table(builds)
+    pipe_lines, pipe_findings = pipeline_table(builds, spread)
     smallest = builds[min(builds)]
     extra = median(smallest.wall[2]) - median(smallest.wall[1])
     write_extra = median(smallest.write[2]) - median(smallest.write[1])
@@ -1059,7 +1065,13 @@ def section(
         " children); driver CPU = this Python process. With ONE store partition the write stage is one task:"
         " format 2's per-row work there runs on one core while the other idles, the worst case for wall-clock"
         " time; with several partitions it spreads over the executors like the rest of the build (CPU time"
-        " does not depend on that).",
+        " does not depend on that)."
+        + (
+            f" The row 'in {spread.partitions} partitions' is the same source built into a store of"
+            f" {spread.partitions} partitions ({_rounds(len(spread.wall[1]))}, in the same session, after the others)."
+            if spread is not None
+            else ""
+        ),
         "",
         *pipe_lines,
         "",
@@ -1154,6 +1166,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--node-rounds", type=int, default=5, help="timed format-2 loads and `cp`s per way and size (default: 5)"
     )
+    parser.add_argument(
+        "--spread-partitions",
+        type=int,
+        default=8,
+        help="also build the smallest size into a store of this many partitions, both formats (0: skip)",
+    )
     parser.add_argument("--rebalance-rows", type=int, help="the size the rebalance moves (default: the smallest)")
     parser.add_argument("--rebalance-rounds", type=int, help="moves timed per row (default: --rounds)")
     parser.add_argument("--master", default="local[*]", help="Spark master (default: local[*])")
@@ -1179,6 +1197,7 @@ def main(argv: list[str] | None = None) -> int:
     work_fs = filesystem_of(work)
     log(f"working in {work} ({work_fs})")
     builds: dict[int, Built] = {}
+    spread: Built | None = None
     all_loads: list[Loads] = []
     moves: dict[str, list[Move]] = {}
     breakdown: dict[str, float] = {}
@@ -1194,6 +1213,14 @@ def main(argv: list[str] | None = None) -> int:
                         builds[rows] = measure_pipeline(
                             spark, zk_server, reader, work, rows, rounds, index == 0, args.seed + index
                         )
+                    if args.spread_partitions > 1:
+                        smallest = min(args.rows)
+                        spread = measure_pipeline(
+                            spark, zk_server, reader, work, smallest, args.rounds, False, args.seed,
+                            partitions=args.spread_partitions,
+                        )  # fmt: skip
+                        for f in (1, 2):  # only the figures are needed
+                            shutil.rmtree(Path(spread.records[f].snapshot).parent, ignore_errors=True)
                 finally:
                     spark.stop()
                 breakdown, value_bytes = executor_breakdown(builds[min(args.rows)].files[2][0], work)
@@ -1234,6 +1261,7 @@ def main(argv: list[str] | None = None) -> int:
         cache,
         work_fs,
         (load_before, os.getloadavg()[0]),
+        spread,
     )
     print(text)
     if args.write:

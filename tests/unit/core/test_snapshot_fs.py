@@ -13,7 +13,6 @@ from typing import Any
 
 import pyarrow.fs as arrow_fs
 import pytest
-from pyarrow._fs import _MockFileSystem
 
 from keyroute.core import snapshot as snapshot_module
 from keyroute.core.key_format import KeyFormat
@@ -31,6 +30,7 @@ from keyroute.core.snapshot import (
     version_dir,
     write_manifest,
 )
+from tests.memory_fs import memory_filesystem
 
 ROWS: dict[int, list[tuple[str, Any]]] = {
     0: [("a", {"n": 1, "f": 2.5, "s": "x", "z": None}), ("ü/%", {"n": -3}), ("東京-42", {"city": "Tokyo"})],
@@ -101,7 +101,7 @@ def arrow_locations(snap: Path, tmp_path: Path) -> Iterator[tuple[str, ArrowLoca
     yield "LocalFileSystem", ArrowLocation(arrow_fs.LocalFileSystem(), str(snap))
     subtree = arrow_fs.SubTreeFileSystem(str(tmp_path / "out"), arrow_fs.LocalFileSystem())
     yield "SubTreeFileSystem", ArrowLocation(subtree, "s/v000001")
-    mock = _MockFileSystem()
+    mock = memory_filesystem()
     copy_into(mock, snap, "bucket/keyroute/s/v000001")
     yield (
         "mock object store",
@@ -159,7 +159,7 @@ def test_hadoop_scheme_names_are_read_as_pyarrow_ones(monkeypatch: pytest.Monkey
 
 def test_a_missing_manifest_or_file_is_a_snapshot_error(tmp_path: Path) -> None:
     snap = write_snapshot(tmp_path / "out", with_files=True)
-    mock = _MockFileSystem()
+    mock = memory_filesystem()
     copy_into(mock, snap, "bucket/s/v000001")
     location = ArrowLocation(mock, "bucket/s/v000001", uri="gs://bucket/s/v000001")
     manifest = read_manifest(location)
@@ -173,7 +173,7 @@ def test_a_missing_manifest_or_file_is_a_snapshot_error(tmp_path: Path) -> None:
 
 def test_a_truncated_or_malformed_object_is_refused(tmp_path: Path) -> None:
     snap = write_snapshot(tmp_path / "out", with_files=False)
-    mock = _MockFileSystem()
+    mock = memory_filesystem()
     copy_into(mock, snap, "b/s/v000001")
     location = ArrowLocation(mock, "b/s/v000001", uri="s3://b/s/v000001")
     manifest = read_manifest(location)

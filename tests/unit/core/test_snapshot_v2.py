@@ -15,7 +15,6 @@ import lmdb
 import pyarrow as pa
 import pyarrow.fs as arrow_fs
 import pytest
-from pyarrow._fs import _MockFileSystem
 
 from keyroute.core.key_format import KeyFormat
 from keyroute.core.lmdb_layout import (
@@ -48,6 +47,7 @@ from keyroute.core.snapshot import (
     version_uri,
     write_manifest,
 )
+from tests.memory_fs import memory_filesystem
 
 BASE = dict(
     store="s",
@@ -82,8 +82,17 @@ def test_a_format_1_manifest_round_trips_and_has_no_format_2_fields() -> None:
     doc = json.loads(manifest.to_json())
     # Exactly the fields format 1 always had: readers of format 1 see nothing new.
     assert set(doc) == {
-        "format", "store", "version", "partitions", "partitioner", "key_format", "value_columns", "rows",
-        "total_rows", "files", "created_at",
+        "format",
+        "store",
+        "version",
+        "partitions",
+        "partitioner",
+        "key_format",
+        "value_columns",
+        "rows",
+        "total_rows",
+        "files",
+        "created_at",
     }
     assert doc["format"] == "keyroute-snapshot/1"
     assert Manifest.from_json(manifest.to_json()) == manifest
@@ -91,9 +100,17 @@ def test_a_format_1_manifest_round_trips_and_has_no_format_2_fields() -> None:
 
 def test_a_manifest_written_before_format_2_still_reads() -> None:
     old = {
-        "format": "keyroute-snapshot/1", "store": "s", "version": 1, "partitions": 2, "partitioner": "murmur2",
-        "key_format": "string", "value_columns": ["v"], "rows": [1, 0], "total_rows": 1,
-        "files": {"0": ["partition=0/part-0.json"], "1": []}, "created_at": 5.0,
+        "format": "keyroute-snapshot/1",
+        "store": "s",
+        "version": 1,
+        "partitions": 2,
+        "partitioner": "murmur2",
+        "key_format": "string",
+        "value_columns": ["v"],
+        "rows": [1, 0],
+        "total_rows": 1,
+        "files": {"0": ["partition=0/part-0.json"], "1": []},
+        "created_at": 5.0,
     }
     manifest = Manifest.from_json(json.dumps(old).encode())
     assert (manifest.format, manifest.rows, manifest.checksums, manifest.bytes) == (FORMAT_1, (1, 0), {}, {})
@@ -304,7 +321,7 @@ def test_a_builder_takes_entries_in_several_batches(tmp_path: Path) -> None:
 @pytest.mark.parametrize("kind", ["mock", "local"])
 def test_a_manifest_is_written_and_read_through_a_pyarrow_filesystem(kind: str, tmp_path: Path) -> None:
     if kind == "mock":
-        where = ArrowLocation(_MockFileSystem(), "bucket/out/s/v000007", uri="mock://bucket/out/s/v000007")
+        where = ArrowLocation(memory_filesystem(), "bucket/out/s/v000007", uri="mock://bucket/out/s/v000007")
     else:
         where = ArrowLocation(arrow_fs.LocalFileSystem(), str(tmp_path / "s" / "v000007"))
     assert not where.exists() and where.names() == []

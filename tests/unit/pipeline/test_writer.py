@@ -14,7 +14,6 @@ from typing import Any
 import lmdb
 import pyarrow as pa
 import pytest
-from pyarrow._fs import _MockFileSystem
 
 from keyroute.core import snapshot as snapshot_module
 from keyroute.core.key_format import KeyFormat, parse_key
@@ -46,6 +45,7 @@ from keyroute.pipeline.writer import (
     remove_version,
     version_snapshot,
 )
+from tests.memory_fs import memory_filesystem
 
 MOCK = "mock://"
 
@@ -53,7 +53,7 @@ MOCK = "mock://"
 @pytest.fixture
 def mock_fs(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """`mock://bucket/...` URIs open one in-memory pyarrow filesystem (not an object store: it renames)."""
-    filesystem = _MockFileSystem()
+    filesystem = memory_filesystem()
     real = snapshot_module._arrow_from_uri
 
     def from_uri(uri: str) -> tuple[Any, str]:
@@ -311,8 +311,17 @@ def test_a_build_with_an_unwritable_output_fails_cleanly(tmp_path: Path) -> None
 def test_manifest_written_on_a_pyarrow_filesystem_is_format_2(mock_fs: Any) -> None:
     claimed = claim_version(MOCK + "bucket/out", "s", 1)
     manifest = Manifest(
-        "s", 1, 1, Partitioner.MURMUR2, KeyFormat.STRING, ("v",), (0,),
-        files={0: (data_file(0),)}, created_at=5.0, format=FORMAT_2, checksums={0: "crc32:00000000"},
+        "s",
+        1,
+        1,
+        Partitioner.MURMUR2,
+        KeyFormat.STRING,
+        ("v",),
+        (0,),
+        files={0: (data_file(0),)},
+        created_at=5.0,
+        format=FORMAT_2,
+        checksums={0: "crc32:00000000"},
         bytes={0: 8192},
     )
     write_manifest(claimed.location, manifest)
