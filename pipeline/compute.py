@@ -26,7 +26,7 @@ from pyspark.sql import types as T
 
 from keyroute.core.key_format import KeyFormat, KeyFormatError, key_from_value
 from keyroute.core.live import Aggregate
-from keyroute.core.lmdb_layout import db_keys
+from keyroute.core.lmdb_layout import LMDB_MAX_KEY_BYTES, TAG_HASHED, TAG_KEY, db_keys
 from keyroute.core.partition_vectorized import partitions as vectorized_partitions
 from keyroute.core.partitioner import Partitioner
 from keyroute.pipeline import audit
@@ -59,6 +59,9 @@ ROUTE_TYPE = T.StructType(
 # bytes its partition was computed from): the writer sorts by it and the executors store it as it is.
 LMDB_KEY = "__keyroute_lmdb_key"
 ROUTE_TYPE_WITH_LMDB_KEY = T.StructType([*ROUTE_TYPE.fields, T.StructField("lmdb_key", T.BinaryType())])
+# Key formats whose serialized bytes are the canonical text's UTF-8 (Kafka's String and UUID serializers):
+# the writer makes their LMDB keys in the JVM (text_lmdb_key_column), the route UDF does not return them.
+TEXT_SERIALIZED = frozenset({KeyFormat.STRING, KeyFormat.UUID})
 
 # Kafka's Short/Integer/LongSerializer widths, as in key_format.
 _INT_WIDTHS = {KeyFormat.INT16: 2, KeyFormat.INT32: 4, KeyFormat.INT64: 8}
@@ -248,7 +251,7 @@ def _is_text(data_type: pa.DataType) -> bool:
 
 def _router(store: StoreSpec) -> Any:
     key_format, partitioner, partitions = store.key_format, store.partitioner, store.partitions
-    lmdb_key = store.snapshot_format != 1
+    lmdb_key = store.snapshot_format != 1 and key_format not in TEXT_SERIALIZED
 
     def route(keys: pa.Array) -> pa.Array:
         return route_keys(keys, key_format, partitioner, partitions, lmdb_key)
@@ -321,9 +324,20 @@ def unhashed_route_column(store: StoreSpec, raw_key: Column) -> Column:
     )
 
 
+def text_lmdb_key_column(key: Column) -> Column:
+    """The LMDB key (`db_key`) of a TEXT_SERIALIZED store's canonical `key` text, made by the JVM: the text's
+    UTF-8 bytes as Spark holds them (a cast to binary copies them unchanged: the very bytes the route UDF
+    received as Arrow strings and computed the partition from), tagged, or hashed when too long for LMDB."""
+    data = key.cast(T.BinaryType())
+    return F.when(F.length(data) < LMDB_MAX_KEY_BYTES, F.concat(F.lit(bytearray(TAG_KEY)), data)).otherwise(
+        F.concat(F.lit(bytearray(TAG_HASHED)), F.unhex(F.sha2(data, 256)))
+    )
+
+
 def _routes_lmdb_key(store: StoreSpec) -> bool:
-    """Whether compute_store's frame has the LMDB key column (format 2, routed by `route_column`)."""
-    return store.snapshot_format != 1 and route_step is route_column
+    """Whether compute_store's frame has the LMDB key column (format 2, routed by `route_column`, keys whose
+    serialized bytes are not their text's UTF-8)."""
+    return store.snapshot_format != 1 and store.key_format not in TEXT_SERIALIZED and route_step is route_column
 
 
 # Internal hook, not a spec option: how compute_store routes keys. Only benchmarks/pipeline.py replaces it

@@ -46,6 +46,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from keyroute.core.live import LiveConfig
@@ -65,7 +66,15 @@ from keyroute.core.snapshot import (
     write_manifest,
 )
 from keyroute.pipeline import lmdb_files
-from keyroute.pipeline.compute import LMDB_KEY, STATE, ComputedStore, lmdb_key_column, spark_errors
+from keyroute.pipeline.compute import (
+    LMDB_KEY,
+    STATE,
+    TEXT_SERIALIZED,
+    ComputedStore,
+    lmdb_key_column,
+    spark_errors,
+    text_lmdb_key_column,
+)
 from keyroute.pipeline.errors import PublishError
 from keyroute.pipeline.spec import StoreSpec
 
@@ -295,13 +304,7 @@ def _build_files(computed: ComputedStore, claimed: ClaimedVersion) -> dict[int, 
     state = [F.col(STATE).alias(lmdb_files.LIVE_STATE)] if STATE in computed.frame.columns else []
     rows = computed.frame.select(
         F.col("partition").alias(lmdb_files.PARTITION),
-        # The LMDB key came with the route (computed from the bytes the partition was computed from); only
-        # a benchmark's route without the partitioner leaves it to be made here.
-        (
-            F.col(LMDB_KEY)
-            if LMDB_KEY in computed.frame.columns
-            else lmdb_key_column(store, F.col("key"), F.col("partition"))
-        ).alias(lmdb_files.LMDB_KEY),
+        _lmdb_key(computed).alias(lmdb_files.LMDB_KEY),
         # Spark's JSON for the value, as format 1 writes it; made compact JSON on the executors.
         F.to_json(F.col("value"), {"ignoreNullFields": "false"}).alias(lmdb_files.VALUE_JSON),
         *state,
@@ -336,6 +339,18 @@ def _build_files(computed: ComputedStore, claimed: ClaimedVersion) -> dict[int, 
             "partition; nothing was published",
         )
     return written
+
+
+def _lmdb_key(computed: ComputedStore) -> Column:
+    """Every row's LMDB key, from the bytes its partition was computed from: string and uuid keys' text is
+    those bytes (the JVM tags them); other keys' LMDB key came with the route, or (only when a benchmark
+    routes without the partitioner) is serialized again here by a Python UDF."""
+    store = computed.spec
+    if store.key_format in TEXT_SERIALIZED:
+        return text_lmdb_key_column(F.col("key"))
+    if LMDB_KEY in computed.frame.columns:
+        return F.col(LMDB_KEY)
+    return lmdb_key_column(store, F.col("key"), F.col("partition"))
 
 
 def _write_empty(claimed: ClaimedVersion, partitions: list[int]) -> dict[int, _PartitionFile]:

@@ -569,17 +569,22 @@ def test_format_2_holds_exactly_what_format_1_held(
     """The same rows written in both formats: every format-2 file holds, in LMDB's order, exactly the LMDB
     keys and value bytes a node makes of format 1's rows. Keys are chosen where Spark's order of the key
     text, of the key bytes and LMDB's order of its keys all differ: long (hashed) keys, which LMDB sorts
-    first, bytes above 0x7f, negative integers (big-endian two's complement), keys that prefix others."""
+    first, bytes above 0x7f, negative integers (big-endian two's complement), keys that prefix others.
+    String and uuid keys get their LMDB keys from the JVM (the text's bytes), the others from the route UDF."""
     rng = random.Random(99)
     string_keys = [*AWKWARD_KEYS, "", "a", "ab", "a" * 510, "b" * 511, "c" * 700, "ç" * 300, "Z", "é"]
     byte_keys = [bytes([0x80]), b"\xff", b"\x00", b"\x00\x00", b"\x7f", b"\xff" * 600, b"a", b"ab"]
     byte_keys += [rng.randbytes(rng.randrange(1, 12)) for _ in range(40)]
     int_keys = [INT64_MIN, -1, 0, 1, 255, 256, -256, INT64_MAX]
     int_keys += [rng.randrange(INT64_MIN, INT64_MAX) for _ in range(30)]
+    # uuid keys as a source may spell them (upper case too): stored under Kafka's lowercase text.
+    uuid_keys = [str(uuid.UUID(int=rng.getrandbits(128))) for _ in range(20)]
+    uuid_keys = [k.upper() if i % 3 == 0 else k for i, k in enumerate(uuid_keys)]
     sources = {
         "strings": ("string", 5, "murmur2", string_keys),
         "bytes": ("bytes", 4, "crc32", [key_from_value(KeyFormat.BYTES, k).text for k in byte_keys]),
         "ints": ("int64", 3, "fnv1a", int_keys),
+        "uuids": ("uuid", 3, "murmur2", uuid_keys),
     }
     for name, (key_format, partitions, partitioner, keys) in sources.items():
         write_jsonl(tmp_path / f"{name}.json", value_events(rng, keys))
@@ -600,7 +605,7 @@ def test_format_2_holds_exactly_what_format_1_held(
             assert dict(format_2) == format_1, f"{name} p{partition}: values differ"
         entries = [key for p in range(partitions) for key, _ in read_partition_file(Path(f2.snapshot), p)]
         hashed = sum(1 for key in entries if key[:1] == b"#")
-        assert hashed == {"strings": 3, "bytes": 1, "ints": 0}[name]
+        assert hashed == {"strings": 3, "bytes": 1, "ints": 0, "uuids": 0}[name]
 
 
 def test_empty_partitions_get_an_empty_file(spark: SparkSession, zk_settings: ZkSettings, tmp_path: Path) -> None:
