@@ -15,6 +15,7 @@ from typing import Any
 
 from keyroute.core.key_format import KeyFormat
 from keyroute.core.partitioner import Partitioner, key_hash, partition_of_hash
+from keyroute.core.timeline import Timeline
 
 
 class RecordError(ValueError):
@@ -55,6 +56,8 @@ class StoreRecord:
     published_at: float = 0.0
     retained: Mapping[int, str] = field(default_factory=dict)
     live: bool = False
+    # History and windowed stores (keyroute.core.timeline); None for a store of one value per key.
+    timeline: Timeline | None = None
 
     @property
     def retained_versions(self) -> tuple[int, ...]:
@@ -80,6 +83,7 @@ class StoreRecord:
                 "published_at": self.published_at,
                 "retained": {str(v): path for v, path in sorted(self.retained.items())},
                 "live": self.live,
+                **({} if self.timeline is None else {"timeline": self.timeline.to_dict()}),
             }
         )
 
@@ -102,6 +106,7 @@ class StoreRecord:
                 published_at=float(obj.get("published_at", 0.0)),
                 retained={int(v): str(path) for v, path in dict(obj.get("retained", {})).items()},
                 live=live,
+                timeline=None if obj.get("timeline") is None else Timeline.from_dict(obj["timeline"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise RecordError(f"store record: {exc!r}") from exc

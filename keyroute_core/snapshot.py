@@ -45,6 +45,7 @@ from urllib.parse import unquote, urlparse
 from keyroute.core.key_format import KeyFormat
 from keyroute.core.live import LiveConfig
 from keyroute.core.partitioner import Partitioner
+from keyroute.core.timeline import Timeline, TimelineError
 
 FORMAT_1 = "keyroute-snapshot/1"
 FORMAT_2 = "keyroute-snapshot/2"
@@ -274,6 +275,8 @@ class Manifest:
     checksums: Mapping[int, str] = field(default_factory=dict)
     bytes: Mapping[int, int] = field(default_factory=dict)
     live: LiveConfig | None = None
+    # History and windowed stores: the timeline their files are laid out by (rows are then entries).
+    timeline: Timeline | None = None
 
     @property
     def total_rows(self) -> int:
@@ -298,6 +301,8 @@ class Manifest:
             doc["bytes"] = {str(p): int(size) for p, size in sorted(self.bytes.items())}
         if self.live is not None:
             doc["live"] = self.live.to_json()
+        if self.timeline is not None:
+            doc["timeline"] = self.timeline.to_dict()
         return json.dumps(doc, indent=2, sort_keys=True).encode("utf-8")
 
     @classmethod
@@ -332,6 +337,14 @@ class Manifest:
                     raise SnapshotError(
                         f"manifest's live offsets name {len(live.offsets)} partitions, not {partitions}"
                     )
+            timeline = None
+            if doc.get("timeline") is not None:
+                if snapshot_format != FORMAT_2:
+                    raise SnapshotError(f"a timeline store's manifest must be format {FORMAT_2}, not {snapshot_format}")
+                try:
+                    timeline = Timeline.from_dict(doc["timeline"])
+                except TimelineError as exc:
+                    raise SnapshotError(f"manifest's timeline: {exc}") from None
             return cls(
                 store=str(doc["store"]),
                 version=int(doc["version"]),
@@ -346,6 +359,7 @@ class Manifest:
                 checksums=checksums,
                 bytes=sizes,
                 live=live,
+                timeline=timeline,
             )
         except SnapshotError:
             raise

@@ -88,6 +88,11 @@ def key_aggregates(source: Column) -> list[Column]:
     ]
 
 
+def regroup_key_aggregates() -> list[Column]:
+    """`key_aggregates` of several groups of a key's records (a windowed store's windows) combined."""
+    return [F.min(LEAST).alias(LEAST), F.max(GREATEST).alias(GREATEST)]
+
+
 def key_off_partition(partition: Column) -> Column:
     """True for a key with a record outside `partition`; null for a key without one (it is not routable)."""
     return (F.col(LEAST) != partition) | (F.col(GREATEST) != partition)

@@ -29,9 +29,11 @@ from keyroute.core.live import Aggregate
 from keyroute.core.lmdb_layout import LMDB_MAX_KEY_BYTES, TAG_HASHED, TAG_KEY, db_keys
 from keyroute.core.partition_vectorized import partitions as vectorized_partitions
 from keyroute.core.partitioner import Partitioner
+from keyroute.core.timeline import Timeline, key_parts
 from keyroute.pipeline import audit
 from keyroute.pipeline.errors import DataError, PipelineError, SpecError
 from keyroute.pipeline.spec import Mode, SourceFormat, StoreSpec
+from keyroute.pipeline.timeline import ENTRIES, reduce_timeline, time_type_of, timeline_of
 
 # Internal column names, chosen so they cannot meet a source column by accident.
 RAW_KEY = "__keyroute_raw_key"
@@ -94,6 +96,9 @@ class ComputedStore:
     value_columns: tuple[str, ...]
     partition_rows: tuple[int, ...]
     live_offsets: tuple[int, ...] | None = None
+    # History and windowed stores: `value` is the key's entries (keyroute.pipeline.timeline), and
+    # `partition_rows` counts entries, as the files hold them.
+    timeline: Timeline | None = None
 
     def release(self) -> None:
         self.frame.unpersist()
@@ -120,11 +125,17 @@ def serialize_keys(keys: pa.Array | pa.ChunkedArray, key_format: KeyFormat) -> S
 
 
 def route_keys(
-    keys: pa.Array, key_format: KeyFormat, partitioner: Partitioner, partitions: int, lmdb_key: bool = False
+    keys: pa.Array,
+    key_format: KeyFormat,
+    partitioner: Partitioner,
+    partitions: int,
+    lmdb_key: bool = False,
+    timeline: bool = False,
 ) -> pa.StructArray:
     """Canonical text and partition for a batch of raw keys; a key that does not fit gets an error instead.
     With `lmdb_key`, also the LMDB key the node stores it under (`db_key` of the serialized bytes the
-    partition was computed from; null for a key that does not fit).
+    partition was computed from; null for a key that does not fit), or with `timeline` the key part of its
+    entries' LMDB keys (keyroute.core.timeline.key_part).
 
     Errors are returned, not raised: the driver reports how many keys failed, with examples, rather than
     the first worker traceback.
@@ -133,7 +144,7 @@ def route_keys(
     arrays = [serialized.text, _partitions(serialized.data, partitioner, partitions), serialized.error]
     names = ["key", "partition", "error"]
     if lmdb_key:
-        arrays.append(db_keys(serialized.data))
+        arrays.append(key_parts(serialized.data) if timeline else db_keys(serialized.data))
         names.append("lmdb_key")
     return pa.StructArray.from_arrays(arrays, names=names)
 
@@ -251,10 +262,11 @@ def _is_text(data_type: pa.DataType) -> bool:
 
 def _router(store: StoreSpec) -> Any:
     key_format, partitioner, partitions = store.key_format, store.partitioner, store.partitions
-    lmdb_key = store.snapshot_format != 1 and key_format not in TEXT_SERIALIZED
+    timeline = store.mode.timeline
+    lmdb_key = store.snapshot_format != 1 and (timeline or key_format not in TEXT_SERIALIZED)
 
     def route(keys: pa.Array) -> pa.Array:
-        return route_keys(keys, key_format, partitioner, partitions, lmdb_key)
+        return route_keys(keys, key_format, partitioner, partitions, lmdb_key, timeline)
 
     # arrow_udf: whole Arrow batches in and out, no pandas in between (a scalar Arrow UDF, Spark >= 4.1).
     # The kind is read from the type hints; pyspark's stubs insist on functionType, which it warns about.
@@ -337,7 +349,11 @@ def text_lmdb_key_column(key: Column) -> Column:
 def _routes_lmdb_key(store: StoreSpec) -> bool:
     """Whether compute_store's frame has the LMDB key column (format 2, routed by `route_column`, keys whose
     serialized bytes are not their text's UTF-8)."""
-    return store.snapshot_format != 1 and store.key_format not in TEXT_SERIALIZED and route_step is route_column
+    return (
+        store.snapshot_format != 1
+        and (store.mode.timeline or store.key_format not in TEXT_SERIALIZED)
+        and route_step is route_column
+    )
 
 
 # Internal hook, not a spec option: how compute_store routes keys. Only benchmarks/pipeline.py replaces it
@@ -361,7 +377,15 @@ def compute_store(spark: SparkSession, store: StoreSpec) -> ComputedStore:
         extra = [] if source_partition is None else audit.key_aggregates(source_partition)
         offset = _source_offset(store, source.schema)
         extra += _offset_aggregates(offset)
-        reduced, value = _reduce(store, keyed, value_columns, extra, offset)
+        timeline = None
+        if store.mode.timeline:
+            assert store.order_by is not None
+            timeline = timeline_of(store, time_type_of(store, source.schema[store.order_by].dataType))
+            regroup = audit.regroup_key_aggregates() if audited else []
+            reduced = reduce_timeline(store, keyed, RAW_KEY, _ROWS, value_columns, extra, regroup, timeline)
+            value = F.col(ENTRIES)
+        else:
+            reduced, value = _reduce(store, keyed, value_columns, extra, offset)
         state = live_state(store)
         partition = F.col(_ROUTE).getField("partition")
         routed = (
@@ -389,7 +413,7 @@ def compute_store(spark: SparkSession, store: StoreSpec) -> ComputedStore:
             .persist(StorageLevel.MEMORY_AND_DISK)
         )
         try:
-            checked = _check_keys(store, routed, audited, offset is not None)
+            checked = _check_keys(store, routed, audited, offset is not None, timeline is not None)
             if source_partition is not None:
                 _audit(store, keyed, source_partition, checked)
         except BaseException:
@@ -401,6 +425,7 @@ def compute_store(spark: SparkSession, store: StoreSpec) -> ComputedStore:
         value_columns=value_columns,
         partition_rows=checked.partition_rows,
         live_offsets=checked.offsets,
+        timeline=timeline,
     )
 
 
@@ -477,11 +502,15 @@ def _check_columns(store: StoreSpec, available: list[str]) -> tuple[str, ...]:
         require(store.source_offset_column, "source_offset_column")
     if store.mode is Mode.AGGREGATE:
         return tuple(store.aggregations)
-    assert store.order_by is not None  # the spec guarantees it for mode latest
+    assert store.order_by is not None  # the spec guarantees it for modes latest, history and windowed
     require(store.order_by, "order_by")
+    if store.mode is Mode.WINDOWED:
+        return tuple(store.aggregations)
     if store.columns is not None:
         for column in store.columns:
             require(column, "value")
+        if store.mode is Mode.HISTORY and store.order_by not in store.columns:
+            return (store.order_by, *store.columns)  # a history row carries its time
         return store.columns
     # The record's Kafka partition and offset are where it was, not part of its value.
     where = (store.key, store.source_partition_column, store.source_offset_column)
@@ -657,7 +686,9 @@ class _CheckedKeys:
     offsets: tuple[int, ...] | None = None  # hybrid stores: one past each partition's greatest offset
 
 
-def _check_keys(store: StoreSpec, routed: DataFrame, audited: bool, offsets: bool = False) -> _CheckedKeys:
+def _check_keys(
+    store: StoreSpec, routed: DataFrame, audited: bool, offsets: bool = False, entries: bool = False
+) -> _CheckedKeys:
     """Keys per partition; DataError for null keys, keys that do not fit the format, or duplicate keys.
 
     One job summarises the whole frame per partition. Equal keys land in the same partition, so a
@@ -677,6 +708,8 @@ def _check_keys(store: StoreSpec, routed: DataFrame, audited: bool, offsets: boo
             F.sum(_ROWS).alias("records"),
             off_partition.alias("off_partition"),
             *(offset_summary if offsets else []),
+            # A timeline store's files hold one entry per element of its keys' entries.
+            *([F.sum(F.size(F.col("value"))).alias("entries")] if entries else []),
         )
         .collect()
     )
@@ -691,7 +724,8 @@ def _check_keys(store: StoreSpec, routed: DataFrame, audited: bool, offsets: boo
         _raise_bad_keys(store, routed, bad)
     if any(row["rows"] != row["distinct"] for row in summary if row["partition"] is not None):
         _raise_duplicate_keys(store, routed)
-    counts = {int(row["partition"]): int(row["rows"]) for row in summary if row["partition"] is not None}
+    counted = "entries" if entries else "rows"
+    counts = {int(row["partition"]): int(row[counted] or 0) for row in summary if row["partition"] is not None}
     return _CheckedKeys(
         partition_rows=tuple(counts.get(p, 0) for p in range(store.partitions)),
         records=sum(row["records"] or 0 for row in summary),

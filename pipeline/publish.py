@@ -26,7 +26,9 @@ from kazoo.protocol.states import ZnodeStat
 from keyroute.core import zk_layout
 from keyroute.core.partition_map import RecordError, StoreRecord
 from keyroute.core.snapshot import SnapshotError, read_manifest, resolve_location
+from keyroute.core.timeline import StoreKind
 from keyroute.pipeline.errors import PipelineError, PublishError
+from keyroute.pipeline.spec import Mode
 
 if TYPE_CHECKING:  # type names only: publishing and rolling back must not load Spark
     from keyroute.pipeline.spec import StoreSpec
@@ -104,6 +106,7 @@ def check_shape(store: StoreSpec, published: PublishedStore | None) -> None:
             ("partitions", record.partitions, store.partitions),
             ("partitioner", record.partitioner.value, store.partitioner.value),
             ("key_format", record.key_format.value, store.key_format.value),
+            ("kind", "value" if record.timeline is None else record.timeline.kind.value, store_kind(store).value),
         )
         if before != after
     ]
@@ -130,7 +133,17 @@ def store_record(store: StoreSpec, written: WrittenVersion, published_at: float 
         replication_factor=store.replication_factor,
         published_at=time.time() if published_at is None else published_at,
         live=written.manifest.live is not None,
+        timeline=written.manifest.timeline,
     )
+
+
+def store_kind(store: StoreSpec) -> StoreKind:
+    """What the store keeps per key: one value (modes latest, aggregate), its history, or its windows."""
+    if store.mode is Mode.HISTORY:
+        return StoreKind.HISTORY
+    if store.mode is Mode.WINDOWED:
+        return StoreKind.WINDOWED
+    return StoreKind.VALUE
 
 
 def publish(

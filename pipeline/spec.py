@@ -25,6 +25,7 @@ from keyroute.core.live import (
     parse_aggregate,
 )
 from keyroute.core.partitioner import Partitioner
+from keyroute.core.timeline import TimelineError, parse_duration_us
 from keyroute.pipeline.errors import SpecError
 
 # Store names become ZooKeeper node names and directory names: nothing that needs escaping anywhere.
@@ -48,6 +49,13 @@ class Mode(enum.StrEnum):
 
     LATEST = "latest"  # the row with the greatest `order_by` (a KTable)
     AGGREGATE = "aggregate"  # Spark SQL aggregate expressions over all rows of the key
+    HISTORY = "history"  # every row of the key, in `order_by` order (bounded by `retention`)
+    WINDOWED = "windowed"  # the aggregations per key and time `window` of `order_by`
+
+    @property
+    def timeline(self) -> bool:
+        """Whether the store keeps many entries per key, in time order (keyroute.core.timeline)."""
+        return self is Mode.HISTORY or self is Mode.WINDOWED
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +104,11 @@ class StoreSpec:
     # The Kafka offset of each source record (a hybrid store's source is the topic's archive): where the
     # version's batch part ends in each partition.
     source_offset_column: str | None = None
+    # History and windowed stores: how much of each key's timeline is kept (`Retention`), the window and
+    # how far windows advance (duration texts; `advance` None: tumbling windows).
+    retention: Retention | None = None
+    window: str | None = None
+    advance: str | None = None
 
     def merge(self, value_columns: tuple[str, ...] | None = None) -> Merge:
         """How the live topic's records fold into this store's values (keyroute.core.live), keeping
@@ -105,6 +118,51 @@ class StoreSpec:
             return Merge("latest", self.key, order_by=self.order_by, columns=columns)
         aggregates = tuple(parse_aggregate(name, expr) for name, expr in self.aggregations.items())
         return Merge("aggregate", self.key, aggregates=aggregates)
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How much of a key's timeline a history or windowed store keeps: its last `count` entries, or the
+    entries whose time is within `duration` (a duration text) of the store's latest time."""
+
+    text: str
+    count: int | None = None
+    duration: str | None = None
+
+
+_RETENTION_COUNT = re.compile(r"\s*([0-9]+)\s*(rows?|windows?)\s*", re.IGNORECASE)
+
+
+def _parse_retention(name: str, value: Any) -> Retention | None:
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = f"{value} rows"
+    if not isinstance(value, str):
+        raise SpecError(name, f"'retention' must be a text such as \"1000 rows\" or \"30 days\", got {value!r}")
+    counted = _RETENTION_COUNT.fullmatch(value)
+    if counted is not None:
+        count = int(counted.group(1))
+        if count < 1:
+            raise SpecError(name, f"'retention' = {value!r}: keep at least 1")
+        return Retention(value, count=count)
+    try:
+        parse_duration_us(value)
+    except TimelineError as exc:
+        raise SpecError(name, f"'retention': {exc}; or a count such as \"1000 rows\"") from None
+    return Retention(value, duration=value)
+
+
+def _duration_field(name: str, field_name: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise SpecError(name, f"'{field_name}' must be a duration text such as \"5 minutes\", got {value!r}")
+    try:
+        parse_duration_us(value)
+    except TimelineError as exc:
+        raise SpecError(name, f"'{field_name}': {exc}") from None
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +194,9 @@ _FIELDS = (
     "source_offset_column",
     "snapshot_format",
     "live",
+    "retention",
+    "window",
+    "advance",
 )
 _LIVE_FIELDS = ("topic", "bootstrap_servers", "kafka", "start", "on_bad_record", "catch_up_records")
 # The snapshot formats a spec may ask for (keyroute_core.snapshot.FORMAT_1, FORMAT_2).
@@ -198,11 +259,26 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
         raise SpecError(name, "'format' describes 'source', which a live store without 'source' does not have")
     source_offset_column = fields.text("source_offset_column")
     snapshot_format = fields.snapshot_format()
-    if mode is Mode.LATEST:
+    retention = _parse_retention(name, table.get("retention"))
+    window = _duration_field(name, "window", table.get("window"))
+    advance = _duration_field(name, "advance", table.get("advance"))
+    if window is not None and mode is not Mode.WINDOWED:
+        raise SpecError(name, "'window' only applies to mode 'windowed'")
+    if advance is not None and window is None:
+        raise SpecError(name, "'advance' (hopping windows) needs 'window'")
+    if advance is not None and window is not None and parse_duration_us(advance) > parse_duration_us(window):
+        raise SpecError(name, f"'advance' = {advance!r} is longer than 'window' = {window!r}")
+    if retention is not None and not mode.timeline:
+        raise SpecError(name, "'retention' only applies to modes 'history' and 'windowed'")
+    if mode.timeline:
+        _check_timeline_store(name, mode, key, order_by, columns, aggregations, snapshot_format, live)
+        if mode is Mode.WINDOWED and window is None:
+            raise SpecError(name, "mode 'windowed' needs 'window' (a duration such as \"5 minutes\")")
+    elif mode is Mode.LATEST:
         if order_by is None:
             raise SpecError(name, "mode 'latest' needs 'order_by' (the column whose greatest value wins)")
         if aggregations is not None:
-            raise SpecError(name, "'aggregations' only apply to mode 'aggregate'")
+            raise SpecError(name, "'aggregations' only apply to modes 'aggregate' and 'windowed'")
         if columns is not None and key in columns:
             raise SpecError(name, f"'columns' lists the key column {key!r}; values hold the other columns")
     else:
@@ -239,7 +315,43 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
         snapshot_format=snapshot_format,
         live=live,
         source_offset_column=source_offset_column,
+        retention=retention,
+        window=window,
+        advance=advance,
     )
+
+
+def _check_timeline_store(
+    name: str,
+    mode: Mode,
+    key: str,
+    order_by: str | None,
+    columns: tuple[str, ...] | None,
+    aggregations: Mapping[str, str] | None,
+    snapshot_format: int,
+    live: LiveSpec | None,
+) -> None:
+    """What a history or windowed store needs: a time column (`order_by`), format-2 versions, and (windowed)
+    aggregations or (history) value columns."""
+    what = f"mode {mode.value!r}"
+    if order_by is None:
+        raise SpecError(name, f"{what} needs 'order_by' (the time column its entries are ordered and queried by)")
+    if snapshot_format != 2:
+        raise SpecError(name, f"{what} needs 'snapshot_format' 2 (its files are written for nodes to serve)")
+    if live is not None:
+        raise SpecError(name, f"{what} is built from 'source' only: a live history or windowed store is not supported")
+    if mode is Mode.HISTORY:
+        if aggregations is not None:
+            raise SpecError(name, "'aggregations' apply to modes 'aggregate' and 'windowed', not 'history'")
+        if columns is not None and key in columns:
+            raise SpecError(name, f"'columns' lists the key column {key!r}; values hold the other columns")
+        return
+    if not aggregations:
+        raise SpecError(name, "mode 'windowed' needs a non-empty 'aggregations' table (name = \"expression\")")
+    if columns is not None:
+        raise SpecError(name, "'columns' does not apply to mode 'windowed' (its values are the aggregations)")
+    if key in aggregations:
+        raise SpecError(name, f"aggregation {key!r} has the name of the key column")
 
 
 def _parse_live(name: str, table: Any, has_source: bool) -> LiveSpec | None:

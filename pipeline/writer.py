@@ -46,8 +46,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyspark.sql import Column
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from keyroute.core.live import LiveConfig
 from keyroute.core.lmdb_layout import build_partition_file
@@ -65,6 +66,7 @@ from keyroute.core.snapshot import (
     version_uri,
     write_manifest,
 )
+from keyroute.core.timeline import INT64_MIN
 from keyroute.pipeline import lmdb_files
 from keyroute.pipeline.compute import (
     LMDB_KEY,
@@ -77,6 +79,7 @@ from keyroute.pipeline.compute import (
 )
 from keyroute.pipeline.errors import PublishError
 from keyroute.pipeline.spec import StoreSpec
+from keyroute.pipeline.timeline import TEXT, TIME
 
 # A builder's claim on a version directory on a pyarrow filesystem (see the module docstring).
 CLAIM_PREFIX = "_claim-"
@@ -257,6 +260,7 @@ def _manifest(computed: ComputedStore, version: int, **fields: object) -> Manife
         value_columns=computed.value_columns,
         rows=computed.partition_rows,  # counted from the cached frame while checking its keys
         created_at=time.time(),
+        timeline=computed.timeline,
         **fields,  # type: ignore[arg-type]
     )
 
@@ -302,7 +306,7 @@ def _build_files(computed: ComputedStore, claimed: ClaimedVersion) -> dict[int, 
     store = computed.spec
     # A live store's merge state, appended to each value on the executors (keyroute.core.live's stored form).
     state = [F.col(STATE).alias(lmdb_files.LIVE_STATE)] if STATE in computed.frame.columns else []
-    rows = computed.frame.select(
+    rows = _timeline_rows(computed) if computed.timeline is not None else computed.frame.select(
         F.col("partition").alias(lmdb_files.PARTITION),
         _lmdb_key(computed).alias(lmdb_files.LMDB_KEY),
         # Spark's JSON for the value, as format 1 writes it; made compact JSON on the executors.
@@ -339,6 +343,30 @@ def _build_files(computed: ComputedStore, claimed: ClaimedVersion) -> dict[int, 
             "partition; nothing was published",
         )
     return written
+
+
+def _timeline_rows(computed: ComputedStore) -> DataFrame:
+    """A history or windowed store's entries, one row each: LMDB key = the key part the route computed +
+    the entry's time + its index among the key's entries (keyroute.core.timeline), value = its JSON."""
+    if LMDB_KEY not in computed.frame.columns:
+        raise PublishError(computed.spec.name, "a history or windowed store is routed by its partitioner only")
+    part, index, entry = "__keyroute_key_part", "__keyroute_index", "__keyroute_entry"
+    exploded = computed.frame.select(
+        F.col("partition"), F.col(LMDB_KEY).alias(part), F.posexplode(F.col("value")).alias(index, entry)
+    )
+    flipped = F.col(f"{entry}.{TIME}").bitwiseXOR(F.lit(INT64_MIN))  # the sign bit flipped: negatives first
+    return exploded.select(
+        F.col("partition").alias(lmdb_files.PARTITION),
+        F.concat(F.col(part), _big_endian(flipped, 8), _big_endian(F.col(index).cast(T.LongType()), 4)).alias(
+            lmdb_files.LMDB_KEY
+        ),
+        F.col(f"{entry}.{TEXT}").alias(lmdb_files.VALUE_JSON),
+    )
+
+
+def _big_endian(number: Column, width: int) -> Column:
+    """The low `width` bytes of an int64 column, big-endian (Spark's hex of a long is its two's complement)."""
+    return F.unhex(F.substring(F.lpad(F.hex(number), 16, "0"), 17 - 2 * width, 2 * width))
 
 
 def _lmdb_key(computed: ComputedStore) -> Column:
