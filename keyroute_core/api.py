@@ -249,6 +249,20 @@ def key_path_segment(raw_path: bytes, max_key_bytes: int = DEFAULT_MAX_KEY_BYTES
     return store, key
 
 
+# The reads of a key's timeline, by the path segment after the key (keyroute.core.timeline).
+TIMELINE_READS = (b"history", b"windows")
+
+
+def timeline_path_segment(raw_path: bytes, max_key_bytes: int = DEFAULT_MAX_KEY_BYTES) -> tuple[str, str, str] | None:
+    """(store, key, read) from the raw path `/stores/{store}/keys/{key}/{read}` with read `history` or
+    `windows`, or None if it is not one; raises as `key_path_segment` does."""
+    head, _, read = raw_path.rpartition(b"/")
+    if read not in TIMELINE_READS:
+        return None
+    located = key_path_segment(head, max_key_bytes)
+    return None if located is None else (located[0], located[1], read.decode("ascii"))
+
+
 def key_too_long(text: str, max_key_bytes: int) -> bool:
     """Whether a key given as text (a batch-get entry) is longer than `max_key_bytes` in UTF-8 (0: no limit).
 
@@ -265,3 +279,34 @@ def found_body(store: str, key: str, partition: int, version: int, value_json: b
         {"store": store, "key": key, "partition": partition, "version": version}, ensure_ascii=False
     ).encode("utf-8")
     return head[:-1] + b', "value": ' + value_json + b"}"
+
+
+def timeline_body(
+    store: str, key: str, partition: int, version: int, field: str, entries: list[bytes], next_cursor: str | None
+) -> bytes:
+    """The 200 answer to a history or windows read: the stored entries' JSON as they are, in a list under
+    `field` ("rows" or "windows"), and `next` when a cursor continues the read."""
+    head: dict[str, Any] = {"store": store, "key": key, "partition": partition, "version": version}
+    if next_cursor is not None:
+        head["next"] = next_cursor
+    encoded = json.dumps(head, ensure_ascii=False).encode("utf-8")
+    return b"".join((encoded[:-1], b', "', field.encode("ascii"), b'": [', b",".join(entries), b"]}"))
+
+
+class WrongStoreKind(ApiError):
+    """A history read on a store that is not a history store, a windows read on one that is not windowed."""
+
+    status = 400
+    code = "wrong_store_kind"
+
+
+class BadCursor(ApiError):
+    status = 400
+    code = "bad_cursor"
+
+
+class CursorExpired(ApiError):
+    """The cursor continues a version of the store no longer served: start the read again."""
+
+    status = 410
+    code = "cursor_expired"

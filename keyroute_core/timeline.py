@@ -332,3 +332,82 @@ def read_cursor(secret: bytes, query: tuple[Any, ...], text: str) -> tuple[int, 
     if not (INT64_MIN <= time <= INT64_MAX and 0 <= sequence <= MAX_SEQUENCE):
         raise CursorError("cursor is malformed (not one this API returned)")
     return version, (time, sequence)
+
+
+# -- queries ---------------------------------------------------------------------------------------------
+
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 10_000
+HISTORY = "history"
+WINDOWS = "windows"
+# What each timeline read is asked on, and the store kind that answers it.
+READ_KINDS = {HISTORY: StoreKind.HISTORY, WINDOWS: StoreKind.WINDOWED}
+_PARAMETERS = ("from", "to", "limit", "order", "cursor")
+
+
+class QueryError(TimelineError):
+    """A timeline read's query that is not valid (400 bad_request); the message names the parameter."""
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineQuery:
+    """A timeline read as asked: entries of one key with `low` <= time < `high` (None: unbounded), at most
+    `limit` of them, newest first when `descending`, continuing after `cursor` when given. For a windows
+    read, the bounds select windows overlapping [from, to): `low`/`high` are already bounds on the start."""
+
+    read: str
+    low: int | None
+    high: int | None
+    limit: int
+    descending: bool
+    cursor: str | None
+    bounds: tuple[str | None, str | None]  # from and to as given (what a cursor is bound to)
+
+    def cursor_query(self, store: str, key: str) -> tuple[Any, ...]:
+        """What a cursor continuing this read is bound to (the limit may change from page to page)."""
+        return (store, key, self.read, self.bounds[0], self.bounds[1], "desc" if self.descending else "asc")
+
+
+def parse_query(read: str, raw_query: bytes, timeline: Timeline) -> TimelineQuery:
+    """The query string of a `history` or `windows` read (raw, percent-encoded) on a store with `timeline`."""
+    from urllib.parse import parse_qsl
+
+    try:
+        text = raw_query.decode("ascii")
+        pairs = parse_qsl(text, keep_blank_values=True, strict_parsing=bool(text), errors="strict")
+    except (UnicodeDecodeError, ValueError):
+        raise QueryError("the query string is malformed") from None
+    given: dict[str, str] = {}
+    for name, value in pairs:
+        if name not in _PARAMETERS:
+            raise QueryError(f"unknown query parameter {name!r} (expected some of: {', '.join(_PARAMETERS)})")
+        if name in given:
+            raise QueryError(f"query parameter {name!r} is given twice")
+        given[name] = value
+    low = None if not given.get("from") else _bound(timeline, given["from"], "from")
+    high = None if not given.get("to") else _bound(timeline, given["to"], "to")
+    if low is not None and high is not None and low > high:
+        raise QueryError(f"from={given['from']!r} is after to={given['to']!r}")
+    limit = DEFAULT_LIMIT
+    if "limit" in given:
+        if not re.fullmatch(r"[0-9]{1,9}", given["limit"]) or not 1 <= int(given["limit"]) <= MAX_LIMIT:
+            raise QueryError(f"limit={given['limit']!r}: expected an integer from 1 to {MAX_LIMIT}")
+        limit = int(given["limit"])
+    order = given.get("order", "asc") or "asc"
+    if order not in ("asc", "desc"):
+        raise QueryError(f"order={order!r}: expected 'asc' or 'desc'")
+    if read == WINDOWS and low is not None:
+        # A window [start, start + window) overlaps [from, to) when start > from - window.
+        assert timeline.window is not None
+        low = max(low - timeline.window + 1, INT64_MIN)
+    cursor = given.get("cursor") or None
+    return TimelineQuery(read, low, high, limit, order == "desc", cursor, (given.get("from"), given.get("to")))
+
+
+def _bound(timeline: Timeline, text: str, name: str) -> int:
+    try:
+        return timeline.parse_time(text, name)
+    except QueryError:
+        raise
+    except TimelineError as exc:
+        raise QueryError(str(exc)) from None

@@ -2,6 +2,8 @@
 
     GET|HEAD /stores/{store}/keys/{key}   admission, then `Proxy.read` (with `?min_offset=N` when given): the
                                           node's reply passed on
+    GET|HEAD /stores/{store}/keys/{key}/history, .../windows
+                                          the same, routed by the key, the query passed on to the node
     POST     /stores/{store}/batch-get    admission, then `Proxy.batch_get` in a task: the entries as JSON
     anything else under /stores/          404 not_found, or 405 method_not_allowed with Allow
 
@@ -20,9 +22,17 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_to_bytes
 
-from keyroute.core.api import ApiError, NotFound, error_headers, error_json, key_path_segment, min_offset_query
+from keyroute.core.api import (
+    ApiError,
+    NotFound,
+    error_headers,
+    error_json,
+    key_path_segment,
+    min_offset_query,
+    timeline_path_segment,
+)
 from keyroute.core.logs import bind_request_id
-from keyroute.core.metrics import KIND_BATCH, KIND_KEY
+from keyroute.core.metrics import KIND_BATCH, KIND_KEY, KIND_TIMELINE
 from keyroute.core.request_guard import Admission
 from keyroute.http.forwarding import encode_entry, parse_batch_request
 from keyroute.router.proxy import Proxy
@@ -34,7 +44,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # The data plane's routes and their methods (HEAD goes with GET), as the OpenAPI document lists them.
-ROUTES = {"/stores/{store}/keys/{key}": ("GET",), "/stores/{store}/batch-get": ("POST",)}
+ROUTES = {
+    "/stores/{store}/keys/{key}": ("GET",),
+    "/stores/{store}/keys/{key}/history": ("GET",),
+    "/stores/{store}/keys/{key}/windows": ("GET",),
+    "/stores/{store}/batch-get": ("POST",),
+}
 
 _PREFIX = b"/stores/"
 # The routes matched on the percent-decoded path, as a router (Starlette's) would: for what is not a key
@@ -42,6 +57,7 @@ _PREFIX = b"/stores/"
 _KEYS_ROUTE = re.compile(r"/stores/[^/]+/keys/.*", re.DOTALL)
 _BATCH_ROUTE = re.compile(r"/stores/([^/]+)/batch-get")
 _JSON = [(b"content-type", b"application/json")]
+_TIMELINE_ENDINGS = (b"/history", b"/windows")
 
 
 class MethodNotAllowed(ApiError):
@@ -90,6 +106,9 @@ class RouterDataPlane:
                 admission.release()
                 self._answer_read(exchange, "", exc)
                 return
+            if located is None and path.endswith(_TIMELINE_ENDINGS):
+                self._read_timeline(exchange, path)
+                return
             if located is not None:
                 store, key = located
                 try:
@@ -129,19 +148,54 @@ class RouterDataPlane:
             log.exception("answering a key read failed", extra={"request_id": exchange.request.request_id})
             _answer_error(exchange, ApiError("internal error"))
 
-    def _answer_read(self, exchange: Exchange, store: str, result: UpstreamResponse | Exception) -> None:
+    # -- a key's timeline -------------------------------------------------------------------------------
+
+    def _read_timeline(self, exchange: Exchange, path: bytes) -> None:
+        """A history or windows read: routed by its key like a key read, its query passed on as it came (the
+        node checks it); anything else ending so is not a route."""
+        request = exchange.request
+        try:
+            located = timeline_path_segment(path, self.max_key_bytes)
+        except ApiError as exc:
+            self.admission.release()
+            self._answer_read(exchange, "", exc, KIND_TIMELINE)
+            return
+        if located is None:
+            self.admission.release()
+            _answer_error(exchange, _no_route(request.method, path))
+            return
+        store, key, read = located
+        tail = "/" + read + ("?" + request.query.decode("latin-1") if request.query else "")
+        try:
+            on_result = functools.partial(self._deliver_timeline, exchange, store)
+            self.proxy.read(store, key, request.request_id, on_result, tail=tail)
+        except Exception as exc:
+            self.admission.release()
+            self._answer_read(exchange, store, exc, KIND_TIMELINE)
+
+    def _deliver_timeline(self, exchange: Exchange, store: str, result: UpstreamResponse | Exception) -> None:
+        self.admission.release()
+        try:
+            self._answer_read(exchange, store, result, KIND_TIMELINE)
+        except Exception:
+            log.exception("answering a timeline read failed", extra={"request_id": exchange.request.request_id})
+            _answer_error(exchange, ApiError("internal error"))
+
+    def _answer_read(
+        self, exchange: Exchange, store: str, result: UpstreamResponse | Exception, kind: str = KIND_KEY
+    ) -> None:
         """What the client gets for a read's result, counted: the node's reply (the server adds the read's
         id unless the node echoed it), or the JSON error of an ApiError; anything unexpected is logged with
         its traceback and answered 500 without detail."""
         metrics = self.proxy.metrics
         if isinstance(result, UpstreamResponse):
-            metrics.count(store, KIND_KEY, result.status)
+            metrics.count(store, kind, result.status)
             exchange.answer(result.status, result.headers, result.body)  # type: ignore[arg-type]
             return
         error = result if isinstance(result, ApiError) else ApiError("internal error")  # the base class is the 500
         if error is not result:
-            log.error("a key read failed", exc_info=result, extra={"request_id": exchange.request.request_id})
-        metrics.count(store, KIND_KEY, error.status)
+            log.error("a %s read failed", kind, exc_info=result, extra={"request_id": exchange.request.request_id})
+        metrics.count(store, kind, error.status)
         _answer_error(exchange, error)
 
     # -- batches ----------------------------------------------------------------------------------------

@@ -56,6 +56,63 @@ _READ_HEADERS = {
     )
 }
 _OFFSET = {"type": "integer", "minimum": 0, "maximum": (1 << 63) - 1}
+_KEY = {
+    "name": "key",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string"},
+    "description": (
+        "one path segment, percent-encoded UTF-8 ('/' as %2F); decimal for int16/int32/"
+        "int64 stores, base64url for bytes stores; at most `max_key_bytes` bytes decoded"
+    ),
+}
+_TIME_BOUND = (
+    "ISO 8601 for a store ordered by a timestamp (UTC unless the text says otherwise, e.g. "
+    "2024-06-11T10:00:00Z) or a date (2024-06-11); a decimal integer for one ordered by an integer column"
+)
+
+
+def _timeline_read(operation: str, summary: str, schema: str, what: str, kind: str) -> dict[str, Any]:
+    """A history or windows read: its parameters and answers."""
+    return {
+        "get": {
+            "operationId": operation,
+            "summary": summary,
+            "parameters": [
+                _STORE,
+                _KEY,
+                {"name": "from", "in": "query", "required": False, "schema": {"type": "string"},
+                 "description": f"{what} from this time on (inclusive). {_TIME_BOUND}"},
+                {"name": "to", "in": "query", "required": False, "schema": {"type": "string"},
+                 "description": f"{what} before this time (exclusive); same form as `from`"},
+                {"name": "limit", "in": "query", "required": False,
+                 "schema": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 100},
+                 "description": "at most this many; `next` then continues the read"},
+                {"name": "order", "in": "query", "required": False,
+                 "schema": {"type": "string", "enum": ["asc", "desc"], "default": "asc"},
+                 "description": "oldest first (asc) or newest first (desc)"},
+                {"name": "cursor", "in": "query", "required": False, "schema": {"type": "string"},
+                 "description": "the `next` of the previous page, with the same store, key, from, to and order"},
+            ],
+            "responses": {
+                "200": _json(schema, f"the key's {what}, in time order (none: an empty list)", _READ_HEADERS),
+                "400": _error(
+                    f"`wrong_store_kind`: the store is not a {kind} store; `bad_request`: an unknown, repeated "
+                    "or malformed parameter, `from` after `to`, or `limit` out of range; `bad_cursor`: the "
+                    "cursor is malformed, altered or continues another read; `bad_key`"
+                ),
+                "404": _error("`store_not_found`"),
+                "410": _error("`cursor_expired`: the cursor continues a version of the store no longer served"),
+                "414": _error("`key_too_long`: the key is longer than `max_key_bytes`"),
+                **_NOT_ALLOWED,
+                **_GUARD,
+                "503": _error(
+                    "`overloaded` or `partition_unavailable`: retry after `Retry-After` seconds", retry_after=True
+                ),
+                **_INTERNAL,
+            },
+        }
+    }  # fmt: skip
 
 
 def _json(schema_ref: str, description: str, headers: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -86,16 +143,7 @@ OPENAPI: dict[str, Any] = {
                 "summary": "The value of one key",
                 "parameters": [
                     _STORE,
-                    {
-                        "name": "key",
-                        "in": "path",
-                        "required": True,
-                        "schema": {"type": "string"},
-                        "description": (
-                            "one path segment, percent-encoded UTF-8 ('/' as %2F); decimal for int16/int32/"
-                            "int64 stores, base64url for bytes stores; at most `max_key_bytes` bytes decoded"
-                        ),
-                    },
+                    _KEY,
                     {
                         "name": "min_offset",
                         "in": "query",
@@ -128,6 +176,16 @@ OPENAPI: dict[str, Any] = {
                 },
             }
         },
+        "/stores/{store}/keys/{key}/history": _timeline_read(
+            "getHistory", "Every row of one key in a time range (history stores)", "History", "rows", "history"
+        ),
+        "/stores/{store}/keys/{key}/windows": _timeline_read(
+            "getWindows",
+            "The windows of one key that overlap a time range (windowed stores)",
+            "Windows",
+            "windows",
+            "windowed",
+        ),
         "/stores/{store}/batch-get": {
             "post": {
                 "operationId": "batchGet",
@@ -277,6 +335,45 @@ OPENAPI: dict[str, Any] = {
                     "partition": {"type": "integer", "minimum": 0},
                     "version": {"type": "integer", "minimum": 1},
                     "value": {"type": "object", "description": "the store's value columns for the key"},
+                },
+            },
+            "History": {
+                "type": "object",
+                "required": ["store", "key", "partition", "version", "rows"],
+                "properties": {
+                    "store": {"type": "string"},
+                    "key": {"type": "string"},
+                    "partition": {"type": "integer", "minimum": 0},
+                    "version": {"type": "integer", "minimum": 1},
+                    "rows": {
+                        "type": "array",
+                        "items": {"type": "object"},
+                        "description": "the key's rows (value columns and the order_by column), in time order",
+                    },
+                    "next": {"type": "string", "description": "present when more rows follow: the next page's cursor"},
+                },
+            },
+            "Windows": {
+                "type": "object",
+                "required": ["store", "key", "partition", "version", "windows"],
+                "properties": {
+                    "store": {"type": "string"},
+                    "key": {"type": "string"},
+                    "partition": {"type": "integer", "minimum": 0},
+                    "version": {"type": "integer", "minimum": 1},
+                    "windows": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["start", "end", "value"],
+                            "properties": {
+                                "start": {"description": "the window's first time (inclusive)"},
+                                "end": {"description": "the window's end (exclusive)"},
+                                "value": {"type": "object", "description": "the aggregations over the window"},
+                            },
+                        },
+                    },
+                    "next": {"type": "string", "description": "present when more windows follow"},
                 },
             },
             "BatchRequest": {

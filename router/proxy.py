@@ -173,7 +173,13 @@ class Proxy:
     # -- one key ----------------------------------------------------------------------------------------
 
     def read(
-        self, store: str, key_text: str, request_id: str, on_result: OnResult, min_offset: int | None = None
+        self,
+        store: str,
+        key_text: str,
+        request_id: str,
+        on_result: OnResult,
+        min_offset: int | None = None,
+        tail: str = "",
     ) -> Read:
         """Read one key: `on_result` is called once, later, on the event loop, with the result: a node's
         reply (headers filtered for passing on; any status, a last replica's 503 included) or the exception
@@ -184,6 +190,9 @@ class Proxy:
         enforce the bound (the last replica's 503 not_up_to_bound is the result when none has).
 
         `request_id` (visible ASCII, as `keyroute.core.logs` accepts or makes one) goes to the nodes.
+
+        `tail` follows the key in the path asked of the node (a timeline read: "/history?from=..." as the
+        client sent it, visible ASCII without spaces as any request target).
 
         The common read costs no coroutine: its request goes out on an idle pooled connection at once and
         its reply is delivered from that connection's callback. A request (first, hedge or failover) that
@@ -207,6 +216,8 @@ class Proxy:
             # emptied whenever a new table is installed.
             prefix = self._key_paths[store] = f"/stores/{path_segment(store)}/keys/"
         path = prefix + path_segment(key_text)
+        if tail:
+            path += tail
         if min_offset is not None:
             path += f"?min_offset={min_offset}"
             order = self._fresh_first(order, store, partition, min_offset)

@@ -28,14 +28,24 @@ from keyroute.core.api import (
     error_json,
     key_path_segment,
     min_offset_query,
+    timeline_path_segment,
 )
 from keyroute.core.logs import bind_request_id
-from keyroute.core.metrics import KIND_BATCH, KIND_KEY
+from keyroute.core.metrics import KIND_BATCH, KIND_KEY, KIND_TIMELINE
 from keyroute.core.request_guard import Admission
 from keyroute.http.forwarding import parse_batch_request
 from keyroute.http.server import Answer, Exchange, Request
 from keyroute.node.app import Node
-from keyroute.node.reads import Batch, Behind, Forward, forward_read, is_forwarded, read_batch, read_key
+from keyroute.node.reads import (
+    Batch,
+    Behind,
+    Forward,
+    forward_read,
+    is_forwarded,
+    read_batch,
+    read_key,
+    read_timeline,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +55,7 @@ _PREFIX = b"/stores/"
 _ADMITTED_PATH = "/stores/"
 _HOPS = HEADER_HOPS.encode("ascii")
 _AUTH = HEADER_AUTH.encode("ascii")
+_TIMELINE_ENDINGS = (b"/history", b"/windows")
 _NOT_A_KEY_PATH = "expected /stores/{store}/keys/{key} with the key as one path segment"
 
 
@@ -107,6 +118,10 @@ class NodeDataPlane:
         (True)."""
         method = request.method
         if method == "GET" or method == "HEAD":
+            if request.path.endswith(_TIMELINE_ENDINGS):
+                timeline = self._timeline_path(exchange, request)
+                if timeline is not None:
+                    return self._read_timeline(exchange, request, *timeline) if timeline else False
             return self._read_key(exchange, request)
         if method == "POST":
             parts = request.path.split(b"/")
@@ -159,6 +174,36 @@ class NodeDataPlane:
         self._spawn(self._forward(exchange, store, answer))
         return True
 
+    # -- a key's timeline -------------------------------------------------------------------------------
+
+    def _timeline_path(self, exchange: Exchange, request: Request) -> tuple[str, str, str] | tuple[()] | None:
+        """(store, key, read) of a history or windows read; () when its key was refused (answered here);
+        None when the path is not one (then it is a key read: a key may end in /history if encoded)."""
+        try:
+            located = timeline_path_segment(request.path, self._max_key_bytes)
+        except ApiError as exc:
+            self.node.metrics.count(_segment(request.path.split(b"/", 3)[2]), KIND_TIMELINE, exc.status)
+            exchange.answer(*self.error_answer(exc))
+            return ()
+        return located
+
+    def _read_timeline(self, exchange: Exchange, request: Request, store: str, key_text: str, read: str) -> bool:
+        forwarded = self._forwarded(request)
+        metrics = self.node.metrics
+        try:
+            answer = read_timeline(self.node, store, key_text, read, request.query, forwarded)
+        except ApiError as exc:
+            metrics.count(store, KIND_TIMELINE, exc.status)
+            exchange.answer(*self.error_answer(exc))
+            return False
+        if type(answer) is tuple:
+            metrics.count(store, KIND_TIMELINE, answer[0])
+            exchange.answer(*answer)
+            return False
+        assert isinstance(answer, Forward)
+        self._spawn(self._forward(exchange, store, answer, KIND_TIMELINE))
+        return True
+
     async def _catch_up(self, exchange: Exchange, store: str, key_text: str, forwarded: bool, behind: Behind) -> None:
         """A bounded read of a live partition held here, once it has applied the bound or the wait is over."""
         request = exchange.request
@@ -181,7 +226,7 @@ class NodeDataPlane:
         node.metrics.count(store, KIND_KEY, answer[0])
         exchange.answer(*answer)
 
-    async def _forward(self, exchange: Exchange, store: str, forward: Forward) -> None:
+    async def _forward(self, exchange: Exchange, store: str, forward: Forward, kind: str = KIND_KEY) -> None:
         request = exchange.request
         bind_request_id({}, request.request_id)  # this task's log lines carry it
         try:
@@ -193,7 +238,7 @@ class NodeDataPlane:
             answer = self.error_answer(ApiError("internal error"))
         finally:
             self.admission.release()
-        self.node.metrics.count(store, KIND_KEY, answer[0])
+        self.node.metrics.count(store, kind, answer[0])
         exchange.answer(*answer)
 
     # -- a batch ----------------------------------------------------------------------------------------

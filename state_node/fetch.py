@@ -34,6 +34,7 @@ from keyroute.core.live import META_TAG
 from keyroute.core.lmdb_layout import HASHED_KEY_BYTES, TAG_HASHED, TAG_KEY
 from keyroute.core.partitioner import Partitioner, partition_for
 from keyroute.core.snapshot import CHECKSUM_CHUNK_BYTES, ArrowLocation, Checksum, SnapshotError
+from keyroute.core.timeline import TimelineError, key_of_entry
 
 log = logging.getLogger(__name__)
 
@@ -273,13 +274,16 @@ def check_keys(
     key_format: KeyFormat,
     shown: str,
     limit: int = SAMPLE_KEYS,
+    timeline: bool = False,
 ) -> int:
     """Keys from another partition (or placed by another partitioner) could never be asked for here: a
     file swapped between partitions, or built with other settings. Checks up to `limit` keys spread
     through the file (FetchError naming the first stray key and its partition); how many were checked."""
-    sample = sample_keys(txn, limit, shown)
+    sample = sample_keys(txn, limit, shown, timeline)
     for lmdb_key in sample:
-        data = lmdb_key[len(TAG_KEY) :]
+        data = _timeline_key(lmdb_key, shown) if timeline else lmdb_key[len(TAG_KEY) :]
+        if data is None:
+            continue
         owner = partition_for(partitioner, data, partitions)
         if owner != partition:
             raise FetchError(
@@ -289,7 +293,15 @@ def check_keys(
     return len(sample)
 
 
-def sample_keys(txn: lmdb.Transaction, limit: int, shown: str = "the file") -> list[bytes]:
+def _timeline_key(lmdb_key: bytes, shown: str) -> bytes | None:
+    """The serialized key of a timeline entry (None for a hashed one); FetchError if it is not an entry."""
+    try:
+        return key_of_entry(lmdb_key)
+    except TimelineError as exc:
+        raise FetchError(f"{shown}: {exc}") from None
+
+
+def sample_keys(txn: lmdb.Transaction, limit: int, shown: str = "the file", timeline: bool = False) -> list[bytes]:
     """Up to `limit` `=`-tagged LMDB keys (hashed `#` keys cannot be hashed again) spread through the file:
     the first and the last, then breadth first a key in the middle of each gap between neighbours (a few
     cursor seeks each, however large the file). Also checks that the first and last keys are in the
@@ -305,7 +317,9 @@ def sample_keys(txn: lmdb.Transaction, limit: int, shown: str = "the file") -> l
     ends.append(bytes(cursor.key()))
     for key in ends:
         tag = key[:1]
-        if tag not in (TAG_KEY, TAG_HASHED) or (tag == TAG_HASHED and len(key) != HASHED_KEY_BYTES):
+        if timeline:
+            _timeline_key(key, shown)
+        elif tag not in (TAG_KEY, TAG_HASHED) or (tag == TAG_HASHED and len(key) != HASHED_KEY_BYTES):
             raise FetchError(f"{shown}: LMDB key {key[:40]!r} is not in the layout keyroute writes")
     last = ends[1]
     if not last.startswith(TAG_KEY):

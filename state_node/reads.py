@@ -31,22 +31,35 @@ from keyroute.core.api import (
     HEADER_PARTITION,
     HEADER_REQUEST_ID,
     HEADER_VERSION,
+    BadCursor,
     BadKey,
     BadRequest,
     BatchKeyTooLong,
+    CursorExpired,
     KeyNotFound,
     NotLive,
     NotUpToBound,
     PartitionUnavailable,
     StoreNotFound,
+    WrongStoreKind,
     error_json,
     found_body,
     key_too_long,
+    timeline_body,
 )
 from keyroute.core.key_format import Key, KeyFormat, KeyFormatError, key_from_value, parse_key
 from keyroute.core.metrics import KIND_BATCH
 from keyroute.core.partition_map import Endpoint, PartitionMap, StoreRecord
 from keyroute.core.security import ClusterAuth
+from keyroute.core.timeline import (
+    HISTORY,
+    READ_KINDS,
+    CursorError,
+    QueryError,
+    make_cursor,
+    parse_query,
+    read_cursor,
+)
 from keyroute.http.forwarding import (
     OffsetBounds,
     batch_body,
@@ -205,6 +218,72 @@ def read_key(
         return 200, headers, found_body(store_name, key.text, route.partition, held.version, value)
     if forwarded:
         # Our view and the forwarding node's differ (a rebalance is in flight): say so, never bounce.
+        raise PartitionUnavailable(
+            f"node {node_id} does not serve partition {route.partition} of store {store_name!r}"
+            " and does not forward a forwarded request",
+            RETRY_AFTER_S,
+        )
+    if not others:
+        raise PartitionUnavailable(f"no node serves partition {route.partition} of store {store_name!r}", RETRY_AFTER_S)
+    return Forward(route.partition, tuple(others), m.generation)
+
+
+def read_timeline(
+    node: Node, store_name: str, key_text: str, read: str, raw_query: bytes, forwarded: bool
+) -> Answer | Forward:
+    """The answer to a `history` or `windows` read of `key_text` (keyroute.core.timeline) when this node
+    holds the key's partition: 200 with the entries in time order, and `next`, a cursor, when `limit` cut
+    them. Otherwise the `Forward` to send on, as `read_key` decides. Raises ApiError: an unknown store
+    (404), a store of another kind (400 wrong_store_kind), a malformed query (400 bad_request), a key that
+    does not fit (400 bad_key), a cursor not made for this query (400 bad_cursor) or made for a version no
+    longer served here (410 cursor_expired), a partition it can neither answer nor forward (503)."""
+    m = node.ownership.map
+    record = find_store(m, store_name)
+    wanted = READ_KINDS[read]
+    timeline = record.timeline
+    if timeline is None or timeline.kind is not wanted:
+        kind = "a store of one value per key" if timeline is None else f"a {timeline.kind.value} store"
+        raise WrongStoreKind(f"store {store_name!r} is {kind}: {read} reads are for {wanted.value} stores")
+    try:
+        query = parse_query(read, raw_query, timeline)
+    except QueryError as exc:
+        raise BadRequest(str(exc)) from None
+    key = parse_key_text(record, key_text)
+    route = m.route(record, key.data)
+    held = node.ownership.local(store_name, route.partition)
+    node_id = node.node_id
+    others = [ep for ep in route.serving if ep.node_id != node_id]
+    if held is not None and held.timeline is not None and answers_locally(held, others, forwarded):
+        node.metrics.local_answers += 1
+        secret = node.members.token.encode("ascii")
+        bound = query.cursor_query(store_name, key.text)
+        after = None
+        if query.cursor is not None:
+            try:
+                version, after = read_cursor(secret, bound, query.cursor)
+            except CursorError as exc:
+                raise BadCursor(str(exc)) from None
+            if version != held.version:
+                raise CursorExpired(
+                    f"the cursor continues version {version} of store {store_name!r}, which is no longer served"
+                    f" (now {held.version}): start the read again"
+                )
+        entries, more = held.entries(key.data, query.low, query.high, query.limit, query.descending, after)
+        next_cursor = make_cursor(secret, bound, held.version, entries[-1][:2]) if more else None
+        field = "rows" if read == HISTORY else "windows"
+        body = timeline_body(
+            store_name, key.text, route.partition, held.version, field, [e[2] for e in entries], next_cursor
+        )
+        headers = [
+            _JSON,
+            (_PARTITION, str(route.partition).encode("ascii")),
+            node.node_header,
+            (_VERSION, str(held.version).encode("ascii")),
+            _HOPS_1 if forwarded else _HOPS_0,
+            (_GENERATION, str(m.generation).encode("ascii")),
+        ]
+        return 200, headers, body
+    if forwarded:
         raise PartitionUnavailable(
             f"node {node_id} does not serve partition {route.partition} of store {store_name!r}"
             " and does not forward a forwarded request",

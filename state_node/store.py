@@ -59,6 +59,7 @@ from keyroute.core.snapshot import (
     read_manifest,
     resolve_location,
 )
+from keyroute.core.timeline import SUFFIX_BYTES, Timeline, entry_key, key_part, split_entry
 from keyroute.node.fetch import FetchCancelled, FetchError, check_keys, fetch_file
 from keyroute.node.live import LivePartition, read_next_offset
 
@@ -74,6 +75,8 @@ STORES_DIR = "stores"
 MAX_READERS = 512
 # How often (in rows) a load looks whether it was cancelled by a shutdown or a new version.
 _CANCEL_CHECK_ROWS = 4096
+# Greater than every time and sequence after a timeline key part: the end of a key's entries.
+_AFTER_EVERY_ENTRY = b"\xff" * (SUFFIX_BYTES + 1)
 # Removing a partition tidies its empty version and store folders; creating one makes them. Both hold
 # this lock, so a load never sees the folder it just made vanish under a concurrent removal.
 _TREE_LOCK = threading.Lock()
@@ -140,11 +143,13 @@ class PartitionStore:
         rows: int,
         env: lmdb.Environment,
         live: LivePartition | None = None,
+        timeline: Timeline | None = None,
     ) -> None:
         self.pid = pid
         self.path = path
         self.rows = rows
         self.live = live
+        self.timeline = timeline
         self._env: lmdb.Environment | None = env
         self._closed = threading.Event()
         self.write_lock = threading.Lock()
@@ -161,11 +166,71 @@ class PartitionStore:
         env = self._env
         if env is None:
             raise LoadError(f"partition {self.pid} is closed")
+        if self.timeline is not None:
+            return self._latest(env, key)
         with env.begin(buffers=False) as txn:
             value = txn.get(db_key(key))
         if value is None:
             return None
         return answer_bytes(value) if self.live is not None else bytes(value)
+
+    def _latest(self, env: lmdb.Environment, key: bytes) -> bytes | None:
+        """A timeline partition's value of a key: its latest entry (history row or window)."""
+        part = key_part(key)
+        with env.begin(buffers=False) as txn:
+            cursor = txn.cursor()
+            # The last entry before whatever follows the key's entries (or the last of all).
+            positioned = cursor.prev() if cursor.set_range(part + _AFTER_EVERY_ENTRY) else cursor.last()
+            if positioned and cursor.key().startswith(part):
+                return bytes(cursor.value())
+        return None
+
+    def entries(
+        self,
+        key: bytes,
+        low: int | None,
+        high: int | None,
+        limit: int,
+        descending: bool = False,
+        after: tuple[int, int] | None = None,
+    ) -> tuple[list[tuple[int, int, bytes]], bool]:
+        """A timeline partition's entries of `key` with `low` <= time < `high` (None: unbounded), oldest
+        first (newest with `descending`), strictly after `after` (time, sequence) in that order: at most
+        `limit` of them as (time, sequence, value), and whether more follow."""
+        env = self._env
+        if env is None:
+            raise LoadError(f"partition {self.pid} is closed")
+        part = key_part(key)
+        lowest = part if low is None else entry_key(part, low, 0)
+        beyond = part + _AFTER_EVERY_ENTRY if high is None else entry_key(part, high, 0)
+        found: list[tuple[int, int, bytes]] = []
+        with env.begin(buffers=False) as txn:
+            cursor = txn.cursor()
+            if not descending:
+                start = lowest if after is None else max(lowest, entry_key(part, *after) + b"\x00")
+                more = cursor.set_range(start)
+                while more:
+                    lmdb_key = cursor.key()
+                    if lmdb_key >= beyond or not lmdb_key.startswith(part):
+                        break
+                    if len(found) == limit:
+                        return found, True
+                    _, time, sequence = split_entry(lmdb_key)
+                    found.append((time, sequence, bytes(cursor.value())))
+                    more = cursor.next()
+                return found, False
+            end = beyond if after is None else min(beyond, entry_key(part, *after))
+            more = cursor.prev() if cursor.set_range(end) else cursor.last()
+            while more:
+                lmdb_key = cursor.key()
+                if lmdb_key < lowest or not lmdb_key.startswith(part):
+                    break
+                if len(found) == limit:
+                    return found, True
+                _, time, sequence = split_entry(lmdb_key)
+                found.append((time, sequence, bytes(cursor.value())))
+                more = cursor.prev()
+        return found, False
 
     def write_txn(self) -> lmdb.Transaction:
         """A write transaction on a live partition's environment; the caller holds `write_lock` and has
@@ -454,6 +519,7 @@ def _load_file(
                 partition=partition,
                 key_format=manifest.key_format,
                 shown=shown,
+                timeline=manifest.timeline is not None,
             )
         entries = int(env.stat()["entries"])
         if entries != rows:
@@ -465,7 +531,7 @@ def _load_file(
             _write_live_state(path, clean=False)
         _write_marker(path, expected)
         log.info("%s: %s by %s (%d bytes, %s)", pid, shown, fetched.method, fetched.size, fetched.checksum)
-        held, env = PartitionStore(pid, path, entries, env, live_partition), None
+        held, env = PartitionStore(pid, path, entries, env, live_partition, manifest.timeline), None
         return held
     except BaseException as exc:
         if env is not None:
@@ -559,7 +625,7 @@ def _reuse_file(pid: PartitionId, path: Path, manifest: Manifest, map_size: int)
         size, entries = -1, -1
         log.warning("%s: marker present but the data file is unreadable (%s)", pid, exc)
     if size == manifest.bytes[pid.partition] and entries == rows:
-        return PartitionStore(pid, path, rows, env)
+        return PartitionStore(pid, path, rows, env, timeline=manifest.timeline)
     env.close()
     log.warning("%s: marker present but the data file differs (%d bytes, %d rows); reloading", pid, size, entries)
     return None

@@ -203,7 +203,7 @@ def test_aggregate_store(tmp_path: Path) -> None:
             "unknown key format 'long' (expected one of: string, int16, int32, int64, uuid, bytes)",
         ),
         (LATEST, {"format": '"xml"'}, "unknown format 'xml' (expected one of: json, csv, parquet)"),
-        (LATEST, {"mode": '"sum"'}, "unknown mode 'sum' (expected one of: latest, aggregate)"),
+        (LATEST, {"mode": '"sum"'}, "unknown mode 'sum' (expected one of: latest, aggregate, history, windowed)"),
         (
             LATEST,
             {"order_by": ""},
@@ -247,7 +247,7 @@ def test_aggregate_store(tmp_path: Path) -> None:
         (
             LATEST,
             {"aggregations": '{ n = "count(*)" }'},
-            "'aggregations' only apply to mode 'aggregate'",
+            "'aggregations' only apply to modes 'aggregate' and 'windowed'",
         ),
         (AGGREGATE, {"order_by": '"ts"'}, "'order_by' only applies to mode 'latest'"),
         (
