@@ -36,6 +36,7 @@ UNKNOWN_STORE = "_unknown"
 KIND_KEY = "key"
 KIND_BATCH = "batch"
 KIND_TIMELINE = "timeline"  # history and windows reads
+KIND_RANGE = "range"  # key ranges (a router's whole read; a node's one partition)
 
 # Upstream answers on one machine take well under a millisecond; a loaded or remote node tens of them.
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)

@@ -4,6 +4,8 @@
                                           node's reply passed on
     GET|HEAD /stores/{store}/keys/{key}/history, .../windows
                                           the same, routed by the key, the query passed on to the node
+    GET|HEAD /stores/{store}/range        admission, then `ranges.read_range` in a task: every partition asked,
+                                          the answers merged
     POST     /stores/{store}/batch-get    admission, then `Proxy.batch_get` in a task: the entries as JSON
     anything else under /stores/          404 not_found, or 405 method_not_allowed with Allow
 
@@ -32,10 +34,11 @@ from keyroute.core.api import (
     timeline_path_segment,
 )
 from keyroute.core.logs import bind_request_id
-from keyroute.core.metrics import KIND_BATCH, KIND_KEY, KIND_TIMELINE
+from keyroute.core.metrics import KIND_BATCH, KIND_KEY, KIND_RANGE, KIND_TIMELINE
 from keyroute.core.request_guard import Admission
 from keyroute.http.forwarding import encode_entry, parse_batch_request
 from keyroute.router.proxy import Proxy
+from keyroute.router.ranges import read_range
 from keyroute.router.upstream import UpstreamResponse
 
 if TYPE_CHECKING:
@@ -49,6 +52,7 @@ ROUTES = {
     "/stores/{store}/keys/{key}/history": ("GET",),
     "/stores/{store}/keys/{key}/windows": ("GET",),
     "/stores/{store}/batch-get": ("POST",),
+    "/stores/{store}/range": ("GET",),
 }
 
 _PREFIX = b"/stores/"
@@ -56,6 +60,7 @@ _PREFIX = b"/stores/"
 # path or a batch-get on the raw path, they tell a 404 from a 405.
 _KEYS_ROUTE = re.compile(r"/stores/[^/]+/keys/.*", re.DOTALL)
 _BATCH_ROUTE = re.compile(r"/stores/([^/]+)/batch-get")
+_RANGE_ROUTE = re.compile(rb"/stores/([^/]+)/range")
 _JSON = [(b"content-type", b"application/json")]
 _TIMELINE_ENDINGS = (b"/history", b"/windows")
 
@@ -122,12 +127,15 @@ class RouterDataPlane:
                     admission.release()
                     self._answer_read(exchange, store, exc)
                 return
+            if path.endswith(b"/range"):
+                ranged = _RANGE_ROUTE.fullmatch(path)
+                if ranged is not None:
+                    self._spawn(self._range(exchange, _decoded(ranged.group(1))))
+                    return
         elif method == "POST":
             batch = _BATCH_ROUTE.fullmatch(_decoded(path))
             if batch is not None:
-                task = asyncio.get_running_loop().create_task(self._batch_get(exchange, batch.group(1)))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._spawn(self._batch_get(exchange, batch.group(1)))
                 return
         admission.release()
         _answer_error(exchange, _no_route(method, path))
@@ -197,6 +205,37 @@ class RouterDataPlane:
             log.error("a %s read failed", kind, exc_info=result, extra={"request_id": exchange.request.request_id})
         metrics.count(store, kind, error.status)
         _answer_error(exchange, error)
+
+    # -- key ranges -------------------------------------------------------------------------------------
+
+    async def _range(self, exchange: Exchange, store: str) -> None:
+        request = exchange.request
+        bind_request_id({}, request.request_id)
+        metrics = self.proxy.metrics
+        try:
+            body = await read_range(self.proxy, store, request.query, request.request_id)
+        except ApiError as exc:
+            self.admission.release()
+            metrics.count(store, KIND_RANGE, exc.status)
+            _answer_error(exchange, exc)
+            return
+        except Exception:
+            self.admission.release()
+            log.exception("a range read failed")
+            metrics.count(store, KIND_RANGE, 500)
+            _answer_error(exchange, ApiError("internal error"))
+            return
+        except BaseException:  # cancelled (the server is stopping): nothing to answer
+            self.admission.release()
+            raise
+        self.admission.release()
+        metrics.count(store, KIND_RANGE, 200)
+        exchange.answer(200, list(_JSON), body)
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # -- batches ----------------------------------------------------------------------------------------
 

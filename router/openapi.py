@@ -186,6 +186,45 @@ OPENAPI: dict[str, Any] = {
             "windows",
             "windowed",
         ),
+        "/stores/{store}/range": {
+            "get": {
+                "operationId": "getRange",
+                "summary": "The keys of a range, in the store's key order, with their values (routers only)",
+                "parameters": [
+                    _STORE,
+                    {"name": "from_key", "in": "query", "required": False, "schema": {"type": "string"},
+                     "description": "the first key of the range (inclusive), in the key's text form"},
+                    {"name": "to_key", "in": "query", "required": False, "schema": {"type": "string"},
+                     "description": "the end of the range (exclusive)"},
+                    {"name": "prefix", "in": "query", "required": False, "schema": {"type": "string"},
+                     "description": "string keys: the keys starting with this text (instead of from_key/to_key)"},
+                    {"name": "limit", "in": "query", "required": False,
+                     "schema": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 100},
+                     "description": "at most this many keys; `next` then continues the read"},
+                    {"name": "cursor", "in": "query", "required": False, "schema": {"type": "string"},
+                     "description": "the `next` of the previous page, with the same store and bounds"},
+                ],
+                "responses": {
+                    "200": _json("Range", "the keys in order: bytes of the serialized key; integers numerically"),
+                    "400": _error(
+                        "`bad_key`: a bound does not fit the key format; `bad_request`: an unknown, repeated or "
+                        "malformed parameter, from_key after to_key, a prefix on keys that are not strings, or "
+                        "`limit` out of range; `bad_cursor`: the cursor is malformed, altered or continues "
+                        "another range"
+                    ),
+                    "404": _error("`store_not_found`"),
+                    "410": _error("`cursor_expired`: the cursor continues a version no longer served"),
+                    **_NOT_ALLOWED,
+                    **_GUARD,
+                    "503": _error(
+                        "`overloaded` or `partition_unavailable` (no replica of some partition answered): retry "
+                        "after `Retry-After` seconds",
+                        retry_after=True,
+                    ),
+                    **_INTERNAL,
+                },
+            }
+        },  # fmt: skip
         "/stores/{store}/batch-get": {
             "post": {
                 "operationId": "batchGet",
@@ -374,6 +413,26 @@ OPENAPI: dict[str, Any] = {
                         },
                     },
                     "next": {"type": "string", "description": "present when more windows follow"},
+                },
+            },
+            "Range": {
+                "type": "object",
+                "required": ["store", "keys"],
+                "properties": {
+                    "store": {"type": "string"},
+                    "keys": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["key", "partition", "value"],
+                            "properties": {
+                                "key": {"type": "string"},
+                                "partition": {"type": "integer", "minimum": 0},
+                                "value": {"description": "the key's value (a history or windowed store's latest)"},
+                            },
+                        },
+                    },
+                    "next": {"type": "string", "description": "present when more keys follow: the next page's cursor"},
                 },
             },
             "BatchRequest": {

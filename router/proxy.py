@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from keyroute.core.api import (
+    HEADER_AUTH,
     HEADER_GENERATION,
     HEADER_HOPS,
     HEADER_OFFSET,
@@ -155,6 +156,24 @@ class Proxy:
         # Live stores of the current table (their answers' offsets are remembered) and those offsets.
         self._live_stores: frozenset[str] = frozenset()
         self._offsets: dict[tuple[str, str, int], int] = {}
+
+    @property
+    def member_token(self) -> str:
+        """The cluster membership token this router presents ("" without a cluster secret): what cursors
+        it makes are tagged with."""
+        return self._member_headers.get(HEADER_AUTH, "")
+
+    def serving(self, store: str, partition: int) -> tuple[Endpoint, ...]:
+        """The replicas to ask for one partition, in the order to ask them (the last known ones when the map
+        has none serving it right now)."""
+        table = self.table
+        serving = self._serving(table, store, partition, table.map.serving_endpoints(store, partition))
+        return serving if len(serving) < 2 else self._balancer.order(serving)
+
+    async def fetch(self, url: str, request_id: str) -> UpstreamResponse:
+        """A GET to a node (range pages), with the headers every request to a node carries."""
+        self.metrics.upstream_requests += 1
+        return await self._get(url, request_id)
 
     def install(self, table: RoutingTable) -> None:
         """Swap in a new routing view (on the event loop thread; readers keep the one they started with)."""

@@ -31,11 +31,12 @@ from keyroute.core.api import (
     timeline_path_segment,
 )
 from keyroute.core.logs import bind_request_id
-from keyroute.core.metrics import KIND_BATCH, KIND_KEY, KIND_TIMELINE
+from keyroute.core.metrics import KIND_BATCH, KIND_KEY, KIND_RANGE, KIND_TIMELINE
 from keyroute.core.request_guard import Admission
 from keyroute.http.forwarding import parse_batch_request
 from keyroute.http.server import Answer, Exchange, Request
 from keyroute.node.app import Node
+from keyroute.node.ranges import read_partition_range
 from keyroute.node.reads import (
     Batch,
     Behind,
@@ -118,6 +119,10 @@ class NodeDataPlane:
         (True)."""
         method = request.method
         if method == "GET" or method == "HEAD":
+            if request.path.endswith(b"/range"):
+                parts = request.path.split(b"/")
+                if len(parts) == 6 and parts[2] and parts[3] == b"partitions" and parts[5] == b"range":
+                    return self._read_range(exchange, request, _segment(parts[2]), _segment(parts[4]))
             if request.path.endswith(_TIMELINE_ENDINGS):
                 timeline = self._timeline_path(exchange, request)
                 if timeline is not None:
@@ -203,6 +208,18 @@ class NodeDataPlane:
         assert isinstance(answer, Forward)
         self._spawn(self._forward(exchange, store, answer, KIND_TIMELINE))
         return True
+
+    def _read_range(self, exchange: Exchange, request: Request, store: str, partition: str) -> bool:
+        metrics = self.node.metrics
+        try:
+            answer = read_partition_range(self.node, store, partition, request.query)
+        except ApiError as exc:
+            metrics.count(store, KIND_RANGE, exc.status)
+            exchange.answer(*self.error_answer(exc))
+            return False
+        metrics.count(store, KIND_RANGE, answer[0])
+        exchange.answer(*answer)
+        return False
 
     async def _catch_up(self, exchange: Exchange, store: str, key_text: str, forwarded: bool, behind: Behind) -> None:
         """A bounded read of a live partition held here, once it has applied the bound or the wait is over."""

@@ -46,7 +46,7 @@ import lmdb
 
 from keyroute.core.key_format import KeyFormatError, parse_key
 from keyroute.core.live import OFFSET_KEY, LiveConfig, answer_bytes
-from keyroute.core.lmdb_layout import KEY_ENCODING, db_key
+from keyroute.core.lmdb_layout import KEY_ENCODING, TAG_KEY, db_key
 from keyroute.core.partition_map import StoreRecord
 from keyroute.core.partitioner import partition_for
 from keyroute.core.snapshot import (
@@ -59,7 +59,7 @@ from keyroute.core.snapshot import (
     read_manifest,
     resolve_location,
 )
-from keyroute.core.timeline import SUFFIX_BYTES, Timeline, entry_key, key_part, split_entry
+from keyroute.core.timeline import SUFFIX_BYTES, Timeline, entry_key, key_of_part, key_part, split_entry
 from keyroute.node.fetch import FetchCancelled, FetchError, check_keys, fetch_file
 from keyroute.node.live import LivePartition, read_next_offset
 
@@ -230,6 +230,49 @@ class PartitionStore:
                 _, time, sequence = split_entry(lmdb_key)
                 found.append((time, sequence, bytes(cursor.value())))
                 more = cursor.prev()
+        return found, False
+
+    def key_range(self, start: bytes, end: bytes, limit: int) -> tuple[list[tuple[bytes, bytes]], bool]:
+        """Up to `limit` (serialized key, value) of the keys whose LMDB keys (value layout) or key parts
+        (timeline layout) are in [start, end), in LMDB order, and whether more follow. Hashed (too long)
+        keys cannot be told back and are left out; a timeline key's value is its latest entry."""
+        env = self._env
+        if env is None:
+            raise LoadError(f"partition {self.pid} is closed")
+        found: list[tuple[bytes, bytes]] = []
+        live = self.live is not None
+        with env.begin(buffers=False) as txn:
+            cursor = txn.cursor()
+            more = cursor.set_range(start)
+            if self.timeline is None:
+                while more:
+                    lmdb_key = cursor.key()
+                    if lmdb_key >= end:
+                        break
+                    if lmdb_key[:1] == TAG_KEY:
+                        if len(found) == limit:
+                            return found, True
+                        value = cursor.value()
+                        found.append((lmdb_key[1:], answer_bytes(value) if live else value))
+                    more = cursor.next()
+                return found, False
+            while more:
+                lmdb_key = cursor.key()
+                if lmdb_key >= end:
+                    break
+                part = lmdb_key[:-SUFFIX_BYTES]
+                following = part + _AFTER_EVERY_ENTRY
+                data = key_of_part(part)
+                if data is not None:
+                    if len(found) == limit:
+                        return found, True
+                    # The key's latest entry: the last one before whatever follows its entries.
+                    if cursor.set_range(following):
+                        cursor.prev()
+                    else:
+                        cursor.last()
+                    found.append((data, cursor.value()))
+                more = cursor.set_range(following)
         return found, False
 
     def write_txn(self) -> lmdb.Transaction:

@@ -1,4 +1,4 @@
-"""History and windows reads, all real: events -> Spark pipeline -> ZooKeeper -> two `keyroute node`
+"""History and windows reads and key ranges, all real: events -> Spark pipeline -> ZooKeeper -> two `keyroute node`
 processes -> a `keyroute router` process -> HTTP. Every key's rows and windows answer in one hop with
 exactly what a plain-Python computation over the same events expects, page by page through cursors; bad
 queries get their 400, a cursor of a version no longer served its 410."""
@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+import pyarrow as pa
 import pytest
 
 from keyroute.core.partitioner import Partitioner, partition_for
@@ -28,7 +29,13 @@ pytestmark = pytest.mark.integration
 
 PARTITIONS = 3
 MINUTE = 60_000_000
-KEYS = [f"C{i:03d}" for i in range(12)] + ["a/b", "東京"]
+KEYS = [f"C{i:03d}" for i in range(12)] + ["a/b", "東京", "C00", "C0", "C00\x00", "Z"]
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+ACCOUNT_IDS = [INT64_MIN, INT64_MAX, -1, 0, 1, 255, 256, -256, -(2**31)] + random.Random(4).sample(
+    range(-(10**12), 10**12), 30
+)
+ACCOUNTS = [{"acct": a, "seq": n, "fare": n * 3} for n, a in enumerate(ACCOUNT_IDS * 2)]
+ACCOUNTS_SCHEMA = pa.schema([("acct", pa.int64()), ("seq", pa.int64()), ("fare", pa.int64())])
 
 
 @dataclass
@@ -60,6 +67,7 @@ def build_stores(cluster_zk: ZkSettings, spark: Any, spec: Path, output: Path) -
 def cluster(tmp_path: Path, zk_settings: ZkSettings, spark: Any) -> Iterator[Cluster]:
     rows = bookings(random.Random(21), KEYS, 400)
     source = write_parquet(tmp_path / "events", rows)
+    accounts = write_parquet(tmp_path / "accounts", ACCOUNTS, ACCOUNTS_SCHEMA)
     common = {"source": str(source), "format": "parquet", "key": "customer", "partitions": PARTITIONS}
     spec = write_spec(
         tmp_path / "stores.toml",
@@ -73,6 +81,15 @@ def cluster(tmp_path: Path, zk_settings: ZkSettings, spark: Any) -> Iterator[Clu
                 "aggregations": {"n": "count(*)", "total": "sum(fare)"},
             },
             "latest": {**common, "mode": "latest", "order_by": "seq", "columns": ["fare"]},
+            "accounts": {
+                "source": str(accounts),
+                "format": "parquet",
+                "key": "acct",
+                "key_format": "int64",
+                "partitions": 4,
+                "mode": "latest",
+                "order_by": "seq",
+            },
         },
     )
     build_stores(zk_settings, spark, spec, tmp_path / "snapshots")
@@ -104,7 +121,7 @@ def cluster(tmp_path: Path, zk_settings: ZkSettings, spark: Any) -> Iterator[Clu
                     if not entry["assigned"] or serving != set(entry["assigned"]):
                         return False
                     placed.update(serving)
-            return len(pmap["stores"]) == 3 and len(placed) == 2
+            return len(pmap["stores"]) == 4 and len(placed) == 2
 
         wait_for(settled, timeout_s=120, message="every partition served where assigned, by both nodes")
         yield Cluster(router_url, node_urls, rows, spec, tmp_path / "snapshots", zk_settings)
@@ -230,6 +247,7 @@ def test_a_node_forwards_a_timeline_read_once_and_an_old_cursor_expires(cluster:
             assert rows_of(resp.json()) == expected
 
         page = client.get(cluster.router_url + path("trips", key, "history"), params={"limit": "2"}).json()
+        keys_page = client.get(cluster.router_url + "/stores/latest/range", params={"limit": "2"}).json()
         build_stores(cluster.zk, spark, cluster.spec, cluster.output)  # version 2 of every store
 
         def swapped() -> bool:
@@ -249,5 +267,91 @@ def test_a_node_forwards_a_timeline_read_once_and_an_old_cursor_expires(cluster:
             cluster.router_url + path("trips", key, "history"), params={"limit": "2", "cursor": page["next"]}
         )
         assert (resp.status_code, resp.json()["error"]) == (410, "cursor_expired"), resp.text
+
+        def only_version_2() -> bool:
+            entries = client.get(cluster.router_url + "/admin/partition-map").json()["stores"]["latest"]
+            return all(s["version"] == 2 for entry in entries["partition_map"] for s in entry["serving"])
+
+        wait_for(only_version_2, timeout_s=60, message="every partition of latest served at version 2 only")
+        old = client.get(
+            cluster.router_url + "/stores/latest/range", params={"limit": "2", "cursor": keys_page["next"]}
+        )
+        assert (old.status_code, old.json()["error"]) == (410, "cursor_expired"), old.text
         restarted = client.get(cluster.router_url + path("trips", key, "history"), params={"limit": "10000"})
         assert rows_of(restarted.json()) == expected and restarted.json()["version"] == 2
+
+
+def read_range(client: httpx.Client, store: str, params: dict[str, str]) -> tuple[list[dict[str, Any]], int]:
+    """Every key of a range read, page by page; and the number of pages."""
+    keys: list[dict[str, Any]] = []
+    pages = 0
+    while True:
+        resp = client.get(f"/stores/{store}/range", params=params)
+        assert resp.status_code == 200, resp.text
+        pages += 1
+        keys += resp.json()["keys"]
+        if "next" not in resp.json():
+            return keys, pages
+        params = {**params, "cursor": resp.json()["next"]}
+
+
+def test_range_reads_merge_every_partition_in_the_store_s_key_order(cluster: Cluster) -> None:
+    latest_fare: dict[str, tuple[int, int]] = {}
+    for row in cluster.rows:
+        if row["customer"] not in latest_fare or row["seq"] > latest_fare[row["customer"]][0]:
+            latest_fare[row["customer"]] = (row["seq"], row["fare"])
+    by_bytes = sorted(latest_fare, key=lambda k: k.encode("utf-8"))
+    with httpx.Client(base_url=cluster.router_url, timeout=10) as client:
+        keys, pages = read_range(client, "latest", {"limit": "4"})
+        assert [k["key"] for k in keys] == by_bytes
+        assert [k["value"] for k in keys] == [{"fare": latest_fare[k][1]} for k in by_bytes]
+        assert all(k["partition"] == partition_for(Partitioner.MURMUR2, k["key"].encode(), PARTITIONS) for k in keys)
+        assert pages == -(-len(by_bytes) // 4)
+
+        low, high = "C003", "C009"
+        keys, _ = read_range(client, "latest", {"from_key": low, "to_key": high, "limit": "2"})
+        assert [k["key"] for k in keys] == [k for k in by_bytes if low.encode() <= k.encode() < high.encode()]
+        keys, _ = read_range(client, "latest", {"prefix": "C00", "limit": "3"})
+        assert [k["key"] for k in keys] == [k for k in by_bytes if k.startswith("C00")]
+        assert "C00" in [k["key"] for k in keys] and "C00\x00" in [k["key"] for k in keys]
+
+        # Integer keys in numeric order, negative ones first; pages across both halves.
+        numeric = sorted(set(ACCOUNT_IDS))
+        keys, _ = read_range(client, "accounts", {"limit": "7"})
+        assert [int(k["key"]) for k in keys] == numeric
+        last = {a: r["fare"] for r in ACCOUNTS for a in [r["acct"]]}
+        assert [k["value"]["fare"] for k in keys] == [last[a] for a in numeric]
+        keys, _ = read_range(client, "accounts", {"from_key": "-256", "to_key": "256", "limit": "2"})
+        assert [int(k["key"]) for k in keys] == [a for a in numeric if -256 <= a < 256]
+        keys, _ = read_range(client, "accounts", {"from_key": str(INT64_MIN), "to_key": "0"})
+        assert [int(k["key"]) for k in keys] == [a for a in numeric if a < 0]
+
+        # A history store's range: each key with its latest row.
+        keys, _ = read_range(client, "trips", {"limit": "5"})
+        assert [k["key"] for k in keys] == by_bytes
+        for entry in keys:
+            assert micros(entry["value"]["ts"]) == expected_history(cluster.rows, entry["key"])[-1]["ts"]
+
+
+def test_bad_range_queries_get_a_400_that_says_which(cluster: Cluster) -> None:
+    with httpx.Client(base_url=cluster.router_url, timeout=10) as client:
+        cursor = client.get("/stores/latest/range", params={"limit": "1"}).json()["next"]
+        cases: list[tuple[str, dict[str, str], int, str, str]] = [
+            ("latest", {"from_key": "b", "to_key": "a"}, 400, "bad_request", "after"),
+            ("accounts", {"from_key": "ten"}, 400, "bad_key", "from_key"),
+            ("accounts", {"from_key": "5", "to_key": "-5"}, 400, "bad_request", "after"),
+            ("accounts", {"prefix": "1"}, 400, "bad_request", "string keys"),
+            ("latest", {"prefix": "C", "from_key": "C"}, 400, "bad_request", "either"),
+            ("latest", {"limit": "0"}, 400, "bad_request", "limit"),
+            ("latest", {"limit": "10001"}, 400, "bad_request", "limit"),
+            ("latest", {"start": "a"}, 400, "bad_request", "unknown query parameter"),
+            ("latest", {"cursor": "garbage!"}, 400, "bad_cursor", "malformed"),
+            ("latest", {"cursor": cursor, "prefix": "C"}, 400, "bad_cursor", "another"),
+            ("latest", {"cursor": cursor[:-3] + ("AAA" if cursor[-3:] != "AAA" else "BBB")}, 400, "bad_cursor", ""),
+            ("nope", {}, 404, "store_not_found", ""),
+        ]
+        for store, params, status, code, words in cases:
+            resp = client.get(f"/stores/{store}/range", params=params)
+            assert (resp.status_code, resp.json()["error"]) == (status, code), (store, params, resp.text)
+            assert words in resp.json()["message"], (store, params, resp.text)
+        assert client.get("/stores/latest/range").status_code == 200
