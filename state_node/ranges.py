@@ -43,7 +43,7 @@ _JSON = (b"content-type", b"application/json")
 _PARTITION = HEADER_PARTITION.encode("ascii")
 _VERSION = HEADER_VERSION.encode("ascii")
 # The longest serialized key (value layout) and escaped key (timeline layout) stored under its own bytes.
-_VALUE_KEY_BYTES = 509
+_VALUE_KEY_BYTES = 510
 _TIMELINE_KEY_BYTES = 496
 _END_OF_KEYS = bytes([TAG_KEY[0] + 1])  # every `=` LMDB key sorts before it
 
@@ -138,13 +138,13 @@ def _scan(
     """Append to `found` (up to `limit` in all) the keys of [start, end) that are in the range, in order."""
     timeline = held.timeline is not None
     position, stop = _lower(start, timeline), _upper(end, timeline)
+    resume = None
     while len(found) < limit:
-        items, more = held.key_range(position, stop, limit - len(found))
+        items, more, resume = held.key_range(position, stop, limit - len(found), resume)
         for data, value in items:
             if in_range(key_format, data, low, high, after):  # type: ignore[arg-type]
                 found.append((data, value))
             elif high is not None and order_of(key_format, data) >= order_of(key_format, high):  # type: ignore[arg-type]
                 return  # keys only grow from here
-        if not more or not items:
+        if not more:
             return
-        position = _lower(items[-1][0] + b"\x00", timeline)  # just after the last key scanned

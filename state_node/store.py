@@ -75,8 +75,28 @@ STORES_DIR = "stores"
 MAX_READERS = 512
 # How often (in rows) a load looks whether it was cancelled by a shutdown or a new version.
 _CANCEL_CHECK_ROWS = 4096
-# Greater than every time and sequence after a timeline key part: the end of a key's entries.
-_AFTER_EVERY_ENTRY = b"\xff" * (SUFFIX_BYTES + 1)
+# The greatest time and sequence: a timeline key part followed by it is at or after every entry of the key
+# (and still no longer than LMDB's longest key).
+_LAST_SUFFIX = b"\xff" * SUFFIX_BYTES
+
+
+def _first_after(cursor: lmdb.Cursor, key: bytes) -> bool:
+    """Position `cursor` at the least LMDB key greater than `key`; False if there is none."""
+    if not cursor.set_range(key):
+        return False
+    return cursor.next() if cursor.key() == key else True
+
+
+def _last_before(cursor: lmdb.Cursor, key: bytes) -> bool:
+    """Position `cursor` at the greatest LMDB key less than `key`; False if there is none."""
+    return cursor.prev() if cursor.set_range(key) else cursor.last()
+
+
+def _last_at_or_before(cursor: lmdb.Cursor, key: bytes) -> bool:
+    """Position `cursor` at the greatest LMDB key at most `key`; False if there is none."""
+    if cursor.set_range(key):
+        return True if cursor.key() == key else cursor.prev()
+    return cursor.last()
 # Removing a partition tidies its empty version and store folders; creating one makes them. Both hold
 # this lock, so a load never sees the folder it just made vanish under a concurrent removal.
 _TREE_LOCK = threading.Lock()
@@ -179,9 +199,7 @@ class PartitionStore:
         part = key_part(key)
         with env.begin(buffers=False) as txn:
             cursor = txn.cursor()
-            # The last entry before whatever follows the key's entries (or the last of all).
-            positioned = cursor.prev() if cursor.set_range(part + _AFTER_EVERY_ENTRY) else cursor.last()
-            if positioned and cursor.key().startswith(part):
+            if _last_at_or_before(cursor, part + _LAST_SUFFIX) and cursor.key().startswith(part):
                 return bytes(cursor.value())
         return None
 
@@ -202,16 +220,19 @@ class PartitionStore:
             raise LoadError(f"partition {self.pid} is closed")
         part = key_part(key)
         lowest = part if low is None else entry_key(part, low, 0)
-        beyond = part + _AFTER_EVERY_ENTRY if high is None else entry_key(part, high, 0)
+        beyond = None if high is None else entry_key(part, high, 0)  # exclusive
+        previous = None if after is None else entry_key(part, *after)  # exclusive
         found: list[tuple[int, int, bytes]] = []
         with env.begin(buffers=False) as txn:
             cursor = txn.cursor()
             if not descending:
-                start = lowest if after is None else max(lowest, entry_key(part, *after) + b"\x00")
-                more = cursor.set_range(start)
+                if previous is not None and previous >= lowest:
+                    more = _first_after(cursor, previous)
+                else:
+                    more = cursor.set_range(lowest)
                 while more:
                     lmdb_key = cursor.key()
-                    if lmdb_key >= beyond or not lmdb_key.startswith(part):
+                    if not lmdb_key.startswith(part) or (beyond is not None and lmdb_key >= beyond):
                         break
                     if len(found) == limit:
                         return found, True
@@ -219,8 +240,12 @@ class PartitionStore:
                     found.append((time, sequence, bytes(cursor.value())))
                     more = cursor.next()
                 return found, False
-            end = beyond if after is None else min(beyond, entry_key(part, *after))
-            more = cursor.prev() if cursor.set_range(end) else cursor.last()
+            if previous is not None and (beyond is None or previous <= beyond):
+                more = _last_before(cursor, previous)
+            elif beyond is not None:
+                more = _last_before(cursor, beyond)
+            else:
+                more = _last_at_or_before(cursor, part + _LAST_SUFFIX)
             while more:
                 lmdb_key = cursor.key()
                 if lmdb_key < lowest or not lmdb_key.startswith(part):
@@ -232,10 +257,13 @@ class PartitionStore:
                 more = cursor.prev()
         return found, False
 
-    def key_range(self, start: bytes, end: bytes, limit: int) -> tuple[list[tuple[bytes, bytes]], bool]:
+    def key_range(
+        self, start: bytes, end: bytes, limit: int, resume: bytes | None = None
+    ) -> tuple[list[tuple[bytes, bytes]], bool, bytes | None]:
         """Up to `limit` (serialized key, value) of the keys whose LMDB keys (value layout) or key parts
-        (timeline layout) are in [start, end), in LMDB order, and whether more follow. Hashed (too long)
-        keys cannot be told back and are left out; a timeline key's value is its latest entry."""
+        (timeline layout) are in [start, end), in LMDB order, from `start` or strictly after `resume` (what
+        an earlier call returned); whether more follow, and where to resume. Hashed (too long) keys cannot
+        be told back and are left out; a timeline key's value is its latest entry."""
         env = self._env
         if env is None:
             raise LoadError(f"partition {self.pid} is closed")
@@ -243,7 +271,7 @@ class PartitionStore:
         live = self.live is not None
         with env.begin(buffers=False) as txn:
             cursor = txn.cursor()
-            more = cursor.set_range(start)
+            more = cursor.set_range(start) if resume is None else _first_after(cursor, resume)
             if self.timeline is None:
                 while more:
                     lmdb_key = cursor.key()
@@ -251,29 +279,27 @@ class PartitionStore:
                         break
                     if lmdb_key[:1] == TAG_KEY:
                         if len(found) == limit:
-                            return found, True
+                            return found, True, resume
                         value = cursor.value()
                         found.append((lmdb_key[1:], answer_bytes(value) if live else value))
+                    resume = lmdb_key
                     more = cursor.next()
-                return found, False
+                return found, False, resume
             while more:
                 lmdb_key = cursor.key()
                 if lmdb_key >= end:
                     break
                 part = lmdb_key[:-SUFFIX_BYTES]
-                following = part + _AFTER_EVERY_ENTRY
+                last = part + _LAST_SUFFIX  # at or after every entry of the key
                 data = key_of_part(part)
                 if data is not None:
                     if len(found) == limit:
-                        return found, True
-                    # The key's latest entry: the last one before whatever follows its entries.
-                    if cursor.set_range(following):
-                        cursor.prev()
-                    else:
-                        cursor.last()
+                        return found, True, resume
+                    _last_at_or_before(cursor, last)  # the key's latest entry
                     found.append((data, cursor.value()))
-                more = cursor.set_range(following)
-        return found, False
+                resume = last
+                more = _first_after(cursor, last)
+        return found, False, resume
 
     def write_txn(self) -> lmdb.Transaction:
         """A write transaction on a live partition's environment; the caller holds `write_lock` and has

@@ -48,6 +48,8 @@ def stored(tmp_path_factory: pytest.TempPathFactory) -> tuple[PartitionStore, En
             sequence = sum(1 for t, _ in rows if t == time)
             rows[(time, sequence)] = b'{"k":"%s","t":%d,"s":%d}' % (key.hex().encode(), time, sequence)
         entries[key] = [(t, s, v) for (t, s), v in rows.items()]
+    # The greatest time and sequence: an entry key ending in 12 0xff bytes (what "after every entry" is).
+    entries[b"edge"] = [(2**63 - 1, 2**32 - 1, b'{"last":1}'), (2**63 - 1, 0, b'{"t":0}'), (-1, 0, b'{"t":-1}')]
     store = write_partition(tmp_path_factory.mktemp("timeline"), entries)
     yield store, entries
     store.close()
@@ -57,8 +59,8 @@ bounds = st.none() | st.sampled_from([-(2**63), -6, -5, 0, 1, 3, 7, 8, 41, 2**63
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(key=st.sampled_from(KEYS + [b"missing", b"a\x00\x00"]), low=bounds, high=bounds, descending=st.booleans(),
-       limit=st.integers(1, 6))  # fmt: skip
+@given(key=st.sampled_from([*KEYS, b"missing", b"a\x00\x00", b"edge"]), low=bounds, high=bounds,
+       descending=st.booleans(), limit=st.integers(1, 6))  # fmt: skip
 def test_pages_of_entries_are_the_model_s_range_in_order(
     stored: tuple[PartitionStore, Entries], key: bytes, low: int | None, high: int | None, descending: bool, limit: int
 ) -> None:
@@ -79,7 +81,7 @@ def test_pages_of_entries_are_the_model_s_range_in_order(
 
 def test_a_get_is_the_latest_entry_of_the_key(stored: tuple[PartitionStore, Entries]) -> None:
     store, entries = stored
-    for key in KEYS:
+    for key in [*KEYS, b"edge"]:
         rows = sorted(entries[key])
         assert store.get(key) == (rows[-1][2] if rows else None)
     assert store.get(b"missing") is None
