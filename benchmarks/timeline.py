@@ -332,8 +332,9 @@ def section(command: str, history: dict[str, dict[str, float]], ranges: dict[str
         f"### A range of keys over {RANGE_PARTITIONS} partitions",
         "",
         "Each row: a fresh router process reads the whole range page by page (every page asks all "
-        f"{RANGE_PARTITIONS} partitions for up to `limit` keys and merges them); router peak = its peak "
-        "resident memory (VmHWM), growth = above its peak after one warm-up read of 1 key.",
+        f"{RANGE_PARTITIONS} partitions for twice their share of `limit` keys, asks again the ones whose keys "
+        "might still be among the page's, and merges them); router peak = its peak resident memory (VmHWM), "
+        "growth = above its peak after one warm-up read of 1 key.",
         "",
         "| range | limit | pages | wall ms, median | router CPU µs/key | node CPU µs/key | router peak MB | "
         "router growth MB |",

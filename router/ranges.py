@@ -1,11 +1,13 @@
 """The router's key ranges: `GET /stores/{store}/range`, fanned out to every partition and merged.
 
-murmur2 spreads any range of keys over all partitions, so each partition is asked for the first `limit`
-keys of the range it holds (after the cursor's key), from one of its serving replicas (the next one when a
-replica fails or no longer serves it), and the sorted answers are merged: the first `limit` keys of the
-union are the range's. The answer's `next` cursor names the last key returned and the version each
+murmur2 spreads any range of keys over all partitions, so each partition is asked for the first keys of
+the range it holds (after the cursor's key), twice its share of `limit`, from one of its serving replicas
+(the next one when a replica fails or no longer serves it), and the sorted answers are merged; a partition
+whose keys might still be among the first `limit` of the union once its share is used up is asked again,
+for twice as many, until none is. The first `limit` keys of the union are the range's. The answer's `next` cursor names the last key returned and the version each
 partition was read at; the next page asks each partition for that version (410 cursor_expired when no
-replica serves it any more). Memory: at most `limit` keys per partition, whatever the range's size.
+replica serves it any more). Memory: at most `limit` keys per partition (about twice `limit` in all when keys are spread evenly),
+whatever the range's size.
 """
 
 from __future__ import annotations
@@ -84,24 +86,44 @@ async def read_range(proxy: Proxy, store: str, raw_query: bytes, request_id: str
             raise BadCursor(str(exc)) from None
         versions = list(pinned)
     low = None if query.low is None else query.low.data
-    asks = [
-        PartitionRange(low, query.high, after, query.limit, versions[p]).to_query(key_format)
-        for p in range(record.partitions)
-    ]
-    pages = await asyncio.gather(
-        *(_ask(proxy, store, p, asks[p], key_format, request_id) for p in range(record.partitions))
-    )
-    merged = heapq.merge(
-        *[[(order, page.partition, text, value) for order, text, value in page.keys] for page in pages]
-    )
-    chosen = []
-    for item in merged:
-        if len(chosen) == query.limit:
+    partitions = record.partitions
+    limit = query.limit
+    # Each partition is first asked for twice its share of the page; a partition whose keys might still
+    # be among the first `limit` of the union once its share is used up is asked again (for twice as many),
+    # until none is. An even spread needs one round; the keys sent are about twice those returned.
+    quota = [min(limit, max(1, -(-2 * limit // partitions)))] * partitions
+    pages = list(
+        await asyncio.gather(
+            *(
+                _ask(proxy, store, p, PartitionRange(low, query.high, after, quota[p], versions[p]), key_format,
+                     request_id)
+                for p in range(partitions)
+            )
+        )
+    )  # fmt: skip
+    while True:
+        merged = list(heapq.merge(*[[(k[0], page.partition, k[1], k[2]) for k in page.keys] for page in pages]))
+        cutoff = merged[limit - 1][0] if len(merged) >= limit else None
+        needy = [
+            p
+            for p, page in enumerate(pages)
+            if page.more and page.keys and (cutoff is None or page.keys[-1][0] < cutoff)
+        ]
+        if not needy:
             break
-        chosen.append(item)
-    more = len(chosen) == query.limit and (
-        any(page.more for page in pages) or sum(len(page.keys) for page in pages) > query.limit
-    )
+        for p in needy:
+            quota[p] = min(limit, quota[p] * 2)
+        refills = await asyncio.gather(
+            *(
+                _ask(proxy, store, p, PartitionRange(low, query.high, _data(key_format, pages[p].keys[-1][1]),
+                     quota[p], pages[p].version), key_format, request_id, refill=True)
+                for p in needy
+            )
+        )  # fmt: skip
+        for p, refill in zip(needy, refills, strict=True):
+            pages[p] = _Page(p, pages[p].version, pages[p].keys + refill.keys, refill.more)
+    chosen = merged[:limit]
+    more = len(merged) > limit or any(page.more for page in pages)
     head: dict[str, Any] = {"store": store}
     if more:
         last_text = chosen[-1][2]
@@ -113,10 +135,23 @@ async def read_range(proxy: Proxy, store: str, raw_query: bytes, request_id: str
     return encoded[:-1] + b', "keys": [' + b",".join(entries) + b"]}"
 
 
+def _data(key_format: KeyFormat, text: str) -> bytes:
+    return parse_key(key_format, text).data
+
+
 async def _ask(
-    proxy: Proxy, store: str, partition: int, ask: dict[str, str], key_format: KeyFormat, request_id: str
+    proxy: Proxy,
+    store: str,
+    partition: int,
+    wanted: PartitionRange,
+    key_format: KeyFormat,
+    request_id: str,
+    refill: bool = False,
 ) -> _Page:
-    """One partition's page, from the first of its serving replicas that gives it."""
+    """One partition's page, from the first of its serving replicas that gives it. A `refill` (more keys of
+    a partition already read at `wanted.version`) that meets another version means the partition changed
+    under the read: 503, to be asked again."""
+    ask = wanted.to_query(key_format)
     serving = proxy.serving(store, partition)
     if not serving:
         raise PartitionUnavailable(f"no node serves partition {partition} of store {store!r}")
@@ -140,6 +175,8 @@ async def _ask(
             continue
         failures.append(f"{endpoint.node_id}: {reply.status}")
     if expired is not None:
+        if refill:
+            raise PartitionUnavailable(f"partition {partition} of store {store!r} changed version during the read")
         raise CursorExpired(expired)
     raise PartitionUnavailable(
         f"no node serving partition {partition} of store {store!r} answered ({', '.join(failures)})"
