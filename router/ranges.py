@@ -4,9 +4,11 @@ murmur2 spreads any range of keys over all partitions, so each partition is aske
 the range it holds (after the cursor's key), twice its share of `limit`, from one of its serving replicas
 (the next one when a replica fails or no longer serves it), and the sorted answers are merged; a partition
 whose keys might still be among the first `limit` of the union once its share is used up is asked again,
-for twice as many, until none is. The first `limit` keys of the union are the range's. The answer's `next` cursor names the last key returned and the version each
-partition was read at; the next page asks each partition for that version (410 cursor_expired when no
-replica serves it any more). Memory: at most `limit` keys per partition (about twice `limit` in all when keys are spread evenly),
+for twice as many, until none is. The first `limit` keys of the union are the range's.
+
+The answer's `next` cursor names the last key returned and the version each partition was read at; the
+next page asks each partition for that version (410 cursor_expired when no replica serves it any more).
+Memory: at most `limit` keys per partition (about twice `limit` in all when keys are spread evenly),
 whatever the range's size.
 """
 
