@@ -27,6 +27,7 @@ from keyroute.core.lmdb_layout import db_key
 from keyroute.core.partition_map import StoreRecord
 from keyroute.core.partitioner import Partitioner, partition_for
 from keyroute.core.snapshot import ArrowLocation, local_path, partition_dir, version_dir
+from keyroute.core.timeline import StoreKind, Timeline, entry_key, key_part
 from keyroute.node import fetch
 from keyroute.node.fetch import FetchCancelled, FetchError, fetch_file, sample_keys
 from keyroute.node.store import (
@@ -722,3 +723,81 @@ def test_the_key_sample_is_spread_through_the_file(tmp_path: Path, shape: str) -
     places = sorted(position[k[1:]] for k in sample)
     assert places[0] == 0 and places[-1] == len(keys) - 1
     assert {p * 10 // len(keys) for p in places} == set(range(10))  # some of it in every tenth of the file
+
+
+# -- timeline (history and windowed) files ---------------------------------------------------------------
+
+
+HISTORY = {"kind": "history", "column": "ts", "time_type": "integer"}
+
+
+def write_timeline_snapshot(
+    files_snapshot: Callable[..., StoreRecord], rows: Mapping[str, list[int]], partitions: int = 2
+) -> StoreRecord:
+    """A history store version: key text -> its rows' times, one entry per time (value {"ts": t})."""
+    record = files_snapshot("trips", 1, partitions, {})
+    counts = [0] * partitions
+    for p in range(partitions):
+        entries = {}
+        for text, times in rows.items():
+            if _partition_of(text, partitions) == p:
+                for index, time in enumerate(sorted(times)):
+                    entries[entry_key(key_part(text.encode()), time, index)] = _value_bytes({"ts": time})
+                counts[p] += len(times)
+        path = data_file(record, p)
+        path.unlink()
+        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+            env = lmdb.open(tmp, subdir=True, max_dbs=0, map_size=1 << 26)
+            with env.begin(write=True) as txn:
+                txn.cursor().putmulti(sorted(entries.items()), append=True)
+            (Path(tmp) / "c").mkdir()
+            env.copy(str(Path(tmp) / "c"), compact=True)
+            env.close()
+            os.replace(Path(tmp) / "c" / "data.mdb", path)
+        reseal(record, p)
+
+    def change(doc: dict[str, Any]) -> None:
+        doc["timeline"] = HISTORY
+        doc["rows"] = counts
+        doc["total_rows"] = sum(counts)
+
+    edit_manifest(record, change)
+    return dataclasses.replace(record, timeline=Timeline.from_dict(HISTORY))
+
+
+def test_a_timeline_partition_loads_and_answers_its_entries(files_snapshot, data_dir) -> None:
+    rows = {"alice": [5, 1, 9], "bob": [2], "a/b": [7, 7]}
+    record = write_timeline_snapshot(files_snapshot, rows)
+    for partition in range(2):
+        held = load_partition(data_dir, record, partition, MAP_SIZE)
+        try:
+            assert held.timeline is not None and held.timeline.kind is StoreKind.HISTORY
+            for text, times in rows.items():
+                if _partition_of(text, 2) != partition:
+                    continue
+                found, more = held.entries(text.encode(), None, None, 100)
+                assert [time for time, _, _ in found] == sorted(times) and not more
+                assert held.get(text.encode()) == _value_bytes({"ts": max(times)})
+        finally:
+            held.close()
+
+
+def test_a_value_file_published_as_a_timeline_is_refused(files_snapshot, data_dir) -> None:
+    record = files_snapshot("bookings", 1, 2, ROWS)
+    edit_manifest(record, lambda doc: doc.__setitem__("timeline", HISTORY))
+    with pytest.raises(LoadError, match="is not a timeline entry") as failure:
+        load_partition(data_dir, dataclasses.replace(record, timeline=Timeline.from_dict(HISTORY)), 0, MAP_SIZE)
+    assert str(data_file(record, 0)) in str(failure.value)
+    assert _files_under(data_dir) == []
+
+
+def test_a_timeline_file_of_another_partition_is_refused_by_its_keys(files_snapshot, data_dir) -> None:
+    rows = {f"k{i}": [i, i + 1] for i in range(20)}
+    record = write_timeline_snapshot(files_snapshot, rows)
+    shutil.copyfile(data_file(record, 0), data_file(record, 1))
+    reseal(record, 1)
+    zero = sum(len(times) for text, times in rows.items() if _partition_of(text, 2) == 0)
+    edit_manifest(record, lambda doc: doc["rows"].__setitem__(1, zero))
+    with pytest.raises(LoadError, match=r"belongs to partition 0 \(murmur2, 2 partitions\), not 1"):
+        load_partition(data_dir, record, 1, MAP_SIZE)
+    assert _files_under(data_dir) == []
