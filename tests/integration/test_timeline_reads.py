@@ -355,3 +355,46 @@ def test_bad_range_queries_get_a_400_that_says_which(cluster: Cluster) -> None:
             assert (resp.status_code, resp.json()["error"]) == (status, code), (store, params, resp.text)
             assert words in resp.json()["message"], (store, params, resp.text)
         assert client.get("/stores/latest/range").status_code == 200
+
+
+def test_the_python_client_reads_values_histories_windows_and_ranges(cluster: Cluster) -> None:
+    from keyroute.client import AsyncClient, Client, KeyNotFound, Value, WrongStoreKind
+
+    size = 10 * MINUTE
+    windows = expected_windows(cluster.rows, lambda r: r["ts"], size, size)
+    from keyroute.core.timeline import key_part
+
+    with Client(cluster.router_url) as client:
+        for key in ("C001", "a/b", "東京"):
+            rows = list(client.history("trips", key, page_size=7))
+            assert [{**r, "ts": micros(r["ts"])} for r in rows] == expected_history(cluster.rows, key)
+            newest = list(client.history("trips", key, order="desc", page_size=3))
+            assert [r["ts"] for r in newest] == [r["ts"] for r in rows[::-1]]
+            third = expected_history(cluster.rows, key)[2]["ts"]
+            start = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=third)
+            since = [micros(r["ts"]) for r in client.history("trips", key, start=start)]
+            assert since == [r["ts"] for r in expected_history(cluster.rows, key) if r["ts"] >= third]
+            got = [(micros(w["start"]), w["value"]) for w in client.windows("per10", key, page_size=2)]
+            assert got == windows[key_part(key.encode())]
+            value = client.get("latest", key)
+            assert isinstance(value, Value) and value.key == key and value.version == 1 and value.node
+        assert [k for k, _ in client.range("latest", prefix="C00", page_size=2)] == sorted(
+            k for k in KEYS if k.startswith("C00")
+        )
+        found, missing = client.get_many("latest", ["C001", "nobody"])
+        assert isinstance(found, Value) and isinstance(missing, KeyNotFound)
+        with pytest.raises(WrongStoreKind):
+            list(client.windows("trips", "C001"))
+        with pytest.raises(KeyNotFound):
+            client.get("latest", "nobody")
+
+    async def read_async() -> list[int]:
+        async with AsyncClient(cluster.router_url) as client:
+            accounts = [int(k) async for k, _ in client.range("accounts", from_key=-256, to_key=256, page_size=3)]
+            rows = [row async for row in client.history("trips", "C002", page_size=5)]
+            assert len(rows) == len(expected_history(cluster.rows, "C002"))
+            return accounts
+
+    import asyncio
+
+    assert asyncio.run(read_async()) == sorted(a for a in set(ACCOUNT_IDS) if -256 <= a < 256)

@@ -1,0 +1,459 @@
+"""A Python client of keyroute's HTTP API: `Client` (blocking) and `AsyncClient` (asyncio), on httpx.
+
+    from keyroute.client import Client, KeyNotFound
+
+    with Client("http://keyroute.example:8080") as kr:
+        booking = kr.get("bookings", "C000042")          # Value(store, key, partition, version, value, ...)
+        found = kr.get_many("bookings", ["C1", "C2"])    # one Value or KeyrouteError per key, in order
+        for row in kr.history("trips", "C000042", start=datetime(2024, 6, 1, tzinfo=UTC)):
+            ...                                          # every row, page after page (cursors followed)
+        for window in kr.windows("fares_5m", "C000042", start=..., end=...):
+            ...
+        for key, value in kr.range("bookings", prefix="C0000"):
+            ...
+
+Keys are given as the store's key format has them: `str`, `int` (integer formats), `uuid.UUID` or `str`
+(uuid), `bytes` (bytes keys, sent as base64url). Times (`start` inclusive, `end` exclusive) as `datetime`
+(naive means UTC), `date`, `int` (a store ordered by an integer column) or ISO 8601 text.
+
+Every API error is raised as its `KeyrouteError` subclass (`KeyNotFound`, `StoreNotFound`, `BadKey`,
+`BadRequest`, `BadCursor`, `CursorExpired`, `WrongStoreKind`, `Unavailable` with `retry_after`, ...).
+Reads are retried on 503 (after the answer's Retry-After, capped, with back-off) and on connection
+failures, up to `retries` times; connections are pooled and kept alive; clients close with `close()` or
+as context managers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime as dt
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+__all__ = [
+    "AsyncClient",
+    "BadCursor",
+    "BadKey",
+    "BadRequest",
+    "Client",
+    "CursorExpired",
+    "KeyNotFound",
+    "KeyrouteError",
+    "NotLive",
+    "StoreNotFound",
+    "Unauthorized",
+    "Unavailable",
+    "Value",
+    "WrongStoreKind",
+]
+
+DEFAULT_TIMEOUT_S = 5.0
+DEFAULT_RETRIES = 3
+_MAX_RETRY_WAIT_S = 2.0
+
+
+class KeyrouteError(Exception):
+    """An answer of the API that is not a success: its HTTP `status`, error `code` and `message`."""
+
+    def __init__(self, status: int, code: str, message: str, retry_after: float | None = None) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.retry_after = retry_after
+
+
+class KeyNotFound(KeyrouteError):
+    """404 key_not_found."""
+
+
+class StoreNotFound(KeyrouteError):
+    """404 store_not_found."""
+
+
+class BadKey(KeyrouteError):
+    """400 bad_key (or 414 key_too_long): the key does not fit the store's key format."""
+
+
+class BadRequest(KeyrouteError):
+    """400 bad_request: a malformed parameter or body."""
+
+
+class BadCursor(KeyrouteError):
+    """400 bad_cursor."""
+
+
+class WrongStoreKind(KeyrouteError):
+    """400 wrong_store_kind: a history read of a store that is not a history store, and so on."""
+
+
+class NotLive(KeyrouteError):
+    """400 not_live: `min_offset` on a store that follows no topic."""
+
+
+class Unauthorized(KeyrouteError):
+    """401 unauthorized."""
+
+
+class CursorExpired(KeyrouteError):
+    """410 cursor_expired: the version a paged read started on is no longer served; start again."""
+
+
+class Unavailable(KeyrouteError):
+    """503 (partition_unavailable, overloaded, not_up_to_bound), after the client's retries; `retry_after`
+    is the answer's Retry-After in seconds."""
+
+
+_ERRORS: dict[str, type[KeyrouteError]] = {
+    "key_not_found": KeyNotFound,
+    "store_not_found": StoreNotFound,
+    "bad_key": BadKey,
+    "key_too_long": BadKey,
+    "bad_request": BadRequest,
+    "bad_cursor": BadCursor,
+    "wrong_store_kind": WrongStoreKind,
+    "not_live": NotLive,
+    "unauthorized": Unauthorized,
+    "cursor_expired": CursorExpired,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Value:
+    """A key's value as read: where it came from, and for a live store the offset it reflects."""
+
+    store: str
+    key: str
+    partition: int
+    version: int
+    value: Any
+    node: str | None = None
+    offset: int | None = None
+
+
+def key_text(key: str | int | bytes | uuid.UUID) -> str:
+    """A key as the API takes it: text as is, integers in decimal, uuids as their text, bytes in base64url."""
+    if isinstance(key, bool):
+        raise TypeError("a key is str, int, bytes or uuid.UUID, not bool")
+    if isinstance(key, str):
+        return key
+    if isinstance(key, int):
+        return str(key)
+    if isinstance(key, uuid.UUID):
+        return str(key)
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        return base64.urlsafe_b64encode(bytes(key)).rstrip(b"=").decode("ascii")
+    raise TypeError(f"a key is str, int, bytes or uuid.UUID, not {type(key).__name__}")
+
+
+def key_segment(key: str | int | bytes | uuid.UUID) -> str:
+    """A key as one percent-encoded path segment ('.' and '..' too, which a path would otherwise resolve)."""
+    text = key_text(key)
+    if text in (".", ".."):
+        return text.replace(".", "%2E")
+    return quote(text, safe="")
+
+
+def time_text(moment: dt.datetime | dt.date | int | str) -> str:
+    """A time bound as the API takes it."""
+    if isinstance(moment, bool):
+        raise TypeError("a time is a datetime, date, int or ISO 8601 text, not bool")
+    if isinstance(moment, dt.datetime):
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=dt.UTC)
+        return moment.isoformat()
+    if isinstance(moment, dt.date):
+        return moment.isoformat()
+    if isinstance(moment, (int, str)):
+        return str(moment)
+    raise TypeError(f"a time is a datetime, date, int or ISO 8601 text, not {type(moment).__name__}")
+
+
+def _error(response: httpx.Response) -> KeyrouteError:
+    try:
+        body = response.json()
+        code, message = str(body["error"]), str(body["message"])
+    except (ValueError, KeyError, TypeError):
+        code, message = "http_error", response.text[:200] or response.reason_phrase
+    retry_after = None
+    if "retry-after" in response.headers:
+        try:
+            retry_after = float(response.headers["retry-after"])
+        except ValueError:
+            retry_after = None
+    kind = _ERRORS.get(code) or (Unavailable if response.status_code == 503 else KeyrouteError)
+    return kind(response.status_code, code, message, retry_after)
+
+
+def _value(body: Mapping[str, Any], response: httpx.Response | None = None) -> Value:
+    offset = body.get("offset")
+    node = None
+    if response is not None:
+        node = response.headers.get("x-keyroute-node")
+        if offset is None and "x-keyroute-offset" in response.headers:
+            offset = int(response.headers["x-keyroute-offset"])
+    return Value(
+        store=str(body["store"]),
+        key=str(body["key"]),
+        partition=int(body["partition"]),
+        version=int(body["version"]),
+        value=body["value"],
+        node=node,
+        offset=None if offset is None else int(offset),
+    )
+
+
+def _batch_results(store: str, results: list[Mapping[str, Any]]) -> list[Value | KeyrouteError]:
+    out: list[Value | KeyrouteError] = []
+    for entry in results:
+        if entry.get("status") == 200:
+            out.append(_value({**entry, "store": store}))
+        else:
+            code = str(entry.get("error", "http_error"))
+            kind = _ERRORS.get(code) or (Unavailable if entry.get("status") == 503 else KeyrouteError)
+            out.append(kind(int(entry.get("status", 500)), code, str(entry.get("message", ""))))
+    return out
+
+
+def _paged_params(start: Any, end: Any, page_size: int, order: str | None = None, **extra: Any) -> dict[str, str]:
+    if not 1 <= page_size <= 10_000:
+        raise ValueError("page_size must be from 1 to 10,000")
+    params = {"limit": str(page_size)}
+    if start is not None:
+        params["from"] = time_text(start)
+    if end is not None:
+        params["to"] = time_text(end)
+    if order is not None:
+        if order not in ("asc", "desc"):
+            raise ValueError("order must be 'asc' or 'desc'")
+        params["order"] = order
+    for name, value in extra.items():
+        if value is not None:
+            params[name] = value
+    return params
+
+
+def _range_params(from_key: Any, to_key: Any, prefix: str | None, page_size: int) -> dict[str, str]:
+    return _paged_params(
+        None,
+        None,
+        page_size,
+        from_key=None if from_key is None else key_text(from_key),
+        to_key=None if to_key is None else key_text(to_key),
+        prefix=prefix,
+    )
+
+
+class _Base:
+    def __init__(self, url: str, timeout: float, retries: int, backoff_s: float, token: str | None) -> None:
+        if retries < 0:
+            raise ValueError("retries must not be negative")
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.headers = {"accept": "application/json"}
+        if token:
+            self.headers["authorization"] = f"Bearer {token}"
+
+    def _wait_s(self, attempt: int, error: KeyrouteError | None) -> float:
+        backoff = self.backoff_s * (2**attempt)
+        if error is not None and error.retry_after is not None:
+            backoff = max(backoff, error.retry_after)
+        return min(backoff, _MAX_RETRY_WAIT_S)
+
+
+class Client(_Base):
+    """A blocking client of one keyroute address (a router's load balancer, or any router or node)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        retries: int = DEFAULT_RETRIES,
+        backoff_s: float = 0.05,
+        token: str | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        super().__init__(url, timeout, retries, backoff_s, token)
+        self._http = httpx.Client(
+            base_url=self.url, timeout=timeout, headers=self.headers, transport=transport, trust_env=False
+        )
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        error: KeyrouteError | None = None
+        for attempt in range(self.retries + 1):
+            try:
+                response = self._http.request(method, path, **kwargs)
+            except httpx.TransportError:
+                if attempt == self.retries:
+                    raise
+                error = None
+            else:
+                if response.status_code < 400:
+                    return response
+                error = _error(response)
+                if response.status_code != 503 or attempt == self.retries:
+                    raise error
+            time.sleep(self._wait_s(attempt, error))
+        raise AssertionError("unreachable")
+
+    def get(self, store: str, key: str | int | bytes | uuid.UUID, *, min_offset: int | None = None) -> Value:
+        """The value of one key (KeyNotFound when there is none)."""
+        params = None if min_offset is None else {"min_offset": str(min_offset)}
+        response = self._send("GET", f"/stores/{quote(store, safe='')}/keys/{key_segment(key)}", params=params)
+        return _value(response.json(), response)
+
+    def get_many(self, store: str, keys: Iterable[str | int | bytes | uuid.UUID]) -> list[Value | KeyrouteError]:
+        """Many keys of one store in one request: per key, in order, its Value or its error."""
+        body = {"keys": [key_text(k) for k in keys]}
+        response = self._send("POST", f"/stores/{quote(store, safe='')}/batch-get", json=body)
+        return _batch_results(store, response.json()["results"])
+
+    def history(
+        self, store: str, key: Any, *, start: Any = None, end: Any = None, order: str = "asc", page_size: int = 100
+    ) -> Iterator[dict[str, Any]]:
+        """Every row of a key of a history store with start <= time < end, page after page."""
+        yield from self._pages(
+            f"{self._key_path(store, key)}/history", "rows", _paged_params(start, end, page_size, order)
+        )
+
+    def windows(
+        self, store: str, key: Any, *, start: Any = None, end: Any = None, page_size: int = 100
+    ) -> Iterator[dict[str, Any]]:
+        """The windows of a key of a windowed store that overlap [start, end): {"start", "end", "value"}."""
+        yield from self._pages(f"{self._key_path(store, key)}/windows", "windows", _paged_params(start, end, page_size))
+
+    def range(
+        self,
+        store: str,
+        *,
+        from_key: Any = None,
+        to_key: Any = None,
+        prefix: str | None = None,
+        page_size: int = 100,
+    ) -> Iterator[tuple[str, Any]]:
+        """(key, value) of the keys in [from_key, to_key) (or starting with `prefix`), in key order."""
+        params = _range_params(from_key, to_key, prefix, page_size)
+        for entry in self._pages(f"/stores/{quote(store, safe='')}/range", "keys", params):
+            yield entry["key"], entry["value"]
+
+    def _key_path(self, store: str, key: Any) -> str:
+        return f"/stores/{quote(store, safe='')}/keys/{key_segment(key)}"
+
+    def _pages(self, path: str, field: str, params: dict[str, str]) -> Iterator[Any]:
+        while True:
+            body = self._send("GET", path, params=params).json()
+            yield from body[field]
+            if "next" not in body:
+                return
+            params = {**params, "cursor": body["next"]}
+
+
+class AsyncClient(_Base):
+    """The asyncio client: the same reads as `Client`, awaited (and async iterators for paged reads)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        retries: int = DEFAULT_RETRIES,
+        backoff_s: float = 0.05,
+        token: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        super().__init__(url, timeout, retries, backoff_s, token)
+        self._http = httpx.AsyncClient(
+            base_url=self.url, timeout=timeout, headers=self.headers, transport=transport, trust_env=False
+        )
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        error: KeyrouteError | None = None
+        for attempt in range(self.retries + 1):
+            try:
+                response = await self._http.request(method, path, **kwargs)
+            except httpx.TransportError:
+                if attempt == self.retries:
+                    raise
+                error = None
+            else:
+                if response.status_code < 400:
+                    return response
+                error = _error(response)
+                if response.status_code != 503 or attempt == self.retries:
+                    raise error
+            await asyncio.sleep(self._wait_s(attempt, error))
+        raise AssertionError("unreachable")
+
+    async def get(self, store: str, key: Any, *, min_offset: int | None = None) -> Value:
+        params = None if min_offset is None else {"min_offset": str(min_offset)}
+        response = await self._send("GET", f"/stores/{quote(store, safe='')}/keys/{key_segment(key)}", params=params)
+        return _value(response.json(), response)
+
+    async def get_many(self, store: str, keys: Iterable[Any]) -> list[Value | KeyrouteError]:
+        body = {"keys": [key_text(k) for k in keys]}
+        response = await self._send("POST", f"/stores/{quote(store, safe='')}/batch-get", json=body)
+        return _batch_results(store, response.json()["results"])
+
+    async def history(
+        self, store: str, key: Any, *, start: Any = None, end: Any = None, order: str = "asc", page_size: int = 100
+    ) -> AsyncIterator[dict[str, Any]]:
+        path = f"/stores/{quote(store, safe='')}/keys/{key_segment(key)}/history"
+        async for row in self._pages(path, "rows", _paged_params(start, end, page_size, order)):
+            yield row
+
+    async def windows(
+        self, store: str, key: Any, *, start: Any = None, end: Any = None, page_size: int = 100
+    ) -> AsyncIterator[dict[str, Any]]:
+        path = f"/stores/{quote(store, safe='')}/keys/{key_segment(key)}/windows"
+        async for window in self._pages(path, "windows", _paged_params(start, end, page_size)):
+            yield window
+
+    async def range(
+        self,
+        store: str,
+        *,
+        from_key: Any = None,
+        to_key: Any = None,
+        prefix: str | None = None,
+        page_size: int = 100,
+    ) -> AsyncIterator[tuple[str, Any]]:
+        params = _range_params(from_key, to_key, prefix, page_size)
+        async for entry in self._pages(f"/stores/{quote(store, safe='')}/range", "keys", params):
+            yield entry["key"], entry["value"]
+
+    async def _pages(self, path: str, field: str, params: dict[str, str]) -> AsyncIterator[Any]:
+        while True:
+            body = (await self._send("GET", path, params=params)).json()
+            for item in body[field]:
+                yield item
+            if "next" not in body:
+                return
+            params = {**params, "cursor": body["next"]}

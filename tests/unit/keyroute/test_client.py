@@ -1,0 +1,177 @@
+"""The client's pure logic over a scripted transport: how keys and times are sent, how answers and errors
+become values and exceptions, retries on 503, and paging by cursor. (Against a real cluster: the
+integration tests in tests/integration/test_timeline_reads.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from keyroute.client import (
+    AsyncClient,
+    BadKey,
+    Client,
+    CursorExpired,
+    KeyNotFound,
+    KeyrouteError,
+    StoreNotFound,
+    Unavailable,
+    Value,
+    WrongStoreKind,
+    key_segment,
+    key_text,
+    time_text,
+)
+
+
+def transport(handler: Callable[[httpx.Request], httpx.Response]) -> httpx.MockTransport:
+    return httpx.MockTransport(handler)
+
+
+def error(status: int, code: str, message: str = "m", **headers: str) -> httpx.Response:
+    return httpx.Response(status, json={"error": code, "message": message}, headers=headers)
+
+
+@pytest.mark.parametrize(
+    ("key", "segment"),
+    [
+        ("a/b", "a%2Fb"),
+        ("100%", "100%25"),
+        ("東京", "%E6%9D%B1%E4%BA%AC"),
+        (".", "%2E"),
+        ("..", "%2E%2E"),
+        (-(2**63), "-9223372036854775808"),
+        (uuid.UUID(int=1), "00000000-0000-0000-0000-000000000001"),
+        (b"\xff\x00", "_wA"),
+    ],
+)
+def test_keys_are_sent_in_their_text_form_as_one_segment(key: Any, segment: str) -> None:
+    assert key_segment(key) == segment
+
+
+def test_what_is_not_a_key_or_a_time_is_refused() -> None:
+    for bad in (True, 1.5, None):
+        with pytest.raises(TypeError):
+            key_text(bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        time_text(1.5)  # type: ignore[arg-type]
+
+
+def test_times() -> None:
+    assert time_text(dt.datetime(2024, 6, 11, 10, 0)) == "2024-06-11T10:00:00+00:00"  # naive is UTC
+    assert time_text(dt.datetime(2024, 6, 11, 12, tzinfo=dt.timezone(dt.timedelta(hours=2)))) == (
+        "2024-06-11T12:00:00+02:00"
+    )
+    assert time_text(dt.date(2024, 6, 11)) == "2024-06-11"
+    assert time_text(-5) == "-5"
+
+
+def test_a_value_and_each_error_as_its_exception() -> None:
+    answers = {
+        "/stores/s/keys/k": httpx.Response(
+            200,
+            json={"store": "s", "key": "k", "partition": 3, "version": 7, "value": {"n": 1}},
+            headers={"x-keyroute-node": "n1", "x-keyroute-offset": "41"},
+        ),
+        "/stores/s/keys/missing": error(404, "key_not_found"),
+        "/stores/nope/keys/k": error(404, "store_not_found"),
+        "/stores/s/keys/x": error(400, "bad_key"),
+        "/stores/s/keys/k/history": error(400, "wrong_store_kind"),
+        "/stores/s/keys/old/history": error(410, "cursor_expired"),
+        "/stores/s/keys/teapot": error(418, "teapot"),
+    }
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return answers[request.url.path]
+
+    with Client("http://kr", transport=transport(handler)) as client:
+        assert client.get("s", "k") == Value("s", "k", 3, 7, {"n": 1}, node="n1", offset=41)
+        for key, store, kind in (("missing", "s", KeyNotFound), ("k", "nope", StoreNotFound), ("x", "s", BadKey)):
+            with pytest.raises(kind) as raised:
+                client.get(store, key)
+            assert raised.value.status in (400, 404)
+        with pytest.raises(WrongStoreKind):
+            list(client.history("s", "k"))
+        with pytest.raises(CursorExpired):
+            list(client.history("s", "old"))
+        with pytest.raises(KeyrouteError) as raised:
+            client.get("s", "teapot")
+        assert (raised.value.status, raised.value.code) == (418, "teapot")
+
+
+def test_a_503_is_retried_after_its_retry_after_then_raised() -> None:
+    calls: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        if request.url.path.endswith("/soon") and len(calls) < 3:
+            return error(503, "partition_unavailable", **{"Retry-After": "0"})
+        if request.url.path.endswith("/never"):
+            return error(503, "overloaded", **{"Retry-After": "0"})
+        return httpx.Response(200, json={"store": "s", "key": "soon", "partition": 0, "version": 1, "value": 1})
+
+    with Client("http://kr", transport=transport(handler), retries=3, backoff_s=0) as client:
+        assert client.get("s", "soon").value == 1
+        assert len(calls) == 3
+        calls.clear()
+        with pytest.raises(Unavailable) as raised:
+            client.get("s", "never")
+        assert len(calls) == 4 and raised.value.retry_after == 0
+
+
+def test_paged_reads_follow_cursors_with_the_same_parameters() -> None:
+    seen: list[dict[str, str]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        params = dict(request.url.params)
+        seen.append(params)
+        page = int(params.get("cursor", "0"))
+        body: dict[str, Any] = {"store": "s", "key": "k", "partition": 0, "version": 1, "rows": [{"n": page}]}
+        if page < 2:
+            body["next"] = str(page + 1)
+        return httpx.Response(200, json=body)
+
+    with Client("http://kr", transport=transport(handler)) as client:
+        rows = list(client.history("s", "k", start=dt.date(2024, 1, 1), end=5, order="desc", page_size=1))
+    assert rows == [{"n": 0}, {"n": 1}, {"n": 2}]
+    assert [p.get("cursor") for p in seen] == [None, "1", "2"]
+    assert all(p["from"] == "2024-01-01" and p["to"] == "5" and p["order"] == "desc" for p in seen)
+    with pytest.raises(ValueError):
+        list(Client("http://kr", transport=transport(handler)).history("s", "k", page_size=0))
+
+
+def test_the_async_client_reads_the_same_way() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path.endswith("/batch-get"):
+            keys = json.loads(request.content)["keys"]
+            return httpx.Response(
+                200,
+                json={
+                    "results": [
+                        {"key": keys[0], "status": 200, "partition": 1, "version": 2, "value": {"a": 1}},
+                        {"key": keys[1], "status": 404, "error": "key_not_found", "message": "no"},
+                    ]
+                },
+            )
+        if path.endswith("/range"):
+            cursor = request.url.params.get("cursor")
+            keys = [{"key": "b", "partition": 0, "value": 2}] if cursor else [{"key": "a", "partition": 1, "value": 1}]
+            return httpx.Response(200, json={"store": "s", "keys": keys, **({} if cursor else {"next": "c"})})
+        return error(404, "not_found")
+
+    async def main() -> None:
+        async with AsyncClient("http://kr", transport=httpx.MockTransport(handler)) as client:
+            found, missing = await client.get_many("s", ["x", 7])
+            assert isinstance(found, Value) and found.value == {"a": 1} and found.partition == 1
+            assert isinstance(missing, KeyNotFound)
+            assert [kv async for kv in client.range("s", prefix="a")] == [("a", 1), ("b", 2)]
+
+    asyncio.run(main())
