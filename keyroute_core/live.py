@@ -148,6 +148,12 @@ class Merge:
     order_by: str | None = None
     columns: tuple[str, ...] | None = None
     aggregates: tuple[Aggregate, ...] = ()
+    # Mode `history` (keyroute.core.timeline): each record appends a row; its time is `order_by` read as
+    # `time_type`; a key keeps its newest `retention_count` rows, or those within `retention_span` (time
+    # units) of the partition's latest time.
+    time_type: str | None = None
+    retention_count: int | None = None
+    retention_span: int | None = None
     # Worked out once (every record is folded with them): whether stored values carry a merge state, the
     # columns a record must have, and per aggregate (name, function code, column, by).
     has_state: bool = field(init=False, repr=False, compare=False)
@@ -159,32 +165,43 @@ class Merge:
         for agg in self.aggregates:
             needed += [c for c in (agg.column, agg.by) if c is not None and c not in needed]
         plan = tuple((a.name, _CODES[a.function], a.column, a.by) for a in self.aggregates)
+        if self.mode == "history" and (self.order_by is None or self.time_type not in _TIME_TYPES):
+            raise ValueError("a history merge needs order_by and a time_type")
         has_state = self.mode == "latest" or any(a.has_state for a in self.aggregates)
         object.__setattr__(self, "has_state", has_state)
         object.__setattr__(self, "_needed", tuple(needed))
         object.__setattr__(self, "_plan", plan)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "mode": self.mode,
             "key_column": self.key_column,
             "order_by": self.order_by,
             "columns": None if self.columns is None else list(self.columns),
             "aggregates": [a.to_json() for a in self.aggregates],
         }
+        if self.mode == "history":
+            doc["time_type"] = self.time_type
+            doc["retention_count"] = self.retention_count
+            doc["retention_span"] = self.retention_span
+        return doc
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> Merge:
         mode = str(doc["mode"])
-        if mode not in ("latest", "aggregate"):
+        if mode not in ("latest", "aggregate", "history"):
             raise ValueError(f"unknown live merge mode {mode!r}")
         columns = doc.get("columns")
+        count, span = doc.get("retention_count"), doc.get("retention_span")
         return cls(
             mode=mode,
             key_column=str(doc["key_column"]),
             order_by=_opt(doc.get("order_by")),
             columns=None if columns is None else tuple(str(c) for c in columns),
             aggregates=tuple(Aggregate.from_json(a) for a in doc.get("aggregates", ())),
+            time_type=_opt(doc.get("time_type")),
+            retention_count=None if count is None else int(count),
+            retention_span=None if span is None else int(span),
         )
 
     def apply(self, stored: bytes | None, row: Mapping[str, Any]) -> bytes | None:
@@ -193,6 +210,27 @@ class Merge:
         if self.mode == "latest":
             return self._latest(stored, row)
         return self._aggregate(stored, row)
+
+    def history_row(self, row: Mapping[str, Any]) -> tuple[int, bytes]:
+        """A history store's (time, stored row) of one record: the time in the timeline's unit, the row as
+        the batch part spells it (order_by first, then the columns; a timestamp as Spark writes one)."""
+        order_by = self.order_by
+        assert order_by is not None and self.time_type is not None
+        try:
+            raw = row[order_by]
+        except KeyError:
+            raise BadRecord(Reason.MISSING_COLUMN, f"no {order_by!r} (the store's order_by)") from None
+        time, shown = _record_time(raw, self.time_type, order_by)
+        columns = self.columns
+        if columns is None:
+            key_column = self.key_column
+            answer = {order_by: shown, **{n: v for n, v in row.items() if n != key_column and n != order_by}}
+        else:
+            try:
+                answer = {order_by: shown, **{c: row[c] for c in columns if c != order_by}}
+            except KeyError as exc:
+                raise BadRecord(Reason.MISSING_COLUMN, f"no {exc.args[0]!r} (a column of the store)") from None
+        return time, _dumps(answer)
 
     def initial_state(self, answer: Mapping[str, Any], order: Any = None) -> bytes:
         """The stored bytes of a batch-built value (the pipeline's side of a hybrid version)."""
@@ -332,6 +370,43 @@ def _rank(value: Any, column: str) -> tuple[int, Any]:
     if value is None:
         return (0, 0)
     raise BadRecord(Reason.BAD_TYPE, f"{column!r} = {value!r} cannot be ordered (numbers and strings can)")
+
+
+_TIME_TYPES = ("timestamp", "date", "integer")
+
+
+def _record_time(raw: Any, time_type: str, column: str) -> tuple[int, Any]:
+    """A record's time as (int64 in the timeline's unit, the value its row shows): an integer column's
+    integer; a date's "YYYY-MM-DD"; a timestamp's ISO 8601 text or number of milliseconds since the epoch,
+    shown as Spark writes timestamps (UTC, milliseconds)."""
+    import datetime as dt
+
+    from keyroute.core.timeline import INT64_MAX, INT64_MIN, TimelineError, TimeType, parse_time
+
+    kind = raw.__class__
+    try:
+        if time_type == "integer":
+            if kind is not int or not INT64_MIN <= raw <= INT64_MAX:
+                raise BadRecord(Reason.BAD_TYPE, f"{column!r} = {raw!r} is not a 64-bit integer (the time)")
+            return raw, raw
+        if time_type == "date":
+            if kind is not str:
+                raise BadRecord(Reason.BAD_TYPE, f"{column!r} = {raw!r} is not a date text (the time)")
+            return parse_time(raw, TimeType.DATE, column), raw
+        if kind is int or kind is float:
+            if kind is float and not math.isfinite(raw):
+                raise BadRecord(Reason.BAD_TYPE, f"{column!r} = {raw!r} is not a time")
+            micros = int(round(raw * 1000))
+        elif kind is str:
+            micros = parse_time(raw, TimeType.TIMESTAMP, column)
+        else:
+            raise BadRecord(Reason.BAD_TYPE, f"{column!r} = {raw!r} is not a time (ISO 8601, or epoch ms)")
+        moment = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=micros)
+        return micros, moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    except TimelineError as exc:
+        raise BadRecord(Reason.BAD_TYPE, str(exc)) from None
+    except OverflowError:
+        raise BadRecord(Reason.BAD_TYPE, f"{column!r} = {raw!r} is out of range") from None
 
 
 # --- stored bytes -----------------------------------------------------------------------------------------

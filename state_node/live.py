@@ -42,9 +42,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from keyroute.core.key_format import KeyFormat
-from keyroute.core.live import OFFSET_KEY, BadRecord, LiveConfig, RecordReader
+from keyroute.core.live import META_TAG, OFFSET_KEY, BadRecord, LiveConfig, Merge, RecordReader
 from keyroute.core.lmdb_layout import LMDB_MAX_KEY_BYTES, TAG_KEY, db_key
 from keyroute.core.partitioner import Partitioner
+from keyroute.core.timeline import INT64_MIN, SUFFIX_BYTES, entry_key, key_part
 
 if TYPE_CHECKING:
     import lmdb
@@ -247,6 +248,81 @@ class LivePartition:
                 callback(self)
             except Exception:
                 log.exception("a live partition's change callback failed")
+
+
+# A live record's entry sequence: above every batch row's (their index in the key's rows), the record's
+# offset making it unique among the key's entries of the same time (keyroute.core.timeline).
+LIVE_SEQUENCE = 1 << 31
+STREAM_TIME_KEY = META_TAG + b"stream-time"
+
+
+class _History:
+    """Records of a live history store applied in one write transaction: each appends a row under
+    (key, time, LIVE_SEQUENCE + offset), so applying a record again writes the same entry; a tombstone
+    deletes the key's rows; retention trims the key's oldest rows. The partition's latest time (its stream
+    time, for a retention span) is kept in the same transaction."""
+
+    __slots__ = ("txn", "cursor", "merge", "stream_time", "changed")
+
+    def __init__(self, txn: Any, merge: Merge) -> None:
+        self.txn = txn
+        self.cursor = txn.cursor()
+        self.merge = merge
+        stored = txn.get(STREAM_TIME_KEY)
+        self.stream_time: int | None = None if stored is None else int(stored)
+        self.changed = False
+
+    def apply(self, key: bytes, row: dict[str, Any] | None, offset: int) -> None:
+        part = key_part(key)
+        if row is None:
+            self._delete(part, None)
+            return
+        time, value = self.merge.history_row(row)
+        span = self.merge.retention_span
+        if span is not None:
+            if self.stream_time is None or time > self.stream_time:
+                self.stream_time, self.changed = time, True
+            cutoff = self.stream_time - span
+            if time <= cutoff:
+                return  # older than the retention keeps: as if it had been trimmed
+            self._delete(part, entry_key(part, max(cutoff + 1, INT64_MIN), 0))
+        self.txn.put(entry_key(part, time, LIVE_SEQUENCE + (offset & 0x7FFFFFFF)), value)
+        count = self.merge.retention_count
+        if count is not None:
+            self._keep_newest(part, count)
+
+    def save(self) -> None:
+        if self.changed and self.stream_time is not None:
+            self.txn.put(STREAM_TIME_KEY, str(self.stream_time).encode("ascii"))
+
+    def _delete(self, part: bytes, before: bytes | None) -> None:
+        """Delete the entries of the key part `part` (those below `before` only, when given)."""
+        cursor = self.cursor
+        more = cursor.set_range(part)
+        while more:
+            lmdb_key = cursor.key()
+            if not lmdb_key.startswith(part) or (before is not None and lmdb_key >= before):
+                return
+            more = cursor.delete()
+
+    def _keep_newest(self, part: bytes, count: int) -> None:
+        cursor = self.cursor
+        # The key's newest entry: the greatest LMDB key at most its key part + the greatest time and sequence.
+        positioned = _at_or_before(cursor, part + b"\xff" * SUFFIX_BYTES)
+        seen = 0
+        while positioned and cursor.key().startswith(part):
+            seen += 1
+            if seen > count:
+                self._delete(part, bytes(cursor.key()) + b"\x00")
+                return
+            positioned = cursor.prev()
+
+
+def _at_or_before(cursor: Any, key: bytes) -> bool:
+    """Position `cursor` at the greatest LMDB key at most `key`; False if there is none."""
+    if cursor.set_range(key):
+        return True if cursor.key() == key else bool(cursor.prev())
+    return bool(cursor.last())
 
 
 def _stopped_message(offset: int, exc: BadRecord) -> str:
@@ -535,7 +611,9 @@ class LiveApplier:
                 try:
                     get, put, delete = txn.get, txn.put, txn.delete
                     read = slot.reader.read
-                    fold = config.merge.apply
+                    merge = config.merge
+                    fold = merge.apply
+                    history = _History(txn, merge) if merge.mode == "history" else None
                     for message in records:
                         offset = message.offset()
                         if offset != expected:
@@ -547,6 +625,12 @@ class LiveApplier:
                                 break
                         try:
                             key, row = read(message.key(), message.value())
+                            if history is not None:
+                                history.apply(key, row, offset)
+                                applied += 1
+                                expected = offset + 1
+                                last = message
+                                continue
                             lmdb_key = TAG_KEY + key if len(key) < _LONG_KEY else db_key(key)
                             if row is None:
                                 delete(lmdb_key)
@@ -565,6 +649,8 @@ class LiveApplier:
                         expected = offset + 1
                         last = message
                     if expected != slot.next:
+                        if history is not None:
+                            history.save()
                         put(OFFSET_KEY, str(expected).encode("ascii"))
                         txn.commit()
                         slot.unsynced = True

@@ -268,6 +268,8 @@ def read_timeline(
                     f"the cursor continues version {version} of store {store_name!r}, which is no longer served"
                     f" (now {held.version}): start the read again"
                 )
+        # A live partition's offset is read before its entries: they reflect at least that offset.
+        offset = held.live.offset if held.live is not None else -1
         entries, more = held.entries(key.data, query.low, query.high, query.limit, query.descending, after)
         next_cursor = make_cursor(secret, bound, held.version, entries[-1][:2]) if more else None
         field = "rows" if read == HISTORY else "windows"
@@ -282,6 +284,9 @@ def read_timeline(
             _HOPS_1 if forwarded else _HOPS_0,
             (_GENERATION, str(m.generation).encode("ascii")),
         ]
+        if held.live is not None:
+            headers.append((_OFFSET, str(offset).encode("ascii")))
+            headers.append((_LAG, str(held.live.lag_records).encode("ascii")))
         return 200, headers, body
     if forwarded:
         raise PartitionUnavailable(

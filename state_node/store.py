@@ -554,7 +554,9 @@ def _load_file(
     expected = _file_marker(manifest, partition)
     if _read_marker(path) == expected:
         reused = (
-            _reuse_live(pid, path, live, map_size) if live is not None else _reuse_file(pid, path, manifest, map_size)
+            _reuse_live(pid, path, live, map_size, manifest.timeline)
+            if live is not None
+            else _reuse_file(pid, path, manifest, map_size)
         )
         if reused is not None:
             return reused
@@ -643,7 +645,9 @@ def _start_offset(env: lmdb.Environment, live: LiveConfig, partition: int) -> in
     return start
 
 
-def _reuse_live(pid: PartitionId, path: Path, live: LiveConfig, map_size: int) -> PartitionStore | None:
+def _reuse_live(
+    pid: PartitionId, path: Path, live: LiveConfig, map_size: int, timeline: Timeline | None = None
+) -> PartitionStore | None:
     """A live partition loaded by an earlier run: reused (applying resumes from its OFFSET_KEY) when its file
     can be trusted (`_live_state_trusted`), opens and holds OFFSET_KEY; else None and it is fetched again from
     the version."""
@@ -675,7 +679,7 @@ def _reuse_live(pid: PartitionId, path: Path, live: LiveConfig, map_size: int) -
         return None
     log.info("%s: reusing the live partition on disk, resuming at offset %d", pid, next_offset)
     live_partition = LivePartition(pid.store, pid.version, pid.partition, live, next_offset)
-    return PartitionStore(pid, path, max(0, entries - 1), env, live_partition)
+    return PartitionStore(pid, path, max(0, entries - 1), env, live_partition, timeline)
 
 
 def _reuse_file(pid: PartitionId, path: Path, manifest: Manifest, map_size: int) -> PartitionStore | None:

@@ -31,6 +31,7 @@ from keyroute.core.partition_map import StoreRecord
 from keyroute.core.partitioner import Partitioner, partition_for
 from keyroute.core.settings import ZkSettings
 from keyroute.core.snapshot import FORMAT_2, Manifest, checksum_file, data_file, version_dir, write_manifest
+from keyroute.core.timeline import StoreKind, Timeline, TimeType
 from keyroute.kafka_mock import MockKafka
 from tests.util import Proc, free_port, wait_for
 
@@ -66,6 +67,7 @@ def publish_live_store(
     offsets: tuple[int, ...] = (0,) * PARTITIONS,
     on_bad_record: str = "skip",
     catch_up_records: int = 0,
+    timeline: Timeline | None = None,
 ) -> None:
     """An empty format-2 version 1 of a live store, published in ZooKeeper."""
     snapshot = version_dir(str(tmp / "snapshots"), name, 1)
@@ -79,16 +81,18 @@ def publish_live_store(
             checksums[p] = checksum_file(dest).value
             sizes[p] = dest.stat().st_size
     live = LiveConfig(topic, bootstrap, merge, offsets, on_bad_record=on_bad_record, catch_up_records=catch_up_records)
-    columns = ("ts", "page") if merge.mode == "latest" else tuple(a.name for a in merge.aggregates)
+    columns = ("ts", "page") if merge.mode != "aggregate" else tuple(a.name for a in merge.aggregates)
     files = {p: (data_file(p),) for p in range(PARTITIONS)}
     manifest = Manifest(
         name, 1, PARTITIONS, Partitioner.MURMUR2, KeyFormat.STRING, columns, (0,) * PARTITIONS,
         created_at=time.time(), format=FORMAT_2, files=files, checksums=checksums, bytes=sizes, live=live,
+        timeline=timeline,
     )  # fmt: skip
     write_manifest(snapshot, manifest)
     record = StoreRecord(
-        name, PARTITIONS, Partitioner.MURMUR2, KeyFormat.STRING, 1, str(snapshot), columns, 1, time.time(), live=True
-    )
+        name, PARTITIONS, Partitioner.MURMUR2, KeyFormat.STRING, 1, str(snapshot), columns, 1, time.time(), live=True,
+        timeline=timeline,
+    )  # fmt: skip
     client = zk.connect(zk_settings)
     try:
         client.create(zk_layout.store_path(name), record.to_json(), makepath=True)
@@ -371,3 +375,89 @@ def _watermarks(node: LiveNode, p: int) -> tuple[int, int]:
         return int(low), int(high)
     finally:
         consumer.close()
+
+
+HISTORY = Merge("history", "user", order_by="ts", columns=("page",), time_type="integer")
+HISTORY_TIMELINE = Timeline(StoreKind.HISTORY, "ts", TimeType.INTEGER)
+
+
+def history(node: LiveNode, store: str, key: str, **params: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    query = {"limit": "1000", **params}
+    while True:
+        response = node.http.get(f"{node.url}/stores/{store}/keys/{key}/history", params=query)
+        assert response.status_code == 200, response.text
+        rows += response.json()["rows"]
+        if "next" not in response.json():
+            return rows
+        query = {**query, "cursor": response.json()["next"]}
+
+
+def test_a_live_history_store_appends_every_record_once_through_a_kill_9(live_node) -> None:  # type: ignore[no-untyped-def]
+    node = live_node("visits", HISTORY, timeline=HISTORY_TIMELINE)
+    keys = [f"k{i}" for i in range(12)]
+    produced: dict[str, list[int]] = {k: [] for k in keys}
+    counter = iter(range(10**9))
+
+    def produce(n: int) -> None:
+        for i in range(n):
+            key = keys[i % len(keys)]
+            ts = next(counter) % 97  # times repeat: rows of equal time are all kept
+            node.produce(key, {"user": key, "ts": ts, "page": f"/p{ts}"})
+            produced[key].append(ts)
+            if i % 500 == 0:
+                node.producer.poll(0)
+        node.flush()
+
+    def all_applied() -> bool:
+        return all(sorted(r["ts"] for r in history(node, "visits", k)) == sorted(produced[k]) for k in keys)
+
+    produce(600)
+    node.wait(all_applied, "every record a row")
+    rows = history(node, "visits", keys[0])
+    assert [r["ts"] for r in rows] == sorted(r["ts"] for r in rows)  # time order
+    assert rows[0] == {"ts": rows[0]["ts"], "page": f"/p{rows[0]['ts']}"}
+    answer = node.http.get(f"{node.url}/stores/visits/keys/{keys[0]}/history", params={"from": "10", "to": "20"})
+    assert answer.headers["x-keyroute-offset"] == str(node.live("visits")[partition(keys[0])]["offset"])
+    assert [r["ts"] for r in answer.json()["rows"]] == sorted(t for t in produced[keys[0]] if 10 <= t < 20)
+    assert node.value("visits", keys[0])["ts"] == max(produced[keys[0]])  # a get: the latest row
+
+    # kill -9 mid-stream and restart: every record is a row exactly once (re-applied records rewrite their
+    # own entry, never add one).
+    streaming = threading.Thread(target=produce, args=(6000,))
+    streaming.start()
+    node.wait(lambda: sum(s["applied"] for s in node.live("visits").values()) > 900, "applying mid-stream")
+    assert node.proc is not None
+    node.proc.kill9()
+    streaming.join()
+    node.start()
+    node.wait(all_applied, "every record once after kill -9", timeout_s=60)
+
+    node.produce(keys[1], None)  # a tombstone deletes the key's history
+    node.flush()
+    node.wait(lambda: history(node, "visits", keys[1]) == [], "the tombstone")
+    assert sorted(r["ts"] for r in history(node, "visits", keys[2])) == sorted(produced[keys[2]])
+
+
+def test_a_live_history_keeps_what_its_retention_says(live_node) -> None:  # type: ignore[no-untyped-def]
+    newest = Merge("history", "user", order_by="ts", columns=("page",), time_type="integer", retention_count=3)
+    node = live_node("recent", newest, timeline=HISTORY_TIMELINE)
+    (a,) = keys_of(0, 1)
+    for ts in (5, 1, 9, 7, 3, 8):
+        node.produce(a, {"user": a, "ts": ts, "page": "/"})
+    node.produce(a, {"user": a, "ts": "soon", "page": "/"})  # not an integer time: skipped
+    node.flush()
+    node.wait(lambda: node.live("recent").get(0, {}).get("offset") == 6, "the records")
+    assert [r["ts"] for r in history(node, "recent", a)] == [7, 8, 9]
+    assert node.live("recent")[0]["skipped"] == {"bad_type": 1}
+
+
+def test_a_live_history_keeps_its_time_span_of_rows(live_node) -> None:  # type: ignore[no-untyped-def]
+    (a,) = keys_of(0, 1)
+    span = Merge("history", "user", order_by="ts", columns=("page",), time_type="integer", retention_span=10)
+    node = live_node("window10", span, timeline=HISTORY_TIMELINE)
+    for ts in (100, 95, 105, 80, 111, 101):  # stream time 111 at the end: keeps ts > 101
+        node.produce(a, {"user": a, "ts": ts, "page": "/"})
+    node.flush()
+    node.wait(lambda: node.live("window10").get(0, {}).get("offset") == 5, "the records")
+    assert [r["ts"] for r in history(node, "window10", a)] == [105, 111]
