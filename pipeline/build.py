@@ -33,7 +33,8 @@ from keyroute.pipeline.live import (
 )
 from keyroute.pipeline.publish import PublishedStore, check_shape, publish, read_published
 from keyroute.pipeline.session import create_session
-from keyroute.pipeline.spec import Spec, StoreSpec, load_spec
+from keyroute.pipeline.spec import Mode, Spec, StoreSpec, load_spec
+from keyroute.pipeline.timeline import timeline_of
 from keyroute.pipeline.writer import (
     WrittenVersion,
     claim_next_version,
@@ -169,7 +170,7 @@ def _write_store(
         if store.live is not None:
             assert computed.live_offsets is not None  # a hybrid store's spec names its offset column
             check_offsets(store, computed.live_offsets, kafka.environ, kafka.timeout_s)
-            live = live_config(store, computed.live_offsets, computed.value_columns)
+            live = live_config(store, computed.live_offsets, computed.value_columns, computed.timeline)
         # Claimed once the data is known good, so a failed computation leaves no version behind.
         claimed = claim_next_version(output, store.name, published.record.version if published else None)
         log.info("store %r: writing version %d to %s", store.name, claimed.version, claimed.snapshot)
@@ -196,7 +197,12 @@ def _write_live_only(
         store.live.start,
         list(offsets),
     )
-    return write_empty_version(store, claimed, live_config(store, offsets), live_value_columns(store))
+    timeline = None
+    if store.mode is Mode.HISTORY:
+        assert store.order_by_type is not None  # the spec requires it without a source
+        timeline = timeline_of(store, store.order_by_type)
+    live = live_config(store, offsets, None, timeline)
+    return write_empty_version(store, claimed, live, live_value_columns(store), timeline)
 
 
 def _check_output(spec: Spec, output: str) -> None:

@@ -381,6 +381,12 @@ def compute_store(spark: SparkSession, store: StoreSpec) -> ComputedStore:
         if store.mode.timeline:
             assert store.order_by is not None
             timeline = timeline_of(store, time_type_of(store, source.schema[store.order_by].dataType))
+            if store.order_by_type is not None and store.order_by_type is not timeline.time_type:
+                raise DataError(
+                    store.name,
+                    f"order_by_type is {store.order_by_type.value!r} but column {store.order_by!r} of the source "
+                    f"is a {timeline.time_type.value}",
+                )
             regroup = audit.regroup_key_aggregates() if audited else []
             reduced = reduce_timeline(store, keyed, RAW_KEY, _ROWS, value_columns, extra, regroup, timeline)
             value = F.col(ENTRIES)
@@ -614,8 +620,8 @@ def _reduce(
 def live_state(store: StoreSpec) -> Column | None:
     """The merge state of every key of a live store, as JSON text of {"0": s0, "1": s1, ...} (the state
     list in order; `lmdb_files.live_value` makes it the list), or None when the fold keeps none."""
-    if store.live is None:
-        return None
+    if store.live is None or store.mode.timeline:
+        return None  # a history row carries no merge state
     merge = store.merge()
     if not merge.has_state:
         return None

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from keyroute.core.live import LiveConfig, LiveSpecError
+from keyroute.core.timeline import Timeline
 from keyroute.pipeline.errors import SpecError, TopicError
 from keyroute.pipeline.spec import Mode, StoreSpec
 
@@ -42,15 +43,21 @@ class Watermarks:
     high: tuple[int, ...]
 
 
-def live_config(store: StoreSpec, offsets: tuple[int, ...], value_columns: tuple[str, ...] | None = None) -> LiveConfig:
+def live_config(
+    store: StoreSpec,
+    offsets: tuple[int, ...],
+    value_columns: tuple[str, ...] | None = None,
+    timeline: Timeline | None = None,
+) -> LiveConfig:
     """The manifest's `live` part for a version of `store` whose batch part ends at `offsets`; a `latest`
-    store's fold keeps `value_columns` (the batch part's answer columns; default: the spec's `columns`)."""
+    or `history` store's fold keeps `value_columns` (the batch part's answer columns; default: the spec's
+    `columns`); a history store's records are rows of `timeline`."""
     live = store.live
     assert live is not None
     return LiveConfig(
         topic=live.topic,
         bootstrap_servers=live.bootstrap_servers,
-        merge=store.merge(value_columns),
+        merge=store.merge(value_columns, timeline),
         offsets=offsets,
         kafka=dict(live.kafka),
         on_bad_record=live.on_bad_record,
@@ -63,6 +70,9 @@ def live_value_columns(store: StoreSpec) -> tuple[str, ...]:
     aggregations, or a `latest` store's `columns` (none listed: every field of the records but the key)."""
     if store.mode is Mode.AGGREGATE:
         return tuple(store.aggregations)
+    if store.mode is Mode.HISTORY and store.columns:
+        assert store.order_by is not None
+        return (store.order_by, *[c for c in store.columns if c != store.order_by])
     return store.columns or ()
 
 

@@ -25,7 +25,7 @@ from keyroute.core.live import (
     parse_aggregate,
 )
 from keyroute.core.partitioner import Partitioner
-from keyroute.core.timeline import TimelineError, parse_duration_us
+from keyroute.core.timeline import Timeline, TimelineError, TimeType, duration_in_units, parse_duration_us
 from keyroute.pipeline.errors import SpecError
 
 # Store names become ZooKeeper node names and directory names: nothing that needs escaping anywhere.
@@ -109,10 +109,32 @@ class StoreSpec:
     retention: Retention | None = None
     window: str | None = None
     advance: str | None = None
+    # A history store's time type when no source tells it (a live history store without `source`).
+    order_by_type: TimeType | None = None
 
-    def merge(self, value_columns: tuple[str, ...] | None = None) -> Merge:
+    def merge(self, value_columns: tuple[str, ...] | None = None, timeline: Timeline | None = None) -> Merge:
         """How the live topic's records fold into this store's values (keyroute.core.live), keeping
-        `value_columns` (a `latest` store's answer columns as the batch part holds them) when given."""
+        `value_columns` (a `latest` or `history` store's answer columns as the batch part holds them) when
+        given; a history store's records are rows of `timeline`."""
+        if self.mode is Mode.HISTORY:
+            assert self.order_by is not None
+            # The source's type (the version's timeline), else the spec's; a config made only for the
+            # consumer's settings (before any source is read) folds nothing.
+            time_type = timeline.time_type if timeline is not None else self.order_by_type or TimeType.TIMESTAMP
+            columns = self.columns if value_columns is None else value_columns
+            retention = self.retention
+            span = None
+            if retention is not None and retention.duration is not None:
+                span = duration_in_units(retention.duration, time_type)
+            return Merge(
+                "history",
+                self.key,
+                order_by=self.order_by,
+                columns=columns or None,
+                time_type=time_type.value,
+                retention_count=None if retention is None else retention.count,
+                retention_span=span,
+            )
         if self.mode is Mode.LATEST:
             columns = self.columns if value_columns is None else value_columns
             return Merge("latest", self.key, order_by=self.order_by, columns=columns)
@@ -139,7 +161,7 @@ def _parse_retention(name: str, value: Any) -> Retention | None:
     if isinstance(value, int) and not isinstance(value, bool):
         value = f"{value} rows"
     if not isinstance(value, str):
-        raise SpecError(name, f"'retention' must be a text such as \"1000 rows\" or \"30 days\", got {value!r}")
+        raise SpecError(name, f'\'retention\' must be a text such as "1000 rows" or "30 days", got {value!r}')
     counted = _RETENTION_COUNT.fullmatch(value)
     if counted is not None:
         count = int(counted.group(1))
@@ -197,6 +219,7 @@ _FIELDS = (
     "retention",
     "window",
     "advance",
+    "order_by_type",
 )
 _LIVE_FIELDS = ("topic", "bootstrap_servers", "kafka", "start", "on_bad_record", "catch_up_records")
 # The snapshot formats a spec may ask for (keyroute_core.snapshot.FORMAT_1, FORMAT_2).
@@ -221,14 +244,10 @@ def parse_spec(doc: Mapping[str, Any], base_dir: Path, origin: str = "spec") -> 
     """Check a decoded spec document; `base_dir` anchors relative source paths."""
     unknown = sorted(set(doc) - {"stores"})
     if unknown:
-        raise SpecError(
-            None, f"spec {origin!r}: unknown top-level key {unknown[0]!r} (only [stores.NAME] tables)"
-        )
+        raise SpecError(None, f"spec {origin!r}: unknown top-level key {unknown[0]!r} (only [stores.NAME] tables)")
     stores = doc.get("stores")
     if not isinstance(stores, dict) or not stores:
-        raise SpecError(
-            None, f"spec {origin!r}: defines no stores (expected at least one [stores.NAME] table)"
-        )
+        raise SpecError(None, f"spec {origin!r}: defines no stores (expected at least one [stores.NAME] table)")
     return Spec(stores=tuple(_parse_store(name, table, base_dir) for name, table in stores.items()))
 
 
@@ -260,6 +279,15 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
     source_offset_column = fields.text("source_offset_column")
     snapshot_format = fields.snapshot_format()
     retention = _parse_retention(name, table.get("retention"))
+    order_by_type = fields.choice("order_by_type", TimeType)
+    if order_by_type is not None and mode is not Mode.HISTORY:
+        raise SpecError(name, "'order_by_type' only applies to mode 'history'")
+    if mode is Mode.HISTORY and live is not None and source is None and order_by_type is None:
+        raise SpecError(
+            name,
+            "a live history store without 'source' needs 'order_by_type' (timestamp, date or integer): "
+            "the type of its records' order_by",
+        )
     window = _duration_field(name, "window", table.get("window"))
     advance = _duration_field(name, "advance", table.get("advance"))
     if window is not None and mode is not Mode.WINDOWED:
@@ -283,15 +311,11 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
             raise SpecError(name, f"'columns' lists the key column {key!r}; values hold the other columns")
     else:
         if not aggregations:
-            raise SpecError(
-                name, "mode 'aggregate' needs a non-empty 'aggregations' table (name = \"expression\")"
-            )
+            raise SpecError(name, "mode 'aggregate' needs a non-empty 'aggregations' table (name = \"expression\")")
         if order_by is not None:
             raise SpecError(name, "'order_by' only applies to mode 'latest'")
         if columns is not None:
-            raise SpecError(
-                name, "'columns' only applies to mode 'latest' (aggregate values are the aggregations)"
-            )
+            raise SpecError(name, "'columns' only applies to mode 'latest' (aggregate values are the aggregations)")
         if key in aggregations:
             raise SpecError(name, f"aggregation {key!r} has the name of the key column")
     if live is not None:
@@ -318,6 +342,7 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
         retention=retention,
         window=window,
         advance=advance,
+        order_by_type=order_by_type,
     )
 
 
@@ -338,8 +363,8 @@ def _check_timeline_store(
         raise SpecError(name, f"{what} needs 'order_by' (the time column its entries are ordered and queried by)")
     if snapshot_format != 2:
         raise SpecError(name, f"{what} needs 'snapshot_format' 2 (its files are written for nodes to serve)")
-    if live is not None:
-        raise SpecError(name, f"{what} is built from 'source' only: a live history or windowed store is not supported")
+    if live is not None and mode is Mode.WINDOWED:
+        raise SpecError(name, f"{what} is built from 'source' only: a live windowed store is not supported")
     if mode is Mode.HISTORY:
         if aggregations is not None:
             raise SpecError(name, "'aggregations' apply to modes 'aggregate' and 'windowed', not 'history'")
@@ -362,9 +387,7 @@ def _parse_live(name: str, table: Any, has_source: bool) -> LiveSpec | None:
         raise SpecError(name, f"'live' must be a table ([stores.{name}.live]), got {table!r}")
     unknown = sorted(set(table) - set(_LIVE_FIELDS))
     if unknown:
-        raise SpecError(
-            name, f"unknown field 'live.{unknown[0]}' (expected some of: {', '.join(_LIVE_FIELDS)})"
-        )
+        raise SpecError(name, f"unknown field 'live.{unknown[0]}' (expected some of: {', '.join(_LIVE_FIELDS)})")
     fields = _Fields(name, table, prefix="live.")
     kafka = table.get("kafka", {})
     if not isinstance(kafka, dict):
@@ -502,9 +525,7 @@ class _Fields:
         except ValueError as exc:
             raise SpecError(self.store, str(exc)) from None
 
-    def count(
-        self, name: str, *, required: bool = False, default: int = 1, maximum: int | None = None
-    ) -> int:
+    def count(self, name: str, *, required: bool = False, default: int = 1, maximum: int | None = None) -> int:
         value = self.table.get(name)
         if value is None:
             if required:
@@ -540,9 +561,7 @@ class _Fields:
         if value is None:
             return None
         if not isinstance(value, dict):
-            raise SpecError(
-                self.store, f"'aggregations' must be a table of name = \"expression\", got {value!r}"
-            )
+            raise SpecError(self.store, f"'aggregations' must be a table of name = \"expression\", got {value!r}")
         for agg_name, expr in value.items():
             if not agg_name:
                 raise SpecError(self.store, "aggregation names must be non-empty")

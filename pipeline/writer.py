@@ -66,7 +66,7 @@ from keyroute.core.snapshot import (
     version_uri,
     write_manifest,
 )
-from keyroute.core.timeline import INT64_MIN
+from keyroute.core.timeline import INT64_MIN, Timeline
 from keyroute.pipeline import lmdb_files
 from keyroute.pipeline.compute import (
     LMDB_KEY,
@@ -203,7 +203,11 @@ def write_version(computed: ComputedStore, claimed: ClaimedVersion, live: LiveCo
 
 
 def write_empty_version(
-    store: StoreSpec, claimed: ClaimedVersion, live: LiveConfig, value_columns: tuple[str, ...]
+    store: StoreSpec,
+    claimed: ClaimedVersion,
+    live: LiveConfig,
+    value_columns: tuple[str, ...],
+    timeline: Timeline | None = None,
 ) -> WrittenVersion:
     """A version of a live store without a source: no rows, every partition's file the empty LMDB file,
     put in place and checksummed as any partition file; `live.offsets` says where nodes start applying."""
@@ -225,6 +229,7 @@ def write_empty_version(
                 checksums={p: written[p].checksum for p in range(store.partitions)},
                 bytes={p: written[p].size for p in range(store.partitions)},
                 live=live,
+                timeline=timeline,
             )
             write_manifest(claimed.location, manifest)
         except (OSError, SnapshotError) as exc:
@@ -306,12 +311,16 @@ def _build_files(computed: ComputedStore, claimed: ClaimedVersion) -> dict[int, 
     store = computed.spec
     # A live store's merge state, appended to each value on the executors (keyroute.core.live's stored form).
     state = [F.col(STATE).alias(lmdb_files.LIVE_STATE)] if STATE in computed.frame.columns else []
-    rows = _timeline_rows(computed) if computed.timeline is not None else computed.frame.select(
-        F.col("partition").alias(lmdb_files.PARTITION),
-        _lmdb_key(computed).alias(lmdb_files.LMDB_KEY),
-        # Spark's JSON for the value, as format 1 writes it; made compact JSON on the executors.
-        F.to_json(F.col("value"), {"ignoreNullFields": "false"}).alias(lmdb_files.VALUE_JSON),
-        *state,
+    rows = (
+        _timeline_rows(computed)
+        if computed.timeline is not None
+        else computed.frame.select(
+            F.col("partition").alias(lmdb_files.PARTITION),
+            _lmdb_key(computed).alias(lmdb_files.LMDB_KEY),
+            # Spark's JSON for the value, as format 1 writes it; made compact JSON on the executors.
+            F.to_json(F.col("value"), {"ignoreNullFields": "false"}).alias(lmdb_files.VALUE_JSON),
+            *state,
+        )
     )
     task = lmdb_files.partition_task(claimed.snapshot)
     with spark_errors(store.name, f"writing the partition files of {claimed.snapshot}", PublishError):

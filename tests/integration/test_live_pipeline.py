@@ -440,3 +440,125 @@ def test_a_bad_live_spec_fails_before_kafka_zookeeper_or_spark(tmp_path: Path, n
     with pytest.raises(PipelineError) as err:
         build(spec, zk, str(tmp_path / "out"))
     assert isinstance(err.value, SpecError) and "'snapshot_format' must be 2 for a live store" in str(err.value)
+
+
+def test_a_live_only_history_store_is_built_and_its_node_appends_every_record(
+    zk_settings: ZkSettings,
+    kafka: MockKafka,
+    kafka_topic: Callable[[int], str],
+    tmp_path: Path,
+    no_spark: None,
+) -> None:
+    topic = kafka_topic(PARTITIONS)
+    fields = {
+        "key": "user",
+        "partitions": PARTITIONS,
+        "mode": "history",
+        "order_by": "ts",
+        "order_by_type": "timestamp",
+        "columns": ["page"],
+        "retention": "4 rows",
+    }
+    spec = build_spec(
+        tmp_path, "visits", fields, {"topic": topic, "bootstrap_servers": kafka.bootstrap_servers, "start": "earliest"}
+    )
+    [version] = build(spec, zk_settings, str(tmp_path / "out"))
+    manifest = read_manifest(Path(version.snapshot))
+    assert_empty_version(Path(version.snapshot), manifest)
+    assert manifest.timeline is not None and manifest.timeline.kind.value == "history"
+    assert manifest.live is not None and manifest.live.merge.mode == "history"
+    assert (manifest.live.merge.time_type, manifest.live.merge.retention_count) == ("timestamp", 4)
+    assert manifest.value_columns == ("ts", "page")
+    record = store_record(zk_settings, "visits")
+    assert record is not None and record.timeline == manifest.timeline
+
+    base_ms = 1_718_100_000_000
+    records = [(f"u{i % 5}", {"user": f"u{i % 5}", "ts": base_ms + i * 1000, "page": f"/{i}"}) for i in range(30)]
+    records.append(("u1", {"user": "u1", "ts": "2024-06-11T10:00:30.5Z", "page": "/iso"}))  # ISO 8601 text
+    records.append(("u1", {"user": "u1", "ts": base_ms + 30_000, "page": "/late"}))  # before /iso in time
+    produce(kafka, topic, records)
+    port = free_port()
+    node = Proc(
+        ["node", "--zk", zk_settings.connect_string, "--node-id", "n1", "--port", str(port),
+         "--data-dir", str(tmp_path / "data"), "--zk-session-timeout-s", "4"],
+        tmp_path / "node.log",
+    ).start()  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}/stores/visits/keys/u3/history"
+        wanted = [r for k, r in records if k == "u3"][-4:]  # the newest 4 rows are kept
+
+        def rows() -> list[dict[str, Any]]:
+            response = httpx.get(url, timeout=5)
+            return response.json()["rows"] if response.status_code == 200 else []
+
+        wait_for(lambda: [r["page"] for r in rows()] == [r["page"] for r in wanted], timeout_s=60, message="rows")
+        assert rows()[0]["ts"].endswith("Z") and rows()[0]["ts"].startswith("2024-06-11T10:00:")
+        u1 = url.replace("/u3/", "/u1/")
+        wait_for(lambda: "/late" in [r["page"] for r in httpx.get(u1, timeout=5).json()["rows"]], 30, message="u1")
+        recent = httpx.get(u1, params={"from": "2024-06-11T10:00:27Z"}, timeout=5).json()["rows"]
+        assert [r["page"] for r in recent] == ["/late", "/iso"]  # in time order, not in arrival order
+        assert recent[1]["ts"] == "2024-06-11T10:00:30.500Z"
+    finally:
+        node.stop()
+
+
+def test_a_hybrid_history_store_holds_the_archive_and_its_node_appends_the_rest_once(
+    spark: SparkSession,
+    zk_settings: ZkSettings,
+    kafka: MockKafka,
+    kafka_topic: Callable[[int], str],
+    tmp_path: Path,
+) -> None:
+    topic = kafka_topic(PARTITIONS)
+    rng = random.Random(31)
+    events = [
+        (f"A{n % 7}", {"asset": f"A{n % 7}", "ts": rng.randrange(50), "qty": n}) for n in range(300)
+    ]  # times repeat across the archive's end: rows of equal time are all kept
+    placed = produce(kafka, topic, events)
+    cuts = {0: 0, 1: 21, 2: 60}
+    by_partition: dict[int, list[tuple[int, Row]]] = defaultdict(list)
+    for (partition, offset), (_, row) in zip(placed, events, strict=True):
+        by_partition[partition].append((offset, row))
+    archive = [
+        {**row, "kafka_partition": p, "kafka_offset": offset}
+        for p, records in by_partition.items()
+        for offset, row in records[: cuts[p]]
+    ]
+    write_jsonl(tmp_path / "archive" / "part-1.json", archive)
+    fields = {
+        "source": "archive",
+        "format": "json",
+        "key": "asset",
+        "partitions": PARTITIONS,
+        "source_partition_column": "kafka_partition",
+        "source_offset_column": "kafka_offset",
+        "mode": "history",
+        "order_by": "ts",
+        "columns": ["qty"],
+    }
+    spec = build_spec(tmp_path, "fills", fields, {"topic": topic, "bootstrap_servers": kafka.bootstrap_servers})
+    [published] = build(spec, zk_settings, str(tmp_path / "out"), spark=spark)
+    manifest = read_manifest(Path(published.snapshot))
+    assert manifest.timeline is not None and manifest.live is not None
+    assert manifest.live.merge.mode == "history" and manifest.live.merge.time_type == "integer"
+    assert sum(manifest.rows) == len(archive)
+
+    port = free_port()
+    node = Proc(
+        ["node", "--zk", zk_settings.connect_string, "--node-id", "n1", "--port", str(port),
+         "--data-dir", str(tmp_path / "node"), "--zk-session-timeout-s", "4"],
+        tmp_path / "node.log",
+    ).start()  # fmt: skip
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10, trust_env=False) as http:
+
+            def history(key: str) -> list[tuple[int, int]]:
+                answer = http.get(f"/stores/fills/keys/{key}/history", params={"limit": "1000"})
+                return [(r["ts"], r["qty"]) for r in answer.json()["rows"]] if answer.status_code == 200 else []
+
+            for key in sorted({k for k, _ in events}):
+                want = sorted((row["ts"], row["qty"]) for k, row in events if k == key)
+                wait_for(lambda key=key, want=want: sorted(history(key)) == want, timeout_s=60, message=key)
+                assert [t for t, _ in history(key)] == sorted(t for t, _ in want)
+    finally:
+        node.stop()
