@@ -154,6 +154,10 @@ class Merge:
     time_type: str | None = None
     retention_count: int | None = None
     retention_span: int | None = None
+    # Mode `windowed`: each record is folded (`aggregates`) into every window it falls in: windows of
+    # `window` time units starting on multiples of `advance`.
+    window: int | None = None
+    advance: int | None = None
     # Worked out once (every record is folded with them): whether stored values carry a merge state, the
     # columns a record must have, and per aggregate (name, function code, column, by).
     has_state: bool = field(init=False, repr=False, compare=False)
@@ -165,8 +169,10 @@ class Merge:
         for agg in self.aggregates:
             needed += [c for c in (agg.column, agg.by) if c is not None and c not in needed]
         plan = tuple((a.name, _CODES[a.function], a.column, a.by) for a in self.aggregates)
-        if self.mode == "history" and (self.order_by is None or self.time_type not in _TIME_TYPES):
-            raise ValueError("a history merge needs order_by and a time_type")
+        if self.mode in ("history", "windowed") and (self.order_by is None or self.time_type not in _TIME_TYPES):
+            raise ValueError(f"a {self.mode} merge needs order_by and a time_type")
+        if self.mode == "windowed" and not (self.window and self.advance and 0 < self.advance <= self.window):
+            raise ValueError("a windowed merge needs 0 < advance <= window")
         has_state = self.mode == "latest" or any(a.has_state for a in self.aggregates)
         object.__setattr__(self, "has_state", has_state)
         object.__setattr__(self, "_needed", tuple(needed))
@@ -180,16 +186,19 @@ class Merge:
             "columns": None if self.columns is None else list(self.columns),
             "aggregates": [a.to_json() for a in self.aggregates],
         }
-        if self.mode == "history":
+        if self.mode in ("history", "windowed"):
             doc["time_type"] = self.time_type
             doc["retention_count"] = self.retention_count
             doc["retention_span"] = self.retention_span
+        if self.mode == "windowed":
+            doc["window"] = self.window
+            doc["advance"] = self.advance
         return doc
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> Merge:
         mode = str(doc["mode"])
-        if mode not in ("latest", "aggregate", "history"):
+        if mode not in ("latest", "aggregate", "history", "windowed"):
             raise ValueError(f"unknown live merge mode {mode!r}")
         columns = doc.get("columns")
         count, span = doc.get("retention_count"), doc.get("retention_span")
@@ -202,6 +211,8 @@ class Merge:
             time_type=_opt(doc.get("time_type")),
             retention_count=None if count is None else int(count),
             retention_span=None if span is None else int(span),
+            window=None if doc.get("window") is None else int(doc["window"]),
+            advance=None if doc.get("advance") is None else int(doc["advance"]),
         )
 
     def apply(self, stored: bytes | None, row: Mapping[str, Any]) -> bytes | None:
@@ -231,6 +242,40 @@ class Merge:
             except KeyError as exc:
                 raise BadRecord(Reason.MISSING_COLUMN, f"no {exc.args[0]!r} (a column of the store)") from None
         return time, _dumps(answer)
+
+    def record_time(self, row: Mapping[str, Any]) -> int:
+        """A windowed store's record's time, in the timeline's unit."""
+        order_by = self.order_by
+        assert order_by is not None and self.time_type is not None
+        try:
+            raw = row[order_by]
+        except KeyError:
+            raise BadRecord(Reason.MISSING_COLUMN, f"no {order_by!r} (the store's order_by)") from None
+        return _record_time(raw, self.time_type, order_by)[0]
+
+    def window_starts(self, time: int) -> range:
+        """The starts of every window `time` falls in (start <= time < start + window), oldest first."""
+        assert self.window is not None and self.advance is not None
+        last = time - time % self.advance
+        first = last - ((last - time + self.window - 1) // self.advance) * self.advance
+        return range(first, last + 1, self.advance)
+
+    def fold_window(self, stored: bytes | None, row: Mapping[str, Any], start: int) -> bytes:
+        """A window's stored bytes after one record: {"start", "end", "value"} around the aggregations as
+        mode `aggregate` folds them (and their merge state after NUL, when they keep one)."""
+        assert self.window is not None and self.time_type is not None
+        inner: bytes | None = None
+        if stored is not None:
+            cut = stored.find(STATE_SEPARATOR)
+            answer = _loads(stored if cut < 0 else stored[:cut])
+            inner = _dumps(answer["value"]) + (b"" if cut < 0 else stored[cut:])
+        folded = self._aggregate(inner, row)
+        cut = folded.find(STATE_SEPARATOR)
+        value, state = (folded, b"") if cut < 0 else (folded[:cut], folded[cut:])
+        head = _dumps(
+            {"start": _shown_time(start, self.time_type), "end": _shown_time(start + self.window, self.time_type)}
+        )
+        return head[:-1] + b',"value":' + value + b"}" + state
 
     def initial_state(self, answer: Mapping[str, Any], order: Any = None) -> bytes:
         """The stored bytes of a batch-built value (the pipeline's side of a hybrid version)."""
@@ -379,7 +424,6 @@ def _record_time(raw: Any, time_type: str, column: str) -> tuple[int, Any]:
     """A record's time as (int64 in the timeline's unit, the value its row shows): an integer column's
     integer; a date's "YYYY-MM-DD"; a timestamp's ISO 8601 text or number of milliseconds since the epoch,
     shown as Spark writes timestamps (UTC, milliseconds)."""
-    import datetime as dt
 
     from keyroute.core.timeline import INT64_MAX, INT64_MIN, TimelineError, TimeType, parse_time
 
@@ -401,12 +445,23 @@ def _record_time(raw: Any, time_type: str, column: str) -> tuple[int, Any]:
             micros = parse_time(raw, TimeType.TIMESTAMP, column)
         else:
             raise BadRecord(Reason.BAD_TYPE, f"{column!r} = {raw!r} is not a time (ISO 8601, or epoch ms)")
-        moment = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=micros)
-        return micros, moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+        return micros, _shown_time(micros, "timestamp")
     except TimelineError as exc:
         raise BadRecord(Reason.BAD_TYPE, str(exc)) from None
     except OverflowError:
         raise BadRecord(Reason.BAD_TYPE, f"{column!r} = {raw!r} is out of range") from None
+
+
+def _shown_time(value: int, time_type: str) -> Any:
+    """A window bound as the batch part's JSON spells it (a timestamp as Spark writes one)."""
+    import datetime as dt
+
+    if time_type == "integer":
+        return value
+    if time_type == "date":
+        return (dt.date(1970, 1, 1) + dt.timedelta(days=value)).isoformat()
+    moment = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=value)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
 # --- stored bytes -----------------------------------------------------------------------------------------
@@ -577,7 +632,7 @@ def check_kafka_settings(kafka: Mapping[str, Any]) -> dict[str, str]:
             raise LiveSpecError(f"kafka setting {name!r} must be a string, number or boolean")
         if name.lower() in SECRET_SETTINGS and _env_reference(text) is None:
             raise LiveSpecError(
-                f"kafka setting {name!r} is a secret: write it as \"${{ENV_VAR}}\" and set that variable on the "
+                f'kafka setting {name!r} is a secret: write it as "${{ENV_VAR}}" and set that variable on the '
                 "nodes (secrets are never written to manifests or ZooKeeper)"
             )
         if name in ("group.id", "enable.auto.commit", "bootstrap.servers"):

@@ -33,7 +33,7 @@ from keyroute.pipeline.live import (
 )
 from keyroute.pipeline.publish import PublishedStore, check_shape, publish, read_published
 from keyroute.pipeline.session import create_session
-from keyroute.pipeline.spec import Mode, Spec, StoreSpec, load_spec
+from keyroute.pipeline.spec import Spec, StoreSpec, load_spec
 from keyroute.pipeline.timeline import timeline_of
 from keyroute.pipeline.writer import (
     WrittenVersion,
@@ -198,7 +198,7 @@ def _write_live_only(
         list(offsets),
     )
     timeline = None
-    if store.mode is Mode.HISTORY:
+    if store.mode.timeline:
         assert store.order_by_type is not None  # the spec requires it without a source
         timeline = timeline_of(store, store.order_by_type)
     live = live_config(store, offsets, None, timeline)

@@ -388,6 +388,8 @@ def compute_store(spark: SparkSession, store: StoreSpec) -> ComputedStore:
                     f"is a {timeline.time_type.value}",
                 )
             regroup = audit.regroup_key_aggregates() if audited else []
+            if offset is not None:  # a windowed store's windows of a key, combined
+                regroup += [F.max(_MAX_OFFSET).alias(_MAX_OFFSET), F.sum(_NULL_OFFSETS).alias(_NULL_OFFSETS)]
             reduced = reduce_timeline(store, keyed, RAW_KEY, _ROWS, value_columns, extra, regroup, timeline)
             value = F.col(ENTRIES)
         else:

@@ -68,7 +68,7 @@ def live_config(
 def live_value_columns(store: StoreSpec) -> tuple[str, ...]:
     """The answer columns of a live-only store (its versions have no source to read them from): the
     aggregations, or a `latest` store's `columns` (none listed: every field of the records but the key)."""
-    if store.mode is Mode.AGGREGATE:
+    if store.mode is Mode.AGGREGATE or store.mode is Mode.WINDOWED:
         return tuple(store.aggregations)
     if store.mode is Mode.HISTORY and store.columns:
         assert store.order_by is not None

@@ -135,6 +135,24 @@ class StoreSpec:
                 retention_count=None if retention is None else retention.count,
                 retention_span=span,
             )
+        if self.mode is Mode.WINDOWED:
+            assert self.order_by is not None and self.window is not None
+            time_type = timeline.time_type if timeline is not None else self.order_by_type or TimeType.TIMESTAMP
+            retention = self.retention
+            window = duration_in_units(self.window, time_type)
+            return Merge(
+                "windowed",
+                self.key,
+                order_by=self.order_by,
+                aggregates=tuple(parse_aggregate(name, expr) for name, expr in self.aggregations.items()),
+                time_type=time_type.value,
+                window=window,
+                advance=window if self.advance is None else duration_in_units(self.advance, time_type),
+                retention_count=None if retention is None else retention.count,
+                retention_span=None
+                if retention is None or retention.duration is None
+                else duration_in_units(retention.duration, time_type),
+            )
         if self.mode is Mode.LATEST:
             columns = self.columns if value_columns is None else value_columns
             return Merge("latest", self.key, order_by=self.order_by, columns=columns)
@@ -280,12 +298,12 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
     snapshot_format = fields.snapshot_format()
     retention = _parse_retention(name, table.get("retention"))
     order_by_type = fields.choice("order_by_type", TimeType)
-    if order_by_type is not None and mode is not Mode.HISTORY:
-        raise SpecError(name, "'order_by_type' only applies to mode 'history'")
-    if mode is Mode.HISTORY and live is not None and source is None and order_by_type is None:
+    if order_by_type is not None and not mode.timeline:
+        raise SpecError(name, "'order_by_type' only applies to modes 'history' and 'windowed'")
+    if mode.timeline and live is not None and source is None and order_by_type is None:
         raise SpecError(
             name,
-            "a live history store without 'source' needs 'order_by_type' (timestamp, date or integer): "
+            f"a live {mode.value} store without 'source' needs 'order_by_type' (timestamp, date or integer): "
             "the type of its records' order_by",
         )
     window = _duration_field(name, "window", table.get("window"))
@@ -299,7 +317,7 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
     if retention is not None and not mode.timeline:
         raise SpecError(name, "'retention' only applies to modes 'history' and 'windowed'")
     if mode.timeline:
-        _check_timeline_store(name, mode, key, order_by, columns, aggregations, snapshot_format, live)
+        _check_timeline_store(name, mode, key, order_by, columns, aggregations, snapshot_format, live, source)
         if mode is Mode.WINDOWED and window is None:
             raise SpecError(name, "mode 'windowed' needs 'window' (a duration such as \"5 minutes\")")
     elif mode is Mode.LATEST:
@@ -355,16 +373,16 @@ def _check_timeline_store(
     aggregations: Mapping[str, str] | None,
     snapshot_format: int,
     live: LiveSpec | None,
+    source: str | None = None,
 ) -> None:
     """What a history or windowed store needs: a time column (`order_by`), format-2 versions, and (windowed)
-    aggregations or (history) value columns."""
+    aggregations or (history) value columns. A live windowed store's aggregations merge one record at a time;
+    with a `source` too they keep no merge state (its batch windows carry none)."""
     what = f"mode {mode.value!r}"
     if order_by is None:
         raise SpecError(name, f"{what} needs 'order_by' (the time column its entries are ordered and queried by)")
     if snapshot_format != 2:
         raise SpecError(name, f"{what} needs 'snapshot_format' 2 (its files are written for nodes to serve)")
-    if live is not None and mode is Mode.WINDOWED:
-        raise SpecError(name, f"{what} is built from 'source' only: a live windowed store is not supported")
     if mode is Mode.HISTORY:
         if aggregations is not None:
             raise SpecError(name, "'aggregations' apply to modes 'aggregate' and 'windowed', not 'history'")
@@ -377,6 +395,18 @@ def _check_timeline_store(
         raise SpecError(name, "'columns' does not apply to mode 'windowed' (its values are the aggregations)")
     if key in aggregations:
         raise SpecError(name, f"aggregation {key!r} has the name of the key column")
+    if live is not None:
+        for agg_name, expr in aggregations.items():
+            try:
+                aggregate = parse_aggregate(agg_name, expr)
+            except LiveSpecError as exc:
+                raise SpecError(name, f"'aggregations': {exc}") from None
+            if source is not None and aggregate.has_state:
+                raise SpecError(
+                    name,
+                    f"aggregation {agg_name!r} = {expr!r}: a windowed store with both 'source' and 'live' "
+                    "takes count, sum, min and max only (its batch windows keep no merge state)",
+                )
 
 
 def _parse_live(name: str, table: Any, has_source: bool) -> LiveSpec | None:

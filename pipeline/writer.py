@@ -66,7 +66,7 @@ from keyroute.core.snapshot import (
     version_uri,
     write_manifest,
 )
-from keyroute.core.timeline import INT64_MIN, Timeline
+from keyroute.core.timeline import INT64_MIN, StoreKind, Timeline
 from keyroute.pipeline import lmdb_files
 from keyroute.pipeline.compute import (
     LMDB_KEY,
@@ -356,7 +356,7 @@ def _build_files(computed: ComputedStore, claimed: ClaimedVersion) -> dict[int, 
 
 def _timeline_rows(computed: ComputedStore) -> DataFrame:
     """A history or windowed store's entries, one row each: LMDB key = the key part the route computed +
-    the entry's time + its index among the key's entries (keyroute.core.timeline), value = its JSON."""
+    the entry's time + its sequence (keyroute.core.timeline), value = its JSON."""
     if LMDB_KEY not in computed.frame.columns:
         raise PublishError(computed.spec.name, "a history or windowed store is routed by its partitioner only")
     part, index, entry = "__keyroute_key_part", "__keyroute_index", "__keyroute_entry"
@@ -364,11 +364,13 @@ def _timeline_rows(computed: ComputedStore) -> DataFrame:
         F.col("partition"), F.col(LMDB_KEY).alias(part), F.posexplode(F.col("value")).alias(index, entry)
     )
     flipped = F.col(f"{entry}.{TIME}").bitwiseXOR(F.lit(INT64_MIN))  # the sign bit flipped: negatives first
+    # A history row's sequence is its index among the key's rows; a window is the only entry at its start
+    # (sequence 0, where a live store folds its records into it).
+    windowed = computed.timeline is not None and computed.timeline.kind is StoreKind.WINDOWED
+    sequence = F.lit(0).cast(T.LongType()) if windowed else F.col(index).cast(T.LongType())
     return exploded.select(
         F.col("partition").alias(lmdb_files.PARTITION),
-        F.concat(F.col(part), _big_endian(flipped, 8), _big_endian(F.col(index).cast(T.LongType()), 4)).alias(
-            lmdb_files.LMDB_KEY
-        ),
+        F.concat(F.col(part), _big_endian(flipped, 8), _big_endian(sequence, 4)).alias(lmdb_files.LMDB_KEY),
         F.col(f"{entry}.{TEXT}").alias(lmdb_files.VALUE_JSON),
     )
 

@@ -256,11 +256,12 @@ LIVE_SEQUENCE = 1 << 31
 STREAM_TIME_KEY = META_TAG + b"stream-time"
 
 
-class _History:
-    """Records of a live history store applied in one write transaction: each appends a row under
-    (key, time, LIVE_SEQUENCE + offset), so applying a record again writes the same entry; a tombstone
-    deletes the key's rows; retention trims the key's oldest rows. The partition's latest time (its stream
-    time, for a retention span) is kept in the same transaction."""
+class _Timeline:
+    """Records of a live history or windowed store applied in one write transaction. History: each record
+    appends a row under (key, time, LIVE_SEQUENCE + offset), so applying a record again writes the same
+    entry. Windowed: each record is folded into every window it falls in, under (key, window start, 0).
+    A tombstone deletes the key's entries; retention trims the key's oldest ones. The partition's latest
+    time (its stream time, for a retention span) is kept in the same transaction."""
 
     __slots__ = ("txn", "cursor", "merge", "stream_time", "changed")
 
@@ -277,17 +278,30 @@ class _History:
         if row is None:
             self._delete(part, None)
             return
-        time, value = self.merge.history_row(row)
-        span = self.merge.retention_span
+        merge = self.merge
+        windowed = merge.mode == "windowed"
+        if windowed:
+            time, value = merge.record_time(row), b""
+        else:
+            time, value = merge.history_row(row)
+        span = merge.retention_span
         if span is not None:
             if self.stream_time is None or time > self.stream_time:
                 self.stream_time, self.changed = time, True
             cutoff = self.stream_time - span
             if time <= cutoff:
                 return  # older than the retention keeps: as if it had been trimmed
-            self._delete(part, entry_key(part, max(cutoff + 1, INT64_MIN), 0))
-        self.txn.put(entry_key(part, time, LIVE_SEQUENCE + (offset & 0x7FFFFFFF)), value)
-        count = self.merge.retention_count
+            # Rows at or before the cutoff; windows that ended by then.
+            oldest = cutoff + 1 - (merge.window or 0) if windowed else cutoff + 1
+            self._delete(part, entry_key(part, max(oldest, INT64_MIN), 0))
+        if windowed:
+            txn = self.txn
+            for start in merge.window_starts(time):
+                window = entry_key(part, start, 0)
+                txn.put(window, merge.fold_window(txn.get(window), row, start))
+        else:
+            self.txn.put(entry_key(part, time, LIVE_SEQUENCE + (offset & 0x7FFFFFFF)), value)
+        count = merge.retention_count
         if count is not None:
             self._keep_newest(part, count)
 
@@ -613,7 +627,7 @@ class LiveApplier:
                     read = slot.reader.read
                     merge = config.merge
                     fold = merge.apply
-                    history = _History(txn, merge) if merge.mode == "history" else None
+                    history = _Timeline(txn, merge) if merge.mode in ("history", "windowed") else None
                     for message in records:
                         offset = message.offset()
                         if offset != expected:

@@ -200,7 +200,8 @@ class PartitionStore:
         with env.begin(buffers=False) as txn:
             cursor = txn.cursor()
             if _last_at_or_before(cursor, part + _LAST_SUFFIX) and cursor.key().startswith(part):
-                return bytes(cursor.value())
+                value = bytes(cursor.value())
+                return answer_bytes(value) if self.live is not None else value
         return None
 
     def entries(
@@ -219,6 +220,7 @@ class PartitionStore:
         if env is None:
             raise LoadError(f"partition {self.pid} is closed")
         part = key_part(key)
+        live = self.live is not None  # a live window keeps its merge state after the answer
         lowest = part if low is None else entry_key(part, low, 0)
         beyond = None if high is None else entry_key(part, high, 0)  # exclusive
         previous = None if after is None else entry_key(part, *after)  # exclusive
@@ -237,7 +239,8 @@ class PartitionStore:
                     if len(found) == limit:
                         return found, True
                     _, time, sequence = split_entry(lmdb_key)
-                    found.append((time, sequence, bytes(cursor.value())))
+                    value = bytes(cursor.value())
+                    found.append((time, sequence, answer_bytes(value) if live else value))
                     more = cursor.next()
                 return found, False
             if previous is not None and (beyond is None or previous <= beyond):
@@ -253,7 +256,8 @@ class PartitionStore:
                 if len(found) == limit:
                     return found, True
                 _, time, sequence = split_entry(lmdb_key)
-                found.append((time, sequence, bytes(cursor.value())))
+                value = bytes(cursor.value())
+                found.append((time, sequence, answer_bytes(value) if live else value))
                 more = cursor.prev()
         return found, False
 
@@ -296,7 +300,8 @@ class PartitionStore:
                     if len(found) == limit:
                         return found, True, resume
                     _last_at_or_before(cursor, last)  # the key's latest entry
-                    found.append((data, cursor.value()))
+                    value = cursor.value()
+                    found.append((data, answer_bytes(value) if live else value))
                 resume = last
                 more = _first_after(cursor, last)
         return found, False, resume

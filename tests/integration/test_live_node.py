@@ -461,3 +461,34 @@ def test_a_live_history_keeps_its_time_span_of_rows(live_node) -> None:  # type:
     node.flush()
     node.wait(lambda: node.live("window10").get(0, {}).get("offset") == 5, "the records")
     assert [r["ts"] for r in history(node, "window10", a)] == [105, 111]
+
+
+def test_a_live_windowed_store_folds_each_record_into_its_windows(live_node) -> None:  # type: ignore[no-untyped-def]
+    aggregates = (
+        Aggregate("n", "count", None),
+        Aggregate("total", "sum", "amount"),
+        Aggregate("last", "max_by", "page", "ts"),
+    )
+    merge = Merge("windowed", "user", order_by="ts", aggregates=aggregates, time_type="integer", window=10, advance=5)
+    timeline = Timeline(StoreKind.WINDOWED, "ts", TimeType.INTEGER, window=10, advance=5)
+    node = live_node("per10", merge, timeline=timeline)
+    (a,) = keys_of(0, 1)
+    records = [(12, 1, "/a"), (3, 2, "/b"), (14, 3, "/c"), (7, 4, "/d"), (-2, 5, "/e")]
+    for ts, amount, page in records:
+        node.produce(a, {"user": a, "ts": ts, "amount": amount, "page": page})
+    node.flush()
+    node.wait(lambda: node.live("per10").get(0, {}).get("offset") == 4, "the records")
+
+    def expected(start: int) -> dict[str, Any]:
+        inside = [(t, amt, p) for t, amt, p in records if start <= t < start + 10]
+        return {"n": len(inside), "total": sum(amt for _, amt, _ in inside), "last": max(inside)[2]}
+
+    starts = sorted({s for t, _, _ in records for s in range(t - t % 5 - 5, t - t % 5 + 1, 5) if s <= t < s + 10})
+    answer = node.http.get(f"{node.url}/stores/per10/keys/{a}/windows", params={"limit": "100"})
+    assert answer.status_code == 200, answer.text
+    windows = answer.json()["windows"]
+    assert [(w["start"], w["end"]) for w in windows] == [(s, s + 10) for s in starts]
+    assert [w["value"] for w in windows] == [expected(s) for s in starts]  # no merge state in answers
+    overlapping = node.http.get(f"{node.url}/stores/per10/keys/{a}/windows", params={"from": "13", "to": "15"})
+    assert [w["start"] for w in overlapping.json()["windows"]] == [s for s in starts if s < 15 and s + 10 > 13]
+    assert node.value("per10", a) == windows[-1]  # a get: the latest window

@@ -562,3 +562,164 @@ def test_a_hybrid_history_store_holds_the_archive_and_its_node_appends_the_rest_
                 assert [t for t, _ in history(key)] == sorted(t for t, _ in want)
     finally:
         node.stop()
+
+
+def test_a_live_only_windowed_store_is_built_and_its_node_folds_records_into_windows(
+    zk_settings: ZkSettings,
+    kafka: MockKafka,
+    kafka_topic: Callable[[int], str],
+    tmp_path: Path,
+    no_spark: None,
+) -> None:
+    topic = kafka_topic(PARTITIONS)
+    fields = {
+        "key": "user",
+        "partitions": PARTITIONS,
+        "mode": "windowed",
+        "order_by": "ts",
+        "order_by_type": "timestamp",
+        "window": "1 minute",
+        "aggregations": {"clicks": "count(*)", "spent": "sum(amount)"},
+    }
+    spec = build_spec(
+        tmp_path,
+        "per_minute",
+        fields,
+        {"topic": topic, "bootstrap_servers": kafka.bootstrap_servers, "start": "earliest"},
+    )
+    [version] = build(spec, zk_settings, str(tmp_path / "out"))
+    manifest = read_manifest(Path(version.snapshot))
+    assert manifest.timeline is not None and manifest.timeline.window == 60_000_000
+    assert manifest.live is not None and manifest.live.merge.mode == "windowed"
+    assert manifest.value_columns == ("clicks", "spent")
+
+    base_ms = 1_718_100_000_000  # 2024-06-11T10:00:00Z
+    records = [("u1", {"user": "u1", "ts": base_ms + s * 1000, "amount": s}) for s in (5, 30, 59, 61, 150)]
+    produce(kafka, topic, records)
+    port = free_port()
+    node = Proc(
+        ["node", "--zk", zk_settings.connect_string, "--node-id", "n1", "--port", str(port),
+         "--data-dir", str(tmp_path / "data"), "--zk-session-timeout-s", "4"],
+        tmp_path / "node.log",
+    ).start()  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}/stores/per_minute/keys/u1/windows"
+        want = [
+            {
+                "start": "2024-06-11T10:00:00.000Z",
+                "end": "2024-06-11T10:01:00.000Z",
+                "value": {"clicks": 3, "spent": 94},
+            },
+            {
+                "start": "2024-06-11T10:01:00.000Z",
+                "end": "2024-06-11T10:02:00.000Z",
+                "value": {"clicks": 1, "spent": 61},
+            },
+            {
+                "start": "2024-06-11T10:02:00.000Z",
+                "end": "2024-06-11T10:03:00.000Z",
+                "value": {"clicks": 1, "spent": 150},
+            },
+        ]
+
+        def windows() -> list[dict[str, Any]]:
+            response = httpx.get(url, timeout=5)
+            return response.json()["windows"] if response.status_code == 200 else []
+
+        wait_for(lambda: windows() == want, timeout_s=60, message="the windows")
+    finally:
+        node.stop()
+
+
+def test_a_hybrid_windowed_store_takes_only_aggregations_without_merge_state(tmp_path: Path) -> None:
+    from keyroute.pipeline.spec import load_spec
+
+    fields = {
+        "source": "archive",
+        "format": "json",
+        "key": "user",
+        "partitions": PARTITIONS,
+        "source_partition_column": "p",
+        "source_offset_column": "o",
+        "mode": "windowed",
+        "order_by": "ts",
+        "window": "1 minute",
+        "aggregations": {"last": "max_by(page, ts)"},
+    }
+    spec = build_spec(tmp_path, "w", fields, {"topic": "t", "bootstrap_servers": "127.0.0.1:9"})
+    with pytest.raises(SpecError, match="count, sum, min and max only"):
+        load_spec(spec)
+
+
+def test_a_hybrid_windowed_store_holds_the_archive_s_windows_and_its_node_folds_the_rest(
+    spark: SparkSession,
+    zk_settings: ZkSettings,
+    kafka: MockKafka,
+    kafka_topic: Callable[[int], str],
+    tmp_path: Path,
+) -> None:
+    topic = kafka_topic(PARTITIONS)
+    rng = random.Random(32)
+    events = [(f"A{n % 5}", {"asset": f"A{n % 5}", "ts": rng.randrange(40), "qty": n}) for n in range(200)]
+    placed = produce(kafka, topic, events)
+    cuts = {0: 0, 1: 15, 2: 40}
+    by_partition: dict[int, list[tuple[int, Row]]] = defaultdict(list)
+    for (partition, offset), (_, row) in zip(placed, events, strict=True):
+        by_partition[partition].append((offset, row))
+    archive = [
+        {**row, "kafka_partition": p, "kafka_offset": offset}
+        for p, records in by_partition.items()
+        for offset, row in records[: cuts[p]]
+    ]
+    write_jsonl(tmp_path / "archive" / "part-1.json", archive)
+    fields = {
+        "source": "archive",
+        "format": "json",
+        "key": "asset",
+        "partitions": PARTITIONS,
+        "source_partition_column": "kafka_partition",
+        "source_offset_column": "kafka_offset",
+        "mode": "windowed",
+        "order_by": "ts",
+        "window": "10 ms",  # an integer time is in milliseconds
+        "advance": "5 ms",
+        "aggregations": {"n": "count(*)", "qty": "sum(qty)", "low": "min(qty)"},
+    }
+    spec = build_spec(tmp_path, "fills", fields, {"topic": topic, "bootstrap_servers": kafka.bootstrap_servers})
+    [published] = build(spec, zk_settings, str(tmp_path / "out"), spark=spark)
+    manifest = read_manifest(Path(published.snapshot))
+    assert manifest.live is not None and manifest.live.merge.mode == "windowed"
+
+    port = free_port()
+    node = Proc(
+        ["node", "--zk", zk_settings.connect_string, "--node-id", "n1", "--port", str(port),
+         "--data-dir", str(tmp_path / "node"), "--zk-session-timeout-s", "4"],
+        tmp_path / "node.log",
+    ).start()  # fmt: skip
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10, trust_env=False) as http:
+
+            def windows(key: str) -> list[tuple[int, dict[str, Any]]]:
+                answer = http.get(f"/stores/fills/keys/{key}/windows", params={"limit": "1000"})
+                return [(w["start"], w["value"]) for w in answer.json()["windows"]] if answer.status_code == 200 else []
+
+            for key in sorted({k for k, _ in events}):
+                rows = [row for k, row in events if k == key]
+                starts = sorted(
+                    {
+                        s
+                        for r in rows
+                        for s in (r["ts"] - r["ts"] % 5, r["ts"] - r["ts"] % 5 - 5)
+                        if s <= r["ts"] < s + 10
+                    }
+                )
+                want = []
+                for start in starts:
+                    inside = [r["qty"] for r in rows if start <= r["ts"] < start + 10]
+                    want.append((start, {"n": len(inside), "qty": sum(inside), "low": min(inside)}))
+                try:
+                    wait_for(lambda key=key, want=want: windows(key) == want, timeout_s=30, message=key)
+                except AssertionError:
+                    raise AssertionError(f"{key}: {windows(key)} != {want}") from None
+    finally:
+        node.stop()
