@@ -240,6 +240,10 @@ def _paged_params(start: Any, end: Any, page_size: int, order: str | None = None
     return params
 
 
+def _offset(min_offset: int | None) -> str | None:
+    return None if min_offset is None else str(min_offset)
+
+
 def _range_params(from_key: Any, to_key: Any, prefix: str | None, page_size: int) -> dict[str, str]:
     return _paged_params(
         None,
@@ -328,12 +332,20 @@ class Client(_Base):
         return _batch_results(store, response.json()["results"])
 
     def history(
-        self, store: str, key: Any, *, start: Any = None, end: Any = None, order: str = "asc", page_size: int = 100
+        self,
+        store: str,
+        key: Any,
+        *,
+        start: Any = None,
+        end: Any = None,
+        order: str = "asc",
+        page_size: int = 100,
+        min_offset: int | None = None,
     ) -> Iterator[dict[str, Any]]:
-        """Every row of a key of a history store with start <= time < end, page after page."""
-        yield from self._pages(
-            f"{self._key_path(store, key)}/history", "rows", _paged_params(start, end, page_size, order)
-        )
+        """Every row of a key of a history store with start <= time < end, page after page (a live store's
+        from a state that has applied at least `min_offset`)."""
+        params = _paged_params(start, end, page_size, order, min_offset=_offset(min_offset))
+        yield from self._pages(f"{self._key_path(store, key)}/history", "rows", params)
 
     def windows(
         self, store: str, key: Any, *, start: Any = None, end: Any = None, page_size: int = 100
@@ -423,10 +435,19 @@ class AsyncClient(_Base):
         return _batch_results(store, response.json()["results"])
 
     async def history(
-        self, store: str, key: Any, *, start: Any = None, end: Any = None, order: str = "asc", page_size: int = 100
+        self,
+        store: str,
+        key: Any,
+        *,
+        start: Any = None,
+        end: Any = None,
+        order: str = "asc",
+        page_size: int = 100,
+        min_offset: int | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         path = f"/stores/{quote(store, safe='')}/keys/{key_segment(key)}/history"
-        async for row in self._pages(path, "rows", _paged_params(start, end, page_size, order)):
+        params = _paged_params(start, end, page_size, order, min_offset=_offset(min_offset))
+        async for row in self._pages(path, "rows", params):
             yield row
 
     async def windows(

@@ -342,7 +342,7 @@ HISTORY = "history"
 WINDOWS = "windows"
 # What each timeline read is asked on, and the store kind that answers it.
 READ_KINDS = {HISTORY: StoreKind.HISTORY, WINDOWS: StoreKind.WINDOWED}
-_PARAMETERS = ("from", "to", "limit", "order", "cursor")
+_PARAMETERS = ("from", "to", "limit", "order", "cursor", "min_offset")
 
 
 class QueryError(TimelineError):
@@ -362,6 +362,7 @@ class TimelineQuery:
     descending: bool
     cursor: str | None
     bounds: tuple[str | None, str | None]  # from and to as given (what a cursor is bound to)
+    min_offset: int | None = None  # live stores: answer from a state that has applied at least this offset
 
     def cursor_query(self, store: str, key: str) -> tuple[Any, ...]:
         """What a cursor continuing this read is bound to (the limit may change from page to page)."""
@@ -401,7 +402,14 @@ def parse_query(read: str, raw_query: bytes, timeline: Timeline) -> TimelineQuer
         assert timeline.window is not None
         low = max(low - timeline.window + 1, INT64_MIN)
     cursor = given.get("cursor") or None
-    return TimelineQuery(read, low, high, limit, order == "desc", cursor, (given.get("from"), given.get("to")))
+    min_offset = None
+    if "min_offset" in given:
+        text = given["min_offset"]
+        if not re.fullmatch(r"[0-9]{1,19}", text) or int(text) > INT64_MAX:
+            raise QueryError(f"min_offset={text!r}: expected an integer from 0 to 2^63-1")
+        min_offset = int(text)
+    bounds = (given.get("from"), given.get("to"))
+    return TimelineQuery(read, low, high, limit, order == "desc", cursor, bounds, min_offset)
 
 
 def _bound(timeline: Timeline, text: str, name: str) -> int:

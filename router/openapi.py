@@ -93,13 +93,16 @@ def _timeline_read(operation: str, summary: str, schema: str, what: str, kind: s
                  "description": "oldest first (asc) or newest first (desc)"},
                 {"name": "cursor", "in": "query", "required": False, "schema": {"type": "string"},
                  "description": "the `next` of the previous page, with the same store, key, from, to and order"},
+                {"name": "min_offset", "in": "query", "required": False, "schema": _OFFSET,
+                 "description": "live stores only: as for getKey (read your own write)"},
             ],
             "responses": {
                 "200": _json(schema, f"the key's {what}, in time order (none: an empty list)", _READ_HEADERS),
                 "400": _error(
                     f"`wrong_store_kind`: the store is not a {kind} store; `bad_request`: an unknown, repeated "
                     "or malformed parameter, `from` after `to`, or `limit` out of range; `bad_cursor`: the "
-                    "cursor is malformed, altered or continues another read; `bad_key`"
+                    "cursor is malformed, altered or continues another read; `bad_key`; `not_live`: "
+                    "min_offset on a store that follows no topic"
                 ),
                 "404": _error("`store_not_found`"),
                 "410": _error("`cursor_expired`: the cursor continues a version of the store no longer served"),
@@ -107,7 +110,8 @@ def _timeline_read(operation: str, summary: str, schema: str, what: str, kind: s
                 **_NOT_ALLOWED,
                 **_GUARD,
                 "503": _error(
-                    "`overloaded` or `partition_unavailable`: retry after `Retry-After` seconds", retry_after=True
+                    "`overloaded`, `partition_unavailable` or `not_up_to_bound`: retry after `Retry-After` seconds",
+                    retry_after=True,
                 ),
                 **_INTERNAL,
             },
@@ -192,17 +196,41 @@ OPENAPI: dict[str, Any] = {
                 "summary": "The keys of a range, in the store's key order, with their values (routers only)",
                 "parameters": [
                     _STORE,
-                    {"name": "from_key", "in": "query", "required": False, "schema": {"type": "string"},
-                     "description": "the first key of the range (inclusive), in the key's text form"},
-                    {"name": "to_key", "in": "query", "required": False, "schema": {"type": "string"},
-                     "description": "the end of the range (exclusive)"},
-                    {"name": "prefix", "in": "query", "required": False, "schema": {"type": "string"},
-                     "description": "string keys: the keys starting with this text (instead of from_key/to_key)"},
-                    {"name": "limit", "in": "query", "required": False,
-                     "schema": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 100},
-                     "description": "at most this many keys; `next` then continues the read"},
-                    {"name": "cursor", "in": "query", "required": False, "schema": {"type": "string"},
-                     "description": "the `next` of the previous page, with the same store and bounds"},
+                    {
+                        "name": "from_key",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "string"},
+                        "description": "the first key of the range (inclusive), in the key's text form",
+                    },
+                    {
+                        "name": "to_key",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "string"},
+                        "description": "the end of the range (exclusive)",
+                    },
+                    {
+                        "name": "prefix",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "string"},
+                        "description": "string keys: the keys starting with this text (instead of from_key/to_key)",
+                    },
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 100},
+                        "description": "at most this many keys; `next` then continues the read",
+                    },
+                    {
+                        "name": "cursor",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "string"},
+                        "description": "the `next` of the previous page, with the same store and bounds",
+                    },
                 ],
                 "responses": {
                     "200": _json("Range", "the keys in order: bytes of the serialized key; integers numerically"),

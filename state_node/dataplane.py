@@ -205,9 +205,36 @@ class NodeDataPlane:
             metrics.count(store, KIND_TIMELINE, answer[0])
             exchange.answer(*answer)
             return False
+        if type(answer) is Behind:
+            self._spawn(self._timeline_catch_up(exchange, store, key_text, read, forwarded, answer))
+            return True
         assert isinstance(answer, Forward)
         self._spawn(self._forward(exchange, store, answer, KIND_TIMELINE))
         return True
+
+    async def _timeline_catch_up(
+        self, exchange: Exchange, store: str, key_text: str, read: str, forwarded: bool, behind: Behind
+    ) -> None:
+        """A timeline read bounded by `min_offset` of a live partition held here, once it has applied the
+        bound or the wait is over (as `_catch_up` for a key read)."""
+        request = exchange.request
+        bind_request_id({}, request.request_id)
+        node = self.node
+        try:
+            await behind.live.wait_reached(behind.min_offset, node.settings.min_offset_wait_ms / 1000)
+            answer = read_timeline(node, store, key_text, read, request.query, forwarded, waited=True)
+            if isinstance(answer, Forward):
+                answer = await forward_read(node, _target(request), answer, request.request_id)
+        except ApiError as exc:
+            answer = self.error_answer(exc)
+        except Exception:
+            log.exception("answering a bounded timeline read of %r failed", request.path[:200])
+            answer = self.error_answer(ApiError("internal error"))
+        finally:
+            self.admission.release()
+        assert type(answer) is tuple
+        node.metrics.count(store, KIND_TIMELINE, answer[0])
+        exchange.answer(*answer)
 
     def _read_range(self, exchange: Exchange, request: Request, store: str, partition: str) -> bool:
         metrics = self.node.metrics

@@ -229,14 +229,15 @@ def read_key(
 
 
 def read_timeline(
-    node: Node, store_name: str, key_text: str, read: str, raw_query: bytes, forwarded: bool
-) -> Answer | Forward:
+    node: Node, store_name: str, key_text: str, read: str, raw_query: bytes, forwarded: bool, waited: bool = False
+) -> Answer | Forward | Behind:
     """The answer to a `history` or `windows` read of `key_text` (keyroute.core.timeline) when this node
     holds the key's partition: 200 with the entries in time order, and `next`, a cursor, when `limit` cut
     them. Otherwise the `Forward` to send on, as `read_key` decides. Raises ApiError: an unknown store
     (404), a store of another kind (400 wrong_store_kind), a malformed query (400 bad_request), a key that
     does not fit (400 bad_key), a cursor not made for this query (400 bad_cursor) or made for a version no
-    longer served here (410 cursor_expired), a partition it can neither answer nor forward (503)."""
+    longer served here (410 cursor_expired), a partition it can neither answer nor forward (503). With
+    `min_offset`, as `read_key`: `Behind` to wait for, or once `waited` 503 not_up_to_bound."""
     m = node.ownership.map
     record = find_store(m, store_name)
     wanted = READ_KINDS[read]
@@ -269,7 +270,19 @@ def read_timeline(
                     f" (now {held.version}): start the read again"
                 )
         # A live partition's offset is read before its entries: they reflect at least that offset.
-        offset = held.live.offset if held.live is not None else -1
+        live = held.live
+        offset = live.offset if live is not None else -1
+        if query.min_offset is not None:
+            if live is None:
+                raise not_live(store_name)
+            if offset < query.min_offset:
+                if not waited and node.settings.min_offset_wait_ms > 0:
+                    return Behind(live, query.min_offset)
+                behind = not_up_to_bound(store_name, route.partition, offset, query.min_offset)
+                behind.headers[HEADER_LAG] = str(live.lag_records)
+                behind.headers[HEADER_PARTITION] = str(route.partition)
+                behind.headers[HEADER_VERSION] = str(held.version)
+                raise behind
         entries, more = held.entries(key.data, query.low, query.high, query.limit, query.descending, after)
         next_cursor = make_cursor(secret, bound, held.version, entries[-1][:2]) if more else None
         field = "rows" if read == HISTORY else "windows"

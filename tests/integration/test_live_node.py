@@ -422,6 +422,25 @@ def test_a_live_history_store_appends_every_record_once_through_a_kill_9(live_no
     assert [r["ts"] for r in answer.json()["rows"]] == sorted(t for t in produced[keys[0]] if 10 <= t < 20)
     assert node.value("visits", keys[0])["ts"] == max(produced[keys[0]])  # a get: the latest row
 
+    # Read your own write: a history read bounded by the next offset waits for the record produced meanwhile.
+    p0 = partition(keys[0])
+    offset = node.live("visits")[p0]["offset"]
+    url = f"{node.url}/stores/visits/keys/{keys[0]}/history"
+    bounded: dict[str, httpx.Response] = {}
+    reader = threading.Thread(
+        target=lambda: bounded.setdefault("r", node.http.get(url, params={"min_offset": str(offset + 1)}))
+    )
+    reader.start()
+    node.produce(keys[0], {"user": keys[0], "ts": 1000, "page": "/mine"})
+    produced[keys[0]].append(1000)
+    node.flush()
+    reader.join()
+    assert bounded["r"].status_code == 200, bounded["r"].text
+    assert bounded["r"].json()["rows"][-1] == {"ts": 1000, "page": "/mine"}
+    assert int(bounded["r"].headers["x-keyroute-offset"]) >= offset + 1
+    never = node.http.get(url, params={"min_offset": str(offset + 10**6)})
+    assert (never.status_code, never.json()["error"]) == (503, "not_up_to_bound")
+
     # kill -9 mid-stream and restart: every record is a row exactly once (re-applied records rewrite their
     # own entry, never add one).
     streaming = threading.Thread(target=produce, args=(6000,))

@@ -219,6 +219,8 @@ def test_bad_timeline_queries_get_a_400_that_says_which(cluster: Cluster) -> Non
             (path("trips", "C001", "windows"), {}, 400, "wrong_store_kind", "history store"),
             (path("per10", "C001", "history"), {}, 400, "wrong_store_kind", "windowed store"),
             (path("nope", "C001", "history"), {}, 404, "store_not_found", ""),
+            (history, {"min_offset": "5"}, 400, "not_live", ""),
+            (history, {"min_offset": "-1"}, 400, "bad_request", "min_offset"),
         ]
         for url, params, status, code, words in cases:
             resp = client.get(url, params=params)
