@@ -389,6 +389,7 @@ class PartitionMap:
                     "value_columns": list(store.value_columns),
                     "published_at": store.published_at,
                     "retained_versions": list(store.retained_versions),
+                    **({} if store.timeline is None else {"timeline": store.timeline.to_dict()}),
                     "partition_map": [
                         {
                             "partition": p,
