@@ -31,11 +31,15 @@ import datetime as dt
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 import httpx
+
+from keyroute.core.key_format import KeyFormat, KeyFormatError, parse_key
+from keyroute.core.partitioner import Partitioner, partition_for
 
 __all__ = [
     "AsyncClient",
@@ -255,23 +259,131 @@ def _range_params(from_key: Any, to_key: Any, prefix: str | None, page_size: int
     )
 
 
+class _Routes:
+    """The partition map as a direct-routing client uses it: per store its shape and, per partition, the
+    URLs of the nodes serving it (preferred replica first), from a router's /admin/partition-map."""
+
+    __slots__ = ("generation", "stores")
+
+    def __init__(self, doc: Mapping[str, Any]) -> None:
+        self.generation = int(doc["generation"])
+        self.stores: dict[str, tuple[int, Partitioner, KeyFormat, list[tuple[str, ...]]]] = {}
+        for name, store in doc["stores"].items():
+            serving = [tuple(str(s["url"]) for s in entry["serving"]) for entry in store["partition_map"]]
+            self.stores[name] = (
+                int(store["partitions"]),
+                Partitioner(store["partitioner"]),
+                KeyFormat(store["key_format"]),
+                serving,
+            )
+
+    def replicas(self, store: str, key: Any) -> tuple[str, ...]:
+        """The nodes serving the key's partition (none: unknown store, or a key the router must judge)."""
+        entry = self.stores.get(store)
+        if entry is None:
+            return ()
+        partitions, partitioner, key_format, serving = entry
+        try:
+            data = parse_key(key_format, key_text(key)).data
+        except (KeyFormatError, TypeError):
+            return ()
+        partition = partition_for(partitioner, data, partitions)
+        return serving[partition] if partition < len(serving) else ()
+
+
+# A node that failed (connection) is skipped for this long; a map newer than what answers show is re-read at
+# most this often.
+_NODE_BACKOFF_S = 1.0
+_MAP_RELOAD_MIN_S = 0.05
+
+
 class _Base:
-    def __init__(self, url: str, timeout: float, retries: int, backoff_s: float, token: str | None) -> None:
+    def __init__(
+        self,
+        url: str,
+        timeout: float,
+        retries: int,
+        backoff_s: float,
+        token: str | None,
+        routing: str = "router",
+        map_max_age_s: float = 30.0,
+    ) -> None:
         if retries < 0:
             raise ValueError("retries must not be negative")
+        if routing not in ("router", "direct"):
+            raise ValueError("routing is 'router' or 'direct'")
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.retries = retries
         self.backoff_s = backoff_s
+        self.routing = routing
+        self.map_max_age_s = map_max_age_s
         self.headers = {"accept": "application/json"}
         if token:
             self.headers["authorization"] = f"Bearer {token}"
+        # Direct routing: the map, when it must be read again, and nodes to skip for a while.
+        self._routes: _Routes | None = None
+        self._routes_at = float("-inf")
+        self._reload = True
+        self._last_load = float("-inf")
+        self._down: dict[str, float] = {}
+        self.map_reload_min_s = _MAP_RELOAD_MIN_S  # a burst of stale answers re-reads the map once
+        # What direct routing did: reads answered by a node directly, reads that went through the router,
+        # map reads, answers that said the map was behind (forwarded, or a newer generation), failovers.
+        self.stats = {"direct": 0, "via_router": 0, "map_loads": 0, "misroutes": 0, "failovers": 0}
 
     def _wait_s(self, attempt: int, error: KeyrouteError | None) -> float:
         backoff = self.backoff_s * (2**attempt)
         if error is not None and error.retry_after is not None:
             backoff = max(backoff, error.retry_after)
         return min(backoff, _MAX_RETRY_WAIT_S)
+
+    def _map_due(self) -> bool:
+        now = time.monotonic()
+        stale = self._reload or self._routes is None or now - self._routes_at > self.map_max_age_s
+        return stale and now - self._last_load >= self.map_reload_min_s
+
+    def _took_map(self, response: httpx.Response) -> None:
+        self._last_load = time.monotonic()
+        if response.status_code != 200:
+            return
+        try:
+            routes = _Routes(response.json())
+        except (ValueError, KeyError, TypeError):
+            return
+        self._routes, self._routes_at, self._reload = routes, time.monotonic(), False
+        self.stats["map_loads"] += 1
+
+    def _replicas(self, store: str, key: Any) -> tuple[str, ...]:
+        routes = self._routes
+        if routes is None:
+            return ()
+        replicas = routes.replicas(store, key)
+        if self._down and len(replicas) > 1:
+            now = time.monotonic()
+            up = tuple(url for url in replicas if self._down.get(url, 0.0) <= now)
+            replicas = up + tuple(url for url in replicas if url not in up)
+        return replicas
+
+    def _observe(self, response: httpx.Response) -> None:
+        """A node's answer: forwarded (our map sent us to a node that does not serve the key) or routed with
+        a newer map than ours means the map is behind: read it again (as Redis Cluster's MOVED)."""
+        routes = self._routes
+        generation = response.headers.get("x-keyroute-generation")
+        newer = (
+            routes is not None
+            and generation is not None
+            and generation.isdigit()
+            and (int(generation) > routes.generation)
+        )
+        if response.headers.get("x-keyroute-hops") == "1" or newer:
+            self.stats["misroutes"] += 1
+            self._reload = True
+
+    def _node_failed(self, url: str) -> None:
+        self._down[url] = time.monotonic() + _NODE_BACKOFF_S
+        self._reload = True
+        self.stats["failovers"] += 1
 
 
 class Client(_Base):
@@ -286,11 +398,14 @@ class Client(_Base):
         backoff_s: float = 0.05,
         token: str | None = None,
         transport: httpx.BaseTransport | None = None,
+        routing: str = "router",
+        map_max_age_s: float = 30.0,
     ) -> None:
-        super().__init__(url, timeout, retries, backoff_s, token)
+        super().__init__(url, timeout, retries, backoff_s, token, routing, map_max_age_s)
         self._http = httpx.Client(
             base_url=self.url, timeout=timeout, headers=self.headers, transport=transport, trust_env=False
         )
+        self._pool: ThreadPoolExecutor | None = None
 
     def __enter__(self) -> Client:
         return self
@@ -299,7 +414,46 @@ class Client(_Base):
         self.close()
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
         self._http.close()
+
+    # -- direct routing ---------------------------------------------------------------------------------
+
+    def _ensure_map(self) -> None:
+        if self._map_due():
+            try:
+                self._took_map(self._http.get("/admin/partition-map"))
+            except httpx.HTTPError:
+                self._last_load = time.monotonic()
+
+    def _direct(self, store: str, key: Any, path: str, params: Mapping[str, str] | None) -> httpx.Response | None:
+        """The read from a node serving the key's partition (the next replica when one fails or answers
+        503), or None: then the router answers it."""
+        self._ensure_map()
+        for url in self._replicas(store, key):
+            try:
+                response = self._http.get(url + path, params=params)
+            except httpx.TransportError:
+                self._node_failed(url)
+                continue
+            self._observe(response)
+            if response.status_code == 503:
+                self.stats["failovers"] += 1
+                continue
+            self.stats["direct"] += 1
+            return response
+        self.stats["via_router"] += 1
+        return None
+
+    def _read(self, store: str, key: Any, path: str, params: Mapping[str, str] | None = None) -> httpx.Response:
+        if self.routing == "direct":
+            response = self._direct(store, key, path, params)
+            if response is not None:
+                if response.status_code >= 400:
+                    raise _error(response)
+                return response
+        return self._send("GET", path, params=params)
 
     def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         error: KeyrouteError | None = None
@@ -322,14 +476,61 @@ class Client(_Base):
     def get(self, store: str, key: str | int | bytes | uuid.UUID, *, min_offset: int | None = None) -> Value:
         """The value of one key (KeyNotFound when there is none)."""
         params = None if min_offset is None else {"min_offset": str(min_offset)}
-        response = self._send("GET", f"/stores/{quote(store, safe='')}/keys/{key_segment(key)}", params=params)
+        response = self._read(store, key, self._key_path(store, key), params)
         return _value(response.json(), response)
 
     def get_many(self, store: str, keys: Iterable[str | int | bytes | uuid.UUID]) -> list[Value | KeyrouteError]:
-        """Many keys of one store in one request: per key, in order, its Value or its error."""
-        body = {"keys": [key_text(k) for k in keys]}
-        response = self._send("POST", f"/stores/{quote(store, safe='')}/batch-get", json=body)
-        return _batch_results(store, response.json()["results"])
+        """Many keys of one store: per key, in order, its Value or its error. Direct routing sends one
+        batch per node, in parallel; what a node cannot answer goes through the router."""
+        texts = [key_text(k) for k in keys]
+        path = f"/stores/{quote(store, safe='')}/batch-get"
+        entries: list[Mapping[str, Any] | None] = [None] * len(texts)
+        rest = list(range(len(texts)))
+        if self.routing == "direct" and texts:
+            self._ensure_map()
+            groups: dict[str, list[int]] = {}
+            rest = []
+            for index, text in enumerate(texts):
+                replicas = self._replicas(store, text)
+                if replicas:
+                    groups.setdefault(replicas[0], []).append(index)
+                else:
+                    rest.append(index)
+            if groups:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="keyroute-client")
+                done = self._pool.map(lambda item: self._node_batch(item[0], path, texts, item[1]), groups.items())
+                for indexes, results in done:
+                    if results is None:
+                        rest += indexes
+                        continue
+                    for index, entry in zip(indexes, results, strict=True):
+                        if entry.get("status") == 503:
+                            rest.append(index)
+                        else:
+                            entries[index] = entry
+                self.stats["direct"] += len(texts) - len(rest)
+            if rest:
+                self.stats["via_router"] += len(rest)
+        if rest:
+            rest.sort()
+            response = self._send("POST", path, json={"keys": [texts[i] for i in rest]})
+            for index, entry in zip(rest, response.json()["results"], strict=True):
+                entries[index] = entry
+        return _batch_results(store, entries)  # type: ignore[arg-type]
+
+    def _node_batch(
+        self, url: str, path: str, texts: list[str], indexes: list[int]
+    ) -> tuple[list[int], list[Mapping[str, Any]] | None]:
+        try:
+            response = self._http.post(url + path, json={"keys": [texts[i] for i in indexes]})
+        except httpx.TransportError:
+            self._node_failed(url)
+            return indexes, None
+        self._observe(response)
+        if response.status_code != 200:
+            return indexes, None
+        return indexes, response.json()["results"]
 
     def history(
         self,
@@ -345,13 +546,14 @@ class Client(_Base):
         """Every row of a key of a history store with start <= time < end, page after page (a live store's
         from a state that has applied at least `min_offset`)."""
         params = _paged_params(start, end, page_size, order, min_offset=_offset(min_offset))
-        yield from self._pages(f"{self._key_path(store, key)}/history", "rows", params)
+        yield from self._pages(f"{self._key_path(store, key)}/history", "rows", params, (store, key))
 
     def windows(
         self, store: str, key: Any, *, start: Any = None, end: Any = None, page_size: int = 100
     ) -> Iterator[dict[str, Any]]:
         """The windows of a key of a windowed store that overlap [start, end): {"start", "end", "value"}."""
-        yield from self._pages(f"{self._key_path(store, key)}/windows", "windows", _paged_params(start, end, page_size))
+        params = _paged_params(start, end, page_size)
+        yield from self._pages(f"{self._key_path(store, key)}/windows", "windows", params, (store, key))
 
     def range(
         self,
@@ -370,9 +572,12 @@ class Client(_Base):
     def _key_path(self, store: str, key: Any) -> str:
         return f"/stores/{quote(store, safe='')}/keys/{key_segment(key)}"
 
-    def _pages(self, path: str, field: str, params: dict[str, str]) -> Iterator[Any]:
+    def _pages(
+        self, path: str, field: str, params: dict[str, str], routed: tuple[str, Any] | None = None
+    ) -> Iterator[Any]:
         while True:
-            body = self._send("GET", path, params=params).json()
+            response = self._send("GET", path, params=params) if routed is None else self._read(*routed, path, params)
+            body = response.json()
             yield from body[field]
             if "next" not in body:
                 return
@@ -391,8 +596,10 @@ class AsyncClient(_Base):
         backoff_s: float = 0.05,
         token: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        routing: str = "router",
+        map_max_age_s: float = 30.0,
     ) -> None:
-        super().__init__(url, timeout, retries, backoff_s, token)
+        super().__init__(url, timeout, retries, backoff_s, token, routing, map_max_age_s)
         self._http = httpx.AsyncClient(
             base_url=self.url, timeout=timeout, headers=self.headers, transport=transport, trust_env=False
         )
@@ -424,15 +631,87 @@ class AsyncClient(_Base):
             await asyncio.sleep(self._wait_s(attempt, error))
         raise AssertionError("unreachable")
 
+    # -- direct routing ---------------------------------------------------------------------------------
+
+    async def _ensure_map(self) -> None:
+        if self._map_due():
+            try:
+                self._took_map(await self._http.get("/admin/partition-map"))
+            except httpx.HTTPError:
+                self._last_load = time.monotonic()
+
+    async def _read(self, store: str, key: Any, path: str, params: Mapping[str, str] | None = None) -> httpx.Response:
+        if self.routing == "direct":
+            await self._ensure_map()
+            for url in self._replicas(store, key):
+                try:
+                    response = await self._http.get(url + path, params=params)
+                except httpx.TransportError:
+                    self._node_failed(url)
+                    continue
+                self._observe(response)
+                if response.status_code == 503:
+                    self.stats["failovers"] += 1
+                    continue
+                self.stats["direct"] += 1
+                if response.status_code >= 400:
+                    raise _error(response)
+                return response
+            self.stats["via_router"] += 1
+        return await self._send("GET", path, params=params)
+
     async def get(self, store: str, key: Any, *, min_offset: int | None = None) -> Value:
         params = None if min_offset is None else {"min_offset": str(min_offset)}
-        response = await self._send("GET", f"/stores/{quote(store, safe='')}/keys/{key_segment(key)}", params=params)
+        path = f"/stores/{quote(store, safe='')}/keys/{key_segment(key)}"
+        response = await self._read(store, key, path, params)
         return _value(response.json(), response)
 
     async def get_many(self, store: str, keys: Iterable[Any]) -> list[Value | KeyrouteError]:
-        body = {"keys": [key_text(k) for k in keys]}
-        response = await self._send("POST", f"/stores/{quote(store, safe='')}/batch-get", json=body)
-        return _batch_results(store, response.json()["results"])
+        texts = [key_text(k) for k in keys]
+        path = f"/stores/{quote(store, safe='')}/batch-get"
+        entries: list[Mapping[str, Any] | None] = [None] * len(texts)
+        rest = list(range(len(texts)))
+        if self.routing == "direct" and texts:
+            await self._ensure_map()
+            groups: dict[str, list[int]] = {}
+            rest = []
+            for index, text in enumerate(texts):
+                replicas = self._replicas(store, text)
+                if replicas:
+                    groups.setdefault(replicas[0], []).append(index)
+                else:
+                    rest.append(index)
+            done = await asyncio.gather(*(self._node_batch(url, path, texts, idx) for url, idx in groups.items()))
+            for indexes, results in done:
+                if results is None:
+                    rest += indexes
+                    continue
+                for index, entry in zip(indexes, results, strict=True):
+                    if entry.get("status") == 503:
+                        rest.append(index)
+                    else:
+                        entries[index] = entry
+            self.stats["direct"] += len(texts) - len(rest)
+            self.stats["via_router"] += len(rest)
+        if rest:
+            rest.sort()
+            response = await self._send("POST", path, json={"keys": [texts[i] for i in rest]})
+            for index, entry in zip(rest, response.json()["results"], strict=True):
+                entries[index] = entry
+        return _batch_results(store, entries)  # type: ignore[arg-type]
+
+    async def _node_batch(
+        self, url: str, path: str, texts: list[str], indexes: list[int]
+    ) -> tuple[list[int], list[Mapping[str, Any]] | None]:
+        try:
+            response = await self._http.post(url + path, json={"keys": [texts[i] for i in indexes]})
+        except httpx.TransportError:
+            self._node_failed(url)
+            return indexes, None
+        self._observe(response)
+        if response.status_code != 200:
+            return indexes, None
+        return indexes, response.json()["results"]
 
     async def history(
         self,
@@ -447,14 +726,14 @@ class AsyncClient(_Base):
     ) -> AsyncIterator[dict[str, Any]]:
         path = f"/stores/{quote(store, safe='')}/keys/{key_segment(key)}/history"
         params = _paged_params(start, end, page_size, order, min_offset=_offset(min_offset))
-        async for row in self._pages(path, "rows", params):
+        async for row in self._pages(path, "rows", params, (store, key)):
             yield row
 
     async def windows(
         self, store: str, key: Any, *, start: Any = None, end: Any = None, page_size: int = 100
     ) -> AsyncIterator[dict[str, Any]]:
         path = f"/stores/{quote(store, safe='')}/keys/{key_segment(key)}/windows"
-        async for window in self._pages(path, "windows", _paged_params(start, end, page_size)):
+        async for window in self._pages(path, "windows", _paged_params(start, end, page_size), (store, key)):
             yield window
 
     async def range(
@@ -470,9 +749,15 @@ class AsyncClient(_Base):
         async for entry in self._pages(f"/stores/{quote(store, safe='')}/range", "keys", params):
             yield entry["key"], entry["value"]
 
-    async def _pages(self, path: str, field: str, params: dict[str, str]) -> AsyncIterator[Any]:
+    async def _pages(
+        self, path: str, field: str, params: dict[str, str], routed: tuple[str, Any] | None = None
+    ) -> AsyncIterator[Any]:
         while True:
-            body = (await self._send("GET", path, params=params)).json()
+            if routed is None:
+                response = await self._send("GET", path, params=params)
+            else:
+                response = await self._read(*routed, path, params)
+            body = response.json()
             for item in body[field]:
                 yield item
             if "next" not in body:

@@ -36,8 +36,12 @@ def write_accounts(folder: Path, seed: int = 11) -> Path:
     path = folder / "accounts.jsonl"
     with open(path, "w") as fh:
         for n in range(1500):
-            record = {"account": rng.choice(ids), "seq": n, "balance": round(rng.uniform(-50, 5000), 2),
-                      "tier": rng.choice(["gold", "silver", None])}
+            record = {
+                "account": rng.choice(ids),
+                "seq": n,
+                "balance": round(rng.uniform(-50, 5000), 2),
+                "tier": rng.choice(["gold", "silver", None]),
+            }
             fh.write(json.dumps(record) + "\n")
     return path
 
@@ -105,8 +109,19 @@ columns = ["balance", "tier"]
             port = free_port()
             node_id = f"node-{i}"
             proc = Proc(
-                ["node", "--zk", zk, "--node-id", node_id, "--port", str(port),
-                 "--data-dir", str(tmp_path / node_id), "--zk-session-timeout-s", "4"],
+                [
+                    "node",
+                    "--zk",
+                    zk,
+                    "--node-id",
+                    node_id,
+                    "--port",
+                    str(port),
+                    "--data-dir",
+                    str(tmp_path / node_id),
+                    "--zk-session-timeout-s",
+                    "4",
+                ],
                 tmp_path / f"{node_id}.log",
             ).start()
             procs.append(proc)
@@ -115,12 +130,18 @@ columns = ["balance", "tier"]
         router = Proc(["router", "--zk", zk, "--port", str(router_port)], tmp_path / "router.log").start()
         procs.append(router)
         router_url = f"http://127.0.0.1:{router_port}"
-        wait_for(lambda: httpx.get(router_url + "/readyz").status_code == 200, timeout_s=120,
-                 message="router ready (complete map)")
+        wait_for(
+            lambda: httpx.get(router_url + "/readyz").status_code == 200,
+            timeout_s=120,
+            message="router ready (complete map)",
+        )
         # Nodes started one by one: the first ones loaded more than their share and let go only once the
         # new owners serve. Wait until actual placement equals the assignment (make before break done).
-        wait_for(lambda: settled(httpx.get(router_url + "/admin/partition-map").json()), timeout_s=120,
-                 message="serving view equal to the assignment")
+        wait_for(
+            lambda: settled(httpx.get(router_url + "/admin/partition-map").json()),
+            timeout_s=120,
+            message="serving view equal to the assignment",
+        )
         expected = {
             "bookings": expected_latest(files.bookings, "customer_id", "ts", ["ts", "route", "fare", "seats"]),
             "positions": expected_positions(files.trades),
@@ -253,3 +274,66 @@ def test_a_node_forwards_a_key_it_does_not_serve_exactly_once(cluster: Cluster) 
         # A request already marked as forwarded is never forwarded again.
         again = client.get(key_url(node_url, "bookings", key), headers={"X-Keyroute-Hops": "1"})
         assert again.status_code == 503 and again.json()["error"] == "partition_unavailable"
+
+
+def test_the_direct_client_reads_every_key_through_a_kill_9_and_a_rebalance(cluster: Cluster, tmp_path: Path) -> None:
+    """keyroute.client in direct mode (the map from the router, keys hashed by the client, straight to a
+    serving node): no failed or wrong read while a node is killed and while a new node takes partitions."""
+    import threading
+
+    from keyroute.client import Client
+
+    keys = list(cluster.expected["bookings"].items())
+    accounts = list(cluster.expected["accounts"].items())
+    failures: list[str] = []
+    rounds = [0]
+    stop = threading.Event()
+    stats: dict[str, int] = {}
+
+    def read_forever() -> None:
+        with Client(cluster.router_url, routing="direct", timeout=5, retries=6) as client:
+            while not stop.is_set():
+                for key, value in keys:
+                    try:
+                        if client.get("bookings", key).value != value:
+                            failures.append(f"bookings {key}: wrong value")
+                    except Exception as exc:  # noqa: BLE001 - every failure is what this test counts
+                        failures.append(f"bookings {key}: {exc!r}")
+                found = client.get_many("accounts", [k for k, _ in accounts])
+                for (key, value), result in zip(accounts, found, strict=True):
+                    if getattr(result, "value", None) != value:
+                        failures.append(f"accounts {key}: {result!r}")
+                rounds[0] += 1
+            stats.update(client.stats)
+
+    reader = threading.Thread(target=read_forever)
+    reader.start()
+    try:
+        wait_for(lambda: rounds[0] >= 2, timeout_s=60, message="reading")
+        victim, (proc, _url) = next(iter(cluster.nodes.items()))
+        proc.kill9()
+        wait_for(
+            lambda: victim not in httpx.get(cluster.router_url + "/admin/partition-map").json()["nodes"],
+            timeout_s=30,
+            message="dead node gone from the map",
+        )
+        port = free_port()
+        newcomer = Proc(
+            ["node", "--zk", cluster.zk.connect_string, "--node-id", "node-new", "--port", str(port),
+             "--data-dir", str(tmp_path / "node-new"), "--zk-session-timeout-s", "4"],
+            tmp_path / "node-new.log",
+        ).start()  # fmt: skip
+        try:
+            wait_for(lambda: settled(httpx.get(cluster.router_url + "/admin/partition-map").json()), timeout_s=120,
+                     message="the new node serving its share")  # fmt: skip
+            done = rounds[0]
+            wait_for(lambda: rounds[0] >= done + 2, timeout_s=60, message="reading after the rebalance")
+        finally:
+            stop.set()
+            reader.join()
+            newcomer.stop()
+    finally:
+        stop.set()
+        reader.join()
+    assert failures == []
+    assert stats["direct"] > 0 and stats["map_loads"] >= 2, stats

@@ -175,3 +175,74 @@ def test_the_async_client_reads_the_same_way() -> None:
             assert [kv async for kv in client.range("s", prefix="a")] == [("a", 1), ("b", 2)]
 
     asyncio.run(main())
+
+
+def partition_map(generation: int, serving: dict[int, list[str]], partitions: int = 4) -> dict[str, Any]:
+    return {
+        "generation": generation,
+        "stores": {
+            "s": {
+                "partitions": partitions,
+                "partitioner": "murmur2",
+                "key_format": "string",
+                "partition_map": [
+                    {"partition": p, "serving": [{"node": u, "url": u, "version": 1} for u in serving.get(p, [])]}
+                    for p in range(partitions)
+                ],
+            }
+        },
+    }
+
+
+def found(key: str, **headers: str) -> httpx.Response:
+    body = {"store": "s", "key": key, "partition": 0, "version": 1, "value": {"k": key}}
+    return httpx.Response(200, json=body, headers=headers)
+
+
+def test_direct_routing_goes_to_the_partition_s_node_and_fails_over_and_falls_back() -> None:
+    from keyroute.core.partitioner import Partitioner, partition_for
+
+    key = "C000042"
+    partition = partition_for(Partitioner.MURMUR2, key.encode(), 4)
+    asked: list[str] = []
+    answered_generation = ["1"]
+    serving = {partition: ["http://n1", "http://n2"]}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        where = f"{request.url.scheme}://{request.url.host}"
+        asked.append(where + request.url.path)
+        if request.url.path == "/admin/partition-map":
+            return httpx.Response(200, json=partition_map(1, serving))
+        if where == "http://n1":
+            raise httpx.ConnectError("refused", request=request)
+        if where == "http://n2":
+            return found(key, **{"x-keyroute-generation": answered_generation[0]})
+        return found(key)  # the router
+
+    with Client("http://router", routing="direct", transport=transport(handler)) as client:
+        client.map_reload_min_s = 0.0
+        path = f"/stores/s/keys/{key}"
+        assert client.get("s", key).value == {"k": key}
+        assert asked == ["http://router/admin/partition-map", "http://n1" + path, "http://n2" + path]
+        assert client.stats["failovers"] == 1 and client.stats["direct"] == 1
+        # The failure made the map be read again; n1 is held back a while, so n2 is asked first.
+        asked.clear()
+        client.get("s", key)
+        assert asked == ["http://router/admin/partition-map", "http://n2" + path]
+        assert client.stats["misroutes"] == 0
+        # An answer routed with a newer map (or forwarded) makes the next read re-read the map.
+        answered_generation[0] = "7"
+        asked.clear()
+        client.get("s", key)
+        assert asked == ["http://n2" + path] and client.stats["misroutes"] == 1
+        asked.clear()
+        answered_generation[0] = "1"
+        client.get("s", key)
+        assert asked == ["http://router/admin/partition-map", "http://n2" + path]
+        # No node serves the partition: the router answers.
+        serving.clear()
+        client._reload = True
+        asked.clear()
+        assert client.get("s", key).value == {"k": key}
+        assert asked == ["http://router/admin/partition-map", "http://router" + path]
+        assert client.stats["via_router"] == 1
