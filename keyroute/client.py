@@ -59,6 +59,9 @@ __all__ = [
 ]
 
 DEFAULT_TIMEOUT_S = 5.0
+# Keep-alive connections enough for many reads in flight (per node in direct mode): httpx's default keeps 20
+# and would close and reopen connections under a higher concurrency.
+_LIMITS = httpx.Limits(max_connections=256, max_keepalive_connections=256)
 DEFAULT_RETRIES = 3
 _MAX_RETRY_WAIT_S = 2.0
 
@@ -403,7 +406,12 @@ class Client(_Base):
     ) -> None:
         super().__init__(url, timeout, retries, backoff_s, token, routing, map_max_age_s)
         self._http = httpx.Client(
-            base_url=self.url, timeout=timeout, headers=self.headers, transport=transport, trust_env=False
+            base_url=self.url,
+            timeout=timeout,
+            headers=self.headers,
+            transport=transport,
+            trust_env=False,
+            limits=_LIMITS,
         )
         self._pool: ThreadPoolExecutor | None = None
 
@@ -601,7 +609,12 @@ class AsyncClient(_Base):
     ) -> None:
         super().__init__(url, timeout, retries, backoff_s, token, routing, map_max_age_s)
         self._http = httpx.AsyncClient(
-            base_url=self.url, timeout=timeout, headers=self.headers, transport=transport, trust_env=False
+            base_url=self.url,
+            timeout=timeout,
+            headers=self.headers,
+            transport=transport,
+            trust_env=False,
+            limits=_LIMITS,
         )
 
     async def __aenter__(self) -> AsyncClient:
