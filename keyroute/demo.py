@@ -226,6 +226,7 @@ def _print_banner(router: str, zk: str, node_ports: list[int], host: str, work: 
         "",
         "keyroute demo is up.",
         f"  router      {router}",
+        f"  map page    {router}/admin/ui      # open it in a browser: the partition map, live",
         *(f"  node-{i}      http://{host}:{port}" for i, port in enumerate(node_ports)),
         f"  zookeeper   {zk}",
         f"  files       {work}",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
+from urllib.parse import parse_qs
 
 from starlette.requests import Request
 
@@ -91,8 +92,16 @@ class Admission:
         self.expectation_failed = 0
 
     def admit(self, scope: Scope) -> ApiError | None:
-        target_bytes = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
-        return self.admit_head(scope["path"], target_bytes, scope["headers"])
+        query = scope.get("query_string") or b""
+        target_bytes = len(scope.get("raw_path") or b"") + len(query)
+        headers = scope["headers"]
+        if self.protected and scope["path"] in TOKEN_IN_QUERY_PATHS and b"token=" in query:
+            # A page a browser opens (it cannot send a header on navigation): the admin token may come as
+            # ?token=... instead, checked exactly as the header would be.
+            token = parse_qs(query.decode("latin-1")).get("token", [""])[0]
+            headers = [(name, value) for name, value in headers if name != _AUTHORIZATION]
+            headers.append((_AUTHORIZATION, b"Bearer " + token.encode("latin-1", "replace")))
+        return self.admit_head(scope["path"], target_bytes, headers)
 
     def admit_head(self, path: str, target_bytes: int, headers: Iterable[tuple[bytes, bytes]]) -> ApiError | None:
         """`admit` for a request known by its decoded `path`, the length of its target (raw path and query
@@ -132,6 +141,10 @@ class Admission:
         if code not in _COUNTED:
             raise ValueError(f"{code!r} is not a refusal reason counted by Admission (one of {REFUSAL_REASONS})")
         setattr(self, code, getattr(self, code) + 1)
+
+
+# Admin pages opened in a browser, which may carry the admin token as a `token` query parameter.
+TOKEN_IN_QUERY_PATHS = frozenset({"/admin/ui"})
 
 
 class RequestGuard:

@@ -21,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from keyroute.core.api import HEADER_REQUEST_ID, ApiError, BadRequest
@@ -32,6 +32,7 @@ from keyroute.core.partition_map import PartitionMap
 from keyroute.core.request_guard import RequestGuard
 from keyroute.core.security import ClusterAuth
 from keyroute.core.settings import RouterSettings
+from keyroute.router import ui
 from keyroute.router.fast_upstream import FastUpstream
 from keyroute.router.limits import admission
 from keyroute.router.map_source import MapSource, ZooKeeperMapSource
@@ -116,6 +117,19 @@ def create_app(
             finally:
                 await upstream.aclose()
 
+    async def partition_map_page(request: Request) -> Response:
+        # Never cached, never framed by another site; its script only talks to this router.
+        return HTMLResponse(
+            ui.PAGE,
+            headers={
+                "cache-control": "no-store",
+                "x-frame-options": "DENY",
+                "content-security-policy": "default-src 'none'; script-src 'unsafe-inline'; "
+                "style-src 'unsafe-inline'; connect-src 'self'",
+                "referrer-policy": "no-referrer",
+            },
+        )
+
     async def partition_map(request: Request) -> Response:
         m = _proxy(request).table.map
         body = {**m.describe(), "router": True}
@@ -172,6 +186,7 @@ def create_app(
         routes=[
             Route("/admin/partition-map", partition_map, methods=["GET"]),
             Route("/admin/route", route, methods=["GET"]),
+            Route(ui.PATH, partition_map_page, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),

@@ -291,6 +291,24 @@ OPENAPI: dict[str, Any] = {
                 },
             }
         },
+        "/admin/ui": {
+            "get": {
+                "operationId": "partitionMapPage",
+                "summary": "The partition map as a page for people (self-contained HTML, updating itself)",
+                "security": [{"adminToken": []}, {}],
+                "parameters": [
+                    {"name": "token", "in": "query", "required": False, "schema": {"type": "string"},
+                     "description": "the admin token, for a browser that cannot send the Authorization header"},
+                ],
+                "responses": {
+                    "200": {"description": "the page", "content": {"text/html": {"schema": {"type": "string"}}}},
+                    **_ADMIN,
+                    **_NOT_ALLOWED,
+                    **_GUARD,
+                    **_INTERNAL,
+                },
+            }
+        },  # fmt: skip
         "/admin/route": {
             "get": {
                 "operationId": "route",

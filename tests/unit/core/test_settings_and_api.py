@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -70,3 +71,31 @@ def test_unavailable_says_when_to_retry() -> None:
     err = PartitionUnavailable("no node serves partition 3", retry_after_s=2)
     assert err.status == 503 and err.headers == {"Retry-After": "2"}
     assert err.body() == {"error": "partition_unavailable", "message": "no node serves partition 3"}
+
+
+def _admin_scope(path: str, query: bytes = b"", authorization: bytes | None = None) -> dict[str, Any]:
+    headers = [] if authorization is None else [(b"authorization", authorization)]
+    return {"type": "http", "path": path, "raw_path": path.encode(), "query_string": query, "headers": headers}
+
+
+def test_the_partition_map_page_takes_the_admin_token_from_its_query_and_nothing_else_does() -> None:
+    from keyroute.core.request_guard import Admission
+    from keyroute.core.security import BearerAuth
+
+    admission = Admission(admin=BearerAuth("s3cret"))
+
+    def admitted(scope: dict[str, Any]) -> bool:
+        refusal = admission.admit(scope)
+        if refusal is None:
+            admission.release()
+            return True
+        assert refusal.status == 401
+        return False
+
+    assert admitted(_admin_scope("/admin/ui", b"token=s3cret"))
+    assert admitted(_admin_scope("/admin/ui", authorization=b"Bearer s3cret"))
+    assert not admitted(_admin_scope("/admin/ui"))
+    assert not admitted(_admin_scope("/admin/ui", b"token=wrong"))
+    assert not admitted(_admin_scope("/admin/ui", b"token=wrong", authorization=b"Bearer s3cret"))  # query wins
+    assert not admitted(_admin_scope("/admin/partition-map", b"token=s3cret"))  # only the page
+    assert admitted(_admin_scope("/admin/partition-map", authorization=b"Bearer s3cret"))
