@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime as dt
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
@@ -414,6 +415,26 @@ class Client(_Base):
             limits=_LIMITS,
         )
         self._pool: ThreadPoolExecutor | None = None
+        self._transport = transport
+        # One connection pool per node (direct routing): a pool scans its connections on every request.
+        self._nodes: dict[str, httpx.Client] = {}
+        self._map_lock = threading.Lock()
+
+    def _node(self, url: str) -> httpx.Client:
+        client = self._nodes.get(url)
+        if client is None:
+            client = self._nodes.setdefault(
+                url,
+                httpx.Client(
+                    base_url=url,
+                    timeout=self.timeout,
+                    headers=self.headers,
+                    transport=self._transport,
+                    trust_env=False,
+                    limits=_LIMITS,
+                ),
+            )
+        return client
 
     def __enter__(self) -> Client:
         return self
@@ -424,16 +445,21 @@ class Client(_Base):
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        for node in list(self._nodes.values()):
+            node.close()
         self._http.close()
 
     # -- direct routing ---------------------------------------------------------------------------------
 
     def _ensure_map(self) -> None:
         if self._map_due():
-            try:
-                self._took_map(self._http.get("/admin/partition-map"))
-            except httpx.HTTPError:
-                self._last_load = time.monotonic()
+            with self._map_lock:  # one read for many threads that find the map due at once
+                if not self._map_due():
+                    return
+                try:
+                    self._took_map(self._http.get("/admin/partition-map"))
+                except httpx.HTTPError:
+                    self._last_load = time.monotonic()
 
     def _direct(self, store: str, key: Any, path: str, params: Mapping[str, str] | None) -> httpx.Response | None:
         """The read from a node serving the key's partition (the next replica when one fails or answers
@@ -441,7 +467,7 @@ class Client(_Base):
         self._ensure_map()
         for url in self._replicas(store, key):
             try:
-                response = self._http.get(url + path, params=params)
+                response = self._node(url).get(path, params=params)
             except httpx.TransportError:
                 self._node_failed(url)
                 continue
@@ -531,7 +557,7 @@ class Client(_Base):
         self, url: str, path: str, texts: list[str], indexes: list[int]
     ) -> tuple[list[int], list[Mapping[str, Any]] | None]:
         try:
-            response = self._http.post(url + path, json={"keys": [texts[i] for i in indexes]})
+            response = self._node(url).post(path, json={"keys": [texts[i] for i in indexes]})
         except httpx.TransportError:
             self._node_failed(url)
             return indexes, None
@@ -616,6 +642,9 @@ class AsyncClient(_Base):
             trust_env=False,
             limits=_LIMITS,
         )
+        self._transport = transport
+        self._nodes: dict[str, httpx.AsyncClient] = {}
+        self._map_lock: asyncio.Lock | None = None  # made on the event loop, at the first map read
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -624,7 +653,22 @@ class AsyncClient(_Base):
         await self.aclose()
 
     async def aclose(self) -> None:
+        for node in list(self._nodes.values()):
+            await node.aclose()
         await self._http.aclose()
+
+    def _node(self, url: str) -> httpx.AsyncClient:
+        client = self._nodes.get(url)
+        if client is None:
+            client = self._nodes[url] = httpx.AsyncClient(
+                base_url=url,
+                timeout=self.timeout,
+                headers=self.headers,
+                transport=self._transport,
+                trust_env=False,
+                limits=_LIMITS,
+            )
+        return client
 
     async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         error: KeyrouteError | None = None
@@ -648,17 +692,22 @@ class AsyncClient(_Base):
 
     async def _ensure_map(self) -> None:
         if self._map_due():
-            try:
-                self._took_map(await self._http.get("/admin/partition-map"))
-            except httpx.HTTPError:
-                self._last_load = time.monotonic()
+            if self._map_lock is None:
+                self._map_lock = asyncio.Lock()
+            async with self._map_lock:  # one read for many tasks that find the map due at once
+                if not self._map_due():
+                    return
+                try:
+                    self._took_map(await self._http.get("/admin/partition-map"))
+                except httpx.HTTPError:
+                    self._last_load = time.monotonic()
 
     async def _read(self, store: str, key: Any, path: str, params: Mapping[str, str] | None = None) -> httpx.Response:
         if self.routing == "direct":
             await self._ensure_map()
             for url in self._replicas(store, key):
                 try:
-                    response = await self._http.get(url + path, params=params)
+                    response = await self._node(url).get(path, params=params)
                 except httpx.TransportError:
                     self._node_failed(url)
                     continue
@@ -717,7 +766,7 @@ class AsyncClient(_Base):
         self, url: str, path: str, texts: list[str], indexes: list[int]
     ) -> tuple[list[int], list[Mapping[str, Any]] | None]:
         try:
-            response = await self._http.post(url + path, json={"keys": [texts[i] for i in indexes]})
+            response = await self._node(url).post(path, json={"keys": [texts[i] for i in indexes]})
         except httpx.TransportError:
             self._node_failed(url)
             return indexes, None
