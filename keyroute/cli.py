@@ -6,9 +6,11 @@ The environment is read here and nowhere else; everything inward receives typed 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -17,7 +19,7 @@ from typing import Any
 from keyroute.core.key_format import KeyFormat, KeyFormatError, parse_key
 from keyroute.core.logs import FORMATS
 from keyroute.core.logs import configure as configure_logs
-from keyroute.core.partitioner import Partitioner, key_hash, partition_for
+from keyroute.core.partitioner import MAX_PARTITIONS, Partitioner, key_hash, partition_for
 from keyroute.core.settings import (
     AccessSettings,
     HttpSettings,
@@ -376,6 +378,10 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p.option(part, "--partitioner", default="murmur2", help="murmur2 | crc32 | fnv1a")
     p.option(part, "--key-format", default="string", help="string | int16 | int32 | int64 | uuid | bytes")
     part.add_argument("keys", nargs="*", metavar="KEY", help="keys; when none are given, one per stdin line")
+    # The logging options are taken after the command too (`keyroute node --log-level DEBUG ...`).
+    for leaf in (zk, build, node, router, listing, roll, demo, part):
+        leaf.add_argument("--log-level", default=argparse.SUPPRESS, help="as before the command")
+        leaf.add_argument("--log-format", default=argparse.SUPPRESS, choices=FORMATS, help="as before the command")
     return parser
 
 
@@ -401,8 +407,12 @@ def cmd_partition(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"keyroute partition: {exc}", file=sys.stderr)
         return 2
-    if args.partitions < 1:
-        print("keyroute partition: --partitions must be at least 1", file=sys.stderr)
+    if not 1 <= args.partitions <= MAX_PARTITIONS:
+        print(
+            f"keyroute partition: --partitions must be from 1 to {MAX_PARTITIONS} (a Kafka topic's partition "
+            f"count is a 32-bit integer), got {args.partitions}",
+            file=sys.stderr,
+        )
         return 2
     keys = args.keys if args.keys else _stdin_keys()
     failed = 0
@@ -480,8 +490,13 @@ def cmd_store(args: argparse.Namespace) -> int:
         return 1
     try:
         if args.store_command == "list":
-            for record in list_stores(client):
+            records = list_stores(client)
+            for record in records:
                 print(json.dumps(describe_store(record), ensure_ascii=False))
+            if not records:
+                zk = _zk(args)
+                where = zk.hosts + (zk.chroot or "")
+                print(f"{what}: no store is published at {where} (is the chroot right?)", file=sys.stderr)
             return 0
         before = next((r for r in list_stores(client) if r.name == args.store), None)
         record = rollback(client, args.store, args.version, verify=not args.no_verify)
@@ -568,3 +583,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`keyroute partition ... | head`): stop quietly, as other tools do. Python would
+        # otherwise complain again when it flushes stdout at exit.
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return 128 + signal.SIGPIPE

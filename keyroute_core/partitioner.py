@@ -13,7 +13,8 @@ from collections.abc import Iterable
 _MASK32 = 0xFFFFFFFF
 _SIGN32 = 0x80000000
 # Kafka's partition count is a Java int; beyond that none of the formulas below are defined.
-_MAX_PARTITIONS = 0x7FFFFFFF
+MAX_PARTITIONS = 0x7FFFFFFF  # Kafka's partition counts are Java ints
+_MAX_PARTITIONS = MAX_PARTITIONS
 
 _MURMUR2_SEED = 0x9747B28C
 _MURMUR2_M = 0x5BD1E995

@@ -210,3 +210,11 @@ def test_retention_and_leave_options_read_flags_and_environment() -> None:
     assert build_parser({"KEYROUTE_NO_VERIFY": "1"}).parse_args(roll).no_verify is True
     build = ["pipeline", "build", "--spec", "s.toml", "--zk", "zk:2181", "--output", "/o", "--retain", "0"]
     assert main(build, env={}) == 2
+
+
+def test_store_list_where_nothing_is_published_says_so(zk_settings: ZkSettings) -> None:
+    listed = cli("store", "list", "--zk", zk_settings.connect_string + "-nothing-here")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout == ""
+    assert "no store is published at" in listed.stderr and "-nothing-here" in listed.stderr
+    assert "Traceback" not in listed.stderr

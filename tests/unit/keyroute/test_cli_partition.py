@@ -62,7 +62,43 @@ def test_bad_options_exit_2(args: list[str], capsys: pytest.CaptureFixture[str])
 
 
 def test_every_option_reads_its_environment_variable() -> None:
-    parser = build_parser({"KEYROUTE_ZK": "zk:2181/x", "KEYROUTE_PORT": "9001", "KEYROUTE_NODE_ID": "n7",
-                           "KEYROUTE_DATA_DIR": "/data"})
+    parser = build_parser(
+        {"KEYROUTE_ZK": "zk:2181/x", "KEYROUTE_PORT": "9001", "KEYROUTE_NODE_ID": "n7", "KEYROUTE_DATA_DIR": "/data"}
+    )
     args = parser.parse_args(["node"])
     assert (args.zk, args.port, args.node_id, str(args.data_dir)) == ("zk:2181/x", 9001, "n7", "/data")
+
+
+def test_a_partition_count_beyond_kafka_s_says_so_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["partition", "--partitions", "2147483648", "k"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0 and "from 1 to 2147483647" in err and "Traceback" not in err
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
+    """`keyroute partition ... | head -1`: no BrokenPipeError traceback, the exit code of a SIGPIPE."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "keyroute", "partition", "--partitions", "12"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    proc.stdin.write("".join(f"key-{i}\n" for i in range(200_000)).encode())
+    proc.stdin.close()
+    first = proc.stdout.readline()
+    proc.stdout.close()  # the reader goes away after one line
+    assert json.loads(first)["key"] == "key-0"
+    assert proc.wait(timeout=60) == 141
+    assert proc.stderr is not None and proc.stderr.read() == b""
+
+
+def test_the_logging_options_are_taken_after_the_command_too() -> None:
+    parser = build_parser({})
+    args = parser.parse_args(["partition", "--partitions", "3", "--log-level", "DEBUG", "--log-format", "json", "k"])
+    assert (args.log_level, args.log_format) == ("DEBUG", "json")
+    args = parser.parse_args(["--log-level", "ERROR", "partition", "--partitions", "3", "k"])
+    assert (args.log_level, args.log_format) == ("ERROR", "text")
+    node = ["node", "--zk", "z:1", "--node-id", "n", "--data-dir", "/d", "--port", "1", "--log-level", "WARNING"]
+    args = parser.parse_args(node)
+    assert args.log_level == "WARNING"
