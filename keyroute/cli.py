@@ -437,9 +437,10 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 
 def cmd_zookeeper(args: argparse.Namespace) -> int:
-    from keyroute.core.zookeeper_server import ZooKeeperLaunchError, command
+    from keyroute.core.zookeeper_server import ZooKeeperLaunchError, check_port_free, command
 
     try:
+        check_port_free(args.host, args.port)
         argv = command(args.data_dir.resolve(), args.port, args.host)
     except ZooKeeperLaunchError as exc:
         print(f"keyroute zookeeper: {exc}", file=sys.stderr)

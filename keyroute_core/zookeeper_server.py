@@ -5,6 +5,7 @@ Only Java is needed: nothing is downloaded. Used by `keyroute zookeeper`, the de
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import os
 import shutil
@@ -97,6 +98,8 @@ def command(data_dir: Path, port: int, host: str = "127.0.0.1", java: str = "jav
     java_bin = shutil.which(java)
     if java_bin is None:
         raise ZooKeeperLaunchError(f"{java!r} not found on PATH: ZooKeeper needs a Java runtime (17+)")
+    if data_dir.exists() and not data_dir.is_dir():
+        raise ZooKeeperLaunchError(f"--data-dir {data_dir} is a file, not a directory")
     cfg = write_config(data_dir, port, host)
     return [
         java_bin,
@@ -108,6 +111,17 @@ def command(data_dir: Path, port: int, host: str = "127.0.0.1", java: str = "jav
         MAIN_CLASS,
         str(cfg),
     ]
+
+
+def check_port_free(host: str, port: int) -> None:
+    """ZooKeeperLaunchError, in one line, when `host:port` cannot be listened on (in use, or not an address
+    of this machine): before the JVM starts, which would say it with a Java stack trace."""
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        reason = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be listened on ({exc.strerror})"
+        raise ZooKeeperLaunchError(f"{host}:{port} {reason}: pass another --port or --host") from None
 
 
 def four_letter_word(host: str, port: int, word: str, timeout_s: float = 1.0) -> str:

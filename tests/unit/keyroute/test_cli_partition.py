@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -102,3 +103,19 @@ def test_the_logging_options_are_taken_after_the_command_too() -> None:
     node = ["node", "--zk", "z:1", "--node-id", "n", "--data-dir", "/d", "--port", "1", "--log-level", "WARNING"]
     args = parser.parse_args(node)
     assert args.log_level == "WARNING"
+
+
+def test_zookeeper_on_a_port_in_use_or_a_file_as_data_dir_says_so_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        assert main(["zookeeper", "--port", str(port), "--data-dir", str(tmp_path / "zk")]) == 1
+    err = capsys.readouterr().err
+    assert err == f"keyroute zookeeper: 127.0.0.1:{port} is in use: pass another --port or --host\n"
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    assert main(["zookeeper", "--port", "0", "--data-dir", str(a_file)]) == 1
+    assert capsys.readouterr().err == f"keyroute zookeeper: --data-dir {a_file} is a file, not a directory\n"
