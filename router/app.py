@@ -164,13 +164,17 @@ def create_app(
     async def readyz(request: Request) -> Response:
         # A complete map stays complete while ZooKeeper is away: keep serving it, and say it is stale.
         table = _proxy(request).table
-        loading = sorted(set(table.map.stores) - table.ever_complete)
+        stores = set(table.map.stores)
+        complete_now = table.complete_stores
         body = {
             "ready": table.ready,
             "stale": table.stale,
             "generation": table.generation,
             "complete": table.complete,
-            "stores_loading": loading,
+            # Never fully served yet (a first version loading), and fully served once but missing a partition
+            # now: what the map says of the data, which readiness does not depend on.
+            "stores_loading": sorted(stores - table.ever_complete),
+            "stores_degraded": sorted((table.ever_complete & stores) - complete_now),
         }
         return JSONResponse(body, status_code=200 if table.ready else 503)
 

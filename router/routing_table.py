@@ -5,6 +5,7 @@ Immutable and replaced whole (one attribute assignment) on every map update, so 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -39,6 +40,8 @@ class RoutingTable:
     ready: bool = False
     # Per store, what `locate` needs (see _StoreRoutes); a store missing here is located by `resolve`.
     reads: Mapping[str, _StoreRoutes] = field(default_factory=dict)
+    # Stores whose every partition is served now.
+    complete_stores: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, partition_map: PartitionMap, previous: RoutingTable | None = None) -> RoutingTable:
@@ -60,9 +63,10 @@ class RoutingTable:
         )
         earlier = previous.ever_complete if previous is not None else frozenset()
         ever = (earlier & frozenset(partition_map.stores)) | complete_now
-        # Ready: some store is fully served and none that was fully served has lost a partition. A store
-        # that is still loading its first version must not take every router out of the load balancer.
-        ready = bool(complete_now) and ever <= complete_now
+        # Ready means this router can proxy: it has a map (from ZooKeeper, or the last one while ZooKeeper is
+        # away). A partition without a serving replica answers its own 503s; it never takes a router (and
+        # with it every partition that could be served) out of the load balancer. Data health is a metric.
+        ready = True
         reads: dict[str, _StoreRoutes] = {}
         for name, store in partition_map.stores.items():
             if 1 <= store.partitions <= 0x7FFFFFFF:  # else `resolve` raises what it must (Kafka's int count)
@@ -70,15 +74,17 @@ class RoutingTable:
                 per_partition = tuple(routes[p] if p < len(routes) else () for p in range(store.partitions))
                 plain = store.key_format is KeyFormat.STRING and store.partitioner is Partitioner.MURMUR2
                 reads[name] = (store.partitions, plain, store.partitioner, per_partition)
-        return cls(partition_map, partition_map.complete, MappingProxyType(last_known), ever, ready, reads)
+        return cls(
+            partition_map, partition_map.complete, MappingProxyType(last_known), ever, ready, reads, complete_now
+        )
 
     def last_known_endpoints(self, store: str, partition: int) -> tuple[Endpoint, ...]:
         return self.last_known.get((store, partition), ())
 
     @classmethod
     def empty(cls) -> RoutingTable:
-        # Before the first read nothing is known, and that is stale by definition.
-        return cls.of(PartitionMap.empty().marked_stale(True))
+        # Before the first read nothing is known, and that is stale by definition; nothing can be proxied.
+        return dataclasses.replace(cls.of(PartitionMap.empty().marked_stale(True)), ready=False)
 
     @property
     def stale(self) -> bool:

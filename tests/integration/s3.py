@@ -116,7 +116,7 @@ class S3Bucket:
 
         infos = self.filesystem().get_file_info(fs.FileSelector(self.path(), recursive=True, allow_not_found=True))
         base = self.path() + "/"
-        return sorted(i.path[len(base):] for i in infos if i.type == fs.FileType.File)
+        return sorted(i.path[len(base) :] for i in infos if i.type == fs.FileType.File)
 
 
 @contextmanager

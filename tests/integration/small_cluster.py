@@ -119,7 +119,7 @@ def small_cluster(
         cluster = SmallCluster(f"http://127.0.0.1:{port}", node_urls, procs)
 
         def settled() -> bool:
-            if httpx.get(cluster.router_url + "/readyz", timeout=5).status_code != 200:
+            if httpx.get(cluster.router_url + "/readyz", timeout=5).json().get("complete") is not True:
                 return False
             placement = cluster.placement()
             # Both nodes serve something, and each partition is served by exactly its assigned replicas (no

@@ -206,7 +206,11 @@ class Batches:
 
 def test_batches_answer_every_key_in_order_and_survive_a_node_killed_mid_batch(cluster: Cluster) -> None:
     c = cluster
-    wait_for(lambda: c.http.get(c.router_url + "/readyz").status_code == 200, timeout_s=60, message="router ready")
+    wait_for(
+        lambda: c.http.get(c.router_url + "/readyz").json().get("complete") is True,
+        timeout_s=60,
+        message="router ready",
+    )
     # Every partition on two of the three nodes, as the router sees it.
     wait_for(c.settled, timeout_s=60, message="every partition on its 2 assigned nodes, every node placed")
 

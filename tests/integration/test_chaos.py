@@ -155,9 +155,7 @@ class ChaosCluster:
     def metrics(self) -> dict[str, float]:
         text = self.http.get(self.router_url + "/metrics").text
         return {
-            line.split()[0]: float(line.split()[1])
-            for line in text.splitlines()
-            if line and not line.startswith("#")
+            line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line and not line.startswith("#")
         }
 
     def settled(self, version: int, nodes: set[str]) -> bool:
@@ -218,11 +216,17 @@ def chaos(tmp_path: Path) -> Iterator[tuple[ChaosCluster, KazooClient]]:
 
 
 def publish(client: KazooClient, tmp: Path, version: int, retained: dict[int, str]) -> str:
-    snapshot = write_snapshot(
-        tmp / "snapshots", STORE, VALUES[version], KeyFormat.STRING, PARTITIONS, version=version
-    )
+    snapshot = write_snapshot(tmp / "snapshots", STORE, VALUES[version], KeyFormat.STRING, PARTITIONS, version=version)
     record = StoreRecord(
-        STORE, PARTITIONS, Partitioner.MURMUR2, KeyFormat.STRING, version, snapshot, ("v",), RF, time.time(),
+        STORE,
+        PARTITIONS,
+        Partitioner.MURMUR2,
+        KeyFormat.STRING,
+        version,
+        snapshot,
+        ("v",),
+        RF,
+        time.time(),
         retained={**retained, version: snapshot},
     )
     path = zk_layout.store_path(STORE)
@@ -242,7 +246,9 @@ def test_reads_never_fail_through_joins_crashes_version_swaps_zookeeper_restarts
         c.start_node(node_id)
     c.start_router()
     wait_for(
-        lambda: c.http.get(c.router_url + "/readyz").status_code == 200, timeout_s=60, message="router ready"
+        lambda: c.http.get(c.router_url + "/readyz").json().get("complete") is True,
+        timeout_s=60,
+        message="router ready",
     )
     c.wait_settled(1, {"n1", "n2", "n3"}, "three nodes settled", timeout_s=60)
 

@@ -27,8 +27,18 @@ _UP_TIMEOUT_S = 300.0
 def test_the_demo_comes_up_serves_a_live_store_and_stops_cleanly(tmp_path: Path) -> None:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "keyroute", "demo", "--port", str(port), "--workdir", str(tmp_path / "demo"),
-         "--events", "3000"],
+        [
+            sys.executable,
+            "-m",
+            "keyroute",
+            "demo",
+            "--port",
+            str(port),
+            "--workdir",
+            str(tmp_path / "demo"),
+            "--events",
+            "3000",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,

@@ -131,7 +131,7 @@ columns = ["balance", "tier"]
         procs.append(router)
         router_url = f"http://127.0.0.1:{router_port}"
         wait_for(
-            lambda: httpx.get(router_url + "/readyz").status_code == 200,
+            lambda: httpx.get(router_url + "/readyz").json().get("complete") is True,
             timeout_s=120,
             message="router ready (complete map)",
         )

@@ -47,9 +47,7 @@ pytestmark = pytest.mark.integration
 OVERLAY = "dev"
 STORE = "bookings"
 PARTITIONS = 6
-ROWS = {f"C{i:04d}": {"customer": i, "fare": round(10 + i * 1.5, 2)} for i in range(60)} | {
-    "東京/1": {"x": 1}
-}
+ROWS = {f"C{i:04d}": {"customer": i, "fare": round(10 + i * 1.5, 2)} for i in range(60)} | {"東京/1": {"x": 1}}
 PROBE_PERIOD_CAP_S = 2.0  # the kubelet's periodSeconds, capped so the test does not idle
 HOST_PORT = re.compile(r"([A-Za-z0-9][A-Za-z0-9.-]*):(\d+)")
 
@@ -105,10 +103,7 @@ class LocalCluster:
 
     def _autoscaler_minimum(self, kind: str, name: str) -> int:
         for hpa in of_kind(self.objs, "HorizontalPodAutoscaler"):
-            if (
-                hpa["spec"]["scaleTargetRef"]["kind"] == kind
-                and hpa["spec"]["scaleTargetRef"]["name"] == name
-            ):
+            if hpa["spec"]["scaleTargetRef"]["kind"] == kind and hpa["spec"]["scaleTargetRef"]["name"] == name:
                 return int(hpa["spec"]["minReplicas"])
         return 1
 
@@ -199,9 +194,7 @@ class LocalCluster:
         for container in pod.spec["containers"]:
             env = self.container_env(pod, container)
             argv = [self._localize(pod, container, a) for a in resolve_argv(container, env)]
-            assert argv[0] == "keyroute", (
-                f"{pod.name}/{container['name']} runs {argv[0]}, not the image's keyroute"
-            )
+            assert argv[0] == "keyroute", f"{pod.name}/{container['name']} runs {argv[0]}, not the image's keyroute"
             log = self.tmp / f"{pod.name}.{container['name']}.log"
             pod.procs[container["name"]] = Proc(argv[1:], log, env=env).start()
 
@@ -223,10 +216,7 @@ class LocalCluster:
             # Run where the container would; inside the pod, 127.0.0.1 is the pod itself.
             command = [part.replace("127.0.0.1", pod.ip) for part in spec["exec"]["command"]]
             try:
-                return (
-                    subprocess.run(command, capture_output=True, timeout=timeout_s, check=False).returncode
-                    == 0
-                )
+                return subprocess.run(command, capture_output=True, timeout=timeout_s, check=False).returncode == 0
             except subprocess.TimeoutExpired:
                 return False
         if "tcpSocket" in spec:
@@ -266,18 +256,14 @@ class LocalCluster:
         self.wait_probe(pod, "readinessProbe", timeout_s)
 
     def alive(self, pod: Pod) -> bool:
-        return all(
-            self.probe(pod, c, "livenessProbe") for c in pod.spec["containers"] if "livenessProbe" in c
-        )
+        return all(self.probe(pod, c, "livenessProbe") for c in pod.spec["containers"] if "livenessProbe" in c)
 
     # --- teardown -------------------------------------------------------------------------------------
 
     def stop(self, pods: list[Pod]) -> dict[str, int | None]:
         """What the kubelet does to a deleted pod: one SIGTERM to each container, then SIGKILL if it is
         still running when the termination grace period is over. Returns each container's exit code."""
-        procs = [
-            (pod, name, proc) for pod in pods for name, proc in pod.procs.items() if proc.popen is not None
-        ]
+        procs = [(pod, name, proc) for pod in pods for name, proc in pod.procs.items() if proc.popen is not None]
         for _, _, proc in procs:
             if proc.alive:
                 proc.popen.terminate()  # type: ignore[union-attr]
@@ -323,9 +309,7 @@ def write_snapshot(root: Path) -> tuple[str, dict[str, int]]:
             for text, value in sorted(items):
                 fh.write(json.dumps({"key": text, "value": value}, ensure_ascii=False) + "\n")
     counts = tuple(len(rows[p]) for p in range(PARTITIONS))
-    manifest = Manifest(
-        STORE, 1, PARTITIONS, Partitioner.MURMUR2, KeyFormat.STRING, ("customer", "fare"), counts
-    )
+    manifest = Manifest(STORE, 1, PARTITIONS, Partitioner.MURMUR2, KeyFormat.STRING, ("customer", "fare"), counts)
     write_manifest(snapshot, manifest)
     return str(snapshot), partition_of
 

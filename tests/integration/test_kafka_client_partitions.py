@@ -153,20 +153,14 @@ _EMPTY_KEYS = [b""] * 60
         ("consistent", Partitioner.CRC32),
     ],
 )
-def test_empty_keys_are_hashed(
-    mock_cluster: MockCluster, client_partitioner: str, partitioner: Partitioner
-) -> None:
-    (delivered,) = _produce(
-        mock_cluster, client_partitioner, _EMPTY_KEYS, ["keys-37"], **_NO_STICKINESS
-    ).values()
+def test_empty_keys_are_hashed(mock_cluster: MockCluster, client_partitioner: str, partitioner: Partitioner) -> None:
+    (delivered,) = _produce(mock_cluster, client_partitioner, _EMPTY_KEYS, ["keys-37"], **_NO_STICKINESS).values()
     assert set(delivered.partitions) == {partition_for(partitioner, b"", 37)}
     assert partitions(partitioner, [b""], 37).tolist() == [partition_for(partitioner, b"", 37)]
 
 
 def test_consistent_random_scatters_empty_keys(mock_cluster: MockCluster) -> None:
-    (delivered,) = _produce(
-        mock_cluster, "consistent_random", _EMPTY_KEYS, ["keys-37"], **_NO_STICKINESS
-    ).values()
+    (delivered,) = _produce(mock_cluster, "consistent_random", _EMPTY_KEYS, ["keys-37"], **_NO_STICKINESS).values()
     # Hashed, all 60 would sit on crc32(b"") % 37 == 0; 60 random draws from 37 partitions all landing on
     # one partition has a chance of about 37**-59.
     assert len(set(delivered.partitions)) > 1

@@ -176,7 +176,7 @@ start = "earliest"
             procs.append(Proc(["router", "--zk", connect, "--port", str(router_port)], tmp_path / "router.log").start())
             router = f"http://127.0.0.1:{router_port}"
             wait_for(
-                lambda: httpx.get(router + "/readyz", timeout=5).status_code == 200,
+                lambda: httpx.get(router + "/readyz", timeout=5).json().get("complete") is True,
                 timeout_s=90,
                 interval_s=0.2,
                 message="the router to be ready",

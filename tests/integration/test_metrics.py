@@ -148,7 +148,7 @@ def test_metrics_count_what_was_sent_and_request_ids_round_trip(cluster: Cluster
         timeout_s=30,
         message=f"{outsider} to forward {text}",
     )
-    wait_for(lambda: http.get(c.urls["router"] + "/readyz").status_code == 200, message="router ready")
+    wait_for(lambda: http.get(c.urls["router"] + "/readyz").json().get("complete") is True, message="router ready")
 
     names = ("router", *NODES)
     before = {name: scrape(http, c.urls[name]) for name in names}

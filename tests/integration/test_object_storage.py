@@ -169,7 +169,7 @@ def cluster_on(
 
         def ready() -> bool:
             with httpx.Client(timeout=5, trust_env=False) as http:
-                if http.get(cluster.router_url + "/readyz").status_code != 200:
+                if http.get(cluster.router_url + "/readyz").json().get("complete") is not True:
                     return False
                 pmap = http.get(cluster.router_url + "/admin/partition-map").json()
             return settled(pmap, stores, nodes, min(replication_factor, nodes))
@@ -275,9 +275,7 @@ def test_nodes_load_a_published_snapshot_from_object_storage(
     snapshot_uri = s3_bucket.uri(store, "v000001")
     # Nodes read it from the bucket only: the local copy is gone.
     shutil.rmtree(tmp_path / "local")
-    record = StoreRecord(
-        store, partitions, Partitioner.MURMUR2, KeyFormat.STRING, 1, snapshot_uri, ("v",), 2, 1.0
-    )
+    record = StoreRecord(store, partitions, Partitioner.MURMUR2, KeyFormat.STRING, 1, snapshot_uri, ("v",), 2, 1.0)
     client = zk.connect(zk_settings)
     try:
         client.create(zk_layout.store_path(store), record.to_json(), makepath=True)
@@ -307,13 +305,21 @@ def test_pipeline_builds_into_object_storage_and_nodes_serve_it(
     nodes fetch and verify them -> every key exact through the router; the secret is in nobody's output."""
     files = sample_data.generate(tmp_path / "events", events=EVENTS)
     spec = tmp_path / "stores.toml"
-    spec.write_text(
-        sample_data.spec_toml(files, partitions=PIPELINE_PARTITIONS["bookings"], replication_factor=2)
-    )
+    spec.write_text(sample_data.spec_toml(files, partitions=PIPELINE_PARTITIONS["bookings"], replication_factor=2))
     output = s3_bucket.uri()
     pipeline = Proc(
-        ["pipeline", "build", "--spec", str(spec), "--zk", zk_settings.connect_string, "--output", output,
-         "--master", "local[2]"],
+        [
+            "pipeline",
+            "build",
+            "--spec",
+            str(spec),
+            "--zk",
+            zk_settings.connect_string,
+            "--output",
+            output,
+            "--master",
+            "local[2]",
+        ],
         tmp_path / "pipeline.log",
         env=s3_bucket.env,
     ).start()

@@ -36,7 +36,12 @@ pytestmark = pytest.mark.integration
 STORE = "prices"
 PARTITIONS = 2
 SPEC = StoreSpec(
-    name=STORE, source="unused", format=SourceFormat.JSON, key="k", partitions=PARTITIONS, mode=Mode.LATEST,
+    name=STORE,
+    source="unused",
+    format=SourceFormat.JSON,
+    key="k",
+    partitions=PARTITIONS,
+    mode=Mode.LATEST,
     order_by="ts",
 )
 KEYS = [f"P{i:03d}" for i in range(40)]
@@ -48,7 +53,13 @@ def values(version: int) -> dict[str, Any]:
 
 def record(version: int, retained: dict[int, str] | None = None) -> StoreRecord:
     return StoreRecord(
-        STORE, PARTITIONS, Partitioner.MURMUR2, KeyFormat.STRING, version, f"/s/v{version}", (),
+        STORE,
+        PARTITIONS,
+        Partitioner.MURMUR2,
+        KeyFormat.STRING,
+        version,
+        f"/s/v{version}",
+        (),
         retained=retained or {},
     )
 
@@ -103,8 +114,21 @@ def test_rollback_to_a_retained_version_without_a_failed_read(
     connect = zk_settings.connect_string
     port = free_port()
     node = Proc(
-        ["node", "--zk", connect, "--node-id", "n1", "--port", str(port), "--data-dir", str(tmp_path / "n1"),
-         "--zk-session-timeout-s", "4", "--version-grace-s", "60"],
+        [
+            "node",
+            "--zk",
+            connect,
+            "--node-id",
+            "n1",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(tmp_path / "n1"),
+            "--zk-session-timeout-s",
+            "4",
+            "--version-grace-s",
+            "60",
+        ],
         tmp_path / "n1.log",
     ).start()
     base = f"http://127.0.0.1:{port}"

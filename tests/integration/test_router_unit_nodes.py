@@ -140,9 +140,7 @@ class Cluster:
     http: httpx.Client
 
     def publish_store(self) -> None:
-        record = StoreRecord(
-            STORE, PARTITIONS, Partitioner.MURMUR2, KeyFormat.STRING, 1, "/snapshots/bookings/v1"
-        )
+        record = StoreRecord(STORE, PARTITIONS, Partitioner.MURMUR2, KeyFormat.STRING, 1, "/snapshots/bookings/v1")
         self.zk.create(zk_layout.store_path(STORE), record.to_json())
 
     def serve(self, node_id: str, partitions: list[int]) -> None:
@@ -177,16 +175,12 @@ def running_cluster(zk_settings: ZkSettings, tmp_path: Path) -> Iterator[Cluster
     nodes = {node_id: FakeNode(node_id).start() for node_id in ("node-a", "node-b")}
     zk = connect(zk_settings)
     port = free_port()
-    router = Proc(
-        ["router", "--zk", zk_settings.connect_string, "--port", str(port)], tmp_path / "router.log"
-    )
+    router = Proc(["router", "--zk", zk_settings.connect_string, "--port", str(port)], tmp_path / "router.log")
     router.start()
     http = httpx.Client(timeout=10)
     router_url = f"http://127.0.0.1:{port}"
     try:
-        wait_for(
-            lambda: http.get(router_url + "/healthz").status_code == 200, timeout_s=30, message="router up"
-        )
+        wait_for(lambda: http.get(router_url + "/healthz").status_code == 200, timeout_s=30, message="router up")
         yield Cluster(zk, router, router_url, nodes, http)
     finally:
         http.close()
@@ -207,21 +201,26 @@ def cluster(zk_settings: ZkSettings, tmp_path: Path) -> Iterator[Cluster]:
 
 
 def test_routes_each_key_to_the_node_serving_its_partition_once_the_map_is_complete(cluster: Cluster) -> None:
-    not_ready = cluster.readyz()
-    assert not_ready.status_code == 503 and not_ready.json()["ready"] is False
+    # Ready once it has read the map (nothing published yet): it can proxy, and says so.
+    empty = wait_for(lambda: (r := cluster.readyz()).status_code == 200 and r, message="router has a map")
+    assert empty.json()["ready"] is True and empty.json()["stores_loading"] == []
 
     cluster.publish_store()
     cluster.serve("node-a", [0, 1])
     wait_for(lambda: cluster.serving_seen("node-a", 0), message="router sees node-a's serving record")
-    # Partitions 2 and 3 are served by no one yet: not ready, and their keys are 503 with Retry-After.
-    assert cluster.readyz().status_code == 503
+    # Partitions 2 and 3 are served by no one yet: still ready (partitions 0 and 1 answer), the store is
+    # loading, and the unserved partitions' keys are 503 with Retry-After.
+    loading = cluster.readyz()
+    assert loading.status_code == 200 and loading.json()["stores_loading"] == [STORE]
     unserved = next(k for k in KEYS if partition(k) >= 2)
     resp = cluster.get(unserved)
     assert resp.status_code == 503 and resp.json()["error"] == "partition_unavailable"
     assert resp.headers["retry-after"] == "1"
 
     cluster.serve("node-b", [2, 3])
-    ready = wait_for(lambda: (r := cluster.readyz()).status_code == 200 and r, message="router ready")
+    ready = wait_for(
+        lambda: (r := cluster.readyz()).status_code == 200 and r.json()["complete"] and r, message="map complete"
+    )
     assert ready.json()["ready"] is True and ready.json()["stale"] is False
     assert isinstance(ready.json()["generation"], int) and ready.json()["generation"] > 0
 
@@ -256,7 +255,7 @@ def test_routes_each_key_to_the_node_serving_its_partition_once_the_map_is_compl
 def test_errors_are_json_objects_with_a_code_and_a_message(cluster: Cluster) -> None:
     cluster.publish_store()
     cluster.serve("node-a", [0, 1, 2, 3])
-    wait_for(lambda: cluster.readyz().status_code == 200, message="router ready")
+    wait_for(lambda: cluster.readyz().json().get("complete") is True, message="router ready")
     base = cluster.router_url
     cases = [
         ("GET", key_url(base, "k", store="nope"), None, 404, "store_not_found"),
@@ -286,7 +285,7 @@ def test_a_stopped_node_is_retried_on_the_other_serving_replica(cluster: Cluster
     cluster.serve("node-a", list(range(PARTITIONS)))
     cluster.serve("node-b", list(range(PARTITIONS)))
     wait_for(
-        lambda: cluster.readyz().status_code == 200 and cluster.serving_seen("node-b", 3), message="ready"
+        lambda: cluster.readyz().json().get("complete") is True and cluster.serving_seen("node-b", 3), message="ready"
     )
     # Reads are spread over both serving replicas (power of two choices on requests in flight).
     assert {cluster.get(k).headers["x-keyroute-node"] for k in PLAIN_KEYS} == {"node-a", "node-b"}
@@ -311,7 +310,7 @@ def test_a_stopped_node_is_retried_on_the_other_serving_replica(cluster: Cluster
 def test_follows_a_moved_serving_record_without_restart(cluster: Cluster) -> None:
     cluster.publish_store()
     cluster.serve("node-a", list(range(PARTITIONS)))
-    wait_for(lambda: cluster.readyz().status_code == 200, message="router ready")
+    wait_for(lambda: cluster.readyz().json().get("complete") is True, message="router ready")
     assert {cluster.get(k).json()["value"]["node"] for k in PLAIN_KEYS} == {"node-a"}
 
     # Make before break, as a real hand-over does: node-b announces, then node-a lets go.
@@ -321,9 +320,7 @@ def test_follows_a_moved_serving_record_without_restart(cluster: Cluster) -> Non
     a_before = len(cluster.nodes["node-a"].received)
     assert {cluster.get(k).json()["value"]["node"] for k in PLAIN_KEYS} == {"node-b"}
     assert len(cluster.nodes["node-a"].received) == a_before
-    route = cluster.http.get(
-        cluster.router_url + "/admin/route", params={"store": STORE, "key": "a/b"}
-    ).json()
+    route = cluster.http.get(cluster.router_url + "/admin/route", params={"store": STORE, "key": "a/b"}).json()
     assert route["partition"] == partition("a/b")
     assert [s["node"] for s in route["serving"]] == ["node-b"]
 
@@ -334,10 +331,14 @@ def test_follows_a_moved_serving_record_without_restart(cluster: Cluster) -> Non
     for key in PLAIN_KEYS:
         assert cluster.get(key).json()["value"]["node"] == ("node-a" if partition(key) == 0 else "node-b")
 
-    # Nobody announces partition 0 any more: not ready. Its keys still go to the node that served it
-    # last (a node whose ZooKeeper session expired still holds its data), and are 503 once it is gone.
+    # Nobody announces partition 0 any more: the store is degraded, the router stays ready (the other
+    # partitions answer). Its keys still go to the node that served it last (a node whose ZooKeeper session
+    # expired still holds its data), and are 503 once it is gone.
     cluster.withdraw("node-a")
-    wait_for(lambda: cluster.readyz().status_code == 503, message="router not ready")
+    wait_for(
+        lambda: (r := cluster.readyz()).status_code == 200 and r.json()["stores_degraded"] == [STORE],
+        message="the store degraded, the router still ready",
+    )
     key0 = next(k for k in PLAIN_KEYS if partition(k) == 0)
     still = cluster.get(key0)
     assert still.status_code == 200 and still.json()["value"]["node"] == "node-a"
@@ -347,7 +348,7 @@ def test_follows_a_moved_serving_record_without_restart(cluster: Cluster) -> Non
     gone = cluster.get(key0)
     assert gone.status_code == 503 and gone.json()["error"] == "partition_unavailable"
     cluster.serve("node-b", [0, 1, 2, 3])
-    wait_for(lambda: cluster.readyz().status_code == 200, message="router ready again")
+    wait_for(lambda: cluster.readyz().json().get("complete") is True, message="router ready again")
     assert cluster.get(key0).json()["value"]["node"] == "node-b"
 
 
@@ -359,12 +360,10 @@ def test_keeps_serving_the_last_map_marked_stale_while_zookeeper_is_down(tmp_pat
         with running_cluster(settings, tmp_path) as cluster:
             cluster.publish_store()
             cluster.serve("node-a", list(range(PARTITIONS)))
-            wait_for(lambda: cluster.readyz().status_code == 200, message="router ready")
+            wait_for(lambda: cluster.readyz().json().get("complete") is True, message="router ready")
 
             zk_server.stop()
-            stale = wait_for(
-                lambda: (r := cluster.readyz()).json()["stale"] and r, message="map marked stale"
-            )
+            stale = wait_for(lambda: (r := cluster.readyz()).json()["stale"] and r, message="map marked stale")
             assert stale.status_code == 200 and stale.json()["ready"] is True
             for key in PLAIN_KEYS[:5]:
                 assert cluster.get(key).json()["value"]["node"] == "node-a"
@@ -372,6 +371,6 @@ def test_keeps_serving_the_last_map_marked_stale_while_zookeeper_is_down(tmp_pat
 
             zk_server.start()
             wait_for(lambda: not cluster.readyz().json()["stale"], timeout_s=60, message="map fresh again")
-            assert cluster.readyz().status_code == 200
+            assert cluster.readyz().json().get("complete") is True
     finally:
         zk_server.stop()

@@ -190,7 +190,11 @@ def test_a_secured_cluster_routes_for_its_reader_and_refuses_everyone_else(
                 for e in entries
             )
 
-        wait_for(lambda: http.get(router_url + "/readyz").status_code == 200, timeout_s=60, message="router ready")
+        wait_for(
+            lambda: http.get(router_url + "/readyz").json().get("complete") is True,
+            timeout_s=60,
+            message="router ready",
+        )
         wait_for(lambda: served_at(2), timeout_s=60, interval_s=0.2, message="both nodes serve v2")
 
         def check_reads(version: int) -> None:

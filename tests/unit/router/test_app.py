@@ -192,13 +192,16 @@ def test_batch_get_through_the_app() -> None:
     run(scenario)
 
 
-def test_readyz_follows_map_completeness_and_stays_ready_but_stale_while_zookeeper_is_away() -> None:
+def test_readyz_means_the_router_can_proxy_whatever_partitions_are_served() -> None:
+    """Ready once a map is there (and while ZooKeeper is away, stale); a partition without a serving replica
+    answers its own 503s and never takes the router out of the load balancer: the body says which stores
+    are loading or degraded."""
+
     async def scenario() -> None:
         async with router(None, *nodes()) as r:
             resp = await r.client.get("/readyz")
             assert resp.status_code == 503 and resp.json()["ready"] is False and resp.json()["stale"] is True
-            # Store s is fully served, n is loading its first version: ready, so that publishing a new
-            # store never takes every router out of the load balancer.
+            # Store s is fully served, n is loading its first version: ready.
             await r.push(build_map(STORES, {"a": {"s": [0, 1, 2, 3]}}, generation=10))
             resp = await r.client.get("/readyz")
             assert resp.status_code == 200 and resp.json()["stores_loading"] == ["n"]
@@ -212,13 +215,17 @@ def test_readyz_follows_map_completeness_and_stays_ready_but_stale_while_zookeep
                 "generation": 11,
                 "complete": True,
                 "stores_loading": [],
+                "stores_degraded": [],
             }
             await r.push(complete.marked_stale(True))  # what MapWatcher publishes on SUSPENDED
             resp = await r.client.get("/readyz")
             assert resp.status_code == 200 and resp.json()["stale"] is True
-            # A store that was fully served and lost a partition: not ready.
-            await r.push(build_map(STORES, {"a": {"s": [0, 1, 2, 3]}}, generation=12))
-            assert (await r.client.get("/readyz")).status_code == 503
+            # A store that was fully served lost a partition: still ready (the other partitions are served),
+            # the store is listed as degraded.
+            await r.push(build_map(STORES, {"a": {"s": [0, 1, 2]}, "b": {"n": [0, 1]}}, generation=12))
+            resp = await r.client.get("/readyz")
+            assert resp.status_code == 200 and resp.json()["stores_degraded"] == ["s"]
+            assert resp.json()["complete"] is False
             assert (await r.client.get("/healthz")).json() == {"status": "ok"}
 
     run(scenario)
