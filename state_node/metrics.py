@@ -149,6 +149,11 @@ class NodeMetrics:
         m = ownership.map
         readiness = ownership.readiness()
         yield gauge("keyroute_node_ready", "1 when the node has loaded everything assigned to it", int(readiness.ready))
+        yield gauge(
+            "keyroute_node_partitions_updating",
+            "partitions served at another version than the published one (a swap in progress, or a failed load)",
+            len(readiness.updating),
+        )
         yield gauge("keyroute_node_map_generation", "generation of the partition map in use", m.generation)
         yield gauge("keyroute_node_map_stale", "1 while ZooKeeper is unreachable", int(m.stale))
         yield gauge(

@@ -110,6 +110,9 @@ class Readiness:
     failed: Mapping[str, str]
     leaving: bool = False
     generation: int = 0
+    # Partitions served here at another version while the published one loads (or failed to load): a version
+    # swap in progress, which does not make the node unready (keyroute_node_partitions_updating counts them).
+    updating: tuple[str, ...] = ()
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -119,6 +122,7 @@ class Readiness:
             "generation": self.generation,
             "leaving": self.leaving,
             "pending": list(self.pending),
+            "updating": list(self.updating),
             "failed": dict(self.failed),
         }
 
@@ -222,7 +226,9 @@ class Ownership:
     def readiness(self) -> Readiness:
         m = self._map
         pending = []
+        updating = []
         failed = {}
+        served = self._view  # what answers here now, whatever its version
         for pid in sorted(self._desired, key=_order):
             entry = self._entries.get(pid)
             live = entry.store.live if entry is not None and entry.store is not None else None
@@ -230,7 +236,9 @@ class Ownership:
                 # Not served, but nothing this node can do until a new version: it does not make it unready.
                 failed[str(pid)] = live.error or "gap"
             elif entry is None or entry.state is not PartitionState.SERVING:
-                pending.append(str(pid))
+                # Another version of the partition still answers here: a swap in progress, not unready (else
+                # every publish would make every node unready, and a failed load keep it so).
+                (updating if (pid.store, pid.partition) in served else pending).append(str(pid))
                 if entry is not None and entry.state is PartitionState.FAILED:
                     failed[str(pid)] = entry.error
         awaiting_assignment = bool(m.stores) and m.assignment.generation == 0
@@ -242,7 +250,7 @@ class Ownership:
         if not registered and not m.stale:
             pending.append("node record not yet visible in ZooKeeper")
         ready = not pending
-        return Readiness(ready, m.stale, tuple(pending), failed, self._leaving, m.generation)
+        return Readiness(ready, m.stale, tuple(pending), failed, self._leaving, m.generation, tuple(updating))
 
     @property
     def leaving(self) -> bool:
