@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
@@ -50,6 +51,8 @@ class Controller:
         self._thread = threading.Thread(target=self._run, name="keyroute-controller", daemon=True)
         self.writes = 0  # assignments written while leader (for tests and the admin view)
         self.resigned = False
+        # (store, replication factor, live nodes) already said to be short of nodes.
+        self._short_of_nodes: set[tuple[str, int, int]] = set()
 
     @property
     def is_leader(self) -> bool:
@@ -197,12 +200,28 @@ class Controller:
             # Not even this node's record is visible (session being re-established), or every node is
             # leaving: keep the assignment as it is (leaving nodes serve until they go).
             return
+        self._say_short_of_nodes(stores, len(nodes))
         generation = previous.generation + 1 if previous is not None else 1
         wanted = assign(stores, nodes, previous, generation)
         if previous is not None and dict(previous.stores) == dict(wanted.stores):
             return
         self._write(election, wanted, version)
         log.info("assignment generation %d written for %d nodes, %d stores", generation, len(nodes), len(stores))
+
+    def _say_short_of_nodes(self, stores: Mapping[str, StoreShape], live: int) -> None:
+        """A replication factor above the number of live nodes is allowed (each partition gets one replica per
+        node until more join), and said once per store and node count."""
+        short = {(name, rf, live) for name, (_, rf) in stores.items() if rf > live}
+        for name, rf, _ in sorted(short - self._short_of_nodes):
+            log.warning(
+                "store %s asks for %d replicas of each partition but %d node(s) can take them: each partition "
+                "gets %d until more nodes join",
+                name,
+                rf,
+                live,
+                live,
+            )
+        self._short_of_nodes = short
 
     def _is_leaving(self, node_id: str) -> bool:
         try:

@@ -623,3 +623,31 @@ def test_a_leaving_controller_writes_an_assignment_without_itself_then_resigns(
             controller.stop()
         for client in (admin, first, second):
             zk.close(client)
+
+
+def test_a_replication_factor_above_the_live_nodes_is_allowed_and_said_once(
+    zk_settings: ZkSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    admin, client = zk.connect(zk_settings), zk.connect(zk_settings)
+    record = StoreRecord("wide", 4, Partitioner.MURMUR2, KeyFormat.STRING, 1, "/unused", (), 3)
+    admin.create(zk_layout.store_path("wide"), record.to_json())
+    client.create(zk_layout.node_path("a"), b'{"node_id": "a", "url": "http://a"}', ephemeral=True)
+    controller = Controller(client, "a")
+    try:
+        with caplog.at_level("WARNING", logger="keyroute.node.controller"):
+            controller.start()
+
+            def assigned() -> Assignment | None:
+                if not admin.exists(zk_layout.ASSIGNMENT):
+                    return None
+                return Assignment.from_json(admin.get(zk_layout.ASSIGNMENT)[0])
+
+            done = wait_for(lambda: (a := assigned()) and a.stores.get("wide") and a, message="the assignment")
+            assert all(replicas == ("a",) for replicas in done.stores["wide"])  # one replica per live node
+            said = [r.getMessage() for r in caplog.records if "asks for 3 replicas" in r.getMessage()]
+            assert said == ["store wide asks for 3 replicas of each partition but 1 node(s) can take them: "
+                            "each partition gets 1 until more nodes join"]  # fmt: skip
+    finally:
+        controller.stop()
+        zk.close(client)
+        zk.close(admin)
