@@ -23,6 +23,7 @@ neither loses nor applies twice.
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 import json
 import math
@@ -35,6 +36,7 @@ import orjson
 
 from keyroute.core.key_format import KeyFormat, KeyFormatError, key_from_data
 from keyroute.core.partitioner import Partitioner, partition_for
+from keyroute.core.timeline import INT64_MAX, INT64_MIN, TimelineError, TimeType, parse_time
 
 # Kept in the partition's own LMDB database: `!` sorts before both key tags (`#`, `=`), and no key's
 # LMDB key starts with it (keyroute.core.lmdb_layout.db_key), so lookups and scans of keys never meet it.
@@ -425,8 +427,6 @@ def _record_time(raw: Any, time_type: str, column: str) -> tuple[int, Any]:
     integer; a date's "YYYY-MM-DD"; a timestamp's ISO 8601 text or number of milliseconds since the epoch,
     shown as Spark writes timestamps (UTC, milliseconds)."""
 
-    from keyroute.core.timeline import INT64_MAX, INT64_MIN, TimelineError, TimeType, parse_time
-
     kind = raw.__class__
     try:
         if time_type == "integer":
@@ -454,8 +454,6 @@ def _record_time(raw: Any, time_type: str, column: str) -> tuple[int, Any]:
 
 def _shown_time(value: int, time_type: str) -> Any:
     """A window bound as the batch part's JSON spells it (a timestamp as Spark writes one)."""
-    import datetime as dt
-
     if time_type == "integer":
         return value
     if time_type == "date":

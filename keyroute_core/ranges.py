@@ -13,12 +13,14 @@ back, and are never in a range.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
 
 from keyroute.core.key_format import Key, KeyFormat, KeyFormatError, parse_key
+from keyroute.core.timeline import CursorError, seal, unseal
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 10_000
@@ -223,8 +225,6 @@ def scan_segments(
 
 def range_entry(key_text: str, value: bytes, partition: int | None = None) -> bytes:
     """One key of a range answer: {"key", ["partition",] "value"} around the stored value bytes."""
-    import json
-
     head: dict[str, Any] = {"key": key_text}
     if partition is not None:
         head["partition"] = partition
@@ -235,22 +235,14 @@ def range_entry(key_text: str, value: bytes, partition: int | None = None) -> by
 # -- cursors ---------------------------------------------------------------------------------------------
 
 _RANGE_CURSOR = 2  # distinct from timeline cursors (keyroute.core.timeline.CURSOR_VERSION)
+_CONTEXT = b"keyroute-range-cursor"
 
 
 def make_range_cursor(secret: bytes, query: tuple[Any, ...], versions: list[int], after: bytes) -> str:
     """An opaque cursor continuing the range read `query` after the serialized key `after`, at the
-    partitions' `versions` (one number when they are all the same), tagged like a timeline cursor."""
-    import base64
-    import hashlib
-    import hmac
-    import json
-
+    partitions' `versions` (one number when they are all the same), sealed as timeline cursors are."""
     pinned: int | list[int] = versions[0] if len(set(versions)) == 1 else versions
-    body = [_RANGE_CURSOR, pinned, after.hex()]
-    payload = json.dumps([body, list(query)], separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    tag = hmac.new(b"keyroute-range-cursor\x00" + secret, payload, hashlib.sha256).digest()[:12]
-    token = json.dumps(body, separators=(",", ":")).encode("ascii") + b"." + tag
-    return base64.urlsafe_b64encode(token).rstrip(b"=").decode("ascii")
+    return seal(_CONTEXT, secret, [_RANGE_CURSOR, pinned, after.hex()], query)
 
 
 class RangeCursorError(RangeQueryError):
@@ -260,28 +252,18 @@ class RangeCursorError(RangeQueryError):
 def read_range_cursor(secret: bytes, query: tuple[Any, ...], text: str, partitions: int) -> tuple[list[int], bytes]:
     """(versions per partition, the key after which to continue) of a cursor `make_range_cursor` made for
     this `query`; RangeCursorError otherwise."""
-    import base64
-    import hashlib
-    import hmac
-    import json
-
+    try:
+        body = unseal(_CONTEXT, secret, query, text, 16_384)
+    except CursorError as exc:
+        raise RangeCursorError(str(exc)) from None
     malformed = RangeCursorError("cursor is malformed (not one this API returned)")
-    if not text or len(text) > 16_384 or not re.fullmatch(r"[A-Za-z0-9_-]+", text):
+    if len(body) != 3 or body[0] != _RANGE_CURSOR or not isinstance(body[2], str):
         raise malformed
     try:
-        token = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-        raw_body, dot, tag = token[:-13], token[-13:-12], token[-12:]
-        body = json.loads(raw_body)
-        if dot != b"." or not (isinstance(body, list) and len(body) == 3 and body[0] == _RANGE_CURSOR):
-            raise ValueError("not a range cursor")
-        pinned, after = body[1], bytes.fromhex(body[2])
-    except (ValueError, TypeError):
+        after = bytes.fromhex(body[2])
+    except ValueError:
         raise malformed from None
-    payload = json.dumps([body, list(query)], separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    if not hmac.compare_digest(
-        tag, hmac.new(b"keyroute-range-cursor\x00" + secret, payload, hashlib.sha256).digest()[:12]
-    ):
-        raise RangeCursorError("cursor does not continue this range (it was altered, or comes from another one)")
+    pinned = body[1]
     versions = [pinned] * partitions if type(pinned) is int else pinned
     if not (
         isinstance(versions, list) and len(versions) == partitions and all(type(v) is int and v > 0 for v in versions)

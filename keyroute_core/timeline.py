@@ -97,7 +97,7 @@ def parse_duration_us(text: str) -> int:
     """A duration such as "5 minutes", "90s", "7 days", in microseconds (positive)."""
     match = _DURATION.fullmatch(text) if isinstance(text, str) else None
     if match is None:
-        raise TimelineError(f"{text!r} is not a duration (e.g. \"500 ms\", \"30 seconds\", \"5 minutes\", \"7 days\")")
+        raise TimelineError(f'{text!r} is not a duration (e.g. "500 ms", "30 seconds", "5 minutes", "7 days")')
     count, unit = int(match.group(1)), match.group(2).lower()
     key = "ms" if unit.startswith("millis") or unit == "ms" else unit[0]
     micros = count * _DURATION_US[key]
@@ -221,9 +221,14 @@ def show_time(value: int, time_type: TimeType) -> str:
 # -- LMDB keys ---------------------------------------------------------------------------------------------
 
 
+def escape_key(key: bytes) -> bytes:
+    """The serialized key as a key part holds it: every 0x00 byte written 0x00 0x01 (order kept)."""
+    return key.replace(b"\x00", _ESCAPED_ZERO) if b"\x00" in key else key
+
+
 def key_part(key: bytes) -> bytes:
     """The key part of every entry of the key whose serialized bytes are `key` (see the module docstring)."""
-    escaped = key.replace(b"\x00", _ESCAPED_ZERO) if b"\x00" in key else key
+    escaped = escape_key(key)
     if 1 + len(escaped) + len(KEY_END) <= _MAX_KEY_PART:
         return TAG_KEY + escaped + KEY_END
     return TAG_HASHED + hashlib.sha256(key).digest()
@@ -288,49 +293,59 @@ def key_of_entry(lmdb_key: bytes) -> bytes | None:
 
 CURSOR_VERSION = 1
 _TAG_BYTES = 12
+_MALFORMED = "cursor is malformed (not one this API returned)"
 
 
 class CursorError(TimelineError):
     """A cursor that is malformed, altered, or given with another query than the one it continues."""
 
 
-def _tag(secret: bytes, payload: bytes) -> bytes:
-    return hmac.new(b"keyroute-cursor\x00" + secret, payload, hashlib.sha256).digest()[:_TAG_BYTES]
+def _payload(body: list[Any], query: tuple[Any, ...]) -> bytes:
+    return json.dumps([body, list(query)], separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def seal(context: bytes, secret: bytes, body: list[Any], query: tuple[Any, ...]) -> str:
+    """An opaque token of `body` (a JSON list) tagged with HMAC-SHA256 over the body and `query` (what the
+    request asked), keyed by `context` and `secret` (the cluster's member token, when set): it is accepted
+    back only unchanged and only with the same query. Timeline and range cursors are such tokens."""
+    tag = hmac.new(context + b"\x00" + secret, _payload(body, query), hashlib.sha256).digest()[:_TAG_BYTES]
+    token = json.dumps(body, separators=(",", ":")).encode("ascii") + b"." + tag
+    return base64.urlsafe_b64encode(token).rstrip(b"=").decode("ascii")
+
+
+def unseal(context: bytes, secret: bytes, query: tuple[Any, ...], text: str, max_chars: int) -> list[Any]:
+    """The body of a token `seal` made with the same context, secret and query; CursorError otherwise."""
+    if not text or len(text) > max_chars or not re.fullmatch(r"[A-Za-z0-9_-]+", text):
+        raise CursorError(_MALFORMED)
+    try:
+        token = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        raw_body, dot, tag = token[: -_TAG_BYTES - 1], token[-_TAG_BYTES - 1 : -_TAG_BYTES], token[-_TAG_BYTES:]
+        body = json.loads(raw_body)
+        if dot != b"." or not isinstance(body, list):
+            raise ValueError("not a token")
+    except ValueError:
+        raise CursorError(_MALFORMED) from None
+    expected = hmac.new(context + b"\x00" + secret, _payload(body, query), hashlib.sha256).digest()[:_TAG_BYTES]
+    if not hmac.compare_digest(tag, expected):
+        raise CursorError("cursor does not continue this query (it was altered, or comes from another one)")
+    return body
 
 
 def make_cursor(secret: bytes, query: tuple[Any, ...], version: int, after: tuple[int, int]) -> str:
     """An opaque cursor continuing `query` (what the request asked: store, key, kind, bounds, order) after
-    the entry at `after` (time, sequence) of `version`; tagged with `secret` (the cluster's, when set), so
-    a cursor is accepted only unchanged and only with the query it came from."""
-    body = [CURSOR_VERSION, version, after[0], after[1]]
-    payload = json.dumps([body, list(query)], separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    token = json.dumps(body, separators=(",", ":")).encode("ascii") + b"." + _tag(secret, payload)
-    return base64.urlsafe_b64encode(token).rstrip(b"=").decode("ascii")
+    the entry at `after` (time, sequence) of `version` (see `seal`)."""
+    return seal(b"keyroute-cursor", secret, [CURSOR_VERSION, version, after[0], after[1]], query)
 
 
 def read_cursor(secret: bytes, query: tuple[Any, ...], text: str) -> tuple[int, tuple[int, int]]:
     """(version, (time, sequence)) of a cursor `make_cursor` made for this same `query`; CursorError if it
     is malformed, altered, or belongs to another query."""
-    if not text or len(text) > 512 or not re.fullmatch(r"[A-Za-z0-9_-]+", text):
-        raise CursorError("cursor is malformed (not one this API returned)")
-    try:
-        token = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-        raw_body, tag = token[: -_TAG_BYTES - 1], token[-_TAG_BYTES:]
-        if token[-_TAG_BYTES - 1 : -_TAG_BYTES] != b".":
-            raise ValueError("no tag")
-        body = json.loads(raw_body)
-        if not (isinstance(body, list) and len(body) == 4 and all(type(v) is int for v in body)):
-            raise ValueError("not a cursor body")
-    except ValueError:
-        raise CursorError("cursor is malformed (not one this API returned)") from None
-    payload = json.dumps([body, list(query)], separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    if not hmac.compare_digest(tag, _tag(secret, payload)):
-        raise CursorError("cursor does not continue this query (it was altered, or comes from another one)")
-    if body[0] != CURSOR_VERSION:
-        raise CursorError("cursor is malformed (not one this API returned)")
+    body = unseal(b"keyroute-cursor", secret, query, text, 512)
+    if not (len(body) == 4 and all(type(v) is int for v in body) and body[0] == CURSOR_VERSION):
+        raise CursorError(_MALFORMED)
     _, version, time, sequence = body
     if not (INT64_MIN <= time <= INT64_MAX and 0 <= sequence <= MAX_SEQUENCE):
-        raise CursorError("cursor is malformed (not one this API returned)")
+        raise CursorError(_MALFORMED)
     return version, (time, sequence)
 
 

@@ -14,8 +14,9 @@ same counters), holds its place until it is answered, and is answered with the A
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
@@ -173,7 +174,8 @@ class NodeDataPlane:
             exchange.answer(*answer)
             return False
         if type(answer) is Behind:
-            self._spawn(self._catch_up(exchange, store, key_text, forwarded, answer))
+            again = functools.partial(read_key, self.node, store, key_text, forwarded, answer.min_offset, waited=True)
+            self._spawn(self._catch_up(exchange, store, KIND_KEY, answer, again))
             return True
         assert isinstance(answer, Forward)
         self._spawn(self._forward(exchange, store, answer))
@@ -206,35 +208,13 @@ class NodeDataPlane:
             exchange.answer(*answer)
             return False
         if type(answer) is Behind:
-            self._spawn(self._timeline_catch_up(exchange, store, key_text, read, forwarded, answer))
+            query = request.query
+            again = functools.partial(read_timeline, self.node, store, key_text, read, query, forwarded, waited=True)
+            self._spawn(self._catch_up(exchange, store, KIND_TIMELINE, answer, again))
             return True
         assert isinstance(answer, Forward)
         self._spawn(self._forward(exchange, store, answer, KIND_TIMELINE))
         return True
-
-    async def _timeline_catch_up(
-        self, exchange: Exchange, store: str, key_text: str, read: str, forwarded: bool, behind: Behind
-    ) -> None:
-        """A timeline read bounded by `min_offset` of a live partition held here, once it has applied the
-        bound or the wait is over (as `_catch_up` for a key read)."""
-        request = exchange.request
-        bind_request_id({}, request.request_id)
-        node = self.node
-        try:
-            await behind.live.wait_reached(behind.min_offset, node.settings.min_offset_wait_ms / 1000)
-            answer = read_timeline(node, store, key_text, read, request.query, forwarded, waited=True)
-            if isinstance(answer, Forward):
-                answer = await forward_read(node, _target(request), answer, request.request_id)
-        except ApiError as exc:
-            answer = self.error_answer(exc)
-        except Exception:
-            log.exception("answering a bounded timeline read of %r failed", request.path[:200])
-            answer = self.error_answer(ApiError("internal error"))
-        finally:
-            self.admission.release()
-        assert type(answer) is tuple
-        node.metrics.count(store, KIND_TIMELINE, answer[0])
-        exchange.answer(*answer)
 
     def _read_range(self, exchange: Exchange, request: Request, store: str, partition: str) -> bool:
         metrics = self.node.metrics
@@ -248,15 +228,18 @@ class NodeDataPlane:
         exchange.answer(*answer)
         return False
 
-    async def _catch_up(self, exchange: Exchange, store: str, key_text: str, forwarded: bool, behind: Behind) -> None:
-        """A bounded read of a live partition held here, once it has applied the bound or the wait is over."""
+    async def _catch_up(
+        self, exchange: Exchange, store: str, kind: str, behind: Behind, read_again: Callable[[], Answer | Forward]
+    ) -> None:
+        """A bounded read (of a key, or of a key's timeline) of a live partition held here, once it has applied
+        the bound or the wait is over: `read_again` reads it then (waited)."""
         request = exchange.request
         bind_request_id({}, request.request_id)
         node = self.node
         try:
             await behind.live.wait_reached(behind.min_offset, node.settings.min_offset_wait_ms / 1000)
             # Read again: the partition may have moved or changed version meanwhile.
-            answer = read_key(node, store, key_text, forwarded, behind.min_offset, waited=True)
+            answer = read_again()
             if isinstance(answer, Forward):
                 answer = await forward_read(node, _target(request), answer, request.request_id)
         except ApiError as exc:
@@ -267,7 +250,7 @@ class NodeDataPlane:
         finally:
             self.admission.release()
         assert type(answer) is tuple
-        node.metrics.count(store, KIND_KEY, answer[0])
+        node.metrics.count(store, kind, answer[0])
         exchange.answer(*answer)
 
     async def _forward(self, exchange: Exchange, store: str, forward: Forward, kind: str = KIND_KEY) -> None:

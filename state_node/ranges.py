@@ -32,6 +32,7 @@ from keyroute.core.ranges import (
     range_entry,
     scan_segments,
 )
+from keyroute.core.timeline import escape_key
 from keyroute.http.server import Answer
 from keyroute.node.reads import RETRY_AFTER_S, find_store
 
@@ -48,16 +49,12 @@ _TIMELINE_KEY_BYTES = 496
 _END_OF_KEYS = bytes([TAG_KEY[0] + 1])  # every `=` LMDB key sorts before it
 
 
-def _escaped(data: bytes) -> bytes:
-    return data.replace(b"\x00", b"\x00\x01")
-
-
 def _lower(data: bytes | None, timeline: bool) -> bytes:
     """An LMDB key at or below every stored key whose serialized form is >= `data`."""
     if data is None:
         return TAG_KEY
     if timeline:
-        return TAG_KEY + _escaped(data)[:_TIMELINE_KEY_BYTES]
+        return TAG_KEY + escape_key(data)[:_TIMELINE_KEY_BYTES]
     return TAG_KEY + data[:_VALUE_KEY_BYTES]
 
 
@@ -66,7 +63,7 @@ def _upper(data: bytes | None, timeline: bool) -> bytes:
     checks each key)."""
     if data is None:
         return _END_OF_KEYS
-    form = _escaped(data) if timeline else data
+    form = escape_key(data) if timeline else data
     most = _TIMELINE_KEY_BYTES if timeline else _VALUE_KEY_BYTES
     if len(form) <= most:
         return TAG_KEY + form

@@ -203,11 +203,7 @@ def read_key(
             if min_offset is not None and offset < min_offset:
                 if not waited and node.settings.min_offset_wait_ms > 0:
                     return Behind(live, min_offset)
-                behind = not_up_to_bound(store_name, route.partition, offset, min_offset)
-                behind.headers[HEADER_LAG] = str(live.lag_records)
-                behind.headers[HEADER_PARTITION] = str(route.partition)
-                behind.headers[HEADER_VERSION] = str(held.version)
-                raise behind
+                raise _not_up_to_bound(store_name, route.partition, held.version, live, offset, min_offset)
             headers.append((_OFFSET, str(offset).encode("ascii")))
             headers.append((_LAG, str(live.lag_records).encode("ascii")))
         elif min_offset is not None:
@@ -216,16 +212,7 @@ def read_key(
         if value is None:
             return 404, headers, error_json("key_not_found", f"key {key.text!r} is not in store {store_name!r}")
         return 200, headers, found_body(store_name, key.text, route.partition, held.version, value)
-    if forwarded:
-        # Our view and the forwarding node's differ (a rebalance is in flight): say so, never bounce.
-        raise PartitionUnavailable(
-            f"node {node_id} does not serve partition {route.partition} of store {store_name!r}"
-            " and does not forward a forwarded request",
-            RETRY_AFTER_S,
-        )
-    if not others:
-        raise PartitionUnavailable(f"no node serves partition {route.partition} of store {store_name!r}", RETRY_AFTER_S)
-    return Forward(route.partition, tuple(others), m.generation)
+    return _forward_to(node_id, store_name, route.partition, others, forwarded, m.generation)
 
 
 def read_timeline(
@@ -278,11 +265,7 @@ def read_timeline(
             if offset < query.min_offset:
                 if not waited and node.settings.min_offset_wait_ms > 0:
                     return Behind(live, query.min_offset)
-                behind = not_up_to_bound(store_name, route.partition, offset, query.min_offset)
-                behind.headers[HEADER_LAG] = str(live.lag_records)
-                behind.headers[HEADER_PARTITION] = str(route.partition)
-                behind.headers[HEADER_VERSION] = str(held.version)
-                raise behind
+                raise _not_up_to_bound(store_name, route.partition, held.version, live, offset, query.min_offset)
         entries, more = held.entries(key.data, query.low, query.high, query.limit, query.descending, after)
         next_cursor = make_cursor(secret, bound, held.version, entries[-1][:2]) if more else None
         field = "rows" if read == HISTORY else "windows"
@@ -301,15 +284,34 @@ def read_timeline(
             headers.append((_OFFSET, str(offset).encode("ascii")))
             headers.append((_LAG, str(held.live.lag_records).encode("ascii")))
         return 200, headers, body
+    return _forward_to(node_id, store_name, route.partition, others, forwarded, m.generation)
+
+
+def _forward_to(
+    node_id: str, store_name: str, partition: int, others: list[Endpoint], forwarded: bool, generation: int
+) -> Forward:
+    """The `Forward` of a read this node does not answer itself; 503 when it may not or cannot forward."""
     if forwarded:
+        # Our view and the forwarding node's differ (a rebalance is in flight): say so, never bounce.
         raise PartitionUnavailable(
-            f"node {node_id} does not serve partition {route.partition} of store {store_name!r}"
+            f"node {node_id} does not serve partition {partition} of store {store_name!r}"
             " and does not forward a forwarded request",
             RETRY_AFTER_S,
         )
     if not others:
-        raise PartitionUnavailable(f"no node serves partition {route.partition} of store {store_name!r}", RETRY_AFTER_S)
-    return Forward(route.partition, tuple(others), m.generation)
+        raise PartitionUnavailable(f"no node serves partition {partition} of store {store_name!r}", RETRY_AFTER_S)
+    return Forward(partition, tuple(others), generation)
+
+
+def _not_up_to_bound(
+    store_name: str, partition: int, version: int, live: Any, offset: int, min_offset: int
+) -> NotUpToBound:
+    """503 not_up_to_bound for a live partition held here that has not applied `min_offset`."""
+    behind = not_up_to_bound(store_name, partition, offset, min_offset)
+    behind.headers[HEADER_LAG] = str(live.lag_records)
+    behind.headers[HEADER_PARTITION] = str(partition)
+    behind.headers[HEADER_VERSION] = str(version)
+    return behind
 
 
 async def forward_read(node: Node, raw_path: bytes, forward: Forward, request_id: str) -> Answer:
