@@ -389,6 +389,58 @@ class _Base:
         self._reload = True
         self.stats["failovers"] += 1
 
+    def _http_options(self, url: str, transport: Any) -> dict[str, Any]:
+        """What every httpx client of this client is made with (the router's, and one per node)."""
+        return {
+            "base_url": url,
+            "timeout": self.timeout,
+            "headers": self.headers,
+            "transport": transport,
+            "trust_env": False,
+            "limits": _LIMITS,
+        }
+
+    def _group_by_node(self, store: str, texts: list[str]) -> tuple[dict[str, list[int]], list[int]]:
+        """Direct routing of a batch: the keys' indexes per node serving their partition (preferred replica),
+        and those no node is known for (the router's)."""
+        groups: dict[str, list[int]] = {}
+        rest: list[int] = []
+        for index, text in enumerate(texts):
+            replicas = self._replicas(store, text)
+            if replicas:
+                groups.setdefault(replicas[0], []).append(index)
+            else:
+                rest.append(index)
+        return groups, rest
+
+    def _node_results(self, url: str, response: httpx.Response | None) -> list[Mapping[str, Any]] | None:
+        """A node's batch-get answer's entries; None when it failed (connection, or not a 200)."""
+        if response is None:
+            self._node_failed(url)
+            return None
+        self._observe(response)
+        return response.json()["results"] if response.status_code == 200 else None
+
+    def _take(
+        self,
+        done: Iterable[tuple[list[int], list[Mapping[str, Any]] | None]],
+        entries: list[Mapping[str, Any] | None],
+        rest: list[int],
+    ) -> list[int]:
+        """Fill `entries` from the nodes' answers; the indexes left for the router (failed nodes, 503s)."""
+        for indexes, results in done:
+            if results is None:
+                rest += indexes
+                continue
+            for index, entry in zip(indexes, results, strict=True):
+                if entry.get("status") == 503:
+                    rest.append(index)
+                else:
+                    entries[index] = entry
+        self.stats["direct"] += sum(e is not None for e in entries)
+        self.stats["via_router"] += len(rest)
+        return sorted(rest)
+
 
 class Client(_Base):
     """A blocking client of one keyroute address (a router's load balancer, or any router or node)."""
@@ -406,14 +458,7 @@ class Client(_Base):
         map_max_age_s: float = 30.0,
     ) -> None:
         super().__init__(url, timeout, retries, backoff_s, token, routing, map_max_age_s)
-        self._http = httpx.Client(
-            base_url=self.url,
-            timeout=timeout,
-            headers=self.headers,
-            transport=transport,
-            trust_env=False,
-            limits=_LIMITS,
-        )
+        self._http = httpx.Client(**self._http_options(self.url, transport))
         self._pool: ThreadPoolExecutor | None = None
         self._transport = transport
         # One connection pool per node (direct routing): a pool scans its connections on every request.
@@ -423,17 +468,7 @@ class Client(_Base):
     def _node(self, url: str) -> httpx.Client:
         client = self._nodes.get(url)
         if client is None:
-            client = self._nodes.setdefault(
-                url,
-                httpx.Client(
-                    base_url=url,
-                    timeout=self.timeout,
-                    headers=self.headers,
-                    transport=self._transport,
-                    trust_env=False,
-                    limits=_LIMITS,
-                ),
-            )
+            client = self._nodes.setdefault(url, httpx.Client(**self._http_options(url, self._transport)))
         return client
 
     def __enter__(self) -> Client:
@@ -522,32 +557,16 @@ class Client(_Base):
         rest = list(range(len(texts)))
         if self.routing == "direct" and texts:
             self._ensure_map()
-            groups: dict[str, list[int]] = {}
-            rest = []
-            for index, text in enumerate(texts):
-                replicas = self._replicas(store, text)
-                if replicas:
-                    groups.setdefault(replicas[0], []).append(index)
-                else:
-                    rest.append(index)
-            if groups:
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="keyroute-client")
-                done = self._pool.map(lambda item: self._node_batch(item[0], path, texts, item[1]), groups.items())
-                for indexes, results in done:
-                    if results is None:
-                        rest += indexes
-                        continue
-                    for index, entry in zip(indexes, results, strict=True):
-                        if entry.get("status") == 503:
-                            rest.append(index)
-                        else:
-                            entries[index] = entry
-                self.stats["direct"] += len(texts) - len(rest)
-            if rest:
-                self.stats["via_router"] += len(rest)
+            groups, rest = self._group_by_node(store, texts)
+            if groups and self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="keyroute-client")
+            done = (
+                self._pool.map(lambda item: self._node_batch(item[0], path, texts, item[1]), groups.items())
+                if groups
+                else ()
+            )
+            rest = self._take(done, entries, rest)
         if rest:
-            rest.sort()
             response = self._send("POST", path, json={"keys": [texts[i] for i in rest]})
             for index, entry in zip(rest, response.json()["results"], strict=True):
                 entries[index] = entry
@@ -557,14 +576,10 @@ class Client(_Base):
         self, url: str, path: str, texts: list[str], indexes: list[int]
     ) -> tuple[list[int], list[Mapping[str, Any]] | None]:
         try:
-            response = self._node(url).post(path, json={"keys": [texts[i] for i in indexes]})
+            response: httpx.Response | None = self._node(url).post(path, json={"keys": [texts[i] for i in indexes]})
         except httpx.TransportError:
-            self._node_failed(url)
-            return indexes, None
-        self._observe(response)
-        if response.status_code != 200:
-            return indexes, None
-        return indexes, response.json()["results"]
+            response = None
+        return indexes, self._node_results(url, response)
 
     def history(
         self,
@@ -634,14 +649,7 @@ class AsyncClient(_Base):
         map_max_age_s: float = 30.0,
     ) -> None:
         super().__init__(url, timeout, retries, backoff_s, token, routing, map_max_age_s)
-        self._http = httpx.AsyncClient(
-            base_url=self.url,
-            timeout=timeout,
-            headers=self.headers,
-            transport=transport,
-            trust_env=False,
-            limits=_LIMITS,
-        )
+        self._http = httpx.AsyncClient(**self._http_options(self.url, transport))
         self._transport = transport
         self._nodes: dict[str, httpx.AsyncClient] = {}
         self._map_lock: asyncio.Lock | None = None  # made on the event loop, at the first map read
@@ -660,14 +668,7 @@ class AsyncClient(_Base):
     def _node(self, url: str) -> httpx.AsyncClient:
         client = self._nodes.get(url)
         if client is None:
-            client = self._nodes[url] = httpx.AsyncClient(
-                base_url=url,
-                timeout=self.timeout,
-                headers=self.headers,
-                transport=self._transport,
-                trust_env=False,
-                limits=_LIMITS,
-            )
+            client = self._nodes[url] = httpx.AsyncClient(**self._http_options(url, self._transport))
         return client
 
     async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
@@ -735,28 +736,10 @@ class AsyncClient(_Base):
         rest = list(range(len(texts)))
         if self.routing == "direct" and texts:
             await self._ensure_map()
-            groups: dict[str, list[int]] = {}
-            rest = []
-            for index, text in enumerate(texts):
-                replicas = self._replicas(store, text)
-                if replicas:
-                    groups.setdefault(replicas[0], []).append(index)
-                else:
-                    rest.append(index)
+            groups, rest = self._group_by_node(store, texts)
             done = await asyncio.gather(*(self._node_batch(url, path, texts, idx) for url, idx in groups.items()))
-            for indexes, results in done:
-                if results is None:
-                    rest += indexes
-                    continue
-                for index, entry in zip(indexes, results, strict=True):
-                    if entry.get("status") == 503:
-                        rest.append(index)
-                    else:
-                        entries[index] = entry
-            self.stats["direct"] += len(texts) - len(rest)
-            self.stats["via_router"] += len(rest)
+            rest = self._take(done, entries, rest)
         if rest:
-            rest.sort()
             response = await self._send("POST", path, json={"keys": [texts[i] for i in rest]})
             for index, entry in zip(rest, response.json()["results"], strict=True):
                 entries[index] = entry
@@ -766,14 +749,11 @@ class AsyncClient(_Base):
         self, url: str, path: str, texts: list[str], indexes: list[int]
     ) -> tuple[list[int], list[Mapping[str, Any]] | None]:
         try:
-            response = await self._node(url).post(path, json={"keys": [texts[i] for i in indexes]})
+            body = {"keys": [texts[i] for i in indexes]}
+            response: httpx.Response | None = await self._node(url).post(path, json=body)
         except httpx.TransportError:
-            self._node_failed(url)
-            return indexes, None
-        self._observe(response)
-        if response.status_code != 200:
-            return indexes, None
-        return indexes, response.json()["results"]
+            response = None
+        return indexes, self._node_results(url, response)
 
     async def history(
         self,

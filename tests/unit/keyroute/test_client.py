@@ -246,3 +246,39 @@ def test_direct_routing_goes_to_the_partition_s_node_and_fails_over_and_falls_ba
         assert client.get("s", key).value == {"k": key}
         assert asked == ["http://router/admin/partition-map", "http://router" + path]
         assert client.stats["via_router"] == 1
+
+
+def test_direct_get_many_sends_one_batch_per_node_and_the_rest_to_the_router() -> None:
+    from keyroute.core.partitioner import Partitioner, partition_for
+
+    keys = [f"k{i}" for i in range(12)]
+    node_of = {p: f"http://n{p % 2}" for p in range(4)}
+    batches: dict[str, list[str]] = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        where = f"{request.url.scheme}://{request.url.host}"
+        if request.url.path == "/admin/partition-map":
+            return httpx.Response(200, json=partition_map(1, {p: [u] for p, u in node_of.items() if p != 3}))
+        asked = json.loads(request.content)["keys"]
+        batches[where] = asked
+        results = []
+        for key in asked:
+            if where == "http://n1" and key == asked[0]:
+                results.append({"key": key, "status": 503, "error": "partition_unavailable", "message": "m"})
+            else:
+                results.append({"key": key, "status": 200, "partition": 0, "version": 1, "value": {"at": where}})
+        return httpx.Response(200, json={"results": results})
+
+    async def main() -> None:
+        async with AsyncClient("http://router", routing="direct", transport=httpx.MockTransport(handler)) as client:
+            found = await client.get_many("s", keys)
+            assert [f.key for f in found if isinstance(f, Value)] == keys
+            partition = {k: partition_for(Partitioner.MURMUR2, k.encode(), 4) for k in keys}
+            for node in ("http://n0", "http://n1"):
+                assert batches[node] == [k for k in keys if partition[k] != 3 and node_of[partition[k]] == node]
+            # Partition 3 has no node in the map, and n1's 503 key: both through the router.
+            retried = batches["http://n1"][0]
+            assert batches["http://router"] == [k for k in keys if partition[k] == 3 or k == retried]
+            assert client.stats["direct"] + client.stats["via_router"] == len(keys)
+
+    asyncio.run(main())
