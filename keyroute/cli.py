@@ -287,6 +287,13 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p.option(node, "--host", default="127.0.0.1", help="address to listen on")
     p.option(node, "--advertise-url", default="", help="URL other members use to reach this node")
     p.option(node, "--data-dir", type=Path, required=True, help="where the node keeps its loaded partitions")
+    p.option(
+        node,
+        "--zone",
+        default="",
+        help="failure domain this node runs in (availability zone, rack): a partition's replicas go to different "
+        "zones when there are enough (in Kubernetes: the topology.kubernetes.io/zone label)",
+    )
     p.option(node, "--zk-session-timeout-s", type=float, default=10.0, help="ZooKeeper session timeout")
     p.option(
         node,
@@ -520,6 +527,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         data_dir=args.data_dir,
         zk=_zk(args),
         http=HttpSettings(host=args.host, port=args.port, advertise_url=args.advertise_url),
+        zone=args.zone.strip(),
         drain_timeout_s=args.drain_timeout_s,
         version_grace_s=args.version_grace_s,
         forward_timeout_s=args.forward_timeout_s,

@@ -158,6 +158,17 @@ class PartitionUnavailable(ApiError):
         super().__init__(message, {"Retry-After": str(retry_after_s)})
 
 
+class NoPartitionMap(ApiError):
+    """A router that has not yet read a partition map (ZooKeeper unreachable since it started) knows no
+    store: it cannot tell "no such store" from "not known yet"."""
+
+    status = 503
+    code = "no_partition_map"
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message, {"Retry-After": str(retry_after_s)})
+
+
 class NotLive(ApiError):
     status = 400
     code = "not_live"

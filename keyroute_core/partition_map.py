@@ -130,15 +130,27 @@ class NodeRecord:
     node_id: str
     url: str
     leaving: bool = False
+    # The failure domain (availability zone, rack) the node runs in; "" = none given. The controller puts a
+    # partition's replicas in different zones when it can.
+    zone: str = ""
 
     def to_json(self) -> bytes:
-        return _dump({"node_id": self.node_id, "url": self.url, "leaving": self.leaving})
+        record: dict[str, object] = {"node_id": self.node_id, "url": self.url, "leaving": self.leaving}
+        if self.zone:
+            record["zone"] = self.zone
+        return _dump(record)
 
     @classmethod
     def from_json(cls, raw: bytes) -> NodeRecord:
         obj = _load(raw, "node record")
         try:
-            return cls(node_id=str(obj["node_id"]), url=str(obj["url"]), leaving=obj.get("leaving") is True)
+            zone = obj.get("zone")
+            return cls(
+                node_id=str(obj["node_id"]),
+                url=str(obj["url"]),
+                leaving=obj.get("leaving") is True,
+                zone=zone if isinstance(zone, str) else "",
+            )
         except KeyError as exc:
             raise RecordError(f"node record: missing {exc}") from exc
 

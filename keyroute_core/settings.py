@@ -130,6 +130,9 @@ class NodeSettings:
     zk: ZkSettings = field(default_factory=ZkSettings)
     http: HttpSettings = field(default_factory=HttpSettings)
     forward_timeout_s: float = 5.0
+    # The failure domain (availability zone, rack) this node runs in; "" = none. Replicas of a partition go
+    # to different zones when the cluster has enough of them.
+    zone: str = ""
     max_batch_keys: int = 1000
     lmdb_map_size_bytes: int = 1 << 34
     # On SIGTERM: how long to wait for other nodes to serve this node's partitions before leaving anyway.

@@ -165,7 +165,34 @@ def _describe(entry: ACL) -> str:
     return f"{entry.id.scheme}:{user} {perms}"
 
 
+class _Quiet(logging.Filter):
+    """While a session is first being established, kazoo's warning per refused connection (several a second)
+    says nothing the final error will not: it is held back, its reason kept for that error."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reason = ""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.WARNING:
+            return True
+        message = record.getMessage()
+        if message.startswith("Connection dropped: "):
+            self.reason = message.removeprefix("Connection dropped: ").removeprefix("socket connection error: ")
+        return False
+
+
 def _start(client: KazooClient, settings: ZkSettings) -> None:
+    quiet = _Quiet()
+    kazoo_log = logging.getLogger("kazoo.client")
+    kazoo_log.addFilter(quiet)
+    try:
+        _start_quietly(client, settings, quiet)
+    finally:
+        kazoo_log.removeFilter(quiet)
+
+
+def _start_quietly(client: KazooClient, settings: ZkSettings, quiet: _Quiet) -> None:
     try:
         with warnings.catch_warnings():
             # kazoo warns when the chroot does not exist yet; a reader waits for it (watches), a writer
@@ -177,8 +204,9 @@ def _start(client: KazooClient, settings: ZkSettings) -> None:
         raise ZkAccessError(f"{_who(settings)} may not read {settings.connect_string}") from exc
     except Exception as exc:  # kazoo raises its own timeout type; the caller needs one meaning
         client.close()
+        why = f" ({quiet.reason[:1].lower()}{quiet.reason[1:]})" if quiet.reason else ""
         raise ZkUnavailableError(
-            f"cannot reach ZooKeeper at {settings.hosts} within {settings.connect_timeout_s}s"
+            f"cannot reach ZooKeeper at {settings.hosts} within {settings.connect_timeout_s:g} s{why}"
         ) from exc
 
 

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -32,6 +32,8 @@ from keyroute.core.partition_map import PartitionMap
 from keyroute.core.request_guard import RequestGuard
 from keyroute.core.security import ClusterAuth
 from keyroute.core.settings import RouterSettings
+from keyroute.core.zk import ZkAccessError, ZkUnavailableError
+from keyroute.http.server import StartupError
 from keyroute.router import ui
 from keyroute.router.fast_upstream import FastUpstream
 from keyroute.router.limits import admission
@@ -46,6 +48,37 @@ log = logging.getLogger(__name__)
 # How long startup waits for the first partition map (ZooKeeper answers within milliseconds when it is up).
 FIRST_MAP_WAIT_S = 5.0
 _HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed"}
+# Between attempts to reach ZooKeeper at startup (each attempt itself waits up to the connect timeout).
+_RECONNECT_PAUSE_S = (1.0, 30.0)
+
+
+async def _connect(source: MapSource, on_map: Callable[[PartitionMap], None], settings: RouterSettings) -> None:
+    """Start `source`, retrying while ZooKeeper is unreachable (said once). Credentials ZooKeeper refuses
+    are not retried: the error ends the task (at startup, the router's start)."""
+    pause, said = _RECONNECT_PAUSE_S[0], False
+    while True:
+        try:
+            await run_in_threadpool(source.start, on_map)
+            if said:
+                log.info("ZooKeeper at %s is reachable again: reading the partition map", settings.zk.hosts)
+            return
+        except ZkAccessError:
+            raise
+        except ZkUnavailableError as exc:
+            if not said:
+                said = True
+                log.warning("%s: answering 503 and retrying until it is reachable", exc)
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, _RECONNECT_PAUSE_S[1])
+
+
+async def _stop(connecting: asyncio.Task[None], waiting: asyncio.Task[Any], source: MapSource) -> None:
+    for task in (connecting, waiting):
+        task.cancel()
+    await asyncio.wait((connecting, waiting))
+    if not connecting.cancelled() and connecting.exception() is not None:
+        connecting.exception()  # retrieved: it was reported at startup or does not matter at shutdown
+    await run_in_threadpool(source.stop)
 
 
 def create_app(
@@ -98,22 +131,26 @@ def create_app(
             with contextlib.suppress(RuntimeError):  # the loop has closed: we are shutting down
                 loop.call_soon_threadsafe(install, table)
 
+        # Connecting goes on in the background for as long as it takes: after `first_map_wait_s` the router
+        # listens anyway, answering 503 (and not ready) until a map arrives.
+        connecting = asyncio.create_task(_connect(source, on_map, settings))
+        waiting = asyncio.create_task(first_map.wait())
         try:
-            await run_in_threadpool(source.start, on_map)
-            try:
-                async with asyncio.timeout(first_map_wait_s):
-                    await first_map.wait()
-            except TimeoutError:
-                log.warning("no partition map within %g s of starting; serving once it arrives", first_map_wait_s)
+            await asyncio.wait((connecting, waiting), timeout=first_map_wait_s, return_when=asyncio.FIRST_EXCEPTION)
+            if connecting.done() and connecting.exception() is not None:
+                raise StartupError(str(connecting.exception()))
+            if not first_map.is_set():
+                wait_s = first_map_wait_s
+                log.warning("no partition map within %g s of starting: answering 503 until one arrives", wait_s)
         except BaseException:
-            await run_in_threadpool(source.stop)
+            await _stop(connecting, waiting, source)
             await upstream.aclose()
             raise
         try:
             yield
         finally:
             try:
-                await run_in_threadpool(source.stop)
+                await _stop(connecting, waiting, source)
             finally:
                 await upstream.aclose()
 

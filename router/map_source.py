@@ -5,6 +5,7 @@ The source pushes each new immutable map from its own thread; the app moves it o
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Protocol
 
@@ -34,12 +35,21 @@ class ZooKeeperMapSource:
         self._settings = settings
         self._client: KazooClient | None = None
         self._watcher: MapWatcher | None = None
+        self._lock = threading.Lock()
+        self._stopped = False
 
     def start(self, on_map: Callable[[PartitionMap], None]) -> None:
+        """Connect and start watching (raises ZkUnavailableError when ZooKeeper cannot be reached in time).
+        A `stop` while connecting wins: the session is closed and nothing is watched."""
         # Routers only read: they create nothing, so a read-only identity is enough.
-        self._client = zk.connect(self._settings, ensure_layout=False)
-        self._watcher = MapWatcher(self._client, on_map)
-        self._watcher.start()
+        client = zk.connect(self._settings, ensure_layout=False)
+        with self._lock:
+            if self._stopped:
+                zk.close(client)
+                return
+            self._client = client
+            self._watcher = MapWatcher(client, on_map)
+            self._watcher.start()
 
     @property
     def client(self) -> KazooClient | None:
@@ -56,8 +66,10 @@ class ZooKeeperMapSource:
             self._watcher.refresh()
 
     def stop(self) -> None:
-        watcher, self._watcher = self._watcher, None
-        client, self._client = self._client, None
+        with self._lock:
+            self._stopped = True
+            watcher, self._watcher = self._watcher, None
+            client, self._client = self._client, None
         try:
             if watcher is not None:
                 watcher.stop()

@@ -32,8 +32,9 @@ def _error(description: str, *, retry_after: bool = False, challenge: bool = Fal
 _GUARD = {
     "431": _error("`headers_too_large`: the request line and headers exceed the configured limit"),
     "503": _error(
-        "`overloaded` (too many requests in progress) or `partition_unavailable` (no node serves the "
-        "partition, a rebalance or reload is in flight): retry after `Retry-After` seconds",
+        "`overloaded` (too many requests in progress), `partition_unavailable` (no node serves the "
+        "partition, a rebalance or reload is in flight) or `no_partition_map` (the router has not read the "
+        "partition map yet: ZooKeeper unreachable since it started): retry after `Retry-After` seconds",
         retry_after=True,
     ),
 }

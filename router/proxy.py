@@ -51,7 +51,6 @@ from keyroute.core.api import (
     BatchKeyTooLong,
     PartitionUnavailable,
     PayloadTooLarge,
-    StoreNotFound,
     key_too_long,
 )
 from keyroute.core.logs import bind_request_id
@@ -411,7 +410,7 @@ class Proxy:
             raise PayloadTooLarge(f"{len(keys)} keys in one batch; at most {self._max_batch_keys} are allowed")
         table = self.table
         if not table.has_store(store):
-            raise StoreNotFound(f"no store named {store!r}")
+            raise table.unknown_store(store)
         if bounds is not None:
             bounds.check(store, table.map.stores[store].partitions)
         # Where each key goes, for the bounds sent with it and the offsets its entry reports.

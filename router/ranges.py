@@ -27,7 +27,6 @@ from keyroute.core.api import (
     BadRequest,
     CursorExpired,
     PartitionUnavailable,
-    StoreNotFound,
 )
 from keyroute.core.key_format import KeyFormat, parse_key
 from keyroute.core.ranges import (
@@ -69,7 +68,7 @@ async def read_range(proxy: Proxy, store: str, raw_query: bytes, request_id: str
     table = proxy.table
     record = table.map.stores.get(store)
     if record is None:
-        raise StoreNotFound(f"store {store!r} is not published")
+        raise table.unknown_store(store)
     key_format = record.key_format
     try:
         query = parse_range_query(raw_query, key_format)

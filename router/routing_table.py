@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from keyroute.core.api import BadKey, PartitionUnavailable, StoreNotFound
+from keyroute.core.api import ApiError, BadKey, NoPartitionMap, PartitionUnavailable, StoreNotFound
 from keyroute.core.key_format import KeyFormat, KeyFormatError, parse_key
 from keyroute.core.partition_map import Endpoint, KeyRoute, PartitionMap
 from keyroute.core.partitioner import Partitioner, murmur2, partition_for
@@ -97,11 +97,18 @@ class RoutingTable:
     def has_store(self, store_name: str) -> bool:
         return store_name in self.map.stores
 
+    def unknown_store(self, store_name: str) -> ApiError:
+        """What a read of a store this map does not have answers: 404, or 503 before any map was read."""
+        if not self.ready:
+            return NoPartitionMap("this router has not read the partition map yet (is ZooKeeper reachable?)")
+        return StoreNotFound(f"no store named {store_name!r}")
+
     def resolve(self, store_name: str, key_text: str) -> KeyRoute:
-        """The route of one key; raises StoreNotFound or BadKey (the key does not fit the store's format)."""
+        """The route of one key; raises StoreNotFound (NoPartitionMap before the first map) or BadKey (the key
+        does not fit the store's format)."""
         store = self.map.stores.get(store_name)
         if store is None:
-            raise StoreNotFound(f"no store named {store_name!r}")
+            raise self.unknown_store(store_name)
         try:
             key = parse_key(store.key_format, key_text)
         except KeyFormatError as exc:

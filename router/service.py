@@ -32,7 +32,9 @@ def run(settings: RouterSettings, *, setup: Callable[[], None] | None = None) ->
     try:
         sock = workers.bind(settings.http.host, settings.http.port)
     except OSError as exc:
-        log.error("the router cannot listen on %s:%d: %s", settings.http.host, settings.http.port, exc)
+        reason = (exc.strerror or str(exc)).lower()
+        host, port = settings.http.host, settings.http.port
+        log.error("router did not start: cannot listen on %s port %d: %s", host, port, reason)
         return 1
     return workers.run(functools.partial(_worker, settings, setup), settings.workers, sock)
 
@@ -53,14 +55,12 @@ def server(settings: RouterSettings, app: Starlette | None = None) -> HttpServer
         data_plane=RouterDataPlane.factory(settings.limits.max_key_bytes),
         # Requests the server refuses itself (400, 408, 413, 417, 431), counted with admission's refusals.
         on_refusal=app.state.admission.refused,
+        name="router",
     )
 
 
 def _serve(settings: RouterSettings, sockets: list[socket.socket] | None) -> int:
     # httpx (the upstream when tests inject a transport) logs every request at INFO: failures are logged here.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().getEffectiveLevel()))
-    code = serve(server(settings), settings.http.host, settings.http.port, sockets)
-    if code != 0:
-        # The server has logged why (ZooKeeper unreachable, port taken).
-        log.error("the router did not start")
-    return code
+    # A failed start has been said by the server, in one line (port taken, ZooKeeper refusing credentials).
+    return serve(server(settings), settings.http.host, settings.http.port, sockets)

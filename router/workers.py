@@ -89,7 +89,10 @@ def run(serve: Serve, workers: int, sock: socket.socket) -> int:
             )
             process.start()
             processes.append(process)
-        log.info("router started %d workers: %s", workers, ", ".join(str(p.pid) for p in processes))
+        host, port = sock.getsockname()[:2]
+        where = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        pids = ", ".join(str(p.pid) for p in processes)
+        log.info("router is listening on %s with %d worker processes (%s)", where, workers, pids)
         failed: BaseProcess | None = None
         while not stopping.is_set() and failed is None:
             wait([p.sentinel for p in processes], timeout=0.5)

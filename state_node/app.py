@@ -33,11 +33,12 @@ from keyroute.core.partition_map import PartitionMap
 from keyroute.core.request_guard import Admission, RequestGuard
 from keyroute.core.security import BearerAuth, ClusterAuth
 from keyroute.core.settings import NodeSettings
+from keyroute.http.server import StartupError
 from keyroute.node.controller import Controller
 from keyroute.node.metrics import NodeMetrics
 from keyroute.node.ownership import Ownership
 from keyroute.node.reads import RETRY_AFTER_S, find_store, parse_key_text
-from keyroute.node.registration import Registration
+from keyroute.node.registration import NodeIdInUse, Registration
 from keyroute.node.store import load_partition
 
 log = logging.getLogger(__name__)
@@ -172,8 +173,16 @@ async def _running_node(
 ) -> AsyncIterator[Node]:
     metrics = metrics if metrics is not None else NodeMetrics()
     loop = asyncio.get_running_loop()
-    client = await run_in_threadpool(zk.connect, settings.zk)
-    registration = Registration(client, settings.node_id, settings.http.url)
+    try:
+        client = await run_in_threadpool(zk.connect, settings.zk)
+    except zk.ZkUnavailableError as exc:
+        raise StartupError(str(exc)) from exc
+    registration = Registration(client, settings.node_id, settings.http.url, settings.zone)
+    try:
+        await run_in_threadpool(registration.claim, settings.zk.session_timeout_s + 2.0)
+    except NodeIdInUse as exc:
+        await run_in_threadpool(zk.close, client)
+        raise StartupError(str(exc)) from exc
     ownership = Ownership(
         settings,
         registration,

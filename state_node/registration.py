@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,25 +18,71 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from keyroute.core import zk_layout
-from keyroute.core.partition_map import NodeRecord, ServingRecord
+from keyroute.core.partition_map import NodeRecord, RecordError, ServingRecord
 
 log = logging.getLogger(__name__)
+
+
+class NodeIdInUse(RuntimeError):
+    """Another live ZooKeeper session holds this node id's registration: two processes would be one node."""
 
 
 class Registration:
     """Writes and withdraws this node's ephemeral records. Every method blocks on ZooKeeper: call them
     from a worker thread when on the event loop."""
 
-    def __init__(self, client: KazooClient, node_id: str, url: str) -> None:
+    def __init__(self, client: KazooClient, node_id: str, url: str, zone: str = "") -> None:
         self._client = client
         self.node_id = node_id
         self.url = url
+        self.zone = zone
         # Once set, every (re-)registration says so: a session lost while draining must not make the
         # controller assign partitions to this node again.
         self.leaving = False
 
+    def claim(self, wait_s: float) -> None:
+        """Return once no other process is this node; raise NodeIdInUse when one still is after `wait_s`.
+
+        /nodes/{id} of another session is either this node's previous life (a crash or a restart before
+        that session expired) or another process started with the same id. The first advertised this
+        node's own URL, whose port this process now holds, so it is gone: the record is taken over at
+        once. A record with another URL is waited on for up to `wait_s` (a session's timeout: a dead
+        process's session has expired by then); if it is still there, its process is alive."""
+        path = zk_layout.node_path(self.node_id)
+        deadline = time.monotonic() + wait_s
+        said = False
+        while True:
+            gone = threading.Event()
+            try:
+                data, stat = self._client.get(path, watch=lambda _event, gone=gone: gone.set())
+            except NoNodeError:
+                return
+            if stat.ephemeralOwner == self._client.client_id[0]:
+                return
+            try:
+                other = NodeRecord.from_json(data).url
+            except RecordError:
+                other = "an unreadable address"
+            if other == self.url:
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise NodeIdInUse(
+                    f"node id {self.node_id!r} is in use by a running node at {other}: "
+                    "every node needs its own --node-id"
+                )
+            if not said:
+                said = True
+                log.warning(
+                    "node id %s is registered by another session (at %s); waiting up to %.0f s for it to end",
+                    self.node_id,
+                    other,
+                    wait_s,
+                )
+            gone.wait(remaining)
+
     def register_node(self) -> None:
-        record = NodeRecord(self.node_id, self.url, leaving=self.leaving)
+        record = NodeRecord(self.node_id, self.url, leaving=self.leaving, zone=self.zone)
         self._put(zk_layout.node_path(self.node_id), record.to_json())
 
     def mark_leaving(self) -> None:

@@ -65,7 +65,11 @@ class NodeServer(HttpServer):
         (`state.admission`, made by create_app), so /metrics shows them with the others."""
         admission: Admission = app.state.admission  # type: ignore[attr-defined]
         super().__init__(
-            app, server_limits(settings), data_plane=NodeDataPlane.from_state, on_refusal=admission.refused
+            app,
+            server_limits(settings),
+            data_plane=NodeDataPlane.from_state,
+            on_refusal=admission.refused,
+            name=f"node {settings.node_id}",
         )
         self._left = False
 
@@ -124,7 +128,6 @@ def run(settings: NodeSettings) -> int:
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().getEffectiveLevel()))
     server = NodeServer(create_app(settings), settings)
     if serve(server, settings.http.host, settings.http.port) != 0:
-        log.error("node %s did not start (see the errors above)", settings.node_id)
-        return 1
+        return 1  # the server said why, in one line
     log.info("node %s stopped", settings.node_id)
     return 0

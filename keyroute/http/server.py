@@ -1069,6 +1069,42 @@ class _Connection(asyncio.Protocol):
             self._transport.abort()
 
 
+def _url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class StartupError(Exception):
+    """Raised by an app's lifespan when it cannot start for a reason its operator can act on (ZooKeeper
+    unreachable, a node id in use): the server logs the message as one line, without a traceback."""
+
+
+def bind(host: str, port: int) -> list[socket.socket]:
+    """Sockets bound to (host, port), one per address the host resolves to, not yet listening: the port is
+    ours (a second process gets "address in use" here, before it does anything else), but connections are
+    refused rather than queued until `listen`. Raises OSError."""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    sockets: list[socket.socket] = []
+    seen: set[tuple[Any, ...]] = set()
+    try:
+        for family, kind, proto, _, address in infos:
+            if (family, address) in seen:
+                continue
+            seen.add((family, address))
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.setblocking(False)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
 class _Lifespan:
     """The ASGI lifespan protocol (spec 2.0) around the server's listening."""
 
@@ -1093,7 +1129,9 @@ class _Lifespan:
             failed, message = self._startup.result()
             if failed:
                 await asyncio.wait((task,), timeout=5.0)
-                self._retrieve()
+                exc = self._retrieve()
+                if isinstance(exc, StartupError):
+                    raise exc
                 raise RuntimeError(f"lifespan startup failed: {message}")
             return
         # Per the lifespan spec, an app that ends (or raises) before answering startup does not support it.
@@ -1151,6 +1189,7 @@ class HttpServer:
         limits: ServerLimits = ServerLimits(),  # noqa: B008 (frozen: one shared default is safe)
         data_plane: Callable[[Any], DataPlane | None] | None = None,
         on_refusal: Callable[[str], None] | None = None,
+        name: str = "the server",
     ) -> None:
         """`app`: the Starlette app (admin, health, metrics). `data_plane(app_state)` is called once, after
         the lifespan's startup, with the app's `state` (starlette.datastructures.State: the lifespan put the
@@ -1158,7 +1197,8 @@ class HttpServer:
         `on_refusal(code)` is called, on the event loop, for every request the server refuses itself before
         any service code sees it, with the API error code of its answer: bad_request (400, malformed),
         body_timeout (408), body_too_large (413), expectation_failed (417), headers_too_large (431). The
-        same counts are kept in `refusals`."""
+        same counts are kept in `refusals`. `name` (e.g. "node n1") starts the lines it logs about itself."""
+        self.name = name
         self.app = app
         self.limits = limits
         self.on_refusal = on_refusal
@@ -1188,24 +1228,30 @@ class HttpServer:
         return self._state
 
     async def start(self, host: str = "127.0.0.1", port: int = 0, sockets: list[socket.socket] | None = None) -> None:
-        """Lifespan startup (an exception there propagates, nothing listens), then listen. port 0 = any free port."""
+        """Bind the port (OSError when taken: nothing else has happened), lifespan startup (an exception there
+        propagates, nothing listens), then listen. port 0 = any free port. The app's startup (a node joining
+        its cluster) thus runs only once the port is known to be ours."""
         if self._servers or self._lifespan is not None:
             raise RuntimeError("the server is already started")
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._stopping = False
+        owned = not sockets
+        if owned:
+            sockets = bind(host, port)
         lifespan = _Lifespan(self.app, self._state)
-        await lifespan.startup()
+        try:
+            await lifespan.startup()
+        except BaseException:
+            if owned:
+                for sock in sockets or ():
+                    sock.close()
+            raise
         try:
             if self._data_plane_factory is not None:
                 self._dp = self._data_plane_factory(self._app_state())
-            if sockets:
-                for sock in sockets:
-                    self._servers.append(await loop.create_server(self._connection, sock=sock, backlog=2048))
-            else:
-                self._servers.append(
-                    await loop.create_server(self._connection, host, port, reuse_address=True, backlog=2048)
-                )
+            for sock in sockets or ():
+                self._servers.append(await loop.create_server(self._connection, sock=sock, backlog=2048))
         except BaseException:
             for server in self._servers:
                 server.close()
@@ -1214,7 +1260,13 @@ class HttpServer:
             await lifespan.shutdown()
             raise
         self._lifespan = lifespan
-        log.info("listening on %s", ", ".join(str(s.getsockname()) for server in self._servers for s in server.sockets))
+        # Sockets handed in are shared by worker processes: whoever handed them in says where it listens.
+        log.log(
+            logging.INFO if owned else logging.DEBUG,
+            "%s is listening on %s",
+            self.name,
+            ", ".join(_url_of(s) for server in self._servers for s in server.sockets),
+        )
 
     def _app_state(self) -> Any:
         state = getattr(self.app, "state", None)
@@ -1296,8 +1348,15 @@ class HttpServer:
         stop = self._stop_requested = asyncio.Event()
         try:
             await self.start(host, port, sockets)
+        except StartupError as exc:
+            log.error("%s did not start: %s", self.name, exc)
+            return 1
+        except OSError as exc:
+            reason = (exc.strerror or str(exc)).lower()
+            log.error("%s did not start: cannot listen on %s port %d: %s", self.name, host or "*", port, reason)
+            return 1
         except Exception:
-            log.exception("the server failed to start")
+            log.exception("%s did not start", self.name)
             return 1
         if self._stop_wanted:
             stop.set()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import pytest
 
 from keyroute.core.key_format import KeyFormat
 from keyroute.core.partition_map import PartitionMap
@@ -21,10 +22,13 @@ from keyroute.core.partitioner import Partitioner, key_hash, partition_for
 from keyroute.core.request_guard import RequestGuard
 from keyroute.core.security import member_token
 from keyroute.core.settings import AccessSettings, RequestLimits, RouterSettings
-from keyroute.http.server import HttpServer
+from keyroute.core.zk import ZkAccessError, ZkUnavailableError
+from keyroute.http.server import HttpServer, StartupError
+from keyroute.router import app as router_app
 from keyroute.router import service
 from keyroute.router.app import create_app
 from tests.unit.router.fakes import FakeCluster, FakeNode, StaticMapSource, build_map, node_url, store_record
+from tests.util import wait_until
 
 SETTINGS = RouterSettings(max_batch_keys=5, unavailable_retry_after_s=2, limits=RequestLimits(max_body_bytes=20_000))
 STORES = [store_record("s", 4), store_record("n", 2, key_format=KeyFormat.INT64)]
@@ -444,5 +448,55 @@ def test_startup_gives_up_waiting_for_a_map_and_says_it_is_not_ready() -> None:
             transport = httpx.ASGITransport(app, raise_app_exceptions=False)
             async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
                 assert (await client.get("/readyz")).status_code == 503
+
+    run(scenario)
+
+
+class UnreachableAtFirst(StaticMapSource):
+    """ZooKeeper unreachable for the first `failures` starts (each fails at once here), then a map."""
+
+    def __init__(self, initial: PartitionMap, failures: int, error: Exception | None = None) -> None:
+        super().__init__(None)
+        self.late = initial
+        self.failures = failures
+        self.error = error
+        self.attempts = 0
+
+    def start(self, on_map: Callable[[PartitionMap], None]) -> None:
+        self.attempts += 1
+        if self.error is not None:
+            raise self.error
+        if self.attempts <= self.failures:
+            raise ZkUnavailableError("cannot reach ZooKeeper at zk:2181 within 15 s (connection refused)")
+        super().start(on_map)
+        on_map(self.late)
+
+
+def test_a_router_without_zookeeper_answers_503_and_keeps_trying_until_a_map_arrives(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(router_app, "_RECONNECT_PAUSE_S", (0.05, 0.1))
+
+    async def scenario() -> None:
+        source = UnreachableAtFirst(build_map(STORES, FULL), failures=3)
+        app = create_app(SETTINGS, map_source=source, transport=FakeCluster(*nodes("k1")), first_map_wait_s=0.1)
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app, raise_app_exceptions=False)
+            async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+                if source.attempts <= 3:  # still unreachable: not ready, and the proxy knows no map yet
+                    assert (await client.get("/readyz")).status_code == 503
+                    assert app.state.proxy.table.unknown_store("s").code == "no_partition_map"
+                await wait_until(lambda: source.attempts == 4, timeout_s=5)
+                await wait_until(lambda: app.state.proxy.table.ready, timeout_s=5)
+                assert (await client.get("/readyz")).status_code == 200
+
+    run(scenario)
+
+
+def test_credentials_zookeeper_refuses_stop_the_router_at_start_with_one_line() -> None:
+    async def scenario() -> None:
+        refused = ZkAccessError("digest:router may not read zk:2181/keyroute")
+        app = create_app(SETTINGS, map_source=UnreachableAtFirst(build_map(STORES, FULL), 0, refused))
+        with pytest.raises(StartupError, match="may not read"):
+            async with app.router.lifespan_context(app):
+                pass
 
     run(scenario)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from keyroute.core.api import BadKey, StoreNotFound
+from keyroute.core.api import BadKey, NoPartitionMap, StoreNotFound
 from keyroute.core.key_format import KeyFormat, KeyFormatError
 from keyroute.core.partition_map import Assignment
 from keyroute.core.partitioner import Partitioner, key_hash, partition_for
@@ -91,8 +91,12 @@ def test_complete_only_when_every_partition_of_every_store_is_served() -> None:
 def test_before_any_map_the_table_is_empty_stale_and_not_complete() -> None:
     table = RoutingTable.empty()
     assert table.stale and not table.complete
-    with pytest.raises(StoreNotFound):
+    # Not "no such store": before a first map the router cannot tell (503, retry), unlike once it has one.
+    with pytest.raises(NoPartitionMap) as raised:
         table.resolve("s", "k")
+    assert raised.value.status == 503 and raised.value.headers == {"Retry-After": "1"}
+    with pytest.raises(StoreNotFound):
+        RoutingTable.of(build_map([store_record("t", 4)], {})).resolve("s", "k")
 
 
 def test_a_partition_nobody_announces_keeps_the_nodes_that_served_it_last() -> None:
