@@ -463,7 +463,21 @@ def _zk(args: argparse.Namespace) -> ZkSettings:
     return ZkSettings.parse(args.zk, session_timeout_s=timeout, auth=auth, reader=reader)
 
 
+def _without_pipeline_extra(what: str) -> bool:
+    """True (said on stderr) when pyspark is missing: the serving image has no Spark and no JRE."""
+    try:
+        import pyspark  # noqa: F401 (the pipeline imports it next anyway)
+    except ImportError:
+        pass
+    else:
+        return False
+    print(f"{what} needs pyspark, which is not installed: pip install 'keyroute[pipeline]'", file=sys.stderr)
+    return True
+
+
 def cmd_pipeline(args: argparse.Namespace) -> int:
+    if _without_pipeline_extra("keyroute pipeline build"):
+        return 1
     from keyroute.pipeline.build import KafkaAccess, build
     from keyroute.pipeline.errors import PipelineError
     from keyroute.pipeline.publish import retaining
@@ -560,6 +574,8 @@ def cmd_router(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if _without_pipeline_extra("keyroute demo"):
+        return 1
     from keyroute.demo import DemoSettings, run
 
     return run(DemoSettings(router_port=args.port, workdir=args.workdir.resolve(), events=args.events))

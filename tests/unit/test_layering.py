@@ -73,3 +73,33 @@ def test_node_and_router_run_without_pyspark() -> None:
         "assert not [m for m in sys.modules if m.startswith('pyspark')], 'pyspark imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+# Makes pyspark and pandas unimportable, as in the serving image (installed without the `pipeline` extra).
+_WITHOUT_PIPELINE_EXTRA = """
+import importlib.abc, sys
+class Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("pyspark", "pandas", "py4j"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return None
+sys.meta_path.insert(0, Absent())
+"""
+
+
+def test_the_serving_install_needs_neither_pyspark_nor_pandas_and_the_pipeline_says_what_to_install() -> None:
+    code = _WITHOUT_PIPELINE_EXTRA + (
+        "import contextlib, io\n"
+        "import keyroute.router.service, keyroute.node.service, keyroute.client, keyroute.cli as cli\n"
+        "err = io.StringIO()\n"
+        "with contextlib.redirect_stderr(err):\n"
+        "    assert cli.main(['pipeline', 'build', '--spec', 's.toml', '--output', 'o', '--zk', 'z:1']) == 1\n"
+        "    assert cli.main(['demo']) == 1\n"
+        "print(err.getvalue(), end='')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "keyroute pipeline build needs pyspark, which is not installed: pip install 'keyroute[pipeline]'",
+        "keyroute demo needs pyspark, which is not installed: pip install 'keyroute[pipeline]'",
+    ]
