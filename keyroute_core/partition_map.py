@@ -383,6 +383,7 @@ class PartitionMap:
                 node_id: {
                     "url": record.url,
                     "leaving": record.leaving,
+                    "zone": record.zone or None,
                     "serving": {
                         s: len(parts) for s, parts in self.serving[node_id].stores.items()
                     }

@@ -24,8 +24,14 @@ def assign(
     nodes: Sequence[str],
     previous: Assignment | None,
     generation: int,
+    zones: Mapping[str, str] | None = None,
 ) -> Assignment:
     """The desired placement of every partition of `stores` on `nodes`.
+
+    `zones` maps nodes to failure domains (availability zones, racks); a node without one ("" or absent) is
+    a domain of its own. With two zones or more, replicas of a partition are spread over different zones
+    where the placement allows (as Kafka's rack-aware assignment does): see `_spread_over_zones`. Every
+    balance guarantee below holds unchanged; the stickiness bound is stated for clusters without zones.
 
     Guarantees (tests/property/test_assignment_props.py checks each on random inputs and histories):
       - partition p gets min(replication_factor, len(nodes)) distinct nodes, or () without nodes;
@@ -82,33 +88,47 @@ def assign(
             leader = before[0] if before and before[0] in alive else None
             slots.append(_Slot(name, p, min(rf, len(members)), kept, leader))
 
-    Strategy = Callable[[Sequence[_Slot], Sequence[str], bool], list[tuple[str, ...]] | None]
+    # Each node's failure domain; a node without a zone is one of its own. Zones matter with two or more.
+    zone_of = {m: (zones or {}).get(m) or f"\0{m}" for m in members}
+    zoned = zone_of if zones and len(set(zone_of.values())) > 1 else None
+
+    Strategy = Callable[[Sequence[_Slot], Sequence[str], bool, Mapping[str, str] | None], list[tuple[str, ...]] | None]
     strategies: tuple[Strategy, ...] = (
         _replica_first,
-        lambda s, m, per_store: _leader_first(s, m, nested=False, per_store=per_store),
-        lambda s, m, per_store: _leader_first(s, m, nested=True, per_store=per_store),
+        lambda s, m, per_store, z: _leader_first(s, m, nested=False, per_store=per_store, zone_of=z),
+        lambda s, m, per_store, z: _leader_first(s, m, nested=True, per_store=per_store, zone_of=z),
     )
-    best: tuple[int, int, list[tuple[str, ...]]] | None = None
-    for per_store in (True, False):
-        for strategy in strategies:
-            placed = strategy(slots, members, per_store)
-            if placed is None:
-                continue
-            level = _balance_level(slots, placed, members)
-            cost = sum(len(set(reps).difference(slot.kept)) for slot, reps in zip(slots, placed, strict=True))
-            if best is None or (level, cost) < best[:2]:
-                best = (level, cost, placed)
-            if strategy is _replica_first and per_store and level == _PER_STORE_ALL:
-                # Its replica sets are a min-cost flow under per-store and total balance, so no
-                # candidate that is at least as balanced moves fewer replicas: nothing to compare.
-                break
-        if best is not None and best[0] <= _PER_STORE_REPLICAS:
-            break  # the totals-only candidates could only be less balanced
+    # Candidates compare by balance level, then by zones missing from partitions' spreads, then by replicas
+    # moved. With zones, the candidates placed under per-partition zone limits come first; the ones placed
+    # without them are a fallback for placements the limits make impossible or less balanced.
+    best: tuple[int, int, int, list[tuple[str, ...]]] | None = None
+    for limits in (zoned, None) if zoned is not None else (None,):
+        for per_store in (True, False):
+            for strategy in strategies:
+                placed = strategy(slots, members, per_store, limits)
+                if placed is None:
+                    continue
+                level = _balance_level(slots, placed, members)
+                missing = _zones_missing(slots, placed, zoned) if zoned is not None else 0
+                cost = sum(len(set(reps).difference(slot.kept)) for slot, reps in zip(slots, placed, strict=True))
+                if best is None or (level, missing, cost) < best[:3]:
+                    best = (level, missing, cost, placed)
+                if strategy is _replica_first and per_store and level == _PER_STORE_ALL and missing == 0:
+                    # Its replica sets are a min-cost flow under per-store and total balance (and the zone
+                    # limits), so no candidate as balanced and as spread moves fewer replicas.
+                    break
+            if best is not None and best[0] <= _PER_STORE_REPLICAS:
+                break  # the totals-only candidates could only be less balanced
+        if best is not None and best[0] == _PER_STORE_ALL and best[1] == 0:
+            break
     if best is None:  # not reached on any input tried; a slightly uneven placement beats no placement
-        best = (_UNBALANCED, 0, _leader_first(slots, members, nested=True, balanced=False) or [])
+        best = (_UNBALANCED, 0, 0, _leader_first(slots, members, nested=True, balanced=False) or [])
 
+    placed = best[3]
+    if zoned is not None:
+        placed = _spread_over_zones(slots, placed, zoned)
     per_store_out: dict[str, list[tuple[str, ...]]] = {name: [] for name in names}
-    for slot, reps in zip(slots, best[2], strict=True):
+    for slot, reps in zip(slots, placed, strict=True):
         per_store_out[slot.store].append(reps)
     return Assignment(generation, {name: tuple(per) for name, per in per_store_out.items()})
 
@@ -148,6 +168,128 @@ def _balance_level(slots: Sequence[_Slot], placed: Sequence[tuple[str, ...]], me
     return _PER_STORE_ALL
 
 
+def _zones_missing(slots: Sequence[_Slot], placed: Sequence[tuple[str, ...]], zone_of: Mapping[str, str]) -> int:
+    """Over all partitions, the zones a partition's replicas could span but do not."""
+    available = len(set(zone_of.values()))
+    return sum(min(len(reps), available) - len({zone_of[n] for n in reps}) for reps in placed)
+
+
+def _spread_over_zones(
+    slots: Sequence[_Slot], placed: Sequence[tuple[str, ...]], zone_of: Mapping[str, str]
+) -> list[tuple[str, ...]]:
+    """`placed` with replicas moved or swapped until no partition can gain a zone that way. For partition p
+    with a replica on node a in a zone p already holds, and a node b in a zone p lacks:
+      - a move gives a's replica of p to b;
+      - a swap also gives b's replica of another partition q to a, when q keeps as many zones as it had.
+    Either is taken only when every count (replicas, and preferred replicas for a preferred one; per store
+    and over all stores) keeps its spread across nodes within 1, or no worse than before: the placement's
+    balance is kept. A swap within one store and role changes no count at all. Among the candidates, the one that
+    moves least data wins (a node that held the partition before costs nothing), swaps before moves at
+    equal cost. Each step adds a zone to a partition and takes none from another, so the passes end."""
+    if len(set(zone_of.values())) < 2:
+        return list(placed)
+    out = [list(reps) for reps in placed]
+    members = sorted(zone_of)
+    stores = sorted({slot.store for slot in slots})
+    totals, leaders = dict.fromkeys(members, 0), dict.fromkeys(members, 0)
+    store_totals = {store: dict.fromkeys(members, 0) for store in stores}
+    store_leaders = {store: dict.fromkeys(members, 0) for store in stores}
+    # node -> the (slot, position) pairs it holds, kept up to date through the steps
+    holding: dict[str, set[tuple[int, int]]] = {m: set() for m in members}
+    for i, (slot, reps) in enumerate(zip(slots, out, strict=True)):
+        for pos, node in enumerate(reps):
+            holding[node].add((i, pos))
+            totals[node] += 1
+            store_totals[slot.store][node] += 1
+            if pos == 0:
+                leaders[node] += 1
+                store_leaders[slot.store][node] += 1
+
+    def transfers(i: int, pos: int, a: str, b: str) -> list[tuple[dict[str, int], str, str]]:
+        """The count changes of slot i's replica at `pos` going from a to b."""
+        store = slots[i].store
+        counts = [totals, store_totals[store], *((leaders, store_leaders[store]) if pos == 0 else ())]
+        return [(c, a, b) for c in counts]
+
+    def apply(changes: list[tuple[dict[str, int], str, str]], sign: int = 1) -> None:
+        for counts, a, b in changes:
+            counts[a] -= sign
+            counts[b] += sign
+
+    def balanced(changes: list[tuple[dict[str, int], str, str]]) -> bool:
+        touched = list({id(c): c for c, _, _ in changes}.values())
+        before = [max(c.values()) - min(c.values()) for c in touched]
+        apply(changes)
+        after = [max(c.values()) - min(c.values()) for c in touched]
+        apply(changes, -1)
+        return all(new <= max(1, old) for old, new in zip(before, after, strict=True))
+
+    def zones(reps: Sequence[str]) -> int:
+        return len({zone_of[n] for n in reps})
+
+    def doubled(reps: Sequence[str]) -> list[int]:
+        """Positions of replicas in a zone that an earlier replica of the same partition is in."""
+        seen: set[str] = set()
+        found = []
+        for pos, node in enumerate(reps):
+            if zone_of[node] in seen:
+                found.append(pos)
+            seen.add(zone_of[node])
+        return found
+
+    def best_step(i: int, pos: int) -> tuple[int, int, str, int, int] | None:
+        """(cost, 0 for a swap or 1 for a move, b, q, q's position); q = -1 for a move."""
+        a, reps = out[i][pos], out[i]
+        mine = {zone_of[n] for n in reps}
+        best: tuple[int, int, str, int, int] | None = None
+        for b in members:
+            if zone_of[b] in mine:
+                continue
+            gain_cost = int(b not in slots[i].kept)
+            if best is not None and best[0] < gain_cost:
+                continue
+            for j, qpos in sorted(holding[b]):
+                if a in out[j]:
+                    continue
+                cost = gain_cost + int(a not in slots[j].kept)
+                if best is not None and (cost, 0) >= best[:2]:
+                    continue
+                theirs = out[j]
+                if zones([a if k == qpos else n for k, n in enumerate(theirs)]) < zones(theirs):
+                    continue
+                same_counts = slots[j].store == slots[i].store and (qpos == 0) == (pos == 0)
+                if not same_counts and not balanced(transfers(i, pos, a, b) + transfers(j, qpos, b, a)):
+                    continue
+                best = (cost, 0, b, j, qpos)
+            if (best is None or (gain_cost, 1) < best[:2]) and balanced(transfers(i, pos, a, b)):
+                best = (gain_cost, 1, b, -1, -1)
+        return best
+
+    changed = True
+    while changed:
+        changed = False
+        for i in range(len(out)):
+            for pos in doubled(out[i]):
+                step = best_step(i, pos)
+                if step is None:
+                    continue
+                _, _, b, j, qpos = step
+                a = out[i][pos]
+                changes = transfers(i, pos, a, b)
+                holding[a].discard((i, pos))
+                holding[b].add((i, pos))
+                out[i][pos] = b
+                if j >= 0:
+                    changes += transfers(j, qpos, b, a)
+                    holding[b].discard((j, qpos))
+                    holding[a].add((j, qpos))
+                    out[j][qpos] = a
+                apply(changes)
+                changed = True
+                break  # slot i changed: its doubled positions are found again on the next pass
+    return [tuple(reps) for reps in out]
+
+
 def moved_replicas(before: Assignment, after: Assignment) -> int:
     """Replicas `after` places where `before` had none: the partition copies some node must load.
     A change of preferred replica alone moves no data and is not counted."""
@@ -175,7 +317,17 @@ def _ordered(leader: str, others: Sequence[str], slot: _Slot) -> tuple[str, ...]
     return (leader, *sorted(others, key=lambda n: (rank.get(n, len(rank)), n)))
 
 
-def _replica_first(slots: Sequence[_Slot], members: Sequence[str], per_store: bool) -> list[tuple[str, ...]] | None:
+def _zone_limits(replicas: int, zone_of: Mapping[str, str], leader: str | None = None) -> dict[str, int]:
+    """The most replicas of one partition each zone may hold for the spread to be as even as it can be;
+    with `leader` given, what is left of it for the other replicas."""
+    zones = sorted(set(zone_of.values()))
+    limit = -(-replicas // len(zones))
+    return {z: limit - (1 if leader is not None and zone_of[leader] == z else 0) for z in zones}
+
+
+def _replica_first(
+    slots: Sequence[_Slot], members: Sequence[str], per_store: bool, zone_of: Mapping[str, str] | None = None
+) -> list[tuple[str, ...]] | None:
     groups = [s.store for s in slots] if per_store else None
     sets = _balanced_choice(
         [s.replicas for s in slots],
@@ -183,6 +335,8 @@ def _replica_first(slots: Sequence[_Slot], members: Sequence[str], per_store: bo
         members,
         dict.fromkeys(members, 0),
         groups=groups,
+        zone_of=zone_of,
+        zone_limits=None if zone_of is None else [_zone_limits(s.replicas, zone_of) for s in slots],
     )
     if sets is None:
         return None
@@ -208,6 +362,7 @@ def _leader_first(
     nested: bool,
     per_store: bool = False,
     balanced: bool = True,
+    zone_of: Mapping[str, str] | None = None,
 ) -> list[tuple[str, ...]] | None:
     if per_store:
         found = _place_leaders_per_store(slots, members, nested)
@@ -233,6 +388,10 @@ def _leader_first(
         balanced=balanced,
         groups=[s.store for s in slots] if per_store else None,
         group_base=store_counts,
+        zone_of=zone_of,
+        zone_limits=None
+        if zone_of is None
+        else [_zone_limits(s.replicas, zone_of, lead) for s, lead in zip(slots, leaders, strict=True)],
     )
     if followers is None:
         return None
@@ -344,12 +503,15 @@ def _balanced_choice(
     balanced: bool = True,
     groups: Sequence[str] | None = None,
     group_base: Mapping[str, Mapping[str, int]] | None = None,
+    zone_of: Mapping[str, str] | None = None,
+    zone_limits: Sequence[Mapping[str, int]] | None = None,
 ) -> list[list[str]] | None:
     """Pick wants[i] distinct nodes for item i from options[i] ((node, cost) pairs, small costs >= 0)
     so that base + picks is balanced over members (floor or ceil of the total) at least cost; None if
     impossible. With `groups` (a group name per item, e.g. its store), the picks of each group plus
-    `group_base[group]` are balanced over members as well. With balanced=False only the floor is aimed
-    for (used as a last resort)."""
+    `group_base[group]` are balanced over members as well. With `zone_limits` (per item, the most nodes it
+    may pick in each zone of `zone_of`) the picks also respect those. With balanced=False only the floor is
+    aimed for (used as a last resort)."""
     n = len(members)
     demand = sum(wants)
     floor, extra = divmod(sum(base.values()) + demand, n)
@@ -400,13 +562,24 @@ def _balanced_choice(
             v = flow.add_vertex()
             feed = flow.add_edge(source, v, want, 0)
             group = groups[i] if groups is not None else None
+            # With zone limits, the item's picks in each zone pass through one capped edge.
+            through: dict[str, tuple[int, int]] = {}
+            if zone_of is not None and zone_limits is not None:
+                for zone in sorted({zone_of[m] for m, _ in opts}):
+                    zv = flow.add_vertex()
+                    through[zone] = (zv, flow.add_edge(v, zv, zone_limits[i].get(zone, want), 0))
+            via: dict[str, int] = {}
             for m, cost in opts:
                 target = entry[(group, m)] if group is not None else vertex[m]
-                edges.append((m, flow.add_edge(v, target, 1, cost)))
+                start = v
+                if through:
+                    start, via[m] = through[zone_of[m]]  # type: ignore[index]
+                edges.append((m, flow.add_edge(start, target, 1, cost)))
             # Seed with free picks up to each node's mandatory share(s): those units cost the least any
             # unit can, so the seeded flow is min-cost for its value and the search may go on from it.
             for m, e in edges:
-                path = [feed, e] + ([group_must[(group, m)]] if group is not None else []) + [must_of[m]]
+                path = [feed, *([via[m]] if m in via else []), e]
+                path += ([group_must[(group, m)]] if group is not None else []) + [must_of[m]]
                 if flow.cost(e) == 0 and all(flow.residual(x) for x in path):
                     flow.push(path)
         item_edges.append(edges)

@@ -161,7 +161,12 @@ class Controller:
     def _recompute(self, election: Election) -> None:
         zk = self._client
         registered = sorted(zk.get_children(zk_layout.NODES, watch=self._on_change))
-        nodes = [name for name in registered if not self._is_leaving(name)]
+        zones: dict[str, str] = {}
+        for name in registered:
+            record = self._assignable(name)
+            if record is not None:
+                zones[name] = record.zone
+        nodes = list(zones)
         stores: dict[str, StoreShape] = {}
         for name in sorted(zk.get_children(zk_layout.STORES, watch=self._on_change)):
             try:
@@ -202,7 +207,7 @@ class Controller:
             return
         self._say_short_of_nodes(stores, len(nodes))
         generation = previous.generation + 1 if previous is not None else 1
-        wanted = assign(stores, nodes, previous, generation)
+        wanted = assign(stores, nodes, previous, generation, zones=zones)
         if previous is not None and dict(previous.stores) == dict(wanted.stores):
             return
         self._write(election, wanted, version)
@@ -223,15 +228,17 @@ class Controller:
             )
         self._short_of_nodes = short
 
-    def _is_leaving(self, node_id: str) -> bool:
+    def _assignable(self, node_id: str) -> NodeRecord | None:
+        """The node's record, or None when it takes no partitions (leaving, or gone since the listing)."""
         try:
             raw, _ = self._client.get(zk_layout.node_path(node_id), watch=self._on_change)
         except NoNodeError:
-            return True  # gone between listing and reading: nothing to assign to it
+            return None
         try:
-            return NodeRecord.from_json(raw).leaving
+            record = NodeRecord.from_json(raw)
         except RecordError:
-            return False  # an unreadable record still marks a live node
+            return NodeRecord(node_id, "")  # an unreadable record still marks a live node (of no known zone)
+        return None if record.leaving else record
 
     def _write(self, election: Election, wanted: Assignment, version: int) -> None:
         lock = election.lock

@@ -119,6 +119,14 @@ def test_node_records_say_whether_the_node_is_leaving() -> None:
     assert NodeRecord.from_json(leaving.to_json()) == leaving
 
 
+def test_node_records_carry_the_nodes_zone_and_records_without_one_read_as_no_zone() -> None:
+    zoned = NodeRecord("n1", "http://n1", zone="eu-west-1b")
+    assert NodeRecord.from_json(zoned.to_json()) == zoned
+    assert json.loads(zoned.to_json())["zone"] == "eu-west-1b"
+    assert "zone" not in json.loads(NodeRecord("n1", "http://n1").to_json())  # records as before zones
+    assert NodeRecord.from_json(b'{"node_id": "n1", "url": "http://n1", "zone": 7}').zone == ""
+
+
 def test_only_a_live_assigned_holder_at_the_published_version_counts_as_serving_elsewhere() -> None:
     s = store(partitions=1, version=2)
     nodes = {n: NodeRecord(n, f"http://{n}") for n in ("a", "b", "c")}
