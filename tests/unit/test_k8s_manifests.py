@@ -13,6 +13,7 @@ import fnmatch
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import tomllib
 from collections.abc import Iterator, Mapping
@@ -27,6 +28,7 @@ from starlette.routing import Match, Route
 from keyroute.cli import build_parser
 from keyroute.core.settings import NodeSettings, RouterSettings, ZkSettings
 from tests.k8s_render import (
+    ALL_OVERLAYS,
     OVERLAYS,
     ROOT,
     Obj,
@@ -44,13 +46,19 @@ from tests.k8s_render import (
 
 # The oldest Kubernetes these manifests are meant for, and the newest the schemas know.
 KUBERNETES_VERSIONS = ("1.29", kubernetes_validate.latest_version())
-KEYROUTE_IMAGE = "keyroute"
+# The Dockerfile's two targets, as the manifests name them (kustomize `images:` sets registry and tag).
+SERVING_IMAGE = "keyroute-serving"
+PIPELINE_IMAGE = "keyroute-pipeline"
+KEYROUTE_IMAGES = (SERVING_IMAGE, PIPELINE_IMAGE)
 ENV_IN_HELP = re.compile(r"\[env (KEYROUTE_[A-Z0-9_]+)\]")
 # Variables a keyroute container may set that the keyroute CLI does not read, and who reads them.
 OTHER_READERS = {
     "PYSPARK_SUBMIT_ARGS": "pyspark, when it launches Spark's JVM (the pipeline's Spark settings)",
 }
-NAMESPACED_EXEMPT = {"Namespace"}
+NAMESPACED_EXEMPT = {"Namespace", "PriorityClass"}
+# The node's zone, as the API server copies it onto the pod (Kubernetes 1.34 and later).
+ZONE_LABEL = "topology.kubernetes.io/zone"
+ZONE_FIELD = f"metadata.labels['{ZONE_LABEL}']"
 
 
 @pytest.fixture(scope="module", params=OVERLAYS)
@@ -70,7 +78,7 @@ def keyroute_containers(objs: list[Obj]) -> Iterator[tuple[Obj, Obj]]:
     """(workload, container) for every container that runs the keyroute image."""
     for w in workloads(objs):
         for c in pod_template(w)["spec"]["containers"]:
-            if image_name(c["image"]) == KEYROUTE_IMAGE:
+            if image_name(c["image"]) in KEYROUTE_IMAGES:
                 yield w, c
 
 
@@ -107,12 +115,34 @@ def sample_field(path: str, pod_name: str = "keyroute-x-0", namespace: str = "ns
         "status.podIP": "10.0.0.7",
         "spec.nodeName": "worker-1",
         "spec.serviceAccountName": "default",
+        ZONE_FIELD: "eu-west-1a",
     }[path]
 
 
+# The Secrets deploy/k8s/README.md tells the operator to create (made-up values), except the object store's,
+# which the object-storage tests add themselves: what the kubelet resolves references against. prod requires
+# them, dev runs without.
+OPERATOR_SECRETS: dict[str, dict[str, str]] = {
+    "keyroute-zookeeper-auth": {"writer": "keyroute-writer:w-secret", "reader": "keyroute-reader:r-secret"},
+    "keyroute-cluster": {"cluster-secret": "c" * 64, "admin-token": "a" * 64},
+    "keyroute-zookeeper-super": {"digest": "super:D/InIHSb7yEEbrWz8b9l71RjZJU="},
+    "keyroute-kafka": {},
+}
+
+
+def operator_secrets(namespace: str) -> list[Obj]:
+    return [
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": namespace}, "data": data}
+        for name, data in OPERATOR_SECRETS.items()
+    ]
+
+
 def container_env(objs: list[Obj], container: Obj, pod_name: str = "keyroute-x-0") -> dict[str, str]:
+    """The container's environment once the operator has created the documented Secrets."""
     namespace = objs_namespace(objs)
-    return resolve_env(container, lambda p: sample_field(p, pod_name, namespace), objs)
+    given = {(o["kind"], o["metadata"]["name"]) for o in objs}
+    extra = [s for s in operator_secrets(namespace) if ("Secret", s["metadata"]["name"]) not in given]
+    return resolve_env(container, lambda p: sample_field(p, pod_name, namespace), [*objs, *extra])
 
 
 def objs_namespace(objs: list[Obj]) -> str:
@@ -310,7 +340,7 @@ def test_overlay_sizes(objs: list[Obj], overlay: str) -> None:
         required = affinity["requiredDuringSchedulingIgnoredDuringExecution"]
         assert [t["topologyKey"] for t in required] == ["kubernetes.io/hostname"]
         spread = pod_template(nodes)["spec"]["topologySpreadConstraints"]
-        assert [t["topologyKey"] for t in spread] == ["topology.kubernetes.io/zone"]
+        assert [t["topologyKey"] for t in spread] == [ZONE_LABEL, "kubernetes.io/hostname"]
     for w in workloads(objs):
         for c in pod_template(w)["spec"]["containers"]:
             assert c["resources"]["requests"]["cpu"] and c["resources"]["limits"]["memory"], c["name"]
@@ -516,8 +546,11 @@ def test_the_pipeline_runs_spark_in_client_mode_on_kubernetes(objs: list[Obj], o
             confs["spark.kubernetes.executor.podTemplateContainerName"]
             == template["spec"]["containers"][0]["name"]
         )
-        # Executors start the launcher the image installs (Spark adds `executor` as the argument).
-        assert template["spec"]["containers"][0]["command"] == [Path(dockerfile_copy_target()).name]
+        # Executors start the launcher the image installs (Spark adds `executor` as the argument), under
+        # the image's PID 1.
+        *init, launcher = template["spec"]["containers"][0]["command"]
+        assert launcher == Path(dockerfile_copy_target()).name
+        assert init == dockerfile_entrypoint("pipeline")[:-1]
         # Driver, executors and nodes see the snapshot root on one claim at one path: a snapshot path
         # published by the pipeline is a path every node can open.
         output = env["KEYROUTE_OUTPUT"]
@@ -593,13 +626,17 @@ def test_pods_run_as_non_root(objs: list[Obj]) -> None:
         assert spec["securityContext"]["runAsNonRoot"] is True
         for c in spec["containers"]:
             assert c["securityContext"]["allowPrivilegeEscalation"] is False
-            if image_name(c["image"]) == KEYROUTE_IMAGE:
-                assert spec["securityContext"]["runAsUser"] == dockerfile_user()
+            if image_name(c["image"]) in KEYROUTE_IMAGES:
+                assert spec["securityContext"]["runAsUser"] == dockerfile_user(image_name(c["image"]))
 
 
 # --- the image -------------------------------------------------------------------------------------------
 
 DOCKERFILE = ROOT / "Dockerfile"
+CONSTRAINTS = "deploy/docker/constraints.txt"
+TINI = "/usr/bin/tini"
+# The manifests' image names are the Dockerfile's targets with this prefix.
+IMAGE_PREFIX = "keyroute-"
 
 
 def dockerfile_instructions() -> list[tuple[str, str]]:
@@ -613,6 +650,27 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
     return out
 
 
+def dockerfile_stages() -> dict[str, list[tuple[str, str]]]:
+    """Each build stage's instructions, by the stage's name, the FROM line first."""
+    stages: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] | None = None
+    for word, rest in dockerfile_instructions():
+        if word == "FROM":
+            image, _, name = rest.partition(" AS ")
+            current = stages.setdefault(name.strip() or image, [])
+        assert current is not None, f"{word} before the first FROM"
+        current.append((word, rest))
+    return stages
+
+
+def dockerfile_target(target: str) -> list[tuple[str, str]]:
+    """A target's instructions as built: those of the stages it is FROM, then its own."""
+    stages = dockerfile_stages()
+    own = stages[target]
+    parent = own[0][1].partition(" AS ")[0].strip()
+    return (dockerfile_target(parent) if parent in stages else [own[0]]) + own[1:]
+
+
 def dockerfile_copy_target(source: str = "deploy/docker/spark-executor.sh") -> str:
     [target] = [
         rest.split()[-1] for word, rest in dockerfile_instructions() if word == "COPY" and source in rest
@@ -620,22 +678,123 @@ def dockerfile_copy_target(source: str = "deploy/docker/spark-executor.sh") -> s
     return target
 
 
-def dockerfile_user() -> int:
-    [user] = [rest for word, rest in dockerfile_instructions() if word == "USER"]
-    return int(user.split(":")[0])
+def dockerfile_user(image: str = SERVING_IMAGE) -> int:
+    users = [rest for word, rest in dockerfile_target(image.removeprefix(IMAGE_PREFIX)) if word == "USER"]
+    return int(users[-1].split(":")[0])
 
 
-def test_the_image_runs_keyroute_as_a_non_root_user() -> None:
-    instructions = dockerfile_instructions()
-    assert instructions[-1] == ("CMD", '["--help"]')
-    assert ("ENTRYPOINT", '["keyroute"]') in instructions
-    assert dockerfile_user() >= 1000
-    assert [w for w, _ in instructions].index("USER") > max(
-        i for i, (w, _) in enumerate(instructions) if w == "RUN"
-    ), "USER comes after every RUN (installing needs root, running does not)"
-    [base] = [rest for word, rest in instructions if word == "FROM"]
-    assert base.startswith("python:3.11-slim")
-    assert any("openjdk-17-jre-headless" in rest for word, rest in instructions if word == "RUN")
+def dockerfile_entrypoint(target: str) -> list[str]:
+    entrypoints = [rest for word, rest in dockerfile_target(target) if word == "ENTRYPOINT"]
+    return list(yaml.safe_load(entrypoints[-1]))
+
+
+def bind_mount_sources(run: str) -> list[str]:
+    """The build-context files a RUN mounts (`--mount=type=bind,source=...` without `from=`)."""
+    sources = []
+    for mount in re.findall(r"--mount=(\S+)", run):
+        options = dict(part.partition("=")[::2] for part in mount.split(","))
+        if options.get("type") == "bind" and "from" not in options:
+            sources.append(options["source"])
+    return sources
+
+
+def test_the_images_run_keyroute_under_tini_as_a_non_root_user() -> None:
+    stages = dockerfile_stages()
+    assert {IMAGE_PREFIX + target for target in ("serving", "pipeline")} == set(KEYROUTE_IMAGES)
+    for target in ("serving", "pipeline"):
+        instructions = dockerfile_target(target)
+        assert instructions[-1] == ("CMD", '["--help"]')
+        # tini as PID 1 forwards SIGTERM and reaps Spark's and uvloop's children; the manifests' `args` follow.
+        assert dockerfile_entrypoint(target) == [TINI, "--", "keyroute"]
+        words = [w for w, _ in instructions]
+        assert dockerfile_user(IMAGE_PREFIX + target) >= 1000
+        assert len(words) - 1 - words[::-1].index("USER") > max(i for i, w in enumerate(words) if w == "RUN"), (
+            f"{target}: USER comes after every RUN (installing needs root, running does not)"
+        )
+        runs = " ".join(rest for word, rest in instructions if word == "RUN")
+        assert re.search(r"apt-get install [^&]*\btini\b", runs), f"{target} does not install tini"
+        assert TINI == "/usr/bin/tini"  # where Debian's package puts it
+    # The stages a target is built from never reach it: the wheel stage's sources stay behind.
+    assert not any(word == "COPY" for word, _ in stages["serving"])
+    assert list(stages)[-1] == "serving", "a plain `docker build .` makes the lean image"
+
+
+def test_the_base_image_is_pinned_by_digest() -> None:
+    froms = [rest.partition(" AS ")[0].strip() for word, rest in dockerfile_instructions() if word == "FROM"]
+    stages = dockerfile_stages()
+    external = [image for image in froms if image not in stages]
+    assert external, "no base image"
+    for image in external:
+        name, _, digest = image.partition("@")
+        assert name == "python:3.11-slim-bookworm", image
+        assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), f"{image} is not pinned by digest"
+
+
+def test_the_serving_image_has_no_jre_and_no_pyspark() -> None:
+    serving = " ".join(rest for word, rest in dockerfile_target("serving") if word in ("RUN", "ENV"))
+    pipeline = " ".join(rest for word, rest in dockerfile_target("pipeline") if word in ("RUN", "ENV"))
+    assert "openjdk" not in serving and "[pipeline]" not in serving and "SPARK_HOME" not in serving
+    assert "openjdk-17-jre-headless" in pipeline and "keyroute[pipeline]" in pipeline and "SPARK_HOME" in pipeline
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert not [d for d in pyproject["project"]["dependencies"] if d.lower().startswith(("pyspark", "pandas"))], (
+        "pyspark or pandas in the default dependencies would land in the serving image"
+    )
+    for target, text in (("serving", serving), ("pipeline", pipeline)):
+        installs = re.findall(r"pip install ([^&]*)", text)
+        assert installs, target
+        for install in installs:
+            assert "--constraint /tmp/constraints.txt" in install, f"{target}: {install} is not constrained"
+        assert CONSTRAINTS in [s for word, rest in dockerfile_target(target) for s in bind_mount_sources(rest)]
+
+
+def _requirement_closure(roots: list[str]) -> dict[str, str]:
+    """name -> installed version of every distribution `roots` need here (markers for this interpreter)."""
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    found: dict[str, str] = {}
+    todo = [(Requirement(r), "") for r in roots]
+    while todo:
+        req, extra = todo.pop()
+        if req.marker is not None and not req.marker.evaluate({"extra": extra}):
+            continue
+        name = canonicalize_name(req.name)
+        dist = importlib.metadata.distribution(req.name)
+        if name not in found:
+            found[name] = dist.version
+            todo += [(Requirement(r), "") for r in dist.requires or []]
+        for wanted in req.extras:
+            todo += [(Requirement(r), wanted) for r in dist.requires or [] if "extra" in r]
+    return found
+
+
+def test_the_constraints_pin_exactly_the_runtime_dependencies_as_tested() -> None:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    pins: dict[str, str] = {}
+    for line in (ROOT / CONSTRAINTS).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, sep, version = line.partition("==")
+            assert sep and version and not any(c in version for c in "<>=!~*, ;"), f"not an exact pin: {line}"
+            pins[canonicalize_name(name)] = version
+    assert pins, CONSTRAINTS
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    roots = [*project["dependencies"], *project["optional-dependencies"]["pipeline"]]
+    closure = _requirement_closure(roots)
+    # Every runtime dependency and everything it pulls in, at the version the tests run, and nothing else
+    # (no test or development tool).
+    assert set(pins) == set(closure), (
+        f"missing: {sorted(set(closure) - set(pins))}, not needed: {sorted(set(pins) - set(closure))}"
+    )
+    assert {name: pins[name] for name in closure} == closure
+    for root in roots:
+        req = Requirement(root)
+        if req.marker is None or req.marker.evaluate():
+            assert req.specifier.contains(pins[canonicalize_name(req.name)], prereleases=True), root
 
 
 def dockerignored(path: str, patterns: list[str]) -> bool:
@@ -666,6 +825,9 @@ def test_every_copy_source_exists_and_reaches_the_build_context() -> None:
         if word == "COPY":
             args = [a for a in rest.split() if not a.startswith("--")]
             sources += args[:-1]
+        if word == "RUN":
+            sources += bind_mount_sources(rest)
+    assert CONSTRAINTS in sources
     assert "pyproject.toml" in sources and "README.md" in sources
     for source in sources:
         path = ROOT / source
@@ -919,8 +1081,9 @@ def test_object_storage_credentials_come_from_the_required_secret(object_storage
                 "secretKeyRef": {"name": OBJECT_STORE_SECRET, "key": name, "optional": False}
             }, where
         # The Secret's optional keys (AWS_REGION, AWS_ENDPOINT_URL, AWS_SESSION_TOKEN) as a whole; nodes and
-        # the pipeline's driver keep the optional Kafka variables of live stores (executors never consume).
-        kafka = [] if where == "executor" else [{"secretRef": {"name": KAFKA_SECRET, "optional": True}}]
+        # the pipeline's driver also take the Kafka variables of live stores, required as every Secret in
+        # production (executors never consume).
+        kafka = [] if where == "executor" else [{"secretRef": {"name": KAFKA_SECRET, "optional": False}}]
         assert c.get("envFrom") == [{"secretRef": {"name": OBJECT_STORE_SECRET, "optional": False}}, *kafka], where
     # Routers never touch snapshots: no credentials there.
     router = pod_template(find(objs, "Deployment", "keyroute-router"))["spec"]["containers"][0]
@@ -980,13 +1143,523 @@ def test_the_object_storage_component_also_fits_the_dev_overlay(tmp_path: Path) 
     assert not [v for v in node_pod(objs)["spec"].get("volumes", []) if "persistentVolumeClaim" in v]
 
 
-def test_kafka_variables_reach_nodes_and_the_pipeline_only_and_are_optional(objs: list[Obj]) -> None:
+def test_kafka_variables_reach_nodes_and_the_pipeline_only(objs: list[Obj], overlay: str) -> None:
     consumers = [("node", node_pod(objs)["spec"]["containers"][0])]
     consumers += [(f"pipeline {i}", pod["spec"]["containers"][0]) for i, pod in enumerate(pipeline_pods(objs))]
+    # Optional in development; required in production like every Secret (empty without live stores).
+    optional = overlay == "dev"
     for where, c in consumers:
-        assert {"secretRef": {"name": KAFKA_SECRET, "optional": True}} in c.get("envFrom", []), where
+        assert {"secretRef": {"name": KAFKA_SECRET, "optional": optional}} in c.get("envFrom", []), where
     router = pod_template(find(objs, "Deployment", "keyroute-router"))["spec"]["containers"][0]
     assert KAFKA_SECRET not in yaml.safe_dump(router)
     assert of_kind(objs, "Secret") == []  # the operator creates it; no secret is in the manifests
-    # Without the Secret the pods still start (a spec without live stores needs none of it).
-    container_env(objs, node_pod(objs)["spec"]["containers"][0], pod_name="keyroute-node-0")
+    node = node_pod(objs)["spec"]["containers"][0]
+    if optional:
+        # Without any Secret the pods still start (a spec without live stores needs none of it).
+        resolve_env(node, lambda p: sample_field(p, "keyroute-node-0"), objs)
+    else:
+        with pytest.raises(AssertionError, match=KAFKA_SECRET):
+            resolve_env(node, lambda p: sample_field(p, "keyroute-node-0"), objs)
+
+
+# --- production: secure by default ------------------------------------------------------------------------
+
+PROD_OVERLAYS = ("prod", OBJECT_STORAGE)
+README = ROOT / "deploy" / "k8s" / "README.md"
+
+
+@pytest.fixture(scope="module", params=ALL_OVERLAYS)
+def any_overlay(request: pytest.FixtureRequest) -> tuple[str, list[Obj]]:
+    return str(request.param), render(str(request.param))
+
+
+def pod_specs(objs: list[Obj]) -> list[tuple[str, Obj]]:
+    """(where, pod spec) of every pod the overlay makes: its workloads' and Spark's executor template."""
+    specs = [(f"{w['kind']} {w['metadata']['name']}", pod_template(w)["spec"]) for w in workloads(objs)]
+    specs.append(("spark executor template", yaml.safe_load(executor_template_text(objs))["spec"]))
+    return specs
+
+
+def secret_references(spec: Obj) -> Iterator[tuple[str, Obj]]:
+    """(secret name, reference) of every Secret a pod spec names: env, envFrom and volumes."""
+    for c in [*spec.get("initContainers", []), *spec["containers"]]:
+        for e in c.get("env", []):
+            if ref := e.get("valueFrom", {}).get("secretKeyRef"):
+                yield ref["name"], ref
+        for source in c.get("envFrom", []):
+            if ref := source.get("secretRef"):
+                yield ref["name"], ref
+    for v in spec.get("volumes", []):
+        if ref := v.get("secret"):
+            yield ref["secretName"], ref
+
+
+def readme_section(title: str) -> str:
+    text = README.read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
+
+
+@pytest.mark.parametrize("overlay_name", PROD_OVERLAYS)
+def test_production_requires_every_secret_it_names_and_documents_them(overlay_name: str) -> None:
+    objs = render(overlay_name)
+    named = set()
+    for where, spec in pod_specs(objs):
+        for name, ref in secret_references(spec):
+            named.add(name)
+            assert ref.get("optional") is not True, f"{where}: Secret {name} is optional in {overlay_name}"
+    assert {"keyroute-zookeeper-auth", "keyroute-cluster", "keyroute-zookeeper-super", "keyroute-kafka"} <= named
+    # Each one is created in the README (the object store's in its own section).
+    documented = set(re.findall(r"create secret generic ([a-z0-9-]+)", README.read_text()))
+    assert named <= documented, f"not documented: {sorted(named - documented)}"
+    assert "rotat" in readme_section("Secrets").lower()
+    # Without them a keyroute pod does not start: the kubelet refuses the container.
+    for _, c in keyroute_containers(objs):
+        with pytest.raises(AssertionError, match="does not exist"):
+            resolve_env(c, lambda p: sample_field(p), objs)
+
+
+def test_development_starts_without_any_secret() -> None:
+    objs = render("dev")
+    for where, spec in pod_specs(objs):
+        for name, ref in secret_references(spec):
+            assert ref.get("optional") is True, f"{where}: {name}"
+    for _, c in keyroute_containers(objs):
+        resolve_env(c, lambda p: sample_field(p), objs)
+
+
+def test_production_zookeeper_has_a_recovery_superuser_from_the_required_secret() -> None:
+    from kazoo.security import make_digest_acl_credential
+
+    objs = render("prod")
+    [zk] = pod_template(find(objs, "StatefulSet", "keyroute-zookeeper"))["spec"]["containers"]
+    digest = make_digest_acl_credential("super", "recovery-password")
+    secrets = [{"kind": "Secret", "metadata": {"name": "keyroute-zookeeper-super"}, "data": {"digest": digest}}]
+    env = resolve_env(zk, lambda p: sample_field(p), [*objs, *secrets])
+    flags = shlex.split(env["SERVER_JVMFLAGS"])
+    assert f"-Dzookeeper.DigestAuthenticationProvider.superDigest={digest}" in flags
+    with pytest.raises(AssertionError, match="keyroute-zookeeper-super"):
+        resolve_env(zk, lambda p: sample_field(p), objs)
+    # Development has no superuser: nothing to recover there that a fresh ZooKeeper would not do.
+    [dev_zk] = pod_template(find(render("dev"), "StatefulSet", "keyroute-zookeeper"))["spec"]["containers"]
+    assert "superDigest" not in yaml.safe_dump(dev_zk)
+
+
+def test_the_documented_super_digest_recipe_is_zookeeper_s_digest(tmp_path: Path) -> None:
+    """The README's shell recipe computes what ZooKeeper's DigestAuthenticationProvider (and kazoo) compute."""
+    from kazoo.security import make_digest_acl_credential
+
+    if not shutil.which("openssl"):
+        pytest.skip("openssl is not installed")
+    [recipe] = re.findall(r"\$\((printf 'super:%s' [^)]*openssl base64)\)", readme_section("Secrets"))
+    done = subprocess.run(
+        ["bash", "-c", f"printf 'super:%s' \"$({recipe})\""],
+        env={**os.environ, "ZK_SUPER_PASSWORD": "recovery-password"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout == make_digest_acl_credential("super", "recovery-password")
+
+
+# --- network policies ------------------------------------------------------------------------------------
+
+EXTERNAL = {"external": "true"}  # stands for an address outside the cluster (clients, API server, S3)
+KUBE_DNS = {"k8s-app": "kube-dns"}
+
+
+def component_labels(objs: list[Obj]) -> dict[str, dict[str, str]]:
+    """component -> pod labels, for every pod the overlay makes (Spark's executors from their template)."""
+    out = {}
+    for w in workloads(objs):
+        labels = pod_template(w)["metadata"]["labels"]
+        out[labels["app.kubernetes.io/component"]] = labels
+    executor = yaml.safe_load(executor_template_text(objs))
+    out["spark-executor"] = executor["metadata"]["labels"]
+    return out
+
+
+def _peer_matches(peer: Obj, labels: Mapping[str, str], same_namespace: bool) -> bool:
+    if "ipBlock" in peer:
+        return labels is EXTERNAL
+    if "namespaceSelector" in peer:
+        ns = peer["namespaceSelector"].get("matchLabels", {})
+        in_ns = ns.get("kubernetes.io/metadata.name") == "kube-system" and labels is KUBE_DNS
+        return in_ns and label_selector_matches(peer.get("podSelector", {}), labels)
+    return same_namespace and label_selector_matches(peer["podSelector"], labels)
+
+
+def label_selector_matches(selector: Obj, labels: Mapping[str, str]) -> bool:
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expr in selector.get("matchExpressions", []):
+        value = labels.get(expr["key"])
+        if expr["operator"] == "In" and value not in expr["values"]:
+            return False
+        if expr["operator"] == "NotIn" and value in expr["values"]:
+            return False
+        if expr["operator"] == "Exists" and value is None:
+            return False
+    return True
+
+
+def _rules_allow(rules: list[Obj], side: str, peer: Mapping[str, str], port: int, protocol: str) -> bool:
+    for rule in rules:
+        peers = rule.get(side)
+        if peers is not None and not any(_peer_matches(p, peer, peer not in (EXTERNAL, KUBE_DNS)) for p in peers):
+            continue
+        ports = rule.get("ports")
+        if ports is None or any(p.get("port") == port and p.get("protocol", "TCP") == protocol for p in ports):
+            return True
+    return False
+
+
+def allowed(policies: list[Obj], src: Mapping[str, str], dst: Mapping[str, str], port: int, proto: str = "TCP") -> bool:
+    """Would the namespace's NetworkPolicies let `src` open a connection to `dst`:port? (Pods outside the
+    namespace are not restricted by these policies.)"""
+
+    def side_allows(pod: Mapping[str, str], kind: str, rules_key: str, peer_key: str, peer: Mapping[str, str]) -> bool:
+        if pod in (EXTERNAL, KUBE_DNS):
+            return True
+        selecting = [
+            p
+            for p in policies
+            if label_selector_matches(p["spec"]["podSelector"], pod) and kind in p["spec"]["policyTypes"]
+        ]
+        if not selecting:
+            return True
+        return any(_rules_allow(p["spec"].get(rules_key, []), peer_key, peer, port, proto) for p in selecting)
+
+    return side_allows(src, "Egress", "egress", "to", dst) and side_allows(dst, "Ingress", "ingress", "from", src)
+
+
+def expected_connections(objs: list[Obj], object_storage: bool) -> set[tuple[str, str, int, str]]:
+    """(from, to, port, protocol) of every connection keyroute makes, ports read from the manifests."""
+    def port_of(kind: str, name: str, port: str) -> int:
+        [c] = pod_template(find(objs, kind, name))["spec"]["containers"]
+        return container_port(c, port)
+
+    router = port_of("Deployment", "keyroute-router", "http")
+    node = port_of("StatefulSet", "keyroute-node", "http")
+    zk = {p: port_of("StatefulSet", "keyroute-zookeeper", p) for p in ("client", "follower", "election")}
+    [driver] = pipeline_pods(objs)[:1]
+    env = container_env(with_object_store_secret(objs), driver["spec"]["containers"][0], pod_name="keyroute-pipeline-1")
+    confs = spark_confs(env["PYSPARK_SUBMIT_ARGS"])
+    spark_rpc, blocks = int(confs["spark.driver.port"]), int(confs["spark.blockManager.port"])
+    want = {
+        ("external", "router", router, "TCP"),
+        ("router", "node", node, "TCP"),
+        ("node", "node", node, "TCP"),
+        ("zookeeper", "zookeeper", zk["follower"], "TCP"),
+        ("zookeeper", "zookeeper", zk["election"], "TCP"),
+        ("spark-executor", "pipeline", spark_rpc, "TCP"),
+        ("spark-executor", "pipeline", blocks, "TCP"),
+        ("pipeline", "spark-executor", blocks, "TCP"),
+        ("spark-executor", "spark-executor", blocks, "TCP"),
+        ("pipeline", "external", 443, "TCP"),  # the Kubernetes API (its Service port)
+        ("pipeline", "external", 6443, "TCP"),  # ... and the API server's, after kube-proxy
+    }
+    want |= {(who, "zookeeper", zk["client"], "TCP") for who in ("router", "node", "pipeline")}
+    want |= {(who, "kube-dns", 53, proto) for who in ("router", "node", "zookeeper", "pipeline", "spark-executor")
+             for proto in ("UDP", "TCP")}
+    if object_storage:
+        want |= {(who, "external", 443, "TCP") for who in ("node", "pipeline", "spark-executor")}
+    return want
+
+
+@pytest.mark.parametrize("overlay_name", PROD_OVERLAYS)
+def test_network_policies_allow_exactly_what_keyroute_needs(overlay_name: str) -> None:
+    objs = render(overlay_name)
+    policies = of_kind(objs, "NetworkPolicy")
+    deny = [p for p in policies if p["spec"]["podSelector"] == {} and not p["spec"].get("ingress")
+            and not p["spec"].get("egress")]
+    assert deny and set(deny[0]["spec"]["policyTypes"]) == {"Ingress", "Egress"}, "no default deny"
+    pods: dict[str, Mapping[str, str]] = {**component_labels(objs), "external": EXTERNAL, "kube-dns": KUBE_DNS}
+    want = expected_connections(objs, object_storage=overlay_name == OBJECT_STORAGE)
+    # Every port any pod listens on, every port it connects to, and a few it must not reach.
+    ports = {port for _, _, port, _ in want} | {22, 80, 4040, 9092}
+    # Traffic among outsiders (and from kube-dns, which answers but never calls) is not these policies' business.
+    outside = ("external", "kube-dns")
+    got = {
+        (src, dst, port, proto)
+        for src in pods
+        for dst in pods
+        for port in ports
+        for proto in ("TCP", "UDP")
+        if src != "kube-dns" and not (src in outside and dst in outside)
+        if allowed(policies, pods[src], pods[dst], port, proto)
+    }
+    assert got == want, f"allowed but not needed: {sorted(got - want)}; needed but refused: {sorted(want - got)}"
+
+
+def test_development_has_no_network_policies() -> None:
+    # A kind or minikube cluster often enforces none; the rules are prod's (and documented for dev).
+    assert of_kind(render("dev"), "NetworkPolicy") == []
+
+
+# --- the client address ----------------------------------------------------------------------------------
+
+INTERNAL_LB_ANNOTATIONS = {
+    "service.beta.kubernetes.io/aws-load-balancer-internal": "true",
+    "service.beta.kubernetes.io/aws-load-balancer-scheme": "internal",
+    "networking.gke.io/load-balancer-type": "Internal",
+    "service.beta.kubernetes.io/azure-load-balancer-internal": "true",
+}
+# The router's server stops in at most 30 s for requests in flight + 1 s to abort + 5 s for the lifespan
+# (keyroute/http/server.py, HttpServer.stop).
+ROUTER_STOP_S = 36
+# How long a cloud load balancer takes to notice a host without a ready router (two failed health checks,
+# 10 s apart, with externalTrafficPolicy: Local), and kube-proxy everywhere to drop the endpoint.
+LB_DEREGISTRATION_S = 15
+
+
+@pytest.mark.parametrize("overlay_name", PROD_OVERLAYS)
+def test_production_client_address_is_an_internal_load_balancer(overlay_name: str) -> None:
+    import ipaddress
+
+    objs = render(overlay_name)
+    svc = find(objs, "Service", "keyroute-router")
+    assert svc["spec"]["type"] == "LoadBalancer"
+    annotations = svc["metadata"].get("annotations", {})
+    assert INTERNAL_LB_ANNOTATIONS.items() <= annotations.items()
+    assert svc["spec"]["externalTrafficPolicy"] == "Local"
+    ranges = svc["spec"]["loadBalancerSourceRanges"]
+    assert ranges and all(ipaddress.ip_network(r).is_private for r in ranges), ranges
+    assert "loadBalancerSourceRanges" in README.read_text()
+    spec = pod_template(find(objs, "Deployment", "keyroute-router"))["spec"]
+    [c] = spec["containers"]
+    command = c["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "sleep"
+    pause = int(command[1])
+    assert pause >= LB_DEREGISTRATION_S
+    assert spec["terminationGracePeriodSeconds"] >= pause + ROUTER_STOP_S, "the kubelet would cut the drain short"
+
+
+# --- Pod Security Standards: restricted ------------------------------------------------------------------
+
+PSS_VOLUME_TYPES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                    "projected", "secret"}
+
+
+def restricted_violations(spec: Obj) -> list[str]:
+    """What the Pod Security Standards' `restricted` profile (latest) refuses in a pod spec."""
+    out = []
+    pod_sc = spec.get("securityContext", {})
+    for host in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(host):
+            out.append(host)
+    for v in spec.get("volumes", []):
+        kinds = set(v) - {"name"}
+        if not kinds <= PSS_VOLUME_TYPES:
+            out.append(f"volume {v['name']}: {sorted(kinds)}")
+    if not isinstance(pod_sc.get("runAsUser", 1), int) or pod_sc.get("runAsUser") == 0:
+        out.append("pod runAsUser")
+    for c in [*spec.get("initContainers", []), *spec["containers"]]:
+        sc = c.get("securityContext", {})
+        name = c["name"]
+        if sc.get("privileged"):
+            out.append(f"{name}: privileged")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            out.append(f"{name}: allowPrivilegeEscalation")
+        caps = sc.get("capabilities", {})
+        if "ALL" not in caps.get("drop", []):
+            out.append(f"{name}: capabilities not dropped")
+        if set(caps.get("add", [])) - {"NET_BIND_SERVICE"}:
+            out.append(f"{name}: capabilities added")
+        if sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")) is not True:
+            out.append(f"{name}: runAsNonRoot")
+        user = sc.get("runAsUser", pod_sc.get("runAsUser"))
+        if not isinstance(user, int) or user == 0:
+            out.append(f"{name}: no numeric non-root runAsUser")
+        seccomp = sc.get("seccompProfile", pod_sc.get("seccompProfile", {})).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            out.append(f"{name}: seccompProfile {seccomp}")
+        if any(p.get("hostPort") for p in c.get("ports", [])):
+            out.append(f"{name}: hostPort")
+        if sc.get("procMount", "Default") != "Default":
+            out.append(f"{name}: procMount")
+    return out
+
+
+def test_the_restricted_check_refuses_what_restricted_refuses() -> None:
+    good = {"securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "c", "securityContext": {"allowPrivilegeEscalation": False,
+                                                             "capabilities": {"drop": ["ALL"]}}}]}
+    assert restricted_violations(good) == []
+    for breaking in (
+        {"hostNetwork": True},
+        {"volumes": [{"name": "h", "hostPath": {"path": "/"}}]},
+        {"securityContext": {**good["securityContext"], "seccompProfile": {"type": "Unconfined"}}},
+        {"securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}},
+        {"containers": [{"name": "c", "securityContext": {"allowPrivilegeEscalation": False}}]},
+    ):
+        assert restricted_violations({**good, **breaking}), breaking
+
+
+def test_every_pod_passes_the_restricted_pod_security_standard(any_overlay: tuple[str, list[Obj]]) -> None:
+    overlay_name, objs = any_overlay
+    [namespace] = of_kind(objs, "Namespace")
+    labels = namespace["metadata"]["labels"]
+    for mode in ("enforce", "audit", "warn"):
+        assert labels[f"pod-security.kubernetes.io/{mode}"] == "restricted", mode
+    for where, spec in pod_specs(objs):
+        assert restricted_violations(spec) == [], f"{overlay_name}: {where}"
+
+
+# --- priorities and resources ----------------------------------------------------------------------------
+
+
+def quantity(text: str | int) -> float:
+    """A Kubernetes quantity (or a JVM size such as 6g, 512m) in bytes."""
+    text = str(text)
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9,
+             "g": 2**30, "m": 2**20}
+    for suffix, factor in units.items():
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * factor
+    return float(text)
+
+
+def test_serving_pods_outrank_batch_pods(any_overlay: tuple[str, list[Obj]]) -> None:
+    overlay_name, objs = any_overlay
+    classes = {pc["metadata"]["name"]: pc for pc in of_kind(objs, "PriorityClass")}
+    assert set(classes) == {"keyroute-serving", "keyroute-batch"}
+    assert classes["keyroute-serving"]["value"] > classes["keyroute-batch"]["value"]
+    assert classes["keyroute-batch"].get("preemptionPolicy") == "Never"
+    assert not any(pc.get("globalDefault") for pc in classes.values())
+    for where, spec in pod_specs(objs):
+        batch = where.startswith(("CronJob", "Job", "spark executor"))
+        assert spec.get("priorityClassName") == ("keyroute-batch" if batch else "keyroute-serving"), where
+
+
+def test_every_container_bounds_memory_and_ephemeral_storage(any_overlay: tuple[str, list[Obj]]) -> None:
+    _, objs = any_overlay
+    for where, spec in pod_specs(objs):
+        for c in spec["containers"]:
+            resources = c.get("resources", {})
+            for kind in ("requests", "limits"):
+                assert "ephemeral-storage" in resources.get(kind, {}), f"{where}/{c['name']}: {kind}"
+    nodes = pod_template(find(objs, "StatefulSet", "keyroute-node"))["spec"]["containers"][0]["resources"]
+    assert quantity(nodes["requests"]["memory"]) == quantity(nodes["limits"]["memory"])
+
+
+# The driver's JVM beyond its heap (Spark's rule for the pods it sizes) and the Python process driving it.
+def jvm_overhead(heap: float) -> float:
+    return max(384 * 2**20, 0.1 * heap)
+
+
+DRIVER_PYTHON_BYTES = 512 * 2**20
+
+
+def test_the_spark_driver_heap_fits_its_container(any_overlay: tuple[str, list[Obj]]) -> None:
+    _, objs = any_overlay
+    for pod in pipeline_pods(objs):
+        [c] = pod["spec"]["containers"]
+        confs = spark_confs(container_env(with_object_store_secret(objs), c)["PYSPARK_SUBMIT_ARGS"])
+        heap = quantity(confs["spark.driver.memory"])
+        limit = quantity(c["resources"]["limits"]["memory"])
+        assert heap + jvm_overhead(heap) + DRIVER_PYTHON_BYTES <= limit, (confs["spark.driver.memory"], limit)
+        assert heap >= limit / 3, "most of the container should be the heap"
+        # Executors: memory from Spark's settings, the Python workers' share on top.
+        assert quantity(confs["spark.executor.memory"]) > 0
+        assert float(confs["spark.executor.memoryOverheadFactor"]) >= 0.4
+
+
+RESULTS = ROOT / "benchmarks" / "RESULTS.md"
+
+
+def measured_partition_move_s() -> float:
+    """The slowest measured move of a 1,000,000-row partition to another node (benchmarks/RESULTS.md,
+    "Rebalance": assignment -> the new owner's serving record, median)."""
+    section = RESULTS.read_text().split("### Rebalance", 1)[1].split("\n## ", 1)[0]
+    medians = [float(m) for m in re.findall(r"^\| [^|]+\| 1,000,000 \| [^|]+\| \*\*([0-9.]+) s\*\*", section, re.M)]
+    assert medians, "no 1,000,000-row rebalance figure in benchmarks/RESULTS.md"
+    return max(medians)
+
+
+def test_node_grace_period_is_sized_from_the_measured_hand_over(objs: list[Obj], tmp_path: Path) -> None:
+    move_s = measured_partition_move_s()
+    sts = find(objs, "StatefulSet", "keyroute-node")
+    spec = pod_template(sts)["spec"]
+    [c] = spec["containers"]
+    env = container_env(objs, c, pod_name="keyroute-node-0")
+    drain_s = build_parser(env).parse_args(resolve_argv(c, env)[1:]).drain_timeout_s
+    # What a leaving node holds, and must see served by its new assignees before it goes.
+    from keyroute.pipeline.spec import load_spec
+
+    spec_text = find(objs, "ConfigMap", next(
+        v["configMap"]["name"] for v in pipeline_pods(objs)[0]["spec"]["volumes"] if v["name"] == "stores"
+    ))["data"]["stores.toml"]
+    path = tmp_path / "stores.toml"
+    path.write_text(spec_text)
+    stores = load_spec(path).stores
+    nodes = sts["spec"]["replicas"]
+    replicas = sum(s.partitions * s.replication_factor for s in stores)
+    held = -(-replicas // nodes)
+    # With fewer other nodes than replicas, the others already hold every partition: nothing moves.
+    moves = held if nodes - 1 >= max(s.replication_factor for s in stores) else 0
+    assert drain_s >= 2 * moves * move_s, f"{moves} moves of {move_s} s need a drain of {2 * moves * move_s:.0f} s"
+    assert spec["terminationGracePeriodSeconds"] >= drain_s + NODE_SHUTDOWN_S + 2
+    # The arithmetic is written where operators look, with the figure it starts from.
+    figure = f"{move_s:.2f} s"
+    node_yaml = (ROOT / "deploy" / "k8s" / "base" / "node.yaml").read_text()
+    assert figure in node_yaml and figure in README.read_text()
+
+
+# --- zones -----------------------------------------------------------------------------------------------
+
+
+def test_nodes_take_their_zone_from_the_pod_s_zone_label(objs: list[Obj]) -> None:
+    [c] = node_pod(objs)["spec"]["containers"]
+    [entry] = [e for e in c["env"] if e["name"] == "KEYROUTE_ZONE"]
+    assert entry["valueFrom"] == {"fieldRef": {"fieldPath": ZONE_FIELD}}
+    env = container_env(objs, c, pod_name="keyroute-node-0")
+    assert build_parser(env).parse_args(resolve_argv(c, env)[1:]).zone == "eu-west-1a"
+    # Before Kubernetes 1.34 the pod has no such label: the value is empty, which the node takes as no zone.
+    def without_zone(path: str) -> str:
+        if path == ZONE_FIELD:
+            raise KeyError(path)
+        return sample_field(path, "keyroute-node-0", objs_namespace(objs))
+
+    env = resolve_env(c, without_zone, [*objs, *operator_secrets(objs_namespace(objs))])
+    assert env["KEYROUTE_ZONE"] == ""
+    assert build_parser(env).parse_args(resolve_argv(c, env)[1:]).zone == ""
+    assert "1.34" in readme_section("Zones")
+
+
+def test_serving_pods_spread_over_zones_and_hosts(any_overlay: tuple[str, list[Obj]]) -> None:
+    overlay_name, objs = any_overlay
+    for kind, name in (("StatefulSet", "keyroute-node"), ("Deployment", "keyroute-router"),
+                       ("StatefulSet", "keyroute-zookeeper")):
+        w = find(objs, kind, name)
+        spec = pod_template(w)["spec"]
+        spread = {t["topologyKey"]: t for t in spec["topologySpreadConstraints"]}
+        assert set(spread) == {ZONE_LABEL, "kubernetes.io/hostname"}, name
+        for t in spread.values():
+            assert t["maxSkew"] == 1
+            assert t["labelSelector"]["matchLabels"] == w["spec"]["selector"]["matchLabels"]
+        strict = overlay_name != "dev" and name != "keyroute-router"
+        assert spread[ZONE_LABEL]["whenUnsatisfiable"] == ("DoNotSchedule" if strict else "ScheduleAnyway"), name
+
+
+# --- images ----------------------------------------------------------------------------------------------
+
+
+def test_routers_and_nodes_run_the_serving_image_the_pipeline_its_own(any_overlay: tuple[str, list[Obj]]) -> None:
+    overlay_name, objs = any_overlay
+    images = {}
+    for w in workloads(objs):
+        for c in pod_template(w)["spec"]["containers"]:
+            images[w["metadata"]["name"]] = c["image"]
+    assert image_name(images["keyroute-router"]) == image_name(images["keyroute-node"]) == SERVING_IMAGE
+    assert image_name(images["keyroute-pipeline"]) == PIPELINE_IMAGE
+    assert image_name(images["keyroute-zookeeper"]) == "zookeeper"
+    for pod in pipeline_pods(objs):
+        env = container_env(with_object_store_secret(objs), pod["spec"]["containers"][0])
+        confs = spark_confs(env["PYSPARK_SUBMIT_ARGS"])
+        assert confs["spark.kubernetes.container.image"] == images["keyroute-pipeline"]
+    kustomization_file = ROOT / "deploy" / "k8s" / "overlays" / overlay_name / "kustomization.yaml"
+    kustomization = yaml.safe_load(kustomization_file.read_text())
+    if overlay_name != OBJECT_STORAGE:  # it takes prod's
+        assert {i["name"] for i in kustomization["images"]} == set(KEYROUTE_IMAGES)
