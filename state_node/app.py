@@ -94,6 +94,13 @@ class Node:
                 len(remaining),
                 ", ".join(remaining[:10]),
             )
+        elif (held := self.ownership.alone()) is not None:
+            log.warning(
+                "node %s stops as the only live node: its %d partition(s) are served by no node until another "
+                "node serves them",
+                self.node_id,
+                held,
+            )
         else:
             log.info("node %s: every partition it served is served elsewhere", self.node_id)
         await self.ownership.withdraw()

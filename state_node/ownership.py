@@ -256,6 +256,14 @@ class Ownership:
     def leaving(self) -> bool:
         return self._leaving
 
+    def alone(self) -> int | None:
+        """With no other live node in a fresh map: how many partitions this node holds (which then nobody
+        else serves); otherwise None."""
+        m = self._map
+        if m.stale or m.live_nodes() - {self._node_id}:
+            return None
+        return len(self._view)
+
     def handed_over(self) -> list[str]:
         """What still keeps a leaving node (empty: it may go): the assignment still placing it, and every
         partition it serves that no live node assigned it serves at the published version yet. Waiting

@@ -15,7 +15,12 @@ import pytest
 from kazoo.client import KazooClient
 
 from keyroute.core import zk, zk_layout
+from keyroute.core.key_format import KeyFormat
+from keyroute.core.partition_map import StoreRecord
+from keyroute.core.partitioner import Partitioner
 from keyroute.core.settings import ZkSettings
+from tests.integration.small_cluster import ROWS, STORE
+from tests.integration.test_node import write_snapshot
 from tests.util import Proc, free_port, wait_for
 
 pytestmark = pytest.mark.integration
@@ -166,3 +171,24 @@ def test_a_router_without_zookeeper_listens_and_answers_503_until_it_has_a_map(t
         _no_trace(output)
     finally:
         assert router.stop(timeout_s=20) == 0
+
+
+def test_the_only_node_stopping_says_its_partitions_are_served_by_nobody(
+    zk_settings: ZkSettings, client: KazooClient, tmp_path: Path
+) -> None:
+    snapshot = write_snapshot(tmp_path / "snapshots", STORE, ROWS, KeyFormat.STRING, 2)
+    record = StoreRecord(STORE, 2, Partitioner.MURMUR2, KeyFormat.STRING, 1, snapshot, ("v",), 1, 1.0)
+    client.create(zk_layout.store_path(STORE), record.to_json(), makepath=True)
+    port = free_port()
+    node = Proc(_node_args(zk_settings, "solo", port, tmp_path / "data"), tmp_path / "node.log").start()
+    try:
+        wait_for(
+            lambda: httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200,
+            timeout_s=30,
+            message="the node serving both partitions",
+        )
+    finally:
+        assert node.stop(timeout_s=30) == 0
+    output = node.output()
+    assert "node solo stops as the only live node: its 2 partition(s) are served by no node" in output
+    assert "served elsewhere" not in output

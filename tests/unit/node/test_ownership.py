@@ -280,6 +280,7 @@ def test_a_leaving_node_loads_nothing_new_and_keeps_serving_until_handed_over(sn
         ownership.leave()
         assert ownership.readiness().leaving
         assert ownership.handed_over() == ["s p0", "assignment generation 1 still places this node"]
+        assert ownership.alone() is None  # another node is live
         # The controller moves p0 away and gives p1 here: p1 is not loaded, p0 keeps serving.
         moved = {"s": ((OTHER,), (ME, OTHER))}
         ownership.on_map(build_map([record], moved, {ME: {"s": {0: 1}}}, 2))
@@ -327,6 +328,8 @@ def test_a_leaving_node_with_no_live_peer_has_nothing_to_hand_over(snapshot, dat
         await wait_until(lambda: registration.last == {"s": {0: 1}})
         ownership.leave()
         assert await ownership.wait_handed_over(1.0) == []
+        # Nothing to hand over is not "served elsewhere": the node says it stops as the only one.
+        assert ownership.alone() == 1
 
     run(data_dir, scenario)
 
