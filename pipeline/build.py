@@ -9,6 +9,7 @@ starts no Spark session at all).
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -237,7 +238,9 @@ def _connect(zk: ZkSettings) -> KazooClient:
 
 def _start_spark(master: str | None) -> SparkSession:
     try:
-        return create_session(master)
+        # Spark's own logging and start-up notes only when debugging; a stage progress bar on a terminal.
+        quiet = logging.getLogger().getEffectiveLevel() > logging.DEBUG
+        return create_session(master, quiet=quiet, progress=quiet and sys.stderr.isatty())
     except (PySparkException, RuntimeError) as exc:
         where = master or "local[*]"
         raise PipelineError(None, f"cannot start Spark on {where}: {spark_message(exc)}") from exc

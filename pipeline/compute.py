@@ -468,6 +468,17 @@ def spark_message(exc: BaseException) -> str:
 
 
 def _read_source(spark: SparkSession, store: StoreSpec) -> DataFrame:
+    frame = _read(spark, store)
+    if not frame.columns:  # only empty files: Spark infers a schema of no columns rather than failing
+        raise DataError(store.name, _no_data(store))
+    return frame
+
+
+def _no_data(store: StoreSpec) -> str:
+    return f"source {store.source!r} holds no {store.format.value} data (no files, or only empty ones)"
+
+
+def _read(spark: SparkSession, store: StoreSpec) -> DataFrame:
     try:
         if store.format is SourceFormat.JSON:
             return spark.read.json(store.source, mode="FAILFAST")
@@ -485,6 +496,11 @@ def _read_source(spark: SparkSession, store: StoreSpec) -> DataFrame:
             return spark.read.schema(schema).csv(store.source, header=True, mode="FAILFAST")
         return spark.read.parquet(store.source)
     except PySparkException as exc:
+        condition = exc.getCondition()
+        if condition == "PATH_NOT_FOUND":
+            raise DataError(store.name, f"source {store.source!r} does not exist") from exc
+        if condition == "UNABLE_TO_INFER_SCHEMA":
+            raise DataError(store.name, _no_data(store)) from exc
         raise DataError(
             store.name, f"cannot read {store.format.value} source {store.source!r}: {spark_message(exc)}"
         ) from exc

@@ -5,13 +5,44 @@ One place decides Spark's settings, so the CLI, the demo and the tests compute s
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import re
 import sys
+import tempfile
+import threading
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
+from pyspark.logger import PySparkLogger
 from pyspark.sql import SparkSession
 
 DEFAULT_MASTER = "local[*]"
+
+# What a quiet driver JVM logs: errors only, one line each (no stack traces: the build reports each failure
+# itself, in one line), and none from the SQL query context logger, which repeats a failed expression's
+# error as a multi-kilobyte JSON document.
+QUIET_LOG4J2 = """\
+status = error
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yyyy-MM-dd HH:mm:ss} spark %p %c{1}: %m%n
+appender.console.layout.alwaysWriteExceptions = false
+rootLogger.level = error
+rootLogger.appenderRef.console.ref = console
+logger.query_context.name = SQLQueryContextLogger
+logger.query_context.level = off
+"""
+# Lines the JVM's launcher prints before any logging is configured (the JDK's notice about the incubator
+# module Spark enables, log4j's own start-up notes): dropped from a quiet build's output.
+_LAUNCH_NOISE = re.compile(
+    rb"^(WARNING: Using incubator modules|Using Spark's default log4j profile|Setting default log level to|"
+    rb"To adjust logging level use|Setting Spark log level to)"
+)
 
 
 def create_session(
@@ -19,20 +50,25 @@ def create_session(
     local_dir: Path | None = None,
     app_name: str = "keyroute-pipeline",
     shuffle_partitions: int = 8,
+    quiet: bool = True,
+    progress: bool = False,
 ) -> SparkSession:
     """Start (or join) a SparkSession for building stores.
 
     `local_dir` holds Spark's scratch files and its (unused) warehouse, so nothing lands in the working
     directory. In local mode the Python workers run this very interpreter, so they import the same
     keyroute as the driver (pyspark would otherwise start $PYSPARK_PYTHON or the first `python3` on PATH).
+    `quiet`: the driver JVM logs errors only, in one line each, and its launcher's start-up notes are dropped
+    (Spark's own logging, WARN and stack traces included, otherwise). `progress`: Spark's console progress
+    bar for each stage (for a terminal).
     """
     master = master or DEFAULT_MASTER
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
         .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.log.level", "WARN")
+        .config("spark.ui.showConsoleProgress", "true" if progress else "false")
+        .config("spark.log.level", "ERROR" if quiet else "WARN")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
@@ -49,9 +85,59 @@ def create_session(
         warnings.filterwarnings(
             "ignore", message="PySpark does not yet fully support pandas", category=FutureWarning
         )
-        session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("WARN")
+        if quiet and SparkSession.getActiveSession() is None:
+            config = Path(tempfile.gettempdir()) / f"keyroute-log4j2-{os.getuid()}.properties"
+            config.write_text(QUIET_LOG4J2, encoding="utf-8")
+            builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={config.as_uri()}")
+            with _launch_noise_dropped():
+                session = builder.getOrCreate()
+        else:
+            session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR" if quiet else "WARN")
+    if quiet:
+        # pyspark logs a failed expression's error again, as a JSON document, before raising it; the build
+        # reports it itself. py4j says at INFO when its connection closes.
+        for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+            PySparkLogger.getLogger(name).setLevel(logging.CRITICAL + 1)
+        logging.getLogger("py4j").setLevel(max(logging.WARNING, logging.getLogger("py4j").getEffectiveLevel()))
     # The context's own master: getOrCreate may have returned a session started elsewhere.
     if (session.sparkContext.master or "").startswith("local"):
         session.sparkContext.pythonExec = sys.executable
     return session
+
+
+@contextlib.contextmanager
+def _launch_noise_dropped() -> Iterator[None]:
+    """While open, the standard error a child process inherits is a pipe into a thread that passes on all
+    but `_LAUNCH_NOISE` lines to the real standard error: the driver JVM started meanwhile keeps that pipe
+    for its lifetime. Partial lines (a progress bar's carriage returns) pass on at once."""
+    try:
+        sys.stderr.flush()
+        real = os.dup(2)
+    except (OSError, ValueError):  # no usable fd 2 (an embedding host): nothing to filter
+        yield
+        return
+    read_end, write_end = os.pipe()
+    threading.Thread(target=_forward, args=(read_end, real), name="spark-stderr", daemon=True).start()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(real, 2)
+
+
+def _forward(read_end: int, out: int) -> None:
+    pending = b""
+    while chunk := os.read(read_end, 65536):
+        *lines, pending = (pending + chunk).split(b"\n")
+        kept = b"".join(line + b"\n" for line in lines if not _LAUNCH_NOISE.match(line))
+        if b"\r" in pending:
+            kept, pending = kept + pending, b""
+        if kept:
+            with contextlib.suppress(OSError):
+                os.write(out, kept)
+    if pending:
+        with contextlib.suppress(OSError):
+            os.write(out, pending)

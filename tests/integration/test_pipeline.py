@@ -828,8 +828,24 @@ def test_missing_source_is_a_data_error(spark: SparkSession, zk_settings: ZkSett
     )
     with pytest.raises(DataError) as err:
         build(spec, zk_settings, str(tmp_path / "out"), spark=spark)
-    assert str(err.value).startswith(f"store 'gone': cannot read json source {str(tmp_path / 'nowhere.json')!r}")
+    assert str(err.value) == f"store 'gone': source {str(tmp_path / 'nowhere.json')!r} does not exist"
     assert_nothing_published(zk_settings, tmp_path / "out", ["gone"])
+
+
+def test_an_empty_source_directory_says_it_holds_no_data(
+    spark: SparkSession, zk_settings: ZkSettings, tmp_path: Path
+) -> None:
+    (tmp_path / "events").mkdir()
+    (tmp_path / "only-empty").mkdir()
+    (tmp_path / "only-empty" / "part-0.json").write_bytes(b"")
+    for folder in ("events", "only-empty"):
+        store = {"source": folder, "format": "json", "key": "k", "partitions": 2, "mode": "latest", "order_by": "ts"}
+        spec = write_spec(tmp_path / "stores.toml", {"quiet": store})
+        with pytest.raises(DataError) as err:
+            build(spec, zk_settings, str(tmp_path / "out"), spark=spark)
+        where = str(tmp_path / folder)
+        assert str(err.value) == f"store 'quiet': source {where!r} holds no json data (no files, or only empty ones)"
+        assert_nothing_published(zk_settings, tmp_path / "out", ["quiet"])
 
 
 def test_changing_the_routing_shape_of_a_published_store_is_refused(
@@ -1079,3 +1095,34 @@ def test_session_settings(spark: SparkSession) -> None:
     assert spark.conf.get("spark.sql.session.timeZone") == "UTC"
     assert spark.conf.get("spark.sql.execution.arrow.pyspark.enabled") == "true"
     assert spark.sparkContext.pythonExec == sys.executable
+
+
+def test_a_failed_build_prints_one_line_without_sparks_start_up_notes_or_traces(
+    zk_settings: ZkSettings, tmp_path: Path
+) -> None:
+    """The whole output of `keyroute pipeline build` in its own process (its own Spark driver JVM)."""
+    write_jsonl(tmp_path / "events.json", [{"id": "a", "qty": 1}])
+    store = {
+        "source": "events.json",
+        "format": "json",
+        "key": "id",
+        "partitions": 2,
+        "mode": "aggregate",
+        "aggregations": {"volume": "sum(qtyy)"},
+    }
+    spec = write_spec(tmp_path / "stores.toml", {"totals": store})
+    done = subprocess.run(
+        [sys.executable, "-m", "keyroute", "pipeline", "build", "--spec", str(spec), "--output", str(tmp_path / "out")]
+        + ["--zk", zk_settings.connect_string, "--master", "local[1]"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == ""
+    lines = [line for line in done.stderr.splitlines() if " INFO keyroute.pipeline." not in line]
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(
+        "keyroute pipeline build: store 'totals': aggregation 'volume' = 'sum(qtyy)' is not a valid Spark SQL aggregate"
+    )
