@@ -87,6 +87,17 @@ def write_config(data_dir: Path, port: int, host: str = "127.0.0.1", tick_time_m
                 "appender.stderr.target = SYSTEM_ERR",
                 "appender.stderr.layout.type = PatternLayout",
                 "appender.stderr.layout.pattern = %d{ISO8601} zookeeper %-5p %c{1}: %m%n",
+                # Said once, at INFO: where the server listens ("binding to port ..."; the connection
+                # factory's note on its threads and buffers is left out).
+                "logger.listening.name = org.apache.zookeeper.server.NIOServerCnxnFactory",
+                "logger.listening.level = info",
+                "logger.listening.filter.threads.type = RegexFilter",
+                "logger.listening.filter.threads.regex = Configuring NIO connection handler.*",
+                "logger.listening.filter.threads.onMatch = DENY",
+                "logger.listening.filter.threads.onMismatch = NEUTRAL",
+                # Says that an unlimited number of connections is configured, which is what we asked for.
+                "logger.cnxn_limit.name = org.apache.zookeeper.server.ServerCnxnFactory",
+                "logger.cnxn_limit.level = error",
                 "",
             ]
         )

@@ -53,6 +53,12 @@ def test_cli_runs_zookeeper_in_the_foreground(tmp_path: Path) -> None:
     finally:
         proc.stop()
     assert not proc.alive
+    # It says where it listens, once, and nothing else at start-up (no warning about settings we chose).
+    lines = [line for line in proc.output().splitlines() if line.strip()]
+    assert [line.split(" ", 1)[1] for line in lines[:1]] == [
+        f"zookeeper INFO  NIOServerCnxnFactory: binding to port /127.0.0.1:{port}"
+    ]
+    assert not [line for line in lines if " WARN " in line or " ERROR " in line], lines
 
 
 def test_watcher_pushes_every_change_and_marks_stale_when_disconnected(zk_settings: ZkSettings) -> None:
