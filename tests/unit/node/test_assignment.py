@@ -144,14 +144,19 @@ def test_impossible_store_shapes_are_refused(shape: tuple[int, int]) -> None:
         assign({"s": shape}, ["n0"], None, 1)
 
 
-def test_a_large_cluster_is_assigned_quickly() -> None:
-    import time
-
-    stores = {f"s{i:02d}": (64, 2) for i in range(10)}
-    nodes = [f"node-{i:02d}" for i in range(12)]
-    started = time.monotonic()
+def test_a_large_cluster_stays_balanced_through_a_leave_and_a_join() -> None:
+    # How long it takes is for benchmarks/control_plane.py; here: the guarantees at a size the property
+    # tests do not reach.
+    stores = {f"s{i:02d}": (256, 3) for i in range(8)}
+    nodes = [f"node-{i:03d}" for i in range(60)]
     first = assign(stores, nodes, None, 1)
     after = assign(stores, nodes[1:], first, 2)
-    assert time.monotonic() - started < 10.0
-    totals, _ = _load(after)
-    assert max(totals.values()) - min(totals.values()) <= 1
+    orphans = sum(1 for per in first.stores.values() for r in per if nodes[0] in r)
+    assert orphans <= moved_replicas(first, after) <= 2 * orphans
+    back = assign(stores, nodes, after, 3)
+    for a, members in ((first, nodes), (after, nodes[1:]), (back, nodes)):
+        totals, leaders = _load(a)
+        assert set(totals) == set(members)
+        assert max(totals.values()) - min(totals.values()) <= 1
+        assert max(leaders.values()) - min(leaders.values()) <= 1
+    assert moved_replicas(after, back) >= sum(1 for per in back.stores.values() for r in per if nodes[0] in r)
