@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from keyroute.core import zk, zk_layout  # noqa: E402
+from keyroute.core import placement_records, zk, zk_layout  # noqa: E402
 from keyroute.core.key_format import KeyFormat  # noqa: E402
 from keyroute.core.partition_map import Assignment, ServingRecord, StoreRecord  # noqa: E402
 from keyroute.core.partitioner import Partitioner, partition_for  # noqa: E402
@@ -150,8 +150,9 @@ class Cluster:
         return True
 
     def assignment(self) -> Assignment:
-        raw, _ = self.client.get(zk_layout.ASSIGNMENT)
-        return Assignment.from_json(raw)
+        current = placement_records.read(self.client)[0]
+        assert current is not None, "no assignment yet"
+        return current
 
     def close(self) -> None:
         for proc in self.routers:

@@ -72,7 +72,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 from pyspark.sql import SparkSession
 
-from keyroute.core import zk, zk_layout
+from keyroute.core import placement_records, zk, zk_layout
 from keyroute.core.lmdb_layout import PartitionFileBuilder
 from keyroute.core.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord, StoreRecord
 from keyroute.core.settings import NodeSettings, ZkSettings
@@ -724,8 +724,9 @@ class Cluster:
         return ServingRecord.from_json(raw).stores.get(STORE, {}).get(PARTITION) == version
 
     def owner(self) -> str:
-        raw, _ = self.client.get(zk_layout.ASSIGNMENT)
-        return Assignment.from_json(raw).replicas(STORE, PARTITION)[0]
+        current = placement_records.read(self.client)[0]
+        assert current is not None, "no assignment yet"
+        return current.replicas(STORE, PARTITION)[0]
 
     def loaded_seconds(self, node_id: str) -> float:
         """The node's total time spent in loads that ended loaded (its /metrics histogram's sum)."""
@@ -758,7 +759,8 @@ def _one_move(cluster: Cluster, owner: str, other: str, version: int) -> Move:
     done = threading.Event()
 
     def on_assignment(data: bytes | None, stat: Any) -> bool | None:
-        if data and Assignment.from_json(data).replicas(STORE, PARTITION) == (other,):
+        # The store's own record (written before the root that names it, moments apart).
+        if data and placement_records.parse_store_record(data)[1][PARTITION] == (other,):
             seen.setdefault("assignment", stat.mtime / 1000)
             return False
         return None
@@ -770,7 +772,7 @@ def _one_move(cluster: Cluster, owner: str, other: str, version: int) -> Move:
             return False
         return None
 
-    cluster.client.DataWatch(zk_layout.ASSIGNMENT, on_assignment)
+    cluster.client.DataWatch(zk_layout.placement_path(STORE), on_assignment)
     cluster.client.DataWatch(zk_layout.serving_path(other), on_serving)
     stopped = time.time()
     cluster.nodes[owner][0].terminate()

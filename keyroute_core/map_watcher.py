@@ -29,7 +29,7 @@ from kazoo.exceptions import KazooException, NoAuthError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import ZnodeStat
 
-from keyroute.core import zk_layout
+from keyroute.core import placement_records, zk_layout
 from keyroute.core.partition_map import (
     EMPTY_ASSIGNMENT,
     Assignment,
@@ -178,14 +178,27 @@ class MapWatcher:
 
         parents = (zk_layout.STORES, zk_layout.NODES, zk_layout.SERVING)
         listing = {path: zk.get_children_async(path, watch=watch, include_data=True) for path in parents}
-        assignment_read = zk.get_async(zk_layout.ASSIGNMENT, watch=watch)
+        # The assignment: its root (watched: every new assignment rewrites it), then the store records it
+        # names (read without a watch, in the second round).
+        placement_read = zk.get_async(zk_layout.PLACEMENT, watch=watch)
         names = {path: sorted(settle(path, pending) or ()) for path, pending in listing.items()}
         records = {
             (parent, name): zk.get_async(f"{parent}/{name}", watch=watch)
             for parent in parents
             for name in names[parent]
         }
-        raw_assignment = settle(zk_layout.ASSIGNMENT, assignment_read)
+        raw_root = settle(zk_layout.PLACEMENT, placement_read)
+        legacy_read = None
+        placement: dict[str, Any] = {}
+        if raw_root:
+            try:
+                wanted = placement_records.parse_root(raw_root)[1]
+                placement = {store: zk.get_async(zk_layout.placement_path(store)) for store in wanted}
+            except RecordError as exc:
+                log.warning("ignoring the assignment: %s", exc)
+        else:
+            # Written by a controller of the layout before /placement (an upgrade in progress).
+            legacy_read = zk.get_async(zk_layout.ASSIGNMENT, watch=watch)
         raw = {key: settle(f"{key[0]}/{key[1]}", pending, record=True) for key, pending in records.items()}
 
         stores: dict[str, StoreRecord] = {}
@@ -205,11 +218,23 @@ class MapWatcher:
                     log.warning("ignoring node %s: %s", node_id, exc)
 
         assignment = EMPTY_ASSIGNMENT
-        if raw_assignment:
+        if legacy_read is not None:
+            if raw_legacy := settle(zk_layout.ASSIGNMENT, legacy_read):
+                try:
+                    assignment = Assignment.from_json(raw_legacy)
+                except RecordError as exc:
+                    log.warning("ignoring the assignment: %s", exc)
+        elif raw_root:
+            parts = {store: settle(zk_layout.placement_path(store), p, record=True) for store, p in placement.items()}
             try:
-                assignment = Assignment.from_json(raw_assignment)
+                assignment = placement_records.assemble(raw_root, parts)
+            except placement_records.InProgress:
+                # A controller is writing the next assignment: keep the one we have; the root's watch
+                # fires once it is complete.
+                assignment = self._current.assignment
             except RecordError as exc:
-                log.warning("ignoring assignment: %s", exc)
+                log.warning("ignoring the assignment: %s", exc)
+                assignment = self._current.assignment
 
         serving: dict[str, ServingRecord] = {}
         for node_id in names[zk_layout.SERVING]:

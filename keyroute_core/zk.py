@@ -124,6 +124,8 @@ def _layout_paths(client: KazooClient, settings: ZkSettings) -> list[str]:
     if client.exists(zk_layout.ASSIGNMENT) is not None:
         paths.append(zk_layout.ASSIGNMENT)
     paths += [zk_layout.store_path(name) for name in sorted(client.get_children(zk_layout.STORES))]
+    if client.exists(zk_layout.PLACEMENT) is not None:
+        paths += [zk_layout.placement_path(name) for name in sorted(client.get_children(zk_layout.PLACEMENT))]
     return paths
 
 

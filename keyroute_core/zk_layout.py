@@ -4,7 +4,11 @@
                                        versions retained for a rollback (version -> snapshot)
 /nodes/{node_id}           ephemeral   NodeRecord: the URL a node advertises (liveness), leaving flag
 /controller                            kazoo Election recipe: the node that writes the assignment
-/assignment                persistent  Assignment: desired replicas per partition, with a generation
+/placement                 persistent  the assignment's root: its generation, and the generation of each
+                                       store's record (keyroute.core.placement_records)
+/placement/{store}         persistent  one store's desired replicas per partition, preferred first
+/assignment                persistent  the whole assignment in one record: the layout before /placement,
+                                       read only until the first controller writes /placement
 /serving/{node_id}         ephemeral   ServingRecord: partitions a node has loaded, at which version
 /live/{node_id}            ephemeral   the state of every live partition a node holds (offset, lag, state,
                                        counters; keyroute.core.live_status reads them), throttled
@@ -16,14 +20,19 @@ STORES = "/stores"
 NODES = "/nodes"
 CONTROLLER = "/controller"
 ASSIGNMENT = "/assignment"
+PLACEMENT = "/placement"
 SERVING = "/serving"
 LIVE = "/live"
 
-PERSISTENT_ROOTS = (STORES, NODES, CONTROLLER, SERVING, LIVE)
+PERSISTENT_ROOTS = (STORES, NODES, CONTROLLER, SERVING, LIVE, PLACEMENT)
 
 
 def store_path(store: str) -> str:
     return f"{STORES}/{store}"
+
+
+def placement_path(store: str) -> str:
+    return f"{PLACEMENT}/{store}"
 
 
 def node_path(node_id: str) -> str:

@@ -7,6 +7,7 @@ assignment without itself, then resigns so another node takes over.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Mapping
@@ -16,7 +17,7 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.recipe.election import Election
 
-from keyroute.core import zk_layout
+from keyroute.core import placement_records, zk_layout
 from keyroute.core.partition_map import Assignment, NodeRecord, RecordError, StoreRecord
 from keyroute.node.assignment import StoreShape, assign
 
@@ -191,13 +192,11 @@ class Controller:
             stores[name] = (record.partitions, record.replication_factor)
 
         previous: Assignment | None = None
-        version = -1
+        version, generations = -1, {}
         try:
-            raw, stat = zk.get(zk_layout.ASSIGNMENT)
-            version = stat.version
-            previous = Assignment.from_json(raw) if raw else None
-        except NoNodeError:
-            pass
+            # Lenient: store records a predecessor wrote before it could write the root are as good a
+            # starting point as the ones the root names (both were balanced placements).
+            previous, version, generations = placement_records.read(zk, lenient=True)
         except RecordError as exc:
             log.warning("replacing an unreadable assignment: %s", exc)
 
@@ -210,7 +209,7 @@ class Controller:
         wanted = assign(stores, nodes, previous, generation, zones=zones)
         if previous is not None and dict(previous.stores) == dict(wanted.stores):
             return
-        self._write(election, wanted, version)
+        self._write(election, wanted, version, previous, generations)
         log.info("assignment generation %d written for %d nodes, %d stores", generation, len(nodes), len(stores))
 
     def _say_short_of_nodes(self, stores: Mapping[str, StoreShape], live: int) -> None:
@@ -240,24 +239,48 @@ class Controller:
             return NodeRecord(node_id, "")  # an unreadable record still marks a live node (of no known zone)
         return None if record.leaving else record
 
-    def _write(self, election: Election, wanted: Assignment, version: int) -> None:
+    def _write(
+        self,
+        election: Election,
+        wanted: Assignment,
+        version: int,
+        previous: Assignment | None,
+        generations: Mapping[str, int],
+    ) -> None:
+        """The store records that changed, then the root that names them (checked against the election
+        and the root's version read: a concurrent writer makes this controller read and recompute)."""
         lock = election.lock
         if lock.node is None:
             raise NotLeader()
-        txn = self._client.transaction()
+        writes, named, gone = placement_records.changes(wanted, previous, generations)
+        zk = self._client
+        pending = []
+        for store, data in writes.items():
+            path = zk_layout.placement_path(store)
+            pending.append((path, data, zk.set_async(path, data)))
+        for path, data, result in pending:
+            try:
+                result.get()
+            except NoNodeError:
+                zk.create(path, data, makepath=True)
+        root = placement_records.root_record(wanted.generation, named)
+        txn = zk.transaction()
         txn.check(f"{lock.path}/{lock.node}", 0)  # the election znode is never modified: version 0
         if version < 0:
-            txn.create(zk_layout.ASSIGNMENT, wanted.to_json())
+            txn.create(zk_layout.PLACEMENT, root)
         else:
-            txn.set_data(zk_layout.ASSIGNMENT, wanted.to_json(), version=version)
+            txn.set_data(zk_layout.PLACEMENT, root, version=version)
         results = txn.commit()
         failures = [r for r in results if isinstance(r, Exception)]
         if not failures:
             self.writes += 1
+            for store in gone:  # no longer named by the root: nobody reads them
+                with contextlib.suppress(NoNodeError):
+                    zk.delete(zk_layout.placement_path(store))
             return
         if isinstance(results[0], NoNodeError):
             raise NotLeader()
-        # Someone else wrote /assignment in between (an operator, or a predecessor's last write):
+        # Someone else wrote /placement in between (an operator, or a predecessor's last write):
         # read it again and recompute on top of it.
         self._dirty.set()
         log.info("assignment changed under the controller (%s); recomputing", failures[-1])

@@ -20,7 +20,7 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from keyroute.core import zk, zk_layout
+from keyroute.core import placement_records, zk, zk_layout
 from keyroute.core.key_format import KeyFormat, parse_key
 from keyroute.core.partition_map import Assignment, NodeRecord, ServingRecord, StoreRecord
 from keyroute.core.partitioner import Partitioner, partition_for
@@ -112,8 +112,9 @@ class Cluster:
         return sorted(n for n, p in self.procs.items() if p.alive)
 
     def assignment(self) -> Assignment:
-        raw, _ = self.client.get(zk_layout.ASSIGNMENT)
-        return Assignment.from_json(raw)
+        current = placement_records.read(self.client)[0]
+        assert current is not None
+        return current
 
     def settled(self) -> bool:
         """Every live node is ready and sees every partition served exactly by its assigned replicas."""
@@ -385,9 +386,7 @@ def test_one_controller_at_a_time_rewrites_the_assignment_only_when_it_changes(
             controller.start()
 
         def assignment() -> Assignment | None:
-            if not admin.exists(zk_layout.ASSIGNMENT):
-                return None
-            return Assignment.from_json(admin.get(zk_layout.ASSIGNMENT)[0])
+            return placement_records.read(admin)[0]
 
         wait_for(lambda: (a := assignment()) and {n for r in a.stores["s"] for n in r} == {"a", "b"})
         leader = next(c for c in controllers if c.is_leader)
@@ -597,9 +596,7 @@ def test_a_leaving_controller_writes_an_assignment_without_itself_then_resigns(
     controllers = {node_id: Controller(client, node_id) for node_id, client in clients.items()}
 
     def assignment() -> Assignment | None:
-        if not admin.exists(zk_layout.ASSIGNMENT):
-            return None
-        return Assignment.from_json(admin.get(zk_layout.ASSIGNMENT)[0])
+        return placement_records.read(admin)[0]
 
     try:
         for controller in controllers.values():
@@ -638,9 +635,7 @@ def test_a_replication_factor_above_the_live_nodes_is_allowed_and_said_once(
             controller.start()
 
             def assigned() -> Assignment | None:
-                if not admin.exists(zk_layout.ASSIGNMENT):
-                    return None
-                return Assignment.from_json(admin.get(zk_layout.ASSIGNMENT)[0])
+                return placement_records.read(admin)[0]
 
             done = wait_for(lambda: (a := assigned()) and a.stores.get("wide") and a, message="the assignment")
             assert all(replicas == ("a",) for replicas in done.stores["wide"])  # one replica per live node

@@ -117,7 +117,7 @@ READER_ENV = {"KEYROUTE_ZK_AUTH": READER.credential}
 def hijack_attempts(client: KazooClient, chroot: str, victim: str) -> dict[str, Callable[[], object]]:
     """Every way to redirect clients: change the assignment, the serving view or a store's version, add or
     remove records, or open an ACL (`client` has no chroot: paths are prefixed with `chroot`)."""
-    assignment, serving = chroot + zk_layout.ASSIGNMENT, chroot + zk_layout.SERVING
+    assignment, serving = chroot + zk_layout.PLACEMENT, chroot + zk_layout.SERVING
     stores, nodes = chroot + zk_layout.STORES, chroot + zk_layout.NODES
     evil_store = StoreRecord(STORE, PARTITIONS, Partitioner.MURMUR2, KeyFormat.STRING, 99, "/evil/v99")
     evil_serving = ServingRecord("evil", "http://127.0.0.1:9", {STORE: dict.fromkeys(range(PARTITIONS), 1)})
@@ -207,13 +207,13 @@ def test_a_secured_cluster_routes_for_its_reader_and_refuses_everyone_else(
 
         # Everything keyroute created (chroot, roots, records, ephemeral ones, the election's) has one ACL.
         paths = list(every_path(writer))
-        for expected in ("/", "/assignment", f"/stores/{STORE}", "/nodes/n1", "/serving/n2"):
+        for expected in ("/", "/placement", f"/placement/{STORE}", f"/stores/{STORE}", "/nodes/n1", "/serving/n2"):
             assert expected in paths
         assert [p for p in paths if p.startswith("/controller/")], "no election record"
         for path in paths:
             assert acl_of(writer, path) == EXPECTED_ACL, path
 
-        assignment_before = writer.get(zk_layout.ASSIGNMENT)[0]
+        assignment_before = writer.get(zk_layout.placement_path(STORE))[0]
         store_before = writer.get(zk_layout.store_path(STORE))[0]
         anonymous = raw_client(base, None)
         reader = raw_client(base, READER)
@@ -221,10 +221,10 @@ def test_a_secured_cluster_routes_for_its_reader_and_refuses_everyone_else(
             # Anyone else may not even read; the reader may read.
             chroot = base.chroot
             with pytest.raises(NoAuthError):
-                anonymous.get(chroot + zk_layout.ASSIGNMENT)
+                anonymous.get(chroot + zk_layout.placement_path(STORE))
             with pytest.raises(NoAuthError):
                 anonymous.get_children(chroot + zk_layout.SERVING)
-            assert reader.get(chroot + zk_layout.ASSIGNMENT)[0] == assignment_before
+            assert reader.get(chroot + zk_layout.placement_path(STORE))[0] == assignment_before
             for who, client in (("anonymous", anonymous), ("reader", reader)):
                 for what, attempt in hijack_attempts(client, chroot, victim="n1").items():
                     with pytest.raises(NoAuthError):
@@ -233,11 +233,10 @@ def test_a_secured_cluster_routes_for_its_reader_and_refuses_everyone_else(
         finally:
             for client in (anonymous, reader):
                 zk.close(client)
-        assert writer.get(zk_layout.ASSIGNMENT)[0] == assignment_before
+        assert writer.get(zk_layout.placement_path(STORE))[0] == assignment_before
         assert writer.get(zk_layout.store_path(STORE))[0] == store_before
         assert sorted(writer.get_children(zk_layout.SERVING)) == ["n1", "n2"]
-        layout = (*zk_layout.PERSISTENT_ROOTS, zk_layout.ASSIGNMENT)
-        assert sorted(writer.get_children("/")) == sorted(p.lstrip("/") for p in layout)
+        assert sorted(writer.get_children("/")) == sorted(p.lstrip("/") for p in zk_layout.PERSISTENT_ROOTS)
         # ...and the router still routes every key right.
         check_reads(2)
 

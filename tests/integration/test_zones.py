@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from keyroute.core import zk, zk_layout
+from keyroute.core import placement_records, zk, zk_layout
 from keyroute.core.key_format import KeyFormat
 from keyroute.core.partition_map import Assignment, StoreRecord
 from keyroute.core.partitioner import Partitioner
@@ -38,10 +38,9 @@ def test_replicas_of_each_partition_are_placed_in_different_zones(zk_settings: Z
             procs[node_id] = Proc(args, tmp_path / f"{node_id}.log", env={"KEYROUTE_ZONE": zone}).start()
 
         def spread() -> Assignment | None:
-            raw, _ = client.get(zk_layout.ASSIGNMENT) if client.exists(zk_layout.ASSIGNMENT) else (b"", None)
-            if not raw:
+            a = placement_records.read(client)[0]
+            if a is None:
                 return None
-            a = Assignment.from_json(raw)
             replicas = a.stores.get(STORE, ())
             # Every node registered and counted: 8 partitions x 2 replicas over 4 nodes.
             if sum(len(r) for r in replicas) != 2 * PARTITIONS or len({n for r in replicas for n in r}) != 4:

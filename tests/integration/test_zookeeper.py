@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from keyroute.core import zk_layout
+from keyroute.core import placement_records, zk_layout
 from keyroute.core.key_format import KeyFormat
 from keyroute.core.map_watcher import MapWatcher
 from keyroute.core.partition_map import Assignment, PartitionMap, ServingRecord, StoreRecord
@@ -115,3 +115,36 @@ def test_watcher_keeps_the_last_map_marked_stale_while_zookeeper_is_down(tmp_pat
         watcher.stop()
         close(client)
         server.stop()
+
+
+def test_the_watcher_reads_the_per_store_assignment_and_never_a_half_written_one(zk_settings: ZkSettings) -> None:
+    writer = connect(zk_settings)
+    reader = connect(zk_settings)
+    watcher = MapWatcher(reader, lambda _map: None)
+    watcher.start()
+    try:
+        for name in ("a", "b"):
+            record = StoreRecord(name, 2, Partitioner.MURMUR2, KeyFormat.STRING, 1, f"/snap/{name}/v1")
+            writer.create(zk_layout.store_path(name), record.to_json())
+        first = {"a": (("n1",), ("n2",)), "b": (("n2",), ("n1",))}
+        for name, replicas in first.items():
+            writer.create(zk_layout.placement_path(name), placement_records.store_record(1, replicas))
+        writer.set(zk_layout.PLACEMENT, placement_records.root_record(1, {"a": 1, "b": 1}))
+        wait_for(lambda: watcher.current.assignment.generation == 1, message="generation 1")
+        assert dict(watcher.current.assignment.stores) == first
+        # Generation 2 half-written: b's record is new, the root still names generation 1 of it. A re-read
+        # meanwhile (any change) keeps generation 1 whole.
+        writer.set(zk_layout.placement_path("b"), placement_records.store_record(2, (("n1",), ("n1",))))
+        for _ in range(2):  # after the second read, the first one's map has been published
+            reads = watcher.reads
+            watcher.refresh()
+            wait_for(lambda: watcher.reads > reads, message="a re-read")  # noqa: B023 (waited on at once)
+        assert watcher.current.assignment.generation == 1 and dict(watcher.current.assignment.stores) == first
+        # The root, written last, completes it.
+        writer.set(zk_layout.PLACEMENT, placement_records.root_record(2, {"a": 1, "b": 2}))
+        done = wait_for(lambda: watcher.current.assignment.generation == 2 and watcher.current, message="gen 2")
+        assert dict(done.assignment.stores) == {"a": first["a"], "b": (("n1",), ("n1",))}
+    finally:
+        watcher.stop()
+        close(reader)
+        close(writer)
