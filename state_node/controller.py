@@ -51,6 +51,7 @@ class Controller:
         self._stale_contenders: list[str] = []
         self._thread = threading.Thread(target=self._run, name="keyroute-controller", daemon=True)
         self.writes = 0  # assignments written while leader (for tests and the admin view)
+        self.records_written = 0  # ZooKeeper records those writes took (changed store records and the root)
         self.resigned = False
         # (store, replication factor, live nodes) already said to be short of nodes.
         self._short_of_nodes: set[tuple[str, int, int]] = set()
@@ -274,6 +275,7 @@ class Controller:
         failures = [r for r in results if isinstance(r, Exception)]
         if not failures:
             self.writes += 1
+            self.records_written += len(writes) + 1
             for store in gone:  # no longer named by the root: nobody reads them
                 with contextlib.suppress(NoNodeError):
                     zk.delete(zk_layout.placement_path(store))
