@@ -20,6 +20,7 @@ import argparse
 import json
 import logging
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -55,10 +56,14 @@ def main() -> None:
         for line in _run_elsewhere(args.code.resolve(), sizes, args.timeout_s):
             print(line, flush=True)
         return
-    sys.path.insert(0, str(ROOT))
+    if "PYTHONPATH" not in os.environ:
+        sys.path.insert(0, str(ROOT))
+    import keyroute.node.assignment
     from keyroute.core.zookeeper_server import EmbeddedZooKeeper
-    from tests.util import free_port
 
+    print(
+        f"measuring the keyroute in {Path(keyroute.node.assignment.__file__).resolve().parent.parent}", file=sys.stderr
+    )
     with tempfile.TemporaryDirectory(prefix="keyroute-control-plane-") as work:
         server = EmbeddedZooKeeper(port=free_port(), data_dir=Path(work) / "zk").start()
         try:
@@ -68,6 +73,12 @@ def main() -> None:
                 print(json.dumps(result) if args.json else _describe(result), flush=True)
         finally:
             server.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _run_elsewhere(code: Path, sizes: list[int], timeout_s: float) -> list[str]:

@@ -164,15 +164,21 @@ class Controller:
         zk = self._client
         registered = sorted(zk.get_children(zk_layout.NODES, watch=self._on_change))
         zones: dict[str, str] = {}
-        for name in registered:
-            record = self._assignable(name)
+        # Pipelined: every node record asked for at once, one round trip rather than one per node.
+        reads = {name: zk.get_async(zk_layout.node_path(name), watch=self._on_change) for name in registered}
+        for name, pending in reads.items():
+            record = self._assignable(name, pending)
             if record is not None:
                 zones[name] = record.zone
         nodes = list(zones)
         stores: dict[str, StoreShape] = {}
-        for name in sorted(zk.get_children(zk_layout.STORES, watch=self._on_change)):
+        store_reads = {
+            name: zk.get_async(zk_layout.store_path(name), watch=self._on_change)
+            for name in sorted(zk.get_children(zk_layout.STORES, watch=self._on_change))
+        }
+        for name, pending in store_reads.items():
             try:
-                raw, _ = zk.get(zk_layout.store_path(name), watch=self._on_change)
+                raw, _ = pending.get()
             except NoNodeError:
                 continue
             if not raw:
@@ -228,10 +234,12 @@ class Controller:
             )
         self._short_of_nodes = short
 
-    def _assignable(self, node_id: str) -> NodeRecord | None:
-        """The node's record, or None when it takes no partitions (leaving, or gone since the listing)."""
+    @staticmethod
+    def _assignable(node_id: str, pending: Any) -> NodeRecord | None:
+        """The node's record (read by `pending`), or None when it takes no partitions (leaving, or gone
+        since the listing)."""
         try:
-            raw, _ = self._client.get(zk_layout.node_path(node_id), watch=self._on_change)
+            raw, _ = pending.get()
         except NoNodeError:
             return None
         try:

@@ -1,0 +1,99 @@
+"""The control plane with a few hundred simulated nodes (records only, over a few ZooKeeper sessions), the
+real controller and a router's map watcher: correct placement and small records at a size the other tests
+do not reach. How fast is for benchmarks/control_plane.py."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from keyroute.core import placement_records, zk, zk_layout
+from keyroute.core.key_format import KeyFormat
+from keyroute.core.map_watcher import MapWatcher
+from keyroute.core.partition_map import Assignment, NodeRecord, PartitionMap, StoreRecord
+from keyroute.core.partitioner import Partitioner
+from keyroute.core.settings import ZkSettings
+from keyroute.node.assignment import moved_replicas
+from keyroute.node.controller import Controller
+from tests.util import wait_for
+
+pytestmark = pytest.mark.integration
+
+NODES = 240
+STORES = {f"store-{i}": (64 * (i + 1), 1 + i % 3) for i in range(6)}
+SESSIONS = 4
+
+
+def balanced(a: Assignment, nodes: list[str]) -> bool:
+    totals, leaders = Counter(dict.fromkeys(nodes, 0)), Counter(dict.fromkeys(nodes, 0))
+    for name, (partitions, rf) in STORES.items():
+        per = a.stores.get(name, ())
+        if len(per) != partitions or any(len(set(r)) != min(rf, len(nodes)) for r in per):
+            return False
+        counts = Counter(dict.fromkeys(nodes, 0))
+        for reps in per:
+            counts.update(reps)
+            leaders[reps[0]] += 1
+        if max(counts.values()) - min(counts.values()) > 1:
+            return False
+        totals.update(counts)
+    spread = max(totals.values()) - min(totals.values())
+    return set(totals) == set(nodes) and spread <= 1 and max(leaders.values()) - min(leaders.values()) <= 1
+
+
+def test_hundreds_of_simulated_nodes_are_placed_balanced_in_small_records(zk_settings: ZkSettings) -> None:
+    admin = zk.connect(zk_settings)
+    fleet = [zk.connect(zk_settings) for _ in range(SESSIONS)]
+    nodes = [f"node-{i:03d}" for i in range(NODES)]
+    session_of = {n: fleet[i % SESSIONS] for i, n in enumerate(nodes)}
+    router_client = zk.connect(zk_settings, ensure_layout=False)
+    maps: list[PartitionMap] = []
+    watcher = MapWatcher(router_client, maps.append)
+    controller = Controller(admin, nodes[0])
+    try:
+        for name, (partitions, rf) in STORES.items():
+            record = StoreRecord(name, partitions, Partitioner.MURMUR2, KeyFormat.STRING, 1, "/snap", ("v",), rf, 1.0)
+            admin.create(zk_layout.store_path(name), record.to_json())
+
+        def register(node: str) -> None:
+            record = NodeRecord(node, f"http://{node}:8080", zone=f"zone-{int(node[-3:]) % 3}")
+            session_of[node].create(zk_layout.node_path(node), record.to_json(), ephemeral=True)
+
+        for node in nodes:
+            register(node)
+        controller.start()
+        watcher.start()
+
+        def settled(members: list[str]) -> Assignment | None:
+            a = watcher.current.assignment
+            return a if balanced(a, members) else None
+
+        first = wait_for(lambda: settled(nodes), timeout_s=60, message="a balanced assignment of every node")
+        # Small records: one per store, and a root naming them.
+        for name in STORES:
+            raw, _ = admin.get(zk_layout.placement_path(name))
+            assert len(raw) < 16 * 1024, (name, len(raw))
+        assert len(admin.get(zk_layout.PLACEMENT)[0]) < 1024
+        assert placement_records.read(admin)[0] == first
+
+        # One node leaves: the router's map follows, and what moves is about what the node held.
+        gone = nodes[NODES // 2]
+        held = sum(1 for per in first.stores.values() for reps in per if gone in reps)
+        session_of[gone].delete(zk_layout.node_path(gone))
+        survivors = [n for n in nodes if n != gone]
+        after = wait_for(lambda: settled(survivors), timeout_s=60, message="the assignment without the node")
+        assert held <= moved_replicas(first, after) <= 3 * held
+        # It comes back: it takes a share again.
+        register(gone)
+        back = wait_for(lambda: settled(nodes), timeout_s=60, message="the node back in the assignment")
+        assert any(gone in reps for per in back.stores.values() for reps in per)
+        # Every map the router saw named a whole assignment: each store's partitions all placed.
+        for seen in maps:
+            for name, per in seen.assignment.stores.items():
+                assert len(per) == STORES[name][0]
+    finally:
+        watcher.stop()
+        controller.stop()
+        for client in (*fleet, router_client, admin):
+            zk.close(client)
