@@ -90,6 +90,7 @@ def assign(
                 if m in alive:
                     holding_anywhere[m] += 1
     # per store: replica sets, kept replicas, previous replicas, replica and preferred-replica targets
+    uneven = False  # whether some node's replicas ended above its target (see _even_out_totals)
     placed_of: dict[
         str, tuple[list[list[str]], list[list[str]], list[tuple[str, ...]], dict[str, int], dict[str, int]]
     ] = {}
@@ -162,9 +163,12 @@ def assign(
             assert chosen is not None
             around = [[lead, *(m for m in reps if m != lead)] for reps, lead in zip(kept, chosen, strict=True)]
             follower_target = {m: target[m] - lead_target[m] for m in members}
+            # A preferred replica on a node beyond its replica target: that node ends above it.
+            uneven = uneven or any(v < 0 for v in follower_target.values())
             placed = _place(around, r, follower_target, zone_of, fixed=1)
         placed_of[name] = (placed, kept, before, target, lead_target)
-    _even_out_totals(placed_of, members, zone_of)
+    if uneven:
+        _even_out_totals(placed_of, members, zone_of)
     if zones and len(set(zone_of.values())) > 1:
         # Then, where balance allows, moves and swaps that give a partition a zone it lacks. Every count is
         # its target now: the tallies start from the targets.
@@ -173,15 +177,16 @@ def assign(
         available = len(set(zone_of.values()))
         for name in order:
             placed, kept, _, target, lead_target = placed_of[name]
-            if any(len({zone_of[m] for m in reps}) < min(len(reps), available) for reps in placed):
+            short = [p for p, reps in enumerate(placed) if len({zone_of[m] for m in reps}) < min(len(reps), available)]
+            if short:
                 tallies = (totals, _Tally(members, target), leaders, _Tally(members, lead_target))
-                _spread_over_zones(placed, kept, zone_of, tallies)
+                _spread_over_zones(placed, kept, zone_of, tallies, short)
     out = {
         name: tuple(tuple(_ordered(reps, before[p])) for p, reps in enumerate(placed))
         for name, (placed, _, before, _, _) in placed_of.items()
     }
     result = Assignment(generation, {name: out[name] for name in names})
-    if not _balanced(stores, members, result) and sum(p * min(rf, n) for p, rf in stores.values()) <= EXACT_LIMIT:
+    if sum(p * min(rf, n) for p, rf in stores.values()) <= EXACT_LIMIT and not _balanced(stores, members, result):
         # Seats handed out store by store can paint themselves into a corner when a store has fewer replicas
         # than nodes (its extra preferred replicas must sit on its extra replicas, which earlier stores' seats
         # may have ruled out). Small clusters, where that happens, get the exact placement instead; in large
@@ -192,8 +197,10 @@ def assign(
     return result
 
 
-# Nodes the zone pass tries per replica it would move (see _spread_over_zones).
+# Nodes the zone pass tries per replica it would move, and passes over the partitions still short of a zone
+# (see _spread_over_zones): bounded work in large clusters.
 _ZONE_CANDIDATES = 64
+_ZONE_PASSES = 4
 
 
 def _spread_over_zones(
@@ -201,6 +208,7 @@ def _spread_over_zones(
     kept: Sequence[Sequence[str]],
     zone_of: Mapping[str, str],
     tallies: tuple[_Tally, _Tally, _Tally, _Tally],
+    short: Sequence[int],
 ) -> None:
     """Moves or swaps replicas of one store's partitions (`sets`, preferred replica first; changed in place)
     until no partition can gain a zone that way. For partition p with a replica on node a in a zone p
@@ -208,6 +216,7 @@ def _spread_over_zones(
       - a move gives a's replica of p to b;
       - a swap also gives b's replica of another partition q of the store to a, when q keeps as many zones
         as it had.
+    `short`: the partitions that lack a zone (the others are never touched).
     Either is taken only when every count (`tallies`: replicas over all stores, of this store, preferred
     replicas over all stores, of this store) keeps its spread across nodes within 1, or no worse than
     before: the placement's balance is kept. A swap in the same role changes no count at all. Of at most
@@ -286,10 +295,10 @@ def _spread_over_zones(
 
     # A step never takes a zone from a partition, so only the partitions short of zones at the start are
     # ever worked on; passes repeat while one of them gains a zone.
-    pending = [p for p, reps in enumerate(sets) if doubled(reps)]
-    changed = True
-    while changed:
-        changed = False
+    pending = [p for p in short if doubled(sets[p])]
+    changed, passes = True, 0
+    while changed and passes < _ZONE_PASSES:
+        changed, passes = False, passes + 1
         for p in pending:
             for pos in doubled(sets[p]):
                 step = best_step(p, pos)
@@ -441,6 +450,8 @@ def _ordered(reps: Sequence[str], before: Sequence[str]) -> list[str]:
     stays next), new ones last by name."""
     if not reps:
         return []
+    if tuple(reps) == tuple(before):
+        return list(reps)  # unchanged (most partitions, after a change elsewhere)
     rank = {m: i for i, m in enumerate(before)}
     return [reps[0], *sorted(reps[1:], key=lambda m: (rank.get(m, len(rank)), m))]
 
@@ -515,11 +526,13 @@ class _Seats:
         for m in self._members:
             if self._count[m] < floor:
                 take(m)
-        order = sorted(prefer, key=lambda m: (-rank.get(m, 0), m))
-        order += _taking_turns(self._members, lambda m: self._count[m], busy, zone_of)
-        for m in order:
+        for m in sorted(prefer, key=lambda m: (-rank.get(m, 0), m)):
             if len(chosen) < k and free(m):
                 take(m)
+        if len(chosen) < k:
+            for m in _taking_turns(self._members, lambda m: self._count[m], busy, zone_of):
+                if len(chosen) < k and free(m):
+                    take(m)
         return chosen
 
 
