@@ -285,16 +285,30 @@ class PartitionMap:
         generation: int = 0,
         built_at: float | None = None,
     ) -> PartitionMap:
+        # One pass over the serving records (not one per store), one Endpoint per node and version.
+        holders: dict[str, dict[int, list[Endpoint]]] = {name: {} for name in stores}
+        for record in serving.values():
+            endpoints: dict[int, Endpoint] = {}
+            for name, partitions in record.stores.items():
+                per_store = holders.get(name)
+                if per_store is None:
+                    continue
+                limit = stores[name].partitions
+                for partition, version in partitions.items():
+                    if 0 <= partition < limit:
+                        ep = endpoints.get(version)
+                        if ep is None:
+                            ep = endpoints[version] = Endpoint(record.node_id, record.url, version)
+                        per_store.setdefault(partition, []).append(ep)
         routes: dict[str, tuple[tuple[Endpoint, ...], ...]] = {}
         for name, store in stores.items():
-            per_partition: list[list[Endpoint]] = [[] for _ in range(store.partitions)]
-            for record in serving.values():
-                for partition, version in record.stores.get(name, {}).items():
-                    if 0 <= partition < store.partitions:
-                        per_partition[partition].append(Endpoint(record.node_id, record.url, version))
+            per_store = holders[name]
+            replicas = assignment.stores.get(name, ())
             routes[name] = tuple(
-                _routable(eps, store.version, assignment.replicas(name, p))
-                for p, eps in enumerate(per_partition)
+                _routable(per_store[p], store.version, replicas[p] if p < len(replicas) else ())
+                if p in per_store
+                else ()
+                for p in range(store.partitions)
             )
         return cls(
             stores=MappingProxyType(dict(stores)),
@@ -430,6 +444,8 @@ def _routable(endpoints: list[Endpoint], published: int, assigned: tuple[str, ..
     """
     if not endpoints:
         return ()
+    if len(endpoints) == 1:
+        return (endpoints[0],)  # its version is the only one served
     versions = {ep.version for ep in endpoints}
     chosen = published if published in versions else max(versions)
     rank = {node_id: i for i, node_id in enumerate(assigned)}

@@ -7,8 +7,8 @@ The controller writes the store records that changed first, then the root (last,
 checks it still leads): a store record is written whole, and the root says which generation of each store
 record belongs to the assignment it names. A reader that finds a store record at another generation than
 the root lists is looking at a write in progress; it keeps what it had and reads again when the root
-changes (its watch fires). At 1,000 partitions x 3 replicas a store record is about 15 KB, whatever the
-number of stores or nodes.
+changes (its watch fires). A store record's size is bounded by the store's own partitions (node ids are
+written once), whatever the number of stores.
 
 Before this layout the whole assignment was one record at /assignment (keyroute.core.zk_layout.ASSIGNMENT);
 it is read when /placement does not exist yet, so the first controller after an upgrade starts from it.
