@@ -31,6 +31,7 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 
 from keyroute.core.metrics import retire
+from keyroute.http.server import url_of
 from keyroute.router.metrics import share_across_workers
 
 log = logging.getLogger(__name__)
@@ -89,8 +90,7 @@ def run(serve: Serve, workers: int, sock: socket.socket) -> int:
             )
             process.start()
             processes.append(process)
-        host, port = sock.getsockname()[:2]
-        where = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        where = url_of(sock)
         pids = ", ".join(str(p.pid) for p in processes)
         log.info("router is listening on %s with %d worker processes (%s)", where, workers, pids)
         failed: BaseProcess | None = None

@@ -1069,7 +1069,8 @@ class _Connection(asyncio.Protocol):
             self._transport.abort()
 
 
-def _url_of(sock: socket.socket) -> str:
+def url_of(sock: socket.socket) -> str:
+    """The http:// address a listening socket answers on."""
     host, port = sock.getsockname()[:2]
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
@@ -1265,7 +1266,7 @@ class HttpServer:
             logging.INFO if owned else logging.DEBUG,
             "%s is listening on %s",
             self.name,
-            ", ".join(_url_of(s) for server in self._servers for s in server.sockets),
+            ", ".join(url_of(s) for server in self._servers for s in server.sockets),
         )
 
     def _app_state(self) -> Any:
