@@ -1,4 +1,4 @@
-"""Keeps a PartitionMap current from ZooKeeper watches (pushed, not polled).
+"""Keeps a PartitionMap current from ZooKeeper watches (pushed, not polled), in proportion to each change.
 
 States of the ZooKeeper connection and what the watcher does in each:
 
@@ -6,11 +6,19 @@ States of the ZooKeeper connection and what the watcher does in each:
     SUSPENDED  -> keep the last map, republish it marked stale (keep serving, say so)
     LOST       -> same as SUSPENDED; on the next CONNECTED the session is new, so everything is re-read
 
-Watch callbacks run on kazoo's threads and must not block: they only mark the map dirty. One worker
-thread does the reading and hands each new immutable map to `on_map` (the caller moves it onto its
-event loop, e.g. with `loop.call_soon_threadsafe`). `refresh()` asks for a read at once (a node told a
-router that its view is stale). `hold_watches()` is a fault injection for tests: it makes the view stale
-on purpose by ignoring watch events, as if their delivery were delayed.
+Between reconnects every record has a watch of its own (each listing too), and an event re-reads only what
+it names: a node's serving record changing costs one read, one parse and the routes of that node's
+partitions (keyroute.core.partition_map.MapBuilder), not the cluster. The assignment is read through its
+root: only the store records whose generation it changed are read again. Records whose bytes did not
+change are not parsed again.
+
+Watch callbacks run on kazoo's threads and must not block: they only note the path and wake the worker.
+One worker thread does the reading and hands each new immutable map to `on_map` (the caller moves it onto
+its event loop, e.g. with `loop.call_soon_threadsafe`). Events that arrive while it reads are taken
+together on its next turn: a burst of changes (a rolling restart) costs one map per turn, not one per
+change. `refresh()` asks for a whole re-read at once (a node told a router that its view is stale), as
+does the safety refresh (every minute by default). `hold_watches()` is a fault injection for tests: it
+makes the view stale on purpose by ignoring watch events, as if their delivery were delayed.
 
 The watcher only reads, so a router may hold a read-only ZooKeeper identity: a path that does not exist
 yet is watched with `exists` until it is created; a record this identity may not read is left out of the
@@ -27,12 +35,12 @@ from typing import Any
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoAuthError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
-from kazoo.protocol.states import ZnodeStat
+from kazoo.protocol.states import WatchedEvent, ZnodeStat
 
 from keyroute.core import placement_records, zk_layout
 from keyroute.core.partition_map import (
-    EMPTY_ASSIGNMENT,
     Assignment,
+    MapBuilder,
     NodeRecord,
     PartitionMap,
     RecordError,
@@ -45,6 +53,13 @@ log = logging.getLogger(__name__)
 # A read that has not answered by then is treated like a dropped connection (the map is kept, stale).
 _READ_TIMEOUT_S = 30.0
 _RETRY_READ_S = 1.0
+
+
+_PARENTS = (zk_layout.STORES, zk_layout.NODES, zk_layout.SERVING)
+# What an event asks the worker to read again.
+_LISTING = "listing"  # the children of a parent
+_RECORD = "record"  # one record under a parent
+_PLACEMENT = "placement"  # the assignment (its root, or the legacy single record)
 
 
 class MapWatcher:
@@ -66,7 +81,20 @@ class MapWatcher:
         self._connected = False
         self._watches_held = False
         self._watch_missed = False
+        # What watch events named since the worker's last turn, and whether to re-read everything.
+        self._events_lock = threading.Lock()
+        self._events: set[tuple[str, str]] = set()
+        self._resync = True
         self.reads = 0  # maps read from ZooKeeper (for tests and benchmarks)
+        self.full_reads = 0  # of which whole re-reads
+        # The worker's own state: the records as last read, and the bytes they were parsed from.
+        self._builder = MapBuilder()
+        self._names: dict[str, set[str]] = {parent: set() for parent in _PARENTS}
+        self._raw: dict[str, bytes] = {}
+        self._placement_root: bytes | None = None
+        self._placement_parts: dict[str, tuple[int, tuple[tuple[str, ...], ...]]] = {}
+        self._legacy_assignment: bytes | None = None
+        self._generation = 0
         self._thread = threading.Thread(target=self._run, name="keyroute-map-watcher", daemon=True)
         self._current = PartitionMap.empty().marked_stale(True)
         self._listener = self._on_state
@@ -88,7 +116,8 @@ class MapWatcher:
             self._thread.join(timeout=5.0)
 
     def refresh(self) -> None:
-        """Re-read now (e.g. a node told us our view is stale)."""
+        """Re-read everything now (e.g. a node told us our view is stale)."""
+        self._resync = True
         self._dirty.set()
 
     def hold_watches(self) -> None:
@@ -101,22 +130,34 @@ class MapWatcher:
         self._watches_held = False
         if self._watch_missed:
             self._watch_missed = False
-            self._dirty.set()
+            self.refresh()
 
     def _on_state(self, state: str) -> None:
         # Runs on kazoo's connection thread: flag and hand over, never block on ZooKeeper.
         if state == KazooState.CONNECTED:
             self._connected = True
-            self._dirty.set()
+            self.refresh()  # watches set before a lost session are gone: read (and watch) everything again
         else:
             self._connected = False
             with self._publish_lock:
                 self._publish(self._current.marked_stale(True))
 
-    def _on_watch(self, *_event: Any) -> None:
+    def _on_watch(self, event: WatchedEvent | None = None) -> None:
         if self._watches_held:
             self._watch_missed = True
             return
+        path = getattr(event, "path", None)
+        if not path:
+            self.refresh()
+            return
+        if path in _PARENTS:
+            what = (_LISTING, path)
+        elif path in (zk_layout.PLACEMENT, zk_layout.ASSIGNMENT):
+            what = (_PLACEMENT, "")
+        else:
+            what = (_RECORD, path)
+        with self._events_lock:
+            self._events.add(what)
         self._dirty.set()
 
     def _publish(self, new_map: PartitionMap) -> None:
@@ -129,6 +170,7 @@ class MapWatcher:
     def _run(self) -> None:
         while not self._stopped.is_set():
             if not self._dirty.wait(timeout=self._safety_refresh_s):
+                self._resync = True
                 self._dirty.set()
             if self._stopped.is_set():
                 return
@@ -141,108 +183,200 @@ class MapWatcher:
                 self.reads += 1
             except (KazooException, KazooTimeoutError) as exc:
                 log.warning("reading the partition map failed (%r); serving the last one, marked stale", exc)
+                self._resync = True  # what the failed read was to bring is re-read whole
                 with self._publish_lock:
                     self._publish(self._current.marked_stale(True))
                 if self._client.connected:  # still connected: no reconnect event will ask again
                     self._stopped.wait(_RETRY_READ_S)
                     self._dirty.set()
                 continue
+            if new_map is None:
+                continue  # the events named nothing that changed
             with self._publish_lock:
                 # The connection may have dropped while reading: then the new map is already stale.
                 self._publish(new_map.marked_stale(not self._connected))
 
-    def _read(self) -> PartitionMap:
-        """Every record, in two pipelined rounds (the four roots, then every child), so a re-read costs
-        two round trips to ZooKeeper rather than one per record. Each read re-arms its watch."""
+    # -- reading -----------------------------------------------------------------------------------
+
+    def _read(self) -> PartitionMap | None:
+        """The next map: everything re-read when asked (or after a failure), else what the events named."""
+        with self._events_lock:
+            events, self._events = self._events, set()
+        if self._resync:
+            self._resync = False
+            self.full_reads += 1
+            return self._read_all()
+        if not events:
+            return None
+        return self._read_events(events)
+
+    def _settle(self, path: str, pending: Any, record: bool = False) -> tuple[Any, ZnodeStat] | None:
+        """A pending read's (value, stat), or None when the path does not exist (or, for a record, may not
+        be read by this identity)."""
+        try:
+            value, stat = pending.get(timeout=_READ_TIMEOUT_S)
+        except NoNodeError:
+            if not record and self._client.exists(path, watch=self._on_watch) is not None:
+                # A root created since the read: read it (and watch it) on the next turn.
+                self._on_watch(_Created(path))
+            return None
+        except NoAuthError:
+            if not record:
+                raise  # a root this identity may not read: keep the last map, stale, and retry
+            # One record a writer created without granting this identity READ: the rest of the map
+            # is still right, so route on it and say what is missing.
+            log.warning("ZooKeeper denies reading %s to this identity; ignoring it", path)
+            return None
+        self._generation = max(self._generation, stat.mzxid, stat.pzxid)
+        return value, stat
+
+    def _read_all(self) -> PartitionMap:
+        """Every record, in two pipelined rounds (the roots, then every child), so a re-read costs two round
+        trips to ZooKeeper rather than one per record. Each read re-arms its watch. Records whose bytes are
+        unchanged keep their parsed value."""
         zk = self._client
         watch = self._on_watch
-        stats: list[ZnodeStat] = []
-
-        def settle(path: str, pending: Any, record: bool = False) -> Any:
-            try:
-                value, stat = pending.get(timeout=_READ_TIMEOUT_S)
-            except NoNodeError:
-                # Readers never write (a router may hold a read-only identity): watch for its creation.
-                if zk.exists(path, watch=watch) is not None:
-                    self._dirty.set()  # created since the read: its listing needs a watch of its own
-                return None
-            except NoAuthError:
-                if not record:
-                    raise  # a root this identity may not read: keep the last map, stale, and retry
-                # One record a writer created without granting this identity READ: the rest of the map
-                # is still right, so route on it and say what is missing.
-                log.warning("ZooKeeper denies reading %s to this identity; ignoring it", path)
-                return None
-            stats.append(stat)
-            return value
-
-        parents = (zk_layout.STORES, zk_layout.NODES, zk_layout.SERVING)
-        listing = {path: zk.get_children_async(path, watch=watch, include_data=True) for path in parents}
-        # The assignment: its root (watched: every new assignment rewrites it), then the store records it
-        # names (read without a watch, in the second round).
-        placement_read = zk.get_async(zk_layout.PLACEMENT, watch=watch)
-        names = {path: sorted(settle(path, pending) or ()) for path, pending in listing.items()}
-        records = {
-            (parent, name): zk.get_async(f"{parent}/{name}", watch=watch)
-            for parent in parents
-            for name in names[parent]
+        listing = {path: zk.get_children_async(path, watch=watch, include_data=True) for path in _PARENTS}
+        placement = self._start_placement()
+        names: dict[str, set[str]] = {}
+        for parent, pending in listing.items():
+            settled = self._settle(parent, pending)
+            names[parent] = set(settled[0]) if settled else set()
+        reads = {
+            f"{parent}/{name}": zk.get_async(f"{parent}/{name}", watch=watch)
+            for parent in _PARENTS
+            for name in sorted(names[parent])
         }
-        raw_root = settle(zk_layout.PLACEMENT, placement_read)
-        legacy_read = None
-        placement: dict[str, Any] = {}
-        if raw_root:
-            try:
-                wanted = placement_records.parse_root(raw_root)[1]
-                placement = {store: zk.get_async(zk_layout.placement_path(store)) for store in wanted}
-            except RecordError as exc:
-                log.warning("ignoring the assignment: %s", exc)
-        else:
+        self._finish_placement(placement)
+        for parent in _PARENTS:
+            for name in self._names[parent] - names[parent]:
+                self._forget(parent, name)
+            self._names[parent] = names[parent]
+        for path, pending in reads.items():
+            self._take(path, self._settle(path, pending, record=True))
+        return self._builder.build(self._generation)
+
+    def _read_events(self, events: set[tuple[str, str]]) -> PartitionMap:
+        zk = self._client
+        watch = self._on_watch
+        listing = {
+            path: zk.get_children_async(path, watch=watch, include_data=True)
+            for kind, path in events
+            if kind == _LISTING
+        }
+        placement = self._start_placement() if (_PLACEMENT, "") in events else None
+        wanted = {path for kind, path in events if kind == _RECORD}
+        for parent, pending in listing.items():
+            settled = self._settle(parent, pending)
+            names = set(settled[0]) if settled else set()
+            for name in self._names[parent] - names:
+                self._forget(parent, name)
+            wanted.update(f"{parent}/{name}" for name in names - self._names[parent])
+            self._names[parent] = names
+        reads = {}
+        for path in sorted(wanted):
+            parent, _, name = path.rpartition("/")
+            if name in self._names.get(parent, ()):  # else gone (or not listed yet: its listing brings it)
+                reads[path] = zk.get_async(path, watch=watch)
+        if placement is not None:
+            self._finish_placement(placement)
+        for path, pending in reads.items():
+            self._take(path, self._settle(path, pending, record=True))
+        return self._builder.build(self._generation)
+
+    def _forget(self, parent: str, name: str) -> None:
+        self._raw.pop(f"{parent}/{name}", None)
+        self._set(parent, name, None)
+
+    def _take(self, path: str, settled: tuple[Any, ZnodeStat] | None) -> None:
+        """One record as read (None: gone, or not readable by this identity)."""
+        parent, _, name = path.rpartition("/")
+        data = settled[0] if settled else None
+        if not data:
+            self._raw.pop(path, None)
+            self._set(parent, name, None)
+            return
+        if self._raw.get(path) == data:
+            return  # unchanged: keep what it was parsed into
+        self._raw[path] = data
+        try:
+            if parent == zk_layout.STORES:
+                self._builder.set_store(name, StoreRecord.from_json(data))
+            elif parent == zk_layout.NODES:
+                self._builder.set_node(name, NodeRecord.from_json(data))
+            else:
+                self._builder.set_serving(name, ServingRecord.from_json(data))
+        except RecordError as exc:
+            what = {zk_layout.STORES: "store", zk_layout.NODES: "node"}.get(parent, "serving record of")
+            log.warning("ignoring %s %s: %s", what, name, exc)
+            self._set(parent, name, None)
+
+    def _set(self, parent: str, name: str, record: None) -> None:
+        if parent == zk_layout.STORES:
+            self._builder.set_store(name, record)
+        elif parent == zk_layout.NODES:
+            self._builder.set_node(name, record)
+        elif parent == zk_layout.SERVING:
+            self._builder.set_serving(name, record)
+
+    # -- the assignment ----------------------------------------------------------------------------
+
+    def _start_placement(self) -> Any:
+        """Ask for the assignment's root (watched: every new assignment rewrites it)."""
+        return self._client.get_async(zk_layout.PLACEMENT, watch=self._on_watch)
+
+    def _finish_placement(self, pending: Any) -> None:
+        """Read the store records the root names at a generation not held yet (without a watch: the root's
+        fires for every new assignment), or the legacy single record when there is no root yet."""
+        zk = self._client
+        settled = self._settle(zk_layout.PLACEMENT, pending)
+        raw_root = settled[0] if settled else None
+        if not raw_root:
             # Written by a controller of the layout before /placement (an upgrade in progress).
-            legacy_read = zk.get_async(zk_layout.ASSIGNMENT, watch=watch)
-        raw = {key: settle(f"{key[0]}/{key[1]}", pending, record=True) for key, pending in records.items()}
-
-        stores: dict[str, StoreRecord] = {}
-        for name in names[zk_layout.STORES]:
-            if data := raw[(zk_layout.STORES, name)]:
+            self._placement_root = None
+            legacy = self._settle(zk_layout.ASSIGNMENT, zk.get_async(zk_layout.ASSIGNMENT, watch=self._on_watch))
+            raw_legacy = legacy[0] if legacy else None
+            if raw_legacy and raw_legacy != self._legacy_assignment:
                 try:
-                    stores[name] = StoreRecord.from_json(data)
-                except RecordError as exc:
-                    log.warning("ignoring store %s: %s", name, exc)
-
-        nodes: dict[str, NodeRecord] = {}
-        for node_id in names[zk_layout.NODES]:
-            if data := raw[(zk_layout.NODES, node_id)]:
-                try:
-                    nodes[node_id] = NodeRecord.from_json(data)
-                except RecordError as exc:
-                    log.warning("ignoring node %s: %s", node_id, exc)
-
-        assignment = EMPTY_ASSIGNMENT
-        if legacy_read is not None:
-            if raw_legacy := settle(zk_layout.ASSIGNMENT, legacy_read):
-                try:
-                    assignment = Assignment.from_json(raw_legacy)
+                    self._builder.set_assignment(Assignment.from_json(raw_legacy))
+                    self._legacy_assignment = raw_legacy
                 except RecordError as exc:
                     log.warning("ignoring the assignment: %s", exc)
-        elif raw_root:
-            parts = {store: settle(zk_layout.placement_path(store), p, record=True) for store, p in placement.items()}
-            try:
-                assignment = placement_records.assemble(raw_root, parts)
-            except placement_records.InProgress:
+            return
+        self._legacy_assignment = None
+        if raw_root == self._placement_root:
+            return
+        try:
+            generation, wanted = placement_records.parse_root(raw_root)
+        except RecordError as exc:
+            log.warning("ignoring the assignment: %s", exc)
+            return
+        parts = self._placement_parts
+        missing = [store for store, g in wanted.items() if parts.get(store, (None,))[0] != g]
+        reads = {store: zk.get_async(zk_layout.placement_path(store)) for store in missing}
+        fresh: dict[str, tuple[int, tuple[tuple[str, ...], ...]]] = {}
+        for store, read in reads.items():
+            settled_part = self._settle(zk_layout.placement_path(store), read, record=True)
+            if not settled_part or not settled_part[0]:
                 # A controller is writing the next assignment: keep the one we have; the root's watch
                 # fires once it is complete.
-                assignment = self._current.assignment
+                return
+            try:
+                fresh[store] = placement_records.parse_store_record(settled_part[0])
             except RecordError as exc:
                 log.warning("ignoring the assignment: %s", exc)
-                assignment = self._current.assignment
+                return
+            if fresh[store][0] != wanted[store]:
+                return  # written ahead of (or behind) the root: in progress, as above
+        parts.update(fresh)
+        for store in [store for store in parts if store not in wanted]:
+            del parts[store]
+        self._placement_root = raw_root
+        self._builder.set_assignment(Assignment(generation, {store: parts[store][1] for store in wanted}))
 
-        serving: dict[str, ServingRecord] = {}
-        for node_id in names[zk_layout.SERVING]:
-            if data := raw[(zk_layout.SERVING, node_id)]:
-                try:
-                    serving[node_id] = ServingRecord.from_json(data)
-                except RecordError as exc:
-                    log.warning("ignoring serving record of %s: %s", node_id, exc)
 
-        generation = max((max(s.mzxid, s.pzxid) for s in stats), default=0)
-        return PartitionMap.build(stores, nodes, assignment, serving, generation=generation)
+class _Created:
+    """A stand-in watch event: `path` was created."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path

@@ -2,10 +2,14 @@
 
 Every record is a frozen value serialised as JSON in ZooKeeper. `PartitionMap` joins them into one
 immutable snapshot with routes precomputed, replaced whole whenever ZooKeeper changes; readers never lock.
+`MapBuilder` derives each new snapshot from the last one: a change recomputes only the routes it touches
+(one node's serving record: that node's partitions), and says which in `PartitionMap.delta`, so what is
+derived from a map downstream (a router's routing table) can follow in proportion to the change too.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Mapping
@@ -164,6 +168,9 @@ class Assignment:
 
     generation: int
     stores: Mapping[str, tuple[tuple[str, ...], ...]] = field(default_factory=dict)
+    # Per store, each node's partitions there: built on first use, as the same assignment is asked again
+    # on every map until the controller writes a new one (a map changes far more often than the assignment).
+    _by_node: dict[str, dict[str, frozenset[int]]] = field(default_factory=dict, compare=False, repr=False)
 
     def replicas(self, store: str, partition: int) -> tuple[str, ...]:
         per_partition = self.stores.get(store, ())
@@ -172,7 +179,15 @@ class Assignment:
     def partitions_of(self, node_id: str) -> dict[str, frozenset[int]]:
         owned: dict[str, frozenset[int]] = {}
         for store, per_partition in self.stores.items():
-            mine = frozenset(p for p, nodes in enumerate(per_partition) if node_id in nodes)
+            index = self._by_node.get(store)
+            if index is None:
+                collected: dict[str, set[int]] = {}
+                for p, nodes in enumerate(per_partition):
+                    for n in nodes:
+                        collected.setdefault(n, set()).add(p)
+                index = {n: frozenset(ps) for n, ps in collected.items()}
+                self._by_node[store] = index  # a race only builds the same index twice
+            mine = index.get(node_id)
             if mine:
                 owned[store] = mine
         return owned
@@ -274,6 +289,11 @@ class PartitionMap:
     built_at: float = 0.0
     stale: bool = False
     routes: Mapping[str, tuple[tuple[Endpoint, ...], ...]] = field(default_factory=dict)
+    # Identifies this map within the process; `delta` (None: built from scratch) names the map it was
+    # derived from and what may route differently since.
+    seq: int = field(default_factory=lambda: next(_SEQ), compare=False)
+    delta: MapDelta | None = field(default=None, compare=False)
+    _memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(
@@ -285,46 +305,22 @@ class PartitionMap:
         generation: int = 0,
         built_at: float | None = None,
     ) -> PartitionMap:
-        # One pass over the serving records (not one per store), one Endpoint per node and version.
-        holders: dict[str, dict[int, list[Endpoint]]] = {name: {} for name in stores}
-        for record in serving.values():
-            endpoints: dict[int, Endpoint] = {}
-            for name, partitions in record.stores.items():
-                per_store = holders.get(name)
-                if per_store is None:
-                    continue
-                limit = stores[name].partitions
-                for partition, version in partitions.items():
-                    if 0 <= partition < limit:
-                        ep = endpoints.get(version)
-                        if ep is None:
-                            ep = endpoints[version] = Endpoint(record.node_id, record.url, version)
-                        per_store.setdefault(partition, []).append(ep)
-        routes: dict[str, tuple[tuple[Endpoint, ...], ...]] = {}
+        builder = MapBuilder()
         for name, store in stores.items():
-            per_store = holders[name]
-            replicas = assignment.stores.get(name, ())
-            routes[name] = tuple(
-                _routable(per_store[p], store.version, replicas[p] if p < len(replicas) else ())
-                if p in per_store
-                else ()
-                for p in range(store.partitions)
-            )
-        return cls(
-            stores=MappingProxyType(dict(stores)),
-            nodes=MappingProxyType(dict(nodes)),
-            assignment=assignment,
-            serving=MappingProxyType(dict(serving)),
-            generation=generation,
-            built_at=time.time() if built_at is None else built_at,
-            routes=MappingProxyType(routes),
-        )
+            builder.set_store(name, store)
+        for node_id, node in nodes.items():
+            builder.set_node(node_id, node)
+        for node_id, record in serving.items():
+            builder.set_serving(node_id, record)
+        builder.set_assignment(assignment)
+        return builder.build(generation, built_at)
 
     @classmethod
     def empty(cls) -> PartitionMap:
         return cls.build({}, {}, EMPTY_ASSIGNMENT, {})
 
     def marked_stale(self, stale: bool) -> PartitionMap:
+        """The same map, saying whether it may be out of date (derived from this one: nothing routes differently)."""
         if stale == self.stale:
             return self
         return PartitionMap(
@@ -336,6 +332,7 @@ class PartitionMap:
             self.built_at,
             stale,
             self.routes,
+            delta=MapDelta(self.seq, MappingProxyType({})),
         )
 
     def serving_endpoints(self, store: str, partition: int) -> tuple[Endpoint, ...]:
@@ -355,7 +352,10 @@ class PartitionMap:
 
     def live_nodes(self) -> frozenset[str]:
         """Registered nodes that are not leaving: the ones the controller assigns partitions to."""
-        return frozenset(node_id for node_id, record in self.nodes.items() if not record.leaving)
+        live = self._memo.get("live_nodes")
+        if live is None:
+            live = self._memo["live_nodes"] = frozenset(n for n, record in self.nodes.items() if not record.leaving)
+        return live
 
     def served_elsewhere(self, store: str, partition: int, node_id: str) -> bool:
         """Whether every live node assigned the partition (other than `node_id`, and at least one) serves
@@ -379,10 +379,13 @@ class PartitionMap:
     @property
     def complete(self) -> bool:
         """Every partition of every store is served by at least one node."""
-        return bool(self.stores) and all(
-            all(eps for eps in self.routes.get(name, ())) and len(self.routes.get(name, ())) == s.partitions
-            for name, s in self.stores.items()
-        )
+        return bool(self.stores) and all(self.store_complete(name) for name in self.stores)
+
+    def store_complete(self, name: str) -> bool:
+        """Every partition of the store is served by at least one node."""
+        store = self.stores.get(name)
+        routes = self.routes.get(name, ())
+        return store is not None and len(routes) == store.partitions and all(routes)
 
     def describe(self, now: float | None = None) -> dict[str, Any]:
         """The operator's view served at /admin/partition-map."""
@@ -434,7 +437,222 @@ class PartitionMap:
         }
 
 
-def _routable(endpoints: list[Endpoint], published: int, assigned: tuple[str, ...]) -> tuple[Endpoint, ...]:
+_SEQ = itertools.count(1)
+
+
+@dataclass(frozen=True, slots=True)
+class MapDelta:
+    """What may route differently in a map than in the map it was derived from (`parent`, a `seq`).
+
+    `stores[name]` is the set of partitions of that store whose routes were recomputed, or None when the
+    whole store was (its record came, went or changed shape or version). A store not named kept its routes
+    (the very same tuples). Records that do not route (a node's zone, a store's retained versions) may have
+    changed without a mention here."""
+
+    parent: int
+    stores: Mapping[str, frozenset[int] | None]
+
+
+class MapBuilder:
+    """The records of one cluster, and the routes they give, kept up to date one record at a time.
+
+    `build()` returns an immutable `PartitionMap`; the next `build()` recomputes only the routes of the
+    partitions whose holders, assigned replicas, store version or shape changed since the last one: a
+    change to one node's serving record costs in proportion to that node's partitions, not the cluster.
+    Not thread-safe: one thread (the map watcher's) owns a builder.
+    """
+
+    def __init__(self) -> None:
+        self._stores: dict[str, StoreRecord] = {}
+        self._nodes: dict[str, NodeRecord] = {}
+        self._serving: dict[str, ServingRecord] = {}
+        self._assignment = EMPTY_ASSIGNMENT
+        # holders[store][partition][node_id]: the endpoint of each node holding the partition (any store
+        # name and partition a node announces: a store record may come or grow later).
+        self._holders: dict[str, dict[int, dict[str, Endpoint]]] = {}
+        self._endpoints: dict[str, dict[int, Endpoint]] = {}  # one Endpoint per node and version
+        self._routes: dict[str, tuple[tuple[Endpoint, ...], ...]] = {}
+        self._dirty: dict[str, set[int] | None] = {}
+        self._last: PartitionMap | None = None
+
+    @property
+    def stores(self) -> Mapping[str, StoreRecord]:
+        return self._stores
+
+    @property
+    def nodes(self) -> Mapping[str, NodeRecord]:
+        return self._nodes
+
+    @property
+    def serving(self) -> Mapping[str, ServingRecord]:
+        return self._serving
+
+    @property
+    def assignment(self) -> Assignment:
+        return self._assignment
+
+    def _touch(self, store: str, partition: int | None) -> None:
+        """Mark a partition's routes (None: the whole store's) to be recomputed by the next build."""
+        if store not in self._dirty:
+            self._dirty[store] = None if partition is None else {partition}
+            return
+        dirty = self._dirty[store]
+        if dirty is None:
+            return
+        if partition is None:
+            self._dirty[store] = None
+        else:
+            dirty.add(partition)
+
+    def set_store(self, name: str, record: StoreRecord | None) -> None:
+        old = self._stores.get(name)
+        if record is None:
+            if old is not None:
+                del self._stores[name]
+                self._touch(name, None)
+            return
+        self._stores[name] = record
+        if (
+            old is None
+            or old.partitions != record.partitions
+            or old.version != record.version
+            or old.partitioner != record.partitioner
+            or old.key_format != record.key_format
+        ):
+            self._touch(name, None)
+
+    def set_node(self, node_id: str, record: NodeRecord | None) -> None:
+        if record is None:
+            self._nodes.pop(node_id, None)
+        else:
+            self._nodes[node_id] = record
+
+    def set_serving(self, node_id: str, record: ServingRecord | None) -> None:
+        old = self._serving.get(node_id)
+        if record is None:
+            if old is not None:
+                del self._serving[node_id]
+                self._drop_holder(old, old.stores)
+                self._endpoints.pop(node_id, None)
+            return
+        self._serving[node_id] = record
+        if old is None or old.url != record.url or old.node_id != record.node_id:
+            if old is not None:
+                self._drop_holder(old, old.stores)
+                self._endpoints.pop(node_id, None)
+            self._add_holder(record, record.stores)
+            return
+        if old.stores == record.stores:
+            return
+        for name in old.stores.keys() | record.stores.keys():
+            before = old.stores.get(name, {})
+            after = record.stores.get(name, {})
+            if before == after:
+                continue
+            gone = {p: v for p, v in before.items() if after.get(p) != v}
+            came = {p: v for p, v in after.items() if before.get(p) != v}
+            self._drop_holder(old, {name: gone})
+            self._add_holder(record, {name: came})
+
+    def _drop_holder(self, record: ServingRecord, stores: Mapping[str, Mapping[int, int]]) -> None:
+        for name, partitions in stores.items():
+            per_store = self._holders.get(name)
+            if per_store is None:
+                continue
+            for partition in partitions:
+                held = per_store.get(partition)
+                if held is not None and held.pop(record.node_id, None) is not None:
+                    if not held:
+                        del per_store[partition]
+                    self._touch(name, partition)
+            if not per_store:
+                del self._holders[name]
+
+    def _add_holder(self, record: ServingRecord, stores: Mapping[str, Mapping[int, int]]) -> None:
+        endpoints = self._endpoints.setdefault(record.node_id, {})
+        node_id = record.node_id
+        for name, partitions in stores.items():
+            if not partitions:
+                continue
+            per_store = self._holders.setdefault(name, {})
+            for partition, version in partitions.items():
+                if partition < 0:
+                    continue
+                ep = endpoints.get(version)
+                if ep is None:
+                    ep = endpoints[version] = Endpoint(node_id, record.url, version)
+                held = per_store.get(partition)
+                if held is None:
+                    per_store[partition] = {node_id: ep}
+                else:
+                    held[node_id] = ep
+                self._touch(name, partition)
+
+    def set_assignment(self, assignment: Assignment) -> None:
+        old = self._assignment
+        self._assignment = assignment
+        if old is assignment:
+            return
+        for name in old.stores.keys() | assignment.stores.keys():
+            before = old.stores.get(name, ())
+            after = assignment.stores.get(name, ())
+            if before is after:
+                continue
+            if len(before) != len(after):
+                self._touch(name, None)
+                continue
+            for p, (was, now) in enumerate(zip(before, after, strict=True)):
+                if was != now:
+                    self._touch(name, p)
+
+    def build(self, generation: int = 0, built_at: float | None = None) -> PartitionMap:
+        """The map of the records as they are now (derived from the last one built: see MapDelta)."""
+        routes = self._routes
+        changed: dict[str, frozenset[int] | None] = {}
+        for name, dirty in self._dirty.items():
+            store = self._stores.get(name)
+            if store is None:
+                if routes.pop(name, None) is not None:
+                    changed[name] = None
+                continue
+            held = self._holders.get(name, {})
+            replicas = self._assignment.stores.get(name, ())
+            version = store.version
+            current = routes.get(name)
+            if dirty is None or current is None or len(current) != store.partitions:
+                routes[name] = tuple(
+                    _routable(held[p], version, replicas[p] if p < len(replicas) else ()) if p in held else ()
+                    for p in range(store.partitions)
+                )
+                changed[name] = None
+                continue
+            inside = [p for p in dirty if p < store.partitions]
+            if not inside:
+                continue
+            per_partition = list(current)
+            for p in inside:
+                per_partition[p] = (
+                    _routable(held[p], version, replicas[p] if p < len(replicas) else ()) if p in held else ()
+                )
+            routes[name] = tuple(per_partition)
+            changed[name] = frozenset(inside)
+        self._dirty = {}
+        last = self._last
+        built = PartitionMap(
+            stores=MappingProxyType(dict(self._stores)),
+            nodes=MappingProxyType(dict(self._nodes)),
+            assignment=self._assignment,
+            serving=MappingProxyType(dict(self._serving)),
+            generation=generation,
+            built_at=time.time() if built_at is None else built_at,
+            routes=MappingProxyType(dict(routes)),
+            delta=None if last is None else MapDelta(last.seq, MappingProxyType(changed)),
+        )
+        self._last = built
+        return built
+
+
+def _routable(held: Mapping[str, Endpoint], published: int, assigned: tuple[str, ...]) -> tuple[Endpoint, ...]:
     """Only one version of a partition is routable at a time, so answers never mix versions.
 
     That is the published version when some node serves it, else the newest version served (a new
@@ -442,10 +660,11 @@ def _routable(endpoints: list[Endpoint], published: int, assigned: tuple[str, ..
     Within it, assigned replicas come first in assignment order (preferred replica first), then any
     other holder (a node still serving a partition it is handing over, e.g. one that is leaving).
     """
-    if not endpoints:
+    if not held:
         return ()
-    if len(endpoints) == 1:
-        return (endpoints[0],)  # its version is the only one served
+    if len(held) == 1:
+        return tuple(held.values())  # its version is the only one served
+    endpoints = held.values()
     versions = {ep.version for ep in endpoints}
     chosen = published if published in versions else max(versions)
     rank = {node_id: i for i, node_id in enumerate(assigned)}

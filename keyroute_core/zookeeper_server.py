@@ -98,6 +98,14 @@ def write_config(data_dir: Path, port: int, host: str = "127.0.0.1", tick_time_m
                 # Says that an unlimited number of connections is configured, which is what we asked for.
                 "logger.cnxn_limit.name = org.apache.zookeeper.server.ServerCnxnFactory",
                 "logger.cnxn_limit.level = error",
+                # A health probe (a four-letter word) that hangs up as soon as it has its answer races the
+                # server's own close of that socket, which then logs an ERROR with a stack trace: benign.
+                "logger.probe_close.name = org.apache.zookeeper.server.ServerCnxn",
+                "logger.probe_close.level = warn",
+                "logger.probe_close.filter.close.type = RegexFilter",
+                "logger.probe_close.filter.close.regex = Error closing a command socket.*",
+                "logger.probe_close.filter.close.onMatch = DENY",
+                "logger.probe_close.filter.close.onMismatch = NEUTRAL",
                 "",
             ]
         )

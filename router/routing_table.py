@@ -21,6 +21,17 @@ from keyroute.core.partitioner import Partitioner, murmur2, partition_for
 _StoreRoutes = tuple[int, bool, Partitioner, tuple[tuple[Endpoint, ...], ...]]
 
 
+def _store_routes(partition_map: PartitionMap, name: str) -> _StoreRoutes | None:
+    store = partition_map.stores[name]
+    if not 1 <= store.partitions <= 0x7FFFFFFF:
+        return None  # `resolve` raises what it must (Kafka's partition count is an int)
+    routes = partition_map.routes.get(name, ())
+    if len(routes) != store.partitions:
+        routes = tuple(routes[p] if p < len(routes) else () for p in range(store.partitions))
+    plain = store.key_format is KeyFormat.STRING and store.partitioner is Partitioner.MURMUR2
+    return (store.partitions, plain, store.partitioner, routes)
+
+
 @dataclass(frozen=True, slots=True)
 class RoutingTable:
     """Answers "which nodes serve this key?" from one partition map, with no ZooKeeper call.
@@ -45,6 +56,11 @@ class RoutingTable:
 
     @classmethod
     def of(cls, partition_map: PartitionMap, previous: RoutingTable | None = None) -> RoutingTable:
+        """The table of `partition_map`. Derived from `previous` in proportion to the change when the map was
+        derived from previous's map (its `delta` says which partitions may route differently), else whole."""
+        delta = partition_map.delta
+        if previous is not None and delta is not None and delta.parent == previous.map.seq:
+            return cls._derived(partition_map, previous, delta.stores)
         last_known: dict[tuple[str, int], tuple[Endpoint, ...]] = {}
         if previous is not None:
             for name, store in partition_map.stores.items():
@@ -56,27 +72,74 @@ class RoutingTable:
                         known = previous.map.serving_endpoints(name, p) or previous.last_known.get((name, p))
                         if known:
                             last_known[(name, p)] = known
-        complete_now = frozenset(
-            name
-            for name, store in partition_map.stores.items()
-            if len(partition_map.routes.get(name, ())) == store.partitions and all(partition_map.routes[name])
-        )
+        complete_now = frozenset(name for name in partition_map.stores if partition_map.store_complete(name))
         earlier = previous.ever_complete if previous is not None else frozenset()
+        reads = {name: routes for name in partition_map.stores if (routes := _store_routes(partition_map, name))}
+        return cls._made(partition_map, last_known, earlier, reads, complete_now)
+
+    @classmethod
+    def _derived(
+        cls, partition_map: PartitionMap, previous: RoutingTable, changed: Mapping[str, frozenset[int] | None]
+    ) -> RoutingTable:
+        before_map = previous.map
+        touched = changed.keys() | (before_map.stores.keys() ^ partition_map.stores.keys())
+        if not touched:
+            return cls(
+                partition_map,
+                previous.complete,
+                previous.last_known,
+                previous.ever_complete,
+                True,
+                previous.reads,
+                previous.complete_stores,
+            )
+        last_known = dict(previous.last_known)
+        complete_now = set(previous.complete_stores)
+        reads = dict(previous.reads)
+        for name in touched:
+            store = partition_map.stores.get(name)
+            before = before_map.stores.get(name)
+            if store is None or before is None or before.partitions != store.partitions:
+                # Gone, new or reshaped: nothing known of its partitions carries over (as in a whole build).
+                for key in [key for key in last_known if key[0] == name]:
+                    del last_known[key]
+            else:
+                routes = partition_map.routes.get(name, ())
+                partitions = changed.get(name)
+                for p in range(len(routes)) if partitions is None else partitions:
+                    if routes[p]:
+                        last_known.pop((name, p), None)
+                    elif known := before_map.serving_endpoints(name, p) or previous.last_known.get((name, p)):
+                        last_known[(name, p)] = known
+            if store is None:
+                reads.pop(name, None)
+                complete_now.discard(name)
+                continue
+            if partition_map.store_complete(name):
+                complete_now.add(name)
+            else:
+                complete_now.discard(name)
+            if (entry := _store_routes(partition_map, name)) is not None:
+                reads[name] = entry
+            else:
+                reads.pop(name, None)
+        return cls._made(partition_map, last_known, previous.ever_complete, reads, frozenset(complete_now))
+
+    @classmethod
+    def _made(
+        cls,
+        partition_map: PartitionMap,
+        last_known: dict[tuple[str, int], tuple[Endpoint, ...]],
+        earlier: frozenset[str],
+        reads: dict[str, _StoreRoutes],
+        complete_now: frozenset[str],
+    ) -> RoutingTable:
         ever = (earlier & frozenset(partition_map.stores)) | complete_now
+        complete = bool(partition_map.stores) and len(complete_now) == len(partition_map.stores)
         # Ready means this router can proxy: it has a map (from ZooKeeper, or the last one while ZooKeeper is
         # away). A partition without a serving replica answers its own 503s; it never takes a router (and
         # with it every partition that could be served) out of the load balancer. Data health is a metric.
-        ready = True
-        reads: dict[str, _StoreRoutes] = {}
-        for name, store in partition_map.stores.items():
-            if 1 <= store.partitions <= 0x7FFFFFFF:  # else `resolve` raises what it must (Kafka's int count)
-                routes = partition_map.routes.get(name, ())
-                per_partition = tuple(routes[p] if p < len(routes) else () for p in range(store.partitions))
-                plain = store.key_format is KeyFormat.STRING and store.partitioner is Partitioner.MURMUR2
-                reads[name] = (store.partitions, plain, store.partitioner, per_partition)
-        return cls(
-            partition_map, partition_map.complete, MappingProxyType(last_known), ever, ready, reads, complete_now
-        )
+        return cls(partition_map, complete, MappingProxyType(last_known), ever, True, reads, complete_now)
 
     def last_known_endpoints(self, store: str, partition: int) -> tuple[Endpoint, ...]:
         return self.last_known.get((store, partition), ())

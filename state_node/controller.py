@@ -55,6 +55,10 @@ class Controller:
         self.resigned = False
         # (store, replication factor, live nodes) already said to be short of nodes.
         self._short_of_nodes: set[tuple[str, int, int]] = set()
+        # The assignment as this controller last read or wrote it: (root's version, assignment, store
+        # generations the root names). While the root is at that version nobody else wrote one, so the
+        # store records need not be read (and parsed) again on every recomputation.
+        self._known: tuple[int, Assignment, dict[str, int]] | None = None
 
     @property
     def is_leader(self) -> bool:
@@ -198,14 +202,7 @@ class Controller:
                 continue
             stores[name] = (record.partitions, record.replication_factor)
 
-        previous: Assignment | None = None
-        version, generations = -1, {}
-        try:
-            # Lenient: store records a predecessor wrote before it could write the root are as good a
-            # starting point as the ones the root names (both were balanced placements).
-            previous, version, generations = placement_records.read(zk, lenient=True)
-        except RecordError as exc:
-            log.warning("replacing an unreadable assignment: %s", exc)
+        previous, version, generations = self._previous()
 
         if not nodes:
             # Not even this node's record is visible (session being re-established), or every node is
@@ -218,6 +215,24 @@ class Controller:
             return
         self._write(election, wanted, version, previous, generations)
         log.info("assignment generation %d written for %d nodes, %d stores", generation, len(nodes), len(stores))
+
+    def _previous(self) -> tuple[Assignment | None, int, dict[str, int]]:
+        """The assignment in ZooKeeper now, its root's version (-1: none) and the store generations it names."""
+        known = self._known
+        stat = self._client.exists(zk_layout.PLACEMENT)
+        if known is not None and stat is not None and stat.version == known[0]:
+            return known[1], known[0], known[2]
+        self._known = None
+        try:
+            # Lenient: store records a predecessor wrote before it could write the root are as good a
+            # starting point as the ones the root names (both were balanced placements).
+            previous, version, generations = placement_records.read(self._client, lenient=True)
+        except RecordError as exc:
+            log.warning("replacing an unreadable assignment: %s", exc)
+            return None, -1, {}
+        if previous is not None and version >= 0:
+            self._known = (version, previous, generations)
+        return previous, version, generations
 
     def _say_short_of_nodes(self, stores: Mapping[str, StoreShape], live: int) -> None:
         """A replication factor above the number of live nodes is allowed (each partition gets one replica per
@@ -284,6 +299,8 @@ class Controller:
         if not failures:
             self.writes += 1
             self.records_written += len(writes) + 1
+            # The root as written: a set returns its new stat, a create made version 0.
+            self._known = (results[1].version if version >= 0 else 0, wanted, named)
             for store in gone:  # no longer named by the root: nobody reads them
                 with contextlib.suppress(NoNodeError):
                     zk.delete(zk_layout.placement_path(store))

@@ -11,7 +11,7 @@ from kazoo.client import KazooClient
 from keyroute.core import placement_records, zk_layout
 from keyroute.core.key_format import KeyFormat
 from keyroute.core.map_watcher import MapWatcher
-from keyroute.core.partition_map import Assignment, PartitionMap, ServingRecord, StoreRecord
+from keyroute.core.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord, StoreRecord
 from keyroute.core.partitioner import Partitioner
 from keyroute.core.settings import ZkSettings
 from keyroute.core.zk import close, connect
@@ -144,6 +144,108 @@ def test_the_watcher_reads_the_per_store_assignment_and_never_a_half_written_one
         writer.set(zk_layout.PLACEMENT, placement_records.root_record(2, {"a": 1, "b": 2}))
         done = wait_for(lambda: watcher.current.assignment.generation == 2 and watcher.current, message="gen 2")
         assert dict(done.assignment.stores) == {"a": first["a"], "b": (("n1",), ("n1",))}
+    finally:
+        watcher.stop()
+        close(reader)
+        close(writer)
+
+
+def whole_map(client: KazooClient) -> PartitionMap:
+    """The map of what ZooKeeper holds now, read whole without any watcher."""
+
+    def records(parent: str, parse: object) -> dict[str, object]:
+        out = {}
+        for name in client.get_children(parent):
+            data, _ = client.get(f"{parent}/{name}")
+            out[name] = parse(data)  # type: ignore[operator]
+        return out
+
+    stores = records(zk_layout.STORES, StoreRecord.from_json)
+    nodes = records(zk_layout.NODES, NodeRecord.from_json)
+    serving = records(zk_layout.SERVING, ServingRecord.from_json)
+    assignment = placement_records.read(client)[0] or Assignment(0)
+    return PartitionMap.build(stores, nodes, assignment, serving)  # type: ignore[arg-type]
+
+
+def same_map(a: PartitionMap, b: PartitionMap) -> bool:
+    return (
+        dict(a.stores) == dict(b.stores)
+        and dict(a.nodes) == dict(b.nodes)
+        and dict(a.serving) == dict(b.serving)
+        and dict(a.assignment.stores) == dict(b.assignment.stores)
+        and dict(a.routes) == dict(b.routes)
+    )
+
+
+def test_the_watcher_follows_each_change_by_reading_only_what_changed(zk_settings: ZkSettings) -> None:
+    writer = connect(zk_settings)
+    reader = connect(zk_settings)
+    maps: list[PartitionMap] = []
+    watcher = MapWatcher(reader, maps.append, safety_refresh_s=600.0)  # only watches bring changes
+
+    def store(name: str, partitions: int, version: int) -> StoreRecord:
+        return StoreRecord(name, partitions, Partitioner.MURMUR2, KeyFormat.STRING, version, f"/snap/{name}/v{version}")
+
+    def serving(node: str, stores: dict[str, dict[int, int]]) -> bytes:
+        return ServingRecord(node, f"http://{node}", stores).to_json()
+
+    def placed(generation: int, stores: dict[str, tuple[tuple[str, ...], ...]]) -> None:
+        for name, replicas in stores.items():
+            path = zk_layout.placement_path(name)
+            if writer.exists(path):
+                writer.set(path, placement_records.store_record(generation, replicas))
+            else:
+                writer.create(path, placement_records.store_record(generation, replicas))
+        writer.set(zk_layout.PLACEMENT, placement_records.root_record(generation, dict.fromkeys(stores, generation)))
+
+    def caught_up(what: str) -> PartitionMap:
+        expected = whole_map(writer)
+        return wait_for(lambda: same_map(watcher.current, expected) and watcher.current, message=what)
+
+    try:
+        for name in ("a", "b"):
+            writer.create(zk_layout.store_path(name), store(name, 4, 1).to_json())
+        for node in ("n1", "n2", "n3"):
+            writer.create(zk_layout.node_path(node), NodeRecord(node, f"http://{node}").to_json())
+        writer.create(zk_layout.serving_path("n1"), serving("n1", {"a": {0: 1, 1: 1}, "b": {0: 1, 1: 1}}))
+        writer.create(zk_layout.serving_path("n2"), serving("n2", {"a": {2: 1, 3: 1}, "b": {2: 1, 3: 1}}))
+        placed(1, {"a": (("n1",), ("n1",), ("n2",), ("n2",)), "b": (("n1",), ("n1",), ("n2",), ("n2",))})
+        watcher.start()
+        first = caught_up("the first map")
+        assert first.complete
+        full_reads = watcher.full_reads
+
+        # One node's serving record: only its partitions are recomputed.
+        writer.set(zk_layout.serving_path("n2"), serving("n2", {"a": {2: 1, 3: 1}, "b": {2: 1}}))
+        after = caught_up("n2 dropping b/3")
+        assert after.delta is not None and set(after.delta.stores) <= {"b"}
+        assert after.routes["a"] is first.routes["a"] and after.routes["b"][3] == ()
+        # A node comes with its serving record; another goes; a store moves to a new version; a new
+        # assignment names one store at a new generation; a store is removed; a new store comes.
+        writer.create(zk_layout.serving_path("n3"), serving("n3", {"b": {3: 1}, "a": {0: 2}}))
+        caught_up("n3 serving")
+        writer.delete(zk_layout.serving_path("n1"))
+        writer.delete(zk_layout.node_path("n1"))
+        caught_up("n1 gone")
+        writer.set(zk_layout.store_path("a"), store("a", 4, 2).to_json())
+        caught_up("a at version 2")
+        placed(2, {"b": (("n3",), ("n3",), ("n2",), ("n3",))})  # the root names only b now
+        caught_up("the assignment of generation 2")
+        writer.delete(zk_layout.store_path("a"))
+        writer.create(zk_layout.store_path("c"), store("c", 2, 1).to_json())
+        writer.set(zk_layout.serving_path("n3"), serving("n3", {"b": {3: 1}, "c": {0: 1, 1: 1}}))
+        final = caught_up("store a gone, c new")
+        assert set(final.routes) == {"b", "c"} and final.store_complete("c")
+        # A burst: many changes to one record, then the last state is what the watcher shows.
+        for i in range(30):
+            writer.set(zk_layout.serving_path("n2"), serving("n2", {"b": {p: 1 for p in range(4) if p != i % 4}}))
+        caught_up("the last of a burst")
+        # Each change was followed by reading what it named: never the whole cluster again.
+        assert watcher.full_reads == full_reads
+        # A whole re-read (a node told us our map is stale) finds nothing new and gives the same map.
+        watcher.refresh()
+        wait_for(lambda: watcher.full_reads > full_reads, message="a whole re-read")
+        assert same_map(watcher.current, whole_map(writer))
     finally:
         watcher.stop()
         close(reader)
