@@ -81,9 +81,8 @@ def assign(
     # Previous preferred replicas per node, all stores: a store's extra replica goes, other things equal,
     # to a node that leads little, so that the previous preferred replicas of later stores can stay.
     leading_anywhere, holding_anywhere = dict.fromkeys(members, 0), dict.fromkeys(members, 0)
-    for name in names:
-        for p in range(stores[name][0]):
-            reps = previous.replicas(name, p) if previous is not None else ()
+    for name in names if previous is not None else ():
+        for reps in previous.stores.get(name, ())[: stores[name][0]]:  # type: ignore[union-attr]
             if reps and reps[0] in alive:
                 leading_anywhere[reps[0]] += 1
             for m in reps:
@@ -97,8 +96,14 @@ def assign(
     for name in order:
         partitions, rf = stores[name]
         r = min(rf, n)
-        before = [previous.replicas(name, p) if previous is not None else () for p in range(partitions)]
-        kept = [list(dict.fromkeys(m for m in reps if m in alive))[:r] for reps in before]
+        had = previous.stores.get(name, ()) if previous is not None else ()
+        before = list(had[:partitions]) + [()] * (partitions - len(had))
+        kept = [
+            list(reps) if len(reps) <= r and alive.issuperset(reps) and len(set(reps)) == len(reps)
+            # a replica gone or named twice, or more than r (the replication factor came down)
+            else list(dict.fromkeys(m for m in reps if m in alive))[:r]
+            for reps in before
+        ]
         counts = _counts(kept, members)
         floor, extra = divmod(partitions * r, n)
         # Other things equal, extra replicas go to nodes with few preferred replicas so far (they are the
@@ -114,7 +119,12 @@ def assign(
             for m in leader_seats.forced(partitions % n):
                 rank[m] = partitions * n + 1
         extras = replica_seats.hand_out(
-            extra, prefer=[m for m in members if rank[m] > floor], rank=rank, busy=busy, zone_of=zone_of
+            extra,
+            prefer=[m for m in members if rank[m] > floor],
+            rank=rank,
+            busy=busy,
+            zone_of=zone_of,
+            zone_need=_zones_lacking(kept, r, zone_of) if zones else None,
         )
         target = {m: floor + (1 if m in extras else 0) for m in members}
 
@@ -501,10 +511,12 @@ class _Seats:
         rank: Mapping[str, int],
         busy: Mapping[str, int] | None = None,
         zone_of: Mapping[str, str] | None = None,
+        zone_need: Mapping[str, int] | None = None,
     ) -> set[str]:
         """k distinct nodes (k < number of nodes): those below the new floor, then the `prefer`red ones (in
-        `rank` order, highest first) where balance allows, then the ones with the fewest seats, zones taking
-        turns, the least `busy` first."""
+        `rank` order, highest first) where balance allows, then as many in each zone as `zone_need` asks
+        (the zones the store's missing replicas lack: a node that leaves is replaced in its own zone), then
+        the ones with the fewest seats, zones taking turns, the least `busy` first."""
         if k == 0:
             return set()
         self._handed += k
@@ -530,10 +542,35 @@ class _Seats:
             if len(chosen) < k and free(m):
                 take(m)
         if len(chosen) < k:
-            for m in _taking_turns(self._members, lambda m: self._count[m], busy, zone_of):
+            turns = _taking_turns(self._members, lambda m: self._count[m], busy, zone_of)
+            if zone_need and zone_of:
+                need = dict(zone_need)
+                for m in turns:
+                    if len(chosen) >= k:
+                        break
+                    if need.get(zone_of[m], 0) > 0 and free(m):
+                        take(m)
+                        need[zone_of[m]] -= 1
+            for m in turns:
                 if len(chosen) < k and free(m):
                     take(m)
         return chosen
+
+
+def _zones_lacking(kept: Sequence[Sequence[str]], replicas: int, zone_of: Mapping[str, str]) -> dict[str, int]:
+    """Per zone, how many of a store's missing replicas must go there for their partitions to hold as many
+    zones as they can (counted where a partition lacks no more zones than it misses replicas)."""
+    zones = set(zone_of.values())
+    need: dict[str, int] = {}
+    for reps in kept:
+        missing = replicas - len(reps)
+        if missing <= 0:
+            continue
+        lacking = zones.difference(zone_of[m] for m in reps)
+        if len(lacking) <= missing:
+            for zone in lacking:
+                need[zone] = need.get(zone, 0) + 1
+    return need
 
 
 def _taking_turns(

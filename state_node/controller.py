@@ -59,6 +59,12 @@ class Controller:
         # generations the root names). While the root is at that version nobody else wrote one, so the
         # store records need not be read (and parsed) again on every recomputation.
         self._known: tuple[int, Assignment, dict[str, int]] | None = None
+        # Node records as last read (None: not assignable) and the ones whose watch fired since: a change
+        # re-reads those, not every node. Emptied (everything read again) when leadership starts and on the
+        # safety recomputation.
+        self._node_records: dict[str, NodeRecord | None] = {}
+        self._nodes_changed: set[str] = set()
+        self._nodes_lock = threading.Lock()
 
     @property
     def is_leader(self) -> bool:
@@ -124,9 +130,11 @@ class Controller:
         self._lost.clear()
         self._dirty.set()
         self._client.add_listener(self._on_state)
+        self._node_records = {}
         try:
             while not self._stopped.is_set() and not self._lost.is_set():
-                self._dirty.wait(timeout=SAFETY_RECOMPUTE_S)
+                if not self._dirty.wait(timeout=SAFETY_RECOMPUTE_S):
+                    self._node_records = {}  # the safety net: read every record again
                 self._dirty.clear()
                 if self._stopped.is_set() or self._lost.is_set():
                     break
@@ -159,21 +167,38 @@ class Controller:
         self._dirty.set()
         return False
 
-    def _on_change(self, *_event: Any) -> None:
+    def _on_change(self, event: Any = None) -> None:
+        path = getattr(event, "path", None) or ""
+        if path.startswith(zk_layout.NODES + "/"):
+            with self._nodes_lock:
+                self._nodes_changed.add(path[len(zk_layout.NODES) + 1 :])
         self._dirty.set()
 
     # -- one recomputation -------------------------------------------------------------------------
 
     def _recompute(self, election: Election) -> None:
         zk = self._client
+        with self._nodes_lock:
+            changed, self._nodes_changed = self._nodes_changed, set()
         registered = sorted(zk.get_children(zk_layout.NODES, watch=self._on_change))
-        zones: dict[str, str] = {}
-        # Pipelined: every node record asked for at once, one round trip rather than one per node.
-        reads = {name: zk.get_async(zk_layout.node_path(name), watch=self._on_change) for name in registered}
+        known = self._node_records
+        for name in known.keys() - set(registered):
+            del known[name]
+        # Pipelined: the node records not known yet or changed since, asked for at once (one round trip
+        # rather than one per node). Each read re-arms the record's watch.
+        reads = {
+            name: zk.get_async(zk_layout.node_path(name), watch=self._on_change)
+            for name in registered
+            if name not in known or name in changed
+        }
         for name, pending in reads.items():
-            record = self._assignable(name, pending)
-            if record is not None:
-                zones[name] = record.zone
+            try:
+                raw, _ = pending.get()
+            except NoNodeError:
+                known.pop(name, None)  # gone since the listing (a new one is read when it is listed)
+                continue
+            known[name] = self._assignable(name, raw)
+        zones = {name: record.zone for name in registered if (record := known.get(name)) is not None}
         nodes = list(zones)
         stores: dict[str, StoreShape] = {}
         store_reads = {
@@ -250,13 +275,8 @@ class Controller:
         self._short_of_nodes = short
 
     @staticmethod
-    def _assignable(node_id: str, pending: Any) -> NodeRecord | None:
-        """The node's record (read by `pending`), or None when it takes no partitions (leaving, or gone
-        since the listing)."""
-        try:
-            raw, _ = pending.get()
-        except NoNodeError:
-            return None
+    def _assignable(node_id: str, raw: bytes) -> NodeRecord | None:
+        """The node's record, or None when it takes no partitions (leaving)."""
         try:
             record = NodeRecord.from_json(raw)
         except RecordError:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from keyroute.core.partition_map import Assignment
@@ -112,3 +112,41 @@ def test_zoned_output_depends_on_the_inputs_only_and_an_unchanged_cluster_keeps_
     again = assign(stores, nodes, first, 2, zones=zones)
     assert again.stores == first.stores
     assert moved_replicas(first, again) == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    per_zone=st.integers(3, 8),
+    partitions=st.integers(1, 6),
+    stores=st.integers(1, 4),
+    leaver=st.integers(0, 100),
+)
+def test_a_node_that_leaves_is_replaced_in_its_own_zone_where_the_counts_allow(
+    per_zone: int, partitions: int, stores: int, leaver: int
+) -> None:
+    """Three zones of as many nodes, stores of rf 3 with a multiple of the zone size as partitions: every
+    partition spans the three zones. One node leaves; where its zone's remaining nodes can still hold one
+    replica of every partition within the balance (per store and in total, taking the extra seats), every
+    partition keeps its three zones."""
+    nodes = [f"n{z}-{i}" for z in range(3) for i in range(per_zone)]
+    zones = {n: n.split("-")[0] for n in nodes}
+    shapes = {f"s{i}": (partitions * per_zone, 3) for i in range(stores)}
+    left_in_zone, n = per_zone - 1, 3 * per_zone - 1
+
+    def fits(partition_count: int) -> bool:
+        floor, extra = divmod(3 * partition_count, n)
+        return 0 <= partition_count - left_in_zone * floor <= min(left_in_zone, extra)
+
+    assume(fits(partitions * per_zone) and fits(partitions * per_zone * stores))
+    first = assign(shapes, nodes, None, 1, zones=zones)
+    assert all(len({zones[m] for m in reps}) == 3 for per in first.stores.values() for reps in per)
+    gone = nodes[leaver % len(nodes)]
+    left = [n for n in nodes if n != gone]
+    after = assign(shapes, left, first, 2, zones=zones)
+    check_invariants(shapes, left, after)
+    short = [
+        (s, p) for s, per in after.stores.items() for p, reps in enumerate(per) if len({zones[m] for m in reps}) < 3
+    ]
+    assert not short, short
+    held = sum(1 for per in first.stores.values() for reps in per if gone in reps)
+    assert held <= moved_replicas(first, after) <= 2 * held
