@@ -73,7 +73,6 @@ from kazoo.exceptions import NoNodeError
 from pyspark.sql import SparkSession
 
 from keyroute.core import placement_records, zk, zk_layout
-from keyroute.core.lmdb_layout import PartitionFileBuilder
 from keyroute.core.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord, StoreRecord
 from keyroute.core.settings import NodeSettings, ZkSettings
 from keyroute.core.snapshot import (
@@ -93,6 +92,7 @@ from keyroute.pipeline.session import create_session
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 SECTION = "## Taking on a partition (benchmarks/load.py)"
+PIPELINE_HEADING = "### Pipeline: build time, format 2 vs format 1"
 STORE = "bookings"
 PARTITION = 0
 NODE = "bench-node"
@@ -426,7 +426,7 @@ def executor_breakdown(data_mdb: Path, work: Path, batch_rows: int = 10_000) -> 
     out: dict[str, float] = {}
     try:
         start = time.perf_counter()
-        keys_lists = [b.column(0).to_pylist() for b in batches]
+        keys_lists = [b.column(0).to_numpy(zero_copy_only=False).tolist() for b in batches]
         out["LMDB keys: Arrow batches to Python lists"] = time.perf_counter() - start
         matched = sum(
             pc.sum(pc.match_substring_regex(b.column(1), lmdb_files.NEEDS_RESPELLING)).as_py() or 0 for b in batches
@@ -437,15 +437,16 @@ def executor_breakdown(data_mdb: Path, work: Path, batch_rows: int = 10_000) -> 
         out[f"values: compact_values (a regex per batch; json.loads + dump for the {share:.1%} it matches)"] = (
             time.perf_counter() - start
         )
-        builder = PartitionFileBuilder(scratch)
+        destination = lmdb_files.Destination(str(scratch / "published"))
+        builder = destination.builder(data_file(PARTITION), scratch)
         try:
             start = time.perf_counter()
             for k, vs in compacted:
                 builder.add(zip(k, vs, strict=True))
-            out["LMDB putmulti(append=True)"] = time.perf_counter() - start
+            out["LMDB putmulti(append=True) into the file in place"] = time.perf_counter() - start
             start = time.perf_counter()
-            lmdb_files.Destination(str(scratch / "published")).put_built(builder, data_file(PARTITION))
-            out["commit, compacting copy straight into place, checksum read back, fsync"] = time.perf_counter() - start
+            destination.publish(builder, data_file(PARTITION))
+            out["commit, checksum read back while fsyncing, rename"] = time.perf_counter() - start
         finally:
             builder.discard()
     finally:
@@ -943,6 +944,64 @@ def _rounds(count: int) -> str:
     return f"{count} round{'' if count == 1 else 's'}"
 
 
+def pipeline_section(
+    args: argparse.Namespace,
+    builds: dict[int, Built],
+    breakdown: dict[str, float],
+    spread: Built | None = None,
+    run_note: str = "",
+) -> list[str]:
+    """The section's "### Pipeline" part (`run_note`: which run it is from, when not the section's own)."""
+    large = [rows for rows in sorted(builds) if rows >= LARGE_ROWS]
+    small = [rows for rows in sorted(builds) if rows < LARGE_ROWS]
+    build_rounds = f"{_rounds(args.rounds)} at {', '.join(f'{r:,}' for r in small)} rows" if small else ""
+    if large:
+        build_rounds += (", " if build_rounds else "") + (
+            f"{_rounds(args.large_rounds)} at {', '.join(f'{r:,}' for r in large)} rows (a build takes minutes there;"
+            " fewer rounds keep the run near 20 minutes)"
+        )
+    pipe_lines, pipe_findings = pipeline_table(builds, spread)
+    smallest = builds[min(builds)]
+    extra = median(smallest.wall[2]) - median(smallest.wall[1])
+    write_extra = median(smallest.write[2]) - median(smallest.write[1])
+    python_work = sum(breakdown.values())
+    steps = "; ".join(f"{name} {seconds:.2f} s" for name, seconds in breakdown.items())
+    return [
+        PIPELINE_HEADING,
+        "",
+        *([run_note, ""] if run_note else []),
+        "Whole `build()` calls (compute, write, manifest, publish to a fresh ZooKeeper chroot) into a fresh output"
+        " on the same disk, one SparkSession, one untimed warm-up build of each format first, then"
+        f" {build_rounds}, formats alternating. Writing = `write_version` (the Spark job writing the partition's"
+        " files, and the manifest); the rest of a build is the same code for both formats. Spark CPU = the JVM's"
+        " process tree (in local mode the driver and the executors are its threads, the Python workers its"
+        " children); driver CPU = this Python process. With ONE store partition the write stage is one task:"
+        " format 2's per-row work there runs on one core while the other idles, the worst case for wall-clock"
+        " time; with several partitions it spreads over the executors like the rest of the build (CPU time"
+        " does not depend on that)."
+        + (
+            f" The row 'in {spread.partitions} partitions' is the same source built into a store of"
+            f" {spread.partitions} partitions ({_rounds(len(spread.wall[1]))}, in the same session, after the others)."
+            if spread is not None
+            else ""
+        ),
+        "",
+        *pipe_lines,
+        "",
+        *(f"- {line}" for line in pipe_findings),
+        f"- Where format 2's time goes ({min(builds):,} rows: {extra:+.1f} s of build, {write_extra:+.1f} s of"
+        " it in the write phase): the Python work of the task that builds the file (keyroute.pipeline.lmdb_files),"
+        " repeated step by step in this process on the same rows, fed as Spark feeds it (Arrow batches of"
+        f" 10,000 rows): {steps}; **{python_work:.2f} s** in all, one core. The rest of the write phase is Spark's"
+        " side: sorting by the binary LMDB key (which the routing UDF of the compute phase returns with the"
+        " partition, from the same serialized bytes), `to_json` of the value, and the Arrow hand-over of every row"
+        " to the Python worker; format 1 spends its write phase in Spark's JSON writer instead. With ONE store"
+        " partition all of it is one task on one core: the same per-row work spreads over the executors when a"
+        " store has several partitions.",
+        "",
+    ]
+
+
 def section(
     args: argparse.Namespace,
     command: str,
@@ -962,13 +1021,6 @@ def section(
     )
     sizes = " and ".join(f"{rows:,}" for rows in sorted(builds))
     large = [rows for rows in sorted(builds) if rows >= LARGE_ROWS]
-    small = [rows for rows in sorted(builds) if rows < LARGE_ROWS]
-    build_rounds = f"{_rounds(args.rounds)} at {', '.join(f'{r:,}' for r in small)} rows" if small else ""
-    if large:
-        build_rounds += (", " if build_rounds else "") + (
-            f"{_rounds(args.large_rounds)} at {', '.join(f'{r:,}' for r in large)} rows (a build takes minutes there;"
-            " fewer rounds keep the run near 20 minutes)"
-        )
     if cache.drop_caches_works:
         dropped = "`echo 3 > /proc/sys/vm/drop_caches` (it worked: this run is root)"
     else:
@@ -977,12 +1029,6 @@ def section(
     rebalance_cold = cache.cold_resident.get("rebalance-f2-link", [])
     warm_min = min(cache.warm_resident, default=1.0)
     node_lines, node_findings = node_table(all_loads, builds)
-    pipe_lines, pipe_findings = pipeline_table(builds, spread)
-    smallest = builds[min(builds)]
-    extra = median(smallest.wall[2]) - median(smallest.wall[1])
-    write_extra = median(smallest.write[2]) - median(smallest.write[1])
-    python_work = sum(breakdown.values())
-    steps = "; ".join(f"{name} {seconds:.2f} s" for name, seconds in breakdown.items())
     rebalance_rows = args.rebalance_rows
     move_lines = [
         "| snapshot, how the new owner takes it | rows | stop -> assignment changed, median"
@@ -1057,37 +1103,7 @@ def section(
         "",
         *(f"- {line}" for line in node_findings),
         "",
-        "### Pipeline: build time, format 2 vs format 1",
-        "",
-        "Whole `build()` calls (compute, write, manifest, publish to a fresh ZooKeeper chroot) into a fresh output"
-        " on the same disk, one SparkSession, one untimed warm-up build of each format first, then"
-        f" {build_rounds}, formats alternating. Writing = `write_version` (the Spark job writing the partition's"
-        " files, and the manifest); the rest of a build is the same code for both formats. Spark CPU = the JVM's"
-        " process tree (in local mode the driver and the executors are its threads, the Python workers its"
-        " children); driver CPU = this Python process. With ONE store partition the write stage is one task:"
-        " format 2's per-row work there runs on one core while the other idles, the worst case for wall-clock"
-        " time; with several partitions it spreads over the executors like the rest of the build (CPU time"
-        " does not depend on that)."
-        + (
-            f" The row 'in {spread.partitions} partitions' is the same source built into a store of"
-            f" {spread.partitions} partitions ({_rounds(len(spread.wall[1]))}, in the same session, after the others)."
-            if spread is not None
-            else ""
-        ),
-        "",
-        *pipe_lines,
-        "",
-        *(f"- {line}" for line in pipe_findings),
-        f"- Where format 2's time goes ({min(builds):,} rows: {extra:+.1f} s of build, {write_extra:+.1f} s of"
-        " it in the write phase): the Python work of the task that builds the file (keyroute.pipeline.lmdb_files),"
-        " repeated step by step in this process on the same rows, fed as Spark feeds it (Arrow batches of"
-        f" 10,000 rows): {steps}; **{python_work:.1f} s** in all, one core. The rest of the write phase is Spark's"
-        " side: sorting by the binary LMDB key (which the routing UDF of the compute phase returns with the"
-        " partition, from the same serialized bytes), `to_json` of the value, and the Arrow hand-over of every row"
-        " to the Python worker; format 1 spends its write phase in Spark's JSON writer instead. With ONE store"
-        " partition all of it is one task on one core: the same per-row work spreads over the executors when a"
-        " store has several partitions.",
-        "",
+        *pipeline_section(args, builds, breakdown, spread),
         "### Rebalance: a partition moving to another node",
         "",
         "Embedded ZooKeeper, two nodes (`python -m keyroute node`, session timeout 4 s, version grace 0 s) on a"
@@ -1179,6 +1195,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master", default="local[*]", help="Spark master (default: local[*])")
     parser.add_argument("--driver-memory", default="6g", help="Spark driver (local mode: all) memory (default: 6g)")
     parser.add_argument("--seed", type=int, default=20261123)
+    parser.add_argument(
+        "--pipeline-only",
+        action="store_true",
+        help="only the pipeline builds (and the executor breakdown); --write then replaces only the"
+        f" '{PIPELINE_HEADING[4:]}' part of the section",
+    )
     parser.add_argument("--quick", action="store_true", help="a small smoke run (not for --write)")
     parser.add_argument("--write", action="store_true", help=f"record the figures in {RESULTS.name}")
     args = parser.parse_args(argv)
@@ -1227,6 +1249,8 @@ def main(argv: list[str] | None = None) -> int:
                     spark.stop()
                 breakdown, value_bytes = executor_breakdown(builds[min(args.rows)].files[2][0], work)
                 log(f"executor breakdown: {json.dumps(breakdown)}")
+                if args.pipeline_only:
+                    return _pipeline_only(args, argv, builds, breakdown, spread, load_before)
                 for rows in args.rows:
                     large = rows >= LARGE_ROWS
                     format_1_rounds = args.large_rounds if large else args.rounds
@@ -1270,6 +1294,46 @@ def main(argv: list[str] | None = None) -> int:
         write_section(text)  # RESULTS.md is read right here: other benchmarks write their own sections
         log(f"wrote {SECTION!r} to {RESULTS}")
     return 0
+
+
+def _pipeline_only(
+    args: argparse.Namespace,
+    argv: list[str] | None,
+    builds: dict[int, Built],
+    breakdown: dict[str, float],
+    spread: Built | None,
+    load_before: float,
+) -> int:
+    """Print (and with --write, put in place of the section's pipeline part) the figures of a builds-only run."""
+    versions = (
+        f"Python {platform.python_version()}, PySpark {pyspark.__version__}, pyarrow {pa.__version__},"
+        f" py-lmdb {lmdb.__version__} (LMDB {'.'.join(map(str, lmdb.version()))})"
+    )
+    note = (
+        f"`{_command(argv)}` on {datetime.date.today().isoformat()}: this part only, from a run of the builds alone"
+        " (the data and the rest of the section as above). Machine: the same"
+        f" ({os.cpu_count()} CPUs, {versions}; Spark {args.master}, driver memory {args.driver_memory}); 1-minute"
+        f" load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end."
+    )
+    text = "\n".join(pipeline_section(args, builds, breakdown, spread, run_note=note))
+    print(text)
+    if args.write:
+        write_pipeline_section(text)
+        log(f"wrote {PIPELINE_HEADING!r} of {SECTION!r} to {RESULTS}")
+    return 0
+
+
+def write_pipeline_section(text: str) -> None:
+    """Replace the pipeline part of this script's section of RESULTS.md, leaving everything else as it is."""
+    current = RESULTS.read_text(encoding="utf-8")
+    section = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL).search(current)
+    if section is None:
+        raise SystemExit(f"{RESULTS.name} has no {SECTION!r} yet: run without --pipeline-only first")
+    part = re.compile(rf"^{re.escape(PIPELINE_HEADING)}\n.*?(?=^### |^## |\Z)", re.MULTILINE | re.DOTALL)
+    found = part.search(current, section.start(), section.end())
+    if found is None:
+        raise SystemExit(f"no {PIPELINE_HEADING!r} in {SECTION!r}")
+    RESULTS.write_text(current[: found.start()] + text + "\n" + current[found.end() :], encoding="utf-8")
 
 
 def _share_range(shares: list[float]) -> str:

@@ -7,14 +7,19 @@
     LMDB value    the value as compact JSON bytes (keyroute_core.snapshot.compact_json)
 
 `PartitionFileBuilder` writes one partition's entries, given in ascending LMDB key order, in one write
-transaction with append=True, and leaves a compacted copy (`env.copy(compact=True)`): the data.mdb a
-snapshot publishes, without a lock file. The builder's environment is private (no lock file, no syncs: the
-compacted copy is what counts, and its publisher makes that durable).
+transaction with append=True, into one file (subdir=False, no lock file): the data.mdb a snapshot
+publishes. Appending in key order into a new environment in one transaction frees no page (every page is a
+meta page or in the tree, leaves filled as LMDB's append mode fills them), so the file is as dense as
+`env.copy(compact=True)` would make it, and as deterministic (the same entries give the same bytes): it is
+published as it is, with no compacting copy. `finish` checks that (every page below the last one in use is
+the tree's) and falls back to the compacting copy should it ever not hold. The environment is private (no
+lock file, no syncs: the publisher makes the finished file durable).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import tempfile
 from collections.abc import Iterable
@@ -75,40 +80,70 @@ def db_keys(keys: Any) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class BuiltPartition:
-    """A compacted partition file: `path` (a data.mdb) holding `rows` entries."""
+    """A finished partition file: `path` (a data.mdb) holding `rows` entries."""
 
     path: Path
     rows: int
 
 
 class PartitionFileBuilder:
-    """Build one partition's LMDB file from entries in ascending LMDB key order, inside `workdir`.
+    """Build one partition's LMDB file from entries in ascending LMDB key order.
 
-        with PartitionFileBuilder(workdir) as builder:
+        with PartitionFileBuilder(workdir) as builder:  # or PartitionFileBuilder.into(path): that very file
             builder.add(entries)       # (lmdb_key, value) pairs; as many calls as needed, still ascending
-            built = builder.finish()   # workdir/compact/data.mdb; the caller moves or copies it away
+            built = builder.finish()   # workdir/partition-*/data.mdb; the caller moves or copies it away
+
+    `PartitionFileBuilder(workdir)` builds in a new directory inside `workdir`; `PartitionFileBuilder.into(path)`
+    builds straight into the file `path` (which must not exist: e.g. a temporary name beside the file's
+    place), so publishing it needs no copy. The file holds nothing else (no lock file).
 
     A key that is not greater than the one before (out of order, or twice) raises SnapshotError: LMDB's
-    append mode refuses it, and the build is abandoned. Leaving the block removes the work files (not the
-    compacted copy once finished).
+    append mode refuses it, and the build is abandoned. Leaving the block on an error or unfinished removes
+    the file (and the directory made for it); a finished file stays until `discard`.
     """
 
     def __init__(self, workdir: Path) -> None:
-        self.workdir = Path(tempfile.mkdtemp(prefix="partition-", dir=workdir))
-        self._env: lmdb.Environment | None = lmdb.open(
-            str(self.workdir / "build"),
-            map_size=BUILD_MAP_SIZE,
-            subdir=True,
-            max_dbs=0,
-            lock=False,  # private to this builder: no lock file
-            sync=False,
-            metasync=False,
-            readahead=False,
-            meminit=True,  # zeroed page slack: the same entries always give the same bytes
-        )
-        self._txn: lmdb.Transaction | None = self._env.begin(write=True)
-        self._cursor = self._txn.cursor()
+        folder = Path(tempfile.mkdtemp(prefix="partition-", dir=workdir))
+        self._start(folder / DATA_FILE, folder)
+
+    @classmethod
+    def into(cls, path: Path) -> PartitionFileBuilder:
+        """A builder writing the file `path` itself (created here; its directory must exist)."""
+        builder = cls.__new__(cls)
+        builder._start(Path(path), None)
+        return builder
+
+    def _start(self, path: Path, folder: Path | None) -> None:
+        self.path = path
+        self._folder = folder  # the directory made for the file (removed with it), or None
+        self._finished = False
+        self._env: lmdb.Environment | None = None
+        self._txn: lmdb.Transaction | None = None
         self.rows = 0
+        try:
+            # O_EXCL: a builder never writes into a file that is already there (lmdb.open would open it).
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        except BaseException:
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+            raise
+        try:
+            self._env = lmdb.open(
+                str(path),
+                map_size=BUILD_MAP_SIZE,
+                subdir=False,
+                max_dbs=0,
+                lock=False,  # private to this builder: no lock file
+                sync=False,
+                metasync=False,
+                readahead=False,
+                meminit=True,  # zeroed page slack: the same entries always give the same bytes
+            )
+            self._txn = self._env.begin(write=True)
+            self._cursor = self._txn.cursor()
+        except BaseException:
+            self.discard()
+            raise
 
     def add(self, entries: Iterable[tuple[bytes, bytes]]) -> int:
         """Append entries (ascending LMDB keys, each greater than every key added before); their count."""
@@ -124,24 +159,28 @@ class PartitionFileBuilder:
         return int(added)
 
     def finish(self) -> BuiltPartition:
-        """Commit, and write the compacted copy: `workdir/compact/data.mdb`."""
-        target = self.workdir / "compact"
-        target.mkdir()
-        with open(target / DATA_FILE, "xb", buffering=0) as out:
-            rows = self.finish_into(out.fileno())
-        return BuiltPartition(target / DATA_FILE, rows)
-
-    def finish_into(self, fd: int) -> int:
-        """Commit, and write the compacted copy to the open file `fd` (from its current position; not
-        synced); the number of entries. The work files are removed."""
+        """Commit and close: the file (not synced) and its number of entries."""
         if self._txn is None or self._env is None:
             raise SnapshotError("the partition file is already finished")
         txn, self._txn = self._txn, None
         txn.commit()
-        self._env.copyfd(fd, compact=True)
+        if not _dense(self._env, self.path):
+            self._compact()
         self._close()
-        shutil.rmtree(self.workdir / "build", ignore_errors=True)
-        return self.rows
+        self._finished = True
+        return BuiltPartition(self.path, self.rows)
+
+    def _compact(self) -> None:
+        """Replace the file by LMDB's compacting copy of it (only for a file with pages out of the tree)."""
+        assert self._env is not None
+        copy = self.path.with_name(f"{self.path.name}.compact")
+        try:
+            with open(copy, "xb", buffering=0) as out:
+                self._env.copyfd(out.fileno(), compact=True)
+            os.replace(copy, self.path)
+        except BaseException:
+            copy.unlink(missing_ok=True)
+            raise
 
     def _close(self) -> None:
         if self._txn is not None:
@@ -152,22 +191,34 @@ class PartitionFileBuilder:
             env.close()
 
     def discard(self) -> None:
-        """Abandon the build and remove every file of it."""
+        """Remove the file (finished or not) and the directory made for it: once the caller has moved or
+        copied a finished file away, or to abandon the build."""
         self._close()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+        else:
+            self.path.unlink(missing_ok=True)
 
     def __enter__(self) -> PartitionFileBuilder:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._close()
-        shutil.rmtree(self.workdir / "build", ignore_errors=True)
-        if exc_info[0] is not None:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+        if exc_info[0] is not None or not self._finished:
+            self.discard()
+        else:
+            self._close()
+
+
+def _dense(env: lmdb.Environment, path: Path) -> bool:
+    """Every page of the committed file is a meta page or one of the tree's, and the file ends at its last
+    page: nothing a compacting copy would leave out."""
+    info, stat = env.info(), env.stat()
+    pages = 2 + stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
+    return info["last_pgno"] + 1 == pages and os.path.getsize(path) == pages * stat["psize"]
 
 
 def build_partition_file(entries: Iterable[tuple[bytes, bytes]], workdir: Path) -> BuiltPartition:
-    """One partition's compacted LMDB file from (lmdb_key, value) entries in ascending LMDB key order."""
+    """One partition's LMDB file from (lmdb_key, value) entries in ascending LMDB key order."""
     with PartitionFileBuilder(workdir) as builder:
         builder.add(entries)
         return builder.finish()

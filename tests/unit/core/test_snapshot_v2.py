@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.fs as arrow_fs
 import pytest
 
+from keyroute.core import lmdb_layout
 from keyroute.core.key_format import KeyFormat
 from keyroute.core.lmdb_layout import (
     KEY_ENCODING,
@@ -313,6 +314,95 @@ def test_a_builder_takes_entries_in_several_batches(tmp_path: Path) -> None:
         builder.add([(b"=b", b"again")])  # not after "=c"
     builder.discard()
     assert list(tmp_path.iterdir()) == []
+
+
+def compacted_copy(path: Path, folder: Path) -> Path:
+    """LMDB's own compacting copy of the file `path` (what builders published before they built in place)."""
+    folder.mkdir()
+    # The builders' map size: a copy's meta pages record the map size of the environment it was made from.
+    env = lmdb.open(str(path), readonly=True, lock=False, subdir=False, max_dbs=0, map_size=lmdb_layout.BUILD_MAP_SIZE)
+    try:
+        env.copy(str(folder / "data.mdb"), compact=True)  # subdir=False: the path is the copy's file
+    finally:
+        env.close()
+    return folder / "data.mdb"
+
+
+def test_a_file_built_in_key_order_is_as_dense_as_its_compacting_copy(tmp_path: Path) -> None:
+    rng = random.Random(11)
+    # Values of every size: small ones share leaf pages, large ones get overflow pages of their own.
+    rows = [(b"k%06d" % i, rng.randbytes(rng.choice([5, 60, 700, 3000, 9000]))) for i in range(4000)]
+    built = build_partition_rows(rows, tmp_path)
+    compact = compacted_copy(built.path, tmp_path / "compact")
+    assert built.path.stat().st_size == compact.stat().st_size
+    assert read_env(built.path.parent) == read_env(compact.parent) == sorted((db_key(k), v) for k, v in rows)
+
+
+def test_a_builder_builds_straight_into_the_file_it_is_given(tmp_path: Path) -> None:
+    entries = sorted((db_key(b"key-%d" % i), b'{"i":%d}' % i) for i in range(5000))
+    target = tmp_path / "partition=3" / ".data.mdb.tmp"
+    target.parent.mkdir()
+    builder = PartitionFileBuilder.into(target)
+    builder.add(entries[:1234])
+    builder.add(entries[1234:])
+    built = builder.finish()
+    assert (built.path, built.rows) == (target, len(entries))
+    assert os.listdir(target.parent) == [target.name]  # no lock file, nothing else
+    # The same bytes as a file built in a scratch directory (the same entries give the same file).
+    assert target.read_bytes() == build_partition_file(entries, tmp_path).path.read_bytes()
+    builder.discard()  # once the caller is done with it (a publisher renames it first)
+    assert not target.exists()
+
+
+def test_a_builder_never_writes_into_an_existing_file(tmp_path: Path) -> None:
+    target = tmp_path / "data.mdb"
+    target.write_bytes(b"someone else's")
+    with pytest.raises(FileExistsError):
+        PartitionFileBuilder.into(target)
+    assert target.read_bytes() == b"someone else's"
+
+
+def test_an_abandoned_build_in_place_leaves_no_file(tmp_path: Path) -> None:
+    target = tmp_path / "data.mdb.tmp"
+    with pytest.raises(SnapshotError), PartitionFileBuilder.into(target) as builder:
+        builder.add([(b"=b", b"1"), (b"=a", b"2")])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_pages_left_free_are_seen_and_compacted_away(tmp_path: Path) -> None:
+    # A file whose second transaction rewrote its pages has free ones: not dense.
+    path = tmp_path / "two-commits.mdb"
+    env = lmdb.open(str(path), subdir=False, lock=False, max_dbs=0, map_size=1 << 30)
+    try:
+        with env.begin(write=True) as txn:
+            for i in range(2000):
+                txn.put(b"=%06d" % i, b"x" * 100)
+        assert lmdb_layout._dense(env, path)
+        with env.begin(write=True) as txn:
+            for i in range(0, 2000, 2):
+                txn.delete(b"=%06d" % i)
+        assert not lmdb_layout._dense(env, path)
+    finally:
+        env.close()
+
+
+def test_a_file_that_is_not_dense_is_replaced_by_its_compacting_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entries = [(db_key(b"%05d" % i), b"v" * 50) for i in range(3000)]
+    expected = build_partition_file(entries, tmp_path).path
+    checked: list[Path] = []
+
+    def never_dense(env: lmdb.Environment, path: Path) -> bool:
+        checked.append(path)
+        return False
+
+    monkeypatch.setattr(lmdb_layout, "_dense", never_dense)
+    built = build_partition_file(entries, tmp_path)
+    assert checked == [built.path]
+    assert sorted(os.listdir(built.path.parent)) == ["data.mdb"]  # the copy took the file's place
+    assert built.path.read_bytes() == compacted_copy(expected, tmp_path / "compact").read_bytes()
+    assert read_env(built.path.parent) == entries
 
 
 # --- versions on a pyarrow filesystem ----------------------------------------------------------------

@@ -5,6 +5,7 @@ and removing versions. Spark runs these pieces in tests/integration/test_pipelin
 from __future__ import annotations
 
 import json
+import os
 import threading
 import uuid
 from collections.abc import Iterator
@@ -261,6 +262,46 @@ def test_a_task_fails_on_rows_it_cannot_write(tmp_path: Path, batches: list[pa.R
     with pytest.raises(SnapshotError, match=message):
         run_task(str(tmp_path / "v"), batches, scratch)
     assert list(scratch.iterdir()) == []
+
+
+def test_a_failed_partition_leaves_no_file_in_a_local_version(tmp_path: Path) -> None:
+    # Built in place under a temporary name: a partition that fails midway is removed from the version too.
+    keys, values = sorted_rows(["a", "b", "c"])
+    version = tmp_path / "v"
+    rows = [batch(4, keys, values), batch(4, [keys[0]], values[:1])]  # the second batch goes back in order
+    with pytest.raises(SnapshotError, match="out of LMDB key order"):
+        run_task(str(version), rows, tmp_path)
+    assert [p for p in version.rglob("*") if p.is_file()] == []
+
+
+def test_a_published_file_is_fsynced_and_checksummed_as_read_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[int] = []
+    real_fsync = lmdb_files.os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.fstat(fd).st_ino)
+        real_fsync(fd)
+
+    monkeypatch.setattr(lmdb_files.os, "fsync", fsync)
+    keys, values = sorted_rows(["a", "b"])
+    version = tmp_path / "v"
+    [result] = run_task(str(version), [batch(0, keys, values)], tmp_path)
+    path = version / data_file(0)
+    assert path.stat().st_ino in synced  # the file itself (then its directory)
+    assert (path.parent.stat().st_ino in synced) and result["checksum"] == checksum_file(path).value
+
+
+def test_an_fsync_that_fails_fails_the_partition(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def fsync(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(lmdb_files.os, "fsync", fsync)
+    keys, values = sorted_rows(["a"])
+    with pytest.raises(OSError, match="Input/output error"):
+        run_task(str(tmp_path / "v"), [batch(0, keys, values)], tmp_path)
+    assert [p for p in (tmp_path / "v").rglob("*") if p.is_file()] == []  # nothing published
 
 
 def test_a_task_uploads_to_a_pyarrow_filesystem(tmp_path: Path, mock_fs: Any) -> None:
