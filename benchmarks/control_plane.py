@@ -42,6 +42,7 @@ RF = 3
 SESSIONS = 8  # ZooKeeper sessions the simulated nodes share
 CHANGES = 5  # node leaves (and joins) measured per size
 RESTARTS = 10  # nodes restarted one after the other, for the writes per restart
+BURST = 100  # serving records rewritten back to back, for the routers' coalescing
 
 
 def main() -> None:
@@ -271,6 +272,30 @@ def _measure(connect: str, n: int, stores_n: int, partitions: int, timeout_s: fl
         time.sleep(0.5)  # let any re-reads triggered by the same change finish
         result["router_cpu_per_serving_change_ms"] = round(statistics.mean(sum(r.cpu) for r in routers) * 1000, 1)
 
+        # A burst: BURST nodes' serving records rewritten back to back (as when many nodes load a new version
+        # at once): maps each router built for it (coalesced: fewer than the changes) and its CPU for all of it.
+        for r in routers:
+            r.cpu.clear()
+        maps_before = [r.maps for r in routers]
+        burst = [m for m in node_ids if first.partitions_of(m)][:BURST]
+        pending = []
+        for m in burst:
+            mine = first.partitions_of(m)
+            record = ServingRecord(m, url_of[m], {s: dict.fromkeys(sorted(ps), 2) for s, ps in mine.items()})
+            pending.append(session_of[m].set_async(zk_layout.serving_path(m), record.to_json()))
+        for done in pending:
+            done.get(timeout=60)
+
+        def burst_seen(r: Router) -> bool:
+            served = r.watcher.current.serving
+            return all(any(2 in parts.values() for parts in served[m].stores.values()) for m in burst if m in served)
+
+        wait(lambda: all(burst_seen(r) for r in routers), "routers see the burst")
+        time.sleep(0.5)
+        result["burst_changes"] = len(burst)
+        result["burst_maps"] = round(statistics.mean(r.maps - b for r, b in zip(routers, maps_before, strict=True)), 1)
+        result["burst_router_cpu_ms"] = round(statistics.mean(sum(r.cpu) for r in routers) * 1000, 1)
+
         # Nodes leaving and coming back: controller CPU, and time until both routers route on the new map.
         leave_cpu, join_cpu, leave_lag, join_lag = [], [], [], []
         for i in range(CHANGES):
@@ -382,6 +407,8 @@ def _describe(r: dict[str, Any]) -> str:
         f"routed after a leave (p50/p99) {r.get('routed_after_leave_s')} s, "
         f"after a join {r.get('routed_after_join_s')} s; "
         f"router CPU per serving change {r.get('router_cpu_per_serving_change_ms')} ms; "
+        f"a burst of {r.get('burst_changes')} serving changes: {r.get('burst_maps')} maps per router, "
+        f"{r.get('burst_router_cpu_ms')} ms CPU; "
         f"new router's first map {r.get('router_start_cpu_s')} s CPU; "
         f"ZooKeeper writes per node restart {r.get('zk_writes_per_restart')} ({r.get('restart_cycle_s')} s each)"
     )

@@ -63,6 +63,9 @@ class Controller:
         # re-reads those, not every node. Emptied (everything read again) when leadership starts and on the
         # safety recomputation.
         self._node_records: dict[str, NodeRecord | None] = {}
+        # The inputs (stores, nodes and their zones, the root's version) of the last recomputation: the same
+        # inputs again give the same assignment, so it is not computed again.
+        self._computed: tuple[object, ...] | None = None
         self._nodes_changed: set[str] = set()
         self._nodes_lock = threading.Lock()
 
@@ -130,11 +133,11 @@ class Controller:
         self._lost.clear()
         self._dirty.set()
         self._client.add_listener(self._on_state)
-        self._node_records = {}
+        self._node_records, self._computed = {}, None
         try:
             while not self._stopped.is_set() and not self._lost.is_set():
                 if not self._dirty.wait(timeout=SAFETY_RECOMPUTE_S):
-                    self._node_records = {}  # the safety net: read every record again
+                    self._node_records, self._computed = {}, None  # the safety net: read and compute again
                 self._dirty.clear()
                 if self._stopped.is_set() or self._lost.is_set():
                     break
@@ -228,6 +231,9 @@ class Controller:
             stores[name] = (record.partitions, record.replication_factor)
 
         previous, version, generations = self._previous()
+        inputs = (stores, zones, version)
+        if inputs == self._computed:
+            return  # a watch that fired for what the last recomputation already saw (or wrote)
 
         if not nodes:
             # Not even this node's record is visible (session being re-established), or every node is
@@ -237,8 +243,11 @@ class Controller:
         generation = previous.generation + 1 if previous is not None else 1
         wanted = assign(stores, nodes, previous, generation, zones=zones)
         if previous is not None and dict(previous.stores) == dict(wanted.stores):
+            self._computed = inputs
             return
         self._write(election, wanted, version, previous, generations)
+        if self._known is not None and self._known[1] is wanted:
+            self._computed = (stores, zones, self._known[0])
         log.info("assignment generation %d written for %d nodes, %d stores", generation, len(nodes), len(stores))
 
     def _previous(self) -> tuple[Assignment | None, int, dict[str, int]]:
