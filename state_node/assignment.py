@@ -157,7 +157,10 @@ def assign(
             leaders = _choose_leaders(sets, previous_leaders, lead_target, strict=True)
         if leaders is not None:
             leader_seats = attempt
-            placed = [[lead, *(m for m in reps if m != lead)] for reps, lead in zip(sets, leaders, strict=True)]
+            placed = [
+                reps if reps[0] == lead else [lead, *(m for m in reps if m != lead)]
+                for reps, lead in zip(sets, leaders, strict=True)
+            ]
         else:
             # Preferred replicas first, balanced by construction; the other replicas placed around them.
             # A node may lead only as many partitions as it holds replicas: the extra preferred replicas go
@@ -728,8 +731,15 @@ def _choose_leaders(
         load[m] += 1
 
     for p, prev in enumerate(previous):
-        if prev is not None and prev in sets[p] and load[prev] < target[prev]:
-            assign_to(p, prev)
+        # assign_to(p, prev), inline: most partitions keep their preferred replica
+        if prev is not None and load[prev] < target[prev] and prev in sets[p]:
+            leader[p] = prev
+            load[prev] += 1
+            held = led_by.get(prev)
+            if held is None:
+                led_by[prev] = {p}
+            else:
+                held.add(p)
     for p, reps in enumerate(sets):
         if leader[p] is not None or not reps:
             continue
