@@ -79,8 +79,8 @@ def assemble(root: bytes, records: Mapping[str, bytes | None]) -> Assignment:
 def read(client: KazooClient, *, lenient: bool = False) -> tuple[Assignment | None, int, dict[str, int]]:
     """The current assignment, the root's version (-1: no root yet) and the store generations it names.
     Falls back to the single record of the layout before (/assignment) while /placement holds nothing.
-    Raises InProgress (unless `lenient`: then each store record is taken as it is, the controller's view)
-    or RecordError."""
+    Raises InProgress (unless `lenient`: then each store record is taken as it is, the controller's view,
+    and the generations are the records' own) or RecordError."""
     try:
         root, stat = client.get(zk_layout.PLACEMENT)
     except NoNodeError:
@@ -102,9 +102,13 @@ def read(client: KazooClient, *, lenient: bool = False) -> tuple[Assignment | No
         except NoNodeError:
             records[store] = None
     if lenient:
+        # Each record as it is, with its own generation: a root written on top of this assignment must name
+        # the generation of a record it keeps, which is not the one the old root names when the record was
+        # written ahead of it (a controller that stopped between its store records and its root).
         generation, _ = parse_root(root)
-        stores = {s: parse_store_record(raw)[1] for s, raw in records.items() if raw is not None}
-        return Assignment(generation, stores), version, wanted
+        parsed = {s: parse_store_record(raw) for s, raw in records.items() if raw is not None}
+        stores = {s: replicas for s, (_, replicas) in parsed.items()}
+        return Assignment(generation, stores), version, {s: g for s, (g, _) in parsed.items()}
     return assemble(root, records), version, wanted
 
 

@@ -250,3 +250,53 @@ def test_the_watcher_follows_each_change_by_reading_only_what_changed(zk_setting
         watcher.stop()
         close(reader)
         close(writer)
+
+
+def test_a_controller_finishes_what_a_predecessor_wrote_before_it_could_write_the_root(
+    zk_settings: ZkSettings,
+) -> None:
+    """A controller that crashed after writing a store record of the next assignment but before the root leaves
+    that record ahead of the root. Its successor's assignment may give that store the very same replicas: the
+    root it writes must then name the record as it is, or readers would wait for it forever."""
+    from keyroute.node.assignment import assign
+    from keyroute.node.controller import Controller
+
+    admin = connect(zk_settings)
+    fleet = connect(zk_settings)
+    reader = connect(zk_settings)
+    watcher = MapWatcher(reader, lambda _map: None)
+    controller: Controller | None = None
+    shapes = {"a": (6, 2), "b": (6, 2)}
+    try:
+        for name, (partitions, rf) in shapes.items():
+            record = StoreRecord(name, partitions, Partitioner.MURMUR2, KeyFormat.STRING, 1, "/snap", ("v",), rf)
+            admin.create(zk_layout.store_path(name), record.to_json())
+        for node in ("n1", "n2"):
+            fleet.create(zk_layout.node_path(node), NodeRecord(node, f"http://{node}").to_json(), ephemeral=True)
+        # The assignment for n1 and n2 (generation 1), then the one for three nodes as the crashed controller
+        # computed it: only b's record of it was written.
+        first = assign(shapes, ["n1", "n2"], None, 1)
+        for name, replicas in first.stores.items():
+            admin.create(zk_layout.placement_path(name), placement_records.store_record(1, replicas))
+        admin.set(zk_layout.PLACEMENT, placement_records.root_record(1, {"a": 1, "b": 1}))
+        second = assign(shapes, ["n1", "n2", "n3"], first, 2)
+        admin.set(zk_layout.placement_path("b"), placement_records.store_record(2, second.stores["b"]))
+        fleet.create(zk_layout.node_path("n3"), NodeRecord("n3", "http://n3").to_json(), ephemeral=True)
+
+        watcher.start()
+        controller = Controller(admin, "n1")
+        controller.start()
+        done = wait_for(
+            lambda: (a := watcher.current.assignment).generation >= 2
+            and any("n3" in reps for per in a.stores.values() for reps in per)
+            and a,
+            timeout_s=20,
+            message="readers to take the successor's assignment",
+        )
+        assert placement_records.read(admin)[0] == done  # whole, not in progress
+    finally:
+        if controller is not None:
+            controller.stop()
+        watcher.stop()
+        for client in (reader, fleet, admin):
+            close(client)
