@@ -300,3 +300,37 @@ def test_a_controller_finishes_what_a_predecessor_wrote_before_it_could_write_th
         watcher.stop()
         for client in (reader, fleet, admin):
             close(client)
+
+
+def test_after_its_session_expired_the_watcher_reads_everything_again(zk_settings: ZkSettings) -> None:
+    """Watches die with a session: a watcher whose session expired reads (and watches) every record again
+    once it has a new one, so changes made meanwhile are in its map and later ones keep arriving."""
+    writer = connect(zk_settings)
+    reader = connect(zk_settings)
+    watcher = MapWatcher(reader, lambda _map: None, safety_refresh_s=600.0)
+    watcher.start()
+    try:
+        record = StoreRecord("s", 2, Partitioner.MURMUR2, KeyFormat.STRING, 1, "/snap/s/v1")
+        writer.create(zk_layout.store_path("s"), record.to_json())
+        writer.create(zk_layout.serving_path("n1"), ServingRecord("n1", "http://n1", {"s": {0: 1}}).to_json())
+        wait_for(lambda: same_map(watcher.current, whole_map(writer)), message="the first map")
+        full_reads = watcher.full_reads
+        old_session = reader.client_id
+        # Expire the reader's session: a second client on the same session id closes it.
+        twin = KazooClient(hosts=zk_settings.hosts, client_id=reader.client_id)
+        twin.start(timeout=10)
+        twin.stop()
+        twin.close()
+        version_2 = StoreRecord("s", 2, Partitioner.MURMUR2, KeyFormat.STRING, 2, "/snap/s/v2")
+        writer.set(zk_layout.store_path("s"), version_2.to_json())
+        writer.create(zk_layout.serving_path("n2"), ServingRecord("n2", "http://n2", {"s": {1: 2}}).to_json())
+        wait_for(lambda: reader.client_id != old_session and reader.connected, timeout_s=30, message="a new session")
+        wait_for(lambda: same_map(watcher.current, whole_map(writer)), timeout_s=30, message="what changed meanwhile")
+        assert watcher.full_reads > full_reads
+        # Watches are in place again on the new session.
+        writer.set(zk_layout.serving_path("n2"), ServingRecord("n2", "http://n2", {"s": {0: 2, 1: 2}}).to_json())
+        wait_for(lambda: same_map(watcher.current, whole_map(writer)), message="a change after the new session")
+    finally:
+        watcher.stop()
+        close(reader)
+        close(writer)
