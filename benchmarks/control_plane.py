@@ -163,9 +163,11 @@ def _measure(connect: str, n: int, stores_n: int, partitions: int, timeout_s: fl
 
     # The controller's CPU: its recomputations, timed on its own thread.
     recompute_cpu: list[float] = []
+    recompute_started: list[float] = []  # wall clock (monotonic) when each recomputation began
     original = Controller._recompute
 
     def timed_recompute(self: Any, election: Any) -> None:
+        recompute_started.append(time.monotonic())
         started = time.thread_time()
         try:
             original(self, election)
@@ -297,12 +299,13 @@ def _measure(connect: str, n: int, stores_n: int, partitions: int, timeout_s: fl
         result["burst_router_cpu_ms"] = round(statistics.mean(sum(r.cpu) for r in routers) * 1000, 1)
 
         # Nodes leaving and coming back: controller CPU, and time until both routers route on the new map.
-        leave_cpu, join_cpu, leave_lag, join_lag = [], [], [], []
+        leave_cpu, join_cpu, leave_lag, join_lag, seen_lag = [], [], [], [], []
         for i in range(CHANGES):
             node = node_ids[1 + i * (n // (CHANGES + 1))]
             for phase in ("leave", "join"):
                 generation = assignment_now().generation
                 recompute_cpu.clear()
+                recompute_started.clear()
                 t0 = time.monotonic()
                 if phase == "leave":
                     session_of[node].delete(zk_layout.serving_path(node))
@@ -322,6 +325,10 @@ def _measure(connect: str, n: int, stores_n: int, partitions: int, timeout_s: fl
                     wait(lambda r=r: routed(r), f"routers route on the {phase} of {node}")
                     lags.append(time.monotonic() - t0)
                 (leave_lag if phase == "leave" else join_lag).append(max(lags))
+                if phase == "join" and recompute_started:
+                    # From the controller starting the recomputation that saw the node (it reads the node
+                    # records first) to both routers, i.e. any node's map watcher, having its assignment.
+                    seen_lag.append(t0 + max(lags) - recompute_started[0])
                 time.sleep(0.2)  # a recomputation may still be running
                 (leave_cpu if phase == "leave" else join_cpu).append(sum(recompute_cpu))
                 if phase == "join":
@@ -330,6 +337,7 @@ def _measure(connect: str, n: int, stores_n: int, partitions: int, timeout_s: fl
         result["controller_cpu_join_s"] = _median(join_cpu)
         result["routed_after_leave_s"] = _p50_p99(leave_lag)
         result["routed_after_join_s"] = _p50_p99(join_lag)
+        result["join_assigned_after_seen_s"] = _p50_p99(seen_lag)
 
         # Rolling restart of a sample of nodes: ZooKeeper writes per node restarted (records written by the
         # controller, plus the node's own records).
@@ -405,7 +413,8 @@ def _describe(r: dict[str, Any]) -> str:
         f"first assignment {r.get('first_assignment_s')} s; records {r.get('record_sizes_kb')} KB; "
         f"controller CPU per leave {r.get('controller_cpu_leave_s')} s, per join {r.get('controller_cpu_join_s')} s; "
         f"routed after a leave (p50/p99) {r.get('routed_after_leave_s')} s, "
-        f"after a join {r.get('routed_after_join_s')} s; "
+        f"after a join {r.get('routed_after_join_s')} s "
+        f"({r.get('join_assigned_after_seen_s')} s after the controller saw it); "
         f"router CPU per serving change {r.get('router_cpu_per_serving_change_ms')} ms; "
         f"a burst of {r.get('burst_changes')} serving changes: {r.get('burst_maps')} maps per router, "
         f"{r.get('burst_router_cpu_ms')} ms CPU; "
