@@ -291,6 +291,10 @@ class MapWatcher:
     def _take(self, path: str, settled: tuple[Any, ZnodeStat] | None) -> None:
         """One record as read (None: gone, or not readable by this identity)."""
         parent, _, name = path.rpartition("/")
+        if settled is None:
+            # Gone (or not readable): unlisted too, so that the next listing that names it again (re-created
+            # by then, as a restarting node does) reads it rather than taking it as known.
+            self._names.get(parent, set()).discard(name)
         data = settled[0] if settled else None
         if not data:
             self._raw.pop(path, None)

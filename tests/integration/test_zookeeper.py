@@ -334,3 +334,28 @@ def test_after_its_session_expired_the_watcher_reads_everything_again(zk_setting
         watcher.stop()
         close(reader)
         close(writer)
+
+
+def test_a_record_deleted_and_created_again_in_quick_succession_is_never_lost(zk_settings: ZkSettings) -> None:
+    """A restarting node deletes and re-creates its records; the watcher may see the deletion's events in one
+    turn and the listing in another. Whatever the interleaving, the map ends with the record as written last."""
+    writer = connect(zk_settings)
+    reader = connect(zk_settings)
+    watcher = MapWatcher(reader, lambda _map: None, safety_refresh_s=600.0)
+    watcher.start()
+    try:
+        record = StoreRecord("s", 8, Partitioner.MURMUR2, KeyFormat.STRING, 1, "/snap/s/v1")
+        writer.create(zk_layout.store_path("s"), record.to_json())
+        path = zk_layout.serving_path("n1")
+        for round_ in range(40):
+            if writer.exists(path):
+                writer.delete(path)
+            served = ServingRecord("n1", "http://n1", {"s": {round_ % 8: 1}})
+            writer.create(path, served.to_json())
+            if round_ % 5 == 4:  # let the watcher's turns fall between the two writes now and then
+                wait_for(lambda: same_map(watcher.current, whole_map(writer)), message="the record re-created")
+        wait_for(lambda: same_map(watcher.current, whole_map(writer)), message="the last record")
+    finally:
+        watcher.stop()
+        close(reader)
+        close(writer)
