@@ -99,6 +99,11 @@ class ComputedStore:
     # History and windowed stores: `value` is the key's entries (keyroute.pipeline.timeline), and
     # `partition_rows` counts entries, as the files hold them.
     timeline: Timeline | None = None
+    # At most this many bytes of JSON text per row, as `to_json` spells `value` (and the merge state, when
+    # there is one), counted from the longest strings in the frame while checking it; None when the value's
+    # type bounds no such figure (nested types, timelines). keyroute.pipeline.writer sizes its Arrow batches
+    # by it.
+    json_bytes: int | None = None
 
     def release(self) -> None:
         self.frame.unpersist()
@@ -434,6 +439,7 @@ def compute_store(spark: SparkSession, store: StoreSpec) -> ComputedStore:
         partition_rows=checked.partition_rows,
         live_offsets=checked.offsets,
         timeline=timeline,
+        json_bytes=checked.json_bytes,
     )
 
 
@@ -708,6 +714,7 @@ class _CheckedKeys:
     records: int  # source records
     keys_off_partition: int  # audited stores: keys with a record outside the key's partition
     offsets: tuple[int, ...] | None = None  # hybrid stores: one past each partition's greatest offset
+    json_bytes: int | None = None  # ComputedStore.json_bytes
 
 
 def _check_keys(
@@ -720,6 +727,10 @@ def _check_keys(
     (null or malformed keys) have no partition. Examples are fetched only when something is wrong.
     """
     off_partition = F.count(F.when(F.col(_OFF_PARTITION), True)) if audited else F.lit(0)
+    value_type = routed.schema["value"].dataType
+    texts = None if entries or store.snapshot_format == 1 else _text_fields(value_type)
+    state = STATE in routed.columns
+    longest = [] if texts is None else _longest_texts(value_type, texts, state)
     # A partition's greatest offset is over its keys' records; the audit proves they are the partition's.
     offset_summary = [F.max(_MAX_OFFSET).alias("max_offset"), F.sum(_NULL_OFFSETS).alias("null_offsets")]
     summary = (
@@ -734,6 +745,7 @@ def _check_keys(
             *(offset_summary if offsets else []),
             # A timeline store's files hold one entry per element of its keys' entries.
             *([F.sum(F.size(F.col("value"))).alias("entries")] if entries else []),
+            *longest,
         )
         .collect()
     )
@@ -755,7 +767,77 @@ def _check_keys(
         records=sum(row["records"] or 0 for row in summary),
         keys_off_partition=sum(row["off_partition"] for row in summary),
         offsets=_next_offsets(store, summary) if offsets else None,
+        json_bytes=None if texts is None else _json_bytes(value_type, texts, state, summary),
     )
+
+
+# The most bytes `to_json` spells a value of each scalar type in (quotes included): integers with sign,
+# floats as Java prints them (-1.2345678901234567E-308, -Infinity), decimals of up to 38 digits with sign,
+# point and exponent, dates and timestamps with the widest years, `null` for any of them.
+_JSON_SCALAR_BYTES: dict[type[T.DataType], int] = {
+    T.NullType: 4,
+    T.BooleanType: 5,
+    T.ByteType: 20,
+    T.ShortType: 20,
+    T.IntegerType: 20,
+    T.LongType: 20,
+    T.FloatType: 32,
+    T.DoubleType: 32,
+    T.DecimalType: 64,
+    T.DateType: 40,
+    T.TimestampType: 64,
+    T.TimestampNTZType: 64,
+}
+_LONGEST = "__keyroute_longest_{}"
+
+
+def _text_fields(value_type: T.DataType) -> list[int] | None:
+    """The positions of the string and binary fields of a value that is a struct of scalar fields (their
+    JSON length depends on the data), or None when the value is anything else (its length is not bounded
+    here)."""
+    if not isinstance(value_type, T.StructType):
+        return None
+    texts = []
+    for index, field in enumerate(value_type.fields):
+        if isinstance(field.dataType, (T.StringType, T.BinaryType)):
+            texts.append(index)
+        elif type(field.dataType) not in _JSON_SCALAR_BYTES:
+            return None
+    return texts
+
+
+def _longest_texts(value_type: T.DataType, texts: list[int], state: bool) -> list[Column]:
+    """Aggregates of the longest value (bytes) of each text field, and of the merge state's JSON."""
+    assert isinstance(value_type, T.StructType)
+    columns = [
+        F.max(F.octet_length(F.col("value").getField(value_type.fields[i].name))).alias(_LONGEST.format(i))
+        for i in texts
+    ]
+    if state:
+        columns.append(F.max(F.octet_length(F.col(STATE))).alias(_LONGEST.format("state")))
+    return columns
+
+
+def _json_bytes(value_type: T.DataType, texts: list[int], state: bool, summary: list[Any]) -> int:
+    """An upper bound of the bytes of one row's value as `to_json` spells it (object braces, every field's
+    escaped name, colon and comma, its value), plus its merge state's JSON: a string escapes to at most 6
+    bytes per byte (\\u00XX), binary is base64, and the longest of each is read from `summary`."""
+
+    def longest(key: object) -> int:
+        return max((int(row[_LONGEST.format(key)] or 0) for row in summary), default=0)
+
+    assert isinstance(value_type, T.StructType)
+    total = 2
+    for index, field in enumerate(value_type.fields):
+        name = 6 * len(field.name.encode("utf-8")) + 2
+        if isinstance(field.dataType, T.StringType):
+            value = 6 * longest(index) + 2
+        elif isinstance(field.dataType, T.BinaryType):
+            value = 4 * (longest(index) // 3 + 1) + 2
+        else:
+            value = _JSON_SCALAR_BYTES[type(field.dataType)]
+        total += name + 1 + max(value, 4) + 1
+    return total + (longest("state") if state else 0)
 
 
 def _next_offsets(store: StoreSpec, summary: list[Any]) -> tuple[int, ...]:

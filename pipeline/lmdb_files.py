@@ -24,6 +24,7 @@ import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -235,9 +236,7 @@ def write_partition_files(
     misplaced = 0
     done: set[int] = set()
     try:
-        for batch in batches:
-            if not batch.num_rows:
-                continue
+        for batch, respell in _matched_ahead(batches):
             runs = pc.run_end_encode(batch.column(PARTITION))
             start = 0
             for end, value in zip(runs.run_ends.to_pylist(), runs.values.to_pylist(), strict=True):
@@ -254,7 +253,7 @@ def write_partition_files(
                     builder = destination.builder(data_file(partition), workdir)
                     current, misplaced = partition, 0
                 assert builder is not None
-                misplaced += _add(builder, batch.slice(start, end - start))
+                misplaced += _add(builder, batch.slice(start, end - start), respell.slice(start, end - start))
                 start = end
         if builder is not None:
             yield _publish(builder, current, misplaced, destination)
@@ -264,17 +263,39 @@ def write_partition_files(
             builder.discard()
 
 
-def _add(builder: PartitionFileBuilder, rows: pa.RecordBatch) -> int:
-    """Append one run of rows of a partition; the number left out for having no LMDB key (misplaced)."""
+def _matched_ahead(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[pa.RecordBatch, pa.BooleanArray]]:
+    """Every non-empty batch with `NEEDS_RESPELLING`'s matches of its values, the match of each batch run in
+    a thread while the batch before is written (the regex releases the GIL: it takes a core Spark's side of
+    the task leaves idle, instead of the task's own time). Batches are read in this thread only."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="keyroute-respell") as pool:
+        pending: tuple[pa.RecordBatch, Future[pa.BooleanArray]] | None = None
+        try:
+            for batch in batches:
+                if not batch.num_rows:
+                    continue
+                matching = pool.submit(needs_respelling, batch.column(VALUE_JSON))
+                if pending is not None:
+                    yield pending[0], pending[1].result()
+                pending = (batch, matching)
+            if pending is not None:
+                yield pending[0], pending[1].result()
+        finally:
+            if pending is not None:
+                pending[1].cancel()
+
+
+def _add(builder: PartitionFileBuilder, rows: pa.RecordBatch, respell: pa.BooleanArray) -> int:
+    """Append one run of rows of a partition (`respell`: `needs_respelling` of its values); the number
+    left out for having no LMDB key (misplaced)."""
     keys = rows.column(LMDB_KEY)
     values = rows.column(VALUE_JSON)
     states = rows.column(LIVE_STATE) if LIVE_STATE in rows.schema.names else None
     missing = keys.null_count
     if missing:
         present = keys.is_valid()
-        keys, values = keys.filter(present), values.filter(present)
+        keys, values, respell = keys.filter(present), values.filter(present), respell.filter(present)
         states = None if states is None else states.filter(present)
-    stored = compact_values(values)
+    stored = compact_values(values, respell)
     if states is not None:
         stored = map(live_value, stored, states.to_pylist())
     # to_numpy(...).tolist(): the same bytes objects as to_pylist, in about 60% of its time.
@@ -295,11 +316,18 @@ NEEDS_RESPELLING = (
 )
 
 
-def compact_values(values: pa.Array) -> list[bytes]:
+def needs_respelling(values: pa.Array) -> pa.BooleanArray:
+    """Which JSON texts of `values` `NEEDS_RESPELLING` matches (null for a null text)."""
+    return pc.match_substring_regex(values, NEEDS_RESPELLING)
+
+
+def compact_values(values: pa.Array, respell: pa.BooleanArray | None = None) -> list[bytes]:
     """`compact_value` of every JSON text in `values` (Spark's `to_json` of each row's value), without
     parsing the texts that are already spelled that way: their UTF-8 bytes are the stored value as they are.
-    Only the texts `NEEDS_RESPELLING` matches go through `compact_value`."""
-    respell = pc.match_substring_regex(values, NEEDS_RESPELLING)
+    Only the texts `NEEDS_RESPELLING` matches go through `compact_value` (`respell`: those matches, when
+    already known: `needs_respelling(values)`)."""
+    if respell is None:
+        respell = needs_respelling(values)
     stored: list[bytes] = values.cast(pa.binary()).to_pylist()
     if respell.true_count:
         for index in pc.indices_nonzero(respell).to_pylist():

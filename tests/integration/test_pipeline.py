@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import random
 import subprocess
@@ -1126,3 +1127,98 @@ def test_a_failed_build_prints_one_line_without_sparks_start_up_notes_or_traces(
     assert lines[0].startswith(
         "keyroute pipeline build: store 'totals': aggregation 'volume' = 'sum(qtyy)' is not a valid Spark SQL aggregate"
     )
+
+
+# --- the bound on a row's JSON that sizes the write job's Arrow batches -----------------------------------
+
+
+def test_a_rows_json_is_never_longer_than_the_bound_its_batches_are_sized_by(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """`json_bytes` bounds Spark's `to_json` of every value (the write job's Arrow batches hold as many rows
+    as fit Spark's byte limit at that size): every scalar type at its widest, strings that escape to six
+    bytes per byte, non-ASCII, base64 binary; a nested value has no bound."""
+    import datetime
+    import decimal
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyspark.sql import functions as F
+
+    from keyroute.pipeline.compute import compute_store
+    from keyroute.pipeline.spec import parse_spec
+
+    rng = random.Random(7)
+    # The longest string (in bytes) is one that escapes to 6 bytes per byte: the bound is tight there.
+    control = "\u0001" * 80
+    widest = {
+        "s": control,
+        "b": b"\x00\xff" * 50,
+        "l": -(2**63),
+        "i": -(2**31),
+        "h": -(2**15),
+        "y": -128,
+        "d": -1.2345678901234567e-308,
+        "f": -1.1754944e-38,
+        "m": decimal.Decimal("-1234567890123456789012345678.0123456789"),
+        "day": datetime.date(9999, 12, 31),
+        "at": datetime.datetime(1, 1, 1, 0, 0, 0, 1),
+        "ok": False,
+    }
+    others = {
+        "s": ["", "plain", '"\\' * 30, "ü 日本 😀" * 5, "\u2028\x7f\u0000", None],
+        "b": [b"", rng.randbytes(7), None],
+        "l": [2**63 - 1, 0, None],
+        "i": [7, None],
+        "h": [3, None],
+        "y": [1, None],
+        "d": [-math.inf, math.nan, -1.7976931348623157e308, None],
+        "f": [-3.4028235e38, None],
+        "m": [decimal.Decimal("1.5"), None],
+        "day": [datetime.date(1, 1, 1), None],
+        "at": [datetime.datetime(2026, 11, 26), None],
+        "ok": [True, None],
+    }
+    rows = 200
+    columns: dict[str, list[Any]] = {
+        name: [value] + [rng.choice(others[name]) for _ in range(rows - 1)] for name, value in widest.items()
+    }
+    types = {"i": pa.int32(), "h": pa.int16(), "y": pa.int8(), "f": pa.float32(), "m": pa.decimal128(38, 10)}
+    table = pa.table(
+        {
+            "k": [f"key-{i}" for i in range(rows)],
+            "ts": list(range(rows)),
+            **{name: pa.array(values, types.get(name)) for name, values in columns.items()},
+            "nested": [{"a": [1, 2]} for _ in range(rows)],
+        }
+    )
+    (tmp_path / "src").mkdir()
+    pq.write_table(table, tmp_path / "src" / "part-0.parquet")
+    flat = [c for c in table.column_names if c not in ("k", "ts", "nested")]
+    spec = parse_spec(
+        {
+            "stores": {
+                name: {"source": str(tmp_path / "src"), "format": "parquet", "key": "k", "partitions": 3,
+                       "mode": "latest", "order_by": "ts", "columns": columns}
+                for name, columns in {"flat": flat, "s": ["s"], "b": ["b"], "nested": ["s", "nested"]}.items()
+            }
+        },
+        tmp_path,
+    )  # fmt: skip
+    slack = {}
+    for store in spec.stores:
+        computed = compute_store(spark, store)
+        try:
+            if store.name == "nested":
+                assert computed.json_bytes is None
+                continue
+            assert computed.json_bytes is not None
+            longest = computed.frame.select(
+                F.max(F.octet_length(F.to_json(F.col("value"), {"ignoreNullFields": "false"}))).alias("n")
+            ).collect()[0]["n"]
+            assert 0 < longest <= computed.json_bytes, store.name
+            slack[store.name] = computed.json_bytes - longest
+        finally:
+            computed.release()
+    # One string or binary field: the bound is the widest value's JSON but for the name's escaping and a comma.
+    assert slack["s"] < 10 and slack["b"] < 10

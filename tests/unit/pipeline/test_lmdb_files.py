@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from keyroute.core.snapshot import compact_value
-from keyroute.pipeline.lmdb_files import compact_values
+from keyroute.pipeline.lmdb_files import VALUE_JSON, _matched_ahead, compact_values
 
 # JSON values whose floats and strings reach every spelling question: escapes, control characters,
 # non-ASCII, integers beyond 64 bits, floats of every size.
@@ -127,3 +127,28 @@ def test_texts_spelled_otherwise_are_respelled(text: str) -> None:
     [stored] = compact_values(pa.array([text]))
     assert stored == compact_value(text)
     assert stored != text.encode() or text in ('{"a":NaN}',)
+
+
+def test_each_batch_comes_with_the_matches_of_its_own_values() -> None:
+    # The matches are computed a batch ahead, in a thread: each must still be paired with its own batch.
+    texts = [['{"a":1}', '{"a":1.50}'], [], ['{"a": 2}'], ['{"a":3}', '{"a":4}', '{"a":NaN}'], ['{"a":5}']]
+    batches = [
+        pa.RecordBatch.from_pydict(
+            {VALUE_JSON: pa.array(t, pa.string())}, schema=pa.schema([(VALUE_JSON, pa.string())])
+        )
+        for t in texts
+    ]
+    paired = list(_matched_ahead(iter(batches)))
+    assert [b.column(VALUE_JSON).to_pylist() for b, _ in paired] == [t for t in texts if t]  # empty ones skipped
+    assert [m.to_pylist() for _, m in paired] == [[False, True], [True], [False, False, True], [False]]
+    for batch, matches in paired:
+        values = batch.column(VALUE_JSON)
+        assert (
+            compact_values(values, matches) == compact_values(values) == [compact_value(v) for v in values.to_pylist()]
+        )
+
+
+def test_a_failed_match_fails_the_task() -> None:
+    batches = [pa.RecordBatch.from_pydict({"other": pa.array(["{}"])})]  # no value column
+    with pytest.raises(KeyError):
+        list(_matched_ahead(iter(batches)))

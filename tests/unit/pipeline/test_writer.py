@@ -32,7 +32,7 @@ from keyroute.core.snapshot import (
     read_manifest,
     write_manifest,
 )
-from keyroute.pipeline import lmdb_files
+from keyroute.pipeline import lmdb_files, writer
 from keyroute.pipeline.compute import lmdb_keys
 from keyroute.pipeline.errors import PublishError, SpecError
 from keyroute.pipeline.publish import remove_snapshot
@@ -367,3 +367,81 @@ def test_manifest_written_on_a_pyarrow_filesystem_is_format_2(mock_fs: Any) -> N
     )
     write_manifest(claimed.location, manifest)
     assert read_manifest(claimed.snapshot) == manifest
+
+
+# --- the write job's Arrow batches ----------------------------------------------------------------------------
+
+
+class FakeConf:
+    """A SparkSession's `conf` (get/set of strings), recording every value set."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = dict(values)
+        self.history: list[tuple[str, str]] = []
+
+    def get(self, key: str) -> str:
+        return self.values[key]
+
+    def set(self, key: str, value: str) -> None:
+        self.values[key] = value
+        self.history.append((key, value))
+
+
+class FakeSession:
+    def __init__(self, rows: str = "10000", limit: str = "67108864b") -> None:
+        self.conf = FakeConf({writer._ARROW_ROWS: rows, writer._ARROW_BYTES: limit})
+
+
+def test_batches_are_limited_by_rows_that_fit_the_byte_limit_at_the_greatest_row() -> None:
+    session = FakeSession(limit="64m")
+    json_bytes = 20_000  # ~3,000 rows in 64 MiB: fewer than Spark's 10,000
+    with writer._batches_sized_by_rows(session, json_bytes):  # type: ignore[arg-type]
+        rows = int(session.conf.values[writer._ARROW_ROWS])
+        assert session.conf.values[writer._ARROW_BYTES] == str(2**31 - 1)  # Spark's "sizes no batch"
+    # A batch of that many rows of the greatest size stays within the byte limit, with no row to spare.
+    row = json_bytes + writer._ROW_BYTES
+    assert rows * row <= 64 << 20 < (rows + 1) * row
+    assert session.conf.values == {writer._ARROW_ROWS: "10000", writer._ARROW_BYTES: "64m"}  # set back
+
+
+def test_small_rows_keep_sparks_row_limit() -> None:
+    session = FakeSession()
+    with writer._batches_sized_by_rows(session, 300):  # type: ignore[arg-type]
+        assert session.conf.values[writer._ARROW_ROWS] == "10000"
+        assert session.conf.values[writer._ARROW_BYTES] == str(2**31 - 1)
+    # No row limit (0) becomes the rows that fit; a row beyond the byte limit gets a batch of its own.
+    session = FakeSession(rows="0", limit="1k")
+    with writer._batches_sized_by_rows(session, 10_000):  # type: ignore[arg-type]
+        assert session.conf.values[writer._ARROW_ROWS] == "1"
+
+
+@pytest.mark.parametrize(
+    ("json_bytes", "limit", "rows"),
+    [(None, "64m", "10000"), (300, str(2**31 - 1), "10000"), (300, "64 furlongs", "10000"), (300, "64m", "many")],
+    ids=["no bound", "byte limit off", "unread byte limit", "unread row limit"],
+)
+def test_batches_stay_as_spark_sizes_them_otherwise(json_bytes: int | None, limit: str, rows: str) -> None:
+    session = FakeSession(rows=rows, limit=limit)
+    with writer._batches_sized_by_rows(session, json_bytes):  # type: ignore[arg-type]
+        assert session.conf.history == []
+    assert session.conf.history == []
+
+
+def test_the_settings_are_set_back_when_the_job_fails() -> None:
+    session = FakeSession()
+    with pytest.raises(RuntimeError), writer._batches_sized_by_rows(session, 5_000_000):  # type: ignore[arg-type]
+        raise RuntimeError("the job failed")
+    assert session.conf.values == {writer._ARROW_ROWS: "10000", writer._ARROW_BYTES: "67108864b"}
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("67108864b", 64 << 20), ("64m", 64 << 20), ("64MB", 64 << 20), ("1g", 1 << 30), ("1024", 1024), (" 2k ", 2048)],
+)
+def test_spark_byte_sizes_are_read_in_binary_units(text: str, size: int) -> None:
+    assert writer._byte_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "m", "1.5g", "-1", "64 furlongs"])
+def test_byte_sizes_not_in_sparks_form_are_not_read(text: str) -> None:
+    assert writer._byte_size(text) is None
