@@ -17,6 +17,7 @@ importing its keyroute instead of this one. --write records the table in benchma
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -28,6 +29,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,8 +84,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _run_elsewhere(code: Path, sizes: list[int], timeout_s: float) -> list[str]:
-    """This script, importing the keyroute of `code` (folders mapped as pyproject.toml maps them)."""
+@contextlib.contextmanager
+def _site_of(code: Path) -> Iterator[str]:
+    """A directory to put on PYTHONPATH to import the keyroute of `code` (folders mapped as pyproject.toml
+    maps them)."""
     with tempfile.TemporaryDirectory(prefix="keyroute-other-code-") as site:
         package = Path(site) / "keyroute"
         package.mkdir()
@@ -92,6 +96,12 @@ def _run_elsewhere(code: Path, sizes: list[int], timeout_s: float) -> list[str]:
         for name, folder in (("core", "keyroute_core"), ("router", "router"), ("node", "state_node")):
             (package / name).symlink_to(code / folder)
         (package / "pipeline").symlink_to(code / "pipeline")
+        yield site
+
+
+def _run_elsewhere(code: Path, sizes: list[int], timeout_s: float) -> list[str]:
+    """This script, importing the keyroute of `code`."""
+    with _site_of(code) as site:
         env = {**os.environ, "PYTHONPATH": site}
         script = [sys.executable, str(Path(__file__).resolve()), "--sizes", ",".join(map(str, sizes)), "--json"]
         script += ["--timeout-s", str(timeout_s)]

@@ -1,0 +1,80 @@
+"""The controller's placement alone (`keyroute.node.assignment.assign`), in-process: CPU per node leaving,
+node joining and new store, at 1,000 nodes and 100 stores x 1,000 partitions, rf 3, with and without zones.
+
+    .venv/bin/python benchmarks/placement.py [--rounds 3] [--code OTHER_CHECKOUT]
+
+Each figure is the median of `--rounds` rounds of time.process_time() around one `assign` call, starting from
+the assignment the previous step produced (a leave from a fresh placement of every node, a join from that,
+a new store added to that). With --code the same script runs on another checkout (say, an earlier commit in
+a `git worktree`) right after this one, and both are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NODES, STORES, PARTITIONS, RF, ZONES = 1000, 100, 1000, 3, 3
+
+
+def measure(rounds: int) -> dict[str, dict[str, float]]:
+    from keyroute.node.assignment import assign
+
+    nodes = [f"node-{i:04d}" for i in range(NODES)]
+    shapes = {f"store-{i:03d}": (PARTITIONS, RF) for i in range(STORES)}
+    out: dict[str, dict[str, float]] = {}
+    for label, zones in (("no zones", None), (f"{ZONES} zones", {n: f"z{i % ZONES}" for i, n in enumerate(nodes)})):
+        fresh = assign(shapes, nodes, None, 1, zones=zones)
+        gone = nodes[NODES // 2]
+        left = [n for n in nodes if n != gone]
+        with_new = {**shapes, "store-new": (PARTITIONS, RF)}
+        times: dict[str, list[float]] = {"leave": [], "join": [], "new store": []}
+        for _ in range(rounds):
+            t0 = time.process_time()
+            after_leave = assign(shapes, left, fresh, 2, zones=zones)
+            t1 = time.process_time()
+            after_join = assign(shapes, nodes, after_leave, 3, zones=zones)
+            t2 = time.process_time()
+            assign(with_new, nodes, after_join, 4, zones=zones)
+            t3 = time.process_time()
+            times["leave"].append(t1 - t0)
+            times["join"].append(t2 - t1)
+            times["new store"].append(t3 - t2)
+        out[label] = {step: round(statistics.median(values), 3) for step, values in times.items()}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--code", type=Path, help="another checkout of the repository to measure as well")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if args.json:
+        import keyroute.node.assignment
+
+        code = Path(keyroute.node.assignment.__file__).resolve().parents[1].name  # the checkout measured
+        print(json.dumps({"code": code, **measure(args.rounds)}))
+        return
+    sys.path.insert(0, str(ROOT))
+    print(f"this checkout: {measure(args.rounds)}", flush=True)
+    if args.code is not None:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from control_plane import _site_of  # noqa: PLC0415 (only with --code)
+
+        with _site_of(args.code.resolve()) as site:
+            script = [sys.executable, str(Path(__file__).resolve()), "--rounds", str(args.rounds), "--json"]
+            env = {**os.environ, "PYTHONPATH": site}
+            done = subprocess.run(script, env=env, capture_output=True, text=True, check=False)
+            print(f"{args.code.name}: {done.stdout.strip() or done.stderr.strip().splitlines()[-1:]}")
+
+
+if __name__ == "__main__":
+    main()
