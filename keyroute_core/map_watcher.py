@@ -35,7 +35,7 @@ from typing import Any
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoAuthError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
-from kazoo.protocol.states import WatchedEvent, ZnodeStat
+from kazoo.protocol.states import EventType, WatchedEvent, ZnodeStat
 
 from keyroute.core import placement_records, zk_layout
 from keyroute.core.partition_map import (
@@ -218,7 +218,7 @@ class MapWatcher:
         except NoNodeError:
             if not record and self._client.exists(path, watch=self._on_watch) is not None:
                 # A root created since the read: read it (and watch it) on the next turn.
-                self._on_watch(_Created(path))
+                self._on_watch(WatchedEvent(EventType.CREATED, KazooState.CONNECTED, path))
             return None
         except NoAuthError:
             if not record:
@@ -286,7 +286,7 @@ class MapWatcher:
 
     def _forget(self, parent: str, name: str) -> None:
         self._raw.pop(f"{parent}/{name}", None)
-        self._set(parent, name, None)
+        self._clear(parent, name)
 
     def _take(self, path: str, settled: tuple[Any, ZnodeStat] | None) -> None:
         """One record as read (None: gone, or not readable by this identity)."""
@@ -298,7 +298,7 @@ class MapWatcher:
         data = settled[0] if settled else None
         if not data:
             self._raw.pop(path, None)
-            self._set(parent, name, None)
+            self._clear(parent, name)
             return
         if self._raw.get(path) == data:
             return  # unchanged: keep what it was parsed into
@@ -313,15 +313,16 @@ class MapWatcher:
         except RecordError as exc:
             what = {zk_layout.STORES: "store", zk_layout.NODES: "node"}.get(parent, "serving record of")
             log.warning("ignoring %s %s: %s", what, name, exc)
-            self._set(parent, name, None)
+            self._clear(parent, name)
 
-    def _set(self, parent: str, name: str, record: None) -> None:
+    def _clear(self, parent: str, name: str) -> None:
+        """The record under `parent` named `name` is gone (or unusable): out of the map."""
         if parent == zk_layout.STORES:
-            self._builder.set_store(name, record)
+            self._builder.set_store(name, None)
         elif parent == zk_layout.NODES:
-            self._builder.set_node(name, record)
+            self._builder.set_node(name, None)
         elif parent == zk_layout.SERVING:
-            self._builder.set_serving(name, record)
+            self._builder.set_serving(name, None)
 
     # -- the assignment ----------------------------------------------------------------------------
 
@@ -378,9 +379,3 @@ class MapWatcher:
         self._placement_root = raw_root
         self._builder.set_assignment(Assignment(generation, {store: parts[store][1] for store in wanted}))
 
-
-class _Created:
-    """A stand-in watch event: `path` was created."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
