@@ -157,10 +157,7 @@ def assign(
             leaders = _choose_leaders(sets, previous_leaders, lead_target, strict=True)
         if leaders is not None:
             leader_seats = attempt
-            placed = [
-                reps if reps[0] == lead else [lead, *(m for m in reps if m != lead)]
-                for reps, lead in zip(sets, leaders, strict=True)
-            ]
+            placed = [_led_by(reps, lead) for reps, lead in zip(sets, leaders, strict=True)]
         else:
             # Preferred replicas first, balanced by construction; the other replicas placed around them.
             # A node may lead only as many partitions as it holds replicas: the extra preferred replicas go
@@ -174,7 +171,7 @@ def assign(
             lead_target = {m: lead_floor + (1 if m in lead_extras else 0) for m in members}
             chosen = _choose_leaders(kept, previous_leaders, lead_target, strict=False)
             assert chosen is not None
-            around = [[lead, *(m for m in reps if m != lead)] for reps, lead in zip(kept, chosen, strict=True)]
+            around = [_led_by(reps, lead) for reps, lead in zip(kept, chosen, strict=True)]
             follower_target = {m: target[m] - lead_target[m] for m in members}
             # A preferred replica on a node beyond its replica target: that node ends above it.
             uneven = uneven or any(v < 0 for v in follower_target.values())
@@ -456,6 +453,11 @@ def _counts(sets: Iterable[Sequence[str]], members: Sequence[str]) -> dict[str, 
         for m in reps:
             counts[m] += 1
     return counts
+
+
+def _led_by(reps: list[str], lead: str) -> list[str]:
+    """`reps` with `lead` first (the list itself when it already is)."""
+    return reps if reps and reps[0] == lead else [lead, *(m for m in reps if m != lead)]
 
 
 def _ordered(reps: Sequence[str], before: Sequence[str]) -> list[str]:
