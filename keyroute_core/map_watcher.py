@@ -12,6 +12,11 @@ partitions (keyroute.core.partition_map.MapBuilder), not the cluster. The assign
 root: only the store records whose generation it changed are read again. Records whose bytes did not
 change are not parsed again.
 
+A node's watcher (`node_id` given) reads its own share of the assignment (/assigned/{node_id}) instead of
+every store record, once the root says the controller writes those records: its map's assignment then
+holds that node's partitions only, plus the whole replica lists of the stores it is asked to `follow()`
+(a node handing partitions over must see who else is assigned them). A router reads every store record.
+
 Watch callbacks run on kazoo's threads and must not block: they only note the path and wake the worker.
 One worker thread does the reading and hands each new immutable map to `on_map` (the caller moves it onto
 its event loop, e.g. with `loop.call_soon_threadsafe`). Events that arrive while it reads are taken
@@ -70,6 +75,7 @@ class MapWatcher:
         client: KazooClient,
         on_map: Callable[[PartitionMap], None],
         safety_refresh_s: float = 60.0,
+        node_id: str | None = None,
     ) -> None:
         self._client = client
         self._on_map = on_map
@@ -87,6 +93,8 @@ class MapWatcher:
         self._resync = True
         self.reads = 0  # maps read from ZooKeeper (for tests and benchmarks)
         self.full_reads = 0  # of which whole re-reads
+        self.bytes_read = 0  # bytes of every record read (for tests and benchmarks)
+        self.store_assignments_read = 0  # store records of the assignment read (/placement/{store})
         # The worker's own state: the records as last read, and the bytes they were parsed from.
         self._builder = MapBuilder()
         self._names: dict[str, set[str]] = {parent: set() for parent in _PARENTS}
@@ -94,6 +102,16 @@ class MapWatcher:
         self._placement_root: bytes | None = None
         self._placement_parts: dict[str, tuple[int, tuple[tuple[str, ...], ...]]] = {}
         self._legacy_assignment: bytes | None = None
+        # A node's own share: its record's path (None: a router), the record as read and parsed, and per
+        # store the replica lists that share stands for (kept, so an unchanged store is the same object).
+        self._own_path = zk_layout.assigned_path(node_id) if node_id is not None else None
+        self._node_id = node_id
+        self._own_raw: bytes | None = None
+        self._own: placement_records.Share = {}
+        self._own_replicas: dict[str, tuple[tuple[int, frozenset[int]], tuple[tuple[str, ...], ...]]] = {}
+        # Stores whose whole assignment a node asked for (`follow`), and the ones its current map holds.
+        self._follow: frozenset[str] = frozenset()
+        self._followed: frozenset[str] | None = None
         self._generation = 0
         self._thread = threading.Thread(target=self._run, name="keyroute-map-watcher", daemon=True)
         self._current = PartitionMap.empty().marked_stale(True)
@@ -118,6 +136,17 @@ class MapWatcher:
     def refresh(self) -> None:
         """Re-read everything now (e.g. a node told us our view is stale)."""
         self._resync = True
+        self._dirty.set()
+
+    def follow(self, stores: frozenset[str]) -> None:
+        """A node's watcher: also read these stores' whole assignment (their replica lists), not only this
+        node's share of it. Any thread; takes effect on the worker's next turn."""
+        stores = frozenset(stores)
+        if stores == self._follow:
+            return
+        self._follow = stores
+        with self._events_lock:
+            self._events.add((_PLACEMENT, ""))
         self._dirty.set()
 
     def hold_watches(self) -> None:
@@ -154,6 +183,8 @@ class MapWatcher:
             what = (_LISTING, path)
         elif path in (zk_layout.PLACEMENT, zk_layout.ASSIGNMENT):
             what = (_PLACEMENT, "")
+        elif path == self._own_path:
+            what = (_PLACEMENT, path)
         else:
             what = (_RECORD, path)
         with self._events_lock:
@@ -228,6 +259,8 @@ class MapWatcher:
             log.warning("ZooKeeper denies reading %s to this identity; ignoring it", path)
             return None
         self._generation = max(self._generation, stat.mzxid, stat.pzxid)
+        if isinstance(value, bytes):
+            self.bytes_read += len(value)
         return value, stat
 
     def _read_all(self) -> PartitionMap:
@@ -237,7 +270,7 @@ class MapWatcher:
         zk = self._client
         watch = self._on_watch
         listing = {path: zk.get_children_async(path, watch=watch, include_data=True) for path in _PARENTS}
-        placement = self._start_placement()
+        placement = self._start_placement(own=True)
         names: dict[str, set[str]] = {}
         for parent, pending in listing.items():
             settled = self._settle(parent, pending)
@@ -264,7 +297,8 @@ class MapWatcher:
             for kind, path in events
             if kind == _LISTING
         }
-        placement = self._start_placement() if (_PLACEMENT, "") in events else None
+        asked = {path for kind, path in events if kind == _PLACEMENT}
+        placement = self._start_placement(own=bool(asked - {""})) if asked else None
         wanted = {path for kind, path in events if kind == _RECORD}
         for parent, pending in listing.items():
             settled = self._settle(parent, pending)
@@ -326,15 +360,22 @@ class MapWatcher:
 
     # -- the assignment ----------------------------------------------------------------------------
 
-    def _start_placement(self) -> Any:
-        """Ask for the assignment's root (watched: every new assignment rewrites it)."""
-        return self._client.get_async(zk_layout.PLACEMENT, watch=self._on_watch)
-
-    def _finish_placement(self, pending: Any) -> None:
-        """Read the store records the root names at a generation not held yet (without a watch: the root's
-        fires for every new assignment), or the legacy single record when there is no root yet."""
+    def _start_placement(self, own: bool) -> tuple[Any, Any]:
+        """Ask for the assignment's root (watched: every new assignment rewrites it) and, for a node when
+        `own` (its record's watch fired, or everything is read again), its own share."""
         zk = self._client
-        settled = self._settle(zk_layout.PLACEMENT, pending)
+        root = zk.get_async(zk_layout.PLACEMENT, watch=self._on_watch)
+        mine = zk.get_async(self._own_path, watch=self._on_watch) if own and self._own_path is not None else None
+        return root, mine
+
+    def _finish_placement(self, pending: tuple[Any, Any]) -> None:
+        """Read the store records the root names at a generation not held yet (without a watch: the root's
+        fires for every new assignment), or the legacy single record when there is no root yet. A node
+        whose controller writes node records reads only the stores it follows, and takes its own share."""
+        zk = self._client
+        root_read, own_read = pending
+        settled = self._settle(zk_layout.PLACEMENT, root_read)
+        own_changed = own_read is not None and self._take_own(self._settle(self._own_path or "", own_read))
         raw_root = settled[0] if settled else None
         if not raw_root:
             # Written by a controller of the layout before /placement (an upgrade in progress).
@@ -349,16 +390,20 @@ class MapWatcher:
                     log.warning("ignoring the assignment: %s", exc)
             return
         self._legacy_assignment = None
-        if raw_root == self._placement_root:
-            return
         try:
-            generation, wanted = placement_records.parse_root(raw_root)
+            root = placement_records.parse_root(raw_root)
         except RecordError as exc:
             log.warning("ignoring the assignment: %s", exc)
             return
+        own_only = self._own_path is not None and root.node_records
+        follow = self._follow if own_only else None
+        if raw_root == self._placement_root and follow == self._followed and not own_changed:
+            return
+        whole = set(root.stores) if follow is None else follow & root.stores.keys()
         parts = self._placement_parts
-        missing = [store for store, g in wanted.items() if parts.get(store, (None,))[0] != g]
+        missing = [store for store in whole if parts.get(store, (None,))[0] != root.stores[store]]
         reads = {store: zk.get_async(zk_layout.placement_path(store)) for store in missing}
+        self.store_assignments_read += len(reads)
         fresh: dict[str, tuple[int, tuple[tuple[str, ...], ...]]] = {}
         for store, read in reads.items():
             settled_part = self._settle(zk_layout.placement_path(store), read, record=True)
@@ -371,11 +416,40 @@ class MapWatcher:
             except RecordError as exc:
                 log.warning("ignoring the assignment: %s", exc)
                 return
-            if fresh[store][0] != wanted[store]:
+            if fresh[store][0] != root.stores[store]:
                 return  # written ahead of (or behind) the root: in progress, as above
         parts.update(fresh)
-        for store in [store for store in parts if store not in wanted]:
+        for store in [store for store in parts if store not in whole]:
             del parts[store]
         self._placement_root = raw_root
-        self._builder.set_assignment(Assignment(generation, {store: parts[store][1] for store in wanted}))
+        self._followed = follow
+        stores = {store: parts[store][1] for store in whole}
+        if own_only:
+            for store, share in self._own.items():
+                if store in root.stores and store not in stores:
+                    stores[store] = self._own_replica_lists(store, share)
+        self._builder.set_assignment(Assignment(root.generation, stores))
 
+    def _take_own(self, settled: tuple[Any, ZnodeStat] | None) -> bool:
+        """A node's own record as read (None: it has no share); whether it changed."""
+        raw = settled[0] if settled else None
+        if raw == self._own_raw:
+            return False
+        self._own_raw = raw
+        try:
+            self._own = placement_records.parse_node_record(raw)[1] if raw else {}
+        except RecordError as exc:
+            log.warning("ignoring this node's assignment record: %s", exc)
+            self._own = {}
+        return True
+
+    def _own_replica_lists(self, store: str, share: tuple[int, frozenset[int]]) -> tuple[tuple[str, ...], ...]:
+        """The store's replica lists as far as this node knows them: itself at its partitions."""
+        kept = self._own_replicas.get(store)
+        if kept is not None and kept[0] == share:
+            return kept[1]
+        count, partitions = share
+        mine = (self._node_id or "",)
+        lists = tuple(mine if p in partitions else () for p in range(count))
+        self._own_replicas[store] = (share, lists)
+        return lists

@@ -387,12 +387,14 @@ class PartitionMap:
         routes = self.routes.get(name, ())
         return store is not None and len(routes) == store.partitions and all(routes)
 
-    def describe(self, now: float | None = None) -> dict[str, Any]:
-        """The operator's view served at /admin/partition-map."""
+    def describe(self, now: float | None = None, assignment: Assignment | None = None) -> dict[str, Any]:
+        """The operator's view served at /admin/partition-map (with `assignment`, that one's replicas: a
+        node's map holds only its own share)."""
         now = time.time() if now is None else now
+        assignment = self.assignment if assignment is None else assignment
         return {
             "generation": self.generation,
-            "assignment_generation": self.assignment.generation,
+            "assignment_generation": assignment.generation,
             "age_s": round(max(0.0, now - self.built_at), 3),
             "stale": self.stale,
             "complete": self.complete,
@@ -423,7 +425,7 @@ class PartitionMap:
                     "partition_map": [
                         {
                             "partition": p,
-                            "assigned": list(self.assignment.replicas(name, p)),
+                            "assigned": list(assignment.replicas(name, p)),
                             "serving": [
                                 {"node": ep.node_id, "url": ep.url, "version": ep.version}
                                 for ep in self.serving_endpoints(name, p)

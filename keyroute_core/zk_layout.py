@@ -7,6 +7,8 @@
 /placement                 persistent  the assignment's root: its generation, and the generation of each
                                        store's record (keyroute.core.placement_records)
 /placement/{store}         persistent  one store's desired replicas per partition, preferred first
+/assigned/{node_id}        persistent  one node's share of the assignment: its partitions per store, so a
+                                       node reads its own record rather than every store's
 /assignment                persistent  the whole assignment in one record: the layout before /placement,
                                        read only until the first controller writes /placement
 /serving/{node_id}         ephemeral   ServingRecord: partitions a node has loaded, at which version
@@ -21,10 +23,11 @@ NODES = "/nodes"
 CONTROLLER = "/controller"
 ASSIGNMENT = "/assignment"
 PLACEMENT = "/placement"
+ASSIGNED = "/assigned"
 SERVING = "/serving"
 LIVE = "/live"
 
-PERSISTENT_ROOTS = (STORES, NODES, CONTROLLER, SERVING, LIVE, PLACEMENT)
+PERSISTENT_ROOTS = (STORES, NODES, CONTROLLER, SERVING, LIVE, PLACEMENT, ASSIGNED)
 
 
 def store_path(store: str) -> str:
@@ -33,6 +36,10 @@ def store_path(store: str) -> str:
 
 def placement_path(store: str) -> str:
     return f"{PLACEMENT}/{store}"
+
+
+def assigned_path(node_id: str) -> str:
+    return f"{ASSIGNED}/{node_id}"
 
 
 def node_path(node_id: str) -> str:

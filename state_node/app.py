@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -23,13 +23,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from keyroute.core import zk
+from keyroute.core import placement_records, zk
 from keyroute.core.api import HEADER_NODE, HEADER_REQUEST_ID, ApiError, BadRequest
 from keyroute.core.live_status import LiveStatusReader, annotate
 from keyroute.core.logs import bind_request_id
 from keyroute.core.map_watcher import MapWatcher
 from keyroute.core.metrics import CONTENT_TYPE
-from keyroute.core.partition_map import PartitionMap
+from keyroute.core.partition_map import Assignment, PartitionMap
 from keyroute.core.request_guard import Admission, RequestGuard
 from keyroute.core.security import BearerAuth, ClusterAuth
 from keyroute.core.settings import NodeSettings
@@ -58,6 +58,9 @@ class Node:
     metrics: NodeMetrics = field(default_factory=NodeMetrics)
     # Every node's live partitions' reports, for the partition map (None: no ZooKeeper session, in tests).
     live_status: LiveStatusReader | None = None
+    # The whole assignment read from ZooKeeper, for the admin views (a node's map holds only its own share;
+    # None: no ZooKeeper session, in tests: the map's assignment is shown).
+    whole_assignment: Callable[[], Assignment | None] | None = None
     # Tells other members' requests (whose hop header counts) from clients' (whose does not).
     members: ClusterAuth = field(init=False)
     # X-Keyroute-Node, as every answer of this node carries it.
@@ -190,21 +193,23 @@ async def _running_node(
     except NodeIdInUse as exc:
         await run_in_threadpool(zk.close, client)
         raise StartupError(str(exc)) from exc
-    ownership = Ownership(
-        settings,
-        registration,
-        drop_grace_s=drop_grace_s,
-        max_parallel_loads=max_parallel_loads,
-        loader=metrics.timed(load_partition),
-    )
-    metrics.watch(ownership)
 
     def on_map(new_map: PartitionMap) -> None:
         # Called on the watcher's thread: hand the immutable map to the loop and return at once.
         with contextlib.suppress(RuntimeError):  # the loop is closing: the map no longer matters
             loop.call_soon_threadsafe(ownership.on_map, new_map)
 
-    watcher = MapWatcher(client, on_map)
+    # The node's own share of the assignment, and the whole of the stores it hands partitions over in.
+    watcher = MapWatcher(client, on_map, node_id=settings.node_id)
+    ownership = Ownership(
+        settings,
+        registration,
+        drop_grace_s=drop_grace_s,
+        max_parallel_loads=max_parallel_loads,
+        loader=metrics.timed(load_partition),
+        follow=watcher.follow,
+    )
+    metrics.watch(ownership)
     controller = Controller(client, settings.node_id)
     timeout = settings.forward_timeout_s
     http = httpx.AsyncClient(
@@ -214,7 +219,16 @@ async def _running_node(
         trust_env=False,
         follow_redirects=False,
     )
-    node = Node(settings, ownership, http, controller, registration, metrics, LiveStatusReader(lambda: client))
+    node = Node(
+        settings,
+        ownership,
+        http,
+        controller,
+        registration,
+        metrics,
+        LiveStatusReader(lambda: client),
+        whole_assignment=lambda: placement_records.read_whole(client),
+    )
     try:
         await run_in_threadpool(registration.register_node)
         watcher.start()
@@ -250,7 +264,7 @@ def _request_id_header(request: Request) -> dict[str, str]:
 async def partition_map(request: Request) -> Response:
     node = _node(request)
     m = node.ownership.map
-    body = m.describe()
+    body = m.describe(assignment=await _whole_assignment(node, m))
     if node.live_status is not None:
         annotate(body, m, await run_in_threadpool(node.live_status.read_for, m))
     body["node"] = node.node_id
@@ -258,6 +272,19 @@ async def partition_map(request: Request) -> Response:
     body["leaving"] = node.ownership.leaving
     body["local"] = node.ownership.describe()
     return JSONResponse(body)
+
+
+async def _whole_assignment(node: Node, m: PartitionMap) -> Assignment:
+    """The whole assignment for an admin view, read now (the map's, which may hold only this node's share,
+    when ZooKeeper cannot give it)."""
+    if node.whole_assignment is None or m.stale:
+        return m.assignment
+    try:
+        whole = await run_in_threadpool(node.whole_assignment)
+    except Exception as exc:  # ZooKeeper away, or a record unreadable: show what the node knows
+        log.warning("reading the whole assignment for an admin view failed: %s", exc)
+        return m.assignment
+    return m.assignment if whole is None else whole
 
 
 async def route(request: Request) -> Response:
@@ -270,6 +297,7 @@ async def route(request: Request) -> Response:
     record = find_store(m, store_name)
     key = parse_key_text(record, key_text)
     r = m.route(record, key.data)
+    whole = await _whole_assignment(node, m)
     held = node.ownership.local(store_name, r.partition)
     return JSONResponse(
         {
@@ -280,7 +308,7 @@ async def route(request: Request) -> Response:
             "partition": r.partition,
             "partitions": record.partitions,
             "version": record.version,
-            "assigned": list(r.assigned),
+            "assigned": list(whole.replicas(store_name, r.partition)),
             "serving": [{"node": ep.node_id, "url": ep.url, "version": ep.version} for ep in r.serving],
             "local": {"node": node.node_id, "version": held.version if held is not None else None},
             "map_stale": m.stale,

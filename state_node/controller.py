@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 # Watches push every change; this only bounds how long a lost watch could leave the assignment behind.
 SAFETY_RECOMPUTE_S = 30.0
 RETRY_AFTER_ERROR_S = 1.0
+# The largest transaction of node records written at once.
+_TRANSACTION_BYTES = 256 * 1024
 
 
 @contextlib.contextmanager
@@ -84,6 +86,10 @@ class Controller:
         # The inputs (stores, nodes and their zones, the root's version) of the last recomputation: the same
         # inputs again give the same assignment, so it is not computed again.
         self._computed: tuple[object, ...] | None = None
+        # Every node's share of the assignment as the /assigned records hold it, and the assignment those
+        # shares are of (None: not known, read them all before the next write).
+        self._shares: dict[str, placement_records.Share] | None = None
+        self._shares_of: Assignment | None = None
         self._nodes_changed: set[str] = set()
         self._nodes_lock = threading.Lock()
 
@@ -152,6 +158,7 @@ class Controller:
         self._dirty.set()
         self._client.add_listener(self._on_state)
         self._node_records, self._computed = {}, None
+        self._shares, self._shares_of = None, None
         try:
             while not self._stopped.is_set() and not self._lost.is_set():
                 if not self._dirty.wait(timeout=SAFETY_RECOMPUTE_S):
@@ -249,6 +256,10 @@ class Controller:
             stores[name] = (record.partitions, record.replication_factor)
 
         previous, version, generations = self._previous()
+        if previous is not None and version >= 0:
+            # Node records a predecessor left behind its root (or none, before this layout) are put right
+            # first; after that each write of the assignment rewrites only the shares it changed.
+            self._write_shares(election, previous)
         inputs = (stores, zones, version)
         if inputs == self._computed:
             return  # a watch that fired for what the last recomputation already saw (or wrote)
@@ -352,6 +363,7 @@ class Controller:
             for store in gone:  # no longer named by the root: nobody reads them
                 with contextlib.suppress(NoNodeError):
                     zk.delete(zk_layout.placement_path(store))
+            self._write_shares(election, wanted)
             return
         if isinstance(results[0], NoNodeError):
             raise NotLeader()
@@ -359,3 +371,83 @@ class Controller:
         # read it again and recompute on top of it.
         self._dirty.set()
         log.info("assignment changed under the controller (%s); recomputing", failures[-1])
+
+    def _write_shares(self, election: Election, assignment: Assignment) -> None:
+        """Bring the node records (/assigned/{node}) in line with `assignment`, the one the root names: the
+        shares that changed since the last call, or after a start (or a failed write) every record read and
+        compared. Written in transactions that check this controller still leads."""
+        if self._shares_of is assignment:
+            return
+        zk = self._client
+        held, of = self._shares, self._shares_of
+        self._shares = self._shares_of = None  # unknown until every write below went through
+        if held is None or of is None:
+            zk.ensure_path(zk_layout.ASSIGNED)
+            names = zk.get_children(zk_layout.ASSIGNED)
+            reads = {name: zk.get_async(zk_layout.assigned_path(name)) for name in names}
+            written: dict[str, placement_records.Share | None] = {}
+            for name, pending in reads.items():
+                try:
+                    written[name] = placement_records.parse_node_record(pending.get()[0])[1]
+                except NoNodeError:
+                    continue
+                except RecordError:
+                    written[name] = None  # unreadable: rewritten below (or deleted)
+            wanted = placement_records.shares(assignment)
+            touched = {n for n in wanted.keys() | written.keys() if written.get(n, {}) != wanted.get(n)}
+            existing = set(written)
+        else:
+            existing = set(held)
+            touched = placement_records.update_shares(of, assignment, held)
+            wanted = held
+        ops = []
+        for node in sorted(touched):
+            path = zk_layout.assigned_path(node)
+            share = wanted.get(node)
+            if share is None:
+                if node in existing:
+                    ops.append(("delete", path, b""))
+            else:
+                data = placement_records.node_record(assignment.generation, share)
+                ops.append(("set" if node in existing else "create", path, data))
+        self._commit_fenced(election, ops)
+        self.records_written += len(ops)
+        self._shares, self._shares_of = wanted, assignment
+
+    def _commit_fenced(self, election: Election, ops: list[tuple[str, str, bytes]]) -> None:
+        """Writes in transactions of at most ~256 KB (far below ZooKeeper's 1 MB request limit), each with a
+        check that this controller's election znode still exists, sent together."""
+        lock = election.lock
+        if lock.node is None:
+            raise NotLeader()
+        fence = f"{lock.path}/{lock.node}"
+        batches: list[list[tuple[str, str, bytes]]] = [[]]
+        size = 0
+        for op in ops:
+            if batches[-1] and size + len(op[2]) > _TRANSACTION_BYTES:
+                batches.append([])
+                size = 0
+            batches[-1].append(op)
+            size += len(op[2]) + len(op[1])
+        pending = []
+        for batch in batches:
+            if not batch:
+                continue
+            txn = self._client.transaction()
+            txn.check(fence, 0)
+            for kind, path, data in batch:
+                if kind == "delete":
+                    txn.delete(path)
+                elif kind == "create":
+                    txn.create(path, data)
+                else:
+                    txn.set_data(path, data)
+            pending.append(txn.commit_async())
+        for result in pending:
+            results = result.get()
+            if isinstance(results[0], NoNodeError):
+                raise NotLeader()
+            failures = [r for r in results if isinstance(r, Exception)]
+            if failures:
+                # A record not as this controller thought (changed by someone else): read them all next time.
+                raise KazooException(f"writing the nodes' assignment records failed: {failures[-1]!r}")

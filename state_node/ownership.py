@@ -143,6 +143,7 @@ class Ownership:
         drop_grace_s: float = 2.0,
         retry_failed_s: float = 5.0,
         loader: Loader = load_partition,
+        follow: Callable[[frozenset[str]], None] | None = None,
     ) -> None:
         self._settings = settings
         self._node_id = settings.node_id
@@ -152,6 +153,10 @@ class Ownership:
         self._version_grace_s = settings.version_grace_s
         self._retry_failed_s = retry_failed_s
         self._loader = loader
+        # Asks the map watcher for the whole assignment of the stores this node hands partitions over in
+        # (its map otherwise holds only this node's share): make before break needs the other replicas.
+        self._follow = follow
+        self._following: frozenset[str] = frozenset()
         self._executor = ThreadPoolExecutor(max_parallel_loads, thread_name_prefix="keyroute-load")
         self._map = PartitionMap.empty().marked_stale(True)
         self._entries: dict[PartitionId, _Entry] = {}
@@ -474,6 +479,24 @@ class Ownership:
 
         self._rebuild_view()
         self._schedule_retry(now)
+        self._follow_handovers(desired)
+
+    def _follow_handovers(self, desired: Mapping[PartitionId, StoreRecord]) -> None:
+        """Ask for the whole assignment of every store with a partition held here that is not wanted here at
+        any version (being handed over; when leaving, everything held), and only of those."""
+        if self._follow is None:
+            return
+        wanted = {(pid.store, pid.partition) for pid in desired}
+        stores = frozenset(
+            pid.store
+            for pid, entry in self._entries.items()
+            if entry.store is not None
+            and entry.state in (PartitionState.SERVING, PartitionState.DRAINING)
+            and (self._leaving or (pid.store, pid.partition) not in wanted)
+        )
+        if stores != self._following:
+            self._following = stores
+            self._follow(stores)
 
     def _may_drop(self, pid: PartitionId, m: PartitionMap, wanted: PartitionId | None) -> bool:
         """Whether a partition no longer wanted at this version may go (make before break)."""

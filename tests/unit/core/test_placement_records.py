@@ -4,6 +4,8 @@ of each belongs together."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from keyroute.core import placement_records as records
 from keyroute.core.partition_map import Assignment, RecordError
@@ -42,3 +44,56 @@ def test_a_reader_never_takes_a_half_written_assignment() -> None:
         records.assemble(root, {"a": a5, "b": None})
     with pytest.raises(RecordError):
         records.assemble(root, {"a": b"{not json", "b": b4})
+
+
+def test_a_nodes_share_round_trips_and_stays_small_at_the_target_size() -> None:
+    # 1,000 nodes, 100 stores x 1,000 partitions, rf 3: about 300 replicas per node, 3 per store.
+    share = {f"store-{s:03d}": (1000, frozenset((s * 7 + k * 333) % 1000 for k in range(3))) for s in range(100)}
+    raw = records.node_record(9, share)
+    assert records.parse_node_record(raw) == (9, share)
+    assert len(raw) < 8 * 1024  # a node reads this, not 100 store records of ~35 KB each
+    with pytest.raises(RecordError, match="outside"):
+        records.parse_node_record(records.node_record(9, {"a": (4, frozenset({4}))}))
+    with pytest.raises(RecordError):
+        records.parse_node_record(b'{"generation": 1, "stores": {"a": {"partitions": 2}}}')
+
+
+def test_the_root_says_whether_node_records_are_written() -> None:
+    assert records.parse_root(records.root_record(3, {"a": 2})) == (3, {"a": 2}, True)
+    # A controller from before node records: readers then read every store record.
+    assert records.parse_root(b'{"generation": 3, "stores": {"a": 2}}') == (3, {"a": 2}, False)
+    assert records.parse_root(records.root_record(3, {"a": 2}, node_records=False)).node_records is False
+
+
+_NODES = st.sampled_from(["n1", "n2", "n3", "n4", "n5"])
+_REPLICAS = st.lists(_NODES, min_size=0, max_size=3, unique=True).map(tuple)
+_STORE = st.integers(1, 6).flatmap(lambda n: st.lists(_REPLICAS, min_size=n, max_size=n).map(tuple))
+_ASSIGNMENT = st.dictionaries(st.sampled_from(["a", "b", "c"]), _STORE, max_size=3)
+
+
+@given(before=_ASSIGNMENT, after=_ASSIGNMENT, keep=st.sets(st.sampled_from(["a", "b", "c"])))
+def test_shares_updated_from_the_difference_equal_shares_computed_whole(
+    before: dict[str, tuple[tuple[str, ...], ...]],
+    after: dict[str, tuple[tuple[str, ...], ...]],
+    keep: set[str],
+) -> None:
+    # Some stores keep the very same replica lists (the controller's placement reuses unchanged ones).
+    after = {**after, **{s: before[s] for s in keep if s in before}}
+    old, new = Assignment(1, before), Assignment(2, after)
+    was = records.shares(old)
+    held = records.shares(old)
+    touched = records.update_shares(old, new, held)
+    whole = records.shares(new)
+    assert held == whole
+    # Exactly the nodes whose share differs are rewritten (a change of replica order alone is none).
+    assert touched >= {n for n in was.keys() | whole.keys() if was.get(n) != whole.get(n)}
+    assert all(was.get(n) != whole.get(n) or _reshaped(old, new, n) for n in touched)
+
+
+def _reshaped(old: Assignment, new: Assignment, node: str) -> bool:
+    """A store the node is in changed its partition count (or came or went): its record is rewritten whole."""
+    return any(
+        len(old.stores.get(s, ())) != len(new.stores.get(s, ()))
+        and any(node in reps for reps in old.stores.get(s, ()) + new.stores.get(s, ()))
+        for s in old.stores.keys() | new.stores.keys()
+    )

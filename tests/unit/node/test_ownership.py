@@ -156,6 +156,32 @@ def test_make_before_break_when_a_partition_moves_away(snapshot, data_dir: Path)
     run(data_dir, scenario)
 
 
+def test_the_whole_assignment_is_followed_only_for_stores_with_a_partition_being_handed_over(
+    snapshot, data_dir: Path
+) -> None:
+    """A node's map holds its own share of the assignment; make before break needs the other replicas of a
+    partition it hands over, so it asks for those stores' whole assignment, and only while it needs them."""
+    s, t = snapshot("s", 1, 2, ROWS), snapshot("t", 1, 1, ROWS)
+    asked: list[frozenset[str]] = []
+
+    async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
+        held = {"s": {0: 1, 1: 1}, "t": {0: 1}}
+        ownership.on_map(build_map([s, t], {"s": ((ME,), (ME,)), "t": ((ME,),)}))
+        await wait_until(lambda: registration.last == held)
+        assert all(not stores for stores in asked)  # nothing handed over: only this node's share
+        moved = {"s": ((OTHER,), (ME,)), "t": ((ME,),)}
+        ownership.on_map(build_map([s, t], moved, {ME: held}, 2))
+        await ownership.settled()
+        assert asked[-1] == {"s"}
+        ownership.on_map(build_map([s, t], moved, {ME: held, OTHER: {"s": {0: 1}}}, 3))
+        await wait_until(lambda: registration.last == {"s": {1: 1}, "t": {0: 1}})
+        assert asked[-1] == frozenset()  # handed over: back to this node's share alone
+        ownership.leave()  # a leaving node hands over everything it holds
+        assert asked[-1] == {"s", "t"}
+
+    run(data_dir, scenario, follow=asked.append)
+
+
 def test_a_partition_leaving_both_its_holders_is_kept_until_a_new_holder_serves_it(snapshot, data_dir: Path) -> None:
     record = snapshot("s", 1, 1, ROWS)
     third = "n3"

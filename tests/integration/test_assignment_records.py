@@ -1,0 +1,114 @@
+"""Each node's share of the assignment in a record of its own (/assigned/{node}): written by a real controller
+after the root, kept in line through joins, leaves and a takeover, and followed by a node's map watcher, which
+reads it rather than every store record (a real ZooKeeper)."""
+
+from __future__ import annotations
+
+import pytest
+from kazoo.client import KazooClient
+
+from keyroute.core import placement_records, zk_layout
+from keyroute.core.key_format import KeyFormat
+from keyroute.core.map_watcher import MapWatcher
+from keyroute.core.partition_map import Assignment, NodeRecord, StoreRecord
+from keyroute.core.partitioner import Partitioner
+from keyroute.core.settings import ZkSettings
+from keyroute.core.zk import close, connect
+from keyroute.node.controller import Controller
+from tests.util import wait_for
+
+pytestmark = pytest.mark.integration
+
+SHAPES = {f"s{i}": (8, 2) for i in range(6)}
+ME = "n2"
+
+
+def _written(admin: KazooClient) -> dict[str, placement_records.Share]:
+    out = {}
+    for name in admin.get_children(zk_layout.ASSIGNED):
+        out[name] = placement_records.parse_node_record(admin.get(zk_layout.assigned_path(name))[0])[1]
+    return out
+
+
+def _in_line(admin: KazooClient) -> Assignment | None:
+    """The assignment the root names, once every node record holds that node's share of it (else None)."""
+    try:
+        whole = placement_records.read(admin)[0]
+    except placement_records.InProgress:
+        return None
+    return whole if whole is not None and _written(admin) == placement_records.shares(whole) else None
+
+
+def test_node_records_follow_the_assignment_and_a_node_reads_only_its_own(zk_settings: ZkSettings) -> None:
+    admin, fleet, node_zk, router_zk = (connect(zk_settings) for _ in range(4))
+    node = MapWatcher(node_zk, lambda _map: None, safety_refresh_s=600.0, node_id=ME)
+    router = MapWatcher(router_zk, lambda _map: None, safety_refresh_s=600.0)
+    controllers: list[Controller] = []
+
+    def join(name: str) -> None:
+        fleet.create(zk_layout.node_path(name), NodeRecord(name, f"http://{name}").to_json(), ephemeral=True)
+
+    def settled(what: str, check=lambda whole: True) -> Assignment:  # type: ignore[no-untyped-def]
+        whole = wait_for(lambda: (w := _in_line(admin)) is not None and check(w) and w, message=what)
+        wait_for(lambda: router.current.assignment == whole, message=f"the router: {what}")
+        wait_for(
+            lambda: node.current.assignment.generation == whole.generation
+            and node.current.assignment.partitions_of(ME) == whole.partitions_of(ME),
+            message=f"node {ME}: {what}",
+        )
+        return whole
+
+    def members(whole: Assignment) -> set[str]:
+        return {n for per in whole.stores.values() for reps in per for n in reps}
+
+    try:
+        for name, (partitions, rf) in SHAPES.items():
+            record = StoreRecord(name, partitions, Partitioner.MURMUR2, KeyFormat.STRING, 1, "/snap", ("v",), rf)
+            admin.create(zk_layout.store_path(name), record.to_json())
+        for name in ("n1", "n2", "n3", "n4"):
+            join(name)
+        node.start()
+        router.start()
+        controllers.append(Controller(admin, "n1"))
+        controllers[0].start()
+        whole = settled("the first assignment", lambda w: members(w) == {"n1", "n2", "n3", "n4"})
+        # The node's map holds its own share only: no other node's id, and no store record was read for it.
+        assert all(set(reps) <= {ME} for per in node.current.assignment.stores.values() for reps in per)
+        assert node.current.assignment.partitions_of(ME)
+
+        # Asked to follow a store (it hands a partition over there), it gets that store's replicas whole.
+        node.follow(frozenset({"s0"}))
+        wait_for(lambda: node.current.assignment.stores.get("s0") == whole.stores["s0"], message="s0 followed")
+        assert all(set(reps) <= {ME} for reps in node.current.assignment.stores["s1"])
+        node.follow(frozenset())
+        wait_for(lambda: all(set(reps) <= {ME} for reps in node.current.assignment.stores["s0"]), message="unfollowed")
+
+        # A node joins: it gets a record, the nodes that gave it partitions get theirs rewritten.
+        router_reads, node_reads = router.store_assignments_read, node.store_assignments_read
+        join("n5")
+        settled("n5 placed", lambda w: "n5" in members(w))
+        # The router read every store record the new assignment rewrote; the node, the root and its share.
+        assert router.store_assignments_read > router_reads and node.store_assignments_read == node_reads
+
+        # A node goes: its record goes with its share.
+        fleet.delete(zk_layout.node_path("n3"))
+        settled("n3 gone", lambda w: "n3" not in members(w))
+        assert "n3" not in admin.get_children(zk_layout.ASSIGNED)
+
+        # The controller stops; records are tampered with (as a predecessor that stopped between its root and
+        # its node records would leave them); the next controller puts every one right before anything else.
+        controllers[0].stop()
+        admin.set(zk_layout.assigned_path(ME), placement_records.node_record(1, {"s0": (8, frozenset({7}))}))
+        admin.delete(zk_layout.assigned_path("n4"))
+        admin.create(zk_layout.assigned_path("ghost"), placement_records.node_record(1, {"s1": (8, frozenset({0}))}))
+        controllers.append(Controller(admin, "n4"))
+        controllers[1].start()
+        settled("records put right by the next controller")
+        assert "ghost" not in admin.get_children(zk_layout.ASSIGNED)
+    finally:
+        for controller in controllers:
+            controller.stop()
+        node.stop()
+        router.stop()
+        for client in (router_zk, node_zk, fleet, admin):
+            close(client)
