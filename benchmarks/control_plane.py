@@ -220,6 +220,8 @@ def _measure(connect: str, n: int, stores_n: int, partitions: int, timeout_s: fl
         return routers[0].watcher.current.assignment if routers else None
 
     routers: list[Router] = []
+    nodes_watching: dict[str, Any] = {}
+    node_clients: list[KazooClient] = []
     started = time.monotonic()
     controller.start()
     watcher_client = client()
@@ -261,6 +263,17 @@ def _measure(connect: str, n: int, stores_n: int, partitions: int, timeout_s: fl
         for r in routers:
             r.watcher.start()
         wait(lambda: all(r.table is not None and r.table.complete for r in routers), "complete routers")
+        # Nodes' own map watchers (a node follows its own share of the assignment): those of the nodes that
+        # will leave and join, and of one node that stays put (what an ordinary node reads per change).
+        changing = [node_ids[1 + i * (n // (CHANGES + 1))] for i in range(CHANGES)]
+        bystander = node_ids[2]
+        node_client = client()
+        node_clients.append(node_client)
+        nodes_watching = {m: _node_watcher(MapWatcher, node_client, m) for m in [*changing, bystander]}
+        for w in nodes_watching.values():
+            w.start()
+        for m, w in nodes_watching.items():
+            wait(lambda w=w, m=m: w.current.assignment.partitions_of(m), f"node {m}'s own assignment")
         # A router joining: its first whole read and table.
         joining = Router()
         t0 = time.thread_time()
@@ -309,13 +322,14 @@ def _measure(connect: str, n: int, stores_n: int, partitions: int, timeout_s: fl
         result["burst_router_cpu_ms"] = round(statistics.mean(sum(r.cpu) for r in routers) * 1000, 1)
 
         # Nodes leaving and coming back: controller CPU, and time until both routers route on the new map.
-        leave_cpu, join_cpu, leave_lag, join_lag, seen_lag = [], [], [], [], []
-        for i in range(CHANGES):
-            node = node_ids[1 + i * (n // (CHANGES + 1))]
+        leave_cpu, join_cpu, leave_lag, join_lag, seen_lag, own_lag = [], [], [], [], [], []
+        node_kb, router_kb = [], []
+        for node in changing:
             for phase in ("leave", "join"):
                 generation = assignment_now().generation
                 recompute_cpu.clear()
                 recompute_started.clear()
+                read_before = (_bytes_read(nodes_watching[bystander]), _bytes_read(routers[0].watcher))
                 t0 = time.monotonic()
                 if phase == "leave":
                     session_of[node].delete(zk_layout.serving_path(node))
@@ -330,17 +344,33 @@ def _measure(connect: str, n: int, stores_n: int, partitions: int, timeout_s: fl
                     held = any(node in reps for per in m.assignment.stores.values() for reps in per)
                     return held if phase == "join" else not held
 
-                lags = []
-                for r in routers:
-                    wait(lambda r=r: routed(r), f"routers route on the {phase} of {node}")
-                    lags.append(time.monotonic() - t0)
+                own = nodes_watching[node]
+
+                def own_share(g: int = generation, node: str = node, own: Any = own) -> bool:
+                    m = own.current
+                    return m.assignment.generation > g and bool(m.assignment.partitions_of(node))
+
+                def bystander_caught_up(g: int = generation) -> bool:
+                    return nodes_watching[bystander].current.assignment.generation > g
+
+                waits = {f"router {i}": (lambda r=r: routed(r)) for i, r in enumerate(routers)}
+                waits["bystander"] = bystander_caught_up
+                if phase == "join":
+                    waits["own"] = own_share
+                seen = _wait_all(waits, deadline, f"the {phase} of {node}")
+                lags = [seen[f"router {i}"] - t0 for i in range(len(routers))]
                 (leave_lag if phase == "leave" else join_lag).append(max(lags))
                 if phase == "join" and recompute_started:
                     # From the controller starting the recomputation that saw the node (it reads the node
-                    # records first) to both routers, i.e. any node's map watcher, having its assignment.
+                    # records first) to both routers having its assignment, and to the node's own watcher.
                     seen_lag.append(t0 + max(lags) - recompute_started[0])
+                    own_lag.append(seen["own"] - recompute_started[0])
                 time.sleep(0.2)  # a recomputation may still be running
                 (leave_cpu if phase == "leave" else join_cpu).append(sum(recompute_cpu))
+                read_after = (_bytes_read(nodes_watching[bystander]), _bytes_read(routers[0].watcher))
+                if None not in read_before + read_after:
+                    node_kb.append((read_after[0] - read_before[0]) / 1024)
+                    router_kb.append((read_after[1] - read_before[1]) / 1024)
                 if phase == "join":
                     announce([node], assignment_now())
         result["controller_cpu_leave_s"] = _median(leave_cpu)
@@ -348,6 +378,9 @@ def _measure(connect: str, n: int, stores_n: int, partitions: int, timeout_s: fl
         result["routed_after_leave_s"] = _p50_p99(leave_lag)
         result["routed_after_join_s"] = _p50_p99(join_lag)
         result["join_assigned_after_seen_s"] = _p50_p99(seen_lag)
+        result["join_own_assignment_after_seen_s"] = _p50_p99(own_lag)
+        result["node_kb_read_per_change"] = round(statistics.median(node_kb), 1) if node_kb else "-"
+        result["router_kb_read_per_change"] = round(statistics.median(router_kb), 1) if router_kb else "-"
 
         # Rolling restart of a sample of nodes: ZooKeeper writes per node restarted (records written by the
         # controller, plus the node's own records).
@@ -373,11 +406,38 @@ def _measure(connect: str, n: int, stores_n: int, partitions: int, timeout_s: fl
         for r in routers:
             r.watcher.stop()
         probe.stop()
+        for w in nodes_watching.values():
+            w.stop()
         controller.stop()
-        for c in (*fleet, controller_client, watcher_client, admin, *(r.client for r in routers)):
+        for c in (*fleet, controller_client, watcher_client, admin, *(r.client for r in routers), *node_clients):
             c.stop()
             c.close()
     return result
+
+
+def _node_watcher(watcher_class: Any, zk: Any, node_id: str) -> Any:
+    """A node's map watcher; on code from before node records, a node's watcher read what a router's does."""
+    try:
+        return watcher_class(zk, lambda _m: None, node_id=node_id)
+    except TypeError:
+        return watcher_class(zk, lambda _m: None)
+
+
+def _bytes_read(watcher: Any) -> int | None:
+    return getattr(watcher, "bytes_read", None)
+
+
+def _wait_all(conditions: dict[str, Any], deadline: float, what: str) -> dict[str, float]:
+    """Poll every condition until all hold; when each first held (monotonic)."""
+    seen: dict[str, float] = {}
+    while len(seen) < len(conditions):
+        for name, holds in conditions.items():
+            if name not in seen and holds():
+                seen[name] = time.monotonic()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: still waiting for {sorted(set(conditions) - set(seen))}")
+        time.sleep(0.005)
+    return seen
 
 
 def _controller_writes(controller: Any) -> int:
@@ -399,6 +459,12 @@ def _record_sizes(admin: Any, zk_layout: Any) -> dict[str, float]:
         raw, _ = admin.get(zk_layout.ASSIGNMENT)
         if raw:
             sizes["assignment_largest"] = max(sizes.get("assignment_largest", 0), round(len(raw) / 1024, 1))
+    assigned = getattr(zk_layout, "ASSIGNED", None)
+    if assigned is not None and admin.exists(assigned):
+        children = admin.get_children(assigned)
+        sizes["node_share_largest"] = round(
+            max((len(admin.get(f"{assigned}/{c}")[0]) for c in children), default=0) / 1024, 1
+        )
     serving = admin.get_children(zk_layout.SERVING)
     if serving:
         sizes["serving_largest"] = round(max(len(admin.get(f"{zk_layout.SERVING}/{s}")[0]) for s in serving) / 1024, 1)
@@ -424,7 +490,10 @@ def _describe(r: dict[str, Any]) -> str:
         f"controller CPU per leave {r.get('controller_cpu_leave_s')} s, per join {r.get('controller_cpu_join_s')} s; "
         f"routed after a leave (p50/p99) {r.get('routed_after_leave_s')} s, "
         f"after a join {r.get('routed_after_join_s')} s "
-        f"({r.get('join_assigned_after_seen_s')} s after the controller saw it); "
+        f"({r.get('join_assigned_after_seen_s')} s after the controller saw it; the joining node's own watcher "
+        f"{r.get('join_own_assignment_after_seen_s')} s); "
+        f"read per membership change: a node {r.get('node_kb_read_per_change')} KB, "
+        f"a router {r.get('router_kb_read_per_change')} KB; "
         f"router CPU per serving change {r.get('router_cpu_per_serving_change_ms')} ms; "
         f"a burst of {r.get('burst_changes')} serving changes: {r.get('burst_maps')} maps per router, "
         f"{r.get('burst_router_cpu_ms')} ms CPU; "
