@@ -112,3 +112,29 @@ def test_node_records_follow_the_assignment_and_a_node_reads_only_its_own(zk_set
         router.stop()
         for client in (router_zk, node_zk, fleet, admin):
             close(client)
+
+
+def test_under_a_root_without_node_records_a_node_reads_every_store_record(zk_settings: ZkSettings) -> None:
+    """A controller from before node records (an upgrade in progress) writes no /assigned records: a node then
+    reads the store records as a router does, and switches to its own share once a root says it is written."""
+    admin, reader = connect(zk_settings), connect(zk_settings)
+    node = MapWatcher(reader, lambda _map: None, safety_refresh_s=600.0, node_id=ME)
+    first = {"a": (("n1", ME), (ME, "n3")), "b": (("n3", "n1"),)}
+    try:
+        for name, replicas in first.items():
+            admin.create(zk_layout.placement_path(name), placement_records.store_record(1, replicas))
+        admin.set(zk_layout.PLACEMENT, placement_records.root_record(1, {"a": 1, "b": 1}, node_records=False))
+        node.start()
+        wait_for(lambda: node.current.assignment == Assignment(1, first), message="the whole assignment")
+
+        second = {"a": ((ME, "n3"), (ME, "n3")), "b": (("n3", "n1"),)}
+        admin.set(zk_layout.placement_path("a"), placement_records.store_record(2, second["a"]))
+        admin.create(zk_layout.assigned_path(ME), placement_records.node_record(2, {"a": (2, frozenset({0, 1}))}))
+        admin.set(zk_layout.PLACEMENT, placement_records.root_record(2, {"a": 2, "b": 1}))
+        wait_for(
+            lambda: node.current.assignment == Assignment(2, {"a": ((ME,), (ME,))}), message="this node's share alone"
+        )
+    finally:
+        node.stop()
+        close(reader)
+        close(admin)
