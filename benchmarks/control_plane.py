@@ -385,6 +385,7 @@ def _measure(connect: str, n: int, stores_n: int, partitions: int, timeout_s: fl
         # Rolling restart of a sample of nodes: ZooKeeper writes per node restarted (records written by the
         # controller, plus the node's own records).
         writes_before = _controller_writes(controller)
+        bytes_before = getattr(controller, "bytes_written", None)
         restarted = node_ids[-RESTARTS - 1 : -1]
         t0 = time.monotonic()
         for node in restarted:
@@ -400,6 +401,10 @@ def _measure(connect: str, n: int, stores_n: int, partitions: int, timeout_s: fl
         controller_writes = _controller_writes(controller) - writes_before
         own = 4  # per restart: delete serving and node records, create them again
         result["zk_writes_per_restart"] = round(controller_writes / RESTARTS + own, 1)
+        if bytes_before is not None:
+            result["controller_kb_written_per_restart"] = round(
+                (controller.bytes_written - bytes_before) / RESTARTS / 1024, 1
+            )
         result["restart_cycle_s"] = round(elapsed / RESTARTS, 2)
     finally:
         controller_module.Controller._recompute = original  # type: ignore[method-assign]
@@ -498,7 +503,8 @@ def _describe(r: dict[str, Any]) -> str:
         f"a burst of {r.get('burst_changes')} serving changes: {r.get('burst_maps')} maps per router, "
         f"{r.get('burst_router_cpu_ms')} ms CPU; "
         f"new router's first map {r.get('router_start_cpu_s')} s CPU; "
-        f"ZooKeeper writes per node restart {r.get('zk_writes_per_restart')} ({r.get('restart_cycle_s')} s each)"
+        f"ZooKeeper writes per node restart {r.get('zk_writes_per_restart')} "
+        f"({r.get('controller_kb_written_per_restart', '-')} KB by the controller; {r.get('restart_cycle_s')} s each)"
     )
 
 

@@ -72,6 +72,7 @@ class Controller:
         self._thread = threading.Thread(target=self._run, name="keyroute-controller", daemon=True)
         self.writes = 0  # assignments written while leader (for tests and the admin view)
         self.records_written = 0  # ZooKeeper records those writes took (changed store records and the root)
+        self.bytes_written = 0  # and their bytes (node records included)
         self.resigned = False
         # (store, replication factor, live nodes) already said to be short of nodes.
         self._short_of_nodes: set[tuple[str, int, int]] = set()
@@ -358,6 +359,7 @@ class Controller:
         if not failures:
             self.writes += 1
             self.records_written += len(writes) + 1
+            self.bytes_written += sum(len(data) for data in writes.values()) + len(root)
             # The root as written: a set returns its new stat, a create made version 0.
             self._known = (results[1].version if version >= 0 else 0, wanted, named)
             for store in gone:  # no longer named by the root: nobody reads them
@@ -412,6 +414,7 @@ class Controller:
                 ops.append(("set" if node in existing else "create", path, data))
         self._commit_fenced(election, ops)
         self.records_written += len(ops)
+        self.bytes_written += sum(len(data) for _, _, data in ops)
         self._shares, self._shares_of = wanted, assignment
 
     def _commit_fenced(self, election: Election, ops: list[tuple[str, str, bytes]]) -> None:
