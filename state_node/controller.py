@@ -403,7 +403,8 @@ class Controller:
             touched = placement_records.update_shares(of, assignment, held)
             wanted = held
         ops = []
-        for node in sorted(touched):
+        # Nodes without a record yet first (a joining node waits for its share), then by name.
+        for node in sorted(touched, key=lambda n: (n in existing, n)):
             path = zk_layout.assigned_path(node)
             share = wanted.get(node)
             if share is None:
