@@ -93,6 +93,10 @@ class Controller:
         self._shares_of: Assignment | None = None
         self._nodes_changed: set[str] = set()
         self._nodes_lock = threading.Lock()
+        # Store shapes as last read (None: not placeable), and the stores whose record's watch fired since:
+        # the same, for /stores/{store}.
+        self._store_shapes: dict[str, StoreShape | None] = {}
+        self._stores_changed: set[str] = set()
 
     @property
     def is_leader(self) -> bool:
@@ -158,12 +162,13 @@ class Controller:
         self._lost.clear()
         self._dirty.set()
         self._client.add_listener(self._on_state)
-        self._node_records, self._computed = {}, None
+        self._node_records, self._store_shapes, self._computed = {}, {}, None
         self._shares, self._shares_of = None, None
         try:
             while not self._stopped.is_set() and not self._lost.is_set():
                 if not self._dirty.wait(timeout=SAFETY_RECOMPUTE_S):
-                    self._node_records, self._computed = {}, None  # the safety net: read and compute again
+                    # The safety net: read and compute again.
+                    self._node_records, self._store_shapes, self._computed = {}, {}, None
                 self._dirty.clear()
                 if self._stopped.is_set() or self._lost.is_set():
                     break
@@ -201,6 +206,9 @@ class Controller:
         if path.startswith(zk_layout.NODES + "/"):
             with self._nodes_lock:
                 self._nodes_changed.add(path[len(zk_layout.NODES) + 1 :])
+        elif path.startswith(zk_layout.STORES + "/"):
+            with self._nodes_lock:
+                self._stores_changed.add(path[len(zk_layout.STORES) + 1 :])
         self._dirty.set()
 
     # -- one recomputation -------------------------------------------------------------------------
@@ -209,6 +217,7 @@ class Controller:
         zk = self._client
         with self._nodes_lock:
             changed, self._nodes_changed = self._nodes_changed, set()
+            stores_changed, self._stores_changed = self._stores_changed, set()
         registered = sorted(zk.get_children(zk_layout.NODES, watch=self._on_change))
         known = self._node_records
         for name in known.keys() - set(registered):
@@ -229,32 +238,24 @@ class Controller:
             known[name] = self._assignable(name, raw)
         zones = {name: record.zone for name in registered if (record := known.get(name)) is not None}
         nodes = list(zones)
-        stores: dict[str, StoreShape] = {}
+        # The same for the store records: only new ones and those whose watch fired are read.
+        listed = sorted(zk.get_children(zk_layout.STORES, watch=self._on_change))
+        shapes = self._store_shapes
+        for name in shapes.keys() - set(listed):
+            del shapes[name]
         store_reads = {
             name: zk.get_async(zk_layout.store_path(name), watch=self._on_change)
-            for name in sorted(zk.get_children(zk_layout.STORES, watch=self._on_change))
+            for name in listed
+            if name not in shapes or name in stores_changed
         }
         for name, pending in store_reads.items():
             try:
                 raw, _ = pending.get()
             except NoNodeError:
+                shapes.pop(name, None)
                 continue
-            if not raw:
-                continue  # the pipeline creates the znode before it has a version to publish
-            try:
-                record = StoreRecord.from_json(raw)
-            except RecordError as exc:
-                log.warning("ignoring store %s: %s", name, exc)
-                continue
-            if record.partitions < 1 or record.replication_factor < 1:
-                log.warning(
-                    "ignoring store %s: %d partitions, replication factor %d",
-                    name,
-                    record.partitions,
-                    record.replication_factor,
-                )
-                continue
-            stores[name] = (record.partitions, record.replication_factor)
+            shapes[name] = self._placeable(name, raw)
+        stores = {name: shape for name in listed if (shape := shapes.get(name)) is not None}
 
         previous, version, generations = self._previous()
         if previous is not None and version >= 0:
@@ -313,6 +314,26 @@ class Controller:
                 live,
             )
         self._short_of_nodes = short
+
+    @staticmethod
+    def _placeable(name: str, raw: bytes) -> StoreShape | None:
+        """The store's (partitions, replication factor), or None when it is not to be placed (yet)."""
+        if not raw:
+            return None  # the pipeline creates the znode before it has a version to publish
+        try:
+            record = StoreRecord.from_json(raw)
+        except RecordError as exc:
+            log.warning("ignoring store %s: %s", name, exc)
+            return None
+        if record.partitions < 1 or record.replication_factor < 1:
+            log.warning(
+                "ignoring store %s: %d partitions, replication factor %d",
+                name,
+                record.partitions,
+                record.replication_factor,
+            )
+            return None
+        return (record.partitions, record.replication_factor)
 
     @staticmethod
     def _assignable(node_id: str, raw: bytes) -> NodeRecord | None:

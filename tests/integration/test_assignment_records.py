@@ -138,3 +138,38 @@ def test_under_a_root_without_node_records_a_node_reads_every_store_record(zk_se
         node.stop()
         close(reader)
         close(admin)
+
+
+def test_the_controller_follows_each_store_record_it_has_read_before(zk_settings: ZkSettings) -> None:
+    """The controller re-reads a store record only when its watch fired: a change of shape, a store emptied
+    and filled again (as the pipeline creates it), one deleted, one new are each placed."""
+    admin, fleet = connect(zk_settings), connect(zk_settings)
+    controller = Controller(admin, "n1")
+
+    def store(name: str, partitions: int, rf: int) -> bytes:
+        return StoreRecord(name, partitions, Partitioner.MURMUR2, KeyFormat.STRING, 1, "/snap", ("v",), rf).to_json()
+
+    def shapes() -> dict[str, tuple[int, int]] | None:
+        whole = _in_line(admin)
+        if whole is None:
+            return None
+        return {name: (len(per), max(len(reps) for reps in per)) for name, per in whole.stores.items()}
+
+    try:
+        for name in ("n1", "n2", "n3"):
+            fleet.create(zk_layout.node_path(name), NodeRecord(name, f"http://{name}").to_json(), ephemeral=True)
+        admin.create(zk_layout.store_path("a"), store("a", 4, 2))
+        admin.create(zk_layout.store_path("b"), store("b", 2, 1))
+        controller.start()
+        wait_for(lambda: shapes() == {"a": (4, 2), "b": (2, 1)}, message="the first placement")
+        admin.set(zk_layout.store_path("a"), store("a", 6, 3))
+        wait_for(lambda: shapes() == {"a": (6, 3), "b": (2, 1)}, message="a with 6 partitions, rf 3")
+        admin.delete(zk_layout.store_path("b"))
+        admin.create(zk_layout.store_path("c"), b"")  # created first, published later
+        wait_for(lambda: shapes() == {"a": (6, 3)}, message="b gone, c not published yet")
+        admin.set(zk_layout.store_path("c"), store("c", 3, 2))
+        wait_for(lambda: shapes() == {"a": (6, 3), "c": (3, 2)}, message="c published")
+    finally:
+        controller.stop()
+        close(fleet)
+        close(admin)
