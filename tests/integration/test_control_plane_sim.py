@@ -50,6 +50,10 @@ def test_hundreds_of_simulated_nodes_are_placed_balanced_in_small_records(zk_set
     router_client = zk.connect(zk_settings, ensure_layout=False)
     maps: list[PartitionMap] = []
     watcher = MapWatcher(router_client, maps.append)
+    # Two nodes' own watchers (each reads its share, /assigned/{node}): one that leaves and comes back.
+    gone = nodes[NODES // 2]
+    node_client = zk.connect(zk_settings, ensure_layout=False)
+    own = {n: MapWatcher(node_client, lambda _m: None, node_id=n) for n in (gone, nodes[7])}
     controller = Controller(admin, nodes[0])
     try:
         for name, (partitions, rf) in STORES.items():
@@ -64,6 +68,26 @@ def test_hundreds_of_simulated_nodes_are_placed_balanced_in_small_records(zk_set
             register(node)
         controller.start()
         watcher.start()
+        for w in own.values():
+            w.start()
+
+        def shares_in_line(whole: Assignment) -> None:
+            """Every node's record holds its share of `whole`, and each node's own watcher has it."""
+
+            def written() -> dict[str, placement_records.Share]:
+                return {
+                    name: placement_records.parse_node_record(admin.get(zk_layout.assigned_path(name))[0])[1]
+                    for name in admin.get_children(zk_layout.ASSIGNED)
+                }
+
+            wanted = placement_records.shares(whole)
+            wait_for(lambda: written() == wanted, message="every node's record to hold its share")
+            for node, w in own.items():
+                wait_for(
+                    lambda node=node, w=w: w.current.assignment.generation == whole.generation
+                    and w.current.assignment.partitions_of(node) == whole.partitions_of(node),
+                    message=f"{node}'s own share",
+                )
 
         def settled(members: list[str]) -> Assignment | None:
             a = watcher.current.assignment
@@ -76,24 +100,31 @@ def test_hundreds_of_simulated_nodes_are_placed_balanced_in_small_records(zk_set
             assert len(raw) < 16 * 1024, (name, len(raw))
         assert len(admin.get(zk_layout.PLACEMENT)[0]) < 1024
         assert placement_records.read(admin)[0] == first
+        shares_in_line(first)
 
         # One node leaves: the router's map follows, and what moves is about what the node held.
-        gone = nodes[NODES // 2]
         held = sum(1 for per in first.stores.values() for reps in per if gone in reps)
         session_of[gone].delete(zk_layout.node_path(gone))
         survivors = [n for n in nodes if n != gone]
         after = wait_for(lambda: settled(survivors), timeout_s=60, message="the assignment without the node")
         assert held <= moved_replicas(first, after) <= 3 * held
+        wait_for(lambda: placement_records.read(admin)[0] == after, message="the root to name that assignment")
+        shares_in_line(after)
+        assert not admin.exists(zk_layout.assigned_path(gone))  # no share, no record
         # It comes back: it takes a share again.
         register(gone)
         back = wait_for(lambda: settled(nodes), timeout_s=60, message="the node back in the assignment")
         assert any(gone in reps for per in back.stores.values() for reps in per)
+        wait_for(lambda: placement_records.read(admin)[0] == back, message="the root to name that assignment")
+        shares_in_line(back)
         # Every map the router saw named a whole assignment: each store's partitions all placed.
         for seen in maps:
             for name, per in seen.assignment.stores.items():
                 assert len(per) == STORES[name][0]
     finally:
         watcher.stop()
+        for w in own.values():
+            w.stop()
         controller.stop()
-        for client in (*fleet, router_client, admin):
+        for client in (*fleet, router_client, node_client, admin):
             zk.close(client)
