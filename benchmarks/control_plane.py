@@ -421,7 +421,7 @@ def _measure(connect: str, n: int, stores_n: int, partitions: int, timeout_s: fl
 
 
 def _node_watcher(watcher_class: Any, zk: Any, node_id: str) -> Any:
-    """A node's map watcher; on code from before node records, a node's watcher read what a router's does."""
+    """A node's map watcher; on code from before share records, a node's watcher read what a router's does."""
     try:
         return watcher_class(zk, lambda _m: None, node_id=node_id)
     except TypeError:

@@ -107,7 +107,8 @@ class MapWatcher:
         self._own_path = zk_layout.assigned_path(node_id) if node_id is not None else None
         self._node_id = node_id
         self._own_raw: bytes | None = None
-        self._own: placement_records.Share = {}
+        self._own_record: tuple[int, placement_records.Share] | None = None  # as read (None: no record)
+        self._own: placement_records.Share = {}  # the share in use: the record's once the root reached it
         self._own_replicas: dict[str, tuple[tuple[int, frozenset[int]], tuple[tuple[str, ...], ...]]] = {}
         # Stores whose whole assignment a node asked for (`follow`), and the ones its current map holds.
         self._follow: frozenset[str] = frozenset()
@@ -371,7 +372,7 @@ class MapWatcher:
     def _finish_placement(self, pending: tuple[Any, Any]) -> None:
         """Read the store records the root names at a generation not held yet (without a watch: the root's
         fires for every new assignment), or the legacy single record when there is no root yet. A node
-        whose controller writes node records reads only the stores it follows, and takes its own share."""
+        whose controller writes share records reads only the stores it follows, and takes its own share."""
         zk = self._client
         root_read, own_read = pending
         settled = self._settle(zk_layout.PLACEMENT, root_read)
@@ -395,10 +396,19 @@ class MapWatcher:
         except RecordError as exc:
             log.warning("ignoring the assignment: %s", exc)
             return
-        own_only = self._own_path is not None and root.node_records
+        own_only = self._own_path is not None and root.share_records
         follow = self._follow if own_only else None
         if raw_root == self._placement_root and follow == self._followed and not own_changed:
             return
+        if own_only:
+            # The controller writes a node's share record ahead of the root it belongs to: one of a later generation
+            # than the root waits for it (the share before it stays in use). No record: no share (a record is
+            # deleted only once a root without the node's share is written).
+            record = self._own_record
+            if record is None:
+                self._own = {}
+            elif record[0] <= root.generation:
+                self._own = record[1]
         whole = set(root.stores) if follow is None else follow & root.stores.keys()
         parts = self._placement_parts
         missing = [store for store in whole if parts.get(store, (None,))[0] != root.stores[store]]
@@ -431,16 +441,16 @@ class MapWatcher:
         self._builder.set_assignment(Assignment(root.generation, stores))
 
     def _take_own(self, settled: tuple[Any, ZnodeStat] | None) -> bool:
-        """A node's own record as read (None: it has no share); whether it changed."""
+        """A node's own record as read (None: it has none); whether it changed."""
         raw = settled[0] if settled else None
         if raw == self._own_raw:
             return False
         self._own_raw = raw
         try:
-            self._own = placement_records.parse_node_record(raw)[1] if raw else {}
+            self._own_record = placement_records.parse_share_record(raw) if raw else None
         except RecordError as exc:
             log.warning("ignoring this node's assignment record: %s", exc)
-            self._own = {}
+            self._own_record = None
         return True
 
     def _own_replica_lists(self, store: str, share: tuple[int, frozenset[int]]) -> tuple[tuple[str, ...], ...]:

@@ -1,6 +1,6 @@
 """The assignment in ZooKeeper, one record per store, so that no record grows with the whole cluster.
 
-    /placement           {"generation": G, "stores": {store: generation of its record, ...}, "node_records": true}
+    /placement           {"generation": G, "stores": {store: generation of its record, ...}, "share_records": true}
     /placement/{store}   {"generation": g, "nodes": [node ids], "replicas": [[index into nodes, ...], ...]}
     /assigned/{node}     {"generation": g, "stores": {store: {"partitions": N, "assigned": [p, ...]}, ...}}
 
@@ -12,14 +12,16 @@ changes (its watch fires). A store record's size is bounded by the store's own p
 written once), whatever the number of stores.
 
 Each node's share of the assignment (its partitions in every store, and each store's partition count) is
-also written to a record of its own, after the root, by the controller, whose root then says so
-("node_records"): a node reads its own record rather than every store record a new assignment rewrote (at
-1,000 nodes and 100 stores that is a few KB instead of MBs per node and change). A node's record is
-rewritten only when its share changes, and deleted when the node has none; `g` is the generation of the
-assignment it was last written for. A node's record may lag the root by the time it takes to write it,
-never lead it. A controller that becomes leader brings every node record in line with the assignment
-before it writes anything else, so a predecessor that stopped between its root and its node records leaves
-nothing behind.
+also written to a record of its own by the controller, whose root then says so ("share_records"): a node
+reads its own share record rather than every store record a new assignment rewrote (at 1,000 nodes and 100
+stores that is a few KB instead of MBs per node and change). A share record is rewritten only when its
+share changes; `g` is the generation of the assignment it was written for. Share records are written ahead
+of the root, with the store records, and a node takes its record only once the root names generation `g`
+or a later one (a record ahead of the root is a write in progress), so a node never acts on a share whose
+root is not written, and never sees a root before its share. A node left without a share gets an empty
+record, deleted once the root is written. A controller that becomes leader brings every share record in
+line with the assignment the root names before it writes anything else, so a predecessor that stopped
+between its share records and its root leaves nothing behind.
 
 Before this layout the whole assignment was one record at /assignment (keyroute.core.zk_layout.ASSIGNMENT);
 it is read when /placement does not exist yet, so the first controller after an upgrade starts from it.
@@ -46,7 +48,7 @@ class InProgress(Exception):
 class Root(NamedTuple):
     generation: int
     stores: dict[str, int]  # store -> the generation of its record that belongs to this assignment
-    node_records: bool  # the controller writes every node's share to /assigned/{node} too
+    share_records: bool  # the controller writes every node's share to /assigned/{node} too
 
 
 # One node's share of the assignment: store -> (the store's partition count, the node's partitions there).
@@ -73,10 +75,10 @@ def parse_store_record(raw: bytes) -> tuple[int, tuple[tuple[str, ...], ...]]:
         raise RecordError(f"placement record: {exc!r}") from exc
 
 
-def root_record(generation: int, stores: Mapping[str, int], *, node_records: bool = True) -> bytes:
+def root_record(generation: int, stores: Mapping[str, int], *, share_records: bool = True) -> bytes:
     body: dict[str, object] = {"generation": generation, "stores": dict(sorted(stores.items()))}
-    if node_records:
-        body["node_records"] = True
+    if share_records:
+        body["share_records"] = True
     return json.dumps(body).encode("utf-8")
 
 
@@ -84,12 +86,12 @@ def parse_root(raw: bytes) -> Root:
     try:
         obj = json.loads(raw)
         stores = {str(k): int(v) for k, v in dict(obj["stores"]).items()}
-        return Root(int(obj["generation"]), stores, obj.get("node_records") is True)
+        return Root(int(obj["generation"]), stores, obj.get("share_records") is True)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise RecordError(f"placement root: {exc!r}") from exc
 
 
-def node_record(generation: int, share: Share) -> bytes:
+def share_record(generation: int, share: Share) -> bytes:
     """One node's share; compact JSON spelled out (hundreds of these are written per membership change)."""
     stores = ",".join(
         f'{_quoted(store)}:{{"partitions":{int(count)},"assigned":[{",".join(map(str, sorted(partitions)))}]}}'
@@ -103,7 +105,7 @@ def _quoted(name: str) -> str:
     return json.dumps(name)
 
 
-def parse_node_record(raw: bytes) -> tuple[int, Share]:
+def parse_share_record(raw: bytes) -> tuple[int, Share]:
     try:
         obj = json.loads(raw)
         share: Share = {}
@@ -115,7 +117,7 @@ def parse_node_record(raw: bytes) -> tuple[int, Share]:
             share[str(store)] = (count, partitions)
         return int(obj["generation"]), share
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise RecordError(f"node's assignment record: {exc!r}") from exc
+        raise RecordError(f"share record: {exc!r}") from exc
 
 
 def shares(assignment: Assignment) -> dict[str, Share]:

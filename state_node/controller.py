@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 # Watches push every change; this only bounds how long a lost watch could leave the assignment behind.
 SAFETY_RECOMPUTE_S = 30.0
 RETRY_AFTER_ERROR_S = 1.0
-# The largest transaction of node records written at once.
+# The largest transaction of share records written at once.
 _TRANSACTION_BYTES = 256 * 1024
 
 
@@ -72,7 +72,7 @@ class Controller:
         self._thread = threading.Thread(target=self._run, name="keyroute-controller", daemon=True)
         self.writes = 0  # assignments written while leader (for tests and the admin view)
         self.records_written = 0  # ZooKeeper records those writes took (changed store records and the root)
-        self.bytes_written = 0  # and their bytes (node records included)
+        self.bytes_written = 0  # and their bytes (share records included)
         self.resigned = False
         # (store, replication factor, live nodes) already said to be short of nodes.
         self._short_of_nodes: set[tuple[str, int, int]] = set()
@@ -259,9 +259,9 @@ class Controller:
 
         previous, version, generations = self._previous()
         if previous is not None and version >= 0:
-            # Node records a predecessor left behind its root (or none, before this layout) are put right
+            # Share records a predecessor left behind its root (or none, before this layout) are put right
             # first; after that each write of the assignment rewrites only the shares it changed.
-            self._write_shares(election, previous)
+            self._write_shares(election, previous, committed=True)
         inputs = (stores, zones, version)
         if inputs == self._computed:
             return  # a watch that fired for what the last recomputation already saw (or wrote)
@@ -368,6 +368,12 @@ class Controller:
                 result.get()
             except NoNodeError:
                 zk.create(path, data, makepath=True)
+        # The nodes' shares next, ahead of the root (a node takes a share only once the root has reached its
+        # generation); a node left without one gets an empty record now, deleted once the root is written.
+        emptied = self._write_shares(election, wanted, committed=False)
+        # Until the root is written, the records just written belong to no root: if it fails, every record is
+        # read and compared next time.
+        shares, self._shares, self._shares_of = self._shares, None, None
         root = placement_records.root_record(wanted.generation, named)
         txn = zk.transaction()
         txn.check(f"{lock.path}/{lock.node}", 0)  # the election znode is never modified: version 0
@@ -386,7 +392,10 @@ class Controller:
             for store in gone:  # no longer named by the root: nobody reads them
                 with contextlib.suppress(NoNodeError):
                     zk.delete(zk_layout.placement_path(store))
-            self._write_shares(election, wanted)
+            if emptied:
+                self._commit_fenced(election, [("delete", zk_layout.assigned_path(n), b"") for n in emptied])
+                self.records_written += len(emptied)
+            self._shares, self._shares_of = shares, wanted
             return
         if isinstance(results[0], NoNodeError):
             raise NotLeader()
@@ -395,12 +404,17 @@ class Controller:
         self._dirty.set()
         log.info("assignment changed under the controller (%s); recomputing", failures[-1])
 
-    def _write_shares(self, election: Election, assignment: Assignment) -> None:
-        """Bring the node records (/assigned/{node}) in line with `assignment`, the one the root names: the
-        shares that changed since the last call, or after a start (or a failed write) every record read and
-        compared. Written in transactions that check this controller still leads."""
+    def _write_shares(self, election: Election, assignment: Assignment, *, committed: bool) -> list[str]:
+        """Bring the share records (/assigned/{node}) in line with `assignment`: the shares that changed since
+        the last call, or after a start (or a failed write) every record read and compared. Written in
+        transactions that check this controller still leads. A record carries the generation it was
+        written for, and a node takes it once the root names that generation or a later one, so records are
+        written ahead of the root they belong to (`committed`: the root already names `assignment`).
+        A node left without a share is deleted when `committed`; otherwise it gets an empty record, and the
+        nodes returned are to be deleted once the root is written (deleting it first would take the node's
+        share away ahead of the root)."""
         if self._shares_of is assignment:
-            return
+            return []
         zk = self._client
         held, of = self._shares, self._shares_of
         self._shares = self._shares_of = None  # unknown until every write below went through
@@ -408,36 +422,51 @@ class Controller:
             zk.ensure_path(zk_layout.ASSIGNED)
             names = zk.get_children(zk_layout.ASSIGNED)
             reads = {name: zk.get_async(zk_layout.assigned_path(name)) for name in names}
-            written: dict[str, placement_records.Share | None] = {}
+            written: dict[str, tuple[int, placement_records.Share] | None] = {}
             for name, pending in reads.items():
                 try:
-                    written[name] = placement_records.parse_node_record(pending.get()[0])[1]
+                    written[name] = placement_records.parse_share_record(pending.get()[0])
                 except NoNodeError:
                     continue
                 except RecordError:
                     written[name] = None  # unreadable: rewritten below (or deleted)
             wanted = placement_records.shares(assignment)
-            touched = {n for n in wanted.keys() | written.keys() if written.get(n, {}) != wanted.get(n)}
+
+            def stale(node: str) -> bool:
+                record = written.get(node)
+                if record is None:
+                    return True
+                # Ahead of this assignment (a predecessor's write that no root followed): a node would wait for
+                # a root of that generation.
+                return record[1] != wanted.get(node, {}) or record[0] > assignment.generation
+
+            touched = {n for n in wanted.keys() | written.keys() if stale(n)}
             existing = set(written)
         else:
             existing = set(held)
             touched = placement_records.update_shares(of, assignment, held)
             wanted = held
         ops = []
+        emptied = []
         # Nodes without a record yet first (a joining node waits for its share), then by name.
         for node in sorted(touched, key=lambda n: (n in existing, n)):
             path = zk_layout.assigned_path(node)
             share = wanted.get(node)
             if share is None:
-                if node in existing:
+                if node not in existing:
+                    continue
+                if committed:
                     ops.append(("delete", path, b""))
-            else:
-                data = placement_records.node_record(assignment.generation, share)
-                ops.append(("set" if node in existing else "create", path, data))
+                    continue
+                share = {}
+                emptied.append(node)
+            data = placement_records.share_record(assignment.generation, share)
+            ops.append(("set" if node in existing else "create", path, data))
         self._commit_fenced(election, ops)
         self.records_written += len(ops)
         self.bytes_written += sum(len(data) for _, _, data in ops)
         self._shares, self._shares_of = wanted, assignment
+        return emptied
 
     def _commit_fenced(self, election: Election, ops: list[tuple[str, str, bytes]]) -> None:
         """Writes in transactions of at most ~256 KB (far below ZooKeeper's 1 MB request limit), each with a
@@ -475,4 +504,4 @@ class Controller:
             failures = [r for r in results if isinstance(r, Exception)]
             if failures:
                 # A record not as this controller thought (changed by someone else): read them all next time.
-                raise KazooException(f"writing the nodes' assignment records failed: {failures[-1]!r}")
+                raise KazooException(f"writing share records failed: {failures[-1]!r}")

@@ -1,5 +1,5 @@
 """Each node's share of the assignment in a record of its own (/assigned/{node}): written by a real controller
-after the root, kept in line through joins, leaves and a takeover, and followed by a node's map watcher, which
+ahead of the root, kept in line through joins, leaves and a takeover, and followed by a node's map watcher, which
 reads it rather than every store record (a real ZooKeeper)."""
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ ME = "n2"
 def _written(admin: KazooClient) -> dict[str, placement_records.Share]:
     out = {}
     for name in admin.get_children(zk_layout.ASSIGNED):
-        out[name] = placement_records.parse_node_record(admin.get(zk_layout.assigned_path(name))[0])[1]
+        out[name] = placement_records.parse_share_record(admin.get(zk_layout.assigned_path(name))[0])[1]
     return out
 
 
 def _in_line(admin: KazooClient) -> Assignment | None:
-    """The assignment the root names, once every node record holds that node's share of it (else None)."""
+    """The assignment the root names, once every share record holds that node's share of it (else None)."""
     try:
         whole = placement_records.read(admin)[0]
     except placement_records.InProgress:
@@ -39,7 +39,7 @@ def _in_line(admin: KazooClient) -> Assignment | None:
     return whole if whole is not None and _written(admin) == placement_records.shares(whole) else None
 
 
-def test_node_records_follow_the_assignment_and_a_node_reads_only_its_own(zk_settings: ZkSettings) -> None:
+def test_share_records_follow_the_assignment_and_a_node_reads_only_its_own(zk_settings: ZkSettings) -> None:
     admin, fleet, node_zk, router_zk = (connect(zk_settings) for _ in range(4))
     node = MapWatcher(node_zk, lambda _map: None, safety_refresh_s=600.0, node_id=ME)
     router = MapWatcher(router_zk, lambda _map: None, safety_refresh_s=600.0)
@@ -96,11 +96,11 @@ def test_node_records_follow_the_assignment_and_a_node_reads_only_its_own(zk_set
         assert "n3" not in admin.get_children(zk_layout.ASSIGNED)
 
         # The controller stops; records are tampered with (as a predecessor that stopped between its root and
-        # its node records would leave them); the next controller puts every one right before anything else.
+        # its share records would leave them); the next controller puts every one right before anything else.
         controllers[0].stop()
-        admin.set(zk_layout.assigned_path(ME), placement_records.node_record(1, {"s0": (8, frozenset({7}))}))
+        admin.set(zk_layout.assigned_path(ME), placement_records.share_record(1, {"s0": (8, frozenset({7}))}))
         admin.delete(zk_layout.assigned_path("n4"))
-        admin.create(zk_layout.assigned_path("ghost"), placement_records.node_record(1, {"s1": (8, frozenset({0}))}))
+        admin.create(zk_layout.assigned_path("ghost"), placement_records.share_record(1, {"s1": (8, frozenset({0}))}))
         controllers.append(Controller(admin, "n4"))
         controllers[1].start()
         settled("records put right by the next controller")
@@ -114,8 +114,8 @@ def test_node_records_follow_the_assignment_and_a_node_reads_only_its_own(zk_set
             close(client)
 
 
-def test_under_a_root_without_node_records_a_node_reads_every_store_record(zk_settings: ZkSettings) -> None:
-    """A controller from before node records (an upgrade in progress) writes no /assigned records: a node then
+def test_under_a_root_without_share_records_a_node_reads_every_store_record(zk_settings: ZkSettings) -> None:
+    """A controller from before share records (an upgrade in progress) writes no /assigned records: a node then
     reads the store records as a router does, and switches to its own share once a root says it is written."""
     admin, reader = connect(zk_settings), connect(zk_settings)
     node = MapWatcher(reader, lambda _map: None, safety_refresh_s=600.0, node_id=ME)
@@ -123,17 +123,26 @@ def test_under_a_root_without_node_records_a_node_reads_every_store_record(zk_se
     try:
         for name, replicas in first.items():
             admin.create(zk_layout.placement_path(name), placement_records.store_record(1, replicas))
-        admin.set(zk_layout.PLACEMENT, placement_records.root_record(1, {"a": 1, "b": 1}, node_records=False))
+        admin.set(zk_layout.PLACEMENT, placement_records.root_record(1, {"a": 1, "b": 1}, share_records=False))
         node.start()
         wait_for(lambda: node.current.assignment == Assignment(1, first), message="the whole assignment")
 
         second = {"a": ((ME, "n3"), (ME, "n3")), "b": (("n3", "n1"),)}
         admin.set(zk_layout.placement_path("a"), placement_records.store_record(2, second["a"]))
-        admin.create(zk_layout.assigned_path(ME), placement_records.node_record(2, {"a": (2, frozenset({0, 1}))}))
+        admin.create(zk_layout.assigned_path(ME), placement_records.share_record(2, {"a": (2, frozenset({0, 1}))}))
         admin.set(zk_layout.PLACEMENT, placement_records.root_record(2, {"a": 2, "b": 1}))
         wait_for(
             lambda: node.current.assignment == Assignment(2, {"a": ((ME,), (ME,))}), message="this node's share alone"
         )
+
+        # A record written ahead of the root (as the controller writes them) waits for the root to reach it.
+        admin.set(zk_layout.assigned_path(ME), placement_records.share_record(3, {"b": (1, frozenset({0}))}))
+        admin.create(zk_layout.node_path("n9"), NodeRecord("n9", "http://n9").to_json())  # seen after it
+        wait_for(lambda: "n9" in node.current.nodes, message="the change after the record")
+        assert node.current.assignment == Assignment(2, {"a": ((ME,), (ME,))})
+        admin.set(zk_layout.placement_path("b"), placement_records.store_record(3, ((ME,),)))
+        admin.set(zk_layout.PLACEMENT, placement_records.root_record(3, {"a": 2, "b": 3}))
+        wait_for(lambda: node.current.assignment == Assignment(3, {"b": ((ME,),)}), message="the share with its root")
     finally:
         node.stop()
         close(reader)

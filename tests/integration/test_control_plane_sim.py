@@ -72,16 +72,16 @@ def test_hundreds_of_simulated_nodes_are_placed_balanced_in_small_records(zk_set
             w.start()
 
         def shares_in_line(whole: Assignment) -> None:
-            """Every node's record holds its share of `whole`, and each node's own watcher has it."""
+            """Every node's share record holds its share of `whole`, and each node's own watcher has it."""
 
             def written() -> dict[str, placement_records.Share]:
                 return {
-                    name: placement_records.parse_node_record(admin.get(zk_layout.assigned_path(name))[0])[1]
+                    name: placement_records.parse_share_record(admin.get(zk_layout.assigned_path(name))[0])[1]
                     for name in admin.get_children(zk_layout.ASSIGNED)
                 }
 
             wanted = placement_records.shares(whole)
-            wait_for(lambda: written() == wanted, message="every node's record to hold its share")
+            wait_for(lambda: written() == wanted, message="every node's share record to hold its share")
             for node, w in own.items():
                 wait_for(
                     lambda node=node, w=w: w.current.assignment.generation == whole.generation

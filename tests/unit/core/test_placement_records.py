@@ -49,20 +49,20 @@ def test_a_reader_never_takes_a_half_written_assignment() -> None:
 def test_a_nodes_share_round_trips_and_stays_small_at_the_target_size() -> None:
     # 1,000 nodes, 100 stores x 1,000 partitions, rf 3: about 300 replicas per node, 3 per store.
     share = {f"store-{s:03d}": (1000, frozenset((s * 7 + k * 333) % 1000 for k in range(3))) for s in range(100)}
-    raw = records.node_record(9, share)
-    assert records.parse_node_record(raw) == (9, share)
+    raw = records.share_record(9, share)
+    assert records.parse_share_record(raw) == (9, share)
     assert len(raw) < 8 * 1024  # a node reads this, not 100 store records of ~35 KB each
     with pytest.raises(RecordError, match="outside"):
-        records.parse_node_record(records.node_record(9, {"a": (4, frozenset({4}))}))
+        records.parse_share_record(records.share_record(9, {"a": (4, frozenset({4}))}))
     with pytest.raises(RecordError):
-        records.parse_node_record(b'{"generation": 1, "stores": {"a": {"partitions": 2}}}')
+        records.parse_share_record(b'{"generation": 1, "stores": {"a": {"partitions": 2}}}')
 
 
-def test_the_root_says_whether_node_records_are_written() -> None:
+def test_the_root_says_whether_share_records_are_written() -> None:
     assert records.parse_root(records.root_record(3, {"a": 2})) == (3, {"a": 2}, True)
-    # A controller from before node records: readers then read every store record.
+    # A controller from before share records: readers then read every store record.
     assert records.parse_root(b'{"generation": 3, "stores": {"a": 2}}') == (3, {"a": 2}, False)
-    assert records.parse_root(records.root_record(3, {"a": 2}, node_records=False)).node_records is False
+    assert records.parse_root(records.root_record(3, {"a": 2}, share_records=False)).share_records is False
 
 
 _NODES = st.sampled_from(["n1", "n2", "n3", "n4", "n5"])
