@@ -363,14 +363,15 @@ class Controller:
         for store, data in writes.items():
             path = zk_layout.placement_path(store)
             pending.append((path, data, zk.set_async(path, data)))
+        # The nodes' shares too, ahead of the root (a node takes a share only once the root has reached its
+        # generation), sent while the store records are on their way; a node left without a share gets an
+        # empty record now, deleted once the root is written.
+        emptied = self._write_shares(election, wanted, committed=False)
         for path, data, result in pending:
             try:
                 result.get()
             except NoNodeError:
                 zk.create(path, data, makepath=True)
-        # The nodes' shares next, ahead of the root (a node takes a share only once the root has reached its
-        # generation); a node left without one gets an empty record now, deleted once the root is written.
-        emptied = self._write_shares(election, wanted, committed=False)
         # Until the root is written, the records just written belong to no root: if it fails, every record is
         # read and compared next time.
         shares, self._shares, self._shares_of = self._shares, None, None
