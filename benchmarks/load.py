@@ -72,6 +72,7 @@ from kazoo.exceptions import NoNodeError
 from pyspark.sql import SparkSession
 
 from keyroute.core import placement_records, zk, zk_layout
+from keyroute.core.lmdb_layout import db_keys
 from keyroute.core.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord, StoreRecord
 from keyroute.core.settings import NodeSettings, ZkSettings
 from keyroute.core.snapshot import (
@@ -402,7 +403,8 @@ REGEX_STEP = "values: the respelling regex (a thread of its own in the task, a b
 def executor_breakdown(data_mdb: Path, work: Path, batch_rows: int = 10_000) -> tuple[dict[str, float], float]:
     """The Python work a format-2 task does for one partition (keyroute.pipeline.lmdb_files), step by step,
     in this process on the partition's own rows, fed as Spark feeds it (Arrow batches of `batch_rows`, the
-    LMDB key as binary and the value as JSON text): seconds per step, and the values' mean size in bytes."""
+    key text, whose LMDB key the task makes, and the value as JSON text): seconds per step, and the values'
+    mean size in bytes."""
     keys: list[bytes] = []
     values: list[str] = []
     env = lmdb.open(str(data_mdb), subdir=False, readonly=True, lock=False)
@@ -416,7 +418,7 @@ def executor_breakdown(data_mdb: Path, work: Path, batch_rows: int = 10_000) -> 
     batches = [
         pa.RecordBatch.from_pydict(
             {
-                lmdb_files.LMDB_KEY: pa.array(keys[i : i + batch_rows], pa.binary()),
+                lmdb_files.KEY_TEXT: pa.array([k[1:].decode("utf-8") for k in keys[i : i + batch_rows]], pa.string()),
                 lmdb_files.VALUE_JSON: pa.array(values[i : i + batch_rows], pa.string()),
             }
         )
@@ -429,8 +431,8 @@ def executor_breakdown(data_mdb: Path, work: Path, batch_rows: int = 10_000) -> 
     out: dict[str, float] = {}
     try:
         start = time.perf_counter()
-        keys_lists = [b.column(0).to_numpy(zero_copy_only=False).tolist() for b in batches]
-        out["LMDB keys: Arrow batches to Python lists"] = time.perf_counter() - start
+        keys_lists = [db_keys(b.column(0)).to_numpy(zero_copy_only=False).tolist() for b in batches]
+        out["LMDB keys: key texts tagged (one Arrow kernel a batch), to Python lists"] = time.perf_counter() - start
         start = time.perf_counter()
         matches = [lmdb_files.needs_respelling(b.column(1)) for b in batches]
         out[REGEX_STEP] = time.perf_counter() - start

@@ -59,22 +59,22 @@ def key_of(lmdb_key: bytes) -> bytes | None:
 
 
 def db_keys(keys: Any) -> Any:
-    """`db_key` of every key in a pyarrow binary array (null stays null), as a binary array.
+    """`db_key` of every key in a pyarrow binary array (null stays null), as a binary array; a string array
+    stands for its texts' UTF-8 bytes.
 
-    Whole batches are tagged by one Arrow kernel when every key fits; a batch with a long key goes key by
-    key through `db_key` itself.
+    Whole batches are tagged by one Arrow kernel when every key fits (the tag inserted before each key's
+    bytes: a third of the time of joining it on); a batch with a long key goes key by key through `db_key`.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
 
     if isinstance(keys, pa.ChunkedArray):
         keys = keys.combine_chunks()
-    if pa.types.is_large_binary(keys.type) or pa.types.is_binary_view(keys.type):
-        keys = keys.cast(pa.binary())
+    if not pa.types.is_binary(keys.type):
+        keys = keys.cast(pa.binary())  # large_binary, binary_view; a string's own bytes
     longest = pc.max(pc.binary_length(keys)).as_py() if len(keys) else None
     if longest is None or longest < LMDB_MAX_KEY_BYTES:
-        tagged = pc.binary_join_element_wise(pa.scalar(TAG_KEY, pa.binary()), keys, pa.scalar(b"", pa.binary()))
-        return tagged.cast(pa.binary())
+        return pc.binary_replace_slice(keys, start=0, stop=0, replacement=TAG_KEY)
     return pa.array([None if k is None else db_key(k) for k in keys.to_pylist()], pa.binary())
 
 

@@ -104,6 +104,10 @@ class ComputedStore:
     # type bounds no such figure (nested types, timelines). keyroute.pipeline.writer sizes its Arrow batches
     # by it.
     json_bytes: int | None = None
+    # Format-2 stores of TEXT_SERIALIZED keys (not timelines): the most bytes a key serializes to (its text's
+    # UTF-8), counted while checking the frame; None when not counted. keyroute.pipeline.writer sorts the
+    # rows by their key text when no key is too long to be its own LMDB key.
+    key_bytes: int | None = None
 
     def release(self) -> None:
         self.frame.unpersist()
@@ -440,6 +444,7 @@ def compute_store(spark: SparkSession, store: StoreSpec) -> ComputedStore:
         live_offsets=checked.offsets,
         timeline=timeline,
         json_bytes=checked.json_bytes,
+        key_bytes=checked.key_bytes,
     )
 
 
@@ -715,6 +720,7 @@ class _CheckedKeys:
     keys_off_partition: int  # audited stores: keys with a record outside the key's partition
     offsets: tuple[int, ...] | None = None  # hybrid stores: one past each partition's greatest offset
     json_bytes: int | None = None  # ComputedStore.json_bytes
+    key_bytes: int | None = None  # ComputedStore.key_bytes
 
 
 def _check_keys(
@@ -731,6 +737,10 @@ def _check_keys(
     texts = None if entries or store.snapshot_format == 1 else _text_fields(value_type)
     state = STATE in routed.columns
     longest = [] if texts is None else _longest_texts(value_type, texts, state)
+    # The key text's UTF-8 is the serialized key of these formats (what their LMDB keys are made of).
+    key_bytes = not entries and store.snapshot_format != 1 and store.key_format in TEXT_SERIALIZED
+    if key_bytes:
+        longest.append(F.max(F.octet_length(F.col("key"))).alias(_KEY_BYTES))
     # A partition's greatest offset is over its keys' records; the audit proves they are the partition's.
     offset_summary = [F.max(_MAX_OFFSET).alias("max_offset"), F.sum(_NULL_OFFSETS).alias("null_offsets")]
     summary = (
@@ -768,6 +778,7 @@ def _check_keys(
         keys_off_partition=sum(row["off_partition"] for row in summary),
         offsets=_next_offsets(store, summary) if offsets else None,
         json_bytes=None if texts is None else _json_bytes(value_type, texts, state, summary),
+        key_bytes=max((int(row[_KEY_BYTES] or 0) for row in summary), default=0) if key_bytes else None,
     )
 
 
@@ -789,6 +800,7 @@ _JSON_SCALAR_BYTES: dict[type[T.DataType], int] = {
     T.TimestampNTZType: 64,
 }
 _LONGEST = "__keyroute_longest_{}"
+_KEY_BYTES = "__keyroute_key_bytes"
 
 
 def _text_fields(value_type: T.DataType) -> list[int] | None:

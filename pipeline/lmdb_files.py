@@ -1,7 +1,9 @@
 """Snapshot format 2 on Spark's executors: each task turns its sorted rows into ready-to-serve partition files.
 
 A task receives Arrow batches of (partition, LMDB key, value as JSON text[, a live store's merge state as
-JSON text]), sorted by partition and then by LMDB key, all rows of a store partition in the same task. For
+JSON text]), sorted by partition and then by LMDB key, all rows of a store partition in the same task (a
+store whose LMDB keys are all the `=` tag and the key text's UTF-8 sends the key text instead, and the task
+tags it: keyroute.pipeline.writer._ordered_rows). For
 every store partition it meets it builds the LMDB file (keyroute_core.lmdb_layout: appended in key order,
 as dense as a compacting copy, so published as built) and puts it at `{version}/partition={p}/data.mdb`:
 into a local version directory it is built in place under a temporary name, checksummed as read back while
@@ -32,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from keyroute.core.live import STATE_SEPARATOR
-from keyroute.core.lmdb_layout import PartitionFileBuilder
+from keyroute.core.lmdb_layout import PartitionFileBuilder, db_keys
 from keyroute.core.snapshot import (
     CHECKSUM_CHUNK_BYTES,
     ArrowLocation,
@@ -49,6 +51,8 @@ from keyroute.core.snapshot import (
 # The columns a task reads (internal names, as in keyroute.pipeline.compute).
 PARTITION = "partition"
 LMDB_KEY = "__keyroute_lmdb_key"
+# In place of LMDB_KEY, when every row's LMDB key is the `=` tag and its key text's UTF-8 (db_keys makes it).
+KEY_TEXT = "__keyroute_key_text"
 VALUE_JSON = "__keyroute_value_json"
 # Live stores whose fold keeps a merge state: {"0": s0, "1": s1, ...} (keyroute.pipeline.compute.live_state).
 LIVE_STATE = "__keyroute_live_state"
@@ -287,7 +291,7 @@ def _matched_ahead(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[pa.Recor
 def _add(builder: PartitionFileBuilder, rows: pa.RecordBatch, respell: pa.BooleanArray) -> int:
     """Append one run of rows of a partition (`respell`: `needs_respelling` of its values); the number
     left out for having no LMDB key (misplaced)."""
-    keys = rows.column(LMDB_KEY)
+    keys = rows.column(LMDB_KEY) if LMDB_KEY in rows.schema.names else db_keys(rows.column(KEY_TEXT))
     values = rows.column(VALUE_JSON)
     states = rows.column(LIVE_STATE) if LIVE_STATE in rows.schema.names else None
     missing = keys.null_count

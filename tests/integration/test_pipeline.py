@@ -571,7 +571,9 @@ def test_format_2_holds_exactly_what_format_1_held(
     keys and value bytes a node makes of format 1's rows. Keys are chosen where Spark's order of the key
     text, of the key bytes and LMDB's order of its keys all differ: long (hashed) keys, which LMDB sorts
     first, bytes above 0x7f, negative integers (big-endian two's complement), keys that prefix others.
-    String and uuid keys get their LMDB keys from the JVM (the text's bytes), the others from the route UDF."""
+    String and uuid keys get their LMDB keys from the JVM (the text's bytes), the others from the route UDF;
+    string keys none of which is hashed ("texts") and uuid keys are sorted by their text, the others by
+    their LMDB key."""
     rng = random.Random(99)
     string_keys = [*AWKWARD_KEYS, "", "a", "ab", "a" * 510, "b" * 511, "c" * 700, "ç" * 300, "Z", "é"]
     byte_keys = [bytes([0x80]), b"\xff", b"\x00", b"\x00\x00", b"\x7f", b"\xff" * 600, b"a", b"ab"]
@@ -583,6 +585,8 @@ def test_format_2_holds_exactly_what_format_1_held(
     uuid_keys = [k.upper() if i % 3 == 0 else k for i, k in enumerate(uuid_keys)]
     sources = {
         "strings": ("string", 5, "murmur2", string_keys),
+        # No key too long for LMDB: sorted by the key text (see keyroute.pipeline.writer._ordered_rows).
+        "texts": ("string", 5, "murmur2", [key for key in string_keys if len(key.encode("utf-8")) < 511]),
         "bytes": ("bytes", 4, "crc32", [key_from_value(KeyFormat.BYTES, k).text for k in byte_keys]),
         "ints": ("int64", 3, "fnv1a", int_keys),
         "uuids": ("uuid", 3, "murmur2", uuid_keys),
@@ -606,7 +610,7 @@ def test_format_2_holds_exactly_what_format_1_held(
             assert dict(format_2) == format_1, f"{name} p{partition}: values differ"
         entries = [key for p in range(partitions) for key, _ in read_partition_file(Path(f2.snapshot), p)]
         hashed = sum(1 for key in entries if key[:1] == b"#")
-        assert hashed == {"strings": 3, "bytes": 1, "ints": 0, "uuids": 0}[name]
+        assert hashed == {"strings": 3, "texts": 0, "bytes": 1, "ints": 0, "uuids": 0}[name]
 
 
 def test_empty_partitions_get_an_empty_file(spark: SparkSession, zk_settings: ZkSettings, tmp_path: Path) -> None:
@@ -1209,6 +1213,7 @@ def test_a_rows_json_is_never_longer_than_the_bound_its_batches_are_sized_by(
     for store in spec.stores:
         computed = compute_store(spark, store)
         try:
+            assert computed.key_bytes == len("key-199")  # the longest key's UTF-8
             if store.name == "nested":
                 assert computed.json_bytes is None
                 continue

@@ -242,6 +242,27 @@ def test_a_task_builds_uploads_and_reports_each_of_its_partitions(tmp_path: Path
     assert list(workdir.iterdir()) == []  # the task's scratch files are gone
 
 
+def test_a_task_given_key_texts_writes_the_file_their_lmdb_keys_make(tmp_path: Path) -> None:
+    # Stores none of whose keys is hashed send the key text (in LMDB key order), which the task tags itself.
+    keys, values = sorted_rows(["a", "b/c", "ü", "", "k" * 510, "é"])
+    texts = pa.array([key[1:].decode("utf-8") for key in keys], pa.string())
+    by_text = pa.RecordBatch.from_pydict(
+        {
+            lmdb_files.PARTITION: pa.array([0] * len(keys), pa.int32()),
+            lmdb_files.KEY_TEXT: texts,
+            lmdb_files.VALUE_JSON: pa.array(values, pa.string()),
+        }
+    )
+    # Split where the second batch starts inside the partition: its texts are an offset slice.
+    text_results = run_task(str(tmp_path / "texts"), [by_text.slice(0, 1), by_text.slice(1)], tmp_path)
+    key_results = run_task(str(tmp_path / "keys"), [batch(0, keys, values)], tmp_path)
+    assert [(r["rows"], r["misplaced"]) for r in text_results] == [(len(keys), 0)]
+    assert text_results == key_results
+    path = tmp_path / "texts" / data_file(0)
+    assert read_file(path) == [(k, compact_value(v)) for k, v in zip(keys, values, strict=True)]
+    assert path.read_bytes() == (tmp_path / "keys" / data_file(0)).read_bytes()
+
+
 def test_rows_without_an_lmdb_key_are_counted_not_written(tmp_path: Path) -> None:
     keys, values = sorted_rows(["a", "b"])
     results = run_task(str(tmp_path / "v"), [batch(1, [None, *keys], ['{"x":1}', *values])], tmp_path)
