@@ -27,6 +27,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import chain
 from typing import Any
 
 from keyroute.core.partition_map import Assignment
@@ -81,13 +82,15 @@ def assign(
     # Previous preferred replicas per node, all stores: a store's extra replica goes, other things equal,
     # to a node that leads little, so that the previous preferred replicas of later stores can stay.
     leading_anywhere, holding_anywhere = dict.fromkeys(members, 0), dict.fromkeys(members, 0)
-    for name in names if previous is not None else ():
-        for reps in previous.stores.get(name, ())[: stores[name][0]]:  # type: ignore[union-attr]
-            if reps and reps[0] in alive:
-                leading_anywhere[reps[0]] += 1
-            for m in reps:
-                if m in alive:
-                    holding_anywhere[m] += 1
+    if previous is not None:
+        led: Counter[str] = Counter()
+        held: Counter[str] = Counter()
+        for name in names:
+            per = previous.stores.get(name, ())[: stores[name][0]]
+            led.update(reps[0] for reps in per if reps)
+            held.update(chain.from_iterable(per))
+        leading_anywhere.update((m, c) for m, c in led.items() if m in alive)
+        holding_anywhere.update((m, c) for m, c in held.items() if m in alive)
     # per store: replica sets, kept replicas, previous replicas, replica and preferred-replica targets
     uneven = False  # whether some node's replicas ended above its target (see _even_out_totals)
     placed_of: dict[
@@ -110,7 +113,8 @@ def assign(
         # ones that must take the next preferred replicas), then to nodes that led little before.
         # (then to nodes that held few replicas of any store: the others keep theirs.)
         scale = 1 + sum(holding_anywhere.values())
-        busy = {m: (leader_seats.seats(m) * scale + holding_anywhere[m]) * scale + leading_anywhere[m] for m in members}
+        seats = leader_seats.counts
+        busy = {m: (seats[m] * scale + holding_anywhere[m]) * scale + leading_anywhere[m] for m in members}
         # When the store's replicas per node are as few as its preferred replicas per node (floor), only nodes
         # with an extra replica can take an extra preferred one: the nodes that will have to (they are below
         # the preferred replicas' floor over all stores) get an extra replica first.
@@ -187,7 +191,8 @@ def assign(
         available = len(set(zone_of.values()))
         for name in order:
             placed, kept, _, target, lead_target = placed_of[name]
-            short = [p for p, reps in enumerate(placed) if len({zone_of[m] for m in reps}) < min(len(reps), available)]
+            zone = zone_of.__getitem__
+            short = [p for p, reps in enumerate(placed) if len(set(map(zone, reps))) < min(len(reps), available)]
             if short:
                 tallies = (totals, _Tally(members, target), leaders, _Tally(members, lead_target))
                 _spread_over_zones(placed, kept, zone_of, tallies, short)
@@ -237,7 +242,11 @@ def _spread_over_zones(
     holding: dict[str, set[tuple[int, int]]] = {}
     for p, reps in enumerate(sets):
         for pos, node in enumerate(reps):
-            holding.setdefault(node, set()).add((p, pos))
+            held = holding.get(node)
+            if held is None:
+                holding[node] = {(p, pos)}
+            else:
+                held.add((p, pos))
 
     def transfers(pos: int, a: str, b: str) -> list[tuple[_Tally, str, str]]:
         return [
@@ -448,10 +457,9 @@ def _sum(counts: Iterable[Mapping[str, int]]) -> Counter[str]:
 
 
 def _counts(sets: Iterable[Sequence[str]], members: Sequence[str]) -> dict[str, int]:
+    """Replicas per node of `members` (every node in `sets` is one)."""
     counts = dict.fromkeys(members, 0)
-    for reps in sets:
-        for m in reps:
-            counts[m] += 1
+    counts.update(Counter(chain.from_iterable(sets)))
     return counts
 
 
@@ -482,6 +490,11 @@ class _Seats:
 
     def seats(self, m: str) -> int:
         return self._count[m]
+
+    @property
+    def counts(self) -> Mapping[str, int]:
+        """Seats per node so far (read only)."""
+        return self._count
 
     def forced(self, k: int) -> list[str]:
         """The nodes that the next `hand_out(k)` must give a seat to (they would fall below the floor)."""
@@ -605,11 +618,7 @@ def _place(
     fixed, and every partition `replicas` replicas."""
     sets = [list(reps) for reps in sets]
     counts = dict.fromkeys(target, 0)
-    holding: dict[str, list[int]] = {m: [] for m in target}
-    for p, reps in enumerate(sets):
-        for m in reps[fixed:]:
-            counts[m] += 1
-            holding[m].append(p)
+    counts.update(Counter(chain.from_iterable(reps[fixed:] for reps in sets) if fixed else chain.from_iterable(sets)))
 
     def give_up_cost(p: int, m: str) -> tuple[int, int, int]:
         reps = sets[p]
@@ -622,13 +631,13 @@ def _place(
             m = min(reps[fixed:], key=lambda m: (counts[m] - target[m] <= 0, *give_up_cost(p, m)[::2], m))
             reps.remove(m)
             counts[m] -= 1
-            holding[m].remove(p)
     # Nodes above target give up followers: first in a zone the partition holds twice, then the last ones.
     for m in sorted(target):
         excess = counts[m] - target[m]
         if excess <= 0:
             continue
-        for p in sorted(holding[m], key=lambda p, m=m: give_up_cost(p, m))[:excess]:
+        holding = [p for p, reps in enumerate(sets) if m in reps and (not fixed or reps[0] != m)]
+        for p in sorted(holding, key=lambda p, m=m: give_up_cost(p, m))[:excess]:
             sets[p].remove(m)
         counts[m] -= excess
 
@@ -721,27 +730,34 @@ def _choose_leaders(
     that must load it."""
     leader: list[str | None] = [None] * len(sets)
     load = dict.fromkeys(target, 0)
-    led_by: dict[str, set[int]] = {}
+    # The partitions each node leads: built when an augmenting path first needs it, then kept up to date.
+    led_by: dict[str, set[int]] | None = None
+
+    def index() -> dict[str, set[int]]:
+        nonlocal led_by
+        if led_by is None:
+            led_by = {}
+            for q, m in enumerate(leader):
+                if m is not None:
+                    led_by.setdefault(m, set()).add(q)
+        return led_by
 
     def assign_to(p: int, m: str) -> None:
         old = leader[p]
         if old is not None:
-            led_by[old].discard(p)
             load[old] -= 1
+            if led_by is not None:
+                led_by[old].discard(p)
         leader[p] = m
-        led_by.setdefault(m, set()).add(p)
         load[m] += 1
+        if led_by is not None:
+            led_by.setdefault(m, set()).add(p)
 
     for p, prev in enumerate(previous):
         # assign_to(p, prev), inline: most partitions keep their preferred replica
         if prev is not None and load[prev] < target[prev] and prev in sets[p]:
             leader[p] = prev
             load[prev] += 1
-            held = led_by.get(prev)
-            if held is None:
-                led_by[prev] = {p}
-            else:
-                held.add(p)
     for p, reps in enumerate(sets):
         if leader[p] is not None or not reps:
             continue
@@ -749,7 +765,7 @@ def _choose_leaders(
         if free:
             assign_to(p, min(free, key=lambda m: (load[m] - target[m], m)))
             continue
-        path = _augmenting_path(p, sets, led_by, load, target)
+        path = _augmenting_path(p, sets, index(), load, target)
         if path is not None:
             # From the end, so that no count ever passes its target on the way.
             for q, m in reversed(path):
@@ -768,7 +784,7 @@ def _choose_leaders(
             else:
                 return None
     if strict:
-        return None if any(lead is None for lead in leader) else [m for m in leader if m is not None]
+        return None if None in leader else leader  # type: ignore[return-value]
     # The rest go to nodes under target, which load them: the most wanting first.
     wanting = [(-(target[m] - load[m]), m) for m in sorted(target) if load[m] < target[m]]
     heapq.heapify(wanting)
