@@ -267,9 +267,9 @@ def _measure(connect: str, n: int, stores_n: int, partitions: int, timeout_s: fl
         # will leave and join, and of one node that stays put (what an ordinary node reads per change).
         changing = [node_ids[1 + i * (n // (CHANGES + 1))] for i in range(CHANGES)]
         bystander = node_ids[2]
-        node_client = client()
-        node_clients.append(node_client)
-        nodes_watching = {m: _node_watcher(MapWatcher, node_client, m) for m in [*changing, bystander]}
+        for m in [*changing, bystander]:  # a session each, as nodes have
+            node_clients.append(client())
+            nodes_watching[m] = _node_watcher(MapWatcher, node_clients[-1], m)
         for w in nodes_watching.values():
             w.start()
         for m, w in nodes_watching.items():
