@@ -401,9 +401,9 @@ class MapWatcher:
         if raw_root == self._placement_root and follow == self._followed and not own_changed:
             return
         if own_only:
-            # The controller writes a node's share record ahead of the root it belongs to: one of a later generation
-            # than the root waits for it (the share before it stays in use). No record: no share (a record is
-            # deleted only once a root without the node's share is written).
+            # The controller writes a node's share record ahead of the root it belongs to: one of a later
+            # generation than the root waits for it (the share before it stays in use). No record: no share
+            # (a record is deleted only once a root without the node's share is written).
             record = self._own_record
             if record is None:
                 self._own = {}
@@ -438,6 +438,8 @@ class MapWatcher:
             for store, share in self._own.items():
                 if store in root.stores and store not in stores:
                     stores[store] = self._own_replica_lists(store, share)
+            for store in self._own_replicas.keys() - self._own.keys():
+                del self._own_replicas[store]
         self._builder.set_assignment(Assignment(root.generation, stores))
 
     def _take_own(self, settled: tuple[Any, ZnodeStat] | None) -> bool:

@@ -435,11 +435,11 @@ class Controller:
 
             def stale(node: str) -> bool:
                 record = written.get(node)
-                if record is None:
-                    return True
+                if record is None or node not in wanted:
+                    return True  # unreadable, missing, or one without a share (an empty one left behind)
                 # Ahead of this assignment (a predecessor's write that no root followed): a node would wait for
                 # a root of that generation.
-                return record[1] != wanted.get(node, {}) or record[0] > assignment.generation
+                return record[1] != wanted[node] or record[0] > assignment.generation
 
             touched = {n for n in wanted.keys() | written.keys() if stale(n)}
             existing = set(written)

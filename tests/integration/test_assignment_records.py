@@ -101,10 +101,11 @@ def test_share_records_follow_the_assignment_and_a_node_reads_only_its_own(zk_se
         admin.set(zk_layout.assigned_path(ME), placement_records.share_record(1, {"s0": (8, frozenset({7}))}))
         admin.delete(zk_layout.assigned_path("n4"))
         admin.create(zk_layout.assigned_path("ghost"), placement_records.share_record(1, {"s1": (8, frozenset({0}))}))
+        admin.create(zk_layout.assigned_path("emptied"), placement_records.share_record(1, {}))  # never deleted
         controllers.append(Controller(admin, "n4"))
         controllers[1].start()
         settled("records put right by the next controller")
-        assert "ghost" not in admin.get_children(zk_layout.ASSIGNED)
+        assert not {"ghost", "emptied"} & set(admin.get_children(zk_layout.ASSIGNED))
     finally:
         for controller in controllers:
             controller.stop()
