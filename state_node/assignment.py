@@ -197,7 +197,7 @@ def assign(
                 tallies = (totals, _Tally(members, target), leaders, _Tally(members, lead_target))
                 _spread_over_zones(placed, kept, zone_of, tallies, short)
     out = {
-        name: tuple(tuple(_ordered(reps, before[p])) for p, reps in enumerate(placed))
+        name: tuple(_final(reps, before[p]) for p, reps in enumerate(placed))
         for name, (placed, _, before, _, _) in placed_of.items()
     }
     result = Assignment(generation, {name: out[name] for name in names})
@@ -466,6 +466,13 @@ def _counts(sets: Iterable[Sequence[str]], members: Sequence[str]) -> dict[str, 
 def _led_by(reps: list[str], lead: str) -> list[str]:
     """`reps` with `lead` first (the list itself when it already is)."""
     return reps if reps and reps[0] == lead else [lead, *(m for m in reps if m != lead)]
+
+
+def _final(reps: list[str], before: tuple[str, ...]) -> tuple[str, ...]:
+    """A partition's replicas as written: the very tuple it had when nothing changed (readers comparing two
+    assignments then find it unchanged at once), else in `_ordered` order."""
+    placed = tuple(reps)
+    return before if placed == before else tuple(_ordered(reps, before))
 
 
 def _ordered(reps: Sequence[str], before: Sequence[str]) -> list[str]:
