@@ -32,6 +32,7 @@ map with a warning (a root it may not read keeps the last map, stale).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -43,6 +44,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import EventType, WatchedEvent, ZnodeStat
 
 from keyroute.core import placement_records, zk_layout
+from keyroute.core.collector import without_cyclic_collection
 from keyroute.core.partition_map import (
     Assignment,
     MapBuilder,
@@ -210,6 +212,7 @@ class MapWatcher:
             self._connected = self._client.connected
             if not self._connected:
                 continue
+            whole_reads = self.full_reads
             try:
                 new_map = self._read()
                 self.reads += 1
@@ -224,7 +227,9 @@ class MapWatcher:
                 continue
             if new_map is None:
                 continue  # the events named nothing that changed
-            with self._publish_lock:
+            # After a whole read the consumer builds its own structures from scratch too (a router's table).
+            building = without_cyclic_collection() if self.full_reads != whole_reads else contextlib.nullcontext()
+            with self._publish_lock, building:
                 # The connection may have dropped while reading: then the new map is already stale.
                 self._publish(new_map.marked_stale(not self._connected))
 
@@ -237,7 +242,8 @@ class MapWatcher:
         if self._resync:
             self._resync = False
             self.full_reads += 1
-            return self._read_all()
+            with without_cyclic_collection():  # it builds every record and route at once
+                return self._read_all()
         if not events:
             return None
         return self._read_events(events)

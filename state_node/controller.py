@@ -8,10 +8,9 @@ assignment without itself, then resigns so another node takes over.
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
@@ -19,6 +18,7 @@ from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.recipe.election import Election
 
 from keyroute.core import placement_records, zk_layout
+from keyroute.core.collector import without_cyclic_collection
 from keyroute.core.partition_map import Assignment, NodeRecord, RecordError, StoreRecord
 from keyroute.node.assignment import StoreShape, assign
 
@@ -29,23 +29,6 @@ SAFETY_RECOMPUTE_S = 30.0
 RETRY_AFTER_ERROR_S = 1.0
 # The largest transaction of share records written at once.
 _TRANSACTION_BYTES = 256 * 1024
-
-
-@contextlib.contextmanager
-def without_cyclic_collection() -> Iterator[None]:
-    """Python's cyclic garbage collector held back for a while (as it was before, after).
-
-    The placement allocates hundreds of thousands of small lists and tuples that live until it returns and
-    form no cycles; meanwhile the collector would walk the whole heap (a node's partition map, the previous
-    assignment) again and again for nothing: a quarter of a recomputation at 1,000 nodes. Reference
-    counting still frees everything that is dropped."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 class NotLeader(Exception):

@@ -7,7 +7,7 @@ import gc
 
 import pytest
 
-from keyroute.node.controller import without_cyclic_collection
+from keyroute.core.collector import without_cyclic_collection
 
 
 def test_the_collector_is_held_back_during_the_placement_and_restored_after_even_on_error() -> None:
