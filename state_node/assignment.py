@@ -239,9 +239,15 @@ def _spread_over_zones(
     else the cheapest. Each step adds a zone to a partition and takes none from another, so the passes end."""
     members = sorted(zone_of)
     totals, store_totals, leaders, store_leaders = tallies
+    # Which (partition, position) each node holds, for the swaps. When every partition has one replica per
+    # zone there is (as many replicas as zones), a partition with all of them is never swapped with: giving
+    # up b's replica would take b's zone, the only one of it there, and bring a's, which it has. So only
+    # the partitions short of a zone (a step never makes another one short) are looked at.
+    available = len(set(zone_of.values()))
+    indexed = short if all(len(reps) == available for reps in sets) else range(len(sets))
     holding: dict[str, set[tuple[int, int]]] = {}
-    for p, reps in enumerate(sets):
-        for pos, node in enumerate(reps):
+    for p in indexed:
+        for pos, node in enumerate(sets[p]):
             held = holding.get(node)
             if held is None:
                 holding[node] = {(p, pos)}
@@ -326,13 +332,13 @@ def _spread_over_zones(
                 _, _, b, q, qpos = step
                 a = sets[p][pos]
                 changes = transfers(pos, a, b)
-                holding[a].discard((p, pos))
+                holding.setdefault(a, set()).discard((p, pos))
                 holding.setdefault(b, set()).add((p, pos))
                 sets[p][pos] = b
                 if q >= 0:
                     changes += transfers(qpos, b, a)
                     holding[b].discard((q, qpos))
-                    holding[a].add((q, qpos))
+                    holding.setdefault(a, set()).add((q, qpos))
                     sets[q][qpos] = a
                 apply(changes)
                 changed = True
