@@ -501,9 +501,6 @@ class _Seats:
         self._count = dict.fromkeys(members, 0)
         self._handed = 0
 
-    def seats(self, m: str) -> int:
-        return self._count[m]
-
     @property
     def counts(self) -> Mapping[str, int]:
         """Seats per node so far (read only)."""

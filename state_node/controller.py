@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoNodeError
@@ -23,6 +23,8 @@ from keyroute.core.partition_map import Assignment, NodeRecord, RecordError, Sto
 from keyroute.node.assignment import StoreShape, assign
 
 log = logging.getLogger(__name__)
+
+_Parsed = TypeVar("_Parsed")
 
 # Watches push every change; this only bounds how long a lost watch could leave the assignment behind.
 SAFETY_RECOMPUTE_S = 30.0
@@ -197,48 +199,18 @@ class Controller:
     # -- one recomputation -------------------------------------------------------------------------
 
     def _recompute(self, election: Election) -> None:
-        zk = self._client
         with self._nodes_lock:
             changed, self._nodes_changed = self._nodes_changed, set()
             stores_changed, self._stores_changed = self._stores_changed, set()
-        registered = sorted(zk.get_children(zk_layout.NODES, watch=self._on_change))
-        known = self._node_records
-        for name in known.keys() - set(registered):
-            del known[name]
-        # Pipelined: the node records not known yet or changed since, asked for at once (one round trip
-        # rather than one per node). Each read re-arms the record's watch.
-        reads = {
-            name: zk.get_async(zk_layout.node_path(name), watch=self._on_change)
-            for name in registered
-            if name not in known or name in changed
-        }
-        for name, pending in reads.items():
-            try:
-                raw, _ = pending.get()
-            except NoNodeError:
-                known.pop(name, None)  # gone since the listing (a new one is read when it is listed)
-                continue
-            known[name] = self._assignable(name, raw)
-        zones = {name: record.zone for name in registered if (record := known.get(name)) is not None}
+        # Only the node and store records not known yet or whose watch fired since are read again.
+        nodes_read = self._node_records
+        registered = self._read_changed(zk_layout.NODES, zk_layout.node_path, nodes_read, changed, self._assignable)
+        zones = {name: record.zone for name in registered if (record := nodes_read.get(name)) is not None}
         nodes = list(zones)
-        # The same for the store records: only new ones and those whose watch fired are read.
-        listed = sorted(zk.get_children(zk_layout.STORES, watch=self._on_change))
-        shapes = self._store_shapes
-        for name in shapes.keys() - set(listed):
-            del shapes[name]
-        store_reads = {
-            name: zk.get_async(zk_layout.store_path(name), watch=self._on_change)
-            for name in listed
-            if name not in shapes or name in stores_changed
-        }
-        for name, pending in store_reads.items():
-            try:
-                raw, _ = pending.get()
-            except NoNodeError:
-                shapes.pop(name, None)
-                continue
-            shapes[name] = self._placeable(name, raw)
-        stores = {name: shape for name in listed if (shape := shapes.get(name)) is not None}
+        listed = self._read_changed(
+            zk_layout.STORES, zk_layout.store_path, self._store_shapes, stores_changed, self._placeable
+        )
+        stores = {name: shape for name in listed if (shape := self._store_shapes.get(name)) is not None}
 
         previous, version, generations = self._previous()
         if previous is not None and version >= 0:
@@ -297,6 +269,35 @@ class Controller:
                 live,
             )
         self._short_of_nodes = short
+
+    def _read_changed(
+        self,
+        parent: str,
+        path_of: Callable[[str], str],
+        cache: dict[str, _Parsed],
+        changed: set[str],
+        parse: Callable[[str, bytes], _Parsed],
+    ) -> list[str]:
+        """The children of `parent` (the listing watched), sorted, with `cache` brought up to date: the records
+        not known yet or named in `changed` (their watch fired) read again, pipelined (one round trip rather
+        than one per record); each read re-arms its record's watch."""
+        zk = self._client
+        listed = sorted(zk.get_children(parent, watch=self._on_change))
+        for name in cache.keys() - set(listed):
+            del cache[name]
+        reads = {
+            name: zk.get_async(path_of(name), watch=self._on_change)
+            for name in listed
+            if name not in cache or name in changed
+        }
+        for name, pending in reads.items():
+            try:
+                raw, _ = pending.get()
+            except NoNodeError:
+                cache.pop(name, None)  # gone since the listing (a new one is read when it is listed)
+                continue
+            cache[name] = parse(name, raw)
+        return listed
 
     @staticmethod
     def _placeable(name: str, raw: bytes) -> StoreShape | None:
