@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import NamedTuple
 
 from kazoo.client import KazooClient
@@ -181,12 +181,14 @@ def _set_share(held: dict[str, Share], node: str, store: str, count: int, partit
             del held[node]
 
 
-def assemble(root: bytes, records: Mapping[str, bytes | None]) -> Assignment:
-    """The assignment the root names, from its store records (raises InProgress if one is missing or at
-    another generation, RecordError if one is unreadable)."""
+def assemble(root: bytes, records: Mapping[str, bytes | None], only: Collection[str] | None = None) -> Assignment:
+    """The assignment the root names (`only`: of these stores alone), from its store records (raises InProgress
+    if one is missing or at another generation, RecordError if one is unreadable)."""
     generation, wanted, _ = parse_root(root)
     stores: dict[str, tuple[tuple[str, ...], ...]] = {}
     for store, store_generation in wanted.items():
+        if only is not None and store not in only:
+            continue
         raw = records.get(store)
         if raw is None:
             raise InProgress(f"store {store}: no record yet")
@@ -197,11 +199,14 @@ def assemble(root: bytes, records: Mapping[str, bytes | None]) -> Assignment:
     return Assignment(generation, stores)
 
 
-def read(client: KazooClient, *, lenient: bool = False) -> tuple[Assignment | None, int, dict[str, int]]:
-    """The current assignment, the root's version (-1: no root yet) and the store generations it names.
-    Falls back to the single record of the layout before (/assignment) while /placement holds nothing.
-    Raises InProgress (unless `lenient`: then each store record is taken as it is, the controller's view,
-    and the generations are the records' own) or RecordError."""
+def read(
+    client: KazooClient, *, lenient: bool = False, only: Collection[str] | None = None
+) -> tuple[Assignment | None, int, dict[str, int]]:
+    """The current assignment, the root's version (-1: no root yet) and the store generations it names
+    (`only`: the store records of these stores alone are read). Falls back to the single record of the
+    layout before (/assignment) while /placement holds nothing. Raises InProgress (unless `lenient`: then
+    each store record is taken as it is, the controller's view, and the generations are the records' own)
+    or RecordError."""
     try:
         root, stat = client.get(zk_layout.PLACEMENT)
     except NoNodeError:
@@ -214,7 +219,7 @@ def read(client: KazooClient, *, lenient: bool = False) -> tuple[Assignment | No
         except NoNodeError:
             return None, version, {}
         return (Assignment.from_json(raw) if raw else None), version, {}
-    wanted = parse_root(root).stores
+    wanted = {s: g for s, g in parse_root(root).stores.items() if only is None or s in only}
     pending = {store: client.get_async(zk_layout.placement_path(store)) for store in wanted}
     records: dict[str, bytes | None] = {}
     for store, result in pending.items():
@@ -230,16 +235,16 @@ def read(client: KazooClient, *, lenient: bool = False) -> tuple[Assignment | No
         parsed = {s: parse_store_record(raw) for s, raw in records.items() if raw is not None}
         stores = {s: replicas for s, (_, replicas) in parsed.items()}
         return Assignment(generation, stores), version, {s: g for s, (g, _) in parsed.items()}
-    return assemble(root, records), version, wanted
+    return assemble(root, records, only), version, wanted
 
 
-def read_whole(client: KazooClient) -> Assignment | None:
-    """The whole assignment for an operator's view (a node follows only its own share): the one the root
-    names, or while a new one is being written, its store records as they are."""
+def read_whole(client: KazooClient, only: Collection[str] | None = None) -> Assignment | None:
+    """The whole assignment (`only`: of these stores) for an operator's view (a node follows only its own
+    share): the one the root names, or while a new one is being written, its store records as they are."""
     try:
-        return read(client)[0]
+        return read(client, only=only)[0]
     except InProgress:
-        return read(client, lenient=True)[0]
+        return read(client, lenient=True, only=only)[0]
 
 
 def changes(

@@ -58,9 +58,9 @@ class Node:
     metrics: NodeMetrics = field(default_factory=NodeMetrics)
     # Every node's live partitions' reports, for the partition map (None: no ZooKeeper session, in tests).
     live_status: LiveStatusReader | None = None
-    # The whole assignment read from ZooKeeper, for the admin views (a node's map holds only its own share;
-    # None: no ZooKeeper session, in tests: the map's assignment is shown).
-    whole_assignment: Callable[[], Assignment | None] | None = None
+    # The whole assignment (of the stores given, or all) read from ZooKeeper, for the admin views (a node's
+    # map holds only its own share; None: no ZooKeeper session, in tests: the map's assignment is shown).
+    whole_assignment: Callable[[frozenset[str] | None], Assignment | None] | None = None
     # Tells other members' requests (whose hop header counts) from clients' (whose does not).
     members: ClusterAuth = field(init=False)
     # X-Keyroute-Node, as every answer of this node carries it.
@@ -227,7 +227,7 @@ async def _running_node(
         registration,
         metrics,
         LiveStatusReader(lambda: client),
-        whole_assignment=lambda: placement_records.read_whole(client),
+        whole_assignment=lambda only: placement_records.read_whole(client, only),
     )
     try:
         await run_in_threadpool(registration.register_node)
@@ -274,13 +274,13 @@ async def partition_map(request: Request) -> Response:
     return JSONResponse(body)
 
 
-async def _whole_assignment(node: Node, m: PartitionMap) -> Assignment:
-    """The whole assignment for an admin view, read now (the map's, which may hold only this node's share,
-    when ZooKeeper cannot give it)."""
+async def _whole_assignment(node: Node, m: PartitionMap, only: frozenset[str] | None = None) -> Assignment:
+    """The whole assignment (`only`: of these stores) for an admin view, read now (the map's, which may hold
+    only this node's share, when ZooKeeper cannot give it)."""
     if node.whole_assignment is None or m.stale:
         return m.assignment
     try:
-        whole = await run_in_threadpool(node.whole_assignment)
+        whole = await run_in_threadpool(node.whole_assignment, only)
     except Exception as exc:  # ZooKeeper away, or a record unreadable: show what the node knows
         log.warning("reading the whole assignment for an admin view failed: %s", exc)
         return m.assignment
@@ -297,7 +297,7 @@ async def route(request: Request) -> Response:
     record = find_store(m, store_name)
     key = parse_key_text(record, key_text)
     r = m.route(record, key.data)
-    whole = await _whole_assignment(node, m)
+    whole = await _whole_assignment(node, m, frozenset({store_name}))  # one store record, not every one
     held = node.ownership.local(store_name, r.partition)
     return JSONResponse(
         {

@@ -300,6 +300,9 @@ def test_three_nodes_serve_every_key_in_one_hop(cluster: Cluster) -> None:
     # The admin route agrees with the partition map.
     r = c.get("n3", "/admin/route", params={"store": "bookings", "key": "a/b"})
     assert r.json()["partition"] == partition_of("bookings", "a/b")
+    # Its assigned replicas are the whole assignment's (a node's own map holds only its share).
+    whole = placement_records.read(c.client)[0]
+    assert whole is not None and r.json()["assigned"] == list(whole.replicas("bookings", r.json()["partition"]))
     assert sorted(e["node"] for e in r.json()["serving"]) == sorted(owners(view, "bookings", r.json()["partition"]))
 
 
