@@ -201,14 +201,21 @@ def assign(
         for name, (placed, _, before, _, _) in placed_of.items()
     }
     result = Assignment(generation, {name: out[name] for name in names})
-    if sum(p * min(rf, n) for p, rf in stores.values()) <= EXACT_LIMIT and not _balanced(stores, members, result):
-        # Seats handed out store by store can paint themselves into a corner when a store has fewer replicas
-        # than nodes (its extra preferred replicas must sit on its extra replicas, which earlier stores' seats
-        # may have ruled out). Small clusters, where that happens, get the exact placement instead; in large
-        # ones a count may then be two apart rather than one.
-        from keyroute.node.assignment_exact import assign_exact
+    if sum(p * min(rf, n) for p, rf in stores.values()) > EXACT_LIMIT:
+        return result
+    # Seats handed out store by store can paint themselves into a corner when a store has fewer replicas than
+    # nodes (its extra preferred replicas must sit on its extra replicas, which earlier stores' seats may have
+    # ruled out), or balance the counts only by moving more than twice what had to move. Small clusters,
+    # where that happens, get the exact placement instead (when unbalanced, or when it moves fewer); in large
+    # ones a count may then be two apart rather than one.
+    balanced = _balanced(stores, members, result)
+    if balanced and (previous is None or moved_replicas(previous, result) <= 2 * _must_move(stores, previous, result)):
+        return result
+    from keyroute.node.assignment_exact import assign_exact
 
-        return assign_exact(stores, members, previous, generation, zones)
+    exact = assign_exact(stores, members, previous, generation, zones)
+    if not balanced or previous is None or moved_replicas(previous, exact) < moved_replicas(previous, result):
+        return exact
     return result
 
 
@@ -443,6 +450,23 @@ def _balanced(stores: Mapping[str, StoreShape], members: Sequence[str], a: Assig
             for m, c in per_node.items():
                 total[m] += c
     return max(totals.values()) - min(totals.values()) <= 1 and max(leaders.values()) - min(leaders.values()) <= 1
+
+
+def _must_move(stores: Mapping[str, StoreShape], before: Assignment, after: Assignment) -> int:
+    """Replicas no placement from `before` to `after`'s nodes can keep: those of nodes gone, in partitions
+    that keep their replica count, and the ones nodes new in `after` take."""
+    placed_before = {m for per in before.stores.values() for reps in per for m in reps}
+    placed_after = {m for per in after.stores.values() for reps in per for m in reps}
+    gone, new = placed_before - placed_after, placed_after - placed_before
+    must = 0
+    for name, per in after.stores.items():
+        had = before.stores.get(name, ())
+        for p, reps in enumerate(per):
+            was = had[p] if p < len(had) else ()
+            if len(was) == len(reps):
+                must += sum(1 for m in was if m in gone)
+            must += sum(1 for m in reps if m in new)
+    return must
 
 
 def moved_replicas(before: Assignment, after: Assignment) -> int:

@@ -12,7 +12,7 @@ import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from keyroute.core.partition_map import Assignment
@@ -112,6 +112,12 @@ def test_one_node_leaving_moves_at_least_its_orphans_and_at_most_twice_as_many(
 
 @EXAMPLES
 @given(store_shapes, memberships, st.lists(st.tuples(st.booleans(), st.sampled_from(POOL)), max_size=8))
+# Found by this test: a leave whose seat-based placement moved 5 replicas for 2 orphans (the minimum is 3).
+@example(
+    stores={"a": (3, 3), "b": (2, 4), "aa": (1, 4)},
+    nodes=["node-0", "node-1", "node-2", "node-8", "node-9", "node-3", "node-4", "ä"],
+    events=[(False, "node-8")],
+)
 def test_random_join_and_leave_histories(
     stores: dict[str, StoreShape], nodes: list[str], events: list[tuple[bool, str]]
 ) -> None:
