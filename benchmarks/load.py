@@ -396,30 +396,37 @@ def measure_pipeline(
 # -- 1b. where format 2's executor time goes -------------------------------------------------------------------
 
 
-# The step of the breakdown a task runs in a thread of its own, a batch ahead of the others.
-REGEX_STEP = "values: the respelling regex (a thread of its own in the task, a batch ahead)"
+# The value's fields as the write job hands them to a task (the store's value struct, as Spark types it).
+VALUE_TYPE = pa.struct(
+    [
+        pa.field("ts", pa.int64()),
+        pa.field("route", pa.string()),
+        pa.field("fare", pa.float64()),
+        pa.field("seats", pa.int32()),
+    ]
+)
 
 
 def executor_breakdown(data_mdb: Path, work: Path, batch_rows: int = 10_000) -> tuple[dict[str, float], float]:
     """The Python work a format-2 task does for one partition (keyroute.pipeline.lmdb_files), step by step,
     in this process on the partition's own rows, fed as Spark feeds it (Arrow batches of `batch_rows`, the
-    key text, whose LMDB key the task makes, and the value as JSON text): seconds per step, and the values'
-    mean size in bytes."""
+    key text, whose LMDB key the task makes, and the value's struct, whose JSON the task spells): seconds
+    per step, and the values' mean size in bytes."""
     keys: list[bytes] = []
-    values: list[str] = []
+    values: list[bytes] = []
     env = lmdb.open(str(data_mdb), subdir=False, readonly=True, lock=False)
     try:
         with env.begin() as txn:
             for key, value in txn.cursor():
                 keys.append(bytes(key))
-                values.append(value.decode("utf-8"))
+                values.append(bytes(value))
     finally:
         env.close()
     batches = [
         pa.RecordBatch.from_pydict(
             {
                 lmdb_files.KEY_TEXT: pa.array([k[1:].decode("utf-8") for k in keys[i : i + batch_rows]], pa.string()),
-                lmdb_files.VALUE_JSON: pa.array(values[i : i + batch_rows], pa.string()),
+                lmdb_files.VALUE_STRUCT: pa.array([json.loads(v) for v in values[i : i + batch_rows]], VALUE_TYPE),
             }
         )
         for i in range(0, len(keys), batch_rows)
@@ -434,21 +441,19 @@ def executor_breakdown(data_mdb: Path, work: Path, batch_rows: int = 10_000) -> 
         keys_lists = [db_keys(b.column(0)).to_numpy(zero_copy_only=False).tolist() for b in batches]
         out["LMDB keys: key texts tagged (one Arrow kernel a batch), to Python lists"] = time.perf_counter() - start
         start = time.perf_counter()
-        matches = [lmdb_files.needs_respelling(b.column(1)) for b in batches]
-        out[REGEX_STEP] = time.perf_counter() - start
-        share = sum(m.true_count for m in matches) / max(1, sum(b.num_rows for b in batches))
+        spelled = [lmdb_files.spell_values(b) for b in batches]
+        out["values: JSON spelled from the struct by Arrow kernels"] = time.perf_counter() - start
+        redone = sum(s.redo.true_count for s in spelled) / max(1, sum(b.num_rows for b in batches))
         start = time.perf_counter()
-        compacted = [
-            (k, lmdb_files.compact_values(b.column(1), m)) for k, b, m in zip(keys_lists, batches, matches, strict=True)
-        ]
-        out[f"values: Arrow batches to Python bytes (json.loads + dump for the {share:.1%} the regex matches)"] = (
+        stored = [s.stored() for s in spelled]
+        out[f"values: to Python bytes (one by one for the {redone:.1%} the kernels cannot vouch for)"] = (
             time.perf_counter() - start
         )
         destination = lmdb_files.Destination(str(scratch / "published"))
         builder = destination.builder(data_file(PARTITION), scratch)
         try:
             start = time.perf_counter()
-            for k, vs in compacted:
+            for k, vs in zip(keys_lists, stored, strict=True):
                 builder.add(zip(k, vs, strict=True))
             out["LMDB putmulti(append=True) into the file in place"] = time.perf_counter() - start
             start = time.perf_counter()
@@ -972,7 +977,6 @@ def pipeline_section(
     extra = median(smallest.wall[2]) - median(smallest.wall[1])
     write_extra = median(smallest.write[2]) - median(smallest.write[1])
     python_work = sum(breakdown.values())
-    own_thread = python_work - breakdown.get(REGEX_STEP, 0.0)
     steps = "; ".join(f"{name} {seconds:.2f} s" for name, seconds in breakdown.items())
     return [
         PIPELINE_HEADING,
@@ -1000,11 +1004,11 @@ def pipeline_section(
         f"- Where format 2's time goes ({min(builds):,} rows: {extra:+.1f} s of build, {write_extra:+.1f} s of"
         " it in the write phase): the Python work of the task that builds the file (keyroute.pipeline.lmdb_files),"
         " repeated step by step in this process on the same rows, fed as Spark feeds it (Arrow batches of"
-        f" 10,000 rows): {steps}; {python_work:.2f} s of CPU in all, **{own_thread:.2f} s** of it in the task's own"
-        " thread (the regex's runs beside it, on the core Spark's side of the task leaves idle). The rest of the"
+        f" 10,000 rows): {steps}; **{python_work:.2f} s** of CPU in all, in the task's own thread. The rest of the"
         " write phase is Spark's side: sorting by the key text (a string store none of whose keys is too long"
         " for LMDB, as this one: the task tags the text into its LMDB key; other stores sort by the binary LMDB"
-        " key), `to_json` of the value, and the Arrow"
+        " key), the value handed over as its struct of four fields (the task spells its JSON; a value of other"
+        " types would be Spark's `to_json` text), and the Arrow"
         " hand-over of every row to the Python worker, in batches of as many rows as fit Spark's byte limit at the"
         " store's widest row (bounded from the longest strings while the compute phase checks the keys), so that"
         " Spark does not size each batch after every row; format 1 spends its write phase in Spark's JSON writer"

@@ -1,9 +1,10 @@
 """Snapshot format 2 on Spark's executors: each task turns its sorted rows into ready-to-serve partition files.
 
-A task receives Arrow batches of (partition, LMDB key, value as JSON text[, a live store's merge state as
-JSON text]), sorted by partition and then by LMDB key, all rows of a store partition in the same task (a
-store whose LMDB keys are all the `=` tag and the key text's UTF-8 sends the key text instead, and the task
-tags it: keyroute.pipeline.writer._ordered_rows). For
+A task receives Arrow batches of (partition, LMDB key, value[, a live store's merge state as JSON text]),
+sorted by partition and then by LMDB key, all rows of a store partition in the same task (a store whose
+LMDB keys are all the `=` tag and the key text's UTF-8 sends the key text instead, and the task tags it; a
+value that is a struct of booleans, integers, doubles and strings comes as that struct, and the task spells
+its JSON; any other value comes as Spark's JSON text: keyroute.pipeline.writer._ordered_rows). For
 every store partition it meets it builds the LMDB file (keyroute_core.lmdb_layout: appended in key order,
 as dense as a compacting copy, so published as built) and puts it at `{version}/partition={p}/data.mdb`:
 into a local version directory it is built in place under a temporary name, checksummed as read back while
@@ -20,16 +21,18 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import os
 import shutil
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -54,6 +57,8 @@ LMDB_KEY = "__keyroute_lmdb_key"
 # In place of LMDB_KEY, when every row's LMDB key is the `=` tag and its key text's UTF-8 (db_keys makes it).
 KEY_TEXT = "__keyroute_key_text"
 VALUE_JSON = "__keyroute_value_json"
+# In place of VALUE_JSON, for a value whose fields `spelled_fields` accepts: the value itself, a struct.
+VALUE_STRUCT = "__keyroute_value"
 # Live stores whose fold keeps a merge state: {"0": s0, "1": s1, ...} (keyroute.pipeline.compute.live_state).
 LIVE_STATE = "__keyroute_live_state"
 # One row per partition file written; `misplaced` counts rows whose key does not hash to their partition
@@ -240,7 +245,7 @@ def write_partition_files(
     misplaced = 0
     done: set[int] = set()
     try:
-        for batch, respell in _matched_ahead(batches):
+        for batch, spelled in _spelled(batches):
             runs = pc.run_end_encode(batch.column(PARTITION))
             start = 0
             for end, value in zip(runs.run_ends.to_pylist(), runs.values.to_pylist(), strict=True):
@@ -257,7 +262,7 @@ def write_partition_files(
                     builder = destination.builder(data_file(partition), workdir)
                     current, misplaced = partition, 0
                 assert builder is not None
-                misplaced += _add(builder, batch.slice(start, end - start), respell.slice(start, end - start))
+                misplaced += _add(builder, batch.slice(start, end - start), spelled.slice(start, end - start))
                 start = end
         if builder is not None:
             yield _publish(builder, current, misplaced, destination)
@@ -267,39 +272,70 @@ def write_partition_files(
             builder.discard()
 
 
-def _matched_ahead(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[pa.RecordBatch, pa.BooleanArray]]:
-    """Every non-empty batch with `NEEDS_RESPELLING`'s matches of its values, the match of each batch run in
-    a thread while the batch before is written (the regex releases the GIL: it takes a core Spark's side of
-    the task leaves idle, instead of the task's own time). Batches are read in this thread only."""
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="keyroute-respell") as pool:
-        pending: tuple[pa.RecordBatch, Future[pa.BooleanArray]] | None = None
-        try:
-            for batch in batches:
-                if not batch.num_rows:
-                    continue
-                matching = pool.submit(needs_respelling, batch.column(VALUE_JSON))
-                if pending is not None:
-                    yield pending[0], pending[1].result()
-                pending = (batch, matching)
-            if pending is not None:
-                yield pending[0], pending[1].result()
-        finally:
-            if pending is not None:
-                pending[1].cancel()
+@dataclass(frozen=True, slots=True)
+class SpelledValues:
+    """Rows' stored values (`compact_value` of their JSON, as format 1's reader makes them), as Arrow texts:
+    `texts` holds them, but for the rows `redo` marks, which are spelled from `source` one by one.
+
+    From Spark's JSON text (VALUE_JSON): the texts themselves, redone where `NEEDS_RESPELLING` matches. From
+    the value struct (VALUE_STRUCT): `struct_texts`, redone where it cannot vouch for a field."""
+
+    texts: pa.Array  # string or binary, one per row
+    redo: pa.BooleanArray
+    source: pa.Array  # the VALUE_JSON texts or the VALUE_STRUCT structs
+
+    def slice(self, start: int, length: int) -> SpelledValues:
+        return SpelledValues(
+            self.texts.slice(start, length), self.redo.slice(start, length), self.source.slice(start, length)
+        )
+
+    def filter(self, keep: pa.BooleanArray) -> SpelledValues:
+        return SpelledValues(self.texts.filter(keep), self.redo.filter(keep), self.source.filter(keep))
+
+    def stored(self) -> list[bytes]:
+        stored: list[bytes] = self.texts.cast(pa.binary()).to_pylist()
+        if self.redo.true_count:
+            indices = pc.indices_nonzero(self.redo)
+            picked = self.source.take(indices)
+            if pa.types.is_struct(picked.type):
+                redone = struct_values(picked)
+            else:
+                redone = [compact_value(text) for text in picked.cast(pa.binary()).to_pylist()]
+            for index, value in zip(indices.to_pylist(), redone, strict=True):
+                stored[index] = value
+        return stored
 
 
-def _add(builder: PartitionFileBuilder, rows: pa.RecordBatch, respell: pa.BooleanArray) -> int:
-    """Append one run of rows of a partition (`respell`: `needs_respelling` of its values); the number
-    left out for having no LMDB key (misplaced)."""
+def spell_values(batch: pa.RecordBatch) -> SpelledValues:
+    """The stored values of a batch's rows, from its VALUE_STRUCT column when it has one, else from VALUE_JSON."""
+    if VALUE_STRUCT in batch.schema.names:
+        structs = batch.column(VALUE_STRUCT)
+        texts, redo = struct_texts(structs)
+        return SpelledValues(texts, redo, structs)
+    values = batch.column(VALUE_JSON)
+    return SpelledValues(values, needs_respelling(values), values)
+
+
+def _spelled(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[pa.RecordBatch, SpelledValues]]:
+    """Every non-empty batch with `spell_values` of it. In the task's own thread: spelling in a second
+    thread, a batch ahead, was slower (its two dozen kernel calls a batch contend for the GIL with
+    putmulti, which releases and retakes it around every put)."""
+    for batch in batches:
+        if batch.num_rows:
+            yield batch, spell_values(batch)
+
+
+def _add(builder: PartitionFileBuilder, rows: pa.RecordBatch, spelled: SpelledValues) -> int:
+    """Append one run of rows of a partition (`spelled`: its values); the number left out for having no
+    LMDB key (misplaced)."""
     keys = rows.column(LMDB_KEY) if LMDB_KEY in rows.schema.names else db_keys(rows.column(KEY_TEXT))
-    values = rows.column(VALUE_JSON)
     states = rows.column(LIVE_STATE) if LIVE_STATE in rows.schema.names else None
     missing = keys.null_count
     if missing:
         present = keys.is_valid()
-        keys, values, respell = keys.filter(present), values.filter(present), respell.filter(present)
+        keys, spelled = keys.filter(present), spelled.filter(present)
         states = None if states is None else states.filter(present)
-    stored = compact_values(values, respell)
+    stored: Iterable[bytes] = spelled.stored()
     if states is not None:
         stored = map(live_value, stored, states.to_pylist())
     # to_numpy(...).tolist(): the same bytes objects as to_pylist, in about 60% of its time.
@@ -332,11 +368,152 @@ def compact_values(values: pa.Array, respell: pa.BooleanArray | None = None) -> 
     already known: `needs_respelling(values)`)."""
     if respell is None:
         respell = needs_respelling(values)
-    stored: list[bytes] = values.cast(pa.binary()).to_pylist()
-    if respell.true_count:
-        for index in pc.indices_nonzero(respell).to_pylist():
-            stored[index] = compact_value(stored[index])
-    return stored
+    return SpelledValues(values, respell, values).stored()
+
+
+# --- values handed over as their struct: JSON spelled by Arrow's kernels ------------------------------------
+#
+# What a node makes of format 1's row is `compact_value` of Spark's `to_json` of the value: json.loads of
+# Spark's text, dumped compactly. For a struct of scalar fields with distinct names that is, field by field
+# in the struct's order, `"name":` (the name as json.dumps spells it) and the field's value:
+#   boolean, integer   Spark's and Python's spelling agree: Arrow's cast to string spells them the same way.
+#   double             Spark writes a decimal that reads back as the same double (Java's Double.toString,
+#                      not always the shortest before Java 19), so Python writes repr(x): the shortest
+#                      digits, in plain notation from 1e-4 up to 1e16 with at least one digit after the
+#                      point, else d.ddde[+-]XX. Arrow's cast writes the same shortest digits; where it uses
+#                      plain notation and the double is in Python's plain range, the text is the same but
+#                      for a missing ".0", added here; other doubles are redone. NaN and the infinities,
+#                      which Spark writes as the strings "NaN", "Infinity", "-Infinity", too.
+#   string             "text" when the text has nothing Python escapes (", \, control characters) and is
+#                      valid UTF-8; other strings are redone (Spark decodes invalid UTF-8 with U+FFFD).
+#   null               null.
+# Float, decimal, date, timestamp and binary fields, nested values and repeated names are not spelled here
+# (their text depends on Java's formatting): such values come as Spark's JSON text.
+
+# Arrow types of the fields `struct_texts` spells (Spark's boolean, byte, short, int, long, double, string).
+_SPELLED_TYPES = (pa.bool_(), pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.float64(), pa.string())
+# What Python escapes in a string (json.dumps with ensure_ascii=False), RE2 syntax.
+_ESCAPED = r'["\\\x00-\x1f]'
+# Spark's JSON for a double that is not finite: a string.
+_NOT_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
+def spelled_fields(names: list[str], types: list[pa.DataType | None]) -> bool:
+    """Whether `struct_texts` spells a struct of these fields: at least one, distinct names, each of a type
+    in `_SPELLED_TYPES`."""
+    return bool(names) and len(set(names)) == len(names) and all(t in _SPELLED_TYPES for t in types)
+
+
+def struct_texts(structs: pa.Array) -> tuple[pa.Array, pa.BooleanArray]:
+    """The stored value's text of every struct (see above), and which rows must be redone by
+    `struct_values` instead (a null struct, a field the kernels cannot vouch for). Each field's text is
+    made whole first (`"name":` put in front by one slice kernel, cheaper than one more piece to join),
+    then the fields are joined."""
+    fields = list(structs.type)
+    if not spelled_fields([f.name for f in fields], [f.type for f in fields]):
+        raise SnapshotError(f"values of type {structs.type} are not spelled from their struct")
+    texts: list[pa.Array] = []
+    redo: list[pa.Array] = [structs.is_null()] if structs.null_count else []
+    for index, field in enumerate(fields):
+        child = structs.field(index)
+        unsure: pa.Array | None = None
+        if field.type == pa.string():
+            text, unsure = _string_texts(child)
+        elif field.type == pa.float64():
+            text, unsure = _double_texts(child)
+        else:
+            text = pc.cast(child, pa.string())
+        if child.null_count:
+            text = pc.fill_null(text, "null")
+        text = _prepend(text, ("{" if index == 0 else ",") + json.dumps(field.name, ensure_ascii=False) + ":")
+        texts.append(_append(text, "}") if index == len(fields) - 1 else text)
+        if unsure is not None:
+            redo.append(unsure)
+    joined = texts[0] if len(texts) == 1 else pc.binary_join_element_wise(*texts, "")
+    if not redo:
+        return joined, pa.nulls(len(structs), pa.bool_()).fill_null(False)
+    marked = redo[0]
+    for more in redo[1:]:
+        marked = pc.or_(marked, more)
+    return joined, marked
+
+
+def _prepend(texts: pa.Array, prefix: str) -> pa.Array:
+    return pc.binary_replace_slice(texts, 0, 0, prefix)
+
+
+def _append(texts: pa.Array, suffix: str) -> pa.Array:
+    return pc.binary_replace_slice(texts, _PAST_THE_END, _PAST_THE_END, suffix)
+
+
+_PAST_THE_END = 2**31 - 1  # a slice start beyond any string's end: the end
+
+
+def _may_escape(data: pa.Buffer | None) -> bool:
+    """Whether some byte of `data` is one `_ESCAPED` matches (a control character, '"', '\\'): a
+    vectorized minimum and two memchr scans, a few milliseconds per 10 MB."""
+    if data is None or not data.size:
+        return False
+    raw = data.to_pybytes()
+    return int(numpy.frombuffer(raw, dtype=numpy.uint8).min()) < 0x20 or b'"' in raw or b"\\" in raw
+
+
+def _string_texts(child: pa.Array) -> tuple[pa.Array, pa.Array | None]:
+    """`"text"` of every string, and which ones must be redone (Python escapes something in them, or they
+    are not UTF-8); None when none must. One look at all of the batch's string bytes first: in most
+    batches no string has anything escaped, and the regex per string is not run."""
+    unsure = None
+    if _may_escape(child.buffers()[2]):
+        unsure = pc.fill_null(pc.match_substring_regex(child, _ESCAPED), False)
+    try:
+        child.validate(full=True)  # UTF-8 included
+    except pa.ArrowInvalid:
+        invalid = pa.array([not _is_utf8(b) for b in child.cast(pa.binary()).to_pylist()])
+        unsure = invalid if unsure is None else pc.or_(unsure, invalid)
+    return _append(_prepend(child, '"'), '"'), unsure
+
+
+def _is_utf8(data: bytes | None) -> bool:
+    if data is None:
+        return True
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _double_texts(child: pa.Array) -> tuple[pa.Array, pa.Array]:
+    text = pc.cast(child, pa.string())
+    size = pc.abs(child)
+    plain = pc.or_(pc.equal(size, 0.0), pc.and_(pc.greater_equal(size, 1e-4), pc.less(size, 1e16)))
+    # Not finite, outside Python's plain range, or in Arrow's exponent notation: redone.
+    unsure = pc.fill_null(pc.or_(pc.invert(plain), pc.match_substring(text, "e")), False)
+    pointed = pc.match_substring(text, ".")
+    if pc.any(pc.invert(pointed)).as_py():
+        text = pc.if_else(pointed, text, _append(text, ".0"))
+    return text, unsure
+
+
+def struct_values(structs: pa.Array) -> list[bytes]:
+    """The stored value of every struct, one by one in Python: `compact_json` of the fields as json.loads
+    reads Spark's JSON of them (a null struct: null)."""
+    names = [field.name for field in structs.type]
+    columns = [_python_values(structs.field(i)) for i in range(len(names))]
+    valid = structs.is_valid().to_pylist()
+    return [
+        compact_json(dict(zip(names, (column[row] for column in columns), strict=True))) if ok else b"null"
+        for row, ok in enumerate(valid)
+    ]
+
+
+def _python_values(child: pa.Array) -> list[Any]:
+    if child.type == pa.string():
+        return [None if b is None else b.decode("utf-8", "replace") for b in child.cast(pa.binary()).to_pylist()]
+    values = child.to_pylist()
+    if child.type == pa.float64():
+        return [_NOT_FINITE.get(repr(v), v) if isinstance(v, float) and not math.isfinite(v) else v for v in values]
+    return values
 
 
 def live_value(answer: bytes, state: str) -> bytes:

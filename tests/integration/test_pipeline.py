@@ -613,6 +613,66 @@ def test_format_2_holds_exactly_what_format_1_held(
         assert hashed == {"strings": 3, "texts": 0, "bytes": 1, "ints": 0, "uuids": 0}[name]
 
 
+# Doubles and strings where Java's, Arrow's and Python's spellings part (see keyroute.pipeline.lmdb_files).
+FLAT_DOUBLES = [
+    0.0, -0.0, 1.0, 100.0, 0.1, 1e-4, 9.9999e-5, 1e-5, 1e-7, 5e-324, 1e15, 123456789012345.6, 9999999999999998.0,
+    1e16, 1e21, 1e23, 1.7976931348623157e308, 0.30000000000000004, 12345678.125, 1e7, 1e-3,
+    float("nan"), float("inf"), float("-inf"),
+]  # fmt: skip
+FLAT_TEXTS = [b"plain", "ü 日本 😀".encode(), b'quote " and \\', b"line\nbreak\x01", b"\x7f", b""]
+FLAT_TEXTS += [b"bad \xff utf-8", b"\xe2\x82"]  # not UTF-8: Spark's JSON has U+FFFD for them
+
+
+def test_format_2_spells_flat_values_from_their_struct_as_format_1_holds_them(
+    spark: SparkSession, zk_settings: ZkSettings, tmp_path: Path
+) -> None:
+    """A value of booleans, integers of every width, doubles and strings reaches the tasks as its struct,
+    whose JSON they spell (keyroute.pipeline.lmdb_files.struct_texts) instead of Spark's to_json: the files
+    hold exactly the value bytes a node makes of format 1's rows, for doubles where Java's, Arrow's and
+    Python's spellings part, strings Python escapes, invalid UTF-8 (Spark writes U+FFFD) and nulls."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = random.Random(5)
+    rows = 600
+    doubles = [
+        rng.choice(FLAT_DOUBLES) if rng.random() < 0.3 else round(rng.uniform(-1e4, 1e4), rng.randrange(4))
+        for _ in range(rows)
+    ]
+    notes = pa.array([maybe(rng, rng.choice(FLAT_TEXTS)) for _ in range(rows)], pa.binary())
+    longs = [maybe(rng, rng.randrange(INT64_MIN, INT64_MAX)) for _ in range(rows)]
+    table = pa.table(
+        {
+            "k": pa.array([f"key-{i:04d}" for i in range(rows)], pa.string()),
+            "ts": pa.array(range(rows), pa.int64()),
+            "fare": pa.array([maybe(rng, d) for d in doubles], pa.float64()),
+            "note": notes.cast(pa.string(), safe=False),
+            "ok": pa.array([maybe(rng, rng.random() < 0.5) for _ in range(rows)], pa.bool_()),
+            "b": pa.array([maybe(rng, rng.randrange(-128, 128)) for _ in range(rows)], pa.int8()),
+            "h": pa.array([maybe(rng, rng.randrange(-(2**15), 2**15)) for _ in range(rows)], pa.int16()),
+            "i": pa.array([maybe(rng, rng.randrange(-(2**31), 2**31)) for _ in range(rows)], pa.int32()),
+            "a field \"named\" oddly": pa.array(longs, pa.int64()),
+        }
+    )
+    (tmp_path / "flat").mkdir()
+    pq.write_table(table, tmp_path / "flat" / "part-0.parquet")
+    fields = {"source": "flat", "format": "parquet", "key": "k", "partitions": 3, "mode": "latest", "order_by": "ts"}
+    spec = write_spec(tmp_path / "flat.toml", {"flat-1": {**fields, "snapshot_format": 1}, "flat-2": fields})
+    value_type = spark.read.parquet(str(tmp_path / "flat")).drop("k").schema
+    assert lmdb_files.VALUE_STRUCT in str(writer._value_column(value_type))  # the struct path is the one taken
+    f1, f2 = build(spec, zk_settings, str(tmp_path / "out"), spark=spark)
+    one, two = read_manifest(Path(f1.snapshot)), read_manifest(Path(f2.snapshot))
+    assert (one.format, two.format, two.total_rows) == (FORMAT_1, FORMAT_2, rows)
+    for partition in range(3):
+        format_1 = {
+            db_key(parse_key(one.key_format, key).data): value
+            for key, value in iter_partition(Path(f1.snapshot), one, partition)
+        }
+        assert dict(read_partition_file(Path(f2.snapshot), partition)) == format_1, f"p{partition}: values differ"
+    stored = [v for p in range(3) for _, v in read_partition_file(Path(f2.snapshot), p)]
+    assert any(b'"NaN"' in v for v in stored) and any("\ufffd".encode() in v for v in stored)  # redone rows are in
+
+
 def test_empty_partitions_get_an_empty_file(spark: SparkSession, zk_settings: ZkSettings, tmp_path: Path) -> None:
     write_jsonl(tmp_path / "e.json", [{"k": "only", "ts": 1, "v": 1}, {"k": "two", "ts": 2, "v": None}])
     spec = write_spec(
