@@ -405,6 +405,9 @@ def compute_store(spark: SparkSession, store: StoreSpec) -> ComputedStore:
             reduced, value = _reduce(store, keyed, value_columns, extra, offset)
         state = live_state(store)
         partition = F.col(_ROUTE).getField("partition")
+        value_type = reduced.select(value.alias("value")).schema["value"].dataType
+        bounded = store.snapshot_format != 1 and timeline is None and _json_bounded(value_type)
+        text_bytes = [_row_text_bytes(value_type, state is not None).alias(_TEXT_BYTES)] if bounded else []
         routed = (
             reduced.select(
                 F.col(RAW_KEY),
@@ -426,6 +429,7 @@ def compute_store(spark: SparkSession, store: StoreSpec) -> ComputedStore:
                 *([audit.key_off_partition(partition).alias(_OFF_PARTITION)] if audited else []),
                 *([] if state is None else [F.col(STATE)]),
                 *([] if offset is None else [F.col(_MAX_OFFSET), F.col(_NULL_OFFSETS)]),
+                *text_bytes,
             )
             .persist(StorageLevel.MEMORY_AND_DISK)
         )
@@ -734,9 +738,8 @@ def _check_keys(
     """
     off_partition = F.count(F.when(F.col(_OFF_PARTITION), True)) if audited else F.lit(0)
     value_type = routed.schema["value"].dataType
-    texts = None if entries or store.snapshot_format == 1 else _text_fields(value_type)
-    state = STATE in routed.columns
-    longest = [] if texts is None else _longest_texts(value_type, texts, state)
+    bounded = _TEXT_BYTES in routed.columns
+    longest = [F.max(_TEXT_BYTES).alias(_TEXT_BYTES)] if bounded else []
     # The key text's UTF-8 is the serialized key of these formats (what their LMDB keys are made of).
     key_bytes = not entries and store.snapshot_format != 1 and store.key_format in TEXT_SERIALIZED
     if key_bytes:
@@ -777,7 +780,7 @@ def _check_keys(
         records=sum(row["records"] or 0 for row in summary),
         keys_off_partition=sum(row["off_partition"] for row in summary),
         offsets=_next_offsets(store, summary) if offsets else None,
-        json_bytes=None if texts is None else _json_bytes(value_type, texts, state, summary),
+        json_bytes=_json_bytes(value_type, max(int(row[_TEXT_BYTES] or 0) for row in summary)) if bounded else None,
         key_bytes=max((int(row[_KEY_BYTES] or 0) for row in summary), default=0) if key_bytes else None,
     )
 
@@ -799,57 +802,54 @@ _JSON_SCALAR_BYTES: dict[type[T.DataType], int] = {
     T.TimestampType: 64,
     T.TimestampNTZType: 64,
 }
-_LONGEST = "__keyroute_longest_{}"
 _KEY_BYTES = "__keyroute_key_bytes"
+_TEXT_BYTES = "__keyroute_text_bytes"  # a column of the cached frame: _row_text_bytes
 
 
-def _text_fields(value_type: T.DataType) -> list[int] | None:
-    """The positions of the string and binary fields of a value that is a struct of scalar fields (their
-    JSON length depends on the data), or None when the value is anything else (its length is not bounded
-    here)."""
-    if not isinstance(value_type, T.StructType):
-        return None
-    texts = []
-    for index, field in enumerate(value_type.fields):
-        if isinstance(field.dataType, (T.StringType, T.BinaryType)):
-            texts.append(index)
-        elif type(field.dataType) not in _JSON_SCALAR_BYTES:
-            return None
-    return texts
+def _json_bounded(value_type: T.DataType) -> bool:
+    """Whether `_json_bytes` bounds a value of this type: a struct of scalar fields (the JSON length of its
+    string and binary fields depends on the data, `_row_text_bytes`); any other value is not bounded here."""
+    return isinstance(value_type, T.StructType) and all(
+        isinstance(field.dataType, (T.StringType, T.BinaryType)) or type(field.dataType) in _JSON_SCALAR_BYTES
+        for field in value_type.fields
+    )
 
 
-def _longest_texts(value_type: T.DataType, texts: list[int], state: bool) -> list[Column]:
-    """Aggregates of the longest value (bytes) of each text field, and of the merge state's JSON."""
+def _row_text_bytes(value_type: T.DataType, state: bool) -> Column:
+    """Per row, the bytes `to_json` may spell its value's string and binary fields in beyond `_json_bytes`'s
+    fixed part (a string escapes to at most 6 bytes per byte, \\u00XX; binary is base64), plus its merge
+    state's JSON. A column of the cached frame, made as the cache is built: the check job then reads one
+    integer per row, not the value (reading a struct back from Spark's cache costs far more)."""
     assert isinstance(value_type, T.StructType)
-    columns = [
-        F.max(F.octet_length(F.col("value").getField(value_type.fields[i].name))).alias(_LONGEST.format(i))
-        for i in texts
-    ]
+    parts = []
+    for field in value_type.fields:
+        size = F.coalesce(F.octet_length(F.col("value").getField(field.name)), F.lit(0))
+        if isinstance(field.dataType, T.StringType):
+            parts.append(size * 6)
+        elif isinstance(field.dataType, T.BinaryType):
+            parts.append((F.floor(size / 3) + 1) * 4)
     if state:
-        columns.append(F.max(F.octet_length(F.col(STATE))).alias(_LONGEST.format("state")))
-    return columns
+        parts.append(F.coalesce(F.octet_length(F.col(STATE)), F.lit(0)))
+    total = F.lit(0)
+    for part in parts:
+        total = total + part
+    return total.cast(T.LongType())
 
 
-def _json_bytes(value_type: T.DataType, texts: list[int], state: bool, summary: list[Any]) -> int:
+def _json_bytes(value_type: T.DataType, longest_text_bytes: int) -> int:
     """An upper bound of the bytes of one row's value as `to_json` spells it (object braces, every field's
-    escaped name, colon and comma, its value), plus its merge state's JSON: a string escapes to at most 6
-    bytes per byte (\\u00XX), binary is base64, and the longest of each is read from `summary`."""
-
-    def longest(key: object) -> int:
-        return max((int(row[_LONGEST.format(key)] or 0) for row in summary), default=0)
-
+    escaped name, colon and comma, its value), plus its merge state's JSON: the fixed part of every field
+    (a string's or binary's quotes, or null), and the most any row's `_row_text_bytes` came to."""
     assert isinstance(value_type, T.StructType)
     total = 2
-    for index, field in enumerate(value_type.fields):
+    for field in value_type.fields:
         name = 6 * len(field.name.encode("utf-8")) + 2
-        if isinstance(field.dataType, T.StringType):
-            value = 6 * longest(index) + 2
-        elif isinstance(field.dataType, T.BinaryType):
-            value = 4 * (longest(index) // 3 + 1) + 2
+        if isinstance(field.dataType, (T.StringType, T.BinaryType)):
+            value = 4  # the quotes (the rest is the row's text bytes), or null
         else:
-            value = _JSON_SCALAR_BYTES[type(field.dataType)]
-        total += name + 1 + max(value, 4) + 1
-    return total + (longest("state") if state else 0)
+            value = max(_JSON_SCALAR_BYTES[type(field.dataType)], 4)
+        total += name + 1 + value + 1
+    return total + longest_text_bytes
 
 
 def _next_offsets(store: StoreSpec, summary: list[Any]) -> tuple[int, ...]:

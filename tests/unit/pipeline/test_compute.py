@@ -205,7 +205,7 @@ def test_key_partitions_are_null_for_keys_that_do_not_fit(partitioner: Partition
 # tests/integration/test_pipeline.py) -----------------------------------------------------------------------
 
 
-def test_the_json_of_a_flat_value_is_bounded_by_its_widest_values() -> None:
+def test_the_json_of_a_flat_value_is_bounded_by_its_widest_row() -> None:
     from pyspark.sql import types as T
 
     value = T.StructType(
@@ -216,20 +216,15 @@ def test_the_json_of_a_flat_value_is_bounded_by_its_widest_values() -> None:
             T.StructField("ü", T.DoubleType()),
         ]
     )
-    texts = compute._text_fields(value)
-    assert texts == [1, 2]
-    summary = [
-        {"__keyroute_longest_1": 10, "__keyroute_longest_2": 9},
-        {"__keyroute_longest_1": 4, "__keyroute_longest_2": None},
-    ]
-    bound = compute._json_bytes(value, texts, False, summary)
+    assert compute._json_bounded(value)
+    # The widest row: a string of 10 bytes (6 each escaped) and 9 bytes of binary (base64: 12).
+    longest_row = 6 * 10 + 4 * (9 // 3 + 1)
+    bound = compute._json_bytes(value, longest_row)
     # {"n":<20>,"s":"<10 bytes, 6 each escaped>","b":"<base64 of 9 bytes: 12>","ü":<32>} with names escaped
-    # to 6 bytes per byte as well, and a comma after every field.
+    # to 6 bytes per byte as well, a comma after every field, 4 bytes for quotes (or null) of each text.
     names = (6 * 1 + 2) * 3 + (6 * 2 + 2)
-    assert bound == 2 + names + 4 * 2 + 20 + (6 * 10 + 2) + (4 * 4 + 2) + 32
-    # A merge state's JSON is counted as it is.
-    with_state = [{**row, "__keyroute_longest_state": 50} for row in summary]
-    assert compute._json_bytes(value, texts, True, with_state) == bound + 50
+    assert bound == 2 + names + 4 * 2 + 20 + (6 * 10 + 4) + (4 * 4 + 4) + 32
+    assert compute._json_bytes(value, longest_row + 50) == bound + 50  # a merge state's JSON, counted as it is
 
 
 def test_a_value_with_nested_or_unknown_types_has_no_bound() -> None:
@@ -237,5 +232,5 @@ def test_a_value_with_nested_or_unknown_types_has_no_bound() -> None:
 
     for field_type in (T.ArrayType(T.LongType()), T.MapType(T.StringType(), T.LongType()), T.DayTimeIntervalType()):
         value = T.StructType([T.StructField("n", T.LongType()), T.StructField("x", field_type)])
-        assert compute._text_fields(value) is None
-    assert compute._text_fields(T.ArrayType(T.StringType())) is None  # a timeline's entries
+        assert not compute._json_bounded(value)
+    assert not compute._json_bounded(T.ArrayType(T.StringType()))  # a timeline's entries
