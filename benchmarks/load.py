@@ -1012,7 +1012,8 @@ def pipeline_section(
         " key), the value handed over as its struct of four fields (the task spells its JSON; a value of other"
         " types would be Spark's `to_json` text), and the Arrow"
         " hand-over of every row to the Python worker, in batches of as many rows as fit Spark's byte limit at the"
-        " store's widest row (bounded from the longest strings while the compute phase checks the keys), so that"
+        " store's widest row (bounded from the widest row's strings, counted while the compute phase checks the"
+        " keys), so that"
         " Spark does not size each batch after every row; format 1 spends its write phase in Spark's JSON writer"
         " instead. With ONE store partition all of it is one task: the same per-row work spreads over the"
         " executors when a store has several partitions.",

@@ -100,9 +100,10 @@ class ComputedStore:
     # `partition_rows` counts entries, as the files hold them.
     timeline: Timeline | None = None
     # At most this many bytes of JSON text per row, as `to_json` spells `value` (and the merge state, when
-    # there is one), counted from the longest strings in the frame while checking it; None when the value's
+    # there is one), from the widest row's strings, counted while checking the frame; None when the value's
     # type bounds no such figure (nested types, timelines). keyroute.pipeline.writer sizes its Arrow batches
-    # by it.
+    # by it (it bounds a row of the value's struct in Arrow too: a string's JSON is at least its bytes and
+    # its offset, a number's at least its width).
     json_bytes: int | None = None
     # Format-2 stores of TEXT_SERIALIZED keys (not timelines): the most bytes a key serializes to (its text's
     # UTF-8), counted while checking the frame; None when not counted. keyroute.pipeline.writer sorts the

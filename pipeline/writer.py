@@ -20,9 +20,10 @@ Claiming a version:
                   compare-and-set on the store record, so two builds never publish over each other either.
 
 Format 2 (the default, `snapshot_format = 2`): the rows are shuffled so that each store partition's rows
-are in one Spark task, sorted there by their LMDB key, and every task builds, compacts, checksums and
-uploads the LMDB file of each of its partitions (keyroute.pipeline.lmdb_files); the driver writes the
-empty partitions' files and the manifest. Format 1 (`snapshot_format = 1`, local outputs only): Spark's JSON
+are in one Spark task, sorted there by their LMDB key, and every task builds, checksums and publishes the
+LMDB file of each of its partitions (keyroute.pipeline.lmdb_files: values of scalar fields reach it as their
+struct and it spells their JSON, other values as Spark's JSON text); the driver writes the empty
+partitions' files and the manifest. Format 1 (`snapshot_format = 1`, local outputs only): Spark's JSON
 writer, one JSON-lines file per non-empty partition.
 
 Live stores are always format 2: their values carry the merge state beside the answer, and the manifest
