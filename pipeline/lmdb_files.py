@@ -293,17 +293,23 @@ class SpelledValues:
         return SpelledValues(self.texts.filter(keep), self.redo.filter(keep), self.source.filter(keep))
 
     def stored(self) -> list[bytes]:
-        stored: list[bytes] = self.texts.cast(pa.binary()).to_pylist()
+        stored: list[bytes] = self.texts.cast(_binary_like(self.texts.type)).to_pylist()
         if self.redo.true_count:
             indices = pc.indices_nonzero(self.redo)
             picked = self.source.take(indices)
             if pa.types.is_struct(picked.type):
                 redone = struct_values(picked)
             else:
-                redone = [compact_value(text) for text in picked.cast(pa.binary()).to_pylist()]
+                redone = [compact_value(text) for text in picked.cast(_binary_like(picked.type)).to_pylist()]
             for index, value in zip(indices.to_pylist(), redone, strict=True):
                 stored[index] = value
         return stored
+
+
+def _binary_like(data_type: pa.DataType) -> pa.DataType:
+    """The binary type a text column is cast to for its bytes (a large one for large strings)."""
+    large = pa.types.is_large_string(data_type) or pa.types.is_large_binary(data_type)
+    return pa.large_binary() if large else pa.binary()
 
 
 def spell_values(batch: pa.RecordBatch) -> SpelledValues:
@@ -391,7 +397,10 @@ def compact_values(values: pa.Array, respell: pa.BooleanArray | None = None) -> 
 # (their text depends on Java's formatting): such values come as Spark's JSON text.
 
 # Arrow types of the fields `struct_texts` spells (Spark's boolean, byte, short, int, long, double, string).
-_SPELLED_TYPES = (pa.bool_(), pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.float64(), pa.string())
+# Strings come as `large_string` when Spark's spark.sql.execution.arrow.useLargeVarTypes is on.
+_SPELLED_TYPES = (
+    pa.bool_(), pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.float64(), pa.string(), pa.large_string()
+)  # fmt: skip
 # What Python escapes in a string (json.dumps with ensure_ascii=False), RE2 syntax.
 _ESCAPED = r'["\\\x00-\x1f]'
 # Spark's JSON for a double that is not finite: a string.
@@ -417,7 +426,7 @@ def struct_texts(structs: pa.Array) -> tuple[pa.Array, pa.BooleanArray]:
     for index, field in enumerate(fields):
         child = structs.field(index)
         unsure: pa.Array | None = None
-        if field.type == pa.string():
+        if _is_text(field.type):
             text, unsure = _string_texts(child)
         elif field.type == pa.float64():
             text, unsure = _double_texts(child)
@@ -429,7 +438,9 @@ def struct_texts(structs: pa.Array) -> tuple[pa.Array, pa.BooleanArray]:
         texts.append(_append(text, "}") if index == len(fields) - 1 else text)
         if unsure is not None:
             redo.append(unsure)
-    joined = texts[0] if len(texts) == 1 else pc.binary_join_element_wise(*texts, "")
+    if any(pa.types.is_large_string(text.type) for text in texts):  # join one type: the large one
+        texts = [text.cast(pa.large_string()) for text in texts]
+    joined = texts[0] if len(texts) == 1 else pc.binary_join_element_wise(*texts, pa.scalar("", texts[0].type))
     if not redo:
         return joined, pa.nulls(len(structs), pa.bool_()).fill_null(False)
     marked = redo[0]
@@ -468,7 +479,7 @@ def _string_texts(child: pa.Array) -> tuple[pa.Array, pa.Array | None]:
     try:
         child.validate(full=True)  # UTF-8 included
     except pa.ArrowInvalid:
-        invalid = pa.array([not _is_utf8(b) for b in child.cast(pa.binary()).to_pylist()])
+        invalid = pa.array([not _is_utf8(b) for b in child.cast(pa.large_binary()).to_pylist()])
         unsure = invalid if unsure is None else pc.or_(unsure, invalid)
     return _append(_prepend(child, '"'), '"'), unsure
 
@@ -507,9 +518,14 @@ def struct_values(structs: pa.Array) -> list[bytes]:
     ]
 
 
+def _is_text(data_type: pa.DataType) -> bool:
+    return bool(pa.types.is_string(data_type) or pa.types.is_large_string(data_type))
+
+
 def _python_values(child: pa.Array) -> list[Any]:
-    if child.type == pa.string():
-        return [None if b is None else b.decode("utf-8", "replace") for b in child.cast(pa.binary()).to_pylist()]
+    if _is_text(child.type):
+        raw = child.cast(pa.large_binary() if pa.types.is_large_string(child.type) else pa.binary())
+        return [None if b is None else b.decode("utf-8", "replace") for b in raw.to_pylist()]
     values = child.to_pylist()
     if child.type == pa.float64():
         return [_NOT_FINITE.get(repr(v), v) if isinstance(v, float) and not math.isfinite(v) else v for v in values]

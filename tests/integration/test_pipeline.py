@@ -623,13 +623,15 @@ FLAT_TEXTS = [b"plain", "ü 日本 😀".encode(), b'quote " and \\', b"line\nbr
 FLAT_TEXTS += [b"bad \xff utf-8", b"\xe2\x82"]  # not UTF-8: Spark's JSON has U+FFFD for them
 
 
+@pytest.mark.parametrize("large_var_types", [False, True])
 def test_format_2_spells_flat_values_from_their_struct_as_format_1_holds_them(
-    spark: SparkSession, zk_settings: ZkSettings, tmp_path: Path
+    spark: SparkSession, zk_settings: ZkSettings, tmp_path: Path, large_var_types: bool
 ) -> None:
     """A value of booleans, integers of every width, doubles and strings reaches the tasks as its struct,
     whose JSON they spell (keyroute.pipeline.lmdb_files.struct_texts) instead of Spark's to_json: the files
     hold exactly the value bytes a node makes of format 1's rows, for doubles where Java's, Arrow's and
-    Python's spellings part, strings Python escapes, invalid UTF-8 (Spark writes U+FFFD) and nulls."""
+    Python's spellings part, strings Python escapes, invalid UTF-8 (Spark writes U+FFFD) and nulls; also
+    when Spark hands strings over as Arrow's large strings (spark.sql.execution.arrow.useLargeVarTypes)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -660,7 +662,13 @@ def test_format_2_spells_flat_values_from_their_struct_as_format_1_holds_them(
     spec = write_spec(tmp_path / "flat.toml", {"flat-1": {**fields, "snapshot_format": 1}, "flat-2": fields})
     value_type = spark.read.parquet(str(tmp_path / "flat")).drop("k").schema
     assert lmdb_files.VALUE_STRUCT in str(writer._value_column(value_type))  # the struct path is the one taken
-    f1, f2 = build(spec, zk_settings, str(tmp_path / "out"), spark=spark)
+    setting = "spark.sql.execution.arrow.useLargeVarTypes"
+    before = spark.conf.get(setting, None)
+    spark.conf.set(setting, str(large_var_types).lower())
+    try:
+        f1, f2 = build(spec, zk_settings, str(tmp_path / "out"), spark=spark)
+    finally:
+        spark.conf.unset(setting) if before is None else spark.conf.set(setting, before)
     one, two = read_manifest(Path(f1.snapshot)), read_manifest(Path(f2.snapshot))
     assert (one.format, two.format, two.total_rows) == (FORMAT_1, FORMAT_2, rows)
     for partition in range(3):

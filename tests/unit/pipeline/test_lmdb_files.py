@@ -218,7 +218,9 @@ def struct_batches(draw: Any) -> tuple[pa.StructArray, list[dict[str, Any] | Non
             max_size=12,
         )
     )
-    fields = [pa.field(n, _ARROW_TYPES[k]) for n, k in zip(names, kinds, strict=True)]
+    # Strings as Spark hands them over: string, or large_string with useLargeVarTypes on.
+    text_type = draw(st.sampled_from([pa.string(), pa.large_string()]))
+    fields = [pa.field(n, text_type if k == "s" else _ARROW_TYPES[k]) for n, k in zip(names, kinds, strict=True)]
     structs = pa.array(rows, pa.struct(fields))
     return structs, rows
 
@@ -275,10 +277,11 @@ def test_fields_the_kernels_cannot_vouch_for_are_redone(row: dict[str, Any]) -> 
     ]
 
 
-def test_invalid_utf8_is_redone_with_replacement_characters() -> None:
+@pytest.mark.parametrize("text_type", [pa.string(), pa.large_string()])
+def test_invalid_utf8_is_redone_with_replacement_characters(text_type: pa.DataType) -> None:
     # Spark decodes a string's invalid UTF-8 with U+FFFD when it writes JSON; so does the redone value.
     raw = pa.array([b"ok", b"bad \xff end", b"\xe2\x82", None], pa.binary())
-    structs = pa.StructArray.from_arrays([raw.cast(pa.string(), safe=False)], names=["s"])
+    structs = pa.StructArray.from_arrays([raw.cast(text_type, safe=False)], names=["s"])
     texts, redo = struct_texts(structs)
     assert redo.to_pylist() == [False, True, True, False]
     assert struct_values(structs) == [b'{"s":"ok"}', '{"s":"bad \ufffd end"}'.encode(), '{"s":"\ufffd"}'.encode(),
