@@ -781,7 +781,9 @@ def _check_keys(
         records=sum(row["records"] or 0 for row in summary),
         keys_off_partition=sum(row["off_partition"] for row in summary),
         offsets=_next_offsets(store, summary) if offsets else None,
-        json_bytes=_json_bytes(value_type, max(int(row[_TEXT_BYTES] or 0) for row in summary)) if bounded else None,
+        json_bytes=_json_bytes(value_type, max((int(row[_TEXT_BYTES] or 0) for row in summary), default=0))
+        if bounded
+        else None,
         key_bytes=max((int(row[_KEY_BYTES] or 0) for row in summary), default=0) if key_bytes else None,
     )
 

@@ -1295,3 +1295,23 @@ def test_a_rows_json_is_never_longer_than_the_bound_its_batches_are_sized_by(
             computed.release()
     # One string or binary field: the bound is the widest value's JSON but for the name's escaping and a comma.
     assert slack["s"] < 10 and slack["b"] < 10
+
+
+def test_a_source_without_rows_builds_an_empty_version(
+    spark: SparkSession, zk_settings: ZkSettings, tmp_path: Path
+) -> None:
+    """A parquet source with its schema but no rows: every partition gets the empty file (format 2, whose
+    Arrow batches are sized by the widest row: here there is none) or none (format 1)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "none").mkdir()
+    schema = pa.schema([("k", pa.string()), ("ts", pa.int64()), ("note", pa.string())])
+    pq.write_table(pa.table({"k": [], "ts": [], "note": []}, schema=schema), tmp_path / "none" / "part-0.parquet")
+    fields = {"source": "none", "format": "parquet", "key": "k", "partitions": 3, "mode": "latest", "order_by": "ts"}
+    spec = write_spec(tmp_path / "none.toml", {"none-1": {**fields, "snapshot_format": 1}, "none-2": fields})
+    f1, f2 = build(spec, zk_settings, str(tmp_path / "out"), spark=spark)
+    one, two = read_manifest(Path(f1.snapshot)), read_manifest(Path(f2.snapshot))
+    assert (one.total_rows, two.total_rows) == (0, 0)
+    assert_files_match_manifest(Path(f2.snapshot), two)
+    assert all(read_partition_file(Path(f2.snapshot), p) == [] for p in range(3))
