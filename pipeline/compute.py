@@ -32,6 +32,7 @@ from keyroute.core.partitioner import Partitioner
 from keyroute.core.timeline import Timeline, key_parts
 from keyroute.pipeline import audit
 from keyroute.pipeline.errors import DataError, PipelineError, SpecError
+from keyroute.pipeline.lmdb_files import is_text
 from keyroute.pipeline.spec import Mode, SourceFormat, StoreSpec
 from keyroute.pipeline.timeline import ENTRIES, reduce_timeline, time_type_of, timeline_of
 
@@ -178,7 +179,7 @@ def _partitions(data: pa.Array, partitioner: Partitioner, partitions: int) -> pa
 def _serialize_vectorized(keys: pa.Array, key_format: KeyFormat) -> SerializedKeys | None:
     """The batch serialized by Arrow/NumPy kernels, or None when it needs `key_from_value` key by key."""
     kind = keys.type
-    if key_format is KeyFormat.STRING and _is_text(kind):
+    if key_format is KeyFormat.STRING and is_text(kind):
         # Arrow strings are valid UTF-8, i.e. already the serialized key: the same buffers, seen as bytes.
         binary = pa.large_binary() if pa.types.is_large_string(kind) else pa.binary()
         return SerializedKeys(keys.view(binary), keys.cast(pa.string()), _null_key_errors(keys, key_format))
@@ -191,7 +192,7 @@ def _serialize_vectorized(keys: pa.Array, key_format: KeyFormat) -> SerializedKe
             pc.cast(numbers, pa.string()),  # decimal, as str(int): "007" was read as 7 and reads "7"
             _null_key_errors(keys, key_format),
         )
-    if key_format is KeyFormat.UUID and _is_text(kind) and _all_match(keys, _UUID_PATTERN):
+    if key_format is KeyFormat.UUID and is_text(kind) and _all_match(keys, _UUID_PATTERN):
         # Kafka's UUIDSerializer writes the lowercase text; the pattern admits ASCII only.
         text = pc.ascii_lower(keys.cast(pa.string()))
         return SerializedKeys(text.view(pa.binary()), text, _null_key_errors(keys, key_format))
@@ -201,7 +202,7 @@ def _serialize_vectorized(keys: pa.Array, key_format: KeyFormat) -> SerializedKe
 def _whole_numbers(keys: pa.Array, key_format: KeyFormat) -> pa.Array | None:
     """Integer keys, or strict decimal text, as int64 when every one fits the format; else None."""
     kind = keys.type
-    if _is_text(kind):
+    if is_text(kind):
         if not _all_match(keys, _DECIMAL_PATTERN):
             return None
     elif not pa.types.is_integer(kind):
@@ -264,10 +265,6 @@ def _serialize_per_key(keys: pa.Array, key_format: KeyFormat) -> SerializedKeys:
         datas.append(key.data)
         errors.append(None)
     return SerializedKeys(pa.array(datas, pa.binary()), pa.array(texts, pa.string()), pa.array(errors, pa.string()))
-
-
-def _is_text(data_type: pa.DataType) -> bool:
-    return bool(pa.types.is_string(data_type) or pa.types.is_large_string(data_type))
 
 
 def _router(store: StoreSpec) -> Any:

@@ -426,7 +426,7 @@ def struct_texts(structs: pa.Array) -> tuple[pa.Array, pa.BooleanArray]:
     for index, field in enumerate(fields):
         child = structs.field(index)
         unsure: pa.Array | None = None
-        if _is_text(field.type):
+        if is_text(field.type):
             text, unsure = _string_texts(child)
         elif field.type == pa.float64():
             text, unsure = _double_texts(child)
@@ -518,12 +518,13 @@ def struct_values(structs: pa.Array) -> list[bytes]:
     ]
 
 
-def _is_text(data_type: pa.DataType) -> bool:
+def is_text(data_type: pa.DataType) -> bool:
+    """Whether an Arrow type is a string type (string or large_string)."""
     return bool(pa.types.is_string(data_type) or pa.types.is_large_string(data_type))
 
 
 def _python_values(child: pa.Array) -> list[Any]:
-    if _is_text(child.type):
+    if is_text(child.type):
         raw = child.cast(pa.large_binary() if pa.types.is_large_string(child.type) else pa.binary())
         return [None if b is None else b.decode("utf-8", "replace") for b in raw.to_pylist()]
     values = child.to_pylist()
