@@ -32,7 +32,6 @@ FROM base AS wheel
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY keyroute ./keyroute
-COPY keyroute_core ./keyroute_core
 COPY router ./router
 COPY state_node ./state_node
 COPY pipeline ./pipeline

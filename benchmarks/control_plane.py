@@ -4,7 +4,7 @@ per node restart, and a new router's first map.
 
 Simulated nodes are records, not processes: each registers (/nodes/{id}) and announces what it serves
 (/serving/{id}) over a few shared ZooKeeper sessions, with no HTTP and no data. The controller is keyroute's
-own (`keyroute.node.controller.Controller`), and the routers are keyroute's map watchers and routing tables
+own (`keyroute.state_node.controller.Controller`), and the routers are keyroute's map watchers and routing tables
 (what `keyroute router` runs to follow the cluster), in this process.
 
     .venv/bin/python benchmarks/control_plane.py                       # 100, 300, 1000 nodes
@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+import tomllib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,11 +62,12 @@ def main() -> None:
         return
     if "PYTHONPATH" not in os.environ:
         sys.path.insert(0, str(ROOT))
-    import keyroute.node.assignment
+    import keyroute.state_node.assignment
     from keyroute.core.zookeeper_server import EmbeddedZooKeeper
 
     print(
-        f"measuring the keyroute in {Path(keyroute.node.assignment.__file__).resolve().parent.parent}", file=sys.stderr
+        f"measuring the keyroute in {Path(keyroute.state_node.assignment.__file__).resolve().parent.parent}",
+        file=sys.stderr,
     )
     with tempfile.TemporaryDirectory(prefix="keyroute-control-plane-") as work:
         server = EmbeddedZooKeeper(port=free_port(), data_dir=Path(work) / "zk").start()
@@ -93,9 +95,10 @@ def _site_of(code: Path) -> Iterator[str]:
         package.mkdir()
         for entry in (code / "keyroute").iterdir():
             (package / entry.name).symlink_to(entry)
-        for name, folder in (("core", "keyroute_core"), ("router", "router"), ("node", "state_node")):
-            (package / name).symlink_to(code / folder)
-        (package / "pipeline").symlink_to(code / "pipeline")
+        setuptools = tomllib.loads((code / "pyproject.toml").read_text()).get("tool", {}).get("setuptools", {})
+        for name, folder in setuptools.get("package-dir", {}).items():
+            if name.startswith("keyroute.") and not (package / name.split(".", 1)[1]).exists():
+                (package / name.split(".", 1)[1]).symlink_to(code / folder)
         yield site
 
 
@@ -115,14 +118,14 @@ def _run_elsewhere(code: Path, sizes: list[int], timeout_s: float) -> list[str]:
 def _measure(connect: str, n: int, stores_n: int, partitions: int, timeout_s: float) -> dict[str, Any]:
     from kazoo.client import KazooClient
 
-    import keyroute.node.controller as controller_module
+    import keyroute.state_node.controller as controller_module
     from keyroute.core import zk_layout
     from keyroute.core.key_format import KeyFormat
     from keyroute.core.map_watcher import MapWatcher
     from keyroute.core.partition_map import NodeRecord, PartitionMap, ServingRecord, StoreRecord
     from keyroute.core.partitioner import Partitioner
-    from keyroute.node.controller import Controller
     from keyroute.router.routing_table import RoutingTable
+    from keyroute.state_node.controller import Controller
 
     chroot = f"/cp-{uuid.uuid4().hex[:8]}"
     deadline = time.monotonic() + timeout_s

@@ -1,4 +1,4 @@
-"""How fast one node applies a live store's backlog: records/s folded into LMDB by `keyroute.node.live`'s
+"""How fast one node applies a live store's backlog: records/s folded into LMDB by `keyroute.state_node.live`'s
 applier (one consumer, one thread, one write transaction per partition and batch, the offset in it), next to
 a bare confluent-kafka consume loop over the same records (the client's own ceiling on this machine).
 
@@ -26,8 +26,8 @@ from keyroute.core.key_format import KeyFormat
 from keyroute.core.live import OFFSET_KEY, Aggregate, LiveConfig, Merge
 from keyroute.core.partitioner import Partitioner, partition_for
 from keyroute.kafka_mock import MockKafka
-from keyroute.node.live import DEFAULT_BATCH_RECORDS, LiveApplier, LivePartition
-from keyroute.node.store import PartitionId, PartitionStore
+from keyroute.state_node.live import DEFAULT_BATCH_RECORDS, LiveApplier, LivePartition
+from keyroute.state_node.store import PartitionId, PartitionStore
 
 MERGES = {
     "latest": Merge("latest", "user", order_by="ts", columns=("ts", "page", "amount")),

@@ -82,12 +82,12 @@ from keyroute.core.snapshot import (
     read_manifest,
 )
 from keyroute.core.zookeeper_server import EmbeddedZooKeeper
-from keyroute.node.ownership import Loader, Ownership
-from keyroute.node.store import load_partition
 from keyroute.pipeline import build as build_module
 from keyroute.pipeline import lmdb_files
 from keyroute.pipeline.build import build
 from keyroute.pipeline.session import create_session
+from keyroute.state_node.ownership import Loader, Ownership
+from keyroute.state_node.store import load_partition
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
@@ -1097,7 +1097,7 @@ def section(
         "",
         "### Node: assigned -> serving",
         "",
-        "From handing the node's `Ownership` (keyroute.node.ownership, as in a node; no ZooKeeper, the map is"
+        "From handing the node's `Ownership` (keyroute.state_node.ownership, as in a node; no ZooKeeper, the map is"
         " built here) a partition map that assigns it the partition, to the partition being in its view (what"
         " reads are answered from; one read is then checked): the load in the node's load thread (format 2:"
         " hard link, then one checksum read (crc32); or a copy by the kernel (copy_file_range on one filesystem,"

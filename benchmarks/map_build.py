@@ -3,7 +3,7 @@
 
     .venv/bin/python benchmarks/map_build.py [--rev 151b52e] [--rounds 7]
 
-The other commit's keyroute_core/partition_map.py is loaded from git as a module of its own (it imports the
+The other commit's keyroute/core/partition_map.py is loaded from git as a module of its own (it imports the
 rest of keyroute from this checkout); rounds alternate between the two, the median CPU time is reported.
 """
 
@@ -24,12 +24,12 @@ sys.path.insert(0, str(ROOT))
 from keyroute.core.key_format import KeyFormat  # noqa: E402
 from keyroute.core.partition_map import PartitionMap  # noqa: E402
 from keyroute.core.partitioner import Partitioner  # noqa: E402
-from keyroute.node.assignment import assign  # noqa: E402
+from keyroute.state_node.assignment import assign  # noqa: E402
 
 
 def load_other(rev: str):  # type: ignore[no-untyped-def]
     source = subprocess.run(
-        ["git", "show", f"{rev}:keyroute_core/partition_map.py"], cwd=ROOT, capture_output=True, text=True, check=True
+        ["git", "show", f"{rev}:keyroute/core/partition_map.py"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout
     path = Path(tempfile.mkdtemp()) / "partition_map_other.py"
     path.write_text(source)

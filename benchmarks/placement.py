@@ -1,4 +1,4 @@
-"""The controller's placement alone (`keyroute.node.assignment.assign`), in-process: CPU per node leaving,
+"""The controller's placement alone (`keyroute.state_node.assignment.assign`), in-process: CPU per node leaving,
 node joining and new store, at 1,000 nodes and 100 stores x 1,000 partitions, rf 3, with and without zones.
 
     .venv/bin/python benchmarks/placement.py [--rounds 3] [--code OTHER_CHECKOUT]
@@ -25,7 +25,7 @@ NODES, STORES, PARTITIONS, RF, ZONES = 1000, 100, 1000, 3, 3
 
 
 def measure(rounds: int) -> dict[str, dict[str, float]]:
-    from keyroute.node.assignment import assign
+    from keyroute.state_node.assignment import assign
 
     nodes = [f"node-{i:04d}" for i in range(NODES)]
     shapes = {f"store-{i:03d}": (PARTITIONS, RF) for i in range(STORES)}
@@ -58,9 +58,9 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.json:
-        import keyroute.node.assignment
+        import keyroute.state_node.assignment
 
-        code = Path(keyroute.node.assignment.__file__).resolve().parents[1].name  # the checkout measured
+        code = Path(keyroute.state_node.assignment.__file__).resolve().parents[1].name  # the checkout measured
         print(json.dumps({"code": code, **measure(args.rounds)}))
         return
     sys.path.insert(0, str(ROOT))

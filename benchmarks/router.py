@@ -283,7 +283,7 @@ class Build:
 THIS_TREE = Build("this work tree")
 
 # sitecustomize.py for a revision whose pyproject maps import names onto folders (package-dir, as
-# `keyroute.core` = keyroute_core/): without it, a name its own keyroute/ folder lacks would fall through to
+# `keyroute.core` = keyroute/core/): without it, a name its own keyroute/ folder lacks would fall through to
 # the venv's editable finder and so to this work tree's code.
 REVISION_FINDER = '''"""Written by benchmarks/router.py: keyroute's import names onto a worktree's folders."""
 import importlib.util
@@ -346,7 +346,7 @@ def revision_build(rev: str, work: Path) -> Iterator[Build]:
             pythonpath.append(str(shim))
         env = {"PYTHONPATH": os.pathsep.join(pythonpath)}
         # The packages a router and a node import: mapped names, or the old top-level folders.
-        names = [n for n in package_dir if "pipeline" not in n] or ["keyroute", "keyroute_core", "router", "state_node"]
+        names = [n for n in package_dir if "pipeline" not in n] or ["keyroute", "router", "state_node"]
         check = subprocess.run(
             [sys.executable, "-c", WHERE_FROM, *names],
             cwd=tree,

@@ -534,7 +534,7 @@ def cmd_store(args: argparse.Namespace) -> int:
 
 
 def cmd_node(args: argparse.Namespace) -> int:
-    from keyroute.node.service import run
+    from keyroute.state_node.service import run
 
     settings = NodeSettings(
         node_id=args.node_id,

@@ -5,7 +5,7 @@ sorted by partition and then by LMDB key, all rows of a store partition in the s
 LMDB keys are all the `=` tag and the key text's UTF-8 sends the key text instead, and the task tags it; a
 value that is a struct of booleans, integers, doubles and strings comes as that struct, and the task spells
 its JSON; any other value comes as Spark's JSON text: keyroute.pipeline.writer._ordered_rows). For
-every store partition it meets it builds the LMDB file (keyroute_core.lmdb_layout: appended in key order,
+every store partition it meets it builds the LMDB file (keyroute.core.lmdb_layout: appended in key order,
 as dense as a compacting copy, so published as built) and puts it at `{version}/partition={p}/data.mdb`:
 into a local version directory it is built in place under a temporary name, checksummed as read back while
 it is fsynced, and renamed; anywhere else it is built in a local scratch directory and uploaded, checksummed

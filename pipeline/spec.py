@@ -240,7 +240,7 @@ _FIELDS = (
     "order_by_type",
 )
 _LIVE_FIELDS = ("topic", "bootstrap_servers", "kafka", "start", "on_bad_record", "catch_up_records")
-# The snapshot formats a spec may ask for (keyroute_core.snapshot.FORMAT_1, FORMAT_2).
+# The snapshot formats a spec may ask for (keyroute.core.snapshot.FORMAT_1, FORMAT_2).
 SNAPSHOT_FORMATS = (1, 2)
 
 

@@ -1,4 +1,4 @@
-"""Writing one computed store as a new snapshot version, in keyroute_core.snapshot's layout.
+"""Writing one computed store as a new snapshot version, in keyroute.core.snapshot's layout.
 
 A version is claimed first (never overwritten, never shared with another build), filled by Spark, and
 sealed by the manifest, written last by the driver. Whatever fails in between, the version is removed again.

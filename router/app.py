@@ -29,10 +29,10 @@ from keyroute.core.live_status import LiveStatusReader, annotate
 from keyroute.core.logs import bind_request_id
 from keyroute.core.metrics import CONTENT_TYPE
 from keyroute.core.partition_map import PartitionMap
-from keyroute.core.request_guard import RequestGuard
 from keyroute.core.security import ClusterAuth
 from keyroute.core.settings import RouterSettings
 from keyroute.core.zk import ZkAccessError, ZkUnavailableError
+from keyroute.http.admission import RequestGuard
 from keyroute.http.server import StartupError
 from keyroute.router import ui
 from keyroute.router.fast_upstream import FastUpstream

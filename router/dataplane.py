@@ -35,7 +35,7 @@ from keyroute.core.api import (
 )
 from keyroute.core.logs import bind_request_id
 from keyroute.core.metrics import KIND_BATCH, KIND_KEY, KIND_RANGE, KIND_TIMELINE
-from keyroute.core.request_guard import Admission
+from keyroute.http.admission import Admission
 from keyroute.http.forwarding import encode_entry, parse_batch_request
 from keyroute.router.proxy import Proxy
 from keyroute.router.ranges import read_range

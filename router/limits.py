@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import sys
 
-from keyroute.core.request_guard import Admission
 from keyroute.core.security import BearerAuth
 from keyroute.core.settings import RouterSettings
+from keyroute.http.admission import Admission
 from keyroute.http.server import ServerLimits
 
 

@@ -1,14 +1,14 @@
 """The router's metrics: plain counters bumped on the event loop, rendered for Prometheus at /metrics.
 
 The data path only adds to ints and dicts (no lock, no client library); `render()` builds the metric
-families from them and from the installed partition map at scrape time (keyroute_core.metrics).
+families from them and from the installed partition map at scrape time (keyroute.core.metrics).
 
 With `--workers N` (router/workers.py) every worker process calls `share_across_workers` first: the
 metrics made in that process then publish snapshots to the directory the parent shares between its
 workers, and a scrape, whichever worker answers it, shows what the whole router did:
 
 - counters and histograms (buckets, sums, counts) are the sum over the live workers and those that have
-  exited (`keyroute_core.metrics.WorkerSnapshots`: the sum never goes backwards);
+  exited (`keyroute.core.metrics.WorkerSnapshots`: the sum never goes backwards);
 - the per-process gauges, under their usual names, show the worker that is furthest behind, what an alert
   wants: the lowest map generation, stale if any worker is, complete only if every worker's map is, the
   oldest map age and longest staleness, and per partition the fewest serving replicas any worker sees;
@@ -49,7 +49,7 @@ from keyroute.core.metrics import (
     store_label,
 )
 from keyroute.core.partition_map import PartitionMap
-from keyroute.core.request_guard import Admission
+from keyroute.http.admission import Admission
 
 # attribute -> (metric name, help). Counters get `_total` appended by the exposition.
 _COUNTERS = {

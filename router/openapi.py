@@ -28,7 +28,7 @@ def _error(description: str, *, retry_after: bool = False, challenge: bool = Fal
     return response
 
 
-# Answers any request may get before it reaches its endpoint (see keyroute_core.request_guard).
+# Answers any request may get before it reaches its endpoint (see keyroute.http.admission).
 _GUARD = {
     "431": _error("`headers_too_large`: the request line and headers exceed the configured limit"),
     "503": _error(

@@ -119,7 +119,7 @@ class Proxy:
         self.table = RoutingTable.empty()
         # "/stores/{store}/keys/" per store of the table, percent-encoded once (see `read`).
         self._key_paths: dict[str, str] = {}
-        # Proof of membership (keyroute_core.security.ClusterAuth.headers()) sent with every request to a node.
+        # Proof of membership (keyroute.core.security.ClusterAuth.headers()) sent with every request to a node.
         self._member_headers = dict(member_headers or {})
         self.metrics = metrics or RouterMetrics()
         self._upstream = upstream

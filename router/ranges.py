@@ -185,7 +185,7 @@ async def _ask(
 
 
 def _page(partition: int, body: bytes, key_format: KeyFormat) -> _Page:
-    """A node's range answer (keyroute.node.ranges, one key per line): each key's value kept as the bytes
+    """A node's range answer (keyroute.state_node.ranges, one key per line): each key's value kept as the bytes
     the node sent, only its key parsed."""
     lines = body.split(b"\n")
     head = json.loads(lines[0][: -len(b', "keys": [')] + b"}")

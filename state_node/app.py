@@ -1,7 +1,7 @@
 """The node's admin app and its wiring: the partition map, a key's route, health, readiness and metrics, and
 the lifespan that joins the cluster on startup and leaves it on shutdown (`Node` holds what it creates).
 
-Reads (everything under /stores/) are not the app's: `keyroute.node.dataplane` answers them, on the same
+Reads (everything under /stores/) are not the app's: `keyroute.state_node.dataplane` answers them, on the same
 port (`keyroute.http.server`), with the same `Node` and the same admission counters.
 """
 
@@ -30,16 +30,16 @@ from keyroute.core.logs import bind_request_id
 from keyroute.core.map_watcher import MapWatcher
 from keyroute.core.metrics import CONTENT_TYPE
 from keyroute.core.partition_map import Assignment, PartitionMap
-from keyroute.core.request_guard import Admission, RequestGuard
 from keyroute.core.security import BearerAuth, ClusterAuth
 from keyroute.core.settings import NodeSettings
+from keyroute.http.admission import Admission, RequestGuard
 from keyroute.http.server import StartupError
-from keyroute.node.controller import Controller
-from keyroute.node.metrics import NodeMetrics
-from keyroute.node.ownership import Ownership
-from keyroute.node.reads import RETRY_AFTER_S, find_store, parse_key_text
-from keyroute.node.registration import NodeIdInUse, Registration
-from keyroute.node.store import load_partition
+from keyroute.state_node.controller import Controller
+from keyroute.state_node.metrics import NodeMetrics
+from keyroute.state_node.ownership import Ownership
+from keyroute.state_node.reads import RETRY_AFTER_S, find_store, parse_key_text
+from keyroute.state_node.registration import NodeIdInUse, Registration
+from keyroute.state_node.store import load_partition
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ def create_app(
         middleware=[guard],
         exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: internal_error},
     )
-    # Shared with the data plane (keyroute.node.dataplane): one count of requests in progress.
+    # Shared with the data plane (keyroute.state_node.dataplane): one count of requests in progress.
     app.state.admission = metrics.admission
     return app
 

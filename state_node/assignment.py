@@ -211,7 +211,7 @@ def assign(
     balanced = _balanced(stores, members, result)
     if balanced and (previous is None or moved_replicas(previous, result) <= 2 * _must_move(stores, previous, result)):
         return result
-    from keyroute.node.assignment_exact import assign_exact
+    from keyroute.state_node.assignment_exact import assign_exact
 
     exact = assign_exact(stores, members, previous, generation, zones)
     if not balanced or previous is None or moved_replicas(previous, exact) < moved_replicas(previous, result):

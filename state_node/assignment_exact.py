@@ -1,4 +1,4 @@
-"""The exact placement rule, by min-cost flows: what `keyroute.node.assignment.assign` falls back to when a
+"""The exact placement rule, by min-cost flows: what `keyroute.state_node.assignment.assign` falls back to when a
 small cluster's stores are shaped so that its seat-based placement cannot balance them (see there).
 
 A pure function of (stores, live nodes, previous assignment): balanced, sticky and deterministic, in time

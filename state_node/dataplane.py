@@ -33,12 +33,12 @@ from keyroute.core.api import (
 )
 from keyroute.core.logs import bind_request_id
 from keyroute.core.metrics import KIND_BATCH, KIND_KEY, KIND_RANGE, KIND_TIMELINE
-from keyroute.core.request_guard import Admission
+from keyroute.http.admission import Admission
 from keyroute.http.forwarding import parse_batch_request
 from keyroute.http.server import Answer, Exchange, Request
-from keyroute.node.app import Node
-from keyroute.node.ranges import read_partition_range
-from keyroute.node.reads import (
+from keyroute.state_node.app import Node
+from keyroute.state_node.ranges import read_partition_range
+from keyroute.state_node.reads import (
     Batch,
     Behind,
     Forward,
@@ -83,7 +83,7 @@ class NodeDataPlane:
     @classmethod
     def from_state(cls, state: Any) -> NodeDataPlane:
         """What `HttpServer(data_plane=...)` calls once the app's lifespan has started: the data plane of the
-        node and admission checks on the node app's `state` (keyroute.node.app.create_app)."""
+        node and admission checks on the node app's `state` (keyroute.state_node.app.create_app)."""
         return cls(state.node, state.admission)
 
     def accepts(self, method: str, path: bytes) -> bool:
@@ -274,7 +274,7 @@ class NodeDataPlane:
         forwarded = self._forwarded(request)
         node = self.node
         try:
-            # The body's size is bounded by the server (keyroute.node.service.server_limits).
+            # The body's size is bounded by the server (keyroute.state_node.service.server_limits).
             parsed = parse_batch_request(request.body, self._max_batch_keys)
             batch = read_batch(node, store, parsed.keys, forwarded, parsed.bounds)
         except ApiError as exc:

@@ -50,7 +50,7 @@ from keyroute.core.timeline import INT64_MIN, SUFFIX_BYTES, entry_key, key_part
 if TYPE_CHECKING:
     import lmdb
 
-    from keyroute.node.store import PartitionStore
+    from keyroute.state_node.store import PartitionStore
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ STATES = (CATCHING_UP, LIVE, STALLED, GAP, STOPPED)
 
 # Records asked of the client per consume call (a partition's share of them goes in one transaction).
 DEFAULT_BATCH_RECORDS = 2000
-# How often a live partition's commits are flushed to disk (keyroute.node.store: a commit is safe from a
+# How often a live partition's commits are flushed to disk (keyroute.state_node.store: a commit is safe from a
 # process crash at once; this bounds what an operating-system crash could undo). 0: after every commit.
 DEFAULT_SYNC_INTERVAL_S = 1.0
 # How long one consume call waits for records when there are none.

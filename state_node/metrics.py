@@ -27,12 +27,12 @@ from keyroute.core.metrics import (
     store_label,
 )
 from keyroute.core.partition_map import StoreRecord
-from keyroute.core.request_guard import Admission
-from keyroute.node.live import STATES as LIVE_STATES
-from keyroute.node.store import LoadCancelled, PartitionStore
+from keyroute.http.admission import Admission
+from keyroute.state_node.live import STATES as LIVE_STATES
+from keyroute.state_node.store import LoadCancelled, PartitionStore
 
 if TYPE_CHECKING:
-    from keyroute.node.ownership import Ownership
+    from keyroute.state_node.ownership import Ownership
 
 Loader = Callable[[Path, StoreRecord, int, int, Callable[[], bool]], PartitionStore]
 

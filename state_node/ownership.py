@@ -21,9 +21,9 @@ from typing import Any
 
 from keyroute.core.partition_map import PartitionMap, StoreRecord
 from keyroute.core.settings import NodeSettings
-from keyroute.node.live import GAP, LiveApplier, LivePartition
-from keyroute.node.registration import Registration
-from keyroute.node.store import (
+from keyroute.state_node.live import GAP, LiveApplier, LivePartition
+from keyroute.state_node.registration import Registration
+from keyroute.state_node.store import (
     LoadCancelled,
     LoadError,
     PartitionId,
@@ -66,7 +66,7 @@ class PartitionState(enum.Enum):
     nothing new is loaded and nothing is dropped: it serves what it holds until it de-announces, and its
     files stay on disk for a restart.
 
-    A live partition (keyroute.node.live) consumes its topic partition from the moment it is loaded until
+    A live partition (keyroute.state_node.live) consumes its topic partition from the moment it is loaded until
     it is closed; it is stopped before its environment closes. One in a gap (records it needs are gone) is
     kept out of the view and the announcement whatever its state, until a new version replaces it.
     """

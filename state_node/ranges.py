@@ -34,11 +34,11 @@ from keyroute.core.ranges import (
 )
 from keyroute.core.timeline import escape_key
 from keyroute.http.server import Answer
-from keyroute.node.reads import RETRY_AFTER_S, find_store
+from keyroute.state_node.reads import RETRY_AFTER_S, find_store
 
 if TYPE_CHECKING:
-    from keyroute.node.app import Node
-    from keyroute.node.store import PartitionStore
+    from keyroute.state_node.app import Node
+    from keyroute.state_node.store import PartitionStore
 
 _JSON = (b"content-type", b"application/json")
 _PARTITION = HEADER_PARTITION.encode("ascii")

@@ -75,8 +75,8 @@ from keyroute.http.forwarding import (
 from keyroute.http.server import Answer
 
 if TYPE_CHECKING:
-    from keyroute.node.app import Node
-    from keyroute.node.store import PartitionStore
+    from keyroute.state_node.app import Node
+    from keyroute.state_node.store import PartitionStore
 
 log = logging.getLogger(__name__)
 

@@ -17,12 +17,12 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from keyroute.core.request_guard import Admission
 from keyroute.core.settings import NodeSettings
+from keyroute.http.admission import Admission
 from keyroute.http.server import ASGIApp, HttpServer, ServerLimits
 from keyroute.http.server import run as serve
-from keyroute.node.app import Node, create_app
-from keyroute.node.dataplane import NodeDataPlane
+from keyroute.state_node.app import Node, create_app
+from keyroute.state_node.dataplane import NodeDataPlane
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class NodeServer(HttpServer):
     short; one during the final stop changes nothing (the stop is bounded by its grace period)."""
 
     def __init__(self, app: ASGIApp, settings: NodeSettings) -> None:
-        """`app`: the node's app (`keyroute.node.app.create_app`), whose lifespan puts the `Node` on its
+        """`app`: the node's app (`keyroute.state_node.app.create_app`), whose lifespan puts the `Node` on its
         `state`. The requests the server refuses itself are counted by the app's admission checks
         (`state.admission`, made by create_app), so /metrics shows them with the others."""
         admission: Admission = app.state.admission  # type: ignore[attr-defined]

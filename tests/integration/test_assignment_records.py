@@ -14,7 +14,7 @@ from keyroute.core.partition_map import Assignment, NodeRecord, StoreRecord
 from keyroute.core.partitioner import Partitioner
 from keyroute.core.settings import ZkSettings
 from keyroute.core.zk import close, connect
-from keyroute.node.controller import Controller
+from keyroute.state_node.controller import Controller
 from tests.util import wait_for
 
 pytestmark = pytest.mark.integration

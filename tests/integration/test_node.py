@@ -27,14 +27,14 @@ from keyroute.core.partitioner import Partitioner, partition_for
 from keyroute.core.settings import NodeSettings, RouterSettings, ZkSettings
 from keyroute.core.snapshot import Manifest, partition_dir, version_dir, write_manifest
 from keyroute.http.server import HttpServer
-from keyroute.node.app import create_app as create_node
-from keyroute.node.controller import Controller
-from keyroute.node.dataplane import NodeDataPlane
-from keyroute.node.service import server_limits as node_server_limits
 from keyroute.router.app import create_app as create_router
 from keyroute.router.dataplane import RouterDataPlane
 from keyroute.router.limits import server_limits as router_server_limits
 from keyroute.router.map_source import ZooKeeperMapSource
+from keyroute.state_node.app import create_app as create_node
+from keyroute.state_node.controller import Controller
+from keyroute.state_node.dataplane import NodeDataPlane
+from keyroute.state_node.service import server_limits as node_server_limits
 from tests.util import Proc, free_port, wait_for, wait_until
 
 pytestmark = pytest.mark.integration
@@ -634,7 +634,7 @@ def test_a_replication_factor_above_the_live_nodes_is_allowed_and_said_once(
     client.create(zk_layout.node_path("a"), b'{"node_id": "a", "url": "http://a"}', ephemeral=True)
     controller = Controller(client, "a")
     try:
-        with caplog.at_level("WARNING", logger="keyroute.node.controller"):
+        with caplog.at_level("WARNING", logger="keyroute.state_node.controller"):
             controller.start()
 
             def assigned() -> Assignment | None:

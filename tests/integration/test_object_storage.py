@@ -43,7 +43,7 @@ FORMAT_2 = "keyroute-snapshot/2"
 
 
 def format_2_present() -> bool:
-    """Snapshot format 2 (ready-to-serve LMDB files) is in the core: keyroute_core/snapshot.py names it."""
+    """Snapshot format 2 (ready-to-serve LMDB files) is in the core: keyroute/core/snapshot.py names it."""
     return any(value == FORMAT_2 for value in vars(snapshot_format).values() if isinstance(value, str))
 
 
@@ -296,7 +296,7 @@ PIPELINE_PARTITIONS = {"bookings": 8, "positions": 4}
 @pytest.mark.skipif(
     not format_2_present(),
     reason="snapshot format 2 (keyroute-snapshot/2: executors build LMDB files and upload them with "
-    "pyarrow.fs) is not in keyroute_core/snapshot.py yet",
+    "pyarrow.fs) is not in keyroute/core/snapshot.py yet",
 )
 def test_pipeline_builds_into_object_storage_and_nodes_serve_it(
     tmp_path: Path, zk_settings: ZkSettings, s3_bucket: S3Bucket

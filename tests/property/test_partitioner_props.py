@@ -1,4 +1,4 @@
-"""Cross-checks keyroute_core.partitioner against independent implementations on generated keys.
+"""Cross-checks keyroute.core.partitioner against independent implementations on generated keys.
 
 kafka-python's murmur2 and DefaultPartitioner are the oracle; its murmur2 returns an unsigned 32-bit int.
 """

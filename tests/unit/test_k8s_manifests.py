@@ -166,7 +166,7 @@ def app_for(command: list[str]) -> Any:
 
         return router_app(RouterSettings())
     if command == ["node"]:
-        from keyroute.node.app import create_app as node_app
+        from keyroute.state_node.app import create_app as node_app
 
         return node_app(NodeSettings(node_id="probe", data_dir=Path("/nonexistent")))
     return None

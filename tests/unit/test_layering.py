@@ -1,31 +1,65 @@
-"""The architecture's import rules: services never import each other, the core imports no service and no
-HTTP plumbing, the CLI is imported by nothing, the node and router never import pyspark, and every import
-name lives under `keyroute.`."""
+"""The architecture's import rules: services never import each other, the core imports no service, no HTTP
+plumbing and no HTTP framework, the HTTP layer imports no service, the CLI is imported by nothing, the node
+and router never import pyspark, and every import name lives under `keyroute.`.
+
+The folder of every package comes from pyproject.toml (its `packages` and `package-dir`), so the layout rule
+is written once: everything shared lives under keyroute/ at its own path, and only the three service folders
+are mapped, each to its own name."""
 
 from __future__ import annotations
 
 import ast
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-# import name -> the repository folder that holds it (pyproject.toml's package-dir)
-FOLDERS = {
-    "keyroute.core": "keyroute_core",
-    "keyroute.router": "router",
-    "keyroute.node": "state_node",
-    "keyroute.pipeline": "pipeline",
-}
-SERVICES = ("keyroute.router", "keyroute.node", "keyroute.pipeline")
+_SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+PACKAGE_DIR: dict[str, str] = _SETUPTOOLS.get("package-dir", {})
+# The only mappings the layout rule allows: a service folder the product is known by, under its own name.
+MAPPED_SERVICES = {"keyroute.router": "router", "keyroute.state_node": "state_node", "keyroute.pipeline": "pipeline"}
+SERVICES = tuple(sorted(MAPPED_SERVICES))
 CLI = ("keyroute.cli", "keyroute.demo", "keyroute.sample_data", "keyroute.__main__")
+HTTP_FRAMEWORKS = {"starlette", "httptools", "uvicorn", "httpx", "httpcore", "h11", "uvloop"}
+
+
+def folder_of(package: str) -> Path:
+    """The repository folder that holds an import name, as setuptools finds it: the longest mapped prefix,
+    else the import name's own path."""
+    for name in sorted(PACKAGE_DIR, key=len, reverse=True):
+        if package == name or package.startswith(name + "."):
+            return ROOT / PACKAGE_DIR[name] / package[len(name) :].lstrip(".").replace(".", "/")
+    return ROOT / package.replace(".", "/")
+
+
+# The top-level parts: keyroute.core, keyroute.http and the three services (their subpackages are inside).
+FOLDERS = {name: folder_of(name) for name in ("keyroute.core", "keyroute.http", *SERVICES)}
+
+
+def test_only_the_three_service_folders_are_mapped_each_to_its_own_name() -> None:
+    assert PACKAGE_DIR == MAPPED_SERVICES
+    for name, folder in PACKAGE_DIR.items():
+        assert name == "keyroute." + folder
+
+
+def test_every_package_folder_is_listed_for_the_installed_distribution() -> None:
+    """A subpackage folder pyproject does not list would be missing from the wheel (and so from the image)."""
+    listed = set(_SETUPTOOLS["packages"])
+    for name in listed:
+        assert (folder_of(name) / "__init__.py").is_file(), name
+    for top in ("keyroute", *SERVICES):
+        for init in folder_of(top).rglob("__init__.py"):
+            relative = init.parent.relative_to(folder_of(top))
+            name = ".".join((top, *relative.parts)) if relative.parts else top
+            assert name in listed, f"{name} ({init.parent.relative_to(ROOT)}) is not in pyproject's packages"
 
 
 def imported_modules(package: str) -> set[str]:
     found: set[str] = set()
-    for path in (ROOT / FOLDERS[package]).rglob("*.py"):
+    for path in FOLDERS[package].rglob("*.py"):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -45,22 +79,34 @@ def test_no_service_imports_another_or_the_cli(service: str) -> None:
     assert not under(imported_modules(service), forbidden)
 
 
-def test_the_core_imports_no_service_no_cli_and_no_spark() -> None:
+def test_the_core_imports_no_service_no_cli_no_spark_and_no_http_layer() -> None:
     modules = imported_modules("keyroute.core")
-    assert not under(modules, set(SERVICES) | set(CLI) | {"pyspark"})
+    assert not under(modules, set(SERVICES) | set(CLI) | {"pyspark", "keyroute.http", "keyroute.client"})
+    assert not under(modules, HTTP_FRAMEWORKS)
+
+
+def test_the_http_layer_imports_no_service_no_client_and_no_cli() -> None:
+    modules = imported_modules("keyroute.http")
+    assert not under(modules, set(SERVICES) | set(CLI) | {"pyspark", "keyroute.client"})
+
+
+def test_the_rules_catch_what_they_forbid() -> None:
+    """The helpers see a forbidden import: a rule that reads nothing would pass every tree."""
+    assert under({"starlette.requests", "keyroute.state_node.app"}, HTTP_FRAMEWORKS) == {"starlette.requests"}
+    assert "keyroute.core.partitioner" in imported_modules("keyroute.http") | imported_modules("keyroute.router")
 
 
 @pytest.mark.parametrize("package", sorted(FOLDERS))
 def test_imports_use_names_under_keyroute(package: str) -> None:
-    """The old top-level names (router, state_node, pipeline, keyroute_core) are not importable names."""
+    """The folders' own names (router, state_node, pipeline) are not importable names."""
     tops = {m.split(".")[0] for m in imported_modules(package)}
-    assert not tops & {"router", "state_node", "pipeline", "keyroute_core"}
+    assert not tops & {"router", "state_node", "pipeline"}
 
 
 def test_no_generic_top_level_names_are_installed() -> None:
     code = (
         "import importlib.util as u, sys; "
-        "found = [n for n in ('router', 'state_node', 'pipeline', 'keyroute_core') if u.find_spec(n)]; "
+        "found = [n for n in ('router', 'state_node', 'pipeline', 'core') if u.find_spec(n)]; "
         "assert not found, found"
     )
     # Outside the repository, where only the installed distribution is importable.
@@ -69,7 +115,7 @@ def test_no_generic_top_level_names_are_installed() -> None:
 
 def test_node_and_router_run_without_pyspark() -> None:
     code = (
-        "import sys, keyroute.router.app, keyroute.node.app, keyroute.core.snapshot; "
+        "import sys, keyroute.router.app, keyroute.state_node.app, keyroute.core.snapshot; "
         "assert not [m for m in sys.modules if m.startswith('pyspark')], 'pyspark imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
@@ -90,7 +136,7 @@ sys.meta_path.insert(0, Absent())
 def test_the_serving_install_needs_neither_pyspark_nor_pandas_and_the_pipeline_says_what_to_install() -> None:
     code = _WITHOUT_PIPELINE_EXTRA + (
         "import contextlib, io\n"
-        "import keyroute.router.service, keyroute.node.service, keyroute.client, keyroute.cli as cli\n"
+        "import keyroute.router.service, keyroute.state_node.service, keyroute.client, keyroute.cli as cli\n"
         "err = io.StringIO()\n"
         "with contextlib.redirect_stderr(err):\n"
         "    assert cli.main(['pipeline', 'build', '--spec', 's.toml', '--output', 'o', '--zk', 'z:1']) == 1\n"

@@ -1,4 +1,4 @@
-"""Pins keyroute_core.key_format to the bytes Kafka's serializers write and to strict, canonical key parsing.
+"""Pins keyroute.core.key_format to the bytes Kafka's serializers write and to strict, canonical key parsing.
 
 Expected bytes are literal: Java's Short/Integer/Long serializers write big-endian two's complement.
 """

@@ -1,4 +1,4 @@
-"""Pins keyroute_core.partition_vectorized to published Kafka client vectors, and to the scalar functions.
+"""Pins keyroute.core.partition_vectorized to published Kafka client vectors, and to the scalar functions.
 
 The expected values come from other projects' test suites (named at each list), never from this code.
 """

@@ -1,4 +1,4 @@
-"""Pins keyroute_core.partitioner to vectors published by Kafka, librdkafka, kafkajs, kafka-python and Sarama.
+"""Pins keyroute.core.partitioner to vectors published by Kafka, librdkafka, kafkajs, kafka-python and Sarama.
 
 Every expected value here comes from another project's test suite, never from this implementation.
 """

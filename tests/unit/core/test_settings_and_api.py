@@ -79,8 +79,8 @@ def _admin_scope(path: str, query: bytes = b"", authorization: bytes | None = No
 
 
 def test_the_partition_map_page_takes_the_admin_token_from_its_query_and_nothing_else_does() -> None:
-    from keyroute.core.request_guard import Admission
     from keyroute.core.security import BearerAuth
+    from keyroute.http.admission import Admission
 
     admission = Admission(admin=BearerAuth("s3cret"))
 

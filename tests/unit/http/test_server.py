@@ -28,8 +28,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from keyroute.core.logs import acceptable_request_id, new_request_id
-from keyroute.core.request_guard import SERVER_REFUSALS
 from keyroute.http import Exchange, HttpServer, Request, ServerLimits, run
+from keyroute.http.admission import SERVER_REFUSALS
 from tests.util import serve_in_thread, wait_until
 
 # New request ids are keyroute.core.logs's: this process's prefix and a counter.
@@ -642,7 +642,7 @@ def test_every_refusal_of_the_server_is_counted_and_reported_with_its_code(
 
     arun(scenario())
     assert reported == [code]
-    assert code in SERVER_REFUSALS  # what keyroute.core.request_guard.Admission.refused counts
+    assert code in SERVER_REFUSALS  # what keyroute.http.admission.Admission.refused counts
 
 
 def test_a_head_that_never_ends_is_one_refusal(arun: Any) -> None:
@@ -785,7 +785,7 @@ def test_a_valid_request_id_is_echoed_and_others_replaced(arun: Any, path: str) 
     arun(scenario())
 
 
-def test_the_request_id_rule_is_keyroute_core_logs_own(arun: Any) -> None:
+def test_the_request_id_rule_is_the_core_logs_own(arun: Any) -> None:
     candidates = ["a", "x" * 128, "x" * 129, "tab\there", "caf\xe9", "semi;colon", 'quote"d', "{json}"]
 
     async def scenario() -> None:

@@ -14,13 +14,13 @@ from starlette.applications import Starlette
 from keyroute.core.key_format import KeyFormat, parse_key
 from keyroute.core.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord, StoreRecord
 from keyroute.core.partitioner import Partitioner
-from keyroute.core.request_guard import Admission
 from keyroute.core.settings import AccessSettings, NodeSettings, RequestLimits
+from keyroute.http.admission import Admission
 from keyroute.http.server import HttpServer, ServerLimits
-from keyroute.node.app import Node, create_app
-from keyroute.node.dataplane import NodeDataPlane
-from keyroute.node.ownership import Readiness
-from keyroute.node.service import server_limits as node_server_limits
+from keyroute.state_node.app import Node, create_app
+from keyroute.state_node.dataplane import NodeDataPlane
+from keyroute.state_node.ownership import Readiness
+from keyroute.state_node.service import server_limits as node_server_limits
 from tests.util import serve_in_thread
 
 ME, B, C = "n1", "n2", "n3"
@@ -29,7 +29,7 @@ P = 4
 
 
 class Held:
-    """A loaded partition as the read path sees it (keyroute.node.store.PartitionStore): a batch one."""
+    """A loaded partition as the read path sees it (keyroute.state_node.store.PartitionStore): a batch one."""
 
     live: Any = None
 
@@ -172,7 +172,7 @@ class Nodes:
     ) -> tuple[Client, list[httpx.Request]]:
         """A node (its map built from `serving`, holding `held`, its peers answering with `peer`) and the
         requests its peers received. The server's limits are the node's own
-        (`keyroute.node.service.server_limits`) unless `server_limits` is given."""
+        (`keyroute.state_node.service.server_limits`) unless `server_limits` is given."""
         seen: list[httpx.Request] = []
 
         def record_and_answer(request: httpx.Request) -> httpx.Response:
@@ -190,7 +190,7 @@ class Nodes:
             WithoutLifespan(app),
             server_limits or node_server_limits(settings),
             data_plane=NodeDataPlane.from_state,
-            on_refusal=app.state.admission.refused,  # as keyroute.node.service.NodeServer counts them
+            on_refusal=app.state.admission.refused,  # as keyroute.state_node.service.NodeServer counts them
         )
         client = Client(app, self._stack.enter_context(serve_in_thread(server)))
         self._stack.callback(client.http.close)

@@ -1,4 +1,4 @@
-"""Pure parts of the controller (keyroute.node.controller); the controller itself is tested against a real
+"""Pure parts of the controller (keyroute.state_node.controller); the controller itself is tested against a real
 ZooKeeper in tests/integration."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The node's data plane (keyroute.node.dataplane) on keyroute's HTTP server over real sockets: a read of a
-key held here is answered at once, without a task, exactly as `keyroute.node.reads.read_key` gives it;
+"""The node's data plane (keyroute.state_node.dataplane) on keyroute's HTTP server over real sockets: a read of a
+key held here is answered at once, without a task, exactly as `keyroute.state_node.reads.read_key` gives it;
 admission refuses before anything is read; a failing answer is a logged JSON 500 and the connection goes
 on; a read behind a request of the admin app waits for that answer, in order."""
 
@@ -13,11 +13,11 @@ from typing import Any
 import httpx
 import pytest
 
-import keyroute.node.dataplane
+import keyroute.state_node.dataplane
 from keyroute.core.settings import RequestLimits
 from keyroute.http.server import ServerLimits
-from keyroute.node.dataplane import NodeDataPlane
-from keyroute.node.reads import read_key
+from keyroute.state_node.dataplane import NodeDataPlane
+from keyroute.state_node.reads import read_key
 from tests.unit.node.fakes import (
     GENERATION,
     HELD,
@@ -198,7 +198,7 @@ def test_a_local_answer_that_fails_is_a_json_500_and_the_connection_goes_on(
         raise RuntimeError("a bug in the local answer")
 
     with httpx.Client(base_url=client.url, trust_env=False, timeout=10) as http:
-        monkeypatch.setattr(keyroute.node.dataplane, "read_key", broken)
+        monkeypatch.setattr(keyroute.state_node.dataplane, "read_key", broken)
         failed = http.get(path, headers={"x-request-id": "oops-1"})
         monkeypatch.undo()
         after = http.get(path)  # on the same kept-alive connection

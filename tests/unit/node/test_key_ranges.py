@@ -1,4 +1,4 @@
-"""One partition's part of a key range (keyroute.node.ranges over a real LMDB file, both layouts) against a
+"""One partition's part of a key range (keyroute.state_node.ranges over a real LMDB file, both layouts) against a
 model: the partition's keys in the store's key order (bytes; integers numerically), page by page."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from keyroute.core.key_format import KeyFormat
 from keyroute.core.lmdb_layout import db_key
 from keyroute.core.ranges import order_of, prefix_end, scan_segments
 from keyroute.core.timeline import StoreKind, Timeline, TimeType, entry_key, key_part
-from keyroute.node.ranges import _scan
-from keyroute.node.store import PartitionId, PartitionStore
+from keyroute.state_node.ranges import _scan
+from keyroute.state_node.store import PartitionId, PartitionStore
 
 STRINGS = [b"", b"a", b"a\x00", b"a\x00b", b"ab", b"b", b"\xc3\xa9", b"x" * 509, b"x" * 510, b"y" * 700, b"\x7f"]
 INTS = [-(2**15), -300, -256, -1, 0, 1, 255, 256, 2**15 - 1]

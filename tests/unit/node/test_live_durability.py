@@ -1,4 +1,4 @@
-"""A live partition's file on disk (keyroute.node.store): commits are flushed every --live-sync-ms, not each,
+"""A live partition's file on disk (keyroute.state_node.store): commits are flushed every --live-sync-ms, not each,
 so on the next start the file is reused only when it can be trusted: closed cleanly, or written in this same
 boot (the page cache holds every commit: a process crash loses nothing). A file left unflushed by a boot
 that ended (an operating-system crash) is loaded again from the version and the topic replayed."""
@@ -19,8 +19,8 @@ from keyroute.core.lmdb_layout import TAG_KEY, build_partition_file
 from keyroute.core.partition_map import StoreRecord
 from keyroute.core.partitioner import Partitioner
 from keyroute.core.snapshot import FORMAT_2, Manifest, checksum_file, data_file, version_dir, write_manifest
-from keyroute.node import store as store_module
-from keyroute.node.store import LIVE_STATE, PartitionStore, boot_id, load_partition
+from keyroute.state_node import store as store_module
+from keyroute.state_node.store import LIVE_STATE, PartitionStore, boot_id, load_partition
 
 MAP_SIZE = 1 << 24
 MERGE = Merge("latest", "user", order_by="ts", columns=("ts",))

@@ -1,5 +1,5 @@
 """The node's HTTP API over keyroute's HTTP server: local answers, forwarding rules, batch-get, admin and
-error bodies. The data plane (keyroute.node.dataplane) and the admin app (keyroute.node.app) share one port,
+error bodies. The data plane (keyroute.state_node.dataplane) and the admin app (keyroute.state_node.app) share one port,
 as in `keyroute node`; peers and partitions are fakes (tests/unit/node/fakes.py), no ZooKeeper is needed.
 """
 
@@ -11,10 +11,10 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from keyroute.core.request_guard import Admission
 from keyroute.core.security import member_token
 from keyroute.core.settings import AccessSettings, RequestLimits
-from keyroute.node.metrics import NodeMetrics
+from keyroute.http.admission import Admission
+from keyroute.state_node.metrics import NodeMetrics
 from tests.unit.node.fakes import (
     GENERATION,
     HELD,

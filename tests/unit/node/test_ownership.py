@@ -12,8 +12,8 @@ from typing import Any
 from keyroute.core.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord, StoreRecord
 from keyroute.core.settings import NodeSettings
 from keyroute.core.snapshot import local_path, partition_dir
-from keyroute.node.ownership import Ownership, PartitionState
-from keyroute.node.store import PartitionId, PartitionStore, load_partition, partition_path
+from keyroute.state_node.ownership import Ownership, PartitionState
+from keyroute.state_node.store import PartitionId, PartitionStore, load_partition, partition_path
 from tests.unit.node.test_store_files import data_file, write_files_snapshot
 from tests.util import wait_until
 

@@ -1,5 +1,5 @@
-"""Reads of live partitions on a node (keyroute.node.reads, keyroute.node.dataplane) over real sockets: answers
-say which offset they reflect; `min_offset` is answered at once when applied, after a wait when the applier
+"""Reads of live partitions on a node (keyroute.state_node.reads, .dataplane) over real sockets: answers say
+which offset they reflect; `min_offset` is answered at once when applied, after a wait when the applier
 gets there in time, else 503 not_up_to_bound; a forwarded read carries its bound on; batch-gets take bounds
 per partition. The partition's `live` is a small real object with the node's LivePartition interface."""
 

@@ -1,4 +1,4 @@
-"""keyroute.node.service: the node process around keyroute's HTTP server. A stop first leaves the cluster
+"""keyroute.state_node.service: the node process around keyroute's HTTP server. A stop first leaves the cluster
 (reads still answered meanwhile), a second stop signal cuts the leave short, a node that cannot start
 exits 1 with the reason logged, the server's limits follow the node's settings, and the requests the server
 refuses itself show in the node's metrics."""
@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from keyroute.core.settings import NodeSettings, RequestLimits, ZkSettings
-from keyroute.node.app import Node, create_app
-from keyroute.node.service import NodeServer, body_limit, run, server_limits
+from keyroute.state_node.app import Node, create_app
+from keyroute.state_node.service import NodeServer, body_limit, run, server_limits
 from tests.unit.node.fakes import HELD, KEY_LOCAL, SERVING, FakeOwnership, WithoutLifespan, build, node_settings
 from tests.util import free_port, serve_in_thread
 
@@ -85,7 +85,7 @@ def test_a_stop_first_leaves_the_cluster_while_reads_are_still_answered() -> Non
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_a_second_stop_signal_cuts_the_leave_short(caplog: pytest.LogCaptureFixture) -> None:
     LeavingNode.leave_s = 60.0
-    with caplog.at_level(logging.WARNING, logger="keyroute.node.service"):
+    with caplog.at_level(logging.WARNING, logger="keyroute.state_node.service"):
         serve_and_stop(stop_signals=1)
     assert EVENTS == ["leaving", "read 200", "cut short", "stopped"]
     assert "stops at once" in caplog.text

@@ -12,7 +12,7 @@ import pytest
 from keyroute.core.key_format import KeyFormat, parse_key
 from keyroute.core.partitioner import Partitioner, partition_for
 from keyroute.core.snapshot import local_path, partition_dir, read_manifest, write_manifest
-from keyroute.node.store import (
+from keyroute.state_node.store import (
     MARKER,
     LoadCancelled,
     LoadError,

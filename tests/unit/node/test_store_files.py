@@ -28,9 +28,9 @@ from keyroute.core.partition_map import StoreRecord
 from keyroute.core.partitioner import Partitioner, partition_for
 from keyroute.core.snapshot import ArrowLocation, local_path, partition_dir, version_dir
 from keyroute.core.timeline import StoreKind, Timeline, entry_key, key_part
-from keyroute.node import fetch
-from keyroute.node.fetch import FetchCancelled, FetchError, fetch_file, sample_keys
-from keyroute.node.store import (
+from keyroute.state_node import fetch
+from keyroute.state_node.fetch import FetchCancelled, FetchError, fetch_file, sample_keys
+from keyroute.state_node.store import (
     MARKER,
     LoadCancelled,
     LoadError,

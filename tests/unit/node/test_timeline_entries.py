@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from keyroute.core.timeline import StoreKind, Timeline, TimeType, entry_key, key_part
-from keyroute.node.store import PartitionId, PartitionStore
+from keyroute.state_node.store import PartitionId, PartitionStore
 
 KEYS = [b"", b"a", b"a\x00", b"a\x00b", b"ab", b"b", b"\xff" * 3, b"x" * 600]
 Entries = dict[bytes, list[tuple[int, int, bytes]]]

@@ -19,10 +19,10 @@ import pytest
 from keyroute.core.key_format import KeyFormat
 from keyroute.core.partition_map import PartitionMap
 from keyroute.core.partitioner import Partitioner, key_hash, partition_for
-from keyroute.core.request_guard import RequestGuard
 from keyroute.core.security import member_token
 from keyroute.core.settings import AccessSettings, RequestLimits, RouterSettings
 from keyroute.core.zk import ZkAccessError, ZkUnavailableError
+from keyroute.http.admission import RequestGuard
 from keyroute.http.server import HttpServer, StartupError
 from keyroute.router import app as router_app
 from keyroute.router import service

@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from keyroute.core.api import KeyNotFound
-from keyroute.core.request_guard import Admission
+from keyroute.http.admission import Admission
 from keyroute.http.server import Exchange, HttpServer, ServerLimits
 from keyroute.router.dataplane import RouterDataPlane
 from keyroute.router.metrics import RouterMetrics

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from keyroute.core.metrics import RETIRED_FILE, UNKNOWN_STORE, WorkerSnapshots, retire
-from keyroute.core.request_guard import Admission
+from keyroute.http.admission import Admission
 from keyroute.router import metrics as router_metrics
 from keyroute.router.metrics import RouterMetrics
 from tests.unit.router.fakes import build_map, store_record

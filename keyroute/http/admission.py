@@ -25,6 +25,7 @@ from keyroute.core.api import (
     error_json,
 )
 from keyroute.core.logs import acceptable_request_id, bind_request_id, new_request_id
+from keyroute.core.metrics import REFUSAL_REASONS
 from keyroute.core.security import BearerAuth
 
 Scope = MutableMapping[str, Any]
@@ -38,20 +39,6 @@ PROBE_PATHS = frozenset({"/healthz", "/readyz"})
 _AUTHORIZATION = b"authorization"
 _REQUEST_ID = b"x-request-id"
 
-# Why requests are refused before they are handled, as `Admission` counts them (one attribute each) and the
-# metrics export them (the `reason` label): its own checks' reasons (overloaded, headers_too_large,
-# unauthorized), then those of the HTTP server, which refuses some requests before any service code sees them
-# (keyroute.http.server's `on_refusal`: SERVER_REFUSALS, headers_too_large being both).
-REFUSAL_REASONS = (
-    "overloaded",
-    "headers_too_large",
-    "unauthorized",
-    "bad_request",
-    "body_timeout",
-    "body_too_large",
-    "expectation_failed",
-)
-SERVER_REFUSALS = ("bad_request", "body_timeout", "body_too_large", "expectation_failed", "headers_too_large")
 _COUNTED = frozenset(REFUSAL_REASONS)
 
 
@@ -195,7 +182,7 @@ def check_head_bytes(target_bytes: int, headers: Iterable[tuple[bytes, bytes]], 
 
 
 def request_id_of(scope: Scope) -> str:
-    """The request's id, bound to it (keyroute_core.logs): the client's acceptable one, else a new one."""
+    """The request's id, bound to it (keyroute.core.logs): the client's acceptable one, else a new one."""
     supplied = header(scope, _REQUEST_ID)
     return bind_request_id(scope, supplied.decode("latin-1") if supplied is not None else None)
 

@@ -43,7 +43,7 @@ MIN_OFFSET = "min_offset"
 MAX_OFFSET = (1 << 63) - 1
 # Set by routers on requests to nodes: the node may still forward once (the router's view may be stale).
 HEADER_ROUTER = "x-keyroute-router"
-# Proves a request comes from a cluster member (keyroute_core.security); without it, the member headers
+# Proves a request comes from a cluster member (keyroute.core.security); without it, the member headers
 # above are a client's words and are ignored when a cluster secret is configured.
 HEADER_AUTH = "x-keyroute-auth"
 MEMBER_HEADERS = frozenset(

@@ -24,8 +24,6 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from keyroute.core.request_guard import REFUSAL_REASONS, Admission
-
 log = logging.getLogger(__name__)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -182,15 +180,31 @@ class Exposition:
         return bytes(data)
 
 
-def refusals(admission: Admission | None) -> dict[str, int]:
+# Why requests are refused before they are handled, as `Admission` counts them (one attribute each) and the
+# metrics export them (the `reason` label): its own checks' reasons (overloaded, headers_too_large,
+# unauthorized), then those of the HTTP server, which refuses some requests before any service code sees them
+# (keyroute.http.server's `on_refusal`: SERVER_REFUSALS, headers_too_large being both).
+REFUSAL_REASONS = (
+    "overloaded",
+    "headers_too_large",
+    "unauthorized",
+    "bad_request",
+    "body_timeout",
+    "body_too_large",
+    "expectation_failed",
+)
+SERVER_REFUSALS = ("bad_request", "body_timeout", "body_too_large", "expectation_failed", "headers_too_large")
+
+
+def refusals(admission: object | None) -> dict[str, int]:
     """reason -> requests refused for it, as the admission checks count them (0s without checks): every
-    reason of `keyroute.core.request_guard.REFUSAL_REASONS`, the HTTP server's refusals included."""
+    reason of `REFUSAL_REASONS`, the HTTP server's refusals included."""
     return {reason: getattr(admission, reason) if admission is not None else 0 for reason in REFUSAL_REASONS}
 
 
-def refusals_family(name: str, admission: Admission | None) -> CounterMetricFamily:
+def refusals_family(name: str, admission: object | None) -> CounterMetricFamily:
     """Requests refused before they were handled, by reason: by the admission checks
-    (keyroute_core.request_guard) and by the HTTP server in front of them (counted by `Admission.refused`)."""
+    (keyroute.http.admission) and by the HTTP server in front of them (counted by `Admission.refused`)."""
     return refusal_counts_family(name, refusals(admission))
 
 

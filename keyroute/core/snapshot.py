@@ -6,7 +6,7 @@ Format 1 ("keyroute-snapshot/1", JSON lines; nodes parse, hash and put every row
 Format 2 ("keyroute-snapshot/2", ready to serve; nodes move the bytes):
     {output}/{store}/v{version:06d}/partition={p}/data.mdb      one compacted LMDB data file per partition,
                                                                  empty partitions included; its layout
-                                                                 (keys, values) is keyroute_core.lmdb_layout
+                                                                 (keys, values) is keyroute.core.lmdb_layout
 Both:
     {output}/{store}/v{version:06d}/manifest.json                written last: a version without a
                                                                  manifest is incomplete and never served;
@@ -462,7 +462,7 @@ def iter_partition(
     if manifest.format != FORMAT_1:
         raise SnapshotError(
             f"{manifest.store} v{manifest.version} is {manifest.format}: its partitions are ready-to-serve "
-            "LMDB files (keyroute_core.lmdb_layout), not rows to read"
+            "LMDB files (keyroute.core.lmdb_layout), not rows to read"
         )
     where = resolve_location(snapshot)
     count = 0

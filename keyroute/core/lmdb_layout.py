@@ -4,7 +4,7 @@
     environment   subdir=True, one unnamed database (max_dbs=0)
     LMDB key      db_key(serialized key bytes): b"=" + the bytes when shorter than 511 bytes (LMDB's largest
                   key), else b"#" + their SHA-256; every `#` key sorts before every `=` key
-    LMDB value    the value as compact JSON bytes (keyroute_core.snapshot.compact_json)
+    LMDB value    the value as compact JSON bytes (keyroute.core.snapshot.compact_json)
 
 `PartitionFileBuilder` writes one partition's entries, given in ascending LMDB key order, in one write
 transaction with append=True, into one file (subdir=False, no lock file): the data.mdb a snapshot
