@@ -80,12 +80,9 @@ def _hedge_after_ms(text: str) -> float | None:
     if text.strip().lower() == "auto":
         return None
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a number of milliseconds, not {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"the hedge delay must be a finite number >= 0, not {text!r}")
-    return value
+        return _non_negative_float(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a number of milliseconds: {exc}") from None
 
 
 def _non_negative_float(text: str) -> float:

@@ -23,7 +23,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from keyroute import sample_data
-from keyroute.core.zookeeper_server import is_serving
+from keyroute.core.zookeeper_server import is_serving, terminate
 from keyroute.kafka_mock import MockKafka
 
 
@@ -83,13 +83,7 @@ class _Processes:
 
     def stop_all(self, timeout_s: float = 20.0) -> None:
         for _name, proc in reversed(self.children):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=timeout_s)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            terminate(proc, timeout_s)
         self.children.clear()
 
 

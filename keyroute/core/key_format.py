@@ -12,6 +12,8 @@ import re
 import uuid
 from dataclasses import dataclass
 
+from keyroute.core.partitioner import parse_choice
+
 # Explicit [0-9] rather than \d, which in str patterns also matches non-ASCII digits such as '٣'.
 _DECIMAL = re.compile(r"-?[0-9]+")
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
@@ -34,11 +36,7 @@ class KeyFormat(enum.StrEnum):
     @classmethod
     def parse(cls, name: str) -> KeyFormat:
         """Read a key format name from the CLI or a config file (case-insensitive)."""
-        try:
-            return cls(name.lower())
-        except ValueError:
-            allowed = ", ".join(f.value for f in cls)
-            raise ValueError(f"unknown key format {name!r} (expected one of: {allowed})") from None
+        return parse_choice(cls, name, "key format")
 
 
 class KeyFormatError(ValueError):

@@ -19,7 +19,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Container, Iterable, Mapping
 from itertools import zip_longest
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -143,16 +143,19 @@ def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
 def labelled_counter(
     name: str, documentation: str, labels: list[str], samples: Iterable[tuple[list[str], float]]
 ) -> CounterMetricFamily:
-    family = CounterMetricFamily(name, documentation, labels=labels)
-    for values, value in samples:
-        family.add_metric(values, value)
-    return family
+    return _labelled(CounterMetricFamily(name, documentation, labels=labels), samples)
 
 
 def labelled_gauge(
     name: str, documentation: str, labels: list[str], samples: Iterable[tuple[list[str], float]]
 ) -> GaugeMetricFamily:
-    family = GaugeMetricFamily(name, documentation, labels=labels)
+    return _labelled(GaugeMetricFamily(name, documentation, labels=labels), samples)
+
+
+_Family = TypeVar("_Family", CounterMetricFamily, GaugeMetricFamily)
+
+
+def _labelled(family: _Family, samples: Iterable[tuple[list[str], float]]) -> _Family:
     for values, value in samples:
         family.add_metric(values, value)
     return family

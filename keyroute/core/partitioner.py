@@ -9,6 +9,7 @@ import enum
 import struct
 import zlib
 from collections.abc import Iterable
+from typing import TypeVar
 
 _MASK32 = 0xFFFFFFFF
 _SIGN32 = 0x80000000
@@ -27,6 +28,19 @@ _LE_WORD = struct.Struct("<I")
 _LE_WORDS = tuple(struct.Struct(f"<{n}I") for n in range(17))  # 0 to 16 words
 
 
+_Choice = TypeVar("_Choice", bound=enum.StrEnum)
+
+
+def parse_choice(choices: type[_Choice], name: str, what: str) -> _Choice:
+    """One of a string enum's values, read case-insensitively from the CLI or a config file; ValueError naming
+    `what` and the allowed values otherwise."""
+    try:
+        return choices(name.lower())
+    except ValueError:
+        allowed = ", ".join(choice.value for choice in choices)
+        raise ValueError(f"unknown {what} {name!r} (expected one of: {allowed})") from None
+
+
 class Partitioner(enum.StrEnum):
     """The hash function (and its sign handling) that the producer placed keys with."""
 
@@ -37,11 +51,7 @@ class Partitioner(enum.StrEnum):
     @classmethod
     def parse(cls, name: str) -> Partitioner:
         """Read a partitioner name from the CLI or a config file (case-insensitive)."""
-        try:
-            return cls(name.lower())
-        except ValueError:
-            allowed = ", ".join(p.value for p in cls)
-            raise ValueError(f"unknown partitioner {name!r} (expected one of: {allowed})") from None
+        return parse_choice(cls, name, "partitioner")
 
 
 def _signed32(value: int) -> int:

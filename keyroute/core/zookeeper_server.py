@@ -152,6 +152,18 @@ def four_letter_word(host: str, port: int, word: str, timeout_s: float = 1.0) ->
     return b"".join(chunks).decode("utf-8", "replace")
 
 
+def terminate(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """Stop a child process: SIGTERM, then SIGKILL if it has not exited within `timeout_s`; reaped either way."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def is_serving(host: str, port: int) -> bool:
     try:
         return "Mode:" in four_letter_word(host, port, "srvr")
@@ -196,14 +208,8 @@ class EmbeddedZooKeeper:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc is not None:
+            terminate(proc, timeout_s)
 
     def __enter__(self) -> EmbeddedZooKeeper:
         return self.start() if self.process is None else self
