@@ -28,8 +28,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from keyroute.core.logs import acceptable_request_id, new_request_id
+from keyroute.core.metrics import SERVER_REFUSALS
 from keyroute.http import Exchange, HttpServer, Request, ServerLimits, run
-from keyroute.http.admission import SERVER_REFUSALS
 from tests.util import serve_in_thread, wait_until
 
 # New request ids are keyroute.core.logs's: this process's prefix and a counter.
