@@ -509,13 +509,22 @@ def test_only_a_request_whose_body_is_still_coming_has_a_body_timer(arun: Any) -
 
 def test_no_body_timeout_with_0(arun: Any) -> None:
     async def scenario() -> None:
-        async with serving(Plane(), body_timeout_s=0) as server, connect(server.port) as (reader, writer):
-            writer.write(get("/stores/slow", "Content-Length: 4", method="POST") + b"ab")
+        # The keep-alive timeout is the test's clock: a connection opened once the slow body's head is read
+        # is closed as idle after it, while the slow body is still waited for.
+        limits = {"body_timeout_s": 0, "keep_alive_timeout_s": 0.3}
+        async with serving(Plane(), **limits) as server, connect(server.port) as (reader, writer):
+            writer.write(get("/stores/slow", "Content-Length: 4", "Expect: 100-continue", method="POST") + b"ab")
+            # The interim answer leaves at the end of the read that brought the head, when a body timer would
+            # have been armed.
+            interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), IO_TIMEOUT_S)
+            assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
             (conn,) = await _connections(server)
-            await asyncio.sleep(0.3)
+            async with connect(server.port) as (idle_reader, _):
+                assert await closed_by_server(idle_reader)
             assert conn._body_timer is None
             writer.write(b"cd")
             assert (await read_answer(reader)).body == b"POST /stores/slow abcd"
+        assert server.refusals == {}
 
     arun(scenario())
 
@@ -529,13 +538,17 @@ def test_the_body_timeout_does_not_run_while_the_server_has_paused_reading(arun:
             writer.write(get("/stores/hold") + get("/stores/body", "Content-Length: 2", method="POST"))
             await wait_until(lambda: plane.held, message="the first request held")
             (conn,) = await _connections(server)
-            await asyncio.sleep(0.4)  # twice the body timeout, all of it with reading paused
+            # A body late on another connection, whose clock starts after this one's head was read, runs out
+            # of time: had this connection's clock run while reading was paused, it would have run out first.
+            async with connect(server.port) as (late_reader, late_writer):
+                late_writer.write(get("/stores/late", "Content-Length: 2", method="POST"))
+                assert (await read_answer(late_reader)).status == 408
             assert conn._read_paused and conn._body_timer is None
             plane.held[0].answer(200, [], b"first")
             assert (await read_answer(reader)).body == b"first"
             writer.write(b"ok")  # reading resumed: the body has its whole time again
             assert (await read_answer(reader)).body == b"POST /stores/body ok"
-        assert server.refusals == {}
+        assert server.refusals == {"body_timeout": 1}  # the late connection's only
 
     arun(scenario())
 
@@ -681,7 +694,7 @@ def test_answers_that_are_not_refusals_are_not_reported(arun: Any, caplog: pytes
         finally:
             await server.stop()
 
-    with caplog.at_level(logging.ERROR, logger="keyroute.http.server"):
+    with caplog.at_level(logging.ERROR, logger="keyroute.http"):
         arun(scenario())
     assert reported == []
 
@@ -705,7 +718,10 @@ def test_an_on_refusal_that_raises_is_logged_and_the_refusal_still_answered(
 
     with caplog.at_level(logging.ERROR, logger="keyroute.http.server"):
         arun(scenario())
-    assert any(r.exc_info and "cannot count headers_too_large" in str(r.exc_info[1]) for r in caplog.records)
+    assert any(
+        r.name == "keyroute.http.server" and r.exc_info and "cannot count headers_too_large" in str(r.exc_info[1])
+        for r in caplog.records
+    )
 
 
 # -- failures --------------------------------------------------------------------------------------------
@@ -724,9 +740,10 @@ def test_a_handler_that_raises_is_a_logged_500_and_the_connection_goes_on(
             writer.write(get("/stores/next"))
             assert (await read_answer(reader)).body == b"GET /stores/next "
 
-    with caplog.at_level(logging.ERROR, logger="keyroute.http.server"):
+    with caplog.at_level(logging.ERROR, logger="keyroute.http.protocol"):
         arun(scenario())
     failures = [r for r in caplog.records if r.exc_info and "secret detail" in str(r.exc_info[1])]
+    assert [r.name for r in failures] == ["keyroute.http.protocol"]
     assert len(failures) == 1
 
 
@@ -890,9 +907,11 @@ def test_an_app_that_raises_before_answering_is_a_500_and_the_connection_goes_on
             writer.write(get("/fine"))
             assert (await read_answer(reader)).body == b"fine"
 
-    with caplog.at_level(logging.ERROR, logger="keyroute.http.server"):
+    with caplog.at_level(logging.ERROR, logger="keyroute.http.asgi"):
         arun(scenario())
-    assert any(r.exc_info and "app secret" in str(r.exc_info[1]) for r in caplog.records)
+    assert any(
+        r.name == "keyroute.http.asgi" and r.exc_info and "app secret" in str(r.exc_info[1]) for r in caplog.records
+    )
 
 
 def test_a_starlette_route_that_raises_is_a_500_and_is_logged(arun: Any, caplog: pytest.LogCaptureFixture) -> None:
@@ -904,9 +923,12 @@ def test_a_starlette_route_that_raises_is_a_500_and_is_logged(arun: Any, caplog:
             writer.write(get("/stores/next"))
             assert (await read_answer(reader)).status == 200
 
-    with caplog.at_level(logging.ERROR, logger="keyroute.http.server"):
+    with caplog.at_level(logging.ERROR, logger="keyroute.http.asgi"):
         arun(scenario())
-    assert any(r.exc_info and "a route that fails" in str(r.exc_info[1]) for r in caplog.records)
+    assert any(
+        r.name == "keyroute.http.asgi" and r.exc_info and "a route that fails" in str(r.exc_info[1])
+        for r in caplog.records
+    )
 
 
 def test_an_app_that_raises_after_its_answer_started_closes_the_connection(
@@ -920,9 +942,12 @@ def test_an_app_that_raises_after_its_answer_started_closes_the_connection(
             rest = await asyncio.wait_for(reader.read(), IO_TIMEOUT_S)  # until the server closes
             assert rest.startswith(b"6\r\nfirst;\r\n") and not rest.endswith(b"0\r\n\r\n")
 
-    with caplog.at_level(logging.ERROR, logger="keyroute.http.server"):
+    with caplog.at_level(logging.ERROR, logger="keyroute.http.asgi"):
         arun(scenario())
-    assert any(r.exc_info and "the stream broke" in str(r.exc_info[1]) for r in caplog.records)
+    assert any(
+        r.name == "keyroute.http.asgi" and r.exc_info and "the stream broke" in str(r.exc_info[1])
+        for r in caplog.records
+    )
 
 
 def test_the_lifespan_state_reaches_the_data_plane_factory_and_the_requests(arun: Any) -> None:
@@ -1167,9 +1192,9 @@ def test_an_answer_that_cannot_be_encoded_is_a_500(arun: Any, caplog: pytest.Log
             writer.write(get("/stores/next"))
             assert (await read_answer(reader)).status == 200
 
-    with caplog.at_level(logging.ERROR, logger="keyroute.http.server"):
+    with caplog.at_level(logging.ERROR, logger="keyroute.http.protocol"):
         arun(scenario())
-    assert any(r.exc_info for r in caplog.records)
+    assert any(r.name == "keyroute.http.protocol" and r.exc_info for r in caplog.records)
 
 
 def test_an_absolute_form_target_is_split_into_path_and_query(arun: Any) -> None:
@@ -1214,9 +1239,10 @@ def test_an_invalid_response_header_or_no_answer_at_all_is_a_500(arun: Any, capl
             assert empty.status == 204 and empty.header("content-length") is None
             assert NEW_ID.match(empty.header("x-request-id") or "")
 
-    with caplog.at_level(logging.ERROR, logger="keyroute.http.server"):
+    with caplog.at_level(logging.ERROR, logger="keyroute.http.asgi"):
         arun(scenario())
-    assert len([r for r in caplog.records if r.levelno >= logging.ERROR]) == 2
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 2 and {r.name for r in errors} == {"keyroute.http.asgi"}
 
 
 def test_receive_gives_the_body_then_the_disconnect(arun: Any) -> None:
@@ -1251,6 +1277,6 @@ def test_a_failing_lifespan_shutdown_is_logged_and_stop_returns(arun: Any, caplo
         await server.start(port=0)
         await server.stop()
 
-    with caplog.at_level(logging.ERROR, logger="keyroute.http.server"):
+    with caplog.at_level(logging.ERROR, logger="keyroute.http.lifespan"):
         arun(scenario())
-    assert any("shutdown trouble" in r.getMessage() for r in caplog.records)
+    assert any(r.name == "keyroute.http.lifespan" and "shutdown trouble" in r.getMessage() for r in caplog.records)
