@@ -3,7 +3,8 @@ order, under the server's limits and flow control. A data-plane request is hande
 `Exchange` straight from the parser's callbacks (no ASGI, no task); any other runs the ASGI app
 (keyroute.http.asgi).
 
-Behaviour contract (tests/unit/http/test_protocol.py checks it over real sockets, the single write aside):
+Behaviour contract (checked over real sockets by tests/unit/http/test_protocol.py, the ASGI rows by test_asgi.py
+and the stop by test_server.py; the single write aside):
 
 =====================================  =========================================================================
 Request / event                        Answer
