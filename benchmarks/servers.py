@@ -1,6 +1,7 @@
 """What serving a key read costs on each data-plane server keyroute could run on: ours, granian's, uvicorn.
 
-Run from the repository root: `.venv/bin/python benchmarks/servers.py [--rounds 5] [--duration-s 5] [--write]`.
+Run from the repository root: `.venv/bin/python benchmarks/servers.py [--rounds 5] [--duration-s 5] [--only a,c]
+[--write]`.
 It installs wrk with apt-get when missing (benchmarks/router.py's `ensure_tools`) and granian into the venv
 with pip when missing (for this benchmark only: granian is no dependency of keyroute), then starts, on
 127.0.0.1, one process per server, every one answering `GET /stores/s/keys/<k>` with the same fixed answer
@@ -17,8 +18,9 @@ machine noise spreads over all of them): wrk -t1 -c32 (keep-alive) for --duratio
 the CPU seconds of the server's process tree (user + system, from /proc) per request are the cost of
 serving; then wrk -t1 -c1 for the p50 latency of one request at a time. The figures are medians over the
 rounds; the ratio is to (a). Every process started is stopped at the end, on errors and Ctrl-C too.
---write replaces (or adds) the section "## Data-plane server (benchmarks/servers.py)" in
-benchmarks/RESULTS.md.
+--only measures some of the servers (say `a,c`: ours against uvicorn, without installing granian; (a) is
+always measured, as the ratios' base). --write (all four servers only) replaces (or adds) the section
+"## Data-plane server (benchmarks/servers.py)" in benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -109,7 +111,12 @@ def ensure_granian() -> None:
 
 
 def versions() -> dict[str, str]:
-    return {name: importlib.metadata.version(name) for name in ("granian", "uvicorn", "httptools", "uvloop")}
+    """Installed versions of the servers' packages (granian only when installed)."""
+    found = {}
+    for name in ("granian", "uvicorn", "httptools", "uvloop"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            found[name] = importlib.metadata.version(name)
+    return found
 
 
 def wrk_version(wrk: str) -> str:
@@ -214,30 +221,43 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="rounds (default: 5)")
     parser.add_argument("--duration-s", type=float, default=5.0, help="seconds per wrk run (default: 5)")
+    parser.add_argument(
+        "--only",
+        default=",".join(s.label for s in SERVERS),
+        help="the servers to measure, by label, comma-separated (default: all; (a) is always measured)",
+    )
     parser.add_argument("--write", action="store_true", help="record the figures in benchmarks/RESULTS.md")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.duration_s <= 0:
         parser.error("--rounds must be >= 1 and --duration-s > 0")
+    labels = {label.strip() for label in args.only.split(",") if label.strip()} | {SERVERS[0].label}
+    unknown = labels - {s.label for s in SERVERS}
+    if unknown:
+        parser.error(f"--only: no server labelled {', '.join(sorted(unknown))}")
+    servers = tuple(s for s in SERVERS if s.label in labels)
+    if args.write and servers != SERVERS:
+        parser.error("--write records all four servers: drop --only")
 
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
     started = time.monotonic()
     wrk, _nginx = bench.ensure_tools()
-    ensure_granian()
+    if any(s.mode.startswith("granian") for s in servers):
+        ensure_granian()
     work = Path(tempfile.mkdtemp(prefix="keyroute-servers-bench-"))
     script = work / "keyroute.lua"
     script.write_text(bench.WRK_SCRIPT)
     paths = work / "paths.txt"
     paths.write_text("".join(f"/stores/s/keys/{bench.key_text(i)}\n" for i in range(KEYS)))
     load_before = os.getloadavg()[0]
-    measured = {server.mode: Measured() for server in SERVERS}
+    measured = {server.mode: Measured() for server in servers}
     services: list[bench.Service] = []
     try:
-        for server in SERVERS:
+        for server in servers:
             services.append(start(server, work))
         by_mode = {service.name: service for service in services}
         bench.wait_until(lambda: all(bench._listening(s.url) for s in services), 60, "every server to listen", services)
-        for server in SERVERS:
+        for server in servers:
             service = by_mode[server.mode]
             measured[server.mode].answer_bytes = check_answer(server, service.url)
             measure(wrk, script, paths, service, SATURATION_CONNECTIONS, 1, 1)  # warm up
@@ -247,10 +267,10 @@ def main(argv: list[str] | None = None) -> int:
                 if os.path.isdir(f"/proc/{pid}/task")
             )
         for round_index in range(args.rounds):
-            order = SERVERS[round_index % len(SERVERS) :] + SERVERS[: round_index % len(SERVERS)]
+            order = servers[round_index % len(servers) :] + servers[: round_index % len(servers)]
             for server in order:
                 service = by_mode[server.mode]
-                seed = 1 + round_index * 100 + SERVERS.index(server)
+                seed = 1 + round_index * 100 + servers.index(server)
                 figures = measured[server.mode]
                 figures.saturated.append(
                     measure(wrk, script, paths, service, SATURATION_CONNECTIONS, args.duration_s, seed)
@@ -259,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"round {round_index + 1}/{args.rounds}: "
                 + ", ".join(
-                    f"{s.label} {measured[s.mode].cpu_us(measured[s.mode].saturated[-1:]):.1f} µs" for s in SERVERS
+                    f"{s.label} {measured[s.mode].cpu_us(measured[s.mode].saturated[-1:]):.1f} µs" for s in servers
                 ),
                 file=sys.stderr,
                 flush=True,
@@ -268,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         stop_all(services)
         shutil.rmtree(work, ignore_errors=True)
     load = f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after"
-    text = section(measured, args, bench._command(argv), wrk_version(wrk), load)
+    text = section(servers, measured, args, bench._command(argv), wrk_version(wrk), load)
     print(text)
     print(f"took {time.monotonic() - started:.0f} s", file=sys.stderr)
     if args.write:
@@ -279,7 +299,14 @@ def main(argv: list[str] | None = None) -> int:
 # -- the report ------------------------------------------------------------------------------------------------
 
 
-def section(measured: dict[str, Measured], args: argparse.Namespace, command: str, wrk: str, load: str) -> str:
+def section(
+    servers: tuple[Server, ...],
+    measured: dict[str, Measured],
+    args: argparse.Namespace,
+    command: str,
+    wrk: str,
+    load: str,
+) -> str:
     v = versions()
     base = measured[SERVERS[0].mode]
     base_cpu = base.cpu_us(base.saturated)
@@ -288,8 +315,9 @@ def section(measured: dict[str, Measured], args: argparse.Namespace, command: st
         SECTION,
         "",
         f"`{command}` on {datetime.date.today().isoformat()}. Machine: {platform.platform()}, {os.cpu_count()} CPUs,"
-        f" Python {platform.python_version()}; granian {v['granian']}, uvicorn {v['uvicorn']}, httptools"
-        f" {v['httptools']}, uvloop {v['uvloop']}, wrk {wrk}; load average {load} (other work ran on the machine).",
+        f" Python {platform.python_version()}; granian {v.get('granian', 'not installed')}, uvicorn {v['uvicorn']},"
+        f" httptools {v['httptools']}, uvloop {v['uvloop']}, wrk {wrk}; load average {load} (other work ran on the"
+        " machine).",
         "",
         "Every server answers `GET /stores/s/keys/<k>` on 127.0.0.1 with the same fixed answer"
         " (benchmarks/baselines/servers_answer.py: 120-byte JSON body, content-type and five x-keyroute-*"
@@ -304,7 +332,7 @@ def section(measured: dict[str, Measured], args: argparse.Namespace, command: st
         " | CPU µs/request (c1) | answer bytes | threads | errors |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for server in SERVERS:
+    for server in servers:
         m = measured[server.mode]
         cpu, p50 = m.cpu_us(m.saturated), m.p50_us(m.single)
         lines.append(
@@ -313,7 +341,9 @@ def section(measured: dict[str, Measured], args: argparse.Namespace, command: st
             f" | {m.cpu_us(m.single):.1f}"
             f" | {m.answer_bytes} | {m.threads} | {m.errors()} |"
         )
-    lines += ["", *reading(measured), ""]
+    if servers == SERVERS:
+        lines += ["", *reading(measured)]
+    lines.append("")
     return "\n".join(lines)
 
 

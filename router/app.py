@@ -33,7 +33,7 @@ from keyroute.core.security import ClusterAuth
 from keyroute.core.settings import RouterSettings
 from keyroute.core.zk import ZkAccessError, ZkUnavailableError
 from keyroute.http.admission import RequestGuard
-from keyroute.http.server import StartupError
+from keyroute.http.lifespan import StartupError
 from keyroute.router import ui
 from keyroute.router.fast_upstream import FastUpstream
 from keyroute.router.limits import admission

@@ -42,7 +42,7 @@ from keyroute.router.ranges import read_range
 from keyroute.router.upstream import UpstreamResponse
 
 if TYPE_CHECKING:
-    from keyroute.http.server import Exchange
+    from keyroute.http.exchange import Exchange
 
 log = logging.getLogger(__name__)
 

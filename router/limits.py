@@ -9,7 +9,7 @@ import sys
 from keyroute.core.security import BearerAuth
 from keyroute.core.settings import RouterSettings
 from keyroute.http.admission import Admission
-from keyroute.http.server import ServerLimits
+from keyroute.http.exchange import ServerLimits
 
 
 def protected_paths(settings: RouterSettings) -> tuple[str, ...]:

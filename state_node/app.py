@@ -33,7 +33,7 @@ from keyroute.core.partition_map import Assignment, PartitionMap
 from keyroute.core.security import BearerAuth, ClusterAuth
 from keyroute.core.settings import NodeSettings
 from keyroute.http.admission import Admission, RequestGuard
-from keyroute.http.server import StartupError
+from keyroute.http.lifespan import StartupError
 from keyroute.state_node.controller import Controller
 from keyroute.state_node.metrics import NodeMetrics
 from keyroute.state_node.ownership import Ownership

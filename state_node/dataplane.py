@@ -34,8 +34,8 @@ from keyroute.core.api import (
 from keyroute.core.logs import bind_request_id
 from keyroute.core.metrics import KIND_BATCH, KIND_KEY, KIND_RANGE, KIND_TIMELINE
 from keyroute.http.admission import Admission
+from keyroute.http.exchange import Answer, Exchange, Request
 from keyroute.http.forwarding import parse_batch_request
-from keyroute.http.server import Answer, Exchange, Request
 from keyroute.state_node.app import Node
 from keyroute.state_node.ranges import read_partition_range
 from keyroute.state_node.reads import (

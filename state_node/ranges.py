@@ -33,7 +33,7 @@ from keyroute.core.ranges import (
     scan_segments,
 )
 from keyroute.core.timeline import escape_key
-from keyroute.http.server import Answer
+from keyroute.http.exchange import Answer
 from keyroute.state_node.reads import RETRY_AFTER_S, find_store
 
 if TYPE_CHECKING:

@@ -60,6 +60,7 @@ from keyroute.core.timeline import (
     parse_query,
     read_cursor,
 )
+from keyroute.http.exchange import Answer
 from keyroute.http.forwarding import (
     OffsetBounds,
     batch_body,
@@ -72,7 +73,6 @@ from keyroute.http.forwarding import (
     passthrough_headers,
     results_body,
 )
-from keyroute.http.server import Answer
 
 if TYPE_CHECKING:
     from keyroute.state_node.app import Node

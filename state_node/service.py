@@ -19,7 +19,9 @@ from contextlib import contextmanager
 
 from keyroute.core.settings import NodeSettings
 from keyroute.http.admission import Admission
-from keyroute.http.server import ASGIApp, HttpServer, ServerLimits
+from keyroute.http.asgi import ASGIApp
+from keyroute.http.exchange import ServerLimits
+from keyroute.http.server import HttpServer
 from keyroute.http.server import run as serve
 from keyroute.state_node.app import Node, create_app
 from keyroute.state_node.dataplane import NodeDataPlane

@@ -16,7 +16,8 @@ from keyroute.core.partition_map import Assignment, NodeRecord, PartitionMap, Se
 from keyroute.core.partitioner import Partitioner
 from keyroute.core.settings import AccessSettings, NodeSettings, RequestLimits
 from keyroute.http.admission import Admission
-from keyroute.http.server import HttpServer, ServerLimits
+from keyroute.http.exchange import ServerLimits
+from keyroute.http.server import HttpServer
 from keyroute.state_node.app import Node, create_app
 from keyroute.state_node.dataplane import NodeDataPlane
 from keyroute.state_node.ownership import Readiness

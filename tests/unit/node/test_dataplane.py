@@ -15,7 +15,7 @@ import pytest
 
 import keyroute.state_node.dataplane
 from keyroute.core.settings import RequestLimits
-from keyroute.http.server import ServerLimits
+from keyroute.http.exchange import ServerLimits
 from keyroute.state_node.dataplane import NodeDataPlane
 from keyroute.state_node.reads import read_key
 from tests.unit.node.fakes import (

@@ -23,7 +23,8 @@ from keyroute.core.security import member_token
 from keyroute.core.settings import AccessSettings, RequestLimits, RouterSettings
 from keyroute.core.zk import ZkAccessError, ZkUnavailableError
 from keyroute.http.admission import RequestGuard
-from keyroute.http.server import HttpServer, StartupError
+from keyroute.http.lifespan import StartupError
+from keyroute.http.server import HttpServer
 from keyroute.router import app as router_app
 from keyroute.router import service
 from keyroute.router.app import create_app

@@ -23,7 +23,8 @@ from starlette.routing import Route
 
 from keyroute.core.api import KeyNotFound
 from keyroute.http.admission import Admission
-from keyroute.http.server import Exchange, HttpServer, ServerLimits
+from keyroute.http.exchange import Exchange, ServerLimits
+from keyroute.http.server import HttpServer
 from keyroute.router.dataplane import RouterDataPlane
 from keyroute.router.metrics import RouterMetrics
 from keyroute.router.upstream import UpstreamResponse

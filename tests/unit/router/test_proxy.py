@@ -34,7 +34,8 @@ from keyroute.core.api import (
 from keyroute.core.key_format import KeyFormat
 from keyroute.core.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord
 from keyroute.core.partitioner import Partitioner, partition_for
-from keyroute.http.server import HttpServer, ServerLimits
+from keyroute.http.exchange import ServerLimits
+from keyroute.http.server import HttpServer
 from keyroute.router.backoff import NodeBackoff
 from keyroute.router.fast_upstream import FastUpstream
 from keyroute.router.proxy import Proxy

@@ -1,0 +1,142 @@
+"""What a data plane sees of a request (`Request`, `Exchange`, the `DataPlane` protocol, `ServerLimits`), and
+`Slot`: the place every request holds in its connection's answer order, which `Exchange` extends."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Protocol
+
+from keyroute.core.api import DEFAULT_BODY_TIMEOUT_S
+from keyroute.http.wire import CLOSE, encode
+
+if TYPE_CHECKING:
+    from keyroute.http.protocol import Connection
+
+# A data plane's answer as a value: status, headers, body.
+Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServerLimits:
+    max_header_bytes: int = 16384  # request line + headers beyond this: 431 JSON error, connection closed
+    max_body_bytes: int = 1048576  # a larger body (by content-length or as it arrives): 413 JSON, closed
+    keep_alive_timeout_s: float = 5.0  # idle connections closed after this (one timer per connection)
+    max_pipelined: int = 32  # parsed-but-unanswered requests per connection before reading pauses
+    # A request whose head is complete must have its whole body within this long (0: no limit): else 408
+    # JSON, closed. Time during which the server has paused reading does not count.
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+
+
+class Request:
+    """A data-plane request, built by the server once its head is parsed (`body` once it is complete)."""
+
+    __slots__ = ("method", "path", "query", "target_bytes", "headers", "body", "request_id", "http_version")
+
+    def __init__(
+        self,
+        method: str,
+        path: bytes,
+        query: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        request_id: str,
+        http_version: str,
+    ) -> None:
+        self.method = method
+        self.path = path  # raw, still percent-encoded, without the query
+        self.query = query  # raw, without '?'
+        self.target_bytes = len(path) + len(query)
+        self.headers = headers  # lower-case names, in order received
+        self.body = body
+        self.request_id = request_id
+        self.http_version = http_version
+
+    def header(self, name: bytes) -> bytes | None:
+        """The first value of header `name` (lower case), None when absent."""
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
+
+    def __repr__(self) -> str:
+        return f"Request({self.method} {self.path!r} id={self.request_id})"
+
+
+class Slot:
+    """One request's place in its connection's answer order (pipelining): what it has written while an
+    earlier request was still unanswered waits in `_held`. Its connection (keyroute.http.protocol) reads
+    and sets its underscore attributes; nothing outside keyroute.http does."""
+
+    __slots__ = ("_conn", "_held", "_done", "_gone", "_keep_alive", "_head", "_rid", "_connection")
+
+    def __init__(self, conn: Connection, rid: bytes, keep_alive: bool, connection: bytes, head: bool) -> None:
+        self._conn = conn
+        self._held: list[bytes] | None = None
+        self._done = False  # its whole answer has been given
+        self._gone = False  # the client left, or the connection closes before this answer
+        self._keep_alive = keep_alive
+        self._connection = connection  # the `connection` header line its answer carries (b"" for none)
+        self._head = head  # a HEAD request: answered without a body
+        self._rid = rid
+
+    def _lost(self) -> None:
+        self._gone = True
+
+
+class Exchange(Slot):
+    """One data-plane request and its answer slot: `answer` once, now or later, on the loop's thread."""
+
+    __slots__ = ("request",)
+
+    def __init__(
+        self, conn: Connection, request: Request, rid: bytes, keep_alive: bool, connection: bytes, head: bool
+    ) -> None:
+        # Slot.__init__, inline: one exchange per data-plane request.
+        self._conn = conn
+        self._held = None
+        self._done = False
+        self._gone = False
+        self._keep_alive = keep_alive
+        self._connection = connection
+        self._head = head
+        self._rid = rid
+        self.request = request
+
+    def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """Answer once, now or later (from any callback on the event loop's thread). Later calls are
+        ignored. Nothing is written when the client has gone. The server appends content-length, date,
+        `x-request-id: request.request_id` unless the headers already carry x-request-id, and `connection`
+        as keep-alive needs; a HEAD answer is written without its body."""
+        if self._done:
+            return
+        if self._gone:
+            self._done = True
+            return
+        conn = self._conn
+        if conn._stopping and conn._queue and conn._queue[-1] is self:
+            self._keep_alive = False
+            self._connection = CLOSE
+        data = encode(status, headers, body, self._rid, self._connection, self._head)
+        self._done = True  # only now: an answer that fails to encode leaves the exchange unanswered (500)
+        conn._complete(self, data)
+
+    @property
+    def gone(self) -> bool:
+        """The client closed the connection before the answer."""
+        return self._gone
+
+    def __repr__(self) -> str:
+        return f"Exchange({self.request!r}, done={self._done}, gone={self._gone})"
+
+
+class DataPlane(Protocol):
+    def accepts(self, method: str, path: bytes) -> bool:
+        """Whether the request with this method and raw path is the data plane's (called as soon as the
+        request head is parsed; cheap). Everything else goes to the ASGI app."""
+        ...
+
+    def handle(self, exchange: Exchange) -> None:
+        """Answer the exchange, now or later. Should not raise; if it does, the server logs the traceback
+        and answers 500 {"error": "internal_error", "message": "internal error"} (never a traceback to the
+        client)."""
+        ...

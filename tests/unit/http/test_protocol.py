@@ -1,0 +1,553 @@
+"""keyroute.http.protocol over real sockets on 127.0.0.1: the behaviour contract in the module's docstring, on
+asyncio's own event loop and on uvloop. The server runs in the test's event loop; the client speaks raw bytes
+over asyncio streams."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from typing import Any
+
+import pytest
+
+from keyroute.core.logs import acceptable_request_id
+from tests.unit.http.harness import (
+    IO_TIMEOUT_S,
+    NEW_ID,
+    Plane,
+    closed_by_server,
+    connect,
+    connections,
+    exchange,
+    get,
+    read_answer,
+    serving,
+)
+from tests.util import wait_until
+
+# -- keep-alive and connection handling --------------------------------------------------------------------
+
+
+def test_http11_keeps_the_connection_alive_and_every_answer_has_date_and_a_request_id(arun: Any) -> None:
+    async def scenario() -> None:
+        plane = Plane()
+        async with serving(plane) as server, connect(server.port) as (reader, writer):
+            ids = []
+            for path in ("/stores/a", "/stores/b"):
+                writer.write(get(path))
+                answer = await read_answer(reader)
+                assert answer.status == 200 and answer.body == f"GET {path} ".encode()
+                assert answer.header("connection") is None
+                assert answer.header("server") is None
+                assert (answer.header("date") or "").endswith(" GMT")
+                assert answer.header("content-length") == str(len(answer.body))
+                ids.append(answer.header("x-request-id"))
+            assert all(NEW_ID.match(i or "") for i in ids) and ids[0] != ids[1]
+            assert [r.request_id for r in plane.handled] == ids
+
+    arun(scenario())
+
+
+def test_the_request_carries_raw_path_query_headers_and_version(arun: Any) -> None:
+    async def scenario() -> None:
+        plane = Plane()
+        async with serving(plane) as server:
+            await exchange(server.port, get("/stores/k%2Fx?a=1&b", "X-Thing: One", "x-thing: two", version="1.0"))
+        (request,) = plane.handled
+        assert (request.method, request.path, request.query) == ("GET", b"/stores/k%2Fx", b"a=1&b")
+        assert request.target_bytes == len(b"/stores/k%2Fx") + len(b"a=1&b")
+        assert request.http_version == "1.0"
+        assert request.header(b"x-thing") == b"One"
+        assert (b"x-thing", b"two") in request.headers and request.header(b"absent") is None
+
+    arun(scenario())
+
+
+def test_http10_without_keep_alive_is_closed_after_the_answer(arun: Any) -> None:
+    async def scenario() -> None:
+        async with serving(Plane()) as server, connect(server.port) as (reader, writer):
+            writer.write(get("/stores/a", version="1.0"))
+            answer = await read_answer(reader)
+            assert answer.status == 200 and answer.header("connection") == "close"
+            assert await closed_by_server(reader)
+
+    arun(scenario())
+
+
+def test_http10_with_keep_alive_stays_open_and_says_so(arun: Any) -> None:
+    async def scenario() -> None:
+        async with serving(Plane()) as server, connect(server.port) as (reader, writer):
+            for path in ("/stores/a", "/hello"):  # the data plane, then the ASGI app
+                writer.write(get(path, "Connection: keep-alive", version="1.0"))
+                answer = await read_answer(reader)
+                assert answer.status == 200 and answer.header("connection") == "keep-alive"
+
+    arun(scenario())
+
+
+def test_connection_close_is_honoured_and_later_requests_are_not_answered(arun: Any) -> None:
+    async def scenario() -> None:
+        plane = Plane()
+        async with serving(plane) as server, connect(server.port) as (reader, writer):
+            writer.write(get("/stores/a", "Connection: close") + get("/stores/b"))
+            answer = await read_answer(reader)
+            assert answer.body == b"GET /stores/a " and answer.header("connection") == "close"
+            assert await closed_by_server(reader)
+        assert [r.path for r in plane.handled] == [b"/stores/a"]
+
+    arun(scenario())
+
+
+def test_pipelined_answers_leave_in_request_order_whatever_order_they_are_given_in(arun: Any) -> None:
+    async def scenario() -> None:
+        plane = Plane()
+        async with serving(plane) as server, connect(server.port) as (reader, writer):
+            writer.write(get("/stores/hold") + get("/stores/b") + get("/hello") + get("/stores/c"))
+            await wait_until(lambda: len(plane.handled) == 3, message="three data-plane requests handled")
+            # /stores/b and /stores/c are answered already; the ASGI request waits its turn.
+            (first,) = plane.held
+            first.answer(200, [], b"first")
+            answers = [await read_answer(reader) for _ in range(4)]
+            assert [a.body for a in answers[:2]] == [b"first", b"GET /stores/b "]
+            assert answers[2].json()["hello"] == "world"
+            assert answers[3].body == b"GET /stores/c "
+
+    arun(scenario())
+
+
+def test_reading_pauses_at_max_pipelined_and_resumes_without_losing_requests(arun: Any) -> None:
+    async def scenario() -> None:
+        plane = Plane()
+        async with serving(plane, max_pipelined=2) as server, connect(server.port) as (reader, writer):
+            for index in range(6):
+                writer.write(get(f"/stores/hold{index}"))
+                await writer.drain()
+            await wait_until(lambda: len(plane.held) >= 2, message="two requests held")
+            answered = 0
+            while answered < 6:
+                await wait_until(lambda n=answered: len(plane.held) > n, message=f"request {answered} handled")
+                plane.held[answered].answer(200, [], b"%d" % answered)
+                assert (await read_answer(reader)).body == b"%d" % answered
+                answered += 1
+
+    arun(scenario())
+
+
+def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(arun: Any) -> None:
+    async def scenario() -> None:
+        async with serving(Plane(), keep_alive_timeout_s=0.2) as server, connect(server.port) as (reader, writer):
+            writer.write(get("/stores/a"))
+            assert (await read_answer(reader)).status == 200
+            answered = time.monotonic()
+            assert await closed_by_server(reader)
+            assert time.monotonic() - answered >= 0.15
+
+    arun(scenario())
+
+
+def test_a_request_waiting_for_its_answer_is_not_timed_out(arun: Any) -> None:
+    async def scenario() -> None:
+        plane = Plane()
+        async with serving(plane, keep_alive_timeout_s=0.1) as server, connect(server.port) as (reader, writer):
+            writer.write(get("/stores/hold"))
+            await wait_until(lambda: plane.held)
+            # Three keep-alive time-outs pass: each closes an idle connection opened after the last one closed.
+            for _ in range(3):
+                async with connect(server.port) as (idle_reader, _):
+                    assert await closed_by_server(idle_reader)
+            plane.held[0].answer(200, [], b"late")
+            assert (await read_answer(reader)).body == b"late"
+
+    arun(scenario())
+
+
+def test_answers_are_not_lost_while_the_write_buffer_is_full(arun: Any) -> None:
+    async def scenario() -> None:
+        plane = Plane()
+        plane.big = os.urandom(1 << 20)
+        total = 40
+        async with serving(plane) as server, connect(server.port) as (reader, writer):
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)  # fill the server's buffer sooner
+            # One request at a time, not reading: the server stops reading once its write buffer is full.
+            sent = 0
+            while sent < total:
+                writer.write(get("/stores/big"))
+                await writer.drain()
+                sent += 1
+                try:
+                    await wait_until(lambda n=sent: len(plane.handled) >= n, timeout_s=0.5)
+                except AssertionError:
+                    break
+            handled_before_reading = len(plane.handled)
+            assert handled_before_reading < total, "the server kept reading with a full write buffer"
+            for _ in range(total - sent):
+                writer.write(get("/stores/big"))
+            for index in range(total):
+                answer = await read_answer(reader)
+                assert answer.status == 200 and answer.body == plane.big, index
+            assert len(plane.handled) == total
+
+    arun(scenario())
+
+
+# -- bodies, Expect, HEAD ----------------------------------------------------------------------------------
+
+
+def test_expect_100_continue_is_answered_before_the_body_is_sent(arun: Any) -> None:
+    async def scenario() -> None:
+        async with serving(Plane()) as server, connect(server.port) as (reader, writer):
+            for path in ("/stores/e", "/echo"):
+                writer.write(get(path, "Content-Length: 5", "Expect: 100-continue", method="POST"))
+                interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), IO_TIMEOUT_S)
+                assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+                writer.write(b"hello")
+                answer = await read_answer(reader)
+                assert answer.status == 200 and answer.body.endswith(b"hello")
+
+    arun(scenario())
+
+
+def test_expect_100_continue_with_a_body_over_the_limit_is_refused_at_once(arun: Any) -> None:
+    async def scenario() -> None:
+        async with serving(Plane(), max_body_bytes=1000) as server, connect(server.port) as (reader, writer):
+            writer.write(get("/stores/e", "Content-Length: 1001", "Expect: 100-continue", method="POST"))
+            answer = await read_answer(reader)
+            assert answer.status == 413
+            assert answer.json() == {"error": "body_too_large", "message": "the body is larger than 1000 bytes"}
+            assert answer.header("connection") == "close" and NEW_ID.match(answer.header("x-request-id") or "")
+            assert await closed_by_server(reader)
+
+    arun(scenario())
+
+
+def test_an_unknown_expectation_is_417(arun: Any) -> None:
+    async def scenario() -> None:
+        async with serving(Plane()) as server, connect(server.port) as (reader, writer):
+            writer.write(get("/stores/e", "Content-Length: 3", "Expect: something-else", method="POST"))
+            answer = await read_answer(reader)
+            assert answer.status == 417 and answer.json()["error"] == "expectation_failed"
+            assert await closed_by_server(reader)
+
+    arun(scenario())
+
+
+def test_head_answers_have_the_body_length_and_no_body(arun: Any) -> None:
+    async def scenario() -> None:
+        async with serving(Plane()) as server, connect(server.port) as (reader, writer):
+            writer.write(get("/stores/h", method="HEAD") + get("/stores/after"))
+            head = await read_answer(reader, head=True)
+            assert head.status == 200 and head.header("content-length") == str(len(b"HEAD /stores/h "))
+            # Had the HEAD answer carried a body, this would read it as the next answer's status line.
+            assert (await read_answer(reader)).body == b"GET /stores/after "
+            writer.write(get("/hello", method="HEAD") + get("/stores/after"))
+            head = await read_answer(reader, head=True)
+            assert head.status == 200 and int(head.header("content-length") or 0) > 0
+            assert (await read_answer(reader)).body == b"GET /stores/after "
+
+    arun(scenario())
+
+
+def test_a_chunked_request_body_is_assembled(arun: Any) -> None:
+    async def scenario() -> None:
+        plane = Plane()
+        async with serving(plane) as server, connect(server.port) as (reader, writer):
+            for path in ("/stores/c", "/echo"):
+                writer.write(get(path, "Transfer-Encoding: chunked", method="POST"))
+                writer.write(b"3\r\nabc\r\n")
+                await writer.drain()
+                writer.write(b"4\r\ndefg\r\n0\r\n\r\n")
+                answer = await read_answer(reader)
+                assert answer.status == 200 and answer.body.endswith(b"abcdefg")
+        assert plane.handled[0].body == b"abcdefg"
+
+    arun(scenario())
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_a_body_over_the_limit_is_413_and_closes(arun: Any, framing: str) -> None:
+    async def scenario() -> None:
+        plane = Plane()
+        async with serving(plane, max_body_bytes=100) as server, connect(server.port) as (reader, writer):
+            if framing == "chunked":
+                writer.write(get("/stores/c", "Transfer-Encoding: chunked", method="POST") + b"65\r\n" + b"x" * 101)
+            else:
+                writer.write(get("/stores/c", "Content-Length: 101", method="POST") + b"x" * 101)
+            answer = await read_answer(reader)
+            assert answer.status == 413 and answer.json()["error"] == "body_too_large"
+            assert await closed_by_server(reader)
+        assert plane.handled == []
+
+    arun(scenario())
+
+
+@pytest.mark.parametrize("path", ["/stores/slow", "/echo"], ids=["data-plane", "asgi"])
+def test_a_body_that_does_not_arrive_in_time_is_408_and_closes(arun: Any, path: str) -> None:
+    async def scenario() -> None:
+        plane = Plane()
+        async with serving(plane, body_timeout_s=0.2) as server, connect(server.port) as (reader, writer):
+            writer.write(get(path, "Content-Length: 100", "x-request-id: slow-1", method="POST") + b"x" * 10)
+            await writer.drain()
+            sent = time.monotonic()
+            answer = await read_answer(reader)  # within IO_TIMEOUT_S: the deadline of this poll
+            waited = time.monotonic() - sent
+            assert answer.status == 408 and answer.json() == {
+                "error": "body_timeout",
+                "message": "the body did not arrive within 0.2 s",
+            }
+            assert answer.header("connection") == "close" and answer.header("x-request-id") == "slow-1"
+            assert 0.15 <= waited < IO_TIMEOUT_S
+            assert await closed_by_server(reader)
+        assert plane.handled == [] and server.refusals == {"body_timeout": 1}
+
+    arun(scenario())
+
+
+def test_only_a_request_whose_body_is_still_coming_has_a_body_timer(arun: Any) -> None:
+    async def scenario() -> None:
+        plane = Plane()
+        async with serving(plane, body_timeout_s=0.2) as server, connect(server.port) as (reader, writer):
+            (conn,) = await connections(server)
+            # No body, or all of it in the read that brought the head: no timer is ever made.
+            writer.write(get("/stores/a") + get("/stores/b", "Content-Length: 3", method="POST") + b"abc")
+            assert [(await read_answer(reader)).status for _ in range(2)] == [200, 200]
+            assert conn._body_timer is None
+            # A body still coming after the read: one timer, gone with the body's end.
+            writer.write(get("/stores/c", "Content-Length: 6", method="POST") + b"abc")
+            await wait_until(lambda: conn._body_timer is not None, message="the body timer armed")
+            writer.write(b"def")
+            assert (await read_answer(reader)).body == b"POST /stores/c abcdef"
+            assert conn._body_timer is None
+        assert server.refusals == {}
+
+    arun(scenario())
+
+
+def test_no_body_timeout_with_0(arun: Any) -> None:
+    async def scenario() -> None:
+        # The keep-alive timeout is the test's clock: a connection opened once the slow body's head is read
+        # is closed as idle after it, while the slow body is still waited for.
+        limits = {"body_timeout_s": 0, "keep_alive_timeout_s": 0.3}
+        async with serving(Plane(), **limits) as server, connect(server.port) as (reader, writer):
+            writer.write(get("/stores/slow", "Content-Length: 4", "Expect: 100-continue", method="POST") + b"ab")
+            # The interim answer leaves at the end of the read that brought the head, when a body timer would
+            # have been armed.
+            interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), IO_TIMEOUT_S)
+            assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+            (conn,) = await connections(server)
+            async with connect(server.port) as (idle_reader, _):
+                assert await closed_by_server(idle_reader)
+            assert conn._body_timer is None
+            writer.write(b"cd")
+            assert (await read_answer(reader)).body == b"POST /stores/slow abcd"
+        assert server.refusals == {}
+
+    arun(scenario())
+
+
+def test_the_body_timeout_does_not_run_while_the_server_has_paused_reading(arun: Any) -> None:
+    async def scenario() -> None:
+        plane = Plane()
+        limits = {"body_timeout_s": 0.2, "max_pipelined": 2}
+        async with serving(plane, **limits) as server, connect(server.port) as (reader, writer):
+            # The second request's head fills the pipeline: the server stops reading before its body.
+            writer.write(get("/stores/hold") + get("/stores/body", "Content-Length: 2", method="POST"))
+            await wait_until(lambda: plane.held, message="the first request held")
+            (conn,) = await connections(server)
+            # A body late on another connection, whose clock starts after this one's head was read, runs out
+            # of time: had this connection's clock run while reading was paused, it would have run out first.
+            async with connect(server.port) as (late_reader, late_writer):
+                late_writer.write(get("/stores/late", "Content-Length: 2", method="POST"))
+                assert (await read_answer(late_reader)).status == 408
+            assert conn._read_paused and conn._body_timer is None
+            plane.held[0].answer(200, [], b"first")
+            assert (await read_answer(reader)).body == b"first"
+            writer.write(b"ok")  # reading resumed: the body has its whole time again
+            assert (await read_answer(reader)).body == b"POST /stores/body ok"
+        assert server.refusals == {"body_timeout": 1}  # the late connection's only
+
+    arun(scenario())
+
+
+# -- heads and malformed requests --------------------------------------------------------------------------
+
+
+def test_headers_over_the_limit_are_431_and_close(arun: Any) -> None:
+    async def scenario() -> None:
+        async with serving(Plane(), max_header_bytes=1024) as server:
+            async with connect(server.port) as (reader, writer):
+                writer.write(get("/stores/a", "x-big: " + "b" * 1100))
+                answer = await read_answer(reader)
+                assert answer.status == 431 and answer.json() == {
+                    "error": "headers_too_large",
+                    "message": "the request line and headers exceed 1024 bytes",
+                }
+                assert answer.header("connection") == "close"
+                assert await closed_by_server(reader)
+            # Within the limit: served.
+            assert (await exchange(server.port, get("/stores/a", "x-big: " + "b" * 900))).status == 200
+
+    arun(scenario())
+
+
+def test_a_head_that_never_ends_is_431_and_closes(arun: Any) -> None:
+    async def scenario() -> None:
+        async with serving(Plane(), max_header_bytes=1024) as server, connect(server.port) as (reader, writer):
+            writer.write(b"GET /stores/a HTTP/1.1\r\nx-endless: ")
+            chunk = b"y" * 65536
+            for _ in range(6):  # beyond the limit plus one read of the server's
+                writer.write(chunk)
+                await writer.drain()
+            answer = await read_answer(reader)
+            assert answer.status == 431
+            assert await closed_by_server(reader)
+
+    arun(scenario())
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [b"NOT HTTP AT ALL\r\n\r\n", b"GET /x HTTP/1.1\r\nbad header line\r\n\r\n", b"GET /x HTTP/9.9\r\n\r\n"],
+    ids=["garbage", "header", "version"],
+)
+def test_a_malformed_request_is_400_and_closes(arun: Any, request_bytes: bytes) -> None:
+    async def scenario() -> None:
+        async with serving(Plane()) as server, connect(server.port) as (reader, writer):
+            writer.write(request_bytes)
+            answer = await read_answer(reader)
+            assert answer.status == 400 and answer.json()["error"] == "bad_request"
+            assert await closed_by_server(reader)
+
+    arun(scenario())
+
+
+def test_an_absolute_form_target_is_split_into_path_and_query(arun: Any) -> None:
+    async def scenario() -> None:
+        plane = Plane()
+        async with serving(plane) as server:
+            answer = await exchange(server.port, b"GET http://example.com/stores/abs?x=1 HTTP/1.1\r\nhost: t\r\n\r\n")
+            assert answer.body == b"GET /stores/abs "
+        assert plane.handled[0].query == b"x=1"
+
+    arun(scenario())
+
+
+# -- the data plane: failures and answers ------------------------------------------------------------------
+
+
+def test_a_handler_that_raises_is_a_logged_500_and_the_connection_goes_on(
+    arun: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def scenario() -> None:
+        async with serving(Plane()) as server, connect(server.port) as (reader, writer):
+            writer.write(get("/stores/boom", "x-request-id: failing-1"))
+            answer = await read_answer(reader)
+            assert answer.status == 500 and answer.json() == {"error": "internal_error", "message": "internal error"}
+            assert answer.header("x-request-id") == "failing-1"
+            assert b"secret" not in answer.body and b"Traceback" not in answer.body
+            writer.write(get("/stores/next"))
+            assert (await read_answer(reader)).body == b"GET /stores/next "
+
+    with caplog.at_level(logging.ERROR, logger="keyroute.http.protocol"):
+        arun(scenario())
+    failures = [r for r in caplog.records if r.exc_info and "secret detail" in str(r.exc_info[1])]
+    assert [r.name for r in failures] == ["keyroute.http.protocol"]
+    assert len(failures) == 1
+
+
+def test_an_answer_that_cannot_be_encoded_is_a_500(arun: Any, caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> None:
+        async with serving(Plane()) as server, connect(server.port) as (reader, writer):
+            writer.write(get("/stores/bad-answer"))
+            answer = await read_answer(reader)
+            assert answer.status == 500 and answer.json()["error"] == "internal_error"
+            writer.write(get("/stores/next"))
+            assert (await read_answer(reader)).status == 200
+
+    with caplog.at_level(logging.ERROR, logger="keyroute.http.protocol"):
+        arun(scenario())
+    assert any(r.name == "keyroute.http.protocol" and r.exc_info for r in caplog.records)
+
+
+def test_an_answer_after_the_client_left_writes_nothing_and_raises_nothing(
+    arun: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def scenario() -> None:
+        plane = Plane()
+        async with serving(plane) as server:
+            async with connect(server.port) as (_, writer):
+                writer.write(get("/stores/hold"))
+                await wait_until(lambda: plane.held, message="the request held")
+                assert not plane.held[0].gone
+            await wait_until(lambda: plane.held[0].gone, message="the exchange to see the client gone")
+            plane.held[0].answer(200, [], b"nobody listens")
+            plane.held[0].answer(200, [], b"twice")
+            # The server still serves.
+            assert (await exchange(server.port, get("/stores/a"))).status == 200
+
+    with caplog.at_level(logging.WARNING):
+        arun(scenario())
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_a_second_answer_is_ignored(arun: Any) -> None:
+    async def scenario() -> None:
+        plane = Plane()
+        async with serving(plane) as server, connect(server.port) as (reader, writer):
+            writer.write(get("/stores/hold"))
+            await wait_until(lambda: plane.held)
+            plane.held[0].answer(200, [], b"one")
+            plane.held[0].answer(200, [], b"two")
+            writer.write(get("/stores/next"))
+            assert (await read_answer(reader)).body == b"one"
+            assert (await read_answer(reader)).body == b"GET /stores/next "
+
+    arun(scenario())
+
+
+# -- request ids -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/stores/a", "/hello"], ids=["data-plane", "asgi"])
+def test_a_valid_request_id_is_echoed_and_others_replaced(arun: Any, path: str) -> None:
+    async def scenario() -> None:
+        async with serving(Plane()) as server, connect(server.port) as (reader, writer):
+            valid = "client-id/42:" + "x" * 115  # 128 visible characters, as keyroute.core.logs accepts
+            writer.write(get(path, f"X-Request-Id: {valid}"))
+            assert (await read_answer(reader)).header("x-request-id") == valid
+            for bad in ("y" * 129, "caf\xe9", "with space"):
+                writer.write(get(path, f"X-Request-Id: {bad}"))
+                assert NEW_ID.match((await read_answer(reader)).header("x-request-id") or "")
+            writer.write(get(path))
+            assert NEW_ID.match((await read_answer(reader)).header("x-request-id") or "")
+
+    arun(scenario())
+
+
+def test_the_request_id_rule_is_the_core_logs_own(arun: Any) -> None:
+    candidates = ["a", "x" * 128, "x" * 129, "tab\there", "caf\xe9", "semi;colon", 'quote"d', "{json}"]
+
+    async def scenario() -> None:
+        plane = Plane()
+        async with serving(plane) as server, connect(server.port) as (reader, writer):
+            for candidate in candidates:
+                writer.write(get("/stores/id", f"x-request-id: {candidate}"))
+                echoed = (await read_answer(reader)).header("x-request-id")
+                kept = echoed == candidate
+                assert kept == acceptable_request_id(candidate), candidate
+                assert kept or NEW_ID.match(echoed or ""), candidate
+        assert [r.request_id for r in plane.handled[:2]] == candidates[:2]
+
+    arun(scenario())
+
+
+def test_an_answer_with_its_own_request_id_keeps_it(arun: Any) -> None:
+    async def scenario() -> None:
+        async with serving(Plane()) as server:
+            answer = await exchange(server.port, get("/stores/own-id", "x-request-id: theirs"))
+            assert answer.header("x-request-id") == "mine"
+
+    arun(scenario())
