@@ -33,15 +33,15 @@ from keyroute.core.security import ClusterAuth
 from keyroute.core.settings import RouterSettings
 from keyroute.core.zk import ZkAccessError, ZkUnavailableError
 from keyroute.http.admission import RequestGuard
+from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.server import StartupError
+from keyroute.http.upstream import HttpxUpstream, Upstream
 from keyroute.router import ui
-from keyroute.router.fast_upstream import FastUpstream
 from keyroute.router.limits import admission
 from keyroute.router.map_source import MapSource, ZooKeeperMapSource
 from keyroute.router.openapi import OPENAPI_JSON
 from keyroute.router.proxy import Proxy
 from keyroute.router.routing_table import RoutingTable
-from keyroute.router.upstream import HttpxUpstream, Upstream
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Failover across serving replicas, hedging, node back-off and misroute detection live here; the wire is
 `Upstream` (mostly `FastUpstream`). One engine reads a single key: `Proxy.read`, driven by callbacks.
 
-Words, each with one meaning here (and in router/dataplane.py, router/fast_upstream.py):
+Words, each with one meaning here (and in router/dataplane.py, keyroute/http/fast_upstream.py):
 
     read      one single-key lookup, from `Proxy.read` until its result is delivered (or it is cancelled)
     request   what the router sends one node for a read: a read sends one, or more (failover, hedge)
@@ -55,6 +55,7 @@ from keyroute.core.api import (
 )
 from keyroute.core.logs import bind_request_id
 from keyroute.core.partition_map import Endpoint
+from keyroute.http.fast_upstream import StaleConnection, header_block
 from keyroute.http.forwarding import (
     OffsetBounds,
     batch_body,
@@ -65,12 +66,11 @@ from keyroute.http.forwarding import (
     passthrough_headers,
     path_segment,
 )
+from keyroute.http.upstream import Upstream, UpstreamResponse, UpstreamUnavailable
 from keyroute.router.backoff import NodeBackoff
 from keyroute.router.balancer import Balancer, LatencyQuantile, RetryBudget
-from keyroute.router.fast_upstream import StaleConnection, header_block
 from keyroute.router.metrics import RouterMetrics
 from keyroute.router.routing_table import RoutingTable
-from keyroute.router.upstream import Upstream, UpstreamResponse, UpstreamUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ from keyroute.core.partition_map import (
     StoreRecord,
 )
 from keyroute.core.partitioner import Partitioner
+from keyroute.http.upstream import UpstreamResponse
 from keyroute.router.proxy import Proxy
-from keyroute.router.upstream import UpstreamResponse
 
 
 def store_record(

@@ -24,9 +24,9 @@ from starlette.routing import Route
 from keyroute.core.api import KeyNotFound
 from keyroute.http.admission import Admission
 from keyroute.http.server import Exchange, HttpServer, ServerLimits
+from keyroute.http.upstream import UpstreamResponse
 from keyroute.router.dataplane import RouterDataPlane
 from keyroute.router.metrics import RouterMetrics
-from keyroute.router.upstream import UpstreamResponse
 from tests.util import serve_in_thread, wait_for
 
 

@@ -17,9 +17,9 @@ from starlette.routing import Route
 
 from keyroute.core.api import BadRequest, key_path_segment
 from keyroute.http.forwarding import OffsetBounds, batch_body, parse_batch_request
+from keyroute.http.upstream import HttpxUpstream
 from keyroute.router.proxy import MAX_REMEMBERED_OFFSETS, Proxy
 from keyroute.router.routing_table import RoutingTable
-from keyroute.router.upstream import HttpxUpstream
 from tests.unit.router.fakes import FakeCluster, get, node_url
 from tests.unit.router.test_proxy import PARTITIONS, MapOrderOnTies, keys_in, partition, replicated_map, run
 

@@ -34,14 +34,14 @@ from keyroute.core.api import (
 from keyroute.core.key_format import KeyFormat
 from keyroute.core.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord
 from keyroute.core.partitioner import Partitioner, partition_for
+from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.server import HttpServer, ServerLimits
+from keyroute.http.upstream import HttpxUpstream, UpstreamResponse
 from keyroute.router.backoff import NodeBackoff
-from keyroute.router.fast_upstream import FastUpstream
 from keyroute.router.proxy import Proxy
 from keyroute.router.routing_table import RoutingTable
-from keyroute.router.upstream import HttpxUpstream, UpstreamResponse
+from tests.unit.http.test_fast_upstream import CLOSE, RawServer, ok
 from tests.unit.router.fakes import FakeCluster, FakeNode, build_map, get, read_result, store_record
-from tests.unit.router.test_fast_upstream import CLOSE, RawServer, ok
 from tests.util import serve_in_thread, wait_until
 
 T = TypeVar("T")

@@ -20,9 +20,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.server import HttpServer
-from keyroute.router.fast_upstream import FastUpstream
-from keyroute.router.upstream import UpstreamResponse, UpstreamUnavailable
+from keyroute.http.upstream import UpstreamResponse, UpstreamUnavailable
 from tests.util import free_port, serve_in_thread, wait_until
 
 T = TypeVar("T")
@@ -770,7 +770,7 @@ def test_get_now_sends_the_head_it_is_given(run: Runner) -> None:
 
 
 def test_get_now_reports_a_connection_the_node_closed_while_idle_as_stale(run: Runner) -> None:
-    from keyroute.router.fast_upstream import StaleConnection
+    from keyroute.http.fast_upstream import StaleConnection
 
     # Every connection answers its first request and closes on its second, without a byte of answer.
     def script(connection: int, number: int) -> list[bytes | str]:
@@ -793,7 +793,7 @@ def test_get_now_reports_a_connection_the_node_closed_while_idle_as_stale(run: R
 def test_get_now_reports_a_node_failing_mid_answer_as_unavailable_and_drops_the_connection(
     run: Runner, trouble: str
 ) -> None:
-    from keyroute.router.fast_upstream import StaleConnection
+    from keyroute.http.fast_upstream import StaleConnection
 
     actions: dict[str, list[bytes | str]] = {
         "mid-body": [b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly ten..", CLOSE],
