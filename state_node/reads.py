@@ -361,8 +361,9 @@ def forward_headers(request_id: str | None, members: ClusterAuth) -> dict[str, s
     return headers
 
 
-# Bytes a request target never holds as they are: sent on percent-encoded (the next node decodes the same key).
-_NOT_IN_TARGET = re.compile(rb"[^\x21-\x7e]")
+# Bytes a request target never holds as they are (and "#", which would end it): sent on percent-encoded,
+# so the next node decodes the same key.
+_NOT_IN_TARGET = re.compile(rb"[^\x21\x22\x24-\x7e]")
 
 
 def _request_target(raw_path: bytes) -> str:
