@@ -34,8 +34,8 @@ import httptools  # noqa: E402
 import httpx  # noqa: E402
 import uvloop  # noqa: E402
 
-from keyroute.router.fast_upstream import FastUpstream  # noqa: E402
-from keyroute.router.upstream import HttpxUpstream, UpstreamResponse  # noqa: E402
+from keyroute.http.fast_upstream import FastUpstream  # noqa: E402
+from keyroute.http.upstream import HttpxUpstream, UpstreamResponse  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 SECTION = "## Router"

@@ -33,15 +33,15 @@ from keyroute.core.security import ClusterAuth
 from keyroute.core.settings import RouterSettings
 from keyroute.core.zk import ZkAccessError, ZkUnavailableError
 from keyroute.http.admission import RequestGuard
+from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.lifespan import StartupError
+from keyroute.http.upstream import HttpxUpstream, Upstream
 from keyroute.router import ui
-from keyroute.router.fast_upstream import FastUpstream
 from keyroute.router.limits import admission
 from keyroute.router.map_source import MapSource, ZooKeeperMapSource
 from keyroute.router.openapi import OPENAPI_JSON
-from keyroute.router.proxy import Proxy
+from keyroute.router.proxy import HedgeSettings, Proxy, ProxySettings
 from keyroute.router.routing_table import RoutingTable
-from keyroute.router.upstream import HttpxUpstream, Upstream
 
 log = logging.getLogger(__name__)
 
@@ -105,12 +105,8 @@ def create_app(
         proxy = Proxy(
             upstream,
             on_stale_map=source.refresh,
-            member_headers=ClusterAuth(settings.access.cluster_secret).headers(),
-            max_batch_keys=settings.max_batch_keys,
-            max_key_bytes=settings.limits.max_key_bytes,
-            retry_after_s=settings.unavailable_retry_after_s,
-            hedge_after_s=None if settings.hedge_after_ms is None else settings.hedge_after_ms / 1000,
-            retry_budget_ratio=settings.retry_budget_percent / 100,
+            settings=ProxySettings.of(settings, ClusterAuth(settings.access.cluster_secret).headers()),
+            hedge=HedgeSettings.of(settings),
         )
         proxy.metrics.admission = checks
         app.state.proxy = proxy

@@ -37,9 +37,9 @@ from keyroute.core.logs import bind_request_id
 from keyroute.core.metrics import KIND_BATCH, KIND_KEY, KIND_RANGE, KIND_TIMELINE
 from keyroute.http.admission import Admission
 from keyroute.http.forwarding import encode_entry, parse_batch_request
+from keyroute.http.upstream import UpstreamResponse
 from keyroute.router.proxy import Proxy
 from keyroute.router.ranges import read_range
-from keyroute.router.upstream import UpstreamResponse
 
 if TYPE_CHECKING:
     from keyroute.http.exchange import Exchange

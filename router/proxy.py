@@ -3,7 +3,7 @@
 Failover across serving replicas, hedging, node back-off and misroute detection live here; the wire is
 `Upstream` (mostly `FastUpstream`). One engine reads a single key: `Proxy.read`, driven by callbacks.
 
-Words, each with one meaning here (and in router/dataplane.py, router/fast_upstream.py):
+Words, each with one meaning here (and in router/dataplane.py, keyroute/http/fast_upstream.py):
 
     read      one single-key lookup, from `Proxy.read` until its result is delivered (or it is cancelled)
     request   what the router sends one node for a read: a read sends one, or more (failover, hedge)
@@ -37,6 +37,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from keyroute.core.api import (
@@ -55,6 +56,8 @@ from keyroute.core.api import (
 )
 from keyroute.core.logs import bind_request_id
 from keyroute.core.partition_map import Endpoint
+from keyroute.core.settings import RouterSettings
+from keyroute.http.fast_upstream import StaleConnection, header_block
 from keyroute.http.forwarding import (
     OffsetBounds,
     batch_body,
@@ -65,12 +68,11 @@ from keyroute.http.forwarding import (
     passthrough_headers,
     path_segment,
 )
+from keyroute.http.upstream import Upstream, UpstreamResponse, UpstreamUnavailable
 from keyroute.router.backoff import NodeBackoff
 from keyroute.router.balancer import Balancer, LatencyQuantile, RetryBudget
-from keyroute.router.fast_upstream import StaleConnection, header_block
 from keyroute.router.metrics import RouterMetrics
 from keyroute.router.routing_table import RoutingTable
-from keyroute.router.upstream import Upstream, UpstreamResponse, UpstreamUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +80,6 @@ log = logging.getLogger(__name__)
 MIN_REFRESH_INTERVAL_S = 0.5
 
 _HOPS = HEADER_HOPS.encode("ascii")
-_now = time.perf_counter  # for latencies
 _GENERATION = HEADER_GENERATION.encode("ascii")
 _OFFSET = HEADER_OFFSET.encode("ascii")
 # Offsets remembered per (node URL, store, partition): beyond it the oldest entry is forgotten.
@@ -97,50 +98,96 @@ def _key_text(raw: Any) -> str | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class ProxySettings:
+    """What the router's data path allows and says, passed whole (as httpx's `Limits`).
+
+    `max_batch_keys`: keys in one batch-get (more: 413). `max_key_bytes`: a batch key longer than this gets
+    its own 400 entry (0: no limit). `retry_after_s`: the Retry-After of a 503 when no node answers.
+    `member_headers`: the proof of membership sent with every request to a node
+    (`keyroute.core.security.ClusterAuth.headers()`; empty without a cluster secret)."""
+
+    max_batch_keys: int = 1000
+    max_key_bytes: int = 0
+    retry_after_s: int = 1
+    member_headers: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, settings: RouterSettings, member_headers: Mapping[str, str]) -> ProxySettings:
+        return cls(
+            max_batch_keys=settings.max_batch_keys,
+            max_key_bytes=settings.limits.max_key_bytes,
+            retry_after_s=settings.unavailable_retry_after_s,
+            member_headers=dict(member_headers),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class HedgeSettings:
+    """When a read also asks a second replica, and how many extra requests the router may send (as httpx's
+    `Timeout`: one value, units in the names).
+
+    `after_s`: a read whose first request has not replied after this long also asks the next serving
+    replica; None derives the delay from recent upstream latencies, 0 turns hedging off.
+    `budget_ratio`: hedges at most this share of first requests, plus a small burst (failovers spend from
+    the same budget but are never refused: `keyroute.router.balancer.RetryBudget`)."""
+
+    after_s: float | None = None
+    budget_ratio: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.after_s is not None and self.after_s < 0:
+            raise ValueError("the hedge delay must not be negative (0 turns hedging off)")
+        if self.budget_ratio < 0:
+            raise ValueError("the retry budget ratio must not be negative")
+
+    @classmethod
+    def of(cls, settings: RouterSettings) -> HedgeSettings:
+        after_s = None if settings.hedge_after_ms is None else settings.hedge_after_ms / 1000
+        return cls(after_s=after_s, budget_ratio=settings.retry_budget_percent / 100)
+
+
 class Proxy:
-    """Routes reads with the current `RoutingTable`; `table` is replaced whole by `install`."""
+    """Routes reads with the current `RoutingTable`; `table` is replaced whole by `install`.
+
+    `clock` (seconds, monotonic, at the event loop's rate) times everything the proxy decides by: when a
+    hedge is due, how long a request took (latency metrics, the automatic hedge delay), how often the map
+    is re-read."""
 
     def __init__(
         self,
         upstream: Upstream,
         *,
         on_stale_map: Callable[[], None],
-        max_batch_keys: int = 1000,
-        max_key_bytes: int = 0,
-        retry_after_s: int = 1,
+        settings: ProxySettings = ProxySettings(),  # noqa: B008 (immutable)
+        hedge: HedgeSettings = HedgeSettings(),  # noqa: B008 (immutable)
         backoff: NodeBackoff | None = None,
         metrics: RouterMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
-        hedge_after_s: float | None = None,
-        retry_budget_ratio: float = 0.1,
         rng: random.Random | None = None,
-        member_headers: Mapping[str, str] | None = None,
     ) -> None:
         self.table = RoutingTable.empty()
+        self.settings = settings
+        self.hedge = hedge
         # "/stores/{store}/keys/" per store of the table, percent-encoded once (see `read`).
         self._key_paths: dict[str, str] = {}
-        # Proof of membership (keyroute.core.security.ClusterAuth.headers()) sent with every request to a node.
-        self._member_headers = dict(member_headers or {})
+        self._member_headers = dict(settings.member_headers)
         self.metrics = metrics or RouterMetrics()
         self._upstream = upstream
         self._on_stale_map = on_stale_map
-        self._max_batch_keys = max_batch_keys
-        self._max_key_bytes = max_key_bytes  # a batch key beyond it gets its own 400 entry (0: no limit)
-        self._retry_after_s = retry_after_s
+        self._max_batch_keys = settings.max_batch_keys
+        self._max_key_bytes = settings.max_key_bytes
+        self._retry_after_s = settings.retry_after_s
         self._backoff = backoff or NodeBackoff()
-        # Hedging: a read whose first request has not replied after `hedge_after_s` also asks another
-        # serving replica; None derives the delay from recent upstream latencies, 0 turns hedging off.
-        if hedge_after_s is not None and hedge_after_s < 0:
-            raise ValueError("hedge_after_s must not be negative (0 turns hedging off)")
         self._balancer = Balancer(self._backoff, rng)
         self._in_flight = self._balancer.in_flight  # requests in flight per node URL, the balancer's own
-        self._budget = RetryBudget(retry_budget_ratio)
-        self._hedging = hedge_after_s != 0
-        self._hedge_after_s = hedge_after_s
+        self._budget = RetryBudget(hedge.budget_ratio)
+        self._hedging = hedge.after_s != 0
+        self._hedge_after_s = hedge.after_s
         # Only the automatic threshold needs latencies: a fixed one or none at all skips the bookkeeping.
-        self._latency = LatencyQuantile() if hedge_after_s is None else None
-        self._hedge_timer = _HedgeTimer()
+        self._latency = LatencyQuantile() if hedge.after_s is None else None
         self._clock = clock
+        self._hedge_timer = _HedgeTimer(clock)
         # Sending on an idle connection without a coroutine (FastUpstream.get_now); None: every request
         # goes through `Upstream.get` in a task.
         self._send_now: Callable[[str, bytes, OnResult], Any] | None = getattr(upstream, "get_now", None)
@@ -155,6 +202,18 @@ class Proxy:
         # Live stores of the current table (their answers' offsets are remembered) and those offsets.
         self._live_stores: frozenset[str] = frozenset()
         self._offsets: dict[tuple[str, str, int], int] = {}
+
+    @property
+    def in_flight(self) -> dict[str, int]:
+        """Requests out right now per node URL (a copy; nodes with none are absent)."""
+        return dict(self._in_flight)
+
+    @property
+    def hedge_delay_s(self) -> float | None:
+        """How long a read's first request may take before the read is hedged now: the fixed delay, the one
+        derived from recent latencies (None until there are enough), or 0 when hedging is off."""
+        latency = self._latency
+        return self._hedge_after_s if latency is None else latency.value_s
 
     @property
     def member_token(self) -> str:
@@ -268,7 +327,7 @@ class Proxy:
         in_flight[url] = in_flight.get(url, 0) + 1
         if not resend:
             self.metrics.upstream_requests += 1
-        request.started = _now()
+        request.started = self._clock()
         send_now = self._send_now
         if send_now is not None and not resend:
             # The request id is one the server accepted or made: visible ASCII, no spaces.
@@ -306,7 +365,7 @@ class Proxy:
         else:
             in_flight.pop(url, None)
         if isinstance(result, UpstreamResponse):
-            elapsed = _now() - request.started
+            elapsed = self._clock() - request.started
             self.metrics.observe_upstream(endpoint.node_id, elapsed)
             self._backoff.succeeded(endpoint)
             if self._latency is not None:
@@ -393,7 +452,7 @@ class Proxy:
             read.hedge = None
         self._balancer.request_ended(request.endpoint.url)
         if self._latency is not None:
-            self._latency.record(_now() - request.started)
+            self._latency.record(self._clock() - request.started)
         pending.cancel()
 
     # -- batches ----------------------------------------------------------------------------------------
@@ -494,7 +553,7 @@ class Proxy:
         """The node's entries for `texts` (bounded by `min_offsets`) in order, or None when it failed or
         replied with nonsense."""
         self.metrics.upstream_requests += 1
-        started = time.perf_counter()
+        started = self._clock()
         balancer = self._balancer
         url = endpoint.url
         balancer.request_sent(url)
@@ -512,7 +571,7 @@ class Proxy:
             return None
         finally:
             balancer.request_ended(url)
-        self.metrics.observe_upstream(endpoint.node_id, time.perf_counter() - started)
+        self.metrics.observe_upstream(endpoint.node_id, self._clock() - started)
         self._backoff.succeeded(endpoint)
         self._check_hops(reply)
         if reply.status != 200:
@@ -748,13 +807,16 @@ class _HedgeTimer:
     A timer per read (`loop.call_later` and its cancel) costs ~3 us on uvloop, more than the rest of the
     hedging bookkeeping together; here a read costs a heap push, and the one timer is armed for the
     earliest deadline. Reads no longer waiting (delivered, failed over or cancelled meanwhile) are dropped
-    when their deadline comes up.
+    when their deadline comes up. Deadlines are readings of `clock` (the proxy's, which may be offset from
+    the loop's but runs at its rate): the loop's timer wakes it after the clock's time to the earliest
+    deadline, the reads due by `clock` are hedged, and the timer is armed again for the next one.
     """
 
     # uvloop counts whole milliseconds, so a timer may fire up to one early: that much early is due.
     _EARLY_S = 0.001
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
         self._due: list[tuple[float, int, Read]] = []
         self._seq = itertools.count()  # ties on the deadline must never compare two reads
         self._timer: asyncio.TimerHandle | None = None
@@ -763,27 +825,28 @@ class _HedgeTimer:
 
     def add(self, read: Read, delay_s: float) -> None:
         loop = asyncio.get_running_loop()
-        when = loop.time() + delay_s
+        now = self._clock()
+        when = now + delay_s
         if loop is not self._loop:  # a new event loop (tests run one after another): start afresh
             self._loop, self._timer, self._due = loop, None, []
         heapq.heappush(self._due, (when, next(self._seq), read))
         if self._timer is None or when < self._timer_at - self._EARLY_S:
-            self._arm(loop, when)
+            self._arm(loop, when, now)
 
-    def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+    def _arm(self, loop: asyncio.AbstractEventLoop, when: float, now: float) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        self._timer = loop.call_at(when, self._fire, loop)
+        self._timer = loop.call_later(when - now, self._fire, loop)
         self._timer_at = when
 
     def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
         self._timer = None
         due = self._due
-        now = loop.time() + self._EARLY_S
+        now = self._clock()
         while due:
             when, _, read = due[0]
-            if read.waiting and when > now:
-                self._arm(loop, when)
+            if read.waiting and when > now + self._EARLY_S:
+                self._arm(loop, when, now)
                 return
             heapq.heappop(due)
             if read.waiting:

@@ -14,7 +14,6 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-import httpx
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -33,7 +32,9 @@ from keyroute.core.partition_map import Assignment, PartitionMap
 from keyroute.core.security import BearerAuth, ClusterAuth
 from keyroute.core.settings import NodeSettings
 from keyroute.http.admission import Admission, RequestGuard
+from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.lifespan import StartupError
+from keyroute.http.upstream import Upstream
 from keyroute.state_node.controller import Controller
 from keyroute.state_node.metrics import NodeMetrics
 from keyroute.state_node.ownership import Ownership
@@ -52,7 +53,8 @@ class Node:
 
     settings: NodeSettings
     ownership: Ownership
-    http: httpx.AsyncClient
+    # The wire to the other nodes, for the reads this node forwards (`keyroute.state_node.reads`).
+    http: Upstream
     controller: Controller | None = None
     registration: Registration | None = None
     metrics: NodeMetrics = field(default_factory=NodeMetrics)
@@ -211,14 +213,7 @@ async def _running_node(
     )
     metrics.watch(ownership)
     controller = Controller(client, settings.node_id)
-    timeout = settings.forward_timeout_s
-    http = httpx.AsyncClient(
-        timeout=httpx.Timeout(timeout, connect=min(1.0, timeout)),
-        limits=httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=30.0),
-        # Peers are addressed directly: proxy settings from the environment must not reroute them.
-        trust_env=False,
-        follow_redirects=False,
-    )
+    http = forwarding_upstream(settings.forward_timeout_s)
     node = Node(
         settings,
         ownership,
@@ -246,6 +241,26 @@ async def _running_node(
             log.warning("withdrawing node %s from ZooKeeper failed: %s", settings.node_id, exc)
         await run_in_threadpool(zk.close, client)
         await http.aclose()
+
+
+# Connections the node keeps open to each other node it forwards to (the router keeps as many per node).
+FORWARD_MAX_CONNECTIONS_PER_NODE = 256
+
+
+def forwarding_upstream(
+    timeout_s: float, resolve: Callable[[str, int], tuple[str, int]] | None = None
+) -> FastUpstream:
+    """The wire a node forwards reads on: the router's own (FastUpstream: ~20x less CPU per request than
+    httpx). `timeout_s` bounds a whole forwarded request (waiting for a connection included), a connect
+    at most 1 s of it. Peers are addressed directly by the URL they advertise: no proxy from the
+    environment, no redirects (FastUpstream follows neither). `resolve`: see FastUpstream."""
+    return FastUpstream(
+        timeout_s,
+        min(1.0, timeout_s),
+        max_connections_per_origin=FORWARD_MAX_CONNECTIONS_PER_NODE,
+        pool_wait_s=timeout_s,
+        resolve=resolve,
+    )
 
 
 def _node(request: Request) -> Node:

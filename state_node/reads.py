@@ -15,12 +15,13 @@ read before the value, so the value reflects at least that offset.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-import httpx
+from urllib.parse import urlsplit
 
 from keyroute.core.api import (
     HEADER_FORWARDED_BY,
@@ -73,6 +74,7 @@ from keyroute.http.forwarding import (
     passthrough_headers,
     results_body,
 )
+from keyroute.http.upstream import UpstreamUnavailable
 
 if TYPE_CHECKING:
     from keyroute.state_node.app import Node
@@ -94,7 +96,7 @@ _LAG = HEADER_LAG.encode("ascii")
 _HOPS_0 = (_HOPS, b"0")
 _HOPS_1 = (_HOPS, b"1")
 # Not relayed besides the hop-by-hop headers: set by the node relaying the answer (the peer's values are
-# replaced), and the body's content coding, which httpx has removed.
+# replaced), and the body's content coding, which the wire (keyroute.http.fast_upstream) has removed.
 _NOT_RELAYED = frozenset({_HOPS, _FORWARDED_BY, _GENERATION, b"content-encoding"})
 _INT_FORMATS = frozenset({KeyFormat.INT16, KeyFormat.INT32, KeyFormat.INT64})
 
@@ -323,17 +325,19 @@ async def forward_read(node: Node, raw_path: bytes, forward: Forward, request_id
     refused: Answer | None = None
     failures = []
     metrics = node.metrics
+    target = _request_target(raw_path)
     for endpoint in forward.endpoints:
-        url = httpx.URL(endpoint.url).copy_with(raw_path=raw_path)
         metrics.forwards += 1
         try:
-            status, raw_headers, body = await _get(node.http, url, headers)
-        except httpx.HTTPError as exc:
+            reply = await node.http.get(_origin(endpoint.url) + target, headers)
+        except (UpstreamUnavailable, ValueError) as exc:
+            # ValueError: a URL the wire cannot speak to (not http://), a misconfigured node.
             metrics.forward_failures += 1
-            log.warning("forwarding a read to node %s failed: %s", endpoint.node_id, type(exc).__name__)
+            log.warning("forwarding a read to node %s failed: %s", endpoint.node_id, exc)
             failures.append(f"{endpoint.node_id}: {type(exc).__name__}")
             continue
-        answer = _relay(node, status, raw_headers, body, forward.generation)
+        status = reply.status
+        answer = _relay(node, status, reply.headers, reply.body, forward.generation)
         if status == 503:
             # That node stopped serving it too; another replica still might.
             refused = answer
@@ -357,19 +361,28 @@ def forward_headers(request_id: str | None, members: ClusterAuth) -> dict[str, s
     return headers
 
 
-async def _get(
-    http: httpx.AsyncClient, url: httpx.URL, headers: dict[str, str]
-) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    """A GET to a peer: status, raw headers and the whole body; the response is always closed."""
-    response = await http.get(url, headers=headers)
-    try:
-        body = await response.aread()
-    finally:
-        await response.aclose()
-    return response.status_code, response.headers.raw, body
+# Bytes a request target never holds as they are (and "#", which would end it): sent on percent-encoded,
+# so the next node decodes the same key.
+_NOT_IN_TARGET = re.compile(rb"[^\x21\x22\x24-\x7e]")
 
 
-def _relay(node: Node, status: int, raw_headers: list[tuple[bytes, bytes]], body: bytes, generation: int) -> Answer:
+def _request_target(raw_path: bytes) -> str:
+    """The path and query to ask the next node for: `raw_path` as the client sent it (still
+    percent-encoded, so a key's %2F stays one segment), any byte that cannot stand in a request target
+    percent-encoded."""
+    if _NOT_IN_TARGET.search(raw_path):
+        raw_path = _NOT_IN_TARGET.sub(lambda m: b"%%%02X" % m[0][0], raw_path)
+    return raw_path.decode("ascii")
+
+
+@functools.lru_cache(maxsize=256)
+def _origin(url: str) -> str:
+    """scheme://host:port of a node's advertised URL (a forwarded read asks for the client's own path)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def _relay(node: Node, status: int, raw_headers: Sequence[tuple[bytes, bytes]], body: bytes, generation: int) -> Answer:
     headers = [(name, value) for name, value in passthrough_headers(raw_headers) if name not in _NOT_RELAYED]
     headers.append(_HOPS_1)
     headers.append((_FORWARDED_BY, node.node_id.encode("latin-1")))
@@ -604,16 +617,12 @@ async def _send_batch(
     metrics = node.metrics
     metrics.forwards += 1
     try:
-        upstream = await node.http.post(url, content=batch_body(texts, min_offsets), headers=headers)
-        try:
-            body = await upstream.aread()
-        finally:
-            await upstream.aclose()
-    except httpx.HTTPError as exc:
+        reply = await node.http.post(url, batch_body(texts, min_offsets), headers)
+    except (UpstreamUnavailable, ValueError) as exc:
         metrics.forward_failures += 1
-        log.warning("forwarding a batch-get to %s failed: %s", url, type(exc).__name__)
+        log.warning("forwarding a batch-get to %s failed: %s", url, exc)
         return None
-    status = upstream.status_code
+    status, body = reply.status, reply.body
     if status != 200:
         metrics.forward_failures += 1
         log.warning("forwarded batch-get to %s answered %d", url, status)

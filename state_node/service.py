@@ -126,8 +126,6 @@ def _signals_handled() -> Iterator[Callable[[Callable[[], None]], None]]:
 
 def run(settings: NodeSettings) -> int:
     """Serve until told to stop; 0 after a clean shutdown, 1 if the node could not start."""
-    # httpx logs every forwarded request at INFO: one line per read is noise, failures are logged here.
-    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().getEffectiveLevel()))
     server = NodeServer(create_app(settings), settings)
     if serve(server, settings.http.host, settings.http.port) != 0:
         return 1  # the server said why, in one line

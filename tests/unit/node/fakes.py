@@ -1,6 +1,7 @@
-"""A node under test without ZooKeeper: a hand-made partition map and partitions, peers answering through
-an httpx.MockTransport (so every forwarded request can be inspected), and the node's app and data plane
-behind keyroute's HTTP server on 127.0.0.1, as `keyroute node` serves them, without the app's lifespan."""
+"""A node under test without ZooKeeper: a hand-made partition map and partitions, peers answering on a real
+server on 127.0.0.1 (tests.peers: every forwarded request, sent over the node's own wire, can be inspected),
+and the node's app and data plane behind keyroute's HTTP server on 127.0.0.1, as `keyroute node` serves
+them, without the app's lifespan."""
 
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ from keyroute.core.settings import AccessSettings, NodeSettings, RequestLimits
 from keyroute.http.admission import Admission
 from keyroute.http.exchange import ServerLimits
 from keyroute.http.server import HttpServer
-from keyroute.state_node.app import Node, create_app
+from keyroute.state_node.app import Node, create_app, forwarding_upstream
 from keyroute.state_node.dataplane import NodeDataPlane
 from keyroute.state_node.ownership import Readiness
 from keyroute.state_node.service import server_limits as node_server_limits
+from tests.peers import serve_peers
 from tests.util import serve_in_thread
 
 ME, B, C = "n1", "n2", "n3"
@@ -93,7 +95,8 @@ Handler = Callable[[httpx.Request], httpx.Response]
 
 class WithoutLifespan:
     """The node app with its lifespan answered here (no ZooKeeper, no loading): the test puts a hand-made
-    `Node` on `state` itself. `state` is the app's, where the server looks for the data plane's objects."""
+    `Node` on `state` itself. `state` is the app's, where the server looks for the data plane's objects.
+    At shutdown the node's wire to its peers is closed, as the real lifespan does."""
 
     def __init__(self, app: Starlette) -> None:
         self.app = app
@@ -105,6 +108,8 @@ class WithoutLifespan:
             return
         while True:
             kind = (await receive())["type"]
+            if kind == "lifespan.shutdown" and (node := getattr(self.state, "node", None)) is not None:
+                await node.http.aclose()
             await send({"type": kind + ".complete"})
             if kind == "lifespan.shutdown":
                 return
@@ -182,7 +187,8 @@ class Nodes:
 
         settings = node_settings(access, limits)
         app = create_app(settings)
-        http = httpx.AsyncClient(transport=httpx.MockTransport(record_and_answer))
+        peers = self._stack.enter_context(serve_peers(record_and_answer))
+        http = forwarding_upstream(settings.forward_timeout_s, resolve=peers.resolve)
         ownership = FakeOwnership(build(serving, version), held, ready)
         node = Node(settings, ownership, http)  # type: ignore[arg-type]
         node.metrics.admission = app.state.admission  # as the lifespan's node shares create_app's metrics

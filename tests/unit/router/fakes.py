@@ -1,13 +1,16 @@
 """In-process stand-ins for state nodes and ZooKeeper, for unit tests of the router's logic, and `Proxy.read`
 as an awaitable.
 
-Fake nodes are real ASGI apps reached through an httpx transport that can also play a dead node.
+Fake nodes are real ASGI apps. A `FakeCluster` serves them on a real server on 127.0.0.1 (tests.peers) for
+the router's own wire (`FakeCluster.upstream()`: FastUpstream, each node still addressed by its name), and
+is an httpx transport too; either way it can play a dead node.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,8 +32,13 @@ from keyroute.core.partition_map import (
     StoreRecord,
 )
 from keyroute.core.partitioner import Partitioner
+from keyroute.http.fast_upstream import FastUpstream
+from keyroute.http.upstream import UpstreamResponse
 from keyroute.router.proxy import Proxy
-from keyroute.router.upstream import UpstreamResponse
+from tests.peers import Peers, Unreachable
+
+# Where a dead node is: a port nothing listens on, so connecting is refused.
+REFUSED = ("127.0.0.1", 1)
 
 
 def store_record(
@@ -159,14 +167,38 @@ class FakeNode:
 
 
 class FakeCluster(httpx.AsyncBaseTransport):
-    """An httpx transport that delivers each request to the fake node named by its host."""
+    """Delivers each request to the fake node named by its host: over real sockets to a server on 127.0.0.1
+    (started on first use, stopped when the cluster is collected or the tests end) for `upstream()`, or as
+    an httpx transport. A node that is `down` refuses connections and drops those already open; a `fault`
+    breaks the reply off (over sockets: a malformed one)."""
 
     def __init__(self, *nodes: FakeNode) -> None:
         self.nodes = {node.node_id: node for node in nodes}
         self._transports = {node.node_id: httpx.ASGITransport(node.app) for node in nodes}
+        self._peers: Peers | None = None
 
     def __getitem__(self, node_id: str) -> FakeNode:
         return self.nodes[node_id]
+
+    def upstream(self, timeout_s: float = 5.0, connect_timeout_s: float = 1.0) -> PerLoopUpstream:
+        """The router's own wire to this cluster's nodes (a FastUpstream per event loop)."""
+        return PerLoopUpstream(lambda: FastUpstream(timeout_s, connect_timeout_s, resolve=self.resolve))
+
+    def resolve(self, host: str, port: int) -> tuple[str, int]:
+        """Where to connect for node `host` (`FastUpstream`'s `resolve`)."""
+        node = self.nodes.get(host)
+        if node is None or node.down:
+            return REFUSED
+        if self._peers is None:
+            self._peers = Peers(self._over_sockets).start()
+            weakref.finalize(self, self._peers.stop)
+        return "127.0.0.1", self._peers.port
+
+    async def _over_sockets(self, request: httpx.Request) -> httpx.Response:
+        node = self.nodes.get(request.url.host)
+        if node is None or node.down:
+            raise Unreachable(request.url.host)
+        return await self.handle_async_request(request)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         node = self.nodes.get(request.url.host)
@@ -175,6 +207,36 @@ class FakeCluster(httpx.AsyncBaseTransport):
         if node.fault is not None:
             raise node.fault()
         return await self._transports[node.node_id].handle_async_request(request)
+
+
+class PerLoopUpstream:
+    """FastUpstream, one per event loop: a FastUpstream belongs to the loop it first ran on, and a test may
+    run one proxy in several `asyncio.run`s in a row."""
+
+    def __init__(self, make: Callable[[], FastUpstream]) -> None:
+        self._make = make
+        self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, FastUpstream] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def current(self) -> FastUpstream:
+        loop = asyncio.get_running_loop()
+        upstream = self._by_loop.get(loop)
+        if upstream is None:
+            upstream = self._by_loop[loop] = self._make()
+        return upstream
+
+    async def get(self, url: str, headers: Mapping[str, str]) -> UpstreamResponse:
+        return await self.current().get(url, headers)
+
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> UpstreamResponse:
+        return await self.current().post(url, body, headers)
+
+    def get_now(self, url: str, head: bytes, on_reply: Callable[[UpstreamResponse | Exception], None]) -> Any:
+        return self.current().get_now(url, head, on_reply)
+
+    async def aclose(self) -> None:
+        await self.current().aclose()
 
 
 class StaticMapSource:

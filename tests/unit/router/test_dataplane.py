@@ -25,9 +25,9 @@ from keyroute.core.api import KeyNotFound
 from keyroute.http.admission import Admission
 from keyroute.http.exchange import Exchange, ServerLimits
 from keyroute.http.server import HttpServer
+from keyroute.http.upstream import UpstreamResponse
 from keyroute.router.dataplane import RouterDataPlane
 from keyroute.router.metrics import RouterMetrics
-from keyroute.router.upstream import UpstreamResponse
 from tests.util import serve_in_thread, wait_for
 
 

@@ -17,9 +17,8 @@ from starlette.routing import Route
 
 from keyroute.core.api import BadRequest, key_path_segment
 from keyroute.http.forwarding import OffsetBounds, batch_body, parse_batch_request
-from keyroute.router.proxy import MAX_REMEMBERED_OFFSETS, Proxy
+from keyroute.router.proxy import MAX_REMEMBERED_OFFSETS, HedgeSettings, Proxy
 from keyroute.router.routing_table import RoutingTable
-from keyroute.router.upstream import HttpxUpstream
 from tests.unit.router.fakes import FakeCluster, get, node_url
 from tests.unit.router.test_proxy import PARTITIONS, MapOrderOnTies, keys_in, partition, replicated_map, run
 
@@ -83,9 +82,9 @@ class Router:
     def __init__(self, *nodes: LiveNode) -> None:
         self.refreshes = 0
         self.proxy = Proxy(
-            HttpxUpstream.create(5.0, 1.0, transport=FakeCluster(*nodes)),  # type: ignore[arg-type]
+            FakeCluster(*nodes).upstream(),
             on_stale_map=self._refresh,
-            hedge_after_s=0,
+            hedge=HedgeSettings(after_s=0),
             rng=MapOrderOnTies(),
         )
         self.proxy.install(RoutingTable.of(replicated_map(("a", "b"))))

@@ -1,7 +1,8 @@
-"""The router's data-path HTTP client: a lean HTTP/1.1 keep-alive pool on asyncio Protocols and httptools.
+"""The wire between members: a lean HTTP/1.1 keep-alive pool on asyncio Protocols and httptools, used by the
+router to reach nodes and by a node to forward a read to another node.
 
-httpx costs 0.6-1.2 ms of CPU per proxied read on our machines; this does only what the router needs (GET
-and POST to http:// nodes, whole bodies, keep-alive) for a small fraction of that (benchmarks/RESULTS.md).
+httpx costs 0.6-1.2 ms of CPU per proxied read on our machines; this does only what members need (GET and
+POST to http:// nodes, whole bodies, keep-alive) for a small fraction of that (benchmarks/RESULTS.md).
 
     UpstreamUnavailable(node_fault=True)    connect refused/timed out, reset, EOF or a malformed reply
                                             mid-response, the request timed out
@@ -24,7 +25,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from keyroute.router.upstream import UpstreamResponse, UpstreamUnavailable
+from keyroute.http.upstream import UpstreamResponse, UpstreamUnavailable
 
 DEFAULT_MAX_CONNECTIONS_PER_ORIGIN = 256
 # Shorter than the nodes' keep-alive timeout (5 s, keyroute.http.server's ServerLimits), so we usually let an
@@ -412,7 +413,10 @@ class _Pool:
         limit = min(deadline, loop.time() + upstream.connect_timeout_s)
         try:
             async with asyncio.timeout_at(limit):
-                _, conn = await loop.create_connection(lambda: _Connection(self), self.host, self.port)
+                host, port = self.host, self.port
+                if upstream.resolve is not None:
+                    host, port = upstream.resolve(host, port)
+                _, conn = await loop.create_connection(lambda: _Connection(self), host, port)
         except TimeoutError as exc:  # before OSError: TimeoutError is one
             self._slot_freed()
             raise UpstreamUnavailable(f"connecting to {self.origin} timed out") from exc
@@ -496,6 +500,8 @@ class FastUpstream:
     was incomplete, said `Connection: close`, or came with extra bytes is never reused. A request that
     meets a reused connection closed by the node before any reply byte is sent once more on a new
     connection: both methods are only used for reads (batch-get is a POST), so that is always safe.
+    `resolve`, when given, says where to connect for an origin's host and port (as curl's --resolve: the
+    Host header still names the origin); tests use it to reach several named nodes on one local server.
     Use it from one event loop (the one it first ran on).
     """
 
@@ -507,6 +513,7 @@ class FastUpstream:
         max_connections_per_origin: int = DEFAULT_MAX_CONNECTIONS_PER_ORIGIN,
         pool_wait_s: float = DEFAULT_POOL_WAIT_S,
         idle_expiry_s: float = DEFAULT_IDLE_EXPIRY_S,
+        resolve: Callable[[str, int], tuple[str, int]] | None = None,
     ) -> None:
         if min(timeout_s, connect_timeout_s, pool_wait_s, idle_expiry_s) <= 0:
             raise ValueError("timeouts and the idle expiry must be positive")
@@ -517,6 +524,7 @@ class FastUpstream:
         self.max_connections_per_origin = max_connections_per_origin
         self.pool_wait_s = pool_wait_s
         self.idle_expiry_s = idle_expiry_s
+        self.resolve = resolve
         self.closed = False
         self._pools: dict[str, _Pool] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -526,7 +534,7 @@ class FastUpstream:
         self._in_flight: dict[_Connection, float] = {}
         self._watchdog: asyncio.TimerHandle | None = None
         self._watchdog_at = 0.0
-        # Encoded header blocks by the caller's headers: the router sends the same few sets again and again.
+        # Encoded header blocks by the caller's headers: a member sends the same few sets again and again.
         self._blocks: dict[tuple[tuple[str, str], ...], bytes] = {}
 
     async def get(self, url: str, headers: Mapping[str, str]) -> UpstreamResponse:

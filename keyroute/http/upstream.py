@@ -1,6 +1,8 @@
-"""The wire between the router and the nodes, behind a small interface so the HTTP client can be swapped.
+"""The wire between members (router to node, node to node), behind a small interface: `Upstream`.
 
 An implementation only moves bytes: it reports an unreachable node as `UpstreamUnavailable`, never parses.
+`FastUpstream` (keyroute.http.fast_upstream) is the one the services use; `HttpxUpstream` is kept for the
+benchmarks that compare the two.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ POOL_KEEPALIVE_EXPIRY_S = 30.0
 class UpstreamUnavailable(Exception):
     """The node could not be reached, timed out, or went away mid-reply; the read may go to a replica.
 
-    `node_fault` is False when the router itself was the bottleneck (its connection pool was exhausted):
+    `node_fault` is False when the sender itself was the bottleneck (its connection pool was exhausted):
     the request may still be retried, but the node should not be put in back-off for it.
     """
 
