@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from decimal import Decimal
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
@@ -188,11 +189,58 @@ class NotUpToBound(ApiError):
         super().__init__(message, headers)
 
 
+# -- integers in requests --------------------------------------------------------------------------------
+#
+# Every integer a request carries is read by one of two functions, whatever field it is:
+#   in a JSON body    `json_integer`: a JSON number with no fractional part, however it is written (14571,
+#                     14571.0, 1.4571e4: JSON Schema 2020-12 counts all three as the integer 14571), read
+#                     exactly (never through a binary float); never a boolean; within the field's range.
+#                     Bodies are parsed with `loads_json`, which reads such numbers as ints.
+#   in a query string `text_integer`: decimal digits only (a '-' first where the field may be negative):
+#                     no sign '+', no spaces, no fraction, no exponent.
+# A value outside these rules or the field's range is a 400 bad_request naming the field and the range.
+
+# A number written with more digits than this before its point is no int64 (and is never expanded: 1e999999).
+_MAX_INTEGER_DIGITS = 40
+
+
+def _json_number(text: str) -> int | float:
+    """A JSON number with a fraction or exponent: an int when it has no fractional part, else a float."""
+    number = Decimal(text)
+    if number.is_finite() and number.adjusted() < _MAX_INTEGER_DIGITS and number == number.to_integral_value():
+        return int(number)
+    return float(text)
+
+
+def loads_json(body: bytes | str) -> Any:
+    """A request body's JSON, its integral numbers as ints (`_json_number`). Raises ValueError (and
+    UnicodeDecodeError) as `json.loads` does."""
+    return json.loads(body, parse_float=_json_number)
+
+
+def json_integer(value: Any, what: str, low: int, high: int, meaning: str = "an integer") -> int:
+    """`value` (from `loads_json`) as an integer field from `low` to `high`. Raises BadRequest for a boolean,
+    a number with a fractional part, anything else that is not a number, or a number out of range."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # a body parsed with plain json.loads
+    if value.__class__ is not int or not low <= value <= high:
+        raise BadRequest(f"{what} must be {meaning} from {low} to {high}, got {value!r:.40}")
+    return value
+
+
+def text_integer(text: str, what: str, low: int, high: int, meaning: str = "an integer") -> int:
+    """A query parameter's `text` as an integer from `low` to `high`: decimal digits, with a '-' first only
+    when `low` is negative. Raises BadRequest otherwise."""
+    digits = text[1:] if low < 0 and text.startswith("-") else text
+    width = max(len(str(low)), len(str(high)))
+    if not (digits.isascii() and digits.isdigit()) or len(text) > width or not low <= int(text) <= high:
+        raise BadRequest(f"{what} must be {meaning} from {low} to {high}, got {text[:40]!r}")
+    return int(text)
+
+
 def parse_min_offset(text: str) -> int:
     """A `min_offset` given as text (a query parameter): a decimal offset in 0..MAX_OFFSET. Raises BadRequest."""
-    if not (text.isascii() and text.isdigit()) or len(text) > 19 or int(text) > MAX_OFFSET:
-        raise BadRequest(f"min_offset must be an offset: an integer from 0 to {MAX_OFFSET}, got {text[:40]!r}")
-    return int(text)
+    return text_integer(text, MIN_OFFSET, 0, MAX_OFFSET, "an offset: an integer")
 
 
 def min_offset_query(query: bytes) -> int | None:
@@ -209,11 +257,10 @@ def min_offset_query(query: bytes) -> int | None:
     return found
 
 
-def offset_value(value: Any, what: str = "min_offset") -> int:
-    """A bound given as JSON (a batch-get body): an integer in 0..MAX_OFFSET. Raises BadRequest."""
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_OFFSET:
-        raise BadRequest(f"{what} must be an offset: an integer from 0 to {MAX_OFFSET}, got {value!r:.40}")
-    return value
+def offset_value(value: Any, what: str = MIN_OFFSET) -> int:
+    """A bound given as JSON (a batch-get body): an integer in 0..MAX_OFFSET (`json_integer`: 14571.0 is
+    14571). Raises BadRequest."""
+    return json_integer(value, what, 0, MAX_OFFSET, "an offset: an integer")
 
 
 def error_json(code: str, message: str) -> bytes:
