@@ -15,6 +15,7 @@ import pytest
 
 import keyroute.state_node.dataplane
 from keyroute.core.settings import RequestLimits
+from keyroute.http.dataplane import Call
 from keyroute.http.server import ServerLimits
 from keyroute.state_node.dataplane import NodeDataPlane
 from keyroute.state_node.reads import read_key
@@ -39,13 +40,13 @@ MISSING = key_in("s", LOCAL_P, prefix="zz")
 def spawned(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """The raw paths of the requests the data plane answered in a task of their own."""
     paths: list[str] = []
-    spawn = NodeDataPlane._spawn
+    spawn = NodeDataPlane.spawn
 
-    def spy(self: NodeDataPlane, work: Any) -> None:
-        paths.append(work.cr_frame.f_locals["exchange"].request.path.decode())
-        spawn(self, work)
+    def spy(self: NodeDataPlane, call: Call, work: Any) -> None:
+        paths.append(call.request.path.decode())
+        spawn(self, call, work)
 
-    monkeypatch.setattr(NodeDataPlane, "_spawn", spy)
+    monkeypatch.setattr(NodeDataPlane, "spawn", spy)
     yield paths
 
 
