@@ -196,8 +196,11 @@ class NotUpToBound(ApiError):
 #                     14571.0, 1.4571e4: JSON Schema 2020-12 counts all three as the integer 14571), read
 #                     exactly (never through a binary float); never a boolean; within the field's range.
 #                     Bodies are parsed with `loads_json`, which reads such numbers as ints.
-#   in a query string `text_integer`: decimal digits only (a '-' first where the field may be negative):
-#                     no sign '+', no spaces, no fraction, no exponent.
+#   in a query string `integer_text` (`text_integer` raises for it): decimal digits only (a '-' first where
+#                     the field may be negative): no sign '+', no spaces, no fraction, no exponent. Every
+#                     query parameter that is an integer is read by it (min_offset here; limit, from and to
+#                     of an integer timeline in keyroute.core.timeline; limit and version of a range in
+#                     keyroute.core.ranges), each with its own message.
 # A value outside these rules or the field's range is a 400 bad_request naming the field and the range.
 
 # A number written with more digits than this before its point is no int64 (and is never expanded: 1e999999).
@@ -228,14 +231,22 @@ def json_integer(value: Any, what: str, low: int, high: int, meaning: str = "an 
     return value
 
 
-def text_integer(text: str, what: str, low: int, high: int, meaning: str = "an integer") -> int:
-    """A query parameter's `text` as an integer from `low` to `high`: decimal digits, with a '-' first only
-    when `low` is negative. Raises BadRequest otherwise."""
-    digits = text[1:] if low < 0 and text.startswith("-") else text
-    width = max(len(str(low)), len(str(high)))
-    if not (digits.isascii() and digits.isdigit()) or len(text) > width or not low <= int(text) <= high:
-        raise BadRequest(f"{what} must be {meaning} from {low} to {high}, got {text[:40]!r}")
+def integer_text(text: str, signed: bool = False) -> int | None:
+    """The integer a query parameter's `text` spells, or None: decimal digits only (a '-' first when `signed`),
+    at most 19 of them (an int64 has at most 19). The caller checks the range, and says what it expected."""
+    digits = text[1:] if signed and text[:1] == "-" else text
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 19:
+        return None
     return int(text)
+
+
+def text_integer(text: str, what: str, low: int, high: int, meaning: str = "an integer") -> int:
+    """A query parameter's `text` as an integer from `low` to `high` (`integer_text`, signed when `low` is
+    negative). Raises BadRequest otherwise."""
+    value = integer_text(text, low < 0)
+    if value is None or not low <= value <= high:
+        raise BadRequest(f"{what} must be {meaning} from {low} to {high}, got {text[:40]!r}")
+    return value
 
 
 def parse_min_offset(text: str) -> int:
