@@ -45,9 +45,6 @@ __all__ = ["JSON", "NOT_A_KEY_PATH", "Call", "MethodNotAllowed", "RoutedDataPlan
 
 log = logging.getLogger(__name__)
 
-# What the admission checks are given as the request's path: every data-plane path starts with it, and it is
-# neither a probe's path nor a protected one, as no percent-decoding of such a path can be.
-_ADMITTED_PATH = "/stores/"
 JSON = [(b"content-type", b"application/json")]
 Headers = list[tuple[bytes, bytes]]
 Count = Callable[[str, str, int], None]
@@ -167,13 +164,16 @@ class RoutedDataPlane:
         self._error_headers = tuple(error_headers)
         self._tasks: set[asyncio.Task[None]] = set()  # handlers' tasks in progress (the loop keeps weak refs)
         self._prefix = self.routes.prefix  # /stores/: every route's path starts with it
+        # What the admission checks are given as a request's path: the prefix, neither a probe's path nor a
+        # protected one, as no percent-decoding of a path that starts with it can be.
+        self._admitted_path = self._prefix.decode("ascii")
 
     def accepts(self, method: str, path: bytes) -> bool:
         return path.startswith(self._prefix)
 
     def handle(self, exchange: Exchange) -> None:
         request = exchange.request
-        refusal = self.admission.admit_head(_ADMITTED_PATH, request.target_bytes, request.headers)
+        refusal = self.admission.admit_head(self._admitted_path, request.target_bytes, request.headers)
         if refusal is not None:
             exchange.answer(refusal.status, self.error_headers(refusal), error_json(refusal.code, refusal.message))
             return
