@@ -57,6 +57,8 @@ _READ_HEADERS = {
     )
 }
 _OFFSET = {"type": "integer", "minimum": 0, "maximum": (1 << 63) - 1}
+# The same in a JSON body, where 14571.0 is the integer 14571 as JSON Schema 2020-12 counts it.
+_BODY_OFFSET = {**_OFFSET, "description": "an integer: a JSON number with no fractional part (14571.0 is 14571)"}
 _KEY = {
     "name": "key",
     "in": "path",
@@ -138,7 +140,10 @@ OPENAPI: dict[str, Any] = {
         "description": (
             "One-hop reads of partitioned state: each key is routed to a node serving its partition, "
             "partitioned exactly as Kafka's default partitioner. Every error is a JSON object with an "
-            "`error` code and a human `message`."
+            "`error` code and a human `message`. Integers: in a JSON body, any JSON number with no "
+            "fractional part, as JSON Schema 2020-12 counts integers (14571, 14571.0 and 1.4571e4 are all "
+            "14571); a fraction (14571.5), a boolean or a value out of range is a 400 `bad_request`. In a "
+            "query string, decimal digits only (no sign '+', fraction or exponent)."
         ),
     },
     "paths": {
@@ -489,18 +494,20 @@ OPENAPI: dict[str, Any] = {
                     "keys": {
                         "type": "array",
                         "items": {"type": ["string", "integer"]},
-                        "description": "strings; integers are accepted for integer key formats",
+                        "description": "strings; integers are accepted for integer key formats (a JSON number "
+                        "with no fractional part: 5.0 is the key 5)",
                     },
                     "min_offset": {
                         **_OFFSET,
-                        "description": "live stores: a bound for every partition of the request (see getKey)",
+                        "description": "live stores: a bound for every partition of the request (see getKey); "
+                        "a JSON number with no fractional part (14571.0 is 14571)",
                     },
                     "min_offsets": {
                         "type": "object",
                         "description": "live stores: a bound per partition, by partition number; with "
                         "min_offset too, the larger bound applies",
                         "propertyNames": {"pattern": "^[0-9]+$"},
-                        "additionalProperties": _OFFSET,
+                        "additionalProperties": _BODY_OFFSET,
                     },
                 },
             },

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from decimal import Decimal
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
@@ -188,11 +189,73 @@ class NotUpToBound(ApiError):
         super().__init__(message, headers)
 
 
-def parse_min_offset(text: str) -> int:
-    """A `min_offset` given as text (a query parameter): a decimal offset in 0..MAX_OFFSET. Raises BadRequest."""
-    if not (text.isascii() and text.isdigit()) or len(text) > 19 or int(text) > MAX_OFFSET:
-        raise BadRequest(f"min_offset must be an offset: an integer from 0 to {MAX_OFFSET}, got {text[:40]!r}")
+# -- integers in requests --------------------------------------------------------------------------------
+#
+# Every integer a request carries is read by one of two functions, whatever field it is:
+#   in a JSON body    `json_integer`: a JSON number with no fractional part, however it is written (14571,
+#                     14571.0, 1.4571e4: JSON Schema 2020-12 counts all three as the integer 14571), read
+#                     exactly (never through a binary float); never a boolean; within the field's range.
+#                     Bodies are parsed with `loads_json`, which reads such numbers as ints.
+#   in a query string `integer_text` (`text_integer` raises for it): decimal digits only (a '-' first where
+#                     the field may be negative): no sign '+', no spaces, no fraction, no exponent. Every
+#                     query parameter that is an integer is read by it (min_offset here; limit, from and to
+#                     of an integer timeline in keyroute.core.timeline; limit and version of a range in
+#                     keyroute.core.ranges), each with its own message.
+# A value outside these rules or the field's range is a 400 bad_request naming the field and the range.
+
+# A number written with more digits than this before its point is no int64 (and is never expanded: 1e999999).
+_MAX_INTEGER_DIGITS = 40
+
+
+def _json_number(text: str) -> int | float:
+    """A JSON number with a fraction or exponent: an int when it has no fractional part, else a float."""
+    number = Decimal(text)
+    if number.is_finite() and number.adjusted() < _MAX_INTEGER_DIGITS and number == number.to_integral_value():
+        return int(number)
+    return float(text)
+
+
+def loads_json(body: bytes | str) -> Any:
+    """A request body's JSON, its integral numbers as ints (`_json_number`). Raises ValueError (and
+    UnicodeDecodeError) as `json.loads` does."""
+    return json.loads(body, parse_float=_json_number)
+
+
+def json_integer(value: Any, what: str, low: int, high: int, meaning: str = "an integer") -> int:
+    """`value` (from `loads_json`) as an integer field from `low` to `high`. Raises BadRequest for a boolean,
+    a number with a fractional part, anything else that is not a number, or a number out of range."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # a body parsed with plain json.loads
+    if value.__class__ is not int or not low <= value <= high:
+        raise BadRequest(f"{what} must be {meaning} from {low} to {high}, got {value!r:.40}")
+    return value
+
+
+def integer_text(text: str, signed: bool = False) -> int | None:
+    """The integer a query parameter's `text` spells, or None: decimal digits only (a '-' first when `signed`),
+    at most 19 of them (an int64 has at most 19). The caller checks the range, and says what it expected."""
+    digits = text[1:] if signed and text[:1] == "-" else text
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 19:
+        return None
     return int(text)
+
+
+def text_integer(text: str, what: str, low: int, high: int, meaning: str = "an integer") -> int:
+    """A query parameter's `text` as an integer from `low` to `high` (`integer_text`, signed when `low` is
+    negative). Raises BadRequest otherwise."""
+    value = integer_text(text, low < 0)
+    if value is None or not low <= value <= high:
+        raise BadRequest(f"{what} must be {meaning} from {low} to {high}, got {text[:40]!r}")
+    return value
+
+
+def parse_min_offset(text: str) -> int:
+    """A `min_offset` given as text (a query parameter): a decimal offset in 0..MAX_OFFSET. Raises BadRequest.
+    (`text_integer`, written out: a bounded read pays for it.)"""
+    value = integer_text(text)
+    if value is None or value > MAX_OFFSET:
+        raise BadRequest(f"min_offset must be an offset: an integer from 0 to {MAX_OFFSET}, got {text[:40]!r}")
+    return value
 
 
 def min_offset_query(query: bytes) -> int | None:
@@ -209,11 +272,10 @@ def min_offset_query(query: bytes) -> int | None:
     return found
 
 
-def offset_value(value: Any, what: str = "min_offset") -> int:
-    """A bound given as JSON (a batch-get body): an integer in 0..MAX_OFFSET. Raises BadRequest."""
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_OFFSET:
-        raise BadRequest(f"{what} must be an offset: an integer from 0 to {MAX_OFFSET}, got {value!r:.40}")
-    return value
+def offset_value(value: Any, what: str = MIN_OFFSET) -> int:
+    """A bound given as JSON (a batch-get body): an integer in 0..MAX_OFFSET (`json_integer`: 14571.0 is
+    14571). Raises BadRequest."""
+    return json_integer(value, what, 0, MAX_OFFSET, "an offset: an integer")
 
 
 def error_json(code: str, message: str) -> bytes:
@@ -234,30 +296,44 @@ def is_key_read(method: str, raw_path: bytes) -> bool:
     return method in ("GET", "HEAD") and raw_path.startswith(b"/stores/") and raw_path.find(b"/keys/", 8) > 0
 
 
+# The path parameter that names a key: the one that may be empty (the empty key is a key) and whose
+# faults are `bad_key` rather than `bad_request`.
+KEY_PARAMETER = "key"
+
+
+def path_parameter(raw: bytes, name: str, max_bytes: int = DEFAULT_MAX_KEY_BYTES) -> str:
+    """The one rule by which a path parameter is read from its raw (still percent-encoded) path segment:
+    percent-decoded (a `%` not followed by two hex digits stays as it is, as in every decoder), then
+    decoded as UTF-8, strictly: a segment that is not UTF-8 is refused, never guessed at (no Latin-1
+    fallback, no replacement character).
+
+    Because each segment is decoded alone, after the path was split, a %2F is part of the parameter and
+    never a separator. Raises BadKey (400 bad_key) for a key and BadRequest (400 bad_request) for another
+    parameter that is not UTF-8, and KeyTooLong (414 key_too_long) when the decoded parameter is longer
+    than `max_bytes` (0: no limit)."""
+    # Checked before decoding too: a percent-encoded byte is 3 characters, so this bounds the work.
+    if max_bytes and len(raw) > 3 * max_bytes:
+        raise KeyTooLong(f"the {name} is longer than {max_bytes} bytes")
+    data = unquote_to_bytes(raw) if 37 in raw else raw  # 37: '%' (an int is one memchr, cheaper than b"%")
+    if max_bytes and len(data) > max_bytes:
+        raise KeyTooLong(f"the {name} is longer than {max_bytes} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        message = f"the {name} is not valid UTF-8 after percent-decoding"
+        raise (BadKey(message) if name == KEY_PARAMETER else BadRequest(message)) from None
+
+
 def key_path_segment(raw_path: bytes, max_key_bytes: int = DEFAULT_MAX_KEY_BYTES) -> tuple[str, str] | None:
     """(store, key) from the raw request path `/stores/{store}/keys/{key}`, or None if it is not one.
 
     The raw path is used because servers percent-decode `path`, which would turn a key's `%2F` into a
-    separator. Raises BadKey when the key's percent-encoding is not UTF-8, and KeyTooLong when the
-    decoded key (or the store name) is longer than `max_key_bytes` (0: no limit).
+    separator. Each parameter is read by `path_parameter` (raises as it does).
     """
     parts = raw_path.split(b"/")
     if len(parts) != 5 or parts[0] != b"" or parts[1] != b"stores" or parts[3] != b"keys" or not parts[2]:
         return None
-    raw_store, raw_key = parts[2], parts[4]
-    # Checked before decoding too: a percent-encoded byte is 3 characters, so this bounds the work.
-    if max_key_bytes and (len(raw_key) > 3 * max_key_bytes or len(raw_store) > 3 * max_key_bytes):
-        raise KeyTooLong(f"the key is longer than {max_key_bytes} bytes")
-    store_bytes = unquote_to_bytes(raw_store) if b"%" in raw_store else raw_store
-    key_bytes = unquote_to_bytes(raw_key) if b"%" in raw_key else raw_key
-    if max_key_bytes and (len(key_bytes) > max_key_bytes or len(store_bytes) > max_key_bytes):
-        raise KeyTooLong(f"the key is longer than {max_key_bytes} bytes")
-    try:
-        store = store_bytes.decode("utf-8")
-        key = key_bytes.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BadKey("the key is not valid UTF-8 after percent-decoding") from exc
-    return store, key
+    return path_parameter(parts[2], "store", max_key_bytes), path_parameter(parts[4], KEY_PARAMETER, max_key_bytes)
 
 
 # The reads of a key's timeline, by the path segment after the key (keyroute.core.timeline).

@@ -14,11 +14,11 @@ back, and are never in a range.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
 
+from keyroute.core.api import integer_text
 from keyroute.core.key_format import Key, KeyFormat, KeyFormatError, parse_key
 from keyroute.core.timeline import CursorError, seal, unseal
 
@@ -72,9 +72,10 @@ def _limit(given: dict[str, str]) -> int:
     if "limit" not in given:
         return DEFAULT_LIMIT
     text = given["limit"]
-    if not re.fullmatch(r"[0-9]{1,9}", text) or not 1 <= int(text) <= MAX_LIMIT:
+    limit = integer_text(text)
+    if limit is None or not 1 <= limit <= MAX_LIMIT:
         raise RangeQueryError(f"limit={text!r}: expected an integer from 1 to {MAX_LIMIT}")
-    return int(text)
+    return limit
 
 
 def _key(key_format: KeyFormat, given: dict[str, str], name: str) -> Key | None:
@@ -165,14 +166,15 @@ def parse_partition_range(raw_query: bytes, key_format: KeyFormat) -> PartitionR
         except ValueError:
             raise RangeQueryError(f"{name}: expected the serialized key in hex") from None
 
-    version = given.get("version")
-    if version is not None and not re.fullmatch(r"[1-9][0-9]{0,17}", version):
-        raise RangeQueryError(f"version={version!r}: expected a version number")
+    version_text = given.get("version")
+    version = None if version_text is None else integer_text(version_text)
+    if version_text is not None and (version is None or version < 1):
+        raise RangeQueryError(f"version={version_text!r}: expected a version number")
     width = _WIDTHS.get(key_format)
     bounds = (data("from_key"), data("to_key"), data("after"))
     if width is not None and any(b is not None and len(b) != width for b in bounds):
         raise RangeQueryError(f"{key_format.value} keys are {width} bytes")
-    return PartitionRange(*bounds, limit=_limit(given), version=None if version is None else int(version))
+    return PartitionRange(*bounds, limit=_limit(given), version=version)
 
 
 _WIDTHS = {KeyFormat.INT16: 2, KeyFormat.INT32: 4, KeyFormat.INT64: 8}

@@ -37,6 +37,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from keyroute.core.api import integer_text
+
 # The tags and key limit of keyroute.core.lmdb_layout (which imports the snapshot module, which imports this
 # one): a timeline's key parts are tagged as value stores' keys are.
 TAG_KEY = b"="
@@ -181,9 +183,9 @@ class Timeline:
 
 def parse_time(text: str, time_type: TimeType, name: str) -> int:
     if time_type is TimeType.INTEGER:
-        if not re.fullmatch(r"-?[0-9]{1,19}", text):
+        value = integer_text(text, signed=True)
+        if value is None:
             raise TimelineError(f"{name}={text!r} is not an integer (this store orders by an integer column)")
-        value = int(text)
         if not INT64_MIN <= value <= INT64_MAX:
             raise TimelineError(f"{name}={text!r} is out of the 64-bit range")
         return value
@@ -406,9 +408,10 @@ def parse_query(read: str, raw_query: bytes, timeline: Timeline) -> TimelineQuer
         raise QueryError(f"from={given['from']!r} is after to={given['to']!r}")
     limit = DEFAULT_LIMIT
     if "limit" in given:
-        if not re.fullmatch(r"[0-9]{1,9}", given["limit"]) or not 1 <= int(given["limit"]) <= MAX_LIMIT:
+        given_limit = integer_text(given["limit"])
+        if given_limit is None or not 1 <= given_limit <= MAX_LIMIT:
             raise QueryError(f"limit={given['limit']!r}: expected an integer from 1 to {MAX_LIMIT}")
-        limit = int(given["limit"])
+        limit = given_limit
     order = given.get("order", "asc") or "asc"
     if order not in ("asc", "desc"):
         raise QueryError(f"order={order!r}: expected 'asc' or 'desc'")
@@ -420,9 +423,9 @@ def parse_query(read: str, raw_query: bytes, timeline: Timeline) -> TimelineQuer
     min_offset = None
     if "min_offset" in given:
         text = given["min_offset"]
-        if not re.fullmatch(r"[0-9]{1,19}", text) or int(text) > INT64_MAX:
+        min_offset = integer_text(text)
+        if min_offset is None or min_offset > INT64_MAX:
             raise QueryError(f"min_offset={text!r}: expected an integer from 0 to 2^63-1")
-        min_offset = int(text)
     bounds = (given.get("from"), given.get("to"))
     return TimelineQuery(read, low, high, limit, order == "desc", cursor, bounds, min_offset)
 

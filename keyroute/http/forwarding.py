@@ -11,6 +11,9 @@ The batch-get wire format, as every member speaks it:
             | {"key": TEXT, "status": S, "error": CODE, "message": TEXT}      (S 400, 404, 503, ...)
               an entry of a live store also carries "offset": the partition's last applied offset
 
+Every integer in a request body (a KEY of an integer store, N) may be written with a zero fraction or an
+exponent (14571.0, 1.4571e4: the integer 14571, as JSON Schema counts integers); 14571.5 is refused.
+
 An entry with status 503 means "that node does not serve the key's partition now" (or, `not_up_to_bound`,
 "it has not applied the bound yet"): another replica may.
 """
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
 
-from keyroute.core.api import ApiError, BadRequest, PartitionUnavailable, PayloadTooLarge, offset_value
+from keyroute.core.api import ApiError, BadRequest, PartitionUnavailable, PayloadTooLarge, loads_json, offset_value
 
 __all__ = [
     "HOP_BY_HOP",
@@ -155,11 +158,14 @@ def parse_batch_request(body: bytes, max_keys: int) -> BatchRequest:
     """The `keys` of a batch-get request body, as JSON gave them (any JSON values: each caller decides per
     key what it accepts), and its bounds ("min_offset", "min_offsets").
 
+    Numbers are read as `keyroute.core.api.loads_json` reads them: one with no fractional part is an
+    integer however it is written (14571.0 is 14571, as JSON Schema counts it), for keys and bounds alike.
+
     Raises BadRequest (400 bad_request) when the body is not UTF-8 JSON of the form `{"keys": [...]}` or a
     bound is malformed (not an offset; a partition that is not a decimal number), and PayloadTooLarge (413
     too_many_keys) when it holds more than `max_keys` keys (0: no limit)."""
     try:
-        obj = json.loads(body)
+        obj = loads_json(body)
     except (UnicodeDecodeError, ValueError) as exc:
         raise BadRequest(f"the body is not valid JSON ({exc})") from exc
     if not isinstance(obj, dict) or not isinstance(obj.get("keys"), list):

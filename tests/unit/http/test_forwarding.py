@@ -22,6 +22,7 @@ from keyroute.http.forwarding import (
     found_entry,
     parse_batch_answer,
     parse_batch_body,
+    parse_batch_request,
     passthrough_headers,
     path_segment,
     results_body,
@@ -107,6 +108,40 @@ def test_a_batch_over_max_keys_is_413_too_many_keys_and_0_is_no_limit() -> None:
 def test_a_batch_request_body_round_trips_through_the_parser() -> None:
     texts = ["a", "東京", 'quote"d', "\ud800"]  # a lone surrogate: valid JSON text, not UTF-8
     assert parse_batch_body(batch_body(texts), 0) == texts
+
+
+@pytest.mark.parametrize(
+    ("written", "read"),
+    [("14571", 14571), ("14571.0", 14571), ("1.4571e4", 14571), ("1e3", 1000), ("0.0", 0), ("-0.0", 0),
+     # Read exactly, never through a binary float (which would give ...992).
+     ("9007199254740993.0", 9007199254740993), ("9223372036854775807.0", (1 << 63) - 1)],
+)  # fmt: skip
+def test_an_integral_json_number_is_an_integer_in_every_integer_field_of_a_batch_body(written: str, read: int) -> None:
+    # JSON Schema 2020-12 counts 14571.0 as an integer, and the OpenAPI document says `integer`.
+    body = f'{{"keys": [{written}], "min_offset": {written}, "min_offsets": {{"8525082": {written}}}}}'.encode()
+    parsed = parse_batch_request(body, 10)
+    assert parsed.keys == [read] and type(parsed.keys[0]) is int
+    assert parsed.bounds is not None and parsed.bounds.every == read and parsed.bounds.partitions == {8525082: read}
+
+
+@pytest.mark.parametrize(
+    ("bound", "shown"),
+    [("14571.5", "14571.5"), ("1e-3", "0.001"), ("true", "True"), ("-1", "-1"), ("-1.0", "-1"),
+     ("9223372036854775808", "9223372036854775808"), ("9223372036854775808.0", "9223372036854775808"),
+     ("1e400", "inf"), ('"5"', "'5'"), ("null", "None")],
+)  # fmt: skip
+def test_a_bound_with_a_fraction_a_boolean_or_out_of_range_is_a_clear_400(bound: str, shown: str) -> None:
+    body = f'{{"keys": ["a"], "min_offsets": {{"3": {bound}}}}}'.encode()
+    with pytest.raises(BadRequest) as refused:
+        parse_batch_request(body, 10)
+    assert refused.value.status == 400 and refused.value.code == "bad_request"
+    assert refused.value.message == (
+        f"min_offsets[3] must be an offset: an integer from 0 to 9223372036854775807, got {shown}"
+    )
+
+
+def test_a_key_with_a_fraction_is_left_to_the_caller_as_the_float_it_is() -> None:
+    assert parse_batch_request(b'{"keys": [5.5, "5.0", 5.0]}', 10).keys == [5.5, "5.0", 5]
 
 
 def test_a_found_entry_keeps_the_stored_value_bytes_as_they_are() -> None:

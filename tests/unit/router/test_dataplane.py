@@ -24,6 +24,7 @@ from starlette.routing import Route
 from keyroute.core.api import KeyNotFound
 from keyroute.http.admission import Admission
 from keyroute.http.exchange import Exchange, ServerLimits
+from keyroute.http.forwarding import OffsetBounds
 from keyroute.http.server import HttpServer
 from keyroute.http.upstream import UpstreamResponse
 from keyroute.router.dataplane import RouterDataPlane
@@ -41,6 +42,14 @@ class StandInProxy:
     release: threading.Event = field(default_factory=threading.Event)
     waiting: int = 0
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    batches: list[tuple[str, list[Any], OffsetBounds | None]] = field(default_factory=list)
+
+    async def batch_get(
+        self, store: str, keys: list[Any], request_id: str, bounds: OffsetBounds | None = None
+    ) -> list[dict[str, Any]]:
+        """Every key found, as its own name; the batch and its bounds recorded."""
+        self.batches.append((store, list(keys), bounds))
+        return [{"key": key, "status": 200, "partition": 0, "version": 1, "value": {"v": key}} for key in keys]
 
     def read(self, store: str, key: str, request_id: str, on_result: Callable[[Any], None]) -> None:
         if key == "absent":
@@ -308,3 +317,25 @@ def test_an_idle_keep_alive_connection_is_closed_a_whole_timeout_after_its_last_
         assert sock.recv(1) == b""  # then closed by the server, a whole timeout after that answer
         idle = time.monotonic() - answered
     assert 0.9 <= idle < 3.0
+
+
+def test_a_batch_bound_written_as_an_integral_float_is_the_integer_and_a_fraction_is_refused(served: Served) -> None:
+    # An outside fuzzer's find: the OpenAPI document says `integer`, and JSON Schema counts 14571.0 as one.
+    def batch_get(bound: str) -> tuple[int, dict[str, str], bytes]:
+        body = f'{{"keys": ["k1"], "min_offsets": {{"8525082": {bound}}}}}'.encode()
+        raw = b"POST /stores/s/batch-get HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+        ((answer),) = parse_answers(served.exchange(raw % (len(body), body)))
+        return answer
+
+    status, _, body = batch_get("14571.0")
+    assert status == 200 and [e["key"] for e in json.loads(body)["results"]] == ["k1"]
+    assert served.proxy.batches == [("s", ["k1"], OffsetBounds(None, {8525082: 14571}))]
+    assert batch_get("14571")[2] == body and served.proxy.batches[-1] == served.proxy.batches[0]
+    status, headers, body = batch_get("14571.5")
+    assert status == 400 and headers["content-type"] == "application/json"
+    assert json.loads(body) == {
+        "error": "bad_request",
+        "message": "min_offsets[8525082] must be an offset: an integer from 0 to 9223372036854775807, got 14571.5",
+    }
+    assert len(served.proxy.batches) == 2  # refused before the proxy was asked
+    assert served.admission.active == 0

@@ -130,7 +130,7 @@ def test_batch_bounds_are_parsed_and_the_larger_applies() -> None:
 
 @pytest.mark.parametrize(
     "body",
-    [b'{"keys": [], "min_offset": -1}', b'{"keys": [], "min_offset": 1e3}', b'{"keys": [], "min_offset": false}',
+    [b'{"keys": [], "min_offset": -1}', b'{"keys": [], "min_offset": 1e-3}', b'{"keys": [], "min_offset": false}',
      b'{"keys": [], "min_offsets": {"-1": 3}}', b'{"keys": [], "min_offsets": {"1": "3"}}',
      b'{"keys": [], "min_offset": 9223372036854775808}'],
 )  # fmt: skip

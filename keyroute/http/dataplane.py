@@ -1,0 +1,230 @@
+"""The data-plane skeleton routers and nodes share: admission, routing, path decoding, error answers and the
+handlers' tasks, written once. A service declares its routes and handlers; everything else is here.
+
+`RoutedDataPlane` is a `keyroute.http.server.DataPlane` for every request under /stores/. For each one:
+
+    1. admission (`keyroute.http.admission.Admission.admit_head`): a refusal is answered at once, and no
+       place is taken
+    2. routing (`keyroute.http.routing.RouteTable`): 404 not_found, or 405 method_not_allowed with `Allow`
+    3. path parameters decoded by one rule (`keyroute.core.api.path_parameter`): 400 or 414 when they do not
+       decode
+    4. `handler(plane, call, *parameters)`: it answers the `Call`, now or later from a callback, or returns
+       an awaitable, which runs in a task of its own (the request's id bound to its log lines)
+
+Contract, for every request admitted:
+
+    answered once          the first `Call.answer` counts; later ones are ignored
+    admission released     exactly once: when the call is answered (also when the client has gone: the
+                           answer is then dropped), or when its task ends unanswered (cancelled: the server
+                           is stopping)
+    ApiError               raised by the handler or its task (or given to `Call.fail`): its status, the
+                           service's error headers and the error's own, `{"error", "message"}`
+    anything else          logged with its traceback and the request's id, answered 500 internal_error with
+                           no detail; a task that ends without answering is such a failure too
+    counted                every answer of a route with a `kind`, by (store, kind, status), through the
+                           service's `count`, unless the handler counted it itself (`Call.answer_counted`);
+                           404/405 and admission's refusals are not reads and are not counted here
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from keyroute.core.api import ApiError, NotFound, error_headers, error_json
+from keyroute.core.logs import bind_request_id
+from keyroute.http.routing import MethodNotAllowed, Route, RouteTable
+
+if TYPE_CHECKING:
+    from keyroute.http.admission import Admission
+    from keyroute.http.exchange import Exchange, Request
+
+__all__ = ["JSON", "NOT_A_KEY_PATH", "Call", "MethodNotAllowed", "RoutedDataPlane", "Route", "RouteTable"]
+
+log = logging.getLogger(__name__)
+
+JSON = [(b"content-type", b"application/json")]
+Headers = list[tuple[bytes, bytes]]
+Count = Callable[[str, str, int], None]
+
+
+class Call:
+    """One admitted, routed data-plane request as its handler sees it: `request` (keyroute.http.server's
+    Request: method, raw path and query, headers, body, request_id), the `store` it is counted under, and
+    one way to answer it (`answer`, `answer_counted`, `fail`), which also releases its admission."""
+
+    __slots__ = ("request", "store", "_exchange", "_plane", "_kind", "_open")
+
+    def __init__(self, plane: RoutedDataPlane, exchange: Exchange, kind: str | None) -> None:
+        self.request: Request = exchange.request
+        self.store = ""  # until the route's first parameter, the store, is decoded
+        self._exchange = exchange
+        self._plane = plane
+        self._kind = kind
+        self._open = True
+
+    @property
+    def answered(self) -> bool:
+        return not self._open
+
+    @property
+    def gone(self) -> bool:
+        """The client closed the connection: an answer would be dropped (it still releases admission)."""
+        return self._exchange.gone
+
+    def answer(self, status: int, headers: Headers, body: bytes) -> None:
+        """Answer (the first time only), counted under the route's kind; the server adds framing headers."""
+        if not self._open:
+            return
+        self._open = False
+        plane = self._plane
+        plane.admission.release()
+        kind = self._kind
+        if kind is not None:
+            plane.count(self.store, kind, status)
+        try:
+            self._exchange.answer(status, headers, body)
+        except Exception:
+            self._unwritable()
+
+    def settle(self, result: Any) -> None:
+        """Answer with the result of work done elsewhere (a callback's argument): a reply, anything with
+        `status`, `headers` and `body` (an upstream's answer, passed on as it is), or the exception the work
+        failed with (`fail`)."""
+        if isinstance(result, BaseException):
+            self.fail(result)
+        else:
+            self.answer(result.status, result.headers, result.body)
+
+    def answer_counted(self, status: int, headers: Headers, body: bytes) -> None:
+        """`answer`, for an answer the handler has counted itself (a batch counts each of its keys)."""
+        if not self._open:
+            return
+        self._open = False
+        self._plane.admission.release()
+        try:
+            self._exchange.answer(status, headers, body)
+        except Exception:
+            self._unwritable()
+
+    def fail(self, error: BaseException) -> None:
+        """Answer with `error`: an ApiError as the API's JSON error; anything else logged with its traceback
+        and answered 500 without detail."""
+        if not isinstance(error, ApiError):
+            request = self.request
+            log.error(
+                "answering %s %r failed",
+                request.method,
+                request.path[:200],
+                exc_info=error,
+                extra={"request_id": request.request_id},
+            )
+            error = ApiError("internal error")  # the base class is the 500 internal_error
+        self.answer(error.status, self._plane.error_headers(error), error_json(error.code, error.message))
+
+    def _unwritable(self) -> None:
+        """An answer that could not be written (headers that do not encode): logged, and a 500 instead,
+        never a hung connection. Called from an except clause."""
+        request = self.request
+        log.exception("writing the answer to %r failed", request.path[:200], extra={"request_id": request.request_id})
+        error = ApiError("internal error")
+        self._exchange.answer(500, self._plane.error_headers(error), error_json(error.code, error.message))
+
+    def _abandon(self) -> None:
+        """Release admission without answering: the task that was to answer was cancelled."""
+        if self._open:
+            self._open = False
+            self._plane.admission.release()
+
+    def __repr__(self) -> str:
+        return f"Call({self.request!r}, answered={not self._open})"
+
+
+class RoutedDataPlane:
+    """The skeleton of a service's data plane (see the module docstring). A subclass declares `routes` (a
+    RouteTable of its handlers, functions taking the plane, the `Call` and the decoded path parameters)
+    and passes its admission checks, its answer counter (`count(store, kind, status)`), the headers its
+    error answers carry (say X-Keyroute-Node) and the most bytes a path parameter may decode to."""
+
+    routes: ClassVar[RouteTable]
+
+    def __init__(
+        self,
+        admission: Admission,
+        count: Count,
+        *,
+        max_parameter_bytes: int = 0,
+        error_headers: Iterable[tuple[bytes, bytes]] = (),
+    ) -> None:
+        self.admission = admission
+        self.count = count
+        self.max_parameter_bytes = max_parameter_bytes
+        self._error_headers = tuple(error_headers)
+        self._tasks: set[asyncio.Task[None]] = set()  # handlers' tasks in progress (the loop keeps weak refs)
+        self._prefix = self.routes.prefix  # /stores/: every route's path starts with it
+        # What the admission checks are given as a request's path: the prefix, neither a probe's path nor a
+        # protected one, as no percent-decoding of a path that starts with it can be.
+        self._admitted_path = self._prefix.decode("ascii")
+
+    def accepts(self, method: str, path: bytes) -> bool:
+        return path.startswith(self._prefix)
+
+    def handle(self, exchange: Exchange) -> None:
+        request = exchange.request
+        refusal = self.admission.admit_head(self._admitted_path, request.target_bytes, request.headers)
+        if refusal is not None:
+            exchange.answer(refusal.status, self.error_headers(refusal), error_json(refusal.code, refusal.message))
+            return
+        parts = request.path.split(b"/")
+        route = self.routes.resolve(request.method, parts)
+        if isinstance(route, ApiError):
+            Call(self, exchange, None).fail(route)
+            return
+        call = Call(self, exchange, route.kind)
+        try:
+            parameters = route.decode(parts, self.max_parameter_bytes)
+        except ApiError as exc:
+            call.store = route.store_label(parts)
+            call.fail(exc)
+            return
+        call.store = parameters[0]
+        try:
+            work = route.handler(self, call, *parameters)
+        except Exception as exc:
+            call.fail(exc)
+            return
+        if work is not None:
+            self.spawn(call, work)
+
+    def spawn(self, call: Call, work: Awaitable[None]) -> None:
+        """Run `work` (what a handler returned) in a task that answers `call` if `work` fails."""
+        task = asyncio.get_running_loop().create_task(self._run(call, work))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, call: Call, work: Awaitable[None]) -> None:
+        bind_request_id({}, call.request.request_id)  # this task's log lines carry it
+        try:
+            await work
+        except Exception as exc:
+            call.fail(exc)
+        except BaseException:  # cancelled (the server is stopping): nothing to answer
+            call._abandon()
+            raise
+        if not call.answered:
+            call.fail(RuntimeError(f"the handler's task of {call.request!r} ended without answering"))
+
+    def error_headers(self, error: ApiError) -> Headers:
+        """The headers of an error answer: content type, the service's own, the error's own."""
+        return error_headers(error, self._error_headers)
+
+
+def _not_a_key_path(plane: RoutedDataPlane, call: Call, store: str) -> None:
+    raise NotFound("not a key path: a key containing '/' must be percent-encoded as %2F")
+
+
+# Every path under /stores/{store}/keys/ that no route of a key fits: a GET is told why (most often a key
+# with an unencoded '/'), another method is a 405 as for a key. Both services declare it last.
+NOT_A_KEY_PATH = Route("/stores/{store}/keys/{rest:path}", ("GET",), _not_a_key_path, documented=False)
