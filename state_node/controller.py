@@ -20,7 +20,7 @@ from kazoo.recipe.election import Election
 from keyroute.core import placement_records, zk_layout
 from keyroute.core.collector import without_cyclic_collection
 from keyroute.core.partition_map import Assignment, NodeRecord, RecordError, StoreRecord
-from keyroute.state_node.assignment import StoreShape, assign
+from keyroute.state_node.placement import StoreShape, assign
 
 log = logging.getLogger(__name__)
 

@@ -258,8 +258,8 @@ def test_a_controller_finishes_what_a_predecessor_wrote_before_it_could_write_th
     """A controller that crashed after writing a store record of the next assignment but before the root leaves
     that record ahead of the root. Its successor's assignment may give that store the very same replicas: the
     root it writes must then name the record as it is, or readers would wait for it forever."""
-    from keyroute.state_node.assignment import assign
     from keyroute.state_node.controller import Controller
+    from keyroute.state_node.placement import assign
 
     admin = connect(zk_settings)
     fleet = connect(zk_settings)
