@@ -51,7 +51,7 @@ def test_a_nodes_share_round_trips_and_stays_small_at_the_target_size() -> None:
     share = {f"store-{s:03d}": (1000, frozenset((s * 7 + k * 333) % 1000 for k in range(3))) for s in range(100)}
     raw = records.share_record(9, share)
     assert records.parse_share_record(raw) == (9, share)
-    assert len(raw) < 8 * 1024  # a node reads this, not 100 store records of ~35 KB each
+    assert len(raw) < 8 * 1024  # a node reads this, not 100 placement records of ~35 KB each
     with pytest.raises(RecordError, match="outside"):
         records.parse_share_record(records.share_record(9, {"a": (4, frozenset({4}))}))
     with pytest.raises(RecordError):
@@ -60,7 +60,7 @@ def test_a_nodes_share_round_trips_and_stays_small_at_the_target_size() -> None:
 
 def test_the_root_says_whether_share_records_are_written() -> None:
     assert records.parse_root(records.root_record(3, {"a": 2})) == (3, {"a": 2}, True)
-    # A controller from before share records: readers then read every store record.
+    # A controller from before share records: readers then read every placement record.
     assert records.parse_root(b'{"generation": 3, "stores": {"a": 2}}') == (3, {"a": 2}, False)
     assert records.parse_root(records.root_record(3, {"a": 2}, share_records=False)).share_records is False
 
