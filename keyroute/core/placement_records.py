@@ -62,7 +62,7 @@ class Root(NamedTuple):
 Share = dict[str, tuple[int, frozenset[int]]]
 
 
-def store_record(generation: int, replicas: tuple[tuple[str, ...], ...]) -> bytes:
+def placement_record(generation: int, replicas: tuple[tuple[str, ...], ...]) -> bytes:
     """One store's placement record: its replicas, node ids written once each (indexes keep the record
     small). The same JSON as
     json.dumps with compact separators, spelled out: the controller writes a hundred of these per change."""
@@ -73,7 +73,7 @@ def store_record(generation: int, replicas: tuple[tuple[str, ...], ...]) -> byte
     return f'{{"generation":{int(generation)},"nodes":[{names}],"replicas":[{lists}]}}'.encode()
 
 
-def parse_store_record(raw: bytes) -> tuple[int, tuple[tuple[str, ...], ...]]:
+def parse_placement_record(raw: bytes) -> tuple[int, tuple[tuple[str, ...], ...]]:
     try:
         obj = json.loads(raw)
         nodes = [str(n) for n in obj["nodes"]]
@@ -200,7 +200,7 @@ def assemble(root: bytes, records: Mapping[str, bytes | None], only: Collection[
         raw = records.get(store)
         if raw is None:
             raise InProgress(f"store {store}: no record yet")
-        got, replicas = parse_store_record(raw)
+        got, replicas = parse_placement_record(raw)
         if got != store_generation:
             raise InProgress(f"store {store}: record at generation {got}, the root names {store_generation}")
         stores[store] = replicas
@@ -240,7 +240,7 @@ def read(
         # the generation of a record it keeps, which is not the one the old root names when the record was
         # written ahead of it (a controller that stopped between its placement records and its root).
         generation = parse_root(root).generation
-        parsed = {s: parse_store_record(raw) for s, raw in records.items() if raw is not None}
+        parsed = {s: parse_placement_record(raw) for s, raw in records.items() if raw is not None}
         stores = {s: replicas for s, (_, replicas) in parsed.items()}
         return Assignment(generation, stores), zstat_version, {s: g for s, (g, _) in parsed.items()}
     return assemble(root, records, only), zstat_version, wanted
@@ -268,7 +268,7 @@ def changes(
         if previous is not None and kept is not None and previous.stores.get(store) == replicas:
             generations[store] = kept
             continue
-        writes[store] = store_record(wanted.generation, replicas)
+        writes[store] = placement_record(wanted.generation, replicas)
         generations[store] = wanted.generation
     gone = sorted(set(previous_generations) - set(wanted.stores))
     return writes, generations, gone
