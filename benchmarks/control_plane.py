@@ -62,11 +62,11 @@ def main() -> None:
         return
     if "PYTHONPATH" not in os.environ:
         sys.path.insert(0, str(ROOT))
-    import keyroute.state_node.assignment
+    import keyroute.state_node
     from keyroute.core.zookeeper_server import EmbeddedZooKeeper
 
     print(
-        f"measuring the keyroute in {Path(keyroute.state_node.assignment.__file__).resolve().parent.parent}",
+        f"measuring the keyroute in {Path(keyroute.state_node.__file__).resolve().parent.parent}",
         file=sys.stderr,
     )
     with tempfile.TemporaryDirectory(prefix="keyroute-control-plane-") as work:

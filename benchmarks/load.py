@@ -775,7 +775,7 @@ def _one_move(cluster: Cluster, owner: str, other: str, version: int) -> Move:
 
     def on_assignment(data: bytes | None, stat: Any) -> bool | None:
         # The store's own record (written before the root that names it, moments apart).
-        if data and placement_records.parse_store_record(data)[1][PARTITION] == (other,):
+        if data and placement_records.parse_placement_record(data)[1][PARTITION] == (other,):
             seen.setdefault("assignment", stat.mtime / 1000)
             return False
         return None

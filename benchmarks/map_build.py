@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from keyroute.core.key_format import KeyFormat  # noqa: E402
 from keyroute.core.partition_map import PartitionMap  # noqa: E402
 from keyroute.core.partitioner import Partitioner  # noqa: E402
-from keyroute.state_node.assignment import assign  # noqa: E402
+from keyroute.state_node.placement import assign  # noqa: E402
 
 
 def load_other(rev: str):  # type: ignore[no-untyped-def]

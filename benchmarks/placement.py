@@ -1,4 +1,4 @@
-"""The controller's placement alone (`keyroute.state_node.assignment.assign`), in-process: CPU per node leaving,
+"""The controller's placement alone (`keyroute.state_node.placement.assign`), in-process: CPU per node leaving,
 node joining and new store, at 1,000 nodes and 100 stores x 1,000 partitions, rf 3, with and without zones.
 
     .venv/bin/python benchmarks/placement.py [--rounds 3] [--code OTHER_CHECKOUT]
@@ -19,13 +19,24 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 NODES, STORES, PARTITIONS, RF, ZONES = 1000, 100, 1000, 3, 3
 
 
+def _assign() -> Any:
+    """`assign` of the code measured (keyroute.state_node.assignment in checkouts from before the placement
+    package, so that --code can measure them too)."""
+    try:
+        from keyroute.state_node.placement import assign
+    except ImportError:
+        from keyroute.state_node.assignment import assign  # type: ignore[import-not-found, no-redef]
+    return assign
+
+
 def measure(rounds: int) -> dict[str, dict[str, float]]:
-    from keyroute.state_node.assignment import assign
+    assign = _assign()
 
     nodes = [f"node-{i:04d}" for i in range(NODES)]
     shapes = {f"store-{i:03d}": (PARTITIONS, RF) for i in range(STORES)}
@@ -58,9 +69,9 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.json:
-        import keyroute.state_node.assignment
+        import keyroute.state_node
 
-        code = Path(keyroute.state_node.assignment.__file__).resolve().parents[1].name  # the checkout measured
+        code = Path(keyroute.state_node.__file__).resolve().parents[1].name  # the checkout measured
         print(json.dumps({"code": code, **measure(args.rounds)}))
         return
     sys.path.insert(0, str(ROOT))

@@ -1,6 +1,9 @@
 """The elected controller: one node at a time turns membership and stores into the assignment.
 
-Runs kazoo's Election recipe on its own thread; while leader it rewrites /assignment on every change.
+Runs kazoo's Election recipe on its own thread; while leader it writes every new assignment on a change:
+the placement records that changed (/placement/{store}) and the share records that changed
+(/assigned/{node}), then the placement root (/placement) that names them (keyroute.core.placement_records).
+The single /assignment record of the layout before is only read, never written.
 Nodes marked leaving in their /nodes record are not assigned anything; a leaving controller writes the
 assignment without itself, then resigns so another node takes over.
 """
@@ -11,6 +14,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from kazoo.client import KazooClient, KazooState
@@ -20,7 +24,7 @@ from kazoo.recipe.election import Election
 from keyroute.core import placement_records, zk_layout
 from keyroute.core.collector import without_cyclic_collection
 from keyroute.core.partition_map import Assignment, NodeRecord, RecordError, StoreRecord
-from keyroute.state_node.assignment import StoreShape, assign
+from keyroute.state_node.placement import StoreShape, assign
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +41,34 @@ class NotLeader(Exception):
     """Our election znode is gone (session expired): another node may already be controller."""
 
 
-class Controller:
-    """Contends for /controller; while elected, keeps /assignment equal to `assign(stores, nodes, ...)`.
+@dataclass(frozen=True, slots=True)
+class _KnownAssignment:
+    """The assignment in ZooKeeper as this controller last read or wrote it. While the placement root is at
+    `root_zstat_version` nobody else wrote one, so the placement records need not be read (and parsed)
+    again on every recomputation."""
 
-    Writes are fenced: the assignment is written in one transaction with a check that this node's
-    election znode still exists, so a controller whose session expired can never overwrite its successor.
+    root_zstat_version: int  # the placement root's znode version
+    assignment: Assignment
+    # per store, the assignment generation of its placement record that the root names
+    record_generations: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class _Inputs:
+    """What a recomputation placed: the same inputs again give the same assignment."""
+
+    stores: dict[str, StoreShape]
+    zones: dict[str, str]  # node -> zone, every assignable node
+    root_zstat_version: int  # the placement root's znode version the previous assignment was read at
+
+
+class Controller:
+    """Contends for /controller; while elected, keeps the assignment in /placement equal to
+    `assign(stores, nodes, ...)`.
+
+    Writes are fenced: the placement root is written in one transaction with a check that this node's
+    election znode still exists (the share records in transactions with the same check), so a controller
+    whose session expired can never overwrite its successor.
     """
 
     def __init__(self, client: KazooClient, node_id: str) -> None:
@@ -56,22 +83,20 @@ class Controller:
         self._stale_contenders: list[str] = []
         self._thread = threading.Thread(target=self._run, name="keyroute-controller", daemon=True)
         self.writes = 0  # assignments written while leader (for tests and the admin view)
-        self.records_written = 0  # ZooKeeper records those writes took (changed store records and the root)
+        self.records_written = 0  # ZooKeeper records those writes took (changed placement records and the root)
         self.bytes_written = 0  # and their bytes (share records included)
         self.resigned = False
         # (store, replication factor, live nodes) already said to be short of nodes.
         self._short_of_nodes: set[tuple[str, int, int]] = set()
-        # The assignment as this controller last read or wrote it: (root's version, assignment, store
-        # generations the root names). While the root is at that version nobody else wrote one, so the
-        # store records need not be read (and parsed) again on every recomputation.
-        self._known: tuple[int, Assignment, dict[str, int]] | None = None
+        # The assignment as this controller last read or wrote it.
+        self._known: _KnownAssignment | None = None
         # Node records as last read (None: not assignable) and the ones whose watch fired since: a change
         # re-reads those, not every node. Emptied (everything read again) when leadership starts and on the
         # safety recomputation.
         self._node_records: dict[str, NodeRecord | None] = {}
-        # The inputs (stores, nodes and their zones, the root's version) of the last recomputation: the same
-        # inputs again give the same assignment, so it is not computed again.
-        self._computed: tuple[object, ...] | None = None
+        # The inputs of the last recomputation: the same inputs again give the same assignment, so it is not
+        # computed again.
+        self._computed: _Inputs | None = None
         # Every node's share of the assignment as the /assigned records hold it, and the assignment those
         # shares are of (None: not known, read them all before the next write).
         self._shares: dict[str, placement_records.Share] | None = None
@@ -212,12 +237,12 @@ class Controller:
         )
         stores = {name: shape for name in listed if (shape := self._store_shapes.get(name)) is not None}
 
-        previous, version, generations = self._previous()
-        if previous is not None and version >= 0:
+        previous, root_zstat_version, record_generations = self._previous()
+        if previous is not None and root_zstat_version >= 0:
             # Share records a predecessor left behind its root (or none, before this layout) are put right
             # first; after that each write of the assignment rewrites only the shares it changed.
             self._write_shares(election, previous, committed=True)
-        inputs = (stores, zones, version)
+        inputs = _Inputs(stores, zones, root_zstat_version)
         if inputs == self._computed:
             return  # a watch that fired for what the last recomputation already saw (or wrote)
 
@@ -226,34 +251,36 @@ class Controller:
             # leaving: keep the assignment as it is (leaving nodes serve until they go).
             return
         self._say_short_of_nodes(stores, len(nodes))
-        generation = previous.generation + 1 if previous is not None else 1
+        generation = previous.generation + 1 if previous is not None else 1  # the assignment generation
         with without_cyclic_collection():
             wanted = assign(stores, nodes, previous, generation, zones=zones)
         if previous is not None and dict(previous.stores) == dict(wanted.stores):
             self._computed = inputs
             return
-        self._write(election, wanted, version, previous, generations)
-        if self._known is not None and self._known[1] is wanted:
-            self._computed = (stores, zones, self._known[0])
+        self._write(election, wanted, root_zstat_version, previous, record_generations)
+        known = self._known
+        if known is not None and known.assignment is wanted:
+            self._computed = _Inputs(stores, zones, known.root_zstat_version)
         log.info("assignment generation %d written for %d nodes, %d stores", generation, len(nodes), len(stores))
 
     def _previous(self) -> tuple[Assignment | None, int, dict[str, int]]:
-        """The assignment in ZooKeeper now, its root's version (-1: none) and the store generations it names."""
+        """The assignment in ZooKeeper now, the placement root's znode version (-1: none) and the assignment
+        generation of each placement record it names."""
         known = self._known
         stat = self._client.exists(zk_layout.PLACEMENT)
-        if known is not None and stat is not None and stat.version == known[0]:
-            return known[1], known[0], known[2]
+        if known is not None and stat is not None and stat.version == known.root_zstat_version:
+            return known.assignment, known.root_zstat_version, known.record_generations
         self._known = None
         try:
-            # Lenient: store records a predecessor wrote before it could write the root are as good a
+            # Lenient: placement records a predecessor wrote before it could write the root are as good a
             # starting point as the ones the root names (both were balanced placements).
-            previous, version, generations = placement_records.read(self._client, lenient=True)
+            previous, root_zstat_version, record_generations = placement_records.read(self._client, lenient=True)
         except RecordError as exc:
             log.warning("replacing an unreadable assignment: %s", exc)
             return None, -1, {}
-        if previous is not None and version >= 0:
-            self._known = (version, previous, generations)
-        return previous, version, generations
+        if previous is not None and root_zstat_version >= 0:
+            self._known = _KnownAssignment(root_zstat_version, previous, record_generations)
+        return previous, root_zstat_version, record_generations
 
     def _say_short_of_nodes(self, stores: Mapping[str, StoreShape], live: int) -> None:
         """A replication factor above the number of live nodes is allowed (each partition gets one replica per
@@ -317,7 +344,7 @@ class Controller:
                 record.replication_factor,
             )
             return None
-        return (record.partitions, record.replication_factor)
+        return StoreShape(record.partitions, record.replication_factor)
 
     @staticmethod
     def _assignable(node_id: str, raw: bytes) -> NodeRecord | None:
@@ -332,23 +359,23 @@ class Controller:
         self,
         election: Election,
         wanted: Assignment,
-        version: int,
+        root_zstat_version: int,
         previous: Assignment | None,
-        generations: Mapping[str, int],
+        record_generations: Mapping[str, int],
     ) -> None:
-        """The store records that changed, then the root that names them (checked against the election
-        and the root's version read: a concurrent writer makes this controller read and recompute)."""
+        """The placement records that changed, then the root that names them (checked against the election
+        and the root's znode version read: a concurrent writer makes this controller read and recompute)."""
         lock = election.lock
         if lock.node is None:
             raise NotLeader()
-        writes, named, gone = placement_records.changes(wanted, previous, generations)
+        writes, named, gone = placement_records.changes(wanted, previous, record_generations)
         zk = self._client
         pending = []
         for store, data in writes.items():
             path = zk_layout.placement_path(store)
             pending.append((path, data, zk.set_async(path, data)))
         # The nodes' shares too, ahead of the root (a node takes a share only once the root has reached its
-        # generation), sent while the store records are on their way; a node left without a share gets an
+        # generation), sent while the placement records are on their way; a node left without a share gets an
         # empty record now, deleted once the root is written.
         emptied = self._write_shares(election, wanted, committed=False)
         for path, data, result in pending:
@@ -362,18 +389,19 @@ class Controller:
         root = placement_records.root_record(wanted.generation, named)
         txn = zk.transaction()
         txn.check(f"{lock.path}/{lock.node}", 0)  # the election znode is never modified: version 0
-        if version < 0:
+        if root_zstat_version < 0:
             txn.create(zk_layout.PLACEMENT, root)
         else:
-            txn.set_data(zk_layout.PLACEMENT, root, version=version)
+            txn.set_data(zk_layout.PLACEMENT, root, version=root_zstat_version)
         results = txn.commit()
         failures = [r for r in results if isinstance(r, Exception)]
         if not failures:
             self.writes += 1
             self.records_written += len(writes) + 1
             self.bytes_written += sum(len(data) for data in writes.values()) + len(root)
-            # The root as written: a set returns its new stat, a create made version 0.
-            self._known = (results[1].version if version >= 0 else 0, wanted, named)
+            # The root as written: a set returns its new stat, a create made znode version 0.
+            written_zstat_version = results[1].version if root_zstat_version >= 0 else 0
+            self._known = _KnownAssignment(written_zstat_version, wanted, named)
             for store in gone:  # no longer named by the root: nobody reads them
                 with contextlib.suppress(NoNodeError):
                     zk.delete(zk_layout.placement_path(store))
@@ -392,8 +420,8 @@ class Controller:
     def _write_shares(self, election: Election, assignment: Assignment, *, committed: bool) -> list[str]:
         """Bring the share records (/assigned/{node}) in line with `assignment`: the shares that changed since
         the last call, or after a start (or a failed write) every record read and compared. Written in
-        transactions that check this controller still leads. A record carries the generation it was
-        written for, and a node takes it once the root names that generation or a later one, so records are
+        transactions that check this controller still leads. A record carries the assignment generation it
+        was written for, and a node takes it once the root names that generation or a later one, so records are
         written ahead of the root they belong to (`committed`: the root already names `assignment`).
         A node left without a share is deleted when `committed`; otherwise it gets an empty record, and the
         nodes returned are to be deleted once the root is written (deleting it first would take the node's

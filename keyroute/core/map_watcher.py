@@ -428,7 +428,7 @@ class MapWatcher:
                 # fires once it is complete.
                 return
             try:
-                fresh[store] = placement_records.parse_store_record(settled_part[0])
+                fresh[store] = placement_records.parse_placement_record(settled_part[0])
             except RecordError as exc:
                 log.warning("ignoring the assignment: %s", exc)
                 return

@@ -1,22 +1,29 @@
-"""The assignment in ZooKeeper, one record per store, so that no record grows with the whole cluster.
+"""The assignment in ZooKeeper, a placement record per store, so that no record grows with the whole cluster.
 
-    /placement           {"generation": G, "stores": {store: generation of its record, ...}, "share_records": true}
-    /placement/{store}   {"generation": g, "nodes": [node ids], "replicas": [[index into nodes, ...], ...]}
-    /assigned/{node}     {"generation": g, "stores": {store: {"partitions": N, "assigned": [p, ...]}, ...}}
+    /placement           the placement root:
+                         {"generation": G, "stores": {store: generation of its placement record, ...},
+                          "share_records": true}
+    /placement/{store}   the store's placement record:
+                         {"generation": g, "nodes": [node ids], "replicas": [[index into nodes, ...], ...]}
+    /assigned/{node}     the node's share record:
+                         {"generation": g, "stores": {store: {"partitions": N, "assigned": [p, ...]}, ...}}
 
-The controller writes the store records that changed first, then the root (last, in a transaction that
-checks it still leads): a store record is written whole, and the root says which generation of each store
-record belongs to the assignment it names. A reader that finds a store record at another generation than
-the root lists is looking at a write in progress; it keeps what it had and reads again when the root
-changes (its watch fires). A store record's size is bounded by the store's own partitions (node ids are
-written once), whatever the number of stores.
+Every generation here is an assignment generation (G the assignment's, g the one a record was written for),
+not a map generation. A placement record is not the store record (/stores/{store}, the pipeline's).
+
+The controller writes the placement records that changed first, then the root (last, in a transaction that
+checks it still leads): a placement record is written whole, and the root says which generation of each
+placement record belongs to the assignment it names. A reader that finds a placement record at another
+generation than the root lists is looking at a write in progress; it keeps what it had and reads again when
+the root changes (its watch fires). A placement record's size is bounded by the store's own partitions (node
+ids are written once), whatever the number of stores.
 
 Each node's share of the assignment (its partitions in every store, and each store's partition count) is
 also written to a record of its own by the controller, whose root then says so ("share_records"): a node
-reads its own share record rather than every store record a new assignment rewrote (at 1,000 nodes and 100
+reads its own share record rather than every placement record a new assignment rewrote (at 1,000 nodes and 100
 stores that is a few KB instead of MBs per node and change). A share record is rewritten only when its
 share changes; `g` is the generation of the assignment it was written for. Share records are written ahead
-of the root, with the store records, and a node takes its record only once the root names generation `g`
+of the root, with the placement records, and a node takes its record only once the root names generation `g`
 or a later one (a record ahead of the root is a write in progress), so a node never acts on a share whose
 root is not written, and never sees a root before its share. A node left without a share gets an empty
 record, deleted once the root is written. A controller that becomes leader brings every share record in
@@ -42,12 +49,12 @@ from keyroute.core.partition_map import Assignment, RecordError
 
 
 class InProgress(Exception):
-    """The store records do not match the root: a controller is writing a new assignment."""
+    """The placement records do not match the root: a controller is writing a new assignment."""
 
 
 class Root(NamedTuple):
     generation: int
-    stores: dict[str, int]  # store -> the generation of its record that belongs to this assignment
+    stores: dict[str, int]  # store -> the generation of its placement record that belongs to this assignment
     share_records: bool  # the controller writes every node's share to /assigned/{node} too
 
 
@@ -55,8 +62,9 @@ class Root(NamedTuple):
 Share = dict[str, tuple[int, frozenset[int]]]
 
 
-def store_record(generation: int, replicas: tuple[tuple[str, ...], ...]) -> bytes:
-    """One store's replicas, node ids written once each (indexes keep the record small). The same JSON as
+def placement_record(generation: int, replicas: tuple[tuple[str, ...], ...]) -> bytes:
+    """One store's placement record: its replicas, node ids written once each (indexes keep the record
+    small). The same JSON as
     json.dumps with compact separators, spelled out: the controller writes a hundred of these per change."""
     nodes = sorted({n for reps in replicas for n in reps})
     index = {n: str(i) for i, n in enumerate(nodes)}
@@ -65,7 +73,7 @@ def store_record(generation: int, replicas: tuple[tuple[str, ...], ...]) -> byte
     return f'{{"generation":{int(generation)},"nodes":[{names}],"replicas":[{lists}]}}'.encode()
 
 
-def parse_store_record(raw: bytes) -> tuple[int, tuple[tuple[str, ...], ...]]:
+def parse_placement_record(raw: bytes) -> tuple[int, tuple[tuple[str, ...], ...]]:
     try:
         obj = json.loads(raw)
         nodes = [str(n) for n in obj["nodes"]]
@@ -182,7 +190,7 @@ def _set_share(held: dict[str, Share], node: str, store: str, count: int, partit
 
 
 def assemble(root: bytes, records: Mapping[str, bytes | None], only: Collection[str] | None = None) -> Assignment:
-    """The assignment the root names (`only`: of these stores alone), from its store records (raises InProgress
+    """The assignment the root names (`only`: of these stores alone), from its placement records (raises InProgress
     if one is missing or at another generation, RecordError if one is unreadable)."""
     generation, wanted, _ = parse_root(root)
     stores: dict[str, tuple[tuple[str, ...], ...]] = {}
@@ -192,7 +200,7 @@ def assemble(root: bytes, records: Mapping[str, bytes | None], only: Collection[
         raw = records.get(store)
         if raw is None:
             raise InProgress(f"store {store}: no record yet")
-        got, replicas = parse_store_record(raw)
+        got, replicas = parse_placement_record(raw)
         if got != store_generation:
             raise InProgress(f"store {store}: record at generation {got}, the root names {store_generation}")
         stores[store] = replicas
@@ -202,23 +210,23 @@ def assemble(root: bytes, records: Mapping[str, bytes | None], only: Collection[
 def read(
     client: KazooClient, *, lenient: bool = False, only: Collection[str] | None = None
 ) -> tuple[Assignment | None, int, dict[str, int]]:
-    """The current assignment, the root's version (-1: no root yet) and the store generations it names
-    (`only`: the store records of these stores alone are read). Falls back to the single record of the
-    layout before (/assignment) while /placement holds nothing. Raises InProgress (unless `lenient`: then
-    each store record is taken as it is, the controller's view, and the generations are the records' own)
-    or RecordError."""
+    """The current assignment, the placement root's znode version (-1: no root yet) and the generation of each
+    placement record it names (`only`: the placement records of these stores alone are read). Falls back to
+    the single record of the layout before (/assignment) while /placement holds nothing. Raises InProgress
+    (unless `lenient`: then each placement record is taken as it is, the controller's view, and the
+    generations are the records' own) or RecordError."""
     try:
         root, stat = client.get(zk_layout.PLACEMENT)
     except NoNodeError:
-        root, version = b"", -1
+        root, zstat_version = b"", -1
     else:
-        version = stat.version
+        zstat_version = stat.version
     if not root:
         try:
             raw, _ = client.get(zk_layout.ASSIGNMENT)
         except NoNodeError:
-            return None, version, {}
-        return (Assignment.from_json(raw) if raw else None), version, {}
+            return None, zstat_version, {}
+        return (Assignment.from_json(raw) if raw else None), zstat_version, {}
     wanted = {s: g for s, g in parse_root(root).stores.items() if only is None or s in only}
     pending = {store: client.get_async(zk_layout.placement_path(store)) for store in wanted}
     records: dict[str, bytes | None] = {}
@@ -230,17 +238,17 @@ def read(
     if lenient:
         # Each record as it is, with its own generation: a root written on top of this assignment must name
         # the generation of a record it keeps, which is not the one the old root names when the record was
-        # written ahead of it (a controller that stopped between its store records and its root).
+        # written ahead of it (a controller that stopped between its placement records and its root).
         generation = parse_root(root).generation
-        parsed = {s: parse_store_record(raw) for s, raw in records.items() if raw is not None}
+        parsed = {s: parse_placement_record(raw) for s, raw in records.items() if raw is not None}
         stores = {s: replicas for s, (_, replicas) in parsed.items()}
-        return Assignment(generation, stores), version, {s: g for s, (g, _) in parsed.items()}
-    return assemble(root, records, only), version, wanted
+        return Assignment(generation, stores), zstat_version, {s: g for s, (g, _) in parsed.items()}
+    return assemble(root, records, only), zstat_version, wanted
 
 
 def read_whole(client: KazooClient, only: Collection[str] | None = None) -> Assignment | None:
     """The whole assignment (`only`: of these stores) for an operator's view (a node follows only its own
-    share): the one the root names, or while a new one is being written, its store records as they are."""
+    share): the one the root names, or while a new one is being written, its placement records as they are."""
     try:
         return read(client, only=only)[0]
     except InProgress:
@@ -250,8 +258,9 @@ def read_whole(client: KazooClient, only: Collection[str] | None = None) -> Assi
 def changes(
     wanted: Assignment, previous: Assignment | None, previous_generations: Mapping[str, int]
 ) -> tuple[dict[str, bytes], dict[str, int], list[str]]:
-    """What to write for `wanted`: the store records that changed (store -> record), the store
-    generations the root will name, and the stores to delete (no longer assigned)."""
+    """What to write for `wanted`: the placement records that changed (store -> record), the generation of
+    each placement record the root will name, and the stores whose placement record to delete (no longer
+    assigned)."""
     writes: dict[str, bytes] = {}
     generations: dict[str, int] = {}
     for store, replicas in sorted(wanted.stores.items()):
@@ -259,7 +268,7 @@ def changes(
         if previous is not None and kept is not None and previous.stores.get(store) == replicas:
             generations[store] = kept
             continue
-        writes[store] = store_record(wanted.generation, replicas)
+        writes[store] = placement_record(wanted.generation, replicas)
         generations[store] = wanted.generation
     gone = sorted(set(previous_generations) - set(wanted.stores))
     return writes, generations, gone

@@ -1,6 +1,6 @@
 """Each node's share of the assignment in a record of its own (/assigned/{node}): written by a real controller
 ahead of the root, kept in line through joins, leaves and a takeover, and followed by a node's map watcher, which
-reads it rather than every store record (a real ZooKeeper)."""
+reads it rather than every placement record (a real ZooKeeper)."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def test_share_records_follow_the_assignment_and_a_node_reads_only_its_own(zk_se
         controllers.append(Controller(admin, "n1"))
         controllers[0].start()
         whole = settled("the first assignment", lambda w: members(w) == {"n1", "n2", "n3", "n4"})
-        # The node's map holds its own share only: no other node's id, and no store record was read for it.
+        # The node's map holds its own share only: no other node's id, and no placement record was read for it.
         assert all(set(reps) <= {ME} for per in node.current.assignment.stores.values() for reps in per)
         assert node.current.assignment.partitions_of(ME)
 
@@ -87,7 +87,7 @@ def test_share_records_follow_the_assignment_and_a_node_reads_only_its_own(zk_se
         router_reads, node_reads = router.store_assignments_read, node.store_assignments_read
         join("n5")
         settled("n5 placed", lambda w: "n5" in members(w))
-        # The router read every store record the new assignment rewrote; the node, the root and its share.
+        # The router read every placement record the new assignment rewrote; the node, the root and its share.
         assert router.store_assignments_read > router_reads and node.store_assignments_read == node_reads
 
         # A node goes: its record goes with its share.
@@ -115,21 +115,21 @@ def test_share_records_follow_the_assignment_and_a_node_reads_only_its_own(zk_se
             close(client)
 
 
-def test_under_a_root_without_share_records_a_node_reads_every_store_record(zk_settings: ZkSettings) -> None:
+def test_under_a_root_without_share_records_a_node_reads_every_placement_record(zk_settings: ZkSettings) -> None:
     """A controller from before share records (an upgrade in progress) writes no /assigned records: a node then
-    reads the store records as a router does, and switches to its own share once a root says it is written."""
+    reads the placement records as a router does, and switches to its own share once a root says it is written."""
     admin, reader = connect(zk_settings), connect(zk_settings)
     node = MapWatcher(reader, lambda _map: None, safety_refresh_s=600.0, node_id=ME)
     first = {"a": (("n1", ME), (ME, "n3")), "b": (("n3", "n1"),)}
     try:
         for name, replicas in first.items():
-            admin.create(zk_layout.placement_path(name), placement_records.store_record(1, replicas))
+            admin.create(zk_layout.placement_path(name), placement_records.placement_record(1, replicas))
         admin.set(zk_layout.PLACEMENT, placement_records.root_record(1, {"a": 1, "b": 1}, share_records=False))
         node.start()
         wait_for(lambda: node.current.assignment == Assignment(1, first), message="the whole assignment")
 
         second = {"a": ((ME, "n3"), (ME, "n3")), "b": (("n3", "n1"),)}
-        admin.set(zk_layout.placement_path("a"), placement_records.store_record(2, second["a"]))
+        admin.set(zk_layout.placement_path("a"), placement_records.placement_record(2, second["a"]))
         admin.create(zk_layout.assigned_path(ME), placement_records.share_record(2, {"a": (2, frozenset({0, 1}))}))
         admin.set(zk_layout.PLACEMENT, placement_records.root_record(2, {"a": 2, "b": 1}))
         wait_for(
@@ -141,7 +141,7 @@ def test_under_a_root_without_share_records_a_node_reads_every_store_record(zk_s
         admin.create(zk_layout.node_path("n9"), NodeRecord("n9", "http://n9").to_json())  # seen after it
         wait_for(lambda: "n9" in node.current.nodes, message="the change after the record")
         assert node.current.assignment == Assignment(2, {"a": ((ME,), (ME,))})
-        admin.set(zk_layout.placement_path("b"), placement_records.store_record(3, ((ME,),)))
+        admin.set(zk_layout.placement_path("b"), placement_records.placement_record(3, ((ME,),)))
         admin.set(zk_layout.PLACEMENT, placement_records.root_record(3, {"a": 2, "b": 3}))
         wait_for(lambda: node.current.assignment == Assignment(3, {"b": ((ME,),)}), message="the share with its root")
     finally:

@@ -14,8 +14,8 @@ from keyroute.core.map_watcher import MapWatcher
 from keyroute.core.partition_map import Assignment, NodeRecord, PartitionMap, StoreRecord
 from keyroute.core.partitioner import Partitioner
 from keyroute.core.settings import ZkSettings
-from keyroute.state_node.assignment import moved_replicas
 from keyroute.state_node.controller import Controller
+from keyroute.state_node.placement import moved_replicas
 from tests.util import wait_for
 
 pytestmark = pytest.mark.integration

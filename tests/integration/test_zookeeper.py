@@ -128,13 +128,13 @@ def test_the_watcher_reads_the_per_store_assignment_and_never_a_half_written_one
             writer.create(zk_layout.store_path(name), record.to_json())
         first = {"a": (("n1",), ("n2",)), "b": (("n2",), ("n1",))}
         for name, replicas in first.items():
-            writer.create(zk_layout.placement_path(name), placement_records.store_record(1, replicas))
+            writer.create(zk_layout.placement_path(name), placement_records.placement_record(1, replicas))
         writer.set(zk_layout.PLACEMENT, placement_records.root_record(1, {"a": 1, "b": 1}))
         wait_for(lambda: watcher.current.assignment.generation == 1, message="generation 1")
         assert dict(watcher.current.assignment.stores) == first
         # Generation 2 half-written: b's record is new, the root still names generation 1 of it. A re-read
         # meanwhile (any change) keeps generation 1 whole.
-        writer.set(zk_layout.placement_path("b"), placement_records.store_record(2, (("n1",), ("n1",))))
+        writer.set(zk_layout.placement_path("b"), placement_records.placement_record(2, (("n1",), ("n1",))))
         for _ in range(2):  # after the second read, the first one's map has been published
             reads = watcher.reads
             watcher.refresh()
@@ -193,9 +193,9 @@ def test_the_watcher_follows_each_change_by_reading_only_what_changed(zk_setting
         for name, replicas in stores.items():
             path = zk_layout.placement_path(name)
             if writer.exists(path):
-                writer.set(path, placement_records.store_record(generation, replicas))
+                writer.set(path, placement_records.placement_record(generation, replicas))
             else:
-                writer.create(path, placement_records.store_record(generation, replicas))
+                writer.create(path, placement_records.placement_record(generation, replicas))
         writer.set(zk_layout.PLACEMENT, placement_records.root_record(generation, dict.fromkeys(stores, generation)))
 
     def caught_up(what: str) -> PartitionMap:
@@ -258,8 +258,8 @@ def test_a_controller_finishes_what_a_predecessor_wrote_before_it_could_write_th
     """A controller that crashed after writing a store record of the next assignment but before the root leaves
     that record ahead of the root. Its successor's assignment may give that store the very same replicas: the
     root it writes must then name the record as it is, or readers would wait for it forever."""
-    from keyroute.state_node.assignment import assign
     from keyroute.state_node.controller import Controller
+    from keyroute.state_node.placement import assign
 
     admin = connect(zk_settings)
     fleet = connect(zk_settings)
@@ -277,10 +277,10 @@ def test_a_controller_finishes_what_a_predecessor_wrote_before_it_could_write_th
         # computed it: only b's record of it was written.
         first = assign(shapes, ["n1", "n2"], None, 1)
         for name, replicas in first.stores.items():
-            admin.create(zk_layout.placement_path(name), placement_records.store_record(1, replicas))
+            admin.create(zk_layout.placement_path(name), placement_records.placement_record(1, replicas))
         admin.set(zk_layout.PLACEMENT, placement_records.root_record(1, {"a": 1, "b": 1}))
         second = assign(shapes, ["n1", "n2", "n3"], first, 2)
-        admin.set(zk_layout.placement_path("b"), placement_records.store_record(2, second.stores["b"]))
+        admin.set(zk_layout.placement_path("b"), placement_records.placement_record(2, second.stores["b"]))
         fleet.create(zk_layout.node_path("n3"), NodeRecord("n3", "http://n3").to_json(), ephemeral=True)
 
         watcher.start()

@@ -2,7 +2,7 @@
 
 Invariants: replica counts, distinct replicas, balance of replicas and of preferred replicas per store
 and across all stores, determinism, and the stickiness bound for a leaving node stated in
-`keyroute.state_node.assignment.assign`: with O = the leaving node's replicas in partitions that keep their replica
+`keyroute.state_node.placement.assign`: with O = the leaving node's replicas in partitions that keep their replica
 count, O <= moved <= 2*O.
 """
 
@@ -16,7 +16,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from keyroute.core.partition_map import Assignment
-from keyroute.state_node.assignment import StoreShape, assign, moved_replicas
+from keyroute.state_node.placement import StoreShape, assign, moved_replicas
 
 EXAMPLES = settings(max_examples=250, deadline=None)
 POOL = [f"node-{i}" for i in range(10)] + ["a", "ä", "Z9", "n-10", "n-2"]

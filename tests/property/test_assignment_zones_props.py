@@ -11,7 +11,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from keyroute.core.partition_map import Assignment
-from keyroute.state_node.assignment import StoreShape, assign, moved_replicas
+from keyroute.state_node.placement import StoreShape, assign, moved_replicas
 from tests.property.test_assignment_props import check_invariants, store_shapes
 
 EXAMPLES = settings(max_examples=200, deadline=None)

@@ -11,11 +11,11 @@ from keyroute.core import placement_records as records
 from keyroute.core.partition_map import Assignment, RecordError
 
 
-def test_a_store_record_round_trips_and_stays_small_whatever_the_cluster() -> None:
+def test_a_placement_record_round_trips_and_stays_small_whatever_the_cluster() -> None:
     nodes = [f"keyroute-node-{i:04d}" for i in range(1000)]
     replicas = tuple(tuple(nodes[(p * 7 + k * 331) % 1000] for k in range(3)) for p in range(1000))
-    raw = records.store_record(12, replicas)
-    assert records.parse_store_record(raw) == (12, replicas)
+    raw = records.placement_record(12, replicas)
+    assert records.parse_placement_record(raw) == (12, replicas)
     # 1,000 partitions x 3 replicas: far below ZooKeeper's 1 MB record limit, however many stores exist.
     assert len(raw) < 64 * 1024
 
@@ -34,12 +34,12 @@ def test_only_changed_stores_are_rewritten_and_the_root_names_each_stores_genera
 
 def test_a_reader_never_takes_a_half_written_assignment() -> None:
     root = records.root_record(5, {"a": 5, "b": 4})
-    a5 = records.store_record(5, (("n1",),))
-    b4 = records.store_record(4, (("n2",),))
+    a5 = records.placement_record(5, (("n1",),))
+    b4 = records.placement_record(4, (("n2",),))
     assert records.assemble(root, {"a": a5, "b": b4}) == Assignment(5, {"a": (("n1",),), "b": (("n2",),)})
     # The controller has written b's next record but not yet the root: b is ahead of what the root names.
     with pytest.raises(records.InProgress, match="store b: record at generation 6"):
-        records.assemble(root, {"a": a5, "b": records.store_record(6, (("n1",),))})
+        records.assemble(root, {"a": a5, "b": records.placement_record(6, (("n1",),))})
     with pytest.raises(records.InProgress, match="store b: no record yet"):
         records.assemble(root, {"a": a5, "b": None})
     with pytest.raises(RecordError):
@@ -51,7 +51,7 @@ def test_a_nodes_share_round_trips_and_stays_small_at_the_target_size() -> None:
     share = {f"store-{s:03d}": (1000, frozenset((s * 7 + k * 333) % 1000 for k in range(3))) for s in range(100)}
     raw = records.share_record(9, share)
     assert records.parse_share_record(raw) == (9, share)
-    assert len(raw) < 8 * 1024  # a node reads this, not 100 store records of ~35 KB each
+    assert len(raw) < 8 * 1024  # a node reads this, not 100 placement records of ~35 KB each
     with pytest.raises(RecordError, match="outside"):
         records.parse_share_record(records.share_record(9, {"a": (4, frozenset({4}))}))
     with pytest.raises(RecordError):
@@ -60,7 +60,7 @@ def test_a_nodes_share_round_trips_and_stays_small_at_the_target_size() -> None:
 
 def test_the_root_says_whether_share_records_are_written() -> None:
     assert records.parse_root(records.root_record(3, {"a": 2})) == (3, {"a": 2}, True)
-    # A controller from before share records: readers then read every store record.
+    # A controller from before share records: readers then read every placement record.
     assert records.parse_root(b'{"generation": 3, "stores": {"a": 2}}') == (3, {"a": 2}, False)
     assert records.parse_root(records.root_record(3, {"a": 2}, share_records=False)).share_records is False
 

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from keyroute.core.partition_map import Assignment
-from keyroute.state_node.assignment import AssignmentError, assign, moved_replicas
+from keyroute.state_node.placement import AssignmentError, assign, moved_replicas
 
 
 def _load(a: Assignment) -> tuple[Counter[str], Counter[str]]:
