@@ -71,16 +71,11 @@ from keyroute.core.snapshot import (
 )
 from keyroute.core.timeline import INT64_MIN, StoreKind, Timeline
 from keyroute.pipeline import lmdb_files
-from keyroute.pipeline.compute import (
-    LMDB_KEY,
-    STATE,
-    TEXT_SERIALIZED,
-    ComputedStore,
-    lmdb_key_column,
-    spark_errors,
-    text_lmdb_key_column,
-)
+from keyroute.pipeline.columns import LMDB_KEY, STATE
+from keyroute.pipeline.compute import ComputedStore
 from keyroute.pipeline.errors import PublishError
+from keyroute.pipeline.keys import TEXT_SERIALIZED, lmdb_key_column, text_lmdb_key_column
+from keyroute.pipeline.spark_errors import spark_errors
 from keyroute.pipeline.spec import StoreSpec
 from keyroute.pipeline.timeline import TEXT, TIME
 
