@@ -59,7 +59,17 @@ from keyroute.core.snapshot import (
     read_manifest,
     resolve_location,
 )
-from keyroute.core.timeline import SUFFIX_BYTES, Timeline, entry_key, key_of_part, key_part, split_entry
+from keyroute.core.timeline import (
+    SUFFIX_BYTES,
+    Timeline,
+    entry_key,
+    first_after,
+    key_of_part,
+    key_part,
+    last_at_or_before,
+    last_before,
+    split_entry,
+)
 from keyroute.state_node.fetch import FetchCancelled, FetchError, check_keys, fetch_file
 from keyroute.state_node.live import LivePartition, read_next_offset
 
@@ -80,23 +90,6 @@ _CANCEL_CHECK_ROWS = 4096
 _LAST_SUFFIX = b"\xff" * SUFFIX_BYTES
 
 
-def _first_after(cursor: lmdb.Cursor, key: bytes) -> bool:
-    """Position `cursor` at the least LMDB key greater than `key`; False if there is none."""
-    if not cursor.set_range(key):
-        return False
-    return cursor.next() if cursor.key() == key else True
-
-
-def _last_before(cursor: lmdb.Cursor, key: bytes) -> bool:
-    """Position `cursor` at the greatest LMDB key less than `key`; False if there is none."""
-    return cursor.prev() if cursor.set_range(key) else cursor.last()
-
-
-def _last_at_or_before(cursor: lmdb.Cursor, key: bytes) -> bool:
-    """Position `cursor` at the greatest LMDB key at most `key`; False if there is none."""
-    if cursor.set_range(key):
-        return True if cursor.key() == key else cursor.prev()
-    return cursor.last()
 # Removing a partition tidies its empty version and store folders; creating one makes them. Both hold
 # this lock, so a load never sees the folder it just made vanish under a concurrent removal.
 _TREE_LOCK = threading.Lock()
@@ -199,7 +192,7 @@ class PartitionStore:
         part = key_part(key)
         with env.begin(buffers=False) as txn:
             cursor = txn.cursor()
-            if _last_at_or_before(cursor, part + _LAST_SUFFIX) and cursor.key().startswith(part):
+            if last_at_or_before(cursor, part + _LAST_SUFFIX) and cursor.key().startswith(part):
                 value = bytes(cursor.value())
                 return answer_bytes(value) if self.live is not None else value
         return None
@@ -229,7 +222,7 @@ class PartitionStore:
             cursor = txn.cursor()
             if not descending:
                 if previous is not None and previous >= lowest:
-                    more = _first_after(cursor, previous)
+                    more = first_after(cursor, previous)
                 else:
                     more = cursor.set_range(lowest)
                 while more:
@@ -244,11 +237,11 @@ class PartitionStore:
                     more = cursor.next()
                 return found, False
             if previous is not None and (beyond is None or previous <= beyond):
-                more = _last_before(cursor, previous)
+                more = last_before(cursor, previous)
             elif beyond is not None:
-                more = _last_before(cursor, beyond)
+                more = last_before(cursor, beyond)
             else:
-                more = _last_at_or_before(cursor, part + _LAST_SUFFIX)
+                more = last_at_or_before(cursor, part + _LAST_SUFFIX)
             while more:
                 lmdb_key = cursor.key()
                 if lmdb_key < lowest or not lmdb_key.startswith(part):
@@ -275,7 +268,7 @@ class PartitionStore:
         live = self.live is not None
         with env.begin(buffers=False) as txn:
             cursor = txn.cursor()
-            more = cursor.set_range(start) if resume is None else _first_after(cursor, resume)
+            more = cursor.set_range(start) if resume is None else first_after(cursor, resume)
             if self.timeline is None:
                 while more:
                     lmdb_key = cursor.key()
@@ -299,11 +292,11 @@ class PartitionStore:
                 if data is not None:
                     if len(found) == limit:
                         return found, True, resume
-                    _last_at_or_before(cursor, last)  # the key's latest entry
+                    last_at_or_before(cursor, last)  # the key's latest entry
                     value = cursor.value()
                     found.append((data, answer_bytes(value) if live else value))
                 resume = last
-                more = _first_after(cursor, last)
+                more = first_after(cursor, last)
         return found, False, resume
 
     def write_txn(self) -> lmdb.Transaction:
