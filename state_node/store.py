@@ -143,11 +143,14 @@ def iter_partition_dirs(data_dir: Path) -> Iterator[tuple[PartitionId, Path]]:
 
 
 class PartitionStore:
-    """A loaded partition. `get` is safe from any thread; the LMDB lock file coordinates the readers.
+    """A loaded batch partition, open read-only; the base of a live one (`LivePartitionStore`). The reads
+    (`get`, `entries`, `key_range`) are safe from any thread; the LMDB lock file coordinates the readers.
 
-    A batch partition is open read-only. A live one (`live` set) is open writable: its applier writes it
-    through `write_txn` under `write_lock`, which `close` takes too, so no write ever reaches a closed
-    environment; `get` answers without the merge state."""
+    `live` is None for a batch partition and the partition's `LivePartition` for a live one."""
+
+    live: LivePartition | None = None
+    # A stored value as it is answered: a batch partition stores it so.
+    _answer: Callable[[bytes], bytes] = staticmethod(bytes)
 
     def __init__(
         self,
@@ -155,13 +158,11 @@ class PartitionStore:
         path: Path,
         rows: int,
         env: lmdb.Environment,
-        live: LivePartition | None = None,
         timeline: Timeline | None = None,
     ) -> None:
         self.pid = pid
         self.path = path
         self.rows = rows
-        self.live = live
         self.timeline = timeline
         self._env: lmdb.Environment | None = env
         self._closed = threading.Event()
@@ -185,7 +186,7 @@ class PartitionStore:
             value = txn.get(db_key(key))
         if value is None:
             return None
-        return answer_bytes(value) if self.live is not None else bytes(value)
+        return self._answer(value)
 
     def _latest(self, env: lmdb.Environment, key: bytes) -> bytes | None:
         """A timeline partition's value of a key: its latest entry (history row or window)."""
@@ -193,8 +194,7 @@ class PartitionStore:
         with env.begin(buffers=False) as txn:
             cursor = txn.cursor()
             if last_at_or_before(cursor, part + _LAST_SUFFIX) and cursor.key().startswith(part):
-                value = bytes(cursor.value())
-                return answer_bytes(value) if self.live is not None else value
+                return self._answer(bytes(cursor.value()))
         return None
 
     def entries(
@@ -213,7 +213,7 @@ class PartitionStore:
         if env is None:
             raise LoadError(f"partition {self.pid} is closed")
         part = key_part(key)
-        live = self.live is not None  # a live window keeps its merge state after the answer
+        answer = self._answer  # a live window keeps its merge state after the answer
         lowest = part if low is None else entry_key(part, low, 0)
         beyond = None if high is None else entry_key(part, high, 0)  # exclusive
         previous = None if after is None else entry_key(part, *after)  # exclusive
@@ -232,8 +232,7 @@ class PartitionStore:
                     if len(found) == limit:
                         return found, True
                     _, time, sequence = split_entry(lmdb_key)
-                    value = bytes(cursor.value())
-                    found.append((time, sequence, answer_bytes(value) if live else value))
+                    found.append((time, sequence, answer(bytes(cursor.value()))))
                     more = cursor.next()
                 return found, False
             if previous is not None and (beyond is None or previous <= beyond):
@@ -249,8 +248,7 @@ class PartitionStore:
                 if len(found) == limit:
                     return found, True
                 _, time, sequence = split_entry(lmdb_key)
-                value = bytes(cursor.value())
-                found.append((time, sequence, answer_bytes(value) if live else value))
+                found.append((time, sequence, answer(bytes(cursor.value()))))
                 more = cursor.prev()
         return found, False
 
@@ -265,7 +263,7 @@ class PartitionStore:
         if env is None:
             raise LoadError(f"partition {self.pid} is closed")
         found: list[tuple[bytes, bytes]] = []
-        live = self.live is not None
+        answer = self._answer
         with env.begin(buffers=False) as txn:
             cursor = txn.cursor()
             more = cursor.set_range(start) if resume is None else first_after(cursor, resume)
@@ -277,8 +275,7 @@ class PartitionStore:
                     if lmdb_key[:1] == TAG_KEY:
                         if len(found) == limit:
                             return found, True, resume
-                        value = cursor.value()
-                        found.append((lmdb_key[1:], answer_bytes(value) if live else value))
+                        found.append((lmdb_key[1:], answer(cursor.value())))
                     resume = lmdb_key
                     more = cursor.next()
                 return found, False, resume
@@ -293,33 +290,21 @@ class PartitionStore:
                     if len(found) == limit:
                         return found, True, resume
                     last_at_or_before(cursor, last)  # the key's latest entry
-                    value = cursor.value()
-                    found.append((data, answer_bytes(value) if live else value))
+                    found.append((data, answer(cursor.value())))
                 resume = last
                 more = first_after(cursor, last)
         return found, False, resume
 
     def write_txn(self) -> lmdb.Transaction:
-        """A write transaction on a live partition's environment; the caller holds `write_lock` and has
-        checked `closed` under it."""
-        env = self._env
-        if env is None or self.live is None:
-            raise LoadError(f"partition {self.pid} is closed or not live")
-        return env.begin(write=True)
+        """Only a live partition is written."""
+        raise LoadError(f"partition {self.pid} is closed or not live")
 
     def sync(self) -> None:
-        """Flush a live partition's committed writes to disk (its applier calls it every --live-sync-ms)."""
-        with self.write_lock:
-            if self._env is not None and self.live is not None:
-                self._env.sync(True)
+        """Nothing to flush: a batch partition is never written."""
 
     def close(self) -> None:
         with self.write_lock:
             env, self._env = self._env, None
-            if env is not None and self.live is not None:
-                with contextlib.suppress(lmdb.Error, OSError):
-                    env.sync(True)
-                    _write_live_state(self.path, clean=True)
         if env is not None:
             env.close()
 
@@ -329,7 +314,54 @@ class PartitionStore:
         remove_partition_dir(self.path)
 
     def __repr__(self) -> str:
-        return f"PartitionStore({self.pid}, rows={self.rows}{', live' if self.live is not None else ''})"
+        return f"PartitionStore({self.pid}, rows={self.rows})"
+
+
+class LivePartitionStore(PartitionStore):
+    """A loaded live partition, open writable: its applier writes it through `write_txn` under `write_lock`,
+    which `close` takes too, so no write ever reaches a closed environment. Reads answer without the merge
+    state the values carry."""
+
+    _answer = staticmethod(answer_bytes)
+
+    def __init__(
+        self,
+        pid: PartitionId,
+        path: Path,
+        rows: int,
+        env: lmdb.Environment,
+        live: LivePartition,
+        timeline: Timeline | None = None,
+    ) -> None:
+        super().__init__(pid, path, rows, env, timeline)
+        self.live = live
+
+    def write_txn(self) -> lmdb.Transaction:
+        """A write transaction on the partition's environment; the caller holds `write_lock` and has checked
+        `closed` under it."""
+        env = self._env
+        if env is None:
+            raise LoadError(f"partition {self.pid} is closed or not live")
+        return env.begin(write=True)
+
+    def sync(self) -> None:
+        """Flush the committed writes to disk (the applier calls it every --live-sync-ms)."""
+        with self.write_lock:
+            if self._env is not None:
+                self._env.sync(True)
+
+    def close(self) -> None:
+        with self.write_lock:
+            env, self._env = self._env, None
+            if env is not None:
+                with contextlib.suppress(lmdb.Error, OSError):
+                    env.sync(True)
+                    _write_live_state(self.path, clean=True)
+        if env is not None:
+            env.close()
+
+    def __repr__(self) -> str:
+        return f"PartitionStore({self.pid}, rows={self.rows}, live)"
 
 
 def remove_partition_dir(path: Path) -> None:
@@ -593,14 +625,17 @@ def _load_file(
         entries = int(env.stat()["entries"])
         if entries != rows:
             raise LoadError(f"{pid}: {shown}: {entries} rows vs manifest {rows}")
-        live_partition = None
+        held: PartitionStore
         if live is not None:
             live_partition = LivePartition(pid.store, pid.version, partition, live, _start_offset(env, live, partition))
             env.sync(True)
             _write_live_state(path, clean=False)
+            held = LivePartitionStore(pid, path, entries, env, live_partition, manifest.timeline)
+        else:
+            held = PartitionStore(pid, path, entries, env, manifest.timeline)
         _write_marker(path, expected)
         log.info("%s: %s by %s (%d bytes, %s)", pid, shown, fetched.method, fetched.size, fetched.checksum)
-        held, env = PartitionStore(pid, path, entries, env, live_partition, manifest.timeline), None
+        env = None
         return held
     except BaseException as exc:
         if env is not None:
@@ -645,7 +680,7 @@ def _start_offset(env: lmdb.Environment, live: LiveConfig, partition: int) -> in
 
 def _reuse_live(
     pid: PartitionId, path: Path, live: LiveConfig, map_size: int, timeline: Timeline | None = None
-) -> PartitionStore | None:
+) -> LivePartitionStore | None:
     """A live partition loaded by an earlier run: reused (applying resumes from its OFFSET_KEY) when its file
     can be trusted (`_live_state_trusted`), opens and holds OFFSET_KEY; else None and it is fetched again from
     the version."""
@@ -677,7 +712,7 @@ def _reuse_live(
         return None
     log.info("%s: reusing the live partition on disk, resuming at offset %d", pid, next_offset)
     live_partition = LivePartition(pid.store, pid.version, pid.partition, live, next_offset)
-    return PartitionStore(pid, path, max(0, entries - 1), env, live_partition, timeline)
+    return LivePartitionStore(pid, path, max(0, entries - 1), env, live_partition, timeline)
 
 
 def _reuse_file(pid: PartitionId, path: Path, manifest: Manifest, map_size: int) -> PartitionStore | None:
