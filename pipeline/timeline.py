@@ -54,28 +54,15 @@ def timeline_of(store: StoreSpec, time_type: TimeType) -> Timeline:
     """The store's Timeline (SpecError for a window or retention its time type cannot express)."""
     assert store.order_by is not None
     try:
+        kind, window, advance = StoreKind.HISTORY, None, None
         if store.mode is Mode.WINDOWED:
             assert store.window is not None
-            window = duration_in_units(store.window, time_type)
+            kind, window = StoreKind.WINDOWED, duration_in_units(store.window, time_type)
             advance = window if store.advance is None else duration_in_units(store.advance, time_type)
-            if store.retention is not None and store.retention.duration is not None:
-                duration_in_units(store.retention.duration, time_type)
-            return Timeline(
-                StoreKind.WINDOWED,
-                store.order_by,
-                time_type,
-                window=window,
-                advance=advance,
-                retention=None if store.retention is None else store.retention.text,
-            )
         if store.retention is not None and store.retention.duration is not None:
             duration_in_units(store.retention.duration, time_type)
-        return Timeline(
-            StoreKind.HISTORY,
-            store.order_by,
-            time_type,
-            retention=None if store.retention is None else store.retention.text,
-        )
+        retention = None if store.retention is None else store.retention.text
+        return Timeline(kind, store.order_by, time_type, window=window, advance=advance, retention=retention)
     except TimelineError as exc:
         raise SpecError(store.name, str(exc)) from None
 

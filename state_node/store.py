@@ -221,35 +221,29 @@ class PartitionStore:
         with env.begin(buffers=False) as txn:
             cursor = txn.cursor()
             if not descending:
+                step = cursor.next
                 if previous is not None and previous >= lowest:
                     more = first_after(cursor, previous)
                 else:
                     more = cursor.set_range(lowest)
-                while more:
-                    lmdb_key = cursor.key()
-                    if not lmdb_key.startswith(part) or (beyond is not None and lmdb_key >= beyond):
-                        break
-                    if len(found) == limit:
-                        return found, True
-                    _, time, sequence = split_entry(lmdb_key)
-                    found.append((time, sequence, answer(bytes(cursor.value()))))
-                    more = cursor.next()
-                return found, False
-            if previous is not None and (beyond is None or previous <= beyond):
-                more = last_before(cursor, previous)
-            elif beyond is not None:
-                more = last_before(cursor, beyond)
             else:
-                more = last_at_or_before(cursor, part + _LAST_SUFFIX)
+                step = cursor.prev
+                if previous is not None and (beyond is None or previous <= beyond):
+                    more = last_before(cursor, previous)
+                elif beyond is not None:
+                    more = last_before(cursor, beyond)
+                else:
+                    more = last_at_or_before(cursor, part + _LAST_SUFFIX)
+            # Ascending starts at or after `lowest`, descending below `beyond`: one test ends either walk.
             while more:
                 lmdb_key = cursor.key()
-                if lmdb_key < lowest or not lmdb_key.startswith(part):
+                if not lmdb_key.startswith(part) or lmdb_key < lowest or (beyond is not None and lmdb_key >= beyond):
                     break
                 if len(found) == limit:
                     return found, True
                 _, time, sequence = split_entry(lmdb_key)
                 found.append((time, sequence, answer(bytes(cursor.value()))))
-                more = cursor.prev()
+                more = step()
         return found, False
 
     def key_range(
