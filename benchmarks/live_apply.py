@@ -26,8 +26,8 @@ from keyroute.core.key_format import KeyFormat
 from keyroute.core.live import OFFSET_KEY, Aggregate, LiveConfig, Merge
 from keyroute.core.partitioner import Partitioner, partition_for
 from keyroute.kafka_mock import MockKafka
-from keyroute.state_node.live import DEFAULT_BATCH_RECORDS, LiveApplier, LivePartition
-from keyroute.state_node.store import PartitionId, PartitionStore
+from keyroute.state_node.live import DEFAULT_BATCH_RECORDS, ApplierSettings, LiveApplier, LivePartition, LiveVersion
+from keyroute.state_node.store import LivePartitionStore, PartitionId
 
 MERGES = {
     "latest": Merge("latest", "user", order_by="ts", columns=("ts", "page", "amount")),
@@ -95,11 +95,9 @@ def apply_backlog(kafka: MockKafka, topic: str, ends: list[int], mode: str, work
         with env.begin(write=True) as txn:
             txn.put(OFFSET_KEY, b"0")
         live = LivePartition("bench", 1, p, config, 0)
-        stores.append(PartitionStore(PartitionId("bench", 1, p), path, 0, env, live))
-    applier = LiveApplier(
-        "bench", 1, config, node_id="bench", key_format=KeyFormat.STRING, partitioner=Partitioner.MURMUR2,
-        partitions=partitions, batch_records=batch,
-    )  # fmt: skip
+        stores.append(LivePartitionStore(PartitionId("bench", 1, p), path, 0, env, live))
+    source = LiveVersion("bench", 1, config, KeyFormat.STRING, Partitioner.MURMUR2, partitions)
+    applier = LiveApplier(source, node_id="bench", settings=ApplierSettings(batch_records=batch))
     started = time.perf_counter()
     for held in stores:
         applier.add(held)

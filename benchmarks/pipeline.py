@@ -42,9 +42,9 @@ from keyroute.core.key_format import KeyFormat
 from keyroute.core.partitioner import Partitioner
 from keyroute.core.settings import ZkSettings
 from keyroute.core.zookeeper_server import EmbeddedZooKeeper
-from keyroute.pipeline import compute
+from keyroute.pipeline import keys as pipeline_keys
 from keyroute.pipeline.build import build
-from keyroute.pipeline.compute import key_partitions
+from keyroute.pipeline.keys import key_partitions
 from keyroute.pipeline.session import create_session
 from keyroute.pipeline.spec import StoreSpec
 
@@ -122,12 +122,12 @@ def free_port() -> int:
 
 @contextmanager
 def routed_by(step: Callable[[StoreSpec, Column], Column]) -> Iterator[None]:
-    saved = compute.route_step
-    compute.route_step = step
+    saved = pipeline_keys.route_step
+    pipeline_keys.route_step = step
     try:
         yield
     finally:
-        compute.route_step = saved
+        pipeline_keys.route_step = saved
 
 
 @dataclass(frozen=True)
@@ -282,7 +282,7 @@ def section(timings: list[Timings], loads: list[float], args: argparse.Namespace
             f" 1-minute load average {min(loads):.1f}-{max(loads):.1f} at the start of the rounds, so"
             " wall-clock times are noisy; CPU time (Spark's JVM with its Python workers, and the driver)"
             " is steadier.",
-            '"No partition step" swaps `keyroute.pipeline.compute.route_step` for `unhashed_route_column` (no Python',
+            '"No partition step" swaps `keyroute.pipeline.keys.route_step` for `unhashed_route_column` (no Python',
             "UDF, no Kafka hash: keys spread by Spark's JVM hash, so the write stays as parallel).",
             "",
             *rows,
@@ -342,9 +342,9 @@ def main(argv: list[str] | None = None) -> int:
         plain = write_spec(work / "plain.toml", source, args, audit=False)
         audited = write_spec(work / "audited.toml", source, args, audit=True)
         variants = [
-            Variant("no partition step", plain, compute.unhashed_route_column),
-            Variant("partition step (murmur2, Arrow UDF)", plain, compute.route_column),
-            Variant("partition step + audit", audited, compute.route_column),
+            Variant("no partition step", plain, pipeline_keys.unhashed_route_column),
+            Variant("partition step (murmur2, Arrow UDF)", plain, pipeline_keys.route_column),
+            Variant("partition step + audit", audited, pipeline_keys.route_column),
         ]
         with EmbeddedZooKeeper(port=free_port(), data_dir=work / "zookeeper") as zk:
             spark = create_session(args.master, local_dir=work / "spark")

@@ -24,7 +24,8 @@ from pyspark.sql import types as T
 from keyroute.core.key_format import KeyFormat, KeyFormatError, key_from_value
 from keyroute.core.partition_vectorized import hashes
 from keyroute.core.partitioner import Partitioner, partition_for
-from keyroute.pipeline.errors import DataError, PartitionAuditError
+from keyroute.pipeline.errors import PartitionAuditError
+from keyroute.pipeline.sources import record_column
 from keyroute.pipeline.spec import StoreSpec
 
 # Per-key aggregates of the source partition column, named so they cannot meet a source column.
@@ -39,8 +40,6 @@ COUNT_SPAN = 64  # partition counts tried: from the greatest source partition + 
 # of it, and this many records.
 _MOSTLY = 0.5
 _EVIDENCE = 20
-
-_INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 
 _PARTITIONER_NAMES = {
     Partitioner.MURMUR2: "the Java client's default",
@@ -62,17 +61,7 @@ _FORMAT_NAMES = {
 
 def source_partition(store: StoreSpec, schema: T.StructType) -> Column | None:
     """The store's source partition column as a long, or None when the store is not audited."""
-    name = store.source_partition_column
-    if name is None:
-        return None
-    dtype = schema[name].dataType
-    if not isinstance(dtype, _INTEGRAL):
-        raise DataError(
-            store.name,
-            f"source_partition_column {name!r} has type {dtype.simpleString()}; it must hold the Kafka "
-            "partition of each record, an integer",
-        )
-    return F.col("`" + name.replace("`", "``") + "`").cast(T.LongType())
+    return record_column(store, schema, "source_partition_column", store.source_partition_column, "partition")
 
 
 def key_aggregates(source: Column) -> list[Column]:

@@ -22,7 +22,7 @@ from pyspark.sql import SparkSession
 from keyroute.core.settings import ZkSettings
 from keyroute.core.snapshot import ArrowLocation, SnapshotError, is_local, local_path
 from keyroute.core.zk import ZkUnavailableError, close, connect
-from keyroute.pipeline.compute import compute_store, spark_message
+from keyroute.pipeline.compute import compute_store
 from keyroute.pipeline.errors import PipelineError, PublishError
 from keyroute.pipeline.live import (
     METADATA_TIMEOUT_S,
@@ -34,6 +34,7 @@ from keyroute.pipeline.live import (
 )
 from keyroute.pipeline.publish import PublishedStore, check_shape, publish, read_published
 from keyroute.pipeline.session import create_session
+from keyroute.pipeline.spark_errors import spark_message
 from keyroute.pipeline.spec import Spec, StoreSpec, load_spec
 from keyroute.pipeline.timeline import timeline_of
 from keyroute.pipeline.writer import (

@@ -6,7 +6,7 @@ offset does each partition of the new version follow it.
                       replica starts from the same record
     hybrid store      the source is the topic's archive; offsets[p] = 1 + its greatest offset in partition p
                       (0 for a partition it has no record of), computed by Spark with the rest of the store
-                      (keyroute.pipeline.compute), and checked here against the topic's high watermarks
+                      (keyroute.pipeline.offsets), and checked here against the topic's high watermarks
 
 The cluster is asked through librdkafka's consumer, for metadata and watermarks only: it joins no group,
 commits nothing and creates no topic; every question is bounded by `timeout_s`. Kafka settings that name

@@ -50,17 +50,18 @@ from keyroute.core.snapshot import (
     is_local,
     local_path,
 )
+from keyroute.pipeline import columns
 
-# The columns a task reads (internal names, as in keyroute.pipeline.compute).
+# The columns a task reads (internal names, as in keyroute.pipeline.columns).
 PARTITION = "partition"
-LMDB_KEY = "__keyroute_lmdb_key"
+LMDB_KEY = columns.LMDB_KEY
 # In place of LMDB_KEY, when every row's LMDB key is the `=` tag and its key text's UTF-8 (db_keys makes it).
 KEY_TEXT = "__keyroute_key_text"
 VALUE_JSON = "__keyroute_value_json"
 # In place of VALUE_JSON, for a value whose fields `spelled_fields` accepts: the value itself, a struct.
 VALUE_STRUCT = "__keyroute_value"
-# Live stores whose fold keeps a merge state: {"0": s0, "1": s1, ...} (keyroute.pipeline.compute.live_state).
-LIVE_STATE = "__keyroute_live_state"
+# Live stores whose fold keeps a merge state: {"0": s0, "1": s1, ...} (keyroute.pipeline.reduce.live_state).
+LIVE_STATE = columns.STATE
 # One row per partition file written; `misplaced` counts rows whose key does not hash to their partition
 # (their LMDB key is null; they are not written, and the driver fails the build).
 RESULT_SCHEMA = pa.schema(

@@ -24,6 +24,7 @@ from keyroute.core.timeline import (
     duration_in_units,
 )
 from keyroute.pipeline.errors import DataError, SpecError
+from keyroute.pipeline.sources import INTEGRAL, quoted
 from keyroute.pipeline.spec import Mode, StoreSpec
 
 # The entries column of the reduced frame (the `value` of a timeline store's ComputedStore.frame).
@@ -32,7 +33,6 @@ TIME = "t"
 TEXT = "v"
 _WINDOW_START = "__keyroute_window_start"
 _LAST_START = "__keyroute_last_window_start"
-_INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 
 
 def time_type_of(store: StoreSpec, dtype: T.DataType) -> TimeType:
@@ -41,7 +41,7 @@ def time_type_of(store: StoreSpec, dtype: T.DataType) -> TimeType:
         return TimeType.TIMESTAMP
     if isinstance(dtype, T.DateType):
         return TimeType.DATE
-    if isinstance(dtype, _INTEGRAL):
+    if isinstance(dtype, INTEGRAL):
         return TimeType.INTEGER
     raise DataError(
         store.name,
@@ -54,28 +54,15 @@ def timeline_of(store: StoreSpec, time_type: TimeType) -> Timeline:
     """The store's Timeline (SpecError for a window or retention its time type cannot express)."""
     assert store.order_by is not None
     try:
+        kind, window, advance = StoreKind.HISTORY, None, None
         if store.mode is Mode.WINDOWED:
             assert store.window is not None
-            window = duration_in_units(store.window, time_type)
+            kind, window = StoreKind.WINDOWED, duration_in_units(store.window, time_type)
             advance = window if store.advance is None else duration_in_units(store.advance, time_type)
-            if store.retention is not None and store.retention.duration is not None:
-                duration_in_units(store.retention.duration, time_type)
-            return Timeline(
-                StoreKind.WINDOWED,
-                store.order_by,
-                time_type,
-                window=window,
-                advance=advance,
-                retention=None if store.retention is None else store.retention.text,
-            )
         if store.retention is not None and store.retention.duration is not None:
             duration_in_units(store.retention.duration, time_type)
-        return Timeline(
-            StoreKind.HISTORY,
-            store.order_by,
-            time_type,
-            retention=None if store.retention is None else store.retention.text,
-        )
+        retention = None if store.retention is None else store.retention.text
+        return Timeline(kind, store.order_by, time_type, window=window, advance=advance, retention=retention)
     except TimelineError as exc:
         raise SpecError(store.name, str(exc)) from None
 
@@ -112,7 +99,7 @@ def reduce_timeline(
     sorted, retained entries). Windowed stores aggregate per key and window first; `regroup` then combines
     the `extra` aggregates of a key's windows (under the same names)."""
     assert store.order_by is not None
-    time = time_column(_quoted(store.order_by), timeline.time_type)
+    time = time_column(quoted(store.order_by), timeline.time_type)
     source = keyed.withColumn(TIME, time)
     nulls = source.where(F.col(TIME).isNull() & F.col(raw_key).isNotNull()).limit(1).count()
     if nulls:
@@ -124,7 +111,7 @@ def reduce_timeline(
             kept = duration_in_units(retention.duration, timeline.time_type)
             source = source.where(F.col(TIME) > F.lit(max(int(latest) - kept, INT64_MIN)))
     if timeline.kind is StoreKind.HISTORY:
-        row = F.to_json(F.struct(*[_quoted(c) for c in value_columns]), {"ignoreNullFields": "false"})
+        row = F.to_json(F.struct(*[quoted(c) for c in value_columns]), {"ignoreNullFields": "false"})
         entry = F.struct(F.col(TIME).alias(TIME), row.alias(TEXT))
         records = F.count(F.lit(1)).alias(rows)
         reduced = source.groupBy(raw_key).agg(records, *extra, F.sort_array(F.collect_list(entry)).alias(ENTRIES))
@@ -166,7 +153,7 @@ def _windows(
         F.struct(
             shown_time(start, timeline.time_type).alias("start"),
             shown_time(start + F.lit(size), timeline.time_type).alias("end"),
-            F.struct(*[_quoted(name) for name in store.aggregations]).alias("value"),
+            F.struct(*[quoted(name) for name in store.aggregations]).alias("value"),
         ),
         {"ignoreNullFields": "false"},
     )
@@ -174,7 +161,3 @@ def _windows(
     return windows.groupBy(raw_key).agg(
         F.sum(rows).alias(rows), *regroup, F.sort_array(F.collect_list(entry)).alias(ENTRIES)
     )
-
-
-def _quoted(name: str) -> Column:
-    return F.col("`" + name.replace("`", "``") + "`")

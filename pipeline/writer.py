@@ -71,16 +71,11 @@ from keyroute.core.snapshot import (
 )
 from keyroute.core.timeline import INT64_MIN, StoreKind, Timeline
 from keyroute.pipeline import lmdb_files
-from keyroute.pipeline.compute import (
-    LMDB_KEY,
-    STATE,
-    TEXT_SERIALIZED,
-    ComputedStore,
-    lmdb_key_column,
-    spark_errors,
-    text_lmdb_key_column,
-)
+from keyroute.pipeline.columns import LMDB_KEY, STATE
+from keyroute.pipeline.compute import ComputedStore
 from keyroute.pipeline.errors import PublishError
+from keyroute.pipeline.keys import TEXT_SERIALIZED, lmdb_key_column, text_lmdb_key_column
+from keyroute.pipeline.spark_errors import spark_errors
 from keyroute.pipeline.spec import StoreSpec
 from keyroute.pipeline.timeline import TEXT, TIME
 
@@ -185,23 +180,31 @@ def _claim_record(store: str, version: int) -> bytes:
     return json.dumps(record, sort_keys=True).encode("utf-8")
 
 
+@contextlib.contextmanager
+def _removed_on_failure(store: str, claimed: ClaimedVersion) -> Iterator[None]:
+    """Remove the `claimed` version again on any failure inside; an OSError or SnapshotError becomes a
+    PublishError naming the version."""
+    try:
+        try:
+            yield
+        except (OSError, SnapshotError) as exc:
+            problem = f"writing version {claimed.version} to {claimed.snapshot} failed: {exc}"
+            raise PublishError(store, problem) from exc
+    except BaseException:
+        remove_version(claimed.location)
+        raise
+
+
 def write_version(computed: ComputedStore, claimed: ClaimedVersion, live: LiveConfig | None = None) -> WrittenVersion:
     """Write `computed` into the version `claimed` for it (a live store's with `live` in its manifest); on
     any failure the version is removed again."""
     store = computed.spec
-    try:
-        try:
-            if store.snapshot_format == 1:
-                manifest = _write_format_1(computed, claimed)
-            else:
-                manifest = dataclasses.replace(_write_format_2(computed, claimed), live=live)
-            write_manifest(claimed.location, manifest)  # last: until now, readers see an incomplete version
-        except (OSError, SnapshotError) as exc:
-            problem = f"writing version {claimed.version} to {claimed.snapshot} failed: {exc}"
-            raise PublishError(store.name, problem) from exc
-    except BaseException:
-        remove_version(claimed.location)
-        raise
+    with _removed_on_failure(store.name, claimed):
+        if store.snapshot_format == 1:
+            manifest = _write_format_1(computed, claimed)
+        else:
+            manifest = dataclasses.replace(_write_format_2(computed, claimed), live=live)
+        write_manifest(claimed.location, manifest)  # last: until now, readers see an incomplete version
     return WrittenVersion(store=store.name, version=claimed.version, snapshot=claimed.snapshot, manifest=manifest)
 
 
@@ -214,33 +217,26 @@ def write_empty_version(
 ) -> WrittenVersion:
     """A version of a live store without a source: no rows, every partition's file the empty LMDB file,
     put in place and checksummed as any partition file; `live.offsets` says where nodes start applying."""
-    try:
-        try:
-            written = _write_empty(claimed, list(range(store.partitions)))
-            _check_sizes(store.name, claimed, {p: f.size for p, f in written.items()})
-            manifest = Manifest(
-                store=store.name,
-                version=claimed.version,
-                partitions=store.partitions,
-                partitioner=store.partitioner,
-                key_format=store.key_format,
-                value_columns=value_columns,
-                rows=(0,) * store.partitions,
-                created_at=time.time(),
-                format=FORMAT_2,
-                files={p: (data_file(p),) for p in range(store.partitions)},
-                checksums={p: written[p].checksum for p in range(store.partitions)},
-                bytes={p: written[p].size for p in range(store.partitions)},
-                live=live,
-                timeline=timeline,
-            )
-            write_manifest(claimed.location, manifest)
-        except (OSError, SnapshotError) as exc:
-            problem = f"writing version {claimed.version} to {claimed.snapshot} failed: {exc}"
-            raise PublishError(store.name, problem) from exc
-    except BaseException:
-        remove_version(claimed.location)
-        raise
+    with _removed_on_failure(store.name, claimed):
+        written = _write_empty(claimed, list(range(store.partitions)))
+        _check_sizes(store.name, claimed, {p: f.size for p, f in written.items()})
+        manifest = Manifest(
+            store=store.name,
+            version=claimed.version,
+            partitions=store.partitions,
+            partitioner=store.partitioner,
+            key_format=store.key_format,
+            value_columns=value_columns,
+            rows=(0,) * store.partitions,
+            created_at=time.time(),
+            format=FORMAT_2,
+            files={p: (data_file(p),) for p in range(store.partitions)},
+            checksums={p: written[p].checksum for p in range(store.partitions)},
+            bytes={p: written[p].size for p in range(store.partitions)},
+            live=live,
+            timeline=timeline,
+        )
+        write_manifest(claimed.location, manifest)
     return WrittenVersion(store=store.name, version=claimed.version, snapshot=claimed.snapshot, manifest=manifest)
 
 

@@ -5,7 +5,11 @@ itself and folds its records (keyroute.core.live) into the partition's own LMDB 
                     applied offset, lag, state, counters; `wait_reached` for reads bounded by `min_offset`
     LiveApplier     one Kafka consumer and one thread per (store, version) on this node: the partitions of
                     that version the node holds are assigned to it (`assign`, never a group subscription,
-                    never a commit to Kafka), each from the offset its environment stores under OFFSET_KEY
+                    never a commit to Kafka), each from the offset its environment stores under OFFSET_KEY;
+                    set up by a `LiveVersion` (what it consumes) and `ApplierSettings` (how)
+
+A store of one value per key has its records folded here; a history or windowed store's records become
+entries of their keys' timelines (keyroute.state_node.timeline_writer).
 
 The applier consumes in batches; per partition, one LMDB write transaction applies the batch's records in
 offset order and stores the next offset under OFFSET_KEY in the same transaction, then commits (durably);
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
@@ -42,10 +47,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from keyroute.core.key_format import KeyFormat
-from keyroute.core.live import META_TAG, OFFSET_KEY, BadRecord, LiveConfig, Merge, RecordReader
+from keyroute.core.live import OFFSET_KEY, BadRecord, LiveConfig, RecordReader
 from keyroute.core.lmdb_layout import LMDB_MAX_KEY_BYTES, TAG_KEY, db_key
 from keyroute.core.partitioner import Partitioner
-from keyroute.core.timeline import INT64_MIN, SUFFIX_BYTES, entry_key, key_part
+from keyroute.state_node.timeline_writer import TimelineWriter
 
 if TYPE_CHECKING:
     import lmdb
@@ -66,22 +71,47 @@ DEFAULT_BATCH_RECORDS = 2000
 # How often a live partition's commits are flushed to disk (keyroute.state_node.store: a commit is safe from a
 # process crash at once; this bounds what an operating-system crash could undo). 0: after every commit.
 DEFAULT_SYNC_INTERVAL_S = 1.0
-# How long one consume call waits for records when there are none.
-POLL_TIMEOUT_S = 0.05
-# How often each partition's watermarks are asked of the broker (lag, retention gaps, broker faults).
-WATERMARKS_EVERY_S = 1.0
-# A query waits behind the client's fetch long-poll on the connection (FETCH_WAIT_MS).
-WATERMARKS_TIMEOUT_S = 1.0
-# How long the broker holds a fetch that finds no records: also the longest a watermark query waits for it.
-FETCH_WAIT_MS = 100
-# A partition that received records this recently is not stalled because one watermark query timed out.
-RECENT_RECORDS_S = 5.0
-# How often each partition's watermarks are asked of the broker itself (which notices a deleted topic).
-QUERY_EVERY_S = 5.0
-# After a failed apply (or an offset reset by the client), the partition is assigned again this much later.
-REASSIGN_AFTER_S = 1.0
-# A consumer that could not be created is tried again this much later.
-RECREATE_AFTER_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class ApplierSettings:
+    """How an applier consumes and commits; the node's `--live-batch-records` and `--live-sync-ms` set the
+    first two, the rest are fixed by the product."""
+
+    # Records asked of the client per consume call (a partition's share of them goes in one transaction).
+    batch_records: int = DEFAULT_BATCH_RECORDS
+    # How often commits are flushed to disk (see DEFAULT_SYNC_INTERVAL_S). 0: after every commit.
+    sync_interval_s: float = DEFAULT_SYNC_INTERVAL_S
+    # How long one consume call waits for records when there are none.
+    poll_timeout_s: float = 0.05
+    # How often each partition's watermarks are asked of the broker (lag, retention gaps, broker faults).
+    watermarks_every_s: float = 1.0
+    # A query waits behind the client's fetch long-poll on the connection (fetch_wait_ms).
+    watermarks_timeout_s: float = 1.0
+    # How long the broker holds a fetch that finds no records: also the longest a watermark query waits for it.
+    fetch_wait_ms: int = 100
+    # A partition that received records this recently is not stalled because one watermark query timed out.
+    recent_records_s: float = 5.0
+    # How often each partition's watermarks are asked of the broker itself (which notices a deleted topic).
+    query_every_s: float = 5.0
+    # After a failed apply (or an offset reset by the client), the partition is assigned again this much later.
+    reassign_after_s: float = 1.0
+    # A consumer that could not be created is tried again this much later.
+    recreate_after_s: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class LiveVersion:
+    """One version of a live store as its applier consumes it: the topic and how the store's keys are
+    serialized and partitioned (each record's key is checked against the partition it came from)."""
+
+    store: str
+    version: int
+    config: LiveConfig
+    key_format: KeyFormat
+    partitioner: Partitioner
+    partitions: int
+
 
 _LONG_KEY = LMDB_MAX_KEY_BYTES
 
@@ -250,95 +280,6 @@ class LivePartition:
                 log.exception("a live partition's change callback failed")
 
 
-# A live record's entry sequence: above every batch row's (their index in the key's rows), the record's
-# offset making it unique among the key's entries of the same time (keyroute.core.timeline).
-LIVE_SEQUENCE = 1 << 31
-STREAM_TIME_KEY = META_TAG + b"stream-time"
-
-
-class _Timeline:
-    """Records of a live history or windowed store applied in one write transaction. History: each record
-    appends a row under (key, time, LIVE_SEQUENCE + offset), so applying a record again writes the same
-    entry. Windowed: each record is folded into every window it falls in, under (key, window start, 0).
-    A tombstone deletes the key's entries; retention trims the key's oldest ones. The partition's latest
-    time (its stream time, for a retention span) is kept in the same transaction."""
-
-    __slots__ = ("txn", "cursor", "merge", "stream_time", "changed")
-
-    def __init__(self, txn: Any, merge: Merge) -> None:
-        self.txn = txn
-        self.cursor = txn.cursor()
-        self.merge = merge
-        stored = txn.get(STREAM_TIME_KEY)
-        self.stream_time: int | None = None if stored is None else int(stored)
-        self.changed = False
-
-    def apply(self, key: bytes, row: dict[str, Any] | None, offset: int) -> None:
-        part = key_part(key)
-        if row is None:
-            self._delete(part, None)
-            return
-        merge = self.merge
-        windowed = merge.mode == "windowed"
-        if windowed:
-            time, value = merge.record_time(row), b""
-        else:
-            time, value = merge.history_row(row)
-        span = merge.retention_span
-        if span is not None:
-            if self.stream_time is None or time > self.stream_time:
-                self.stream_time, self.changed = time, True
-            cutoff = self.stream_time - span
-            if time <= cutoff:
-                return  # older than the retention keeps: as if it had been trimmed
-            # Rows at or before the cutoff; windows that ended by then.
-            oldest = cutoff + 1 - (merge.window or 0) if windowed else cutoff + 1
-            self._delete(part, entry_key(part, max(oldest, INT64_MIN), 0))
-        if windowed:
-            txn = self.txn
-            for start in merge.window_starts(time):
-                window = entry_key(part, start, 0)
-                txn.put(window, merge.fold_window(txn.get(window), row, start))
-        else:
-            self.txn.put(entry_key(part, time, LIVE_SEQUENCE + (offset & 0x7FFFFFFF)), value)
-        count = merge.retention_count
-        if count is not None:
-            self._keep_newest(part, count)
-
-    def save(self) -> None:
-        if self.changed and self.stream_time is not None:
-            self.txn.put(STREAM_TIME_KEY, str(self.stream_time).encode("ascii"))
-
-    def _delete(self, part: bytes, before: bytes | None) -> None:
-        """Delete the entries of the key part `part` (those below `before` only, when given)."""
-        cursor = self.cursor
-        more = cursor.set_range(part)
-        while more:
-            lmdb_key = cursor.key()
-            if not lmdb_key.startswith(part) or (before is not None and lmdb_key >= before):
-                return
-            more = cursor.delete()
-
-    def _keep_newest(self, part: bytes, count: int) -> None:
-        cursor = self.cursor
-        # The key's newest entry: the greatest LMDB key at most its key part + the greatest time and sequence.
-        positioned = _at_or_before(cursor, part + b"\xff" * SUFFIX_BYTES)
-        seen = 0
-        while positioned and cursor.key().startswith(part):
-            seen += 1
-            if seen > count:
-                self._delete(part, bytes(cursor.key()) + b"\x00")
-                return
-            positioned = cursor.prev()
-
-
-def _at_or_before(cursor: Any, key: bytes) -> bool:
-    """Position `cursor` at the greatest LMDB key at most `key`; False if there is none."""
-    if cursor.set_range(key):
-        return True if cursor.key() == key else bool(cursor.prev())
-    return bool(cursor.last())
-
-
 def _stopped_message(offset: int, exc: BadRecord) -> str:
     return (
         f"bad record at offset {offset} ({exc.reason.value}: {exc}); consumption of this partition stopped "
@@ -372,27 +313,21 @@ class LiveApplier:
 
     def __init__(
         self,
-        store: str,
-        version: int,
-        config: LiveConfig,
+        source: LiveVersion,
         *,
         node_id: str,
-        key_format: KeyFormat,
-        partitioner: Partitioner,
-        partitions: int,
-        batch_records: int = DEFAULT_BATCH_RECORDS,
-        sync_interval_s: float = DEFAULT_SYNC_INTERVAL_S,
+        settings: ApplierSettings | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> None:
-        self.store = store
-        self.version = version
-        self.config = config
+        self.store = source.store
+        self.version = source.version
+        self.config = source.config
+        self._source = source
         self._node_id = node_id
-        self._key_format = key_format
-        self._partitioner = partitioner
-        self._partitions = partitions
-        self._batch_records = max(1, batch_records)
-        self._sync_interval_s = max(0.0, sync_interval_s)
+        settings = ApplierSettings() if settings is None else settings
+        self._settings = dataclasses.replace(
+            settings, batch_records=max(1, settings.batch_records), sync_interval_s=max(0.0, settings.sync_interval_s)
+        )
         self._environ = os.environ if environ is None else environ
         self._slots: dict[int, _Slot] = {}
         # Held while a batch is applied and while a slot is added or removed.
@@ -403,7 +338,8 @@ class LiveApplier:
         self._consumer: Any = None
         self._consumer_error: str | None = None
         self._brokers_down: str | None = None
-        self._thread = threading.Thread(target=self._run, name=f"keyroute-live-{store}-v{version}", daemon=True)
+        name = f"keyroute-live-{source.store}-v{source.version}"
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._received: dict[int, float] = {}
         # When each partition's watermarks were last asked of the broker (not only read from the client's cache).
         self._queried: dict[int, float] = {}
@@ -421,7 +357,8 @@ class LiveApplier:
         live = held.live
         assert live is not None and held.version == self.version
         p = held.pid.partition
-        reader = RecordReader(self._key_format, self._partitioner, self._partitions, p)
+        source = self._source
+        reader = RecordReader(source.key_format, source.partitioner, source.partitions, p)
         with self._lock:
             self._slots[p] = _Slot(held, live, reader, live.next_offset)
         with self._commands_lock:
@@ -452,11 +389,11 @@ class LiveApplier:
 
     def _run(self) -> None:
         next_watermarks = 0.0
-        next_sync = time.monotonic() + self._sync_interval_s
+        next_sync = time.monotonic() + self._settings.sync_interval_s
         try:
             while not self._stop.is_set():
                 if self._consumer is None and not self._create_consumer():
-                    self._stop.wait(RECREATE_AFTER_S)
+                    self._stop.wait(self._settings.recreate_after_s)
                     continue
                 self._run_commands()
                 messages = self._take()
@@ -465,10 +402,10 @@ class LiveApplier:
                 now = time.monotonic()
                 if now >= next_sync:
                     self._sync()
-                    next_sync = time.monotonic() + self._sync_interval_s
+                    next_sync = time.monotonic() + self._settings.sync_interval_s
                 if now >= next_watermarks:
                     self._refresh_watermarks(now)
-                    next_watermarks = time.monotonic() + WATERMARKS_EVERY_S
+                    next_watermarks = time.monotonic() + self._settings.watermarks_every_s
         except Exception:
             log.exception("the applier of %s v%d failed", self.store, self.version)
             with self._lock:
@@ -495,13 +432,13 @@ class LiveApplier:
 
     def _take(self) -> list[Any]:
         """Every record the client holds, up to a batch, without waiting when there is one; else wait at most
-        POLL_TIMEOUT_S for the next one. (Asking for a whole batch with a timeout would hold records that
+        `poll_timeout_s` for the next one. (Asking for a whole batch with a timeout would hold records that
         arrived until the batch fills or the timeout ends: freshness would cost up to the timeout.)"""
-        consumer, batch = self._consumer, self._batch_records
+        consumer, batch = self._consumer, self._settings.batch_records
         messages = consumer.consume(num_messages=batch, timeout=0)
         if messages:
             return messages
-        messages = consumer.consume(num_messages=1, timeout=POLL_TIMEOUT_S)
+        messages = consumer.consume(num_messages=1, timeout=self._settings.poll_timeout_s)
         if messages and batch > 1:
             messages += consumer.consume(num_messages=batch - 1, timeout=0)
         return messages
@@ -513,7 +450,7 @@ class LiveApplier:
             settings: dict[str, Any] = {
                 # How long the broker may hold a fetch that finds no new record (a broker answers at once
                 # when records arrive); the store's `kafka` settings may say otherwise.
-                "fetch.wait.max.ms": FETCH_WAIT_MS,
+                "fetch.wait.max.ms": self._settings.fetch_wait_ms,
                 **self.config.consumer_settings(self._environ),
                 "bootstrap.servers": self.config.bootstrap_servers,
                 # The client wants a group id; nothing is ever committed or subscribed under it.
@@ -564,7 +501,7 @@ class LiveApplier:
                     consumer.incremental_assign([TopicPartition(topic, partition, slot.next)])
                 except Exception as exc:
                     log.debug("live store %s: assigning partition %d again: %s", self.store, partition, exc)
-                    slot.reassign_at = now + REASSIGN_AFTER_S
+                    slot.reassign_at = now + self._settings.reassign_after_s
 
     def _on_client_error(self, error: Any) -> None:
         """librdkafka's errors not tied to one partition (called from `consume`, on this thread)."""
@@ -627,7 +564,7 @@ class LiveApplier:
                     read = slot.reader.read
                     merge = config.merge
                     fold = merge.apply
-                    history = _Timeline(txn, merge) if merge.mode in ("history", "windowed") else None
+                    history = TimelineWriter(txn, merge) if merge.mode in ("history", "windowed") else None
                     for message in records:
                         offset = message.offset()
                         if offset != expected:
@@ -679,7 +616,7 @@ class LiveApplier:
                 live.set_state(STALLED, f"applying records failed: {exc}; retrying")
                 self._unassign(partition, slot, retry=True)
                 return
-        if slot.unsynced and not self._sync_interval_s:
+        if slot.unsynced and not self._settings.sync_interval_s:
             slot.unsynced = False
             held.sync()
         if expected != slot.next:
@@ -736,7 +673,7 @@ class LiveApplier:
         from confluent_kafka import TopicPartition
 
         if retry:
-            slot.reassign_at = time.monotonic() + REASSIGN_AFTER_S
+            slot.reassign_at = time.monotonic() + self._settings.reassign_after_s
         else:
             slot.halted = True
         with contextlib.suppress(Exception):
@@ -747,7 +684,7 @@ class LiveApplier:
 
         try:
             low, high = self._consumer.get_watermark_offsets(
-                TopicPartition(self.config.topic, partition), timeout=WATERMARKS_TIMEOUT_S
+                TopicPartition(self.config.topic, partition), timeout=self._settings.watermarks_timeout_s
             )
         except Exception:
             return None, None
@@ -755,7 +692,7 @@ class LiveApplier:
 
     def _refresh_watermarks(self, now: float) -> None:
         """About once a second: each partition's watermarks as the client last saw them in a fetch answer
-        (no request); asked of the broker when the client has none, every QUERY_EVERY_S, or more often
+        (no request); asked of the broker when the client has none, every `query_every_s`, or more often
         while the partition is stalled (to notice the end of the fault). Lag, gaps, faults, recoveries."""
         from confluent_kafka import TopicPartition
 
@@ -766,7 +703,7 @@ class LiveApplier:
                     return
                 if slot.halted:
                     continue
-                due = now - self._queried.get(partition, float("-inf")) >= QUERY_EVERY_S
+                due = now - self._queried.get(partition, float("-inf")) >= self._settings.query_every_s
                 if not due and slot.live.state != STALLED:
                     try:
                         low, high = consumer.get_watermark_offsets(
@@ -787,7 +724,7 @@ class LiveApplier:
 
         try:
             low, high = self._consumer.get_watermark_offsets(
-                TopicPartition(self.config.topic, partition), timeout=WATERMARKS_TIMEOUT_S
+                TopicPartition(self.config.topic, partition), timeout=self._settings.watermarks_timeout_s
             )
         except KafkaException as exc:
             return self._on_watermarks(partition, -1, -1, exc.args[0] if exc.args else exc)
@@ -803,7 +740,7 @@ class LiveApplier:
         live = slot.live
         if error is not None:
             code = error.code() if hasattr(error, "code") else None
-            recent = time.monotonic() - self._received.get(partition, float("-inf")) < RECENT_RECORDS_S
+            recent = time.monotonic() - self._received.get(partition, float("-inf")) < self._settings.recent_records_s
             if code == KafkaError._TIMED_OUT and recent and self._brokers_down is None:
                 return False  # busy fetching: the next query will tell
             if self._brokers_down is not None:

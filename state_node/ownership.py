@@ -21,7 +21,7 @@ from typing import Any
 
 from keyroute.core.partition_map import PartitionMap, StoreRecord
 from keyroute.core.settings import NodeSettings
-from keyroute.state_node.live import GAP, LiveApplier, LivePartition
+from keyroute.state_node.live import GAP, ApplierSettings, LiveApplier, LivePartition, LiveVersion
 from keyroute.state_node.registration import Registration
 from keyroute.state_node.store import (
     LoadCancelled,
@@ -610,17 +610,13 @@ class Ownership:
         key = (held.pid.store, held.pid.version)
         applier = self._appliers.get(key)
         if applier is None:
-            applier = self._appliers[key] = LiveApplier(
-                held.pid.store,
-                held.pid.version,
-                live.config,
-                node_id=self._node_id,
-                key_format=record.key_format,
-                partitioner=record.partitioner,
-                partitions=record.partitions,
-                batch_records=self._settings.live_batch_records,
-                sync_interval_s=self._settings.live_sync_ms / 1000,
+            source = LiveVersion(
+                held.pid.store, held.pid.version, live.config, record.key_format, record.partitioner, record.partitions
             )
+            settings = ApplierSettings(
+                batch_records=self._settings.live_batch_records, sync_interval_s=self._settings.live_sync_ms / 1000
+            )
+            applier = self._appliers[key] = LiveApplier(source, node_id=self._node_id, settings=settings)
         await asyncio.to_thread(applier.add, held)
         if self._live_reporter is None and not self._stopping:
             self._live_reporter = asyncio.ensure_future(self._report_live())

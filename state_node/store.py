@@ -59,7 +59,17 @@ from keyroute.core.snapshot import (
     read_manifest,
     resolve_location,
 )
-from keyroute.core.timeline import SUFFIX_BYTES, Timeline, entry_key, key_of_part, key_part, split_entry
+from keyroute.core.timeline import (
+    SUFFIX_BYTES,
+    Timeline,
+    entry_key,
+    first_after,
+    key_of_part,
+    key_part,
+    last_at_or_before,
+    last_before,
+    split_entry,
+)
 from keyroute.state_node.fetch import FetchCancelled, FetchError, check_keys, fetch_file
 from keyroute.state_node.live import LivePartition, read_next_offset
 
@@ -80,23 +90,6 @@ _CANCEL_CHECK_ROWS = 4096
 _LAST_SUFFIX = b"\xff" * SUFFIX_BYTES
 
 
-def _first_after(cursor: lmdb.Cursor, key: bytes) -> bool:
-    """Position `cursor` at the least LMDB key greater than `key`; False if there is none."""
-    if not cursor.set_range(key):
-        return False
-    return cursor.next() if cursor.key() == key else True
-
-
-def _last_before(cursor: lmdb.Cursor, key: bytes) -> bool:
-    """Position `cursor` at the greatest LMDB key less than `key`; False if there is none."""
-    return cursor.prev() if cursor.set_range(key) else cursor.last()
-
-
-def _last_at_or_before(cursor: lmdb.Cursor, key: bytes) -> bool:
-    """Position `cursor` at the greatest LMDB key at most `key`; False if there is none."""
-    if cursor.set_range(key):
-        return True if cursor.key() == key else cursor.prev()
-    return cursor.last()
 # Removing a partition tidies its empty version and store folders; creating one makes them. Both hold
 # this lock, so a load never sees the folder it just made vanish under a concurrent removal.
 _TREE_LOCK = threading.Lock()
@@ -150,11 +143,14 @@ def iter_partition_dirs(data_dir: Path) -> Iterator[tuple[PartitionId, Path]]:
 
 
 class PartitionStore:
-    """A loaded partition. `get` is safe from any thread; the LMDB lock file coordinates the readers.
+    """A loaded batch partition, open read-only; the base of a live one (`LivePartitionStore`). The reads
+    (`get`, `entries`, `key_range`) are safe from any thread; the LMDB lock file coordinates the readers.
 
-    A batch partition is open read-only. A live one (`live` set) is open writable: its applier writes it
-    through `write_txn` under `write_lock`, which `close` takes too, so no write ever reaches a closed
-    environment; `get` answers without the merge state."""
+    `live` is None for a batch partition and the partition's `LivePartition` for a live one."""
+
+    live: LivePartition | None = None
+    # A stored value as it is answered: a batch partition stores it so.
+    _answer: Callable[[bytes], bytes] = staticmethod(bytes)
 
     def __init__(
         self,
@@ -162,13 +158,11 @@ class PartitionStore:
         path: Path,
         rows: int,
         env: lmdb.Environment,
-        live: LivePartition | None = None,
         timeline: Timeline | None = None,
     ) -> None:
         self.pid = pid
         self.path = path
         self.rows = rows
-        self.live = live
         self.timeline = timeline
         self._env: lmdb.Environment | None = env
         self._closed = threading.Event()
@@ -192,16 +186,15 @@ class PartitionStore:
             value = txn.get(db_key(key))
         if value is None:
             return None
-        return answer_bytes(value) if self.live is not None else bytes(value)
+        return self._answer(value)
 
     def _latest(self, env: lmdb.Environment, key: bytes) -> bytes | None:
         """A timeline partition's value of a key: its latest entry (history row or window)."""
         part = key_part(key)
         with env.begin(buffers=False) as txn:
             cursor = txn.cursor()
-            if _last_at_or_before(cursor, part + _LAST_SUFFIX) and cursor.key().startswith(part):
-                value = bytes(cursor.value())
-                return answer_bytes(value) if self.live is not None else value
+            if last_at_or_before(cursor, part + _LAST_SUFFIX) and cursor.key().startswith(part):
+                return self._answer(bytes(cursor.value()))
         return None
 
     def entries(
@@ -220,7 +213,7 @@ class PartitionStore:
         if env is None:
             raise LoadError(f"partition {self.pid} is closed")
         part = key_part(key)
-        live = self.live is not None  # a live window keeps its merge state after the answer
+        answer = self._answer  # a live window keeps its merge state after the answer
         lowest = part if low is None else entry_key(part, low, 0)
         beyond = None if high is None else entry_key(part, high, 0)  # exclusive
         previous = None if after is None else entry_key(part, *after)  # exclusive
@@ -228,37 +221,29 @@ class PartitionStore:
         with env.begin(buffers=False) as txn:
             cursor = txn.cursor()
             if not descending:
+                step = cursor.next
                 if previous is not None and previous >= lowest:
-                    more = _first_after(cursor, previous)
+                    more = first_after(cursor, previous)
                 else:
                     more = cursor.set_range(lowest)
-                while more:
-                    lmdb_key = cursor.key()
-                    if not lmdb_key.startswith(part) or (beyond is not None and lmdb_key >= beyond):
-                        break
-                    if len(found) == limit:
-                        return found, True
-                    _, time, sequence = split_entry(lmdb_key)
-                    value = bytes(cursor.value())
-                    found.append((time, sequence, answer_bytes(value) if live else value))
-                    more = cursor.next()
-                return found, False
-            if previous is not None and (beyond is None or previous <= beyond):
-                more = _last_before(cursor, previous)
-            elif beyond is not None:
-                more = _last_before(cursor, beyond)
             else:
-                more = _last_at_or_before(cursor, part + _LAST_SUFFIX)
+                step = cursor.prev
+                if previous is not None and (beyond is None or previous <= beyond):
+                    more = last_before(cursor, previous)
+                elif beyond is not None:
+                    more = last_before(cursor, beyond)
+                else:
+                    more = last_at_or_before(cursor, part + _LAST_SUFFIX)
+            # Ascending starts at or after `lowest`, descending below `beyond`: one test ends either walk.
             while more:
                 lmdb_key = cursor.key()
-                if lmdb_key < lowest or not lmdb_key.startswith(part):
+                if not lmdb_key.startswith(part) or lmdb_key < lowest or (beyond is not None and lmdb_key >= beyond):
                     break
                 if len(found) == limit:
                     return found, True
                 _, time, sequence = split_entry(lmdb_key)
-                value = bytes(cursor.value())
-                found.append((time, sequence, answer_bytes(value) if live else value))
-                more = cursor.prev()
+                found.append((time, sequence, answer(bytes(cursor.value()))))
+                more = step()
         return found, False
 
     def key_range(
@@ -272,10 +257,10 @@ class PartitionStore:
         if env is None:
             raise LoadError(f"partition {self.pid} is closed")
         found: list[tuple[bytes, bytes]] = []
-        live = self.live is not None
+        answer = self._answer
         with env.begin(buffers=False) as txn:
             cursor = txn.cursor()
-            more = cursor.set_range(start) if resume is None else _first_after(cursor, resume)
+            more = cursor.set_range(start) if resume is None else first_after(cursor, resume)
             if self.timeline is None:
                 while more:
                     lmdb_key = cursor.key()
@@ -284,8 +269,7 @@ class PartitionStore:
                     if lmdb_key[:1] == TAG_KEY:
                         if len(found) == limit:
                             return found, True, resume
-                        value = cursor.value()
-                        found.append((lmdb_key[1:], answer_bytes(value) if live else value))
+                        found.append((lmdb_key[1:], answer(cursor.value())))
                     resume = lmdb_key
                     more = cursor.next()
                 return found, False, resume
@@ -299,34 +283,22 @@ class PartitionStore:
                 if data is not None:
                     if len(found) == limit:
                         return found, True, resume
-                    _last_at_or_before(cursor, last)  # the key's latest entry
-                    value = cursor.value()
-                    found.append((data, answer_bytes(value) if live else value))
+                    last_at_or_before(cursor, last)  # the key's latest entry
+                    found.append((data, answer(cursor.value())))
                 resume = last
-                more = _first_after(cursor, last)
+                more = first_after(cursor, last)
         return found, False, resume
 
     def write_txn(self) -> lmdb.Transaction:
-        """A write transaction on a live partition's environment; the caller holds `write_lock` and has
-        checked `closed` under it."""
-        env = self._env
-        if env is None or self.live is None:
-            raise LoadError(f"partition {self.pid} is closed or not live")
-        return env.begin(write=True)
+        """Only a live partition is written."""
+        raise LoadError(f"partition {self.pid} is closed or not live")
 
     def sync(self) -> None:
-        """Flush a live partition's committed writes to disk (its applier calls it every --live-sync-ms)."""
-        with self.write_lock:
-            if self._env is not None and self.live is not None:
-                self._env.sync(True)
+        """Nothing to flush: a batch partition is never written."""
 
     def close(self) -> None:
         with self.write_lock:
             env, self._env = self._env, None
-            if env is not None and self.live is not None:
-                with contextlib.suppress(lmdb.Error, OSError):
-                    env.sync(True)
-                    _write_live_state(self.path, clean=True)
         if env is not None:
             env.close()
 
@@ -336,7 +308,54 @@ class PartitionStore:
         remove_partition_dir(self.path)
 
     def __repr__(self) -> str:
-        return f"PartitionStore({self.pid}, rows={self.rows}{', live' if self.live is not None else ''})"
+        return f"PartitionStore({self.pid}, rows={self.rows})"
+
+
+class LivePartitionStore(PartitionStore):
+    """A loaded live partition, open writable: its applier writes it through `write_txn` under `write_lock`,
+    which `close` takes too, so no write ever reaches a closed environment. Reads answer without the merge
+    state the values carry."""
+
+    _answer = staticmethod(answer_bytes)
+
+    def __init__(
+        self,
+        pid: PartitionId,
+        path: Path,
+        rows: int,
+        env: lmdb.Environment,
+        live: LivePartition,
+        timeline: Timeline | None = None,
+    ) -> None:
+        super().__init__(pid, path, rows, env, timeline)
+        self.live = live
+
+    def write_txn(self) -> lmdb.Transaction:
+        """A write transaction on the partition's environment; the caller holds `write_lock` and has checked
+        `closed` under it."""
+        env = self._env
+        if env is None:
+            raise LoadError(f"partition {self.pid} is closed or not live")
+        return env.begin(write=True)
+
+    def sync(self) -> None:
+        """Flush the committed writes to disk (the applier calls it every --live-sync-ms)."""
+        with self.write_lock:
+            if self._env is not None:
+                self._env.sync(True)
+
+    def close(self) -> None:
+        with self.write_lock:
+            env, self._env = self._env, None
+            if env is not None:
+                with contextlib.suppress(lmdb.Error, OSError):
+                    env.sync(True)
+                    _write_live_state(self.path, clean=True)
+        if env is not None:
+            env.close()
+
+    def __repr__(self) -> str:
+        return f"PartitionStore({self.pid}, rows={self.rows}, live)"
 
 
 def remove_partition_dir(path: Path) -> None:
@@ -600,14 +619,17 @@ def _load_file(
         entries = int(env.stat()["entries"])
         if entries != rows:
             raise LoadError(f"{pid}: {shown}: {entries} rows vs manifest {rows}")
-        live_partition = None
+        held: PartitionStore
         if live is not None:
             live_partition = LivePartition(pid.store, pid.version, partition, live, _start_offset(env, live, partition))
             env.sync(True)
             _write_live_state(path, clean=False)
+            held = LivePartitionStore(pid, path, entries, env, live_partition, manifest.timeline)
+        else:
+            held = PartitionStore(pid, path, entries, env, manifest.timeline)
         _write_marker(path, expected)
         log.info("%s: %s by %s (%d bytes, %s)", pid, shown, fetched.method, fetched.size, fetched.checksum)
-        held, env = PartitionStore(pid, path, entries, env, live_partition, manifest.timeline), None
+        env = None
         return held
     except BaseException as exc:
         if env is not None:
@@ -652,7 +674,7 @@ def _start_offset(env: lmdb.Environment, live: LiveConfig, partition: int) -> in
 
 def _reuse_live(
     pid: PartitionId, path: Path, live: LiveConfig, map_size: int, timeline: Timeline | None = None
-) -> PartitionStore | None:
+) -> LivePartitionStore | None:
     """A live partition loaded by an earlier run: reused (applying resumes from its OFFSET_KEY) when its file
     can be trusted (`_live_state_trusted`), opens and holds OFFSET_KEY; else None and it is fetched again from
     the version."""
@@ -684,7 +706,7 @@ def _reuse_live(
         return None
     log.info("%s: reusing the live partition on disk, resuming at offset %d", pid, next_offset)
     live_partition = LivePartition(pid.store, pid.version, pid.partition, live, next_offset)
-    return PartitionStore(pid, path, max(0, entries - 1), env, live_partition, timeline)
+    return LivePartitionStore(pid, path, max(0, entries - 1), env, live_partition, timeline)
 
 
 def _reuse_file(pid: PartitionId, path: Path, manifest: Manifest, map_size: int) -> PartitionStore | None:

@@ -227,13 +227,9 @@ class Merge:
     def history_row(self, row: Mapping[str, Any]) -> tuple[int, bytes]:
         """A history store's (time, stored row) of one record: the time in the timeline's unit, the row as
         the batch part spells it (order_by first, then the columns; a timestamp as Spark writes one)."""
+        time, shown = self._time_of(row)
         order_by = self.order_by
-        assert order_by is not None and self.time_type is not None
-        try:
-            raw = row[order_by]
-        except KeyError:
-            raise BadRecord(Reason.MISSING_COLUMN, f"no {order_by!r} (the store's order_by)") from None
-        time, shown = _record_time(raw, self.time_type, order_by)
+        assert order_by is not None
         columns = self.columns
         if columns is None:
             key_column = self.key_column
@@ -247,13 +243,17 @@ class Merge:
 
     def record_time(self, row: Mapping[str, Any]) -> int:
         """A windowed store's record's time, in the timeline's unit."""
+        return self._time_of(row)[0]
+
+    def _time_of(self, row: Mapping[str, Any]) -> tuple[int, Any]:
+        """A record's time in the timeline's unit, and as the batch part spells it."""
         order_by = self.order_by
         assert order_by is not None and self.time_type is not None
         try:
             raw = row[order_by]
         except KeyError:
             raise BadRecord(Reason.MISSING_COLUMN, f"no {order_by!r} (the store's order_by)") from None
-        return _record_time(raw, self.time_type, order_by)[0]
+        return _record_time(raw, self.time_type, order_by)
 
     def window_starts(self, time: int) -> range:
         """The starts of every window `time` falls in (start <= time < start + window), oldest first."""

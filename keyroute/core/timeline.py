@@ -437,3 +437,25 @@ def _bound(timeline: Timeline, text: str, name: str) -> int:
         raise
     except TimelineError as exc:
         raise QueryError(str(exc)) from None
+
+
+# --- finding entries in an ordered key space (an LMDB cursor: set_range, key, next, prev, last) ------------
+
+
+def first_after(cursor: Any, key: bytes) -> bool:
+    """Position `cursor` at the least LMDB key greater than `key`; False if there is none."""
+    if not cursor.set_range(key):
+        return False
+    return bool(cursor.next()) if cursor.key() == key else True
+
+
+def last_before(cursor: Any, key: bytes) -> bool:
+    """Position `cursor` at the greatest LMDB key less than `key`; False if there is none."""
+    return bool(cursor.prev() if cursor.set_range(key) else cursor.last())
+
+
+def last_at_or_before(cursor: Any, key: bytes) -> bool:
+    """Position `cursor` at the greatest LMDB key at most `key`; False if there is none."""
+    if cursor.set_range(key):
+        return True if cursor.key() == key else bool(cursor.prev())
+    return bool(cursor.last())

@@ -33,8 +33,8 @@ from keyroute.core.snapshot import (
     write_manifest,
 )
 from keyroute.pipeline import lmdb_files, writer
-from keyroute.pipeline.compute import lmdb_keys
 from keyroute.pipeline.errors import PublishError, SpecError
+from keyroute.pipeline.keys import lmdb_keys
 from keyroute.pipeline.publish import remove_snapshot
 from keyroute.pipeline.spec import parse_spec
 from keyroute.pipeline.writer import (

@@ -1,4 +1,4 @@
-"""keyroute.pipeline.compute.route_keys: a batch of raw keys to canonical text and partition, errors returned per key.
+"""keyroute.pipeline.keys.route_keys: a batch of raw keys to canonical text and partition, errors returned per key.
 
 The function that runs inside Spark's Arrow UDF, tested here on plain Arrow arrays (no Spark session).
 """
@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from keyroute.core.key_format import KeyFormat, KeyFormatError, key_from_value, parse_key
 from keyroute.core.partitioner import Partitioner, partition_for
-from keyroute.pipeline import compute
-from keyroute.pipeline.compute import key_partitions, route_keys, serialize_keys, spark_message
+from keyroute.pipeline import keys as pipeline_keys
+from keyroute.pipeline.keys import key_partitions, route_keys, serialize_keys
 
 
 def routed(
@@ -89,12 +89,6 @@ def test_a_key_of_the_wrong_type_is_an_error() -> None:
     assert rows[0]["error"] == "a int64 key cannot be made from a value of type float"
 
 
-def test_spark_message_keeps_the_first_line_only() -> None:
-    exc = RuntimeError("[UNRESOLVED_COLUMN] cannot resolve `x`\n  at org.apache.spark...\n")
-    assert spark_message(exc) == "[UNRESOLVED_COLUMN] cannot resolve `x`"
-    assert spark_message(RuntimeError("x" * 1000)).endswith("…")
-
-
 def test_a_null_key_is_an_error_even_in_an_int_column() -> None:
     rows = routed(pa.array([None, 3], pa.int64()), KeyFormat.INT64)
     assert rows[0] == {"key": None, "partition": None, "error": "null key (int64 keys cannot be null)"}
@@ -144,7 +138,7 @@ WELL_FORMED = [
 def test_well_formed_batches_are_serialized_by_kernels_exactly_as_key_by_key(
     fmt: KeyFormat, keys: pa.Array
 ) -> None:
-    assert compute._serialize_vectorized(keys, fmt) is not None  # the fast path, not the per-key loop
+    assert pipeline_keys._serialize_vectorized(keys, fmt) is not None  # the fast path, not the per-key loop
     assert serialized(keys, fmt) == one_by_one(fmt, keys.to_pylist())
     # Spark may hand over slices of a larger batch: offsets into shared buffers.
     assert serialized(keys[1:], fmt) == one_by_one(fmt, keys.to_pylist()[1:])
@@ -185,7 +179,7 @@ def test_integer_keys_property(values: list[int | None], fmt: KeyFormat, as_text
         pa.array([None if v is None else str(v) for v in values]) if as_text else pa.array(values, pa.int64())
     )
     if fmt is KeyFormat.STRING and not as_text:
-        return  # _raw_key casts an integer column to its decimal text for a string store
+        return  # raw_key_column casts an integer column to its decimal text for a string store
     assert serialized(keys, fmt) == one_by_one(fmt, keys.to_pylist())
 
 
@@ -199,38 +193,3 @@ def test_key_partitions_are_null_for_keys_that_do_not_fit(partitioner: Partition
         None,
         partition_for(partitioner, (-3).to_bytes(4, "big", signed=True), 7),
     ]
-
-
-# --- the bound on a row's JSON (sizes the write job's Arrow batches; checked against Spark's to_json in
-# tests/integration/test_pipeline.py) -----------------------------------------------------------------------
-
-
-def test_the_json_of_a_flat_value_is_bounded_by_its_widest_row() -> None:
-    from pyspark.sql import types as T
-
-    value = T.StructType(
-        [
-            T.StructField("n", T.LongType()),
-            T.StructField("s", T.StringType()),
-            T.StructField("b", T.BinaryType()),
-            T.StructField("ü", T.DoubleType()),
-        ]
-    )
-    assert compute._json_bounded(value)
-    # The widest row: a string of 10 bytes (6 each escaped) and 9 bytes of binary (base64: 12).
-    longest_row = 6 * 10 + 4 * (9 // 3 + 1)
-    bound = compute._json_bytes(value, longest_row)
-    # {"n":<20>,"s":"<10 bytes, 6 each escaped>","b":"<base64 of 9 bytes: 12>","ü":<32>} with names escaped
-    # to 6 bytes per byte as well, a comma after every field, 4 bytes for quotes (or null) of each text.
-    names = (6 * 1 + 2) * 3 + (6 * 2 + 2)
-    assert bound == 2 + names + 4 * 2 + 20 + (6 * 10 + 4) + (4 * 4 + 4) + 32
-    assert compute._json_bytes(value, longest_row + 50) == bound + 50  # a merge state's JSON, counted as it is
-
-
-def test_a_value_with_nested_or_unknown_types_has_no_bound() -> None:
-    from pyspark.sql import types as T
-
-    for field_type in (T.ArrayType(T.LongType()), T.MapType(T.StringType(), T.LongType()), T.DayTimeIntervalType()):
-        value = T.StructType([T.StructField("n", T.LongType()), T.StructField("x", field_type)])
-        assert not compute._json_bounded(value)
-    assert not compute._json_bounded(T.ArrayType(T.StringType()))  # a timeline's entries
