@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-import httpx
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -35,7 +34,7 @@ from keyroute.core.zk import ZkAccessError, ZkUnavailableError
 from keyroute.http.admission import RequestGuard
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.lifespan import StartupError
-from keyroute.http.upstream import HttpxUpstream, Upstream
+from keyroute.http.upstream import Upstream
 from keyroute.router import ui
 from keyroute.router.limits import admission
 from keyroute.router.map_source import MapSource, ZooKeeperMapSource
@@ -85,25 +84,26 @@ def create_app(
     settings: RouterSettings,
     *,
     map_source: MapSource | None = None,
-    transport: httpx.AsyncBaseTransport | None = None,
+    upstream: Upstream | None = None,
     first_map_wait_s: float = FIRST_MAP_WAIT_S,
 ) -> Starlette:
-    """The router app. `map_source` and `transport` replace ZooKeeper and the network in tests. Startup
-    waits up to `first_map_wait_s` for the first map, so that a router (or one of several workers sharing a
-    port) does not take connections it can only answer 503."""
+    """The router app. `map_source` and `upstream` replace ZooKeeper and the wire to the nodes in tests (the
+    app closes the upstream it is given when it stops). Startup waits up to `first_map_wait_s` for the first
+    map, so that a router (or one of several workers sharing a port) does not take connections it can only
+    answer 503."""
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         source = map_source if map_source is not None else ZooKeeperMapSource(settings.zk)
         # The data path uses our own keep-alive pool (benchmarks/RESULTS.md, "Router": httpx costs ~20x
-        # more CPU per proxied read); an injected transport (tests) keeps httpx.
-        upstream: Upstream = (
-            HttpxUpstream.create(settings.upstream_timeout_s, settings.upstream_connect_timeout_s, transport)
-            if transport is not None
+        # more CPU per proxied read), made here: it belongs to the event loop that runs the lifespan.
+        wire: Upstream = (
+            upstream
+            if upstream is not None
             else FastUpstream(settings.upstream_timeout_s, settings.upstream_connect_timeout_s)
         )
         proxy = Proxy(
-            upstream,
+            wire,
             on_stale_map=source.refresh,
             settings=ProxySettings.of(settings, ClusterAuth(settings.access.cluster_secret).headers()),
             hedge=HedgeSettings.of(settings),
@@ -140,7 +140,7 @@ def create_app(
                 log.warning("no partition map within %g s of starting: answering 503 until one arrives", wait_s)
         except BaseException:
             await _stop(connecting, waiting, source)
-            await upstream.aclose()
+            await wire.aclose()
             raise
         try:
             yield
@@ -148,7 +148,7 @@ def create_app(
             try:
                 await _stop(connecting, waiting, source)
             finally:
-                await upstream.aclose()
+                await wire.aclose()
 
     async def partition_map_page(request: Request) -> Response:
         # Never cached, never framed by another site; its script only talks to this router.

@@ -16,7 +16,7 @@ Words, each with one meaning here (and in router/dataplane.py, keyroute/http/fas
     failover  a read's next request, to the next replica, after every request out failed or was refused
 
 Freshness (live stores): the router keeps, per (node, store, partition), the highest X-Keyroute-Offset a
-node answered with (`_offsets`, bounded). A read bounded by `min_offset` asks first the replicas known to
+node answered with (`remembered_offset`, bounded). A read bounded by `min_offset` asks first the replicas known to
 have applied it; a replica that has not within its wait answers 503 not_up_to_bound, and the next replica
 is asked, each once, as after any refusal. The bound goes to the node with the read (a query string, or a
 batch's "min_offsets"): the node decides, the router only prefers.
@@ -372,7 +372,7 @@ class Proxy:
                 self._latency.record(elapsed)
             self._check_hops(result)
             if read.live:
-                self._remember(endpoint.url, read.store, read.partition, result.header(_OFFSET))
+                self.remember_offset(endpoint.url, read.store, read.partition, result.header(_OFFSET))
             if result.status != 503:
                 if hedge:
                     self.metrics.hedge_wins += 1
@@ -529,7 +529,7 @@ class Proxy:
                 for text, entry in zip(group, entries, strict=True):
                     offset = entry.get("offset")
                     if type(offset) is int:
-                        self._remember(endpoint.url, store, partition_of[text], offset)
+                        self.remember_offset(endpoint.url, store, partition_of[text], offset)
             return entries
 
         forwarded = await forward_batch(texts, candidates, send)
@@ -586,8 +586,10 @@ class Proxy:
 
     # -- shared -----------------------------------------------------------------------------------------
 
-    def _remember(self, url: str, store: str, partition: int, offset: bytes | int | None) -> None:
-        """Keep the highest offset a node reported for a partition (a header's bytes or an entry's int)."""
+    def remember_offset(self, url: str, store: str, partition: int, offset: bytes | int | None) -> None:
+        """Keep the highest offset the node at `url` reported for `partition` of `store`: an answer's
+        X-Keyroute-Offset (bytes; ignored unless an integer) or a batch entry's `offset`; None is ignored. At
+        most MAX_REMEMBERED_OFFSETS are kept: a new one beyond that forgets the oldest."""
         if offset is None:
             return
         if type(offset) is bytes:

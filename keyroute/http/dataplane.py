@@ -4,7 +4,8 @@ handlers' tasks, written once. A service declares its routes and handlers; every
 `RoutedDataPlane` is a `keyroute.http.server.DataPlane` for every request under /stores/. For each one:
 
     1. admission (`keyroute.http.admission.Admission.admit_head`): a refusal is answered at once, and no
-       place is taken
+       place is taken; an admitted request's place is given back by its exchange's end
+       (`keyroute.http.exchange.Exchange.on_done`), never by a handler
     2. routing (`keyroute.http.routing.RouteTable`): 404 not_found, or 405 method_not_allowed with `Allow`
     3. path parameters decoded by one rule (`keyroute.core.api.path_parameter`): 400 or 414 when they do not
        decode
@@ -14,9 +15,9 @@ handlers' tasks, written once. A service declares its routes and handlers; every
 Contract, for every request admitted:
 
     answered once          the first `Call.answer` counts; later ones are ignored
-    admission released     exactly once: when the call is answered (also when the client has gone: the
-                           answer is then dropped), or when its task ends unanswered (cancelled: the server
-                           is stopping)
+    admission released     exactly once, when the exchange ends: at its answer, or as soon as it is lost
+                           unanswered (the client left, or the connection closes: the server is stopping),
+                           even while a handler's task still runs (its answer is then dropped)
     ApiError               raised by the handler or its task (or given to `Call.fail`): its status, the
                            service's error headers and the error's own, `{"error", "message"}`
     anything else          logged with its traceback and the request's id, answered 500 internal_error with
@@ -53,7 +54,7 @@ Count = Callable[[str, str, int], None]
 class Call:
     """One admitted, routed data-plane request as its handler sees it: `request` (keyroute.http.server's
     Request: method, raw path and query, headers, body, request_id), the `store` it is counted under, and
-    one way to answer it (`answer`, `answer_counted`, `fail`), which also releases its admission."""
+    one way to answer it (`answer`, `answer_counted`, `fail`): counted, errors mapped to the API's JSON."""
 
     __slots__ = ("request", "store", "_exchange", "_plane", "_kind", "_open")
 
@@ -71,7 +72,7 @@ class Call:
 
     @property
     def gone(self) -> bool:
-        """The client closed the connection: an answer would be dropped (it still releases admission)."""
+        """The client closed the connection: an answer would be dropped."""
         return self._exchange.gone
 
     def answer(self, status: int, headers: Headers, body: bytes) -> None:
@@ -79,11 +80,9 @@ class Call:
         if not self._open:
             return
         self._open = False
-        plane = self._plane
-        plane.admission.release()
         kind = self._kind
         if kind is not None:
-            plane.count(self.store, kind, status)
+            self._plane.count(self.store, kind, status)
         try:
             self._exchange.answer(status, headers, body)
         except Exception:
@@ -103,7 +102,6 @@ class Call:
         if not self._open:
             return
         self._open = False
-        self._plane.admission.release()
         try:
             self._exchange.answer(status, headers, body)
         except Exception:
@@ -132,12 +130,6 @@ class Call:
         error = ApiError("internal error")
         self._exchange.answer(500, self._plane.error_headers(error), error_json(error.code, error.message))
 
-    def _abandon(self) -> None:
-        """Release admission without answering: the task that was to answer was cancelled."""
-        if self._open:
-            self._open = False
-            self._plane.admission.release()
-
     def __repr__(self) -> str:
         return f"Call({self.request!r}, answered={not self._open})"
 
@@ -159,6 +151,8 @@ class RoutedDataPlane:
         error_headers: Iterable[tuple[bytes, bytes]] = (),
     ) -> None:
         self.admission = admission
+        # What each admitted exchange calls when it ends: one bound method for all of them.
+        self._release = admission.release
         self.count = count
         self.max_parameter_bytes = max_parameter_bytes
         self._error_headers = tuple(error_headers)
@@ -177,6 +171,7 @@ class RoutedDataPlane:
         if refusal is not None:
             exchange.answer(refusal.status, self.error_headers(refusal), error_json(refusal.code, refusal.message))
             return
+        exchange.on_done(self._release)
         parts = request.path.split(b"/")
         route = self.routes.resolve(request.method, parts)
         if isinstance(route, ApiError):
@@ -210,9 +205,7 @@ class RoutedDataPlane:
             await work
         except Exception as exc:
             call.fail(exc)
-        except BaseException:  # cancelled (the server is stopping): nothing to answer
-            call._abandon()
-            raise
+        # Cancelled, the task ends here unanswered: its exchange's end gives the admission place back.
         if not call.answered:
             call.fail(RuntimeError(f"the handler's task of {call.request!r} ended without answering"))
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from keyroute.core.api import DEFAULT_BODY_TIMEOUT_S
@@ -84,9 +85,12 @@ class Slot:
 
 
 class Exchange(Slot):
-    """One data-plane request and its answer slot: `answer` once, now or later, on the loop's thread."""
+    """One data-plane request and its answer slot: `answer` once, now or later, on the loop's thread.
 
-    __slots__ = ("request",)
+    An exchange ends once: when it is answered, or when it is lost before that (its client left, or its
+    connection closes first). `on_done` has a callable told of that end."""
+
+    __slots__ = ("request", "_on_done")
 
     def __init__(
         self, conn: Connection, request: Request, rid: bytes, keep_alive: bool, connection: bytes, head: bool
@@ -101,6 +105,16 @@ class Exchange(Slot):
         self._head = head
         self._rid = rid
         self.request = request
+        self._on_done: Callable[[], None] | None = None
+
+    def on_done(self, callback: Callable[[], None]) -> None:
+        """Have `callback()` called exactly once, on the loop's thread, when the exchange ends: at its answer
+        (before the answer is written), or as soon as it is lost unanswered. One callback per exchange, set
+        while it is open (the data plane's `handle` is given an open exchange); ValueError otherwise. It must
+        not raise. Pass a callable made once (a bound method), not one per request: nothing else is stored."""
+        if self._on_done is not None or self._done or self._gone:
+            raise ValueError(f"{self!r} already has a callback for its end, or has ended")
+        self._on_done = callback
 
     def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         """Answer once, now or later (from any callback on the event loop's thread). Later calls are
@@ -118,7 +132,18 @@ class Exchange(Slot):
             self._connection = CLOSE
         data = encode(status, headers, body, self._rid, self._connection, self._head)
         self._done = True  # only now: an answer that fails to encode leaves the exchange unanswered (500)
+        done = self._on_done
+        if done is not None:
+            self._on_done = None
+            done()
         conn._complete(self, data)
+
+    def _lost(self) -> None:
+        self._gone = True
+        done = self._on_done
+        if done is not None:  # still unanswered: a callback is cleared when it is called
+            self._on_done = None
+            done()
 
     @property
     def gone(self) -> bool:

@@ -25,8 +25,8 @@ malformed request                      400 ``bad_request``, closed
 DataPlane.handle raises                500 ``internal_error`` (traceback logged); the connection goes on
 ASGI app raises before answering       500 ``internal_error`` (logged); after its answer started: closed
 ASGI answer without content-length     chunked on HTTP/1.1, delimited by closing on HTTP/1.0
-client gone (or its end of input)      ``Exchange.gone``, ASGI ``http.disconnect``; a later answer is
-before the answer                      dropped, nothing raised
+client gone (or its end of input)      ``Exchange.gone`` and its ``on_done`` callback called at once, ASGI
+before the answer                      ``http.disconnect``; a later answer is dropped, nothing raised
 writes of one event-loop step          one socket write; reading pauses while the write buffer is full or
                                        ``max_pipelined`` requests wait for their answers
 server stops                           idle connections closed; requests under way answered (the last with

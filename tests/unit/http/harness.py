@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import re
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -103,12 +104,14 @@ async def exchange(port: int, request: bytes, head: bool = False) -> Answer:
 
 
 class Plane:
-    """A data plane for /stores/: echoes what it got; /stores/hold is kept for the test to answer; /stores/boom
-    raises; /stores/big answers `big` bytes."""
+    """A data plane for /stores/: echoes what it got; /stores/hold is kept for the test to answer (its end, at
+    its answer or when it is lost, recorded in `ended` by its `on_done`); /stores/boom raises; /stores/big
+    answers `big` bytes."""
 
     def __init__(self) -> None:
         self.handled: list[Request] = []
         self.held: list[Exchange] = []
+        self.ended: list[bytes] = []  # the raw paths of held exchanges, each time one ends
         self.big = b""
 
     def accepts(self, method: str, path: bytes) -> bool:
@@ -120,6 +123,7 @@ class Plane:
         path = request.path
         if path.startswith(b"/stores/hold"):
             self.held.append(exchange)
+            exchange.on_done(functools.partial(self.ended.append, path))
         elif path == b"/stores/boom":
             raise ValueError("secret detail of a failing handler")
         elif path == b"/stores/big":

@@ -1,12 +1,14 @@
-"""The data-plane skeleton (keyroute.http.routing, keyroute.http.dataplane) without sockets: the route table's
-FULL / PARTIAL / NONE, 404 and 405 with Allow, and the skeleton's contract for a service's handlers (one
-answer, admission released exactly once, errors as the API's JSON, tasks, counting). Exchanges are
-stand-ins that record their answer; tests/unit/http/test_dataplane_paths.py has real servers."""
+"""The data-plane skeleton (keyroute.http.routing, keyroute.http.dataplane): the route table's FULL / PARTIAL /
+NONE, 404 and 405 with Allow, and the skeleton's contract for a service's handlers (one answer, admission
+released exactly once, errors as the API's JSON, tasks, counting). Exchanges are stand-ins that record their
+answer and end as the server's do, except in the last tests, which run the skeleton on keyroute's HTTP
+server (127.0.0.1); tests/unit/http/test_dataplane_paths.py has the real services."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -16,6 +18,8 @@ from keyroute.http.admission import Admission
 from keyroute.http.dataplane import NOT_A_KEY_PATH, Call, RoutedDataPlane
 from keyroute.http.exchange import Request
 from keyroute.http.routing import Match, MethodNotAllowed, Route, RouteTable
+from tests.unit.http.harness import connect, exchange, get, serving
+from tests.util import wait_until
 
 
 def _noop(plane: Any, call: Call, *parameters: str) -> None:
@@ -127,15 +131,31 @@ def test_a_parameter_that_does_not_decode_is_a_400_or_a_414(raw: bytes, status: 
 
 
 class StandInExchange:
-    """Records the answers given (the server's Exchange writes the first only)."""
+    """Records the answers given (the server's Exchange writes the first only) and, as the server's does,
+    calls its `on_done` callback once: at the first answer, or when `lose()` plays the client leaving."""
 
     def __init__(self, method: str, path: bytes, query: bytes = b"") -> None:
         self.request = Request(method, path, query, [(b"host", b"x")], b"", "rid-7", "1.1")
         self.answers: list[tuple[int, list[tuple[bytes, bytes]], bytes]] = []
         self.gone = False
+        self._on_done: Callable[[], None] | None = None
+
+    def on_done(self, callback: Callable[[], None]) -> None:
+        assert self._on_done is None and not self.answers and not self.gone, "set once, while open"
+        self._on_done = callback
 
     def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         self.answers.append((status, headers, body))
+        self._end()
+
+    def lose(self) -> None:
+        self.gone = True
+        self._end()
+
+    def _end(self) -> None:
+        done, self._on_done = self._on_done, None
+        if done is not None:
+            done()
 
 
 class Plane(RoutedDataPlane):
@@ -272,6 +292,10 @@ def test_a_handlers_task_answers_or_its_failure_does_and_admission_is_released_o
         assert error_of(exchanges["task-bug"])[1]["error"] == "internal_error"
         assert error_of(exchanges["task-silent"])[1]["error"] == "internal_error"  # a task must answer
         assert exchanges["task-cancelled"].answers == []
+        # A cancelled task answers nothing: its place is given back when its exchange ends (the server
+        # stopping closes the connection), not by the task.
+        assert admission.active == 1
+        exchanges["task-cancelled"].lose()
         assert admission.active == 0
         assert sorted(plane.counted) == [("s", "key", 400), ("s", "key", 500), ("s", "key", 500)]
 
@@ -291,3 +315,73 @@ def test_an_answer_that_cannot_be_written_becomes_a_500(caplog: pytest.LogCaptur
     plane.handle(exchange)  # type: ignore[arg-type]
     assert error_of(exchange)[:2] == (500, {"error": "internal_error", "message": "internal error"})
     assert admission.active == 0 and any("writing the answer" in r.getMessage() for r in caplog.records)
+
+
+def test_a_request_lost_while_its_task_runs_gives_its_place_back_at_once_and_only_once() -> None:
+    async def scenario() -> None:
+        admission = Admission(max_concurrent_requests=1)
+        plane = Plane(admission)
+        lost = handled(plane, "GET", b"/stores/s/keys/task-ok")
+        assert admission.active == 1
+        lost.lose()  # the client left; the task still waits
+        assert admission.active == 0
+        assert handled(plane, "GET", b"/stores/s/keys/now").answers[0][0] == 200  # admitted: the place is free
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        plane.gate.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
+        assert lost.answers == [(200, [], b"counted by the handler")]  # given (the server drops it)
+        assert admission.active == 0 and admission.overloaded == 0
+
+    asyncio.run(scenario())
+
+
+# -- the skeleton on keyroute's HTTP server -----------------------------------------------------------------
+
+
+class Waiting(RoutedDataPlane):
+    """Key reads answered at once, except key `wait`: answered by a task once `gate` is set."""
+
+    def __init__(self, admission: Admission) -> None:
+        self.counted: list[tuple[str, str, int]] = []
+        super().__init__(admission, lambda *c: self.counted.append(c))
+        self.gate = asyncio.Event()
+        self.waiting = 0
+        self.finished = 0
+
+    def _key(self, call: Call, store: str, key: str) -> Any:
+        if key == "wait":
+            return self._wait(call)
+        call.answer(200, [], b"now")
+        return None
+
+    async def _wait(self, call: Call) -> None:
+        self.waiting += 1
+        await self.gate.wait()
+        call.answer(200, [], b"late")
+        self.finished += 1
+
+    routes = RouteTable([Route("/stores/{store}/keys/{key}", ("GET",), _key, "key")])
+
+
+def test_a_client_that_leaves_while_its_handlers_task_runs_frees_its_admission_place_at_once(arun: Any) -> None:
+    async def scenario() -> None:
+        admission = Admission(max_concurrent_requests=1)
+        plane = Waiting(admission)
+        async with serving(plane) as server:  # type: ignore[arg-type]
+            async with connect(server.port) as (_, writer):
+                writer.write(get("/stores/s/keys/wait"))
+                await wait_until(lambda: plane.waiting == 1, message="the handler's task running")
+                refused = await exchange(server.port, get("/stores/s/keys/k"))
+                assert (refused.status, refused.json()["error"]) == (503, "overloaded")
+            # The client has gone; its handler's task still waits, and the place is free already.
+            await wait_until(lambda: admission.active == 0, message="the place given back")
+            assert plane.finished == 0
+            admitted = await exchange(server.port, get("/stores/s/keys/k"))
+            assert (admitted.status, admitted.body) == (200, b"now")
+            plane.gate.set()
+            await wait_until(lambda: plane.finished == 1, message="the task's late answer")
+            assert admission.active == 0  # released once: the late answer gave nothing back again
+            assert admission.overloaded == 1
+            assert sorted(plane.counted) == [("s", "key", 200), ("s", "key", 200)]
+
+    arun(scenario())

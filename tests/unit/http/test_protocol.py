@@ -493,6 +493,48 @@ def test_an_answer_after_the_client_left_writes_nothing_and_raises_nothing(
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
+def test_an_exchange_ends_once_at_its_answer_and_tells_its_on_done_before_the_answer_is_written(arun: Any) -> None:
+    async def scenario() -> None:
+        plane = Plane()
+        async with serving(plane) as server, connect(server.port) as (reader, writer):
+            writer.write(get("/stores/hold-1"))
+            await wait_until(lambda: plane.held, message="the request held")
+            held = plane.held[0]
+            assert plane.ended == []
+            with pytest.raises(ValueError):
+                held.on_done(lambda: None)  # one callback per exchange
+            held.answer(200, [], b"one")
+            assert plane.ended == [b"/stores/hold-1"]  # at once, on the answer
+            held.answer(200, [], b"two")
+            assert (await read_answer(reader)).body == b"one"
+            writer.write(get("/stores/hold-2"))  # still unanswered when the connection closes
+            await wait_until(lambda: len(plane.held) == 2, message="the second request held")
+        await wait_until(lambda: plane.held[1].gone, message="the connection closed")
+        assert plane.ended == [b"/stores/hold-1", b"/stores/hold-2"]  # the first ended once, at its answer
+        with pytest.raises(ValueError):
+            held.on_done(lambda: None)  # an exchange that has ended takes no callback
+
+    arun(scenario())
+
+
+def test_an_exchange_whose_client_leaves_ends_at_once_and_its_late_answer_ends_nothing(arun: Any) -> None:
+    async def scenario() -> None:
+        plane = Plane()
+        async with serving(plane) as server:
+            async with connect(server.port) as (reader, writer):
+                # Two pipelined requests: the second is answered (and held behind the first), the first not.
+                writer.write(get("/stores/hold-1") + get("/stores/hold-2"))
+                await wait_until(lambda: len(plane.held) == 2, message="both requests held")
+                plane.held[1].answer(200, [], b"second")
+                assert plane.ended == [b"/stores/hold-2"]
+            await wait_until(lambda: plane.held[0].gone, message="the exchange to see the client gone")
+            assert sorted(plane.ended) == [b"/stores/hold-1", b"/stores/hold-2"]  # each once
+            plane.held[0].answer(200, [], b"nobody listens")
+            assert sorted(plane.ended) == [b"/stores/hold-1", b"/stores/hold-2"]
+
+    arun(scenario())
+
+
 def test_a_second_answer_is_ignored(arun: Any) -> None:
     async def scenario() -> None:
         plane = Plane()

@@ -1,5 +1,6 @@
-"""The router over HTTP: its app and data plane on keyroute's HTTP server (127.0.0.1), nodes in process
-behind an httpx transport: endpoints, JSON errors, readiness, and the map hand-over."""
+"""The router over HTTP: its app and data plane on keyroute's HTTP server (127.0.0.1), asking fake nodes on a
+local server over the wire it uses in production (FastUpstream): endpoints, JSON errors, readiness, and the
+map hand-over."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import dataclasses
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ from keyroute.core.zk import ZkAccessError, ZkUnavailableError
 from keyroute.http.admission import RequestGuard
 from keyroute.http.lifespan import StartupError
 from keyroute.http.server import HttpServer
+from keyroute.http.upstream import Upstream, UpstreamResponse
 from keyroute.router import app as router_app
 from keyroute.router import service
 from keyroute.router.app import create_app
@@ -54,12 +56,17 @@ def router_server(app: Any, settings: RouterSettings) -> HttpServer:
 
 @asynccontextmanager
 async def router(
-    initial: PartitionMap | None, *nodes: FakeNode, settings: RouterSettings = SETTINGS
+    initial: PartitionMap | None,
+    *nodes: FakeNode,
+    settings: RouterSettings = SETTINGS,
+    upstream: Upstream | None = None,
 ) -> AsyncIterator[Router]:
-    """A router on 127.0.0.1 (on this event loop) and a client for it; the nodes are in process."""
+    """A router on 127.0.0.1 (on this event loop) and a client for it; the nodes answer on a server of their
+    own (FakeCluster), which the router reaches over its own wire unless `upstream` replaces it."""
     source = StaticMapSource(initial)
     cluster = FakeCluster(*nodes)
-    app = create_app(settings, map_source=source, transport=cluster, first_map_wait_s=0 if initial is None else 5)
+    wire = upstream if upstream is not None else cluster.upstream()
+    app = create_app(settings, map_source=source, upstream=wire, first_map_wait_s=0 if initial is None else 5)
     server = router_server(app, settings)
     await server.start(port=0)
     try:
@@ -169,16 +176,32 @@ def test_errors_are_json_with_code_and_message() -> None:
     run(scenario)
 
 
+class Broken:
+    """An `Upstream` with a bug: every request raises what no wire should (not UpstreamUnavailable)."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    async def get(self, url: str, headers: Mapping[str, str]) -> UpstreamResponse:
+        raise RuntimeError(f"secret internals of GET {url}")
+
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> UpstreamResponse:
+        raise RuntimeError(f"secret internals of POST {url}")
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
 def test_an_unexpected_failure_is_a_json_500_without_a_traceback() -> None:
-    a, b = nodes("k")
-    a.fault = b.fault = lambda: RuntimeError("secret internals")
+    broken = Broken()
 
     async def scenario() -> None:
-        async with router(build_map(STORES, FULL), a, b) as r:
+        async with router(build_map(STORES, FULL), *nodes("k"), upstream=broken) as r:
             resp = await r.client.get("/stores/s/keys/k")
             assert resp.status_code == 500
             assert resp.json() == {"error": "internal_error", "message": "internal error"}
             assert "secret" not in resp.text and "Traceback" not in resp.text
+        assert broken.closed  # the app closes the wire it was given
 
     run(scenario)
 
@@ -427,7 +450,7 @@ class LateMapSource(StaticMapSource):
 def test_startup_waits_for_the_first_map_so_the_first_read_is_answered() -> None:
     async def scenario() -> None:
         source = LateMapSource(build_map(STORES, FULL), delay_s=0.3)
-        app = create_app(SETTINGS, map_source=source, transport=FakeCluster(*nodes("k1")))
+        app = create_app(SETTINGS, map_source=source, upstream=FakeCluster(*nodes("k1")).upstream())
         server = router_server(app, SETTINGS)
         await server.start(port=0)  # listens once the lifespan's startup is over
         try:
@@ -442,7 +465,9 @@ def test_startup_waits_for_the_first_map_so_the_first_read_is_answered() -> None
 
 def test_startup_gives_up_waiting_for_a_map_and_says_it_is_not_ready() -> None:
     async def scenario() -> None:
-        app = create_app(SETTINGS, map_source=LateMapSource(None, 0), transport=FakeCluster(), first_map_wait_s=0.2)
+        app = create_app(
+            SETTINGS, map_source=LateMapSource(None, 0), upstream=FakeCluster().upstream(), first_map_wait_s=0.2
+        )
         started = time.monotonic()
         async with app.router.lifespan_context(app):
             assert 0.2 <= time.monotonic() - started < 5
@@ -478,7 +503,8 @@ def test_a_router_without_zookeeper_answers_503_and_keeps_trying_until_a_map_arr
 
     async def scenario() -> None:
         source = UnreachableAtFirst(build_map(STORES, FULL), failures=3)
-        app = create_app(SETTINGS, map_source=source, transport=FakeCluster(*nodes("k1")), first_map_wait_s=0.1)
+        wire = FakeCluster(*nodes("k1")).upstream()
+        app = create_app(SETTINGS, map_source=source, upstream=wire, first_map_wait_s=0.1)
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app, raise_app_exceptions=False)
             async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:

@@ -7,7 +7,8 @@ the directory their parent created (router/workers.py); snapshots are published 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+import threading
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +27,24 @@ LATENCY = "keyroute_router_upstream_latency_seconds"
 REQUESTS = "keyroute_router_requests_total"
 
 
-def worker(directory: Path, index: int, interval_s: float | None = None) -> RouterMetrics:
+@dataclass(slots=True)
+class Worker(RouterMetrics):
+    """A worker's metrics, and the snapshots it shares them through (as router/workers.py keeps them)."""
+
+    snapshots: WorkerSnapshots | None = None
+
+
+def worker(directory: Path, index: int, interval_s: float | None = None) -> Worker:
     """Worker `index` (pid 1000 + index), publishing only when asked unless `interval_s` is given."""
-    m = RouterMetrics()
-    m.share(WorkerSnapshots(directory, index, interval_s=interval_s, pid=1000 + index))
+    snapshots = WorkerSnapshots(directory, index, interval_s=interval_s, pid=1000 + index)
+    m = Worker(snapshots=snapshots)
+    m.share(snapshots)
     return m
 
 
-def publish(m: RouterMetrics) -> None:
-    assert m._snapshots is not None
-    m._snapshots.publish()
+def publish(m: Worker) -> None:
+    assert m.snapshots is not None
+    m.snapshots.publish()
 
 
 def scrape(m: RouterMetrics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -254,16 +263,18 @@ def test_an_unchanged_snapshot_is_not_written_again(tmp_path: Path) -> None:
 
 def test_snapshots_are_published_in_the_background_and_on_close(tmp_path: Path) -> None:
     a = worker(tmp_path, 1)
+    before = set(threading.enumerate())
     b = worker(tmp_path, 2, interval_s=0.02)
+    (publisher,) = [t for t in threading.enumerate() if t not in before and t.name == "keyroute-metrics-snapshots"]
     b.count("s", "key", 200)
     wait_for(lambda: reads(scrape(a)) == 1, 10, message="b's snapshot")
     b.count("s", "key", 404)
     wait_for(lambda: reads(scrape(a)) == 2, 10, message="b's next snapshot")
-    assert b._snapshots is not None
-    b._snapshots.close()
-    assert b._snapshots._thread is None
+    assert b.snapshots is not None
+    b.snapshots.close()
+    assert not publisher.is_alive()  # close stops the background publication
     b.count("s", "key", 200)
-    b._snapshots.close()  # the last snapshot of a worker that is stopping
+    b.snapshots.close()  # the last snapshot of a worker that is stopping
     assert reads(scrape(a)) == 3
 
 
@@ -284,8 +295,9 @@ def test_metrics_made_in_a_worker_process_share_its_directory(tmp_path: Path, mo
     snapshots = router_metrics.share_across_workers(str(tmp_path), 1)
     try:
         m = RouterMetrics()  # as the worker's router makes it
-        assert m._snapshots is snapshots
         m.count("s", "key", 404)
+        own = snapshots.publish()  # the process's snapshots publish what m counted
+        assert own is not None and own["sums"]["requests"][UNKNOWN_STORE]["key"] == {"not_found": 1}
         samples: dict[Any, float] = scrape(m)
         assert reads(samples) == 2 and value(samples, "keyroute_router_workers") == 2
     finally:

@@ -212,14 +212,17 @@ def test_remembered_offsets_are_bounded() -> None:
     router = Router(LiveNode("a", 0), LiveNode("b", 0))
     proxy = router.proxy
     for i in range(MAX_REMEMBERED_OFFSETS + 10):
-        proxy._remember(f"http://n{i}", "s", 0, i)
-    assert len(proxy._offsets) == MAX_REMEMBERED_OFFSETS
-    assert proxy.remembered_offset("http://n0", "s", 0) is None
-    assert proxy.remembered_offset(f"http://n{MAX_REMEMBERED_OFFSETS + 9}", "s", 0) == MAX_REMEMBERED_OFFSETS + 9
-    proxy._remember("http://x", "s", 0, b"12")
-    proxy._remember("http://x", "s", 0, b"not a number")
-    proxy._remember("http://x", "s", 0, b"3")
+        proxy.remember_offset(f"http://n{i}", "s", 0, i)
+    # The 10 oldest forgotten, every later one kept: exactly MAX_REMEMBERED_OFFSETS remembered.
+    assert [proxy.remembered_offset(f"http://n{i}", "s", 0) for i in range(10)] == [None] * 10
+    kept = range(10, MAX_REMEMBERED_OFFSETS + 10)
+    assert all(proxy.remembered_offset(f"http://n{i}", "s", 0) == i for i in kept)
+    proxy.remember_offset("http://x", "s", 0, b"12")
+    proxy.remember_offset("http://x", "s", 0, b"not a number")
+    proxy.remember_offset("http://x", "s", 0, b"3")
+    proxy.remember_offset("http://x", "s", 0, None)
     assert proxy.remembered_offset("http://x", "s", 0) == 12
+    assert proxy.remembered_offset(f"http://n{10}", "s", 0) is None  # "x" made room by forgetting the oldest
 
 
 # -- batches --------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from openapi_spec_validator import validate
 from starlette.routing import Route
 
 from keyroute.core.settings import RouterSettings
+from keyroute.router import service
 from keyroute.router.app import create_app
 from keyroute.router.dataplane import ROUTES as DATA_PLANE_ROUTES
 from keyroute.router.openapi import OPENAPI, OPENAPI_JSON
@@ -83,11 +84,15 @@ def test_the_documented_error_statuses_cover_what_the_data_api_answers() -> None
 
 def test_the_document_is_served_at_openapi_json() -> None:
     async def scenario() -> httpx.Response:
-        app = create_app(RouterSettings(), map_source=StaticMapSource(None), first_map_wait_s=0)
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+        settings = RouterSettings()
+        app = create_app(settings, map_source=StaticMapSource(None), first_map_wait_s=0)
+        server = service.server(settings, app)  # the router's server, as the router process builds it
+        await server.start(port=0)
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}", trust_env=False) as client:
                 return await client.get("/openapi.json")
+        finally:
+            await server.stop(grace_s=5)
 
     resp = asyncio.run(scenario())
     assert resp.status_code == 200 and resp.headers["content-type"] == "application/json"
