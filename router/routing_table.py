@@ -22,7 +22,7 @@ def _locators(partition_map: PartitionMap, names: Iterable[str]) -> dict[str, St
 
 @dataclass(frozen=True, slots=True)
 class RoutingTable:
-    """Answers "which nodes serve this key?" from one partition map, with no ZooKeeper call.
+    """Says which nodes serve a key (`locate`) from one partition map, with no ZooKeeper call.
 
     `last_known` keeps, for a partition nobody serves in this map, the nodes that served it in an
     earlier one. They are asked before answering 503: a node whose ZooKeeper session expired (say,

@@ -1,4 +1,4 @@
-"""Where a key lives: `KeyLocation`, the one answer to "which partition, and which nodes?" of a key.
+"""Where a key lives: `KeyLocation`, the one value that says which partition and which nodes hold a key.
 
 `StoreLocator` holds what locating a key of one store needs, precomputed once per partition map: the
 router's routing table and the client's direct routing (from `GET /admin/partition-map`) both use it.
