@@ -174,7 +174,7 @@ def create_app(
         if store is None or key is None:
             raise BadRequest("both query parameters are required: /admin/route?store=S&key=K")
         table = _proxy(request).table
-        found = table.resolve(store, key)
+        found = table.locate(store, key)
         return _json_bytes(
             {
                 "store": found.store,

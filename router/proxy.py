@@ -279,7 +279,8 @@ class Proxy:
         """
         self.metrics.key_requests += 1
         table = self.table
-        partition, serving = table.locate(store, key_text)
+        location = table.locate(store, key_text)
+        partition, serving = location.partition, location.serving
         if not serving:
             serving = self._serving(table, store, partition, serving)
             if not serving:
@@ -489,7 +490,7 @@ class Proxy:
                 results[i] = error_entry(raw, BatchKeyTooLong(f"the key is longer than {self._max_key_bytes} bytes"))
                 continue
             try:
-                route = table.resolve(store, text)
+                route = table.locate(store, text)
             except ApiError as exc:
                 results[i] = error_entry(text, exc)
                 continue

@@ -6,35 +6,23 @@ Immutable and replaced whole (one attribute assignment) on every map update, so 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from keyroute.core.api import ApiError, BadKey, NoPartitionMap, PartitionUnavailable, StoreNotFound
-from keyroute.core.key_format import KeyFormat, KeyFormatError, parse_key
-from keyroute.core.partition_map import Endpoint, KeyRoute, PartitionMap
-from keyroute.core.partitioner import Partitioner, murmur2, partition_for
-
-# What a single-key read needs of a store, derived once per map (`RoutingTable.locate`): its partition
-# count, whether its keys are strings hashed with murmur2 (the common case, computed inline), its
-# partitioner, and the endpoints serving each partition.
-_StoreRoutes = tuple[int, bool, Partitioner, tuple[tuple[Endpoint, ...], ...]]
+from keyroute.core.key_format import KeyFormatError
+from keyroute.core.key_location import Endpoint, KeyLocation, StoreLocator
+from keyroute.core.partition_map import PartitionMap
 
 
-def _store_routes(partition_map: PartitionMap, name: str) -> _StoreRoutes | None:
-    store = partition_map.stores[name]
-    if not 1 <= store.partitions <= 0x7FFFFFFF:
-        return None  # `resolve` raises what it must (Kafka's partition count is an int)
-    routes = partition_map.routes.get(name, ())
-    if len(routes) != store.partitions:
-        routes = tuple(routes[p] if p < len(routes) else () for p in range(store.partitions))
-    plain = store.key_format is KeyFormat.STRING and store.partitioner is Partitioner.MURMUR2
-    return (store.partitions, plain, store.partitioner, routes)
+def _locators(partition_map: PartitionMap, names: Iterable[str]) -> dict[str, StoreLocator]:
+    return {name: locator for name in names if (locator := StoreLocator.of_map(partition_map, name)) is not None}
 
 
 @dataclass(frozen=True, slots=True)
 class RoutingTable:
-    """Answers "which nodes serve this key?" from one partition map, with no ZooKeeper call.
+    """Says which nodes serve a key (`locate`) from one partition map, with no ZooKeeper call.
 
     `last_known` keeps, for a partition nobody serves in this map, the nodes that served it in an
     earlier one. They are asked before answering 503: a node whose ZooKeeper session expired (say,
@@ -49,8 +37,9 @@ class RoutingTable:
     # Stores every partition of which has been served at some point (in this map or an earlier one).
     ever_complete: frozenset[str] = frozenset()
     ready: bool = False
-    # Per store, what `locate` needs (see _StoreRoutes); a store missing here is located by `resolve`.
-    reads: Mapping[str, _StoreRoutes] = field(default_factory=dict)
+    # Per store, its keys' locations precomputed per partition; a store missing here (a malformed record)
+    # is answered by `locate` with the error a read of it gets.
+    reads: Mapping[str, StoreLocator] = field(default_factory=dict)
     # Stores whose every partition is served now.
     complete_stores: frozenset[str] = frozenset()
 
@@ -74,7 +63,7 @@ class RoutingTable:
                             last_known[(name, p)] = known
         complete_now = frozenset(name for name in partition_map.stores if partition_map.store_complete(name))
         earlier = previous.ever_complete if previous is not None else frozenset()
-        reads = {name: routes for name in partition_map.stores if (routes := _store_routes(partition_map, name))}
+        reads = _locators(partition_map, partition_map.stores)
         return cls._made(partition_map, last_known, earlier, reads, complete_now)
 
     @classmethod
@@ -119,8 +108,8 @@ class RoutingTable:
                 complete_now.add(name)
             else:
                 complete_now.discard(name)
-            if (entry := _store_routes(partition_map, name)) is not None:
-                reads[name] = entry
+            if (locator := StoreLocator.of_map(partition_map, name)) is not None:
+                reads[name] = locator
             else:
                 reads.pop(name, None)
         return cls._made(partition_map, last_known, previous.ever_complete, reads, frozenset(complete_now))
@@ -131,7 +120,7 @@ class RoutingTable:
         partition_map: PartitionMap,
         last_known: dict[tuple[str, int], tuple[Endpoint, ...]],
         earlier: frozenset[str],
-        reads: dict[str, _StoreRoutes],
+        reads: dict[str, StoreLocator],
         complete_now: frozenset[str],
     ) -> RoutingTable:
         ever = (earlier & frozenset(partition_map.stores)) | complete_now
@@ -166,43 +155,18 @@ class RoutingTable:
             return NoPartitionMap("this router has not read the partition map yet (is ZooKeeper reachable?)")
         return StoreNotFound(f"no store named {store_name!r}")
 
-    def resolve(self, store_name: str, key_text: str) -> KeyRoute:
-        """The route of one key; raises StoreNotFound (NoPartitionMap before the first map) or BadKey (the key
-        does not fit the store's format)."""
-        store = self.map.stores.get(store_name)
-        if store is None:
-            raise self.unknown_store(store_name)
+    def locate(self, store_name: str, key_text: str) -> KeyLocation:
+        """Where a key lives: its partition and the nodes assigned and serving it (preferred first; none
+        serving is a location too). Raises StoreNotFound (NoPartitionMap before the first map), BadKey (the
+        key does not fit the store's key format) or PartitionUnavailable (a store record with no partitions)."""
+        locator = self.reads.get(store_name)
+        if locator is None:
+            store = self.map.stores.get(store_name)
+            if store is None:
+                raise self.unknown_store(store_name)
+            # A malformed store record would otherwise make the partitioner raise a bare ValueError.
+            raise PartitionUnavailable(f"store {store_name!r} is published with {store.partitions} partitions")
         try:
-            key = parse_key(store.key_format, key_text)
+            return locator.locate(key_text)
         except KeyFormatError as exc:
             raise BadKey(str(exc)) from exc
-        if store.partitions < 1:
-            # A malformed store record would otherwise make the partitioner raise a bare ValueError.
-            raise PartitionUnavailable(f"store {store_name!r} is published with no partitions")
-        return self.map.route(store, key.data)
-
-    def locate(self, store_name: str, key_text: str) -> tuple[int, tuple[Endpoint, ...]]:
-        """(partition, serving endpoints) of one key: what `resolve` says of it, without building a KeyRoute
-        (a single-key read needs no more). Raises as `resolve` does."""
-        reads = self.reads.get(store_name)
-        if reads is not None:
-            partitions, plain, partitioner, serving = reads
-            if plain:
-                try:
-                    data = key_text.encode("utf-8")
-                except UnicodeEncodeError:
-                    pass  # `resolve` says why
-                else:
-                    # Kafka's toPositive(murmur2(key)) % partitions, as `partition_for` computes it.
-                    partition = (murmur2(data) & 0x7FFFFFFF) % partitions
-                    return partition, serving[partition]
-            else:
-                store = self.map.stores[store_name]
-                try:
-                    key = parse_key(store.key_format, key_text)
-                except KeyFormatError as exc:
-                    raise BadKey(str(exc)) from exc
-                partition = partition_for(partitioner, key.data, partitions)
-                return partition, serving[partition]
-        route = self.resolve(store_name, key_text)
-        return route.partition, route.serving

@@ -6,10 +6,9 @@ Pure values and formats are re-exported here; ZooKeeper plumbing (`zk`, `map_wat
 
 from keyroute.core.api import ApiError
 from keyroute.core.key_format import Key, KeyFormat, KeyFormatError, key_from_data, key_from_value, parse_key
+from keyroute.core.key_location import Endpoint, KeyLocation, StoreLocator
 from keyroute.core.partition_map import (
     Assignment,
-    Endpoint,
-    KeyRoute,
     NodeRecord,
     PartitionMap,
     RecordError,
@@ -28,7 +27,7 @@ __all__ = [
     "Key",
     "KeyFormat",
     "KeyFormatError",
-    "KeyRoute",
+    "KeyLocation",
     "Manifest",
     "NodeRecord",
     "NodeSettings",
@@ -38,6 +37,7 @@ __all__ = [
     "RouterSettings",
     "ServingRecord",
     "SnapshotError",
+    "StoreLocator",
     "StoreRecord",
     "ZkSettings",
     "crc32",

@@ -12,9 +12,10 @@ the pipeline (which builds the batch part of a hybrid version in the same stored
     aggregate      count(*), count(col), sum(col), min(col), max(col), max_by(col, ord), min_by(col, ord),
                    merged one record at a time (nulls ignored as Spark SQL ignores them)
 
-A live store's stored value is the answer's compact JSON, then, where the fold needs more than the answer
-(the winning `order_by` of `latest`, the ordering value of `max_by`/`min_by`), a NUL byte and that merge
-state as compact JSON. JSON text never holds a raw NUL, so `answer_bytes` cuts the state off exactly.
+A live store's stored value is the value a read answers, as compact JSON, then, where the fold needs more
+than that value (the winning `order_by` of `latest`, the ordering value of `max_by`/`min_by`), a NUL byte
+and that merge state as compact JSON. JSON text never holds a raw NUL, so `value_bytes` cuts the state off
+exactly.
 
 The partition's progress lives beside its rows: the LMDB entry OFFSET_KEY holds the next offset to apply,
 written in the same write transaction as the rows a batch of records changed, so a crash at any point
@@ -42,7 +43,7 @@ from keyroute.core.timeline import INT64_MAX, INT64_MIN, TimelineError, TimeType
 # LMDB key starts with it (keyroute.core.lmdb_layout.db_key), so lookups and scans of keys never meet it.
 META_TAG = b"!"
 OFFSET_KEY = META_TAG + b"next-offset"
-# Between a live value's answer and its merge state.
+# Between a live value (what a read gets) and its merge state.
 STATE_SEPARATOR = b"\0"
 
 STARTS = ("earliest", "latest")
@@ -474,10 +475,16 @@ def encode_stored(answer: Mapping[str, Any], state: Sequence[Any] | None) -> byt
     return body + STATE_SEPARATOR + _dumps(list(state))
 
 
-def answer_bytes(stored: bytes) -> bytes:
-    """What a read answers from a stored value: everything before the merge state (all of a batch value)."""
+def value_bytes(stored: bytes) -> bytes:
+    """The value a read of a key gets from what is stored for it (the `value` of a node's reply and so of
+    the answer): everything before the merge state (all of a batch value)."""
     cut = stored.find(STATE_SEPARATOR)
     return stored if cut < 0 else stored[:cut]
+
+
+# The name `value_bytes` had before the glossary set "answer" apart: kept for the importers that still use
+# it (keyroute.state_node.store and tests) until they switch.
+answer_bytes = value_bytes
 
 
 def decode_state(stored: bytes) -> list[Any] | None:

@@ -17,9 +17,24 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from keyroute.core.key_format import KeyFormat
+from keyroute.core.key_format import Key, KeyFormat, key_from_data
+from keyroute.core.key_location import Endpoint, KeyLocation, key_location
 from keyroute.core.partitioner import Partitioner, key_hash, partition_of_hash
 from keyroute.core.timeline import Timeline
+
+__all__ = [
+    "EMPTY_ASSIGNMENT",
+    "Assignment",
+    "Endpoint",
+    "KeyLocation",
+    "MapBuilder",
+    "MapDelta",
+    "NodeRecord",
+    "PartitionMap",
+    "RecordError",
+    "ServingRecord",
+    "StoreRecord",
+]
 
 
 class RecordError(ValueError):
@@ -249,30 +264,6 @@ class ServingRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class Endpoint:
-    """A node that serves a partition, and the version it serves."""
-
-    node_id: str
-    url: str
-    version: int
-
-
-@dataclass(frozen=True, slots=True)
-class KeyRoute:
-    """Where one key lives: partition, hash, and the nodes serving its routable version (preferred first)."""
-
-    store: str
-    partition: int
-    hash: int
-    assigned: tuple[str, ...]
-    serving: tuple[Endpoint, ...]
-
-    @property
-    def available(self) -> bool:
-        return bool(self.serving)
-
-
-@dataclass(frozen=True, slots=True)
 class PartitionMap:
     """One consistent snapshot of the cluster, built from ZooKeeper records.
 
@@ -339,15 +330,26 @@ class PartitionMap:
         per_partition = self.routes.get(store, ())
         return per_partition[partition] if 0 <= partition < len(per_partition) else ()
 
-    def route(self, store: StoreRecord, key_data: bytes) -> KeyRoute:
-        hash_value = key_hash(store.partitioner, key_data)
+    def locate(self, store: StoreRecord, key: Key) -> KeyLocation:
+        """Where `key` (parsed in the store's key format) of `store` lives in this map."""
+        return self._located(store, key.text, key.data)
+
+    def route(self, store: StoreRecord, key_data: bytes) -> KeyLocation:
+        """`locate` of a key given by its serialized bytes (kept for callers that hold only those)."""
+        if store.key_format is KeyFormat.STRING:  # the common case, without building a Key
+            return self._located(store, key_data.decode("utf-8"), key_data)
+        return self.locate(store, key_from_data(store.key_format, key_data))
+
+    def _located(self, store: StoreRecord, text: str, data: bytes) -> KeyLocation:
+        hash_value = key_hash(store.partitioner, data)
         partition = partition_of_hash(store.partitioner, hash_value, store.partitions)
-        return KeyRoute(
-            store=store.name,
-            partition=partition,
-            hash=hash_value,
-            assigned=self.assignment.replicas(store.name, partition),
-            serving=self.serving_endpoints(store.name, partition),
+        return key_location(
+            store.name,
+            text,
+            partition,
+            hash_value,
+            self.assignment.replicas(store.name, partition),
+            self.serving_endpoints(store.name, partition),
         )
 
     def live_nodes(self) -> frozenset[str]:

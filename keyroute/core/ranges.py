@@ -3,9 +3,9 @@
 Keys are in the byte order of their serialized form (Kafka's serializers), except integer keys, which are
 in numeric order (negative before positive, which big-endian two's complement bytes alone do not give).
 murmur2 spreads any range over every partition, so a router asks each partition for the keys of the range
-it holds (`GET /stores/{store}/partitions/{p}/range`, answered by a node serving it), merges the sorted
-answers and returns at most `limit` keys, with a cursor that continues after the last one, at the versions
-the first page was read at.
+it holds (`GET /stores/{store}/partitions/{p}/range`, sent to a node serving it), merges the nodes' sorted
+replies and answers with at most `limit` keys, with a cursor that continues after the last one, at the
+versions the first page was read at.
 
 Keys too long to be stored under their own bytes (511 bytes and more, stored under a hash) cannot be read
 back, and are never in a range.
@@ -226,7 +226,8 @@ def scan_segments(
 
 
 def range_entry(key_text: str, value: bytes, partition: int | None = None) -> bytes:
-    """One key of a range answer: {"key", ["partition",] "value"} around the stored value bytes."""
+    """One key of a range, around its stored value bytes: {"key", "value"} in a node's reply, {"key",
+    "partition", "value"} in the router's answer."""
     head: dict[str, Any] = {"key": key_text}
     if partition is not None:
         head["partition"] = partition

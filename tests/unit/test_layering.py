@@ -93,7 +93,7 @@ def test_the_http_layer_imports_no_service_no_client_and_no_cli() -> None:
 def test_the_rules_catch_what_they_forbid() -> None:
     """The helpers see a forbidden import: a rule that reads nothing would pass every tree."""
     assert under({"starlette.requests", "keyroute.state_node.app"}, HTTP_FRAMEWORKS) == {"starlette.requests"}
-    assert "keyroute.core.partitioner" in imported_modules("keyroute.http") | imported_modules("keyroute.router")
+    assert "keyroute.core.key_location" in imported_modules("keyroute.http") | imported_modules("keyroute.router")
 
 
 @pytest.mark.parametrize("package", sorted(FOLDERS))

@@ -5,9 +5,11 @@ import json
 
 import pytest
 
-from keyroute.core.key_format import KeyFormat
+from keyroute.core.key_format import KeyFormat, parse_key
+from keyroute.core.key_location import KeyLocation, StoreLocator
 from keyroute.core.partition_map import (
     Assignment,
+    Endpoint,
     NodeRecord,
     PartitionMap,
     RecordError,
@@ -77,7 +79,62 @@ def test_route_hashes_key_bytes_over_all_partitions_even_if_unserved() -> None:
     data = b"customer-17"
     route = pmap.route(s, data)
     assert route.partition == partition_for(Partitioner.MURMUR2, data, 12)
+    assert route == pmap.locate(s, parse_key(KeyFormat.STRING, "customer-17"))
+    assert route.key == "customer-17" and route.store == "bookings"
     assert not pmap.complete
+
+
+def test_a_key_location_names_the_key_its_partition_and_its_nodes_preferred_first() -> None:
+    s = dataclasses.replace(store(partitions=3, version=2), key_format=KeyFormat.INT64)
+    serving = {
+        "n1": ServingRecord("n1", "http://n1", {"bookings": {0: 2, 1: 2, 2: 2}}),
+        "n2": ServingRecord("n2", "http://n2", {"bookings": {0: 2, 1: 2}}),
+    }
+    assignment = Assignment(3, {"bookings": (("n2", "n1"), ("n1", "n2"), ("n1", "n2"))})
+    pmap = PartitionMap.build({"bookings": s}, {}, assignment, serving)
+    key = parse_key(KeyFormat.INT64, "0042")
+    partition = partition_for(Partitioner.MURMUR2, (42).to_bytes(8, "big", signed=True), 3)
+    location = pmap.locate(s, key)
+    assert location.key == "42" and location.partition == partition and location.available
+    assert location.assigned == assignment.replicas("bookings", partition)
+    assert location.serving == pmap.serving_endpoints("bookings", partition)
+    assert [ep.node_id for ep in location.serving] == [n for n in location.assigned if n in serving]
+    assert isinstance(location, KeyLocation) and isinstance(location.serving[0], Endpoint)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        location.partition = 0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("key_format", "partitioner", "keys"),
+    [
+        (KeyFormat.STRING, Partitioner.MURMUR2, [f"customer-{i}" for i in range(300)] + ["", "東京", "a/b"]),
+        (KeyFormat.STRING, Partitioner.CRC32, [f"k{i}" for i in range(300)]),
+        (KeyFormat.INT32, Partitioner.FNV1A, [str(i * 7919 - 10**6) for i in range(300)]),
+        (KeyFormat.UUID, Partitioner.MURMUR2, [f"00000000-0000-0000-0000-{i:012X}" for i in range(300)]),
+        (KeyFormat.BYTES, Partitioner.MURMUR2, ["AAE", "_wA", "", "a2V5"]),
+    ],
+)
+def test_a_store_locator_of_the_map_or_of_its_description_locates_keys_as_the_map_does(
+    key_format: KeyFormat, partitioner: Partitioner, keys: list[str]
+) -> None:
+    s = dataclasses.replace(store(partitions=7), key_format=key_format, partitioner=partitioner)
+    serving = {
+        "n1": ServingRecord("n1", "http://n1", {"bookings": {p: 2 for p in range(7) if p != 5}}),
+        "n2": ServingRecord("n2", "http://n2", {"bookings": {p: 2 for p in range(7) if p % 2}}),
+        "n3": ServingRecord("n3", "http://n3", {"bookings": {p: 2 for p in range(7) if p % 3 == 0}}),
+    }
+    orders = [("n1", "n2", "n3"), ("n2", "n1"), ("n3", "n1"), ("n2", "n3", "n1"), ("n1",), ("n2",), ("n3", "n2")]
+    pmap = PartitionMap.build({"bookings": s}, {}, Assignment(4, {"bookings": tuple(orders)}), serving)
+    of_map = StoreLocator.of_map(pmap, "bookings")
+    described = json.loads(json.dumps(pmap.describe()))["stores"]["bookings"]
+    of_description = StoreLocator.of_description("bookings", described)
+    assert of_map is not None and of_map == of_description
+    seen = set()
+    for text in keys:
+        location = pmap.locate(s, parse_key(key_format, text))
+        assert of_map.locate(text) == of_description.locate(text) == location
+        seen.add(location.partition)
+    assert len(seen) > 1 or len(keys) < 7
 
 
 def test_describe_lists_assigned_and_serving_per_partition() -> None:

@@ -11,9 +11,9 @@ import keyroute.core
 def test_public_surface_is_pinned_and_sorted() -> None:
     assert keyroute.core.__all__ == sorted(keyroute.core.__all__)
     assert set(keyroute.core.__all__) == {
-        "ApiError", "Assignment", "Endpoint", "HttpSettings", "Key", "KeyFormat", "KeyFormatError", "KeyRoute",
-        "Manifest", "NodeRecord", "NodeSettings", "PartitionMap", "Partitioner", "RecordError",
-        "RouterSettings", "ServingRecord", "SnapshotError", "StoreRecord", "ZkSettings", "crc32", "fnv1a_32",
+        "ApiError", "Assignment", "Endpoint", "HttpSettings", "Key", "KeyFormat", "KeyFormatError", "KeyLocation",
+        "Manifest", "NodeRecord", "NodeSettings", "PartitionMap", "Partitioner", "RecordError", "RouterSettings",
+        "ServingRecord", "SnapshotError", "StoreLocator", "StoreRecord", "ZkSettings", "crc32", "fnv1a_32",
         "key_from_data", "key_from_value", "key_hash", "murmur2", "parse_key", "partition_for", "to_positive",
     }
     for name in keyroute.core.__all__:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from keyroute.core.api import BadKey, NoPartitionMap, StoreNotFound
+from keyroute.core.api import BadKey, NoPartitionMap, PartitionUnavailable, StoreNotFound
 from keyroute.core.key_format import KeyFormat, KeyFormatError
 from keyroute.core.partition_map import Assignment
 from keyroute.core.partitioner import Partitioner, key_hash, partition_for
@@ -18,18 +18,19 @@ def test_a_key_routes_to_the_partition_of_its_serialized_bytes_and_the_node_serv
     store = store_record("bookings", 12)
     table = RoutingTable.of(build_map([store], {"a": {"bookings": range(0, 6)}, "b": {"bookings": range(6, 12)}}))
     for key in KEYS:
-        route = table.resolve("bookings", key)
+        route = table.locate("bookings", key)
         expected = partition_for(Partitioner.MURMUR2, key.encode("utf-8"), 12)
         assert route.partition == expected
         assert route.hash == key_hash(Partitioner.MURMUR2, key.encode("utf-8"))
         assert [ep.node_id for ep in route.serving] == ["a" if expected < 6 else "b"]
         assert route.serving[0].url == node_url("a" if expected < 6 else "b")
+        assert (route.store, route.key, route.available) == ("bookings", key, True)
 
 
 def test_a_known_kafka_vector_lands_where_the_java_client_puts_it() -> None:
     # Kafka's UtilsTest: murmur2(b"21") == -973932308, so toPositive(...) % 12 == 8.
     table = RoutingTable.of(build_map([store_record("s", 12)], {"a": {"s": range(12)}}))
-    route = table.resolve("s", "21")
+    route = table.locate("s", "21")
     assert route.hash == -973932308
     assert route.partition == (-973932308 & 0x7FFFFFFF) % 12
 
@@ -38,15 +39,17 @@ def test_integer_keys_hash_their_big_endian_bytes_whatever_their_spelling() -> N
     store = store_record("accounts", 8, key_format=KeyFormat.INT64)
     table = RoutingTable.of(build_map([store], {"a": {"accounts": range(8)}}))
     expected = partition_for(Partitioner.MURMUR2, (42).to_bytes(8, "big", signed=True), 8)
-    assert table.resolve("accounts", "42").partition == expected
-    assert table.resolve("accounts", "0042").partition == expected
+    assert table.locate("accounts", "42").partition == expected
+    assert table.locate("accounts", "0042").partition == expected
+    assert table.locate("accounts", "0042") == table.locate("accounts", "42")  # the key's canonical text
+    assert table.locate("accounts", "0042").key == "42"
 
 
 def test_other_partitioners_are_honoured() -> None:
     store = store_record("s", 7, partitioner=Partitioner.CRC32)
     table = RoutingTable.of(build_map([store], {"a": {"s": range(7)}}))
     for key in KEYS:
-        assert table.resolve("s", key).partition == partition_for(Partitioner.CRC32, key.encode(), 7)
+        assert table.locate("s", key).partition == partition_for(Partitioner.CRC32, key.encode(), 7)
 
 
 def test_a_key_that_does_not_fit_the_format_is_a_bad_key_with_the_reason_chained() -> None:
@@ -54,15 +57,28 @@ def test_a_key_that_does_not_fit_the_format_is_a_bad_key_with_the_reason_chained
     table = RoutingTable.of(build_map([store], {"a": {"accounts": range(8)}}))
     for text in ["abc", str(2**63), "1.5"]:
         with pytest.raises(BadKey) as caught:
-            table.resolve("accounts", text)
+            table.locate("accounts", text)
         assert isinstance(caught.value.__cause__, KeyFormatError)
         assert caught.value.status == 400 and caught.value.code == "bad_key"
+
+
+def test_a_key_that_is_not_text_of_a_string_store_is_a_bad_key() -> None:
+    table = RoutingTable.of(build_map([store_record("s", 4)], {"a": {"s": range(4)}}))
+    with pytest.raises(BadKey) as caught:
+        table.locate("s", "lone \udc80 surrogate")
+    assert isinstance(caught.value.__cause__, KeyFormatError)
+
+
+def test_a_store_published_with_no_partitions_is_unavailable_not_a_crash() -> None:
+    table = RoutingTable.of(build_map([store_record("s", 0)], {}))
+    with pytest.raises(PartitionUnavailable):
+        table.locate("s", "k")
 
 
 def test_an_unknown_store_is_store_not_found() -> None:
     table = RoutingTable.of(build_map([store_record("s", 4)], {"a": {"s": range(4)}}))
     with pytest.raises(StoreNotFound):
-        table.resolve("nope", "k")
+        table.locate("nope", "k")
     assert table.has_store("s") and not table.has_store("nope")
 
 
@@ -72,10 +88,10 @@ def test_serving_replicas_come_preferred_first_and_unserved_partitions_have_none
     table = RoutingTable.of(build_map([store], {"a": {"s": [0]}, "b": {"s": [0]}}, assignment))
     key_p0 = next(k for k in (f"k{i}" for i in range(100)) if partition_for(Partitioner.MURMUR2, k.encode(), 2) == 0)
     key_p1 = next(k for k in (f"k{i}" for i in range(100)) if partition_for(Partitioner.MURMUR2, k.encode(), 2) == 1)
-    route = table.resolve("s", key_p0)
+    route = table.locate("s", key_p0)
     assert [ep.node_id for ep in route.serving] == ["b", "a"]
     assert route.assigned == ("b", "a")
-    unserved = table.resolve("s", key_p1)
+    unserved = table.locate("s", key_p1)
     assert unserved.serving == () and unserved.assigned == ("a", "b")
     assert not table.complete
 
@@ -93,10 +109,10 @@ def test_before_any_map_the_table_is_empty_stale_and_not_complete() -> None:
     assert table.stale and not table.complete
     # Not "no such store": before a first map the router cannot tell (503, retry), unlike once it has one.
     with pytest.raises(NoPartitionMap) as raised:
-        table.resolve("s", "k")
+        table.locate("s", "k")
     assert raised.value.status == 503 and raised.value.headers == {"Retry-After": "1"}
     with pytest.raises(StoreNotFound):
-        RoutingTable.of(build_map([store_record("t", 4)], {})).resolve("s", "k")
+        RoutingTable.of(build_map([store_record("t", 4)], {})).locate("s", "k")
 
 
 def test_a_partition_nobody_announces_keeps_the_nodes_that_served_it_last() -> None:

@@ -1,0 +1,64 @@
+"""A Python client of keyroute's HTTP API: `Client` (blocking) and `AsyncClient` (asyncio), on httpx.
+
+    from keyroute.client import Client, KeyNotFound
+
+    with Client("http://keyroute.example:8080") as kr:
+        booking = kr.get("bookings", "C000042")          # Value(store, key, partition, version, value, ...)
+        found = kr.get_many("bookings", ["C1", "C2"])    # one Value or KeyrouteError per key, in order
+        for row in kr.history("trips", "C000042", start=datetime(2024, 6, 1, tzinfo=UTC)):
+            ...                                          # every row, page after page (cursors followed)
+        for window in kr.windows("fares_5m", "C000042", start=..., end=...):
+            ...
+        for key, value in kr.range("bookings", prefix="C0000"):
+            ...
+
+Keys are given as the store's key format has them: `str`, `int` (integer formats), `uuid.UUID` or `str`
+(uuid), `bytes` (bytes keys, sent as base64url). Times (`start` inclusive, `end` exclusive) as `datetime`
+(naive means UTC), `date`, `int` (a store ordered by an integer column) or ISO 8601 text.
+
+Every error answer is raised as its `KeyrouteError` subclass (`KeyNotFound`, `StoreNotFound`, `BadKey`,
+`BadRequest`, `BadCursor`, `CursorExpired`, `WrongStoreKind`, `Unavailable` with `retry_after`, ...).
+Reads are retried on 503 (after the answer's Retry-After, capped, with back-off) and on connection
+failures, up to `retries` times; connections are pooled and kept alive; clients close with `close()` or
+as context managers.
+
+The modules: `_errors` (the exceptions), `_base` (every decision: requests, direct routing from the
+partition map, retries, reading answers), `_sync` and `_async` (the I/O of `Client` and `AsyncClient`).
+"""
+
+from keyroute.client._async import AsyncClient
+from keyroute.client._base import Value
+from keyroute.client._base import key_segment as key_segment
+from keyroute.client._base import key_text as key_text
+from keyroute.client._base import time_text as time_text
+from keyroute.client._errors import (
+    BadCursor,
+    BadKey,
+    BadRequest,
+    CursorExpired,
+    KeyNotFound,
+    KeyrouteError,
+    NotLive,
+    StoreNotFound,
+    Unauthorized,
+    Unavailable,
+    WrongStoreKind,
+)
+from keyroute.client._sync import Client
+
+__all__ = [
+    "AsyncClient",
+    "BadCursor",
+    "BadKey",
+    "BadRequest",
+    "Client",
+    "CursorExpired",
+    "KeyNotFound",
+    "KeyrouteError",
+    "NotLive",
+    "StoreNotFound",
+    "Unauthorized",
+    "Unavailable",
+    "Value",
+    "WrongStoreKind",
+]

@@ -1,0 +1,413 @@
+"""What `Client` and `AsyncClient` decide alike: requests, direct routing, retries and reading answers.
+
+`ClientBase` holds every decision and does no I/O; `keyroute.client._sync` and `keyroute.client._async`
+only send what it builds and hand back what comes in, method for method (as httpx's `BaseClient`).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from keyroute.client._errors import KeyrouteError, error_of_answer, error_of_entry
+from keyroute.core.key_format import KeyFormatError
+from keyroute.core.key_location import KeyLocation, StoreLocator
+
+DEFAULT_TIMEOUT_S = 5.0
+# Keep-alive connections enough for many reads in flight (per node in direct mode): httpx's default keeps 20
+# and would close and reopen connections under a higher concurrency.
+_LIMITS = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+DEFAULT_RETRIES = 3
+_MAX_RETRY_WAIT_S = 2.0
+# A node that failed (connection) is skipped for this long; a map newer than what answers show is re-read at
+# most this often.
+_NODE_BACKOFF_S = 1.0
+_MAP_RELOAD_MIN_S = 0.05
+PARTITION_MAP_PATH = "/admin/partition-map"
+
+
+@dataclass(frozen=True, slots=True)
+class Value:
+    """A key's value as read: where it came from, and for a live store the offset it reflects."""
+
+    store: str
+    key: str
+    partition: int
+    version: int
+    value: Any
+    node: str | None = None
+    offset: int | None = None
+
+
+def key_text(key: str | int | bytes | uuid.UUID) -> str:
+    """A key as the API takes it: text as is, integers in decimal, uuids as their text, bytes in base64url."""
+    if isinstance(key, bool):
+        raise TypeError("a key is str, int, bytes or uuid.UUID, not bool")
+    if isinstance(key, str):
+        return key
+    if isinstance(key, int):
+        return str(key)
+    if isinstance(key, uuid.UUID):
+        return str(key)
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        return base64.urlsafe_b64encode(bytes(key)).rstrip(b"=").decode("ascii")
+    raise TypeError(f"a key is str, int, bytes or uuid.UUID, not {type(key).__name__}")
+
+
+def key_segment(key: str | int | bytes | uuid.UUID) -> str:
+    """A key as one percent-encoded path segment ('.' and '..' too, which a path would otherwise resolve)."""
+    text = key_text(key)
+    if text in (".", ".."):
+        return text.replace(".", "%2E")
+    return quote(text, safe="")
+
+
+def time_text(moment: dt.datetime | dt.date | int | str) -> str:
+    """A time bound as the API takes it."""
+    if isinstance(moment, bool):
+        raise TypeError("a time is a datetime, date, int or ISO 8601 text, not bool")
+    if isinstance(moment, dt.datetime):
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=dt.UTC)
+        return moment.isoformat()
+    if isinstance(moment, dt.date):
+        return moment.isoformat()
+    if isinstance(moment, (int, str)):
+        return str(moment)
+    raise TypeError(f"a time is a datetime, date, int or ISO 8601 text, not {type(moment).__name__}")
+
+
+def value_of_answer(answer: httpx.Response) -> Value:
+    """The Value a key read's answer carries (its node and, for a live store, its offset from the headers)."""
+    body = answer.json()
+    offset = body.get("offset")
+    if offset is None and "x-keyroute-offset" in answer.headers:
+        offset = int(answer.headers["x-keyroute-offset"])
+    return _value(body, answer.headers.get("x-keyroute-node"), offset)
+
+
+def _value(body: Mapping[str, Any], node: str | None, offset: Any) -> Value:
+    return Value(
+        store=str(body["store"]),
+        key=str(body["key"]),
+        partition=int(body["partition"]),
+        version=int(body["version"]),
+        value=body["value"],
+        node=node,
+        offset=None if offset is None else int(offset),
+    )
+
+
+def _paged_params(start: Any, end: Any, page_size: int, order: str | None = None, **extra: Any) -> dict[str, str]:
+    if not 1 <= page_size <= 10_000:
+        raise ValueError("page_size must be from 1 to 10,000")
+    params = {"limit": str(page_size)}
+    if start is not None:
+        params["from"] = time_text(start)
+    if end is not None:
+        params["to"] = time_text(end)
+    if order is not None:
+        if order not in ("asc", "desc"):
+            raise ValueError("order must be 'asc' or 'desc'")
+        params["order"] = order
+    for name, value in extra.items():
+        if value is not None:
+            params[name] = value
+    return params
+
+
+def store_path(store: str, rest: str) -> str:
+    return f"/stores/{quote(store, safe='')}/{rest}"
+
+
+def key_path(store: str, key: Any) -> str:
+    return store_path(store, f"keys/{key_segment(key)}")
+
+
+@dataclass(frozen=True, slots=True)
+class Paged:
+    """A paged read: its first request (`routed`: the store and key whose node direct routing asks, None
+    for the router), and the field of each answer that holds the page's items."""
+
+    path: str
+    field: str
+    params: dict[str, str]
+    routed: tuple[str, Any] | None = None
+
+
+def next_page(params: dict[str, str], body: Mapping[str, Any]) -> dict[str, str] | None:
+    """The parameters of the page after the one whose answer is `body`; None after the last page."""
+    if "next" not in body:
+        return None
+    return {**params, "cursor": body["next"]}
+
+
+class Batch:
+    """One `get_many`: the keys as sent, per key its answer's entry once known, and the keys left for the
+    router (all of them, until direct routing has sent some to their nodes)."""
+
+    __slots__ = ("entries", "path", "rest", "store", "texts")
+
+    def __init__(self, store: str, keys: Iterable[Any]) -> None:
+        self.store = store
+        self.texts = [key_text(k) for k in keys]
+        self.path = store_path(store, "batch-get")
+        self.entries: list[Mapping[str, Any] | None] = [None] * len(self.texts)
+        self.rest = list(range(len(self.texts)))
+
+    def body(self, indexes: list[int]) -> dict[str, list[str]]:
+        return {"keys": [self.texts[i] for i in indexes]}
+
+    def took_router_answer(self, answer: httpx.Response) -> None:
+        for index, entry in zip(self.rest, answer.json()["results"], strict=True):
+            self.entries[index] = entry
+
+    def results(self) -> list[Value | KeyrouteError]:
+        """Per key, in order, its Value or its error."""
+        out: list[Value | KeyrouteError] = []
+        for entry in self.entries:
+            if entry is None:
+                raise AssertionError("a key of the batch has no entry")  # every key has had an answer
+            if entry.get("status") == 200:
+                out.append(_value({**entry, "store": self.store}, None, entry.get("offset")))
+            else:
+                out.append(error_of_entry(entry))
+        return out
+
+
+class _DirectMap:
+    """The partition map as a direct-routing client uses it: its generation and a locator per store, from
+    a router's `GET /admin/partition-map`."""
+
+    __slots__ = ("generation", "stores")
+
+    def __init__(self, doc: Mapping[str, Any]) -> None:
+        self.generation = int(doc["generation"])
+        self.stores = {name: StoreLocator.of_description(name, store) for name, store in doc["stores"].items()}
+
+    def locate(self, store: str, key: Any) -> KeyLocation | None:
+        """Where the key lives (None: an unknown store, or a key the router must judge)."""
+        locator = self.stores.get(store)
+        if locator is None:
+            return None
+        try:
+            return locator.locate(key_text(key))
+        except (KeyFormatError, TypeError):
+            return None
+
+
+class ClientBase:
+    """Every decision of a keyroute client; the I/O is its subclasses'."""
+
+    def __init__(
+        self,
+        url: str,
+        timeout: float,
+        retries: int,
+        backoff_s: float,
+        token: str | None,
+        routing: str = "router",
+        map_max_age_s: float = 30.0,
+    ) -> None:
+        if retries < 0:
+            raise ValueError("retries must not be negative")
+        if routing not in ("router", "direct"):
+            raise ValueError("routing is 'router' or 'direct'")
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.routing = routing
+        self.map_max_age_s = map_max_age_s
+        self.headers = {"accept": "application/json"}
+        if token:
+            self.headers["authorization"] = f"Bearer {token}"
+        # Direct routing: the map, when it must be read again, and nodes to skip for a while.
+        self._map: _DirectMap | None = None
+        self._map_at = float("-inf")
+        self._reload = True
+        self._last_load = float("-inf")
+        self._down: dict[str, float] = {}
+        self.map_reload_min_s = _MAP_RELOAD_MIN_S  # a burst of stale answers re-reads the map once
+        # What direct routing did: reads answered by a node directly, reads that went through the router,
+        # map reads, answers that said the map was behind (forwarded, or a newer generation), failovers.
+        self.stats = {"direct": 0, "via_router": 0, "map_loads": 0, "misroutes": 0, "failovers": 0}
+
+    def _http_options(self, url: str, transport: Any) -> dict[str, Any]:
+        """What every httpx client of this client is made with (the router's, and one per node)."""
+        return {
+            "base_url": url,
+            "timeout": self.timeout,
+            "headers": self.headers,
+            "transport": transport,
+            "trust_env": False,
+            "limits": _LIMITS,
+        }
+
+    # -- requests ---------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _get_request(store: str, key: Any, min_offset: int | None) -> tuple[str, dict[str, str] | None]:
+        return key_path(store, key), None if min_offset is None else {"min_offset": str(min_offset)}
+
+    @staticmethod
+    def _history(
+        store: str, key: Any, start: Any, end: Any, order: str, page_size: int, min_offset: int | None
+    ) -> Paged:
+        min_offset_text = None if min_offset is None else str(min_offset)
+        params = _paged_params(start, end, page_size, order, min_offset=min_offset_text)
+        return Paged(f"{key_path(store, key)}/history", "rows", params, (store, key))
+
+    @staticmethod
+    def _windows(store: str, key: Any, start: Any, end: Any, page_size: int) -> Paged:
+        return Paged(f"{key_path(store, key)}/windows", "windows", _paged_params(start, end, page_size), (store, key))
+
+    @staticmethod
+    def _range(store: str, from_key: Any, to_key: Any, prefix: str | None, page_size: int) -> Paged:
+        params = _paged_params(
+            None,
+            None,
+            page_size,
+            from_key=None if from_key is None else key_text(from_key),
+            to_key=None if to_key is None else key_text(to_key),
+            prefix=prefix,
+        )
+        return Paged(store_path(store, "range"), "keys", params)
+
+    # -- retries ----------------------------------------------------------------------------------------
+
+    def _retry_wait_s(self, attempt: int, answer: httpx.Response | None) -> float | None:
+        """After attempt `attempt` (from 0) got `answer` (None: the connection failed): None when the answer
+        is the result, else how long to wait before the next attempt. Raises the answer's error when it is
+        not retried (anything but a 503, or the last attempt's); the caller re-raises a last connection
+        failure."""
+        error: KeyrouteError | None = None
+        if answer is not None:
+            if answer.status_code < 400:
+                return None
+            error = error_of_answer(answer)
+            if answer.status_code != 503 or attempt == self.retries:
+                raise error
+        backoff = self.backoff_s * (2**attempt)
+        if error is not None and error.retry_after is not None:
+            backoff = max(backoff, error.retry_after)
+        return min(backoff, _MAX_RETRY_WAIT_S)
+
+    # -- direct routing ---------------------------------------------------------------------------------
+
+    def _map_due(self) -> bool:
+        now = time.monotonic()
+        stale = self._reload or self._map is None or now - self._map_at > self.map_max_age_s
+        return stale and now - self._last_load >= self.map_reload_min_s
+
+    def _took_map(self, answer: httpx.Response | None) -> None:
+        """The router's answer to a map read (None: the request failed)."""
+        self._last_load = time.monotonic()
+        if answer is None or answer.status_code != 200:
+            return
+        try:
+            direct_map = _DirectMap(answer.json())
+        except (ValueError, KeyError, TypeError):
+            return
+        self._map, self._map_at, self._reload = direct_map, time.monotonic(), False
+        self.stats["map_loads"] += 1
+
+    def _locate(self, store: str, key: Any) -> KeyLocation | None:
+        direct_map = self._map
+        return None if direct_map is None else direct_map.locate(store, key)
+
+    def _replicas(self, store: str, key: Any) -> tuple[str, ...]:
+        """The URLs of the nodes to ask for the key, in turn: those serving its partition, preferred first,
+        but the nodes that failed a moment ago last (none: the router answers)."""
+        location = self._locate(store, key)
+        if location is None:
+            return ()
+        replicas = tuple(ep.url for ep in location.serving)
+        if self._down and len(replicas) > 1:
+            now = time.monotonic()
+            up = tuple(url for url in replicas if self._down.get(url, 0.0) <= now)
+            replicas = up + tuple(url for url in replicas if url not in up)
+        return replicas
+
+    def _observe(self, answer: httpx.Response) -> None:
+        """A node's answer: forwarded (our map sent us to a node that does not serve the key) or routed with
+        a newer map than ours means the map is behind: read it again (as Redis Cluster's MOVED)."""
+        direct_map = self._map
+        generation = answer.headers.get("x-keyroute-generation")
+        newer = (
+            direct_map is not None
+            and generation is not None
+            and generation.isdigit()
+            and (int(generation) > direct_map.generation)
+        )
+        if answer.headers.get("x-keyroute-hops") == "1" or newer:
+            self.stats["misroutes"] += 1
+            self._reload = True
+
+    def _node_failed(self, url: str) -> None:
+        self._down[url] = time.monotonic() + _NODE_BACKOFF_S
+        self._reload = True
+        self.stats["failovers"] += 1
+
+    def _node_answered(self, answer: httpx.Response) -> bool:
+        """A node's answer to a direct read: False when the next replica is to be asked (a 503), True when
+        it is the read's; raises its error when it is one."""
+        self._observe(answer)
+        if answer.status_code == 503:
+            self.stats["failovers"] += 1
+            return False
+        self.stats["direct"] += 1
+        if answer.status_code >= 400:
+            raise error_of_answer(answer)
+        return True
+
+    def _via_router(self) -> None:
+        """Direct routing found no node to answer a read: the router answers it."""
+        self.stats["via_router"] += 1
+
+    def _group_by_node(self, batch: Batch) -> dict[str, list[int]]:
+        """Direct routing of a batch: the keys' indexes per node serving their partition (preferred replica);
+        those no node is known for stay the router's (`batch.rest`)."""
+        groups: dict[str, list[int]] = {}
+        rest: list[int] = []
+        for index, text in enumerate(batch.texts):
+            replicas = self._replicas(batch.store, text)
+            if replicas:
+                groups.setdefault(replicas[0], []).append(index)
+            else:
+                rest.append(index)
+        batch.rest = rest
+        return groups
+
+    def _node_results(self, url: str, answer: httpx.Response | None) -> list[Mapping[str, Any]] | None:
+        """A node's batch-get answer's entries; None when it failed (connection, or not a 200)."""
+        if answer is None:
+            self._node_failed(url)
+            return None
+        self._observe(answer)
+        return answer.json()["results"] if answer.status_code == 200 else None
+
+    def _take(self, batch: Batch, done: Iterable[tuple[list[int], list[Mapping[str, Any]] | None]]) -> None:
+        """Fill the batch's entries from the nodes' answers; what they did not answer (failed nodes, 503s)
+        is left for the router."""
+        rest = batch.rest
+        for indexes, results in done:
+            if results is None:
+                rest += indexes
+                continue
+            for index, entry in zip(indexes, results, strict=True):
+                if entry.get("status") == 503:
+                    rest.append(index)
+                else:
+                    batch.entries[index] = entry
+        self.stats["direct"] += sum(e is not None for e in batch.entries)
+        self.stats["via_router"] += len(rest)
+        batch.rest = sorted(rest)
