@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from keyroute.core.key_format import Key, KeyFormat, key_from_data
+from keyroute.core.key_format import Key, KeyFormat
 from keyroute.core.key_location import Endpoint, KeyLocation, key_location
 from keyroute.core.partitioner import Partitioner, key_hash, partition_of_hash
 from keyroute.core.timeline import Timeline
@@ -332,20 +332,11 @@ class PartitionMap:
 
     def locate(self, store: StoreRecord, key: Key) -> KeyLocation:
         """Where `key` (parsed in the store's key format) of `store` lives in this map."""
-        return self._located(store, key.text, key.data)
-
-    def route(self, store: StoreRecord, key_data: bytes) -> KeyLocation:
-        """`locate` of a key given by its serialized bytes (kept for callers that hold only those)."""
-        if store.key_format is KeyFormat.STRING:  # the common case, without building a Key
-            return self._located(store, key_data.decode("utf-8"), key_data)
-        return self.locate(store, key_from_data(store.key_format, key_data))
-
-    def _located(self, store: StoreRecord, text: str, data: bytes) -> KeyLocation:
-        hash_value = key_hash(store.partitioner, data)
+        hash_value = key_hash(store.partitioner, key.data)
         partition = partition_of_hash(store.partitioner, hash_value, store.partitions)
         return key_location(
             store.name,
-            text,
+            key.text,
             partition,
             hash_value,
             self.assignment.replicas(store.name, partition),
