@@ -482,11 +482,6 @@ def value_bytes(stored: bytes) -> bytes:
     return stored if cut < 0 else stored[:cut]
 
 
-# The name `value_bytes` had before the glossary set "answer" apart: kept for the importers that still use
-# it (keyroute.state_node.store and tests) until they switch.
-answer_bytes = value_bytes
-
-
 def decode_state(stored: bytes) -> list[Any] | None:
     cut = stored.find(STATE_SEPARATOR)
     if cut < 0:
