@@ -155,11 +155,11 @@ def answers_locally(held: PartitionStore | None, endpoints: Sequence[Endpoint], 
 @dataclass(frozen=True, slots=True)
 class Forward:
     """A read this node passes on: the other nodes serving the key's partition (in the map's order), the
-    partition, and the generation of the map this node routed it with."""
+    partition, and the map generation of the partition map this node routed it with."""
 
     partition: int
     endpoints: tuple[Endpoint, ...]
-    generation: int
+    map_generation: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,7 +293,7 @@ def _local_headers(
 
 
 def _forward_to(
-    node_id: str, store_name: str, partition: int, others: list[Endpoint], forwarded: bool, generation: int
+    node_id: str, store_name: str, partition: int, others: list[Endpoint], forwarded: bool, map_generation: int
 ) -> Forward:
     """The `Forward` of a read this node does not answer itself; 503 when it may not or cannot forward."""
     if forwarded:
@@ -305,7 +305,7 @@ def _forward_to(
         )
     if not others:
         raise PartitionUnavailable(f"no node serves partition {partition} of store {store_name!r}", RETRY_AFTER_S)
-    return Forward(partition, tuple(others), generation)
+    return Forward(partition, tuple(others), map_generation)
 
 
 def _not_up_to_bound(
@@ -340,7 +340,7 @@ async def forward_read(node: Node, raw_path: bytes, forward: Forward, request_id
             failures.append(f"{endpoint.node_id}: {type(exc).__name__}")
             continue
         status = reply.status
-        answer = _relay(node, status, reply.headers, reply.body, forward.generation)
+        answer = _relay(node, status, reply.headers, reply.body, forward.map_generation)
         if status == 503:
             # That node stopped serving it too; another replica still might.
             refused = answer
@@ -385,12 +385,14 @@ def _origin(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def _relay(node: Node, status: int, raw_headers: Sequence[tuple[bytes, bytes]], body: bytes, generation: int) -> Answer:
+def _relay(
+    node: Node, status: int, raw_headers: Sequence[tuple[bytes, bytes]], body: bytes, map_generation: int
+) -> Answer:
     headers = [(name, value) for name, value in passthrough_headers(raw_headers) if name not in _NOT_RELAYED]
     headers.append(_HOPS_1)
     headers.append((_FORWARDED_BY, node.node_id.encode("latin-1")))
     # The map this (forwarding) node routed with, not the one of the node that read the value.
-    headers.append((_GENERATION, str(generation).encode("ascii")))
+    headers.append((_GENERATION, str(map_generation).encode("ascii")))
     return status, headers, body
 
 
@@ -405,7 +407,7 @@ class Batch:
         "node",
         "store",
         "forwarded",
-        "generation",
+        "map_generation",
         "entries",
         "texts",
         "replicas",
@@ -415,12 +417,18 @@ class Batch:
     )
 
     def __init__(
-        self, node: Node, store: str, forwarded: bool, generation: int, size: int, bounds: OffsetBounds | None = None
+        self,
+        node: Node,
+        store: str,
+        forwarded: bool,
+        map_generation: int,
+        size: int,
+        bounds: OffsetBounds | None = None,
     ) -> None:
         self.node = node
         self.store = store
         self.forwarded = forwarded
-        self.generation = generation
+        self.map_generation = map_generation
         self.entries: list[bytes | None] = [None] * size
         self.texts: dict[int, str] = {}
         self.replicas: dict[int, list[Endpoint]] = {}
@@ -504,7 +512,7 @@ class Batch:
             self.node.node_header,
             # 1 also when this node forwarded some keys itself: the router's view of them was stale.
             _HOPS_1 if self.forwarded or self.texts else _HOPS_0,
-            (_GENERATION, str(self.generation).encode("ascii")),
+            (_GENERATION, str(self.map_generation).encode("ascii")),
         ]
         return 200, headers, results_body(entry or b"null" for entry in self.entries)
 

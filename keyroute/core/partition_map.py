@@ -179,6 +179,8 @@ class Assignment:
     """Desired placement, written by the controller: replicas per partition per store.
 
     `stores[store][p]` lists the node ids that should serve partition p, preferred replica first.
+    `generation` is the assignment generation: the controller raises it by one on every write (it is not
+    the map generation).
     """
 
     generation: int
@@ -267,9 +269,10 @@ class ServingRecord:
 class PartitionMap:
     """One consistent snapshot of the cluster, built from ZooKeeper records.
 
-    `generation` is the highest ZooKeeper modification id among the records read, so two maps can be
-    ordered across processes. `routes[store][p]` is precomputed: the endpoints serving partition p of
-    the version chosen by `_routable`, so the hot path is two index lookups.
+    `generation` is the map generation: the highest ZooKeeper modification id among the records read, so
+    two maps can be ordered across processes (answers carry it in X-Keyroute-Generation); the assignment
+    has its own, `assignment.generation`. `routes[store][p]` is precomputed: the endpoints serving
+    partition p of the version chosen by `_routable`, so the hot path is two index lookups.
     """
 
     stores: Mapping[str, StoreRecord]
@@ -601,7 +604,8 @@ class MapBuilder:
                     self._touch(name, p)
 
     def build(self, generation: int = 0, built_at: float | None = None) -> PartitionMap:
-        """The map of the records as they are now (derived from the last one built: see MapDelta)."""
+        """The map of the records as they are now, at map generation `generation` (derived from the last
+        one built: see MapDelta)."""
         routes = self._routes
         changed: dict[str, frozenset[int] | None] = {}
         for name, dirty in self._dirty.items():

@@ -22,7 +22,7 @@ Each node's share of the assignment (its partitions in every store, and each sto
 also written to a record of its own by the controller, whose root then says so ("share_records"): a node
 reads its own share record rather than every placement record a new assignment rewrote (at 1,000 nodes and 100
 stores that is a few KB instead of MBs per node and change). A share record is rewritten only when its
-share changes; `g` is the generation of the assignment it was written for. Share records are written ahead
+share changes; `g` is the assignment generation it was written for. Share records are written ahead
 of the root, with the placement records, and a node takes its record only once the root names generation `g`
 or a later one (a record ahead of the root is a write in progress), so a node never acts on a share whose
 root is not written, and never sees a root before its share. A node left without a share gets an empty
