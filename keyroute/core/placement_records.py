@@ -53,8 +53,8 @@ class InProgress(Exception):
 
 
 class Root(NamedTuple):
-    generation: int
-    stores: dict[str, int]  # store -> the generation of its placement record that belongs to this assignment
+    generation: int  # the assignment generation
+    stores: dict[str, int]  # store -> the assignment generation its placement record was written for
     share_records: bool  # the controller writes every node's share to /assigned/{node} too
 
 
@@ -194,15 +194,17 @@ def assemble(root: bytes, records: Mapping[str, bytes | None], only: Collection[
     if one is missing or at another generation, RecordError if one is unreadable)."""
     generation, wanted, _ = parse_root(root)
     stores: dict[str, tuple[tuple[str, ...], ...]] = {}
-    for store, store_generation in wanted.items():
+    for store, record_generation in wanted.items():
         if only is not None and store not in only:
             continue
         raw = records.get(store)
         if raw is None:
             raise InProgress(f"store {store}: no record yet")
         got, replicas = parse_placement_record(raw)
-        if got != store_generation:
-            raise InProgress(f"store {store}: record at generation {got}, the root names {store_generation}")
+        if got != record_generation:
+            raise InProgress(
+                f"store {store}: placement record at assignment generation {got}, the root names {record_generation}"
+            )
         stores[store] = replicas
     return Assignment(generation, stores)
 
