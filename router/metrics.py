@@ -281,7 +281,7 @@ def _families(sums: Sums, facts: Sequence[Facts], workers: Sequence[Mapping[str,
     )
     yield gauge(
         "keyroute_router_map_generation",
-        "generation of the installed map (with workers: the lowest any worker has installed)",
+        "map generation of the installed partition map (with workers: the lowest any worker has installed)",
         min((f.get("map_generation", 0) for f in facts), default=0),
     )
     yield gauge(
@@ -344,7 +344,7 @@ def _worker_families(records: Sequence[Mapping[str, Any]]) -> Iterable[Metric]:
     )
     yield labelled_gauge(
         "keyroute_router_worker_map_generation",
-        "generation of the map each live router worker (by its index) has installed",
+        "map generation of the partition map each live router worker (by its index) has installed",
         ["worker"],
         (([worker], g) for worker, g in sorted(generation.items())),
     )

@@ -57,6 +57,10 @@ _READ_HEADERS = {
     )
 }
 _OFFSET = {"type": "integer", "minimum": 0, "maximum": (1 << 63) - 1}
+_MAP_GENERATION = (
+    "the map generation: the highest ZooKeeper modification id among the records the partition map was built"
+    " from (not the assignment generation)"
+)
 # The same in a JSON body, where 14571.0 is the integer 14571 as JSON Schema 2020-12 counts it.
 _BODY_OFFSET = {**_OFFSET, "description": "an integer: a JSON number with no fractional part (14571.0 is 14571)"}
 _KEY = {
@@ -536,14 +540,15 @@ OPENAPI: dict[str, Any] = {
             "PartitionMap": {
                 "type": "object",
                 "description": "stores (partitions, partitioner, key format, version), nodes, and per partition "
-                "the assigned replicas and the serving nodes with versions; the map's generation and age. A live "
+                "the assigned replicas and the serving nodes with versions; the map generation, the assignment "
+                "generation and the map's age. A live "
                 "store says `live` (and `topic`), and each of its partitions lists under `live` every replica's "
                 "report: node, version, offset, lag_records, lag_ms, state, applied, skipped, error",
                 "required": ["stores", "nodes", "generation"],
                 "properties": {
                     "stores": {"type": "object"},
                     "nodes": {"type": "object"},
-                    "generation": {"type": "integer"},
+                    "generation": {"type": "integer", "description": _MAP_GENERATION},
                     "router": {"type": "boolean"},
                 },
             },
@@ -575,7 +580,7 @@ OPENAPI: dict[str, Any] = {
                 "properties": {
                     "ready": {"type": "boolean"},
                     "stale": {"type": "boolean"},
-                    "generation": {"type": "integer"},
+                    "generation": {"type": "integer", "description": _MAP_GENERATION},
                     "complete": {"type": "boolean"},
                     "stores_loading": {"type": "array", "items": {"type": "string"}},
                 },

@@ -3,7 +3,7 @@
 One self-contained HTML document (inline CSS and JavaScript, no external fonts, scripts or styles: it works
 in an air-gapped cluster). The page polls `/admin/partition-map` every second with the admin token it was
 opened with (`/admin/ui?token=...`; the token is then removed from the address bar and sent as
-`Authorization: Bearer`), and redraws: the map's generation, age and staleness; every node with its URL and
+`Authorization: Bearer`), and redraws: the map generation, the map's age and staleness; every node with its URL and
 whether it is leaving; per store, every partition's assigned replicas and the nodes serving it at which
 version, a live partition's offset and lag per replica, and a node that is assigned but gone. Every text
 from the map is set as text, never as markup.
@@ -137,7 +137,7 @@ function renderStore(name, store, nodes) {
 function render(map) {
   const stale = map.stale ? badge("warn", "stale") : badge("ok", "fresh");
   document.getElementById("summary").replaceChildren(
-    "generation " + map.generation + ", age " + map.age_s.toFixed(1) + " s ", stale,
+    "map generation " + map.generation + ", age " + map.age_s.toFixed(1) + " s ", stale,
     " ", map.complete ? badge("ok", "complete") : badge("warn", "incomplete"));
   renderNodes(map);
   const stores = Object.entries(map.stores).map(([name, store]) => renderStore(name, store, map.nodes));

@@ -311,20 +311,20 @@ async def route(request: Request) -> Response:
     m = node.ownership.map
     record = find_store(m, store_name)
     key = parse_key_text(record, key_text)
-    r = m.route(record, key.data)
+    location = m.locate(record, key)
     whole = await _whole_assignment(node, m, frozenset({store_name}))  # one store record, not every one
-    held = node.ownership.local(store_name, r.partition)
+    held = node.ownership.local(store_name, location.partition)
     return JSONResponse(
         {
             "store": store_name,
-            "key": key.text,
+            "key": location.key,
             "partitioner": record.partitioner.value,
-            "hash": r.hash,
-            "partition": r.partition,
+            "hash": location.hash,
+            "partition": location.partition,
             "partitions": record.partitions,
             "version": record.version,
-            "assigned": list(whole.replicas(store_name, r.partition)),
-            "serving": [{"node": ep.node_id, "url": ep.url, "version": ep.version} for ep in r.serving],
+            "assigned": list(whole.replicas(store_name, location.partition)),
+            "serving": [{"node": ep.node_id, "url": ep.url, "version": ep.version} for ep in location.serving],
             "local": {"node": node.node_id, "version": held.version if held is not None else None},
             "map_stale": m.stale,
         }

@@ -154,7 +154,7 @@ class NodeMetrics:
             "partitions served at another version than the published one (a swap in progress, or a failed load)",
             len(readiness.updating),
         )
-        yield gauge("keyroute_node_map_generation", "generation of the partition map in use", m.generation)
+        yield gauge("keyroute_node_map_generation", "map generation of the partition map in use", m.generation)
         yield gauge("keyroute_node_map_stale", "1 while ZooKeeper is unreachable", int(m.stale))
         yield gauge(
             "keyroute_node_map_age_seconds",

@@ -109,7 +109,7 @@ class Readiness:
     pending: tuple[str, ...]
     failed: Mapping[str, str]
     leaving: bool = False
-    generation: int = 0
+    map_generation: int = 0  # of the map it was judged by
     # Partitions served here at another version while the published one loads (or failed to load): a version
     # swap in progress, which does not make the node unready (keyroute_node_partitions_updating counts them).
     updating: tuple[str, ...] = ()
@@ -119,7 +119,7 @@ class Readiness:
             "status": "ready" if self.ready else "not_ready",
             "stale": self.stale,
             "map_stale": self.stale,
-            "generation": self.generation,
+            "generation": self.map_generation,
             "leaving": self.leaving,
             "pending": list(self.pending),
             "updating": list(self.updating),

@@ -155,11 +155,11 @@ def answers_locally(held: PartitionStore | None, endpoints: Sequence[Endpoint], 
 @dataclass(frozen=True, slots=True)
 class Forward:
     """A read this node passes on: the other nodes serving the key's partition (in the map's order), the
-    partition, and the generation of the map this node routed it with."""
+    partition, and the map generation of the partition map this node routed it with."""
 
     partition: int
     endpoints: tuple[Endpoint, ...]
-    generation: int
+    map_generation: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,37 +184,30 @@ def read_key(
     it can neither answer nor forward (503: the read was forwarded here already, or no node serves the
     partition). Synchronous: nearly every read is answered here, without a task."""
     m = node.ownership.map
-    key = parse_key_text(record := find_store(m, store_name), key_text)
-    route = m.route(record, key.data)
-    held = node.ownership.local(store_name, route.partition)
+    record = find_store(m, store_name)
+    key = parse_key_text(record, key_text)
+    location = m.locate(record, key)
+    held = node.ownership.local(store_name, location.partition)
     node_id = node.node_id
-    others = [ep for ep in route.serving if ep.node_id != node_id]
+    others = [ep for ep in location.serving if ep.node_id != node_id]
     if held is not None and answers_locally(held, others, forwarded):
         node.metrics.local_answers += 1
-        headers = [
-            _JSON,
-            (_PARTITION, str(route.partition).encode("ascii")),
-            node.node_header,
-            (_VERSION, str(held.version).encode("ascii")),
-            _HOPS_1 if forwarded else _HOPS_0,
-            (_GENERATION, str(m.generation).encode("ascii")),
-        ]
         live = held.live
+        offset = -1
         if live is not None:
             offset = live.offset  # before the value: the value reflects at least this offset
             if min_offset is not None and offset < min_offset:
                 if not waited and node.settings.min_offset_wait_ms > 0:
                     return Behind(live, min_offset)
-                raise _not_up_to_bound(store_name, route.partition, held.version, live, offset, min_offset)
-            headers.append((_OFFSET, str(offset).encode("ascii")))
-            headers.append((_LAG, str(live.lag_records).encode("ascii")))
+                raise _not_up_to_bound(store_name, location.partition, held.version, live, offset, min_offset)
         elif min_offset is not None:
             raise not_live(store_name)
+        headers = _local_headers(node, location.partition, held.version, forwarded, m.generation, live, offset)
         value = held.get(key.data)
         if value is None:
-            return 404, headers, error_json("key_not_found", f"key {key.text!r} is not in store {store_name!r}")
-        return 200, headers, found_body(store_name, key.text, route.partition, held.version, value)
-    return _forward_to(node_id, store_name, route.partition, others, forwarded, m.generation)
+            return 404, headers, error_json("key_not_found", f"key {location.key!r} is not in store {store_name!r}")
+        return 200, headers, found_body(store_name, location.key, location.partition, held.version, value)
+    return _forward_to(node_id, store_name, location.partition, others, forwarded, m.generation)
 
 
 def read_timeline(
@@ -239,10 +232,10 @@ def read_timeline(
     except QueryError as exc:
         raise BadRequest(str(exc)) from None
     key = parse_key_text(record, key_text)
-    route = m.route(record, key.data)
-    held = node.ownership.local(store_name, route.partition)
+    location = m.locate(record, key)
+    held = node.ownership.local(store_name, location.partition)
     node_id = node.node_id
-    others = [ep for ep in route.serving if ep.node_id != node_id]
+    others = [ep for ep in location.serving if ep.node_id != node_id]
     if held is not None and held.timeline is not None and answers_locally(held, others, forwarded):
         node.metrics.local_answers += 1
         secret = node.members.token.encode("ascii")
@@ -267,30 +260,40 @@ def read_timeline(
             if offset < query.min_offset:
                 if not waited and node.settings.min_offset_wait_ms > 0:
                     return Behind(live, query.min_offset)
-                raise _not_up_to_bound(store_name, route.partition, held.version, live, offset, query.min_offset)
+                raise _not_up_to_bound(store_name, location.partition, held.version, live, offset, query.min_offset)
         entries, more = held.entries(key.data, query.low, query.high, query.limit, query.descending, after)
         next_cursor = make_cursor(secret, bound, held.version, entries[-1][:2]) if more else None
         field = "rows" if read == HISTORY else "windows"
         body = timeline_body(
-            store_name, key.text, route.partition, held.version, field, [e[2] for e in entries], next_cursor
+            store_name, key.text, location.partition, held.version, field, [e[2] for e in entries], next_cursor
         )
-        headers = [
-            _JSON,
-            (_PARTITION, str(route.partition).encode("ascii")),
-            node.node_header,
-            (_VERSION, str(held.version).encode("ascii")),
-            _HOPS_1 if forwarded else _HOPS_0,
-            (_GENERATION, str(m.generation).encode("ascii")),
-        ]
-        if held.live is not None:
-            headers.append((_OFFSET, str(offset).encode("ascii")))
-            headers.append((_LAG, str(held.live.lag_records).encode("ascii")))
+        headers = _local_headers(node, location.partition, held.version, forwarded, m.generation, live, offset)
         return 200, headers, body
-    return _forward_to(node_id, store_name, route.partition, others, forwarded, m.generation)
+    return _forward_to(node_id, store_name, location.partition, others, forwarded, m.generation)
+
+
+def _local_headers(
+    node: Node, partition: int, version: int, forwarded: bool, map_generation: int, live: Any, offset: int
+) -> list[tuple[bytes, bytes]]:
+    """The headers of a read answered from this node's copy of `partition` at `version`: X-Keyroute-
+    Partition/Node/Version/Hops/Generation and, for a live partition (`live` set), the `offset` the answer
+    reflects (read before the value) and the partition's lag."""
+    headers = [
+        _JSON,
+        (_PARTITION, str(partition).encode("ascii")),
+        node.node_header,
+        (_VERSION, str(version).encode("ascii")),
+        _HOPS_1 if forwarded else _HOPS_0,
+        (_GENERATION, str(map_generation).encode("ascii")),
+    ]
+    if live is not None:
+        headers.append((_OFFSET, str(offset).encode("ascii")))
+        headers.append((_LAG, str(live.lag_records).encode("ascii")))
+    return headers
 
 
 def _forward_to(
-    node_id: str, store_name: str, partition: int, others: list[Endpoint], forwarded: bool, generation: int
+    node_id: str, store_name: str, partition: int, others: list[Endpoint], forwarded: bool, map_generation: int
 ) -> Forward:
     """The `Forward` of a read this node does not answer itself; 503 when it may not or cannot forward."""
     if forwarded:
@@ -302,7 +305,7 @@ def _forward_to(
         )
     if not others:
         raise PartitionUnavailable(f"no node serves partition {partition} of store {store_name!r}", RETRY_AFTER_S)
-    return Forward(partition, tuple(others), generation)
+    return Forward(partition, tuple(others), map_generation)
 
 
 def _not_up_to_bound(
@@ -337,7 +340,7 @@ async def forward_read(node: Node, raw_path: bytes, forward: Forward, request_id
             failures.append(f"{endpoint.node_id}: {type(exc).__name__}")
             continue
         status = reply.status
-        answer = _relay(node, status, reply.headers, reply.body, forward.generation)
+        answer = _relay(node, status, reply.headers, reply.body, forward.map_generation)
         if status == 503:
             # That node stopped serving it too; another replica still might.
             refused = answer
@@ -382,12 +385,14 @@ def _origin(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def _relay(node: Node, status: int, raw_headers: Sequence[tuple[bytes, bytes]], body: bytes, generation: int) -> Answer:
+def _relay(
+    node: Node, status: int, raw_headers: Sequence[tuple[bytes, bytes]], body: bytes, map_generation: int
+) -> Answer:
     headers = [(name, value) for name, value in passthrough_headers(raw_headers) if name not in _NOT_RELAYED]
     headers.append(_HOPS_1)
     headers.append((_FORWARDED_BY, node.node_id.encode("latin-1")))
     # The map this (forwarding) node routed with, not the one of the node that read the value.
-    headers.append((_GENERATION, str(generation).encode("ascii")))
+    headers.append((_GENERATION, str(map_generation).encode("ascii")))
     return status, headers, body
 
 
@@ -402,7 +407,7 @@ class Batch:
         "node",
         "store",
         "forwarded",
-        "generation",
+        "map_generation",
         "entries",
         "texts",
         "replicas",
@@ -412,12 +417,18 @@ class Batch:
     )
 
     def __init__(
-        self, node: Node, store: str, forwarded: bool, generation: int, size: int, bounds: OffsetBounds | None = None
+        self,
+        node: Node,
+        store: str,
+        forwarded: bool,
+        map_generation: int,
+        size: int,
+        bounds: OffsetBounds | None = None,
     ) -> None:
         self.node = node
         self.store = store
         self.forwarded = forwarded
-        self.generation = generation
+        self.map_generation = map_generation
         self.entries: list[bytes | None] = [None] * size
         self.texts: dict[int, str] = {}
         self.replicas: dict[int, list[Endpoint]] = {}
@@ -501,7 +512,7 @@ class Batch:
             self.node.node_header,
             # 1 also when this node forwarded some keys itself: the router's view of them was stale.
             _HOPS_1 if self.forwarded or self.texts else _HOPS_0,
-            (_GENERATION, str(self.generation).encode("ascii")),
+            (_GENERATION, str(self.map_generation).encode("ascii")),
         ]
         return 200, headers, results_body(entry or b"null" for entry in self.entries)
 
@@ -541,36 +552,36 @@ def read_batch(
             metrics.count(store_name, KIND_BATCH, exc.status)
             entries[i] = encode_entry(error_entry(raw if isinstance(raw, str) else str(raw), exc))
             continue
-        route = m.route(record, key.data)
-        held = node.ownership.local(store_name, route.partition)
-        others = [ep for ep in route.serving if ep.node_id != node_id]
+        location = m.locate(record, key)
+        held = node.ownership.local(store_name, location.partition)
+        others = [ep for ep in location.serving if ep.node_id != node_id]
         if held is not None and answers_locally(held, others, forwarded):
             live = held.live
             offset = None
             if live is not None:
                 offset = live.offset
-                bound = bounds.bound(route.partition) if bounds is not None else None
+                bound = bounds.bound(location.partition) if bounds is not None else None
                 if bound is not None and offset < bound:
-                    waiting = batch.behind.get(route.partition)
+                    waiting = batch.behind.get(location.partition)
                     if waiting is None:
-                        waiting = batch.behind[route.partition] = (bound, [])
+                        waiting = batch.behind[location.partition] = (bound, [])
                     waiting[1].append((i, key))
                     continue
-            elif bounds is not None and bounds.bound(route.partition) is not None:
+            elif bounds is not None and bounds.bound(location.partition) is not None:
                 metrics.count(store_name, KIND_BATCH, NotLive.status)
                 entries[i] = encode_entry(error_entry(key.text, not_live(store_name)))
                 continue
-            entries[i] = _local_entry(node, store_name, held, key, route.partition, offset)
+            entries[i] = _local_entry(node, store_name, held, key, location.partition, offset)
         elif forwarded or not others:
             metrics.count(store_name, KIND_BATCH, PartitionUnavailable.status)
             why = "does not forward a forwarded request" if forwarded else "no node serves it"
-            unavailable = PartitionUnavailable(f"partition {route.partition} of store {store_name!r}: {why}")
+            unavailable = PartitionUnavailable(f"partition {location.partition} of store {store_name!r}: {why}")
             entries[i] = encode_entry(error_entry(key.text, unavailable))
         else:
             batch.texts[i] = key.text
             batch.replicas[i] = others
             if bounds is not None:
-                batch.forwarded_partitions.add(route.partition)
+                batch.forwarded_partitions.add(location.partition)
     if batch.behind and node.settings.min_offset_wait_ms <= 0:
         # Nothing to wait for: the bound is checked once, now.
         for partition, (bound, waiting) in batch.behind.items():

@@ -45,7 +45,7 @@ from urllib.parse import quote, unquote
 import lmdb
 
 from keyroute.core.key_format import KeyFormatError, parse_key
-from keyroute.core.live import OFFSET_KEY, LiveConfig, answer_bytes
+from keyroute.core.live import OFFSET_KEY, LiveConfig, value_bytes
 from keyroute.core.lmdb_layout import KEY_ENCODING, TAG_KEY, db_key
 from keyroute.core.partition_map import StoreRecord
 from keyroute.core.partitioner import partition_for
@@ -316,7 +316,7 @@ class LivePartitionStore(PartitionStore):
     which `close` takes too, so no write ever reaches a closed environment. Reads answer without the merge
     state the values carry."""
 
-    _answer = staticmethod(answer_bytes)
+    _answer = staticmethod(value_bytes)
 
     def __init__(
         self,

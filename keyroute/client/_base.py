@@ -184,13 +184,13 @@ class Batch:
 
 
 class _DirectMap:
-    """The partition map as a direct-routing client uses it: its generation and a locator per store, from
-    a router's `GET /admin/partition-map`."""
+    """The partition map as a direct-routing client uses it: its map generation and a locator per store,
+    from a router's `GET /admin/partition-map`."""
 
-    __slots__ = ("generation", "stores")
+    __slots__ = ("map_generation", "stores")
 
     def __init__(self, doc: Mapping[str, Any]) -> None:
-        self.generation = int(doc["generation"])
+        self.map_generation = int(doc["generation"])
         self.stores = {name: StoreLocator.of_description(name, store) for name, store in doc["stores"].items()}
 
     def locate(self, store: str, key: Any) -> KeyLocation | None:
@@ -238,7 +238,7 @@ class ClientBase:
         self._down: dict[str, float] = {}
         self.map_reload_min_s = _MAP_RELOAD_MIN_S  # a burst of stale answers re-reads the map once
         # What direct routing did: reads answered by a node directly, reads that went through the router,
-        # map reads, answers that said the map was behind (forwarded, or a newer generation), failovers.
+        # map reads, answers that said the map was behind (forwarded, or a newer map generation), failovers.
         self.stats = {"direct": 0, "via_router": 0, "map_loads": 0, "misroutes": 0, "failovers": 0}
 
     def _http_options(self, url: str, transport: Any) -> dict[str, Any]:
@@ -341,12 +341,12 @@ class ClientBase:
         """A node's answer: forwarded (our map sent us to a node that does not serve the key) or routed with
         a newer map than ours means the map is behind: read it again (as Redis Cluster's MOVED)."""
         direct_map = self._map
-        generation = answer.headers.get("x-keyroute-generation")
+        map_generation = answer.headers.get("x-keyroute-generation")
         newer = (
             direct_map is not None
-            and generation is not None
-            and generation.isdigit()
-            and (int(generation) > direct_map.generation)
+            and map_generation is not None
+            and map_generation.isdigit()
+            and (int(map_generation) > direct_map.map_generation)
         )
         if answer.headers.get("x-keyroute-hops") == "1" or newer:
             self.stats["misroutes"] += 1

@@ -280,9 +280,9 @@ class Merge:
         )
         return head[:-1] + b',"value":' + value + b"}" + state
 
-    def initial_state(self, answer: Mapping[str, Any], order: Any = None) -> bytes:
+    def initial_state(self, value: Mapping[str, Any], order: Any = None) -> bytes:
         """The stored bytes of a batch-built value (the pipeline's side of a hybrid version)."""
-        return encode_stored(answer, [order] if self.mode == "latest" else None)
+        return encode_stored(value, [order] if self.mode == "latest" else None)
 
     def _latest(self, stored: bytes | None, row: Mapping[str, Any]) -> bytes | None:
         order_by = self.order_by
@@ -466,10 +466,10 @@ def _shown_time(value: int, time_type: str) -> Any:
 # --- stored bytes -----------------------------------------------------------------------------------------
 
 
-def encode_stored(answer: Mapping[str, Any], state: Sequence[Any] | None) -> bytes:
-    """Compact JSON of the answer, then (when the fold keeps one) NUL and the merge state. Values read by
+def encode_stored(value: Mapping[str, Any], state: Sequence[Any] | None) -> bytes:
+    """Compact JSON of the value, then (when the fold keeps one) NUL and the merge state. Values read by
     `_loads` are finite; only a sum can overflow to infinity, and `_aggregate` refuses that record."""
-    body = _dumps(answer)
+    body = _dumps(value)
     if state is None:
         return body
     return body + STATE_SEPARATOR + _dumps(list(state))
@@ -480,11 +480,6 @@ def value_bytes(stored: bytes) -> bytes:
     the answer): everything before the merge state (all of a batch value)."""
     cut = stored.find(STATE_SEPARATOR)
     return stored if cut < 0 else stored[:cut]
-
-
-# The name `value_bytes` had before the glossary set "answer" apart: kept for the importers that still use
-# it (keyroute.state_node.store and tests) until they switch.
-answer_bytes = value_bytes
 
 
 def decode_state(stored: bytes) -> list[Any] | None:

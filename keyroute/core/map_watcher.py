@@ -9,13 +9,13 @@ States of the ZooKeeper connection and what the watcher does in each:
 Between reconnects every record has a watch of its own (each listing too), and an event re-reads only what
 it names: a node's serving record changing costs one read, one parse and the routes of that node's
 partitions (keyroute.core.partition_map.MapBuilder), not the cluster. The assignment is read through its
-root: only the store records whose generation it changed are read again. Records whose bytes did not
+root: only the placement records whose assignment generation it changed are read again. Records whose bytes did not
 change are not parsed again.
 
 A node's watcher (`node_id` given) reads its own share of the assignment (/assigned/{node_id}) instead of
-every store record, once the root says the controller writes those records: its map's assignment then
+every placement record, once the root says the controller writes those records: its map's assignment then
 holds that node's partitions only, plus the whole replica lists of the stores it is asked to `follow()`
-(a node handing partitions over must see who else is assigned them). A router reads every store record.
+(a node handing partitions over must see who else is assigned them). A router reads every placement record.
 
 Watch callbacks run on kazoo's threads and must not block: they only note the path and wake the worker.
 One worker thread does the reading and hands each new immutable map to `on_map` (the caller moves it onto
@@ -96,7 +96,7 @@ class MapWatcher:
         self.reads = 0  # maps read from ZooKeeper (for tests and benchmarks)
         self.full_reads = 0  # of which whole re-reads
         self.bytes_read = 0  # bytes of every record read (for tests and benchmarks)
-        self.store_assignments_read = 0  # store records of the assignment read (/placement/{store})
+        self.placement_records_read = 0  # placement records read (/placement/{store})
         # The worker's own state: the records as last read, and the bytes they were parsed from.
         self._builder = MapBuilder()
         self._names: dict[str, set[str]] = {parent: set() for parent in _PARENTS}
@@ -115,7 +115,7 @@ class MapWatcher:
         # Stores whose whole assignment a node asked for (`follow`), and the ones its current map holds.
         self._follow: frozenset[str] = frozenset()
         self._followed: frozenset[str] | None = None
-        self._generation = 0
+        self._map_generation = 0
         self._thread = threading.Thread(target=self._run, name="keyroute-map-watcher", daemon=True)
         self._current = PartitionMap.empty().marked_stale(True)
         self._listener = self._on_state
@@ -265,7 +265,7 @@ class MapWatcher:
             # is still right, so route on it and say what is missing.
             log.warning("ZooKeeper denies reading %s to this identity; ignoring it", path)
             return None
-        self._generation = max(self._generation, stat.mzxid, stat.pzxid)
+        self._map_generation = max(self._map_generation, stat.mzxid, stat.pzxid)
         if isinstance(value, bytes):
             self.bytes_read += len(value)
         return value, stat
@@ -294,7 +294,7 @@ class MapWatcher:
             self._names[parent] = names[parent]
         for path, pending in reads.items():
             self._take(path, self._settle(path, pending, record=True))
-        return self._builder.build(self._generation)
+        return self._builder.build(self._map_generation)
 
     def _read_events(self, events: set[tuple[str, str]]) -> PartitionMap:
         zk = self._client
@@ -323,7 +323,7 @@ class MapWatcher:
             self._finish_placement(placement)
         for path, pending in reads.items():
             self._take(path, self._settle(path, pending, record=True))
-        return self._builder.build(self._generation)
+        return self._builder.build(self._map_generation)
 
     def _forget(self, parent: str, name: str) -> None:
         self._raw.pop(f"{parent}/{name}", None)
@@ -376,9 +376,10 @@ class MapWatcher:
         return root, mine
 
     def _finish_placement(self, pending: tuple[Any, Any]) -> None:
-        """Read the store records the root names at a generation not held yet (without a watch: the root's
-        fires for every new assignment), or the legacy single record when there is no root yet. A node
-        whose controller writes share records reads only the stores it follows, and takes its own share."""
+        """Read the placement records the root names at an assignment generation not held yet (without a
+        watch: the root's fires for every new assignment), or the legacy single record when there is no root
+        yet. A node whose controller writes share records reads only the stores it follows, and takes its
+        own share."""
         zk = self._client
         root_read, own_read = pending
         settled = self._settle(zk_layout.PLACEMENT, root_read)
@@ -408,7 +409,7 @@ class MapWatcher:
             return
         if own_only:
             # The controller writes a node's share record ahead of the root it belongs to: one of a later
-            # generation than the root waits for it (the share before it stays in use). No record: no share
+            # assignment generation than the root waits for it (the share before it stays in use). No record: no share
             # (a record is deleted only once a root without the node's share is written).
             record = self._own_record
             if record is None:
@@ -419,7 +420,7 @@ class MapWatcher:
         parts = self._placement_parts
         missing = [store for store in whole if parts.get(store, (None,))[0] != root.stores[store]]
         reads = {store: zk.get_async(zk_layout.placement_path(store)) for store in missing}
-        self.store_assignments_read += len(reads)
+        self.placement_records_read += len(reads)
         fresh: dict[str, tuple[int, tuple[tuple[str, ...], ...]]] = {}
         for store, read in reads.items():
             settled_part = self._settle(zk_layout.placement_path(store), read, record=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from keyroute.core.key_format import Key, KeyFormat, key_from_data
+from keyroute.core.key_format import Key, KeyFormat
 from keyroute.core.key_location import Endpoint, KeyLocation, key_location
 from keyroute.core.partitioner import Partitioner, key_hash, partition_of_hash
 from keyroute.core.timeline import Timeline
@@ -179,6 +179,8 @@ class Assignment:
     """Desired placement, written by the controller: replicas per partition per store.
 
     `stores[store][p]` lists the node ids that should serve partition p, preferred replica first.
+    `generation` is the assignment generation: the controller raises it by one on every write (it is not
+    the map generation).
     """
 
     generation: int
@@ -267,9 +269,10 @@ class ServingRecord:
 class PartitionMap:
     """One consistent snapshot of the cluster, built from ZooKeeper records.
 
-    `generation` is the highest ZooKeeper modification id among the records read, so two maps can be
-    ordered across processes. `routes[store][p]` is precomputed: the endpoints serving partition p of
-    the version chosen by `_routable`, so the hot path is two index lookups.
+    `generation` is the map generation: the highest ZooKeeper modification id among the records read, so
+    two maps can be ordered across processes (answers carry it in X-Keyroute-Generation); the assignment
+    has its own, `assignment.generation`. `routes[store][p]` is precomputed: the endpoints serving
+    partition p of the version chosen by `_routable`, so the hot path is two index lookups.
     """
 
     stores: Mapping[str, StoreRecord]
@@ -332,20 +335,11 @@ class PartitionMap:
 
     def locate(self, store: StoreRecord, key: Key) -> KeyLocation:
         """Where `key` (parsed in the store's key format) of `store` lives in this map."""
-        return self._located(store, key.text, key.data)
-
-    def route(self, store: StoreRecord, key_data: bytes) -> KeyLocation:
-        """`locate` of a key given by its serialized bytes (kept for callers that hold only those)."""
-        if store.key_format is KeyFormat.STRING:  # the common case, without building a Key
-            return self._located(store, key_data.decode("utf-8"), key_data)
-        return self.locate(store, key_from_data(store.key_format, key_data))
-
-    def _located(self, store: StoreRecord, text: str, data: bytes) -> KeyLocation:
-        hash_value = key_hash(store.partitioner, data)
+        hash_value = key_hash(store.partitioner, key.data)
         partition = partition_of_hash(store.partitioner, hash_value, store.partitions)
         return key_location(
             store.name,
-            text,
+            key.text,
             partition,
             hash_value,
             self.assignment.replicas(store.name, partition),
@@ -610,7 +604,8 @@ class MapBuilder:
                     self._touch(name, p)
 
     def build(self, generation: int = 0, built_at: float | None = None) -> PartitionMap:
-        """The map of the records as they are now (derived from the last one built: see MapDelta)."""
+        """The map of the records as they are now, at map generation `generation` (derived from the last
+        one built: see MapDelta)."""
         routes = self._routes
         changed: dict[str, frozenset[int] | None] = {}
         for name, dirty in self._dirty.items():

@@ -22,7 +22,7 @@ Each node's share of the assignment (its partitions in every store, and each sto
 also written to a record of its own by the controller, whose root then says so ("share_records"): a node
 reads its own share record rather than every placement record a new assignment rewrote (at 1,000 nodes and 100
 stores that is a few KB instead of MBs per node and change). A share record is rewritten only when its
-share changes; `g` is the generation of the assignment it was written for. Share records are written ahead
+share changes; `g` is the assignment generation it was written for. Share records are written ahead
 of the root, with the placement records, and a node takes its record only once the root names generation `g`
 or a later one (a record ahead of the root is a write in progress), so a node never acts on a share whose
 root is not written, and never sees a root before its share. A node left without a share gets an empty
@@ -53,8 +53,8 @@ class InProgress(Exception):
 
 
 class Root(NamedTuple):
-    generation: int
-    stores: dict[str, int]  # store -> the generation of its placement record that belongs to this assignment
+    generation: int  # the assignment generation
+    stores: dict[str, int]  # store -> the assignment generation its placement record was written for
     share_records: bool  # the controller writes every node's share to /assigned/{node} too
 
 
@@ -194,15 +194,17 @@ def assemble(root: bytes, records: Mapping[str, bytes | None], only: Collection[
     if one is missing or at another generation, RecordError if one is unreadable)."""
     generation, wanted, _ = parse_root(root)
     stores: dict[str, tuple[tuple[str, ...], ...]] = {}
-    for store, store_generation in wanted.items():
+    for store, record_generation in wanted.items():
         if only is not None and store not in only:
             continue
         raw = records.get(store)
         if raw is None:
             raise InProgress(f"store {store}: no record yet")
         got, replicas = parse_placement_record(raw)
-        if got != store_generation:
-            raise InProgress(f"store {store}: record at generation {got}, the root names {store_generation}")
+        if got != record_generation:
+            raise InProgress(
+                f"store {store}: placement record at assignment generation {got}, the root names {record_generation}"
+            )
         stores[store] = replicas
     return Assignment(generation, stores)
 

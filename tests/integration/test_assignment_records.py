@@ -84,11 +84,11 @@ def test_share_records_follow_the_assignment_and_a_node_reads_only_its_own(zk_se
         wait_for(lambda: all(set(reps) <= {ME} for reps in node.current.assignment.stores["s0"]), message="unfollowed")
 
         # A node joins: it gets a record, the nodes that gave it partitions get theirs rewritten.
-        router_reads, node_reads = router.store_assignments_read, node.store_assignments_read
+        router_reads, node_reads = router.placement_records_read, node.placement_records_read
         join("n5")
         settled("n5 placed", lambda w: "n5" in members(w))
         # The router read every placement record the new assignment rewrote; the node, the root and its share.
-        assert router.store_assignments_read > router_reads and node.store_assignments_read == node_reads
+        assert router.placement_records_read > router_reads and node.placement_records_read == node_reads
 
         # A node goes: its record goes with its share.
         fleet.delete(zk_layout.node_path("n3"))

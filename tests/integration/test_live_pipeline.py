@@ -17,7 +17,7 @@ import lmdb
 import pytest
 from pyspark.sql import SparkSession
 
-from keyroute.core.live import Merge, answer_bytes, decode_state
+from keyroute.core.live import Merge, decode_state, value_bytes
 from keyroute.core.partition_map import StoreRecord
 from keyroute.core.partitioner import Partitioner, partition_for
 from keyroute.core.settings import ZkSettings
@@ -79,7 +79,7 @@ def fold(merge: Merge, stored: bytes | None, rows: Sequence[Row]) -> bytes | Non
 
 
 def decoded(stored: bytes | None) -> tuple[Any, Any]:
-    return (None, None) if stored is None else (json.loads(answer_bytes(stored)), decode_state(stored))
+    return (None, None) if stored is None else (json.loads(value_bytes(stored)), decode_state(stored))
 
 
 def build_spec(tmp_path: Path, name: str, fields: Mapping[str, Any], live: Mapping[str, Any]) -> Path:
@@ -240,7 +240,7 @@ def test_a_hybrid_version_ends_where_its_archive_ends_and_the_fold_continues_exa
                 assert answer.status_code == 200, (key, answer.text)
                 want = expected[key]
                 assert want is not None
-                assert answer.json()["value"] == json.loads(answer_bytes(want)), key
+                assert answer.json()["value"] == json.loads(value_bytes(want)), key
                 assert int(answer.headers["X-Keyroute-Offset"]) == last[p]
     finally:
         node.stop()

@@ -19,10 +19,10 @@ from keyroute.core.live import (
     Merge,
     Reason,
     RecordReader,
-    answer_bytes,
     check_kafka_settings,
     decode_state,
     parse_aggregate,
+    value_bytes,
 )
 from keyroute.core.lmdb_layout import TAG_HASHED, TAG_KEY
 from keyroute.core.partitioner import Partitioner, partition_for
@@ -84,7 +84,7 @@ def test_an_aggregate_folded_one_record_at_a_time_equals_spark_over_all(rows: li
     rows = [{**row, "ts": None if i % 7 == 3 else stamps[i]} for i, row in enumerate(rows)]
     stored = fold(AGGREGATE, rows)
     assert stored is not None
-    assert json.loads(answer_bytes(stored)) == spark_like_aggregate(rows)
+    assert json.loads(value_bytes(stored)) == spark_like_aggregate(rows)
 
 
 @settings(max_examples=100, deadline=None)
@@ -102,10 +102,10 @@ def test_a_fold_split_anywhere_continues_from_its_stored_state(rows: list[dict],
 
 def test_latest_keeps_the_greatest_order_by_and_a_tie_goes_to_the_later_record() -> None:
     stored = fold(LATEST, [{"ts": 5, "route": "A", "x": 1}, {"ts": 3, "route": "B"}])
-    assert answer_bytes(stored or b"") == b'{"ts":5,"route":"A"}'
+    assert value_bytes(stored or b"") == b'{"ts":5,"route":"A"}'
     assert LATEST.apply(stored, {"ts": 4, "route": "C"}) is None  # older: changes nothing
     tie = LATEST.apply(stored, {"ts": 5, "route": "D"})
-    assert tie is not None and answer_bytes(tie) == b'{"ts":5,"route":"D"}'
+    assert tie is not None and value_bytes(tie) == b'{"ts":5,"route":"D"}'
     assert decode_state(tie) == [5]
 
 
@@ -113,7 +113,7 @@ def test_latest_without_columns_keeps_every_field_but_the_key() -> None:
     merge = Merge("latest", "customer", order_by="ts")
     stored = merge.apply(None, {"customer": "c1", "ts": "2026-01-02T00:00:00Z", "seat": "3A"})
     assert stored is not None
-    assert json.loads(answer_bytes(stored)) == {"ts": "2026-01-02T00:00:00Z", "seat": "3A"}
+    assert json.loads(value_bytes(stored)) == {"ts": "2026-01-02T00:00:00Z", "seat": "3A"}
     # ISO timestamps order as text
     assert merge.apply(stored, {"ts": "2026-01-01T23:59:59Z", "seat": "9C"}) is None
 
@@ -136,15 +136,15 @@ def test_rows_that_cannot_be_folded_are_refused_with_a_reason(merge: Merge, row:
     assert caught.value.reason is reason
 
 
-def test_answer_bytes_cut_exactly_at_the_state_and_batch_values_pass_whole() -> None:
+def test_value_bytes_cut_exactly_at_the_state_and_batch_values_pass_whole() -> None:
     stored = AGGREGATE.apply(None, {"price": 7, "qty": 2, "ts": 9})
     assert stored is not None and STATE_SEPARATOR in stored
-    assert json.loads(answer_bytes(stored))["last_price"] == 7
+    assert json.loads(value_bytes(stored))["last_price"] == 7
     batch_value = b'{"a":"\\u0000 is escaped in JSON"}'
-    assert answer_bytes(batch_value) == batch_value
+    assert value_bytes(batch_value) == batch_value
     assert decode_state(batch_value) is None
     # a value holding a NUL character is stored escaped, so it never splits
-    assert json.loads(answer_bytes(LATEST.apply(None, {"ts": 1, "route": "a\0b"}) or b"")) == {"ts": 1, "route": "a\0b"}
+    assert json.loads(value_bytes(LATEST.apply(None, {"ts": 1, "route": "a\0b"}) or b"")) == {"ts": 1, "route": "a\0b"}
 
 
 @pytest.mark.parametrize(
@@ -240,7 +240,7 @@ def test_integers_beyond_64_bits_stay_exact_and_non_finite_numbers_are_refused()
     assert row is not None and row["qty"] == big
     stored = AGGREGATE.apply(None, row)
     stored = AGGREGATE.apply(stored, row)
-    assert stored is not None and json.loads(answer_bytes(stored))["volume"] == 2 * big
+    assert stored is not None and json.loads(value_bytes(stored))["volume"] == 2 * big
     for text in (b'{"ts": 1e999}', b'{"ts": NaN}', b'{"ts": 12345678901234567890e999}'):
         with pytest.raises(BadRecord) as caught:
             reader.read(b"k", text)

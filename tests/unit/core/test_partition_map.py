@@ -16,7 +16,7 @@ from keyroute.core.partition_map import (
     ServingRecord,
     StoreRecord,
 )
-from keyroute.core.partitioner import Partitioner, partition_for
+from keyroute.core.partitioner import Partitioner, murmur2, partition_for
 
 
 def store(name: str = "bookings", partitions: int = 4, version: int = 2) -> StoreRecord:
@@ -72,15 +72,16 @@ def test_an_older_version_is_routed_while_the_published_one_is_not_served_yet() 
     assert [(ep.node_id, ep.version) for ep in pmap.serving_endpoints("bookings", 0)] == [("n1", 2)]
 
 
-def test_route_hashes_key_bytes_over_all_partitions_even_if_unserved() -> None:
+def test_locate_hashes_key_bytes_over_all_partitions_even_if_unserved() -> None:
     s = store(partitions=12)
     serving = {"n1": ServingRecord("n1", "http://n1", {"bookings": {0: 2}})}
     pmap = PartitionMap.build({"bookings": s}, {}, Assignment(1, {}), serving)
     data = b"customer-17"
-    route = pmap.route(s, data)
-    assert route.partition == partition_for(Partitioner.MURMUR2, data, 12)
-    assert route == pmap.locate(s, parse_key(KeyFormat.STRING, "customer-17"))
-    assert route.key == "customer-17" and route.store == "bookings"
+    location = pmap.locate(s, parse_key(KeyFormat.STRING, "customer-17"))
+    assert location.partition == partition_for(Partitioner.MURMUR2, data, 12)
+    assert location.hash == murmur2(data)
+    assert location.key == "customer-17" and location.store == "bookings"
+    assert not location.available and location.assigned == ()
     assert not pmap.complete
 
 

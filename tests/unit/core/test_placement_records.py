@@ -38,7 +38,7 @@ def test_a_reader_never_takes_a_half_written_assignment() -> None:
     b4 = records.placement_record(4, (("n2",),))
     assert records.assemble(root, {"a": a5, "b": b4}) == Assignment(5, {"a": (("n1",),), "b": (("n2",),)})
     # The controller has written b's next record but not yet the root: b is ahead of what the root names.
-    with pytest.raises(records.InProgress, match="store b: record at generation 6"):
+    with pytest.raises(records.InProgress, match="store b: placement record at assignment generation 6"):
         records.assemble(root, {"a": a5, "b": records.placement_record(6, (("n1",),))})
     with pytest.raises(records.InProgress, match="store b: no record yet"):
         records.assemble(root, {"a": a5, "b": None})

@@ -70,7 +70,7 @@ def records(version: int = 1) -> dict[str, StoreRecord]:
 
 def partition_of(store: str, text: str) -> int:
     record = records()[store]
-    return PartitionMap.empty().route(record, parse_key(record.key_format, text).data).partition
+    return PartitionMap.empty().locate(record, parse_key(record.key_format, text)).partition
 
 
 def key_in(store: str, partition: int, prefix: str = "k") -> str:

@@ -118,7 +118,7 @@ def test_a_remote_key_is_forwarded_once_and_the_answer_relayed(client_for: Nodes
     assert r.headers["x-keyroute-node"] == B
     assert r.headers["x-keyroute-hops"] == "1"
     assert r.headers["x-keyroute-forwarded-by"] == ME
-    # The generation of the map the forwarding node routed with (a router compares it with its own).
+    # The map generation of the map the forwarding node routed with (a router compares it with its own).
     assert r.headers["x-keyroute-generation"] == str(GENERATION)
     assert r.headers["x-other"] == "kept"
     assert "keep-alive" not in r.headers and "x-private" not in r.headers

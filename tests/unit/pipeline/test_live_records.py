@@ -8,7 +8,7 @@ import json
 import pytest
 
 from keyroute.core.key_format import KeyFormat
-from keyroute.core.live import LiveConfig, Merge, answer_bytes, decode_state, encode_stored, parse_aggregate
+from keyroute.core.live import LiveConfig, Merge, decode_state, encode_stored, parse_aggregate, value_bytes
 from keyroute.core.partition_map import RecordError, StoreRecord
 from keyroute.core.partitioner import Partitioner
 from keyroute.core.snapshot import FORMAT_1, FORMAT_2, Manifest, SnapshotError, data_file
@@ -128,13 +128,13 @@ def test_a_batch_value_with_its_state_is_the_fold_s_stored_form() -> None:
     state_from_spark = '{"0":null,"1":1718000000123}'
     stored = live_value(b'{"n":4,"last":12.5}', state_from_spark)
     assert stored == encode_stored({"n": 4, "last": 12.5}, [None, 1718000000123])
-    assert answer_bytes(stored) == b'{"n":4,"last":12.5}'
+    assert value_bytes(stored) == b'{"n":4,"last":12.5}'
     assert decode_state(stored) == [None, 1718000000123]
     # A later record continues from the batch part's state: an older ts does not replace `last`.
     merge = LIVE.merge
     after = merge.apply(stored, {"asset": "a", "p": 99.0, "ts": 1718000000000})
     assert after is not None
-    assert json.loads(answer_bytes(after)) == {"n": 5, "last": 12.5}
+    assert json.loads(value_bytes(after)) == {"n": 5, "last": 12.5}
     assert decode_state(after) == [None, 1718000000123]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -463,17 +464,35 @@ def test_startup_waits_for_the_first_map_so_the_first_read_is_answered() -> None
     run(scenario)
 
 
-def test_startup_gives_up_waiting_for_a_map_and_says_it_is_not_ready() -> None:
+def test_startup_gives_up_waiting_for_a_map_and_says_it_is_not_ready(caplog: pytest.LogCaptureFixture) -> None:
     async def scenario() -> None:
+        source = StaticMapSource(None)  # ZooKeeper reachable, no map yet
         app = create_app(
-            SETTINGS, map_source=LateMapSource(None, 0), upstream=FakeCluster().upstream(), first_map_wait_s=0.2
+            SETTINGS, map_source=source, upstream=FakeCluster(*nodes("k1")).upstream(), first_map_wait_s=0.2
         )
+        server = router_server(app, SETTINGS)
         started = time.monotonic()
-        async with app.router.lifespan_context(app):
-            assert 0.2 <= time.monotonic() - started < 5
-            transport = httpx.ASGITransport(app, raise_app_exceptions=False)
-            async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+        with caplog.at_level(logging.WARNING, logger=router_app.__name__):
+            await server.start(port=0)  # listens once the lifespan's startup is over
+        try:
+            # Startup is over without a map, after the wait it was given (not the default's 5 s).
+            assert time.monotonic() - started >= 0.2
+            assert "no partition map within 0.2 s of starting: answering 503 until one arrives" in caplog.text
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}", trust_env=False) as client:
                 assert (await client.get("/readyz")).status_code == 503
+                early = await client.get("/stores/s/keys/k1")
+                assert early.status_code == 503 and early.json()["error"] == "no_partition_map"
+                # The map arrives later: the router takes it and is ready.
+                source.push(build_map(STORES, FULL))
+
+                async def ready() -> bool:
+                    return (await client.get("/readyz")).status_code == 200
+
+                await wait_until(ready, message="ready once the map arrives")
+                first = await client.get("/stores/s/keys/k1")
+                assert first.status_code == 200 and first.json()["value"] == {"v": "k1"}
+        finally:
+            await server.stop(grace_s=5)
 
     run(scenario)
 
