@@ -26,7 +26,7 @@ import json
 from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from typing import Any
-from urllib.parse import unquote_to_bytes
+from urllib.parse import parse_qsl, unquote_to_bytes
 
 HEADER_PARTITION = "x-keyroute-partition"
 HEADER_NODE = "x-keyroute-node"
@@ -247,6 +247,25 @@ def text_integer(text: str, what: str, low: int, high: int, meaning: str = "an i
     if value is None or not low <= value <= high:
         raise BadRequest(f"{what} must be {meaning} from {low} to {high}, got {text[:40]!r}")
     return value
+
+
+def query_params(raw_query: bytes, allowed: tuple[str, ...], error: type[Exception]) -> dict[str, str]:
+    """The parameters of a query string (raw, percent-encoded), each of `allowed` at most once. Raises `error`
+    (the caller's own class: each read names its mistakes in its own terms) for a malformed query string,
+    an unknown parameter or one given twice."""
+    try:
+        text = raw_query.decode("ascii")
+        pairs = parse_qsl(text, keep_blank_values=True, strict_parsing=bool(text), errors="strict")
+    except (UnicodeDecodeError, ValueError):
+        raise error("the query string is malformed") from None
+    given: dict[str, str] = {}
+    for name, value in pairs:
+        if name not in allowed:
+            raise error(f"unknown query parameter {name!r} (expected some of: {', '.join(allowed)})")
+        if name in given:
+            raise error(f"query parameter {name!r} is given twice")
+        given[name] = value
+    return given
 
 
 def parse_min_offset(text: str) -> int:
