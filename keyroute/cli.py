@@ -85,34 +85,27 @@ def _hedge_after_ms(text: str) -> float | None:
         raise argparse.ArgumentTypeError(f"expected 'auto' or a number of milliseconds: {exc}") from None
 
 
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, not {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number from 0 up, not {text!r}")
-    return value
+def _number(
+    convert: Callable[[str], Any], expected: str, fits: Callable[[Any], bool], range_message: str
+) -> Callable[[str], Any]:
+    """An argparse type: `convert(text)` when it spells `expected` and the value `fits`, else a usage error
+    (`range_message` followed by the text)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, not {text!r}") from None
+        if not fits(value):
+            raise argparse.ArgumentTypeError(f"{range_message}, not {text!r}")
+        return value
+
+    return parse
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected at least 1, not {text!r}")
-    return value
-
-
-def _percent(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a percentage, not {text!r}") from None
-    if not 0 <= value <= 100:
-        raise argparse.ArgumentTypeError(f"a percentage is between 0 and 100, not {text!r}")
-    return value
+_non_negative_float = _number(float, "a number", lambda v: 0 <= v < float("inf"), "expected a number from 0 up")
+_positive_int = _number(int, "a whole number", lambda v: v >= 1, "expected at least 1")
+_percent = _number(float, "a percentage", lambda v: 0 <= v <= 100, "a percentage is between 0 and 100")
 
 
 def _zk_identity(text: str) -> ZkIdentity | None:

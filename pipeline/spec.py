@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -328,14 +328,19 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
         if columns is not None and key in columns:
             raise SpecError(name, f"'columns' lists the key column {key!r}; values hold the other columns")
     else:
-        if not aggregations:
-            raise SpecError(name, "mode 'aggregate' needs a non-empty 'aggregations' table (name = \"expression\")")
-        if order_by is not None:
-            raise SpecError(name, "'order_by' only applies to mode 'latest'")
-        if columns is not None:
-            raise SpecError(name, "'columns' only applies to mode 'latest' (aggregate values are the aggregations)")
-        if key in aggregations:
-            raise SpecError(name, f"aggregation {key!r} has the name of the key column")
+        _check_aggregations(
+            name,
+            mode,
+            key,
+            aggregations,
+            (
+                (order_by is not None, "'order_by' only applies to mode 'latest'"),
+                (
+                    columns is not None,
+                    "'columns' only applies to mode 'latest' (aggregate values are the aggregations)",
+                ),
+            ),
+        )
     if live is not None:
         _check_live_store(name, mode, aggregations or {}, snapshot_format)
     _check_offset_column(name, key, source, live, source_partition_column, source_offset_column)
@@ -364,6 +369,25 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
     )
 
 
+def _check_aggregations(
+    name: str,
+    mode: Mode,
+    key: str,
+    aggregations: Mapping[str, str] | None,
+    not_applying: Iterable[tuple[bool, str]],
+) -> None:
+    """The values of an aggregate or windowed store: a non-empty 'aggregations' table, none named like the key
+    column. `not_applying` pairs each field the mode does not take (whether it is given) with what to say when
+    it is, checked in between, in order."""
+    if not aggregations:
+        raise SpecError(name, f"mode {mode.value!r} needs a non-empty 'aggregations' table (name = \"expression\")")
+    for given, message in not_applying:
+        if given:
+            raise SpecError(name, message)
+    if key in aggregations:
+        raise SpecError(name, f"aggregation {key!r} has the name of the key column")
+
+
 def _check_timeline_store(
     name: str,
     mode: Mode,
@@ -389,12 +413,13 @@ def _check_timeline_store(
         if columns is not None and key in columns:
             raise SpecError(name, f"'columns' lists the key column {key!r}; values hold the other columns")
         return
-    if not aggregations:
-        raise SpecError(name, "mode 'windowed' needs a non-empty 'aggregations' table (name = \"expression\")")
-    if columns is not None:
-        raise SpecError(name, "'columns' does not apply to mode 'windowed' (its values are the aggregations)")
-    if key in aggregations:
-        raise SpecError(name, f"aggregation {key!r} has the name of the key column")
+    _check_aggregations(
+        name,
+        mode,
+        key,
+        aggregations,
+        ((columns is not None, "'columns' does not apply to mode 'windowed' (its values are the aggregations)"),),
+    )
     if live is not None:
         for agg_name, expr in aggregations.items():
             try:

@@ -51,38 +51,31 @@ from keyroute.core.metrics import (
 from keyroute.core.partition_map import PartitionMap
 from keyroute.http.admission import Admission
 
-# attribute -> (metric name, help). Counters get `_total` appended by the exposition.
+# attribute -> help. Each is exported as the counter keyroute_router_<attribute> (`_total` appended by the
+# exposition), unless _RENAMED names it otherwise.
 _COUNTERS = {
-    "key_requests": ("keyroute_router_key_requests", "single-key reads received"),
-    "batch_requests": ("keyroute_router_batch_requests", "batch-get requests received"),
-    "batch_keys": ("keyroute_router_batch_keys", "keys received in batch-get requests"),
-    "upstream_requests": ("keyroute_router_upstream_requests", "requests sent to nodes"),
-    "upstream_failures": (
-        "keyroute_router_upstream_failures",
-        "requests to nodes that failed to connect, timed out or broke off",
-    ),
-    "failovers": ("keyroute_router_failovers", "reads retried on another replica"),
-    "misroutes": (
-        "keyroute_router_misroutes",
-        "reads a node had to forward (answered with X-Keyroute-Hops >= 1) because the router's map was stale",
-    ),
-    "map_refreshes": (
-        "keyroute_router_map_refreshes",
-        "immediate map re-reads asked for because a node reported the router's view stale",
-    ),
-    "last_known_routes": (
-        "keyroute_router_last_known_routes",
-        "reads of partitions no node announces, sent to the nodes that served them last",
-    ),
-    "unavailable": ("keyroute_router_unavailable", "keys answered 503 because no serving node answered"),
-    "hedges": ("keyroute_router_hedges", "second requests sent to another replica because the first was slow"),
-    "hedge_wins": ("keyroute_router_hedge_wins", "hedged reads answered first by the second replica"),
-    "budget_exhausted": (
-        "keyroute_router_retry_budget_exhausted",
-        "hedges not sent because the retry budget was spent (failovers after an error always go)",
-    ),
-    "map_updates": ("keyroute_router_map_updates", "partition maps installed"),
+    "key_requests": "single-key reads received",
+    "batch_requests": "batch-get requests received",
+    "batch_keys": "keys received in batch-get requests",
+    "upstream_requests": "requests sent to nodes",
+    "upstream_failures": "requests to nodes that failed to connect, timed out or broke off",
+    "failovers": "reads retried on another replica",
+    "misroutes": "reads a node had to forward (answered with X-Keyroute-Hops >= 1) because the router's map was stale",
+    "map_refreshes": "immediate map re-reads asked for because a node reported the router's view stale",
+    "last_known_routes": "reads of partitions no node announces, sent to the nodes that served them last",
+    "unavailable": "keys answered 503 because no serving node answered",
+    "hedges": "second requests sent to another replica because the first was slow",
+    "hedge_wins": "hedged reads answered first by the second replica",
+    "budget_exhausted": "hedges not sent because the retry budget was spent (failovers after an error always go)",
+    "map_updates": "partition maps installed",
 }
+_RENAMED = {"budget_exhausted": "keyroute_router_retry_budget_exhausted"}
+
+
+def _counter_name(attr: str) -> str:
+    return _RENAMED.get(attr, f"keyroute_router_{attr}")
+
+
 _NOT_COUNTERS = frozenset(
     {
         "map_generation",
@@ -262,12 +255,12 @@ def _families(sums: Sums, facts: Sequence[Facts], workers: Sequence[Mapping[str,
         _request_samples(sums.get("requests", {})),
     )
     counters: dict[str, float] = sums.get("counters", {})
-    for attr, (name, documentation) in _COUNTERS.items():
-        yield counter(name, documentation, counters.get(attr, 0))
+    for attr, documentation in _COUNTERS.items():
+        yield counter(_counter_name(attr), documentation, counters.get(attr, 0))
     yield refusal_counts_family("keyroute_router_refused_requests", sums.get("refused", {}))
     for attr, value in counters.items():
         if attr not in _COUNTERS:
-            yield counter(f"keyroute_router_{attr}", attr.replace("_", " "), value)
+            yield counter(_counter_name(attr), attr.replace("_", " "), value)
     latency: dict[str, Histogram] = {}
     for node, h in sums.get("upstream_latency", {}).items():
         histogram = Histogram.of(LATENCY_BUCKETS_S, h.get("counts", []), h.get("sum", 0.0))

@@ -77,6 +77,42 @@ _TIME_BOUND = (
     "ISO 8601 for a store ordered by a timestamp (UTC unless the text says otherwise, e.g. "
     "2024-06-11T10:00:00Z) or a date (2024-06-11); a decimal integer for one ordered by an integer column"
 )
+_LIMIT = {"type": "integer", "minimum": 1, "maximum": 10000, "default": 100}
+
+
+def _query(
+    name: str, description: str | None = None, schema: dict[str, Any] | None = None, required: bool = False
+) -> dict[str, Any]:
+    """A query parameter (a string unless `schema` says otherwise)."""
+    parameter: dict[str, Any] = {
+        "name": name,
+        "in": "query",
+        "required": required,
+        "schema": {"type": "string"} if schema is None else schema,
+    }
+    if description is not None:
+        parameter["description"] = description
+    return parameter
+
+
+def _array_of_objects(required: list[str], properties: dict[str, Any]) -> dict[str, Any]:
+    """An array of objects with `properties`, the `required` ones in each."""
+    return {"type": "array", "items": {"type": "object", "required": required, "properties": properties}}
+
+
+def _key_answer(name: str, schema: dict[str, Any], next_description: str | None = None) -> dict[str, Any]:
+    """The answer to a read of one key: the store, key, partition and version it was read at, and `name`
+    (then `next`, the cursor of the next page, when the read is paged)."""
+    properties: dict[str, Any] = {
+        "store": {"type": "string"},
+        "key": {"type": "string"},
+        "partition": {"type": "integer", "minimum": 0},
+        "version": {"type": "integer", "minimum": 1},
+        name: schema,
+    }
+    if next_description is not None:
+        properties["next"] = {"type": "string", "description": next_description}
+    return {"type": "object", "required": ["store", "key", "partition", "version", name], "properties": properties}
 
 
 def _timeline_read(operation: str, summary: str, schema: str, what: str, kind: str) -> dict[str, Any]:
@@ -88,20 +124,16 @@ def _timeline_read(operation: str, summary: str, schema: str, what: str, kind: s
             "parameters": [
                 _STORE,
                 _KEY,
-                {"name": "from", "in": "query", "required": False, "schema": {"type": "string"},
-                 "description": f"{what} from this time on (inclusive). {_TIME_BOUND}"},
-                {"name": "to", "in": "query", "required": False, "schema": {"type": "string"},
-                 "description": f"{what} before this time (exclusive); same form as `from`"},
-                {"name": "limit", "in": "query", "required": False,
-                 "schema": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 100},
-                 "description": "at most this many; `next` then continues the read"},
-                {"name": "order", "in": "query", "required": False,
-                 "schema": {"type": "string", "enum": ["asc", "desc"], "default": "asc"},
-                 "description": "oldest first (asc) or newest first (desc)"},
-                {"name": "cursor", "in": "query", "required": False, "schema": {"type": "string"},
-                 "description": "the `next` of the previous page, with the same store, key, from, to and order"},
-                {"name": "min_offset", "in": "query", "required": False, "schema": _OFFSET,
-                 "description": "live stores only: as for getKey (read your own write)"},
+                _query("from", f"{what} from this time on (inclusive). {_TIME_BOUND}"),
+                _query("to", f"{what} before this time (exclusive); same form as `from`"),
+                _query("limit", "at most this many; `next` then continues the read", _LIMIT),
+                _query(
+                    "order",
+                    "oldest first (asc) or newest first (desc)",
+                    {"type": "string", "enum": ["asc", "desc"], "default": "asc"},
+                ),
+                _query("cursor", "the `next` of the previous page, with the same store, key, from, to and order"),
+                _query("min_offset", "live stores only: as for getKey (read your own write)", _OFFSET),
             ],
             "responses": {
                 "200": _json(schema, f"the key's {what}, in time order (none: an empty list)", _READ_HEADERS),
@@ -158,16 +190,12 @@ OPENAPI: dict[str, Any] = {
                 "parameters": [
                     _STORE,
                     _KEY,
-                    {
-                        "name": "min_offset",
-                        "in": "query",
-                        "required": False,
-                        "schema": _OFFSET,
-                        "description": (
-                            "live stores only: answer from a state that has applied at least this topic offset "
-                            "of the key's partition (read-your-writes after a produce), else 503 not_up_to_bound"
-                        ),
-                    },
+                    _query(
+                        "min_offset",
+                        "live stores only: answer from a state that has applied at least this topic offset of the "
+                        "key's partition (read-your-writes after a produce), else 503 not_up_to_bound",
+                        _OFFSET,
+                    ),
                 ],
                 "responses": {
                     "200": _json("Found", "the key's value", _READ_HEADERS),
@@ -206,41 +234,11 @@ OPENAPI: dict[str, Any] = {
                 "summary": "The keys of a range, in the store's key order, with their values (routers only)",
                 "parameters": [
                     _STORE,
-                    {
-                        "name": "from_key",
-                        "in": "query",
-                        "required": False,
-                        "schema": {"type": "string"},
-                        "description": "the first key of the range (inclusive), in the key's text form",
-                    },
-                    {
-                        "name": "to_key",
-                        "in": "query",
-                        "required": False,
-                        "schema": {"type": "string"},
-                        "description": "the end of the range (exclusive)",
-                    },
-                    {
-                        "name": "prefix",
-                        "in": "query",
-                        "required": False,
-                        "schema": {"type": "string"},
-                        "description": "string keys: the keys starting with this text (instead of from_key/to_key)",
-                    },
-                    {
-                        "name": "limit",
-                        "in": "query",
-                        "required": False,
-                        "schema": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 100},
-                        "description": "at most this many keys; `next` then continues the read",
-                    },
-                    {
-                        "name": "cursor",
-                        "in": "query",
-                        "required": False,
-                        "schema": {"type": "string"},
-                        "description": "the `next` of the previous page, with the same store and bounds",
-                    },
+                    _query("from_key", "the first key of the range (inclusive), in the key's text form"),
+                    _query("to_key", "the end of the range (exclusive)"),
+                    _query("prefix", "string keys: the keys starting with this text (instead of from_key/to_key)"),
+                    _query("limit", "at most this many keys; `next` then continues the read", _LIMIT),
+                    _query("cursor", "the `next` of the previous page, with the same store and bounds"),
                 ],
                 "responses": {
                     "200": _json("Range", "the keys in order: bytes of the serialized key; integers numerically"),
@@ -307,8 +305,7 @@ OPENAPI: dict[str, Any] = {
                 "summary": "The partition map as a page for people (self-contained HTML, updating itself)",
                 "security": [{"adminToken": []}, {}],
                 "parameters": [
-                    {"name": "token", "in": "query", "required": False, "schema": {"type": "string"},
-                     "description": "the admin token, for a browser that cannot send the Authorization header"},
+                    _query("token", "the admin token, for a browser that cannot send the Authorization header"),
                 ],
                 "responses": {
                     "200": {"description": "the page", "content": {"text/html": {"schema": {"type": "string"}}}},
@@ -325,8 +322,8 @@ OPENAPI: dict[str, Any] = {
                 "summary": "Hash, partition, assigned and serving nodes for one key",
                 "security": [{"adminToken": []}, {}],
                 "parameters": [
-                    {"name": "store", "in": "query", "required": True, "schema": {"type": "string"}},
-                    {"name": "key", "in": "query", "required": True, "schema": {"type": "string"}},
+                    _query("store", required=True),
+                    _query("key", required=True),
                 ],
                 "responses": {
                     "200": _json("Route", "where the key goes"),
@@ -421,73 +418,41 @@ OPENAPI: dict[str, Any] = {
                     "message": {"type": "string", "description": "for humans"},
                 },
             },
-            "Found": {
-                "type": "object",
-                "required": ["store", "key", "partition", "version", "value"],
-                "properties": {
-                    "store": {"type": "string"},
-                    "key": {"type": "string"},
-                    "partition": {"type": "integer", "minimum": 0},
-                    "version": {"type": "integer", "minimum": 1},
-                    "value": {"type": "object", "description": "the store's value columns for the key"},
+            "Found": _key_answer("value", {"type": "object", "description": "the store's value columns for the key"}),
+            "History": _key_answer(
+                "rows",
+                {
+                    "type": "array",
+                    "items": {"type": "object"},
+                    "description": "the key's rows (value columns and the order_by column), in time order",
                 },
-            },
-            "History": {
-                "type": "object",
-                "required": ["store", "key", "partition", "version", "rows"],
-                "properties": {
-                    "store": {"type": "string"},
-                    "key": {"type": "string"},
-                    "partition": {"type": "integer", "minimum": 0},
-                    "version": {"type": "integer", "minimum": 1},
-                    "rows": {
-                        "type": "array",
-                        "items": {"type": "object"},
-                        "description": "the key's rows (value columns and the order_by column), in time order",
+                "present when more rows follow: the next page's cursor",
+            ),
+            "Windows": _key_answer(
+                "windows",
+                _array_of_objects(
+                    ["start", "end", "value"],
+                    {
+                        "start": {"description": "the window's first time (inclusive)"},
+                        "end": {"description": "the window's end (exclusive)"},
+                        "value": {"type": "object", "description": "the aggregations over the window"},
                     },
-                    "next": {"type": "string", "description": "present when more rows follow: the next page's cursor"},
-                },
-            },
-            "Windows": {
-                "type": "object",
-                "required": ["store", "key", "partition", "version", "windows"],
-                "properties": {
-                    "store": {"type": "string"},
-                    "key": {"type": "string"},
-                    "partition": {"type": "integer", "minimum": 0},
-                    "version": {"type": "integer", "minimum": 1},
-                    "windows": {
-                        "type": "array",
-                        "items": {
-                            "type": "object",
-                            "required": ["start", "end", "value"],
-                            "properties": {
-                                "start": {"description": "the window's first time (inclusive)"},
-                                "end": {"description": "the window's end (exclusive)"},
-                                "value": {"type": "object", "description": "the aggregations over the window"},
-                            },
-                        },
-                    },
-                    "next": {"type": "string", "description": "present when more windows follow"},
-                },
-            },
+                ),
+                "present when more windows follow",
+            ),
             "Range": {
                 "type": "object",
                 "required": ["store", "keys"],
                 "properties": {
                     "store": {"type": "string"},
-                    "keys": {
-                        "type": "array",
-                        "items": {
-                            "type": "object",
-                            "required": ["key", "partition", "value"],
-                            "properties": {
-                                "key": {"type": "string"},
-                                "partition": {"type": "integer", "minimum": 0},
-                                "value": {"description": "the key's value (a history or windowed store's latest)"},
-                            },
+                    "keys": _array_of_objects(
+                        ["key", "partition", "value"],
+                        {
+                            "key": {"type": "string"},
+                            "partition": {"type": "integer", "minimum": 0},
+                            "value": {"description": "the key's value (a history or windowed store's latest)"},
                         },
-                    },
+                    ),
                     "next": {"type": "string", "description": "present when more keys follow: the next page's cursor"},
                 },
             },

@@ -29,6 +29,7 @@ from keyroute.core.metrics import (
 from keyroute.core.partition_map import StoreRecord
 from keyroute.http.admission import Admission
 from keyroute.state_node.live import STATES as LIVE_STATES
+from keyroute.state_node.live import LivePartition
 from keyroute.state_node.store import LoadCancelled, PartitionStore
 
 if TYPE_CHECKING:
@@ -37,6 +38,34 @@ if TYPE_CHECKING:
 Loader = Callable[[Path, StoreRecord, int, int, Callable[[], bool]], PartitionStore]
 
 LOAD_OUTCOMES = ("loaded", "failed", "cancelled")
+
+# A live partition's metrics with one sample per (store, partition): (family, name, help, its value).
+_LIVE_PER_PARTITION: tuple[tuple[Callable[..., Metric], str, str, Callable[[LivePartition], float]], ...] = (
+    (
+        labelled_counter,
+        "keyroute_node_live_applied_records",
+        "records of a live store's topic partition folded into the partition held here",
+        lambda live: live.applied,
+    ),
+    (
+        labelled_gauge,
+        "keyroute_node_live_lag_records",
+        "records of the topic partition not applied yet (last known high watermark - next offset)",
+        lambda live: live.lag_records,
+    ),
+    (
+        labelled_gauge,
+        "keyroute_node_live_lag_seconds",
+        "age of the last applied record while the partition is behind (0 when it is not)",
+        lambda live: live.lag_ms / 1000,
+    ),
+    (
+        labelled_gauge,
+        "keyroute_node_live_offset",
+        "last applied offset of the topic partition (-1: none yet)",
+        lambda live: live.offset,
+    ),
+)
 
 
 class NodeMetrics:
@@ -179,35 +208,13 @@ class NodeMetrics:
                 chosen[key] = live
         lives = sorted(chosen.items())
         labels = ["store", "partition"]
-        yield labelled_counter(
-            "keyroute_node_live_applied_records",
-            "records of a live store's topic partition folded into the partition held here",
-            labels,
-            (([s, str(p)], live.applied) for (s, p), live in lives),
-        )
+        for family, name, documentation, value in _LIVE_PER_PARTITION:
+            yield family(name, documentation, labels, (([s, str(p)], value(live)) for (s, p), live in lives))
         yield labelled_counter(
             "keyroute_node_live_skipped_records",
             "records of a live store's topic partition skipped (counted, not applied), by why",
             [*labels, "reason"],
             (([s, str(p), reason], n) for (s, p), live in lives for reason, n in sorted(live.skipped.items())),
-        )
-        yield labelled_gauge(
-            "keyroute_node_live_lag_records",
-            "records of the topic partition not applied yet (last known high watermark - next offset)",
-            labels,
-            (([s, str(p)], live.lag_records) for (s, p), live in lives),
-        )
-        yield labelled_gauge(
-            "keyroute_node_live_lag_seconds",
-            "age of the last applied record while the partition is behind (0 when it is not)",
-            labels,
-            (([s, str(p)], live.lag_ms / 1000) for (s, p), live in lives),
-        )
-        yield labelled_gauge(
-            "keyroute_node_live_offset",
-            "last applied offset of the topic partition (-1: none yet)",
-            labels,
-            (([s, str(p)], live.offset) for (s, p), live in lives),
         )
         yield labelled_gauge(
             "keyroute_node_live_state",

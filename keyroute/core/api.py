@@ -6,15 +6,17 @@
      ├── BadKey                    400 bad_key (does not fit the store's key format)
      ├── KeyTooLong                414 key_too_long (400 for a key inside a batch-get body)
      ├── BadRequest                400 bad_request
- ├── NotLive                   400 not_live (min_offset asked of a store that does not follow a topic)
+     ├── NotLive                   400 not_live (min_offset asked of a store that does not follow a topic)
      ├── NotFound                  404 not_found (no such route)
      ├── PayloadTooLarge           413 too_many_keys
      ├── BodyTooLarge              413 body_too_large
      ├── Unauthorized              401 unauthorized, with WWW-Authenticate: Bearer
      ├── HeadersTooLarge           431 headers_too_large
-     ├── Overloaded                503 overloaded, with Retry-After
-     ├── PartitionUnavailable      503 partition_unavailable, with Retry-After
-     └── NotUpToBound              503 not_up_to_bound, with Retry-After (and X-Keyroute-Offset when known)
+     └── RetryLater                503, with Retry-After
+          ├── Overloaded           503 overloaded
+          ├── PartitionUnavailable 503 partition_unavailable
+          ├── NoPartitionMap       503 no_partition_map (a router that has not read a partition map yet)
+          └── NotUpToBound         503 not_up_to_bound (and X-Keyroute-Offset when known)
 
 Limits shared by routers and nodes (`DEFAULT_MAX_*`) are checked by helpers here, so every path that
 reads a key (the full application or a leaner one in front of it) applies the same rules.
@@ -26,7 +28,7 @@ import json
 from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from typing import Any
-from urllib.parse import unquote_to_bytes
+from urllib.parse import parse_qsl, unquote_to_bytes
 
 HEADER_PARTITION = "x-keyroute-partition"
 HEADER_NODE = "x-keyroute-node"
@@ -143,31 +145,28 @@ class HeadersTooLarge(ApiError):
     code = "headers_too_large"
 
 
-class Overloaded(ApiError):
+class RetryLater(ApiError):
+    """A 503 whose request may succeed later: it says when to ask again (Retry-After, in seconds)."""
+
     status = 503
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message, {"Retry-After": str(retry_after_s)})
+
+
+class Overloaded(RetryLater):
     code = "overloaded"
 
-    def __init__(self, message: str, retry_after_s: int = 1) -> None:
-        super().__init__(message, {"Retry-After": str(retry_after_s)})
 
-
-class PartitionUnavailable(ApiError):
-    status = 503
+class PartitionUnavailable(RetryLater):
     code = "partition_unavailable"
 
-    def __init__(self, message: str, retry_after_s: int = 1) -> None:
-        super().__init__(message, {"Retry-After": str(retry_after_s)})
 
-
-class NoPartitionMap(ApiError):
+class NoPartitionMap(RetryLater):
     """A router that has not yet read a partition map (ZooKeeper unreachable since it started) knows no
     store: it cannot tell "no such store" from "not known yet"."""
 
-    status = 503
     code = "no_partition_map"
-
-    def __init__(self, message: str, retry_after_s: int = 1) -> None:
-        super().__init__(message, {"Retry-After": str(retry_after_s)})
 
 
 class NotLive(ApiError):
@@ -175,18 +174,16 @@ class NotLive(ApiError):
     code = "not_live"
 
 
-class NotUpToBound(ApiError):
+class NotUpToBound(RetryLater):
     """The partition has not applied the asked offset within the wait: another replica may have, or this
     one soon will."""
 
-    status = 503
     code = "not_up_to_bound"
 
     def __init__(self, message: str, retry_after_s: int = 1, offset: int | None = None) -> None:
-        headers = {"Retry-After": str(retry_after_s)}
+        super().__init__(message, retry_after_s)
         if offset is not None:
-            headers[HEADER_OFFSET] = str(offset)
-        super().__init__(message, headers)
+            self.headers[HEADER_OFFSET] = str(offset)
 
 
 # -- integers in requests --------------------------------------------------------------------------------
@@ -247,6 +244,25 @@ def text_integer(text: str, what: str, low: int, high: int, meaning: str = "an i
     if value is None or not low <= value <= high:
         raise BadRequest(f"{what} must be {meaning} from {low} to {high}, got {text[:40]!r}")
     return value
+
+
+def query_params(raw_query: bytes, allowed: tuple[str, ...], error: type[Exception]) -> dict[str, str]:
+    """The parameters of a query string (raw, percent-encoded), each of `allowed` at most once. Raises `error`
+    (the caller's own class: each read names its mistakes in its own terms) for a malformed query string,
+    an unknown parameter or one given twice."""
+    try:
+        text = raw_query.decode("ascii")
+        pairs = parse_qsl(text, keep_blank_values=True, strict_parsing=bool(text), errors="strict")
+    except (UnicodeDecodeError, ValueError):
+        raise error("the query string is malformed") from None
+    given: dict[str, str] = {}
+    for name, value in pairs:
+        if name not in allowed:
+            raise error(f"unknown query parameter {name!r} (expected some of: {', '.join(allowed)})")
+        if name in given:
+            raise error(f"query parameter {name!r} is given twice")
+        given[name] = value
+    return given
 
 
 def parse_min_offset(text: str) -> int:

@@ -16,9 +16,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl
 
-from keyroute.core.api import integer_text
+from keyroute.core.api import integer_text, query_params
 from keyroute.core.key_format import Key, KeyFormat, KeyFormatError, parse_key
 from keyroute.core.timeline import CursorError, seal, unseal
 
@@ -50,22 +49,6 @@ def prefix_end(prefix: bytes) -> bytes | None:
     if not trimmed:
         return None
     return trimmed[:-1] + bytes([trimmed[-1] + 1])
-
-
-def _params(raw_query: bytes, allowed: tuple[str, ...]) -> dict[str, str]:
-    try:
-        text = raw_query.decode("ascii")
-        pairs = parse_qsl(text, keep_blank_values=True, strict_parsing=bool(text), errors="strict")
-    except (UnicodeDecodeError, ValueError):
-        raise RangeQueryError("the query string is malformed") from None
-    given: dict[str, str] = {}
-    for name, value in pairs:
-        if name not in allowed:
-            raise RangeQueryError(f"unknown query parameter {name!r} (expected some of: {', '.join(allowed)})")
-        if name in given:
-            raise RangeQueryError(f"query parameter {name!r} is given twice")
-        given[name] = value
-    return given
 
 
 def _limit(given: dict[str, str]) -> int:
@@ -102,7 +85,7 @@ class RangeQuery:
 
 
 def parse_range_query(raw_query: bytes, key_format: KeyFormat) -> RangeQuery:
-    given = _params(raw_query, _PUBLIC)
+    given = query_params(raw_query, _PUBLIC, RangeQueryError)
     prefix = given.get("prefix")
     low, high = _key(key_format, given, "from_key"), _key(key_format, given, "to_key")
     high_bytes = None if high is None else high.data
@@ -155,7 +138,7 @@ class PartitionRange:
 
 def parse_partition_range(raw_query: bytes, key_format: KeyFormat) -> PartitionRange:
     """A router's request to one partition (bounds as the serialized keys' hex)."""
-    given = _params(raw_query, _PARTITION)
+    given = query_params(raw_query, _PARTITION, RangeQueryError)
 
     def data(name: str) -> bytes | None:
         text = given.get(name)

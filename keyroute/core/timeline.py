@@ -37,7 +37,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from keyroute.core.api import integer_text
+from keyroute.core.api import integer_text, query_params
 
 # The tags and key limit of keyroute.core.lmdb_layout (which imports the snapshot module, which imports this
 # one): a timeline's key parts are tagged as value stores' keys are.
@@ -388,20 +388,7 @@ class TimelineQuery:
 
 def parse_query(read: str, raw_query: bytes, timeline: Timeline) -> TimelineQuery:
     """The query string of a `history` or `windows` read (raw, percent-encoded) on a store with `timeline`."""
-    from urllib.parse import parse_qsl
-
-    try:
-        text = raw_query.decode("ascii")
-        pairs = parse_qsl(text, keep_blank_values=True, strict_parsing=bool(text), errors="strict")
-    except (UnicodeDecodeError, ValueError):
-        raise QueryError("the query string is malformed") from None
-    given: dict[str, str] = {}
-    for name, value in pairs:
-        if name not in _PARAMETERS:
-            raise QueryError(f"unknown query parameter {name!r} (expected some of: {', '.join(_PARAMETERS)})")
-        if name in given:
-            raise QueryError(f"query parameter {name!r} is given twice")
-        given[name] = value
+    given = query_params(raw_query, _PARAMETERS, QueryError)
     low = None if not given.get("from") else _bound(timeline, given["from"], "from")
     high = None if not given.get("to") else _bound(timeline, given["to"], "to")
     if low is not None and high is not None and low > high:

@@ -256,16 +256,30 @@ def _leaders_among_replicas(
         attempt.take_exactly(set(leaders))
         lead_target = {m: int(m in leaders) for m in members}
     else:
-        lead_extras = attempt.hand_out(
-            lead_extra,
-            prefer=[m for m in members if holding[m] > lead_floor],
-            rank={m: leading[m] + n * holding[m] for m in members},
-        )
-        lead_target = {m: lead_floor + (1 if m in lead_extras else 0) for m in members}
+        lead_target = _lead_target(attempt, members, holding, leading, lead_floor, lead_extra)
         leaders = choose_leaders(sets, previous_leaders, lead_target, strict=True)
         if leaders is None:
             return None
     return [_led_by(reps, lead) for reps, lead in zip(sets, leaders, strict=True)], lead_target, attempt
+
+
+def _lead_target(
+    seats: Seats,
+    members: Sequence[str],
+    replicas: Mapping[str, int],
+    leading: Mapping[str, int],
+    lead_floor: int,
+    lead_extra: int,
+) -> dict[str, int]:
+    """Preferred replicas per node: `lead_floor` each, and the `lead_extra` extra ones (their seats taken from
+    `seats`) to nodes with more `replicas` than `lead_floor` first, the previous leaders among them first."""
+    n = len(members)
+    extras = seats.hand_out(
+        lead_extra,
+        prefer=[m for m in members if replicas[m] > lead_floor],
+        rank={m: leading[m] + n * replicas[m] for m in members},
+    )
+    return {m: lead_floor + (1 if m in extras else 0) for m in members}
 
 
 def _replicas_around_leaders(
@@ -287,12 +301,7 @@ def _replicas_around_leaders(
     # A node may lead only as many partitions as it holds replicas: the extra preferred replicas go to nodes
     # with more replicas than the floor of preferred ones first (with one replica per partition, exactly the
     # nodes with the extra replicas), the previous leaders among them first.
-    lead_extras = leader_seats.hand_out(
-        lead_extra,
-        prefer=[m for m in members if target[m] > lead_floor],
-        rank={m: leading[m] + n * target[m] for m in members},
-    )
-    lead_target = {m: lead_floor + (1 if m in lead_extras else 0) for m in members}
+    lead_target = _lead_target(leader_seats, members, target, leading, lead_floor, lead_extra)
     chosen = choose_leaders(kept, previous_leaders, lead_target, strict=False)
     assert chosen is not None
     around = [_led_by(reps, lead) for reps, lead in zip(kept, chosen, strict=True)]
