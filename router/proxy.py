@@ -639,19 +639,19 @@ class Proxy:
             self.metrics.last_known_routes += 1
         return known
 
-    def _refresh_map(self, reported_generation: int | None = None) -> None:
+    def _refresh_map(self, reported_map_generation: int | None = None) -> None:
         """Ask the map source to re-read now. A node that forwarded for us and used a newer map than ours
-        proves our view is behind: re-read at once (once per such generation). Otherwise re-read at most
+        proves our view is behind: re-read at once (once per such map generation). Otherwise re-read at most
         every MIN_REFRESH_INTERVAL_S, so a burst of misroutes costs one read."""
         now = self._clock()
         newer = (
-            reported_generation is not None
-            and reported_generation > self.table.generation
-            and reported_generation > self._refreshed_for
+            reported_map_generation is not None
+            and reported_map_generation > self.table.generation
+            and reported_map_generation > self._refreshed_for
         )
         if newer or now - self._last_refresh >= MIN_REFRESH_INTERVAL_S:
-            if newer and reported_generation is not None:
-                self._refreshed_for = reported_generation
+            if newer and reported_map_generation is not None:
+                self._refreshed_for = reported_map_generation
             self._last_refresh = now
             self.metrics.map_refreshes += 1
             self._on_stale_map()

@@ -1,7 +1,7 @@
 """The data-plane skeleton routers and nodes share: admission, routing, path decoding, error answers and the
 handlers' tasks, written once. A service declares its routes and handlers; everything else is here.
 
-`RoutedDataPlane` is a `keyroute.http.server.DataPlane` for every request under /stores/. For each one:
+`RoutedDataPlane` is a `keyroute.http.exchange.DataPlane` for every request under /stores/. For each one:
 
     1. admission (`keyroute.http.admission.Admission.admit_head`): a refusal is answered at once, and no
        place is taken; an admitted request's place is given back by its exchange's end
@@ -52,7 +52,7 @@ Count = Callable[[str, str, int], None]
 
 
 class Call:
-    """One admitted, routed data-plane request as its handler sees it: `request` (keyroute.http.server's
+    """One admitted, routed data-plane request as its handler sees it: `request` (keyroute.http.exchange's
     Request: method, raw path and query, headers, body, request_id), the `store` it is counted under, and
     one way to answer it (`answer`, `answer_counted`, `fail`): counted, errors mapped to the API's JSON."""
 

@@ -28,7 +28,7 @@ import httptools
 from keyroute.http.upstream import UpstreamResponse, UpstreamUnavailable
 
 DEFAULT_MAX_CONNECTIONS_PER_ORIGIN = 256
-# Shorter than the nodes' keep-alive timeout (5 s, keyroute.http.server's ServerLimits), so we usually let an
+# Shorter than the nodes' keep-alive timeout (5 s, keyroute.http.exchange's ServerLimits), so we usually let an
 # idle connection go before the node does; when the node's close still crosses our next request on the wire,
 # that request is sent once more.
 DEFAULT_IDLE_EXPIRY_S = 4.0
