@@ -94,12 +94,11 @@ def test_the_partition_map_shows_each_replicas_live_report(cluster: SmallCluster
             assert {k: entry[k] for k in report} == report and entry["node"] == "n-test"
             assert entry["reported_age_s"] >= 0
             assert all(e.get("live") == [] for e in store["partition_map"] if e["partition"] != p)
-        # A newer report shows within about a second (the read is cached that long, no longer).
+        # A newer report shows (the read is cached for max_age_s by the reader's clock, and no longer:
+        # tests/unit/core/test_live_status.py proves that with an injected clock).
         record["stores"][STORE][str(p)]["offset"] = 50  # type: ignore[index]
         client.set("/live/n-test", json.dumps(record).encode())
-        started = time.monotonic()
         wait_for(lambda: shown(cluster.router_url, 50), timeout_s=10, message="the newer report")
-        assert time.monotonic() - started < 5
     finally:
         try:
             client.delete("/live/n-test")

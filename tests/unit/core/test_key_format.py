@@ -6,7 +6,6 @@ Expected bytes are literal: Java's Short/Integer/Long serializers write big-endi
 from __future__ import annotations
 
 import struct
-import time
 import uuid
 
 import numpy as np
@@ -14,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from keyroute.core import key_format
 from keyroute.core.key_format import (
     Key,
     KeyFormat,
@@ -199,13 +199,24 @@ def test_out_of_range_message_names_format_and_range() -> None:
     assert str(err.value) == "key '99999' does not fit int16 (range -32768..32767)"
 
 
-def test_huge_int_text_is_rejected_quickly() -> None:
+def test_huge_int_text_is_rejected_before_it_is_converted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A megabyte of digits from a URL never reaches int() (quadratic in the digits): the length decides."""
+    converted: list[int] = []
+
+    def counting_int(value: object, *args: object) -> int:
+        if isinstance(value, str):
+            converted.append(len(value))
+        return int(value, *args)  # type: ignore[call-overload, no-any-return]
+
+    monkeypatch.setattr(key_format, "int", counting_int, raising=False)
     text = "9" * 100_000
-    started = time.perf_counter()
     with pytest.raises(KeyFormatError, match="does not fit int64") as err:
         parse_key(KeyFormat.INT64, text)
-    assert time.perf_counter() - started < 0.5
+    assert converted == []
     assert len(str(err.value)) < 200
+    # The counter sees conversions: a key that fits is converted once.
+    assert parse_key(KeyFormat.INT64, "42").data == (42).to_bytes(8, "big", signed=True)
+    assert converted == [2]
 
 
 def test_leading_zeros_do_not_count_towards_range() -> None:
