@@ -170,8 +170,13 @@ def test_store_adopt_brings_a_wiped_cluster_back_to_the_same_answers(
         {"store": STORE, "action": "published", "version": 1, "retained": [1], "skipped": [lines[0]["skipped"][0]]}
     ]
     assert lines[0]["skipped"][0].startswith("v2: no manifest")
-    found = read_cluster_id(client)
-    assert found is not None and found.id == cluster_id
+    shown = Proc(["cluster", "id", "--zk", zk_settings.connect_string], tmp_path / "cluster-id.log").start()
+    assert shown.popen is not None and shown.popen.wait(timeout=60) == 0, shown.output()
+    printed = [json.loads(line) for line in shown.output().splitlines() if line.startswith("{")]
+    assert [line["cluster_id"] for line in printed] == [cluster_id]  # the old identity, restored
+    replaced = Proc([*adopt, "--new-cluster-id"], tmp_path / "adopt-new-id.log").start()
+    assert replaced.popen is not None and replaced.popen.wait(timeout=60) == 1
+    assert f"already has cluster id {cluster_id}; nothing was changed" in replaced.output()
 
     node = start_node(zk_settings, "n1", data, tmp_path / "restored.log")
     try:
