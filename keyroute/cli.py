@@ -364,6 +364,10 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p.option(roll, "--store", required=True, help="store name")
     p.option(roll, "--version", type=int, required=True, help="a retained version (see `keyroute store list`)")
     p.flag(roll, "--no-verify", help="do not check the version's snapshot manifest from this machine")
+    _adopt_parser(p, store_sub)
+    cluster = sub.add_parser("cluster", help="the cluster's identity in ZooKeeper")
+    cluster_sub = cluster.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
+    _zk_options(p, cluster_sub.add_parser("id", help="print the cluster id of a chroot (JSON)"), writes=False)
 
     demo = sub.add_parser("demo", help="run everything on this machine with generated sample data")
     p.option(demo, "--port", type=int, default=8080, help="router port")
@@ -380,6 +384,56 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         leaf.add_argument("--log-level", default=argparse.SUPPRESS, help="as before the command")
         leaf.add_argument("--log-format", default=argparse.SUPPRESS, choices=FORMATS, help="as before the command")
     return parser
+
+
+def _names(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("expected one or more store names separated by commas")
+    return names
+
+
+def _adopt_parser(p: _Parser, store_sub: Any) -> None:
+    adopt = store_sub.add_parser(
+        "adopt",
+        help="publish again the complete versions an output location holds, into an empty or rebuilt ZooKeeper",
+    )
+    _zk_options(p, adopt, writes=True)
+    p.option(adopt, "--output", required=True, help="the pipeline's --output: a directory or filesystem URI")
+    p.option(
+        adopt,
+        "--store",
+        type=_names,
+        metavar="S[,S...]",
+        help="adopt only these stores (default: every store found under --output)",
+    )
+    p.option(
+        adopt,
+        "--retain",
+        type=_positive_int,
+        default=DEFAULT_RETAIN,
+        help="versions of each store to publish, the newest current and the others retained for a rollback",
+    )
+    p.option(
+        adopt,
+        "--replication-factor",
+        type=_positive_int,
+        default=1,
+        help="replicas per partition of a store that has no record (the spec's value; manifests do not hold it)",
+    )
+    ids = adopt.add_mutually_exclusive_group()
+    p.option(
+        ids,  # type: ignore[arg-type]
+        "--cluster-id",
+        help="when the chroot has no cluster id: restore this one (node.json of the nodes' data directories) so "
+        "that those nodes may rejoin",
+    )
+    p.flag(
+        ids,  # type: ignore[arg-type]
+        "--new-cluster-id",
+        help="when the chroot has no cluster id: create a new one (nodes that joined the old cluster then refuse "
+        "to start)",
+    )
 
 
 def _stdin_keys() -> Iterable[str]:
@@ -489,6 +543,8 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
 
 
 def cmd_store(args: argparse.Namespace) -> int:
+    if args.store_command == "adopt":  # an operator's tool on the serving image: nothing of the pipeline's
+        return cmd_adopt(args)
     from keyroute.core.zk import ZkUnavailableError, close, connect
     from keyroute.pipeline.errors import PipelineError
     from keyroute.pipeline.publish import describe_store, list_stores, rollback
@@ -520,6 +576,76 @@ def cmd_store(args: argparse.Namespace) -> int:
     line = describe_store(record)
     line["previous_version"] = before.version if before is not None else None
     print(json.dumps(line, ensure_ascii=False))
+    return 0
+
+
+def cmd_adopt(args: argparse.Namespace) -> int:
+    from keyroute.core.adopt import AdoptError, adopt
+    from keyroute.core.cluster_identity import ClusterIdError, create_cluster_id, read_cluster_id
+    from keyroute.core.zk import ZkUnavailableError, close, connect
+
+    what = "keyroute store adopt"
+    try:
+        client = connect(_zk(args))
+    except ZkUnavailableError as exc:
+        print(f"{what}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        chroot = _zk(args).chroot or "/"
+        found = read_cluster_id(client)
+        if found is None and args.cluster_id is None and not args.new_cluster_id:
+            print(
+                f"{what}: chroot {chroot} has no cluster id: pass --cluster-id ID (the cluster_id in the nodes' "
+                "node.json) to let those nodes rejoin, or --new-cluster-id for a new cluster",
+                file=sys.stderr,
+            )
+            return 1
+        if found is not None and (args.new_cluster_id or args.cluster_id not in (None, found.id)):
+            print(f"{what}: chroot {chroot} already has cluster id {found.id}; nothing was changed", file=sys.stderr)
+            return 1
+        if found is None:
+            created, _ = create_cluster_id(client, args.cluster_id)
+            print(f"{what}: chroot {chroot} now has cluster id {created.id}", file=sys.stderr)
+        results = adopt(
+            client,
+            args.output,
+            args.store,
+            retain=args.retain,
+            replication_factor=args.replication_factor,
+        )
+    except (AdoptError, ClusterIdError) as exc:
+        print(f"{what}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        close(client)
+    for result in results:
+        for skipped in result.skipped:
+            print(f"{what}: store {result.store!r}: skipped {skipped}", file=sys.stderr)
+        print(json.dumps(result.describe(), ensure_ascii=False))
+    return 1 if any(result.action == "skipped" for result in results) else 0
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    from keyroute.core.cluster_identity import ClusterIdError, read_cluster_id
+    from keyroute.core.zk import ZkUnavailableError, close, connect
+
+    zk_settings = _zk(args)
+    try:
+        client = connect(zk_settings, ensure_layout=False)
+    except ZkUnavailableError as exc:
+        print(f"keyroute cluster id: {exc}", file=sys.stderr)
+        return 1
+    try:
+        found = read_cluster_id(client)
+    except ClusterIdError as exc:
+        print(f"keyroute cluster id: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        close(client)
+    if found is None:
+        print(f"keyroute cluster id: chroot {zk_settings.chroot or '/'} has no cluster id", file=sys.stderr)
+        return 1
+    print(json.dumps({"cluster_id": found.id, "created_at": found.created_at}))
     return 0
 
 
@@ -579,6 +705,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "router": cmd_router,
     "demo": cmd_demo,
     "partition": cmd_partition,
+    "cluster": cmd_cluster,
 }
 
 

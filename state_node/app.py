@@ -36,6 +36,7 @@ from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.lifespan import StartupError
 from keyroute.http.upstream import Upstream
 from keyroute.state_node.controller import Controller
+from keyroute.state_node.data_dir import DataDir, DataDirError
 from keyroute.state_node.metrics import NodeMetrics
 from keyroute.state_node.ownership import Ownership
 from keyroute.state_node.reads import RETRY_AFTER_S, find_store, parse_key_text
@@ -185,9 +186,33 @@ async def _running_node(
 ) -> AsyncIterator[Node]:
     metrics = metrics if metrics is not None else NodeMetrics()
     loop = asyncio.get_running_loop()
+    # The data directory is locked before anything in it is touched, and kept locked until the node ends.
+    try:
+        data_dir = await run_in_threadpool(DataDir.open, settings.data_dir, settings.node_id)
+    except DataDirError as exc:
+        raise StartupError(str(exc)) from exc
+    with contextlib.closing(data_dir):
+        async with _joined_node(settings, data_dir, loop, drop_grace_s, max_parallel_loads, metrics) as node:
+            yield node
+
+
+@contextlib.asynccontextmanager
+async def _joined_node(
+    settings: NodeSettings,
+    data_dir: DataDir,
+    loop: asyncio.AbstractEventLoop,
+    drop_grace_s: float,
+    max_parallel_loads: int,
+    metrics: NodeMetrics,
+) -> AsyncIterator[Node]:
     try:
         client = await run_in_threadpool(zk.connect, settings.zk)
     except zk.ZkUnavailableError as exc:
+        raise StartupError(str(exc)) from exc
+    try:
+        await run_in_threadpool(data_dir.join, client, settings.zk.chroot or "")
+    except DataDirError as exc:
+        await run_in_threadpool(zk.close, client)
         raise StartupError(str(exc)) from exc
     registration = Registration(client, settings.node_id, settings.http.url, settings.zone)
     try:

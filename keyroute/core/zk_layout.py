@@ -12,6 +12,8 @@
 /assignment                persistent  the whole assignment in one record: the layout before /placement,
                                        read only until the first controller writes /placement
 /serving/{node_id}         ephemeral   ServingRecord: partitions a node has loaded, at which version
+/cluster                   persistent  the cluster's identity: a random id and its creation time
+                                       (keyroute.core.cluster_identity), created by the first node to join
 /live/{node_id}            ephemeral   the state of every live partition a node holds (offset, lag, state,
                                        counters; keyroute.core.live_status reads them), throttled
 """
@@ -26,6 +28,7 @@ PLACEMENT = "/placement"
 ASSIGNED = "/assigned"
 SERVING = "/serving"
 LIVE = "/live"
+CLUSTER = "/cluster"
 
 PERSISTENT_ROOTS = (STORES, NODES, CONTROLLER, SERVING, LIVE, PLACEMENT, ASSIGNED)
 

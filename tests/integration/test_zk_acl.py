@@ -236,7 +236,8 @@ def test_a_secured_cluster_routes_for_its_reader_and_refuses_everyone_else(
         assert writer.get(zk_layout.placement_path(STORE))[0] == assignment_before
         assert writer.get(zk_layout.store_path(STORE))[0] == store_before
         assert sorted(writer.get_children(zk_layout.SERVING)) == ["n1", "n2"]
-        assert sorted(writer.get_children("/")) == sorted(p.lstrip("/") for p in zk_layout.PERSISTENT_ROOTS)
+        roots = (*zk_layout.PERSISTENT_ROOTS, zk_layout.CLUSTER)  # the cluster id, written by the first node
+        assert sorted(writer.get_children("/")) == sorted(p.lstrip("/") for p in roots)
         # ...and the router still routes every key right.
         check_reads(2)
 

@@ -1,0 +1,223 @@
+"""`keyroute store adopt`: publish again the versions an output location still holds, into an empty or rebuilt
+ZooKeeper, without running the pipeline.
+
+The pipeline writes each version to `{output}/{store}/v{version:06d}/` and its manifest last
+(`keyroute.core.snapshot`), so a version with a readable manifest naming that store and version, whose data
+files are all there at the sizes the manifest records, is complete; anything else is skipped (and said). Of a
+store's complete versions the newest becomes current and the next newest are retained for a rollback, as the
+pipeline would have left them. A store already published keeps its record unless that record lacks those
+versions: then they are added to what it retains, and the newest becomes current only when it is newer than
+every version the record knows (a record from a backup older than the last build). Nothing here needs Spark.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+from keyroute.core import zk_layout
+from keyroute.core.partition_map import RecordError, StoreRecord
+from keyroute.core.snapshot import (
+    FORMAT_2,
+    ArrowLocation,
+    Manifest,
+    SnapshotError,
+    data_file,
+    existing_versions,
+    is_local,
+    local_path,
+    read_manifest,
+    resolve_location,
+    version_uri,
+)
+
+DEFAULT_RETAIN = 3
+
+
+class AdoptError(RuntimeError):
+    """Adopting was refused before anything was written (one line)."""
+
+
+@dataclass(slots=True)
+class Adopted:
+    """What adopting did to one store: one JSON line of `keyroute store adopt`."""
+
+    store: str
+    action: str  # "published", "extended", "unchanged", "skipped"
+    version: int | None = None
+    retained: list[int] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    reason: str = ""
+
+    def describe(self) -> dict[str, Any]:
+        line: dict[str, Any] = {"store": self.store, "action": self.action, "version": self.version}
+        line["retained"] = self.retained
+        if self.skipped:
+            line["skipped"] = self.skipped
+        if self.reason:
+            line["reason"] = self.reason
+        return line
+
+
+def stores_in(output: str) -> list[str]:
+    """The names of the stores under `output`: folders holding at least one version folder."""
+    if is_local(output):
+        root = local_path(output)
+        if not root.is_dir():
+            raise AdoptError(f"output location {output} is not a directory")
+        names = sorted(entry.name for entry in root.iterdir() if entry.is_dir())
+    else:
+        try:
+            names = [name for name, is_dir in ArrowLocation.from_uri(output).names() if is_dir]
+        except (SnapshotError, OSError) as exc:
+            raise AdoptError(f"output location {output} cannot be listed: {exc}") from None
+    return [name for name in names if existing_versions(output, name)]
+
+
+def verify_version(output: str, store: str, version: int) -> Manifest:
+    """The manifest of a complete version; SnapshotError saying what is wrong otherwise."""
+    location = version_uri(output, store, version)
+    manifest = read_manifest(location)
+    if (manifest.store, manifest.version) != (store, version):
+        raise SnapshotError(f"its manifest names {manifest.store!r} v{manifest.version}")
+    where = resolve_location(location)
+    for p in range(manifest.partitions):
+        names = (data_file(p),) if manifest.format == FORMAT_2 else manifest.files.get(p, ())
+        for name in names:
+            size = _size(where, name)
+            if size is None:
+                raise SnapshotError(f"partition {p}: {name} is missing")
+            if manifest.format == FORMAT_2 and size != manifest.bytes[p]:
+                raise SnapshotError(f"partition {p}: {name} has {size} bytes, the manifest says {manifest.bytes[p]}")
+    return manifest
+
+
+def adopt(
+    client: KazooClient,
+    output: str,
+    stores: Iterable[str] | None = None,
+    *,
+    retain: int = DEFAULT_RETAIN,
+    replication_factor: int = 1,
+    now: float | None = None,
+) -> list[Adopted]:
+    """Publish the complete versions under `output` of `stores` (default: every store found there)."""
+    if retain < 1:
+        raise AdoptError(f"at least 1 version must be retained, got {retain}")
+    names = sorted(stores) if stores is not None else stores_in(output)
+    if not names:
+        raise AdoptError(f"no store versions found under {output} (is it the pipeline's --output?)")
+    when = time.time() if now is None else now
+    return [_adopt_store(client, output, name, retain, replication_factor, when) for name in names]
+
+
+def _adopt_store(
+    client: KazooClient, output: str, store: str, retain: int, replication_factor: int, now: float
+) -> Adopted:
+    result = Adopted(store, "skipped")
+    complete: dict[int, Manifest] = {}
+    for version in existing_versions(output, store):
+        try:
+            complete[version] = verify_version(output, store, version)
+        except (SnapshotError, OSError) as exc:
+            result.skipped.append(f"v{version}: {exc}")
+    if not complete:
+        result.reason = "no complete version under the output location"
+        return result
+    newest = complete[max(complete)]
+    for version in sorted(complete, reverse=True):
+        if _shape(complete[version]) != _shape(newest):
+            result.skipped.append(f"v{version}: its keys are routed differently from v{newest.version}'s")
+            del complete[version]
+    chosen = sorted(complete, reverse=True)[:retain]
+    found = {v: version_uri(output, store, v) for v in chosen}
+    path = zk_layout.store_path(store)
+    try:
+        raw, stat = client.get(path)
+    except NoNodeError:
+        record = _record(store, newest, found, replication_factor, now)
+        try:
+            client.create(path, record.to_json(), makepath=True)
+        except NodeExistsError:
+            result.reason = "its record appeared meanwhile; run adopt again"
+            return result
+        return _done(result, "published", record)
+    try:
+        current = StoreRecord.from_json(raw)
+    except RecordError as exc:
+        result.reason = f"its record in ZooKeeper is unreadable ({exc}); fix or delete it"
+        return result
+    if _shape(newest) != _published_shape(current):
+        result.reason = f"its published record routes keys differently from v{newest.version}; left alone"
+        return result
+    known = set(current.retained_versions)
+    if known >= set(found):
+        return _done(result, "unchanged", current)
+    retained = {**current.retained, current.version: current.snapshot}
+    retained.update({v: uri for v, uri in found.items() if v not in known})
+    if newest.version > max(known):
+        record = _record(store, newest, retained, current.replication_factor, now)
+    else:
+        record = dataclasses.replace(current, retained=retained)
+    try:
+        client.set(path, record.to_json(), version=stat.version)
+    except BadVersionError:
+        result.reason = "its record changed meanwhile; run adopt again"
+        return result
+    return _done(result, "extended", record)
+
+
+def _record(
+    store: str, manifest: Manifest, snapshots: dict[int, str], replication_factor: int, now: float
+) -> StoreRecord:
+    return StoreRecord(
+        name=store,
+        partitions=manifest.partitions,
+        partitioner=manifest.partitioner,
+        key_format=manifest.key_format,
+        version=manifest.version,
+        snapshot=snapshots[manifest.version],
+        value_columns=manifest.value_columns,
+        replication_factor=replication_factor,
+        published_at=now,
+        retained=dict(snapshots),
+        live=manifest.live is not None,
+        timeline=manifest.timeline,
+    )
+
+
+def _done(result: Adopted, action: str, record: StoreRecord) -> Adopted:
+    result.action = action
+    result.version = record.version
+    result.retained = list(record.retained_versions)
+    return result
+
+
+def _shape(manifest: Manifest) -> tuple[Any, ...]:
+    """What must not change between versions of a store: how keys are routed, and its kind."""
+    kind = None if manifest.timeline is None else manifest.timeline.kind
+    return (manifest.partitions, manifest.partitioner, manifest.key_format, kind, manifest.live is not None)
+
+
+def _published_shape(record: StoreRecord) -> tuple[Any, ...]:
+    kind = None if record.timeline is None else record.timeline.kind
+    return (record.partitions, record.partitioner, record.key_format, kind, record.live)
+
+
+def _size(where: Path | ArrowLocation, name: str) -> int | None:
+    if isinstance(where, Path):
+        try:
+            return (where / name).stat().st_size
+        except FileNotFoundError:
+            return None
+    from pyarrow import fs as arrow_fs
+
+    info = where.filesystem.get_file_info(where.child(name))
+    return None if info.type == arrow_fs.FileType.NotFound else int(info.size or 0)
