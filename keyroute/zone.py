@@ -80,16 +80,19 @@ def zone_from_node(
 
     url = f"{api_url.rstrip('/')}/api/v1/nodes/{quote(node_name.strip(), safe='')}"
     try:
-        with httpx.Client(verify=verify, timeout=timeout_s) as client:
+        # trust_env off: the API server is inside the cluster, never behind a proxy a pod's environment names.
+        with httpx.Client(verify=verify, timeout=timeout_s, trust_env=False) as client:
             response = client.get(url, headers={"Authorization": f"Bearer {token}", "Accept": "application/json"})
     except httpx.HTTPError as exc:
-        raise ZoneError(f"GET {url} failed: {type(exc).__name__}: {exc}") from None
+        raise ZoneError(f"GET {url} failed: {type(exc).__name__}: {' '.join(str(exc).split())}") from None
     if response.status_code != 200:
         raise ZoneError(f"GET {url} answered {response.status_code}: {_why(response)}")
     try:
         labels = json.loads(response.content).get("metadata", {}).get("labels") or {}
     except (ValueError, AttributeError):
-        raise ZoneError(f"GET {url} answered 200 with no Node object") from None
+        labels = None
+    if not isinstance(labels, dict):
+        raise ZoneError(f"GET {url} answered 200 with no Node object")
     for label in ZONE_LABELS:
         value = labels.get(label)
         if isinstance(value, str) and value.strip():

@@ -203,3 +203,14 @@ def test_a_node_that_requires_a_zone_refuses_to_start_without_one(
     assert line.startswith("keyroute node: "), line
     if zone_file != "missing":
         assert "--zone (KEYROUTE_ZONE)" in line and "--zone-file (KEYROUTE_ZONE_FILE" in line, line
+
+
+def test_an_answer_that_is_no_node_is_one_line(
+    api: FakeApiServer, account: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api.nodes["worker-1"] = ["not", "labels"]  # type: ignore[assignment]
+    out = tmp_path / "zone"
+    assert zone_from_node(api, account, out) == 1
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.endswith("answered 200 with no Node object"), line
+    assert not out.exists()
