@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import functools
 import json
+import logging
 import os
 import signal
 import sys
@@ -29,8 +30,18 @@ from keyroute.core.settings import (
     ZkIdentity,
     ZkSettings,
 )
+from keyroute.zone import (
+    SERVICE_ACCOUNT_DIR,
+    ZONE_LABELS,
+    ZoneError,
+    in_cluster_api_url,
+    node_zone,
+    write_zone,
+    zone_from_node,
+)
 
 ENV_PREFIX = "KEYROUTE_"
+_log = logging.getLogger("keyroute.cli")
 # The pipeline's default, repeated here so that `keyroute --help` does not import the pipeline.
 DEFAULT_RETAIN = 3
 
@@ -105,6 +116,7 @@ def _number(
 
 _non_negative_float = _number(float, "a number", lambda v: 0 <= v < float("inf"), "expected a number from 0 up")
 _positive_int = _number(int, "a whole number", lambda v: v >= 1, "expected at least 1")
+_positive_float = _number(float, "a number", lambda v: 0 < v < float("inf"), "expected a number above 0")
 _percent = _number(float, "a percentage", lambda v: 0 <= v <= 100, "a percentage is between 0 and 100")
 
 
@@ -282,7 +294,19 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "--zone",
         default="",
         help="failure domain this node runs in (availability zone, rack): a partition's replicas go to different "
-        "zones when there are enough (in Kubernetes: the topology.kubernetes.io/zone label)",
+        "zones when there are enough (in Kubernetes: the Node's topology.kubernetes.io/zone label, see --zone-file)",
+    )
+    p.option(
+        node,
+        "--zone-file",
+        type=Path,
+        help="when --zone is empty, read the zone from this file at start (in Kubernetes: written by the init "
+        "container `keyroute zone-from-node`); an empty file gives no zone",
+    )
+    p.flag(
+        node,
+        "--require-zone",
+        help="refuse to start without a zone (from --zone or --zone-file): replicas would spread over nodes only",
     )
     p.option(node, "--zk-session-timeout-s", type=float, default=10.0, help="ZooKeeper session timeout")
     p.option(
@@ -369,6 +393,29 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     cluster_sub = cluster.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
     _zk_options(p, cluster_sub.add_parser("id", help="print the cluster id of a chroot (JSON)"), writes=False)
 
+    zone = sub.add_parser(
+        "zone-from-node",
+        help="write the zone label of the Kubernetes Node this pod runs on to a file (an init container's job)",
+    )
+    p.option(
+        zone, "--output", type=Path, required=True, help="file to write the zone to (empty when the Node has none)"
+    )
+    p.option(zone, "--node-name", default="", help="the Kubernetes Node's name (downward API: spec.nodeName)")
+    p.option(
+        zone,
+        "--api-url",
+        default=in_cluster_api_url(env),
+        help="the Kubernetes API server (default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)",
+    )
+    p.option(
+        zone,
+        "--service-account-dir",
+        type=Path,
+        default=SERVICE_ACCOUNT_DIR,
+        help="where the pod's service-account token (token) and the cluster's CA (ca.crt) are mounted",
+    )
+    p.option(zone, "--timeout-s", type=_positive_float, default=10.0, help="timeout for the request to the API server")
+
     demo = sub.add_parser("demo", help="run everything on this machine with generated sample data")
     p.option(demo, "--port", type=int, default=8080, help="router port")
     p.option(demo, "--workdir", type=Path, default=Path(".keyroute-demo"), help="where the demo keeps its files")
@@ -380,7 +427,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p.option(part, "--key-format", default="string", help="string | int16 | int32 | int64 | uuid | bytes")
     part.add_argument("keys", nargs="*", metavar="KEY", help="keys; when none are given, one per stdin line")
     # The logging options are taken after the command too (`keyroute node --log-level DEBUG ...`).
-    for leaf in (zk, build, node, router, listing, roll, demo, part):
+    for leaf in (zk, build, node, router, listing, roll, zone, demo, part):
         leaf.add_argument("--log-level", default=argparse.SUPPRESS, help="as before the command")
         leaf.add_argument("--log-format", default=argparse.SUPPRESS, choices=FORMATS, help="as before the command")
     return parser
@@ -646,18 +693,46 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         print(f"keyroute cluster id: chroot {zk_settings.chroot or '/'} has no cluster id", file=sys.stderr)
         return 1
     print(json.dumps({"cluster_id": found.id, "created_at": found.created_at}))
+
+def cmd_zone_from_node(args: argparse.Namespace) -> int:
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # its one INFO line per request says nothing more
+    try:
+        found = zone_from_node(args.node_name, args.api_url, args.service_account_dir, timeout_s=args.timeout_s)
+        write_zone(args.output, found.zone)
+    except ZoneError as exc:
+        print(f"keyroute zone-from-node: {exc}", file=sys.stderr)
+        return 1
+    if found.zone:
+        _log.info("zone %s (label %s of node %s) written to %s", found.zone, found.label, found.node_name, args.output)
+    else:
+        _log.warning(
+            "node %s has no %s label: %s is empty, this keyroute node will have no zone",
+            found.node_name,
+            " or ".join(ZONE_LABELS),
+            args.output,
+        )
     return 0
 
 
 def cmd_node(args: argparse.Namespace) -> int:
     from keyroute.state_node.service import run
 
+    try:
+        zone = node_zone(args.zone, args.zone_file, args.require_zone)
+    except ZoneError as exc:
+        print(f"keyroute node: {exc}", file=sys.stderr)
+        return 1
+    if not zone:
+        _log.warning(
+            "this node has no zone (--zone, --zone-file): the controller spreads its partitions' replicas over "
+            "nodes only, and a zone's outage may take every replica of a partition"
+        )
     settings = NodeSettings(
         node_id=args.node_id,
         data_dir=args.data_dir,
         zk=_zk(args),
         http=HttpSettings(host=args.host, port=args.port, advertise_url=args.advertise_url),
-        zone=args.zone.strip(),
+        zone=zone,
         drain_timeout_s=args.drain_timeout_s,
         version_grace_s=args.version_grace_s,
         forward_timeout_s=args.forward_timeout_s,
@@ -706,6 +781,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "demo": cmd_demo,
     "partition": cmd_partition,
     "cluster": cmd_cluster,
+
+    "zone-from-node": cmd_zone_from_node,
 }
 
 

@@ -141,6 +141,8 @@ class RouterMetrics:
     _exposition: Exposition | None = None
     # With workers: where this worker publishes its snapshots and finds the others' (see the module doc).
     _snapshots: WorkerSnapshots | None = None
+    # (seq of the map they were computed from, zone_facts of it)
+    _zones: tuple[int, dict[str, int]] | None = None
 
     def __post_init__(self) -> None:
         if _process_snapshots is not None:
@@ -219,8 +221,18 @@ class RouterMetrics:
                 name: [len(endpoints) for endpoints in per_partition]
                 for name, per_partition in (m.routes.items() if m is not None else ())
             },
+            **self._zone_facts(m),
         }
         return sums, facts
+
+    def _zone_facts(self, m: PartitionMap | None) -> dict[str, int]:
+        """The zone gauges' inputs, computed once per installed map (`zone_facts`)."""
+        if m is None:
+            return {}
+        cached = self._zones
+        if cached is None or cached[0] != m.seq:
+            cached = self._zones = (m.seq, zone_facts(m))
+        return cached[1]
 
     def families(self) -> Iterable[Metric]:
         snapshots = self._snapshots
@@ -311,8 +323,44 @@ def _families(sums: Sums, facts: Sequence[Facts], workers: Sequence[Mapping[str,
         ["store", "partition"],
         (([name, str(p)], n) for (name, p), n in sorted(fewest.items())),
     )
+    yield gauge(
+        "keyroute_router_partitions_sharing_zone",
+        "partitions (over all stores) of replication factor 2 or more whose assigned replicas are all in one"
+        " zone while the cluster's nodes are in more than one: a zone's outage takes every replica (with"
+        " workers: the most any worker's map shows)",
+        max((f.get("partitions_sharing_zone", 0) for f in facts), default=0),
+    )
+    yield gauge(
+        "keyroute_router_nodes_without_zone",
+        "registered nodes that gave no zone (--zone, --zone-file): the controller cannot spread replicas over"
+        " zones by them (with workers: the most any worker's map shows)",
+        max((f.get("nodes_without_zone", 0) for f in facts), default=0),
+    )
     if workers is not None:
         yield from _worker_families(workers)
+
+
+def zone_facts(m: PartitionMap) -> dict[str, int]:
+    """From a partition map: `partitions_sharing_zone`, the partitions of stores with replication factor >= 2
+    assigned two or more replicas that are all in one zone, counted only while the registered nodes are in
+    more than one zone (replicas on a node without a zone, or on one no longer registered, share no known
+    zone: `nodes_without_zone` counts the first); and `nodes_without_zone`, registered nodes with an empty
+    zone."""
+    zone_of = {node_id: record.zone for node_id, record in m.nodes.items()}
+    without = sum(1 for zone in zone_of.values() if not zone)
+    sharing = 0
+    if len({zone for zone in zone_of.values() if zone}) > 1:
+        for name, per_partition in m.assignment.stores.items():
+            record = m.stores.get(name)
+            if record is None or record.replication_factor < 2:
+                continue
+            for replicas in per_partition:
+                if len(replicas) < 2:
+                    continue
+                zones = {zone_of.get(node_id, "") for node_id in replicas}
+                if len(zones) == 1 and "" not in zones:
+                    sharing += 1
+    return {"partitions_sharing_zone": sharing, "nodes_without_zone": without}
 
 
 def _worker_families(records: Sequence[Mapping[str, Any]]) -> Iterable[Metric]:

@@ -11,6 +11,12 @@ What stands in for Kubernetes, and the only rewrites made to what the manifests 
 - Volume mount paths in env and args become directories here (one per claim, per pod for claim templates).
 - `keyroute` (the image's ENTRYPOINT) runs as `python -m keyroute`; the ZooKeeper container (the official
   image) is stood in for by the embedded ZooKeeper, on the ZooKeeper pod's IP and the container's port.
+- Init containers run to completion before a pod's containers start, as the kubelet runs them. The
+  Kubernetes API they call is a stand-in HTTP server on 127.0.0.1 answering GET /api/v1/nodes/{name} with
+  the made-up Kubernetes Node each pod is scheduled on (`spec.nodeName`) and its zone label; it is given to
+  them as KEYROUTE_API_URL (plain http: no CA to verify). The projected service-account volume is a
+  directory holding a made-up token, which the stand-in checks; mounted where the command looks by default,
+  it is given to them as KEYROUTE_SERVICE_ACCOUNT_DIR.
 The snapshot is written by hand in the keyroute format on the shared claim (no Spark) and published in
 ZooKeeper, as tests/integration/test_node.py does.
 """
@@ -24,6 +30,7 @@ import re
 import socket
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +38,10 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from keyroute.core import zk, zk_layout
 from keyroute.core.key_format import KeyFormat, parse_key
@@ -39,8 +50,10 @@ from keyroute.core.partitioner import Partitioner, partition_for
 from keyroute.core.settings import ZkSettings
 from keyroute.core.snapshot import Manifest, partition_dir, version_dir, write_manifest
 from keyroute.core.zookeeper_server import EmbeddedZooKeeper
+from keyroute.http.server import HttpServer
+from keyroute.zone import SERVICE_ACCOUNT_DIR
 from tests.k8s_render import Obj, find, of_kind, pod_template, render, resolve_argv, resolve_env, selects
-from tests.util import Proc, wait_for
+from tests.util import Proc, serve_in_thread, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -52,11 +65,17 @@ PROBE_PERIOD_CAP_S = 2.0  # the kubelet's periodSeconds, capped so the test does
 HOST_PORT = re.compile(r"([A-Za-z0-9][A-Za-z0-9.-]*):(\d+)")
 
 
+# The stand-in API server's Kubernetes Nodes: pods are scheduled on them in turn.
+KUBERNETES_NODES = {"worker-a": "zone-a", "worker-b": "zone-b"}
+TOKEN = "stand-in-service-account-token"
+
+
 @dataclass
 class Pod:
     name: str
     ip: str
     workload: Obj
+    node_name: str = ""
     volumes: dict[str, Path] = field(default_factory=dict)
     procs: dict[str, Proc] = field(default_factory=dict)
 
@@ -76,9 +95,10 @@ class Pod:
 class LocalCluster:
     """The overlay's Deployments and StatefulSets as local processes; Services and DNS as a lookup table."""
 
-    def __init__(self, objs: list[Obj], tmp: Path) -> None:
+    def __init__(self, objs: list[Obj], tmp: Path, api_url: str = "") -> None:
         self.objs = objs
         self.tmp = tmp
+        self.api_url = api_url  # the stand-in Kubernetes API
         self.namespace = next(o for o in objs if o["kind"] == "Namespace")["metadata"]["name"]
         self.pods: list[Pod] = []
         self._net = f"127.{random.randint(64, 250)}.{random.randint(1, 250)}."
@@ -95,7 +115,8 @@ class LocalCluster:
             names = [f"{name}-5f8d9c7b6-{'abcde'[i]}x{i}" for i in range(count)]
         pods = []
         for pod_name in names:
-            pod = Pod(pod_name, f"{self._net}{len(self.pods) + 2}", workload)
+            node_name = list(KUBERNETES_NODES)[len(self.pods) % len(KUBERNETES_NODES)]
+            pod = Pod(pod_name, f"{self._net}{len(self.pods) + 2}", workload, node_name)
             self._mount(pod)
             self.pods.append(pod)
             pods.append(pod)
@@ -121,6 +142,18 @@ class LocalCluster:
                 folder = self._dir("pods", pod.name, volume["name"])
                 for key, text in find(self.objs, "ConfigMap", volume["configMap"]["name"])["data"].items():
                     (folder / key).write_text(text)
+                pod.volumes[volume["name"]] = folder
+            elif "projected" in volume:
+                # A service-account token and the cluster's CA, as the kubelet projects them.
+                folder = self._dir("pods", pod.name, volume["name"])
+                for source in volume["projected"]["sources"]:
+                    if "serviceAccountToken" in source:
+                        (folder / source["serviceAccountToken"]["path"]).write_text(TOKEN)
+                    elif source.get("configMap", {}).get("name") == "kube-root-ca.crt":
+                        for item in source["configMap"]["items"]:
+                            (folder / item["path"]).write_text("stand-in CA (the stand-in API is plain http)\n")
+                    else:
+                        raise AssertionError(f"{pod.name}: no stand-in for projected source {source}")
                 pod.volumes[volume["name"]] = folder
             else:
                 raise AssertionError(f"{pod.name}: no stand-in for volume {volume}")
@@ -177,7 +210,12 @@ class LocalCluster:
     # --- containers -----------------------------------------------------------------------------------
 
     def container_env(self, pod: Pod, container: Obj) -> dict[str, str]:
-        fields = {"metadata.name": pod.name, "metadata.namespace": self.namespace, "status.podIP": pod.ip}
+        fields = {
+            "metadata.name": pod.name,
+            "metadata.namespace": self.namespace,
+            "status.podIP": pod.ip,
+            "spec.nodeName": pod.node_name,
+        }
         env = resolve_env(container, fields.__getitem__, self.objs)
         return {k: self._localize(pod, container, v) for k, v in env.items()}
 
@@ -191,6 +229,17 @@ class LocalCluster:
         return self.rewrite(value)
 
     def start(self, pod: Pod) -> None:
+        for container in pod.spec.get("initContainers", []):
+            env = {**self.container_env(pod, container), "KEYROUTE_API_URL": self.api_url}
+            for mount in container.get("volumeMounts", []):
+                if mount["mountPath"] == str(SERVICE_ACCOUNT_DIR):  # read there by default, named by no argument
+                    env["KEYROUTE_SERVICE_ACCOUNT_DIR"] = str(pod.volumes[mount["name"]])
+            argv = [self._localize(pod, container, a) for a in resolve_argv(container, env)]
+            assert argv[0] == "keyroute", f"{pod.name}/{container['name']} runs {argv[0]}, not the image's keyroute"
+            log = self.tmp / f"{pod.name}.{container['name']}.log"
+            proc = pod.procs[container["name"]] = Proc(argv[1:], log, env=env).start()
+            assert proc.popen is not None
+            assert proc.popen.wait(timeout=60) == 0, f"init container {pod.name}/{container['name']}: {proc.output()}"
         for container in pod.spec["containers"]:
             env = self.container_env(pod, container)
             argv = [self._localize(pod, container, a) for a in resolve_argv(container, env)]
@@ -248,7 +297,7 @@ class LocalCluster:
 
     def _a_process_exited(self, pod: Pod) -> bool:
         """Lets a wait end early when a container's process has died (the probe assert then shows why)."""
-        return any(not p.alive for p in pod.procs.values())
+        return any(not p.alive for p in self.running(pod).values())
 
     def wait_ready(self, pod: Pod, timeout_s: float = 90.0) -> None:
         """Startup probe first (the kubelet holds the others back until it passes), then readiness."""
@@ -258,12 +307,18 @@ class LocalCluster:
     def alive(self, pod: Pod) -> bool:
         return all(self.probe(pod, c, "livenessProbe") for c in pod.spec["containers"] if "livenessProbe" in c)
 
+    def running(self, pod: Pod) -> dict[str, Proc]:
+        """The processes of the pod's containers (its init containers have exited)."""
+        return {c["name"]: pod.procs[c["name"]] for c in pod.spec["containers"] if c["name"] in pod.procs}
+
     # --- teardown -------------------------------------------------------------------------------------
 
     def stop(self, pods: list[Pod]) -> dict[str, int | None]:
         """What the kubelet does to a deleted pod: one SIGTERM to each container, then SIGKILL if it is
         still running when the termination grace period is over. Returns each container's exit code."""
-        procs = [(pod, name, proc) for pod in pods for name, proc in pod.procs.items() if proc.popen is not None]
+        procs = [
+            (pod, name, proc) for pod in pods for name, proc in self.running(pod).items() if proc.popen is not None
+        ]
         for _, _, proc in procs:
             if proc.alive:
                 proc.popen.terminate()  # type: ignore[union-attr]
@@ -314,17 +369,35 @@ def write_snapshot(root: Path) -> tuple[str, dict[str, int]]:
     return str(snapshot), partition_of
 
 
+@contextmanager
+def kubernetes_api() -> Iterator[str]:
+    """The stand-in API server: GET /api/v1/nodes/{name} for KUBERNETES_NODES, to the projected token only."""
+
+    async def get_node(request: Request) -> JSONResponse:
+        name = request.path_params["name"]
+        if request.headers.get("authorization") != f"Bearer {TOKEN}":
+            return JSONResponse({"kind": "Status", "message": "Unauthorized", "code": 401}, status_code=401)
+        if name not in KUBERNETES_NODES:
+            return JSONResponse({"kind": "Status", "message": f'nodes "{name}" not found'}, status_code=404)
+        labels = {"kubernetes.io/hostname": name, "topology.kubernetes.io/zone": KUBERNETES_NODES[name]}
+        return JSONResponse({"kind": "Node", "metadata": {"name": name, "labels": labels}})
+
+    with serve_in_thread(HttpServer(Starlette(routes=[Route("/api/v1/nodes/{name}", get_node)]))) as port:
+        yield f"http://127.0.0.1:{port}"
+
+
 @pytest.fixture
 def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
     # Pods see only what the manifests give them: nothing KEYROUTE_* leaks in from this process.
     for name in [n for n in os.environ if n.startswith("KEYROUTE_")]:
         monkeypatch.delenv(name)
-    c = LocalCluster(render(OVERLAY), tmp_path)
-    try:
-        yield c
-    finally:
-        c.close()
-        print(c.logs())  # shown only when the test failed
+    with kubernetes_api() as api_url:
+        c = LocalCluster(render(OVERLAY), tmp_path, api_url)
+        try:
+            yield c
+        finally:
+            c.close()
+            print(c.logs())  # shown only when the test failed
 
 
 def test_the_dev_overlay_serves_a_key_through_its_load_balancer(cluster: LocalCluster) -> None:
@@ -388,6 +461,10 @@ def test_the_dev_overlay_serves_a_key_through_its_load_balancer(cluster: LocalCl
         view = cluster.http.get(f"{base}/admin/partition-map").json()
         urls = {n: (v["url"] if isinstance(v, dict) else v) for n, v in view["nodes"].items()}
         assert urls == {p.name: f"http://{p.ip}:{cluster.container_port(p, 'http')}" for p in nodes}
+        # ... in the zone of the Kubernetes Node it runs on, which its init container read from the API.
+        zones = {n: v["zone"] for n, v in view["nodes"].items()}
+        assert zones == {p.name: KUBERNETES_NODES[p.node_name] for p in nodes}
+        assert len(set(zones.values())) == 2
 
         # Reads through the one client address, answered in one hop by a node that serves the partition.
         for key in ["C0000", "C0007", "C0042", "C0059", "東京/1"]:

@@ -38,8 +38,8 @@ ENV_IN_HELP = re.compile(r"\[env (KEYROUTE_[A-Z0-9_]+)\]")
 OTHER_READERS = {
     "PYSPARK_SUBMIT_ARGS": "pyspark, when it launches Spark's JVM (the pipeline's Spark settings)",
 }
-NAMESPACED_EXEMPT = {"Namespace", "PriorityClass"}
-# The node's zone, as the API server copies it onto the pod (Kubernetes 1.34 and later).
+NAMESPACED_EXEMPT = {"Namespace", "PriorityClass", "ClusterRole", "ClusterRoleBinding"}
+# The Kubernetes Node's zone label (the API server copies it onto pods only from Kubernetes 1.35 on).
 ZONE_LABEL = "topology.kubernetes.io/zone"
 ZONE_FIELD = f"metadata.labels['{ZONE_LABEL}']"
 

@@ -120,6 +120,8 @@ def expected_connections(objs: list[Obj], object_storage: bool) -> set[tuple[str
         ("spark-executor", "spark-executor", blocks, "TCP"),
         ("pipeline", "external", 443, "TCP"),  # the Kubernetes API (its Service port)
         ("pipeline", "external", 6443, "TCP"),  # ... and the API server's, after kube-proxy
+        ("node", "external", 443, "TCP"),  # the nodes' init container reads its Node's zone from the API
+        ("node", "external", 6443, "TCP"),
     }
     want |= {(who, "zookeeper", zk["client"], "TCP") for who in ("router", "node", "pipeline")}
     want |= {(who, "kube-dns", 53, proto) for who in ("router", "node", "zookeeper", "pipeline", "spark-executor")
