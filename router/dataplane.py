@@ -32,7 +32,8 @@ class RouterDataPlane(RoutedDataPlane):
     app's own `RequestGuard`."""
 
     def __init__(self, proxy: Proxy, admission: Admission, max_key_bytes: int = 0) -> None:
-        super().__init__(admission, proxy.metrics.count, max_parameter_bytes=max_key_bytes)
+        metrics = proxy.metrics
+        super().__init__(admission, metrics.count, max_parameter_bytes=max_key_bytes, observe=metrics.observe_request)
         self.proxy = proxy
 
     @classmethod

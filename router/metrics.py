@@ -28,6 +28,7 @@ from typing import Any
 from prometheus_client.core import Metric
 
 from keyroute.core.metrics import (
+    CODE_CLASSES,
     LATENCY_BUCKETS_S,
     UNKNOWN_STORE,
     Exposition,
@@ -38,11 +39,13 @@ from keyroute.core.metrics import (
     Sums,
     WorkerSnapshots,
     add_sums,
+    code_class,
     counter,
     gauge,
     histogram_family,
     labelled_counter,
     labelled_gauge,
+    labelled_histogram,
     outcome,
     refusal_counts_family,
     refusals,
@@ -85,6 +88,7 @@ _NOT_COUNTERS = frozenset(
         "stale_since",
         "requests",
         "upstream_latency",
+        "request_duration",
         "admission",
     }
 )
@@ -136,6 +140,8 @@ class RouterMetrics:
     requests: RequestCounts = field(default_factory=RequestCounts)
     # Time to a node's answer, per node id.
     upstream_latency: dict[str, Histogram] = field(default_factory=dict)
+    # Time from admission to the answer of a read, per (store, code_class).
+    request_duration: dict[tuple[str, str], Histogram] = field(default_factory=dict)
     # The admission checks in front of every request: their refusals are exported.
     admission: Admission | None = None
     _exposition: Exposition | None = None
@@ -187,6 +193,19 @@ class RouterMetrics:
         histogram.counts[bisect_left(histogram.bounds, seconds)] += 1
         histogram.sum += seconds
 
+    def observe_request(self, store: str, status: int, seconds: float) -> None:
+        """One read of `store` answered with `status`, `seconds` after its admission (once per request)."""
+        m = self.partition_map
+        if m is None or store not in m.stores:
+            store = UNKNOWN_STORE
+        key = (store, CODE_CLASSES.get(status) or code_class(status))
+        histogram = self.request_duration.get(key)
+        if histogram is None:
+            histogram = self.request_duration[key] = Histogram()
+        # Histogram.observe, inline.
+        histogram.counts[bisect_left(histogram.bounds, seconds)] += 1
+        histogram.sum += seconds
+
     def snapshot(self) -> Snapshot:
         """(sums, facts): this process's counters, and its gauges' inputs, as JSON values.
 
@@ -194,6 +213,7 @@ class RouterMetrics:
         changes is only copied by single C-level operations, then read from the copies."""
         counts = self.requests.counts.copy()
         latency = list(self.upstream_latency.items())
+        durations = list(self.request_duration.items())
         requests: dict[str, dict[str, dict[str, int]]] = {}
         for (store, kind, outcome_label), n in counts.items():
             requests.setdefault(store, {}).setdefault(kind, {})[outcome_label] = n
@@ -209,6 +229,7 @@ class RouterMetrics:
             "requests": requests,
             "refused": refusals(self.admission),
             "upstream_latency": {node: {"counts": list(h.counts), "sum": h.sum} for node, h in latency},
+            "request_duration": _nested_histograms(durations),
         }
         m = self.partition_map
         facts: Facts = {
@@ -217,6 +238,8 @@ class RouterMetrics:
             "map_complete": int(self.map_complete),
             "map_built_at": m.built_at if m is not None else None,
             "stale_since": self.stale_since,
+            # When each store's current version was published (records from before it was recorded: none).
+            "published_at": {name: record.published_at for name, record in (m.stores.items() if m is not None else ())},
             "replicas": {
                 name: [len(endpoints) for endpoints in per_partition]
                 for name, per_partition in (m.routes.items() if m is not None else ())
@@ -284,6 +307,18 @@ def _families(sums: Sums, facts: Sequence[Facts], workers: Sequence[Mapping[str,
         "node",
         latency,
     )
+    durations: list[tuple[list[str], Histogram]] = []
+    for store, per_class in sorted(sums.get("request_duration", {}).items()):
+        for code, h in sorted(per_class.items()):
+            histogram = Histogram.of(LATENCY_BUCKETS_S, h.get("counts", []), h.get("sum", 0.0))
+            if histogram is not None:
+                durations.append(([store, code], histogram))
+    yield labelled_histogram(
+        "keyroute_router_request_duration_seconds",
+        "time from a read's admission to its answer (a batch once), by store and status class (2xx, 4xx, 5xx)",
+        ["store", "code_class"],
+        durations,
+    )
     yield gauge(
         "keyroute_router_map_generation",
         "map generation of the installed partition map (with workers: the lowest any worker has installed)",
@@ -311,6 +346,17 @@ def _families(sums: Sums, facts: Sequence[Facts], workers: Sequence[Mapping[str,
         "seconds the installed map has been stale (ZooKeeper unreachable); 0 while it is fresh (with workers: the"
         " longest)",
         max((max(0.0, now - f["stale_since"]) for f in facts if f.get("stale_since") is not None), default=0.0),
+    )
+    published: dict[str, float] = {}
+    for f in facts:
+        for name, at in f.get("published_at", {}).items():
+            if at:  # 0: a record from before publish times were recorded
+                published[name] = min(at, published.get(name, at))
+    yield labelled_gauge(
+        "keyroute_store_version_age_seconds",
+        "seconds since the store's current version was published (with workers: the oldest any worker routes)",
+        ["store"],
+        (([name], max(0.0, now - at)) for name, at in sorted(published.items())),
     )
     fewest: dict[tuple[str, int], int] = {}
     for f in facts:
@@ -389,6 +435,14 @@ def _worker_families(records: Sequence[Mapping[str, Any]]) -> Iterable[Metric]:
         ["worker"],
         (([worker], g) for worker, g in sorted(generation.items())),
     )
+
+
+def _nested_histograms(items: Iterable[tuple[tuple[str, str], Histogram]]) -> dict[str, dict[str, Any]]:
+    """{store: {code_class: {"counts", "sum"}}}: histograms as snapshot sums (added over workers)."""
+    out: dict[str, dict[str, Any]] = {}
+    for (store, code), h in items:
+        out.setdefault(store, {})[code] = {"counts": list(h.counts), "sum": h.sum}
+    return out
 
 
 def _request_samples(requests: Mapping[str, Any]) -> Iterable[tuple[list[str], float]]:

@@ -53,6 +53,7 @@ class NodeDataPlane(RoutedDataPlane):
             node.metrics.count,
             max_parameter_bytes=settings.limits.max_key_bytes,
             error_headers=(node.node_header,),
+            observe=node.metrics.observe_request,
         )
         self.node = node
         self._max_batch_keys = settings.max_batch_keys

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,14 +16,18 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
 from keyroute.core.metrics import (
+    CODE_CLASSES,
     LOAD_BUCKETS_S,
+    UNKNOWN_STORE,
     Exposition,
     Histogram,
     RequestCounts,
+    code_class,
     counter,
     gauge,
     labelled_counter,
     labelled_gauge,
+    labelled_histogram,
     refusals_family,
     store_label,
 )
@@ -74,6 +79,8 @@ class NodeMetrics:
     def __init__(self) -> None:
         # Reads by (store, kind, outcome); a batch counts each of its keys.
         self.requests = RequestCounts()
+        # Time from admission to the answer of a read, per (store, code_class).
+        self.request_duration: dict[tuple[str, str], Histogram] = {}
         # Keys answered from a partition held here / by another node this one forwarded to.
         self.local_answers = 0
         self.forwarded_answers = 0
@@ -96,6 +103,19 @@ class NodeMetrics:
     def count(self, store: str, kind: str, status: int) -> None:
         ownership = self._ownership
         self.requests.add(store_label(store, ownership.map.stores if ownership is not None else ()), kind, status)
+
+    def observe_request(self, store: str, status: int, seconds: float) -> None:
+        """One read of `store` answered with `status`, `seconds` after its admission (once per request)."""
+        ownership = self._ownership
+        if ownership is None or store not in ownership.map.stores:
+            store = UNKNOWN_STORE
+        key = (store, CODE_CLASSES.get(status) or code_class(status))
+        histogram = self.request_duration.get(key)
+        if histogram is None:
+            histogram = self.request_duration[key] = Histogram()
+        # Histogram.observe, inline.
+        histogram.counts[bisect_left(histogram.bounds, seconds)] += 1
+        histogram.sum += seconds
 
     def timed(self, loader: Loader) -> Loader:
         """`loader`, with the duration of every load recorded by how it ended."""
@@ -122,6 +142,12 @@ class NodeMetrics:
         yield self.requests.family(
             "keyroute_node_requests",
             "reads answered, by store, kind (key: one per GET, batch: one per key of a batch-get) and outcome",
+        )
+        yield labelled_histogram(
+            "keyroute_node_request_duration_seconds",
+            "time from a read's admission to its answer (a batch once), by store and status class (2xx, 4xx, 5xx)",
+            ["store", "code_class"],
+            (([store, code], h) for (store, code), h in sorted(self.request_duration.items())),
         )
         answers = CounterMetricFamily(
             "keyroute_node_answers",

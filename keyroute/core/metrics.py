@@ -55,6 +55,15 @@ def outcome(status: int) -> str:
     return "error"
 
 
+def code_class(status: int) -> str:
+    """The code_class label of an answer with HTTP status `status`: 2xx, 4xx, 5xx."""
+    return f"{status // 100}xx"
+
+
+# code_class of every status, looked up once per read instead of formatted.
+CODE_CLASSES = {status: code_class(status) for status in range(100, 600)}
+
+
 def store_label(store: str, known: Container[str]) -> str:
     """`store` when the partition map knows it, else UNKNOWN_STORE, so label values stay bounded."""
     return store if store in known else UNKNOWN_STORE
@@ -129,6 +138,15 @@ def histogram_family(
     family = HistogramMetricFamily(name, documentation, labels=[label])
     for value, histogram in sorted(histograms.items()):
         family.add_metric([value], histogram.cumulative(), histogram.sum)
+    return family
+
+
+def labelled_histogram(
+    name: str, documentation: str, labels: list[str], samples: Iterable[tuple[list[str], Histogram]]
+) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, documentation, labels=labels)
+    for values, histogram in samples:
+        family.add_metric(values, histogram.cumulative(), histogram.sum)
     return family
 
 

@@ -25,6 +25,9 @@ Contract, for every request admitted:
     counted                every answer of a route with a `kind`, by (store, kind, status), through the
                            service's `count`, unless the handler counted it itself (`Call.answer_counted`);
                            404/405 and admission's refusals are not reads and are not counted here
+    timed                  the same answers, by (store, status), with the seconds from admission to the
+                           answer, through the service's `observe` (a batch once, not per key): one
+                           monotonic read at admission, one at the answer
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
+from time import monotonic
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from keyroute.core.api import ApiError, NotFound, error_headers, error_json
@@ -49,6 +53,7 @@ log = logging.getLogger(__name__)
 JSON = [(b"content-type", b"application/json")]
 Headers = list[tuple[bytes, bytes]]
 Count = Callable[[str, str, int], None]
+Observe = Callable[[str, int, float], None]
 
 
 class Call:
@@ -56,15 +61,16 @@ class Call:
     Request: method, raw path and query, headers, body, request_id), the `store` it is counted under, and
     one way to answer it (`answer`, `answer_counted`, `fail`): counted, errors mapped to the API's JSON."""
 
-    __slots__ = ("request", "store", "_exchange", "_plane", "_kind", "_open")
+    __slots__ = ("request", "store", "_exchange", "_plane", "_kind", "_open", "_admitted")
 
-    def __init__(self, plane: RoutedDataPlane, exchange: Exchange, kind: str | None) -> None:
+    def __init__(self, plane: RoutedDataPlane, exchange: Exchange, kind: str | None, admitted: float = 0.0) -> None:
         self.request: Request = exchange.request
         self.store = ""  # until the route's first parameter, the store, is decoded
         self._exchange = exchange
         self._plane = plane
         self._kind = kind
         self._open = True
+        self._admitted = admitted  # monotonic time of admission (timed answers only)
 
     @property
     def answered(self) -> bool:
@@ -82,7 +88,11 @@ class Call:
         self._open = False
         kind = self._kind
         if kind is not None:
-            self._plane.count(self.store, kind, status)
+            plane = self._plane
+            plane.count(self.store, kind, status)
+            observe = plane.observe
+            if observe is not None:
+                observe(self.store, status, monotonic() - self._admitted)
         try:
             self._exchange.answer(status, headers, body)
         except Exception:
@@ -102,6 +112,10 @@ class Call:
         if not self._open:
             return
         self._open = False
+        if self._kind is not None:
+            observe = self._plane.observe
+            if observe is not None:
+                observe(self.store, status, monotonic() - self._admitted)
         try:
             self._exchange.answer(status, headers, body)
         except Exception:
@@ -137,8 +151,9 @@ class Call:
 class RoutedDataPlane:
     """The skeleton of a service's data plane (see the module docstring). A subclass declares `routes` (a
     RouteTable of its handlers, functions taking the plane, the `Call` and the decoded path parameters)
-    and passes its admission checks, its answer counter (`count(store, kind, status)`), the headers its
-    error answers carry (say X-Keyroute-Node) and the most bytes a path parameter may decode to."""
+    and passes its admission checks, its answer counter (`count(store, kind, status)`), what times its
+    answers (`observe(store, status, seconds)`, None: untimed), the headers its error answers carry (say
+    X-Keyroute-Node) and the most bytes a path parameter may decode to."""
 
     routes: ClassVar[RouteTable]
 
@@ -149,8 +164,10 @@ class RoutedDataPlane:
         *,
         max_parameter_bytes: int = 0,
         error_headers: Iterable[tuple[bytes, bytes]] = (),
+        observe: Observe | None = None,
     ) -> None:
         self.admission = admission
+        self.observe = observe
         # What each admitted exchange calls when it ends: one bound method for all of them.
         self._release = admission.release
         self.count = count
@@ -171,13 +188,14 @@ class RoutedDataPlane:
         if refusal is not None:
             exchange.answer(refusal.status, self.error_headers(refusal), error_json(refusal.code, refusal.message))
             return
+        admitted = monotonic()
         exchange.on_done(self._release)
         parts = request.path.split(b"/")
         route = self.routes.resolve(request.method, parts)
         if isinstance(route, ApiError):
             Call(self, exchange, None).fail(route)
             return
-        call = Call(self, exchange, route.kind)
+        call = Call(self, exchange, route.kind, admitted)
         try:
             parameters = route.decode(parts, self.max_parameter_bytes)
         except ApiError as exc:

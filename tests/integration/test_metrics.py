@@ -213,6 +213,20 @@ def test_metrics_count_what_was_sent_and_request_ids_round_trip(cluster: Cluster
         delta(rb, ra, "keyroute_router_upstream_latency_seconds_bucket", node=n, le="+Inf") for n in NODES
     )
     assert latency_count == latency_inf == upstream
+    # Each request timed once, from admission to answer, by store and status class (the batch once).
+    duration = "keyroute_router_request_duration_seconds_count"
+    assert delta(rb, ra, duration, store="bookings", code_class="2xx") == found_keys + 1
+    assert delta(rb, ra, duration, store="bookings", code_class="4xx") == 1
+    assert delta(rb, ra, duration, store="positions", code_class="4xx") == 1
+    assert delta(rb, ra, duration, store=UNKNOWN_STORE, code_class="4xx") == 1
+    assert (
+        delta(rb, ra, "keyroute_router_request_duration_seconds_bucket", store="bookings", code_class="2xx", le="+Inf")
+        == found_keys + 1
+    )
+    # Every published store's version has an age, from its record's publish time.
+    ages = series(ra, "keyroute_store_version_age_seconds")
+    assert {dict(labels)["store"] for labels in ages} == {store for store, _ in ALL_PARTITIONS}
+    assert all(age >= 0 for age in ages.values())
     assert value(ra, "keyroute_router_map_generation") > 0 and value(ra, "keyroute_router_map_stale") == 0
     assert value(ra, "keyroute_router_map_stale_seconds") == 0
     replicas = series(ra, "keyroute_router_partition_serving_replicas")
@@ -232,6 +246,11 @@ def test_metrics_count_what_was_sent_and_request_ids_round_trip(cluster: Cluster
     assert node_sum(node_total, store="bookings", kind="batch", outcome="not_found") == 1
     assert node_sum(node_total, store=UNKNOWN_STORE, kind="key", outcome="not_found") == 1  # the outsider's
     assert node_sum(node_total, store="positions", kind="key", outcome="bad_request") == 0  # the router's
+    # Timed per request: the forwarded reads on both nodes, the batch once per node it reached.
+    node_duration = "keyroute_node_request_duration_seconds_count"
+    assert node_sum(node_duration, store="bookings", code_class="2xx") == found_keys + 2 * 2 + batch_nodes
+    assert node_sum(node_duration, store="bookings", code_class="4xx") == 1
+    assert node_sum(node_duration, store=UNKNOWN_STORE, code_class="4xx") == 1
     ob, oa = before[outsider], after[outsider]
     wb, wa = before[owner], after[owner]
     assert delta(ob, oa, "keyroute_node_forwards_total") == 2

@@ -39,6 +39,15 @@ OTHER_READERS = {
     "PYSPARK_SUBMIT_ARGS": "pyspark, when it launches Spark's JVM (the pipeline's Spark settings)",
 }
 NAMESPACED_EXEMPT = {"Namespace", "PriorityClass", "ClusterRole", "ClusterRoleBinding"}
+# API groups of custom resources (the Prometheus Operator's, components/monitoring): not in Kubernetes'
+# schemas, so not validated against them; tests/unit/k8s/test_monitoring.py checks them.
+CUSTOM_RESOURCE_GROUPS = ("monitoring.coreos.com",)
+
+
+def is_custom_resource(obj: Any) -> bool:
+    return str(obj["apiVersion"]).partition("/")[0] in CUSTOM_RESOURCE_GROUPS
+
+
 # The Kubernetes Node's zone label (the API server copies it onto pods only from Kubernetes 1.35 on).
 ZONE_LABEL = "topology.kubernetes.io/zone"
 ZONE_FIELD = f"metadata.labels['{ZONE_LABEL}']"

@@ -28,6 +28,10 @@ from tests.unit.k8s.manifests import (
 
 EXTERNAL = {"external": "true"}  # stands for an address outside the cluster (clients, API server, S3)
 KUBE_DNS = {"k8s-app": "kube-dns"}
+# Stands for a scraper in the monitoring namespace (components/monitoring admits it by the namespace's name).
+MONITORING = {"app.kubernetes.io/name": "prometheus"}
+MONITORING_NAMESPACE = "monitoring"
+OUTSIDERS = (EXTERNAL, KUBE_DNS, MONITORING)
 
 
 def component_labels(objs: list[Obj]) -> dict[str, dict[str, str]]:
@@ -45,8 +49,8 @@ def _peer_matches(peer: Obj, labels: Mapping[str, str], same_namespace: bool) ->
     if "ipBlock" in peer:
         return labels is EXTERNAL
     if "namespaceSelector" in peer:
-        ns = peer["namespaceSelector"].get("matchLabels", {})
-        in_ns = ns.get("kubernetes.io/metadata.name") == "kube-system" and labels is KUBE_DNS
+        ns = peer["namespaceSelector"].get("matchLabels", {}).get("kubernetes.io/metadata.name")
+        in_ns = (ns == "kube-system" and labels is KUBE_DNS) or (ns == MONITORING_NAMESPACE and labels is MONITORING)
         return in_ns and label_selector_matches(peer.get("podSelector", {}), labels)
     return same_namespace and label_selector_matches(peer["podSelector"], labels)
 
@@ -68,7 +72,7 @@ def label_selector_matches(selector: Obj, labels: Mapping[str, str]) -> bool:
 def _rules_allow(rules: list[Obj], side: str, peer: Mapping[str, str], port: int, protocol: str) -> bool:
     for rule in rules:
         peers = rule.get(side)
-        if peers is not None and not any(_peer_matches(p, peer, peer not in (EXTERNAL, KUBE_DNS)) for p in peers):
+        if peers is not None and not any(_peer_matches(p, peer, not any(peer is o for o in OUTSIDERS)) for p in peers):
             continue
         ports = rule.get("ports")
         if ports is None or any(p.get("port") == port and p.get("protocol", "TCP") == protocol for p in ports):
@@ -81,7 +85,7 @@ def allowed(policies: list[Obj], src: Mapping[str, str], dst: Mapping[str, str],
     namespace are not restricted by these policies.)"""
 
     def side_allows(pod: Mapping[str, str], kind: str, rules_key: str, peer_key: str, peer: Mapping[str, str]) -> bool:
-        if pod in (EXTERNAL, KUBE_DNS):
+        if any(pod is o for o in OUTSIDERS):
             return True
         selecting = [
             p
@@ -128,6 +132,9 @@ def expected_connections(objs: list[Obj], object_storage: bool) -> set[tuple[str
              for proto in ("UDP", "TCP")}
     if object_storage:
         want |= {(who, "external", 443, "TCP") for who in ("node", "pipeline", "spark-executor")}
+    # The monitoring namespace's scrapers (components/monitoring) to each part's metrics port.
+    want |= {("monitoring", "router", router, "TCP"), ("monitoring", "node", node, "TCP")}
+    want.add(("monitoring", "zookeeper", port_of("StatefulSet", "keyroute-zookeeper", "metrics"), "TCP"))
     return want
 
 
@@ -138,12 +145,17 @@ def test_network_policies_allow_exactly_what_keyroute_needs(overlay_name: str) -
     deny = [p for p in policies if p["spec"]["podSelector"] == {} and not p["spec"].get("ingress")
             and not p["spec"].get("egress")]
     assert deny and set(deny[0]["spec"]["policyTypes"]) == {"Ingress", "Egress"}, "no default deny"
-    pods: dict[str, Mapping[str, str]] = {**component_labels(objs), "external": EXTERNAL, "kube-dns": KUBE_DNS}
+    pods: dict[str, Mapping[str, str]] = {
+        **component_labels(objs),
+        "external": EXTERNAL,
+        "kube-dns": KUBE_DNS,
+        "monitoring": MONITORING,
+    }
     want = expected_connections(objs, object_storage=overlay_name == OBJECT_STORAGE)
     # Every port any pod listens on, every port it connects to, and a few it must not reach.
     ports = {port for _, _, port, _ in want} | {22, 80, 4040, 9092}
     # Traffic among outsiders (and from kube-dns, which answers but never calls) is not these policies' business.
-    outside = ("external", "kube-dns")
+    outside = ("external", "kube-dns", "monitoring")
     got = {
         (src, dst, port, proto)
         for src in pods

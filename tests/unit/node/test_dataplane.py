@@ -6,6 +6,7 @@ on; a read behind a request of the admin app waits for that answer, in order."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 from collections.abc import Iterator
 from typing import Any
@@ -121,6 +122,12 @@ def test_a_held_key_is_answered_at_once_exactly_as_read_key_gives_it(client_for:
     assert head[0] == 200 and head[3] == b"" and head[1][b"content-length"] == found[1][b"content-length"]
     assert [n for n in head[2] if n not in framing] == [n for n in found[2] if n not in framing]
     assert spawned == []  # no task for any of them
+    # Each answer timed from its admission, by status class (and store: labelled as the reads are counted).
+    metrics = client.get("/metrics").text
+    store = re.search(r'keyroute_node_requests_total\{kind="key",outcome="found",store="([^"]+)"\}', metrics)
+    assert store is not None
+    for code_class, n in (("2xx", 2), ("4xx", 1)):
+        assert f'request_duration_seconds_count{{code_class="{code_class}",store="{store[1]}"}} {n}.0' in metrics
 
 
 def test_a_read_behind_an_app_request_is_answered_after_it_in_order(client_for: Nodes, spawned: list[str]) -> None:

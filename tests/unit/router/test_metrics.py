@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import Any
 
@@ -155,6 +156,37 @@ def test_outcomes_follow_the_status_answered() -> None:
     ]
 
 
+def test_request_durations_by_store_and_status_class() -> None:
+    m = RouterMetrics()
+    m.map_installed(build_map(STORES, {"a": {"s": [0, 1, 2, 3]}}))
+    m.observe_request("s", 200, 0.0005)  # a bound belongs to its own bucket
+    m.observe_request("s", 200, 0.003)
+    m.observe_request("s", 404, 0.002)
+    m.observe_request("s", 503, 7.0)
+    m.observe_request("made-up", 404, 0.001)
+
+    families = parse(m.render())
+    name = "keyroute_router_request_duration_seconds"
+    assert families[name].type == "histogram"
+    assert sample(families, name, name + "_bucket", store="s", code_class="2xx", le="0.0005") == 1
+    assert sample(families, name, name + "_bucket", store="s", code_class="2xx", le="0.005") == 2
+    assert sample(families, name, name + "_sum", store="s", code_class="2xx") == pytest.approx(0.0035)
+    assert sample(families, name, name + "_count", store="s", code_class="4xx") == 1
+    assert sample(families, name, name + "_bucket", store="s", code_class="5xx", le="5.0") == 0
+    assert sample(families, name, name + "_bucket", store="s", code_class="5xx", le="+Inf") == 1
+    assert sample(families, name, name + "_count", store=UNKNOWN_STORE, code_class="4xx") == 1
+
+
+def test_version_age_comes_from_the_publish_time_and_records_without_one_have_none() -> None:
+    published = dataclasses.replace(store_record("s", 4), published_at=time.time() - 3600)
+    m = RouterMetrics()
+    m.map_installed(build_map([published, store_record("t", 2)], {"a": {"s": [0], "t": [0]}}))
+
+    samples = parse(m.render())["keyroute_store_version_age_seconds"].samples
+    assert [s.labels for s in samples] == [{"store": "s"}]
+    assert 3600 <= samples[0].value < 3600 + 600
+
+
 def test_map_age_and_staleness() -> None:
     m = RouterMetrics()
     fresh = build_map(STORES, {"a": {"s": [0]}})
@@ -206,5 +238,10 @@ def test_router_app_serves_the_exposition_and_answers_with_request_ids() -> None
         assert sample(families, name, total, store="s", kind="batch", outcome="not_found") == 1
         latency = "keyroute_router_upstream_latency_seconds"
         assert sample(families, latency, latency + "_count", node="a") == 3
+        # Each request timed once from its admission to its answer (the batch once, not per key).
+        duration = "keyroute_router_request_duration_seconds"
+        assert sample(families, duration, duration + "_count", store="s", code_class="2xx") == 2
+        assert sample(families, duration, duration + "_count", store="s", code_class="4xx") == 1
+        assert sample(families, duration, duration + "_count", store=UNKNOWN_STORE, code_class="4xx") == 1
 
     asyncio.run(scenario())

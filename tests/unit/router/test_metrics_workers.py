@@ -25,6 +25,7 @@ from tests.util import wait_for
 STORES = [store_record("s", 4)]
 LATENCY = "keyroute_router_upstream_latency_seconds"
 REQUESTS = "keyroute_router_requests_total"
+DURATION = "keyroute_router_request_duration_seconds"
 
 
 @dataclass(slots=True)
@@ -85,12 +86,17 @@ def test_a_scrape_sums_its_own_live_counters_and_every_other_workers_snapshot(tm
     b.observe_upstream("n1", 0.003)
     b.observe_upstream("n2", 0.2)
     c.observe_upstream("n1", 30.0)
+    a.observe_request("s", 200, 0.0004)
+    b.observe_request("s", 200, 0.001)
+    b.observe_request("s", 404, 0.002)
+    c.observe_request("s", 200, 0.001)
     b.admission = Admission()
     b.admission.overloaded = 5
     publish(b)
     publish(c)
     # Counted by a after the others published, and by b after: a shows its own at once, b's when published.
     a.count("s", "key", 404)
+    a.observe_request("s", 404, 0.003)
     b.count("s", "key", 503)
 
     samples = scrape(a)
@@ -113,6 +119,11 @@ def test_a_scrape_sums_its_own_live_counters_and_every_other_workers_snapshot(tm
     assert value(samples, LATENCY + "_count", node="n1") == 3
     assert value(samples, LATENCY + "_sum", node="n1") == pytest.approx(30.0034)
     assert value(samples, LATENCY + "_count", node="n2") == 1
+    # Request durations too, per store and status class.
+    assert value(samples, DURATION + "_count", store="s", code_class="2xx") == 3
+    assert value(samples, DURATION + "_bucket", store="s", code_class="2xx", le="0.0005") == 1
+    assert value(samples, DURATION + "_sum", store="s", code_class="2xx") == pytest.approx(0.0024)
+    assert value(samples, DURATION + "_count", store="s", code_class="4xx") == 2
     # Per-process gauges show the worker furthest behind.
     assert value(samples, "keyroute_router_map_generation") == 7
     assert value(samples, "keyroute_router_map_complete") == 0
@@ -146,6 +157,15 @@ def test_the_oldest_map_and_the_longest_staleness_are_shown(tmp_path: Path) -> N
     assert 100 <= value(samples, "keyroute_router_map_stale_seconds") < 160
     assert 500 <= value(samples, "keyroute_router_map_age_seconds") < 560
     assert value(samples, "keyroute_router_map_stale") == 1
+
+
+def test_the_oldest_version_any_worker_routes_is_the_age_shown(tmp_path: Path) -> None:
+    a, b = worker(tmp_path, 1), worker(tmp_path, 2)
+    now = build_map(STORES, {"n1": {"s": [0]}}).built_at
+    for m, age in ((a, 100), (b, 500)):
+        m.map_installed(build_map([replace(STORES[0], published_at=now - age)], {"n1": {"s": [0]}}))
+    publish(b)
+    assert 500 <= value(scrape(a), "keyroute_store_version_age_seconds", store="s") < 560
 
 
 def test_a_single_process_router_shows_no_worker_families() -> None:
