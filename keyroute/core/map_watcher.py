@@ -182,7 +182,7 @@ class MapWatcher:
         if not path:
             self.refresh()
             return
-        if path in _PARENTS:
+        if path in _PARENTS or path == zk_layout.DELETED:
             what = (_LISTING, path)
         elif path in (zk_layout.PLACEMENT, zk_layout.ASSIGNMENT):
             what = (_PLACEMENT, "")
@@ -277,7 +277,9 @@ class MapWatcher:
         zk = self._client
         watch = self._on_watch
         listing = {path: zk.get_children_async(path, watch=watch, include_data=True) for path in _PARENTS}
+        tombstones = zk.get_children_async(zk_layout.DELETED, watch=watch, include_data=True)
         placement = self._start_placement(own=True)
+        self._take_tombstones(self._settle(zk_layout.DELETED, tombstones))
         names: dict[str, set[str]] = {}
         for parent, pending in listing.items():
             settled = self._settle(parent, pending)
@@ -302,8 +304,12 @@ class MapWatcher:
         listing = {
             path: zk.get_children_async(path, watch=watch, include_data=True)
             for kind, path in events
-            if kind == _LISTING
+            if kind == _LISTING and path != zk_layout.DELETED
         }
+        if (_LISTING, zk_layout.DELETED) in events:
+            # Before the store listing is taken: a record deleted with its tombstone goes, not orphaned.
+            tombstones = zk.get_children_async(zk_layout.DELETED, watch=watch, include_data=True)
+            self._take_tombstones(self._settle(zk_layout.DELETED, tombstones))
         asked = {path for kind, path in events if kind == _PLACEMENT}
         placement = self._start_placement(own=bool(asked - {""})) if asked else None
         wanted = {path for kind, path in events if kind == _RECORD}
@@ -324,6 +330,10 @@ class MapWatcher:
         for path, pending in reads.items():
             self._take(path, self._settle(path, pending, record=True))
         return self._builder.build(self._map_generation)
+
+    def _take_tombstones(self, settled: tuple[Any, ZnodeStat] | None) -> None:
+        """The stores with a tombstone (/deleted's children; their content is not read: one listing)."""
+        self._builder.set_deleted(frozenset(settled[0]) if settled else frozenset())
 
     def _forget(self, parent: str, name: str) -> None:
         self._raw.pop(f"{parent}/{name}", None)
@@ -359,7 +369,8 @@ class MapWatcher:
     def _clear(self, parent: str, name: str) -> None:
         """The record under `parent` named `name` is gone (or unusable): out of the map."""
         if parent == zk_layout.STORES:
-            self._builder.set_store(name, None)
+            # Absence is not deletion: without a tombstone the last record read stays, marked orphaned.
+            self._builder.set_store(name, None, keep=True)
         elif parent == zk_layout.NODES:
             self._builder.set_node(name, None)
         elif parent == zk_layout.SERVING:

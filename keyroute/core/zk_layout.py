@@ -14,6 +14,10 @@
 /serving/{node_id}         ephemeral   ServingRecord: partitions a node has loaded, at which version
 /live/{node_id}            ephemeral   the state of every live partition a node holds (offset, lag, state,
                                        counters; keyroute.core.live_status reads them), throttled
+/deleted/{store}           persistent  a store's tombstone (`keyroute store delete`): the versions deleted and
+                                       when. Only a tombstone lets a node drop a store's partitions and files;
+                                       a store record that vanishes without one is absence, not deletion.
+                                       Publishing the store again removes it.
 """
 
 from __future__ import annotations
@@ -26,12 +30,17 @@ PLACEMENT = "/placement"
 ASSIGNED = "/assigned"
 SERVING = "/serving"
 LIVE = "/live"
+DELETED = "/deleted"
 
-PERSISTENT_ROOTS = (STORES, NODES, CONTROLLER, SERVING, LIVE, PLACEMENT, ASSIGNED)
+PERSISTENT_ROOTS = (STORES, NODES, CONTROLLER, SERVING, LIVE, PLACEMENT, ASSIGNED, DELETED)
 
 
 def store_path(store: str) -> str:
     return f"{STORES}/{store}"
+
+
+def deleted_path(store: str) -> str:
+    return f"{DELETED}/{store}"
 
 
 def placement_path(store: str) -> str:
