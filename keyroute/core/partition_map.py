@@ -425,6 +425,8 @@ class PartitionMap:
                     "published_at": store.published_at,
                     "retained_versions": list(store.retained_versions),
                     **({} if store.timeline is None else {"timeline": store.timeline.to_dict()}),
+                    # Its record is gone from ZooKeeper without a tombstone: this is the last one read.
+                    **({"orphaned": True} if name in self.orphaned else {}),
                     "partition_map": [
                         {
                             "partition": p,

@@ -190,6 +190,7 @@ def test_a_store_record_gone_without_a_tombstone_stays_orphaned_until_one_comes(
     kept = builder.build(2)
     assert kept.stores["a"] is a and kept.orphaned == frozenset({"a"}) and kept.deleted == frozenset()
     assert kept.serving_endpoints("a", 0) and RoutingTable.of(kept).has_store("a")
+    assert kept.describe()["stores"]["a"]["orphaned"] is True and "orphaned" not in kept.describe()["stores"]["b"]
     # Published again: no longer orphaned.
     builder.set_store("a", store("a", 2, 2))
     assert builder.build(3).orphaned == frozenset()
