@@ -524,7 +524,7 @@ class Ownership:
             log.warning(
                 "store %s: its record is gone from ZooKeeper but it has no tombstone (keyroute store delete): "
                 "absence is not deletion, so this node keeps serving its %d partitions and their files; "
-                "restore the record (keyroute store adopt, or publish again) or delete the store",
+                "restore its record (publish it again, or from a ZooKeeper backup) or run keyroute store delete",
                 store,
                 held[store],
             )
