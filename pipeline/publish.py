@@ -342,10 +342,10 @@ def delete_store(client: KazooClient, store: str) -> dict[str, object]:
     transaction = client.transaction()
     transaction.delete(zk_layout.store_path(store), version=found.znode_version)
     existing = _tombstone_version(client, store)
-    if existing is None:
-        transaction.create(zk_layout.deleted_path(store), data)
-    else:
-        transaction.set_data(zk_layout.deleted_path(store), data, version=existing)
+    if existing is not None:
+        # Deleted and created again (not rewritten): watchers see tombstones through /deleted's listing.
+        transaction.delete(zk_layout.deleted_path(store), version=existing)
+    transaction.create(zk_layout.deleted_path(store), data)
     try:
         results = transaction.commit()
     except KazooException as exc:

@@ -558,9 +558,10 @@ class Ownership:
             return False
         record = m.stores.get(pid.store)
         if record is None:
-            # Deleted (`keyroute store delete` left a tombstone): nothing to hand over, nobody routes to it.
-            # Without a tombstone nothing proves a deletion: keep it.
-            return not m.stale and pid.store in m.deleted
+            # Deleted (`keyroute store delete` left a tombstone covering this version): nothing to hand over,
+            # nobody routes to it. Without one nothing proves a deletion (a ZooKeeper restored from a backup
+            # may hold the tombstone of an earlier deletion, not of the version published since): keep it.
+            return not m.stale and m.deletes(pid.store, pid.version)
         if wanted is not None:
             # Still assigned here, at another version: superseded once that version serves here.
             successor = self._entries.get(wanted)
@@ -792,7 +793,7 @@ class Ownership:
                 if pid in self._entries or pid in self._deleting:
                     continue
                 known = pid.store in m.stores and pid.store not in m.orphaned
-                if not known and pid.store not in m.deleted:
+                if not known and not m.deletes(pid.store, pid.version):
                     kept[pid.store] = kept.get(pid.store, 0) + 1
                     continue
                 log.info("removing leftover partition directory %s", path)

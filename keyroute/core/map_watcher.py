@@ -33,6 +33,7 @@ map with a warning (a root it may not read keeps the last map, stale).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 from collections.abc import Callable
@@ -56,6 +57,18 @@ from keyroute.core.partition_map import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def tombstone_version(raw: bytes) -> int | None:
+    """The highest version a tombstone (/deleted/{store}, written by `keyroute store delete`) deleted, or None
+    when it names none (not a tombstone: nothing is deleted by it)."""
+    try:
+        doc = json.loads(raw)
+        versions = [int(v) for v in doc.get("versions", [])] + [int(doc.get("version", 0))]
+    except (ValueError, TypeError, AttributeError):
+        return None
+    highest = max(versions)
+    return highest if highest > 0 else None
 
 # A read that has not answered by then is treated like a dropped connection (the map is kept, stale).
 _READ_TIMEOUT_S = 30.0
@@ -332,8 +345,22 @@ class MapWatcher:
         return self._builder.build(self._map_generation)
 
     def _take_tombstones(self, settled: tuple[Any, ZnodeStat] | None) -> None:
-        """The stores with a tombstone (/deleted's children; their content is not read: one listing)."""
-        self._builder.set_deleted(frozenset(settled[0]) if settled else frozenset())
+        """The stores with a tombstone (/deleted's children, watched: `keyroute store delete` creates one
+        afresh each time, publishing deletes it) and the highest version each deleted, read pipelined. Only a
+        change to that listing (a rare event) or a whole re-read reads them."""
+        names = set(settled[0]) if settled else set()
+        reads = {name: self._client.get_async(zk_layout.deleted_path(name)) for name in sorted(names)}
+        tombstones: dict[str, int] = {}
+        for name, pending in reads.items():
+            read = self._settle(zk_layout.deleted_path(name), pending, record=True)
+            if read is None:
+                continue  # gone meanwhile: the listing's watch brings it
+            version = tombstone_version(read[0])
+            if version is None:
+                log.warning("ignoring the tombstone of store %s: it names no version deleted", name)
+                continue
+            tombstones[name] = version
+        self._builder.set_deleted(tombstones)
 
     def _forget(self, parent: str, name: str) -> None:
         self._raw.pop(f"{parent}/{name}", None)

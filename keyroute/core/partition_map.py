@@ -283,8 +283,9 @@ class PartitionMap:
     built_at: float = 0.0
     stale: bool = False
     routes: Mapping[str, tuple[tuple[Endpoint, ...], ...]] = field(default_factory=dict)
-    # Stores with a tombstone (/deleted/{store}, `keyroute store delete`): only these may be dropped.
-    deleted: frozenset[str] = frozenset()
+    # Stores with a tombstone (/deleted/{store}, `keyroute store delete`), each with the highest version it
+    # deleted: only those versions may be dropped (see `deletes`).
+    deleted: Mapping[str, int] = field(default_factory=dict)
     # Stores whose record vanished from ZooKeeper without a tombstone: their last record read is kept in
     # `stores` (absence is not deletion), so reads still route and nodes keep what they hold.
     orphaned: frozenset[str] = frozenset()
@@ -335,6 +336,10 @@ class PartitionMap:
             self.orphaned,
             delta=MapDelta(self.seq, MappingProxyType({})),
         )
+
+    def deletes(self, store: str, version: int) -> bool:
+        """Whether the store's tombstone covers `version` (a version published after the deletion is not)."""
+        return version <= self.deleted.get(store, 0)
 
     def serving_endpoints(self, store: str, partition: int) -> tuple[Endpoint, ...]:
         per_partition = self.routes.get(store, ())
@@ -481,7 +486,7 @@ class MapBuilder:
         self._routes: dict[str, tuple[tuple[Endpoint, ...], ...]] = {}
         self._dirty: dict[str, set[int] | None] = {}
         self._last: PartitionMap | None = None
-        self._deleted: frozenset[str] = frozenset()
+        self._deleted: Mapping[str, int] = MappingProxyType({})
         self._orphaned: set[str] = set()
 
     @property
@@ -515,12 +520,13 @@ class MapBuilder:
 
     def set_store(self, name: str, record: StoreRecord | None, *, keep: bool = False) -> None:
         """A store's record as read (None: gone). With `keep`, a record that is gone while the store has no
-        tombstone stays in the map as last read, marked orphaned, until a tombstone or a new record comes."""
+        tombstone covering its version stays in the map as last read, marked orphaned, until such a tombstone
+        or a new record comes."""
         old = self._stores.get(name)
         if record is None:
             if old is None:
                 return
-            if keep and name not in self._deleted:
+            if keep and old.version > self._deleted.get(name, 0):
                 self._orphaned.add(name)
                 return
             self._orphaned.discard(name)
@@ -542,11 +548,13 @@ class MapBuilder:
     def orphaned(self) -> frozenset[str]:
         return frozenset(self._orphaned)
 
-    def set_deleted(self, stores: frozenset[str]) -> None:
-        """The stores with a tombstone; an orphaned record of one of them goes now."""
-        self._deleted = frozenset(stores)
-        for name in sorted(self._orphaned & self._deleted):
-            self.set_store(name, None)
+    def set_deleted(self, deleted: Mapping[str, int]) -> None:
+        """The stores with a tombstone, each with the highest version it deleted; an orphaned record at a
+        version one of them covers goes now."""
+        self._deleted = MappingProxyType(dict(deleted))
+        for name in sorted(self._orphaned):
+            if self._stores[name].version <= self._deleted.get(name, 0):
+                self.set_store(name, None)
 
     def set_node(self, node_id: str, record: NodeRecord | None) -> None:
         if record is None:

@@ -15,9 +15,10 @@
 /live/{node_id}            ephemeral   the state of every live partition a node holds (offset, lag, state,
                                        counters; keyroute.core.live_status reads them), throttled
 /deleted/{store}           persistent  a store's tombstone (`keyroute store delete`): the versions deleted and
-                                       when. Only a tombstone lets a node drop a store's partitions and files;
-                                       a store record that vanishes without one is absence, not deletion.
-                                       Publishing the store again removes it.
+                                       when. Only a tombstone lets a node drop a store's partitions and files
+                                       (of the versions up to the highest it names); a store record that
+                                       vanishes without one is absence, not deletion. Publishing the store
+                                       again removes it; a new deletion writes it anew (never rewritten).
 """
 
 from __future__ import annotations

@@ -154,7 +154,7 @@ def test_a_vanished_store_record_deletes_nothing_and_store_delete_deletes_everyw
 
 def test_publishing_a_deleted_store_again_removes_its_tombstone(tmp_path: Path, zk_settings: ZkSettings) -> None:
     from tests.integration.test_rollback import STORE as PRICES
-    from tests.integration.test_rollback import publish_version
+    from tests.integration.test_rollback import publish_version, record
 
     client = zk.connect(zk_settings)
     try:
@@ -169,6 +169,13 @@ def test_publishing_a_deleted_store_again_removes_its_tombstone(tmp_path: Path, 
         assert version_dir(str(tmp_path), PRICES, 2).is_dir()
         assert publish_version(client, tmp_path, 3).version == 3
         assert client.exists(zk_layout.deleted_path(PRICES)) is None
+        # A record restored by hand beside an old tombstone: deleting it again writes a new tombstone.
+        again = cli("store", "delete", "--zk", zk_settings.connect_string, "--store", PRICES)
+        assert again.returncode == 0 and json.loads(again.stdout)["versions"] == [3], again.stderr
+        client.create(zk_layout.store_path(PRICES), record(4).to_json())
+        third = cli("store", "delete", "--zk", zk_settings.connect_string, "--store", PRICES)
+        assert third.returncode == 0 and json.loads(third.stdout)["version"] == 4, third.stderr
+        assert json.loads(client.get(zk_layout.deleted_path(PRICES))[0])["version"] == 4
         unknown = cli("store", "delete", "--zk", zk_settings.connect_string, "--store", "nope")
         assert unknown.returncode == 1 and unknown.stderr.count("\n") == 1 and "no such store" in unknown.stderr
     finally:
