@@ -379,7 +379,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="router processes sharing the port, each with its own map watcher (about one per spare core)",
     )
 
-    store = sub.add_parser("store", help="list published stores, roll a store back to a retained version")
+    store = sub.add_parser("store", help="list published stores, roll a store back to a retained version, delete one")
     store_sub = store.add_subparsers(dest="store_command", required=True, metavar="ACTION")
     listing = store_sub.add_parser("list", help="print each store's current and retained versions (JSON lines)")
     _zk_options(p, listing, writes=False)
@@ -388,6 +388,11 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p.option(roll, "--store", required=True, help="store name")
     p.option(roll, "--version", type=int, required=True, help="a retained version (see `keyroute store list`)")
     p.flag(roll, "--no-verify", help="do not check the version's snapshot manifest from this machine")
+    delete = store_sub.add_parser(
+        "delete", help="delete a store: its record goes and a tombstone tells every node to drop its files"
+    )
+    _zk_options(p, delete, writes=True)
+    p.option(delete, "--store", required=True, help="store name")
     _adopt_parser(p, store_sub)
     cluster = sub.add_parser("cluster", help="the cluster's identity in ZooKeeper")
     cluster_sub = cluster.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
@@ -594,7 +599,7 @@ def cmd_store(args: argparse.Namespace) -> int:
         return cmd_adopt(args)
     from keyroute.core.zk import ZkUnavailableError, close, connect
     from keyroute.pipeline.errors import PipelineError
-    from keyroute.pipeline.publish import describe_store, list_stores, rollback
+    from keyroute.pipeline.publish import delete_store, describe_store, list_stores, rollback
 
     what = f"keyroute store {args.store_command}"
     try:
@@ -612,6 +617,9 @@ def cmd_store(args: argparse.Namespace) -> int:
                 zk = _zk(args)
                 where = zk.hosts + (zk.chroot or "")
                 print(f"{what}: no store is published at {where} (is the chroot right?)", file=sys.stderr)
+            return 0
+        if args.store_command == "delete":
+            print(json.dumps(delete_store(client, args.store), ensure_ascii=False))
             return 0
         before = next((r for r in list_stores(client) if r.name == args.store), None)
         record = rollback(client, args.store, args.version, verify=not args.no_verify)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import json
 import logging
 import shutil
 import time
@@ -43,6 +44,10 @@ _retain: contextvars.ContextVar[int] = contextvars.ContextVar("keyroute_retain",
 
 class RollbackError(PipelineError):
     """A rollback was refused (unknown store, version not retained, snapshot gone); nothing changed."""
+
+
+class DeleteError(PipelineError):
+    """A deletion was refused (unknown store, its record changed meanwhile); nothing changed."""
 
 
 @contextlib.contextmanager
@@ -164,6 +169,7 @@ def publish(
         raise PublishError(None, f"at least 1 version must be retained, got {keep}")
     transaction = client.transaction()
     records = []
+    owners: list[str] = []  # the store of each operation in the transaction, in order
     dropped: list[tuple[str, int, str]] = []
     now = time.time()
     for store, written in versions:
@@ -183,8 +189,16 @@ def publish(
         path = zk_layout.store_path(store.name)
         if before is None:
             transaction.create(path, record.to_json())
+            owners.append(store.name)
+            # Published again after a `store delete`: the new record supersedes the tombstone, which goes
+            # in the same transaction (nodes drop nothing of it then: they load the new version).
+            tombstone = _tombstone_version(client, store.name)
+            if tombstone is not None:
+                transaction.delete(zk_layout.deleted_path(store.name), version=tombstone)
+                owners.append(store.name)
         else:
             transaction.set_data(path, record.to_json(), version=before.znode_version)
+            owners.append(store.name)
         records.append(record)
     try:
         results = transaction.commit()
@@ -192,8 +206,8 @@ def publish(
         names = ", ".join(repr(store.name) for store, _ in versions)
         raise PublishError(None, f"stores {names}: publishing in ZooKeeper failed ({exc!r})") from exc
     failures = [
-        (store.name, result)
-        for (store, _), result in zip(versions, results, strict=True)
+        (name, result)
+        for name, result in zip(owners, results, strict=True)
         if isinstance(result, Exception) and not isinstance(result, RolledBackError)
     ]
     if failures:
@@ -306,6 +320,48 @@ def rollback(client: KazooClient, store: str, version: int, verify: bool = True)
     except KazooException as exc:
         raise RollbackError(store, f"writing its record in ZooKeeper failed ({exc!r})") from exc
     return record
+
+
+def delete_store(client: KazooClient, store: str) -> dict[str, object]:
+    """Delete `store`: in one transaction its record goes and its tombstone (/deleted/{store}: the versions
+    deleted and when) is written. Only a tombstone makes nodes drop a store's partitions and files; the
+    controller drops it from the assignment (and its placement record) as for any store without a record.
+    Snapshots in the output location stay. Publishing the store again removes the tombstone. Returns the
+    tombstone. Refused (DeleteError, nothing written) for a store that is not published."""
+    found = read_published(client, store)
+    if found is None:
+        raise DeleteError(store, "no such store is published (`keyroute store list` shows the stores)")
+    record = found.record
+    tombstone: dict[str, object] = {
+        "store": store,
+        "deleted_at": time.time(),
+        "version": record.version,
+        "versions": sorted({record.version, *record.retained}),
+    }
+    data = json.dumps(tombstone, sort_keys=True).encode()
+    transaction = client.transaction()
+    transaction.delete(zk_layout.store_path(store), version=found.znode_version)
+    existing = _tombstone_version(client, store)
+    if existing is not None:
+        # Deleted and created again (not rewritten): watchers see tombstones through /deleted's listing.
+        transaction.delete(zk_layout.deleted_path(store), version=existing)
+    transaction.create(zk_layout.deleted_path(store), data)
+    try:
+        results = transaction.commit()
+    except KazooException as exc:
+        raise DeleteError(store, f"writing its tombstone in ZooKeeper failed ({exc!r})") from exc
+    if any(isinstance(result, Exception) for result in results):
+        raise DeleteError(store, "its record changed in ZooKeeper meanwhile; nothing was changed, retry")
+    return tombstone
+
+
+def _tombstone_version(client: KazooClient, store: str) -> int | None:
+    """The znode version of the store's tombstone, or None when it has none."""
+    try:
+        stat = client.exists(zk_layout.deleted_path(store))
+    except KazooException as exc:
+        raise PublishError(store, f"cannot read its tombstone from ZooKeeper: {exc!r}") from exc
+    return None if stat is None else _znode_version(stat)
 
 
 def describe_store(record: StoreRecord) -> dict[str, object]:

@@ -209,6 +209,11 @@ class NodeMetrics:
             "partitions served at another version than the published one (a swap in progress, or a failed load)",
             len(readiness.updating),
         )
+        yield gauge(
+            "keyroute_node_orphaned_partitions",
+            "partitions served here of stores whose record is gone from ZooKeeper without a tombstone (kept)",
+            readiness.orphaned_partitions,
+        )
         yield gauge("keyroute_node_map_generation", "map generation of the partition map in use", m.generation)
         yield gauge("keyroute_node_map_stale", "1 while ZooKeeper is unreachable", int(m.stale))
         yield gauge(

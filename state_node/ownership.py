@@ -113,6 +113,10 @@ class Readiness:
     # Partitions served here at another version while the published one loads (or failed to load): a version
     # swap in progress, which does not make the node unready (keyroute_node_partitions_updating counts them).
     updating: tuple[str, ...] = ()
+    # Why this node keeps partitions it would otherwise let go (a store record gone without a tombstone):
+    # it stays ready and keeps serving them (keyroute_node_orphaned_partitions counts them).
+    degraded: tuple[str, ...] = ()
+    orphaned_partitions: int = 0
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -124,6 +128,7 @@ class Readiness:
             "pending": list(self.pending),
             "updating": list(self.updating),
             "failed": dict(self.failed),
+            "degraded": list(self.degraded),
         }
 
 
@@ -185,6 +190,8 @@ class Ownership:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._live_reporter: asyncio.Task[None] | None = None
         self._live_reported: dict[str, Any] | None = None
+        # Stores whose record is gone without a tombstone, already said so in the log (said once each).
+        self._orphans_said: set[str] = set()
 
     # -- readers -----------------------------------------------------------------------------------
 
@@ -255,7 +262,35 @@ class Ownership:
         if not registered and not m.stale:
             pending.append("node record not yet visible in ZooKeeper")
         ready = not pending
-        return Readiness(ready, m.stale, tuple(pending), failed, self._leaving, m.generation, tuple(updating))
+        held = self._orphans_held()
+        degraded = tuple(
+            f"store {store!r}: its record is gone from ZooKeeper without a tombstone (keyroute store delete); "
+            f"keeping and serving its {count} partitions held here"
+            for store, count in sorted(held.items())
+        )
+        return Readiness(
+            ready,
+            m.stale,
+            tuple(pending),
+            failed,
+            self._leaving,
+            m.generation,
+            tuple(updating),
+            degraded,
+            sum(held.values()),
+        )
+
+    def _orphans_held(self) -> dict[str, int]:
+        """store -> how many of its partitions this node holds, for every store whose record is gone from
+        ZooKeeper without a tombstone."""
+        orphaned = self._map.orphaned
+        held: dict[str, int] = {}
+        if not orphaned:
+            return held
+        for store, _ in self._view:
+            if store in orphaned:
+                held[store] = held.get(store, 0) + 1
+        return held
 
     @property
     def leaving(self) -> bool:
@@ -446,7 +481,7 @@ class Ownership:
                 del self._entries[pid]
             elif entry.state is PartitionState.LOADING:
                 entry.cancel.set()  # the finished load sees it and discards its files
-            elif entry.state is PartitionState.CATCHING_UP and not self._leaving:
+            elif entry.state is PartitionState.CATCHING_UP and not self._leaving and pid.store not in m.orphaned:
                 # Never served: nothing to hand over. A superseded version's files stay for a rollback.
                 newer = any(d.store == pid.store and d.partition == pid.partition for d in desired)
                 self._drop(pid, entry, superseded=newer)
@@ -480,6 +515,23 @@ class Ownership:
         self._rebuild_view()
         self._schedule_retry(now)
         self._follow_handovers(desired)
+        self._say_orphans()
+
+    def _say_orphans(self) -> None:
+        """Log once per store that its record vanished without a tombstone and what this node does about it."""
+        held = self._orphans_held()
+        for store in sorted(held.keys() - self._orphans_said):
+            log.warning(
+                "store %s: its record is gone from ZooKeeper but it has no tombstone (keyroute store delete): "
+                "absence is not deletion, so this node keeps serving its %d partitions and their files; "
+                "restore its record (publish it again, or from a ZooKeeper backup) or run keyroute store delete",
+                store,
+                held[store],
+            )
+        for store in sorted(self._orphans_said - self._map.orphaned):
+            if store in self._map.stores:
+                log.info("store %s: its record is back in ZooKeeper", store)
+        self._orphans_said = (self._orphans_said & self._map.orphaned) | held.keys()
 
     def _follow_handovers(self, desired: Mapping[PartitionId, StoreRecord]) -> None:
         """Ask for the whole assignment of every store with a partition held here that is not wanted here at
@@ -500,10 +552,16 @@ class Ownership:
 
     def _may_drop(self, pid: PartitionId, m: PartitionMap, wanted: PartitionId | None) -> bool:
         """Whether a partition no longer wanted at this version may go (make before break)."""
+        if pid.store in m.orphaned:
+            # Its record vanished without a tombstone (a ZooKeeper restored from an old backup, a wrong
+            # `deleteall`): absence is not deletion, keep serving it.
+            return False
         record = m.stores.get(pid.store)
         if record is None:
-            # The store was deleted: there is nothing to hand over, and nobody routes to it any more.
-            return not m.stale
+            # Deleted (`keyroute store delete` left a tombstone covering this version): nothing to hand over,
+            # nobody routes to it. Without one nothing proves a deletion (a ZooKeeper restored from a backup
+            # may hold the tombstone of an earlier deletion, not of the version published since): keep it.
+            return not m.stale and m.deletes(pid.store, pid.version)
         if wanted is not None:
             # Still assigned here, at another version: superseded once that version serves here.
             successor = self._entries.get(wanted)
@@ -724,17 +782,33 @@ class Ownership:
             self._registering = False
 
     async def _collect_leftovers(self) -> None:
-        """Remove partition directories from earlier runs that nothing here wants (startup only)."""
+        """Remove partition directories from earlier runs that nothing here wants (startup only): those of
+        a store that has a record (another version or partition) or a tombstone. A store with neither may
+        just be missing from a damaged ZooKeeper: its files stay."""
+        m = self._map
+        kept: dict[str, int] = {}
         try:
             on_disk = await asyncio.to_thread(_on_disk, self._settings.data_dir)
             for pid, path in on_disk:
-                if pid not in self._entries and pid not in self._deleting:
-                    log.info("removing leftover partition directory %s", path)
-                    await self._remove(pid, functools.partial(remove_partition_dir, path))
+                if pid in self._entries or pid in self._deleting:
+                    continue
+                known = pid.store in m.stores and pid.store not in m.orphaned
+                if not known and not m.deletes(pid.store, pid.version):
+                    kept[pid.store] = kept.get(pid.store, 0) + 1
+                    continue
+                log.info("removing leftover partition directory %s", path)
+                await self._remove(pid, functools.partial(remove_partition_dir, path))
         except OSError as exc:
             log.warning("cleaning leftover partitions failed: %s", exc)
         finally:
             self._collection = _Collection.DONE
+        for store, count in sorted(kept.items()):
+            log.warning(
+                "keeping %d partition directories of store %s: it has neither a record nor a tombstone in "
+                "ZooKeeper (absence is not deletion; keyroute store delete removes a store)",
+                count,
+                store,
+            )
         self._reconcile()
 
     async def _grace(self, delay_s: float) -> None:

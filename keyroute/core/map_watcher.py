@@ -33,6 +33,7 @@ map with a warning (a root it may not read keeps the last map, stale).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 from collections.abc import Callable
@@ -56,6 +57,18 @@ from keyroute.core.partition_map import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def tombstone_version(raw: bytes) -> int | None:
+    """The highest version a tombstone (/deleted/{store}, written by `keyroute store delete`) deleted, or None
+    when it names none (not a tombstone: nothing is deleted by it)."""
+    try:
+        doc = json.loads(raw)
+        versions = [int(v) for v in doc.get("versions", [])] + [int(doc.get("version", 0))]
+    except (ValueError, TypeError, AttributeError):
+        return None
+    highest = max(versions)
+    return highest if highest > 0 else None
 
 # A read that has not answered by then is treated like a dropped connection (the map is kept, stale).
 _READ_TIMEOUT_S = 30.0
@@ -182,7 +195,7 @@ class MapWatcher:
         if not path:
             self.refresh()
             return
-        if path in _PARENTS:
+        if path in _PARENTS or path == zk_layout.DELETED:
             what = (_LISTING, path)
         elif path in (zk_layout.PLACEMENT, zk_layout.ASSIGNMENT):
             what = (_PLACEMENT, "")
@@ -277,7 +290,9 @@ class MapWatcher:
         zk = self._client
         watch = self._on_watch
         listing = {path: zk.get_children_async(path, watch=watch, include_data=True) for path in _PARENTS}
+        tombstones = zk.get_children_async(zk_layout.DELETED, watch=watch, include_data=True)
         placement = self._start_placement(own=True)
+        self._take_tombstones(self._settle(zk_layout.DELETED, tombstones))
         names: dict[str, set[str]] = {}
         for parent, pending in listing.items():
             settled = self._settle(parent, pending)
@@ -302,8 +317,12 @@ class MapWatcher:
         listing = {
             path: zk.get_children_async(path, watch=watch, include_data=True)
             for kind, path in events
-            if kind == _LISTING
+            if kind == _LISTING and path != zk_layout.DELETED
         }
+        if (_LISTING, zk_layout.DELETED) in events:
+            # Before the store listing is taken: a record deleted with its tombstone goes, not orphaned.
+            tombstones = zk.get_children_async(zk_layout.DELETED, watch=watch, include_data=True)
+            self._take_tombstones(self._settle(zk_layout.DELETED, tombstones))
         asked = {path for kind, path in events if kind == _PLACEMENT}
         placement = self._start_placement(own=bool(asked - {""})) if asked else None
         wanted = {path for kind, path in events if kind == _RECORD}
@@ -324,6 +343,24 @@ class MapWatcher:
         for path, pending in reads.items():
             self._take(path, self._settle(path, pending, record=True))
         return self._builder.build(self._map_generation)
+
+    def _take_tombstones(self, settled: tuple[Any, ZnodeStat] | None) -> None:
+        """The stores with a tombstone (/deleted's children, watched: `keyroute store delete` creates one
+        afresh each time, publishing deletes it) and the highest version each deleted, read pipelined. Only a
+        change to that listing (a rare event) or a whole re-read reads them."""
+        names = set(settled[0]) if settled else set()
+        reads = {name: self._client.get_async(zk_layout.deleted_path(name)) for name in sorted(names)}
+        tombstones: dict[str, int] = {}
+        for name, pending in reads.items():
+            read = self._settle(zk_layout.deleted_path(name), pending, record=True)
+            if read is None:
+                continue  # gone meanwhile: the listing's watch brings it
+            version = tombstone_version(read[0])
+            if version is None:
+                log.warning("ignoring the tombstone of store %s: it names no version deleted", name)
+                continue
+            tombstones[name] = version
+        self._builder.set_deleted(tombstones)
 
     def _forget(self, parent: str, name: str) -> None:
         self._raw.pop(f"{parent}/{name}", None)
@@ -359,7 +396,8 @@ class MapWatcher:
     def _clear(self, parent: str, name: str) -> None:
         """The record under `parent` named `name` is gone (or unusable): out of the map."""
         if parent == zk_layout.STORES:
-            self._builder.set_store(name, None)
+            # Absence is not deletion: without a tombstone the last record read stays, marked orphaned.
+            self._builder.set_store(name, None, keep=True)
         elif parent == zk_layout.NODES:
             self._builder.set_node(name, None)
         elif parent == zk_layout.SERVING:

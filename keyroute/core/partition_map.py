@@ -283,6 +283,12 @@ class PartitionMap:
     built_at: float = 0.0
     stale: bool = False
     routes: Mapping[str, tuple[tuple[Endpoint, ...], ...]] = field(default_factory=dict)
+    # Stores with a tombstone (/deleted/{store}, `keyroute store delete`), each with the highest version it
+    # deleted: only those versions may be dropped (see `deletes`).
+    deleted: Mapping[str, int] = field(default_factory=dict)
+    # Stores whose record vanished from ZooKeeper without a tombstone: their last record read is kept in
+    # `stores` (absence is not deletion), so reads still route and nodes keep what they hold.
+    orphaned: frozenset[str] = frozenset()
     # Identifies this map within the process; `delta` (None: built from scratch) names the map it was
     # derived from and what may route differently since.
     seq: int = field(default_factory=lambda: next(_SEQ), compare=False)
@@ -326,8 +332,14 @@ class PartitionMap:
             self.built_at,
             stale,
             self.routes,
+            self.deleted,
+            self.orphaned,
             delta=MapDelta(self.seq, MappingProxyType({})),
         )
+
+    def deletes(self, store: str, version: int) -> bool:
+        """Whether the store's tombstone covers `version` (a version published after the deletion is not)."""
+        return version <= self.deleted.get(store, 0)
 
     def serving_endpoints(self, store: str, partition: int) -> tuple[Endpoint, ...]:
         per_partition = self.routes.get(store, ())
@@ -418,6 +430,8 @@ class PartitionMap:
                     "published_at": store.published_at,
                     "retained_versions": list(store.retained_versions),
                     **({} if store.timeline is None else {"timeline": store.timeline.to_dict()}),
+                    # Its record is gone from ZooKeeper without a tombstone: this is the last one read.
+                    **({"orphaned": True} if name in self.orphaned else {}),
                     "partition_map": [
                         {
                             "partition": p,
@@ -472,6 +486,8 @@ class MapBuilder:
         self._routes: dict[str, tuple[tuple[Endpoint, ...], ...]] = {}
         self._dirty: dict[str, set[int] | None] = {}
         self._last: PartitionMap | None = None
+        self._deleted: Mapping[str, int] = MappingProxyType({})
+        self._orphaned: set[str] = set()
 
     @property
     def stores(self) -> Mapping[str, StoreRecord]:
@@ -502,13 +518,22 @@ class MapBuilder:
         else:
             dirty.add(partition)
 
-    def set_store(self, name: str, record: StoreRecord | None) -> None:
+    def set_store(self, name: str, record: StoreRecord | None, *, keep: bool = False) -> None:
+        """A store's record as read (None: gone). With `keep`, a record that is gone while the store has no
+        tombstone covering its version stays in the map as last read, marked orphaned, until such a tombstone
+        or a new record comes."""
         old = self._stores.get(name)
         if record is None:
-            if old is not None:
-                del self._stores[name]
-                self._touch(name, None)
+            if old is None:
+                return
+            if keep and old.version > self._deleted.get(name, 0):
+                self._orphaned.add(name)
+                return
+            self._orphaned.discard(name)
+            del self._stores[name]
+            self._touch(name, None)
             return
+        self._orphaned.discard(name)
         self._stores[name] = record
         if (
             old is None
@@ -518,6 +543,18 @@ class MapBuilder:
             or old.key_format != record.key_format
         ):
             self._touch(name, None)
+
+    @property
+    def orphaned(self) -> frozenset[str]:
+        return frozenset(self._orphaned)
+
+    def set_deleted(self, deleted: Mapping[str, int]) -> None:
+        """The stores with a tombstone, each with the highest version it deleted; an orphaned record at a
+        version one of them covers goes now."""
+        self._deleted = MappingProxyType(dict(deleted))
+        for name in sorted(self._orphaned):
+            if self._stores[name].version <= self._deleted.get(name, 0):
+                self.set_store(name, None)
 
     def set_node(self, node_id: str, record: NodeRecord | None) -> None:
         if record is None:
@@ -645,6 +682,8 @@ class MapBuilder:
             generation=generation,
             built_at=time.time() if built_at is None else built_at,
             routes=MappingProxyType(dict(routes)),
+            deleted=self._deleted,
+            orphaned=frozenset(self._orphaned),
             delta=None if last is None else MapDelta(last.seq, MappingProxyType(changed)),
         )
         self._last = built

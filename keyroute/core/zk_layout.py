@@ -16,6 +16,11 @@
                                        (keyroute.core.cluster_identity), created by the first node to join
 /live/{node_id}            ephemeral   the state of every live partition a node holds (offset, lag, state,
                                        counters; keyroute.core.live_status reads them), throttled
+/deleted/{store}           persistent  a store's tombstone (`keyroute store delete`): the versions deleted and
+                                       when. Only a tombstone lets a node drop a store's partitions and files
+                                       (of the versions up to the highest it names); a store record that
+                                       vanishes without one is absence, not deletion. Publishing the store
+                                       again removes it; a new deletion writes it anew (never rewritten).
 """
 
 from __future__ import annotations
@@ -29,12 +34,17 @@ ASSIGNED = "/assigned"
 SERVING = "/serving"
 LIVE = "/live"
 CLUSTER = "/cluster"
+DELETED = "/deleted"
 
-PERSISTENT_ROOTS = (STORES, NODES, CONTROLLER, SERVING, LIVE, PLACEMENT, ASSIGNED)
+PERSISTENT_ROOTS = (STORES, NODES, CONTROLLER, SERVING, LIVE, PLACEMENT, ASSIGNED, DELETED)
 
 
 def store_path(store: str) -> str:
     return f"{STORES}/{store}"
+
+
+def deleted_path(store: str) -> str:
+    return f"{DELETED}/{store}"
 
 
 def placement_path(store: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
@@ -231,11 +232,17 @@ def test_the_watcher_follows_each_change_by_reading_only_what_changed(zk_setting
         caught_up("a at version 2")
         placed(2, {"b": (("n3",), ("n3",), ("n2",), ("n3",))})  # the root names only b now
         caught_up("the assignment of generation 2")
+        # A record that vanishes without a tombstone is absence, not deletion: its last record stays.
         writer.delete(zk_layout.store_path("a"))
+        orphaned = wait_for(lambda: "a" in watcher.current.orphaned and watcher.current, message="a orphaned")
+        assert orphaned.stores["a"] == store("a", 4, 2) and "a" in orphaned.routes
+        # Its tombstone (`keyroute store delete`) deletes it.
+        writer.create(zk_layout.deleted_path("a"), json.dumps({"store": "a", "versions": [1, 2]}).encode())
         writer.create(zk_layout.store_path("c"), store("c", 2, 1).to_json())
         writer.set(zk_layout.serving_path("n3"), serving("n3", {"b": {3: 1}, "c": {0: 1, 1: 1}}))
         final = caught_up("store a gone, c new")
         assert set(final.routes) == {"b", "c"} and final.store_complete("c")
+        assert final.deleted == {"a": 2} and final.orphaned == frozenset()
         # A burst: many changes to one record, then the last state is what the watcher shows.
         for i in range(30):
             writer.set(zk_layout.serving_path("n2"), serving("n2", {"b": {p: 1 for p in range(4) if p != i % 4}}))

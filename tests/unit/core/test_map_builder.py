@@ -176,3 +176,37 @@ def test_a_new_preferred_replica_reorders_that_partition_only() -> None:
     table = RoutingTable.of(second, RoutingTable.of(first))
     location = table.locate("a", "k")
     assert location.serving is second.routes["a"][location.partition]
+
+
+def test_a_store_record_gone_without_a_tombstone_stays_orphaned_until_one_comes() -> None:
+    builder = MapBuilder()
+    a, b = store("a", 2, 1), store("b", 2, 1)
+    builder.set_store("a", a)
+    builder.set_store("b", b)
+    builder.set_serving("n1", ServingRecord("n1", "http://127.0.0.1:9001", {"a": {0: 1, 1: 1}}))
+    builder.build(1)
+    # Gone from ZooKeeper, no tombstone: the last record read stays and still routes.
+    builder.set_store("a", None, keep=True)
+    kept = builder.build(2)
+    assert kept.stores["a"] is a and kept.orphaned == frozenset({"a"}) and kept.deleted == {}
+    assert kept.serving_endpoints("a", 0) and RoutingTable.of(kept).has_store("a")
+    assert kept.describe()["stores"]["a"]["orphaned"] is True and "orphaned" not in kept.describe()["stores"]["b"]
+    # Published again: no longer orphaned.
+    builder.set_store("a", store("a", 2, 2))
+    assert builder.build(3).orphaned == frozenset()
+    builder.set_store("a", None, keep=True)
+    # A tombstone of an earlier deletion (a ZooKeeper restored from an old backup) does not cover version 2.
+    builder.set_deleted({"a": 1})
+    assert builder.build(4).orphaned == frozenset({"a"})
+    # Its own tombstone comes (after the record's removal was read, or before): the store goes.
+    builder.set_deleted({"a": 2})
+    deleted = builder.build(4)
+    assert "a" not in deleted.stores and deleted.orphaned == frozenset() and deleted.deleted == {"a": 2}
+    assert deleted.deletes("a", 1) and deleted.deletes("a", 2) and not deleted.deletes("a", 3)
+    assert "a" not in deleted.routes and not RoutingTable.of(deleted).has_store("a")
+    builder.set_store("b", None, keep=True)  # "b" has no tombstone
+    builder.set_deleted({"a": 2})
+    assert builder.build(5).orphaned == frozenset({"b"})
+    # Without `keep` (a whole build from records) a missing record is simply absent.
+    builder.set_store("b", None)
+    assert "b" not in builder.build(6).stores

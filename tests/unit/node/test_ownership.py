@@ -401,10 +401,53 @@ def test_a_deleted_store_is_dropped(snapshot, data_dir: Path) -> None:
     async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
         ownership.on_map(build_map([record], {"s": ((ME,),)}))
         await wait_until(lambda: registration.last == {"s": {0: 1}})
-        ownership.on_map(build_map([], {}, {ME: {"s": {0: 1}}}, 2))
+        # `keyroute store delete`: the record goes and the map carries the store's tombstone.
+        deleted = build_map([], {}, {ME: {"s": {0: 1}}}, 2)
+        ownership.on_map(dataclasses.replace(deleted, deleted={"s": 1}))
         await wait_until(lambda: registration.last == {})
         await wait_until(lambda: not partition_path(data_dir, PartitionId("s", 1, 0)).exists())
+        assert ownership.readiness().degraded == ()
 
+    run(data_dir, scenario)
+
+
+def test_a_store_record_gone_without_a_tombstone_is_kept_and_said_once(snapshot, data_dir: Path, caplog) -> None:
+    record = snapshot("s", 2, 2, ROWS)
+    files = [partition_path(data_dir, PartitionId("s", 2, p)) for p in (0, 1)]
+
+    async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
+        ownership.on_map(build_map([record], {"s": ((ME,), (ME, OTHER))}))
+        await wait_until(lambda: registration.last == {"s": {0: 2, 1: 2}})
+        # The record vanished (a ZooKeeper restored from an old backup, a wrong `deleteall`): the map watcher
+        # keeps its last record, marked orphaned, and the controller drops the store from the assignment.
+        # Another node serves p1 too: without the orphan rule it would be handed over and dropped.
+        gone = build_map([record], {}, {ME: {"s": {0: 2, 1: 2}}, OTHER: {"s": {1: 2}}}, 2)
+        for generation in (2, 3, 4):
+            ownership.on_map(dataclasses.replace(gone, orphaned=frozenset({"s"}), generation=generation))
+            await ownership.settled(graces=True)
+        assert registration.last == {"s": {0: 2, 1: 2}}
+        assert ownership.local("s", 0) is not None and ownership.local("s", 1) is not None
+        assert all(path.exists() for path in files)
+        readiness = ownership.readiness()
+        assert readiness.ready and readiness.orphaned_partitions == 2
+        assert len(readiness.degraded) == 1 and "without a tombstone" in readiness.degraded[0]
+        assert ownership.readiness().describe()["degraded"] == list(readiness.degraded)
+        said = [r for r in caplog.records if "has no tombstone" in r.getMessage()]
+        assert len(said) == 1, said  # once, not on every map
+        # A map without even the last record (a watcher that never read it) keeps it all the same, and so
+        # does one with the tombstone of an earlier deletion (version 1: a ZooKeeper restored from a backup
+        # taken before the store was published again).
+        bare = build_map([], {}, {ME: {"s": {0: 2, 1: 2}}}, 5)
+        for earlier in (bare, dataclasses.replace(bare, deleted={"s": 1}, generation=6)):
+            ownership.on_map(earlier)
+            await ownership.settled(graces=True)
+            assert registration.last == {"s": {0: 2, 1: 2}} and all(path.exists() for path in files)
+        # Then `keyroute store delete`: its tombstone covers version 2 and lets it go.
+        ownership.on_map(dataclasses.replace(bare, deleted={"s": 2}, generation=7))
+        await wait_until(lambda: registration.last == {})
+        await wait_until(lambda: not any(path.exists() for path in files))
+
+    caplog.set_level("INFO", logger="keyroute.state_node.ownership")
     run(data_dir, scenario)
 
 
@@ -412,8 +455,10 @@ def test_startup_reuses_loaded_partitions_and_removes_leftovers(snapshot, data_d
     record = snapshot("s", 1, 2, ROWS)
     load_partition(data_dir, record, 0, 1 << 24).close()  # from an earlier run, still assigned
     load_partition(data_dir, record, 1, 1 << 24).close()  # from an earlier run, no longer assigned
-    leftover = partition_path(data_dir, PartitionId("old", 3, 0))
+    leftover = partition_path(data_dir, PartitionId("old", 3, 0))  # a deleted store: it has a tombstone
     leftover.mkdir(parents=True)
+    unknown = partition_path(data_dir, PartitionId("lost", 2, 0))  # neither record nor tombstone: kept
+    unknown.mkdir(parents=True)
     calls: list[int] = []
 
     def counting_loader(directory: Path, rec: StoreRecord, partition: int, *args: Any) -> PartitionStore:
@@ -421,11 +466,14 @@ def test_startup_reuses_loaded_partitions_and_removes_leftovers(snapshot, data_d
         return load_partition(directory, rec, partition, *args)
 
     async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
-        ownership.on_map(build_map([record], {"s": ((ME,), (OTHER,))}))
+        first = build_map([record], {"s": ((ME,), (OTHER,))})
+        ownership.on_map(dataclasses.replace(first, deleted={"old": 3}))
         await wait_until(lambda: registration.last == {"s": {0: 1}})
         unassigned = partition_path(data_dir, PartitionId("s", 1, 1))
         await wait_until(lambda: not leftover.exists() and not unassigned.exists())
+        await ownership.settled()
         assert partition_path(data_dir, PartitionId("s", 1, 0)).exists()
+        assert unknown.exists()  # absence is not deletion
         assert calls == [0]
 
     run(data_dir, scenario, loader=counting_loader)
