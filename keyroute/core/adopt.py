@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NoNodeError
 
 from keyroute.core import zk_layout
 from keyroute.core.partition_map import RecordError, StoreRecord
@@ -115,13 +115,20 @@ def adopt(
     if not names:
         raise AdoptError(f"no store versions found under {output} (is it the pipeline's --output?)")
     when = time.time() if now is None else now
-    return [_adopt_store(client, output, name, retain, replication_factor, when) for name in names]
+    named = stores is not None
+    return [_adopt_store(client, output, name, retain, replication_factor, when, named) for name in names]
 
 
 def _adopt_store(
-    client: KazooClient, output: str, store: str, retain: int, replication_factor: int, now: float
+    client: KazooClient, output: str, store: str, retain: int, replication_factor: int, now: float, named: bool
 ) -> Adopted:
     result = Adopted(store, "skipped")
+    tombstone = client.exists(zk_layout.deleted_path(store))
+    if tombstone is not None and not named:
+        # Deleted on purpose (`keyroute store delete` keeps its snapshots): adopting every store found must not
+        # bring it back. Naming it with --store publishes it again, as the pipeline would.
+        result.reason = "deleted by `keyroute store delete` (a tombstone); name it with --store to publish it again"
+        return result
     complete: dict[int, Manifest] = {}
     for version in existing_versions(output, store):
         try:
@@ -143,10 +150,14 @@ def _adopt_store(
         raw, stat = client.get(path)
     except NoNodeError:
         record = _record(store, newest, found, replication_factor, now)
-        try:
-            client.create(path, record.to_json(), makepath=True)
-        except NodeExistsError:
-            result.reason = "its record appeared meanwhile; run adopt again"
+        # The record and the removal of a tombstone in one transaction, as publishing does: nodes never see the
+        # new record beside a tombstone that would make them drop it.
+        transaction = client.transaction()
+        transaction.create(path, record.to_json())
+        if tombstone is not None:
+            transaction.delete(zk_layout.deleted_path(store), version=tombstone.version)
+        if any(isinstance(outcome, Exception) for outcome in transaction.commit()):
+            result.reason = "its record or tombstone changed meanwhile; run adopt again"
             return result
         return _done(result, "published", record)
     try:

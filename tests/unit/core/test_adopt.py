@@ -44,8 +44,42 @@ class FakeZk:
             raise BadVersionError(path)
         self.nodes[path] = (data, version + 1)
 
+    def exists(self, path: str) -> Stat | None:
+        return Stat(self.nodes[path][1]) if path in self.nodes else None
+
+    def transaction(self) -> FakeTransaction:
+        return FakeTransaction(self)
+
     def record(self, store: str) -> StoreRecord:
         return StoreRecord.from_json(self.nodes[zk_layout.store_path(store)][0])
+
+
+class FakeTransaction:
+    """create/delete applied together at commit, or not at all (kazoo's results: an exception per failed op)."""
+
+    def __init__(self, zk: FakeZk) -> None:
+        self.zk = zk
+        self.ops: list[tuple[str, str, bytes, int]] = []
+
+    def create(self, path: str, data: bytes) -> None:
+        self.ops.append(("create", path, data, -1))
+
+    def delete(self, path: str, version: int = -1) -> None:
+        self.ops.append(("delete", path, b"", version))
+
+    def commit(self) -> list[object]:
+        nodes = dict(self.zk.nodes)
+        for op, path, data, version in self.ops:
+            if op == "create":
+                if path in nodes:
+                    return [NodeExistsError(path)]
+                nodes[path] = (data, 0)
+            else:
+                if path not in nodes or version not in (-1, nodes[path][1]):
+                    return [BadVersionError(path)]
+                del nodes[path]
+        self.zk.nodes = nodes
+        return [True] * len(self.ops)
 
 
 def write_version(
@@ -159,3 +193,18 @@ def test_an_output_without_versions_is_refused(tmp_path: Path) -> None:
         adopt(FakeZk(), str(tmp_path))  # type: ignore[arg-type]
     with pytest.raises(AdoptError, match="is not a directory"):
         adopt(FakeZk(), str(tmp_path / "missing"))  # type: ignore[arg-type]
+
+
+def test_a_deleted_store_is_adopted_only_when_named_and_its_tombstone_goes_with_it(tmp_path: Path) -> None:
+    write_version(tmp_path, "fares", 1)
+    write_version(tmp_path, "trips", 1)
+    zk = FakeZk()
+    zk.nodes[zk_layout.deleted_path("fares")] = (b'{"store": "fares", "version": 1}', 0)
+    results = {r.store: r for r in adopt(zk, str(tmp_path), now=1.0)}  # type: ignore[arg-type]
+    assert results["fares"].action == "skipped" and "tombstone" in results["fares"].reason
+    assert zk_layout.store_path("fares") not in zk.nodes
+    assert results["trips"].action == "published"
+    [named] = adopt(zk, str(tmp_path), ["fares"], now=2.0)  # type: ignore[arg-type]
+    assert (named.action, named.version) == ("published", 1)
+    assert zk.record("fares").version == 1
+    assert zk_layout.deleted_path("fares") not in zk.nodes
