@@ -405,7 +405,7 @@ def render_dev_with_object_storage(folder: Path, output: str) -> list[dict[str, 
 
 
 def test_the_object_storage_manifests_run_nodes_that_load_from_the_bucket(
-    tmp_path: Path, s3_bucket: S3Bucket, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, s3_bucket: S3Bucket, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
     """The dev overlay with the object-storage component, launched here from the rendered manifests as
     tests/integration/test_k8s_local.py launches dev: the nodes get nothing but what the manifests give
@@ -415,7 +415,7 @@ def test_the_object_storage_manifests_run_nodes_that_load_from_the_bucket(
     from pyarrow import fs as arrow_fs
 
     from keyroute.core.zookeeper_server import EmbeddedZooKeeper
-    from tests.integration.test_k8s_local import LocalCluster
+    from tests.integration.test_k8s_local import LocalCluster, kubernetes_api
     from tests.k8s_render import find, pod_template, resolve_env
 
     for name in [n for n in os.environ if n.startswith(("KEYROUTE_", "AWS_"))]:
@@ -438,7 +438,10 @@ def test_the_object_storage_manifests_run_nodes_that_load_from_the_bucket(
     assert pipeline_env["KEYROUTE_OUTPUT"] == output
     assert pipeline_env["AWS_SECRET_ACCESS_KEY"] == s3_bucket.secret_key
 
-    cluster = LocalCluster(objs, tmp_path / "cluster")
+    # The nodes' init containers read their zone from the Kubernetes API: the same stand-in as dev's launch.
+    api = kubernetes_api()
+    cluster = LocalCluster(objs, tmp_path / "cluster", api.__enter__())
+    request.addfinalizer(lambda: api.__exit__(None, None, None))
     [zk_pod] = cluster.schedule("StatefulSet", "keyroute-zookeeper")
     [zk_container] = zk_pod.spec["containers"]
     data_mount = next(m for m in zk_container["volumeMounts"] if m["mountPath"] == "/data")
