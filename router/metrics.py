@@ -28,7 +28,6 @@ from typing import Any
 from prometheus_client.core import Metric
 
 from keyroute.core.metrics import (
-    CODE_CLASSES,
     LATENCY_BUCKETS_S,
     UNKNOWN_STORE,
     Exposition,
@@ -39,13 +38,13 @@ from keyroute.core.metrics import (
     Sums,
     WorkerSnapshots,
     add_sums,
-    code_class,
     counter,
     gauge,
     histogram_family,
     labelled_counter,
     labelled_gauge,
     labelled_histogram,
+    observe_duration,
     outcome,
     refusal_counts_family,
     refusals,
@@ -198,13 +197,7 @@ class RouterMetrics:
         m = self.partition_map
         if m is None or store not in m.stores:
             store = UNKNOWN_STORE
-        key = (store, CODE_CLASSES.get(status) or code_class(status))
-        histogram = self.request_duration.get(key)
-        if histogram is None:
-            histogram = self.request_duration[key] = Histogram()
-        # Histogram.observe, inline.
-        histogram.counts[bisect_left(histogram.bounds, seconds)] += 1
-        histogram.sum += seconds
+        observe_duration(self.request_duration, store, status, seconds)
 
     def snapshot(self) -> Snapshot:
         """(sums, facts): this process's counters, and its gauges' inputs, as JSON values.

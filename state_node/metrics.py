@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,18 +15,17 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
 from keyroute.core.metrics import (
-    CODE_CLASSES,
     LOAD_BUCKETS_S,
     UNKNOWN_STORE,
     Exposition,
     Histogram,
     RequestCounts,
-    code_class,
     counter,
     gauge,
     labelled_counter,
     labelled_gauge,
     labelled_histogram,
+    observe_duration,
     refusals_family,
     store_label,
 )
@@ -109,13 +107,7 @@ class NodeMetrics:
         ownership = self._ownership
         if ownership is None or store not in ownership.map.stores:
             store = UNKNOWN_STORE
-        key = (store, CODE_CLASSES.get(status) or code_class(status))
-        histogram = self.request_duration.get(key)
-        if histogram is None:
-            histogram = self.request_duration[key] = Histogram()
-        # Histogram.observe, inline.
-        histogram.counts[bisect_left(histogram.bounds, seconds)] += 1
-        histogram.sum += seconds
+        observe_duration(self.request_duration, store, status, seconds)
 
     def timed(self, loader: Loader) -> Loader:
         """`loader`, with the duration of every load recorded by how it ended."""

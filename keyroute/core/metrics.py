@@ -132,6 +132,17 @@ class Histogram:
         return out
 
 
+def observe_duration(durations: dict[tuple[str, str], Histogram], store: str, status: int, seconds: float) -> None:
+    """One read of `store` answered with `status`, `seconds` after its admission, into the histogram of its
+    (store, code class): routers and nodes keep their request durations this way (once per request)."""
+    key = (store, CODE_CLASSES.get(status) or code_class(status))
+    histogram = durations.get(key)
+    if histogram is None:
+        histogram = durations[key] = Histogram()
+    histogram.counts[bisect_left(histogram.bounds, seconds)] += 1  # Histogram.observe, inline
+    histogram.sum += seconds
+
+
 def histogram_family(
     name: str, documentation: str, label: str, histograms: Mapping[str, Histogram]
 ) -> HistogramMetricFamily:
