@@ -220,6 +220,36 @@ def _serving_options(p: _Parser, parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _admin_port(text: str) -> int | None:
+    """A port number, or empty (an unset variable): none."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, not {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is between 1 and 65535, not {text!r}")
+    return port
+
+
+def _admin_port_option(p: _Parser, parser: argparse.ArgumentParser) -> None:
+    p.option(
+        parser,
+        "--admin-port",
+        type=_admin_port,
+        help="serve /admin/* and /metrics (and the probes, the API document) on this second port only; the "
+        "data port then answers them 404. Unset: everything on --port",
+    )
+
+
+def _http_settings(args: argparse.Namespace, **kwargs: Any) -> HttpSettings:
+    if args.admin_port is not None and args.admin_port == args.port:
+        raise SystemExit(f"keyroute {args.command}: --admin-port must differ from --port ({args.port})")
+    return HttpSettings(host=args.host, port=args.port, admin_port=args.admin_port, **kwargs)
+
+
 def _limits(args: argparse.Namespace) -> dict[str, Any]:
     """The settings fields `_serving_options` fills, for NodeSettings and RouterSettings alike."""
     for name in ("max_batch_keys", "max_key_bytes", "max_body_bytes", "max_header_bytes", "max_concurrent_requests"):
@@ -286,6 +316,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     _zk_options(p, node, writes=True)
     p.option(node, "--node-id", required=True, help="unique, stable node id (e.g. the pod name)")
     p.option(node, "--port", type=int, required=True, help="HTTP port")
+    _admin_port_option(p, node)
     p.option(node, "--host", default="127.0.0.1", help="address to listen on")
     p.option(node, "--advertise-url", default="", help="URL other members use to reach this node")
     p.option(node, "--data-dir", type=Path, required=True, help="where the node keeps its loaded partitions")
@@ -351,6 +382,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     router = sub.add_parser("router", help="run a router")
     _zk_options(p, router, writes=False)
     p.option(router, "--port", type=int, required=True, help="HTTP port")
+    _admin_port_option(p, router)
     p.option(router, "--host", default="127.0.0.1", help="address to listen on")
     p.option(router, "--upstream-timeout-s", type=float, default=5.0, help="timeout for one request to a node")
     p.option(router, "--zk-session-timeout-s", type=float, default=10.0, help="ZooKeeper session timeout")
@@ -739,7 +771,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         node_id=args.node_id,
         data_dir=args.data_dir,
         zk=_zk(args),
-        http=HttpSettings(host=args.host, port=args.port, advertise_url=args.advertise_url),
+        http=_http_settings(args, advertise_url=args.advertise_url),
         zone=zone,
         drain_timeout_s=args.drain_timeout_s,
         version_grace_s=args.version_grace_s,
@@ -757,7 +789,7 @@ def cmd_router(args: argparse.Namespace) -> int:
 
     settings = RouterSettings(
         zk=_zk(args),
-        http=HttpSettings(host=args.host, port=args.port),
+        http=_http_settings(args),
         upstream_timeout_s=args.upstream_timeout_s,
         upstream_connect_timeout_s=args.upstream_connect_timeout_s,
         **_limits(args),
