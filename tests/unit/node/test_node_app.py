@@ -409,6 +409,20 @@ def test_node_admin_endpoints_need_the_admin_token(client_for: Nodes) -> None:
     assert client.get("/metrics").status_code == 200
 
 
+def test_node_admin_endpoints_take_the_login_cookie_and_any_token_of_a_list(client_for: Nodes) -> None:
+    access = AccessSettings(admin_token="new-adm1n, adm1n")
+    client, _ = client_for(SERVING, HELD, unreachable, access=access)
+    for token in ("new-adm1n", "adm1n"):
+        assert client.get("/admin/partition-map", headers={"authorization": f"Bearer {token}"}).status_code == 200
+    login = client.post("/admin/login", data={"token": "adm1n"}, follow_redirects=False)
+    assert login.status_code == 303 and login.headers["location"] == "/admin/ui"
+    value = login.headers["set-cookie"].split(";")[0].partition("=")[2]
+    client.http.cookies.clear()
+    assert client.get("/admin/partition-map").status_code == 401
+    r = client.get("/admin/partition-map", headers={"cookie": f"keyroute_admin={value}"})
+    assert r.status_code == 200 and r.json()["node"] == ME
+
+
 def test_node_refuses_keys_and_heads_over_the_limits(client_for: Nodes) -> None:
     limits = RequestLimits(max_key_bytes=8, max_header_bytes=4000)
     client, seen = client_for(SERVING, HELD, unreachable, limits=limits)
