@@ -171,14 +171,16 @@ def _serving_options(p: _Parser, parser: argparse.ArgumentParser) -> None:
         type=_secret_text,
         secret=True,
         help="shared by every router and node (a Kubernetes Secret); with it, forwarding headers count only "
-        "from members proving they hold it. Empty: anyone may send them (local use only)",
+        "from members proving they hold it. Empty: anyone may send them (local use only). NEW,OLD during a "
+        "rotation: members send with the first and accept any",
     )
     p.option(
         parser,
         "--admin-token",
         type=_secret_text,
         secret=True,
-        help="bearer token /admin/* requires (Authorization: Bearer TOKEN); empty: admin endpoints are open",
+        help="token /admin/* requires (Authorization: Bearer TOKEN, or the cookie of a login at /admin/login); "
+        "NEW,OLD during a rotation (either is accepted); empty: admin endpoints are open",
     )
     p.flag(parser, "--metrics-require-token", help="/metrics also requires the admin token")
     p.option(parser, "--max-batch-keys", type=int, default=1000, help="keys in one batch-get (413 beyond)")

@@ -11,8 +11,8 @@ Why a shared cluster secret and not mutual TLS between members:
 What we give up, and mTLS would give: members' traffic is not encrypted (anyone who can sniff pod
 traffic sees values and the member token, and can then replay it), there is no per-member identity (every
 member presents the same token, so one compromised pod speaks for all), and rotation means restarting
-every member with the new secret. Run inside a private network (NetworkPolicy) and add a mesh with mTLS if
-pod traffic itself must be protected.
+every member (hitless: each accepts a list of secrets and sends with the first, docs/security.md). Run
+inside a private network (NetworkPolicy) and add a mesh with mTLS if pod traffic itself must be protected.
 
 Admin access: the admin token as `Authorization: Bearer`, or a browser's session cookie (`keyroute_admin`)
 set by POST /admin/login: not the token but an expiry and a MAC of it keyed by the token, so the cookie
@@ -56,15 +56,17 @@ class ClusterAuth:
     Without a secret (local demo, tests) every request counts as a member's: member headers are
     honoured from anyone, which lets any client that reaches a node stop it from forwarding. With one,
     only requests carrying the token do; everything else is a client request whose member headers are
-    ignored.
+    ignored. `secret` may be a comma-separated list (a rotation): a member sends the first one's token and
+    accepts the token of any.
     """
 
-    __slots__ = ("enabled", "token", "_token_bytes")
+    __slots__ = ("enabled", "token", "_accepted")
 
     def __init__(self, secret: str = "") -> None:
-        self.enabled = bool(secret)
-        self.token = member_token(secret) if secret else ""
-        self._token_bytes = self.token.encode("ascii")
+        secrets = split_secrets(secret)
+        self.enabled = bool(secrets)
+        self.token = member_token(secrets[0]) if secrets else ""
+        self._accepted = tuple(member_token(s).encode("ascii") for s in secrets)
 
     def is_member(self, presented: str | bytes | None) -> bool:
         if not self.enabled:
@@ -74,7 +76,11 @@ class ClusterAuth:
         if isinstance(presented, str):
             # Header values arrive as latin-1 text; compare_digest refuses non-ASCII str, so compare bytes.
             presented = presented.encode("latin-1", "replace")
-        return hmac.compare_digest(presented, self._token_bytes)
+        # Every accepted token is compared (no early exit): the time taken says nothing of which matched.
+        found = False
+        for token in self._accepted:
+            found |= hmac.compare_digest(presented, token)
+        return found
 
     def headers(self) -> dict[str, str]:
         """What a member adds to every request it sends to another member."""

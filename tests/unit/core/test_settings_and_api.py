@@ -161,3 +161,14 @@ def test_admin_tokens_take_a_list_for_a_rotation() -> None:
     with pytest.raises(ApiError):
         auth.check(b"Bearer new,old")
     assert not BearerAuth(" , ").enabled
+
+
+def test_cluster_secrets_take_a_list_sending_with_the_first_accepting_any() -> None:
+    from keyroute.core.security import ClusterAuth, member_token
+
+    members = ClusterAuth("new, old")
+    assert members.headers() == {"x-keyroute-auth": member_token("new")}  # sends with the first
+    assert members.is_member(member_token("new")) and members.is_member(member_token("old"))
+    assert not members.is_member(member_token("other")) and not members.is_member(None)
+    assert ClusterAuth("old").is_member(members.token) is False
+    assert not ClusterAuth(",").enabled

@@ -393,6 +393,26 @@ def test_with_a_cluster_secret_a_members_hop_header_still_forbids_a_second_forwa
     assert seen == []
 
 
+def test_during_a_rotation_a_node_honours_members_sending_either_secret_and_sends_the_first(
+    client_for: Nodes,
+) -> None:
+    rotating = AccessSettings(cluster_secret="new-s3cret, s3cret", admin_token="adm1n")
+    client, seen = client_for(SERVING, HELD, found_at_b, access=rotating)
+    # A router or node still sending the old secret, and one already sending the new: both are members.
+    for secret in ("s3cret", "new-s3cret"):
+        member = {"x-keyroute-hops": "1", "x-keyroute-auth": member_token(secret)}
+        r = client.get(f"/stores/s/keys/{KEY_REMOTE}", headers=member)
+        assert r.status_code == 503 and r.json()["error"] == "partition_unavailable", secret
+    assert seen == []
+    # Anyone else is a client: its hop count is ignored, the read is forwarded, with the first secret's proof.
+    r = client.get(f"/stores/s/keys/{KEY_REMOTE}", headers={"x-keyroute-hops": "1", **MEMBER_OF_NONE})
+    assert r.status_code == 200 and len(seen) == 1
+    assert seen[0].headers["x-keyroute-auth"] == member_token("new-s3cret")
+
+
+MEMBER_OF_NONE = {"x-keyroute-auth": member_token("other secret")}
+
+
 def test_without_a_secret_no_token_is_sent_to_peers(client_for: Nodes) -> None:
     client, seen = client_for(SERVING, HELD, found_at_b)
     assert client.get(f"/stores/s/keys/{KEY_REMOTE}").status_code == 200

@@ -429,6 +429,18 @@ def test_the_router_proves_membership_to_nodes_and_never_passes_a_clients_member
     run(scenario)
 
 
+def test_during_a_rotation_the_router_proves_membership_with_the_first_secret() -> None:
+    rotating = dataclasses.replace(SETTINGS, access=AccessSettings(cluster_secret="new-s3cret,s3cret"))
+
+    async def scenario() -> None:
+        async with router(build_map(STORES, FULL), *nodes("k"), settings=rotating) as r:
+            assert (await r.client.get("/stores/s/keys/k")).status_code == 200
+            received = [x for node in ("a", "b") for x in r.cluster[node].received]
+            assert received and all(x.headers["x-keyroute-auth"] == member_token("new-s3cret") for x in received)
+
+    run(scenario)
+
+
 def test_keys_over_the_limit_are_refused_before_any_node_is_asked() -> None:
     settings = dataclasses.replace(SETTINGS, limits=RequestLimits(max_key_bytes=8, max_body_bytes=20_000))
 
