@@ -432,6 +432,20 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     cluster_sub = cluster.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
     _zk_options(p, cluster_sub.add_parser("id", help="print the cluster id of a chroot (JSON)"), writes=False)
 
+    zkb = sub.add_parser("zk", help="back up and restore keyroute's records in ZooKeeper")
+    zkb_sub = zkb.add_subparsers(dest="zk_command", required=True, metavar="ACTION")
+    zk_dump = zkb_sub.add_parser(
+        "dump", help="write the chroot's persistent records (not nodes' ephemeral ones) to one JSON file"
+    )
+    _zk_options(p, zk_dump, writes=False)
+    p.option(zk_dump, "--out", required=True, help="file to write the dump to (- for standard output)")
+    zk_restore = zkb_sub.add_parser(
+        "restore", help="write a dump into a chroot without a cluster id (a new or wiped ZooKeeper)"
+    )
+    _zk_options(p, zk_restore, writes=True)
+    p.option(zk_restore, "--in", dest="in_file", required=True, help="a file `keyroute zk dump` wrote")
+    p.flag(zk_restore, "--force", help="also write over a chroot that holds the dump's own cluster id")
+
     zone = sub.add_parser(
         "zone-from-node",
         help="write the zone label of the Kubernetes Node this pod runs on to a file (an init container's job)",
@@ -466,7 +480,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p.option(part, "--key-format", default="string", help="string | int16 | int32 | int64 | uuid | bytes")
     part.add_argument("keys", nargs="*", metavar="KEY", help="keys; when none are given, one per stdin line")
     # The logging options are taken after the command too (`keyroute node --log-level DEBUG ...`).
-    for leaf in (zk, build, node, router, listing, roll, zone, demo, part):
+    for leaf in (zk, build, node, router, listing, roll, zone, demo, part, zk_dump, zk_restore):
         leaf.add_argument("--log-level", default=argparse.SUPPRESS, help="as before the command")
         leaf.add_argument("--log-format", default=argparse.SUPPRESS, choices=FORMATS, help="as before the command")
     return parser
@@ -736,6 +750,76 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         return 1
     print(json.dumps({"cluster_id": found.id, "created_at": found.created_at}))
 
+def cmd_zk(args: argparse.Namespace) -> int:
+    from keyroute.core.zk import ZkUnavailableError, close, connect
+    from keyroute.core.zk_backup import Dump, ZkBackupError, dump, restore
+
+    what = f"keyroute zk {args.zk_command}"
+    zk_settings = _zk(args)
+    where = zk_settings.chroot or "/"
+    backup: Dump | None = None
+    if args.zk_command == "restore":  # the dump is read and checked before ZooKeeper is touched
+        try:
+            backup = Dump.parse(Path(args.in_file).read_bytes())
+        except OSError as exc:
+            print(f"{what}: cannot read {args.in_file}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
+        except ZkBackupError as exc:
+            print(f"{what}: {args.in_file}: {exc}", file=sys.stderr)
+            return 1
+    try:
+        client = connect(zk_settings, ensure_layout=backup is not None)
+    except ZkUnavailableError as exc:
+        print(f"{what}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        if backup is None:
+            if zk_settings.chroot and client.exists("/") is None:
+                print(f"{what}: chroot {where} does not exist on ZooKeeper {zk_settings.hosts}", file=sys.stderr)
+                return 1
+            taken = dump(client, zk_settings.chroot)
+        else:
+            restored = restore(client, backup, where, force=args.force)
+    except ZkBackupError as exc:
+        print(f"{what}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        close(client)
+    if backup is not None:
+        summary = {"chroot": where, "cluster_id": backup.cluster_id, **restored.describe()}
+        print(json.dumps(summary))
+        return 0
+    try:
+        _write_atomically(args.out, taken.to_bytes())
+    except OSError as exc:
+        print(f"{what}: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    if taken.cluster_id is None:
+        print(f"{what}: chroot {where} has no cluster id (dumped all the same)", file=sys.stderr)
+    summary = {"chroot": where, "cluster_id": taken.cluster_id, "znodes": len(taken.znodes), "out": args.out}
+    print(json.dumps(summary), file=sys.stderr if args.out == "-" else sys.stdout)
+    return 0
+
+
+def _write_atomically(out: str, content: bytes) -> None:
+    """`content` to file `out` (whole or not at all: written beside it, then renamed), or stdout for "-"."""
+    if out == "-":
+        sys.stdout.buffer.write(content)
+        sys.stdout.flush()
+        return
+    target = Path(out)
+    partial = target.with_name(f".{target.name}.partial")
+    try:
+        with open(partial, "wb") as f:
+            f.write(content)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(partial, target)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            partial.unlink()
+
+
 def cmd_zone_from_node(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # its one INFO line per request says nothing more
     try:
@@ -823,6 +907,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "demo": cmd_demo,
     "partition": cmd_partition,
     "cluster": cmd_cluster,
+    "zk": cmd_zk,
 
     "zone-from-node": cmd_zone_from_node,
 }
