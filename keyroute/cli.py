@@ -241,6 +241,8 @@ def _admin_port_option(p: _Parser, parser: argparse.ArgumentParser) -> None:
         parser,
         "--admin-port",
         type=_admin_port,
+        # Taken as text from KEYROUTE_ADMIN_PORT and converted by argparse: a bad value is a usage error.
+        secret=True,
         help="serve /admin/* and /metrics (and the probes, the API document) on this second port only; the "
         "data port then answers them 404. Unset: everything on --port",
     )
