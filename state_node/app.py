@@ -179,6 +179,7 @@ def create_app(
     )
     # Shared with the data plane (keyroute.state_node.dataplane): one count of requests in progress.
     app.state.admission = metrics.admission
+    app.state.after_login = "/admin/partition-map"  # a node has no page of its own
     return app
 
 

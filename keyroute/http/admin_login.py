@@ -1,9 +1,10 @@
 """The admin login of routers and nodes: a browser never carries the admin token in a URL.
 
     GET  /admin/login    a small self-contained form (one field, `token`)
-    POST /admin/login    the token checked: 303 to /admin/ui with the session cookie set (`keyroute_admin`:
-                         HttpOnly, SameSite=Strict, Path=/admin, Secure when the request came over TLS; its
-                         value a MAC of the token, keyroute.core.security.BearerAuth.session), or 401
+    POST /admin/login    the token checked: 303 to the admin page (a router's /admin/ui, a node's partition
+                         map) with the session cookie set (`keyroute_admin`: HttpOnly, SameSite=Strict,
+                         Path=/admin, Secure when the request came over TLS; its value a MAC of the token,
+                         keyroute.core.security.BearerAuth.session), or 401
     POST /admin/logout   the cookie cleared, 303 to /admin/login
 
 Every /admin endpoint then accepts the cookie as it accepts `Authorization: Bearer` (keyroute.http.admission).
@@ -73,16 +74,21 @@ def _wants_html(request: Request) -> bool:
     return "text/html" in request.headers.get("accept", "")
 
 
+def _after_login(request: Request) -> RedirectResponse:
+    where = getattr(request.app.state, "after_login", AFTER_LOGIN)
+    return RedirectResponse(where, status_code=303, headers={"cache-control": "no-store"})
+
+
 async def login_form(request: Request) -> Response:
     if not _auth(request).enabled:  # no admin token: nothing to log in to
-        return RedirectResponse(AFTER_LOGIN, status_code=303, headers={"cache-control": "no-store"})
+        return _after_login(request)
     return _page()
 
 
 async def login(request: Request) -> Response:
     auth = _auth(request)
     if not auth.enabled:
-        return RedirectResponse(AFTER_LOGIN, status_code=303, headers={"cache-control": "no-store"})
+        return _after_login(request)
     body = await read_body(request, _MAX_FORM_BYTES, _FORM_TIMEOUT_S)
     # The field is read from the urlencoded form whatever the content type says (a browser sends that one).
     token = parse_qs(body.decode("latin-1"), keep_blank_values=True).get("token", [""])[0]
@@ -94,7 +100,7 @@ async def login(request: Request) -> Response:
             status_code=401,
             headers={"cache-control": "no-store"},
         )
-    response = RedirectResponse(AFTER_LOGIN, status_code=303, headers={"cache-control": "no-store"})
+    response = _after_login(request)
     response.set_cookie(
         SESSION_COOKIE,
         auth.session(),
@@ -115,7 +121,8 @@ async def logout(request: Request) -> Response:
 
 
 def login_routes() -> list[Route]:
-    """The login, the form and the logout, for an app whose `state.admission` holds its admission checks."""
+    """The login, the form and the logout, for an app whose `state.admission` holds its admission checks;
+    a login leads to `state.after_login` (default /admin/ui, the router's page)."""
     return [Route(LOGIN_PATH, _login_page, methods=["GET", "POST"]), Route(LOGOUT_PATH, logout, methods=["POST"])]
 
 

@@ -435,7 +435,7 @@ def test_node_admin_endpoints_take_the_login_cookie_and_any_token_of_a_list(clie
     for token in ("new-adm1n", "adm1n"):
         assert client.get("/admin/partition-map", headers={"authorization": f"Bearer {token}"}).status_code == 200
     login = client.post("/admin/login", data={"token": "adm1n"}, follow_redirects=False)
-    assert login.status_code == 303 and login.headers["location"] == "/admin/ui"
+    assert login.status_code == 303 and login.headers["location"] == "/admin/partition-map"
     value = login.headers["set-cookie"].split(";")[0].partition("=")[2]
     client.http.cookies.clear()
     assert client.get("/admin/partition-map").status_code == 401
