@@ -104,3 +104,28 @@ def test_mid_rotation_nodes_honour_members_sending_either_secret_and_take_either
             assert r.headers["x-keyroute-hops"] == "1" and r.headers["x-keyroute-forwarded-by"] == node
         # The router, still on the old secret, reads everything.
         cluster.check_every_key(http)
+
+
+def test_a_browser_logs_in_on_the_admin_port_of_routers_and_nodes_and_no_url_takes_a_token(
+    cluster: SmallCluster,
+) -> None:
+    for name, admin_url in cluster.admin_urls.items():
+        with httpx.Client(base_url=admin_url, timeout=10, trust_env=False) as browser:
+            assert browser.get("/admin/partition-map").status_code == 401
+            sent_away = browser.get(f"/admin/ui?token={ADMIN_TOKEN}")
+            assert sent_away.status_code == 303 and sent_away.headers["location"] == "/admin/login"
+            assert ADMIN_TOKEN not in sent_away.text
+            form = browser.get("/admin/login")
+            assert form.status_code == 200 and 'name="token"' in form.text
+            assert browser.post("/admin/login", data={"token": "wrong"}).status_code == 401
+            login = browser.post("/admin/login", data={"token": NEW_TOKEN})
+            assert login.status_code == 303 and "keyroute_admin" in browser.cookies, (name, login.text)
+            assert ADMIN_TOKEN not in login.headers["set-cookie"] and NEW_TOKEN not in login.headers["set-cookie"]
+            # The client sends the cookie on its own, as a browser does.
+            r = browser.get("/admin/partition-map")
+            assert r.status_code == 200, (name, r.text)
+            assert browser.post("/admin/logout").status_code == 303
+            assert browser.get("/admin/partition-map").status_code == 401
+        # The data port has no login: it is the admin port's.
+        data_url = cluster.router_url if name == "router" else cluster.node_urls[name]
+        assert httpx.get(data_url + "/admin/login", timeout=10).status_code == 404
