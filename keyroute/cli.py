@@ -171,14 +171,16 @@ def _serving_options(p: _Parser, parser: argparse.ArgumentParser) -> None:
         type=_secret_text,
         secret=True,
         help="shared by every router and node (a Kubernetes Secret); with it, forwarding headers count only "
-        "from members proving they hold it. Empty: anyone may send them (local use only)",
+        "from members proving they hold it. Empty: anyone may send them (local use only). NEW,OLD during a "
+        "rotation: members send with the first and accept any",
     )
     p.option(
         parser,
         "--admin-token",
         type=_secret_text,
         secret=True,
-        help="bearer token /admin/* requires (Authorization: Bearer TOKEN); empty: admin endpoints are open",
+        help="token /admin/* requires (Authorization: Bearer TOKEN, or the cookie of a login at /admin/login); "
+        "NEW,OLD during a rotation (either is accepted); empty: admin endpoints are open",
     )
     p.flag(parser, "--metrics-require-token", help="/metrics also requires the admin token")
     p.option(parser, "--max-batch-keys", type=int, default=1000, help="keys in one batch-get (413 beyond)")
@@ -218,6 +220,38 @@ def _serving_options(p: _Parser, parser: argparse.ArgumentParser) -> None:
         default=limits.body_timeout_s,
         help="a request body must arrive whole within this many seconds (408 body_timeout); 0: no limit",
     )
+
+
+def _admin_port(text: str) -> int | None:
+    """A port number, or empty (an unset variable): none."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, not {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is between 1 and 65535, not {text!r}")
+    return port
+
+
+def _admin_port_option(p: _Parser, parser: argparse.ArgumentParser) -> None:
+    p.option(
+        parser,
+        "--admin-port",
+        type=_admin_port,
+        # Taken as text from KEYROUTE_ADMIN_PORT and converted by argparse: a bad value is a usage error.
+        secret=True,
+        help="serve /admin/* and /metrics (and the probes, the API document) on this second port only; the "
+        "data port then answers them 404. Unset: everything on --port",
+    )
+
+
+def _http_settings(args: argparse.Namespace, **kwargs: Any) -> HttpSettings:
+    if args.admin_port is not None and args.admin_port == args.port:
+        raise SystemExit(f"keyroute {args.command}: --admin-port must differ from --port ({args.port})")
+    return HttpSettings(host=args.host, port=args.port, admin_port=args.admin_port, **kwargs)
 
 
 def _limits(args: argparse.Namespace) -> dict[str, Any]:
@@ -286,6 +320,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     _zk_options(p, node, writes=True)
     p.option(node, "--node-id", required=True, help="unique, stable node id (e.g. the pod name)")
     p.option(node, "--port", type=int, required=True, help="HTTP port")
+    _admin_port_option(p, node)
     p.option(node, "--host", default="127.0.0.1", help="address to listen on")
     p.option(node, "--advertise-url", default="", help="URL other members use to reach this node")
     p.option(node, "--data-dir", type=Path, required=True, help="where the node keeps its loaded partitions")
@@ -351,6 +386,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     router = sub.add_parser("router", help="run a router")
     _zk_options(p, router, writes=False)
     p.option(router, "--port", type=int, required=True, help="HTTP port")
+    _admin_port_option(p, router)
     p.option(router, "--host", default="127.0.0.1", help="address to listen on")
     p.option(router, "--upstream-timeout-s", type=float, default=5.0, help="timeout for one request to a node")
     p.option(router, "--zk-session-timeout-s", type=float, default=10.0, help="ZooKeeper session timeout")
@@ -398,6 +434,20 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     cluster_sub = cluster.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
     _zk_options(p, cluster_sub.add_parser("id", help="print the cluster id of a chroot (JSON)"), writes=False)
 
+    zkb = sub.add_parser("zk", help="back up and restore keyroute's records in ZooKeeper")
+    zkb_sub = zkb.add_subparsers(dest="zk_command", required=True, metavar="ACTION")
+    zk_dump = zkb_sub.add_parser(
+        "dump", help="write the chroot's persistent records (not nodes' ephemeral ones) to one JSON file"
+    )
+    _zk_options(p, zk_dump, writes=False)
+    p.option(zk_dump, "--out", required=True, help="file to write the dump to (- for standard output)")
+    zk_restore = zkb_sub.add_parser(
+        "restore", help="write a dump into a chroot without a cluster id (a new or wiped ZooKeeper)"
+    )
+    _zk_options(p, zk_restore, writes=True)
+    p.option(zk_restore, "--in", dest="in_file", required=True, help="a file `keyroute zk dump` wrote")
+    p.flag(zk_restore, "--force", help="also write over a chroot that holds the dump's own cluster id")
+
     zone = sub.add_parser(
         "zone-from-node",
         help="write the zone label of the Kubernetes Node this pod runs on to a file (an init container's job)",
@@ -432,7 +482,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p.option(part, "--key-format", default="string", help="string | int16 | int32 | int64 | uuid | bytes")
     part.add_argument("keys", nargs="*", metavar="KEY", help="keys; when none are given, one per stdin line")
     # The logging options are taken after the command too (`keyroute node --log-level DEBUG ...`).
-    for leaf in (zk, build, node, router, listing, roll, zone, demo, part):
+    for leaf in (zk, build, node, router, listing, roll, zone, demo, part, zk_dump, zk_restore):
         leaf.add_argument("--log-level", default=argparse.SUPPRESS, help="as before the command")
         leaf.add_argument("--log-format", default=argparse.SUPPRESS, choices=FORMATS, help="as before the command")
     return parser
@@ -702,6 +752,76 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         return 1
     print(json.dumps({"cluster_id": found.id, "created_at": found.created_at}))
 
+def cmd_zk(args: argparse.Namespace) -> int:
+    from keyroute.core.zk import ZkUnavailableError, close, connect
+    from keyroute.core.zk_backup import Dump, ZkBackupError, dump, restore
+
+    what = f"keyroute zk {args.zk_command}"
+    zk_settings = _zk(args)
+    where = zk_settings.chroot or "/"
+    backup: Dump | None = None
+    if args.zk_command == "restore":  # the dump is read and checked before ZooKeeper is touched
+        try:
+            backup = Dump.parse(Path(args.in_file).read_bytes())
+        except OSError as exc:
+            print(f"{what}: cannot read {args.in_file}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
+        except ZkBackupError as exc:
+            print(f"{what}: {args.in_file}: {exc}", file=sys.stderr)
+            return 1
+    try:
+        client = connect(zk_settings, ensure_layout=backup is not None)
+    except ZkUnavailableError as exc:
+        print(f"{what}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        if backup is None:
+            if zk_settings.chroot and client.exists("/") is None:
+                print(f"{what}: chroot {where} does not exist on ZooKeeper {zk_settings.hosts}", file=sys.stderr)
+                return 1
+            taken = dump(client, zk_settings.chroot)
+        else:
+            restored = restore(client, backup, where, force=args.force)
+    except ZkBackupError as exc:
+        print(f"{what}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        close(client)
+    if backup is not None:
+        summary = {"chroot": where, "cluster_id": backup.cluster_id, **restored.describe()}
+        print(json.dumps(summary))
+        return 0
+    try:
+        _write_atomically(args.out, taken.to_bytes())
+    except OSError as exc:
+        print(f"{what}: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    if taken.cluster_id is None:
+        print(f"{what}: chroot {where} has no cluster id (dumped all the same)", file=sys.stderr)
+    summary = {"chroot": where, "cluster_id": taken.cluster_id, "znodes": len(taken.znodes), "out": args.out}
+    print(json.dumps(summary), file=sys.stderr if args.out == "-" else sys.stdout)
+    return 0
+
+
+def _write_atomically(out: str, content: bytes) -> None:
+    """`content` to file `out` (whole or not at all: written beside it, then renamed), or stdout for "-"."""
+    if out == "-":
+        sys.stdout.buffer.write(content)
+        sys.stdout.flush()
+        return
+    target = Path(out)
+    partial = target.with_name(f".{target.name}.partial")
+    try:
+        with open(partial, "wb") as f:
+            f.write(content)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(partial, target)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            partial.unlink()
+
+
 def cmd_zone_from_node(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # its one INFO line per request says nothing more
     try:
@@ -739,7 +859,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         node_id=args.node_id,
         data_dir=args.data_dir,
         zk=_zk(args),
-        http=HttpSettings(host=args.host, port=args.port, advertise_url=args.advertise_url),
+        http=_http_settings(args, advertise_url=args.advertise_url),
         zone=zone,
         drain_timeout_s=args.drain_timeout_s,
         version_grace_s=args.version_grace_s,
@@ -757,7 +877,7 @@ def cmd_router(args: argparse.Namespace) -> int:
 
     settings = RouterSettings(
         zk=_zk(args),
-        http=HttpSettings(host=args.host, port=args.port),
+        http=_http_settings(args),
         upstream_timeout_s=args.upstream_timeout_s,
         upstream_connect_timeout_s=args.upstream_connect_timeout_s,
         **_limits(args),
@@ -789,6 +909,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "demo": cmd_demo,
     "partition": cmd_partition,
     "cluster": cmd_cluster,
+    "zk": cmd_zk,
 
     "zone-from-node": cmd_zone_from_node,
 }

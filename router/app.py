@@ -31,6 +31,7 @@ from keyroute.core.partition_map import PartitionMap
 from keyroute.core.security import ClusterAuth
 from keyroute.core.settings import RouterSettings
 from keyroute.core.zk import ZkAccessError, ZkUnavailableError
+from keyroute.http.admin_login import login_routes
 from keyroute.http.admission import RequestGuard
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.lifespan import StartupError
@@ -228,6 +229,7 @@ def create_app(
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),
+            *login_routes(),
         ],
         # The first thing every request meets: concurrency and header limits, the admin token.
         middleware=[Middleware(RequestGuard, admission=checks)],

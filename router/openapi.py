@@ -303,19 +303,67 @@ OPENAPI: dict[str, Any] = {
             "get": {
                 "operationId": "partitionMapPage",
                 "summary": "The partition map as a page for people (self-contained HTML, updating itself)",
-                "security": [{"adminToken": []}, {}],
-                "parameters": [
-                    _query("token", "the admin token, for a browser that cannot send the Authorization header"),
-                ],
+                "security": [{"adminToken": []}, {"adminSession": []}, {}],
                 "responses": {
                     "200": {"description": "the page", "content": {"text/html": {"schema": {"type": "string"}}}},
-                    **_ADMIN,
+                    "303": {
+                        "description": "to `/admin/login`: no session (or an admin token in the URL, never honoured)"
+                    },
                     **_NOT_ALLOWED,
                     **_GUARD,
                     **_INTERNAL,
                 },
             }
         },  # fmt: skip
+        "/admin/login": {
+            "get": {
+                "operationId": "loginForm",
+                "summary": "The admin login form (self-contained HTML; 303 to /admin/ui without an admin token)",
+                "responses": {
+                    "200": {"description": "the form", "content": {"text/html": {"schema": {"type": "string"}}}},
+                    "303": {"description": "to `/admin/ui`: no admin token is configured"},
+                    **_NOT_ALLOWED,
+                    **_GUARD,
+                    **_INTERNAL,
+                },
+            },
+            "post": {
+                "operationId": "login",
+                "summary": "Check the form's `token`; set the `keyroute_admin` session cookie",
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/x-www-form-urlencoded": {
+                            "schema": {
+                                "type": "object",
+                                "properties": {"token": {"type": "string"}},
+                                "required": ["token"],
+                            }
+                        }
+                    },
+                },
+                "responses": {
+                    "303": {"description": "to `/admin/ui`, with the session cookie set (HttpOnly, SameSite=Strict)"},
+                    "401": _error("`unauthorized`: the token is not the admin token (HTML for a browser)"),
+                    "413": _error("`body_too_large`"),
+                    **_NOT_ALLOWED,
+                    **_GUARD,
+                    **_INTERNAL,
+                },
+            },
+        },
+        "/admin/logout": {
+            "post": {
+                "operationId": "logout",
+                "summary": "Clear the session cookie",
+                "responses": {
+                    "303": {"description": "to `/admin/login`, with the session cookie cleared"},
+                    **_NOT_ALLOWED,
+                    **_GUARD,
+                    **_INTERNAL,
+                },
+            }
+        },
         "/admin/route": {
             "get": {
                 "operationId": "route",
@@ -400,7 +448,13 @@ OPENAPI: dict[str, Any] = {
                 "type": "http",
                 "scheme": "bearer",
                 "description": "the admin token (--admin-token / KEYROUTE_ADMIN_TOKEN), when one is configured",
-            }
+            },
+            "adminSession": {
+                "type": "apiKey",
+                "in": "cookie",
+                "name": "keyroute_admin",
+                "description": "the session cookie POST /admin/login sets (for the /admin paths)",
+            },
         },
         "headers": {
             "Retry-After": {"description": "seconds to wait before asking again", "schema": {"type": "integer"}}

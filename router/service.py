@@ -28,21 +28,32 @@ def run(settings: RouterSettings, *, setup: Callable[[], None] | None = None) ->
     """Serve until stopped: in this process, or in `settings.workers` processes sharing the port, each of
     which calls `setup` (say, logging) first, since it starts afresh."""
     if settings.workers <= 1:
-        return _serve(settings, None)
+        return _serve(settings, None, None)
+    host, port, admin_port = settings.http.host, settings.http.port, settings.http.admin_port
+    sock = admin_sock = None
     try:
-        sock = workers.bind(settings.http.host, settings.http.port)
+        sock = workers.bind(host, port)
+        if admin_port is not None:
+            admin_sock = workers.bind(host, admin_port)
     except OSError as exc:
+        taken = port if sock is None else admin_port
+        if sock is not None:
+            sock.close()
         reason = (exc.strerror or str(exc)).lower()
-        host, port = settings.http.host, settings.http.port
-        log.error("router did not start: cannot listen on %s port %d: %s", host, port, reason)
+        log.error("router did not start: cannot listen on %s port %s: %s", host, taken, reason)
         return 1
-    return workers.run(functools.partial(_worker, settings, setup), settings.workers, sock)
+    return workers.run(functools.partial(_worker, settings, setup), settings.workers, sock, admin_sock)
 
 
-def _worker(settings: RouterSettings, setup: Callable[[], None] | None, sock: socket.socket) -> int:
+def _worker(
+    settings: RouterSettings,
+    setup: Callable[[], None] | None,
+    sock: socket.socket,
+    admin_sock: socket.socket | None = None,
+) -> int:
     if setup is not None:
         setup()
-    return _serve(settings, [sock])
+    return _serve(settings, [sock], [admin_sock] if admin_sock is not None else None)
 
 
 def server(settings: RouterSettings, app: Starlette | None = None) -> HttpServer:
@@ -59,8 +70,13 @@ def server(settings: RouterSettings, app: Starlette | None = None) -> HttpServer
     )
 
 
-def _serve(settings: RouterSettings, sockets: list[socket.socket] | None) -> int:
+def _serve(
+    settings: RouterSettings, sockets: list[socket.socket] | None, admin_sockets: list[socket.socket] | None
+) -> int:
     # httpx (the upstream when tests inject a transport) logs every request at INFO: failures are logged here.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().getEffectiveLevel()))
     # A failed start has been said by the server, in one line (port taken, ZooKeeper refusing credentials).
-    return serve(server(settings), settings.http.host, settings.http.port, sockets)
+    http = settings.http
+    return serve(
+        server(settings), http.host, http.port, sockets, admin_port=http.admin_port, admin_sockets=admin_sockets
+    )

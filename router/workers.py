@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 30.0
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-Serve = Callable[[socket.socket], int]
+# serve(sock, admin_sock): the data port's socket and the admin port's (None without one).
+Serve = Callable[[socket.socket, socket.socket | None], int]
 
 
 def bind(host: str, port: int, backlog: int = 2048) -> socket.socket:
@@ -58,18 +59,21 @@ def bind(host: str, port: int, backlog: int = 2048) -> socket.socket:
     return sock
 
 
-def _worker(serve: Serve, sock: socket.socket, metrics_dir: str, index: int) -> None:
+def _worker(
+    serve: Serve, sock: socket.socket, metrics_dir: str, index: int, admin_sock: socket.socket | None = None
+) -> None:
     # Before `serve` builds the router: its metrics publish to, and render the sum over, `metrics_dir`.
     snapshots = share_across_workers(metrics_dir, index)
     try:
-        code = serve(sock)
+        code = serve(sock, admin_sock)
     finally:
         snapshots.close()  # a last snapshot, which the parent keeps in the retired sum
     raise SystemExit(code)
 
 
-def run(serve: Serve, workers: int, sock: socket.socket) -> int:
-    """Run `serve(sock)` in `workers` spawned processes until stopped; the process exit code.
+def run(serve: Serve, workers: int, sock: socket.socket, admin_sock: socket.socket | None = None) -> int:
+    """Run `serve(sock, admin_sock)` in `workers` spawned processes until stopped; the process exit code.
+    `admin_sock` (None: none): the admin port's listening socket, shared as `sock` is.
 
     `serve` must be picklable (a module-level function or a `functools.partial` of one).
     """
@@ -86,11 +90,13 @@ def run(serve: Serve, workers: int, sock: socket.socket) -> int:
     try:
         for index in range(1, workers + 1):
             process = context.Process(
-                target=_worker, args=(serve, sock, metrics_dir, index), name=f"keyroute-router-{index}"
+                target=_worker,
+                args=(serve, sock, metrics_dir, index, admin_sock),
+                name=f"keyroute-router-{index}",
             )
             process.start()
             processes.append(process)
-        where = url_of(sock)
+        where = url_of(sock) + (f" (admin: {url_of(admin_sock)})" if admin_sock is not None else "")
         pids = ", ".join(str(p.pid) for p in processes)
         log.info("router is listening on %s with %d worker processes (%s)", where, workers, pids)
         failed: BaseProcess | None = None
@@ -107,6 +113,8 @@ def run(serve: Serve, workers: int, sock: socket.socket) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         sock.close()
+        if admin_sock is not None:
+            admin_sock.close()
         shutil.rmtree(metrics_dir, ignore_errors=True)
 
 

@@ -31,6 +31,7 @@ from keyroute.core.metrics import CONTENT_TYPE
 from keyroute.core.partition_map import Assignment, PartitionMap
 from keyroute.core.security import BearerAuth, ClusterAuth
 from keyroute.core.settings import NodeSettings
+from keyroute.http.admin_login import login_routes
 from keyroute.http.admission import Admission, RequestGuard
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.lifespan import StartupError
@@ -159,6 +160,7 @@ def create_app(
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
+        *login_routes(),
     ]
     access = settings.access
     metrics.admission = Admission(
@@ -177,6 +179,7 @@ def create_app(
     )
     # Shared with the data plane (keyroute.state_node.dataplane): one count of requests in progress.
     app.state.admission = metrics.admission
+    app.state.after_login = "/admin/partition-map"  # a node has no page of its own
     return app
 
 

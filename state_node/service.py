@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from keyroute.core.api import HEADER_NODE
 from keyroute.core.settings import NodeSettings
 from keyroute.http.admission import Admission
 from keyroute.http.asgi import ASGIApp
@@ -72,6 +73,7 @@ class NodeServer(HttpServer):
             data_plane=NodeDataPlane.from_state,
             on_refusal=admission.refused,
             name=f"node {settings.node_id}",
+            error_headers=[(HEADER_NODE.lower().encode("ascii"), settings.node_id.encode("latin-1"))],
         )
         self._left = False
 
@@ -127,7 +129,8 @@ def _signals_handled() -> Iterator[Callable[[Callable[[], None]], None]]:
 def run(settings: NodeSettings) -> int:
     """Serve until told to stop; 0 after a clean shutdown, 1 if the node could not start."""
     server = NodeServer(create_app(settings), settings)
-    if serve(server, settings.http.host, settings.http.port) != 0:
+    http = settings.http
+    if serve(server, http.host, http.port, admin_port=http.admin_port) != 0:
         return 1  # the server said why, in one line
     log.info("node %s stopped", settings.node_id)
     return 0

@@ -11,20 +11,38 @@ Why a shared cluster secret and not mutual TLS between members:
 What we give up, and mTLS would give: members' traffic is not encrypted (anyone who can sniff pod
 traffic sees values and the member token, and can then replay it), there is no per-member identity (every
 member presents the same token, so one compromised pod speaks for all), and rotation means restarting
-every member with the new secret. Run inside a private network (NetworkPolicy) and add a mesh with mTLS if
-pod traffic itself must be protected.
+every member (hitless: each accepts a list of secrets and sends with the first, docs/security.md). Run
+inside a private network (NetworkPolicy) and add a mesh with mTLS if pod traffic itself must be protected.
+
+Admin access: the admin token as `Authorization: Bearer`, or a browser's session cookie (`keyroute_admin`)
+set by POST /admin/login: not the token but an expiry and a MAC of it keyed by the token, so the cookie
+neither reveals the token nor outlives its expiry or the token's removal from the list.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import time
+from collections.abc import Callable
 
 from keyroute.core.api import Unauthorized
 
 # The token members present is derived from the secret, so the secret itself never travels and one secret
 # can later derive other tokens (say, a versioned one) without them being interchangeable.
 _MEMBER_TOKEN_CONTEXT = b"keyroute member token v1"
+
+
+_SESSION_CONTEXT = b"keyroute admin session v1"
+# The admin session cookie: its name, and how long one login lasts.
+SESSION_COOKIE = "keyroute_admin"
+SESSION_LIFETIME_S = 12 * 3600
+
+
+def split_secrets(text: str) -> tuple[str, ...]:
+    """A comma-separated list of secrets (the first one in use, the others still accepted during a
+    rotation), surrounding spaces and empty entries dropped. "" gives none."""
+    return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
 def member_token(secret: str) -> str:
@@ -38,15 +56,17 @@ class ClusterAuth:
     Without a secret (local demo, tests) every request counts as a member's: member headers are
     honoured from anyone, which lets any client that reaches a node stop it from forwarding. With one,
     only requests carrying the token do; everything else is a client request whose member headers are
-    ignored.
+    ignored. `secret` may be a comma-separated list (a rotation): a member sends the first one's token and
+    accepts the token of any.
     """
 
-    __slots__ = ("enabled", "token", "_token_bytes")
+    __slots__ = ("enabled", "token", "_accepted")
 
     def __init__(self, secret: str = "") -> None:
-        self.enabled = bool(secret)
-        self.token = member_token(secret) if secret else ""
-        self._token_bytes = self.token.encode("ascii")
+        secrets = split_secrets(secret)
+        self.enabled = bool(secrets)
+        self.token = member_token(secrets[0]) if secrets else ""
+        self._accepted = tuple(member_token(s).encode("ascii") for s in secrets)
 
     def is_member(self, presented: str | bytes | None) -> bool:
         if not self.enabled:
@@ -56,29 +76,86 @@ class ClusterAuth:
         if isinstance(presented, str):
             # Header values arrive as latin-1 text; compare_digest refuses non-ASCII str, so compare bytes.
             presented = presented.encode("latin-1", "replace")
-        return hmac.compare_digest(presented, self._token_bytes)
+        # Every accepted token is compared (no early exit): the time taken says nothing of which matched.
+        found = False
+        for token in self._accepted:
+            found |= hmac.compare_digest(presented, token)
+        return found
 
     def headers(self) -> dict[str, str]:
         """What a member adds to every request it sends to another member."""
         return {"x-keyroute-auth": self.token} if self.enabled else {}
 
 
+def _session_mac(token: bytes, expires: int) -> str:
+    return hmac.new(token, _SESSION_CONTEXT + b"|%d" % expires, hashlib.sha256).hexdigest()
+
+
 class BearerAuth:
-    """`Authorization: Bearer <token>` for admin endpoints; disabled (everything allowed) without a token."""
+    """Admin access: `Authorization: Bearer <token>`, or the session cookie a login set; disabled
+    (everything allowed) without a token. `token` may be a comma-separated list (a rotation): any of them
+    is accepted, and a session cookie made from the first one. `clock` (seconds since the epoch) is for
+    tests."""
 
-    __slots__ = ("enabled", "_expected")
+    __slots__ = ("enabled", "_expected", "_clock")
 
-    def __init__(self, token: str = "") -> None:
-        self.enabled = bool(token)
-        self._expected = token.encode("utf-8")
+    def __init__(self, token: str = "", clock: Callable[[], float] = time.time) -> None:
+        tokens = split_secrets(token)
+        self.enabled = bool(tokens)
+        self._expected = tuple(t.encode("utf-8") for t in tokens)
+        self._clock = clock
 
-    def check(self, authorization: bytes | None) -> None:
-        """Raises Unauthorized unless `authorization` (the raw header value) carries the token."""
+    def accepts(self, presented: bytes) -> bool:
+        """Whether `presented` is one of the admin tokens (each compared in constant time, no early exit)."""
+        found = False
+        for expected in self._expected:
+            found |= hmac.compare_digest(presented, expected)
+        return found
+
+    def session(self) -> str:
+        """A new session cookie's value: its expiry and a MAC of it keyed by the (first) admin token."""
+        expires = int(self._clock()) + SESSION_LIFETIME_S
+        return f"{expires}.{_session_mac(self._expected[0], expires)}" if self.enabled else ""
+
+    def valid_session(self, value: bytes | str | None) -> bool:
+        """Whether a session cookie's value was made by `session` with one of the tokens and has not expired."""
+        if not self.enabled or not value:
+            return False
+        text = value.decode("latin-1") if isinstance(value, bytes) else value
+        expiry, dot, mac = text.strip().partition(".")
+        if not dot or not expiry.isdigit() or len(expiry) > 12 or int(expiry) <= self._clock():
+            return False
+        presented = mac.encode("latin-1", "replace")
+        found = False
+        for token in self._expected:
+            found |= hmac.compare_digest(presented, _session_mac(token, int(expiry)).encode("ascii"))
+        return found
+
+    def check(self, authorization: bytes | None, cookie: bytes | None = None) -> None:
+        """Raises Unauthorized unless `authorization` (the raw header value) carries an admin token or the
+        `cookie` header a valid session cookie."""
         if not self.enabled:
             return
         if authorization is None:
-            raise Unauthorized("this endpoint needs an `Authorization: Bearer <admin token>` header")
+            if self.valid_session(cookie_value(cookie, SESSION_COOKIE)):
+                return
+            raise Unauthorized(
+                "this endpoint needs an `Authorization: Bearer <admin token>` header or a login at /admin/login",
+                invalid_token=cookie_value(cookie, SESSION_COOKIE) is not None,
+            )
         scheme, _, presented = authorization.strip().partition(b" ")
         # The scheme is case-insensitive (RFC 9110 section 11.1); the token is compared in constant time.
-        if scheme.lower() != b"bearer" or not hmac.compare_digest(presented.strip(), self._expected):
+        if scheme.lower() != b"bearer" or not self.accepts(presented.strip()):
             raise Unauthorized("the bearer token is not the admin token", invalid_token=True)
+
+
+def cookie_value(header: bytes | None, name: str) -> str | None:
+    """The value of cookie `name` in a raw `Cookie` header (the first one), None when absent."""
+    if not header:
+        return None
+    wanted = name.encode("ascii")
+    for pair in header.split(b";"):
+        key, eq, value = pair.strip().partition(b"=")
+        if eq and key == wanted:
+            return value.strip().strip(b'"').decode("latin-1")
+    return None

@@ -89,6 +89,9 @@ class HttpSettings:
     host: str = "127.0.0.1"
     port: int = 8080
     advertise_url: str = ""
+    # A second port for /admin/*, /metrics (and probes, the API document); the data port then answers those
+    # two with 404. None: everything on `port`; 0: any free port (tests).
+    admin_port: int | None = None
 
     @property
     def url(self) -> str:

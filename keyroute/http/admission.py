@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
-from urllib.parse import parse_qs
 
 from starlette.requests import Request
 
@@ -37,6 +36,9 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # Probes must keep answering under overload: a failed liveness probe restarts a pod that is merely busy.
 PROBE_PATHS = frozenset({"/healthz", "/readyz"})
 _AUTHORIZATION = b"authorization"
+_COOKIE = b"cookie"
+LOGIN_PATH = "/admin/login"
+LOGOUT_PATH = "/admin/logout"
 _REQUEST_ID = b"x-request-id"
 
 _COUNTED = frozenset(REFUSAL_REASONS)
@@ -82,13 +84,20 @@ class Admission:
         query = scope.get("query_string") or b""
         target_bytes = len(scope.get("raw_path") or b"") + len(query)
         headers = scope["headers"]
-        if self.protected and scope["path"] in TOKEN_IN_QUERY_PATHS and b"token=" in query:
-            # A page a browser opens (it cannot send a header on navigation): the admin token may come as
-            # ?token=... instead, checked exactly as the header would be.
-            token = parse_qs(query.decode("latin-1")).get("token", [""])[0]
-            headers = [(name, value) for name, value in headers if name != _AUTHORIZATION]
-            headers.append((_AUTHORIZATION, b"Bearer " + token.encode("latin-1", "replace")))
-        return self.admit_head(scope["path"], target_bytes, headers)
+        path = scope["path"]
+        if path in LOGIN_PAGES and (b"token=" in query or (self.protected and not self._signed_in(headers))):
+            # A page a browser opens: without a session (or with an admin token in its URL, which is never
+            # honoured, nor repeated: URLs end up in logs), it is sent to the login form.
+            self.unauthorized += 1
+            return LogIn()
+        return self.admit_head(path, target_bytes, headers)
+
+    def _signed_in(self, headers: Iterable[tuple[bytes, bytes]]) -> bool:
+        try:
+            self.admin.check(first_header(headers, _AUTHORIZATION), first_header(headers, _COOKIE))
+        except ApiError:
+            return False
+        return True
 
     def admit_head(self, path: str, target_bytes: int, headers: Iterable[tuple[bytes, bytes]]) -> ApiError | None:
         """`admit` for a request known by its decoded `path`, the length of its target (raw path and query
@@ -107,8 +116,8 @@ class Admission:
                     size += len(name) + len(value) + 4
                 if size > limit:
                     check_head_bytes(target_bytes, headers, limit)
-            if self.protected and path.startswith(self.protected):
-                self.admin.check(first_header(headers, _AUTHORIZATION))
+            if self.protected and path.startswith(self.protected) and path not in OPEN_ADMIN_PATHS:
+                self.admin.check(first_header(headers, _AUTHORIZATION), first_header(headers, _COOKIE))
         except HeadersTooLarge as exc:
             self.headers_too_large += 1
             return exc
@@ -130,8 +139,21 @@ class Admission:
         setattr(self, code, getattr(self, code) + 1)
 
 
-# Admin pages opened in a browser, which may carry the admin token as a `token` query parameter.
-TOKEN_IN_QUERY_PATHS = frozenset({"/admin/ui"})
+# Admin pages opened in a browser: without a session they redirect to the login form (so does an admin token
+# in their URL, which is never honoured: URLs end up in logs and histories).
+LOGIN_PAGES = frozenset({"/admin/ui"})
+# Under /admin, yet open: the login form, and the logout (which only clears the cookie).
+OPEN_ADMIN_PATHS = frozenset({LOGIN_PATH, LOGOUT_PATH})
+
+
+class LogIn(ApiError):
+    """303 to the login form: how a browser page without a session is answered."""
+
+    status = 303
+    code = "login_required"
+
+    def __init__(self) -> None:
+        super().__init__(f"log in at {LOGIN_PATH}", {"Location": LOGIN_PATH, "Cache-Control": "no-store"})
 
 
 class RequestGuard:

@@ -1,6 +1,10 @@
 """keyroute's HTTP/1.1 server: it binds, runs the ASGI app's lifespan around listening, accepts connections
 (each a keyroute.http.protocol.Connection, whose docstring holds the behaviour contract) and stops gracefully.
-The data plane is answered without ASGI (keyroute.http.exchange); everything else goes to the ASGI app."""
+The data plane is answered without ASGI (keyroute.http.exchange); everything else goes to the ASGI app.
+
+With an admin port, the same server (same event loop, same app and lifespan) also listens there: the admin port
+answers everything but the data plane (admin endpoints, /metrics, probes, the API document), and the data port
+answers the admin paths (`admin_paths`) with 404 `not_found`, naming the admin port."""
 
 from __future__ import annotations
 
@@ -12,7 +16,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from keyroute.http.asgi import ASGIApp
+from keyroute.core.api import NotFound
+from keyroute.http.admission import send_error
+from keyroute.http.asgi import ASGIApp, Receive, Scope, Send
 from keyroute.http.exchange import DataPlane, ServerLimits
 from keyroute.http.lifespan import Lifespan, StartupError
 from keyroute.http.protocol import Connection
@@ -52,6 +58,38 @@ def bind(host: str, port: int) -> list[socket.socket]:
     return sockets
 
 
+# Served only on the admin port when there is one: every path equal to one of these or under it.
+ADMIN_PATHS = ("/admin", "/metrics")
+
+
+def is_admin_path(path: str, admin_paths: tuple[str, ...] = ADMIN_PATHS) -> bool:
+    """Whether `path` (decoded) is one of `admin_paths` or lies under one."""
+    return any(path == prefix or path.startswith(prefix + "/") for prefix in admin_paths)
+
+
+class DataPortApp:
+    """The ASGI app as the data port shows it when there is an admin port: the admin paths answer 404
+    `not_found` (saying where they are), everything else goes to `app`. Lifespan messages pass through."""
+
+    __slots__ = ("app", "admin_paths", "admin_port", "_headers")
+
+    def __init__(
+        self, app: ASGIApp, admin_paths: tuple[str, ...], error_headers: list[tuple[bytes, bytes]] | None = None
+    ) -> None:
+        self.app = app
+        self.admin_paths = admin_paths
+        self.admin_port: int | None = None  # named in the 404's message once known
+        self._headers = list(error_headers or ())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and is_admin_path(scope["path"], self.admin_paths):
+            where = "the admin port" if self.admin_port is None else f"the admin port ({self.admin_port})"
+            message = f"{scope['path']} is served on {where} only, not on this data port"
+            await send_error(send, NotFound(message), self._headers)
+            return
+        await self.app(scope, receive, send)
+
+
 class HttpServer:
     """keyroute's HTTP/1.1 server: the data plane answered directly, everything else by the ASGI app."""
 
@@ -62,6 +100,8 @@ class HttpServer:
         data_plane: Callable[[Any], DataPlane | None] | None = None,
         on_refusal: Callable[[str], None] | None = None,
         name: str = "the server",
+        admin_paths: tuple[str, ...] = ADMIN_PATHS,
+        error_headers: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
         """`app`: the Starlette app (admin, health, metrics). `data_plane(app_state)` is called once, after
         the lifespan's startup, with the app's `state` (starlette.datastructures.State: the lifespan put the
@@ -69,7 +109,9 @@ class HttpServer:
         `on_refusal(code)` is called, on the event loop, for every request the server refuses itself before
         any service code sees it, with the API error code of its answer: bad_request (400, malformed),
         body_timeout (408), body_too_large (413), expectation_failed (417), headers_too_large (431). The
-        same counts are kept in `refusals`. `name` (e.g. "node n1") starts the lines it logs about itself."""
+        same counts are kept in `refusals`. `name` (e.g. "node n1") starts the lines it logs about itself.
+        `admin_paths`: what only the admin port serves when `start` is given one (the data port answers them
+        404, with `error_headers` added)."""
         self.name = name
         self.app = app
         self.limits = limits
@@ -80,6 +122,10 @@ class HttpServer:
         self._dp: DataPlane | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._servers: list[asyncio.Server] = []
+        self._admin_servers: list[asyncio.Server] = []
+        # What the data port's connections run: the app, or (with an admin port) the app without admin paths.
+        self._data_app: ASGIApp = app
+        self._data_port_app = DataPortApp(app, tuple(admin_paths), error_headers)
         self._connections: set[Connection] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._state: dict[str, Any] = {}
@@ -99,45 +145,73 @@ class HttpServer:
         """The lifespan state (ASGI `scope["state"]`); each request's scope gets a shallow copy."""
         return self._state
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0, sockets: list[socket.socket] | None = None) -> None:
+    async def start(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        sockets: list[socket.socket] | None = None,
+        *,
+        admin_port: int | None = None,
+        admin_sockets: list[socket.socket] | None = None,
+    ) -> None:
         """Bind the port (OSError when taken: nothing else has happened), lifespan startup (an exception there
         propagates, nothing listens), then listen. port 0 = any free port. The app's startup (a node joining
-        its cluster) thus runs only once the port is known to be ours."""
+        its cluster) thus runs only once the port is known to be ours. `admin_port` (None: none; 0: any free
+        one) or `admin_sockets`: a second port, on the same host, for the admin paths (see the module)."""
         if self._servers or self._lifespan is not None:
             raise RuntimeError("the server is already started")
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._stopping = False
         owned = not sockets
+        admin_owned = not admin_sockets and admin_port is not None
         if owned:
             sockets = bind(host, port)
-        lifespan = Lifespan(self.app, self._state)
         try:
-            await lifespan.startup()
+            if admin_owned:
+                admin_sockets = bind(host, admin_port or 0)
         except BaseException:
             if owned:
                 for sock in sockets or ():
                     sock.close()
+            raise
+        own = [*(sockets or () if owned else ()), *(admin_sockets or () if admin_owned else ())]
+        self._data_app = self._data_port_app if admin_sockets else self.app
+        lifespan = Lifespan(self.app, self._state)
+        try:
+            await lifespan.startup()
+        except BaseException:
+            for sock in own:
+                sock.close()
             raise
         try:
             if self._data_plane_factory is not None:
                 self._dp = self._data_plane_factory(self._app_state())
             for sock in sockets or ():
                 self._servers.append(await loop.create_server(self._connection, sock=sock, backlog=2048))
+            for sock in admin_sockets or ():
+                server = await loop.create_server(self._admin_connection, sock=sock, backlog=128)
+                self._servers.append(server)
+                self._admin_servers.append(server)
         except BaseException:
             for server in self._servers:
                 server.close()
             self._servers = []
+            self._admin_servers = []
             self._dp = None
             await lifespan.shutdown()
             raise
         self._lifespan = lifespan
+        self._data_port_app.admin_port = self.admin_port
         # Sockets handed in are shared by worker processes: whoever handed them in says where it listens.
+        data = [s for server in self._servers if server not in self._admin_servers for s in server.sockets]
+        admin = [s for server in self._admin_servers for s in server.sockets]
         log.log(
             logging.INFO if owned else logging.DEBUG,
-            "%s is listening on %s",
+            "%s is listening on %s%s",
             self.name,
-            ", ".join(url_of(s) for server in self._servers for s in server.sockets),
+            ", ".join(url_of(s) for s in data),
+            f" (admin: {', '.join(url_of(s) for s in admin)})" if admin else "",
         )
 
     def _app_state(self) -> Any:
@@ -149,7 +223,15 @@ class HttpServer:
         return State(self._state)
 
     def _connection(self) -> Connection:
-        return Connection(self)
+        conn = Connection(self)
+        conn._app = self._data_app
+        return conn
+
+    def _admin_connection(self) -> Connection:
+        # The admin port: everything goes to the app (no data plane), the admin paths included.
+        conn = Connection(self)
+        conn._dp = None
+        return conn
 
     def _refused(self, code: str) -> None:
         self.refusals[code] = self.refusals.get(code, 0) + 1
@@ -175,6 +257,13 @@ class HttpServer:
         if not self._servers:
             raise RuntimeError("the server is not listening")
         return int(self._servers[0].sockets[0].getsockname()[1])
+
+    @property
+    def admin_port(self) -> int | None:
+        """The bound admin port (None without one)."""
+        if not self._admin_servers:
+            return None
+        return int(self._admin_servers[0].sockets[0].getsockname()[1])
 
     async def stop(self, grace_s: float = 30.0) -> None:
         """Stop accepting, let in-flight requests finish (up to grace_s), close idle and then all
@@ -202,6 +291,7 @@ class HttpServer:
         for server in self._servers:
             await asyncio.wait((loop.create_task(server.wait_closed()),), timeout=1.0)
         self._servers = []
+        self._admin_servers = []
         self._all_closed = None
         lifespan, self._lifespan = self._lifespan, None
         await lifespan.shutdown()
@@ -214,18 +304,26 @@ class HttpServer:
         if loop is not None and event is not None:
             loop.call_soon_threadsafe(event.set)
 
-    async def _serve(self, host: str, port: int, sockets: list[socket.socket] | None) -> int:
+    async def _serve(
+        self,
+        host: str,
+        port: int,
+        sockets: list[socket.socket] | None,
+        admin_port: int | None = None,
+        admin_sockets: list[socket.socket] | None = None,
+    ) -> int:
         loop = asyncio.get_running_loop()
         self._loop = loop
         stop = self._stop_requested = asyncio.Event()
         try:
-            await self.start(host, port, sockets)
+            await self.start(host, port, sockets, admin_port=admin_port, admin_sockets=admin_sockets)
         except StartupError as exc:
             log.error("%s did not start: %s", self.name, exc)
             return 1
         except OSError as exc:
             reason = (exc.strerror or str(exc)).lower()
-            log.error("%s did not start: cannot listen on %s port %d: %s", self.name, host or "*", port, reason)
+            ports = f"{port}" if admin_port is None else f"{port} (or admin port {admin_port})"
+            log.error("%s did not start: cannot listen on %s port %s: %s", self.name, host or "*", ports, reason)
             return 1
         except Exception:
             log.exception("%s did not start", self.name)
@@ -259,13 +357,22 @@ def _new_event_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
-def run(server: HttpServer, host: str, port: int, sockets: list[socket.socket] | None = None) -> int:
+def run(
+    server: HttpServer,
+    host: str,
+    port: int,
+    sockets: list[socket.socket] | None = None,
+    *,
+    admin_port: int | None = None,
+    admin_sockets: list[socket.socket] | None = None,
+) -> int:
     """Blocking: serve on a new event loop (uvloop when installed) until SIGINT/SIGTERM (when called on the
-    main thread), then stop gracefully. Exit code: 0 after a clean stop; 1 when startup failed (logged)."""
+    main thread), then stop gracefully. Exit code: 0 after a clean stop; 1 when startup failed (logged).
+    `admin_port` / `admin_sockets`: see `HttpServer.start`."""
     loop = _new_event_loop()
     asyncio.set_event_loop(loop)
     try:
-        return loop.run_until_complete(server._serve(host, port, sockets))
+        return loop.run_until_complete(server._serve(host, port, sockets, admin_port, admin_sockets))
     finally:
         try:
             loop.run_until_complete(loop.shutdown_asyncgens())

@@ -51,6 +51,13 @@ class SmallCluster:
     router_url: str
     node_urls: dict[str, str]
     procs: list[Proc] = field(default_factory=list)
+    # With admin ports: "router" and each node id -> the URL of its admin port (empty: admin on the data port).
+    admin_urls: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def router_admin_url(self) -> str:
+        """Where the router answers /admin/* and /metrics."""
+        return self.admin_urls.get("router", self.router_url)
 
     def serving(self) -> dict[int, list[str]]:
         """partition -> node ids serving it, from the router's view (with the admin token if any)."""
@@ -59,7 +66,7 @@ class SmallCluster:
     def placement(self) -> dict[int, tuple[list[str], list[str]]]:
         """partition -> (node ids serving it, node ids assigned it), from the router's view."""
         view = httpx.get(
-            self.router_url + "/admin/partition-map",
+            self.router_admin_url + "/admin/partition-map",
             headers={"authorization": f"Bearer {ADMIN_TOKEN}"},
             timeout=10,
         ).json()
@@ -86,9 +93,11 @@ def small_cluster(
     extra_args: Sequence[str] = (),
     router_args: Sequence[str] = (),
     replication_factor: int = 1,
+    admin_ports: bool = False,
 ) -> Iterator[SmallCluster]:
     """Two nodes and a router, all given `extra_args` (say, the cluster secret); yields once every key of
-    the store answers through the router and every partition is served as assigned."""
+    the store answers through the router and every partition is served as assigned. `admin_ports`: each
+    process also gets an --admin-port (`SmallCluster.admin_urls`)."""
     client = zk.connect(zk_settings)
     snapshot = write_snapshot(tmp_path / "snapshots", STORE, ROWS, KeyFormat.STRING, PARTITIONS)
     record = StoreRecord(
@@ -102,21 +111,31 @@ def small_cluster(
     connect = zk_settings.connect_string
     procs: list[Proc] = []
     node_urls: dict[str, str] = {}
+    admin_urls: dict[str, str] = {}
+
+    def admin_port(name: str) -> list[str]:
+        if not admin_ports:
+            return []
+        port = free_port()
+        admin_urls[name] = f"http://127.0.0.1:{port}"
+        return ["--admin-port", str(port)]
+
     cluster: SmallCluster | None = None
     try:
         for node_id in ("n1", "n2"):
             port = free_port()
-            args = ["node", "--zk", connect, "--node-id", node_id, "--port", str(port)]
+            args = ["node", "--zk", connect, "--node-id", node_id, "--port", str(port), *admin_port(node_id)]
             args += ["--data-dir", str(tmp_path / f"data-{node_id}"), "--zk-session-timeout-s", "4"]
             args += ["--version-grace-s", "1", "--drain-timeout-s", "5", *extra_args]
             procs.append(Proc(args, tmp_path / f"{node_id}.log").start())
             node_urls[node_id] = f"http://127.0.0.1:{port}"
         port = free_port()
         router = Proc(
-            ["router", "--zk", connect, "--port", str(port), *extra_args, *router_args], tmp_path / "router.log"
+            ["router", "--zk", connect, "--port", str(port), *admin_port("router"), *extra_args, *router_args],
+            tmp_path / "router.log",
         )
         procs.append(router.start())
-        cluster = SmallCluster(f"http://127.0.0.1:{port}", node_urls, procs)
+        cluster = SmallCluster(f"http://127.0.0.1:{port}", node_urls, procs, admin_urls)
 
         def settled() -> bool:
             if httpx.get(cluster.router_url + "/readyz", timeout=5).json().get("complete") is not True:

@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from keyroute.core.api import BadKey, PartitionUnavailable, found_body, key_path_segment
+from keyroute.core.api import ApiError, BadKey, PartitionUnavailable, found_body, key_path_segment
 from keyroute.core.settings import HttpSettings, ZkSettings
 
 
@@ -73,29 +73,102 @@ def test_unavailable_says_when_to_retry() -> None:
     assert err.body() == {"error": "partition_unavailable", "message": "no node serves partition 3"}
 
 
-def _admin_scope(path: str, query: bytes = b"", authorization: bytes | None = None) -> dict[str, Any]:
+def _admin_scope(
+    path: str, query: bytes = b"", authorization: bytes | None = None, cookie: bytes | None = None
+) -> dict[str, Any]:
     headers = [] if authorization is None else [(b"authorization", authorization)]
+    if cookie is not None:
+        headers.append((b"cookie", cookie))
     return {"type": "http", "path": path, "raw_path": path.encode(), "query_string": query, "headers": headers}
 
 
-def test_the_partition_map_page_takes_the_admin_token_from_its_query_and_nothing_else_does() -> None:
+def test_the_admin_token_is_never_taken_from_a_url_and_the_page_sends_browsers_to_the_login() -> None:
     from keyroute.core.security import BearerAuth
     from keyroute.http.admission import Admission
 
     admission = Admission(admin=BearerAuth("s3cret"))
+
+    def answer(scope: dict[str, Any]) -> int:
+        refusal = admission.admit(scope)
+        if refusal is None:
+            admission.release()
+            return 200
+        assert refusal.status in (303, 401)
+        assert "s3cret" not in refusal.message and "s3cret" not in json.dumps(refusal.headers)  # never echoed
+        if refusal.status == 303:
+            assert refusal.headers["Location"] == "/admin/login"
+        return refusal.status
+
+    # The page: a token in its URL is never honoured, whatever else the request carries.
+    assert answer(_admin_scope("/admin/ui", b"token=s3cret")) == 303
+    assert answer(_admin_scope("/admin/ui", b"token=wrong", authorization=b"Bearer s3cret")) == 303
+    assert answer(_admin_scope("/admin/ui")) == 303
+    assert answer(_admin_scope("/admin/ui", authorization=b"Bearer s3cret")) == 200
+    # Nor anywhere else: the API answers 401.
+    assert answer(_admin_scope("/admin/partition-map", b"token=s3cret")) == 401
+    assert answer(_admin_scope("/admin/partition-map", authorization=b"Bearer s3cret")) == 200
+    # The login and the logout are open.
+    assert answer(_admin_scope("/admin/login")) == 200
+    assert answer(_admin_scope("/admin/logout")) == 200
+    # Without an admin token everything is open, but a token in the page's URL still leaves it.
+    open_admission = Admission(admin=BearerAuth(""))
+    assert open_admission.admit(_admin_scope("/admin/ui")) is None
+    refusal = open_admission.admit(_admin_scope("/admin/ui", b"token=s3cret"))
+    assert refusal is not None and refusal.status == 303
+
+
+def test_a_session_cookie_admits_until_it_expires_or_its_token_is_removed() -> None:
+    from keyroute.core.security import SESSION_LIFETIME_S, BearerAuth
+    from keyroute.http.admission import Admission
+
+    now = [1_800_000_000.0]
+    auth = BearerAuth("s3cret", clock=lambda: now[0])
+    value = auth.session()
+    assert "s3cret" not in value
+    cookie = b"theme=dark; keyroute_admin=" + value.encode() + b"; other=1"
+    admission = Admission(admin=auth)
 
     def admitted(scope: dict[str, Any]) -> bool:
         refusal = admission.admit(scope)
         if refusal is None:
             admission.release()
             return True
-        assert refusal.status == 401
         return False
 
-    assert admitted(_admin_scope("/admin/ui", b"token=s3cret"))
-    assert admitted(_admin_scope("/admin/ui", authorization=b"Bearer s3cret"))
-    assert not admitted(_admin_scope("/admin/ui"))
-    assert not admitted(_admin_scope("/admin/ui", b"token=wrong"))
-    assert not admitted(_admin_scope("/admin/ui", b"token=wrong", authorization=b"Bearer s3cret"))  # query wins
-    assert not admitted(_admin_scope("/admin/partition-map", b"token=s3cret"))  # only the page
-    assert admitted(_admin_scope("/admin/partition-map", authorization=b"Bearer s3cret"))
+    for path in ("/admin/partition-map", "/admin/ui"):
+        assert admitted(_admin_scope(path, cookie=cookie)), path
+        assert not admitted(_admin_scope(path, cookie=b"keyroute_admin=" + value.encode()[:-1] + b"0")), path
+        assert not admitted(_admin_scope(path, cookie=b"keyroute_admin=garbage")), path
+        assert not admitted(_admin_scope(path, cookie=b"keyroute_admin=99999999999." + value.split(".")[1].encode()))
+    # A wrong bearer token is refused even with a good cookie: what is presented must be right.
+    assert not admitted(_admin_scope("/admin/partition-map", authorization=b"Bearer nope", cookie=cookie))
+    # Made with another token: refused; made with a token still in the list: admitted.
+    assert not BearerAuth("other", clock=lambda: now[0]).valid_session(value)
+    assert BearerAuth("other, s3cret", clock=lambda: now[0]).valid_session(value)
+    # Expired.
+    now[0] += SESSION_LIFETIME_S
+    assert not admitted(_admin_scope("/admin/partition-map", cookie=cookie))
+
+
+def test_admin_tokens_take_a_list_for_a_rotation() -> None:
+    from keyroute.core.security import BearerAuth, split_secrets
+
+    assert split_secrets(" new , old,, ") == ("new", "old")
+    assert split_secrets("") == () and split_secrets(" , ") == ()
+    auth = BearerAuth("new,old")
+    for token in (b"new", b"old"):
+        auth.check(b"Bearer " + token)
+    with pytest.raises(ApiError):
+        auth.check(b"Bearer new,old")
+    assert not BearerAuth(" , ").enabled
+
+
+def test_cluster_secrets_take_a_list_sending_with_the_first_accepting_any() -> None:
+    from keyroute.core.security import ClusterAuth, member_token
+
+    members = ClusterAuth("new, old")
+    assert members.headers() == {"x-keyroute-auth": member_token("new")}  # sends with the first
+    assert members.is_member(member_token("new")) and members.is_member(member_token("old"))
+    assert not members.is_member(member_token("other")) and not members.is_member(None)
+    assert ClusterAuth("old").is_member(members.token) is False
+    assert not ClusterAuth(",").enabled

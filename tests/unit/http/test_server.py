@@ -299,3 +299,78 @@ def test_run_stops_gracefully_on_sigterm(tmp_path: Any) -> None:
             proc.kill()
             proc.wait()
     assert proc.returncode == 0 and "shutdown ran" in out
+
+
+# -- an admin port: the admin paths there only, the data plane on the data port only -------------------------
+
+
+def test_an_admin_port_serves_the_admin_paths_and_the_data_port_refers_to_it(arun: Any) -> None:
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    async def text(request: Any) -> Any:
+        return PlainTextResponse(request.url.path)
+
+    app = Starlette(routes=[Route(path, text) for path in ("/admin/partition-map", "/metrics", "/healthz")])
+
+    async def scenario() -> None:
+        plane = Plane()
+        server = HttpServer(app, data_plane=lambda state: plane, error_headers=[(b"x-keyroute-node", b"n1")])
+        await server.start(port=0, admin_port=0)
+        try:
+            admin = server.admin_port
+            assert admin is not None and admin != server.port
+            for path in ("/admin/partition-map", "/metrics", "/healthz"):
+                answer = await exchange(admin, get(path))
+                assert (answer.status, answer.body) == (200, path.encode()), path
+            # The data plane is the data port's: the admin port has none.
+            assert (await exchange(admin, get("/stores/x"))).status == 404
+            assert (await exchange(server.port, get("/stores/x"))).status == 200
+            assert (await exchange(server.port, get("/healthz"))).status == 200  # probes stay on the data port
+            for path in ("/admin/partition-map", "/admin", "/metrics"):
+                answer = await exchange(server.port, get(path))
+                assert answer.status == 404, path
+                assert answer.json()["error"] == "not_found"
+                assert f"admin port ({admin})" in answer.json()["message"]
+                assert answer.header("x-keyroute-node") == "n1"
+            # Not an admin path, though it starts like one.
+            assert (await exchange(server.port, get("/metricsfoo"))).status == 404
+            assert "admin port" not in (await exchange(server.port, get("/metricsfoo"))).body.decode()
+        finally:
+            await server.stop()
+        assert server.admin_port is None
+
+    arun(scenario())
+
+
+def test_without_an_admin_port_everything_stays_on_one_port(arun: Any) -> None:
+    async def scenario() -> None:
+        from starlette.responses import PlainTextResponse
+        from starlette.routing import Route
+
+        app = Starlette(routes=[Route("/metrics", lambda request: PlainTextResponse("m"))])
+        server = HttpServer(app)
+        await server.start(port=0)
+        try:
+            assert server.admin_port is None
+            assert (await exchange(server.port, get("/metrics"))).status == 200
+        finally:
+            await server.stop()
+
+    arun(scenario())
+
+
+def test_a_taken_admin_port_fails_the_start_and_frees_the_data_port(arun: Any) -> None:
+    async def scenario() -> None:
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            server = HttpServer(starlette_app())
+            with pytest.raises(OSError):
+                await server.start(port=0, admin_port=taken.getsockname()[1])
+            assert server.admin_port is None
+            # Nothing listens and a new start works.
+            await server.start(port=0)
+            await server.stop()
+
+    arun(scenario())

@@ -393,6 +393,26 @@ def test_with_a_cluster_secret_a_members_hop_header_still_forbids_a_second_forwa
     assert seen == []
 
 
+def test_during_a_rotation_a_node_honours_members_sending_either_secret_and_sends_the_first(
+    client_for: Nodes,
+) -> None:
+    rotating = AccessSettings(cluster_secret="new-s3cret, s3cret", admin_token="adm1n")
+    client, seen = client_for(SERVING, HELD, found_at_b, access=rotating)
+    # A router or node still sending the old secret, and one already sending the new: both are members.
+    for secret in ("s3cret", "new-s3cret"):
+        member = {"x-keyroute-hops": "1", "x-keyroute-auth": member_token(secret)}
+        r = client.get(f"/stores/s/keys/{KEY_REMOTE}", headers=member)
+        assert r.status_code == 503 and r.json()["error"] == "partition_unavailable", secret
+    assert seen == []
+    # Anyone else is a client: its hop count is ignored, the read is forwarded, with the first secret's proof.
+    r = client.get(f"/stores/s/keys/{KEY_REMOTE}", headers={"x-keyroute-hops": "1", **MEMBER_OF_NONE})
+    assert r.status_code == 200 and len(seen) == 1
+    assert seen[0].headers["x-keyroute-auth"] == member_token("new-s3cret")
+
+
+MEMBER_OF_NONE = {"x-keyroute-auth": member_token("other secret")}
+
+
 def test_without_a_secret_no_token_is_sent_to_peers(client_for: Nodes) -> None:
     client, seen = client_for(SERVING, HELD, found_at_b)
     assert client.get(f"/stores/s/keys/{KEY_REMOTE}").status_code == 200
@@ -407,6 +427,20 @@ def test_node_admin_endpoints_need_the_admin_token(client_for: Nodes) -> None:
     assert client.get("/admin/partition-map", headers={"authorization": "Bearer adm1n"}).status_code == 200
     assert client.get("/healthz").status_code == 200
     assert client.get("/metrics").status_code == 200
+
+
+def test_node_admin_endpoints_take_the_login_cookie_and_any_token_of_a_list(client_for: Nodes) -> None:
+    access = AccessSettings(admin_token="new-adm1n, adm1n")
+    client, _ = client_for(SERVING, HELD, unreachable, access=access)
+    for token in ("new-adm1n", "adm1n"):
+        assert client.get("/admin/partition-map", headers={"authorization": f"Bearer {token}"}).status_code == 200
+    login = client.post("/admin/login", data={"token": "adm1n"}, follow_redirects=False)
+    assert login.status_code == 303 and login.headers["location"] == "/admin/partition-map"
+    value = login.headers["set-cookie"].split(";")[0].partition("=")[2]
+    client.http.cookies.clear()
+    assert client.get("/admin/partition-map").status_code == 401
+    r = client.get("/admin/partition-map", headers={"cookie": f"keyroute_admin={value}"})
+    assert r.status_code == 200 and r.json()["node"] == ME
 
 
 def test_node_refuses_keys_and_heads_over_the_limits(client_for: Nodes) -> None:

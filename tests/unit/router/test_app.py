@@ -324,6 +324,74 @@ def test_admin_endpoints_need_the_admin_token_when_one_is_configured() -> None:
     run(scenario)
 
 
+def test_an_admin_logs_in_with_a_form_and_a_cookie_never_with_a_token_in_a_url() -> None:
+    async def scenario() -> None:
+        async with router(build_map(STORES, FULL), *nodes("k"), settings=SECURED) as r:
+            http = r.client
+            form = await http.get("/admin/login")
+            assert form.status_code == 200 and form.headers["content-type"].startswith("text/html")
+            assert 'name="token"' in form.text and 'method="post"' in form.text
+            assert form.headers["cache-control"] == "no-store" and "default-src 'none'" in form.headers[
+                "content-security-policy"
+            ]
+
+            wrong = await http.post("/admin/login", data={"token": "wr0ng"})
+            assert wrong.status_code == 401 and wrong.json()["error"] == "unauthorized"
+            assert "set-cookie" not in wrong.headers and "wr0ng" not in wrong.text
+            page = await http.post("/admin/login", data={"token": "wr0ng"}, headers={"accept": "text/html"})
+            assert page.status_code == 401 and "not the admin token" in page.text and "wr0ng" not in page.text
+            assert (await http.post("/admin/login", content=b"")).status_code == 401
+
+            ok = await http.post("/admin/login", data={"token": "adm1n"})
+            assert ok.status_code == 303 and ok.headers["location"] == "/admin/ui"
+            cookie = ok.headers["set-cookie"]
+            attributes = {part.strip().split("=")[0].lower() for part in cookie.split(";")}
+            assert {"httponly", "path", "max-age", "samesite"} <= attributes and "secure" not in attributes
+            assert "path=/admin" in cookie.lower() and "samesite=strict" in cookie.lower()
+            name, _, value = cookie.split(";")[0].partition("=")
+            assert name == "keyroute_admin" and value and "adm1n" not in value
+            http.cookies.clear()  # sent by hand below, so that every request says what it carries
+            session = {"cookie": f"keyroute_admin={value}"}
+            for path in ("/admin/partition-map", "/admin/route?store=s&key=k", "/admin/ui"):
+                assert (await http.get(path, headers=session)).status_code == 200, path
+            assert (await http.get("/admin/partition-map", headers={"cookie": "keyroute_admin=1.x"})).status_code == 401
+
+            # Behind a TLS-terminating proxy, the cookie is Secure.
+            tls = await http.post("/admin/login", data={"token": "adm1n"}, headers={"x-forwarded-proto": "https"})
+            assert "secure" in {part.strip().lower() for part in tls.headers["set-cookie"].split(";")}
+            http.cookies.clear()
+
+            # The page without a session, or with the token in its URL: the login form, the token never echoed.
+            for target, headers in (
+                ("/admin/ui", {}),
+                ("/admin/ui?token=adm1n", {}),
+                ("/admin/ui?token=adm1n", session),
+            ):
+                answer = await http.get(target, headers=headers)
+                assert answer.status_code == 303 and answer.headers["location"] == "/admin/login", target
+                assert "adm1n" not in answer.text and "adm1n" not in str(answer.headers)
+            assert (await http.get("/admin/partition-map?token=adm1n")).status_code == 401
+
+            out = await http.post("/admin/logout", headers=session)
+            assert out.status_code == 303 and out.headers["location"] == "/admin/login"
+            cleared = out.headers["set-cookie"].lower()
+            assert cleared.startswith("keyroute_admin=") and ("max-age=0" in cleared or "expires=" in cleared)
+
+    run(scenario)
+
+
+def test_without_an_admin_token_the_login_leads_straight_to_the_page() -> None:
+    async def scenario() -> None:
+        async with router(build_map(STORES, FULL), *nodes()) as r:
+            form, login = await r.client.get("/admin/login"), await r.client.post("/admin/login", data={"token": "x"})
+            for answer in (form, login):
+                assert answer.status_code == 303 and answer.headers["location"] == "/admin/ui"
+                assert "set-cookie" not in answer.headers
+            assert (await r.client.get("/admin/ui")).status_code == 200
+
+    run(scenario)
+
+
 def test_without_metrics_require_token_metrics_stay_open() -> None:
     settings = dataclasses.replace(SETTINGS, access=AccessSettings(admin_token="adm1n"))
 
@@ -357,6 +425,18 @@ def test_the_router_proves_membership_to_nodes_and_never_passes_a_clients_member
                 for name in ("x-keyroute-hops", "x-keyroute-partition", "x-keyroute-generation"):
                     assert name not in x.headers
                 assert "x-keyroute-forwarded-by" not in x.headers
+
+    run(scenario)
+
+
+def test_during_a_rotation_the_router_proves_membership_with_the_first_secret() -> None:
+    rotating = dataclasses.replace(SETTINGS, access=AccessSettings(cluster_secret="new-s3cret,s3cret"))
+
+    async def scenario() -> None:
+        async with router(build_map(STORES, FULL), *nodes("k"), settings=rotating) as r:
+            assert (await r.client.get("/stores/s/keys/k")).status_code == 200
+            received = [x for node in ("a", "b") for x in r.cluster[node].received]
+            assert received and all(x.headers["x-keyroute-auth"] == member_token("new-s3cret") for x in received)
 
     run(scenario)
 

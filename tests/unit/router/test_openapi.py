@@ -66,7 +66,9 @@ def test_every_reference_resolves_and_every_error_answer_is_the_error_schema() -
     for path, item in OPENAPI["paths"].items():
         for method, operation in item.items():
             responses = operation["responses"]
-            assert "200" in responses and "500" in responses and "405" in responses, (path, method)
+            # Every operation documents its success (a 200, or the 303 of the login's redirects) and its errors.
+            success = "200" in responses or (path.startswith("/admin/log") and "303" in responses)
+            assert success and "500" in responses and "405" in responses, (path, method)
             for status, response in responses.items():
                 if int(status) >= 400 and not (path == "/readyz" and status == "503"):
                     schema = response["content"]["application/json"]["schema"]
