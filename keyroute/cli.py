@@ -614,9 +614,7 @@ def cmd_store(args: argparse.Namespace) -> int:
             for record in records:
                 print(json.dumps(describe_store(record), ensure_ascii=False))
             if not records:
-                zk = _zk(args)
-                where = zk.hosts + (zk.chroot or "")
-                print(f"{what}: no store is published at {where} (is the chroot right?)", file=sys.stderr)
+                return _nothing_published(what, client, _zk(args))
             return 0
         if args.store_command == "delete":
             print(json.dumps(delete_store(client, args.store), ensure_ascii=False))
@@ -631,6 +629,20 @@ def cmd_store(args: argparse.Namespace) -> int:
     line = describe_store(record)
     line["previous_version"] = before.version if before is not None else None
     print(json.dumps(line, ensure_ascii=False))
+    return 0
+
+
+def _nothing_published(what: str, client: Any, zk: ZkSettings) -> int:
+    """No store to list: 1 with one line when the chroot holds no cluster at all (likely a mistyped --zk),
+    0 with a note when a cluster is there and has published nothing yet."""
+    from keyroute.core import zk_layout
+    from keyroute.core.cluster_identity import chroots_with_a_cluster, empty_chroot_message
+
+    nodes = client.get_children(zk_layout.NODES) if client.exists(zk_layout.NODES) else []
+    if client.exists(zk_layout.CLUSTER) is None and not nodes:
+        print(f"{what}: {empty_chroot_message(zk, chroots_with_a_cluster(zk))}", file=sys.stderr)
+        return 1
+    print(f"{what}: no store is published at {zk.connect_string} yet", file=sys.stderr)
     return 0
 
 
