@@ -153,7 +153,7 @@ class RoutingTable:
         """What a read of a store this map does not have answers: 404, or 503 before any map was read."""
         if not self.ready:
             return NoPartitionMap("this router has not read the partition map yet (is ZooKeeper reachable?)")
-        return StoreNotFound(f"no store named {store_name!r}")
+        return StoreNotFound.named(store_name, self.map.stores)
 
     def locate(self, store_name: str, key_text: str) -> KeyLocation:
         """Where a key lives: its partition and the nodes assigned and serving it (preferred first; none

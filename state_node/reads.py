@@ -117,7 +117,7 @@ def is_forwarded(members: ClusterAuth, hops: bytes | None, auth: bytes | None) -
 def find_store(m: PartitionMap, name: str) -> StoreRecord:
     record = m.stores.get(name)
     if record is None:
-        raise StoreNotFound(f"no store named {name!r}")
+        raise StoreNotFound.named(name, m.stores)
     return record
 
 

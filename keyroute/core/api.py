@@ -24,6 +24,7 @@ reads a key (the full application or a leaner one in front of it) applies the sa
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Iterable, Mapping
 from decimal import Decimal
@@ -78,6 +79,27 @@ class ApiError(Exception):
 class StoreNotFound(ApiError):
     status = 404
     code = "store_not_found"
+
+    # How many of the stores that exist an answer names.
+    SHOWN = 10
+
+    @classmethod
+    def named(cls, name: str, stores: Iterable[str]) -> StoreNotFound:
+        """404 for a store `name` that is not among `stores` (those that exist): the message names a few of
+        them, sorted, and the closest ones by spelling as "did you mean"."""
+        known = sorted(stores)
+        # A name far longer than any store's is no typo of one (and would make the comparison costly).
+        close = difflib.get_close_matches(name, known, n=3) if len(name) <= 200 else []
+        message = f"no store named {name!r}"
+        if close:
+            message += f"; did you mean {' or '.join(repr(c) for c in close)}?"
+        if known:
+            more = len(known) - cls.SHOWN
+            shown = ", ".join(known[: cls.SHOWN]) + (f" and {more} more" if more > 0 else "")
+            message += f" (stores: {shown})"
+        else:
+            message += " (no store is published)"
+        return cls(message)
 
 
 class KeyNotFound(ApiError):

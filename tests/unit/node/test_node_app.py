@@ -300,6 +300,10 @@ def test_batch_get_refuses_integers_for_string_keys_and_unknown_stores(client_fo
     assert r.json()["results"][0]["status"] == 400
     r = client.post("/stores/nope/batch-get", json={"keys": ["k"]})
     assert r.status_code == 404 and r.json()["error"] == "store_not_found"
+    # The answer names the stores this node knows, and the closest as "did you mean".
+    assert r.json()["message"] == "no store named 'nope' (stores: ints, s)"
+    r = client.get("/stores/int/keys/1")
+    assert r.json()["message"] == "no store named 'int'; did you mean 'ints'? (stores: ints, s)"
 
 
 def test_admin_route_explains_a_key(client_for: Nodes) -> None:
