@@ -180,6 +180,10 @@ def test_rollback_to_a_retained_version_without_a_failed_read(
             assert "retained versions: 2, 3, 4" in refused.stderr
         refused = cli("store", "rollback", "--zk", connect, "--store", "nope", "--version", "1")
         assert refused.returncode == 1 and "no such store" in refused.stderr
+        current = cli("store", "rollback", "--zk", connect, "--store", STORE, "--version", "4")
+        assert current.returncode == 1 and current.stdout == "", current.stdout
+        assert current.stderr == f"keyroute store rollback: version 4 is already current for store {STORE!r}; " \
+            "nothing was changed\n"
         assert read_published(client, STORE).record.version == 4  # type: ignore[union-attr]
 
         done = cli("store", "rollback", "--zk", connect, "--store", STORE, "--version", "3")
