@@ -112,6 +112,23 @@ class BadKey(ApiError):
     code = "bad_key"
 
 
+# Key formats whose batch-get keys may also be JSON integers (their decimal text is the key).
+INTEGER_KEY_FORMATS = frozenset({"int16", "int32", "int64"})
+
+
+def bad_batch_key(store: str, key_format: str, raw: Any) -> BadKey:
+    """The 400 of a batch-get key that is no form `key_format` takes in a JSON body (a float, null, a list,
+    an integer for a store whose keys are not integers): the message names the forms it does take."""
+    forms = "a JSON string or integer" if key_format in INTEGER_KEY_FORMATS else "a JSON string"
+    try:
+        shown = json.dumps(raw, ensure_ascii=False)
+    except (TypeError, ValueError):
+        shown = repr(raw)
+    if len(shown) > 40:
+        shown = shown[:37] + "..."
+    return BadKey(f"store {store!r} has {key_format} keys: a batch-get key is {forms}, not {shown}")
+
+
 class KeyTooLong(ApiError):
     status = 414
     code = "key_too_long"
