@@ -12,7 +12,6 @@ the message for `/readyz` and the admin partition map while the chroot stays emp
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import difflib
 import json
@@ -21,6 +20,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
@@ -30,8 +30,10 @@ from keyroute.core import zk_layout
 from keyroute.core.settings import ZkSettings
 
 log = logging.getLogger(__name__)
-# How many other chroots a "did you mean" names at most.
+# How many other chroots a "did you mean" names at most, of how many top-level paths looked at.
 _MAX_SUGGESTIONS = 5
+_MAX_SCANNED = 2000
+_READ_TIMEOUT_S = 5.0
 
 
 class ClusterIdError(ValueError):
@@ -96,21 +98,35 @@ def chroots_with_a_cluster(settings: ZkSettings, connect_timeout_s: float = 5.0)
         client = zk.connect(top, ensure_layout=False)
     except zk.ZkUnavailableError:
         return []
-    found = []
+    found: list[str] = []
     try:
-        for child in sorted(client.get_children("/")):
-            path = "/" + child
-            if path == settings.chroot or child == "zookeeper":
-                continue
-            with contextlib.suppress(KazooException, KazooTimeoutError):
-                if client.exists(path + zk_layout.CLUSTER) is not None or client.get_children(path + zk_layout.STORES):
-                    found.append(path)
+        paths = [f"/{child}" for child in sorted(client.get_children("/")) if child != "zookeeper"]
+        paths = [path for path in paths if path != settings.chroot][:_MAX_SCANNED]
+        # Pipelined: one round trip for every chroot's cluster record, one more for the stores of the others.
+        records = {path: client.exists_async(path + zk_layout.CLUSTER) for path in paths}
+        rest = [path for path, pending in records.items() if not _settled(pending, found, path)]
+        listings = {path: client.get_children_async(path + zk_layout.STORES) for path in rest}
+        for path, pending in listings.items():
+            _settled(pending, found, path)
     except (KazooException, KazooTimeoutError):
         pass
     finally:
         zk.close(client)
     # The likeliest typo first.
     return difflib.get_close_matches(settings.chroot, found, n=len(found), cutoff=0.0) if found else []
+
+
+def _settled(pending: Any, found: list[str], path: str) -> bool:
+    """Whether a pending read of `path`'s cluster record or store listing found something (then `path` is
+    added to `found`); a read that fails (no such path, not readable) found nothing."""
+    try:
+        result = pending.get(timeout=_READ_TIMEOUT_S)
+    except (KazooException, KazooTimeoutError):
+        return False
+    if result:  # a ZnodeStat, or a non-empty listing
+        found.append(path)
+        return True
+    return False
 
 
 def empty_chroot_message(settings: ZkSettings, others: list[str]) -> str:

@@ -24,6 +24,20 @@ class _Root:
     def exists(self, path: str) -> Any:
         return object() if path.removesuffix("/cluster") in self.clusters else None
 
+    def exists_async(self, path: str) -> Any:
+        return _Done(self.exists(path))
+
+    def get_children_async(self, path: str) -> Any:
+        return _Done(self.get_children(path))
+
+
+class _Done:
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def get(self, timeout: float | None = None) -> Any:
+        return self.value
+
 
 @pytest.fixture
 def root(monkeypatch: pytest.MonkeyPatch) -> _Root:
