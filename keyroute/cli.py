@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import functools
 import json
 import logging
@@ -15,7 +16,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from keyroute.core.key_format import KeyFormat, KeyFormatError, parse_key
 from keyroute.core.logs import FORMATS
@@ -48,6 +49,60 @@ DEFAULT_RETAIN = 3
 
 def _env_name(flag: str) -> str:
     return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a missing option is one line naming it and its variable (exit 1), not the usage."""
+
+    _given: Sequence[str] = ()
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._given = list(sys.argv[1:] if args is None else args)  # for `error`'s "did you mean"
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str) -> NoReturn:
+        required = "the following arguments are required: "
+        if message.startswith(required):
+            names = message.removeprefix(required).split(", ")
+            if all(name.startswith("--") for name in names):
+                missing = " and ".join(f"{name} (or {_env_name(name)})" for name in names)
+                what = "is" if len(names) == 1 else "are"
+                line = f"{self.prog}: {missing} {what} required"
+                # Often a misspelt option: the one given that this command does not take.
+                options = {flag for action in self._actions for flag in action.option_strings}
+                unknown = [a for a in self._given if a.startswith("--") and a.split("=", 1)[0] not in options]
+                line += _did_you_mean(unknown, options)
+                self.exit(1, f"{line}; `{self.prog} --help` lists the options\n")
+        super().error(message)
+
+
+def _did_you_mean(given: Iterable[str], options: Iterable[str]) -> str:
+    """"; did you mean --X?" for the first of `given` that is close to one of `options`, else ""."""
+    known = sorted(flag for flag in options if flag.startswith("--"))
+    for text in given:
+        if text.startswith("--"):
+            close = difflib.get_close_matches(text.split("=", 1)[0], known, n=1)
+            if close:
+                return f" ({text.split('=', 1)[0]} is not an option: did you mean {close[0]}?)"
+    return ""
+
+
+def _leaf(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)parser of the command `args` holds: `keyroute store list`'s for ["store", "list", ...]."""
+    while True:
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        chosen = getattr(args, sub.dest, None) if sub is not None else None
+        if sub is None or chosen not in sub.choices:
+            return parser
+        parser = sub.choices[chosen]
+
+
+def _unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace, extras: list[str]) -> str:
+    """One line for arguments the command does not take, with the closest option as "did you mean"."""
+    leaf = _leaf(parser, args)
+    options = {flag for action in leaf._actions for flag in action.option_strings}
+    line = f"{leaf.prog}: unrecognized arguments: {' '.join(extras)}" + _did_you_mean(extras, options)
+    return line + f"; `{leaf.prog} --help` lists the options"
 
 
 class _Parser:
@@ -280,7 +335,7 @@ def _limits(args: argparse.Namespace) -> dict[str, Any]:
 
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p = _Parser(env)
-    parser = argparse.ArgumentParser(
+    parser = _ArgumentParser(
         prog="keyroute",
         description=(
             "One-hop HTTP reads of partitioned state, split exactly as a Kafka producer splits a keyed topic."
@@ -664,14 +719,18 @@ def cmd_store(args: argparse.Namespace) -> int:
             for record in records:
                 print(json.dumps(describe_store(record), ensure_ascii=False))
             if not records:
-                zk = _zk(args)
-                where = zk.hosts + (zk.chroot or "")
-                print(f"{what}: no store is published at {where} (is the chroot right?)", file=sys.stderr)
+                return _nothing_published(what, client, _zk(args))
             return 0
         if args.store_command == "delete":
             print(json.dumps(delete_store(client, args.store), ensure_ascii=False))
             return 0
         before = next((r for r in list_stores(client) if r.name == args.store), None)
+        if before is not None and before.version == args.version:
+            print(
+                f"{what}: version {args.version} is already current for store {args.store!r}; nothing was changed",
+                file=sys.stderr,
+            )
+            return 1
         record = rollback(client, args.store, args.version, verify=not args.no_verify)
     except PipelineError as exc:
         print(f"{what}: {exc}", file=sys.stderr)
@@ -681,6 +740,20 @@ def cmd_store(args: argparse.Namespace) -> int:
     line = describe_store(record)
     line["previous_version"] = before.version if before is not None else None
     print(json.dumps(line, ensure_ascii=False))
+    return 0
+
+
+def _nothing_published(what: str, client: Any, zk: ZkSettings) -> int:
+    """No store to list: 1 with one line when the chroot holds no cluster at all (likely a mistyped --zk),
+    0 with a note when a cluster is there and has published nothing yet."""
+    from keyroute.core import zk_layout
+    from keyroute.core.cluster_identity import chroots_with_a_cluster, empty_chroot_message
+
+    nodes = client.get_children(zk_layout.NODES) if client.exists(zk_layout.NODES) else []
+    if client.exists(zk_layout.CLUSTER) is None and not nodes:
+        print(f"{what}: {empty_chroot_message(zk, chroots_with_a_cluster(zk))}", file=sys.stderr)
+        return 1
+    print(f"{what}: no store is published at {zk.connect_string} yet", file=sys.stderr)
     return 0
 
 
@@ -918,7 +991,9 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     parser = build_parser(env)
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        parser.exit(2, _unrecognized(parser, args, extras) + "\n")
     if getattr(args, "zk_reader", None) is not None and getattr(args, "zk_auth", None) is None:
         parser.error("--zk-reader (KEYROUTE_ZK_READER) needs --zk-auth (KEYROUTE_ZK_AUTH): the identity granted ALL")
     if args.log_format not in FORMATS:  # a value from the environment, which argparse does not check

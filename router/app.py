@@ -113,6 +113,7 @@ def create_app(
         app.state.proxy = proxy
         # A source without a ZooKeeper session (tests) has no live status to show.
         app.state.live_status = LiveStatusReader(lambda: getattr(source, "client", None))
+        app.state.map_source = source
         loop = asyncio.get_running_loop()
         built: list[RoutingTable] = []  # the last table built, on the source's thread
         first_map = asyncio.Event()
@@ -168,6 +169,7 @@ def create_app(
         m = _proxy(request).table.map
         body = {**m.describe(), "router": True}
         annotate(body, m, await run_in_threadpool(request.app.state.live_status.read_for, m))
+        body.update(_cluster_state(request))
         return JSONResponse(body)
 
     async def route(request: Request) -> Response:
@@ -209,6 +211,8 @@ def create_app(
             # now: what the map says of the data, which readiness does not depend on.
             "stores_loading": sorted(stores - table.ever_complete),
             "stores_degraded": sorted((table.ever_complete & stores) - complete_now),
+            # A router on an empty (often mistyped) chroot stays ready, as before stores are published: it says so.
+            **_cluster_state(request),
         }
         return JSONResponse(body, status_code=200 if table.ready else 503)
 
@@ -247,6 +251,12 @@ def create_app(
 def _proxy(request: Request) -> Proxy:
     proxy: Proxy = request.app.state.proxy
     return proxy
+
+
+def _cluster_state(request: Request) -> dict[str, str]:
+    """`{"cluster": "empty", "cluster_message": ...}` while the chroot holds no cluster, else nothing."""
+    message = getattr(getattr(request.app.state, "map_source", None), "empty_cluster", None)
+    return {"cluster": "empty", "cluster_message": message} if message else {}
 
 
 def _json_bytes(obj: Any) -> Response:

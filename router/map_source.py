@@ -12,6 +12,7 @@ from typing import Protocol
 from kazoo.client import KazooClient
 
 from keyroute.core import zk
+from keyroute.core.cluster_identity import EmptyChroot
 from keyroute.core.map_watcher import MapWatcher
 from keyroute.core.partition_map import PartitionMap
 from keyroute.core.settings import ZkSettings
@@ -37,6 +38,7 @@ class ZooKeeperMapSource:
         self._watcher: MapWatcher | None = None
         self._lock = threading.Lock()
         self._stopped = False
+        self._empty = EmptyChroot(settings)
 
     def start(self, on_map: Callable[[PartitionMap], None]) -> None:
         """Connect and start watching (raises ZkUnavailableError when ZooKeeper cannot be reached in time).
@@ -48,13 +50,24 @@ class ZooKeeperMapSource:
                 zk.close(client)
                 return
             self._client = client
-            self._watcher = MapWatcher(client, on_map)
+
+            def observed(new_map: PartitionMap) -> None:
+                on_map(new_map)
+                if not new_map.stale:  # after the hand-over: the check may read ZooKeeper
+                    self._empty.observe(client, len(new_map.stores), len(new_map.nodes))
+
+            self._watcher = MapWatcher(client, observed)
             self._watcher.start()
 
     @property
     def client(self) -> KazooClient | None:
         """The ZooKeeper session while started (the admin partition map reads live status with it)."""
         return self._client
+
+    @property
+    def empty_cluster(self) -> str | None:
+        """The line saying that the chroot holds no cluster (no record, nodes or stores), None otherwise."""
+        return self._empty.message
 
     @property
     def watcher(self) -> MapWatcher | None:

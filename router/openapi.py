@@ -544,6 +544,7 @@ OPENAPI: dict[str, Any] = {
                     "version": {"type": "integer"},
                     "value": {"type": "object"},
                     "offset": {"type": "integer", "description": "live stores: the partition's last applied offset"},
+                    "node": {"type": "string", "description": "found keys: the node that read it"},
                     "error": {
                         "type": "string",
                         "description": "present when status is not 200 (`not_up_to_bound`, `not_live`, ...)",

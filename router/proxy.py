@@ -48,7 +48,6 @@ from keyroute.core.api import (
     HEADER_REQUEST_ID,
     HEADER_ROUTER,
     ApiError,
-    BadKey,
     BatchKeyTooLong,
     PartitionUnavailable,
     PayloadTooLarge,
@@ -484,7 +483,7 @@ class Proxy:
         for i, raw in enumerate(keys):
             text = _key_text(raw)
             if text is None:
-                results[i] = error_entry(raw, BadKey("a key must be a JSON string"))
+                results[i] = error_entry(raw, table.bad_batch_key(store, raw))
                 continue
             if self._max_key_bytes and key_too_long(text, self._max_key_bytes):
                 results[i] = error_entry(raw, BatchKeyTooLong(f"the key is longer than {self._max_key_bytes} bytes"))

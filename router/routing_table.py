@@ -10,7 +10,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from keyroute.core.api import ApiError, BadKey, NoPartitionMap, PartitionUnavailable, StoreNotFound
+from keyroute.core.api import (
+    ApiError,
+    BadKey,
+    NoPartitionMap,
+    PartitionUnavailable,
+    StoreNotFound,
+    bad_batch_key,
+)
 from keyroute.core.key_format import KeyFormatError
 from keyroute.core.key_location import Endpoint, KeyLocation, StoreLocator
 from keyroute.core.partition_map import PartitionMap
@@ -153,7 +160,12 @@ class RoutingTable:
         """What a read of a store this map does not have answers: 404, or 503 before any map was read."""
         if not self.ready:
             return NoPartitionMap("this router has not read the partition map yet (is ZooKeeper reachable?)")
-        return StoreNotFound(f"no store named {store_name!r}")
+        return StoreNotFound.named(store_name, self.map.stores)
+
+    def bad_batch_key(self, store_name: str, raw: object) -> ApiError:
+        """The entry's error for a batch-get key that is no JSON form the store's keys take (1.5, null)."""
+        store = self.map.stores.get(store_name)
+        return bad_batch_key(store_name, store.key_format.value if store is not None else "string", raw)
 
     def locate(self, store_name: str, key_text: str) -> KeyLocation:
         """Where a key lives: its partition and the nodes assigned and serving it (preferred first; none

@@ -213,7 +213,7 @@ async def _joined_node(
     except zk.ZkUnavailableError as exc:
         raise StartupError(str(exc)) from exc
     try:
-        await run_in_threadpool(data_dir.join, client, settings.zk.chroot or "")
+        await run_in_threadpool(data_dir.join, client, settings.zk.chroot or "", settings.zk)
     except DataDirError as exc:
         await run_in_threadpool(zk.close, client)
         raise StartupError(str(exc)) from exc

@@ -20,7 +20,13 @@ from pathlib import Path
 
 from kazoo.client import KazooClient
 
-from keyroute.core.cluster_identity import ClusterIdError, create_cluster_id, read_cluster_id
+from keyroute.core.cluster_identity import (
+    ClusterIdError,
+    chroots_with_a_cluster,
+    create_cluster_id,
+    read_cluster_id,
+)
+from keyroute.core.settings import ZkSettings
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +81,11 @@ class DataDir:
             raise
         return held
 
-    def join(self, client: KazooClient, chroot: str) -> str:
+    def join(self, client: KazooClient, chroot: str, zk: ZkSettings | None = None) -> str:
         """Check the chroot's cluster id against the recorded one and return it. A directory that joined no
         cluster yet adopts the chroot's id (creating it in an empty chroot); one that did refuses a chroot
-        with another id or none (DataDirError, nothing changed)."""
+        with another id or none (DataDirError, nothing changed). With `zk` (where the chroot is), a new
+        cluster created while other top-level chroots hold one is said as a likely mistyped --zk."""
         where = chroot or "/"
         try:
             found = read_cluster_id(client)
@@ -93,7 +100,18 @@ class DataDir:
         if found is None:
             found, created = create_cluster_id(client)
             if created:
-                log.info("chroot %s had no cluster id: this node created cluster %s", where, found.id)
+                others = chroots_with_a_cluster(zk) if zk is not None else []
+                if others:
+                    log.warning(
+                        "no keyroute cluster at ZooKeeper %s chroot %s: this node created a new cluster %s "
+                        "(did you mean %s? these chroots hold a keyroute cluster; check --zk)",
+                        zk.hosts if zk is not None else "",
+                        where,
+                        found.id,
+                        ", ".join(others[:5]),
+                    )
+                else:
+                    log.info("chroot %s had no cluster id: this node created cluster %s", where, found.id)
         if self.cluster_id is not None and found.id != self.cluster_id:
             raise DataDirError(
                 f"chroot {where} belongs to cluster {found.id} but data directory {self.path} joined cluster "

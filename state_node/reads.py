@@ -43,6 +43,7 @@ from keyroute.core.api import (
     PartitionUnavailable,
     StoreNotFound,
     WrongStoreKind,
+    bad_batch_key,
     error_json,
     found_body,
     key_too_long,
@@ -117,7 +118,7 @@ def is_forwarded(members: ClusterAuth, hops: bytes | None, auth: bytes | None) -
 def find_store(m: PartitionMap, name: str) -> StoreRecord:
     record = m.stores.get(name)
     if record is None:
-        raise StoreNotFound(f"no store named {name!r}")
+        raise StoreNotFound.named(name, m.stores)
     return record
 
 
@@ -527,11 +528,11 @@ def read_batch(
     of live partitions behind their bound, keys served elsewhere). Raises BadRequest when a key is not a
     JSON string or integer or a bound names a partition the store lacks (the whole batch is refused: only
     a client sends one), StoreNotFound for an unknown store."""
-    for raw in keys:
-        if not isinstance(raw, str) and not (isinstance(raw, int) and not isinstance(raw, bool)):
-            raise BadRequest(f"keys must be JSON strings (or integers for integer key formats), got {raw!r:.40}")
     m = node.ownership.map
     record = find_store(m, store_name)
+    for raw in keys:
+        if not isinstance(raw, str) and not (isinstance(raw, int) and not isinstance(raw, bool)):
+            raise BadRequest(bad_batch_key(store_name, record.key_format.value, raw).message)
     if bounds is not None:
         bounds.check(store_name, record.partitions)
     batch = Batch(node, store_name, forwarded, m.generation, len(keys), bounds)
@@ -547,7 +548,7 @@ def read_batch(
             )
             continue
         try:
-            key = _batch_key(record.key_format, raw)
+            key = _batch_key(store_name, record.key_format, raw)
         except BadKey as exc:
             metrics.count(store_name, KIND_BATCH, exc.status)
             entries[i] = encode_entry(error_entry(raw if isinstance(raw, str) else str(raw), exc))
@@ -608,12 +609,12 @@ def _local_entry(node: Node, store: str, held: PartitionStore, key: Key, partiti
             entry["offset"] = offset
         return encode_entry(entry)
     metrics.count(store, KIND_BATCH, 200)
-    return found_entry(key.text, partition, held.version, value, offset)
+    return found_entry(key.text, partition, held.version, value, offset, node.node_id)
 
 
-def _batch_key(fmt: KeyFormat, raw: str | int) -> Key:
+def _batch_key(store: str, fmt: KeyFormat, raw: str | int) -> Key:
     if isinstance(raw, int) and fmt not in _INT_FORMATS:
-        raise BadKey(f"a {fmt.value} key must be a JSON string")
+        raise bad_batch_key(store, fmt.value, raw)
     try:
         return key_from_value(fmt, raw)
     except KeyFormatError as exc:

@@ -4,6 +4,7 @@ keyroute's own HTTP server on a thread."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import os
 import signal
@@ -170,3 +171,74 @@ def serve_in_thread(server: HttpServer, host: str = "127.0.0.1") -> Iterator[int
         finally:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(timeout=10)
+
+
+class TcpProxy:
+    """A TCP relay on 127.0.0.1 to `target` (host, port) that a test can cut: `cut()` closes every relayed
+    connection and closes each new one at once (counted in `refused`), `restore()` relays again. Stands in
+    for a network outage without stopping the server behind it (the session's ZooKeeper)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.refused = 0
+        self._cut = threading.Event()
+        self._lock = threading.Lock()
+        self._open: set[socket.socket] = set()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        self._closed = False
+        threading.Thread(target=self._accept, name="tcp-proxy", daemon=True).start()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def cut(self) -> None:
+        self._cut.set()
+        with self._lock:
+            conns, self._open = self._open, set()
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            conn.close()
+
+    def restore(self) -> None:
+        self._cut.clear()
+
+    def close(self) -> None:
+        self._closed = True
+        self.cut()
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            if self._cut.is_set():
+                self.refused += 1
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                self._open.update((client, upstream))
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for conn in (src, dst):
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+            src.close()  # this thread reads it; the other direction's thread closes `dst`

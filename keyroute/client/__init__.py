@@ -17,7 +17,8 @@ Keys are given as the store's key format has them: `str`, `int` (integer formats
 (naive means UTC), `date`, `int` (a store ordered by an integer column) or ISO 8601 text.
 
 Every error answer is raised as its `KeyrouteError` subclass (`KeyNotFound`, `StoreNotFound`, `BadKey`,
-`BadRequest`, `BadCursor`, `CursorExpired`, `WrongStoreKind`, `Unavailable` with `retry_after`, ...).
+`BadRequest`, `BadCursor`, `CursorExpired`, `WrongStoreKind`, `Unavailable` with `retry_after`, ...), and
+no answer at all (nothing listens, a timeout) as `ConnectionFailed`, an `Unavailable` too.
 Reads are retried on 503 (after the answer's Retry-After, capped, with back-off) and on connection
 failures, up to `retries` times; connections are pooled and kept alive; clients close with `close()` or
 as context managers.
@@ -35,6 +36,7 @@ from keyroute.client._errors import (
     BadCursor,
     BadKey,
     BadRequest,
+    ConnectionFailed,
     CursorExpired,
     KeyNotFound,
     KeyrouteError,
@@ -52,6 +54,7 @@ __all__ = [
     "BadKey",
     "BadRequest",
     "Client",
+    "ConnectionFailed",
     "CursorExpired",
     "KeyNotFound",
     "KeyrouteError",

@@ -21,7 +21,7 @@ from keyroute.client._base import (
     next_page,
     value_of_answer,
 )
-from keyroute.client._errors import KeyrouteError
+from keyroute.client._errors import KeyrouteError, connection_failed
 
 
 class AsyncClient(ClientBase):
@@ -68,9 +68,9 @@ class AsyncClient(ClientBase):
             answer: httpx.Response | None
             try:
                 answer = await self._http.request(method, path, **kwargs)
-            except httpx.TransportError:
+            except httpx.TransportError as exc:
                 if attempt == self.retries:
-                    raise
+                    raise connection_failed(self.url, exc, attempt + 1) from exc
                 answer = None
             wait_s = self._retry_wait_s(attempt, answer)
             if wait_s is None:
@@ -106,7 +106,7 @@ class AsyncClient(ClientBase):
                     continue
                 if self._node_answered(answer):
                     return answer
-            self._via_router()
+        self._via_router()
         return await self._send("GET", path, params=params)
 
     # -- reads ------------------------------------------------------------------------------------------
@@ -124,6 +124,8 @@ class AsyncClient(ClientBase):
             await self._ensure_map()
             groups = self._group_by_node(batch)
             self._take(batch, await asyncio.gather(*(self._node_batch(batch, *item) for item in groups.items())))
+        else:
+            self._all_via_router(batch)
         if batch.rest:
             batch.took_router_answer(await self._send("POST", batch.path, json=batch.body(batch.rest)))
         return batch.results()

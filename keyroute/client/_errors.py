@@ -11,6 +11,7 @@ KeyrouteError (status, code, message, retry_after)
 ├── Unauthorized      401 unauthorized
 ├── CursorExpired     410 cursor_expired
 └── Unavailable       503 (any code), after the client's retries
+     └── ConnectionFailed  no answer at all (nothing listens, timed out, reset), after the retries
 """
 
 from __future__ import annotations
@@ -71,6 +72,25 @@ class CursorExpired(KeyrouteError):
 class Unavailable(KeyrouteError):
     """503 (partition_unavailable, overloaded, not_up_to_bound), after the client's retries; `retry_after`
     is the answer's Retry-After in seconds."""
+
+
+class ConnectionFailed(Unavailable):
+    """No answer at all, after the client's retries: nothing listens at the address, the connection or the
+    answer timed out, or the connection was reset. `status` is 0 (there was no HTTP answer), `code`
+    "connection_failed"; the transport's own exception (httpx's) is the `__cause__`."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(0, "connection_failed", message)
+
+    def __str__(self) -> str:
+        return f"connection_failed: {self.message}"
+
+
+def connection_failed(url: str, exc: httpx.TransportError, attempts: int) -> ConnectionFailed:
+    """The error of a request to `url` that got no answer in `attempts` attempts, the last failing with `exc`."""
+    reason = str(exc) or type(exc).__name__
+    tries = f" ({attempts} attempts)" if attempts > 1 else ""
+    return ConnectionFailed(f"no answer from {url}{tries}: {type(exc).__name__}: {reason}")
 
 
 _ERRORS: dict[str, type[KeyrouteError]] = {

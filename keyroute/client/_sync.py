@@ -22,7 +22,7 @@ from keyroute.client._base import (
     next_page,
     value_of_answer,
 )
-from keyroute.client._errors import KeyrouteError
+from keyroute.client._errors import KeyrouteError, connection_failed
 
 
 class Client(ClientBase):
@@ -72,9 +72,9 @@ class Client(ClientBase):
             answer: httpx.Response | None
             try:
                 answer = self._http.request(method, path, **kwargs)
-            except httpx.TransportError:
+            except httpx.TransportError as exc:
                 if attempt == self.retries:
-                    raise
+                    raise connection_failed(self.url, exc, attempt + 1) from exc
                 answer = None
             wait_s = self._retry_wait_s(attempt, answer)
             if wait_s is None:
@@ -108,7 +108,7 @@ class Client(ClientBase):
                     continue
                 if self._node_answered(answer):
                     return answer
-            self._via_router()
+        self._via_router()
         return self._send("GET", path, params=params)
 
     # -- reads ------------------------------------------------------------------------------------------
@@ -129,6 +129,8 @@ class Client(ClientBase):
                 self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="keyroute-client")
             done = self._pool.map(lambda item: self._node_batch(batch, *item), groups.items()) if groups else ()
             self._take(batch, done)
+        else:
+            self._all_via_router(batch)
         if batch.rest:
             batch.took_router_answer(self._send("POST", batch.path, json=batch.body(batch.rest)))
         return batch.results()

@@ -24,6 +24,7 @@ reads a key (the full application or a leaner one in front of it) applies the sa
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Iterable, Mapping
 from decimal import Decimal
@@ -79,6 +80,27 @@ class StoreNotFound(ApiError):
     status = 404
     code = "store_not_found"
 
+    # How many of the stores that exist an answer names.
+    SHOWN = 10
+
+    @classmethod
+    def named(cls, name: str, stores: Iterable[str]) -> StoreNotFound:
+        """404 for a store `name` that is not among `stores` (those that exist): the message names a few of
+        them, sorted, and the closest ones by spelling as "did you mean"."""
+        known = sorted(stores)
+        # A name far longer than any store's is no typo of one (and would make the comparison costly).
+        close = difflib.get_close_matches(name, known, n=3) if len(name) <= 200 else []
+        message = f"no store named {name!r}"
+        if close:
+            message += f"; did you mean {' or '.join(repr(c) for c in close)}?"
+        if known:
+            more = len(known) - cls.SHOWN
+            shown = ", ".join(known[: cls.SHOWN]) + (f" and {more} more" if more > 0 else "")
+            message += f" (stores: {shown})"
+        else:
+            message += " (no store is published)"
+        return cls(message)
+
 
 class KeyNotFound(ApiError):
     status = 404
@@ -88,6 +110,23 @@ class KeyNotFound(ApiError):
 class BadKey(ApiError):
     status = 400
     code = "bad_key"
+
+
+# Key formats whose batch-get keys may also be JSON integers (their decimal text is the key).
+INTEGER_KEY_FORMATS = frozenset({"int16", "int32", "int64"})
+
+
+def bad_batch_key(store: str, key_format: str, raw: Any) -> BadKey:
+    """The 400 of a batch-get key that is no form `key_format` takes in a JSON body (a float, null, a list,
+    an integer for a store whose keys are not integers): the message names the forms it does take."""
+    forms = "a JSON string or integer" if key_format in INTEGER_KEY_FORMATS else "a JSON string"
+    try:
+        shown = json.dumps(raw, ensure_ascii=False)
+    except (TypeError, ValueError):
+        shown = repr(raw)
+    if len(shown) > 40:
+        shown = shown[:37] + "..."
+    return BadKey(f"store {store!r} has {key_format} keys: a batch-get key is {forms}, not {shown}")
 
 
 class KeyTooLong(ApiError):

@@ -140,4 +140,23 @@ def configure(
     root.setLevel(getattr(logging, level.upper(), logging.INFO) if isinstance(level, str) else level)
     # kazoo logs every connection state change at INFO; warnings and errors are what an operator needs.
     logging.getLogger("kazoo").setLevel(logging.WARNING)
+    # Of those warnings, the ones per connection retry (every ~2 s while ZooKeeper is away) are debug: the
+    # map watcher says each loss and return once (keyroute.core.map_watcher). On the handler, so that the
+    # loggers' own filters (keyroute.core.zk keeps the last reason while connecting) still see them.
+    handler.addFilter(_kazoo_retries)
     return handler
+
+
+# kazoo's warnings on each failed attempt to (re)connect.
+_RETRY_WARNINGS = ("Connection dropped: ", "Connection time-out: ", "Transition to CONNECTING", "Cannot resolve ")
+
+
+def _kazoo_retries(record: logging.LogRecord) -> bool:
+    """kazoo's per-retry warnings as debug records: kept only when the root logs debug."""
+    if record.levelno != logging.WARNING or record.name != "kazoo.client":
+        return True
+    if not str(record.msg).startswith(_RETRY_WARNINGS):
+        return True
+    record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+    return logging.getLogger().isEnabledFor(logging.DEBUG)
+

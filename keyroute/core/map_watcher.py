@@ -25,6 +25,11 @@ change. `refresh()` asks for a whole re-read at once (a node told a router that 
 does the safety refresh (every minute by default). `hold_watches()` is a fault injection for tests: it
 makes the view stale on purpose by ignoring watch events, as if their delivery were delayed.
 
+Each change of the connection is said once, however often kazoo retries meanwhile (its per-retry warnings
+are held back to debug, keyroute.core.logs): on the loss "ZooKeeper connection lost (...): serving the last
+partition map, stale since T", and once a fresh map has been read after it "ZooKeeper connection back after
+N s: partition map refreshed, generation G".
+
 The watcher only reads, so a router may hold a read-only ZooKeeper identity: a path that does not exist
 yet is watched with `exists` until it is created; a record this identity may not read is left out of the
 map with a warning (a root it may not read keeps the last map, stale).
@@ -36,6 +41,7 @@ import contextlib
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -82,6 +88,16 @@ _RECORD = "record"  # one record under a parent
 _PLACEMENT = "placement"  # the assignment (its root, or the legacy single record)
 
 
+def _where(client: KazooClient) -> str:
+    """`host:port[,host:port...]/chroot` of a kazoo client, as given to it."""
+    hosts = ",".join(f"{host}:{port}" for host, port in getattr(client, "hosts", None) or ())
+    return hosts + (getattr(client, "chroot", "") or "")
+
+
+def _utc(at: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+
+
 class MapWatcher:
     """Watches stores, nodes, assignment and serving records; publishes a new map on every change."""
 
@@ -100,6 +116,8 @@ class MapWatcher:
         # Maps are published from two threads (reads, connection-state changes): one lock orders them.
         self._publish_lock = threading.Lock()
         self._connected = False
+        # While the connection is lost: since when (monotonic, for the outage's length; wall clock, to say).
+        self._lost_at: tuple[float, float] | None = None
         self._watches_held = False
         self._watch_missed = False
         # What watch events named since the worker's last turn, and whether to re-read everything.
@@ -185,6 +203,13 @@ class MapWatcher:
         else:
             self._connected = False
             with self._publish_lock:
+                if self._lost_at is None:  # SUSPENDED then LOST is one outage: said once
+                    self._lost_at = (time.monotonic(), time.time())
+                    log.warning(
+                        "ZooKeeper connection lost (%s): serving the last partition map, stale since %s",
+                        _where(self._client),
+                        _utc(self._lost_at[1]),
+                    )
                 self._publish(self._current.marked_stale(True))
 
     def _on_watch(self, event: WatchedEvent | None = None) -> None:
@@ -245,6 +270,13 @@ class MapWatcher:
             with self._publish_lock, building:
                 # The connection may have dropped while reading: then the new map is already stale.
                 self._publish(new_map.marked_stale(not self._connected))
+                if self._connected and self._lost_at is not None:
+                    log.warning(
+                        "ZooKeeper connection back after %.1f s: partition map refreshed, generation %d",
+                        time.monotonic() - self._lost_at[0],
+                        new_map.generation,
+                    )
+                    self._lost_at = None
 
     # -- reading -----------------------------------------------------------------------------------
 

@@ -174,7 +174,22 @@ class Timeline:
 
     def parse_time(self, text: str, name: str) -> int:
         """A query bound (`from`, `to`) in this timeline's unit: ISO 8601 for a timestamp (UTC unless it
-        says otherwise) or date timeline, a decimal integer for an integer one."""
+        says otherwise) or date timeline, a decimal integer for an integer one. A timestamp bound may also be
+        a decimal integer: milliseconds since the epoch, as live records and Kafka timestamps count (ISO
+        8601 always has its dashes, so the two never meet)."""
+        if self.time_type is TimeType.TIMESTAMP:
+            millis = integer_text(text, signed=True)
+            if millis is not None:
+                if not INT64_MIN // 1000 <= millis <= INT64_MAX // 1000:
+                    raise TimelineError(f"{name}={text!r} is out of range as milliseconds since the epoch")
+                return millis * 1000
+            try:
+                return parse_time(text, self.time_type, name)
+            except TimelineError:
+                raise TimelineError(
+                    f"{name}={text[:40]!r} is not a time: ISO 8601 (e.g. 2024-06-11T10:00:00Z, "
+                    "2024-06-11T12:00:00+02:00, 2024-06-11) or milliseconds since the epoch (e.g. 1718100000000)"
+                ) from None
         return parse_time(text, self.time_type, name)
 
     def show_time(self, value: int) -> str:

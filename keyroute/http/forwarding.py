@@ -199,12 +199,16 @@ def batch_body(texts: Sequence[str], min_offsets: Mapping[str, int] | None = Non
     return encode_entry({"keys": list(texts)})
 
 
-def found_entry(key: str, partition: int, version: int, value_json: bytes, offset: int | None = None) -> bytes:
+def found_entry(
+    key: str, partition: int, version: int, value_json: bytes, offset: int | None = None, node: str | None = None
+) -> bytes:
     """The JSON of a found key's entry, built around the stored value's JSON bytes (never re-parsed); a live
-    partition's entry carries its applied `offset`."""
+    partition's entry carries its applied `offset`, and `node` names the node that read it."""
     entry: dict[str, Any] = {"key": key, "status": 200, "partition": partition, "version": version}
     if offset is not None:
         entry["offset"] = offset
+    if node is not None:
+        entry["node"] = node
     head = json.dumps(entry, ensure_ascii=False).encode("utf-8")
     return head[:-1] + b', "value": ' + value_json + b"}"
 
@@ -215,12 +219,13 @@ def error_entry(key: Any, error: ApiError) -> dict[str, Any]:
 
 
 def encode_entry(entry: Mapping[str, Any]) -> bytes:
-    """An entry (or any JSON object) as UTF-8 JSON bytes. A key echoed back may hold a lone surrogate (valid
-    in JSON text, not in UTF-8): then everything non-ASCII is escaped instead."""
+    """An entry (or any JSON object) as compact UTF-8 JSON bytes (a value passed on through a router stays as
+    compact as the node stored it). A key echoed back may hold a lone surrogate (valid in JSON text, not in
+    UTF-8): then everything non-ASCII is escaped instead."""
     try:
-        return json.dumps(entry, ensure_ascii=False).encode("utf-8")
+        return json.dumps(entry, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     except UnicodeEncodeError:
-        return json.dumps(entry).encode("ascii")
+        return json.dumps(entry, separators=(",", ":")).encode("ascii")
 
 
 def results_body(entries: Iterable[bytes]) -> bytes:

@@ -20,6 +20,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from keyroute.core import zk, zk_layout
+from keyroute.core.cluster_identity import create_cluster_id
 from keyroute.core.key_format import KeyFormat
 from keyroute.core.partition_map import ServingRecord, StoreRecord
 from keyroute.core.partitioner import Partitioner
@@ -179,6 +180,10 @@ def test_rollback_to_a_retained_version_without_a_failed_read(
             assert "retained versions: 2, 3, 4" in refused.stderr
         refused = cli("store", "rollback", "--zk", connect, "--store", "nope", "--version", "1")
         assert refused.returncode == 1 and "no such store" in refused.stderr
+        current = cli("store", "rollback", "--zk", connect, "--store", STORE, "--version", "4")
+        assert current.returncode == 1 and current.stdout == "", current.stdout
+        assert current.stderr == f"keyroute store rollback: version 4 is already current for store {STORE!r}; " \
+            "nothing was changed\n"
         assert read_published(client, STORE).record.version == 4  # type: ignore[union-attr]
 
         done = cli("store", "rollback", "--zk", connect, "--store", STORE, "--version", "3")
@@ -238,7 +243,21 @@ def test_retention_and_leave_options_read_flags_and_environment() -> None:
 
 def test_store_list_where_nothing_is_published_says_so(zk_settings: ZkSettings) -> None:
     listed = cli("store", "list", "--zk", zk_settings.connect_string + "-nothing-here")
+    # No cluster record, no node, no store: most likely a mistyped chroot, said in one line.
+    assert listed.returncode == 1, listed.stderr
+    assert listed.stdout == ""
+    assert "no keyroute cluster at ZooKeeper" in listed.stderr and "-nothing-here" in listed.stderr
+    assert len(listed.stderr.strip().splitlines()) == 1, listed.stderr
+    assert "Traceback" not in listed.stderr
+
+
+def test_store_list_of_a_cluster_that_published_nothing_yet_says_so(zk_settings: ZkSettings) -> None:
+    client = zk.connect(zk_settings)
+    try:
+        create_cluster_id(client)
+    finally:
+        zk.close(client)
+    listed = cli("store", "list", "--zk", zk_settings.connect_string)
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout == ""
-    assert "no store is published at" in listed.stderr and "-nothing-here" in listed.stderr
-    assert "Traceback" not in listed.stderr
+    assert "no store is published at" in listed.stderr and zk_settings.chroot in listed.stderr

@@ -385,6 +385,7 @@ def test_the_python_client_reads_values_histories_windows_and_ranges(cluster: Cl
         )
         found, missing = client.get_many("latest", ["C001", "nobody"])
         assert isinstance(found, Value) and isinstance(missing, KeyNotFound)
+        assert found.node, found  # the node that read it, passed on by the router
         with pytest.raises(WrongStoreKind):
             list(client.windows("trips", "C001"))
         with pytest.raises(KeyNotFound):

@@ -128,3 +128,20 @@ def test_request_ids_are_validated_or_generated() -> None:
     assert acceptable_request_id(made) and made != replaced
     assert REQUEST_ID.get() is None  # each request's id stays in its own task
     assert SCOPE_REQUEST_ID.startswith("keyroute.")
+
+
+def test_kazoos_per_retry_warnings_are_debug_records(restore_root_logging: None) -> None:
+    kazoo = logging.getLogger("kazoo.client")
+    out = io.StringIO()
+    configure("text", "INFO", stream=out)
+    kazoo.warning("Connection dropped: %s", "socket connection error: Connection refused")
+    kazoo.warning("Connection time-out: %s", "timed out")
+    kazoo.warning("Transition to CONNECTING")
+    kazoo.warning("Session has expired")  # not a retry: kept
+    assert [line.split(" ", 3)[2:] for line in out.getvalue().splitlines()] == [
+        ["WARNING", "kazoo.client: Session has expired"]
+    ]
+    debug = io.StringIO()
+    configure("text", "DEBUG", stream=debug)
+    kazoo.warning("Connection dropped: %s", "socket connection error: Connection refused")
+    assert " DEBUG kazoo.client: Connection dropped: socket connection error" in debug.getvalue()

@@ -181,6 +181,26 @@ def test_bad_queries_say_which_parameter(raw: bytes, words: str) -> None:
         parse_query("history", raw, HISTORY)
 
 
+STAMPED = Timeline(StoreKind.HISTORY, "ts", TimeType.TIMESTAMP)
+
+
+def test_a_timestamp_store_takes_epoch_milliseconds_as_bounds_too() -> None:
+    iso = parse_query("history", b"from=2024-06-11T10:00:00Z&to=2024-06-11T10:00:01Z", STAMPED)
+    millis = parse_query("history", b"from=1718100000000&to=1718100001000", STAMPED)
+    assert (millis.low, millis.high) == (iso.low, iso.high) == (1_718_100_000_000_000, 1_718_100_001_000_000)
+    assert parse_query("history", b"from=-1000", STAMPED).low == -1_000_000  # before 1970 too
+    assert parse_query("windows", b"from=0", Timeline(StoreKind.WINDOWED, "ts", TimeType.TIMESTAMP, 10, 5)).low == -9
+    with pytest.raises(QueryError, match="out of range as milliseconds"):
+        parse_query("history", b"from=9223372036854776", STAMPED)
+    # Anything else is told the two forms it may take.
+    with pytest.raises(QueryError) as raised:
+        parse_query("history", b"from=soon", STAMPED)
+    assert str(raised.value) == (
+        "from='soon' is not a time: ISO 8601 (e.g. 2024-06-11T10:00:00Z, 2024-06-11T12:00:00+02:00, 2024-06-11) "
+        "or milliseconds since the epoch (e.g. 1718100000000)"
+    )
+
+
 QUERY = ("s", "k", "history", None, None, "asc")
 
 

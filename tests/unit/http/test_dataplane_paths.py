@@ -44,7 +44,7 @@ def pair() -> Iterator[Pair]:
         node, _ = nodes(SERVING, HELD, unreachable)
         url = node.url
         m = PartitionMap.build(
-            {"s": records()["s"]},
+            records(),  # the stores the node knows: an unknown store's answer names them
             {ME: NodeRecord(ME, url)},
             Assignment(1, {}),
             {ME: ServingRecord(ME, url, {"s": dict.fromkeys(range(P), 1)})},

@@ -164,7 +164,7 @@ def test_an_entry_with_a_lone_surrogate_is_encoded_as_ascii_json() -> None:
     entry = error_entry("\ud800x", PartitionUnavailable("busy"))
     encoded = encode_entry(entry)
     assert encoded.isascii() and json.loads(encoded) == entry
-    assert encode_entry({"key": "東"}) == '{"key": "東"}'.encode()
+    assert encode_entry({"key": "東"}) == '{"key":"東"}'.encode()  # compact, and UTF-8 where it can be
 
 
 def test_the_results_body_holds_the_encoded_entries_in_order() -> None:

@@ -18,6 +18,7 @@ from keyroute.client import (
     AsyncClient,
     BadKey,
     Client,
+    ConnectionFailed,
     CursorExpired,
     KeyNotFound,
     KeyrouteError,
@@ -29,6 +30,7 @@ from keyroute.client import (
     key_text,
     time_text,
 )
+from tests.util import free_port
 
 
 def transport(handler: Callable[[httpx.Request], httpx.Response]) -> httpx.MockTransport:
@@ -280,5 +282,49 @@ def test_direct_get_many_sends_one_batch_per_node_and_the_rest_to_the_router() -
             retried = batches["http://n1"][0]
             assert batches["http://router"] == [k for k in keys if partition[k] == 3 or k == retried]
             assert client.stats["direct"] + client.stats["via_router"] == len(keys)
+
+    asyncio.run(main())
+
+
+def test_nothing_listening_is_a_keyroute_error_not_httpx_s() -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with Client(url, retries=1, backoff_s=0) as client, pytest.raises(ConnectionFailed) as raised:
+        client.get("s", "k")
+    assert isinstance(raised.value, Unavailable) and isinstance(raised.value, KeyrouteError)
+    assert (raised.value.status, raised.value.code) == (0, "connection_failed")
+    assert str(raised.value).startswith(f"connection_failed: no answer from {url} (2 attempts): ConnectError")
+    assert isinstance(raised.value.__cause__, httpx.ConnectError)
+
+    async def main() -> None:
+        async with AsyncClient(url, retries=0) as client:
+            with pytest.raises(ConnectionFailed) as raised:
+                await client.get_many("s", ["k"])
+            assert isinstance(raised.value.__cause__, httpx.ConnectError)
+            with pytest.raises(ConnectionFailed):
+                [row async for row in client.history("s", "k")]
+
+    asyncio.run(main())
+
+
+def test_router_mode_counts_its_reads_and_get_many_says_which_node_answered() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/batch-get"):
+            keys = json.loads(request.content)["keys"]
+            entries = [{"key": k, "status": 200, "partition": 0, "version": 1, "node": "n2", "value": 1} for k in keys]
+            return httpx.Response(200, json={"results": entries})
+        return found(request.url.path.rsplit("/", 1)[-1], **{"x-keyroute-node": "n1"})
+
+    with Client("http://kr", transport=transport(handler)) as client:
+        assert client.get("s", "a").node == "n1"
+        results = client.get_many("s", ["b", "c"])
+        assert [r.node for r in results if isinstance(r, Value)] == ["n2", "n2"]
+        assert client.stats == {"direct": 0, "via_router": 3, "map_loads": 0, "misroutes": 0, "failovers": 0}
+
+    async def main() -> None:
+        async with AsyncClient("http://kr", transport=httpx.MockTransport(handler)) as client:
+            [one] = await client.get_many("s", ["b"])
+            assert isinstance(one, Value) and one.node == "n2"
+            await client.get("s", "a")
+            assert client.stats["via_router"] == 2
 
     asyncio.run(main())

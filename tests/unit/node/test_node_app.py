@@ -224,6 +224,7 @@ def test_batch_get_mixes_local_remote_missing_and_bad_keys_in_order(client_for: 
         "status": 200,
         "partition": LOCAL_P,
         "version": 1,
+        "node": ME,  # the node that read it
         "value": {"v": 1},
     }
     assert results[2]["error"] == "key_not_found"
@@ -298,8 +299,17 @@ def test_batch_get_refuses_integers_for_string_keys_and_unknown_stores(client_fo
     client, _ = client_for(SERVING, HELD, unreachable)
     r = client.post("/stores/s/batch-get", json={"keys": [7]})
     assert r.json()["results"][0]["status"] == 400
+    assert r.json()["results"][0]["message"] == "store 's' has string keys: a batch-get key is a JSON string, not 7"
+    # A key no store takes refuses the whole batch (only a client sends one), naming the forms that are taken.
+    r = client.post("/stores/ints/batch-get", json={"keys": [1.5]})
+    assert r.status_code == 400 and r.json()["error"] == "bad_request"
+    assert r.json()["message"] == "store 'ints' has int64 keys: a batch-get key is a JSON string or integer, not 1.5"
     r = client.post("/stores/nope/batch-get", json={"keys": ["k"]})
     assert r.status_code == 404 and r.json()["error"] == "store_not_found"
+    # The answer names the stores this node knows, and the closest as "did you mean".
+    assert r.json()["message"] == "no store named 'nope' (stores: ints, s)"
+    r = client.get("/stores/int/keys/1")
+    assert r.json()["message"] == "no store named 'int'; did you mean 'ints'? (stores: ints, s)"
 
 
 def test_admin_route_explains_a_key(client_for: Nodes) -> None:

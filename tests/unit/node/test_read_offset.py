@@ -248,6 +248,7 @@ def test_batch_entries_of_a_live_store_carry_the_partitions_offset(client_for: N
         "partition": LOCAL_P,
         "version": 1,
         "offset": 5,
+        "node": ME,
         "value": {"v": 1},
     }
 

@@ -217,6 +217,18 @@ def test_batch_get_through_the_app() -> None:
             results = resp.json()["results"]
             assert [e["key"] for e in results] == ["x", "nope", "y", "\ud800"]
             assert [e["status"] for e in results] == [200, 404, 200, 400]
+            # Values passed on as compact as a single read's (not re-spaced by the router).
+            assert b'"value":{"v":"x"}' in resp.content and b", " not in resp.content
+            # A key in no form the store's keys take: its entry names the forms that are.
+            resp = await r.client.post("/stores/s/batch-get", json={"keys": [1.5, None, "x"]})
+            assert [e["message"] for e in resp.json()["results"][:2]] == [
+                "store 's' has string keys: a batch-get key is a JSON string, not 1.5",
+                "store 's' has string keys: a batch-get key is a JSON string, not null",
+            ]
+            resp = await r.client.post("/stores/n/batch-get", json={"keys": [1.5]})
+            [entry] = resp.json()["results"]
+            assert (entry["status"], entry["error"]) == (400, "bad_key")
+            assert entry["message"] == "store 'n' has int64 keys: a batch-get key is a JSON string or integer, not 1.5"
 
     run(scenario)
 

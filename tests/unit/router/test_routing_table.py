@@ -82,6 +82,23 @@ def test_an_unknown_store_is_store_not_found() -> None:
     assert table.has_store("s") and not table.has_store("nope")
 
 
+def test_store_not_found_names_the_stores_that_exist_and_the_closest() -> None:
+    stores = [store_record(name, 2) for name in ("trips", "bookings", "fares_5m")]
+    table = RoutingTable.of(build_map(stores, {"a": {s.name: range(2) for s in stores}}))
+    with pytest.raises(StoreNotFound) as raised:
+        table.locate("trip", "k")
+    assert raised.value.message == "no store named 'trip'; did you mean 'trips'? (stores: bookings, fares_5m, trips)"
+    many = [store_record(f"s{i:02d}", 1) for i in range(12)]
+    crowded = RoutingTable.of(build_map(many, {"a": {s.name: range(1) for s in many}}))
+    with pytest.raises(StoreNotFound) as raised:
+        crowded.locate("zzz", "k")
+    assert raised.value.message.endswith("(stores: s00, s01, s02, s03, s04, s05, s06, s07, s08, s09 and 2 more)")
+    assert "did you mean" not in raised.value.message
+    empty = RoutingTable.of(build_map([], {"a": {}}))
+    with pytest.raises(StoreNotFound, match=r"no store named 'x' \(no store is published\)"):
+        empty.locate("x", "k")
+
+
 def test_serving_replicas_come_preferred_first_and_unserved_partitions_have_none() -> None:
     store = store_record("s", 2)
     assignment = Assignment(generation=3, stores={"s": (("b", "a"), ("a", "b"))})

@@ -1,0 +1,43 @@
+"""Usage mistakes on the command line: one line saying what is wrong, never argparse's whole usage."""
+
+from __future__ import annotations
+
+import pytest
+
+from keyroute.cli import main
+
+
+def _fails(argv: list[str], capsys: pytest.CaptureFixture[str], env: dict[str, str] | None = None) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as exited:
+        main(argv, env=env or {})
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    return int(exited.value.code or 0), captured.err
+
+
+def test_a_missing_zk_is_one_line_naming_the_option_and_its_variable(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _fails(["router", "--port", "8080"], capsys)
+    assert code == 1
+    assert err == "keyroute router: --zk (or KEYROUTE_ZK) is required; `keyroute router --help` lists the options\n"
+    code, err = _fails(["store", "list"], capsys)
+    assert (code, err.count("\n")) == (1, 1) and "keyroute store list: --zk (or KEYROUTE_ZK) is required" in err
+    # The variable counts as the option: then another missing one is named alone.
+    code, err = _fails(["store", "rollback", "--store", "s"], capsys, env={"KEYROUTE_ZK": "zk:2181"})
+    assert (code, err.count("\n")) == (1, 1)
+    assert err.startswith("keyroute store rollback: --version (or KEYROUTE_VERSION) is required;")
+    assert "usage:" not in err
+
+
+def test_an_unknown_option_is_said_with_the_closest_one(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _fails(["store", "list", "--zk", "zk:2181", "--zk-auht", "u:p"], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith("keyroute store list: unrecognized arguments: --zk-auht u:p")
+    assert "(--zk-auht is not an option: did you mean --zk-auth?)" in err
+    # A misspelt required option: the missing one is named with the misspelling's likely meaning.
+    code, err = _fails(["router", "--zk", "zk:2181", "--prot", "8080"], capsys)
+    assert code == 1 and "--port (or KEYROUTE_PORT) is required (--prot is not an option: did you mean --port?)" in err
+    code, err = _fails(["router", "--zk", "zk:2181", "--port", "1", "--workres=2"], capsys)
+    assert code == 2 and "(--workres is not an option: did you mean --workers?)" in err
+    # Nothing close: no suggestion.
+    code, err = _fails(["router", "--zk", "zk:2181", "--port", "1", "--qqqqqqqq"], capsys)
+    assert code == 2 and "did you mean" not in err and "unrecognized arguments: --qqqqqqqq" in err
