@@ -48,8 +48,11 @@ def prod() -> list[Obj]:
     return render("prod")
 
 
-def render_with(tmp_path: Path, resources: list[Path], components: list[Path], namespace: str | None) -> list[Obj]:
-    """A throwaway overlay of the given bases and components, rendered by real kustomize."""
+def render_with(
+    tmp_path: Path, resources: list[Path], components: list[Path], namespace: str | None, unset_only: bool = False
+) -> list[Obj]:
+    """A throwaway overlay of the given bases and components, rendered by real kustomize; `namespace` for
+    what has none (`unset_only`, as prod sets it) or for everything."""
     folder = tmp_path / "overlay"
     folder.mkdir()
     kustomization: Obj = {
@@ -58,7 +61,18 @@ def render_with(tmp_path: Path, resources: list[Path], components: list[Path], n
         "resources": [os.path.relpath(r, folder) for r in resources],
         "components": [os.path.relpath(c, folder) for c in components],
     }
-    if namespace:
+    if namespace and unset_only:
+        kustomization["transformers"] = [
+            yaml.safe_dump(
+                {
+                    "apiVersion": "builtin",
+                    "kind": "NamespaceTransformer",
+                    "metadata": {"name": "serving-namespace", "namespace": namespace},
+                    "unsetOnly": True,
+                }
+            )
+        ]
+    elif namespace:
         kustomization["namespace"] = namespace
     (folder / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
     done = subprocess.run(

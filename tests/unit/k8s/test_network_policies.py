@@ -39,6 +39,13 @@ OUTSIDERS: dict[str, tuple[str | None, Mapping[str, str]]] = {
 }
 # A pod: (its namespace, its labels).
 Pod = tuple[str | None, Mapping[str, str]]
+# Labels of namespaces beyond the one Kubernetes sets (kubernetes.io/metadata.name): an operators' namespace.
+OPERATORS_NAMESPACE = "sre"
+NAMESPACE_LABELS = {OPERATORS_NAMESPACE: {"keyroute.io/operators": "true"}}
+
+
+def namespace_labels(namespace: str) -> dict[str, str]:
+    return {"kubernetes.io/metadata.name": namespace, **NAMESPACE_LABELS.get(namespace, {})}
 
 
 def component_labels(objs: list[Obj]) -> dict[str, Pod]:
@@ -58,8 +65,13 @@ def _peer_matches(peer: Obj, pod: Pod, policy_namespace: str) -> bool:
     if "ipBlock" in peer:
         return labels is EXTERNAL
     if "namespaceSelector" in peer:
-        ns = peer["namespaceSelector"].get("matchLabels", {}).get("kubernetes.io/metadata.name")
-        return ns is not None and ns == namespace and label_selector_matches(peer.get("podSelector", {}), labels)
+        selector = peer["namespaceSelector"]
+        assert selector, "an empty namespaceSelector admits every namespace"
+        return (
+            namespace is not None
+            and label_selector_matches(selector, namespace_labels(namespace))
+            and label_selector_matches(peer.get("podSelector", {}), labels)
+        )
     return namespace == policy_namespace and label_selector_matches(peer["podSelector"], labels)
 
 
