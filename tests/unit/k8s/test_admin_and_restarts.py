@@ -31,6 +31,7 @@ from tests.unit.k8s.test_network_policies import (
     MONITORING_NAMESPACE,
     OPERATORS_NAMESPACE,
     allowed,
+    assert_exactly_what_keyroute_needs,
     component_labels,
 )
 
@@ -41,14 +42,12 @@ RESTART_GRACE_COMPONENT = K8S / "components" / "restart-grace"
 
 @pytest.fixture(scope="module")
 def day_two(tmp_path_factory: pytest.TempPathFactory) -> list[Obj]:
-    """prod with both components, as prod lists them once the CLI reads their options."""
-    return render_with(
-        tmp_path_factory.mktemp("day-two"),
-        [K8S / "overlays" / "prod"],
-        [ADMIN_PORT_COMPONENT, RESTART_GRACE_COMPONENT],
-        "keyroute",
-        unset_only=True,
-    )
+    """prod with both components, as prod lists them once the CLI reads their options (or prod itself)."""
+    listed = set(yaml.safe_load((K8S / "overlays" / "prod" / "kustomization.yaml").read_text())["components"])
+    missing = [c for c in (ADMIN_PORT_COMPONENT, RESTART_GRACE_COMPONENT) if f"../../components/{c.name}" not in listed]
+    if not missing:
+        return render("prod")
+    return render_with(tmp_path_factory.mktemp("day-two"), [K8S / "overlays" / "prod"], missing, "keyroute", True)
 
 
 def serving_container(objs: list[Obj], kind: str, name: str) -> Obj:
@@ -108,6 +107,10 @@ def test_only_monitoring_and_operators_reach_the_admin_port(day_two: list[Obj]) 
     assert allowed(policies, (None, EXTERNAL), pods["router"], 8080)
 
 
+def test_with_the_admin_port_the_policies_still_allow_exactly_what_keyroute_needs(day_two: list[Obj]) -> None:
+    assert_exactly_what_keyroute_needs(day_two)
+
+
 def test_pod_monitors_scrape_the_admin_port(day_two: list[Obj]) -> None:
     for monitor in of_kind(day_two, "PodMonitor"):
         [target] = pods_selected(day_two, monitor["spec"]["selector"]["matchLabels"])
@@ -148,24 +151,22 @@ def _cli_reads(variable: str) -> bool:
     ("variable", "component"),
     [("KEYROUTE_ADMIN_PORT", ADMIN_PORT_COMPONENT), ("KEYROUTE_RESTART_GRACE_S", RESTART_GRACE_COMPONENT)],
 )
-def test_production_lists_the_component_once_the_cli_reads_its_option(
-    variable: str, component: Path, day_two: list[Obj]
-) -> None:
+def test_production_lists_the_component_once_the_cli_reads_its_option(variable: str, component: Path) -> None:
     """The components set options the CLI gains elsewhere; once it reads them, prod must use them (and the
-    environment checks then hold for the combination)."""
+    environment checks then hold for prod as rendered)."""
     if not _cli_reads(variable):
         pytest.skip(f"`keyroute node` does not read {variable} in this checkout")
-    objs = with_object_store_secret(day_two)
-    test_environment.test_keyroute_env_is_exactly_what_the_cli_reads(objs)
-    test_environment.test_the_cli_accepts_each_container_as_written(objs)
-    c = serving_container(objs, "StatefulSet", "keyroute-node")
-    env = container_env(objs, c, pod_name="keyroute-node-0")
-    args = build_parser(env).parse_args(resolve_argv(c, env)[1:])
-    if variable == "KEYROUTE_ADMIN_PORT":
-        assert args.admin_port == ADMIN_PORT
     listed = yaml.safe_load((K8S / "overlays" / "prod" / "kustomization.yaml").read_text())["components"]
     assert f"../../components/{component.name}" in listed, (
         f"the CLI reads {variable}: list ../../components/{component.name} in overlays/prod's components"
     )
-    prod_node = serving_container(render("prod"), "StatefulSet", "keyroute-node")
-    assert variable in {e["name"] for e in prod_node["env"]}
+    objs = with_object_store_secret(render("prod"))
+    test_environment.test_keyroute_env_is_exactly_what_the_cli_reads(objs)
+    test_environment.test_the_cli_accepts_each_container_as_written(objs)
+    c = serving_container(objs, "StatefulSet", "keyroute-node")
+    assert variable in {e["name"] for e in c["env"]}
+    env = container_env(objs, c, pod_name="keyroute-node-0")
+    args = build_parser(env).parse_args(resolve_argv(c, env)[1:])
+    expected = {"KEYROUTE_ADMIN_PORT": ("admin_port", ADMIN_PORT), "KEYROUTE_RESTART_GRACE_S": ("restart_grace_s", 320)}
+    attribute, value = expected[variable]
+    assert getattr(args, attribute) == value

@@ -32,15 +32,17 @@ KUBE_DNS = {"k8s-app": "kube-dns"}
 MONITORING = {"app.kubernetes.io/name": "prometheus"}
 MONITORING_NAMESPACE = "monitoring"
 # Where each outsider is: nowhere in the cluster, kube-system, the monitoring namespace.
+OPERATOR = {"app": "kubectl-debug"}  # stands for an operator's pod in a namespace labelled as operators'
 OUTSIDERS: dict[str, tuple[str | None, Mapping[str, str]]] = {
     "external": (None, EXTERNAL),
     "kube-dns": ("kube-system", KUBE_DNS),
     "monitoring": (MONITORING_NAMESPACE, MONITORING),
+    "operators": ("sre", OPERATOR),
 }
 # A pod: (its namespace, its labels).
 Pod = tuple[str | None, Mapping[str, str]]
 # Labels of namespaces beyond the one Kubernetes sets (kubernetes.io/metadata.name): an operators' namespace.
-OPERATORS_NAMESPACE = "sre"
+OPERATORS_NAMESPACE = str(OUTSIDERS["operators"][0])
 NAMESPACE_LABELS = {OPERATORS_NAMESPACE: {"keyroute.io/operators": "true"}}
 
 
@@ -155,15 +157,32 @@ def expected_connections(objs: list[Obj], object_storage: bool) -> set[tuple[str
              for proto in ("UDP", "TCP")}
     if object_storage:
         want |= {(who, "external", 443, "TCP") for who in ("node", "pipeline", "spark-executor")}
-    # The monitoring namespace's scrapers (components/monitoring) to each part's metrics port.
-    want |= {("monitoring", "router", router, "TCP"), ("monitoring", "node", node, "TCP")}
-    want.add(("monitoring", "zookeeper", port_of("StatefulSet", "keyroute-zookeeper", "metrics"), "TCP"))
+    # The monitoring namespace's scrapers (components/monitoring) to the port each PodMonitor scrapes (the
+    # data port, or `admin` with components/admin-port).
+    for monitor in of_kind(objs, "PodMonitor"):
+        [target] = [w for w in workloads(objs)
+                    if label_selector_matches(monitor["spec"]["selector"], pod_template(w)["metadata"]["labels"])]
+        component = pod_template(target)["metadata"]["labels"]["app.kubernetes.io/component"]
+        for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+            port = port_of(target["kind"], target["metadata"]["name"], endpoint["port"])
+            want.add(("monitoring", component, port, "TCP"))
+    # Operators' namespaces (components/admin-port): the admin port of routers and nodes. Like anyone, they
+    # and the scrapers reach the routers' data port.
+    want |= {("operators", "router", router, "TCP"), ("monitoring", "router", router, "TCP")}
+    serving = (("Deployment", "keyroute-router", "router"), ("StatefulSet", "keyroute-node", "node"))
+    for kind, name, component in serving:
+        [c] = pod_template(find(objs, kind, name))["spec"]["containers"]
+        if any(p.get("name") == "admin" for p in c.get("ports", [])):
+            want |= {(who, component, container_port(c, "admin"), "TCP") for who in ("monitoring", "operators")}
     return want
 
 
 @pytest.mark.parametrize("overlay_name", PROD_OVERLAYS)
 def test_network_policies_allow_exactly_what_keyroute_needs(overlay_name: str) -> None:
-    objs = render(overlay_name)
+    assert_exactly_what_keyroute_needs(render(overlay_name))
+
+
+def assert_exactly_what_keyroute_needs(objs: list[Obj]) -> None:
     policies = of_kind(objs, "NetworkPolicy")
     deny = [p for p in policies if p["spec"]["podSelector"] == {} and not p["spec"].get("ingress")
             and not p["spec"].get("egress")]
@@ -178,7 +197,7 @@ def test_network_policies_allow_exactly_what_keyroute_needs(overlay_name: str) -
     # Every port any pod listens on, every port it connects to, and a few it must not reach.
     ports = {port for _, _, port, _ in want} | {22, 80, 4040, 9092}
     # Traffic among outsiders (and from kube-dns, which answers but never calls) is not these policies' business.
-    outside = ("external", "kube-dns", "monitoring")
+    outside = tuple(OUTSIDERS)
     got = {
         (src, dst, port, proto)
         for src in pods
