@@ -409,9 +409,10 @@ def test_the_object_storage_manifests_run_nodes_that_load_from_the_bucket(
 ) -> None:
     """The dev overlay with the object-storage component, launched here from the rendered manifests as
     tests/integration/test_k8s_local.py launches dev: the nodes get nothing but what the manifests give
-    them (the credentials through their references to the Secret keyroute-object-store, created here as an
-    operator would, with AWS_ENDPOINT_URL for an S3-compatible server), load a version published at an
-    s3:// location under the pipeline's configured output, and serve it through the LoadBalancer Service."""
+    them (the credentials through their references to the Secrets keyroute-object-store and
+    keyroute-object-store-read, created here as an operator would, with AWS_ENDPOINT_URL for an
+    S3-compatible server), load a version published at an s3:// location under the pipeline's configured
+    output, and serve it through the LoadBalancer Service."""
     from pyarrow import fs as arrow_fs
 
     from keyroute.core.zookeeper_server import EmbeddedZooKeeper
@@ -423,15 +424,18 @@ def test_the_object_storage_manifests_run_nodes_that_load_from_the_bucket(
     output = s3_bucket.uri()
     objs = render_dev_with_object_storage(tmp_path / "kustomize", output)
     namespace = next(o for o in objs if o["kind"] == "Namespace")["metadata"]["name"]
-    objs.append(
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": "keyroute-object-store", "namespace": namespace},
-            # (the kubelet's view of the Secret: values as the container receives them)
-            "data": {k: v for k, v in s3_bucket.env.items() if k != "AWS_EC2_METADATA_DISABLED"},
-        }
-    )
+    # The pipeline's read/write/delete credentials and the nodes' read-only ones: one key pair here (the
+    # stand-in S3 server enforces no policy), two Secrets as the manifests name them.
+    for secret in ("keyroute-object-store", "keyroute-object-store-read"):
+        objs.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": secret, "namespace": namespace},
+                # (the kubelet's view of the Secret: values as the container receives them)
+                "data": {k: v for k, v in s3_bucket.env.items() if k != "AWS_EC2_METADATA_DISABLED"},
+            }
+        )
     # The pipeline would write under exactly that root.
     cron = pod_template(find(objs, "CronJob", "keyroute-pipeline"))["spec"]["containers"][0]
     pipeline_env = resolve_env(cron, lambda path: {"status.podIP": "10.0.0.7"}.get(path, "x"), objs)

@@ -37,6 +37,9 @@ ENV_IN_HELP = re.compile(r"\[env (KEYROUTE_[A-Z0-9_]+)\]")
 # Variables a keyroute container may set that the keyroute CLI does not read, and who reads them.
 OTHER_READERS = {
     "PYSPARK_SUBMIT_ARGS": "pyspark, when it launches Spark's JVM (the pipeline's Spark settings)",
+    # Snapshots on object storage (prod's default): nodes, the pipeline and its executors.
+    "AWS_ACCESS_KEY_ID": "pyarrow's S3 client, for snapshots on object storage",
+    "AWS_SECRET_ACCESS_KEY": "pyarrow's S3 client, for snapshots on object storage",
 }
 NAMESPACED_EXEMPT = {"Namespace", "PriorityClass", "ClusterRole", "ClusterRoleBinding"}
 # API groups of custom resources (the Prometheus Operator's, components/monitoring): not in Kubernetes'
@@ -98,34 +101,61 @@ def sample_field(path: str, pod_name: str = "keyroute-x-0", namespace: str = "ns
     }[path]
 
 
-# The Secrets deploy/k8s/README.md tells the operator to create (made-up values), except the object store's,
-# which the object-storage tests add themselves: what the kubelet resolves references against. prod requires
-# them, dev runs without.
+# The Secrets deploy/k8s/README.md tells the operator to create (made-up values): what the kubelet resolves
+# references against. prod requires them, dev runs without. The object store's two (the pipeline's
+# read/write/delete keys, the nodes' read-only ones) differ in their key id only.
 OPERATOR_SECRETS: dict[str, dict[str, str]] = {
     "keyroute-zookeeper-auth": {"writer": "keyroute-writer:w-secret", "reader": "keyroute-reader:r-secret"},
     "keyroute-cluster": {"cluster-secret": "c" * 64, "admin-token": "a" * 64},
     "keyroute-zookeeper-super": {"digest": "super:D/InIHSb7yEEbrWz8b9l71RjZJU="},
     "keyroute-kafka": {},
+    "keyroute-object-store": {
+        "AWS_ACCESS_KEY_ID": "AKIAEXAMPLE",
+        "AWS_SECRET_ACCESS_KEY": "example-secret",
+        "AWS_REGION": "eu-west-1",
+    },
+    "keyroute-object-store-read": {
+        "AWS_ACCESS_KEY_ID": "AKIAREADONLY",
+        "AWS_SECRET_ACCESS_KEY": "example-secret",
+        "AWS_REGION": "eu-west-1",
+    },
 }
 
 
-def operator_secrets(namespace: str) -> list[Obj]:
+def operator_secrets(namespace: str, leave_out: tuple[str, ...] = ()) -> list[Obj]:
     return [
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": namespace}, "data": data}
         for name, data in OPERATOR_SECRETS.items()
+        if name not in leave_out
     ]
 
 
-def container_env(objs: list[Obj], container: Obj, pod_name: str = "keyroute-x-0") -> dict[str, str]:
-    """The container's environment once the operator has created the documented Secrets."""
-    namespace = objs_namespace(objs)
+def container_env(
+    objs: list[Obj], container: Obj, pod_name: str = "keyroute-x-0", namespace: str | None = None
+) -> dict[str, str]:
+    """The container's environment once the operator has created the documented Secrets, for a pod in
+    `namespace` (the serving one unless given)."""
+    namespace = namespace or objs_namespace(objs)
     given = {(o["kind"], o["metadata"]["name"]) for o in objs}
     extra = [s for s in operator_secrets(namespace) if ("Secret", s["metadata"]["name"]) not in given]
     return resolve_env(container, lambda p: sample_field(p, pod_name, namespace), [*objs, *extra])
 
 
 def objs_namespace(objs: list[Obj]) -> str:
-    return str(next(o for o in objs if o["kind"] == "Namespace")["metadata"]["name"])
+    """The overlay's serving namespace: where its nodes run (prod runs the pipeline in another one)."""
+    return namespace_of(find(objs, "StatefulSet", "keyroute-node"))
+
+
+def namespace_of(obj: Obj) -> str:
+    return str(obj["metadata"]["namespace"])
+
+
+def namespaces(objs: list[Obj]) -> set[str]:
+    return {str(o["metadata"]["name"]) for o in objs if o["kind"] == "Namespace"}
+
+
+# Where prod runs the pipeline's driver and executors: a namespace of its own.
+PIPELINE_NAMESPACE = "keyroute-pipeline"
 
 
 def container_port(container: Obj, port: int | str) -> int:
@@ -167,14 +197,17 @@ def host_port_pairs(text: str) -> list[tuple[str, int]]:
     return [(h, int(p)) for h, p in re.findall(r"([A-Za-z0-9][A-Za-z0-9.-]*):(\d+)", text)]
 
 
-def service_dns(objs: list[Obj]) -> dict[str, Obj]:
-    """Every DNS name a Service answers to inside the overlay's namespace (short, .ns, .ns.svc)."""
-    ns = objs_namespace(objs)
+def service_dns(objs: list[Obj], from_namespace: str | None = None) -> dict[str, Obj]:
+    """Every DNS name a Service answers to for a pod of `from_namespace` (the serving one unless given):
+    the short name only within the Service's own namespace, .ns, .ns.svc and .ns.svc.cluster.local anywhere."""
+    here = from_namespace or objs_namespace(objs)
     names: dict[str, Obj] = {}
     for svc in of_kind(objs, "Service"):
-        name = svc["metadata"]["name"]
-        for dns in (name, f"{name}.{ns}", f"{name}.{ns}.svc", f"{name}.{ns}.svc.cluster.local"):
+        name, ns = svc["metadata"]["name"], namespace_of(svc)
+        for dns in (f"{name}.{ns}", f"{name}.{ns}.svc", f"{name}.{ns}.svc.cluster.local"):
             names[dns] = svc
+        if ns == here:
+            names[name] = svc
     return names
 
 
@@ -262,23 +295,17 @@ def dockerfile_entrypoint(target: str) -> list[str]:
 # Secret keyroute-object-store, which the operator creates (never part of the manifests).
 
 OBJECT_STORAGE = "object-storage"
+# The pipeline's read/write/delete credentials, and the nodes' read-only ones (same keys, other values).
 OBJECT_STORE_SECRET = "keyroute-object-store"
+OBJECT_STORE_READ_SECRET = "keyroute-object-store-read"
 
 
 def with_object_store_secret(objs: list[Obj]) -> list[Obj]:
-    """The rendered objects plus the Secret the operator creates (made-up values): what the kubelet would
-    resolve the references against. The Secret is required: without it no env resolves (test_object_storage.py)."""
-    secret = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": OBJECT_STORE_SECRET, "namespace": objs_namespace(objs)},
-        "data": {
-            "AWS_ACCESS_KEY_ID": "AKIAEXAMPLE",
-            "AWS_SECRET_ACCESS_KEY": "example-secret",
-            "AWS_REGION": "eu-west-1",
-        },
-    }
-    return [*objs, secret]
+    """The rendered objects plus the two Secrets the operator creates (made-up values): what the kubelet would
+    resolve the references against. They are required: without them no env resolves (test_object_storage.py).
+    The nodes' read-only keys differ from the pipeline's in their key id only."""
+    names = (OBJECT_STORE_SECRET, OBJECT_STORE_READ_SECRET)
+    return [*objs, *[s for s in operator_secrets(objs_namespace(objs)) if s["metadata"]["name"] in names]]
 
 
 def node_pod(objs: list[Obj]) -> Obj:

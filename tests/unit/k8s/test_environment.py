@@ -81,9 +81,10 @@ def test_the_cli_accepts_each_container_as_written(objs: list[Obj]) -> None:
 
 
 def test_addresses_in_the_environment_name_existing_services(objs: list[Obj]) -> None:
-    dns = service_dns(objs)
     ns = objs_namespace(objs)
     for w, c in keyroute_containers(objs):
+        # A short name resolves in the pod's own namespace only (prod's pipeline runs in another one).
+        dns = service_dns(objs, from_namespace=w["metadata"]["namespace"])
         env = container_env(objs, c, pod_name=f"{w['metadata']['name']}-0")
         hosts = ZkSettings.parse(env["KEYROUTE_ZK"]).hosts
         for host, port in host_port_pairs(hosts):

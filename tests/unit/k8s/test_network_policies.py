@@ -16,7 +16,7 @@ from tests.k8s_render import (
     workloads,
 )
 from tests.unit.k8s.manifests import (
-    OBJECT_STORAGE,
+    PIPELINE_NAMESPACE,
     PROD_OVERLAYS,
     container_env,
     container_port,
@@ -31,28 +31,50 @@ KUBE_DNS = {"k8s-app": "kube-dns"}
 # Stands for a scraper in the monitoring namespace (components/monitoring admits it by the namespace's name).
 MONITORING = {"app.kubernetes.io/name": "prometheus"}
 MONITORING_NAMESPACE = "monitoring"
-OUTSIDERS = (EXTERNAL, KUBE_DNS, MONITORING)
+# Where each outsider is: nowhere in the cluster, kube-system, the monitoring namespace.
+OPERATOR = {"app": "kubectl-debug"}  # stands for an operator's pod in a namespace labelled as operators'
+OUTSIDERS: dict[str, tuple[str | None, Mapping[str, str]]] = {
+    "external": (None, EXTERNAL),
+    "kube-dns": ("kube-system", KUBE_DNS),
+    "monitoring": (MONITORING_NAMESPACE, MONITORING),
+    "operators": ("sre", OPERATOR),
+}
+# A pod: (its namespace, its labels).
+Pod = tuple[str | None, Mapping[str, str]]
+# Labels of namespaces beyond the one Kubernetes sets (kubernetes.io/metadata.name): an operators' namespace.
+OPERATORS_NAMESPACE = str(OUTSIDERS["operators"][0])
+NAMESPACE_LABELS = {OPERATORS_NAMESPACE: {"keyroute.io/operators": "true"}}
 
 
-def component_labels(objs: list[Obj]) -> dict[str, dict[str, str]]:
-    """component -> pod labels, for every pod the overlay makes (Spark's executors from their template)."""
-    out = {}
+def namespace_labels(namespace: str) -> dict[str, str]:
+    return {"kubernetes.io/metadata.name": namespace, **NAMESPACE_LABELS.get(namespace, {})}
+
+
+def component_labels(objs: list[Obj]) -> dict[str, Pod]:
+    """component -> (namespace, pod labels), for every pod the overlay makes (Spark's executors from their
+    template, in the driver's namespace, where spark.kubernetes.namespace puts them)."""
+    out: dict[str, Pod] = {}
     for w in workloads(objs):
         labels = pod_template(w)["metadata"]["labels"]
-        out[labels["app.kubernetes.io/component"]] = labels
+        out[labels["app.kubernetes.io/component"]] = (w["metadata"]["namespace"], labels)
     executor = yaml.safe_load(executor_template_text(objs))
-    out["spark-executor"] = executor["metadata"]["labels"]
+    out["spark-executor"] = (out["pipeline"][0], executor["metadata"]["labels"])
     return out
 
 
-def _peer_matches(peer: Obj, labels: Mapping[str, str], same_namespace: bool) -> bool:
+def _peer_matches(peer: Obj, pod: Pod, policy_namespace: str) -> bool:
+    namespace, labels = pod
     if "ipBlock" in peer:
         return labels is EXTERNAL
     if "namespaceSelector" in peer:
-        ns = peer["namespaceSelector"].get("matchLabels", {}).get("kubernetes.io/metadata.name")
-        in_ns = (ns == "kube-system" and labels is KUBE_DNS) or (ns == MONITORING_NAMESPACE and labels is MONITORING)
-        return in_ns and label_selector_matches(peer.get("podSelector", {}), labels)
-    return same_namespace and label_selector_matches(peer["podSelector"], labels)
+        selector = peer["namespaceSelector"]
+        assert selector, "an empty namespaceSelector admits every namespace"
+        return (
+            namespace is not None
+            and label_selector_matches(selector, namespace_labels(namespace))
+            and label_selector_matches(peer.get("podSelector", {}), labels)
+        )
+    return namespace == policy_namespace and label_selector_matches(peer["podSelector"], labels)
 
 
 def label_selector_matches(selector: Obj, labels: Mapping[str, str]) -> bool:
@@ -69,10 +91,10 @@ def label_selector_matches(selector: Obj, labels: Mapping[str, str]) -> bool:
     return True
 
 
-def _rules_allow(rules: list[Obj], side: str, peer: Mapping[str, str], port: int, protocol: str) -> bool:
-    for rule in rules:
+def _rules_allow(policy: Obj, rules_key: str, side: str, peer: Pod, port: int, protocol: str) -> bool:
+    for rule in policy["spec"].get(rules_key, []):
         peers = rule.get(side)
-        if peers is not None and not any(_peer_matches(p, peer, not any(peer is o for o in OUTSIDERS)) for p in peers):
+        if peers is not None and not any(_peer_matches(p, peer, policy["metadata"]["namespace"]) for p in peers):
             continue
         ports = rule.get("ports")
         if ports is None or any(p.get("port") == port and p.get("protocol", "TCP") == protocol for p in ports):
@@ -80,21 +102,24 @@ def _rules_allow(rules: list[Obj], side: str, peer: Mapping[str, str], port: int
     return False
 
 
-def allowed(policies: list[Obj], src: Mapping[str, str], dst: Mapping[str, str], port: int, proto: str = "TCP") -> bool:
-    """Would the namespace's NetworkPolicies let `src` open a connection to `dst`:port? (Pods outside the
-    namespace are not restricted by these policies.)"""
+def allowed(policies: list[Obj], src: Pod, dst: Pod, port: int, proto: str = "TCP") -> bool:
+    """Would the NetworkPolicies let `src` open a connection to `dst`:port? A policy applies to the pods of its
+    own namespace; pods outside keyroute's namespaces are not restricted by these policies."""
+    outsiders = [o[1] for o in OUTSIDERS.values()]
 
-    def side_allows(pod: Mapping[str, str], kind: str, rules_key: str, peer_key: str, peer: Mapping[str, str]) -> bool:
-        if any(pod is o for o in OUTSIDERS):
+    def side_allows(pod: Pod, kind: str, rules_key: str, peer_key: str, peer: Pod) -> bool:
+        if any(pod[1] is o for o in outsiders):
             return True
         selecting = [
             p
             for p in policies
-            if label_selector_matches(p["spec"]["podSelector"], pod) and kind in p["spec"]["policyTypes"]
+            if p["metadata"]["namespace"] == pod[0]
+            and label_selector_matches(p["spec"]["podSelector"], pod[1])
+            and kind in p["spec"]["policyTypes"]
         ]
         if not selecting:
             return True
-        return any(_rules_allow(p["spec"].get(rules_key, []), peer_key, peer, port, proto) for p in selecting)
+        return any(_rules_allow(p, rules_key, peer_key, peer, port, proto) for p in selecting)
 
     return side_allows(src, "Egress", "egress", "to", dst) and side_allows(dst, "Ingress", "ingress", "from", src)
 
@@ -132,30 +157,47 @@ def expected_connections(objs: list[Obj], object_storage: bool) -> set[tuple[str
              for proto in ("UDP", "TCP")}
     if object_storage:
         want |= {(who, "external", 443, "TCP") for who in ("node", "pipeline", "spark-executor")}
-    # The monitoring namespace's scrapers (components/monitoring) to each part's metrics port.
-    want |= {("monitoring", "router", router, "TCP"), ("monitoring", "node", node, "TCP")}
-    want.add(("monitoring", "zookeeper", port_of("StatefulSet", "keyroute-zookeeper", "metrics"), "TCP"))
+    # The monitoring namespace's scrapers (components/monitoring) to the port each PodMonitor scrapes (the
+    # data port, or `admin` with components/admin-port).
+    for monitor in of_kind(objs, "PodMonitor"):
+        [target] = [w for w in workloads(objs)
+                    if label_selector_matches(monitor["spec"]["selector"], pod_template(w)["metadata"]["labels"])]
+        component = pod_template(target)["metadata"]["labels"]["app.kubernetes.io/component"]
+        for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+            port = port_of(target["kind"], target["metadata"]["name"], endpoint["port"])
+            want.add(("monitoring", component, port, "TCP"))
+    # Operators' namespaces (components/admin-port): the admin port of routers and nodes. Like anyone, they
+    # and the scrapers reach the routers' data port.
+    want |= {("operators", "router", router, "TCP"), ("monitoring", "router", router, "TCP")}
+    serving = (("Deployment", "keyroute-router", "router"), ("StatefulSet", "keyroute-node", "node"))
+    for kind, name, component in serving:
+        [c] = pod_template(find(objs, kind, name))["spec"]["containers"]
+        if any(p.get("name") == "admin" for p in c.get("ports", [])):
+            want |= {(who, component, container_port(c, "admin"), "TCP") for who in ("monitoring", "operators")}
     return want
 
 
 @pytest.mark.parametrize("overlay_name", PROD_OVERLAYS)
 def test_network_policies_allow_exactly_what_keyroute_needs(overlay_name: str) -> None:
-    objs = render(overlay_name)
+    assert_exactly_what_keyroute_needs(render(overlay_name))
+
+
+def assert_exactly_what_keyroute_needs(objs: list[Obj]) -> None:
     policies = of_kind(objs, "NetworkPolicy")
     deny = [p for p in policies if p["spec"]["podSelector"] == {} and not p["spec"].get("ingress")
             and not p["spec"].get("egress")]
     assert deny and set(deny[0]["spec"]["policyTypes"]) == {"Ingress", "Egress"}, "no default deny"
-    pods: dict[str, Mapping[str, str]] = {
-        **component_labels(objs),
-        "external": EXTERNAL,
-        "kube-dns": KUBE_DNS,
-        "monitoring": MONITORING,
-    }
-    want = expected_connections(objs, object_storage=overlay_name == OBJECT_STORAGE)
+    # prod runs the pipeline in its own namespace: each namespace has its default deny.
+    denied = {p["metadata"]["namespace"] for p in deny}
+    assert denied == {"keyroute", PIPELINE_NAMESPACE}, denied
+    pods: dict[str, Pod] = {**component_labels(objs), **OUTSIDERS}
+    assert pods["pipeline"][0] == pods["spark-executor"][0] == PIPELINE_NAMESPACE
+    # Both prod overlays keep snapshots on object storage (prod includes the component).
+    want = expected_connections(objs, object_storage=True)
     # Every port any pod listens on, every port it connects to, and a few it must not reach.
     ports = {port for _, _, port, _ in want} | {22, 80, 4040, 9092}
     # Traffic among outsiders (and from kube-dns, which answers but never calls) is not these policies' business.
-    outside = ("external", "kube-dns", "monitoring")
+    outside = tuple(OUTSIDERS)
     got = {
         (src, dst, port, proto)
         for src in pods
@@ -171,3 +213,27 @@ def test_network_policies_allow_exactly_what_keyroute_needs(overlay_name: str) -
 def test_development_has_no_network_policies() -> None:
     # A kind or minikube cluster often enforces none; the rules are prod's (and documented for dev).
     assert of_kind(render("dev"), "NetworkPolicy") == []
+
+
+def test_zookeeper_admits_the_pipeline_only_from_its_own_namespace() -> None:
+    """The one connection across namespaces: the driver in keyroute-pipeline to ZooKeeper's clients' port. A
+    pod that merely carries the driver's labels elsewhere (a namespace anyone may create pods in) is refused,
+    and the pipeline's namespace reaches nothing else of the serving one."""
+    objs = render("prod")
+    policies = of_kind(objs, "NetworkPolicy")
+    pods = component_labels(objs)
+
+    def port_of(kind: str, name: str, port: str) -> int:
+        [c] = pod_template(find(objs, kind, name))["spec"]["containers"]
+        return container_port(c, port)
+
+    zk_port = port_of("StatefulSet", "keyroute-zookeeper", "client")
+    driver_ns, driver = pods["pipeline"]
+    assert allowed(policies, (driver_ns, driver), pods["zookeeper"], zk_port)
+    for elsewhere in ("keyroute", "default", "team-a"):
+        assert not allowed(policies, (elsewhere, driver), pods["zookeeper"], zk_port), elsewhere
+    targets = {"node": port_of("StatefulSet", "keyroute-node", "http"),
+               "router": port_of("Deployment", "keyroute-router", "http")}
+    for who in ("pipeline", "spark-executor"):
+        for target, port in targets.items():
+            assert not allowed(policies, pods[who], pods[target], port), (who, target)

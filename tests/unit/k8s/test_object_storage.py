@@ -23,13 +23,13 @@ from tests.k8s_render import (
 from tests.unit.k8s import test_environment, test_objects, test_pipeline, test_probes
 from tests.unit.k8s.manifests import (
     KUBERNETES_VERSIONS,
-    NAMESPACED_EXEMPT,
+    OBJECT_STORE_READ_SECRET,
     OBJECT_STORE_SECRET,
-    OTHER_READERS,
     container_env,
     executor_template_text,
     node_pod,
     objs_namespace,
+    operator_secrets,
     pipeline_pods,
     sample_field,
     spark_confs,
@@ -59,11 +59,9 @@ def test_object_storage_overlay_renders_and_every_object_is_valid(
     test_objects.test_every_object_is_valid_for_the_kubernetes_api(object_storage_objs, version)
     template = yaml.safe_load(executor_template_text(object_storage_objs))
     kubernetes_validate.validate(template, version, strict=True)
-    # prod's shape: the variant changes where snapshots live, nothing else.
+    # prod's shape (it is prod now): serving in `keyroute`, the pipeline in its own namespace.
     assert objs_namespace(object_storage_objs) == "keyroute"
-    for obj in object_storage_objs:
-        if obj["kind"] not in NAMESPACED_EXEMPT:
-            assert obj["metadata"].get("namespace") == "keyroute", obj["metadata"]["name"]
+    test_objects.test_every_namespaced_object_lands_in_the_overlay_namespace(object_storage_objs, "prod")
 
 
 # The overlay-independent checks of the other modules, run on the object-storage overlay as well (prod's sizes).
@@ -93,13 +91,9 @@ GENERIC_CHECKS = {
 
 
 @pytest.mark.parametrize("check", sorted(GENERIC_CHECKS))
-def test_object_storage_overlay_passes_the_overlay_checks(
-    object_storage_objs: list[Obj], check: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_object_storage_overlay_passes_the_overlay_checks(object_storage_objs: list[Obj], check: str) -> None:
     # The credentials are read by pyarrow's S3 client (in the node, the pipeline and its executors), not
-    # by the keyroute CLI.
-    for name in OBJECT_STORE_KEYS:
-        monkeypatch.setitem(OTHER_READERS, name, "pyarrow's S3 client, for snapshots on object storage")
+    # by the keyroute CLI (manifests.OTHER_READERS says so).
     GENERIC_CHECKS[check](with_object_store_secret(object_storage_objs))
 
 
@@ -182,33 +176,45 @@ def test_object_storage_credentials_come_from_the_required_secret(object_storage
     objs = object_storage_objs
     assert of_kind(objs, "Secret") == []  # the operator creates it; no credential is in the manifests
     for where, c in object_store_consumers(objs):
+        # Nodes only read: their own read-only credentials; the pipeline's driver and executors write and
+        # delete: the other Secret. Neither side ever names the other's.
+        secret = OBJECT_STORE_READ_SECRET if where == "node" else OBJECT_STORE_SECRET
+        other = OBJECT_STORE_SECRET if where == "node" else OBJECT_STORE_READ_SECRET
         refs = {e["name"]: e for e in c.get("env", []) if e["name"].startswith("AWS_")}
         assert set(refs) == set(OBJECT_STORE_KEYS), where
         for name, entry in refs.items():
             assert "value" not in entry, f"{where}: {name} written into the manifest"
             assert entry["valueFrom"] == {
-                "secretKeyRef": {"name": OBJECT_STORE_SECRET, "key": name, "optional": False}
+                "secretKeyRef": {"name": secret, "key": name, "optional": False}
             }, where
         # The Secret's optional keys (AWS_REGION, AWS_ENDPOINT_URL, AWS_SESSION_TOKEN) as a whole; nodes and
         # the pipeline's driver also take the Kafka variables of live stores, required as every Secret in
         # production (executors never consume).
         kafka = [] if where == "executor" else [{"secretRef": {"name": KAFKA_SECRET, "optional": False}}]
-        assert c.get("envFrom") == [{"secretRef": {"name": OBJECT_STORE_SECRET, "optional": False}}, *kafka], where
+        assert c.get("envFrom") == [{"secretRef": {"name": secret, "optional": False}}, *kafka], where
+        assert f"name: {other}\n" not in yaml.safe_dump(c), where
     # Routers never touch snapshots: no credentials there.
     router = pod_template(find(objs, "Deployment", "keyroute-router"))["spec"]["containers"][0]
     assert OBJECT_STORE_SECRET not in yaml.safe_dump(router)
-    # Resolved as the kubelet would: the Secret's values reach the node, and without the Secret the pod
-    # does not start (the references are not optional).
+    # Resolved as the kubelet would: the read-only Secret's values reach the node, and without the Secrets
+    # the pods do not start (the references are not optional).
     with_secret = with_object_store_secret(objs)
     node = node_pod(objs)["spec"]["containers"][0]
     env = container_env(with_secret, node, pod_name="keyroute-node-0")
     assert (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"], env["AWS_REGION"]) == (
-        "AKIAEXAMPLE",
+        "AKIAREADONLY",
         "example-secret",
         "eu-west-1",
     )
+    driver_env = container_env(with_secret, pipeline_pods(objs)[0]["spec"]["containers"][0])
+    assert driver_env["AWS_ACCESS_KEY_ID"] == "AKIAEXAMPLE"
+    leave_out = (OBJECT_STORE_SECRET, OBJECT_STORE_READ_SECRET)
+    without = [*objs, *operator_secrets(objs_namespace(objs), leave_out=leave_out)]
+    with pytest.raises(AssertionError, match=OBJECT_STORE_READ_SECRET):
+        resolve_env(node, lambda p: sample_field(p, "keyroute-node-0"), without)
+    driver = pipeline_pods(objs)[0]["spec"]["containers"][0]
     with pytest.raises(AssertionError, match=OBJECT_STORE_SECRET):
-        container_env(objs, node, pod_name="keyroute-node-0")
+        resolve_env(driver, lambda p: sample_field(p), without)
 
 
 def test_the_object_storage_component_also_fits_the_dev_overlay(tmp_path: Path) -> None:
@@ -267,5 +273,7 @@ def test_kafka_variables_reach_nodes_and_the_pipeline_only(objs: list[Obj], over
         # Without any Secret the pods still start (a spec without live stores needs none of it).
         resolve_env(node, lambda p: sample_field(p, "keyroute-node-0"), objs)
     else:
+        # Every other Secret there, this one missing: the node does not start.
+        others = operator_secrets(objs_namespace(objs), leave_out=(KAFKA_SECRET,))
         with pytest.raises(AssertionError, match=KAFKA_SECRET):
-            resolve_env(node, lambda p: sample_field(p, "keyroute-node-0"), objs)
+            resolve_env(node, lambda p: sample_field(p, "keyroute-node-0"), [*objs, *others])

@@ -18,10 +18,12 @@ from tests.k8s_render import (
 from tests.unit.k8s.manifests import (
     KUBERNETES_VERSIONS,
     NAMESPACED_EXEMPT,
+    PIPELINE_NAMESPACE,
     ZONE_LABEL,
     container_port,
     executor_template_text,
     is_custom_resource,
+    namespaces,
     objs_namespace,
     pods_selected,
 )
@@ -47,14 +49,55 @@ def test_the_spark_executor_pod_template_is_a_valid_pod(objs: list[Obj]) -> None
         kubernetes_validate.validate(template, version, strict=True)
 
 
+# What prod puts in the pipeline's own namespace: its driver and everything the driver alone uses
+# (generated ConfigMaps by their name before the hash suffix), and the NetworkPolicies of that namespace.
+PIPELINE_OBJECTS = {
+    ("ServiceAccount", "keyroute-spark"),
+    ("Role", "keyroute-spark"),
+    ("RoleBinding", "keyroute-spark"),
+    ("CronJob", "keyroute-pipeline"),
+    ("ConfigMap", "keyroute-stores"),
+    ("ConfigMap", "keyroute-spark-executor"),
+    ("ConfigMap", "keyroute-snapshot-store"),
+    ("PersistentVolumeClaim", "keyroute-shared"),
+    ("NetworkPolicy", "keyroute-pipeline-default-deny"),
+    ("NetworkPolicy", "keyroute-pipeline-dns"),
+    ("NetworkPolicy", "keyroute-pipeline"),
+    ("NetworkPolicy", "keyroute-spark-executor"),
+    ("NetworkPolicy", "keyroute-pipeline-object-storage"),
+}
+
+
+def unhashed(obj: Obj) -> str:
+    name = str(obj["metadata"]["name"])
+    if obj["kind"] == "ConfigMap" and name.rpartition("-")[0] in ("keyroute-stores", "keyroute-spark-executor"):
+        return name.rpartition("-")[0]
+    return name
+
+
 def test_every_namespaced_object_lands_in_the_overlay_namespace(objs: list[Obj], overlay: str) -> None:
+    """dev: one namespace. prod: the serving namespace, and the pipeline in its own (PIPELINE_OBJECTS)."""
     namespace = objs_namespace(objs)
     assert namespace == {"dev": "keyroute-dev", "prod": "keyroute"}[overlay]
+    pipeline_namespace = {"dev": namespace, "prod": PIPELINE_NAMESPACE}[overlay]
+    assert namespaces(objs) == {namespace, pipeline_namespace}
+    placed = set()
     for obj in objs:
         if obj["kind"] not in NAMESPACED_EXEMPT:
-            assert obj["metadata"].get("namespace") == namespace, obj["metadata"]["name"]
+            key = (obj["kind"], unhashed(obj))
+            want = pipeline_namespace if key in PIPELINE_OBJECTS else namespace
+            assert obj["metadata"].get("namespace") == want, key
+            if key in PIPELINE_OBJECTS:
+                placed.add(key)
+    if overlay == "prod":
+        assert placed == PIPELINE_OBJECTS
     for binding in of_kind(objs, "RoleBinding"):
-        assert all(s.get("namespace") == namespace for s in binding["subjects"])
+        assert all(s.get("namespace") == binding["metadata"]["namespace"] for s in binding["subjects"])
+    # The nodes' ClusterRoleBinding names their ServiceAccount where it is.
+    for binding in of_kind(objs, "ClusterRoleBinding"):
+        for subject in binding["subjects"]:
+            account = find(objs, "ServiceAccount", subject["name"])
+            assert subject["namespace"] == account["metadata"]["namespace"] == namespace
 
 
 def test_names_are_unique_per_kind(objs: list[Obj]) -> None:

@@ -15,6 +15,7 @@ from tests.k8s_render import (
 )
 from tests.unit.k8s.manifests import (
     KEYROUTE_IMAGES,
+    PIPELINE_NAMESPACE,
     container_env,
     container_port,
     dockerfile_copy_target,
@@ -37,12 +38,16 @@ def test_the_pipeline_runs_spark_in_client_mode_on_kubernetes(objs: list[Obj], o
     for pod in pipeline_pods(objs):
         [c] = pod["spec"]["containers"]
         assert subcommand(c) == ["pipeline", "build"]
-        env = container_env(objs, c, pod_name="keyroute-pipeline-123-abcde")
+        env = container_env(
+            objs, c, pod_name="keyroute-pipeline-123-abcde", namespace=cron["metadata"]["namespace"]
+        )
         assert env["KEYROUTE_MASTER"] == "k8s://https://kubernetes.default.svc"
         confs = spark_confs(env["PYSPARK_SUBMIT_ARGS"])
         assert confs["spark.kubernetes.container.image"] == c["image"]  # executors run the driver's image
         assert confs["spark.kubernetes.driver.pod.name"] == "keyroute-pipeline-123-abcde"
-        assert confs["spark.kubernetes.namespace"] == objs_namespace(objs)
+        # Executors go where the driver runs (prod: the pipeline's own namespace).
+        assert confs["spark.kubernetes.namespace"] == cron["metadata"]["namespace"]
+        assert cron["metadata"]["namespace"] == {"dev": objs_namespace(objs), "prod": PIPELINE_NAMESPACE}[overlay]
         assert confs["spark.driver.host"] == "10.0.0.7"
         assert "spark.submit.deployMode" not in confs  # client mode: this pod is the driver
         for port in ("spark.driver.port", "spark.blockManager.port"):
@@ -64,8 +69,13 @@ def test_the_pipeline_runs_spark_in_client_mode_on_kubernetes(objs: list[Obj], o
         assert launcher == Path(dockerfile_copy_target()).name
         assert init == dockerfile_entrypoint("pipeline")[:-1]
         # Driver, executors and nodes see the snapshot root on one claim at one path: a snapshot path
-        # published by the pipeline is a path every node can open.
+        # published by the pipeline is a path every node can open. (prod keeps snapshots on object storage:
+        # an s3:// root, whose readers test_object_storage.py checks.)
         output = env["KEYROUTE_OUTPUT"]
+        if overlay == "prod":
+            assert output.startswith("s3://"), output
+            assert pod["spec"]["serviceAccountName"] == "keyroute-spark"
+            continue
         assert claim_at(pod["spec"], c, output) == claim_at(
             template["spec"], template["spec"]["containers"][0], output
         )
@@ -124,12 +134,43 @@ def test_spark_may_manage_its_executor_pods(objs: list[Obj]) -> None:
         "kind": "Role",
         "name": "keyroute-spark",
     }
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": "keyroute-spark", "namespace": objs_namespace(objs)}
-    ]
+    cron = find(objs, "CronJob", "keyroute-pipeline")
+    namespace = cron["metadata"]["namespace"]
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == namespace
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "keyroute-spark", "namespace": namespace}]
     verbs = {r: set(rule["verbs"]) for rule in role["rules"] for r in rule["resources"]}
     assert {"create", "delete", "get", "list", "watch"} <= verbs["pods"]
     assert {"create", "delete"} <= verbs["configmaps"]
+
+
+def test_the_spark_role_is_what_client_mode_spark_needs_and_no_more(objs: list[Obj], overlay: str) -> None:
+    """Executor pods and their ConfigMap, in the pipeline's namespace only: no Services (client mode makes
+    none), no claims (Spark is told not to own or reuse any), never Secrets, nodes or anything cluster-wide;
+    and in prod nothing at all in the serving namespace."""
+    role = find(objs, "Role", "keyroute-spark")
+    rules = {(group, r): set(rule["verbs"]) for rule in role["rules"] for group in rule["apiGroups"]
+             for r in rule["resources"]}
+    assert rules == {
+        ("", "pods"): {"get", "list", "watch", "create", "delete", "deletecollection", "patch"},
+        ("", "configmaps"): {"get", "list", "watch", "create", "delete", "deletecollection"},
+    }
+    assert not any("resourceNames" in rule or "nonResourceURLs" in rule for rule in role["rules"])
+    # Spark's own use of claims is off, so the missing permission is never needed.
+    [c] = pod_template(find(objs, "CronJob", "keyroute-pipeline"))["spec"]["containers"]
+    confs = spark_confs(container_env(objs, c, pod_name="keyroute-pipeline-1")["PYSPARK_SUBMIT_ARGS"])
+    assert confs["spark.kubernetes.driver.ownPersistentVolumeClaim"] == "false"
+    assert confs["spark.kubernetes.driver.reusePersistentVolumeClaim"] == "false"
+    assert not any(key.startswith("spark.kubernetes.executor.volumes.") for key in confs)
+    # Whoever is bound to it: only the pipeline's ServiceAccount, and nothing cluster-wide names it.
+    for binding in [*of_kind(objs, "RoleBinding"), *of_kind(objs, "ClusterRoleBinding")]:
+        names = {s["name"] for s in binding["subjects"]}
+        if "keyroute-spark" in names:
+            assert binding["kind"] == "RoleBinding" and binding["roleRef"]["name"] == "keyroute-spark"
+    if overlay == "prod":
+        serving = objs_namespace(objs)
+        assert role["metadata"]["namespace"] == PIPELINE_NAMESPACE != serving
+        assert not [b for b in of_kind(objs, "RoleBinding") if b["metadata"]["namespace"] == serving]
+        assert not [r for r in of_kind(objs, "Role") if r["metadata"]["namespace"] == serving]
 
 
 def test_pods_run_as_non_root(objs: list[Obj]) -> None:
