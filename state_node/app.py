@@ -251,6 +251,7 @@ async def _joined_node(
     )
     try:
         await run_in_threadpool(registration.register_node)
+        await run_in_threadpool(registration.returned)  # registered first: the controller never sees it gone
         watcher.start()
         controller.start()
         yield node

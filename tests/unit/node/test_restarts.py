@@ -1,0 +1,130 @@
+"""Planned restarts (keyroute.state_node.restarts): the restart record, the controller's holds and their end by
+an injected clock, and how a stopping node tells a restart from a departure (keyroute.state_node.service)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from keyroute.core.partition_map import PartitionMap, RecordError
+from keyroute.state_node.restarts import Holds, PlannedRestart, holds
+from keyroute.state_node.service import _stop_gracefully
+
+
+def test_a_restart_record_reads_back_as_written() -> None:
+    record = PlannedRestart("n3", 1000.5, 120.0, "eu-west-1a")
+    assert PlannedRestart.from_json(record.to_json()) == record
+    assert record.ends_at == 1120.5
+    assert PlannedRestart.from_json(PlannedRestart("n3", 1000, 0).to_json()).zone == ""
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"", b"[]", b'{"at": 1, "grace_s": 2}', b'{"node_id": "n", "at": "x", "grace_s": 2}',
+     b'{"node_id": "n", "at": 1, "grace_s": -1}', b'{"node_id": "n", "at": 1, "grace_s": true}',
+     b'{"node_id": "n", "at": 1, "grace_s": NaN}'],
+)  # fmt: skip
+def test_an_unreadable_restart_record_is_refused(raw: bytes) -> None:
+    with pytest.raises(RecordError):
+        PlannedRestart.from_json(raw)
+
+
+def test_a_node_is_held_until_its_grace_ends_and_then_no_longer() -> None:
+    records = {"n3": PlannedRestart("n3", 1000.0, 120.0, "z3")}
+    assert holds(records, {"n1", "n2"}, now=1000.0) == Holds({"n3": "z3"}, (), 1120.0)
+    assert holds(records, {"n1", "n2"}, now=1119.9) == Holds({"n3": "z3"}, (), 1120.0)
+    assert holds(records, {"n1", "n2"}, now=1120.0) == Holds({}, ("n3",), None)
+    assert holds(records, {"n1", "n2"}, now=5000.0) == Holds({}, ("n3",), None)
+
+
+def test_a_node_back_is_live_whatever_its_record_says() -> None:
+    records = {"n3": PlannedRestart("n3", 1000.0, 120.0)}
+    assert holds(records, {"n1", "n2", "n3"}, now=1010.0) == Holds()
+    assert holds(records, {"n3"}, now=9999.0) == Holds()  # not expired either: the node deletes it itself
+
+
+def test_unreadable_or_misnamed_records_hold_nothing_and_the_first_end_wakes_the_controller() -> None:
+    records = {
+        "n2": PlannedRestart("n2", 1000.0, 30.0),
+        "n3": PlannedRestart("n3", 990.0, 120.0),
+        "n4": None,
+        "n5": PlannedRestart("n6", 1000.0, 120.0),
+    }
+    assert holds(records, {"n1"}, now=1001.0) == Holds({"n2": "", "n3": ""}, ("n4", "n5"), 1030.0)
+    assert holds(records, {"n1"}, now=1030.0) == Holds({"n3": ""}, ("n2", "n4", "n5"), 1110.0)
+
+
+# -- how a stopping node tells a restart from a departure ---------------------------------------------------
+
+
+class FakeRegistration:
+    def __init__(self, *, drain: bool = False, fails: bool = False) -> None:
+        self.drain, self.fails = drain, fails
+        self.restarts: list[tuple[float, float]] = []
+
+    def drain_requested(self) -> bool:
+        if self.fails:
+            raise ConnectionError("ZooKeeper unreachable")
+        return self.drain
+
+    def mark_restarting(self, grace_s: float, at: float) -> None:
+        self.restarts.append((grace_s, at))
+
+
+class FakeOwnership:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def leave(self) -> None:
+        self.calls.append("leave")
+
+    async def withdraw(self) -> None:
+        self.calls.append("withdraw")
+
+    async def wait_for_map(self, predicate: Any, timeout_s: float) -> bool:
+        self.calls.append("wait_for_map")
+        return bool(predicate(PartitionMap.empty()))
+
+
+def fake_node(grace_s: float, registration: FakeRegistration | None) -> Any:
+    node = SimpleNamespace(
+        node_id="n3",
+        settings=SimpleNamespace(restart_grace_s=grace_s),
+        registration=registration,
+        ownership=FakeOwnership(),
+        departures=0,
+    )
+
+    async def leave() -> None:
+        node.departures += 1
+
+    node.leave = leave
+    return node
+
+
+def test_a_sigterm_is_a_planned_restart_recorded_before_the_node_de_announces() -> None:
+    registration = FakeRegistration()
+    node = fake_node(120.0, registration)
+    asyncio.run(_stop_gracefully(node, clock=lambda: 1234.5))
+    assert registration.restarts == [(120.0, 1234.5)]
+    assert node.ownership.calls == ["leave", "withdraw", "wait_for_map"]
+    assert node.departures == 0
+
+
+@pytest.mark.parametrize(
+    ("grace_s", "registration"),
+    [(0.0, FakeRegistration()), (120.0, FakeRegistration(drain=True)), (120.0, FakeRegistration(fails=True))],
+    ids=["no grace", "drain requested", "zookeeper unreachable"],
+)
+def test_otherwise_the_node_departs_and_hands_its_partitions_over(
+    grace_s: float, registration: FakeRegistration
+) -> None:
+    node = fake_node(grace_s, registration)
+    asyncio.run(_stop_gracefully(node, clock=lambda: 1.0))
+    assert node.departures == 1
+    assert registration.restarts == []
+    assert node.ownership.calls == []
+
