@@ -36,7 +36,7 @@ from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.lifespan import StartupError
 from keyroute.http.upstream import Upstream
 from keyroute.state_node.controller import Controller
-from keyroute.state_node.data_dir import DataDir, DataDirError
+from keyroute.state_node.data_dir import DataDir, DataDirError, held_partitions
 from keyroute.state_node.metrics import NodeMetrics
 from keyroute.state_node.ownership import Ownership
 from keyroute.state_node.reads import RETRY_AFTER_S, find_store, parse_key_text
@@ -250,6 +250,7 @@ async def _joined_node(
         whole_assignment=lambda only: placement_records.read_whole(client, only),
     )
     try:
+        registration.holds = await run_in_threadpool(held_partitions, settings.data_dir)
         await run_in_threadpool(registration.register_node)
         await run_in_threadpool(registration.returned)  # registered first: the controller never sees it gone
         watcher.start()

@@ -113,6 +113,9 @@ class Controller:
         # the same, for /stores/{store}.
         self._store_shapes: dict[str, StoreShape | None] = {}
         self._stores_changed: set[str] = set()
+        # Each placeable store's current version, as last read: which of the partitions a node holds on disk
+        # are current (the placement prefers those nodes for a replica it must place).
+        self._store_versions: dict[str, int] = {}
         # Restart records as last read (None: unreadable), the ones whose watch fired since, and what the last
         # recomputation made of them (nodes held in their assignment, and when the first hold ends).
         self._restart_records: dict[str, PlannedRestart | None] = {}
@@ -277,7 +280,7 @@ class Controller:
         self._say_short_of_nodes(stores, len(nodes))
         generation = previous.generation + 1 if previous is not None else 1  # the assignment generation
         with without_cyclic_collection():
-            wanted = assign(stores, nodes, previous, generation, zones=zones)
+            wanted = assign(stores, nodes, previous, generation, zones=zones, holds=self._holds_hint(stores))
         if previous is not None and dict(previous.stores) == dict(wanted.stores):
             self._computed = inputs
             return
@@ -286,6 +289,17 @@ class Controller:
         if known is not None and known.assignment is wanted:
             self._computed = _Inputs(stores, zones, known.root_zstat_version)
         log.info("assignment generation %d written for %d nodes, %d stores", generation, len(nodes), len(stores))
+
+    def _holds_hint(self, stores: Mapping[str, StoreShape]) -> dict[str, dict[str, tuple[int, ...]]]:
+        """store -> node -> partitions of its current version whose files the node had on disk at its start."""
+        hint: dict[str, dict[str, tuple[int, ...]]] = {}
+        for node, record in self._node_records.items():
+            if record is None or not record.holds:
+                continue
+            for store, version, partitions in record.holds:
+                if store in stores and self._store_versions.get(store) == version:
+                    hint.setdefault(store, {})[node] = partitions
+        return hint
 
     def _hold(self, registered: list[str], changed: set[str]) -> Mapping[str, str]:
         """The nodes away for a planned restart within their grace (node -> zone); records whose grace ended
@@ -384,8 +398,7 @@ class Controller:
             cache[name] = parse(name, raw)
         return listed
 
-    @staticmethod
-    def _placeable(name: str, raw: bytes) -> StoreShape | None:
+    def _placeable(self, name: str, raw: bytes) -> StoreShape | None:
         """The store's (partitions, replication factor), or None when it is not to be placed (yet)."""
         if not raw:
             return None  # the pipeline creates the znode before it has a version to publish
@@ -402,6 +415,7 @@ class Controller:
                 record.replication_factor,
             )
             return None
+        self._store_versions[name] = record.version
         return StoreShape(record.partitions, record.replication_factor)
 
     @staticmethod

@@ -40,6 +40,8 @@ class Registration:
         self.node_id = node_id
         self.url = url
         self.zone = zone
+        # (store, version, partitions) on this node's disk at its start: a placement hint in its node record.
+        self.holds: tuple[tuple[str, int, tuple[int, ...]], ...] = ()
         # Once set, every (re-)registration says so: a session lost while draining must not make the
         # controller assign partitions to this node again.
         self.leaving = False
@@ -86,7 +88,7 @@ class Registration:
             gone.wait(remaining)
 
     def register_node(self) -> None:
-        record = NodeRecord(self.node_id, self.url, leaving=self.leaving, zone=self.zone)
+        record = NodeRecord(self.node_id, self.url, leaving=self.leaving, zone=self.zone, holds=self.holds)
         self._put(zk_layout.node_path(self.node_id), record.to_json())
 
     def mark_leaving(self) -> None:

@@ -15,7 +15,7 @@ from kazoo.client import KazooClient
 
 from keyroute.core import placement_records, zk, zk_layout
 from keyroute.core.key_format import KeyFormat
-from keyroute.core.partition_map import Assignment, ServingRecord, StoreRecord
+from keyroute.core.partition_map import Assignment, NodeRecord, ServingRecord, StoreRecord
 from keyroute.core.partitioner import Partitioner
 from keyroute.core.settings import ZkSettings
 from tests.integration.test_node import key_url, write_snapshot
@@ -143,6 +143,10 @@ def test_a_restarted_node_takes_its_partitions_back_from_disk_and_one_that_stays
     assert c.counter("n3", "keyroute_node_fetched_bytes_total") == 0
     assert c.counter("n3", "keyroute_node_partitions_reused_total") == len(mine)
     assert {n: c.counter(n, "keyroute_node_partitions_fetched_total") for n in ("n1", "n2")} == fetched
+    # Its node record offers what its disk held at start to the controller, for when placement must choose (its
+    # own partitions, and any it had handed over but not yet removed when it stopped).
+    held = NodeRecord.from_json(c.client.get(zk_layout.node_path("n3"))[0]).held_at(STORE, 1)
+    assert set(mine) <= set(held)
 
     # Stopped again with a 1 s grace and not started: the controller reassigns its partitions once it ends.
     c.sigterm("n3")
