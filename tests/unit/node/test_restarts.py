@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
+from keyroute.core.api import NoPartitionMap, StoreNotFound
 from keyroute.core.partition_map import PartitionMap, RecordError
+from keyroute.state_node.reads import find_store
 from keyroute.state_node.restarts import Holds, PlannedRestart, holds
 from keyroute.state_node.service import _stop_gracefully
 
@@ -128,3 +130,12 @@ def test_otherwise_the_node_departs_and_hands_its_partitions_over(
     assert registration.restarts == []
     assert node.ownership.calls == []
 
+
+
+def test_a_node_that_has_not_read_its_map_yet_says_so_rather_than_no_such_store() -> None:
+    # A restarting node listens before it has read its map, and routers send it reads of the partitions nobody
+    # announces meanwhile (it served them last): 503 and a retry, never 404 for a store that exists.
+    with pytest.raises(NoPartitionMap):
+        find_store(PartitionMap.empty().marked_stale(True), "bookings")
+    with pytest.raises(StoreNotFound):
+        find_store(PartitionMap.empty(), "bookings")
