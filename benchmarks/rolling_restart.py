@@ -381,8 +381,9 @@ def table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in results:
+        code = r["label"] if r["label"] == r["subject"] else f"{r['label']} ({r['subject']})"
         lines.append(
-            f"| {r['label']} ({r['subject']}) | {r['partitions_reassigned']} of {partitions} | {r['replicas_moved']} "
+            f"| {code} | {r['partitions_reassigned']} of {partitions} | {r['replicas_moved']} "
             f"| {r['partitions_reloaded']} of {replicas} | {r['bytes_copied']:,} | {r['failed']} of {r['reads']:,} "
             f"| {r['restart_s_median']:.1f} | {r['seconds']:.1f} |"
         )
@@ -416,7 +417,11 @@ def write_section(text: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    command = ".venv/bin/python benchmarks/rolling_restart.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    if "--keep" in given:  # where the files were kept is not part of what was measured
+        at = given.index("--keep")
+        del given[at : at + 2]
+    command = ".venv/bin/python benchmarks/rolling_restart.py " + shlex.join(given)
     with ExitStack() as stack:
         if args.keep is not None:
             args.keep.mkdir(parents=True)
