@@ -253,11 +253,7 @@ class Controller:
             stores_changed, self._stores_changed = self._stores_changed, set()
             restarts_changed, self._restarts_changed = self._restarts_changed, set()
         # Only the node and store records not known yet or whose watch fired since are read again.
-        nodes_read = self._node_records
-        registered = self._read_changed(zk_layout.NODES, zk_layout.node_path, nodes_read, changed, self._assignable)
-        zones = {name: record.zone for name in registered if (record := nodes_read.get(name)) is not None}
-        for name, zone in self._hold(registered, restarts_changed).items():
-            zones.setdefault(name, zone)  # away for a planned restart: placed as if live until its grace ends
+        zones = self._assignable_nodes(changed, restarts_changed)
         nodes = list(zones)
         listed = self._read_changed(
             zk_layout.STORES, zk_layout.store_path, self._store_shapes, stores_changed, self._placeable
@@ -277,6 +273,9 @@ class Controller:
             # Not even this node's record is visible (session being re-established), or every node is
             # leaving: keep the assignment as it is (leaving nodes serve until they go).
             return
+        if previous is not None and self._back_meanwhile(previous, zones):
+            self._dirty.set()  # read the nodes again: one came back between the two listings
+            return
         self._say_short_of_nodes(stores, len(nodes))
         generation = previous.generation + 1 if previous is not None else 1  # the assignment generation
         with without_cyclic_collection():
@@ -289,6 +288,29 @@ class Controller:
         if known is not None and known.assignment is wanted:
             self._computed = _Inputs(stores, zones, known.root_zstat_version)
         log.info("assignment generation %d written for %d nodes, %d stores", generation, len(nodes), len(stores))
+
+    def _assignable_nodes(self, changed: set[str], restarts_changed: set[str]) -> dict[str, str]:
+        """node -> zone of every node to place partitions on: the registered nodes that are not leaving, and the
+        nodes away for a planned restart within their grace."""
+        nodes_read = self._node_records
+        registered = self._read_changed(zk_layout.NODES, zk_layout.node_path, nodes_read, changed, self._assignable)
+        zones = {name: record.zone for name in registered if (record := nodes_read.get(name)) is not None}
+        # Registered: listed and its record read. A record deleted between the two is a node gone: a restart
+        # record may hold it (a node that stops for a restart deletes its record right after its restart
+        # record is written, as a new controller lists the nodes).
+        present = [name for name in registered if name in nodes_read]
+        for name, zone in self._hold(present, restarts_changed).items():
+            zones.setdefault(name, zone)  # away for a planned restart: placed as if live until its grace ends
+        return zones
+
+    def _back_meanwhile(self, previous: Assignment, zones: Mapping[str, str]) -> bool:
+        """Whether a node the previous assignment places, neither placed now nor registered when listed, is
+        registered now. The nodes are listed before the restart records: a node back from a restart that
+        registered after the first listing and deleted its restart record before the second is neither
+        registered nor held in what was read, but must not lose its partitions."""
+        placed = {m for per in previous.stores.values() for reps in per for m in reps}
+        missing = placed - zones.keys() - self._node_records.keys()
+        return any(self._client.exists(zk_layout.node_path(m)) is not None for m in sorted(missing))
 
     def _holds_hint(self, stores: Mapping[str, StoreShape]) -> dict[str, dict[str, tuple[int, ...]]]:
         """store -> node -> partitions of its current version whose files the node had on disk at its start."""

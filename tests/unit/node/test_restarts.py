@@ -8,9 +8,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from kazoo.exceptions import NoNodeError
 
 from keyroute.core.api import NoPartitionMap, StoreNotFound
-from keyroute.core.partition_map import PartitionMap, RecordError
+from keyroute.core.partition_map import Assignment, NodeRecord, PartitionMap, RecordError
+from keyroute.state_node.controller import Controller
 from keyroute.state_node.reads import find_store
 from keyroute.state_node.restarts import Holds, PlannedRestart, holds
 from keyroute.state_node.service import _stop_gracefully
@@ -139,3 +141,98 @@ def test_a_node_that_has_not_read_its_map_yet_says_so_rather_than_no_such_store(
         find_store(PartitionMap.empty().marked_stale(True), "bookings")
     with pytest.raises(StoreNotFound):
         find_store(PartitionMap.empty(), "bookings")
+
+
+# -- the controller's view of the nodes, on a stand-in for ZooKeeper ------------------------------------------
+
+
+class _Pending:
+    def __init__(self, data: bytes | None) -> None:
+        self._data = data
+
+    def get(self) -> tuple[bytes, None]:
+        if self._data is None:
+            raise NoNodeError()
+        return self._data, None
+
+
+class FakeZooKeeper:
+    """Listings and records; a record in `vanishing` is listed but gone when read (deleted in between)."""
+
+    def __init__(self, records: dict[str, bytes], vanishing: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+        self.records, self.vanishing = records, set(vanishing)
+        self.deleted: list[str] = []
+
+    def get_children(self, parent: str, watch: Any = None) -> list[str]:
+        listed = {p for p in self.records if p.startswith(parent + "/")} | {
+            p for p in self.vanishing if p.startswith(parent + "/")
+        }
+        return sorted(p[len(parent) + 1 :] for p in listed)
+
+    def get_async(self, path: str, watch: Any = None) -> _Pending:
+        return _Pending(None if path in self.vanishing else self.records.get(path))
+
+    def exists(self, path: str) -> object | None:
+        return object() if path in self.records else None
+
+    def delete(self, path: str) -> None:
+        self.deleted.append(path)
+        if path not in self.records:
+            raise NoNodeError()
+        del self.records[path]
+
+
+def _node(node_id: str, zone: str = "", leaving: bool = False) -> bytes:
+    return NodeRecord(node_id, f"http://{node_id}:1", leaving=leaving, zone=zone).to_json()
+
+
+def test_the_controller_places_a_restarting_node_until_its_grace_ends_then_drops_its_record() -> None:
+    now = [1000.0]
+    zk_ = FakeZooKeeper(
+        {
+            "/nodes/n1": _node("n1", "a"),
+            "/nodes/n2": _node("n2", "b"),
+            "/restarting/n3": PlannedRestart("n3", 990.0, 30.0, "c").to_json(),
+        }
+    )
+    controller = Controller(zk_, "n1", clock=lambda: now[0])  # type: ignore[arg-type]
+    assert controller._assignable_nodes(set(), set()) == {"n1": "a", "n2": "b", "n3": "c"}
+    assert controller.holds.next_end == 1020.0
+    now[0] = 1020.0
+    assert controller._assignable_nodes(set(), set()) == {"n1": "a", "n2": "b"}
+    assert zk_.deleted == ["/restarting/n3"] and "/restarting/n3" not in zk_.records
+
+
+def test_a_node_whose_record_vanishes_between_listing_and_reading_is_held_by_its_restart_record() -> None:
+    # A new controller lists /nodes while the restarting node (the old controller) deletes its record.
+    zk_ = FakeZooKeeper(
+        {"/nodes/n1": _node("n1"), "/restarting/n2": PlannedRestart("n2", 1000.0, 120.0).to_json()},
+        vanishing={"/nodes/n2"},
+    )
+    controller = Controller(zk_, "n1", clock=lambda: 1001.0)  # type: ignore[arg-type]
+    assert controller._assignable_nodes(set(), set()) == {"n1": "", "n2": ""}
+
+
+def test_a_leaving_node_is_not_held_whatever_its_restart_record_says() -> None:
+    zk_ = FakeZooKeeper(
+        {
+            "/nodes/n1": _node("n1"),
+            "/nodes/n2": _node("n2", leaving=True),
+            "/restarting/n2": PlannedRestart("n2", 1000.0, 120.0).to_json(),
+        }
+    )
+    controller = Controller(zk_, "n1", clock=lambda: 1001.0)  # type: ignore[arg-type]
+    assert controller._assignable_nodes(set(), set()) == {"n1": ""}
+
+
+def test_a_node_that_came_back_between_the_controllers_two_listings_keeps_its_partitions() -> None:
+    # Listed: the nodes (n2 not registered yet), then n2 registers and deletes its restart record, then the
+    # restart records (none): n2 looks gone; the controller looks once more before reassigning.
+    zk_ = FakeZooKeeper({"/nodes/n1": _node("n1")})
+    controller = Controller(zk_, "n1", clock=lambda: 1001.0)  # type: ignore[arg-type]
+    zones = controller._assignable_nodes(set(), set())
+    assert zones == {"n1": ""}
+    previous = Assignment(7, {"s": (("n1", "n2"), ("n2", "n1"))})
+    assert not controller._back_meanwhile(previous, zones)  # n2 gone for good: its partitions move
+    zk_.records["/nodes/n2"] = _node("n2")  # ...or back meanwhile: read again first
+    assert controller._back_meanwhile(previous, zones)
