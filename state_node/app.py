@@ -78,7 +78,8 @@ class Node:
         return self.settings.node_id
 
     async def leave(self) -> None:
-        """Graceful leave (SIGTERM): take no new work, let the controller move every partition away,
+        """A departure (SIGTERM after `keyroute node-drain`, or with --restart-grace-s 0; a planned restart is
+        keyroute.state_node.service's): take no new work, let the controller move every partition away,
         wait (at most `drain_timeout_s`) until live nodes serve them at the published version, then
         de-announce. The caller stops the HTTP server afterwards, which finishes in-flight requests."""
         timeout_s = self.settings.drain_timeout_s

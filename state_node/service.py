@@ -126,11 +126,41 @@ async def _stop_gracefully(node: Node, clock: Callable[[], float] = time.time) -
         node.node_id,
         grace_s,
     )
+    _say_unserved(node)
     node.ownership.leave()  # nothing new loaded or dropped; what is held is served until the server stops
     await node.ownership.withdraw()
     # Routers see the withdrawal through the same kind of watch as we do: once ours has fired, theirs have too
     # (or are about to). A straggler meanwhile is still answered from the view.
     await node.ownership.wait_for_map(lambda m: node.node_id not in m.serving, timeout_s=2.0)
+
+
+def _say_unserved(node: Node) -> None:
+    """Warn, before a planned restart, of the partitions held here that no other node serves meanwhile."""
+    alone = node.ownership.alone()
+    if alone is not None:
+        log.warning(
+            "node %s stops as the only live node: its %d partition(s) are served by no node until it is back",
+            node.node_id,
+            alone,
+        )
+        return
+    m = node.ownership.map
+    live = m.live_nodes()
+    others = [record for name, record in m.serving.items() if name != node.node_id and name in live]
+    unserved = [
+        f"{store} p{p}"
+        for store, parts in node.ownership.serving_view().items()
+        for p in parts
+        if not any(p in record.stores.get(store, {}) for record in others)
+    ]
+    if unserved:
+        log.warning(
+            "node %s stops for a restart with %d partition(s) no other node serves: they answer 503 until it is "
+            "back: %s",
+            node.node_id,
+            len(unserved),
+            ", ".join(unserved[:10]),
+        )
 
 
 @contextmanager

@@ -79,8 +79,16 @@ class FakeRegistration:
 
 
 class FakeOwnership:
+    map = PartitionMap.empty()
+
     def __init__(self) -> None:
         self.calls: list[str] = []
+
+    def alone(self) -> int | None:
+        return None
+
+    def serving_view(self) -> dict[str, dict[int, int]]:
+        return {}
 
     def leave(self) -> None:
         self.calls.append("leave")
