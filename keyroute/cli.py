@@ -408,6 +408,14 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     p.option(
         node,
+        "--restart-grace-s",
+        type=_non_negative_float,
+        default=120.0,
+        help="on SIGTERM, how long this node's partitions stay assigned to it while it restarts (0: hand them "
+        "over; `keyroute node-drain` makes the next stop a departure)",
+    )
+    p.option(
+        node,
         "--version-grace-s",
         type=float,
         default=300.0,
@@ -485,6 +493,13 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     _zk_options(p, delete, writes=True)
     p.option(delete, "--store", required=True, help="store name")
     _adopt_parser(p, store_sub)
+    drain = sub.add_parser(
+        "node-drain",
+        help="make a node's next stop a departure (scale-down, decommission): its partitions are handed over "
+        "rather than held for its restart",
+    )
+    _zk_options(p, drain, writes=True)
+    p.option(drain, "--node-id", required=True, help="the node to drain")
     cluster = sub.add_parser("cluster", help="the cluster's identity in ZooKeeper")
     cluster_sub = cluster.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
     _zk_options(p, cluster_sub.add_parser("id", help="print the cluster id of a chroot (JSON)"), writes=False)
@@ -895,6 +910,23 @@ def _write_atomically(out: str, content: bytes) -> None:
             partial.unlink()
 
 
+def cmd_node_drain(args: argparse.Namespace) -> int:
+    from keyroute.core.zk import ZkUnavailableError, close, connect
+    from keyroute.state_node.registration import request_drain
+
+    try:
+        client = connect(_zk(args), ensure_layout=False)
+    except ZkUnavailableError as exc:
+        print(f"keyroute node-drain: {exc}", file=sys.stderr)
+        return 1
+    try:
+        at = request_drain(client, args.node_id)
+    finally:
+        close(client)
+    print(json.dumps({"node_id": args.node_id, "drain_requested_at": at}))
+    return 0
+
+
 def cmd_zone_from_node(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # its one INFO line per request says nothing more
     try:
@@ -935,6 +967,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         http=_http_settings(args, advertise_url=args.advertise_url),
         zone=zone,
         drain_timeout_s=args.drain_timeout_s,
+        restart_grace_s=args.restart_grace_s,
         version_grace_s=args.version_grace_s,
         forward_timeout_s=args.forward_timeout_s,
         min_offset_wait_ms=args.min_offset_wait_ms,
@@ -983,6 +1016,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "partition": cmd_partition,
     "cluster": cmd_cluster,
     "zk": cmd_zk,
+    "node-drain": cmd_node_drain,
 
     "zone-from-node": cmd_zone_from_node,
 }

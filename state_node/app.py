@@ -37,7 +37,7 @@ from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.lifespan import StartupError
 from keyroute.http.upstream import Upstream
 from keyroute.state_node.controller import Controller
-from keyroute.state_node.data_dir import DataDir, DataDirError
+from keyroute.state_node.data_dir import DataDir, DataDirError, held_partitions
 from keyroute.state_node.metrics import NodeMetrics
 from keyroute.state_node.ownership import Ownership
 from keyroute.state_node.reads import RETRY_AFTER_S, find_store, parse_key_text
@@ -79,7 +79,8 @@ class Node:
         return self.settings.node_id
 
     async def leave(self) -> None:
-        """Graceful leave (SIGTERM): take no new work, let the controller move every partition away,
+        """A departure (SIGTERM after `keyroute node-drain`, or with --restart-grace-s 0; a planned restart is
+        keyroute.state_node.service's): take no new work, let the controller move every partition away,
         wait (at most `drain_timeout_s`) until live nodes serve them at the published version, then
         de-announce. The caller stops the HTTP server afterwards, which finishes in-flight requests."""
         timeout_s = self.settings.drain_timeout_s
@@ -253,7 +254,9 @@ async def _joined_node(
         whole_assignment=lambda only: placement_records.read_whole(client, only),
     )
     try:
+        registration.holds = await run_in_threadpool(held_partitions, settings.data_dir)
         await run_in_threadpool(registration.register_node)
+        await run_in_threadpool(registration.returned)  # registered first: the controller never sees it gone
         watcher.start()
         controller.start()
         yield node

@@ -5,7 +5,9 @@ the placement records that changed (/placement/{store}) and the share records th
 (/assigned/{node}), then the placement root (/placement) that names them (keyroute.core.placement_records).
 The single /assignment record of the layout before is only read, never written.
 Nodes marked leaving in their /nodes record are not assigned anything; a leaving controller writes the
-assignment without itself, then resigns so another node takes over.
+assignment without itself, then resigns so another node takes over. A node away for a planned restart
+(/restarting/{node}, keyroute.state_node.restarts) is placed as if it were live until its grace ends: its
+partitions stay where they are, and the assignment is recomputed without it when the grace ends.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -25,6 +28,7 @@ from keyroute.core import placement_records, zk_layout
 from keyroute.core.collector import without_cyclic_collection
 from keyroute.core.partition_map import Assignment, NodeRecord, RecordError, StoreRecord
 from keyroute.state_node.placement import StoreShape, assign
+from keyroute.state_node.restarts import Holds, PlannedRestart, holds
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +75,10 @@ class Controller:
     whose session expired can never overwrite its successor.
     """
 
-    def __init__(self, client: KazooClient, node_id: str) -> None:
+    def __init__(self, client: KazooClient, node_id: str, *, clock: Callable[[], float] = time.time) -> None:
         self._client = client
+        # Unix seconds: restart records carry the time their node began to stop.
+        self._clock = clock
         self._node_id = node_id
         self._stopped = threading.Event()
         self._dirty = threading.Event()
@@ -107,6 +113,14 @@ class Controller:
         # the same, for /stores/{store}.
         self._store_shapes: dict[str, StoreShape | None] = {}
         self._stores_changed: set[str] = set()
+        # Each placeable store's current version, as last read: which of the partitions a node holds on disk
+        # are current (the placement prefers those nodes for a replica it must place).
+        self._store_versions: dict[str, int] = {}
+        # Restart records as last read (None: unreadable), the ones whose watch fired since, and what the last
+        # recomputation made of them (nodes held in their assignment, and when the first hold ends).
+        self._restart_records: dict[str, PlannedRestart | None] = {}
+        self._restarts_changed: set[str] = set()
+        self.holds = Holds()
 
     @property
     def is_leader(self) -> bool:
@@ -173,12 +187,19 @@ class Controller:
         self._dirty.set()
         self._client.add_listener(self._on_state)
         self._node_records, self._store_shapes, self._computed = {}, {}, None
+        self._restart_records, self.holds = {}, Holds()
         self._shares, self._shares_of = None, None
         try:
             while not self._stopped.is_set() and not self._lost.is_set():
-                if not self._dirty.wait(timeout=SAFETY_RECOMPUTE_S):
+                hold_ends = self.holds.next_end
+                timeout_s = SAFETY_RECOMPUTE_S
+                if hold_ends is not None:
+                    # Wake up when a planned restart's grace ends: its node's partitions are reassigned then.
+                    timeout_s = min(timeout_s, max(0.0, hold_ends - self._clock()) + 0.05)
+                if not self._dirty.wait(timeout=timeout_s) and (hold_ends is None or self._clock() < hold_ends):
                     # The safety net: read and compute again.
                     self._node_records, self._store_shapes, self._computed = {}, {}, None
+                    self._restart_records = {}
                 self._dirty.clear()
                 if self._stopped.is_set() or self._lost.is_set():
                     break
@@ -219,6 +240,9 @@ class Controller:
         elif path.startswith(zk_layout.STORES + "/"):
             with self._nodes_lock:
                 self._stores_changed.add(path[len(zk_layout.STORES) + 1 :])
+        elif path.startswith(zk_layout.RESTARTING + "/"):
+            with self._nodes_lock:
+                self._restarts_changed.add(path[len(zk_layout.RESTARTING) + 1 :])
         self._dirty.set()
 
     # -- one recomputation -------------------------------------------------------------------------
@@ -227,10 +251,9 @@ class Controller:
         with self._nodes_lock:
             changed, self._nodes_changed = self._nodes_changed, set()
             stores_changed, self._stores_changed = self._stores_changed, set()
+            restarts_changed, self._restarts_changed = self._restarts_changed, set()
         # Only the node and store records not known yet or whose watch fired since are read again.
-        nodes_read = self._node_records
-        registered = self._read_changed(zk_layout.NODES, zk_layout.node_path, nodes_read, changed, self._assignable)
-        zones = {name: record.zone for name in registered if (record := nodes_read.get(name)) is not None}
+        zones = self._assignable_nodes(changed, restarts_changed)
         nodes = list(zones)
         listed = self._read_changed(
             zk_layout.STORES, zk_layout.store_path, self._store_shapes, stores_changed, self._placeable
@@ -250,10 +273,13 @@ class Controller:
             # Not even this node's record is visible (session being re-established), or every node is
             # leaving: keep the assignment as it is (leaving nodes serve until they go).
             return
+        if previous is not None and self._back_meanwhile(previous, zones):
+            self._dirty.set()  # read the nodes again: one came back between the two listings
+            return
         self._say_short_of_nodes(stores, len(nodes))
         generation = previous.generation + 1 if previous is not None else 1  # the assignment generation
         with without_cyclic_collection():
-            wanted = assign(stores, nodes, previous, generation, zones=zones)
+            wanted = assign(stores, nodes, previous, generation, zones=zones, holds=self._holds_hint(stores))
         if previous is not None and dict(previous.stores) == dict(wanted.stores):
             self._computed = inputs
             return
@@ -262,6 +288,74 @@ class Controller:
         if known is not None and known.assignment is wanted:
             self._computed = _Inputs(stores, zones, known.root_zstat_version)
         log.info("assignment generation %d written for %d nodes, %d stores", generation, len(nodes), len(stores))
+
+    def _assignable_nodes(self, changed: set[str], restarts_changed: set[str]) -> dict[str, str]:
+        """node -> zone of every node to place partitions on: the registered nodes that are not leaving, and the
+        nodes away for a planned restart within their grace."""
+        nodes_read = self._node_records
+        registered = self._read_changed(zk_layout.NODES, zk_layout.node_path, nodes_read, changed, self._assignable)
+        zones = {name: record.zone for name in registered if (record := nodes_read.get(name)) is not None}
+        # Registered: listed and its record read. A record deleted between the two is a node gone: a restart
+        # record may hold it (a node that stops for a restart deletes its record right after its restart
+        # record is written, as a new controller lists the nodes).
+        present = [name for name in registered if name in nodes_read]
+        for name, zone in self._hold(present, restarts_changed).items():
+            zones.setdefault(name, zone)  # away for a planned restart: placed as if live until its grace ends
+        return zones
+
+    def _back_meanwhile(self, previous: Assignment, zones: Mapping[str, str]) -> bool:
+        """Whether a node the previous assignment places, neither placed now nor registered when listed, is
+        registered now. The nodes are listed before the restart records: a node back from a restart that
+        registered after the first listing and deleted its restart record before the second is neither
+        registered nor held in what was read, but must not lose its partitions."""
+        placed = {m for per in previous.stores.values() for reps in per for m in reps}
+        missing = placed - zones.keys() - self._node_records.keys()
+        return any(self._client.exists(zk_layout.node_path(m)) is not None for m in sorted(missing))
+
+    def _holds_hint(self, stores: Mapping[str, StoreShape]) -> dict[str, dict[str, tuple[int, ...]]]:
+        """store -> node -> partitions of its current version whose files the node had on disk at its start."""
+        hint: dict[str, dict[str, tuple[int, ...]]] = {}
+        for node, record in self._node_records.items():
+            if record is None or not record.holds:
+                continue
+            for store, version, partitions in record.holds:
+                if store in stores and self._store_versions.get(store) == version:
+                    hint.setdefault(store, {})[node] = partitions
+        return hint
+
+    def _hold(self, registered: list[str], changed: set[str]) -> Mapping[str, str]:
+        """The nodes away for a planned restart within their grace (node -> zone); records whose grace ended
+        without their node are deleted (that node's partitions are reassigned by this recomputation)."""
+        listed = self._read_changed(
+            zk_layout.RESTARTING, zk_layout.restarting_path, self._restart_records, changed, self._restart_record
+        )
+        before = self.holds.held
+        now = holds({name: self._restart_records.get(name) for name in listed}, set(registered), self._clock())
+        self.holds = now
+        for name in sorted(now.held.keys() - before.keys()):
+            record = self._restart_records.get(name)
+            log.info(
+                "node %s is away for a planned restart: its partitions stay assigned to it for up to %.0fs",
+                name,
+                record.ends_at - self._clock() if record is not None else 0.0,
+            )
+        for name in now.expired:
+            if name in before:
+                log.warning(
+                    "node %s did not come back within its restart grace: its partitions are reassigned", name
+                )
+            with contextlib.suppress(NoNodeError):
+                self._client.delete(zk_layout.restarting_path(name))
+            self._restart_records.pop(name, None)
+        return now.held
+
+    @staticmethod
+    def _restart_record(name: str, raw: bytes) -> PlannedRestart | None:
+        try:
+            return PlannedRestart.from_json(raw)
+        except RecordError as exc:
+            log.warning("ignoring the restart record of node %s: %s", name, exc)
+            return None
 
     def _previous(self) -> tuple[Assignment | None, int, dict[str, int]]:
         """The assignment in ZooKeeper now, the placement root's znode version (-1: none) and the assignment
@@ -326,8 +420,7 @@ class Controller:
             cache[name] = parse(name, raw)
         return listed
 
-    @staticmethod
-    def _placeable(name: str, raw: bytes) -> StoreShape | None:
+    def _placeable(self, name: str, raw: bytes) -> StoreShape | None:
         """The store's (partitions, replication factor), or None when it is not to be placed (yet)."""
         if not raw:
             return None  # the pipeline creates the znode before it has a version to publish
@@ -344,6 +437,7 @@ class Controller:
                 record.replication_factor,
             )
             return None
+        self._store_versions[name] = record.version
         return StoreShape(record.partitions, record.replication_factor)
 
     @staticmethod

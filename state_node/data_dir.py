@@ -27,6 +27,7 @@ from keyroute.core.cluster_identity import (
     read_cluster_id,
 )
 from keyroute.core.settings import ZkSettings
+from keyroute.state_node.store import MARKER, iter_partition_dirs
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +141,19 @@ class DataDir:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, self.path / IDENTITY_FILE)
+
+
+def held_partitions(path: Path) -> tuple[tuple[str, int, tuple[int, ...]], ...]:
+    """(store, version, partitions) of every partition directory under `path` with a complete load's marker:
+    what the node record offers the controller as a placement hint (the files are checked when loaded)."""
+    held: dict[tuple[str, int], list[int]] = {}
+    try:
+        for pid, part_dir in iter_partition_dirs(path):
+            if (part_dir / MARKER).is_file():
+                held.setdefault((pid.store, pid.version), []).append(pid.partition)
+    except OSError as exc:
+        log.warning("listing the partitions in %s failed: %s", path, exc)
+    return tuple((store, version, tuple(sorted(parts))) for (store, version), parts in sorted(held.items()))
 
 
 def read_identity(path: Path) -> dict[str, str]:

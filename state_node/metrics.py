@@ -6,6 +6,7 @@ read from `Ownership` when /metrics is scraped; load durations come from the loa
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -30,10 +31,11 @@ from keyroute.core.metrics import (
     store_label,
 )
 from keyroute.core.partition_map import StoreRecord
+from keyroute.core.snapshot import DATA_FILE
 from keyroute.http.admission import Admission
 from keyroute.state_node.live import STATES as LIVE_STATES
 from keyroute.state_node.live import LivePartition
-from keyroute.state_node.store import LoadCancelled, PartitionStore
+from keyroute.state_node.store import MARKER, LoadCancelled, PartitionId, PartitionStore, partition_path
 
 if TYPE_CHECKING:
     from keyroute.state_node.ownership import Ownership
@@ -92,6 +94,12 @@ class NodeMetrics:
         self.admission: Admission | None = None
         self._loads_lock = threading.Lock()
         self._load_seconds = {outcome: Histogram(LOAD_BUCKETS_S) for outcome in LOAD_OUTCOMES}
+        # Loads that brought a partition's data into the data directory (fetched, copied, linked or built from
+        # rows) and the bytes of the data files they left there; loads that took back a partition already on
+        # disk (an earlier run's files, verified) instead. A planned restart should add only to the latter.
+        self.partitions_fetched = 0
+        self.bytes_fetched = 0
+        self.partitions_reused = 0
         self._exposition = Exposition(self.families)
 
     def watch(self, ownership: Ownership) -> None:
@@ -117,9 +125,12 @@ class NodeMetrics:
         ) -> PartitionStore:
             started = time.monotonic()
             outcome = "failed"
+            marker = partition_path(data_dir, PartitionId(record.name, record.version, partition)) / MARKER
+            before = _identity(marker)
             try:
                 held = loader(data_dir, record, partition, map_size, cancelled)
                 outcome = "loaded"
+                self._count_load(held, before is not None and _identity(marker) == before)
                 return held
             except LoadCancelled:
                 outcome = "cancelled"
@@ -129,6 +140,20 @@ class NodeMetrics:
                     self._load_seconds[outcome].observe(time.monotonic() - started)
 
         return load
+
+    def _count_load(self, held: PartitionStore, reused: bool) -> None:
+        """A load that kept the marker an earlier run wrote reused that run's files; any other wrote them anew."""
+        if reused:
+            with self._loads_lock:
+                self.partitions_reused += 1
+            return
+        try:
+            size = (held.path / DATA_FILE).stat().st_size
+        except (OSError, AttributeError, TypeError):
+            size = 0
+        with self._loads_lock:
+            self.partitions_fetched += 1
+            self.bytes_fetched += size
 
     def families(self) -> Iterable[Metric]:
         yield self.requests.family(
@@ -170,6 +195,24 @@ class NodeMetrics:
             for outcome, histogram in self._load_seconds.items():
                 loads.add_metric([outcome], histogram.cumulative(), histogram.sum)
         yield loads
+        with self._loads_lock:
+            fetched, fetched_bytes, reused = self.partitions_fetched, self.bytes_fetched, self.partitions_reused
+        yield counter(
+            "keyroute_node_partitions_fetched",
+            "partition loads that brought the partition's data into the data directory (fetched, copied, linked "
+            "or built from rows)",
+            fetched,
+        )
+        yield counter(
+            "keyroute_node_fetched_bytes",
+            "bytes of the data files those loads left in the data directory",
+            fetched_bytes,
+        )
+        yield counter(
+            "keyroute_node_partitions_reused",
+            "partition loads that took back the files an earlier run left on disk (checked, nothing fetched)",
+            reused,
+        )
         yield from self._partition_families()
         yield from self._live_families()
 
@@ -249,3 +292,12 @@ class NodeMetrics:
     def render(self) -> bytes:
         """The Prometheus text exposition."""
         return self._exposition.render()
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The file's (inode, modification time): a marker written anew (atomically replaced) changes it."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns

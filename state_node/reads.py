@@ -38,6 +38,7 @@ from keyroute.core.api import (
     BatchKeyTooLong,
     CursorExpired,
     KeyNotFound,
+    NoPartitionMap,
     NotLive,
     NotUpToBound,
     PartitionUnavailable,
@@ -118,6 +119,10 @@ def is_forwarded(members: ClusterAuth, hops: bytes | None, auth: bytes | None) -
 def find_store(m: PartitionMap, name: str) -> StoreRecord:
     record = m.stores.get(name)
     if record is None:
+        if m.stale and m.generation == 0:
+            # Starting (a restart the router still sends reads to, as the node that served them last): no map
+            # read yet, so "no such store" cannot be told from "not known yet".
+            raise NoPartitionMap("this node has not read the partition map yet", RETRY_AFTER_S)
         raise StoreNotFound.named(name, m.stores)
     return record
 

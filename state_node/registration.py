@@ -1,7 +1,10 @@
 """This node's ephemeral records in ZooKeeper: /nodes/{id} (it is alive), /serving/{id} (what it serves)
 and /live/{id} (the state of its live partitions, for the partition map).
 
-They vanish with the session, so they are written again whenever a fresh map shows them missing.
+They vanish with the session, so they are written again whenever a fresh map shows them missing. Two
+persistent ones outlive it: /restarting/{id}, written when the node stops for a planned restart
+(keyroute.state_node.restarts), and /draining/{id}, an operator's request that its next stop be a departure;
+both are deleted when the node starts again.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from keyroute.core import zk_layout
 from keyroute.core.partition_map import NodeRecord, RecordError, ServingRecord
+from keyroute.state_node.restarts import PlannedRestart
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +40,8 @@ class Registration:
         self.node_id = node_id
         self.url = url
         self.zone = zone
+        # (store, version, partitions) on this node's disk at its start: a placement hint in its node record.
+        self.holds: tuple[tuple[str, int, tuple[int, ...]], ...] = ()
         # Once set, every (re-)registration says so: a session lost while draining must not make the
         # controller assign partitions to this node again.
         self.leaving = False
@@ -82,13 +88,34 @@ class Registration:
             gone.wait(remaining)
 
     def register_node(self) -> None:
-        record = NodeRecord(self.node_id, self.url, leaving=self.leaving, zone=self.zone)
+        record = NodeRecord(self.node_id, self.url, leaving=self.leaving, zone=self.zone, holds=self.holds)
         self._put(zk_layout.node_path(self.node_id), record.to_json())
 
     def mark_leaving(self) -> None:
         """Rewrite /nodes/{id} as leaving: the controller then moves every partition away from this node."""
         self.leaving = True
         self.register_node()
+
+    def mark_restarting(self, grace_s: float, at: float) -> None:
+        """Write /restarting/{id}: this node stops at `at` (unix seconds) for a restart and asks the controller to
+        keep its partitions where they are for `grace_s` seconds. Written before /nodes/{id} goes."""
+        data = PlannedRestart(self.node_id, at, grace_s, self.zone).to_json()
+        path = zk_layout.restarting_path(self.node_id)
+        try:
+            self._client.create(path, data, makepath=True)
+        except NodeExistsError:
+            self._client.set(path, data)
+
+    def drain_requested(self) -> bool:
+        """Whether an operator asked that this node's next stop hand its partitions over (`keyroute node-drain`)."""
+        return self._client.exists(zk_layout.draining_path(self.node_id)) is not None
+
+    def returned(self) -> None:
+        """Once registered again (/nodes/{id} written): this node is back, its restart record and any drain
+        request of its previous run are done with."""
+        for path in (zk_layout.restarting_path(self.node_id), zk_layout.draining_path(self.node_id)):
+            with contextlib.suppress(NoNodeError):
+                self._client.delete(path)
 
     def publish_serving(self, stores: Mapping[str, Mapping[int, int]]) -> None:
         record = ServingRecord(self.node_id, self.url, {s: dict(parts) for s, parts in stores.items()})
@@ -140,3 +167,16 @@ class Registration:
             client.create(path, data, ephemeral=True, makepath=True)
         else:
             client.set(path, data, version=stat.version)
+
+
+def request_drain(client: KazooClient, node_id: str) -> float:
+    """Write /draining/{node_id}: the node's next stop hands its partitions over rather than holding them for a
+    restart (`keyroute node-drain`). Returns the time of the request (unix seconds)."""
+    at = time.time()
+    data = json.dumps({"node_id": node_id, "at": at}, sort_keys=True).encode("utf-8")
+    path = zk_layout.draining_path(node_id)
+    try:
+        client.create(path, data, makepath=True)
+    except NodeExistsError:
+        client.set(path, data)
+    return at

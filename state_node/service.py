@@ -1,10 +1,12 @@
 """Runs one state node in the foreground until SIGTERM or SIGINT, then leaves the cluster gracefully.
 
 `keyroute node` calls `run(settings)`: keyroute's HTTP server (`keyroute.http.server`) with the node's app
-(admin, health, metrics) and its data plane (reads). The first stop signal starts a graceful leave (hand
-every partition over, de-announce, serving reads all the while) and then stops the server, which finishes
-the requests in flight; a second signal cuts the leave short. The exit code is 0 after a signal-initiated
-shutdown, 1 when the node could not start (ZooKeeper unreachable, port taken: logged).
+(admin, health, metrics) and its data plane (reads). The first stop signal starts a graceful stop and then
+stops the server, which finishes the requests in flight; a second signal cuts the graceful part short. The
+graceful stop is a planned restart (`--restart-grace-s` above 0 and no drain request: the node records the
+restart, de-announces and goes, its partitions staying assigned to it; keyroute.state_node.restarts) or a
+departure (hand every partition over, de-announce, serving reads all the while). The exit code is 0 after a
+signal-initiated shutdown, 1 when the node could not start (ZooKeeper unreachable, port taken: logged).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -88,7 +91,7 @@ class NodeServer(HttpServer):
 
 
 async def _leave(node: Node, on_signal: Callable[[Callable[[], None]], None]) -> None:
-    leaving = asyncio.get_running_loop().create_task(node.leave())
+    leaving = asyncio.get_running_loop().create_task(_stop_gracefully(node))
     on_signal(leaving.cancel)
     try:
         await asyncio.wait((leaving,))
@@ -99,6 +102,67 @@ async def _leave(node: Node, on_signal: Callable[[Callable[[], None]], None]) ->
         log.warning("node %s stops at once: a second stop signal came during its graceful leave", node.node_id)
     elif leaving.exception() is not None:  # leaving must end in a stop, whatever happened on the way
         log.error("graceful leave failed; stopping now", exc_info=leaving.exception())
+
+
+async def _stop_gracefully(node: Node, clock: Callable[[], float] = time.time) -> None:
+    """A planned restart when the settings allow one and no drain request says otherwise; else a departure
+    (`Node.leave`: every partition handed over first)."""
+    grace_s = node.settings.restart_grace_s
+    registration = node.registration
+    if grace_s <= 0 or registration is None:
+        await node.leave()
+        return
+    try:
+        if await asyncio.to_thread(registration.drain_requested):
+            log.info("node %s was asked to drain: handing its partitions over before it stops", node.node_id)
+            await node.leave()
+            return
+        await asyncio.to_thread(registration.mark_restarting, grace_s, clock())
+    except Exception as exc:  # ZooKeeper unreachable: nobody can hold or take over; leave as before
+        log.warning("recording node %s's planned restart failed (%s): handing its partitions over", node.node_id, exc)
+        await node.leave()
+        return
+    log.info(
+        "node %s stops for a restart: its partitions stay assigned to it for %.0fs (their other replicas serve "
+        "them meanwhile); `keyroute node-drain` makes a stop a departure",
+        node.node_id,
+        grace_s,
+    )
+    _say_unserved(node)
+    node.ownership.leave()  # nothing new loaded or dropped; what is held is served until the server stops
+    await node.ownership.withdraw()
+    # Routers see the withdrawal through the same kind of watch as we do: once ours has fired, theirs have too
+    # (or are about to). A straggler meanwhile is still answered from the view.
+    await node.ownership.wait_for_map(lambda m: node.node_id not in m.serving, timeout_s=2.0)
+
+
+def _say_unserved(node: Node) -> None:
+    """Warn, before a planned restart, of the partitions held here that no other node serves meanwhile."""
+    alone = node.ownership.alone()
+    if alone is not None:
+        log.warning(
+            "node %s stops as the only live node: its %d partition(s) are served by no node until it is back",
+            node.node_id,
+            alone,
+        )
+        return
+    m = node.ownership.map
+    live = m.live_nodes()
+    others = [record for name, record in m.serving.items() if name != node.node_id and name in live]
+    unserved = [
+        f"{store} p{p}"
+        for store, parts in node.ownership.serving_view().items()
+        for p in parts
+        if not any(p in record.stores.get(store, {}) for record in others)
+    ]
+    if unserved:
+        log.warning(
+            "node %s stops for a restart with %d partition(s) no other node serves: they answer 503 until it is "
+            "back: %s",
+            node.node_id,
+            len(unserved),
+            ", ".join(unserved[:10]),
+        )
 
 
 @contextmanager

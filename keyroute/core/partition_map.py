@@ -152,12 +152,27 @@ class NodeRecord:
     # The failure domain (availability zone, rack) the node runs in; "" = none given. The controller puts a
     # partition's replicas in different zones when it can.
     zone: str = ""
+    # What its data directory held when it registered: (store, version, partitions) with complete files. A
+    # placement hint: a replica the controller must place goes to a node that holds it when it can.
+    holds: tuple[tuple[str, int, tuple[int, ...]], ...] = ()
 
     def to_json(self) -> bytes:
         record: dict[str, object] = {"node_id": self.node_id, "url": self.url, "leaving": self.leaving}
         if self.zone:
             record["zone"] = self.zone
+        if self.holds:
+            held: dict[str, dict[str, list[int]]] = {}
+            for store, version, partitions in self.holds:
+                held.setdefault(store, {})[str(version)] = sorted(partitions)
+            record["holds"] = held
         return _dump(record)
+
+    def held_at(self, store: str, version: int) -> tuple[int, ...]:
+        """The partitions of `store` at `version` this node's data directory held when it registered."""
+        for name, held_version, partitions in self.holds:
+            if name == store and held_version == version:
+                return partitions
+        return ()
 
     @classmethod
     def from_json(cls, raw: bytes) -> NodeRecord:
@@ -169,6 +184,7 @@ class NodeRecord:
                 url=str(obj["url"]),
                 leaving=obj.get("leaving") is True,
                 zone=zone if isinstance(zone, str) else "",
+                holds=_holds(obj.get("holds")),
             )
         except KeyError as exc:
             raise RecordError(f"node record: missing {exc}") from exc
@@ -709,3 +725,20 @@ def _routable(held: Mapping[str, Endpoint], published: int, assigned: tuple[str,
     current = [ep for ep in endpoints if ep.version == chosen]
     current.sort(key=lambda ep: (rank.get(ep.node_id, len(rank)), ep.node_id))
     return tuple(current)
+
+
+def _holds(raw: Any) -> tuple[tuple[str, int, tuple[int, ...]], ...]:
+    """A node record's `holds` ({store: {"<version>": [partitions]}}); what cannot be read is left out (a hint)."""
+    if not isinstance(raw, dict):
+        return ()
+    held = []
+    for store, versions in sorted(raw.items()):
+        if not isinstance(store, str) or not isinstance(versions, dict):
+            continue
+        for version, partitions in sorted(versions.items()):
+            if not isinstance(version, str) or not version.isdigit() or not isinstance(partitions, list):
+                continue
+            parts = tuple(sorted({p for p in partitions if isinstance(p, int) and not isinstance(p, bool) and p >= 0}))
+            if parts:
+                held.append((store, int(version), parts))
+    return tuple(held)

@@ -140,6 +140,9 @@ class NodeSettings:
     lmdb_map_size_bytes: int = 1 << 34
     # On SIGTERM: how long to wait for other nodes to serve this node's partitions before leaving anyway.
     drain_timeout_s: float = 60.0
+    # On SIGTERM (no drain request): how long the controller keeps this node's partitions assigned to it while it
+    # restarts (0: hand them over as on a departure).
+    restart_grace_s: float = 120.0
     # How long a superseded version's files stay on disk (a rollback within it reuses them at once).
     version_grace_s: float = 300.0
     # How long a read bounded by `min_offset` waits for a live partition to apply it before 503 not_up_to_bound.

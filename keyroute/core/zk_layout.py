@@ -21,6 +21,13 @@
                                        (of the versions up to the highest it names); a store record that
                                        vanishes without one is absence, not deletion. Publishing the store
                                        again removes it; a new deletion writes it anew (never rewritten).
+/restarting/{node_id}      persistent  a planned restart (keyroute.state_node.restarts): written by a node that
+                                       stops for a restart before its /nodes record goes, with the time and
+                                       the grace it asked for; the controller keeps the node's partitions
+                                       where they are until the grace ends. The node deletes it on return, the
+                                       controller once the grace ended without it.
+/draining/{node_id}        persistent  a drain request (`keyroute node-drain`): the node's next stop is a
+                                       departure (its partitions are handed over), not a restart
 """
 
 from __future__ import annotations
@@ -35,8 +42,10 @@ SERVING = "/serving"
 LIVE = "/live"
 CLUSTER = "/cluster"
 DELETED = "/deleted"
+RESTARTING = "/restarting"
+DRAINING = "/draining"
 
-PERSISTENT_ROOTS = (STORES, NODES, CONTROLLER, SERVING, LIVE, PLACEMENT, ASSIGNED, DELETED)
+PERSISTENT_ROOTS = (STORES, NODES, CONTROLLER, SERVING, LIVE, PLACEMENT, ASSIGNED, DELETED, RESTARTING, DRAINING)
 
 
 def store_path(store: str) -> str:
@@ -65,3 +74,11 @@ def serving_path(node_id: str) -> str:
 
 def live_path(node_id: str) -> str:
     return f"{LIVE}/{node_id}"
+
+
+def restarting_path(node_id: str) -> str:
+    return f"{RESTARTING}/{node_id}"
+
+
+def draining_path(node_id: str) -> str:
+    return f"{DRAINING}/{node_id}"

@@ -11,8 +11,10 @@ replicas (benchmarks/placement.py measures it at 1,000 nodes and 100,000 partiti
    preferred replica of the store get an extra replica of it.
 3. Replicas. Each partition keeps its live previous replicas, except on nodes above target, which give up
    the ones that cost least (in a zone the partition holds twice first). Every missing replica goes to the
-   node below target that needs the most, in a zone the partition lacks when one can; when every such node
-   already holds the partition, a node that does not takes it and passes another replica on.
+   node below target that needs the most, in a zone the partition lacks when one can, and to one that holds
+   the partition's files already (`holds`: a node back after its partitions were moved away) rather than
+   one that would fetch them, where the zones allow; when every such node already holds the partition, a
+   node that does not takes it and passes another replica on.
 4. Preferred replicas, among each partition's replicas: targets as in 2 (stores with fewer replicas per
    partition first: they have the fewest choices); the previous preferred replica stays while under target,
    the others are matched by augmenting paths. When the replica sets allow no balanced choice, the store is
@@ -51,6 +53,7 @@ def assign(
     previous: Assignment | None,
     generation: int,
     zones: Mapping[str, str] | None = None,
+    holds: Holds | None = None,
 ) -> Assignment:
     """The desired placement of every partition of `stores` on `nodes` (see the module's description), as
     assignment generation `generation`.
@@ -64,7 +67,10 @@ def assign(
       - an unchanged cluster keeps its assignment exactly; a node that leaves moves only the replicas that
         must move to keep the counts balanced: its own, and at most as many again;
       - with zones (`zones`: node -> failure domain; none or "" is a domain of its own), a missing replica
-        goes to a zone its partition lacks whenever a node below target is in one.
+        goes to a zone its partition lacks whenever a node below target is in one;
+      - `holds` (store -> node -> partitions whose current version the node has on disk) only chooses among
+        the nodes below target that step 3 would take alike for their zones: a missing replica goes to one
+        that holds the partition when one of those can take it. Every other guarantee is unchanged.
     """
     check_shapes(stores)
     members = sorted(set(nodes))
@@ -74,7 +80,7 @@ def assign(
     if previous is not None and _meets_guarantees(stores, members, previous):
         return Assignment(generation, {name: tuple(previous.stores[name]) for name in names})
     zone_of = zone_map(members, zones)
-    placements = _place_stores(stores, members, previous, zone_of, zoned=bool(zones))
+    placements = _place_stores(stores, members, previous, zone_of, zoned=bool(zones), holds=holds or {})
     result = Assignment(generation, _written(placements, names))
     return _exact_when_better(stores, members, previous, generation, zones, result)
 
@@ -120,6 +126,7 @@ def _place_stores(
     previous: Assignment | None,
     zone_of: Mapping[str, str],
     zoned: bool,
+    holds: Holds,
 ) -> dict[str, _StorePlacement]:
     """Every store placed, one after the other (steps 2 to 5). Guarantees: every partition has its replica
     count of distinct live nodes; replicas per node are within one per store and, unless a store had to be
@@ -141,7 +148,8 @@ def _place_stores(
         before = list(had[:partitions]) + [()] * (partitions - len(had))
         kept = _kept_replicas(before, r, set(members))
         target = _replica_targets(partitions, r, kept, members, replica_seats, leader_seats, load, zone_of, zoned)
-        placement, leader_seats, over = _place_store(before, kept, r, target, members, leader_seats, zone_of)
+        holders = _holders(holds.get(name, {}), partitions, set(members))
+        placement, leader_seats, over = _place_store(before, kept, r, target, members, leader_seats, zone_of, holders)
         uneven = uneven or over
         placements[name] = placement
     if uneven:
@@ -149,6 +157,21 @@ def _place_stores(
     if zoned and len(set(zone_of.values())) > 1:
         _spread_stores_over_zones(placements, order, members, zone_of)
     return placements
+
+
+# Per store, node -> the partitions whose current version the node has on disk (a placement hint).
+Holds = Mapping[str, Mapping[str, Iterable[int]]]
+
+
+def _holders(held: Mapping[str, Iterable[int]], partitions: int, alive: set[str]) -> list[frozenset[str]]:
+    """Per partition of a store, the live nodes that hold its files."""
+    per: list[set[str]] = [set() for _ in range(partitions)]
+    for node, parts in held.items():
+        if node in alive:
+            for p in parts:
+                if 0 <= p < partitions:
+                    per[p].add(node)
+    return [frozenset(nodes) for nodes in per]
 
 
 def _kept_replicas(before: Sequence[tuple[str, ...]], r: int, alive: set[str]) -> list[list[str]]:
@@ -212,6 +235,7 @@ def _place_store(
     members: Sequence[str],
     leader_seats: Seats,
     zone_of: Mapping[str, str],
+    holders: Sequence[frozenset[str]] = (),
 ) -> tuple[_StorePlacement, Seats, bool]:
     """One store's replicas and preferred replicas (steps 3 and 4), the preferred replicas' seats after it,
     and whether a node ended above its replica target. Guarantees: every node holds exactly `target`
@@ -221,12 +245,14 @@ def _place_store(
     previous_leaders = [reps[0] if reps and reps[0] in alive else None for reps in before]
     # Replicas first (they move data), then preferred replicas among them (they do not): unless no
     # balanced choice of preferred replicas exists among those sets.
-    sets = _place([list(reps) for reps in kept], r, target, zone_of, fixed=0)
+    sets = _place([list(reps) for reps in kept], r, target, zone_of, fixed=0, holders=holders)
     chosen = _leaders_among_replicas(sets, previous_leaders, members, leader_seats)
     if chosen is not None:
         placed, lead_target, seats = chosen
         return _StorePlacement(placed, kept, list(before), dict(target), lead_target), seats, False
-    placed, lead_target = _replicas_around_leaders(kept, previous_leaders, r, target, members, leader_seats, zone_of)
+    placed, lead_target = _replicas_around_leaders(
+        kept, previous_leaders, r, target, members, leader_seats, zone_of, holders
+    )
     follower_target = {m: target[m] - lead_target[m] for m in members}
     # A preferred replica on a node beyond its replica target: that node ends above it.
     over = any(v < 0 for v in follower_target.values())
@@ -290,6 +316,7 @@ def _replicas_around_leaders(
     members: Sequence[str],
     leader_seats: Seats,
     zone_of: Mapping[str, str],
+    holders: Sequence[frozenset[str]] = (),
 ) -> tuple[list[list[str]], dict[str, int]]:
     """The store placed the other way round: preferred replicas first, balanced by construction (their seats
     taken from `leader_seats`), the other replicas placed around them; and the preferred replicas per node.
@@ -306,7 +333,7 @@ def _replicas_around_leaders(
     assert chosen is not None
     around = [_led_by(reps, lead) for reps, lead in zip(kept, chosen, strict=True)]
     follower_target = {m: target[m] - lead_target[m] for m in members}
-    return _place(around, r, follower_target, zone_of, fixed=1), lead_target
+    return _place(around, r, follower_target, zone_of, fixed=1, holders=holders), lead_target
 
 
 def _spread_stores_over_zones(
@@ -506,11 +533,17 @@ def _zones_lacking(kept: Sequence[Sequence[str]], replicas: int, zone_of: Mappin
 
 
 def _place(
-    sets: list[list[str]], replicas: int, target: Mapping[str, int], zone_of: Mapping[str, str], fixed: int
+    sets: list[list[str]],
+    replicas: int,
+    target: Mapping[str, int],
+    zone_of: Mapping[str, str],
+    fixed: int,
+    holders: Sequence[frozenset[str]] = (),
 ) -> list[list[str]]:
     """Replica sets of one store (live previous replicas; with `fixed` = 1 the preferred one first, which
     stays) changed as little as possible so that every node holds exactly `target` of the replicas not
-    fixed, and every partition `replicas` replicas."""
+    fixed, and every partition `replicas` replicas; a missing replica to a node of `holders[p]` (those
+    with the partition's files) when the zones allow."""
     sets = [list(reps) for reps in sets]
     counts = dict.fromkeys(target, 0)
     counts.update(Counter(chain.from_iterable(reps[fixed:] for reps in sets) if fixed else chain.from_iterable(sets)))
@@ -526,20 +559,29 @@ def _place(
             m = min(reps[fixed:], key=lambda m: (counts[m] - target[m] <= 0, *give_up_cost(p, m)[::2], m))
             reps.remove(m)
             counts[m] -= 1
-    # Nodes above target give up followers: first in a zone the partition holds twice, then the last ones.
+    # Nodes above target give up followers: first in a zone the partition holds twice, then ones a node below
+    # target has the files of (it takes them without fetching), then the last ones.
+    below = {m for m in target if counts[m] < target[m]}
+
+    def cost(p: int, m: str) -> tuple[int, ...]:
+        zoned, *rest = give_up_cost(p, m)
+        # 0: a node below target has the partition's files, and no replica of it was given up yet.
+        from_disk = p < len(holders) and len(sets[p]) >= replicas and bool((holders[p] & below).difference(sets[p]))
+        return (zoned, int(not from_disk), *rest)
+
     for m in sorted(target):
         excess = counts[m] - target[m]
         if excess <= 0:
             continue
         holding = [p for p, reps in enumerate(sets) if m in reps and (not fixed or reps[0] != m)]
-        for p in sorted(holding, key=lambda p, m=m: give_up_cost(p, m))[:excess]:
+        for p in sorted(holding, key=lambda p, m=m: cost(p, m))[:excess]:
             sets[p].remove(m)
         counts[m] -= excess
 
     wanting = _Wanting({m: target[m] - counts[m] for m in target if target[m] > counts[m]})
     for p, reps in enumerate(sets):
         while len(reps) < replicas:
-            best = wanting.best_for(reps, zone_of)
+            best = wanting.best_for(reps, zone_of, holders[p] if p < len(holders) else frozenset())
             if best is not None:
                 reps.append(best)
                 continue
@@ -557,9 +599,12 @@ class _Wanting:
         self._heap = [(-d, m) for m, d in sorted(deficit.items())]
         heapq.heapify(self._heap)
 
-    def best_for(self, reps: Sequence[str], zone_of: Mapping[str, str]) -> str | None:
-        """Among the nodes that do not hold the partition, the one in the zone `reps` hold least, then the one
-        that needs the most replicas (ties by name); taken. None when every one holds it."""
+    def best_for(
+        self, reps: Sequence[str], zone_of: Mapping[str, str], holders: frozenset[str] = frozenset()
+    ) -> str | None:
+        """Among the nodes that do not hold the partition, the one in the zone `reps` hold least, then one of
+        `holders` (its files are on that node's disk: nothing to fetch), then the one that needs the most
+        replicas (ties by name); taken. None when every one holds it."""
         here = Counter(zone_of[o] for o in reps)
         popped: list[tuple[int, str]] = []
         best: tuple[int, tuple[int, str]] | None = None
@@ -576,6 +621,16 @@ class _Wanting:
             if held == 0 or len(popped) > 4 * len(reps) + 8:
                 break  # a zone the partition lacks, or past the nodes of the zones already here
         chosen = best[1] if best is not None else None
+        if holders and (chosen is None or chosen[1] not in holders):
+            # A node below target with the partition's files, in a zone held no more often, takes it instead.
+            candidates = [
+                (here[zone_of[m]], -self.deficit[m], m)
+                for m in holders
+                if m in self.deficit and m not in reps and (best is None or here[zone_of[m]] <= best[0])
+            ]
+            if candidates:
+                _, _, m = min(candidates)
+                chosen = (-self.deficit[m], m)
         for entry in popped:
             if entry is not chosen:
                 heapq.heappush(self._heap, entry)

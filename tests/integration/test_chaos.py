@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -312,12 +314,15 @@ def test_reads_never_fail_through_joins_crashes_version_swaps_zookeeper_restarts
         step("restart ZooKeeper", restart_zookeeper)
         assert tally.keys > before_restart
 
-        # SIGTERM: n3 hands its partitions over, de-announces, finishes in-flight reads, exits 0.
+        # A drain request, then SIGTERM: n3 hands its partitions over, de-announces, finishes in-flight reads,
+        # exits 0 (without the request a SIGTERM is a planned restart: tests/integration/test_planned_restart.py).
         leaving = c.nodes.pop("n3")
         c.exited["n3"] = leaving
 
         def leave() -> None:
             assert leaving.popen is not None
+            drain = ["node-drain", "--zk", c.connect, "--node-id", "n3"]
+            assert subprocess.run([sys.executable, "-m", "keyroute", *drain], timeout=60).returncode == 0
             leaving.popen.send_signal(signal.SIGTERM)
             assert leaving.popen.wait(timeout=45) == 0
             c.wait_settled(2, {"n1", "n2", "n4"}, "n3's partitions on the others")
