@@ -187,10 +187,11 @@ def reduce_timeline(
     source = keyed.withColumn(TIME, time)
     untimed = source.where(F.col(TIME).isNull() & F.col(raw_key).isNotNull())
     if ORDER_TEXT in source.columns:
-        # Text that does not parse is the likelier mistake, and the one a message can point at: said first.
+        # Text that does not parse is the likelier mistake, and the one a message can point at: said first,
+        # from the first file (by name) that holds some.
         bad = untimed.where(F.col(ORDER_TEXT).isNotNull())
         [found] = untimed.agg(
-            F.count(F.lit(1)).alias("rows"), F.first(F.when(F.col(ORDER_TEXT).isNotNull(), F.col(SOURCE_FILE)), True)
+            F.count(F.lit(1)).alias("rows"), F.min(F.when(F.col(ORDER_TEXT).isNotNull(), F.col(SOURCE_FILE)))
         ).collect()
         if found[1] is not None:
             _refuse_text(store, bad, found[1], raw_key, timeline)

@@ -163,7 +163,7 @@ def test_json_lines_with_iso_times_answer_as_csv_and_parquet_do(
 
 @pytest.mark.parametrize(
     ("fmt", "where"),
-    [("json", "events.json line 4"), ("csv", "events.csv line 5"), ("parquet", "key 'c'")],
+    [("json", "events.json/part-a.json line 4"), ("csv", "events.csv line 5"), ("parquet", "key 'c'")],
 )
 def test_a_time_text_that_does_not_parse_names_the_value_and_where_it_is(
     spark: SparkSession, zk_settings: ZkSettings, tmp_path: Path, fmt: str, where: str
@@ -176,8 +176,9 @@ def test_a_time_text_that_does_not_parse_names_the_value_and_where_it_is(
         {"k": "b", "ts": "2024-13-01T00:00:00Z", "n": 5},
     ]
     source = tmp_path / f"events.{fmt}"
-    if fmt == "json":
-        write_jsonl(source, rows)
+    if fmt == "json":  # two files, each with a bad text: the first file's first one is named
+        write_jsonl(source / "part-b.json", [{"k": "z", "ts": "now", "n": 0}])
+        write_jsonl(source / "part-a.json", rows)
     elif fmt == "csv":
         write_csv(source, rows)
     else:
