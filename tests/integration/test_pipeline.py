@@ -721,7 +721,7 @@ BAD_STORES: list[tuple[str, list[Row], dict[str, Any], type[PipelineError], list
         [{"customer": "a", "ts": 1}],
         {"key": "customer_id", "mode": "latest", "order_by": "ts"},
         DataError,
-        ["key column 'customer_id' is not in the source; available: 'customer', 'ts'"],
+        ["key column 'customer_id' is not in the source (did you mean 'customer'?); available: 'customer', 'ts'"],
     ),
     (
         "key column differs in case",
