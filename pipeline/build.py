@@ -1,7 +1,8 @@
 """One pipeline build: compute and write a new version of every store in a spec, then publish them all.
 
 A store that fails stops the build before anything is published, and its build's written versions are removed.
-Live stores' topics are checked before any Spark work (keyroute.pipeline.live); a live store without a source
+Every store's source columns are checked (schema inference and analysis, no job) before any store is computed,
+live stores' topics before any Spark work (keyroute.pipeline.live); a live store without a source
 gets an empty version starting at the offsets its `start` names, without Spark (a spec of only such stores
 starts no Spark session at all).
 """
@@ -22,7 +23,7 @@ from pyspark.sql import SparkSession
 from keyroute.core.settings import ZkSettings
 from keyroute.core.snapshot import ArrowLocation, SnapshotError, is_local, local_path
 from keyroute.core.zk import ZkUnavailableError, close, connect
-from keyroute.pipeline.compute import compute_store
+from keyroute.pipeline.compute import CheckedStore, check_store, compute_store
 from keyroute.pipeline.errors import PipelineError, PublishError
 from keyroute.pipeline.live import (
     METADATA_TIMEOUT_S,
@@ -93,7 +94,8 @@ def build(
 ) -> list[PublishedVersion]:
     """Build every store of the spec at `spec_path` into `output` and publish the new versions in ZooKeeper.
 
-    The spec is checked before Spark or ZooKeeper are touched, live stores' topics before Spark. A session
+    The spec is checked before Spark or ZooKeeper are touched, live stores' topics before Spark, and every
+    store's source columns (schema only) before any store is computed. A session
     passed in is left running; one created here (on `master`, default local[*]) is stopped before
     returning. `kafka` says how to reach live stores' clusters (default: no environment variables).
     """
@@ -146,6 +148,13 @@ def _write_all(
     published: Mapping[str, PublishedStore | None],
     kafka: KafkaAccess,
 ) -> list[WrittenVersion]:
+    # Every store's source and the columns its spec names, checked before any store is computed: a spec with
+    # a mistake in its last store fails in the time schema inference takes, not after the other stores.
+    checked: dict[str, CheckedStore] = {}
+    for store in spec.stores:
+        if store.source is not None:
+            assert spark is not None
+            checked[store.name] = check_store(spark, store)
     written: list[WrittenVersion] = []
     try:
         for store in spec.stores:
@@ -154,7 +163,7 @@ def _write_all(
                 written.append(_write_live_only(store, output, before, kafka))
                 continue
             assert spark is not None
-            written.append(_write_store(spark, store, output, before, kafka))
+            written.append(_write_store(spark, checked[store.name], output, before, kafka))
     except BaseException:
         for version in written:
             remove_version(version.snapshot)
@@ -163,10 +172,11 @@ def _write_all(
 
 
 def _write_store(
-    spark: SparkSession, store: StoreSpec, output: str, published: PublishedStore | None, kafka: KafkaAccess
+    spark: SparkSession, checked: CheckedStore, output: str, published: PublishedStore | None, kafka: KafkaAccess
 ) -> WrittenVersion:
+    store = checked.spec
     log.info("store %r: computing from %s", store.name, store.source)
-    computed = compute_store(spark, store)
+    computed = compute_store(spark, store, checked)
     try:
         live = None
         if store.live is not None:

@@ -23,3 +23,7 @@ NULL_OFFSETS = "__keyroute_null_offsets"  # hybrid stores: a key's records witho
 STATE_FIELD = "__keyroute_state_{}"  # live aggregate stores: the merge state of aggregate i
 KEY_BYTES = "__keyroute_key_bytes"  # the most bytes a key text is long, in the check's summary
 TEXT_BYTES = "__keyroute_text_bytes"  # a column of the cached frame: json_size.row_text_bytes
+# History and windowed stores whose order_by is read from text: the text as the source spelled it, kept beside
+# the parsed time, and the file each row came from (what an error about a value that does not parse names).
+ORDER_TEXT = "__keyroute_order_text"
+SOURCE_FILE = "__keyroute_source_file"

@@ -42,10 +42,10 @@ from keyroute.pipeline.offsets import (
     regroup_offset_aggregates,
     source_offset,
 )
-from keyroute.pipeline.reduce import live_state, reduce_per_key
+from keyroute.pipeline.reduce import check_aggregations, live_state, reduce_per_key
 from keyroute.pipeline.spark_errors import spark_errors
 from keyroute.pipeline.spec import StoreSpec
-from keyroute.pipeline.timeline import ENTRIES, reduce_timeline, time_type_of, timeline_of
+from keyroute.pipeline.timeline import ENTRIES, read_times, reduce_timeline, timeline_of
 
 _EXAMPLES = 3
 
@@ -87,32 +87,61 @@ class ComputedStore:
         self.frame.unpersist()
 
 
-def compute_store(spark: SparkSession, store: StoreSpec) -> ComputedStore:
+@dataclass(frozen=True, slots=True)
+class CheckedStore:
+    """A store's source read, and every column the spec names in it checked for presence and type: schema
+    inference and analysis only, no Spark job over the data. `compute_store` continues from it.
+
+    `source` is the source as read, a timeline store's `order_by` already in its time type
+    (keyroute.pipeline.timeline.read_times); `keyed` adds the raw key column.
+    """
+
+    spec: StoreSpec
+    source: DataFrame
+    keyed: DataFrame
+    value_columns: tuple[str, ...]
+    timeline: Timeline | None = None
+
+
+def check_store(spark: SparkSession, store: StoreSpec) -> CheckedStore:
+    """Read the store's source and check the columns the spec names in it (the key's, the order_by's, the
+    value columns, the audit's and offset columns' types, the aggregations' expressions); raise
+    DataError/SpecError naming the store. Only schema inference (json/csv) reads data."""
+    with spark_errors(store.name, "checking the store's source"):
+        source = sources.read_source(spark, store)
+        value_columns = sources.value_columns_of(store, source.columns)
+        raw_key = keys.raw_key_column(store, source.schema[store.key].dataType)
+        audit.source_partition(store, source.schema)
+        source_offset(store, source.schema)
+        timeline = None
+        if store.mode.timeline:
+            time_type, source = read_times(store, source)
+            timeline = timeline_of(store, time_type)
+        keyed = source.withColumn(RAW_KEY, raw_key)
+        if store.aggregations:
+            check_aggregations(store, keyed.groupBy(RAW_KEY))
+    return CheckedStore(store, source, keyed, value_columns, timeline)
+
+
+def compute_store(spark: SparkSession, store: StoreSpec, checked: CheckedStore | None = None) -> ComputedStore:
     """Read, check, reduce and route one store; raise DataError/SpecError naming the store on any problem.
+    `checked` is the store's `check_store`, when the caller checked it already.
 
     Spark jobs on the happy path: schema inference (json/csv) and one pass that reduces, routes, caches
     and checks every key (and, for an audited store, every record's source partition). Writing is the next
     pass, over the cache. A failed audit costs a few more jobs, to count and sample the misplaced records.
     """
+    if checked is None:
+        checked = check_store(spark, store)
     with spark_errors(store.name, "computing the store"):
-        source = sources.read_source(spark, store)
-        value_columns = sources.value_columns_of(store, source.columns)
-        keyed = source.withColumn(RAW_KEY, keys.raw_key_column(store, source.schema[store.key].dataType))
+        source, keyed, value_columns = checked.source, checked.keyed, checked.value_columns
         source_partition = audit.source_partition(store, source.schema)
         audited = source_partition is not None
         extra = [] if source_partition is None else audit.key_aggregates(source_partition)
         offset = source_offset(store, source.schema)
         extra += offset_aggregates(offset)
-        timeline = None
-        if store.mode.timeline:
-            assert store.order_by is not None
-            timeline = timeline_of(store, time_type_of(store, source.schema[store.order_by].dataType))
-            if store.order_by_type is not None and store.order_by_type is not timeline.time_type:
-                raise DataError(
-                    store.name,
-                    f"order_by_type is {store.order_by_type.value!r} but column {store.order_by!r} of the source "
-                    f"is a {timeline.time_type.value}",
-                )
+        timeline = checked.timeline
+        if timeline is not None:
             regroup = audit.regroup_key_aggregates() if audited else []
             if offset is not None:  # a windowed store's windows of a key, combined
                 regroup += regroup_offset_aggregates()

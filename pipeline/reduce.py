@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pyspark.errors import PySparkException
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, GroupedData
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -45,6 +45,17 @@ def reduce_per_key(
         reduced = grouped.agg(rows, *extra, F.max(candidate).alias(LATEST))
         value = F.struct(*[F.col(LATEST).getField(c).alias(c) for c in value_columns])
         return reduced, value
+    check_aggregations(store, grouped)
+    if store.live is not None:
+        aggregated = _live_aggregates(store.merge().aggregates, offset)
+    else:
+        aggregated = [F.expr(expr).alias(name) for name, expr in store.aggregations.items()]
+    reduced = grouped.agg(rows, *extra, *aggregated)
+    return reduced, F.struct(*[quoted(name) for name in store.aggregations])
+
+
+def check_aggregations(store: StoreSpec, grouped: GroupedData) -> None:
+    """SpecError naming the first of the store's aggregations that is no Spark SQL aggregate over `grouped`."""
     for name, expr in store.aggregations.items():
         # Checked one at a time, so the error names the expression at fault; analysis only, no job.
         try:
@@ -54,12 +65,6 @@ def reduce_per_key(
                 store.name,
                 f"aggregation {name!r} = {expr!r} is not a valid Spark SQL aggregate: {spark_message(exc)}",
             ) from exc
-    if store.live is not None:
-        aggregated = _live_aggregates(store.merge().aggregates, offset)
-    else:
-        aggregated = [F.expr(expr).alias(name) for name, expr in store.aggregations.items()]
-    reduced = grouped.agg(rows, *extra, *aggregated)
-    return reduced, F.struct(*[quoted(name) for name in store.aggregations])
 
 
 # --- live stores ------------------------------------------------------------------------------------------

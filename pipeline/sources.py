@@ -6,6 +6,8 @@ archive must hold integers.
 
 from __future__ import annotations
 
+import difflib
+
 from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -69,6 +71,10 @@ def value_columns_of(store: StoreSpec, available: list[str]) -> tuple[str, ...]:
         near = [c for c in available if c.lower() == column.lower()]
         if near:
             hint = f" (column names are case-sensitive: did you mean {near[0]!r}?)"
+        else:
+            close = difflib.get_close_matches(column, available, n=1)
+            if close:
+                hint = f" (did you mean {close[0]!r}?)"
         listed = ", ".join(repr(c) for c in available) or "none"
         raise DataError(store.name, f"{role} column {column!r} is not in the source{hint}; available: {listed}")
 

@@ -6,6 +6,7 @@ Parsed strictly from TOML into frozen values; every mistake is a SpecError namin
 
 from __future__ import annotations
 
+import difflib
 import enum
 import re
 import tomllib
@@ -253,16 +254,72 @@ def load_spec(path: Path) -> Spec:
     try:
         text = raw.decode("utf-8")
         doc = tomllib.loads(text)
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        raise SpecError(None, f"spec {str(path)!r}: not valid TOML ({exc})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        # The parser reads a header's key before its ']': `[stores.x` after `[stores.x]` is "declared twice".
+        unclosed = unclosed_header(text)
+        if unclosed is not None:
+            number, line = unclosed
+            raise SpecError(
+                None, f"spec {str(path)!r}: line {number}: table header {line!r} is not closed (a ']' is missing)"
+            ) from exc
         raise SpecError(None, f"spec {str(path)!r}: not valid TOML ({exc})") from exc
     return parse_spec(doc, base_dir=path.resolve().parent, origin=str(path))
+
+
+def unclosed_header(text: str) -> tuple[int, str] | None:
+    """The first line (1-based number, text) that opens a table header (`[stores.x`, `[[x]`) without closing
+    it; None when every header is closed. Only asked once the parser failed: a line of a multi-line array may
+    start with '[' too."""
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped.startswith("["):
+            continue
+        opened = 2 if stripped.startswith("[[") else 1
+        closing = 0
+        quote = None
+        for char in stripped[opened:]:
+            if quote is not None:
+                if char == quote:
+                    quote = None
+            elif char in "\"'":
+                quote = char
+            elif char == "#" or (closing and char != "]"):
+                break
+            elif char == "]":
+                closing += 1
+            elif char in ",={":  # a line of an array value, not a header
+                closing = opened
+                break
+        if closing < opened:
+            return number, stripped
+    return None
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str | None:
+    """The known name closest to `name` (difflib's, case-insensitive), or None when none is close."""
+    by_lower = {k.lower(): k for k in known}
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1)
+    return by_lower[close[0]] if close else None
+
+
+def unknown_field(name: str, known: tuple[str, ...], prefix: str = "") -> str:
+    """What to say about an unknown field: the close one it may be a typo of, else every field there is."""
+    near = did_you_mean(name, known)
+    if near is not None:
+        return f"unknown field {prefix + name!r} (did you mean {prefix + near!r}?)"
+    return f"unknown field {prefix + name!r} (expected some of: {', '.join(known)})"
 
 
 def parse_spec(doc: Mapping[str, Any], base_dir: Path, origin: str = "spec") -> Spec:
     """Check a decoded spec document; `base_dir` anchors relative source paths."""
     unknown = sorted(set(doc) - {"stores"})
     if unknown:
-        raise SpecError(None, f"spec {origin!r}: unknown top-level key {unknown[0]!r} (only [stores.NAME] tables)")
+        hint = " (did you mean 'stores'?)" if did_you_mean(unknown[0], ("stores",)) else ""
+        raise SpecError(
+            None, f"spec {origin!r}: unknown top-level key {unknown[0]!r}{hint} (only [stores.NAME] tables)"
+        )
     stores = doc.get("stores")
     if not isinstance(stores, dict) or not stores:
         raise SpecError(None, f"spec {origin!r}: defines no stores (expected at least one [stores.NAME] table)")
@@ -277,7 +334,7 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
     fields = _Fields(name, table)
     unknown = sorted(set(table) - set(_FIELDS))
     if unknown:
-        raise SpecError(name, f"unknown field {unknown[0]!r} (expected some of: {', '.join(_FIELDS)})")
+        raise SpecError(name, unknown_field(unknown[0], _FIELDS))
 
     key = fields.required_text("key")
     mode = fields.choice("mode", Mode, required=True)
@@ -442,7 +499,7 @@ def _parse_live(name: str, table: Any, has_source: bool) -> LiveSpec | None:
         raise SpecError(name, f"'live' must be a table ([stores.{name}.live]), got {table!r}")
     unknown = sorted(set(table) - set(_LIVE_FIELDS))
     if unknown:
-        raise SpecError(name, f"unknown field 'live.{unknown[0]}' (expected some of: {', '.join(_LIVE_FIELDS)})")
+        raise SpecError(name, unknown_field(unknown[0], _LIVE_FIELDS, prefix="live."))
     fields = _Fields(name, table, prefix="live.")
     kafka = table.get("kafka", {})
     if not isinstance(kafka, dict):

@@ -9,7 +9,14 @@ key part + time + the entry's index in the array (`entry_lmdb_key`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import csv
+import enum
+import gzip
+import json
+from collections.abc import Collection, Sequence
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import unquote, urlparse
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -23,9 +30,10 @@ from keyroute.core.timeline import (
     TimeType,
     duration_in_units,
 )
+from keyroute.pipeline.columns import ORDER_TEXT, SOURCE_FILE
 from keyroute.pipeline.errors import DataError, SpecError
 from keyroute.pipeline.sources import INTEGRAL, quoted
-from keyroute.pipeline.spec import Mode, StoreSpec
+from keyroute.pipeline.spec import Mode, SourceFormat, StoreSpec
 
 # The entries column of the reduced frame (the `value` of a timeline store's ComputedStore.frame).
 ENTRIES = "__keyroute_entries"
@@ -46,8 +54,84 @@ def time_type_of(store: StoreSpec, dtype: T.DataType) -> TimeType:
     raise DataError(
         store.name,
         f"order_by column {store.order_by!r} is {dtype.simpleString()}: a {store.mode.value} store orders by a "
-        "timestamp, date or integer column",
+        "timestamp, date or integer column, or by ISO 8601 text",
     )
+
+
+class Reading(enum.Enum):
+    """How a timeline store's `order_by` column becomes its time."""
+
+    AS_IS = "as is"  # a column of the time type
+    TEXT = "text"  # ISO 8601 text (a timestamp or a date) or an integer's decimal text, parsed
+    EPOCH_MILLIS = "epoch milliseconds"  # integers, as milliseconds since 1970-01-01T00:00:00Z
+    MIDNIGHT = "midnight"  # dates, as timestamps at 00:00 UTC
+
+
+# What text a time type reads (Java regular expressions, checked before Spark's lenient cast, which would take
+# "2024" or a zone name too): ISO 8601's extended format, a space allowed for the 'T', fractions of a second
+# to nanoseconds (kept to microseconds), a zone offset (Z, +02:00, +0200, +02) or none (UTC).
+TIMESTAMP_TEXT = (
+    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}"
+    r"([T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,9})?)?(Z|[+-][0-9]{2}(:?[0-9]{2})?)?)?$"
+)
+DATE_TEXT = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"
+INTEGER_TEXT = r"^[+-]?[0-9]{1,19}$"
+_TEXT: dict[TimeType, tuple[str, T.DataType, str]] = {
+    TimeType.TIMESTAMP: (
+        TIMESTAMP_TEXT,
+        T.TimestampType(),
+        "an ISO 8601 timestamp such as 2024-06-11T10:00:00Z, 2024-06-11 12:00:00.250+02:00 or 2024-06-11",
+    ),
+    TimeType.DATE: (DATE_TEXT, T.DateType(), "an ISO 8601 date such as 2024-06-11"),
+    TimeType.INTEGER: (INTEGER_TEXT, T.LongType(), "an integer"),
+}
+# At most this many of a source's bad texts are looked for in its file, and this many characters of one shown.
+_BAD_TEXTS = 1_000
+_SHOWN_CHARS = 100
+
+
+def time_reading(store: StoreSpec, dtype: T.DataType) -> tuple[TimeType, Reading]:
+    """The store's time type and how its `order_by` column of Spark type `dtype` is read as it: `order_by_type`
+    when the spec declares it, else the column's own (text: timestamps). DataError when the two do not fit."""
+    declared = store.order_by_type
+    if isinstance(dtype, T.StringType):
+        return declared or TimeType.TIMESTAMP, Reading.TEXT
+    natural = time_type_of(store, dtype)
+    if declared is None or declared is natural:
+        return natural, Reading.AS_IS
+    if declared is TimeType.TIMESTAMP and natural is TimeType.INTEGER:
+        return declared, Reading.EPOCH_MILLIS
+    if declared is TimeType.TIMESTAMP and natural is TimeType.DATE:
+        return declared, Reading.MIDNIGHT
+    takes = {
+        TimeType.DATE: "a date store's order_by is a date column or ISO 8601 date text such as 2024-06-11",
+        TimeType.INTEGER: "an integer store's order_by is an integer column or integer text",
+    }[declared]
+    raise DataError(
+        store.name,
+        f"order_by_type is {declared.value!r} but column {store.order_by!r} of the source is "
+        f"{dtype.simpleString()}: {takes}",
+    )
+
+
+def read_times(store: StoreSpec, source: DataFrame) -> tuple[TimeType, DataFrame]:
+    """The store's time type, and the source with its `order_by` column in that type's Spark type (analysis
+    only, no job). Text that does not parse becomes null, with ORDER_TEXT and SOURCE_FILE beside it to say
+    which value and where (`reduce_timeline` refuses it)."""
+    assert store.order_by is not None
+    time_type, reading = time_reading(store, source.schema[store.order_by].dataType)
+    column = quoted(store.order_by)
+    if reading is Reading.AS_IS:
+        return time_type, source
+    if reading is Reading.EPOCH_MILLIS:
+        parsed = F.timestamp_millis(column)
+    elif reading is Reading.MIDNIGHT:
+        parsed = column.cast(T.TimestampType())
+    else:
+        pattern, spark_type, _ = _TEXT[time_type]
+        parsed = F.when(column.rlike(pattern), column.try_cast(spark_type))
+        source = source.withColumn(ORDER_TEXT, column).withColumn(SOURCE_FILE, F.input_file_name())
+    return time_type, source.withColumn(store.order_by, parsed)
 
 
 def timeline_of(store: StoreSpec, time_type: TimeType) -> Timeline:
@@ -101,8 +185,20 @@ def reduce_timeline(
     assert store.order_by is not None
     time = time_column(quoted(store.order_by), timeline.time_type)
     source = keyed.withColumn(TIME, time)
-    nulls = source.where(F.col(TIME).isNull() & F.col(raw_key).isNotNull()).limit(1).count()
-    if nulls:
+    untimed = source.where(F.col(TIME).isNull() & F.col(raw_key).isNotNull())
+    if ORDER_TEXT in source.columns:
+        # Text that does not parse is the likelier mistake, and the one a message can point at: said first,
+        # from the first file (by name) that holds some.
+        bad = untimed.where(F.col(ORDER_TEXT).isNotNull())
+        [found] = untimed.agg(
+            F.count(F.lit(1)).alias("rows"), F.min(F.when(F.col(ORDER_TEXT).isNotNull(), F.col(SOURCE_FILE)))
+        ).collect()
+        if found[1] is not None:
+            _refuse_text(store, bad, found[1], raw_key, timeline)
+        missing = found[0] > 0
+    else:
+        missing = untimed.limit(1).count() > 0
+    if missing:
         raise DataError(store.name, f"some source rows have a null {store.order_by!r} (the time a timeline needs)")
     retention = store.retention
     if retention is not None and retention.duration is not None:
@@ -161,3 +257,95 @@ def _windows(
     return windows.groupBy(raw_key).agg(
         F.sum(rows).alias(rows), *regroup, F.sort_array(F.collect_list(entry)).alias(ENTRIES)
     )
+
+
+# --- order_by text that does not parse --------------------------------------------------------------------
+
+
+def _refuse_text(store: StoreSpec, bad: DataFrame, file: str | None, raw_key: str, timeline: Timeline) -> None:
+    """DataError naming the column, the first text of `file` that does not parse and its line (JSON lines and
+    CSV files Python can open), else the file and the row's key. Only on failure: a job or two, and a scan of
+    the one file."""
+    assert store.order_by is not None
+    _, _, expected = _TEXT[timeline.time_type]
+    in_file = bad.where(F.col(SOURCE_FILE) == F.lit(file)) if file else bad
+    path = _local_path(file)
+    where = None
+    if path is not None and store.format in (SourceFormat.JSON, SourceFormat.CSV):
+        texts = {row[0] for row in in_file.select(ORDER_TEXT).distinct().limit(_BAD_TEXTS).collect()}
+        located = first_line_of(path, store.format, store.order_by, texts)
+        if located is not None:
+            line, text = located
+            where = f"{path} line {line}"
+    if where is None:
+        row = in_file.select(ORDER_TEXT, raw_key).limit(1).collect()[0]
+        text = row[0]
+        shown_file = f"{path or file}, " if file else ""
+        where = f"{shown_file}key {_shown(row[1])}"
+    raise DataError(
+        store.name,
+        f"order_by column {store.order_by!r} holds {_shown(text)} ({where}), which is not {expected}",
+    )
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "…"
+
+
+def _local_path(file: str | None) -> Path | None:
+    """The local file a row came from (Spark names it by a file: URI), or None for other filesystems."""
+    if not file:
+        return None
+    parsed = urlparse(file)
+    if parsed.scheme not in ("", "file"):
+        return None
+    return Path(unquote(parsed.path))
+
+
+def first_line_of(
+    path: Path, source_format: SourceFormat, column: str, texts: Collection[str]
+) -> tuple[int, str] | None:
+    """The first line (1-based) of a JSON lines or CSV file whose `column` holds one of `texts`, and that
+    text; None when the file cannot be read or none matches (as Spark reads it, a JSON value that is no string
+    is its JSON text)."""
+    try:
+        with _open_text(path) as fh:
+            if source_format is SourceFormat.JSON:
+                return _first_json_line(fh, column, texts)
+            return _first_csv_line(fh, column, texts)
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return None
+
+
+def _open_text(path: Path) -> IO[str]:
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8", newline="")
+    return open(path, encoding="utf-8", newline="")
+
+
+def _first_json_line(fh: IO[str], column: str, texts: Collection[str]) -> tuple[int, str] | None:
+    for number, line in enumerate(fh, start=1):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(record, dict) or record.get(column) is None:
+            continue
+        value = record[column]
+        text = value if isinstance(value, str) else json.dumps(value)
+        if text in texts:
+            return number, text
+    return None
+
+
+def _first_csv_line(fh: IO[str], column: str, texts: Collection[str]) -> tuple[int, str] | None:
+    reader = csv.reader(fh)
+    header = next(reader, None)
+    if header is None or column not in header:
+        return None
+    index = header.index(column)
+    for row in reader:
+        if len(row) > index and row[index] in texts:
+            return reader.line_num, row[index]
+    return None

@@ -721,7 +721,7 @@ BAD_STORES: list[tuple[str, list[Row], dict[str, Any], type[PipelineError], list
         [{"customer": "a", "ts": 1}],
         {"key": "customer_id", "mode": "latest", "order_by": "ts"},
         DataError,
-        ["key column 'customer_id' is not in the source; available: 'customer', 'ts'"],
+        ["key column 'customer_id' is not in the source (did you mean 'customer'?); available: 'customer', 'ts'"],
     ),
     (
         "key column differs in case",
@@ -883,6 +883,58 @@ def test_a_failing_store_unwinds_the_stores_written_before_it(
         build(spec, zk_settings, str(output), spark=spark)
     assert_nothing_published(zk_settings, output, ["good", "also_good", "bad"])
     assert (output / "good").is_dir()  # the store directory may stay; no version inside it does
+
+
+LATE_MISTAKES = [
+    (
+        "missing column",
+        {"key": "id", "mode": "latest", "order_by": "when"},
+        DataError,
+        "store 'bad': order_by column 'when' is not in the source",
+    ),
+    (
+        "key of the wrong type",
+        {"key": "n", "key_format": "int64", "mode": "aggregate", "aggregations": {"rows": "count(*)"}},
+        DataError,
+        "store 'bad': key column 'n' has type double, which cannot hold int64 keys",
+    ),
+    (
+        "time of the wrong type",
+        {"key": "id", "mode": "history", "order_by": "n"},
+        DataError,
+        "store 'bad': order_by column 'n' is double: a history store orders by a timestamp, date or integer",
+    ),
+    (
+        "window aggregate over a missing column",
+        {"key": "id", "mode": "windowed", "order_by": "ts", "window": "1 minute", "aggregations": {"m": "max(nn)"}},
+        SpecError,
+        "store 'bad': aggregation 'm' = 'max(nn)' is not a valid Spark SQL aggregate",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("fields", "error", "message"), [case[1:] for case in LATE_MISTAKES], ids=[case[0] for case in LATE_MISTAKES]
+)
+def test_a_store_whose_columns_do_not_fit_fails_the_build_before_any_store_is_computed(
+    spark: SparkSession,
+    zk_settings: ZkSettings,
+    tmp_path: Path,
+    fields: dict[str, Any],
+    error: type[PipelineError],
+    message: str,
+) -> None:
+    write_jsonl(tmp_path / "events.json", [{"id": "x", "ts": 1, "n": 1.5}, {"id": "y", "ts": 2, "n": 2.5}])
+    good = {"source": "events.json", "format": "json", "key": "id", "partitions": 2, "mode": "latest", "order_by": "ts"}
+    bad = {"source": "events.json", "format": "json", "partitions": 2, **fields}
+    spec = write_spec(tmp_path / "stores.toml", {"good": good, "also_good": good, "bad": bad})
+    output = tmp_path / "out"
+    with pytest.raises(error) as err:
+        build(spec, zk_settings, str(output), spark=spark)
+    assert str(err.value).startswith(message)
+    assert_nothing_published(zk_settings, output, ["good", "also_good", "bad"])
+    # The stores listed before it were never computed: no version of them was ever claimed.
+    assert not output.exists() or not any(output.iterdir()), sorted(p.name for p in output.iterdir())
 
 
 def test_missing_source_is_a_data_error(spark: SparkSession, zk_settings: ZkSettings, tmp_path: Path) -> None:

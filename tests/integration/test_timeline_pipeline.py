@@ -251,7 +251,16 @@ def test_history_retention_by_duration_keeps_the_recent_rows(
         ({"mode": "history"}, SpecError, "needs 'order_by'"),
         ({"mode": "history", "order_by": "ts", "snapshot_format": 1}, SpecError, "needs 'snapshot_format' 2"),
         ({"mode": "history", "order_by": "ts", "retention": "forever"}, SpecError, "'retention'"),
-        ({"mode": "history", "order_by": "route"}, DataError, "orders by a timestamp, date or integer column"),
+        (
+            {"mode": "history", "order_by": "route"},
+            DataError,
+            "order_by column 'route' holds '(LHR-JFK|CDG-NRT)' .*, which is not an ISO 8601 timestamp",
+        ),
+        (
+            {"mode": "history", "order_by": "seq", "order_by_type": "date"},
+            DataError,
+            "order_by_type is 'date' but column 'seq' of the source is bigint",
+        ),
         ({"mode": "windowed", "order_by": "ts", "aggregations": {"n": "count(*)"}}, SpecError, "needs 'window'"),
         (
             {"mode": "windowed", "order_by": "ts", "window": "1 minute", "advance": "2 minutes",

@@ -286,11 +286,27 @@ def test_mistakes_name_the_store_and_the_problem(
     assert isinstance(err, PipelineError)
 
 
-@pytest.mark.parametrize("typo", ["partitoner", "order-by", "Key", "aggregation"])
-def test_unknown_field_is_named(tmp_path: Path, typo: str) -> None:
+@pytest.mark.parametrize(
+    ("typo", "meant"),
+    [
+        ("partitoner", "partitioner"),
+        ("order-by", "order_by"),
+        ("order_bye", "order_by"),
+        ("Key", "key"),
+        ("aggregation", "aggregations"),
+    ],
+)
+def test_an_unknown_field_close_to_a_known_one_says_which(tmp_path: Path, typo: str, meant: str) -> None:
     err = spec_error(tmp_path, LATEST + f'{typo} = "x"\n')
-    expected = f"store 'bookings': unknown field {typo!r} (expected some of: source, format, key,"
+    assert str(err) == f"store 'bookings': unknown field {typo!r} (did you mean {meant!r}?)"
+
+
+@pytest.mark.parametrize("unknown", ["bucket", "tags"])
+def test_an_unknown_field_like_no_known_one_lists_them_all(tmp_path: Path, unknown: str) -> None:
+    err = spec_error(tmp_path, LATEST + f'{unknown} = "x"\n')
+    expected = f"store 'bookings': unknown field {unknown!r} (expected some of: source, format, key,"
     assert str(err).startswith(expected)
+    assert str(err).endswith("order_by_type)")
 
 
 def test_error_names_the_store_at_fault_among_several(tmp_path: Path) -> None:
@@ -322,8 +338,30 @@ def test_missing_file(tmp_path: Path) -> None:
 
 
 def test_invalid_toml(tmp_path: Path) -> None:
-    err = spec_error(tmp_path, "[stores.bookings\nkey = ")
+    err = spec_error(tmp_path, 'key = "a"\nkey = ')
     assert "not valid TOML" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "header"),
+    [
+        ("[stores.bookings\nkey = ", 1, "[stores.bookings"),
+        # The parser reads the key first and would call this a second declaration of stores.bookings.
+        (LATEST + "\n[stores.bookings\nkey = 'b'\n", 10, "[stores.bookings"),
+        (LATEST + "[stores.other  # the next store\n", 9, "[stores.other  # the next store"),
+        ("[[stores.x]\n", 1, "[[stores.x]"),
+    ],
+)
+def test_an_unclosed_table_header_is_named_with_its_line(tmp_path: Path, text: str, line: int, header: str) -> None:
+    err = spec_error(tmp_path, text)
+    path = str(tmp_path / "stores.toml")
+    assert str(err) == f"spec {path!r}: line {line}: table header {header!r} is not closed (a ']' is missing)"
+    assert "\n" not in str(err)
+
+
+def test_a_multi_line_array_is_no_table_header(tmp_path: Path) -> None:
+    err = spec_error(tmp_path, LATEST + "columns = [\n  [1, 2],\n  'ts',\n]\nbroken = \n")
+    assert "not valid TOML" in str(err) and "table header" not in str(err)
 
 
 def test_spec_without_stores(tmp_path: Path) -> None:
@@ -333,4 +371,6 @@ def test_spec_without_stores(tmp_path: Path) -> None:
 
 def test_unknown_top_level_key(tmp_path: Path) -> None:
     err = spec_error(tmp_path, 'store = "x"\n' + LATEST)
-    assert "unknown top-level key 'store'" in str(err)
+    assert "unknown top-level key 'store' (did you mean 'stores'?)" in str(err)
+    err = spec_error(tmp_path, 'output = "x"\n' + LATEST)
+    assert "unknown top-level key 'output' (only [stores.NAME] tables)" in str(err)

@@ -128,9 +128,10 @@ def test_batch_stores_have_no_live_part(tmp_path: Path) -> None:
     [
         # the live table itself
         (changed(LATEST_LIVE, live="trades"), "'live' must be a table ([stores.s.live]), got 'trades'"),
+        (changed(LATEST_LIVE, live__topics="x"), "unknown field 'live.topics' (did you mean 'live.topic'?)"),
         (
-            changed(LATEST_LIVE, live__topics="x"),
-            "unknown field 'live.topics' (expected some of: topic, bootstrap_servers, kafka, start, "
+            changed(LATEST_LIVE, live__group="x"),
+            "unknown field 'live.group' (expected some of: topic, bootstrap_servers, kafka, start, "
             "on_bad_record, catch_up_records)",
         ),
         (changed(LATEST_LIVE, live__topic=None), "missing required field 'live.topic'"),
