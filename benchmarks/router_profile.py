@@ -58,8 +58,19 @@ from router import (  # noqa: E402
     write_store,
 )
 
+# Under valgrind a router runs some fifty times slower: time-outs that a read would never reach otherwise.
+SLOW_ROUTER_ENV = {"KEYROUTE_UPSTREAM_TIMEOUT_S": "120", "KEYROUTE_UPSTREAM_CONNECT_TIMEOUT_S": "30"}
 
-def start(build: Build, name: str, args: list[str], work: Path, url: str, wrapper: list[str]) -> Service:
+
+def start(
+    build: Build,
+    name: str,
+    args: list[str],
+    work: Path,
+    url: str,
+    wrapper: list[str],
+    env: dict[str, str] | None = None,
+) -> Service:
     """`WRAPPER -m keyroute ARGS` of `build` (WRAPPER: the interpreter, maybe under a profiler)."""
     log = work / f"{name}.log"
     with open(log, "ab") as out:
@@ -69,7 +80,7 @@ def start(build: Build, name: str, args: list[str], work: Path, url: str, wrappe
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             cwd=build.cwd,
-            env={**os.environ, **build.env, "KEYROUTE_LOG_LEVEL": "WARNING"},
+            env={**os.environ, **build.env, "KEYROUTE_LOG_LEVEL": "WARNING", **(env or {})},
         )
     return Service(name, popen, url, log)
 
@@ -217,6 +228,7 @@ def main() -> None:
                 work,
                 f"http://127.0.0.1:{port}",
                 wrapper_of(args.mode, out),
+                SLOW_ROUTER_ENV if args.mode == "callgrind" else None,
             )
             stack.callback(router.stop)
             routers[label] = (router, out)
