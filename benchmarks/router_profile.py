@@ -48,6 +48,7 @@ from router import (  # noqa: E402
     CHROOT,
     STORE,
     THIS_TREE,
+    WRK_SCRIPT,
     Build,
     Service,
     free_port,
@@ -56,6 +57,7 @@ from router import (  # noqa: E402
     revision_build,
     wait_until,
     write_store,
+    wrk_run,
 )
 
 # Under valgrind a router runs some fifty times slower: time-outs that a read would never reach otherwise.
@@ -187,6 +189,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=5, help="rounds (cpu mode)")
     parser.add_argument("--keys", type=int, default=20000)
+    parser.add_argument("--wrk", action="store_true", help="cpu mode: load with wrk (5 s) instead of N reads")
     parser.add_argument("--top", type=int, default=40, help="rows of the per-function comparison")
     args = parser.parse_args()
     requests = args.requests or {"cpu": 40000, "calls": 20000, "callgrind": 4000, "syscalls": 20000}[args.mode]
@@ -248,6 +251,17 @@ def main() -> None:
 
         print(f"{requests:,} reads per measurement, concurrency {args.concurrency}, mode {args.mode}")
         if args.mode == "cpu":
+            wrk = shutil.which("wrk") or "wrk"
+            script, path_file = work / "random-paths.lua", work / "paths.txt"
+            script.write_text(WRK_SCRIPT)
+            path_file.write_text("\n".join(paths) + "\n")
+            # What each router spends with nothing to do (its threads and timers), per second.
+            idle_before = {label: user_system_s(r.popen.pid) for label, (r, _) in routers.items()}
+            time.sleep(10)
+            for label, (r, _) in routers.items():
+                now = user_system_s(r.popen.pid)
+                spent = sum(now) - sum(idle_before[label])
+                print(f"{label:24} idle: {spent / 10 * 1e3:.1f} ms CPU per second")
             figures: dict[str, list[tuple[float, float]]] = {label: [] for label in routers}
             for _ in range(args.rounds):
                 order = list(routers)
@@ -255,11 +269,13 @@ def main() -> None:
                 for label in order:
                     router = routers[label][0]
                     before = user_system_s(router.popen.pid)
-                    load(int(router.url.rsplit(":", 1)[1]), paths, args.concurrency)
+                    if args.wrk:  # wrk as fast as it can for 5 s: reads per event-loop wakeup as in router.py
+                        sent = wrk_run(wrk, script, router.url, path_file, args.concurrency, 5, 7).requests
+                    else:
+                        load(int(router.url.rsplit(":", 1)[1]), paths, args.concurrency)
+                        sent = requests
                     after = user_system_s(router.popen.pid)
-                    figures[label].append(
-                        ((after[0] - before[0]) / requests * 1e6, (after[1] - before[1]) / requests * 1e6)
-                    )
+                    figures[label].append(((after[0] - before[0]) / sent * 1e6, (after[1] - before[1]) / sent * 1e6))
             for label, values in figures.items():
                 totals = [u + s for u, s in values]
                 print(
