@@ -4,7 +4,7 @@ Run from the repository root:
 
     .venv/bin/python benchmarks/router_profile.py --previous 0fb0755 [--mode cpu|calls|callgrind]
 
-One ZooKeeper, one node (this work tree's) holding a small store, and two routers in front of it: this work
+One ZooKeeper, one node (`--nodes`; this work tree's) holding a small store, and two routers in front: this work
 tree's and REV's (a `git worktree`, run as benchmarks/router.py runs it). A load generator in this process
 sends exactly `--requests` key reads over `--concurrency` keep-alive connections to each router in turn
 (after a warm-up), the same keys in the same order for both, so that every figure is per read:
@@ -189,6 +189,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=5, help="rounds (cpu mode)")
     parser.add_argument("--keys", type=int, default=20000)
+    parser.add_argument("--nodes", type=int, default=1, help="nodes holding the store's partitions")
     parser.add_argument("--wrk", action="store_true", help="cpu mode: load with wrk (5 s) instead of N reads")
     parser.add_argument("--top", type=int, default=40, help="rows of the per-function comparison")
     args = parser.parse_args()
@@ -211,16 +212,19 @@ def main() -> None:
         connect = settings.connect_string
         previous = stack.enter_context(revision_build(args.previous, work))
 
-        port = free_port()
-        node = start(
-            THIS_TREE,
-            "n1",
-            ["node", "--zk", connect, "--node-id", "n1", "--port", str(port), "--data-dir", str(work / "data-n1")],
-            work,
-            f"http://127.0.0.1:{port}",
-            [sys.executable],
-        )
-        stack.callback(node.stop)
+        nodes = []
+        for n in range(1, args.nodes + 1):
+            port, name = free_port(), f"n{n}"
+            node = start(
+                THIS_TREE,
+                name,
+                ["node", "--zk", connect, "--node-id", name, "--port", str(port), "--data-dir", str(work / name)],
+                work,
+                f"http://127.0.0.1:{port}",
+                [sys.executable],
+            )
+            stack.callback(node.stop)
+            nodes.append(node)
         routers: dict[str, tuple[Service, Path]] = {}
         for label, build in (("this tree", THIS_TREE), (f"previous ({previous.label})", previous)):
             port, out = free_port(), work / f"profile-{len(routers)}.out"
@@ -235,8 +239,8 @@ def main() -> None:
             )
             stack.callback(router.stop)
             routers[label] = (router, out)
-        services = [node, *(r for r, _ in routers.values())]
-        wait_until(lambda: http_json(node.url + "/readyz")[0] == 200, 180, "the node", services)
+        services = [*nodes, *(r for r, _ in routers.values())]
+        wait_until(lambda: all(http_json(n.url + "/readyz")[0] == 200 for n in nodes), 180, "the nodes", services)
         wait_until(
             lambda: all(http_json(r.url + "/admin/partition-map")[1].get("complete") for r, _ in routers.values()),
             300,
