@@ -33,7 +33,13 @@ class RouterDataPlane(RoutedDataPlane):
 
     def __init__(self, proxy: Proxy, admission: Admission, max_key_bytes: int = 0) -> None:
         metrics = proxy.metrics
-        super().__init__(admission, metrics.count, max_parameter_bytes=max_key_bytes, observe=metrics.observe_request)
+        super().__init__(
+            admission,
+            metrics.count,
+            max_parameter_bytes=max_key_bytes,
+            observe=metrics.observe_request,
+            answered=metrics.answered,
+        )
         self.proxy = proxy
 
     @classmethod

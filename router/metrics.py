@@ -192,6 +192,17 @@ class RouterMetrics:
         histogram.counts[bisect_left(histogram.bounds, seconds)] += 1
         histogram.sum += seconds
 
+    def answered(self, store: str, kind: str, status: int, seconds: float) -> None:
+        """`count(store, kind, status)` and `observe_request(store, status, seconds)` in one call: the data
+        plane's every counted answer, once per read."""
+        m = self.partition_map
+        if m is None or store not in m.stores:
+            store = UNKNOWN_STORE
+        key = (store, kind, _OUTCOMES.get(status) or outcome(status))
+        counts = self.requests.counts
+        counts[key] = counts.get(key, 0) + 1
+        observe_duration(self.request_duration, store, status, seconds)
+
     def observe_request(self, store: str, status: int, seconds: float) -> None:
         """One read of `store` answered with `status`, `seconds` after its admission (once per request)."""
         m = self.partition_map

@@ -36,7 +36,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +58,7 @@ from keyroute.core.partition_map import Endpoint
 from keyroute.core.settings import RouterSettings
 from keyroute.http.fast_upstream import StaleConnection, header_block
 from keyroute.http.forwarding import (
+    HOP_BY_HOP,
     OffsetBounds,
     batch_body,
     batch_path,
@@ -236,9 +237,7 @@ class Proxy:
         """Swap in a new routing view (on the event loop thread; readers keep the one they started with)."""
         self.table = table
         self._key_paths = {}
-        self._live_stores = frozenset(
-            name for name, record in table.map.stores.items() if record.live
-        )
+        self._live_stores = frozenset(name for name, record in table.map.stores.items() if record.live)
         m = self.metrics
         m.map_updates += 1
         m.map_generation = table.generation
@@ -278,8 +277,7 @@ class Proxy:
         """
         self.metrics.key_requests += 1
         table = self.table
-        location = table.locate(store, key_text)
-        partition, serving = location.partition, location.serving
+        partition, serving = table.serving_of(store, key_text)
         if not serving:
             serving = self._serving(table, store, partition, serving)
             if not serving:
@@ -370,13 +368,15 @@ class Proxy:
             self._backoff.succeeded(endpoint)
             if self._latency is not None:
                 self._latency.record(elapsed)
-            self._check_hops(result)
+            relayed, hops = _relayed(result.headers)
+            if hops is not None:
+                self._hops_seen(hops, result)
             if read.live:
                 self.remember_offset(endpoint.url, read.store, read.partition, result.header(_OFFSET))
             if result.status != 503:
                 if hedge:
                     self.metrics.hedge_wins += 1
-                read.deliver(UpstreamResponse(result.status, passthrough_headers(result.headers), result.body))
+                read.deliver(UpstreamResponse(result.status, relayed, result.body))
                 return
             # The node no longer serves the partition and knows no one who does (or, for a bounded read,
             # has not applied the bound yet: no map to refresh): a replica still might.
@@ -623,7 +623,12 @@ class Proxy:
 
     def _check_hops(self, reply: UpstreamResponse) -> None:
         hops = reply.header(_HOPS)
-        if hops is not None and hops.strip() not in (b"", b"0"):
+        if hops is not None:
+            self._hops_seen(hops, reply)
+
+    def _hops_seen(self, hops: bytes, reply: UpstreamResponse) -> None:
+        """`reply` carried X-Keyroute-Hops: `hops`."""
+        if hops.strip() not in (b"", b"0"):
             # The node had to forward: it does not serve what our map says it serves.
             self.metrics.misroutes += 1
             self._refresh_map(_int_header(reply.header(_GENERATION)))
@@ -664,6 +669,26 @@ class Proxy:
 
     def _unavailable(self, message: str) -> PartitionUnavailable:
         return PartitionUnavailable(message, retry_after_s=self._retry_after_s)
+
+
+def _relayed(headers: Iterable[tuple[bytes, bytes]]) -> tuple[list[tuple[bytes, bytes]], bytes | None]:
+    """`passthrough_headers(headers)` and the first X-Keyroute-Hops value (`UpstreamResponse.header`'s), in
+    one pass over a node's reply headers instead of two: once per proxied read."""
+    kept = []
+    hops = None
+    named: set[bytes] | None = None
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered not in HOP_BY_HOP:
+            kept.append((lowered, value))
+            if lowered == _HOPS and hops is None:
+                hops = value
+        elif lowered == b"connection":
+            named = (named or set()) | {token.strip().lower() for token in value.split(b",")}
+    if named:
+        # What passthrough_headers does too: the headers the Connection header names are not relayed.
+        kept = [(name, value) for name, value in kept if name not in named]
+    return kept, hops
 
 
 def _error_code(body: bytes) -> str | None:

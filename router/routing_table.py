@@ -9,6 +9,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import NoReturn
 
 from keyroute.core.api import (
     ApiError,
@@ -173,12 +174,27 @@ class RoutingTable:
         key does not fit the store's key format) or PartitionUnavailable (a store record with no partitions)."""
         locator = self.reads.get(store_name)
         if locator is None:
-            store = self.map.stores.get(store_name)
-            if store is None:
-                raise self.unknown_store(store_name)
-            # A malformed store record would otherwise make the partitioner raise a bare ValueError.
-            raise PartitionUnavailable(f"store {store_name!r} is published with {store.partitions} partitions")
+            self._unlocated(store_name)
         try:
             return locator.locate(key_text)
+        except KeyFormatError as exc:
+            raise BadKey(str(exc)) from exc
+
+    def _unlocated(self, store_name: str) -> NoReturn:
+        """Raise what a read of a store without a locator gets."""
+        store = self.map.stores.get(store_name)
+        if store is None:
+            raise self.unknown_store(store_name)
+        # A malformed store record would otherwise make the partitioner raise a bare ValueError.
+        raise PartitionUnavailable(f"store {store_name!r} is published with {store.partitions} partitions")
+
+    def serving_of(self, store_name: str, key_text: str) -> tuple[int, tuple[Endpoint, ...]]:
+        """`locate`'s partition and serving nodes, without building the KeyLocation (a single-key read needs
+        no more; `StoreLocator.serving_of`). Raises as `locate` does."""
+        locator = self.reads.get(store_name)
+        if locator is None:
+            return self._unlocated(store_name)
+        try:
+            return locator.serving_of(key_text)
         except KeyFormatError as exc:
             raise BadKey(str(exc)) from exc

@@ -54,6 +54,7 @@ JSON = [(b"content-type", b"application/json")]
 Headers = list[tuple[bytes, bytes]]
 Count = Callable[[str, str, int], None]
 Observe = Callable[[str, int, float], None]
+Answered = Callable[[str, str, int, float], None]
 
 
 class Call:
@@ -89,10 +90,14 @@ class Call:
         kind = self._kind
         if kind is not None:
             plane = self._plane
-            plane.count(self.store, kind, status)
-            observe = plane.observe
-            if observe is not None:
-                observe(self.store, status, monotonic() - self._admitted)
+            answered = plane.answered
+            if answered is not None:
+                answered(self.store, kind, status, monotonic() - self._admitted)
+            else:
+                plane.count(self.store, kind, status)
+                observe = plane.observe
+                if observe is not None:
+                    observe(self.store, status, monotonic() - self._admitted)
         try:
             self._exchange.answer(status, headers, body)
         except Exception:
@@ -104,8 +109,27 @@ class Call:
         failed with (`fail`)."""
         if isinstance(result, BaseException):
             self.fail(result)
-        else:
-            self.answer(result.status, result.headers, result.body)
+            return
+        # `answer`, inline: every proxied read is settled so.
+        if not self._open:
+            return
+        self._open = False
+        status = result.status
+        kind = self._kind
+        if kind is not None:
+            plane = self._plane
+            answered = plane.answered
+            if answered is not None:
+                answered(self.store, kind, status, monotonic() - self._admitted)
+            else:
+                plane.count(self.store, kind, status)
+                observe = plane.observe
+                if observe is not None:
+                    observe(self.store, status, monotonic() - self._admitted)
+        try:
+            self._exchange.answer(status, result.headers, result.body)
+        except Exception:
+            self._unwritable()
 
     def answer_counted(self, status: int, headers: Headers, body: bytes) -> None:
         """`answer`, for an answer the handler has counted itself (a batch counts each of its keys)."""
@@ -153,7 +177,9 @@ class RoutedDataPlane:
     RouteTable of its handlers, functions taking the plane, the `Call` and the decoded path parameters)
     and passes its admission checks, its answer counter (`count(store, kind, status)`), what times its
     answers (`observe(store, status, seconds)`, None: untimed), the headers its error answers carry (say
-    X-Keyroute-Node) and the most bytes a path parameter may decode to."""
+    X-Keyroute-Node) and the most bytes a path parameter may decode to. A service that counts and times
+    each answer together may pass `answered(store, kind, status, seconds)` instead, one call per answer,
+    which then stands for both `count` and `observe` of the answers `Call.answer` counts."""
 
     routes: ClassVar[RouteTable]
 
@@ -165,9 +191,11 @@ class RoutedDataPlane:
         max_parameter_bytes: int = 0,
         error_headers: Iterable[tuple[bytes, bytes]] = (),
         observe: Observe | None = None,
+        answered: Answered | None = None,
     ) -> None:
         self.admission = admission
         self.observe = observe
+        self.answered = answered
         # What each admitted exchange calls when it ends: one bound method for all of them.
         self._release = admission.release
         self.count = count

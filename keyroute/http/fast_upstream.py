@@ -150,7 +150,9 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         waiter = self.waiter
-        if waiter is None or waiter.done():
+        # An _Exchange is its connection's waiter only until it ends (its end clears `waiter`): only a future
+        # has to be asked whether it is done.
+        if waiter is None or (waiter.__class__ is not _Exchange and waiter.done()):
             # Bytes nobody asked for: the connection is out of step with its requests, never reuse it.
             self.close()
             return
@@ -189,7 +191,7 @@ class _Connection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         waiter = self.waiter
-        if waiter is None or waiter.done():
+        if waiter is None or (waiter.__class__ is not _Exchange and waiter.done()):  # as in data_received
             raise _Failure("a second response arrived for one request")
 
     def on_header(self, name: bytes, value: bytes) -> None:

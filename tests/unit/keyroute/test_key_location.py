@@ -94,6 +94,7 @@ def test_the_client_the_routing_table_and_the_map_agree_on_every_keys_location(c
         by_table = table.locate(name, key)
         by_map = partition_map.locate(partition_map.stores[name], parsed)
         assert by_table == by_map
+        assert table.serving_of(name, key) == (by_table.partition, by_table.serving)  # the read's lean lookup
         assert by_table.partition == partition_for(partitioner, parsed.data, PARTITIONS)
         assert by_table.assigned == ORDERS[by_table.partition]
         # The client asked the replicas of that very partition, preferred first.

@@ -245,3 +245,23 @@ def test_router_app_serves_the_exposition_and_answers_with_request_ids() -> None
         assert sample(families, duration, duration + "_count", store=UNKNOWN_STORE, code_class="4xx") == 1
 
     asyncio.run(scenario())
+
+
+def test_answered_counts_and_times_as_count_and_observe_request_do() -> None:
+    # The data plane's one call per answer renders exactly what its two calls render.
+    apart, together = RouterMetrics(), RouterMetrics()
+    answers = [("s", "key", 200, 0.0005), ("s", "timeline", 404, 0.003), ("made-up", "key", 404, 0.001)]
+    answers += [("s", "key", 503, 7.0), ("s", "range", 500, 0.02)]
+    for m in (apart, together):
+        m.map_installed(build_map(STORES, {"a": {"s": [0, 1, 2, 3]}}))
+    for store, kind, status, seconds in answers:
+        apart.count(store, kind, status)
+        apart.observe_request(store, status, seconds)
+        together.answered(store, kind, status, seconds)
+    rendered, expected = parse(together.render()), parse(apart.render())
+    name = "keyroute_router_request_duration_seconds"
+    for family in ("keyroute_router_requests", name):
+        assert rendered[family] == expected[family]
+    assert sample(rendered, name, name + "_count", store=UNKNOWN_STORE, code_class="4xx") == 1
+    requests = "keyroute_router_requests"
+    assert sample(rendered, requests, requests + "_total", store="s", kind="key", outcome="unavailable") == 1

@@ -149,3 +149,30 @@ def test_a_partition_nobody_announces_keeps_the_nodes_that_served_it_last() -> N
     # A store published again with another shape, or deleted, carries nothing over.
     reshaped = RoutingTable.of(build_map([store_record("s", 8)], {"b": {"s": [0]}}), third)
     assert reshaped.last_known == {}
+
+
+def test_serving_of_says_what_locate_says_of_partition_and_serving_and_raises_alike() -> None:
+    # The single-key read's lean lookup: the same partition and replicas as the KeyLocation, the same errors.
+    stores = [
+        store_record("strings", 6),
+        store_record("numbers", 5, key_format=KeyFormat.INT64),
+        store_record("crc", 3, partitioner=Partitioner.CRC32),
+        store_record("empty", 0),
+    ]
+    served = {"a": {"strings": [0, 2, 4], "numbers": range(5), "crc": [1]}, "b": {"strings": range(6)}}
+    table = RoutingTable.of(build_map(stores, served))
+    keys = ["k", "", "東京", "a/b", "12", "-7", str(2**63), "1.5", "lone \udc80 surrogate"]
+    compared = 0
+    for store in ("strings", "numbers", "crc", "empty", "nope"):
+        for key in keys:
+            try:
+                location = table.locate(store, key)
+            except Exception as exc:  # noqa: BLE001 - whatever it is, serving_of raises the same
+                with pytest.raises(type(exc)) as caught:
+                    table.serving_of(store, key)
+                assert str(caught.value) == str(exc)
+                assert type(caught.value.__cause__) is type(exc.__cause__)
+                continue
+            assert table.serving_of(store, key) == (location.partition, location.serving)
+            compared += 1
+    assert compared >= 15
