@@ -58,6 +58,17 @@ def _port_in_use(host: str, port: int) -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
+_SPEC_HEADER = """\
+# The stores of `keyroute demo`, built from the sample events in events/ (relative paths are taken
+# relative to this file). A template for a cluster of your own: see "Your first cluster" in README.md.
+
+"""
+_LIVE_HEADER = """\
+# quotes follows a topic on the demo's own Kafka-protocol broker, which stops with the demo: outside the
+# demo, remove this store or point bootstrap_servers at a Kafka cluster of yours.
+"""
+
+
 class _Processes:
     """Child processes in their own sessions, so the demo decides the order they stop in."""
 
@@ -138,7 +149,8 @@ def run(settings: DemoSettings) -> int:
         )
         _wait("ZooKeeper", lambda: is_serving(host, zk_port), 60, procs)
 
-        print(f"generating {settings.events:,} bookings and {settings.events:,} trades ...", flush=True)
+        trips = max(1, settings.events // 2)
+        print(f"generating {settings.events:,} bookings and trades, {trips:,} trips ...", flush=True)
         files = sample_data.generate(work / "events", events=settings.events)
         print("starting a Kafka-protocol broker (librdkafka's mock cluster) and the quotes producer ...", flush=True)
         kafka = MockKafka()
@@ -149,10 +161,15 @@ def run(settings: DemoSettings) -> int:
         feeder.start()
         spec = work / "stores.toml"
         spec.write_text(
-            sample_data.spec_toml(files)
+            _SPEC_HEADER
+            + sample_data.spec_toml(files, relative_to=work)
             + "\n"
+            + sample_data.timeline_spec_toml(files, relative_to=work)
+            + "\n"
+            + _LIVE_HEADER
             + sample_data.live_spec_toml(kafka.bootstrap_servers, settings.live_partitions)
         )
+        print(f"the stores are described in {spec} (a template for a cluster of your own)", flush=True)
 
         print("running the Spark pipeline ...", flush=True)
         node_ports = [_free_port(host) for _ in range(settings.nodes)]
@@ -216,6 +233,7 @@ def _produce_quotes(bootstrap_servers: str, per_s: float, stop: threading.Event)
 
 def _print_banner(router: str, zk: str, node_ports: list[int], host: str, work: Path) -> None:
     customer = sample_data.SPECIAL_CUSTOMERS[1]
+    busy = sample_data.customer_id(sample_data.BUSY_CUSTOMER)
     lines = [
         "",
         "keyroute demo is up.",
@@ -223,7 +241,8 @@ def _print_banner(router: str, zk: str, node_ports: list[int], host: str, work: 
         f"  map page    {router}/admin/ui      # open it in a browser: the partition map, live",
         *(f"  node-{i}      http://{host}:{port}" for i, port in enumerate(node_ports)),
         f"  zookeeper   {zk}",
-        f"  files       {work}",
+        f"  files       {work}      # logs/ has one log per process",
+        f"  spec        {work / 'stores.toml'}      # the stores above: a template for your own cluster",
         "",
         "try:",
         f"  curl -s {router}/stores/bookings/keys/{sample_data.customer_id(42)}",
@@ -233,6 +252,9 @@ def _print_banner(router: str, zk: str, node_ports: list[int], host: str, work: 
         "the value and X-Keyroute-Offset move",
         f"  curl -s -X POST {router}/stores/bookings/batch-get -H 'content-type: application/json' "
         f"-d '{json.dumps({'keys': [sample_data.customer_id(1), 'a/b', 'nobody']})}'",
+        f"  curl -s '{router}/stores/trips/keys/{busy}/history?from=2024-06-01T00:00:00Z&to=2024-07-01T00:00:00Z"
+        "&limit=5'",
+        f"  curl -s '{router}/stores/fares_5m/keys/{busy}/windows?from=2024-06-11T10:00:00Z&to=2024-06-11T11:00:00Z'",
         f"  curl -s '{router}/admin/route?store=bookings&key={sample_data.customer_id(42)}'",
         f"  curl -s {router}/admin/partition-map",
         "",

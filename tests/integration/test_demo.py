@@ -72,6 +72,19 @@ def test_the_demo_comes_up_serves_a_live_store_and_stops_cleanly(tmp_path: Path)
             assert booking.status_code == 200, booking.text
             assert booking.json()["value"]["route"] in sample_data.ROUTES
 
+            # The README's history and windows examples: the busy customer's morning of trips.
+            busy = sample_data.customer_id(sample_data.BUSY_CUSTOMER)
+            morning = {"from": "2024-06-11T10:00:00Z", "to": "2024-06-11T11:00:00Z"}
+            trips = client.get(f"/stores/trips/keys/{busy}/history", params=morning)
+            assert trips.status_code == 200, trips.text
+            rows = trips.json()["rows"]
+            assert len(rows) >= len(sample_data.BUSY_MINUTES)
+            assert all(set(row) == {"ts", "route", "fare"} for row in rows), rows
+            windows = client.get(f"/stores/fares_5m/keys/{busy}/windows", params=morning)
+            assert windows.status_code == 200, windows.text
+            counted = [window["value"]["trips"] for window in windows.json()["windows"]]
+            assert sum(counted) == len(rows) and len(counted) > 1
+
             def quote() -> httpx.Response | None:
                 found = client.get(f"/stores/quotes/keys/{sample_data.asset_id(7)}")
                 return found if found.status_code == 200 else None
