@@ -2,13 +2,21 @@
 
 Embedded ZooKeeper, the Spark pipeline, three state nodes (replication 2) and a router, each its own
 process, and a Kafka-protocol broker (librdkafka's mock cluster, in this process) with a producer writing
-quotes to the topic the live store `quotes` follows; Ctrl-C stops them all, router first, ZooKeeper last,
-and leaves nothing behind.
+quotes to the topic the live store `quotes` follows. Ctrl-C, SIGTERM and SIGHUP (a closed terminal) stop
+them all, router first, ZooKeeper last, and leave nothing behind.
+
+If the demo's own process dies without cleaning up (kill -9, an out-of-memory kill), its children go with
+it: on Linux each is started through a few lines of Python that ask the kernel for SIGKILL when their
+parent dies (prctl PR_SET_PDEATHSIG) and then exec the real command, which keeps the setting. A launcher
+rather than subprocess's `preexec_fn`, which is not safe once the process has threads (the quotes producer
+and librdkafka's); the kernel rather than children watching their parent, which every kind of child (the
+JVM of ZooKeeper included) would have to do itself.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import signal
@@ -58,6 +66,35 @@ def _port_in_use(host: str, port: int) -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
+# Run in a child before its real command: SIGKILL when the parent (the demo) dies, then exec the command.
+# PR_SET_PDEATHSIG survives exec; the getppid check covers a demo that died before the prctl.
+_LAUNCHER = """\
+import ctypes, os, signal, sys
+parent = int(sys.argv[1])
+if sys.platform.startswith("linux"):
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        sys.exit(1)
+os.execv(sys.executable, [sys.executable, "-m", "keyroute", *sys.argv[2:]])
+"""
+
+
+def _launch(args: list[str]) -> list[str]:
+    """The command line that runs `keyroute ARGS` as a child that dies with this process."""
+    return [sys.executable, "-c", _LAUNCHER, str(os.getpid()), *args]
+
+
+_SPEC_HEADER = """\
+# The stores of `keyroute demo`, built from the sample events in events/ (relative paths are taken
+# relative to this file). A template for a cluster of your own: see "Your first cluster" in README.md.
+
+"""
+_LIVE_HEADER = """\
+# quotes follows a topic on the demo's own Kafka-protocol broker, which stops with the demo: outside the
+# demo, remove this store or point bootstrap_servers at a Kafka cluster of yours.
+"""
+
+
 class _Processes:
     """Child processes in their own sessions, so the demo decides the order they stop in."""
 
@@ -68,7 +105,7 @@ class _Processes:
     def start(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.logs / f"{name}.log", "ab")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "keyroute", *args],
+            _launch(args),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -114,12 +151,32 @@ def _interrupt(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _say(text: str, error: bool = False) -> None:
+    """Print, unless the terminal is gone (after SIGHUP): then the rest of the output goes nowhere, and
+    stopping goes on."""
+    stream = sys.stderr if error else sys.stdout
+    try:
+        print(text, file=stream, flush=True)
+    except OSError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):  # what is still buffered, and Python's flush at exit, go there too
+            os.dup2(devnull, fd)
+        os.close(devnull)
+
+
+def _stop_on_signals() -> None:
+    """SIGTERM (a supervisor) and SIGHUP (a closed terminal, `tmux kill-session`) clean up exactly as Ctrl-C
+    does; a signal ignored on purpose (`nohup keyroute demo`, or `&` in a script for SIGINT) stays ignored."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, _interrupt)
+
+
 def run(settings: DemoSettings) -> int:
-    # SIGTERM (e.g. from a supervisor) must clean up exactly like Ctrl-C does.
-    signal.signal(signal.SIGTERM, _interrupt)
+    _stop_on_signals()
     host = settings.host
     if _port_in_use(host, settings.router_port):
-        print(f"keyroute demo: port {settings.router_port} is taken; pass --port", file=sys.stderr)
+        _say(f"keyroute demo: port {settings.router_port} is taken; pass --port", error=True)
         return 1
     work = settings.workdir
     if work.exists():
@@ -132,15 +189,15 @@ def run(settings: DemoSettings) -> int:
     kafka: MockKafka | None = None
     feeding = threading.Event()
     try:
-        print(f"starting ZooKeeper on {host}:{zk_port} ...", flush=True)
+        _say(f"starting ZooKeeper on {host}:{zk_port} ...")
         procs.start(
             "zookeeper", ["zookeeper", "--port", str(zk_port), "--host", host, "--data-dir", str(work / "zookeeper")]
         )
         _wait("ZooKeeper", lambda: is_serving(host, zk_port), 60, procs)
 
-        print(f"generating {settings.events:,} bookings and {settings.events:,} trades ...", flush=True)
+        _say(f"generating {settings.events:,} bookings and trades, {max(1, settings.events // 2):,} trips ...")
         files = sample_data.generate(work / "events", events=settings.events)
-        print("starting a Kafka-protocol broker (librdkafka's mock cluster) and the quotes producer ...", flush=True)
+        _say("starting a Kafka-protocol broker (librdkafka's mock cluster) and the quotes producer ...")
         kafka = MockKafka()
         kafka.create_topic(sample_data.LIVE_TOPIC, settings.live_partitions)
         feeder = threading.Thread(
@@ -149,12 +206,17 @@ def run(settings: DemoSettings) -> int:
         feeder.start()
         spec = work / "stores.toml"
         spec.write_text(
-            sample_data.spec_toml(files)
+            _SPEC_HEADER
+            + sample_data.spec_toml(files, relative_to=work)
             + "\n"
+            + sample_data.timeline_spec_toml(files, relative_to=work)
+            + "\n"
+            + _LIVE_HEADER
             + sample_data.live_spec_toml(kafka.bootstrap_servers, settings.live_partitions)
         )
+        _say(f"the stores are described in {spec} (a template for a cluster of your own)")
 
-        print("running the Spark pipeline ...", flush=True)
+        _say("running the Spark pipeline ...")
         node_ports = [_free_port(host) for _ in range(settings.nodes)]
         for i, port in enumerate(node_ports):
             procs.start(
@@ -163,8 +225,7 @@ def run(settings: DemoSettings) -> int:
                  "--data-dir", str(work / f"node-{i}")],
             )
         build = subprocess.run(
-            [sys.executable, "-m", "keyroute", "pipeline", "build", "--spec", str(spec), "--zk", zk,
-             "--output", str(work / "snapshots")],
+            _launch(["pipeline", "build", "--spec", str(spec), "--zk", zk, "--output", str(work / "snapshots")]),
             stdout=subprocess.PIPE,
             stderr=open(logs / "pipeline.log", "ab"),
             stdin=subprocess.DEVNULL,
@@ -173,7 +234,7 @@ def run(settings: DemoSettings) -> int:
         if build.returncode != 0:
             raise DemoError(f"the pipeline failed; see {logs / 'pipeline.log'}")
         for line in build.stdout.decode().splitlines():
-            print("  published", line)
+            _say(f"  published {line}")
 
         procs.start("router", ["router", "--zk", zk, "--host", host, "--port", str(settings.router_port)])
         router = f"http://{host}:{settings.router_port}"
@@ -184,17 +245,19 @@ def run(settings: DemoSettings) -> int:
             time.sleep(0.5)
         raise DemoError(f"{', '.join(procs.dead())} stopped unexpectedly; see {logs}")
     except KeyboardInterrupt:
-        print("\nstopping ...", flush=True)
+        _say("\nstopping ...")
         return 0
     except DemoError as exc:
-        print(f"keyroute demo: {exc}", file=sys.stderr)
+        _say(f"keyroute demo: {exc}", error=True)
         return 1
     finally:
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second Ctrl-C must not cut this short
+            signal.signal(signum, signal.SIG_IGN)
         procs.stop_all()
         feeding.set()
         if kafka is not None:
             kafka.close()
-        print("all demo processes stopped.", flush=True)
+        _say("all demo processes stopped.")
 
 
 def _produce_quotes(bootstrap_servers: str, per_s: float, stop: threading.Event) -> None:
@@ -216,6 +279,7 @@ def _produce_quotes(bootstrap_servers: str, per_s: float, stop: threading.Event)
 
 def _print_banner(router: str, zk: str, node_ports: list[int], host: str, work: Path) -> None:
     customer = sample_data.SPECIAL_CUSTOMERS[1]
+    busy = sample_data.customer_id(sample_data.BUSY_CUSTOMER)
     lines = [
         "",
         "keyroute demo is up.",
@@ -223,7 +287,8 @@ def _print_banner(router: str, zk: str, node_ports: list[int], host: str, work: 
         f"  map page    {router}/admin/ui      # open it in a browser: the partition map, live",
         *(f"  node-{i}      http://{host}:{port}" for i, port in enumerate(node_ports)),
         f"  zookeeper   {zk}",
-        f"  files       {work}",
+        f"  files       {work}      # logs/ has one log per process",
+        f"  spec        {work / 'stores.toml'}      # the stores above: a template for your own cluster",
         "",
         "try:",
         f"  curl -s {router}/stores/bookings/keys/{sample_data.customer_id(42)}",
@@ -233,9 +298,12 @@ def _print_banner(router: str, zk: str, node_ports: list[int], host: str, work: 
         "the value and X-Keyroute-Offset move",
         f"  curl -s -X POST {router}/stores/bookings/batch-get -H 'content-type: application/json' "
         f"-d '{json.dumps({'keys': [sample_data.customer_id(1), 'a/b', 'nobody']})}'",
+        f"  curl -s '{router}/stores/trips/keys/{busy}/history?from=2024-06-01T00:00:00Z&to=2024-07-01T00:00:00Z"
+        "&limit=5'",
+        f"  curl -s '{router}/stores/fares_5m/keys/{busy}/windows?from=2024-06-11T10:00:00Z&to=2024-06-11T11:00:00Z'",
         f"  curl -s '{router}/admin/route?store=bookings&key={sample_data.customer_id(42)}'",
         f"  curl -s {router}/admin/partition-map",
         "",
         "Ctrl-C stops everything.",
     ]
-    print("\n".join(lines), flush=True)
+    _say("\n".join(lines))

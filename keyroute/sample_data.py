@@ -1,11 +1,14 @@
-"""Deterministic sample events for the demo and the tests: bookings per customer and trades per asset.
+"""Deterministic sample events for the demo and the tests: bookings and trips per customer, trades per asset.
 
 The same seed always gives the same files, so printed example requests always answer the same way.
 """
 
 from __future__ import annotations
 
+import csv
+import datetime as dt
 import json
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,12 +16,20 @@ from pathlib import Path
 # Keys that exercise URL encoding and UTF-8 end to end.
 SPECIAL_CUSTOMERS = ("Zoë", "東京-42", "a/b", "100%", "x+y", "what?", "#tag", "with space", "ünïcødé/ključ")
 ROUTES = ("AMS-BER", "BER-VIE", "VIE-ZRH", "ZRH-PAR", "PAR-AMS", "LON-EDI", "MAD-BCN")
+# Trips happen in June 2024; the README's customer C000042 also takes a run of them on the morning of
+# June 11th, so its history and 5-minute windows between 10:00 and 11:00 are never empty.
+TRIPS_FROM = dt.datetime(2024, 6, 1, tzinfo=dt.UTC)
+TRIPS_DAYS = 30
+BUSY_CUSTOMER = 42
+BUSY_MORNING = dt.datetime(2024, 6, 11, 10, 0, tzinfo=dt.UTC)
+BUSY_MINUTES = (2, 4, 13, 14, 27, 41, 43, 58)
 
 
 @dataclass(frozen=True, slots=True)
 class SampleFiles:
     bookings: Path
     trades: Path
+    trips: Path
     customers: int
     assets: int
 
@@ -32,7 +43,8 @@ def asset_id(i: int) -> str:
 
 
 def generate(folder: Path, events: int = 120_000, seed: int = 7) -> SampleFiles:
-    """Write bookings.jsonl and trades.jsonl with `events` lines each into `folder`."""
+    """Write bookings.jsonl and trades.jsonl with `events` lines each into `folder`, and trips.csv with
+    half as many trips (ISO 8601 times, which Spark's CSV reader takes as timestamps)."""
     rng = random.Random(seed)
     folder.mkdir(parents=True, exist_ok=True)
     customers = max(len(SPECIAL_CUSTOMERS) + 1, events // 8)
@@ -60,7 +72,31 @@ def generate(folder: Path, events: int = 120_000, seed: int = 7) -> SampleFiles:
                 "price": round(rng.uniform(1.0, 1_000.0), 4),
             }
             fh.write(json.dumps(record) + "\n")
-    return SampleFiles(bookings=bookings, trades=trades, customers=customers, assets=assets)
+    trips = folder / "trips.csv"
+    span_ms = TRIPS_DAYS * 86_400_000
+    rows = [
+        (customer_keys[rng.randrange(customers)], TRIPS_FROM + dt.timedelta(milliseconds=rng.randrange(span_ms)))
+        for _ in range(max(1, events // 2))
+    ]
+    busy = BUSY_MORNING + dt.timedelta(seconds=rng.randrange(60))
+    rows += [(customer_id(BUSY_CUSTOMER), busy + dt.timedelta(minutes=m)) for m in BUSY_MINUTES]
+    with open(trips, "w", encoding="utf-8", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["customer_id", "ts", "route", "fare"])
+        for customer, at in sorted(rows, key=lambda row: row[1]):
+            # Whole euros: the windows' sums stay exact.
+            writer.writerow([customer, _iso(at), rng.choice(ROUTES), rng.randint(9, 400)])
+    return SampleFiles(bookings=bookings, trades=trades, trips=trips, customers=customers, assets=assets)
+
+
+def _iso(at: dt.datetime) -> str:
+    """UTC with milliseconds and a Z, as keyroute's answers show timestamps."""
+    return at.strftime("%Y-%m-%dT%H:%M:%S.") + f"{at.microsecond // 1000:03d}Z"
+
+
+def _source(path: Path, relative_to: Path | None) -> str:
+    """A spec's `source`: relative to the spec's folder when given (the pipeline reads it so)."""
+    return json.dumps(str(path) if relative_to is None else os.path.relpath(path, relative_to))
 
 
 # The demo's live store: quotes per asset, produced to this topic while the demo runs.
@@ -94,10 +130,14 @@ kafka = {{ "fetch.wait.max.ms" = 20 }}
 """
 
 
-def spec_toml(files: SampleFiles, partitions: int = 12, replication_factor: int = 2) -> str:
+def spec_toml(
+    files: SampleFiles, partitions: int = 12, replication_factor: int = 2, relative_to: Path | None = None
+) -> str:
+    """The one-value stores: the latest booking per customer (`bookings`), trade totals per asset
+    (`positions`)."""
     return f"""\
 [stores.bookings]
-source = {json.dumps(str(files.bookings))}
+source = {_source(files.bookings, relative_to)}
 format = "json"
 key = "customer_id"
 key_format = "string"
@@ -109,11 +149,40 @@ order_by = "ts"
 columns = ["ts", "route", "fare", "seats"]
 
 [stores.positions]
-source = {json.dumps(str(files.trades))}
+source = {_source(files.trades, relative_to)}
 format = "json"
 key = "asset"
 partitions = {max(1, partitions // 2)}
 replication_factor = {replication_factor}
 mode = "aggregate"
 aggregations = {{ trades = "count(*)", volume = "sum(qty)", last_price = "max_by(price, ts)" }}
+"""
+
+
+def timeline_spec_toml(
+    files: SampleFiles, partitions: int = 12, replication_factor: int = 2, relative_to: Path | None = None
+) -> str:
+    """The timeline stores: every trip of a customer (`trips`, a history store) and its trips and fares per
+    5 minutes (`fares_5m`, a windowed store)."""
+    return f"""\
+[stores.trips]
+source = {_source(files.trips, relative_to)}
+format = "csv"
+key = "customer_id"
+partitions = {partitions}
+replication_factor = {replication_factor}
+mode = "history"
+order_by = "ts"
+columns = ["route", "fare"]
+
+[stores.fares_5m]
+source = {_source(files.trips, relative_to)}
+format = "csv"
+key = "customer_id"
+partitions = {partitions}
+replication_factor = {replication_factor}
+mode = "windowed"
+order_by = "ts"
+window = "5 minutes"
+aggregations = {{ trips = "count(*)", revenue = "sum(fare)" }}
 """

@@ -1,5 +1,7 @@
 """`keyroute demo` (what `make demo` runs) as a newcomer runs it: up, answering the printed requests, a live
-value moving while they watch, and Ctrl-C (SIGTERM here) leaving no process behind."""
+value moving while they watch, and however it is stopped (Ctrl-C, a closed terminal, a supervisor's
+SIGTERM, kill -9 of the demo's own process) leaving no process behind. Two stops come once the demo is
+up (SIGTERM, SIGHUP), two while its pipeline runs (Ctrl-C, kill -9), which also covers Spark's processes."""
 
 from __future__ import annotations
 
@@ -19,51 +21,151 @@ import pytest
 from keyroute import sample_data
 from tests.util import free_port, wait_for
 
-pytestmark = pytest.mark.integration
+# Each test starts a whole demo (ZooKeeper, Spark, three nodes, a router): minutes on a busy machine.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 _UP_TIMEOUT_S = 300.0
+_EVENTS = "3000"
+
+
+class DemoProcess:
+    """`keyroute demo` in a session of its own, its output collected line by line."""
+
+    def __init__(self, workdir: Path, read_until_up: bool = False) -> None:
+        self.port = free_port()
+        self._read_until_up = read_until_up
+        self.workdir = workdir
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "keyroute", "demo", "--port", str(self.port), "--workdir", str(workdir),
+             "--events", _EVENTS],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self.lines: list[str] = []
+        self.recorded: dict[int, int] = {}
+        self.up = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            self.lines.append(raw.decode(errors="replace"))
+            if "keyroute demo is up." in self.lines[-1]:
+                self.up.set()
+                if self._read_until_up:
+                    return
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_until(self, text: str) -> None:
+        deadline = time.monotonic() + _UP_TIMEOUT_S
+        while not any(text in line for line in self.lines):
+            assert self.proc.poll() is None, self.output
+            assert time.monotonic() < deadline, self.output
+            time.sleep(0.2)
+
+    def wait_up(self) -> None:
+        self.wait_until("keyroute demo is up.")
+
+    def wait_exit(self) -> int:
+        try:
+            return self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            raise
+        finally:
+            self._reader.join(timeout=10)
+
+    def stop_reading(self) -> None:
+        """Close the demo's output, once the reader has stopped (`read_until_up`)."""
+        self._reader.join(timeout=10)
+        assert not self._reader.is_alive() and self.proc.stdout is not None
+        self.proc.stdout.close()
+
+    def kill(self) -> None:
+        """Whatever a failed test left running."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        for pid in _survivors(self.recorded):
+            os.kill(int(pid.split(":")[0]), signal.SIGKILL)
+
+
+def _stat(pid: int) -> tuple[int, str, int] | None:
+    """(parent pid, state, start time in clock ticks) of a process, None when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # the command name may hold spaces and parentheses
+    return int(fields[1]), fields[0], int(fields[19])
+
+
+def _descendants(root: int) -> dict[int, int]:
+    """pid -> start time of every process below `root`."""
+    parents: dict[int, list[int]] = {}
+    starts: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            found = _stat(int(entry.name))
+            if found is not None:
+                parents.setdefault(found[0], []).append(int(entry.name))
+                starts[int(entry.name)] = found[2]
+    below: dict[int, int] = {}
+    todo = [root]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            below[child] = starts[child]
+            todo.append(child)
+    return below
+
+
+def _survivors(recorded: dict[int, int]) -> list[str]:
+    """The recorded processes still running (the same pid and start time, neither a zombie nor dead)."""
+    alive = []
+    for pid, start in recorded.items():
+        found = _stat(pid)
+        if found is not None and found[2] == start and found[1] not in ("Z", "X"):
+            try:
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:120]
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            alive.append(f"{pid}: {command!r}")
+    return alive
+
+
+def _assert_nothing_survives(demo: DemoProcess, recorded: dict[int, int]) -> None:
+    deadline = time.monotonic() + 60.0
+    while (alive := _survivors(recorded)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive, f"demo processes still running: {alive}"
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", demo.port)) != 0, "the router still listens after the demo stopped"
+
+
+def _keyroute_children(demo: DemoProcess) -> dict[int, int]:
+    """The demo's processes (ZooKeeper, the nodes, the router), recorded before it is signalled."""
+    recorded = _descendants(demo.proc.pid)
+    commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in recorded]
+    assert sum(b"ZooKeeperServerMain" in c for c in commands) == 1, commands
+    assert sum(b"keyroute\0node" in c for c in commands) == 3, commands
+    assert sum(b"keyroute\0router" in c for c in commands) == 1, commands
+    demo.recorded = recorded
+    return recorded
 
 
 def test_the_demo_comes_up_serves_a_live_store_and_stops_cleanly(tmp_path: Path) -> None:
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "keyroute",
-            "demo",
-            "--port",
-            str(port),
-            "--workdir",
-            str(tmp_path / "demo"),
-            "--events",
-            "3000",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    lines: list[str] = []
-    up = threading.Event()
-
-    def read_output() -> None:
-        assert proc.stdout is not None
-        for raw in proc.stdout:
-            lines.append(raw.decode(errors="replace"))
-            if "keyroute demo is up." in lines[-1]:
-                up.set()
-
-    reader = threading.Thread(target=read_output, daemon=True)
-    reader.start()
-    router = f"http://127.0.0.1:{port}"
+    demo = DemoProcess(tmp_path / "demo")
+    router = f"http://127.0.0.1:{demo.port}"
     try:
-        deadline = time.monotonic() + _UP_TIMEOUT_S
-        while not up.wait(0.5):
-            assert proc.poll() is None, "".join(lines)
-            assert time.monotonic() < deadline, "".join(lines)
-        banner = "".join(lines)
+        demo.wait_up()
+        banner = demo.output
         assert f"curl -s {router}/stores/bookings/keys/" in banner
         assert f"/stores/quotes/keys/{sample_data.asset_id(7)}" in banner
 
@@ -71,6 +173,19 @@ def test_the_demo_comes_up_serves_a_live_store_and_stops_cleanly(tmp_path: Path)
             booking = client.get(f"/stores/bookings/keys/{sample_data.customer_id(42)}")
             assert booking.status_code == 200, booking.text
             assert booking.json()["value"]["route"] in sample_data.ROUTES
+
+            # The README's history and windows examples: the busy customer's morning of trips.
+            busy = sample_data.customer_id(sample_data.BUSY_CUSTOMER)
+            morning = {"from": "2024-06-11T10:00:00Z", "to": "2024-06-11T11:00:00Z"}
+            trips = client.get(f"/stores/trips/keys/{busy}/history", params=morning)
+            assert trips.status_code == 200, trips.text
+            rows = trips.json()["rows"]
+            assert len(rows) >= len(sample_data.BUSY_MINUTES)
+            assert all(set(row) == {"ts", "route", "fare"} for row in rows), rows
+            windows = client.get(f"/stores/fares_5m/keys/{busy}/windows", params=morning)
+            assert windows.status_code == 200, windows.text
+            counted = [window["value"]["trips"] for window in windows.json()["windows"]]
+            assert sum(counted) == len(rows) and len(counted) > 1
 
             def quote() -> httpx.Response | None:
                 found = client.get(f"/stores/quotes/keys/{sample_data.asset_id(7)}")
@@ -86,18 +201,62 @@ def test_the_demo_comes_up_serves_a_live_store_and_stops_cleanly(tmp_path: Path)
             later = wait_for(moved, timeout_s=60.0, message="the quotes partition's offset to move")
             assert later.json()["value"]["seq"] >= first.json()["value"]["seq"]
             assert set(later.json()["value"]) == {"ts", "bid", "seq"}
+        recorded = _keyroute_children(demo)
+        demo.proc.send_signal(signal.SIGTERM)
+        code = demo.wait_exit()
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise
-        reader.join(timeout=10)
-    assert code == 0, "".join(lines)
-    assert "all demo processes stopped." in "".join(lines)
-    with socket.socket() as sock:
-        assert sock.connect_ex(("127.0.0.1", port)) != 0, "the router still listens after the demo stopped"
+        demo.kill()
+    assert code == 0, demo.output
+    assert "all demo processes stopped." in demo.output
+    _assert_nothing_survives(demo, recorded)
     log_dir = tmp_path / "demo" / "logs"
     assert json.dumps(sorted(p.name for p in log_dir.iterdir()))  # every process kept a log
+
+
+def test_closing_the_demos_terminal_stops_every_demo_process(tmp_path: Path) -> None:
+    """SIGHUP, as a closed terminal or `tmux kill-session` sends it: the terminal is gone too, so the
+    demo's output goes nowhere (here: a pipe nobody reads any more) and stopping must not depend on it."""
+    demo = DemoProcess(tmp_path / "demo", read_until_up=True)
+    try:
+        demo.wait_up()
+        recorded = _keyroute_children(demo)
+        demo.stop_reading()  # the demo's next write fails (EPIPE), as on a terminal that is gone
+        demo.proc.send_signal(signal.SIGHUP)
+        code = demo.wait_exit()
+    finally:
+        demo.kill()
+    assert code == 0
+    _assert_nothing_survives(demo, recorded)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+def test_a_signal_while_the_pipeline_runs_stops_every_demo_process(tmp_path: Path, signum: int) -> None:
+    """While the pipeline runs, so that its Spark JVM and Spark's Python workers go too (and the test does
+    not wait for a whole start). Ctrl-C runs the demo's clean-up; kill -9 runs none: each child learns of
+    its parent's death from the kernel, the Spark JVM from its driver's closed pipe."""
+    demo = DemoProcess(tmp_path / "demo")
+    try:
+        demo.wait_until("running the Spark pipeline")
+
+        def building() -> dict[int, int] | None:
+            below = _descendants(demo.proc.pid)
+            commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in below]
+            pipeline = any(b"keyroute\0pipeline" in c for c in commands)
+            return below if pipeline and any(b"org.apache.spark.deploy.SparkSubmit" in c for c in commands) else None
+
+        recorded = demo.recorded = wait_for(
+            building, timeout_s=120.0, interval_s=0.1, message="the pipeline and its Spark JVM to start"
+        )
+        commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in recorded]
+        assert sum(b"ZooKeeperServerMain" in c for c in commands) == 1, commands
+        assert sum(b"keyroute\0node" in c for c in commands) == 3, commands
+        demo.proc.send_signal(signum)
+        code = demo.wait_exit()
+        if signum == signal.SIGKILL:
+            assert code == -signal.SIGKILL
+        else:
+            assert code == 0, demo.output
+            assert "all demo processes stopped." in demo.output
+        _assert_nothing_survives(demo, recorded)
+    finally:
+        demo.kill()

@@ -1,0 +1,260 @@
+"""Every shell and Python block of README.md runs as written against one running `keyroute demo`, in README
+order: each command exits 0, each curl answers 200 with JSON (asked again until then, within a deadline: a
+quote may not be produced yet, a version may still be loading; the fields an example's `# {...}` comment
+shows with a value are in the answer with that value), a `$ command` prints the output below it, the client
+example prints values, and the "Your first cluster" section brings up a second cluster from the demo's
+files. A line that cannot run here is skipped only with its reason in _SKIPPED.
+
+What the test changes in the text, and only that: the ports (the demo's 8080, the own cluster's 8090-8092)
+become free ones, `127.0.0.1:2181` becomes the session's ZooKeeper, curl gets `--write-out` for its status
+code, and commands run in a folder whose `.keyroute-demo/` is the demo's work directory.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from keyroute.core.zookeeper_server import EmbeddedZooKeeper
+from tests.integration.test_demo import DemoProcess
+from tests.util import free_port
+
+# The first block starts the demo, the own cluster's block runs the pipeline again: minutes on a busy machine.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+# Lines of README blocks the test does not run, by how they start, and why.
+_SKIPPED = {
+    "make demo": "starts the demo, which this test has already started once for every block (`keyroute demo`)",
+    "make test": "runs the whole test suite, this test included",
+    "keyroute zookeeper": "the test runs against the session's ZooKeeper (its address replaces 127.0.0.1:2181)",
+}
+_STATUS = "\n__status__=%{http_code}"
+_CURL_DEADLINE_S = 120.0
+
+
+@dataclass(frozen=True)
+class Block:
+    index: int
+    language: str
+    heading: str
+    text: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.index}-{self.language}-{re.sub(r'[^a-z0-9]+', '-', self.heading.lower()).strip('-')}"
+
+
+def _blocks() -> list[Block]:
+    found, heading = [], ""
+    for match in re.finditer(r"^(#{1,6} [^\n]+)$|^```(\w*)\n(.*?)^```", README, re.MULTILINE | re.DOTALL):
+        if match.group(1):
+            heading = match.group(1).lstrip("# ")
+        elif match.group(2) in ("sh", "bash", "python"):
+            found.append(Block(len(found), match.group(2), heading, match.group(3)))
+    return found
+
+
+BLOCKS = _blocks()
+
+
+def _skip_reason(line: str) -> str | None:
+    return next((why for start, why in _SKIPPED.items() if line.startswith(start)), None)
+
+
+@dataclass
+class Readme:
+    """The state the blocks share: the folder they run in, the replacements, the background processes."""
+
+    folder: Path
+    replace: dict[str, str]
+    env: dict[str, str]
+    background: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    done: dict[int, str] = field(default_factory=dict)
+
+    def text(self, source: str) -> str:
+        for old, new in self.replace.items():
+            source = source.replace(old, new)
+        return source
+
+    def run(self, block: Block) -> str:
+        """Run the blocks before `block` first (later ones build on them); what was skipped, and why."""
+        for earlier in BLOCKS[: block.index + 1]:
+            if earlier.index not in self.done:
+                run = self._python if earlier.language == "python" else self._shell
+                self.done[earlier.index] = run(earlier)
+        return self.done[block.index]
+
+    def _python(self, block: Block) -> str:
+        out = subprocess.run(
+            [sys.executable, "-c", self.text(block.text)], cwd=self.folder, env=self.env, capture_output=True,
+            text=True, timeout=300,
+        )
+        assert out.returncode == 0, f"the README's Python block failed:\n{block.text}\n{out.stderr}"
+        printed = out.stdout.splitlines()
+        assert printed, f"the README's Python block printed nothing:\n{block.text}"
+        for line in printed:
+            assert isinstance(ast.literal_eval(line), dict), f"not a value: {line!r}"
+        return ""
+
+    def _shell(self, block: Block) -> str:
+        ran, skipped, output_of = 0, [], None
+        lines = block.text.splitlines()
+        for n, line in enumerate(lines):
+            if output_of is not None and line.strip() and not line.startswith("$ "):
+                continue  # the output shown after a `$ command`
+            output_of = None
+            if not line.strip() or line.startswith("#"):
+                continue
+            reason = _skip_reason(line.removeprefix("$ "))
+            if reason is not None:
+                skipped.append(f"`{line.split('#')[0].strip()}`: {reason}")
+                continue
+            ran += 1
+            if line.startswith("$ "):
+                output_of = line
+                shown = []
+                for following in lines[n + 1 :]:
+                    if following.startswith("$ ") or not following.strip():
+                        break
+                    shown.append(following)
+                self._command(line[2:], shown_output="\n".join(shown))
+            else:
+                following = lines[n + 1] if n + 1 < len(lines) else ""
+                self._command(line, shown_answer=following[2:] if following.startswith("# {") else None)
+        if not ran:
+            return "SKIPPED " + "; ".join(skipped)
+        return "; ".join(skipped)
+
+    def _command(self, line: str, shown_output: str | None = None, shown_answer: str | None = None) -> None:
+        command = self.text(line)
+        if command.rstrip().endswith("&"):
+            log = open(self.folder / f"background-{len(self.background)}.log", "ab")
+            self.background.append(
+                subprocess.Popen(
+                    ["bash", "-c", "exec " + command.rstrip().removesuffix("&")], cwd=self.folder, env=self.env,
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                )
+            )
+            log.close()
+            return
+        curl = command.startswith("curl ")
+        if curl:
+            command = command.split("  #")[0] + f" --write-out {shlex.quote(_STATUS)}"
+        deadline = time.monotonic() + _CURL_DEADLINE_S
+        while True:
+            out = subprocess.run(
+                ["bash", "-c", command], cwd=self.folder, env=self.env, capture_output=True, text=True, timeout=600
+            )
+            # A curl may come before what it reads is there (a quote not yet produced, a version still
+            # loading): it is asked again until it answers 200 or the deadline passes.
+            if not curl or (out.returncode == 0 and out.stdout.endswith("__status__=200")):
+                break
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert out.returncode == 0, f"`{line}` exited {out.returncode}:\n{out.stdout}\n{out.stderr}\n{self._logs()}"
+        if shown_output is not None:
+            assert out.stdout.strip() == shown_output.strip(), f"`{line}` printed:\n{out.stdout}"
+        if curl:
+            _check_answer(line, out.stdout, shown_answer)
+
+    def _logs(self) -> str:
+        return "\n".join(
+            f"--- {log.name}:\n{log.read_text(errors='replace')[-3000:]}" for log in sorted(self.folder.glob("*.log"))
+        )
+
+    def stop(self) -> None:
+        for proc in reversed(self.background):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.background:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _check_answer(line: str, output: str, shown: str | None) -> None:
+    body, _, status = output.rpartition("\n__status__=")
+    assert status == "200", f"`{line}` answered {status}: {body}"
+    if "-si " in line or "-i " in line:
+        assert body.startswith("HTTP/1.1 200"), body
+        body = re.split(r"\r?\n\r?\n", body, maxsplit=1)[1]
+    answer = json.loads(body)
+    for name, value in _shown_fields(shown or ""):
+        assert answer.get(name) == value, f"`{line}`: {name} is {answer.get(name)!r}, the README shows {value!r}"
+
+
+def _shown_fields(shown: str) -> Iterator[tuple[str, Any]]:
+    """The top-level fields of an example answer (`{"store": "x", "partition": 8, "value": {...}}`) whose
+    value it spells out: strings and integers, not `...`."""
+    depth = 0
+    for n, char in enumerate(shown):
+        depth += char in "{[" and 1 or char in "}]" and -1 or 0
+        if depth == 1 and char in "{,":
+            found = re.match(r'[{,]\s*"(\w+)":\s*("[^".]*"|-?\d+)(?=[,}])', shown[n:])
+            if found:
+                yield found.group(1), json.loads(found.group(2))
+
+
+@pytest.fixture(scope="module")
+def readme(tmp_path_factory: pytest.TempPathFactory, zk_server: EmbeddedZooKeeper) -> Iterator[Readme]:
+    folder = tmp_path_factory.mktemp("readme")
+    demo = DemoProcess(folder / ".keyroute-demo")
+    try:
+        demo.wait_up()
+        bin_dir = str(Path(sys.executable).parent)
+        state = Readme(
+            folder=folder,
+            replace={
+                "127.0.0.1:8080": f"127.0.0.1:{demo.port}",
+                **{f"{name}{port}": f"{name}{free}" for port in (8090, 8091, 8092) for free in [free_port()]
+                   for name in ("127.0.0.1:", "--port ")},
+                "127.0.0.1:2181": zk_server.connect_string,
+            },
+            env={**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""), "PYTHONUNBUFFERED": "1"},
+        )
+        yield state
+        state.stop()
+        demo.proc.send_signal(signal.SIGTERM)
+        assert demo.wait_exit() == 0, demo.output
+    finally:
+        demo.kill()
+
+
+def test_the_skip_table_names_only_lines_the_readme_has() -> None:
+    lines = [line.removeprefix("$ ") for block in BLOCKS for line in block.text.splitlines()]
+    for start in _SKIPPED:
+        assert any(line.startswith(start) for line in lines), f"no README line starts with {start!r} any more"
+
+
+def test_the_readme_has_the_blocks_this_test_is_about() -> None:
+    languages = {block.language for block in BLOCKS}
+    assert {"sh", "python"} <= languages
+    assert any(block.heading == "Your first cluster" for block in BLOCKS)
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=lambda block: block.id)
+def test_a_readme_block_runs_as_written(block: Block, readme: Readme) -> None:
+    skipped = readme.run(block)
+    if skipped.startswith("SKIPPED "):
+        pytest.skip(skipped.removeprefix("SKIPPED "))
+    if skipped:
+        print(f"lines not run in README block {block.id}: {skipped}")
