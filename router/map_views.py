@@ -59,6 +59,8 @@ _HEAT_CHAR = {SERVED: "s", UNDER_REPLICATED: "r", LOADING: "l", UNSERVED: "u"}
 _WORST = {UNSERVED: 3, LOADING: 2, UNDER_REPLICATED: 1, SERVED: 0}
 # The full document goes out in pieces of this size, so one answer never holds a write for long.
 _CHUNK = 1 << 20
+# Pages of detail kept per map (the pages open operators' pages ask again at each change of the map).
+_DETAIL_KEPT = 64
 _MAP_PARAMS = frozenset({"detail", "store", "node", "state", "partition", "limit", "cursor", "since", "wait_s"})
 _ROUTING_PARAMS = frozenset({"since", "store"})
 HEADER_MAP_AGE = "x-keyroute-map-age-s"
@@ -86,6 +88,7 @@ class Views:
         self._owner = owner
         self._lock = threading.RLock()  # a part may be made of others
         self._parts: dict[str, Any] = {}
+        self._details: dict[DetailQuery, bytes] = {}
 
     def ready(self, name: str) -> Any:
         """A part already built (None: not yet): answered without a thread."""
@@ -267,7 +270,21 @@ class Views:
     def index(self) -> DetailIndex:
         return self.part("index", lambda: DetailIndex(self.map, self.live()))  # type: ignore[no-any-return]
 
+    def kept_detail(self, query: DetailQuery) -> bytes | None:
+        return self._details.get(query)
+
     def detail(self, query: DetailQuery) -> bytes:
+        """One page of the partitions `query` selects (the last `_DETAIL_KEPT` pages asked are kept)."""
+        kept = self._details.get(query)
+        if kept is None:
+            kept = self._make_detail(query)
+            with self._lock:
+                if len(self._details) >= _DETAIL_KEPT:
+                    del self._details[next(iter(self._details))]
+                self._details[query] = kept
+        return kept
+
+    def _make_detail(self, query: DetailQuery) -> bytes:
         index = self.index()
         positions = index.select(query)
         start = 0 if query.cursor is None else bisect.bisect_right(positions, index.position_of(query.cursor))
@@ -705,7 +722,7 @@ async def partition_map(request: Request) -> Response:
         body = views.ready("summary") or await run_in_threadpool(views.summary)
     else:
         assert isinstance(query, DetailQuery)
-        body = await run_in_threadpool(views.detail, query)
+        body = views.kept_detail(query) or await run_in_threadpool(views.detail, query)
     return Response(body, media_type="application/json", headers=headers)
 
 
