@@ -467,7 +467,8 @@ class RoutingTables:
     def document(self, m: PartitionMap, names: list[str], since: int | None) -> bytes:
         parts = [(name, self.store_part(m, name)) for name in names]
         with self._lock:
-            nodes = _dumps(self.nodes)
+            # No store part: no index to resolve (an answer to ?since=G when nothing routes differently).
+            nodes = _dumps(self.nodes if parts else [])
         head = {
             "format": ROUTING_FORMAT,
             "generation": m.generation,
