@@ -306,3 +306,31 @@ class MapViewsProbe:
             for name in new.routes
         }
         return dataclasses.replace(new, routes=routes)
+
+
+def test_each_view_is_built_once_per_map_and_never_on_the_event_loop(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    built: list[tuple[str, int]] = []
+    for name in ("_make_summary", "_make_detail"):
+        original = getattr(Views, name)
+
+        def spy(self, *args, _original=original, _name=name):  # type: ignore[no-untyped-def]
+            built.append((_name, threading.get_ident()))
+            return _original(self, *args)
+
+        monkeypatch.setattr(Views, name, spy)
+
+    async def scenario() -> None:
+        loop_thread = threading.get_ident()
+        async with router(cluster_map()) as r:
+            for _ in range(3):
+                assert (await r.client.get("/admin/partition-map")).status_code == 200
+                assert (await r.client.get("/admin/partition-map", params={"store": "a"})).status_code == 200
+            assert [name for name, _ in built] == ["_make_summary", "_make_detail"]
+            await r.push(cluster_map(generation=8))
+            assert (await r.client.get("/admin/partition-map")).json()["generation"] == 8
+            assert [name for name, _ in built] == ["_make_summary", "_make_detail", "_make_summary"]
+            assert all(thread != loop_thread for _, thread in built)
+
+    run(scenario)
