@@ -210,8 +210,9 @@ class _DirectMap:
         if previous is not None:
             named = set(doc["store_names"])
             stores = {name: locator for name, locator in previous.stores.items() if name in named}
+        by_version: dict[int, list[Endpoint]] = {}
         for name, store in doc["stores"].items():
-            stores[name] = _locator_of_routing(name, store, nodes)
+            stores[name] = _locator_of_routing(name, store, nodes, by_version)
         direct_map = cls.__new__(cls)
         direct_map.map_generation = int(doc["generation"])
         direct_map.stores = stores
@@ -228,23 +229,32 @@ class _DirectMap:
             return None
 
 
-def _locator_of_routing(name: str, store: Mapping[str, Any], nodes: list[tuple[str, str]]) -> StoreLocator:
-    version = int(store["version"])
-    other = {int(p): int(v) for p, v in store.get("versions", {}).items()}
-    endpoints: dict[tuple[int, int], Endpoint] = {}
+def _locator_of_routing(
+    name: str, store: Mapping[str, Any], nodes: list[tuple[str, str]], by_version: dict[int, list[Endpoint]]
+) -> StoreLocator:
+    """One store of a routing view; `by_version` holds the node table's endpoints per version, shared by
+    the stores of one view (a partition's replicas are indices into it)."""
 
-    def endpoint(index: int, v: int) -> Endpoint:
-        ep = endpoints.get((index, v))
-        if ep is None:
-            node_id, url = nodes[index]
-            ep = endpoints[(index, v)] = Endpoint(node_id, url, v)
-        return ep
+    def at(version: int) -> list[Endpoint]:
+        endpoints = by_version.get(version)
+        if endpoints is None:
+            endpoints = by_version[version] = [Endpoint(node_id, url, version) for node_id, url in nodes]
+        return endpoints
 
-    serving = tuple(
-        tuple(endpoint(i, other.get(p, version)) for i in replicas) for p, replicas in enumerate(store["replicas"])
-    )
+    replicas = store["replicas"]
+    of_version = at(int(store["version"])).__getitem__
+    serving = [tuple(map(of_version, indices)) for indices in replicas]
+    for p, v in store.get("versions", {}).items():
+        p = int(p)
+        if 0 <= p < len(serving):
+            serving[p] = tuple(map(at(int(v)).__getitem__, replicas[p]))
     return StoreLocator(
-        name, int(store["partitions"]), Partitioner(store["partitioner"]), KeyFormat(store["key_format"]), (), serving
+        name,
+        int(store["partitions"]),
+        Partitioner(store["partitioner"]),
+        KeyFormat(store["key_format"]),
+        (),
+        tuple(serving),
     )
 
 

@@ -371,3 +371,21 @@ def test_direct_routing_reads_the_whole_map_of_a_router_without_a_routing_view()
             "http://router/admin/partition-map",
             "http://n1" + path,
         ]
+
+
+def test_a_routing_view_gives_each_partition_its_replicas_at_the_version_they_serve() -> None:
+    from keyroute.client._base import _DirectMap
+
+    doc = routing(3, {0: ["http://n1", "http://n2"], 1: ["http://n2"]})
+    doc["stores"]["s"]["versions"] = {"1": 7}
+    direct = _DirectMap.of_routing(doc, None)
+    locator = direct.stores["s"]
+    assert [(ep.node_id, ep.url, ep.version) for ep in locator.serving[0]] == [
+        ("http://n1", "http://n1", 1),
+        ("http://n2", "http://n2", 1),
+    ]
+    assert [ep.version for ep in locator.serving[1]] == [7] and locator.serving[2] == ()
+    # A partial view keeps the other stores the router still names, and drops those it does not.
+    other = {**doc, "stores": {}, "store_names": ["s"], "generation": 4}
+    assert _DirectMap.of_routing(other, direct).stores["s"] is locator
+    assert _DirectMap.of_routing({**other, "store_names": []}, direct).stores == {}
