@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -54,8 +55,6 @@ def artifacts(tmp_path: Path) -> Path:
 @contextmanager
 def records_router(tmp_path: Path, *args: str) -> Iterator[str]:
     """A router process serving a map built from records (tests/integration/records_router.py)."""
-    import subprocess
-
     port = free_port()
     log = open(tmp_path / f"records-router-{port}.log", "wb")
     proc = subprocess.Popen(
