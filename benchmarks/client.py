@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             procs.append(router)
 
             def served() -> bool:
-                body = httpx.get(url + "/admin/partition-map").json()
+                body = httpx.get(url + "/admin/partition-map?detail=all").json()
                 placed = {s["node"] for e in body["stores"]["s"]["partition_map"] for s in e["serving"]}
                 return placed == {"n1", "n2"} and all(e["serving"] for e in body["stores"]["s"]["partition_map"])
 

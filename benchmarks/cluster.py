@@ -137,7 +137,7 @@ class Cluster:
         return url
 
     def settled(self, router: str, nodes: set[str], rf: int) -> bool:
-        m = self.http.get(router + "/admin/partition-map").json()
+        m = self.http.get(router + "/admin/partition-map?detail=all").json()
         if m["stale"] or set(m["nodes"]) != nodes or STORE not in m["stores"]:
             return False
         entries = m["stores"][STORE]["partition_map"]
@@ -339,7 +339,7 @@ def measure_cluster(work: Path, zk_server: EmbeddedZooKeeper, args: argparse.Nam
         killed = time.monotonic()
         cluster.nodes["n2"][0].kill9()
         wait(
-            lambda: "n2" not in cluster.http.get(router + "/admin/partition-map").json()["nodes"],
+            lambda: "n2" not in cluster.http.get(router + "/admin/partition-map?detail=all").json()["nodes"],
             60,
             "n2 dropped",
             0.02,

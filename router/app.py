@@ -24,7 +24,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from keyroute.core.api import HEADER_REQUEST_ID, ApiError, BadRequest
-from keyroute.core.live_status import LiveStatusReader, annotate
+from keyroute.core.live_status import LiveStatusReader
 from keyroute.core.logs import bind_request_id
 from keyroute.core.metrics import CONTENT_TYPE
 from keyroute.core.partition_map import PartitionMap
@@ -36,7 +36,7 @@ from keyroute.http.admission import RequestGuard
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.lifespan import StartupError
 from keyroute.http.upstream import Upstream
-from keyroute.router import ui
+from keyroute.router import map_views, ui
 from keyroute.router.limits import admission
 from keyroute.router.map_source import MapSource, ZooKeeperMapSource
 from keyroute.router.openapi import OPENAPI_JSON
@@ -114,12 +114,14 @@ def create_app(
         # A source without a ZooKeeper session (tests) has no live status to show.
         app.state.live_status = LiveStatusReader(lambda: getattr(source, "client", None))
         app.state.map_source = source
+        views = app.state.map_views = map_views.MapViews(app.state.live_status)
         loop = asyncio.get_running_loop()
         built: list[RoutingTable] = []  # the last table built, on the source's thread
         first_map = asyncio.Event()
 
         def install(table: RoutingTable) -> None:
             proxy.install(table)
+            views.observe(table.map)
             first_map.set()
 
         def on_map(new_map: PartitionMap) -> None:
@@ -164,13 +166,6 @@ def create_app(
                 "referrer-policy": "no-referrer",
             },
         )
-
-    async def partition_map(request: Request) -> Response:
-        m = _proxy(request).table.map
-        body = {**m.describe(), "router": True}
-        annotate(body, m, await run_in_threadpool(request.app.state.live_status.read_for, m))
-        body.update(_cluster_state(request))
-        return JSONResponse(body)
 
     async def route(request: Request) -> Response:
         store, key = request.query_params.get("store"), request.query_params.get("key")
@@ -226,7 +221,8 @@ def create_app(
     checks = admission(settings)
     app = Starlette(
         routes=[
-            Route("/admin/partition-map", partition_map, methods=["GET"]),
+            Route(map_views.PARTITION_MAP_PATH, map_views.partition_map, methods=["GET"]),
+            Route(map_views.ROUTING_PATH, map_views.routing, methods=["GET"]),
             Route("/admin/route", route, methods=["GET"]),
             Route(ui.PATH, partition_map_page, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
@@ -253,10 +249,7 @@ def _proxy(request: Request) -> Proxy:
     return proxy
 
 
-def _cluster_state(request: Request) -> dict[str, str]:
-    """`{"cluster": "empty", "cluster_message": ...}` while the chroot holds no cluster, else nothing."""
-    message = getattr(getattr(request.app.state, "map_source", None), "empty_cluster", None)
-    return {"cluster": "empty", "cluster_message": message} if message else {}
+_cluster_state = map_views.cluster_state
 
 
 def _json_bytes(obj: Any) -> Response:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from keyroute.router.map_views import DEFAULT_LIMIT, FILTER_STATES, MAX_LIMIT, MAX_WAIT_S
+
 
 def _error(description: str, *, retry_after: bool = False, challenge: bool = False) -> dict[str, Any]:
     response: dict[str, Any] = {
@@ -43,6 +45,16 @@ _ADMIN = {
     "401": _error("`unauthorized`: an admin token is configured and was not presented", challenge=True),
 }
 _NOT_ALLOWED = {"405": _error("`method_not_allowed`")}
+_NOT_MODIFIED: dict[str, Any] = {}  # filled in below, once the headers are
+_INT0 = {"type": "integer", "minimum": 0}
+_VIEW_HEADERS = {
+    "ETag": {"description": "the map and assignment generations this view is of", "schema": {"type": "string"}},
+    "X-Keyroute-Map-Age-S": {
+        "description": "seconds since the router's map last changed (a quiet cluster's map grows old: fine)",
+        "schema": {"type": "string"},
+    },
+}
+_NOT_MODIFIED.update(description="the map is still the one If-None-Match names", headers=_VIEW_HEADERS)
 _STORE = {"name": "store", "in": "path", "required": True, "schema": {"type": "string"}, "description": "store name"}
 _READ_HEADERS = {
     name: {"description": description, "schema": {"type": "string"}}
@@ -288,17 +300,65 @@ OPENAPI: dict[str, Any] = {
         "/admin/partition-map": {
             "get": {
                 "operationId": "partitionMap",
-                "summary": "Stores, nodes, and per partition the assigned and serving nodes",
+                "summary": "The partition map: a summary, filtered and paged detail, or the whole document",
+                "description": "Without parameters, a summary that does not grow with partitions (per store its "
+                "counts of partitions served, under-replicated, unserved, loading and lagging, live lag max and "
+                "p99, and a heat strip; per node its zone, state and partition counts; totals and problems). "
+                "With `store`, `node`, `state` or `partition` (combined: all must hold), the matching "
+                "partitions, paged by `limit` and `cursor`. `detail=all`: the whole document (every store's "
+                "every partition). Every answer carries an `ETag` (the map and assignment generations) and "
+                "honours `If-None-Match` (304). `since` with `wait_s` is a long poll: it answers when the map "
+                "passes generation `since` (or its ETag is no longer the `If-None-Match` given), else after "
+                "`wait_s` seconds.",
                 "security": [{"adminToken": []}, {}],
+                "parameters": [
+                    _query("detail", "`all`: the whole document", {"enum": ["all"]}),
+                    _query("store", "only this store's partitions"),
+                    _query("node", "only partitions this node is assigned or serves"),
+                    _query("state", "only partitions in this state", {"enum": list(FILTER_STATES)}),
+                    _query("partition", "only this partition (of `store`, else of every store)", _INT0),
+                    _query("limit", f"partitions per page (default {DEFAULT_LIMIT})",
+                           {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}),
+                    _query("cursor", "the `next` of the previous page"),
+                    _query("since", "the map generation the caller has (long poll)", _INT0),
+                    _query("wait_s", "how long a long poll may wait",
+                           {"type": "number", "minimum": 0, "maximum": MAX_WAIT_S}),
+                ],
                 "responses": {
-                    "200": _json("PartitionMap", "the router's current view"),
+                    "200": _json("PartitionMap", "the router's current view", _VIEW_HEADERS),
+                    "304": _NOT_MODIFIED,
+                    "400": _error("`bad_request`: a parameter is unknown, repeated or out of range; it is named"),
                     **_ADMIN,
                     **_NOT_ALLOWED,
                     **_GUARD,
                     **_INTERNAL,
                 },
             }
-        },
+        },  # fmt: skip
+        "/routing": {
+            "get": {
+                "operationId": "routing",
+                "summary": "What a client needs to send each key to a node serving it (direct routing)",
+                "description": "Per store its shape, partitioner, key format and version, and per partition the "
+                "serving replicas (preferred first) as indices into `nodes` ([node id, URL] pairs). `since`: "
+                "only the stores whose routing changed after that map generation (all of them when the router "
+                "does not know that far back: `since` is then absent from the answer); `store` (repeatable): "
+                "only those stores. ETag and If-None-Match (304) as the partition map. Open like the data API: "
+                "it says no more than reads through the router and the nodes' own answers already show.",
+                "parameters": [
+                    _query("since", "the map generation the caller has", _INT0),
+                    _query("store", "only this store (repeat for several)"),
+                ],
+                "responses": {
+                    "200": _json("Routing", "the routing view", _VIEW_HEADERS),
+                    "304": _NOT_MODIFIED,
+                    "400": _error("`bad_request`: a parameter is unknown or out of range; it is named"),
+                    **_NOT_ALLOWED,
+                    **_GUARD,
+                    **_INTERNAL,
+                },
+            }
+        },  # fmt: skip
         "/admin/ui": {
             "get": {
                 "operationId": "partitionMapPage",
@@ -559,17 +619,34 @@ OPENAPI: dict[str, Any] = {
             },
             "PartitionMap": {
                 "type": "object",
-                "description": "stores (partitions, partitioner, key format, version), nodes, and per partition "
+                "description": "`view` says which: `summary` (the default), `detail` (`partitions`, `matched`, "
+                "and `next` when more pages follow) or, with `detail=all`, the whole document without `view`: "
+                "stores (partitions, partitioner, key format, version), nodes, and per partition "
                 "the assigned replicas and the serving nodes with versions; the map generation, the assignment "
                 "generation and the map's age. A live "
                 "store says `live` (and `topic`), and each of its partitions lists under `live` every replica's "
                 "report: node, version, offset, lag_records, lag_ms, state, applied, skipped, error",
-                "required": ["stores", "nodes", "generation"],
+                "required": ["generation"],
                 "properties": {
+                    "view": {"enum": ["summary", "detail"]},
                     "stores": {"type": "object"},
                     "nodes": {"type": "object"},
                     "generation": {"type": "integer", "description": _MAP_GENERATION},
                     "router": {"type": "boolean"},
+                },
+            },
+            "Routing": {
+                "type": "object",
+                "required": ["format", "generation", "nodes", "stores", "store_names"],
+                "properties": {
+                    "format": {"type": "integer", "description": "raised on a change older clients cannot read"},
+                    "generation": {"type": "integer", "description": _MAP_GENERATION},
+                    "assignment_generation": {"type": "integer"},
+                    "stale": {"type": "boolean"},
+                    "since": {"type": "integer", "description": "present when only changed stores are given"},
+                    "store_names": {"type": "array", "items": {"type": "string"}},
+                    "nodes": {"type": "array", "items": {"type": "array", "items": {"type": "string"}}},
+                    "stores": {"type": "object"},
                 },
             },
             "Endpoint": {

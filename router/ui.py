@@ -1,17 +1,28 @@
-"""The partition-map page a router serves at `/admin/ui`: the cluster as a picture, updating itself.
+"""The partition-map page a router serves at `/admin/ui`: the cluster as a picture, readable at 1,000 nodes.
 
 One self-contained HTML document (inline CSS and JavaScript, no external fonts, scripts or styles: it works
-in an air-gapped cluster). The page polls `/admin/partition-map` every second with the admin token it was
-opened with (`/admin/ui?token=...`; the token is then removed from the address bar and sent as
-`Authorization: Bearer`), and redraws: the map generation, the map's age and staleness; every node with its URL and
-whether it is leaving; per store, every partition's assigned replicas and the nodes serving it at which
-version, a live partition's offset and lag per replica, and a node that is assigned but gone. Every text
-from the map is set as text, never as markup.
+in an air-gapped cluster). What it shows, top to bottom:
+
+- the summary: map generation, fresh or stale and the map's age (explained in a tooltip), totals, and what
+  is wrong right now with counts (unserved, loading, under-replicated and lagging partitions per store,
+  nodes gone or leaving), a banner when the cluster is empty;
+- stores, problems first: per store its counts, live lag and a heat strip of its partitions (each cell the
+  worst state among the partitions it covers);
+- nodes as a grid, problems first (gone, leaving), each cell shaded by the partitions it serves against the
+  mean, so balance and gaps show at a glance;
+- a drill-down into one store or one node (a click), its partitions filtered and paged by the router
+  (`?store=`, `?node=`, `?state=`, `limit`, `cursor`), problem states first.
+
+It long-polls the summary (`?since=G&wait_s=N` with `If-None-Match`: a quiet cluster costs the router a 304
+now and then), fetches a drill-down only while it is open, and never the whole document. It sends no token
+of its own: same-origin requests carry the admin cookie, and a 401 sends the browser to
+`/admin/login?next=/admin/ui`. Every text from the map is set as text, never as markup.
 """
 
 from __future__ import annotations
 
 PATH = "/admin/ui"
+LOGIN = "/admin/login?next=/admin/ui"
 
 PAGE = """<!doctype html>
 <html lang="en">
@@ -20,19 +31,34 @@ PAGE = """<!doctype html>
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>keyroute - partition map</title>
 <style>
-  :root { --ok: #1f7a3a; --warn: #a86500; --bad: #b3261e; --muted: #666; --line: #ddd; }
+  :root { --ok: #1f7a3a; --warn: #a86500; --bad: #b3261e; --load: #3b5bb5; --muted: #666; --line: #ddd; }
   body { font: 14px/1.4 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; color: #222; }
-  header { display: flex; gap: 1.5em; align-items: baseline; padding: 0.8em 1.2em; background: #f4f4f6;
-           border-bottom: 1px solid var(--line); position: sticky; top: 0; }
+  header { display: flex; flex-wrap: wrap; gap: 1.2em; align-items: baseline; padding: 0.7em 1.2em;
+           background: #f4f4f6; border-bottom: 1px solid var(--line); position: sticky; top: 0; z-index: 1; }
   h1 { font-size: 1.15em; margin: 0; }
-  h2 { font-size: 1.05em; margin: 1.2em 0 0.4em; }
+  h2 { font-size: 1.05em; margin: 1.1em 0 0.4em; }
   main { padding: 0 1.2em 2em; }
   .badge { display: inline-block; padding: 0 0.5em; border-radius: 0.8em; font-size: 0.85em; color: #fff; }
   .ok { background: var(--ok); } .warn { background: var(--warn); } .bad { background: var(--bad); }
+  .load { background: var(--load); }
   .muted { color: var(--muted); }
+  [title] { cursor: help; }
+  #banner { display: none; margin: 0.8em 0; padding: 0.6em 0.9em; background: #fff4e0;
+            border: 1px solid var(--warn); border-radius: 0.3em; }
+  #problems li { margin: 0.1em 0; }
+  #problems.none { color: var(--ok); }
   table { border-collapse: collapse; margin: 0.3em 0; }
-  th, td { border: 1px solid var(--line); padding: 0.2em 0.6em; text-align: left; vertical-align: top; }
+  th, td { border: 1px solid var(--line); padding: 0.15em 0.5em; text-align: left; vertical-align: top; }
+  td.n { text-align: right; font-variant-numeric: tabular-nums; }
   th { background: #fafafa; font-weight: 600; }
+  button.link { border: 0; background: none; color: #1a4fb4; cursor: pointer; padding: 0; font: inherit;
+                text-decoration: underline; }
+  canvas.heat { display: block; border: 1px solid var(--line); }
+  #grid { display: grid; grid-template-columns: repeat(auto-fill, 14px); gap: 2px; max-width: 100%; }
+  #grid .cell { width: 14px; height: 14px; border-radius: 2px; cursor: pointer; }
+  #grid .cell.gone { background: var(--bad); } #grid .cell.leaving { background: var(--warn); }
+  .legend span { display: inline-block; margin-right: 1em; }
+  .swatch { display: inline-block; width: 0.9em; height: 0.9em; vertical-align: -0.1em; border-radius: 2px; }
   .replica { display: inline-block; margin: 0.1em 0.3em 0.1em 0; padding: 0 0.4em; border-radius: 0.3em;
              border: 1px solid var(--line); white-space: nowrap; }
   .replica.serving { border-color: var(--ok); }
@@ -48,17 +74,46 @@ PAGE = """<!doctype html>
   <span id="error"></span>
 </header>
 <main>
+  <div id="banner"></div>
+  <h2>What is wrong now</h2>
+  <ul id="problems"></ul>
+  <div id="totals" class="muted"></div>
+  <h2>Stores</h2>
+  <div class="legend muted">
+    <span><i class="swatch ok"></i> served</span><span><i class="swatch warn"></i> under-replicated</span>
+    <span><i class="swatch load"></i> loading</span><span><i class="swatch bad"></i> unserved</span>
+    <span>each cell: the worst state among the partitions it covers</span>
+  </div>
+  <table id="stores"><thead><tr><th>store</th><th>version</th><th>partitions</th><th>unserved</th>
+    <th>loading</th><th>under-replicated</th><th>lagging</th><th>lag max / p99 (records)</th>
+    <th>partitions, heat</th></tr></thead><tbody></tbody></table>
   <h2>Nodes</h2>
-  <table id="nodes"><thead><tr><th>node</th><th>url</th><th>state</th><th>serving</th></tr></thead>
-    <tbody></tbody></table>
-  <div id="stores"></div>
+  <div class="legend muted">
+    <span><i class="swatch bad"></i> gone (assigned, not registered)</span>
+    <span><i class="swatch warn"></i> leaving</span>
+    <span>up: darker = serves more partitions than the mean, lighter = fewer</span>
+  </div>
+  <div id="nodes"><div id="grid"></div></div>
+  <section id="detail" hidden>
+    <h2 id="detail-title"></h2>
+    <label>show <select id="detail-state">
+      <option value="">all partitions</option><option value="unserved">unserved</option>
+      <option value="loading">loading</option><option value="under_replicated">under-replicated</option>
+      <option value="lagging">lagging</option></select></label>
+    <button id="detail-close" class="link">close</button>
+    <span id="detail-count" class="muted"></span>
+    <table id="partitions"><tbody></tbody></table>
+    <button id="detail-more" class="link" hidden>more</button>
+  </section>
 </main>
 <script>
 "use strict";
-const params = new URLSearchParams(location.search);
-const token = params.get("token");
-if (token !== null) { history.replaceState(null, "", location.pathname); }
-const headers = token ? { "Authorization": "Bearer " + token } : {};
+const MAP = "/admin/partition-map";
+const LOGIN = "/admin/login?next=/admin/ui";
+const STATES = ["unserved", "loading", "under_replicated", "lagging"];
+const COLOR = { s: "#1f7a3a", r: "#a86500", l: "#3b5bb5", u: "#b3261e" };
+let summary = null, etag = null, ageAt = 0, ageBase = 0;
+let drill = null;  // { kind: "store" | "node", name, state, etag, cursor }
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -68,97 +123,272 @@ function el(tag, attrs, ...children) {
   }
   return node;
 }
-
-function badge(kind, text) { return el("span", { class: "badge " + kind }, text); }
-
-function renderNodes(map) {
-  const body = document.querySelector("#nodes tbody");
-  const rows = [];
-  for (const [id, node] of Object.entries(map.nodes)) {
-    const serving = Object.entries(node.serving).map(([s, n]) => s + ": " + n).join(", ") || "-";
-    rows.push(el("tr", { "data-node": id }, el("td", {}, id), el("td", {}, node.url),
-      el("td", {}, node.leaving ? badge("warn", "leaving") : badge("ok", "up")), el("td", {}, serving)));
-  }
-  const gone = new Set();
-  for (const store of Object.values(map.stores)) {
-    for (const entry of store.partition_map) {
-      for (const id of entry.assigned) { if (!(id in map.nodes)) { gone.add(id); } }
-    }
-  }
-  for (const id of gone) {
-    rows.push(el("tr", { "data-node": id }, el("td", {}, id), el("td", { class: "muted" }, "-"),
-      el("td", {}, badge("bad", "gone")), el("td", {}, "assigned, not registered")));
-  }
-  body.replaceChildren(...rows);
+function badge(kind, text, title) {
+  const b = el("span", { class: "badge " + kind }, text);
+  if (title) { b.title = title; }
+  return b;
+}
+function link(text, onclick, attrs) {
+  const b = el("button", { class: "link", ...(attrs || {}) }, text);
+  b.addEventListener("click", onclick);
+  return b;
 }
 
-function renderStore(name, store, nodes) {
-  const live = store.live === true;
-  const head = el("tr", {}, el("th", {}, "partition"), el("th", {}, "state"), el("th", {}, "replicas"));
-  if (live) { head.append(el("th", {}, "offset / lag")); }
-  const rows = [head];
-  let unserved = 0;
-  for (const entry of store.partition_map) {
-    const serving = new Map(entry.serving.map((s) => [s.node, s]));
-    const current = entry.serving.some((s) => s.version === store.version);
-    let state;
-    if (entry.serving.length === 0) { state = badge("bad", "unserved"); unserved += 1; }
-    else if (!current) { state = badge("warn", "older version"); }
-    else if (entry.assigned.some((id) => !serving.has(id))) { state = badge("warn", "moving"); }
-    else { state = badge("ok", "served"); }
-    const replicas = el("td", {});
-    for (const id of entry.assigned) {
-      const s = serving.get(id);
-      const kind = !(id in nodes) ? "gone" : s ? "serving" : "assigned";
-      replicas.append(el("span", { class: "replica " + kind, "data-replica": id, "data-state": kind },
-        id + (s ? " v" + s.version : kind === "gone" ? " (gone)" : " (loading)")));
-    }
-    for (const s of entry.serving) {
-      if (!entry.assigned.includes(s.node)) {
-        replicas.append(el("span", { class: "replica serving", "data-replica": s.node, "data-state": "serving" },
-          s.node + " v" + s.version + " (handing over)"));
-      }
-    }
-    const row = el("tr", { "data-partition": String(entry.partition) }, el("td", {}, entry.partition),
-      el("td", {}, state), replicas);
-    if (live) {
-      const reports = (entry.live || []).map((r) => r.node + ": " + r.offset + " / " + r.lag_records);
-      row.append(el("td", {}, reports.join(", ") || "-"));
-    }
-    rows.push(row);
-  }
-  const title = el("h2", {}, "store " + name + " ", el("span", { class: "muted" },
-    "version " + store.version + ", " + store.partitions + " partitions, rf " + store.replication_factor +
-    (store.timeline ? ", " + store.timeline.kind : "") + (live ? ", live" : "")), " ",
-    unserved ? badge("bad", unserved + " unserved") : badge("ok", "complete"));
-  return el("section", { "data-store": name }, title, el("table", {}, ...rows));
+async function get(url, tag) {
+  const headers = tag ? { "If-None-Match": tag } : {};
+  const answer = await fetch(url, { headers, cache: "no-store", credentials: "same-origin" });
+  if (answer.status === 401) { location.assign(LOGIN); throw new Error("not signed in"); }
+  if (answer.status === 304) { return { answer, body: null }; }
+  const body = await answer.json();
+  if (!answer.ok) { throw new Error(body.message || answer.statusText); }
+  return { answer, body };
 }
 
-function render(map) {
-  const stale = map.stale ? badge("warn", "stale") : badge("ok", "fresh");
+const AGE_HELP = "How long ago this router's map last changed (a record in ZooKeeper was written). " +
+  "A quiet cluster's map grows old: that is fine while it says fresh. Stale means the router has lost " +
+  "ZooKeeper and keeps serving its last map.";
+
+function tickAge() {
+  if (summary === null) { return; }
+  const age = ageBase + (performance.now() - ageAt) / 1000;
+  const span = document.getElementById("age");
+  if (span) { span.textContent = "age " + age.toFixed(0) + " s"; }
+}
+
+function renderHeader(s) {
+  const fresh = s.stale ? badge("warn", "stale", AGE_HELP) : badge("ok", "fresh", AGE_HELP);
+  const age = el("span", { id: "age", title: AGE_HELP }, "");
   document.getElementById("summary").replaceChildren(
-    "map generation " + map.generation + ", age " + map.age_s.toFixed(1) + " s ", stale,
-    " ", map.complete ? badge("ok", "complete") : badge("warn", "incomplete"));
-  renderNodes(map);
-  const stores = Object.entries(map.stores).map(([name, store]) => renderStore(name, store, map.nodes));
-  document.getElementById("stores").replaceChildren(...stores);
-  document.body.setAttribute("data-generation", String(map.generation));
+    "map generation " + s.generation + " ", fresh, " ", age, " ",
+    s.complete ? badge("ok", "complete") : badge("warn", "incomplete"));
+  tickAge();
+  const banner = document.getElementById("banner");
+  if (s.cluster === "empty") {
+    banner.style.display = "block";
+    banner.textContent = s.cluster_message || "This cluster is empty: no store has been published yet.";
+  } else { banner.style.display = "none"; }
 }
 
-async function refresh() {
+const SHOWN = 8;  // names per problem line; the rest are counted
+
+function renderProblems(s) {
+  const list = document.getElementById("problems");
+  const items = [];
+  const byState = new Map();
+  for (const p of s.problems) {
+    if (!byState.has(p.state)) { byState.set(p.state, []); }
+    byState.get(p.state).push(p);
+  }
+  for (const [state, problems] of byState) {
+    const nodes = problems[0].node !== undefined;
+    const kind = state === "unserved" || state === "gone" ? "bad" : state === "loading" ? "load" : "warn";
+    if (!nodes) { problems.sort((a, b) => b.partitions - a.partitions); }
+    const total = nodes ? problems.length : problems.reduce((sum, p) => sum + p.partitions, 0);
+    const what = nodes ? total + " node" + (total === 1 ? "" : "s") + ": "
+      : total + " partition" + (total === 1 ? "" : "s") + " in " + problems.length + " store" +
+        (problems.length === 1 ? "" : "s") + ": ";
+    const li = el("li", { "data-problem": state, "data-count": String(total) },
+      badge(kind, state.replace("_", "-")), " " + what);
+    problems.slice(0, SHOWN).forEach((p, i) => {
+      if (i > 0) { li.append(", "); }
+      if (nodes) { li.append(link(p.node, () => openDrill("node", p.node), { "data-node": p.node })); }
+      else {
+        const store = link(p.store, () => openDrill("store", p.store), { "data-store": p.store });
+        li.append(store, " (" + p.partitions + ")");
+      }
+    });
+    if (problems.length > SHOWN) { li.append(" and " + (problems.length - SHOWN) + " more"); }
+    items.push(li);
+  }
+  if (s.live_status_error) { items.push(el("li", {}, badge("warn", "live status"), " " + s.live_status_error)); }
+  list.className = items.length ? "" : "none";
+  list.replaceChildren(...(items.length ? items : [el("li", {}, "nothing: every partition is served as asked")]));
+  const t = s.totals;
+  document.getElementById("totals").textContent = t.stores + " stores, " + t.partitions + " partitions, " +
+    t.nodes + " nodes (" + t.nodes_leaving + " leaving, " + t.nodes_gone + " gone); partitions: " +
+    t.served + " served, " + t.under_replicated + " under-replicated, " + t.loading + " loading, " +
+    t.unserved + " unserved, " + t.lagging + " lagging";
+}
+
+function worst(store) {
+  return [store.unserved, store.loading, store.under_replicated, store.lagging || 0];
+}
+
+function heat(strip) {
+  const canvas = el("canvas", { class: "heat", width: String(strip.length * 3), height: "12", "data-heat": strip });
+  const g = canvas.getContext("2d");
+  for (let i = 0; i < strip.length; i += 1) { g.fillStyle = COLOR[strip[i]] || "#999"; g.fillRect(i * 3, 0, 3, 12); }
+  return canvas;
+}
+
+function renderStores(s) {
+  const names = Object.keys(s.stores);
+  names.sort((a, b) => {
+    const x = worst(s.stores[a]), y = worst(s.stores[b]);
+    for (let i = 0; i < x.length; i += 1) { if (x[i] !== y[i]) { return y[i] - x[i]; } }
+    return a < b ? -1 : a > b ? 1 : 0;
+  });
+  const rows = names.map((name) => {
+    const st = s.stores[name];
+    const lag = st.live ? (st.lag_records_max ?? "-") + " / " + (st.lag_records_p99 ?? "-") : "";
+    const served = st.versions_served;
+    const version = st.version + (served.length > 1 ? " (serving " + served.join(", ") + ")" : "");
+    return el("tr", { "data-store": name },
+      el("td", {}, link(name, () => openDrill("store", name)), st.live ? " live" : "",
+        st.orphaned ? " (orphaned)" : ""),
+      el("td", {}, version), el("td", { class: "n" }, st.partitions + " (rf " + st.replication_factor + ")"),
+      el("td", { class: "n" }, st.unserved), el("td", { class: "n" }, st.loading),
+      el("td", { class: "n" }, st.under_replicated), el("td", { class: "n" }, st.live ? st.lagging : ""),
+      el("td", { class: "n" }, lag), el("td", {}, heat(st.heat)));
+  });
+  document.querySelector("#stores tbody").replaceChildren(...rows);
+}
+
+function renderNodes(s) {
+  const ids = Object.keys(s.nodes);
+  const up = ids.filter((id) => s.nodes[id].state === "up");
+  const mean = up.reduce((sum, id) => sum + s.nodes[id].serving, 0) / Math.max(1, up.length);
+  const rank = { gone: 0, leaving: 1, up: 2 };
+  ids.sort((a, b) => (rank[s.nodes[a].state] - rank[s.nodes[b].state]) || (a < b ? -1 : a > b ? 1 : 0));
+  const cells = ids.map((id) => {
+    const n = s.nodes[id];
+    const cell = el("div", { class: "cell " + n.state, "data-node": id, "data-state": n.state });
+    if (n.state === "up") {
+      const ratio = mean > 0 ? n.serving / mean : 1;
+      const light = Math.round(Math.max(20, Math.min(80, 80 - (ratio - 0.5) * 60)));
+      cell.style.background = "hsl(145, 45%, " + light + "%)";
+    }
+    cell.title = id + (n.zone ? ", zone " + n.zone : "") + ": " + n.state + ", serves " + n.serving +
+      ", assigned " + n.assigned + (n.url ? ", " + n.url : "");
+    cell.addEventListener("click", () => openDrill("node", id));
+    return cell;
+  });
+  document.getElementById("grid").replaceChildren(...cells);
+}
+
+function render(s) {
+  renderHeader(s);
+  renderProblems(s);
+  renderStores(s);
+  renderNodes(s);
+  document.body.setAttribute("data-generation", String(s.generation));
+}
+
+// -- the drill-down -------------------------------------------------------------------------------------
+
+function openDrill(kind, name) {
+  let state = "";
+  if (kind === "store" && summary && summary.stores[name]) {
+    const st = summary.stores[name];
+    state = STATES.find((k) => (st[k] || 0) > 0) || "";
+  }
+  drill = { kind, name, state, etag: null };
+  document.getElementById("detail-state").value = state;
+  document.getElementById("detail").hidden = false;
+  document.getElementById("detail-title").textContent = kind + " " + name;
+  loadDrill(false);
+  document.getElementById("detail").scrollIntoView();
+}
+
+function drillUrl(cursor) {
+  const q = new URLSearchParams({ [drill.kind]: drill.name, limit: "200" });
+  if (drill.state) { q.set("state", drill.state); }
+  if (cursor) { q.set("cursor", cursor); }
+  return MAP + "?" + q.toString();
+}
+
+function partitionRow(entry) {
+  const nodes = summary ? summary.nodes : {};
+  const serving = new Map(entry.serving.map((s) => [s.node, s]));
+  const kind = entry.state === "unserved" ? "bad" : entry.state === "loading" ? "load"
+    : entry.state === "under_replicated" ? "warn" : "ok";
+  const replicas = el("td", {});
+  for (const id of entry.assigned) {
+    const s = serving.get(id);
+    const known = nodes[id] && nodes[id].state !== "gone";
+    const state = !known ? "gone" : s ? "serving" : "assigned";
+    replicas.append(el("span", { class: "replica " + state, "data-replica": id, "data-state": state },
+      id + (s ? " v" + s.version : state === "gone" ? " (gone)" : " (loading)")));
+  }
+  for (const s of entry.serving) {
+    if (!entry.assigned.includes(s.node)) {
+      replicas.append(el("span", { class: "replica serving", "data-replica": s.node, "data-state": "serving" },
+        s.node + " v" + s.version + " (handing over)"));
+    }
+  }
+  const row = el("tr", { "data-store": entry.store, "data-partition": String(entry.partition) },
+    el("td", {}, entry.store), el("td", { class: "n" }, entry.partition),
+    el("td", {}, badge(kind, entry.state.replace("_", "-")), entry.lagging ? badge("warn", "lagging") : ""), replicas);
+  if (entry.live !== undefined) {
+    row.append(el("td", {}, entry.live.map((r) => r.node + ": " + r.offset + " / " + r.lag_records +
+      (r.state && r.state !== "live" ? " " + r.state : "")).join(", ") || "-"));
+  }
+  return row;
+}
+
+async function loadDrill(more) {
+  if (drill === null) { return; }
+  const mine = drill;
   try {
-    const answer = await fetch("/admin/partition-map", { headers, cache: "no-store" });
-    const body = await answer.json();
-    if (!answer.ok) { throw new Error(body.message || answer.statusText); }
-    render(body);
+    const { answer, body } = await get(drillUrl(more ? mine.cursor : null), more ? null : mine.etag);
+    if (drill !== mine || body === null) { return; }
+    const tbody = document.querySelector("#partitions tbody");
+    const rows = body.partitions.map(partitionRow);
+    if (more) { tbody.append(...rows); } else {
+      const head = el("tr", {}, el("th", {}, "store"), el("th", {}, "partition"), el("th", {}, "state"),
+        el("th", {}, "replicas (assigned first)"));
+      if (body.partitions.some((e) => e.live !== undefined)) { head.append(el("th", {}, "offset / lag")); }
+      tbody.replaceChildren(head, ...rows);
+      mine.etag = answer.headers.get("ETag");
+    }
+    mine.cursor = body.next || null;
+    const shown = tbody.querySelectorAll("tr[data-partition]").length;
+    document.getElementById("detail-count").textContent = shown + " of " + body.matched + " partitions";
+    document.getElementById("detail-more").hidden = !body.next;
+    document.getElementById("detail").setAttribute("data-loaded", mine.kind + ":" + mine.name);
+  } catch (error) {
+    document.getElementById("error").textContent = "cannot read the partitions: " + error.message;
+  }
+}
+
+document.getElementById("detail-state").addEventListener("change", (event) => {
+  if (drill) { drill.state = event.target.value; drill.etag = null; loadDrill(false); }
+});
+document.getElementById("detail-more").addEventListener("click", () => loadDrill(true));
+document.getElementById("detail-close").addEventListener("click", () => {
+  drill = null; document.getElementById("detail").hidden = true;
+});
+
+// -- the summary, long-polled ---------------------------------------------------------------------------
+
+async function poll() {
+  let pause = 0;
+  try {
+    let url = MAP;
+    if (summary !== null) {
+      const live = Object.values(summary.stores).some((s) => s.live);
+      url += "?since=" + summary.generation + "&wait_s=" + (live ? 5 : 25);
+    }
+    const { answer, body } = await get(url, etag);
+    ageBase = parseFloat(answer.headers.get("X-Keyroute-Map-Age-S") || "0");
+    ageAt = performance.now();
+    if (body !== null) {
+      summary = body;
+      etag = answer.headers.get("ETag");
+      render(body);
+      loadDrill(false);
+    }
+    tickAge();
     document.getElementById("error").textContent = "";
   } catch (error) {
     document.getElementById("error").textContent = "cannot read the map: " + error.message;
+    pause = 2000;
   } finally {
-    setTimeout(refresh, 1000);
+    setTimeout(poll, pause);
   }
 }
-refresh();
+setInterval(tickAge, 1000);
+poll();
 </script>
 </body>
 </html>

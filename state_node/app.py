@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -308,16 +310,32 @@ def _request_id_header(request: Request) -> dict[str, str]:
 
 
 async def partition_map(request: Request) -> Response:
+    """The node's whole view of the map. Its ETag names the map and assignment generations, staleness, the
+    live status read and a digest of what is local to this node (leadership, leaving, its partitions): a
+    request naming it in If-None-Match is answered 304 before the document is built."""
     node = _node(request)
     m = node.ownership.map
-    body = m.describe(assignment=await _whole_assignment(node, m))
-    if node.live_status is not None:
-        annotate(body, m, await run_in_threadpool(node.live_status.read_for, m))
+    assignment = await _whole_assignment(node, m)
+    status = None if node.live_status is None else await run_in_threadpool(node.live_status.read_for, m)
+    controller = node.controller.is_leader if node.controller is not None else False
+    local = node.ownership.describe()
+    digest = hashlib.blake2b(
+        json.dumps([controller, node.ownership.leaving, local], sort_keys=True, default=str).encode(), digest_size=8
+    ).hexdigest()
+    live_mark = f".l{status.read_at:.6f}" if status is not None and status.reports else ""
+    etag = f'"g{m.generation}.a{assignment.generation}{".s" if m.stale else ""}{live_mark}.{digest}"'
+    headers = {"etag": etag, "cache-control": "no-cache"}
+    given = request.headers.get("if-none-match")
+    if given is not None and etag in (tag.strip() for tag in given.split(",")):
+        return Response(status_code=304, headers=headers)
+    body = m.describe(assignment=assignment)
+    if status is not None:
+        annotate(body, m, status)
     body["node"] = node.node_id
-    body["controller"] = node.controller.is_leader if node.controller is not None else False
+    body["controller"] = controller
     body["leaving"] = node.ownership.leaving
-    body["local"] = node.ownership.describe()
-    return JSONResponse(body)
+    body["local"] = local
+    return JSONResponse(body, headers=headers)
 
 
 async def _whole_assignment(node: Node, m: PartitionMap, only: frozenset[str] | None = None) -> Assignment:

@@ -13,7 +13,6 @@ import httpx
 from keyroute.client._base import (
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT_S,
-    PARTITION_MAP_PATH,
     Batch,
     ClientBase,
     Paged,
@@ -87,8 +86,9 @@ class AsyncClient(ClientBase):
             async with self._map_lock:  # one read for many tasks that find the map due at once
                 if not self._map_due():
                     return
+                path, params, headers = self._map_request()
                 try:
-                    answer: httpx.Response | None = await self._http.get(PARTITION_MAP_PATH)
+                    answer: httpx.Response | None = await self._http.get(path, params=params, headers=headers)
                 except httpx.HTTPError:
                     answer = None
                 self._took_map(answer)

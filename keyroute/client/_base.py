@@ -13,13 +13,14 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import httpx
 
 from keyroute.client._errors import KeyrouteError, error_of_answer, error_of_entry
-from keyroute.core.key_format import KeyFormatError
-from keyroute.core.key_location import KeyLocation, StoreLocator
+from keyroute.core.key_format import KeyFormat, KeyFormatError
+from keyroute.core.key_location import Endpoint, KeyLocation, StoreLocator
+from keyroute.core.partitioner import Partitioner
 
 DEFAULT_TIMEOUT_S = 5.0
 # Keep-alive connections enough for many reads in flight (per node in direct mode): httpx's default keeps 20
@@ -32,6 +33,10 @@ _MAX_RETRY_WAIT_S = 2.0
 _NODE_BACKOFF_S = 1.0
 _MAP_RELOAD_MIN_S = 0.05
 PARTITION_MAP_PATH = "/admin/partition-map"
+# The routing view (router/map_views.py): compact, versioned, incremental by map generation. A router that
+# does not have it (404) is asked for its whole partition map instead, as before.
+ROUTING_PATH = "/routing"
+ROUTING_FORMAT = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,13 +192,33 @@ class Batch:
 
 class _DirectMap:
     """The partition map as a direct-routing client uses it: its map generation and a locator per store,
-    from a router's `GET /admin/partition-map`."""
+    from a router's routing view (`GET /routing`) or, from an older router, its `GET /admin/partition-map`."""
 
     __slots__ = ("map_generation", "stores")
 
     def __init__(self, doc: Mapping[str, Any]) -> None:
         self.map_generation = int(doc["generation"])
         self.stores = {name: StoreLocator.of_description(name, store) for name, store in doc["stores"].items()}
+
+    @classmethod
+    def of_routing(cls, doc: Mapping[str, Any], previous: _DirectMap | None) -> _DirectMap:
+        """The map a routing view gives: its stores replace `previous`'s of the same name; a partial view
+        (`since`, or asked for some stores) keeps `previous`'s others that the router still names. Raises
+        KeyError, TypeError or ValueError when `doc` is not a routing view this client reads."""
+        if int(doc["format"]) != ROUTING_FORMAT:
+            raise ValueError(f"routing view format {doc['format']!r}")
+        nodes = [(str(node_id), str(url)) for node_id, url in doc["nodes"]]
+        stores: dict[str, StoreLocator] = {}
+        if previous is not None:
+            named = set(doc["store_names"])
+            stores = {name: locator for name, locator in previous.stores.items() if name in named}
+        by_version: dict[int, list[Endpoint]] = {}
+        for name, store in doc["stores"].items():
+            stores[name] = _locator_of_routing(name, store, nodes, by_version)
+        direct_map = cls.__new__(cls)
+        direct_map.map_generation = int(doc["generation"])
+        direct_map.stores = stores
+        return direct_map
 
     def locate(self, store: str, key: Any) -> KeyLocation | None:
         """Where the key lives (None: an unknown store, or a key the router must judge)."""
@@ -204,6 +229,35 @@ class _DirectMap:
             return locator.locate(key_text(key))
         except (KeyFormatError, TypeError):
             return None
+
+
+def _locator_of_routing(
+    name: str, store: Mapping[str, Any], nodes: list[tuple[str, str]], by_version: dict[int, list[Endpoint]]
+) -> StoreLocator:
+    """One store of a routing view; `by_version` holds the node table's endpoints per version, shared by
+    the stores of one view (a partition's replicas are indices into it)."""
+
+    def at(version: int) -> list[Endpoint]:
+        endpoints = by_version.get(version)
+        if endpoints is None:
+            endpoints = by_version[version] = [Endpoint(node_id, url, version) for node_id, url in nodes]
+        return endpoints
+
+    replicas = store["replicas"]
+    of_version = at(int(store["version"])).__getitem__
+    serving = [tuple(map(of_version, indices)) for indices in replicas]
+    for p, v in store.get("versions", {}).items():
+        p = int(p)
+        if 0 <= p < len(serving):
+            serving[p] = tuple(map(at(int(v)).__getitem__, replicas[p]))
+    return StoreLocator(
+        name,
+        int(store["partitions"]),
+        Partitioner(store["partitioner"]),
+        KeyFormat(store["key_format"]),
+        (),
+        tuple(serving),
+    )
 
 
 class ClientBase:
@@ -236,6 +290,10 @@ class ClientBase:
         self._map: _DirectMap | None = None
         self._map_at = float("-inf")
         self._reload = True
+        # Stores a node said we routed wrongly (forwarded): re-read alone, not the whole map.
+        self._stale_stores: set[str] = set()
+        self._map_etag: str | None = None
+        self._legacy_map = False  # the router has no routing view: read its whole partition map
         self._last_load = float("-inf")
         self._down: dict[str, float] = {}
         self.map_reload_min_s = _MAP_RELOAD_MIN_S  # a burst of stale answers re-reads the map once
@@ -308,19 +366,52 @@ class ClientBase:
 
     def _map_due(self) -> bool:
         now = time.monotonic()
-        stale = self._reload or self._map is None or now - self._map_at > self.map_max_age_s
-        return stale and now - self._last_load >= self.map_reload_min_s
+        stale = (
+            self._reload or self._stale_stores or self._map is None or now - self._map_at > self.map_max_age_s
+        )
+        return bool(stale) and now - self._last_load >= self.map_reload_min_s
+
+    def _map_request(self) -> tuple[str, list[tuple[str, str]], dict[str, str]]:
+        """The map read to send now: path, query and headers. Stores a misroute named alone, when that is
+        all that is due; else what changed since the map held (the router answers 304 when nothing did)."""
+        if self._legacy_map:
+            return PARTITION_MAP_PATH, [("detail", "all")], {}
+        direct_map = self._map
+        if direct_map is None:
+            return ROUTING_PATH, [], {}
+        now = time.monotonic()
+        if self._stale_stores and not self._reload and now - self._map_at <= self.map_max_age_s:
+            return ROUTING_PATH, [("store", name) for name in sorted(self._stale_stores)], {}
+        headers = {} if self._map_etag is None else {"if-none-match": self._map_etag}
+        return ROUTING_PATH, [("since", str(direct_map.map_generation))], headers
 
     def _took_map(self, answer: httpx.Response | None) -> None:
         """The router's answer to a map read (None: the request failed)."""
         self._last_load = time.monotonic()
-        if answer is None or answer.status_code != 200:
+        if answer is None:
+            return
+        legacy = answer.request.url.path != ROUTING_PATH
+        if answer.status_code == 404 and not legacy:
+            self._legacy_map = True  # an older router: its whole map, from the next read on
+            self._last_load = float("-inf")
+            return
+        if answer.status_code == 304:
+            self._map_at, self._reload = time.monotonic(), False
+            self._stale_stores.clear()
+            return
+        if answer.status_code != 200:
             return
         try:
-            direct_map = _DirectMap(answer.json())
-        except (ValueError, KeyError, TypeError):
+            doc = answer.json()
+            direct_map = _DirectMap(doc) if legacy else _DirectMap.of_routing(doc, self._map)
+        except (ValueError, KeyError, TypeError, IndexError):
             return
-        self._map, self._map_at, self._reload = direct_map, time.monotonic(), False
+        whole = legacy or "store" not in answer.request.url.params
+        if whole:
+            self._map_at, self._reload = time.monotonic(), False
+            self._map_etag = answer.headers.get("etag")
+        self._map = direct_map
+        self._stale_stores.clear()
         self.stats["map_loads"] += 1
 
     def _locate(self, store: str, key: Any) -> KeyLocation | None:
@@ -353,7 +444,11 @@ class ClientBase:
         )
         if answer.headers.get("x-keyroute-hops") == "1" or newer:
             self.stats["misroutes"] += 1
-            self._reload = True
+            store = _store_of(answer)
+            if store is not None and not newer and self._map is not None:
+                self._stale_stores.add(store)  # that store alone is read again
+            else:
+                self._reload = True
 
     def _node_failed(self, url: str) -> None:
         self._down[url] = time.monotonic() + _NODE_BACKOFF_S
@@ -418,3 +513,12 @@ class ClientBase:
         self.stats["direct"] += sum(e is not None for e in batch.entries)
         self.stats["via_router"] += len(rest)
         batch.rest = sorted(rest)
+
+
+def _store_of(answer: httpx.Response) -> str | None:
+    """The store a node's answer is about (its request's path is /stores/{store}/...)."""
+    try:
+        parts = answer.request.url.path.split("/")
+    except RuntimeError:  # a response built without its request
+        return None
+    return unquote(parts[2]) if len(parts) > 3 and parts[1] == "stores" else None

@@ -14,7 +14,6 @@ import httpx
 from keyroute.client._base import (
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT_S,
-    PARTITION_MAP_PATH,
     Batch,
     ClientBase,
     Paged,
@@ -89,8 +88,9 @@ class Client(ClientBase):
             with self._map_lock:  # one read for many threads that find the map due at once
                 if not self._map_due():
                     return
+                path, params, headers = self._map_request()
                 try:
-                    answer: httpx.Response | None = self._http.get(PARTITION_MAP_PATH)
+                    answer: httpx.Response | None = self._http.get(path, params=params, headers=headers)
                 except httpx.HTTPError:
                     answer = None
                 self._took_map(answer)

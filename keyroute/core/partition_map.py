@@ -24,6 +24,7 @@ from keyroute.core.timeline import Timeline
 
 __all__ = [
     "EMPTY_ASSIGNMENT",
+    "PARTITION_STATES",
     "Assignment",
     "Endpoint",
     "KeyLocation",
@@ -35,6 +36,14 @@ __all__ = [
     "ServingRecord",
     "StoreRecord",
 ]
+
+
+# What the operator's views say of one partition (`PartitionMap.partition_state`), worst first.
+UNSERVED = "unserved"
+LOADING = "loading"
+UNDER_REPLICATED = "under_replicated"
+SERVED = "served"
+PARTITION_STATES = (UNSERVED, LOADING, UNDER_REPLICATED, SERVED)
 
 
 class RecordError(ValueError):
@@ -411,6 +420,25 @@ class PartitionMap:
         routes = self.routes.get(name, ())
         return store is not None and len(routes) == store.partitions and all(routes)
 
+    def partition_state(self, store: str, partition: int) -> str:
+        """One partition as the operator's views count it: `unserved` (nobody serves it), `loading` (served,
+        but not at the store's published version: a new version is loading or a rollback is under way),
+        `under_replicated` (served at the published version by fewer nodes than the replication factor
+        asks for) or `served`."""
+        record = self.stores[store]
+        endpoints = self.serving_endpoints(store, partition)
+        return _state_of(endpoints, record.version, record.replication_factor)
+
+    def store_states(self, store: str) -> dict[str, int]:
+        """How many partitions of the store are in each state of `PARTITION_STATES` (all of them named)."""
+        record = self.stores[store]
+        counts = dict.fromkeys(PARTITION_STATES, 0)
+        version, rf = record.version, record.replication_factor
+        routes = self.routes.get(store, ())
+        for p in range(record.partitions):
+            counts[_state_of(routes[p] if p < len(routes) else (), version, rf)] += 1
+        return counts
+
     def describe(self, now: float | None = None, assignment: Assignment | None = None) -> dict[str, Any]:
         """The operator's view served at /admin/partition-map (with `assignment`, that one's replicas: a
         node's map holds only its own share)."""
@@ -466,6 +494,15 @@ class PartitionMap:
 
 
 _SEQ = itertools.count(1)
+
+
+def _state_of(endpoints: tuple[Endpoint, ...], version: int, replication_factor: int) -> str:
+    # Routes hold one version per partition (see `_routable`): the first endpoint's is every one's.
+    if not endpoints:
+        return UNSERVED
+    if endpoints[0].version != version:
+        return LOADING
+    return UNDER_REPLICATED if len(endpoints) < replication_factor else SERVED
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,7 +66,7 @@ class SmallCluster:
     def placement(self) -> dict[int, tuple[list[str], list[str]]]:
         """partition -> (node ids serving it, node ids assigned it), from the router's view."""
         view = httpx.get(
-            self.router_admin_url + "/admin/partition-map",
+            self.router_admin_url + "/admin/partition-map?detail=all",
             headers={"authorization": f"Bearer {ADMIN_TOKEN}"},
             timeout=10,
         ).json()

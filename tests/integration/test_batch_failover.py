@@ -111,13 +111,13 @@ class Cluster:
 
     def serving(self) -> list[set[str]]:
         """The nodes the router sees serving each partition."""
-        store = self.http.get(self.router_url + "/admin/partition-map").json()["stores"][STORE]
+        store = self.http.get(self.router_url + "/admin/partition-map?detail=all").json()["stores"][STORE]
         return [{s["node"] for s in entry["serving"]} for entry in store["partition_map"]]
 
     def settled(self) -> bool:
         """The router sees every partition served by exactly its RF assigned replicas, and every node placed:
         while only two nodes are up, every partition on both of them also looks like "RF replicas each"."""
-        store = self.http.get(self.router_url + "/admin/partition-map").json()["stores"][STORE]
+        store = self.http.get(self.router_url + "/admin/partition-map?detail=all").json()["stores"][STORE]
         placed = {n for entry in store["partition_map"] for n in entry["assigned"]}
         return placed == set(NODES) and all(
             len(entry["assigned"]) == RF and {s["node"] for s in entry["serving"]} == set(entry["assigned"])

@@ -152,7 +152,7 @@ class ChaosCluster:
         self.router_url = f"http://127.0.0.1:{port}"
 
     def pmap(self) -> dict[str, Any]:
-        return dict(self.http.get(self.router_url + "/admin/partition-map").json())
+        return dict(self.http.get(self.router_url + "/admin/partition-map?detail=all").json())
 
     def metrics(self) -> dict[str, float]:
         text = self.http.get(self.router_url + "/metrics").text

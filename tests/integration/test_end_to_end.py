@@ -138,7 +138,7 @@ columns = ["balance", "tier"]
         # Nodes started one by one: the first ones loaded more than their share and let go only once the
         # new owners serve. Wait until actual placement equals the assignment (make before break done).
         wait_for(
-            lambda: settled(httpx.get(router_url + "/admin/partition-map").json()),
+            lambda: settled(httpx.get(router_url + "/admin/partition-map?detail=all").json()),
             timeout_s=120,
             message="serving view equal to the assignment",
         )
@@ -208,7 +208,7 @@ def test_every_key_answers_exactly_through_the_router_and_survives_kill_9(cluste
         proc.kill9()
         assert check_all_keys(client, cluster, hops=None) == total
         wait_for(
-            lambda: victim not in client.get(cluster.router_url + "/admin/partition-map").json()["nodes"],
+            lambda: victim not in client.get(cluster.router_url + "/admin/partition-map?detail=all").json()["nodes"],
             timeout_s=30,
             message="dead node gone from the map",
         )
@@ -255,7 +255,7 @@ def test_batch_get_answers_in_request_order(cluster: Cluster) -> None:
 
 def test_a_node_forwards_a_key_it_does_not_serve_exactly_once(cluster: Cluster) -> None:
     with httpx.Client(timeout=10) as client:
-        pmap = client.get(cluster.router_url + "/admin/partition-map").json()
+        pmap = client.get(cluster.router_url + "/admin/partition-map?detail=all").json()
         partitions = pmap["stores"]["bookings"]["partition_map"]
         node_id, (_proc, node_url) = next(iter(cluster.nodes.items()))
         served_here = {p["partition"] for p in partitions if any(s["node"] == node_id for s in p["serving"])}
@@ -313,7 +313,7 @@ def test_the_direct_client_reads_every_key_through_a_kill_9_and_a_rebalance(clus
         victim, (proc, _url) = next(iter(cluster.nodes.items()))
         proc.kill9()
         wait_for(
-            lambda: victim not in httpx.get(cluster.router_url + "/admin/partition-map").json()["nodes"],
+            lambda: victim not in httpx.get(cluster.router_url + "/admin/partition-map?detail=all").json()["nodes"],
             timeout_s=30,
             message="dead node gone from the map",
         )
@@ -324,7 +324,8 @@ def test_the_direct_client_reads_every_key_through_a_kill_9_and_a_rebalance(clus
             tmp_path / "node-new.log",
         ).start()  # fmt: skip
         try:
-            wait_for(lambda: settled(httpx.get(cluster.router_url + "/admin/partition-map").json()), timeout_s=120,
+            full_map = cluster.router_url + "/admin/partition-map?detail=all"
+            wait_for(lambda: settled(httpx.get(full_map).json()), timeout_s=120,
                      message="the new node serving its share")  # fmt: skip
             done = rounds[0]
             wait_for(lambda: rounds[0] >= done + 2, timeout_s=60, message="reading after the rebalance")

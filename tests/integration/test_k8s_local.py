@@ -458,7 +458,7 @@ def test_the_dev_overlay_serves_a_key_through_its_load_balancer(cluster: LocalCl
         address = cluster.resolve("keyroute-router", lb["spec"]["ports"][0]["port"])
         assert address == (router_pod.ip, cluster.container_port(router_pod, "http"))
         base = f"http://{address[0]}:{address[1]}"
-        view = cluster.http.get(f"{base}/admin/partition-map").json()
+        view = cluster.http.get(f"{base}/admin/partition-map?detail=all").json()
         urls = {n: (v["url"] if isinstance(v, dict) else v) for n, v in view["nodes"].items()}
         assert urls == {p.name: f"http://{p.ip}:{cluster.container_port(p, 'http')}" for p in nodes}
         # ... in the zone of the Kubernetes Node it runs on, which its init container read from the API.

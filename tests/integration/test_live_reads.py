@@ -83,7 +83,7 @@ def test_the_partition_map_shows_each_replicas_live_report(cluster: SmallCluster
         client.create("/live/n-test", json.dumps(record).encode(), makepath=True, ephemeral=True)
 
         def shown(base: str, offset: int) -> dict[str, Any] | None:
-            view = httpx.get(base + "/admin/partition-map", timeout=10).json()
+            view = httpx.get(base + "/admin/partition-map?detail=all", timeout=10).json()
             store = view["stores"][STORE]
             entries = store["partition_map"][p].get("live", [])
             return store if store.get("live") and [e.get("offset") for e in entries] == [offset] else None
@@ -108,7 +108,8 @@ def test_the_partition_map_shows_each_replicas_live_report(cluster: SmallCluster
     # Nothing reported and the store not published as live: the store is not shown as live.
     wait_for(
         lambda: (
-            "live" not in httpx.get(cluster.router_url + "/admin/partition-map", timeout=10).json()["stores"][STORE]
+            "live"
+            not in httpx.get(cluster.router_url + "/admin/partition-map?detail=all", timeout=10).json()["stores"][STORE]
         ),
         timeout_s=10,
         message="the report to go",
@@ -213,7 +214,7 @@ start = "earliest"
                 assert far.headers["retry-after"] == "1" and int(far.headers["x-keyroute-offset"]) >= offset
 
                 def reported() -> bool:
-                    view = http.get(router + "/admin/partition-map").json()["stores"][LIVE_STORE]
+                    view = http.get(router + "/admin/partition-map?detail=all").json()["stores"][LIVE_STORE]
                     entries = view["partition_map"][p]["live"]
                     return bool(view.get("live")) and len(entries) == 2 and all(e["offset"] >= offset for e in entries)
 

@@ -88,7 +88,7 @@ class Cluster:
         """(store, partition) -> the one node serving it, once the router sees every partition served by
         exactly its assigned node and both nodes serve some (before the second node has joined, the first
         one's assignment of everything to itself also satisfies the first condition)."""
-        pmap = self.http.get(self.urls["router"] + "/admin/partition-map").json()
+        pmap = self.http.get(self.urls["router"] + "/admin/partition-map?detail=all").json()
         out = {}
         for store, record in pmap["stores"].items():
             for entry in record["partition_map"]:

@@ -171,7 +171,7 @@ def cluster_on(
             with httpx.Client(timeout=5, trust_env=False) as http:
                 if http.get(cluster.router_url + "/readyz").json().get("complete") is not True:
                     return False
-                pmap = http.get(cluster.router_url + "/admin/partition-map").json()
+                pmap = http.get(cluster.router_url + "/admin/partition-map?detail=all").json()
             return settled(pmap, stores, nodes, min(replication_factor, nodes))
 
         deadline = time.monotonic() + 180

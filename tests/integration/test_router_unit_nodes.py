@@ -163,7 +163,7 @@ class Cluster:
         return self.http.get(self.router_url + "/readyz")
 
     def serving_seen(self, node_id: str, partition_no: int) -> bool:
-        pmap = self.http.get(self.router_url + "/admin/partition-map").json()
+        pmap = self.http.get(self.router_url + "/admin/partition-map?detail=all").json()
         if STORE not in pmap["stores"]:
             return False
         serving = pmap["stores"][STORE]["partition_map"][partition_no]["serving"]
@@ -367,7 +367,7 @@ def test_keeps_serving_the_last_map_marked_stale_while_zookeeper_is_down(tmp_pat
             assert stale.status_code == 200 and stale.json()["ready"] is True
             for key in PLAIN_KEYS[:5]:
                 assert cluster.get(key).json()["value"]["node"] == "node-a"
-            assert cluster.http.get(cluster.router_url + "/admin/partition-map").json()["stale"] is True
+            assert cluster.http.get(cluster.router_url + "/admin/partition-map?detail=all").json()["stale"] is True
 
             zk_server.start()
             wait_for(lambda: not cluster.readyz().json()["stale"], timeout_s=60, message="map fresh again")

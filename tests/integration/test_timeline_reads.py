@@ -113,7 +113,7 @@ def cluster(tmp_path: Path, zk_settings: ZkSettings, spark: Any) -> Iterator[Clu
         router_url = f"http://127.0.0.1:{router_port}"
 
         def settled() -> bool:
-            pmap = httpx.get(router_url + "/admin/partition-map").json()
+            pmap = httpx.get(router_url + "/admin/partition-map?detail=all").json()
             placed: set[str] = set()
             for store in pmap["stores"].values():
                 for entry in store["partition_map"]:
@@ -239,7 +239,7 @@ def test_a_node_forwards_a_timeline_read_once_and_an_old_cursor_expires(cluster:
     key = "C003"
     expected = expected_history(cluster.rows, key)
     with httpx.Client(timeout=10) as client:
-        pmap = client.get(cluster.router_url + "/admin/partition-map").json()
+        pmap = client.get(cluster.router_url + "/admin/partition-map?detail=all").json()
         partition = partition_for(Partitioner.MURMUR2, key.encode(), PARTITIONS)
         holders = {s["node"] for s in pmap["stores"]["trips"]["partition_map"][partition]["serving"]}
         for node_id, url in cluster.node_urls.items():
@@ -271,7 +271,7 @@ def test_a_node_forwards_a_timeline_read_once_and_an_old_cursor_expires(cluster:
         assert (resp.status_code, resp.json()["error"]) == (410, "cursor_expired"), resp.text
 
         def only_version_2() -> bool:
-            entries = client.get(cluster.router_url + "/admin/partition-map").json()["stores"]["latest"]
+            entries = client.get(cluster.router_url + "/admin/partition-map?detail=all").json()["stores"]["latest"]
             return all(s["version"] == 2 for entry in entries["partition_map"] for s in entry["serving"])
 
         wait_for(only_version_2, timeout_s=60, message="every partition of latest served at version 2 only")

@@ -183,7 +183,7 @@ def test_a_secured_cluster_routes_for_its_reader_and_refuses_everyone_else(
         procs.append(router)
 
         def served_at(version: int) -> bool:
-            pmap = http.get(router_url + "/admin/partition-map").json()
+            pmap = http.get(router_url + "/admin/partition-map?detail=all").json()
             entries = pmap["stores"].get(STORE, {}).get("partition_map", [])
             return len(entries) == PARTITIONS and all(
                 {s["node"] for s in e["serving"]} == {"n1", "n2"} and all(s["version"] == version for s in e["serving"])

@@ -196,6 +196,27 @@ def partition_map(generation: int, serving: dict[int, list[str]], partitions: in
     }
 
 
+def routing(generation: int, serving: dict[int, list[str]], partitions: int = 4) -> dict[str, Any]:
+    """The router's routing view (GET /routing) of store `s`: per partition the URLs serving it."""
+    nodes = sorted({u for urls in serving.values() for u in urls})
+    return {
+        "format": 1,
+        "generation": generation,
+        "store_names": ["s"],
+        "nodes": [[u, u] for u in nodes],
+        "stores": {
+            "s": {
+                "partitions": partitions,
+                "partitioner": "murmur2",
+                "key_format": "string",
+                "version": 1,
+                "replicas": [[nodes.index(u) for u in serving.get(p, [])] for p in range(partitions)],
+                "versions": {},
+            }
+        },
+    }
+
+
 def found(key: str, **headers: str) -> httpx.Response:
     body = {"store": "s", "key": key, "partition": 0, "version": 1, "value": {"k": key}}
     return httpx.Response(200, json=body, headers=headers)
@@ -213,8 +234,8 @@ def test_direct_routing_goes_to_the_partition_s_node_and_fails_over_and_falls_ba
     def handler(request: httpx.Request) -> httpx.Response:
         where = f"{request.url.scheme}://{request.url.host}"
         asked.append(where + request.url.path)
-        if request.url.path == "/admin/partition-map":
-            return httpx.Response(200, json=partition_map(1, serving))
+        if request.url.path == "/routing":
+            return httpx.Response(200, json=routing(1, serving))
         if where == "http://n1":
             raise httpx.ConnectError("refused", request=request)
         if where == "http://n2":
@@ -225,12 +246,12 @@ def test_direct_routing_goes_to_the_partition_s_node_and_fails_over_and_falls_ba
         client.map_reload_min_s = 0.0
         path = f"/stores/s/keys/{key}"
         assert client.get("s", key).value == {"k": key}
-        assert asked == ["http://router/admin/partition-map", "http://n1" + path, "http://n2" + path]
+        assert asked == ["http://router/routing", "http://n1" + path, "http://n2" + path]
         assert client.stats["failovers"] == 1 and client.stats["direct"] == 1
         # The failure made the map be read again; n1 is held back a while, so n2 is asked first.
         asked.clear()
         client.get("s", key)
-        assert asked == ["http://router/admin/partition-map", "http://n2" + path]
+        assert asked == ["http://router/routing", "http://n2" + path]
         assert client.stats["misroutes"] == 0
         # An answer routed with a newer map (or forwarded) makes the next read re-read the map.
         answered_generation[0] = "7"
@@ -240,13 +261,13 @@ def test_direct_routing_goes_to_the_partition_s_node_and_fails_over_and_falls_ba
         asked.clear()
         answered_generation[0] = "1"
         client.get("s", key)
-        assert asked == ["http://router/admin/partition-map", "http://n2" + path]
+        assert asked == ["http://router/routing", "http://n2" + path]
         # No node serves the partition: the router answers (a map of any age is read again from now on).
         serving.clear()
         client.map_max_age_s = 0.0
         asked.clear()
         assert client.get("s", key).value == {"k": key}
-        assert asked == ["http://router/admin/partition-map", "http://router" + path]
+        assert asked == ["http://router/routing", "http://router" + path]
         assert client.stats["via_router"] == 1
 
 
@@ -259,8 +280,8 @@ def test_direct_get_many_sends_one_batch_per_node_and_the_rest_to_the_router() -
 
     def handler(request: httpx.Request) -> httpx.Response:
         where = f"{request.url.scheme}://{request.url.host}"
-        if request.url.path == "/admin/partition-map":
-            return httpx.Response(200, json=partition_map(1, {p: [u] for p, u in node_of.items() if p != 3}))
+        if request.url.path == "/routing":
+            return httpx.Response(200, json=routing(1, {p: [u] for p, u in node_of.items() if p != 3}))
         asked = json.loads(request.content)["keys"]
         batches[where] = asked
         results = []
@@ -328,3 +349,89 @@ def test_router_mode_counts_its_reads_and_get_many_says_which_node_answered() ->
             assert client.stats["via_router"] == 2
 
     asyncio.run(main())
+
+
+def test_direct_routing_refreshes_one_store_after_a_misroute_and_asks_what_changed_since_its_map() -> None:
+    from keyroute.core.partitioner import Partitioner, partition_for
+
+    key = "C000042"
+    partition = partition_for(Partitioner.MURMUR2, key.encode(), 4)
+    asked: list[str] = []
+    hops = ["0"]
+    etag = '"g1.a1"'
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        where = f"{request.url.scheme}://{request.url.host}"
+        asked.append(where + request.url.path + ("?" + request.url.query.decode() if request.url.query else ""))
+        if request.url.path == "/routing":
+            if request.headers.get("if-none-match") == etag:
+                return httpx.Response(304, headers={"etag": etag})
+            return httpx.Response(200, json=routing(1, {partition: ["http://n1"]}), headers={"etag": etag})
+        return found(key, **{"x-keyroute-hops": hops[0]})
+
+    with Client("http://router", routing="direct", transport=transport(handler)) as client:
+        client.map_reload_min_s = 0.0
+        client.get("s", key)
+        assert asked[0] == "http://router/routing" and asked[1].startswith("http://n1/")
+        # A forwarded answer: the next read re-reads that store alone.
+        hops[0] = "1"
+        client.get("s", key)
+        hops[0] = "0"
+        asked.clear()
+        client.get("s", key)
+        assert asked[0] == "http://router/routing?store=s" and asked[1].startswith("http://n1/")
+        assert client.stats["misroutes"] == 1
+        # The map grown old: what changed since its generation, with its ETag; a 304 keeps the map.
+        client.map_max_age_s = 0.0
+        asked.clear()
+        client.get("s", key)
+        assert asked[0] == "http://router/routing?since=1" and asked[1].startswith("http://n1/")
+        assert client._map is not None and "s" in client._map.stores
+
+
+def test_direct_routing_reads_the_whole_map_of_a_router_without_a_routing_view() -> None:
+    from keyroute.core.partitioner import Partitioner, partition_for
+
+    key = "C000042"
+    partition = partition_for(Partitioner.MURMUR2, key.encode(), 4)
+    asked: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        where = f"{request.url.scheme}://{request.url.host}"
+        asked.append(where + request.url.path)
+        if request.url.path == "/routing":
+            return httpx.Response(404, json={"error": "not_found", "message": "Not Found"})
+        if request.url.path == "/admin/partition-map":
+            assert request.url.params["detail"] == "all"
+            return httpx.Response(200, json=partition_map(1, {partition: ["http://n1"]}))
+        return found(key)
+
+    with Client("http://router", routing="direct", transport=transport(handler)) as client:
+        client.map_reload_min_s = 0.0
+        client.get("s", key)
+        client.get("s", key)
+        path = f"/stores/s/keys/{key}"
+        assert asked == [
+            "http://router/routing",
+            "http://router" + path,
+            "http://router/admin/partition-map",
+            "http://n1" + path,
+        ]
+
+
+def test_a_routing_view_gives_each_partition_its_replicas_at_the_version_they_serve() -> None:
+    from keyroute.client._base import _DirectMap
+
+    doc = routing(3, {0: ["http://n1", "http://n2"], 1: ["http://n2"]})
+    doc["stores"]["s"]["versions"] = {"1": 7}
+    direct = _DirectMap.of_routing(doc, None)
+    locator = direct.stores["s"]
+    assert [(ep.node_id, ep.url, ep.version) for ep in locator.serving[0]] == [
+        ("http://n1", "http://n1", 1),
+        ("http://n2", "http://n2", 1),
+    ]
+    assert [ep.version for ep in locator.serving[1]] == [7] and locator.serving[2] == ()
+    # A partial view keeps the other stores the router still names, and drops those it does not.
+    other = {**doc, "stores": {}, "store_names": ["s"], "generation": 4}
+    assert _DirectMap.of_routing(other, direct).stores["s"] is locator
+    assert _DirectMap.of_routing({**other, "store_names": []}, direct).stores == {}

@@ -15,6 +15,7 @@ from keyroute.client import AsyncClient, Client
 from keyroute.core.key_format import KeyFormat, parse_key
 from keyroute.core.partition_map import Assignment, PartitionMap
 from keyroute.core.partitioner import Partitioner, partition_for
+from keyroute.router.map_views import RoutingTables
 from keyroute.router.routing_table import RoutingTable
 from tests.unit.router.fakes import build_map, node_url, store_record
 
@@ -40,12 +41,13 @@ def cluster_map() -> PartitionMap:
 def scripted_cluster(partition_map: PartitionMap, asked: list[str]) -> httpx.MockTransport:
     """The router serves its map and answers every read; every node answers 503, so a direct-routing
     client asks each replica of the key's partition in turn, then the router."""
-    described = json.loads(json.dumps({**partition_map.describe(), "router": True}))
+    # The router's own routing view of the map (router/map_views.py), as `GET /routing` answers it.
+    routing = RoutingTables().document(partition_map, sorted(partition_map.stores), None)
 
     def handler(request: httpx.Request) -> httpx.Response:
         where = f"{request.url.scheme}://{request.url.host}:{request.url.port or 80}"
-        if request.url.path == "/admin/partition-map":
-            return httpx.Response(200, json=described)
+        if request.url.path == "/routing":
+            return httpx.Response(200, content=routing, headers={"content-type": "application/json"})
         asked.append(where)
         if where != "http://router:80":
             return httpx.Response(503, json={"error": "partition_unavailable", "message": "m"})

@@ -333,6 +333,17 @@ def test_admin_partition_map_names_this_node(client_for: Nodes) -> None:
     assert body["local"]["s"][0]["state"] == "serving"
 
 
+def test_admin_partition_map_carries_an_etag_and_answers_304_while_nothing_changed(client_for: Nodes) -> None:
+    client, _ = client_for(SERVING, HELD, unreachable)
+    first = client.get("/admin/partition-map")
+    etag = first.headers["etag"]
+    assert first.status_code == 200 and etag.startswith('"g')
+    again = client.get("/admin/partition-map", headers={"if-none-match": etag})
+    assert again.status_code == 304 and again.content == b"" and again.headers["etag"] == etag
+    other = client.get("/admin/partition-map", headers={"if-none-match": '"g0.a0.x"'})
+    assert other.status_code == 200 and other.json()["node"] == ME
+
+
 def test_health_and_readiness(client_for: Nodes) -> None:
     client, _ = client_for(SERVING, HELD, unreachable)
     assert client.get("/healthz").json() == {"status": "ok"}

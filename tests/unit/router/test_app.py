@@ -275,7 +275,7 @@ def test_readyz_means_the_router_can_proxy_whatever_partitions_are_served() -> N
 def test_admin_endpoints_describe_the_map_and_one_keys_route() -> None:
     async def scenario() -> None:
         async with router(build_map(STORES, FULL), *nodes()) as r:
-            pmap = (await r.client.get("/admin/partition-map")).json()
+            pmap = (await r.client.get("/admin/partition-map", params={"detail": "all"})).json()
             assert pmap["router"] is True and pmap["generation"] == 7 and pmap["complete"] is True
             assert pmap["stores"]["s"]["partition_map"][2]["serving"][0]["node"] == "b"
             route = (await r.client.get("/admin/route", params={"store": "n", "key": "-5"})).json()
