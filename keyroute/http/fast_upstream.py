@@ -44,6 +44,7 @@ _BAD_TARGET = re.compile(r"[\x00-\x20\x7f]")
 # Response headers that change how the message is framed or decoded.
 _SPECIAL = frozenset({b"content-length", b"transfer-encoding", b"content-encoding"})
 _WHEN_CLOSED_MESSAGE = "the upstream client is closed"
+_new_tuple = tuple.__new__
 
 
 class _Failure(Exception):
@@ -235,7 +236,8 @@ class _Connection(asyncio.Protocol):
                 return
             # The body no longer has that coding, so the header no longer describes it (as httpx does).
             headers = [(k, v) for k, v in headers if k != b"content-encoding"]
-        waiter.set_result(UpstreamResponse(self.status, headers, body))
+        # UpstreamResponse(...) without the Python frame of a NamedTuple's generated __new__ (once per reply).
+        waiter.set_result(_new_tuple(UpstreamResponse, (self.status, headers, body)))
 
 
 class StaleConnection(UpstreamUnavailable):
