@@ -28,6 +28,7 @@ from typing import Any
 from prometheus_client.core import Metric
 
 from keyroute.core.metrics import (
+    CODE_CLASSES,
     LATENCY_BUCKETS_S,
     UNKNOWN_STORE,
     Exposition,
@@ -38,6 +39,7 @@ from keyroute.core.metrics import (
     Sums,
     WorkerSnapshots,
     add_sums,
+    code_class,
     counter,
     gauge,
     histogram_family,
@@ -201,7 +203,14 @@ class RouterMetrics:
         key = (store, kind, _OUTCOMES.get(status) or outcome(status))
         counts = self.requests.counts
         counts[key] = counts.get(key, 0) + 1
-        observe_duration(self.request_duration, store, status, seconds)
+        # observe_duration, inline (once per read)
+        durations = self.request_duration
+        key = (store, CODE_CLASSES.get(status) or code_class(status))
+        histogram = durations.get(key)
+        if histogram is None:
+            histogram = durations[key] = Histogram()
+        histogram.counts[bisect_left(histogram.bounds, seconds)] += 1
+        histogram.sum += seconds
 
     def observe_request(self, store: str, status: int, seconds: float) -> None:
         """One read of `store` answered with `status`, `seconds` after its admission (once per request)."""

@@ -36,7 +36,8 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from bisect import bisect_left
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,7 +55,9 @@ from keyroute.core.api import (
     key_too_long,
 )
 from keyroute.core.logs import bind_request_id
+from keyroute.core.metrics import Histogram
 from keyroute.core.partition_map import Endpoint
+from keyroute.core.partitioner import murmur2
 from keyroute.core.settings import RouterSettings
 from keyroute.http.fast_upstream import StaleConnection, header_block
 from keyroute.http.forwarding import (
@@ -80,6 +83,8 @@ log = logging.getLogger(__name__)
 MIN_REFRESH_INTERVAL_S = 0.5
 
 _HOPS = HEADER_HOPS.encode("ascii")
+# tuple.__new__: builds a NamedTuple (UpstreamResponse) without the Python frame of its generated __new__.
+_new_tuple = tuple.__new__
 _GENERATION = HEADER_GENERATION.encode("ascii")
 _OFFSET = HEADER_OFFSET.encode("ascii")
 # Offsets remembered per (node URL, store, partition): beyond it the oldest entry is forgotten.
@@ -277,7 +282,15 @@ class Proxy:
         """
         self.metrics.key_requests += 1
         table = self.table
-        partition, serving = table.serving_of(store, key_text)
+        # RoutingTable.serving_of and StoreLocator.serving_of, inline for a plain store (string keys,
+        # murmur2), the common case: two frames per read less. Anything else asks the table, which decides
+        # (and raises) as ever.
+        locator = table.reads.get(store)
+        if locator is not None and locator.plain and key_text.isascii():
+            partition = (murmur2(key_text.encode()) & 0x7FFFFFFF) % locator.partitions
+            serving = locator.serving[partition]
+        else:
+            partition, serving = table.serving_of(store, key_text)
         if not serving:
             serving = self._serving(table, store, partition, serving)
             if not serving:
@@ -364,19 +377,40 @@ class Proxy:
             in_flight.pop(url, None)
         if isinstance(result, UpstreamResponse):
             elapsed = self._clock() - request.started
-            self.metrics.observe_upstream(endpoint.node_id, elapsed)
+            # RouterMetrics.observe_upstream, inline (once per read)
+            latency = self.metrics.upstream_latency
+            histogram = latency.get(endpoint.node_id)
+            if histogram is None:
+                histogram = latency[endpoint.node_id] = Histogram()
+            histogram.counts[bisect_left(histogram.bounds, elapsed)] += 1
+            histogram.sum += elapsed
             self._backoff.succeeded(endpoint)
             if self._latency is not None:
                 self._latency.record(elapsed)
-            relayed, hops = _relayed(result.headers)
-            if hops is not None:
+            # _relayed, inline (once per read): passthrough_headers and the first X-Keyroute-Hops value in
+            # one pass over the node's reply headers.
+            relayed = []
+            hops = None
+            named: set[bytes] | None = None
+            for name, value in result.headers:
+                lowered = name.lower()
+                if lowered not in HOP_BY_HOP:
+                    relayed.append((lowered, value))
+                    if lowered == _HOPS and hops is None:
+                        hops = value
+                elif lowered == b"connection":
+                    named = (named or set()) | {token.strip().lower() for token in value.split(b",")}
+            if named:
+                relayed = [(name, value) for name, value in relayed if name not in named]
+            if hops is not None and hops != b"0":  # "0": the node served it itself (as `_hops_seen` says)
                 self._hops_seen(hops, result)
             if read.live:
                 self.remember_offset(endpoint.url, read.store, read.partition, result.header(_OFFSET))
             if result.status != 503:
                 if hedge:
                     self.metrics.hedge_wins += 1
-                read.deliver(UpstreamResponse(result.status, relayed, result.body))
+                # UpstreamResponse(...) without its Python-level __new__ (a NamedTuple's): once per read.
+                read.deliver(_new_tuple(UpstreamResponse, (result.status, relayed, result.body)))
                 return
             # The node no longer serves the partition and knows no one who does (or, for a bounded read,
             # has not applied the bound yet: no map to refresh): a replica still might.
@@ -669,26 +703,6 @@ class Proxy:
 
     def _unavailable(self, message: str) -> PartitionUnavailable:
         return PartitionUnavailable(message, retry_after_s=self._retry_after_s)
-
-
-def _relayed(headers: Iterable[tuple[bytes, bytes]]) -> tuple[list[tuple[bytes, bytes]], bytes | None]:
-    """`passthrough_headers(headers)` and the first X-Keyroute-Hops value (`UpstreamResponse.header`'s), in
-    one pass over a node's reply headers instead of two: once per proxied read."""
-    kept = []
-    hops = None
-    named: set[bytes] | None = None
-    for name, value in headers:
-        lowered = name.lower()
-        if lowered not in HOP_BY_HOP:
-            kept.append((lowered, value))
-            if lowered == _HOPS and hops is None:
-                hops = value
-        elif lowered == b"connection":
-            named = (named or set()) | {token.strip().lower() for token in value.split(b",")}
-    if named:
-        # What passthrough_headers does too: the headers the Connection header names are not relayed.
-        kept = [(name, value) for name, value in kept if name not in named]
-    return kept, hops
 
 
 def _error_code(body: bytes) -> str | None:

@@ -206,6 +206,7 @@ class RoutedDataPlane:
         # What the admission checks are given as a request's path: the prefix, neither a probe's path nor a
         # protected one, as no percent-decoding of a path that starts with it can be.
         self._admitted_path = self._prefix.decode("ascii")
+        self._fast = self.routes.fast_route()
 
     def accepts(self, method: str, path: bytes) -> bool:
         return path.startswith(self._prefix)
@@ -217,8 +218,46 @@ class RoutedDataPlane:
             exchange.answer(refusal.status, self.error_headers(refusal), error_json(refusal.code, refusal.message))
             return
         admitted = monotonic()
-        exchange.on_done(self._release)
+        # Exchange.on_done, inline (once per request): a fresh exchange has no callback yet.
+        exchange._on_done = self._release
         parts = request.path.split(b"/")
+        fast = self._fast
+        if (
+            fast is not None
+            and len(parts) == fast.length
+            and parts[fast.at] == fast.literal
+            and request.method in fast.allowed
+        ):
+            # The table's fast route (a key read, `RouteTable.fast_route`), matched and decoded here when
+            # both parameters are plain: not empty (the key may be), nothing percent-encoded, within the
+            # limit, UTF-8. That is what the table and `path_parameter` would decide too; they decide every
+            # other case, and every error, below.
+            one = parts[fast.first]
+            two = parts[fast.second]
+            limit = self.max_parameter_bytes
+            if (
+                one
+                and (two or not fast.second_required)
+                and 37 not in one  # '%'
+                and 37 not in two
+                and not (limit and (len(one) > limit or len(two) > limit))
+            ):
+                try:
+                    store = one.decode()
+                    key = two.decode()
+                except UnicodeDecodeError:
+                    pass
+                else:
+                    call = Call(self, exchange, fast.route.kind, admitted)
+                    call.store = store
+                    try:
+                        work = fast.route.handler(self, call, store, key)
+                    except Exception as exc:
+                        call.fail(exc)
+                        return
+                    if work is not None:
+                        self.spawn(call, work)
+                    return
         route = self.routes.resolve(request.method, parts)
         if isinstance(route, ApiError):
             Call(self, exchange, None).fail(route)

@@ -44,6 +44,7 @@ _BAD_TARGET = re.compile(r"[\x00-\x20\x7f]")
 # Response headers that change how the message is framed or decoded.
 _SPECIAL = frozenset({b"content-length", b"transfer-encoding", b"content-encoding"})
 _WHEN_CLOSED_MESSAGE = "the upstream client is closed"
+_new_tuple = tuple.__new__
 
 
 class _Failure(Exception):
@@ -235,7 +236,8 @@ class _Connection(asyncio.Protocol):
                 return
             # The body no longer has that coding, so the header no longer describes it (as httpx does).
             headers = [(k, v) for k, v in headers if k != b"content-encoding"]
-        waiter.set_result(UpstreamResponse(self.status, headers, body))
+        # UpstreamResponse(...) without the Python frame of a NamedTuple's generated __new__ (once per reply).
+        waiter.set_result(_new_tuple(UpstreamResponse, (self.status, headers, body)))
 
 
 class StaleConnection(UpstreamUnavailable):
@@ -280,10 +282,11 @@ class _Exchange:
         self.pool.discard(self.conn)
 
     def set_result(self, reply: UpstreamResponse) -> None:
-        # _end, inline (once per reply)
+        # _end and _Connection.end_exchange, inline (once per reply)
         self.ended = True
         conn = self.conn
-        conn.end_exchange()
+        conn.waiter = None
+        self.upstream._in_flight.pop(conn, None)
         on_reply = self.on_reply
         self.on_reply = _ended_already
         self.pool.release(conn)
@@ -567,10 +570,16 @@ class FastUpstream:
         if not (target.isascii() and target.isprintable() and " " not in target and "#" not in target):
             return None
         now = pool.loop.time()
+        idle = pool.idle
         while True:
-            conn = pool.take_idle(now)
-            if conn is None:
-                return None
+            # _Pool.take_idle, inline (once per request) for the common case: a fresh idle connection.
+            conn = idle[-1] if idle else None
+            if conn is not None and conn.reusable and now - conn.idle_since < self.idle_expiry_s:
+                idle.pop()
+            else:
+                conn = pool.take_idle(now)
+                if conn is None:
+                    return None
             transport = conn.transport
             if transport is not None and not transport.is_closing():
                 break

@@ -25,7 +25,7 @@ from typing import Any
 
 from keyroute.core.api import KEY_PARAMETER, ApiError, NotFound, path_parameter
 
-__all__ = ["Match", "MethodNotAllowed", "Route", "RouteTable"]
+__all__ = ["FastRoute", "Match", "MethodNotAllowed", "Route", "RouteTable"]
 
 
 class MethodNotAllowed(ApiError):
@@ -168,6 +168,7 @@ class RouteTable:
                 break
             shared += 1
         self.prefix = b"/".join(literal for _, literal in first[:shared]) + b"/"
+        self._shared = shared
         # candidates[n]: (route, its literals past the prefix) for the routes a path of n segments may fit,
         # in table order; the last entry is for every path longer than any template (only `:path` routes).
         self._candidates = tuple(
@@ -203,6 +204,39 @@ class RouteTable:
             return MethodNotAllowed(partial.allow)
         return NotFound("Not Found")
 
+    def fast_route(self) -> FastRoute | None:
+        """The table's first route when `resolve` answers every path of its length that fits it with it: a
+        route of two parameters (a store and a key) and one literal segment past the prefix, the first
+        candidate of its length. A data plane may match and decode that route's plain paths itself
+        (`FastRoute`); None when the first route is not such a route."""
+        route = self.routes[0]
+        extra = [(i, literal) for i, literal in route.literals if i >= self._shared]
+        if route.open_ended or len(route.parameters) != 2 or len(extra) != 1:
+            return None
+        if self._candidates[route.length][0][0] is not route:
+            return None
+        (first, _), (second, _) = route.parameters
+        if first not in route.required:
+            return None
+        (at, literal) = extra[0]
+        return FastRoute(route, route.length, at, literal, route.allowed, first, second, second in route.required)
+
     def documented(self) -> dict[str, tuple[str, ...]]:
         """The API's routes and their methods (HEAD goes with GET), as the OpenAPI document lists them."""
         return {route.template: route.methods for route in self.routes if route.documented}
+
+
+@dataclass(frozen=True, slots=True)
+class FastRoute:
+    """`RouteTable.fast_route`: a route whose paths are `length` segments, `literal` at index `at` past the
+    prefix, its two parameters at `first` (never empty) and `second` (empty allowed unless
+    `second_required`)."""
+
+    route: Route
+    length: int
+    at: int
+    literal: bytes
+    allowed: frozenset[str]
+    first: int
+    second: int
+    second_required: bool

@@ -60,13 +60,13 @@ def encode(
             own_id = False
         parts += (name, b": ", value, b"\r\n")
     if status >= 200 and status != 204 and status != 304:
+        date = _date_line if int(time()) == _date_second else date_header()  # date_header's common case, inline
         if own_id:
             parts.append(
-                b"content-length: %d\r\n%sx-request-id: %s\r\n%s\r\n"
-                % (len(body), date_header(), request_id, connection)
+                b"content-length: %d\r\n%sx-request-id: %s\r\n%s\r\n" % (len(body), date, request_id, connection)
             )
         else:
-            parts.append(b"content-length: %d\r\n%s%s\r\n" % (len(body), date_header(), connection))
+            parts.append(b"content-length: %d\r\n%s%s\r\n" % (len(body), date, connection))
         if body and not head:
             parts.append(body)
     elif own_id:

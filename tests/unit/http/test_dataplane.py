@@ -385,3 +385,64 @@ def test_a_client_that_leaves_while_its_handlers_task_runs_frees_its_admission_p
             assert sorted(plane.counted) == [("s", "key", 200), ("s", "key", 200)]
 
     arun(scenario())
+
+
+# -- the key read's fast path ----------------------------------------------------------------------------
+
+
+class Echo(RoutedDataPlane):
+    """Answers a key read with its decoded parameters; its table's first route is the key read, so a plain
+    key path is matched and decoded by the skeleton's fast path (`RouteTable.fast_route`)."""
+
+    def __init__(self) -> None:
+        self.counted: list[tuple[str, str, int]] = []
+        super().__init__(Admission(), lambda *c: self.counted.append(c), max_parameter_bytes=8)
+
+    routes = RouteTable([KEY, BATCH, NOT_A_KEY_PATH])
+
+
+class EchoByTable(Echo):
+    """The same routes, the key read second: no fast route, every path goes through `RouteTable.resolve`."""
+
+    routes = RouteTable([BATCH, KEY, NOT_A_KEY_PATH])
+
+
+def test_only_a_first_route_of_a_store_and_a_key_is_a_fast_route() -> None:
+    fast = Echo.routes.fast_route()
+    assert fast is not None and fast.route is KEY and (fast.length, fast.at, fast.literal) == (5, 3, b"keys")
+    assert (fast.first, fast.second, fast.second_required) == (2, 4, False)
+    assert EchoByTable.routes.fast_route() is None
+    assert RouteTable([PARTITION, KEY]).fast_route() is None
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD", "POST", "DELETE"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        b"/stores/s/keys/k",
+        b"/stores/s/keys/",
+        b"/stores//keys/k",
+        b"/stores/s/keys/%41",
+        b"/stores/s/keys/a%2Fb",
+        b"/stores/s/keys/\xff",
+        b"/stores/\xc3\xa9/keys/\xc3\xa9",
+        b"/stores/s/keys/12345678",
+        b"/stores/s/keys/123456789",
+        b"/stores/123456789/keys/k",
+        b"/stores/s/Keys/k",
+        b"/stores/s/keys/k/",
+        b"/stores/s/batch-get",
+    ],
+)
+def test_the_fast_path_answers_every_path_as_the_route_table_does(method: str, path: bytes) -> None:
+    fast, by_table = Echo(), EchoByTable()
+    assert handled(fast, method, path).answers == handled(by_table, method, path).answers  # type: ignore[arg-type]
+    assert fast.counted == by_table.counted
+    assert fast.admission.active == by_table.admission.active == 0
+
+
+def test_a_plain_key_path_is_answered_with_its_decoded_parameters_by_the_fast_path() -> None:
+    plane = Echo()
+    assert handled(plane, "GET", b"/stores/s/keys/\xc3\xa9").answers == [(200, [], repr(("s", "é")).encode())]  # type: ignore[arg-type]
+    assert handled(plane, "HEAD", b"/stores/s/keys/").answers == [(200, [], repr(("s", "")).encode())]  # type: ignore[arg-type]
+    assert plane.counted == [("s", "key", 200), ("s", "key", 200)]
