@@ -473,7 +473,7 @@ def test_a_router_with_a_stale_view_is_answered_in_one_hop_and_re_reads_its_map_
             async with httpx.AsyncClient(base_url=base_url, trust_env=False, timeout=10) as http:
 
                 async def pmap() -> dict[str, Any]:
-                    return dict((await http.get("/admin/partition-map")).json())
+                    return dict((await http.get("/admin/partition-map?detail=all")).json())
 
                 async def holders(p: int) -> list[str]:
                     entries = (await pmap())["stores"]["moving"]["partition_map"]
