@@ -425,7 +425,7 @@ class Cluster:
         return self.router_url
 
     def serving(self, store: str, replicas: int) -> bool:
-        m = httpx.get(self.router_url + "/admin/partition-map", timeout=5).json()
+        m = httpx.get(self.router_url + "/admin/partition-map?detail=all", timeout=5).json()
         entries = m["stores"].get(store, {}).get("partition_map", [])
         return len(entries) == PARTITIONS and all(len(e["serving"]) >= replicas for e in entries)
 
@@ -570,7 +570,7 @@ def compare(cluster: Cluster, store: str, expected: dict[str, Any], last: dict[i
     for i in range(keys):
         key = key_of(i)
         by_partition[partition_for(Partitioner.MURMUR2, key.encode(), PARTITIONS)].append(key)
-    m = httpx.get(cluster.router_url + "/admin/partition-map", timeout=5).json()
+    m = httpx.get(cluster.router_url + "/admin/partition-map?detail=all", timeout=5).json()
     nodes = {name: url for name, (_, url, _) in cluster.nodes.items()}
     checked = wrong = 0
     for entry in m["stores"][store]["partition_map"]:

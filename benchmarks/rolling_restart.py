@@ -202,7 +202,7 @@ class Cluster:
         for _, url in self.nodes.values():
             if self.http.get(url + "/readyz").status_code != 200:
                 return False
-        m = self.http.get(self.router_url + "/admin/partition-map").json()
+        m = self.http.get(self.router_url + "/admin/partition-map?detail=all").json()
         if m["stale"] or set(m["nodes"]) != set(self.nodes):
             return False
         placed = set()

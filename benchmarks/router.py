@@ -680,7 +680,7 @@ def running_cluster(args: argparse.Namespace, wrk: str, nginx: str, work: Path) 
             print(f"the --workers 2 router runs as {tree_size(workers.popen.pid)} processes", file=sys.stderr)
 
         # Owners as the router sees them; with rf=1 each partition has exactly one.
-        _, described = http_json(router.url + "/admin/partition-map")
+        _, described = http_json(router.url + "/admin/partition-map?detail=all")
         assert isinstance(described, dict)
         owner_of = [entry["serving"][0]["node"] for entry in described["stores"][STORE]["partition_map"]]
         print(
