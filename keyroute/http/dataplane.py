@@ -110,26 +110,7 @@ class Call:
         if isinstance(result, BaseException):
             self.fail(result)
             return
-        # `answer`, inline: every proxied read is settled so.
-        if not self._open:
-            return
-        self._open = False
-        status = result.status
-        kind = self._kind
-        if kind is not None:
-            plane = self._plane
-            answered = plane.answered
-            if answered is not None:
-                answered(self.store, kind, status, monotonic() - self._admitted)
-            else:
-                plane.count(self.store, kind, status)
-                observe = plane.observe
-                if observe is not None:
-                    observe(self.store, status, monotonic() - self._admitted)
-        try:
-            self._exchange.answer(status, result.headers, result.body)
-        except Exception:
-            self._unwritable()
+        self.answer(result.status, result.headers, result.body)
 
     def answer_counted(self, status: int, headers: Headers, body: bytes) -> None:
         """`answer`, for an answer the handler has counted itself (a batch counts each of its keys)."""
