@@ -19,7 +19,7 @@ import functools
 import logging
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -79,6 +79,7 @@ from keyroute.http.forwarding import (
 from keyroute.http.upstream import UpstreamUnavailable
 
 if TYPE_CHECKING:
+    from keyroute.core.key_location import KeyLocation
     from keyroute.state_node.app import Node
     from keyroute.state_node.store import PartitionStore
 
@@ -191,11 +192,7 @@ def read_key(
     partition). Synchronous: nearly every read is answered here, without a task."""
     m = node.ownership.map
     record = find_store(m, store_name)
-    key = parse_key_text(record, key_text)
-    location = m.locate(record, key)
-    held = node.ownership.local(store_name, location.partition)
-    node_id = node.node_id
-    others = [ep for ep in location.serving if ep.node_id != node_id]
+    key, location, held, others = _where(node, m, record, store_name, key_text)
     if held is not None and answers_locally(held, others, forwarded):
         node.metrics.local_answers += 1
         live = held.live
@@ -203,9 +200,7 @@ def read_key(
         if live is not None:
             offset = live.offset  # before the value: the value reflects at least this offset
             if min_offset is not None and offset < min_offset:
-                if not waited and node.settings.min_offset_wait_ms > 0:
-                    return Behind(live, min_offset)
-                raise _not_up_to_bound(store_name, location.partition, held.version, live, offset, min_offset)
+                return _behind(node, store_name, location.partition, held, offset, min_offset, waited)
         elif min_offset is not None:
             raise not_live(store_name)
         headers = _local_headers(node, location.partition, held.version, forwarded, m.generation, live, offset)
@@ -213,7 +208,29 @@ def read_key(
         if value is None:
             return 404, headers, error_json("key_not_found", f"key {location.key!r} is not in store {store_name!r}")
         return 200, headers, found_body(store_name, location.key, location.partition, held.version, value)
-    return _forward_to(node_id, store_name, location.partition, others, forwarded, m.generation)
+    return _forward_to(node.node_id, store_name, location.partition, others, forwarded, m.generation)
+
+
+def _where(
+    node: Node, m: PartitionMap, record: StoreRecord, store_name: str, key_text: str
+) -> tuple[Key, KeyLocation, PartitionStore | None, list[Endpoint]]:
+    """A read's key as `record` parses it (raises BadKey), where it lives, this node's copy of its partition
+    (None: not held here) and the other nodes serving that partition."""
+    key = parse_key_text(record, key_text)
+    location = m.locate(record, key)
+    node_id = node.node_id
+    others = [ep for ep in location.serving if ep.node_id != node_id]
+    return key, location, node.ownership.local(store_name, location.partition), others
+
+
+def _behind(
+    node: Node, store: str, partition: int, held: PartitionStore, offset: int, min_offset: int, waited: bool
+) -> Behind:
+    """A read bounded by `min_offset` of a live partition held here that has applied only `offset`: `Behind`,
+    to wait for, unless it `waited` already or the node does not wait: then 503 not_up_to_bound (raised)."""
+    if not waited and node.settings.min_offset_wait_ms > 0:
+        return Behind(held.live, min_offset)
+    raise _not_up_to_bound(store, partition, held.version, held.live, offset, min_offset)
 
 
 def read_timeline(
@@ -237,11 +254,7 @@ def read_timeline(
         query = parse_query(read, raw_query, timeline)
     except QueryError as exc:
         raise BadRequest(str(exc)) from None
-    key = parse_key_text(record, key_text)
-    location = m.locate(record, key)
-    held = node.ownership.local(store_name, location.partition)
-    node_id = node.node_id
-    others = [ep for ep in location.serving if ep.node_id != node_id]
+    key, location, held, others = _where(node, m, record, store_name, key_text)
     if held is not None and held.timeline is not None and answers_locally(held, others, forwarded):
         node.metrics.local_answers += 1
         secret = node.members.token.encode("ascii")
@@ -264,9 +277,7 @@ def read_timeline(
             if live is None:
                 raise not_live(store_name)
             if offset < query.min_offset:
-                if not waited and node.settings.min_offset_wait_ms > 0:
-                    return Behind(live, query.min_offset)
-                raise _not_up_to_bound(store_name, location.partition, held.version, live, offset, query.min_offset)
+                return _behind(node, store_name, location.partition, held, offset, query.min_offset, waited)
         entries, more = held.entries(key.data, query.low, query.high, query.limit, query.descending, after)
         next_cursor = make_cursor(secret, bound, held.version, entries[-1][:2]) if more else None
         field = "rows" if read == HISTORY else "windows"
@@ -275,7 +286,7 @@ def read_timeline(
         )
         headers = _local_headers(node, location.partition, held.version, forwarded, m.generation, live, offset)
         return 200, headers, body
-    return _forward_to(node_id, store_name, location.partition, others, forwarded, m.generation)
+    return _forward_to(node.node_id, store_name, location.partition, others, forwarded, m.generation)
 
 
 def _local_headers(
@@ -405,44 +416,25 @@ def _relay(
 # -- a batch --------------------------------------------------------------------------------------------
 
 
+@dataclass(slots=True, eq=False)
 class Batch:
     """One batch-get: the entries answered here (in request order; None where a key waits for another
     node), and the keys to send on with the nodes serving them."""
 
-    __slots__ = (
-        "node",
-        "store",
-        "forwarded",
-        "map_generation",
-        "entries",
-        "texts",
-        "replicas",
-        "bounds",
-        "forwarded_partitions",
-        "behind",
-    )
-
-    def __init__(
-        self,
-        node: Node,
-        store: str,
-        forwarded: bool,
-        map_generation: int,
-        size: int,
-        bounds: OffsetBounds | None = None,
-    ) -> None:
-        self.node = node
-        self.store = store
-        self.forwarded = forwarded
-        self.map_generation = map_generation
-        self.entries: list[bytes | None] = [None] * size
-        self.texts: dict[int, str] = {}
-        self.replicas: dict[int, list[Endpoint]] = {}
-        self.bounds = bounds
-        # With bounds: the partitions of the keys sent on, whose bounds go with them.
-        self.forwarded_partitions: set[int] = set()
-        # Live partitions held here that have not applied their bound yet: partition -> (bound, [(index, key)]).
-        self.behind: dict[int, tuple[int, list[tuple[int, Key]]]] = {}
+    node: Node
+    store: str
+    forwarded: bool
+    map_generation: int
+    # One per key of the request, in its order.
+    entries: list[bytes | None]
+    bounds: OffsetBounds | None = None
+    # The keys to send on: index -> key text, and the nodes serving each.
+    texts: dict[int, str] = field(default_factory=dict)
+    replicas: dict[int, list[Endpoint]] = field(default_factory=dict)
+    # With bounds: the partitions of the keys sent on, whose bounds go with them.
+    forwarded_partitions: set[int] = field(default_factory=set)
+    # Live partitions held here that have not applied their bound yet: partition -> (bound, [(index, key)]).
+    behind: dict[int, tuple[int, list[tuple[int, Key]]]] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -540,7 +532,7 @@ def read_batch(
             raise BadRequest(bad_batch_key(store_name, record.key_format.value, raw).message)
     if bounds is not None:
         bounds.check(store_name, record.partitions)
-    batch = Batch(node, store_name, forwarded, m.generation, len(keys), bounds)
+    batch = Batch(node, store_name, forwarded, m.generation, [None] * len(keys), bounds)
     entries = batch.entries
     metrics = node.metrics
     node_id = node.node_id
