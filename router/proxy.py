@@ -359,15 +359,8 @@ class Proxy:
     def _replied(self, request: _Request, result: UpstreamResponse | Exception) -> None:
         """`request` ended with `result` (a reply or a failure): the read delivers, waits for its other
         request, or fails over to the next replica."""
-        read = request.read
         endpoint = request.endpoint
-        # The request is over: no longer out for its read, nor in flight to its node.
-        request.pending = None
-        hedge = read.lead is not request
-        if hedge:
-            read.hedge = None
-        else:
-            read.lead = None
+        # The request is over: no longer in flight to its node, nor out for its read.
         url = endpoint.url
         in_flight = self._in_flight  # Balancer.request_ended, inline (once per request)
         count = in_flight.get(url, 0)
@@ -375,6 +368,13 @@ class Proxy:
             in_flight[url] = count - 1
         else:
             in_flight.pop(url, None)
+        request.pending = None
+        read = request.read
+        hedge = read.lead is not request
+        if hedge:
+            read.hedge = None
+        else:
+            read.lead = None
         if isinstance(result, UpstreamResponse):
             elapsed = self._clock() - request.started
             # RouterMetrics.observe_upstream, inline (once per read)
