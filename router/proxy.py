@@ -57,7 +57,7 @@ from keyroute.core.api import (
 from keyroute.core.logs import bind_request_id
 from keyroute.core.metrics import Histogram
 from keyroute.core.partition_map import Endpoint
-from keyroute.core.partitioner import murmur2
+from keyroute.core.partitioner import murmur2_bits
 from keyroute.core.settings import RouterSettings
 from keyroute.http.fast_upstream import StaleConnection, header_block
 from keyroute.http.forwarding import (
@@ -288,7 +288,7 @@ class Proxy:
         # (and raises) as ever.
         locator = table.reads.get(store)
         if locator is not None and locator.plain and key_text.isascii():
-            partition = (murmur2(key_text.encode()) & 0x7FFFFFFF) % locator.partitions
+            partition = (murmur2_bits(key_text.encode()) & 0x7FFFFFFF) % locator.partitions
             serving = locator.serving[partition]
         else:
             partition, serving = table.serving_of(store, key_text)
