@@ -26,6 +26,7 @@ _FNV32_PRIME = 0x01000193
 
 _LE_WORD = struct.Struct("<I")
 _LE_WORDS = tuple(struct.Struct(f"<{n}I") for n in range(17))  # 0 to 16 words
+_from_bytes = int.from_bytes  # bound once: `int.from_bytes` looks the method up and binds it on every call
 
 
 _Choice = TypeVar("_Choice", bound=enum.StrEnum)
@@ -78,7 +79,7 @@ def murmur2_bits(data: bytes) -> int:
         h = ((h * 0x5BD1E995) ^ ((k ^ (k >> 24)) * 0x5BD1E995)) & 0xFFFFFFFF
     if length != body:
         # The Java switch's fallthrough mixes the 1 to 3 tail bytes in as one little-endian int.
-        h = ((h ^ int.from_bytes(data[body:], "little")) * 0x5BD1E995) & 0xFFFFFFFF
+        h = ((h ^ _from_bytes(data[body:], "little")) * 0x5BD1E995) & 0xFFFFFFFF
     h ^= h >> 13
     h = (h * 0x5BD1E995) & 0xFFFFFFFF
     return h ^ (h >> 15)
