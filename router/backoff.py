@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from keyroute.core.partition_map import Endpoint
 
@@ -35,6 +35,12 @@ class NodeBackoff:
                 self._backoff_s,
             )
         self._until[endpoint.url] = self._clock() + self._backoff_s
+
+    @property
+    def backed_off_urls(self) -> Mapping[str, float]:
+        """The node URLs in back-off now or until `backed_off` next looks (each with the time it may lead
+        again): the live view, empty while no node is, so a caller may skip `succeeded` when it is."""
+        return self._until
 
     def succeeded(self, endpoint: Endpoint) -> None:
         if self._until:

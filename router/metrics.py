@@ -169,14 +169,10 @@ class RouterMetrics:
             self.stale_since = time.time()
 
     def count(self, store: str, kind: str, status: int) -> None:
-        """One read of `store` answered with `status` (store names the map does not know share one label)."""
-        # RequestCounts.add(store_label(...), kind, status) in one frame: it runs once per read.
+        """One read of `store` answered with `status` (store names the map does not know share one label).
+        The data plane counts a read with `answered` instead, which also times it in the same frame."""
         m = self.partition_map
-        if m is None or store not in m.stores:
-            store = UNKNOWN_STORE
-        key = (store, kind, _OUTCOMES.get(status) or outcome(status))
-        counts = self.requests.counts
-        counts[key] = counts.get(key, 0) + 1
+        self.requests.add(store_label(store, m.stores if m is not None else ()), kind, status)
 
     def count_results(self, store: str, kind: str, results: Sequence[dict[str, Any]]) -> None:
         """Each key of a batch by the status of its own result entry."""

@@ -57,7 +57,7 @@ from keyroute.core.api import (
 from keyroute.core.logs import bind_request_id
 from keyroute.core.metrics import Histogram
 from keyroute.core.partition_map import Endpoint
-from keyroute.core.partitioner import murmur2
+from keyroute.core.partitioner import murmur2_bits
 from keyroute.core.settings import RouterSettings
 from keyroute.http.fast_upstream import StaleConnection, header_block
 from keyroute.http.forwarding import (
@@ -184,6 +184,7 @@ class Proxy:
         self._max_key_bytes = settings.max_key_bytes
         self._retry_after_s = settings.retry_after_s
         self._backoff = backoff or NodeBackoff()
+        self._backed_off = self._backoff.backed_off_urls  # the nodes in back-off (empty: none)
         self._balancer = Balancer(self._backoff, rng)
         self._in_flight = self._balancer.in_flight  # requests in flight per node URL, the balancer's own
         self._budget = RetryBudget(hedge.budget_ratio)
@@ -287,7 +288,7 @@ class Proxy:
         # (and raises) as ever.
         locator = table.reads.get(store)
         if locator is not None and locator.plain and key_text.isascii():
-            partition = (murmur2(key_text.encode()) & 0x7FFFFFFF) % locator.partitions
+            partition = (murmur2_bits(key_text.encode()) & 0x7FFFFFFF) % locator.partitions
             serving = locator.serving[partition]
         else:
             partition, serving = table.serving_of(store, key_text)
@@ -359,15 +360,8 @@ class Proxy:
     def _replied(self, request: _Request, result: UpstreamResponse | Exception) -> None:
         """`request` ended with `result` (a reply or a failure): the read delivers, waits for its other
         request, or fails over to the next replica."""
-        read = request.read
         endpoint = request.endpoint
-        # The request is over: no longer out for its read, nor in flight to its node.
-        request.pending = None
-        hedge = read.lead is not request
-        if hedge:
-            read.hedge = None
-        else:
-            read.lead = None
+        # The request is over: no longer in flight to its node, nor out for its read.
         url = endpoint.url
         in_flight = self._in_flight  # Balancer.request_ended, inline (once per request)
         count = in_flight.get(url, 0)
@@ -375,6 +369,13 @@ class Proxy:
             in_flight[url] = count - 1
         else:
             in_flight.pop(url, None)
+        request.pending = None
+        read = request.read
+        hedge = read.lead is not request
+        if hedge:
+            read.hedge = None
+        else:
+            read.lead = None
         if isinstance(result, UpstreamResponse):
             elapsed = self._clock() - request.started
             # RouterMetrics.observe_upstream, inline (once per read)
@@ -384,21 +385,22 @@ class Proxy:
                 histogram = latency[endpoint.node_id] = Histogram()
             histogram.counts[bisect_left(histogram.bounds, elapsed)] += 1
             histogram.sum += elapsed
-            self._backoff.succeeded(endpoint)
+            if self._backed_off:  # NodeBackoff.succeeded, inline: only a node in back-off has anything to undo
+                self._backoff.succeeded(endpoint)
             if self._latency is not None:
                 self._latency.record(elapsed)
             # _relayed, inline (once per read): passthrough_headers and the first X-Keyroute-Hops value in
-            # one pass over the node's reply headers.
+            # one pass over the node's reply headers (lower-case names: FastUpstream's, or `_Request.fetched`
+            # made them so).
             relayed = []
             hops = None
             named: set[bytes] | None = None
             for name, value in result.headers:
-                lowered = name.lower()
-                if lowered not in HOP_BY_HOP:
-                    relayed.append((lowered, value))
-                    if lowered == _HOPS and hops is None:
+                if name not in HOP_BY_HOP:
+                    relayed.append((name, value))
+                    if name == _HOPS and hops is None:
                         hops = value
-                elif lowered == b"connection":
+                elif name == b"connection":
                     named = (named or set()) | {token.strip().lower() for token in value.split(b",")}
             if named:
                 relayed = [(name, value) for name, value in relayed if name not in named]
@@ -719,6 +721,7 @@ def _delivered(result: UpstreamResponse | Exception) -> None:
     raise AssertionError("a read delivered twice")
 
 
+@dataclass(slots=True, eq=False, repr=False)
 class Read:
     """One single-key read (made by `Proxy.read`): where it goes, in which order, its requests out.
 
@@ -728,48 +731,22 @@ class Read:
     request cancelled; when nothing is out and nothing usable came back, the next replica is asked.
     """
 
-    __slots__ = (
-        "proxy",
-        "store",
-        "partition",
-        "path",
-        "order",
-        "request_id",
-        "on_result",
-        "asked",
-        "lead",
-        "hedge",
-        "refused",
-        "waiting",
-        "live",
-        "min_offset",
-    )
-
-    def __init__(
-        self,
-        proxy: Proxy,
-        store: str,
-        partition: int,
-        path: str,
-        order: tuple[Endpoint, ...],
-        request_id: str,
-        on_result: OnResult,
-    ) -> None:
-        self.proxy = proxy
-        self.store = store
-        self.partition = partition
-        self.path = path
-        self.order = order
-        self.request_id = request_id
-        self.on_result = on_result
-        self.asked = 1
-        self.lead: _Request | None = None
-        self.hedge: _Request | None = None
-        self.refused: UpstreamResponse | None = None  # the last 503 reply, passed on if no replica does better
-        self.waiting = False
-        # A read of a live store (its replies' offsets are remembered), and its bound (None: none).
-        self.live = False
-        self.min_offset: int | None = None
+    proxy: Proxy
+    store: str
+    partition: int
+    path: str
+    order: tuple[Endpoint, ...]
+    request_id: str
+    on_result: OnResult
+    asked: int = 1
+    lead: _Request | None = None
+    hedge: _Request | None = None
+    # The last 503 reply, passed on if no replica does better.
+    refused: UpstreamResponse | None = None
+    waiting: bool = False
+    # A read of a live store (its replies' offsets are remembered), and its bound (None: none).
+    live: bool = False
+    min_offset: int | None = None
 
     @property
     def over(self) -> bool:
@@ -839,7 +816,14 @@ class _Request:
             self.replied(UpstreamUnavailable("the request was cancelled", node_fault=False))
             return
         failure = task.exception()
-        self.replied(task.result() if failure is None else failure)  # type: ignore[arg-type]
+        if failure is not None:
+            self.replied(failure)  # type: ignore[arg-type]
+            return
+        # `Upstream.get` of any kind: header names lower-cased here, as FastUpstream's already are, so that
+        # `Proxy._replied` compares them as they come.
+        reply = task.result()
+        headers = [(name.lower(), value) for name, value in reply.headers]
+        self.replied(UpstreamResponse(reply.status, headers, reply.body))
 
 
 class _HedgeTimer:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from keyroute.core.key_format import KeyFormat, parse_key
-from keyroute.core.partitioner import Partitioner, key_hash, murmur2, partition_of_hash
+from keyroute.core.partitioner import Partitioner, key_hash, murmur2, murmur2_bits, partition_of_hash
 
 if TYPE_CHECKING:
     from keyroute.core.partition_map import PartitionMap
@@ -154,7 +154,7 @@ class StoreLocator:
             except UnicodeEncodeError:
                 pass  # `locate` says why
             else:
-                partition = (murmur2(data) & 0x7FFFFFFF) % self.partitions  # as in `locate`
+                partition = (murmur2_bits(data) & 0x7FFFFFFF) % self.partitions  # as in `locate`
                 return partition, self.serving[partition]
         location = self.locate(key_text)
         return location.partition, location.serving

@@ -114,18 +114,14 @@ class Call:
         self.answer(result.status, result.headers, result.body)
 
     def answer_counted(self, status: int, headers: Headers, body: bytes) -> None:
-        """`answer`, for an answer the handler has counted itself (a batch counts each of its keys)."""
-        if not self._open:
-            return
-        self._open = False
-        if self._kind is not None:
+        """`answer`, for an answer the handler has counted itself (a batch counts each of its keys): only
+        timed here, then answered with no kind left to count it under."""
+        if self._open and self._kind is not None:
+            self._kind = None
             observe = self._plane.observe
             if observe is not None:
                 observe(self.store, status, monotonic() - self._admitted)
-        try:
-            self._exchange.answer(status, headers, body)
-        except Exception:
-            self._unwritable()
+        self.answer(status, headers, body)
 
     def fail(self, error: BaseException) -> None:
         """Answer with `error`: an ApiError as the API's JSON error; anything else logged with its traceback

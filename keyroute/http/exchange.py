@@ -68,7 +68,7 @@ class Slot:
     earlier request was still unanswered waits in `_held`. Its connection (keyroute.http.protocol) reads
     and sets its underscore attributes; nothing outside keyroute.http does."""
 
-    __slots__ = ("_conn", "_held", "_done", "_gone", "_keep_alive", "_head", "_rid", "_connection")
+    __slots__ = ("_conn", "_held", "_done", "_gone", "_keep_alive", "_head", "_rid", "_connection", "_on_done")
 
     def __init__(self, conn: Connection, rid: bytes, keep_alive: bool, connection: bytes, head: bool) -> None:
         self._conn = conn
@@ -79,33 +79,27 @@ class Slot:
         self._connection = connection  # the `connection` header line its answer carries (b"" for none)
         self._head = head  # a HEAD request: answered without a body
         self._rid = rid
+        self._on_done: Callable[[], None] | None = None  # an exchange's, told of its end (see Exchange)
 
     def _lost(self) -> None:
         self._gone = True
+        done = self._on_done
+        if done is not None:  # still unanswered: a callback is cleared when it is called
+            self._on_done = None
+            done()
 
 
 class Exchange(Slot):
     """One data-plane request and its answer slot: `answer` once, now or later, on the loop's thread.
 
     An exchange ends once: when it is answered, or when it is lost before that (its client left, or its
-    connection closes first). `on_done` has a callable told of that end."""
+    connection closes first). `on_done` has a callable told of that end.
 
-    __slots__ = ("request", "_on_done")
+    Made as its `Slot` (one `__init__` for both), then given its `request`."""
 
-    def __init__(
-        self, conn: Connection, request: Request, rid: bytes, keep_alive: bool, connection: bytes, head: bool
-    ) -> None:
-        # Slot.__init__, inline: one exchange per data-plane request.
-        self._conn = conn
-        self._held = None
-        self._done = False
-        self._gone = False
-        self._keep_alive = keep_alive
-        self._connection = connection
-        self._head = head
-        self._rid = rid
-        self.request = request
-        self._on_done: Callable[[], None] | None = None
+    __slots__ = ("request",)
+
+    request: Request
 
     def on_done(self, callback: Callable[[], None]) -> None:
         """Have `callback()` called exactly once, on the loop's thread, when the exchange ends: at its answer
@@ -137,13 +131,6 @@ class Exchange(Slot):
             self._on_done = None
             done()
         conn._complete(self, data)
-
-    def _lost(self) -> None:
-        self._gone = True
-        done = self._on_done
-        if done is not None:  # still unanswered: a callback is cleared when it is called
-            self._on_done = None
-            done()
 
     @property
     def gone(self) -> bool:

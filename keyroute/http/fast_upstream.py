@@ -20,6 +20,7 @@ import re
 import zlib
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -57,25 +58,10 @@ class _Failure(Exception):
 
 
 class _Connection(asyncio.Protocol):
-    """One TCP connection to a node; carries one exchange at a time and is reused while the node allows."""
+    """One TCP connection to a node; carries one exchange at a time and is reused while the node allows.
 
-    __slots__ = (
-        "pool",
-        "transport",
-        "parser",
-        "waiter",
-        "lost",
-        "status",
-        "headers",
-        "body",
-        "received",
-        "framed",
-        "until_eof",
-        "encoding",
-        "reusable",
-        "counted",
-        "idle_since",
-    )
+    No `__slots__`: a connection lives for many requests, and every attribute is set in `__init__` in one
+    order, so CPython keeps them as compactly and reads them as fast as slots."""
 
     def __init__(self, pool: _Pool) -> None:
         self.pool = pool
@@ -248,27 +234,18 @@ def _ended_already(result: UpstreamResponse | Exception) -> None:
     raise AssertionError("an exchange ended twice")
 
 
+@dataclass(slots=True, eq=False, repr=False)
 class _Exchange:
     """One request sent by `FastUpstream.get_now` and its reply, on one connection: the connection's waiter,
     which hands the connection back and the reply (or the failure) on at once, instead of waking a
     coroutine."""
 
-    __slots__ = ("upstream", "pool", "conn", "url", "on_reply", "ended")
-
-    def __init__(
-        self,
-        upstream: FastUpstream,
-        pool: _Pool,
-        conn: _Connection,
-        url: str,
-        on_reply: Callable[[UpstreamResponse | Exception], None],
-    ) -> None:
-        self.upstream = upstream
-        self.pool = pool
-        self.conn = conn
-        self.url = url
-        self.on_reply = on_reply
-        self.ended = False
+    upstream: FastUpstream
+    pool: _Pool
+    conn: _Connection
+    url: str
+    on_reply: Callable[[UpstreamResponse | Exception], None]
+    ended: bool = False
 
     def done(self) -> bool:
         return self.ended

@@ -356,8 +356,9 @@ class Connection(asyncio.Protocol):
             raise _Rejected from None
         slot: Slot
         if data_plane:
-            request = Request(method, path, query, self._headers, b"", request_id, version)
-            slot = Exchange(self, request, rid, keep_alive, connection, head)
+            exchange = Exchange(self, rid, keep_alive, connection, head)
+            exchange.request = Request(method, path, query, self._headers, b"", request_id, version)
+            slot = exchange
         else:
             scope = http_scope(method, version, path, query, self._headers, self._transport, self._server._state)
             slot = Cycle(self, scope, rid, keep_alive, connection, head)

@@ -1050,6 +1050,48 @@ def test_a_read_over_an_upstream_that_cannot_send_at_once_goes_through_a_task() 
     assert upstream.gets == 2  # both requests, the failed one and the failover, through `get`
 
 
+class MixedCaseNode:
+    """An `Upstream` (get only) whose every reply names its headers as some HTTP stacks do: capitalised."""
+
+    def __init__(self) -> None:
+        self.reply = UpstreamResponse(
+            200,
+            [
+                (b"Content-Type", b"application/json"),
+                (b"X-Keyroute-Node", b"a"),
+                (b"X-Keyroute-Hops", b"1"),
+                (b"Connection", b"keep-alive, X-Private"),
+                (b"X-Private", b"not for the client"),
+                (b"Content-Length", b"2"),
+                (b"Date", b"Fri, 27 Nov 2026 10:00:00 GMT"),
+            ],
+            b"{}",
+        )
+
+    async def get(self, url: str, headers: Mapping[str, str]) -> UpstreamResponse:
+        return self.reply
+
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> UpstreamResponse:
+        raise AssertionError("no batch here")
+
+    async def aclose(self) -> None:
+        pass
+
+
+def test_a_reply_with_capitalised_header_names_is_relayed_lower_cased_without_hop_by_hop_headers() -> None:
+    proxy = Proxy(MixedCaseNode(), on_stale_map=lambda: None, hedge=HedgeSettings(after_s=0), rng=MapOrderOnTies())
+    proxy.install(RoutingTable.of(replicated_map()))
+
+    answer = run(lambda: read_via_callback(proxy, "k"))
+    assert answer.status == 200 and answer.body == b"{}"
+    assert list(answer.headers) == [
+        (b"content-type", b"application/json"),
+        (b"x-keyroute-node", b"a"),
+        (b"x-keyroute-hops", b"1"),
+    ]
+    assert proxy.metrics.misroutes == 1  # X-Keyroute-Hops: 1 seen under its capitalised name too
+
+
 async def idle_connections_to(h: LocalHarness, node: LocalNode, count: int) -> None:
     """`count` idle connections from the harness's upstream to `node`, for reads sent without a coroutine."""
     answers = await asyncio.gather(
