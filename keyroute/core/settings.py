@@ -46,12 +46,28 @@ class ZkIdentity:
 
 
 @dataclass(frozen=True, slots=True)
+class ZkTls:
+    """TLS to ZooKeeper (its secure client port): the CA its server certificates chain to and, when the
+    server asks for one or identities come from certificates, this process's certificate and key (PEM)."""
+
+    ca: Path
+    cert: Path | None = None
+    key: Path | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("a ZooKeeper TLS client certificate needs its key, and a key its certificate")
+
+
+@dataclass(frozen=True, slots=True)
 class ZkSettings:
     """Where the ZooKeeper ensemble is, how long a session may go silent, and who this process is there.
 
-    `auth` is the digest identity this process authenticates as; None keeps ZooKeeper's world-open ACL
-    on everything keyroute creates. `reader`, for processes that write (nodes, pipeline, rollback), is the
-    identity granted READ on what they create; it needs `auth` (the identity granted everything).
+    `auth` is the digest identity this process authenticates as. Without it, a client certificate
+    (`tls.cert`) makes the certificate's subject DN this process's identity (scheme `x509`); with neither,
+    everything keyroute creates keeps ZooKeeper's world-open ACL. `reader` (digest) and `reader_dn`
+    (x509), for processes that write (nodes, pipeline, rollback), are the identities granted READ on what
+    they create; they need an identity of this process's own (granted everything).
     """
 
     hosts: str = "127.0.0.1:2181"
@@ -60,10 +76,18 @@ class ZkSettings:
     connect_timeout_s: float = 15.0
     auth: ZkIdentity | None = None
     reader: ZkIdentity | None = None
+    tls: ZkTls | None = None
+    reader_dn: str = ""
 
     def __post_init__(self) -> None:
-        if self.reader is not None and self.auth is None:
-            raise ValueError("a ZooKeeper reader identity needs an identity to authenticate as (auth)")
+        if (self.reader is not None or self.reader_dn) and not self.has_identity:
+            raise ValueError(
+                "a ZooKeeper reader identity needs an identity to authenticate as (auth or a TLS client certificate)"
+            )
+
+    @property
+    def has_identity(self) -> bool:
+        return self.auth is not None or (self.tls is not None and self.tls.cert is not None)
 
     @classmethod
     def parse(cls, connect: str, **kwargs: Any) -> ZkSettings:
