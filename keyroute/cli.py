@@ -408,6 +408,14 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p.option(build, "--master", help="Spark master (default: local[*])")
     p.option(
         build,
+        "--spark-secret-file",
+        type=_optional_path,
+        metavar="FILE",
+        help="shared secret: Spark's RPC authenticated and encrypted, shuffle files encrypted (on Kubernetes "
+        "the same file must be mounted in the executors)",
+    )
+    p.option(
+        build,
         "--retain",
         type=int,
         default=DEFAULT_RETAIN,
@@ -779,7 +787,8 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         with retaining(args.retain):
             # Live stores' Kafka settings may name environment variables (secrets): resolved here, at the edge.
             kafka = KafkaAccess(dict(os.environ))
-            published = build(args.spec, _zk(args), args.output, master=args.master, kafka=kafka)
+            secret = args.spark_secret_file
+            published = build(args.spec, _zk(args), args.output, args.master, kafka=kafka, spark_secret_file=secret)
     except PipelineError as exc:
         print(f"keyroute pipeline build: {exc}", file=sys.stderr)
         return 1
