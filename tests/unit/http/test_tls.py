@@ -3,6 +3,7 @@ symlink swap, as Kubernetes Secret volumes do), client certificates, plaintext o
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -18,7 +19,9 @@ import trustme
 from keyroute.core.security import ClusterAuth, member_role
 from keyroute.core.settings import TlsSettings
 from keyroute.http import HttpServer
+from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.tls import MemberTls, ServerTls, TlsError, describe, member_context, server_context
+from keyroute.http.upstream import UpstreamUnavailable
 from tests.unit.http.harness import Plane, get, starlette_app
 from tests.util import serve_in_thread, wait_for
 
@@ -277,3 +280,42 @@ def test_with_member_certificates_the_role_decides_not_the_token() -> None:
     assert members.is_member(None, "node") and members.is_member(None, "router")
     assert not members.is_member(members.token, None)
     assert not members.is_member(members.token, "client")
+
+
+# -- the wire between members ---------------------------------------------------------------------------
+
+
+def test_members_reach_a_tls_node_and_name_its_certificate_when_refused(tmp_path: Path) -> None:
+    ca, rogue = trustme.CA(), trustme.CA()
+    member_ca = ca_file(tmp_path, ca)
+    mine = pair(tmp_path, ca, "router", "keyroute-router.r1")
+    wire_tls = MemberTls(TlsSettings(cert=mine.cert, key=mine.key, member_ca=member_ca), "router")
+    node_tls = pair(tmp_path, ca, "node", "127.0.0.1", "keyroute-node.n1")
+    node = TlsSettings(cert=node_tls.cert, key=node_tls.key, member_ca=member_ca)
+    good = HttpServer(starlette_app(), data_plane=lambda state: Plane(), tls=node, require_ca=member_ca)
+    stranger = HttpServer(
+        starlette_app(), data_plane=lambda state: Plane(), tls=pair(tmp_path, rogue, "rogue", "127.0.0.1")
+    )
+    elsewhere = HttpServer(
+        starlette_app(), data_plane=lambda state: Plane(), tls=pair(tmp_path, ca, "other", "node.example")
+    )
+
+    async def read(port: int) -> Any:
+        wire = FastUpstream(5.0, 5.0, tls=wire_tls)
+        try:
+            return await wire.get(f"https://127.0.0.1:{port}/stores/t", {})
+        finally:
+            await wire.aclose()
+
+    with serve_in_thread(good) as ok, serve_in_thread(stranger) as bad, serve_in_thread(elsewhere) as wrong:
+        assert asyncio.run(read(ok)).status == 200
+        with pytest.raises(UpstreamUnavailable) as untrusted:
+            asyncio.run(read(bad))
+        assert str(untrusted.value).startswith(f"TLS with https://127.0.0.1:{bad} failed: its certificate is not")
+        assert "trusted CA" in str(untrusted.value)
+        with pytest.raises(UpstreamUnavailable) as host:
+            asyncio.run(read(wrong))
+        assert "its certificate is not for this host" in str(host.value)
+    # Without member TLS settings an https:// node is refused before any connection.
+    with pytest.raises(ValueError, match="no TLS settings were given for members"):
+        asyncio.run(FastUpstream().get("https://127.0.0.1:1/stores/t", {}))
