@@ -28,6 +28,7 @@ from keyroute.core.settings import (
     NodeSettings,
     RequestLimits,
     RouterSettings,
+    TlsSettings,
     ZkIdentity,
     ZkSettings,
     ZkTls,
@@ -334,10 +335,41 @@ def _admin_port_option(p: _Parser, parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _tls_options(p: _Parser, parser: argparse.ArgumentParser, *, router: bool) -> None:
+    """HTTPS on every port this service listens on, and mutual TLS between members (docs/configuration.md)."""
+    p.option(
+        parser,
+        "--tls-cert",
+        default="",
+        help="PEM certificate (chain) to serve HTTPS with on every port; reloaded when the file changes",
+    )
+    p.option(parser, "--tls-key", default="", help="PEM private key of --tls-cert")
+    if router:
+        p.option(
+            parser,
+            "--tls-client-ca",
+            default="",
+            help="PEM CA file: clients must present a certificate chaining to it (mutual TLS with clients)",
+        )
+    p.option(
+        parser,
+        "--member-ca",
+        default="",
+        help="PEM CA file of the cluster's members: connect to nodes over TLS presenting --tls-cert, and (nodes) "
+        "require every client's certificate to chain to it, honouring member headers from routers and nodes only",
+    )
+
+
 def _http_settings(args: argparse.Namespace, **kwargs: Any) -> HttpSettings:
     if args.admin_port is not None and args.admin_port == args.port:
         raise SystemExit(f"keyroute {args.command}: --admin-port must differ from --port ({args.port})")
-    return HttpSettings(host=args.host, port=args.port, admin_port=args.admin_port, **kwargs)
+    try:
+        tls = TlsSettings(
+            cert=args.tls_cert, key=args.tls_key, client_ca=getattr(args, "tls_client_ca", ""), member_ca=args.member_ca
+        )
+    except ValueError as exc:
+        raise SystemExit(f"keyroute {args.command}: {exc}") from None
+    return HttpSettings(host=args.host, port=args.port, admin_port=args.admin_port, tls=tls, **kwargs)
 
 
 def _limits(args: argparse.Namespace) -> dict[str, Any]:
@@ -427,6 +459,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p.option(node, "--node-id", required=True, help="unique, stable node id (e.g. the pod name)")
     p.option(node, "--port", type=int, required=True, help="HTTP port")
     _admin_port_option(p, node)
+    _tls_options(p, node, router=False)
     p.option(node, "--host", default="127.0.0.1", help="address to listen on")
     p.option(node, "--advertise-url", default="", help="URL other members use to reach this node")
     p.option(node, "--data-dir", type=Path, required=True, help="where the node keeps its loaded partitions")
@@ -501,6 +534,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     _zk_options(p, router, writes=False)
     p.option(router, "--port", type=int, required=True, help="HTTP port")
     _admin_port_option(p, router)
+    _tls_options(p, router, router=True)
     p.option(router, "--host", default="127.0.0.1", help="address to listen on")
     p.option(router, "--upstream-timeout-s", type=float, default=5.0, help="timeout for one request to a node")
     p.option(router, "--zk-session-timeout-s", type=float, default=10.0, help="ZooKeeper session timeout")

@@ -67,6 +67,8 @@ def server(settings: RouterSettings, app: Starlette | None = None) -> HttpServer
         # Requests the server refuses itself (400, 408, 413, 417, 431), counted with admission's refusals.
         on_refusal=app.state.admission.refused,
         name="router",
+        tls=settings.http.tls,
+        require_ca=settings.http.tls.client_ca,
     )
 
 

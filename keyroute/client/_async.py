@@ -15,6 +15,7 @@ from keyroute.client._base import (
     DEFAULT_TIMEOUT_S,
     Batch,
     ClientBase,
+    ClientCert,
     Paged,
     Value,
     next_page,
@@ -37,8 +38,10 @@ class AsyncClient(ClientBase):
         transport: httpx.AsyncBaseTransport | None = None,
         routing: str = "router",
         map_max_age_s: float = 30.0,
+        verify: str | bool = True,
+        cert: ClientCert | None = None,
     ) -> None:
-        super().__init__(url, timeout, retries, backoff_s, token, routing, map_max_age_s)
+        super().__init__(url, timeout, retries, backoff_s, token, routing, map_max_age_s, verify, cert)
         self._http = httpx.AsyncClient(**self._http_options(self.url, transport))
         self._transport = transport
         # One connection pool per node (direct routing): a pool scans its connections on every request.

@@ -16,6 +16,7 @@ from keyroute.client._base import (
     DEFAULT_TIMEOUT_S,
     Batch,
     ClientBase,
+    ClientCert,
     Paged,
     Value,
     next_page,
@@ -38,8 +39,10 @@ class Client(ClientBase):
         transport: httpx.BaseTransport | None = None,
         routing: str = "router",
         map_max_age_s: float = 30.0,
+        verify: str | bool = True,
+        cert: ClientCert | None = None,
     ) -> None:
-        super().__init__(url, timeout, retries, backoff_s, token, routing, map_max_age_s)
+        super().__init__(url, timeout, retries, backoff_s, token, routing, map_max_age_s, verify, cert)
         self._http = httpx.Client(**self._http_options(self.url, transport))
         self._pool: ThreadPoolExecutor | None = None
         self._transport = transport

@@ -107,6 +107,31 @@ class ZkSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class TlsSettings:
+    """PEM files for HTTPS and mutual TLS between members (paths; "" = not given). `cert` and `key`: what this
+    process serves and, with `member_ca`, presents to the nodes it connects to. `client_ca` (routers): clients
+    must present a certificate chaining to it. `member_ca`: the cluster's CA; nodes then require every client
+    to present a certificate chaining to it (honouring member headers only from routers and nodes, named by
+    the certificate: keyroute.core.security.member_role), and routers and nodes verify nodes against it."""
+
+    cert: str = ""
+    key: str = ""
+    client_ca: str = ""
+    member_ca: str = ""
+
+    def __post_init__(self) -> None:
+        if bool(self.cert) != bool(self.key):
+            raise ValueError("--tls-cert and --tls-key go together: give both or neither")
+        if (self.client_ca or self.member_ca) and not self.cert:
+            raise ValueError("--tls-client-ca and --member-ca need --tls-cert and --tls-key")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the service listens over HTTPS."""
+        return bool(self.cert)
+
+
+@dataclass(frozen=True, slots=True)
 class HttpSettings:
     """Where a service listens and the address other members use to reach it."""
 
@@ -116,13 +141,15 @@ class HttpSettings:
     # A second port for /admin/*, /metrics (and probes, the API document); the data port then answers those
     # two with 404. None: everything on `port`; 0: any free port (tests).
     admin_port: int | None = None
+    tls: TlsSettings = field(default_factory=TlsSettings)
 
     @property
     def url(self) -> str:
         if self.advertise_url:
             return self.advertise_url.rstrip("/")
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
-        return f"http://{host}:{self.port}"
+        scheme = "https" if self.tls.enabled else "http"
+        return f"{scheme}://{host}:{self.port}"
 
 
 @dataclass(frozen=True, slots=True)
