@@ -100,12 +100,13 @@ def small_cluster(
     own_args: Callable[[str], Sequence[str]] = lambda name: (),
     scheme: str = "http",
     http_options: dict[str, Any] | None = None,
+    node_ids: Sequence[str] = ("n1", "n2"),
 ) -> Iterator[SmallCluster]:
     """Two nodes and a router, all given `extra_args` (say, the cluster secret); yields once every key of
     the store answers through the router and every partition is served as assigned. `admin_ports`: each
     process also gets an --admin-port (`SmallCluster.admin_urls`). `own_args(name)`: what one process ("n1",
     "n2", "router") alone is given (say, its certificate); `scheme` ("https" for TLS) and `http_options`
-    (httpx's, for the test's own calls) go with it."""
+    (httpx's, for the test's own calls) go with it. `node_ids`: the nodes, two unless given."""
     http_options = http_options or {}
     client = zk.connect(zk_settings)
     snapshot = write_snapshot(tmp_path / "snapshots", STORE, ROWS, KeyFormat.STRING, PARTITIONS)
@@ -131,7 +132,7 @@ def small_cluster(
 
     cluster: SmallCluster | None = None
     try:
-        for node_id in ("n1", "n2"):
+        for node_id in node_ids:
             port = free_port()
             args = ["node", "--zk", connect, "--node-id", node_id, "--port", str(port), *admin_port(node_id)]
             args += ["--data-dir", str(tmp_path / f"data-{node_id}"), "--zk-session-timeout-s", "4"]

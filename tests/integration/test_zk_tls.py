@@ -20,10 +20,12 @@ import pytest
 import trustme
 from kazoo.exceptions import NoAuthError
 
+from keyroute.client import Client
 from keyroute.core import zk, zk_layout
 from keyroute.core.settings import ZkSettings, ZkTls
 from keyroute.core.zk_tls import subject_dn
 from keyroute.core.zookeeper_server import four_letter_word, is_serving
+from tests.integration.small_cluster import ROWS, STORE, small_cluster
 from tests.util import Proc, free_port, wait_for
 
 pytestmark = pytest.mark.integration
@@ -39,9 +41,20 @@ class TlsZooKeeper:
     hosts: str
     folder: Path
     ca: Path
+    authority: trustme.CA
 
     def pem(self, name: str) -> tuple[Path, Path]:
         return self.folder / f"{name}.crt", self.folder / f"{name}.key"
+
+    def issue(self, name: str, *identities: str) -> tuple[str, str]:
+        """A certificate of the same CA, for `identities`, as files."""
+        _write(self.authority.issue_cert(*identities), self.folder, name)
+        return str(self.folder / f"{name}.crt"), str(self.folder / f"{name}.key")
+
+    def context(self, cert: tuple[str, str]) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=self.ca)
+        ctx.load_cert_chain(*cert)
+        return ctx
 
     def settings(self, who: str | None, **kwargs: object) -> ZkSettings:
         cert, key = self.pem(who) if who else (None, None)
@@ -95,7 +108,7 @@ def tls_zk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsZooKeeper]:
         # The plaintext port is off.
         with pytest.raises(OSError):
             four_letter_word("127.0.0.1", port, "ruok")
-        yield TlsZooKeeper(f"127.0.0.1:{secure_port}", folder, folder / "ca.crt")
+        yield TlsZooKeeper(f"127.0.0.1:{secure_port}", folder, folder / "ca.crt", ca)
     finally:
         proc.stop()
 
@@ -192,3 +205,44 @@ def test_x509_acls_keep_the_reader_to_reading_and_everyone_else_out(tls_zk: TlsZ
         assert writer.get(zk_layout.store_path("fares"))[0] == b"v1"
     finally:
         zk.close(writer)
+
+
+def test_a_cluster_on_tls_everywhere_answers_every_key(tls_zk: TlsZooKeeper, tmp_path: Path) -> None:
+    """ZooKeeper with client TLS (identities from certificates), 3 nodes and a router on HTTPS with mutual
+    TLS between them, the router requiring client certificates: every key answers (small_cluster checks
+    each through the router), and the Python client reads them over HTTPS."""
+    reader_dn = subject_dn(tls_zk.pem("reader")[0])
+    settings = tls_zk.settings("writer", reader_dn=reader_dn)  # the harness publishes as the writer
+    writer_cert, writer_key = (str(p) for p in tls_zk.pem("writer"))
+    reader_cert, reader_key = (str(p) for p in tls_zk.pem("reader"))
+
+    def own(name: str) -> list[str]:
+        role = "router" if name == "router" else "node"
+        cert, key = tls_zk.issue(f"member-{name}", "127.0.0.1", f"keyroute-{role}.{name}")
+        # Towards ZooKeeper, nodes are the writer (granting the routers' DN READ), the router the reader.
+        zk_cert, zk_key = (reader_cert, reader_key) if role == "router" else (writer_cert, writer_key)
+        extra = [] if role == "router" else ["--zk-reader-dn", reader_dn]
+        return ["--tls-cert", cert, "--tls-key", key, "--zk-tls-cert", zk_cert, "--zk-tls-key", zk_key, *extra]
+
+    client = tls_zk.issue("https-client", "client.example")
+    ca = str(tls_zk.ca)
+    with small_cluster(
+        tmp_path,
+        settings,
+        extra_args=["--member-ca", ca, "--zk-tls-ca", ca],
+        router_args=["--tls-client-ca", ca],
+        own_args=own,
+        scheme="https",
+        http_options={"verify": tls_zk.context(client)},
+        node_ids=("n1", "n2", "n3"),
+    ) as cluster:
+        assert set(cluster.node_urls) == {"n1", "n2", "n3"}
+        with Client(cluster.router_url, verify=ca, cert=client) as kr:
+            assert all(kr.get(STORE, key).value == ROWS[key] for key in ROWS)
+        # What a node registered is the writer's, readable by the router's identity only.
+        reader = zk.connect(dataclasses.replace(tls_zk.settings("reader"), chroot=settings.chroot), ensure_layout=False)
+        try:
+            acl, _ = reader.get_acls(zk_layout.node_path("n1"))
+        finally:
+            zk.close(reader)
+        assert {(e.perms, e.id.id) for e in acl} == {(31, subject_dn(tls_zk.pem("writer")[0])), (1, reader_dn)}
