@@ -58,18 +58,30 @@ class ServerTls:
         (written at start; a certificate renewed later needs a restart)."""
         from cryptography.hazmat.primitives import serialization
 
+        files = {"--tls-cert": self.cert, "--tls-key": self.key, "--tls-client-ca": self.client_ca}
+        for flag, path in files.items():
+            try:
+                if path is not None:
+                    path.read_bytes()
+            except OSError as exc:
+                raise ZooKeeperLaunchError(f"cannot read {flag} {path}: {exc.strerror or exc}") from None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         try:
-            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             context.load_cert_chain(self.cert, self.key)
+            key = serialization.load_pem_private_key(self.key.read_bytes(), password=None)
+        except (ssl.SSLError, ValueError, TypeError) as exc:
+            raise ZooKeeperLaunchError(
+                f"--tls-cert {self.cert} and --tls-key {self.key} are not a PEM certificate and its unencrypted "
+                f"PEM key ({getattr(exc, 'reason', None) or exc})"
+            ) from None
+        try:
             if self.client_ca is not None:
                 context.load_verify_locations(self.client_ca)
-            key = serialization.load_pem_private_key(self.key.read_bytes(), password=None)
-            cert = self.cert.read_bytes().strip()
-        except OSError as exc:  # ssl.SSLError included
-            where = f"{exc.filename}: " if exc.filename else ""
-            raise ZooKeeperLaunchError(f"unusable TLS certificate, key or client CA: {where}{exc}") from None
-        except (ValueError, TypeError) as exc:
-            raise ZooKeeperLaunchError(f"unusable TLS key {self.key}: {exc}") from None
+        except ssl.SSLError as exc:
+            raise ZooKeeperLaunchError(
+                f"--tls-client-ca {self.client_ca} holds no PEM certificate ({exc.reason})"
+            ) from None
+        cert = self.cert.read_bytes().strip()
         # PKCS #8: the only private key form ZooKeeper's PEM reader takes (not an "EC/RSA PRIVATE KEY").
         pkcs8 = key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
