@@ -4,6 +4,7 @@ symlink swap, as Kubernetes Secret volumes do), client certificates, plaintext o
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import os
 import socket
@@ -328,6 +329,36 @@ def test_members_reach_a_tls_node_and_name_its_certificate_when_refused(tmp_path
     # Without member TLS settings an https:// node is refused before any connection.
     with pytest.raises(ValueError, match="no TLS settings were given for members"):
         asyncio.run(FastUpstream().get("https://127.0.0.1:1/stores/t", {}))
+
+
+def test_an_expired_or_self_signed_node_is_refused_with_its_reason(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    member_ca = ca_file(tmp_path, ca)
+    mine = pair(tmp_path, ca, "router", "keyroute-router.r1")
+    wire_tls = MemberTls(TlsSettings(cert=mine.cert, key=mine.key, member_ca=member_ca), "router")
+    long_ago = datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC)
+    issued = ca.issue_cert("127.0.0.1", not_before=long_ago, not_after=long_ago + datetime.timedelta(days=1))
+    expired = TlsSettings(cert=str(tmp_path / "expired.crt"), key=str(tmp_path / "expired.key"))
+    issued.cert_chain_pems[0].write_to_path(expired.cert)
+    issued.private_key_pem.write_to_path(expired.key)
+    alone = trustme.CA()  # its own certificate: self-signed
+    self_signed = TlsSettings(cert=str(tmp_path / "self.crt"), key=str(tmp_path / "self.key"))
+    alone.cert_pem.write_to_path(self_signed.cert)
+    alone.private_key_pem.write_to_path(self_signed.key)
+
+    async def read(port: int) -> Any:
+        wire = FastUpstream(5.0, 5.0, tls=wire_tls)
+        try:
+            return await wire.get(f"https://127.0.0.1:{port}/stores/t", {})
+        finally:
+            await wire.aclose()
+
+    for tls, reason in ((expired, "its certificate has expired"), (self_signed, "its certificate is self-signed")):
+        server = HttpServer(starlette_app(), data_plane=lambda state: Plane(), tls=tls)
+        with serve_in_thread(server) as port, pytest.raises(UpstreamUnavailable) as refused:
+            asyncio.run(read(port))
+        assert str(refused.value).startswith(f"TLS with https://127.0.0.1:{port} failed: {reason}")
+        assert "\n" not in str(refused.value)
 
 
 class RolePlane(Plane):
