@@ -369,6 +369,9 @@ def _http_settings(args: argparse.Namespace, **kwargs: Any) -> HttpSettings:
         )
     except ValueError as exc:
         raise SystemExit(f"keyroute {args.command}: {exc}") from None
+    advertised = kwargs.get("advertise_url", "")
+    if tls.enabled and advertised.lower().startswith("http://"):
+        raise SystemExit(f"keyroute {args.command}: --advertise-url {advertised} is http://, but --tls-cert is HTTPS")
     return HttpSettings(host=args.host, port=args.port, admin_port=args.admin_port, tls=tls, **kwargs)
 
 

@@ -287,7 +287,7 @@ FORWARD_MAX_CONNECTIONS_PER_NODE = 256
 def forwarding_upstream(
     timeout_s: float,
     resolve: Callable[[str, int], tuple[str, int]] | None = None,
-    tls: Callable[[], ssl.SSLContext] | None = None,
+    tls: Callable[[str], ssl.SSLContext] | None = None,
 ) -> FastUpstream:
     """The wire a node forwards reads on: the router's own (FastUpstream: ~20x less CPU per request than
     httpx). `timeout_s` bounds a whole forwarded request (waiting for a connection included), a connect

@@ -1,22 +1,17 @@
 """Who may steer forwarding (cluster members) and who may read admin endpoints (holders of a bearer token).
 
-Both checks are a constant-time compare of precomputed bytes: cheap enough for every proxied read.
-
-Why a shared cluster secret and not mutual TLS between members:
-- operations stay simple: one Kubernetes Secret mounted as KEYROUTE_CLUSTER_SECRET into routers and nodes,
-  no certificate authority, no issuing, no rotation before expiry, no reload of certificates in flight;
-- pods keep talking plain HTTP (also over loopback in tests and the demo), so the data path keeps its
-  lean HTTP/1.1 client and costs no TLS handshakes or record encryption per read;
-- the check is one `hmac.compare_digest` per request, far inside the router's per-request CPU budget.
-What we give up, and mTLS would give: members' traffic is not encrypted (anyone who can sniff pod
-traffic sees values and the member token, and can then replay it), there is no per-member identity (every
-member presents the same token, so one compromised pod speaks for all), and rotation means restarting
-every member (hitless: each accepts a list of secrets and sends with the first, docs/security.md). Run
-inside a private network (NetworkPolicy) and add a mesh with mTLS if pod traffic itself must be protected.
-
-With mutual TLS (`--member-ca`), a member is told by its certificate instead: nodes accept only clients whose
-certificate chains to the member CA, and honour member headers only from those whose certificate names them a
-router or a node (`member_role`); the token is then not looked at.
+Two ways to tell members, chosen per cluster:
+- a shared cluster secret: one Kubernetes Secret mounted as KEYROUTE_CLUSTER_SECRET into routers and nodes,
+  no certificate authority; members send a token derived from it (`ClusterAuth`). Members' traffic is then
+  plain HTTP: anyone who can sniff pod traffic sees values and the token, and can replay it; every member
+  presents the same token, so one compromised pod speaks for all. Run inside a private network
+  (NetworkPolicy). Rotation: each member accepts a list of secrets and sends with the first.
+- mutual TLS (`--member-ca`): traffic between members is encrypted, and a member is told by its certificate:
+  nodes accept only clients whose certificate chains to the member CA, and honour member headers only from
+  those whose certificate names them a router or a node (`member_role`); the token is then not looked at.
+  Certificates are rotated in place, without a restart (keyroute.http.tls).
+Either check is cheap enough for every proxied read: a constant-time compare of precomputed bytes, or the
+role of the connection's peer certificate, read once per connection.
 
 Admin access: the admin token as `Authorization: Bearer`, or a browser's session cookie (`keyroute_admin`)
 set by POST /admin/login: not the token but an expiry and a MAC of it keyed by the token, so the cookie

@@ -428,7 +428,7 @@ class _Pool:
                     host, port = upstream.resolve(host, port)
                 tls: dict[str, Any] = {}
                 if self.tls and upstream.tls is not None:
-                    tls = {"ssl": upstream.tls(), "server_hostname": self.host}
+                    tls = {"ssl": upstream.tls(self.origin), "server_hostname": self.host}
                 _, conn = await loop.create_connection(lambda: _Connection(self), host, port, **tls)
         except TimeoutError as exc:  # before OSError: TimeoutError is one
             self._slot_freed()
@@ -530,7 +530,7 @@ class FastUpstream:
         pool_wait_s: float = DEFAULT_POOL_WAIT_S,
         idle_expiry_s: float = DEFAULT_IDLE_EXPIRY_S,
         resolve: Callable[[str, int], tuple[str, int]] | None = None,
-        tls: Callable[[], ssl.SSLContext] | None = None,
+        tls: Callable[[str], ssl.SSLContext] | None = None,
     ) -> None:
         if min(timeout_s, connect_timeout_s, pool_wait_s, idle_expiry_s) <= 0:
             raise ValueError("timeouts and the idle expiry must be positive")
@@ -542,7 +542,8 @@ class FastUpstream:
         self.pool_wait_s = pool_wait_s
         self.idle_expiry_s = idle_expiry_s
         self.resolve = resolve
-        # The TLS context for https:// origins (called at each connect: a rotated one is used at once).
+        # The TLS context for https:// origins, by origin (called at each connect: a rotated one is used at
+        # once, and the origin's last TLS session is offered for resumption).
         self.tls = tls
         self.closed = False
         self._pools: dict[str, _Pool] = {}

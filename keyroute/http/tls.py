@@ -17,6 +17,7 @@ import os
 import ssl
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 from keyroute.core.security import member_role
@@ -88,11 +89,46 @@ def server_context(tls: TlsSettings, require_ca: str = "") -> ssl.SSLContext:
     return ctx
 
 
+# The origin (scheme, host and port) a connection being opened goes to, set by `MemberTls(origin)` in the
+# task that opens it: the transport, made in that task, starts its handshake in a copy of its context.
+_ORIGIN: ContextVar[str] = ContextVar("keyroute_tls_origin", default="")
+
+
+class ResumingContext(ssl.SSLContext):
+    """A client context that offers each origin the TLS session of an earlier connection to it, so that
+    a reconnect resumes (an abbreviated handshake: no certificate sent or verified again) instead of a full
+    handshake. Sessions are kept per origin (`_ORIGIN`, else the server name), the last resumable one."""
+
+    def wrap_bio(  # type: ignore[override]
+        self,
+        incoming: ssl.MemoryBIO,
+        outgoing: ssl.MemoryBIO,
+        server_side: bool = False,
+        server_hostname: str | None = None,
+        session: ssl.SSLSession | None = None,
+    ) -> ssl.SSLObject:
+        if server_side:
+            return super().wrap_bio(incoming, outgoing, server_side, server_hostname, session)
+        key = _ORIGIN.get() or server_hostname or ""
+        sessions: dict[str, Any] = self.__dict__.setdefault("_keyroute_sessions", {})
+        last, resumable = sessions.get(key, (None, None))
+        if last is not None:
+            latest = last.session  # a TLS 1.3 ticket comes after the handshake: look again now
+            if latest is not None and (latest.has_ticket or latest.id):
+                resumable = latest
+        if session is None:
+            session = resumable
+        sslobj = super().wrap_bio(incoming, outgoing, server_side, server_hostname, session)
+        sessions[key] = (sslobj, resumable)
+        return sslobj
+
+
 def member_context(tls: TlsSettings) -> ssl.SSLContext:
     """The context routers and nodes connect to nodes with: nodes' certificates verified against
     `tls.member_ca` (the system's CAs without one) and their host names checked; with a member CA, this
-    process's own certificate is presented. Raises TlsError."""
-    ctx = _modern(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
+    process's own certificate is presented. Sessions are resumed on reconnects (`ResumingContext`).
+    Raises TlsError."""
+    ctx = _modern(ResumingContext(ssl.PROTOCOL_TLS_CLIENT))
     if tls.member_ca:
         _load_ca(ctx, tls.member_ca, "member CA file")
         if tls.cert:
@@ -185,9 +221,10 @@ class ServerTls(ReloadingContext):
 
 
 class MemberTls(ReloadingContext):
-    """The context routers and nodes connect to nodes with (`member_context`); call it for the current one
-    (what FastUpstream's `tls` takes): its files are looked at again, for a rotation, when a connection is
-    opened at least `poll_s` after the last look (no timer: members open connections seldom)."""
+    """The context routers and nodes connect to nodes with (`member_context`); call it, with the origin
+    about to be connected to, for the current one (what FastUpstream's `tls` takes): its files are looked
+    at again, for a rotation, when a connection is opened at least `poll_s` after the last look (no timer:
+    members open connections seldom)."""
 
     def __init__(
         self, tls: TlsSettings, name: str, poll_s: float = POLL_S, clock: Callable[[], float] = time.monotonic
@@ -197,7 +234,8 @@ class MemberTls(ReloadingContext):
         self._clock = clock
         self._looked = clock()
 
-    def __call__(self) -> ssl.SSLContext:
+    def __call__(self, origin: str = "") -> ssl.SSLContext:
+        _ORIGIN.set(origin)  # the session to offer is this origin's
         now = self._clock()
         if now - self._looked >= self.poll_s:
             self._looked = now

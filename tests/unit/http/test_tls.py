@@ -4,6 +4,7 @@ symlink swap, as Kubernetes Secret volumes do), client certificates, plaintext o
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import os
 import socket
@@ -19,8 +20,17 @@ import trustme
 from keyroute.core.security import ClusterAuth, member_role
 from keyroute.core.settings import TlsSettings
 from keyroute.http import HttpServer
+from keyroute.http.exchange import Exchange
 from keyroute.http.fast_upstream import FastUpstream
-from keyroute.http.tls import MemberTls, ServerTls, TlsError, describe, member_context, server_context
+from keyroute.http.tls import (
+    MemberTls,
+    ServerTls,
+    TlsError,
+    describe,
+    member_context,
+    peer_role,
+    server_context,
+)
 from keyroute.http.upstream import UpstreamUnavailable
 from tests.unit.http.harness import Plane, get, starlette_app
 from tests.util import serve_in_thread, wait_for
@@ -319,3 +329,71 @@ def test_members_reach_a_tls_node_and_name_its_certificate_when_refused(tmp_path
     # Without member TLS settings an https:// node is refused before any connection.
     with pytest.raises(ValueError, match="no TLS settings were given for members"):
         asyncio.run(FastUpstream().get("https://127.0.0.1:1/stores/t", {}))
+
+
+def test_an_expired_or_self_signed_node_is_refused_with_its_reason(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    member_ca = ca_file(tmp_path, ca)
+    mine = pair(tmp_path, ca, "router", "keyroute-router.r1")
+    wire_tls = MemberTls(TlsSettings(cert=mine.cert, key=mine.key, member_ca=member_ca), "router")
+    long_ago = datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC)
+    issued = ca.issue_cert("127.0.0.1", not_before=long_ago, not_after=long_ago + datetime.timedelta(days=1))
+    expired = TlsSettings(cert=str(tmp_path / "expired.crt"), key=str(tmp_path / "expired.key"))
+    issued.cert_chain_pems[0].write_to_path(expired.cert)
+    issued.private_key_pem.write_to_path(expired.key)
+    alone = trustme.CA()  # its own certificate: self-signed
+    self_signed = TlsSettings(cert=str(tmp_path / "self.crt"), key=str(tmp_path / "self.key"))
+    alone.cert_pem.write_to_path(self_signed.cert)
+    alone.private_key_pem.write_to_path(self_signed.key)
+
+    async def read(port: int) -> Any:
+        wire = FastUpstream(5.0, 5.0, tls=wire_tls)
+        try:
+            return await wire.get(f"https://127.0.0.1:{port}/stores/t", {})
+        finally:
+            await wire.aclose()
+
+    for tls, reason in ((expired, "its certificate has expired"), (self_signed, "its certificate is self-signed")):
+        server = HttpServer(starlette_app(), data_plane=lambda state: Plane(), tls=tls)
+        with serve_in_thread(server) as port, pytest.raises(UpstreamUnavailable) as refused:
+            asyncio.run(read(port))
+        assert str(refused.value).startswith(f"TLS with https://127.0.0.1:{port} failed: {reason}")
+        assert "\n" not in str(refused.value)
+
+
+class RolePlane(Plane):
+    """Answers with the member role its peer's certificate names (empty: none)."""
+
+    def handle(self, exchange: Exchange) -> None:
+        role = peer_role(exchange._conn._transport) or ""
+        exchange.answer(200, [(b"content-type", b"text/plain")], role.encode())
+
+
+@pytest.mark.parametrize("loop_factory", ["asyncio", "uvloop"])
+def test_a_reconnect_resumes_the_tls_session_and_keeps_the_peers_role(tmp_path: Path, loop_factory: str) -> None:
+    ca = trustme.CA()
+    member_ca = ca_file(tmp_path, ca)
+    mine = pair(tmp_path, ca, "router", "keyroute-router.r1")
+    wire_tls = MemberTls(TlsSettings(cert=mine.cert, key=mine.key, member_ca=member_ca), "router")
+    node = pair(tmp_path, ca, "node", "127.0.0.1")
+    server = HttpServer(
+        starlette_app(),
+        data_plane=lambda state: RolePlane(),
+        tls=TlsSettings(cert=node.cert, key=node.key, member_ca=member_ca),
+        require_ca=member_ca,
+    )
+
+    async def read(port: int) -> bytes:
+        wire = FastUpstream(5.0, 5.0, tls=wire_tls)  # a new pool: a new connection
+        try:
+            return (await wire.get(f"https://127.0.0.1:{port}/stores/t", {})).body
+        finally:
+            await wire.aclose()
+
+    run = asyncio.run if loop_factory == "asyncio" else pytest.importorskip("uvloop").run
+    with serve_in_thread(server) as port:
+        assert server.tls is not None and server.tls.listener is not None
+        roles = [run(read(port)) for _ in range(3)]
+        stats = server.tls.listener.session_stats()
+    assert roles == [b"router"] * 3  # a resumed session still names its certificate's role
+    assert stats["accept_good"] == 3 and stats["hits"] == 2
