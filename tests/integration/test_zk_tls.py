@@ -8,12 +8,17 @@ server is the thing under test. Certificates come from trustme, made afresh for 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import datetime
+import socket
 import ssl
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -246,3 +251,54 @@ def test_a_cluster_on_tls_everywhere_answers_every_key(tls_zk: TlsZooKeeper, tmp
         finally:
             zk.close(reader)
         assert {(e.perms, e.id.id) for e in acl} == {(31, subject_dn(tls_zk.pem("writer")[0])), (1, reader_dn)}
+
+
+@contextmanager
+def tls_listener(cert: trustme.LeafCert) -> Iterator[int]:
+    """A TLS port on 127.0.0.1 presenting `cert`: what a client meets before any ZooKeeper word is said."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    cert.configure_cert(ctx)
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.1)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            conn.settimeout(5)
+            with contextlib.suppress(OSError), ctx.wrap_socket(conn, server_side=True):
+                pass
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join()
+        server.close()
+
+
+@pytest.mark.parametrize(
+    ("identities", "not_after", "reason"),
+    [
+        (("127.0.0.1",), datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC), "certificate has expired"),
+        (("zookeeper.elsewhere.example",), None, "mismatch"),
+    ],
+)
+def test_an_expired_or_wrong_host_server_certificate_is_refused_in_one_line(
+    tls_zk: TlsZooKeeper, identities: tuple[str, ...], not_after: datetime.datetime | None, reason: str
+) -> None:
+    kwargs = {"not_before": datetime.datetime(2019, 1, 1, tzinfo=datetime.UTC), "not_after": not_after}
+    cert = tls_zk.authority.issue_cert(*identities, **(kwargs if not_after else {}))
+    with tls_listener(cert) as port:
+        settings = dataclasses.replace(tls_zk.settings("writer"), hosts=f"127.0.0.1:{port}", connect_timeout_s=60)
+        with pytest.raises(zk.ZkUnavailableError) as refused:
+            zk.connect(settings, ensure_layout=False)
+    message = str(refused.value)
+    assert message.startswith(f"TLS with ZooKeeper at 127.0.0.1:{port} failed (") and reason in message, message
+    assert "\n" not in message
