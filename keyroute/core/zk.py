@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import re
 import time
 from pathlib import Path
 
@@ -197,6 +198,9 @@ def _describe(entry: ACL) -> str:
     return f"{entry.id.scheme}:{user} {perms}"
 
 
+_SSL_SOURCE = re.compile(r" \(_ssl\.c:\d+\)$")
+
+
 class _Quiet(logging.Filter):
     """While a session is first being established, kazoo's warning per refused connection (several a second)
     says nothing the final error will not: it is held back, its reason kept for that error."""
@@ -211,7 +215,8 @@ class _Quiet(logging.Filter):
             return True
         message = record.getMessage()
         if message.startswith("Connection dropped: "):
-            self.reason = message.removeprefix("Connection dropped: ").removeprefix("socket connection error: ")
+            reason = message.removeprefix("Connection dropped: ").removeprefix("socket connection error: ")
+            self.reason = _SSL_SOURCE.sub("", reason)  # OpenSSL's " (_ssl.c:1006)" says nothing to a user
             # A refused certificate (ours or the server's): trying again will not change it.
             self.tls_refused = self.reason.startswith("[SSL") or "certificate" in self.reason
         return False
