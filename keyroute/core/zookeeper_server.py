@@ -177,6 +177,13 @@ def write_config(
                 "logger.listening.filter.threads.regex = Configuring NIO connection handler.*",
                 "logger.listening.filter.threads.onMatch = DENY",
                 "logger.listening.filter.threads.onMismatch = NEUTRAL",
+                # With TLS (Netty serves both ports): the same line per port, and none of its settings.
+                "logger.netty.name = org.apache.zookeeper.server.NettyServerCnxnFactory",
+                "logger.netty.level = info",
+                "logger.netty.filter.settings.type = RegexFilter",
+                "logger.netty.filter.settings.regex = (zookeeper\\.|handshakeThrottling|configure |bound to port).*",
+                "logger.netty.filter.settings.onMatch = DENY",
+                "logger.netty.filter.settings.onMismatch = NEUTRAL",
                 # Says that an unlimited number of connections is configured, which is what we asked for.
                 "logger.cnxn_limit.name = org.apache.zookeeper.server.ServerCnxnFactory",
                 "logger.cnxn_limit.level = error",

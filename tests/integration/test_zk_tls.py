@@ -110,6 +110,7 @@ def tls_zk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsZooKeeper]:
             message="keyroute zookeeper to serve over TLS",
         )
         assert proc.alive, proc.output()
+        assert f"NettyServerCnxnFactory: binding to port /127.0.0.1:{secure_port}" in proc.output()
         # The plaintext port is off.
         with pytest.raises(OSError):
             four_letter_word("127.0.0.1", port, "ruok")
