@@ -781,6 +781,20 @@ def _zk(args: argparse.Namespace) -> ZkSettings:
     return ZkSettings.parse(args.zk, session_timeout_s=timeout, auth=auth, reader=reader, tls=tls, reader_dn=reader_dn)
 
 
+def _unusable_zk_tls_files(args: argparse.Namespace) -> str | None:
+    """Why the ZooKeeper TLS files cannot be used, or None: said at once, even by a router (which would
+    otherwise start and retry ZooKeeper, as it does while ZooKeeper is away)."""
+    if getattr(args, "zk_tls_ca", None) is None:
+        return None
+    from keyroute.core.zk_tls import ZkTlsError, check_files
+
+    try:
+        check_files(ZkTls(args.zk_tls_ca, args.zk_tls_cert, args.zk_tls_key))
+    except ZkTlsError as exc:
+        return str(exc)
+    return None
+
+
 def _check_zk_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Usage errors among the ZooKeeper options, named with their variables."""
     if not hasattr(args, "zk"):
@@ -1149,6 +1163,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     if extras:
         parser.exit(2, _unrecognized(parser, args, extras) + "\n")
     _check_zk_options(parser, args)
+    if (unusable := _unusable_zk_tls_files(args)) is not None:
+        print(f"keyroute {args.command}: {unusable}", file=sys.stderr)
+        return 1
     if args.log_format not in FORMATS:  # a value from the environment, which argparse does not check
         parser.error(f"--log-format (KEYROUTE_LOG_FORMAT) must be one of {', '.join(FORMATS)}")
     fields = {"service": args.command}

@@ -12,6 +12,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from kazoo.security import ACL, OPEN_ACL_UNSAFE, Id, Permissions
 
+from keyroute import cli
 from keyroute.cli import _zk, build_parser, main
 from keyroute.core import zk
 from keyroute.core.settings import ZkIdentity, ZkSettings, ZkTls
@@ -199,3 +200,17 @@ def test_subject_dns_are_written_as_java_writes_them(tmp_path: Path) -> None:
     path.write_text("not a certificate")
     with pytest.raises(ZkTlsError, match="not a PEM certificate"):
         subject_dn(path)
+
+
+@pytest.mark.parametrize("command", [["router", "--port", "1"], ["store", "list"]])
+def test_unusable_zookeeper_tls_files_stop_any_command_in_one_line(
+    command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ran = []
+    monkeypatch.setitem(cli.COMMANDS, command[0], lambda args: ran.append(args) or 0)
+    missing = tmp_path / "ca.pem"
+    assert main([*command, "--zk", "zk:2181", "--zk-tls-ca", str(missing)], env={}) == 1
+    assert not ran  # a router would otherwise start and retry ZooKeeper for ever
+    err = capsys.readouterr().err
+    said = f"keyroute {command[0]}: cannot use the ZooKeeper TLS CA {missing} (--zk-tls-ca): No such file or directory"
+    assert err == said + "\n"
