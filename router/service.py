@@ -16,7 +16,7 @@ from starlette.applications import Starlette
 from keyroute.core.settings import RouterSettings
 from keyroute.http.server import HttpServer
 from keyroute.http.server import run as serve
-from keyroute.http.tls import TlsError, server_context
+from keyroute.http.tls import TlsError, member_context, server_context
 from keyroute.router import workers
 from keyroute.router.app import create_app
 from keyroute.router.dataplane import RouterDataPlane
@@ -34,6 +34,7 @@ def run(settings: RouterSettings, *, setup: Callable[[], None] | None = None) ->
     if tls.enabled:  # unusable files are said once, here, rather than by every worker
         try:
             server_context(tls, tls.client_ca)
+            member_context(tls)
         except TlsError as exc:
             log.error("router did not start: %s", exc)
             return 1
