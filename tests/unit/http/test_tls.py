@@ -57,10 +57,7 @@ def serial_served(port: int, ca_path: str, cert: tuple[str, str] | None = None) 
     if cert is not None:
         ctx.load_cert_chain(*cert)
     with tls_connection(port, ctx) as tls:
-        der = tls.getpeercert(binary_form=True)
-    from cryptography import x509
-
-    return x509.load_der_x509_certificate(der).serial_number
+        return int(tls.getpeercert()["serialNumber"], 16)
 
 
 @contextmanager
