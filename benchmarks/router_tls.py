@@ -17,17 +17,22 @@ difference of their p50s is the difference of what each adds to a direct read).
 from __future__ import annotations
 
 import argparse
+import asyncio
+import importlib
+import importlib.util
 import json
 import os
 import re
 import shutil
 import signal
 import ssl
+import statistics
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -38,8 +43,10 @@ from keyroute.core import zk, zk_layout
 from keyroute.core.key_format import KeyFormat
 from keyroute.core.partition_map import StoreRecord
 from keyroute.core.partitioner import Partitioner
-from keyroute.core.settings import ZkSettings
+from keyroute.core.settings import TlsSettings, ZkSettings
 from keyroute.core.zookeeper_server import EmbeddedZooKeeper
+from keyroute.http.fast_upstream import FastUpstream
+from keyroute.http.tls import MemberTls
 from router import (  # benchmarks/router.py: the store, processes, wrk and /proc readings
     CHROOT,
     RESULTS,
@@ -161,7 +168,9 @@ def start_nginx(nginx: str, work: Path, pki: Pki, nodes: dict[str, Service], por
     return start_service("nginx", command, work, f"https://127.0.0.1:{port}")
 
 
-def measure(args: argparse.Namespace, wrk: str, nginx: str, work: Path) -> dict[tuple[str, int], Figures]:
+def measure(
+    args: argparse.Namespace, wrk: str, nginx: str, work: Path
+) -> tuple[dict[tuple[str, int], Figures], dict[str, list[tuple[float, float, float]]]]:
     figures: dict[tuple[str, int], Figures] = {}
     with ExitStack() as stack:
         pki = Pki(work)
@@ -240,10 +249,63 @@ def measure(args: argparse.Namespace, wrk: str, nginx: str, work: Path) -> dict[
                         f", errors {run.errors}",
                         file=sys.stderr,
                     )
-    return figures
+        first = next(iter(nodes))
+        own_key = files[first].read_text().splitlines()[0]
+        figures_of_connections = connections(nodes[first], own_key, pki, args)
+    return figures, figures_of_connections
 
 
-def section(figures: dict[tuple[str, int], Figures], args: argparse.Namespace, command: str, versions: str) -> str:
+FULL = "full handshake (no session offered)"
+RESUMED = "resumed session (what members do)"
+
+
+def connections(
+    node: Service, path: str, pki: Pki, args: argparse.Namespace
+) -> dict[str, list[tuple[float, float, float]]]:
+    """What a new member connection to a node costs, a full handshake against a resumed one: per round and
+    way, (this process's CPU s, the node's CPU s, the median of connect + one read of `path` in s) over
+    `args.connections` connections made one after another, each by a new FastUpstream."""
+    cert, key = pki.issue("member-client", "keyroute-router.bench")
+    resuming = MemberTls(TlsSettings(cert=cert, key=key, member_ca=pki.ca_file), "benchmark")
+    plain = ssl.create_default_context(cafile=pki.ca_file)
+    plain.load_cert_chain(cert, key)
+    ways: dict[str, Callable[[str], ssl.SSLContext]] = {FULL: lambda origin: plain, RESUMED: resuming}
+
+    async def connect_and_read(tls: Callable[[str], ssl.SSLContext]) -> tuple[float, float, float]:
+        walls = []
+        cpu, node_cpu = time.process_time(), tree_cpu_s(node.popen.pid)
+        for _ in range(args.connections):
+            wire = FastUpstream(5.0, 5.0, tls=tls)
+            started = time.perf_counter()
+            reply = await wire.get(node.url + path, {})
+            walls.append(time.perf_counter() - started)
+            await wire.aclose()
+            assert reply.status == 200, reply.status
+        return time.process_time() - cpu, tree_cpu_s(node.popen.pid) - node_cpu, statistics.median(walls)
+
+    run_loop: Callable[..., tuple[float, float, float]] = asyncio.run
+    if importlib.util.find_spec("uvloop") is not None:  # what routers and nodes run on
+        run_loop = importlib.import_module("uvloop").run
+    results: dict[str, list[tuple[float, float, float]]] = {FULL: [], RESUMED: []}
+    for round_ in range(args.rounds):
+        for way in (FULL, RESUMED) if round_ % 2 == 0 else (RESUMED, FULL):
+            results[way].append(run_loop(connect_and_read(ways[way])))
+            cpu, node_cpu, wall = results[way][-1]
+            print(
+                f"round {round_ + 1} {way[:14]}: {cpu / args.connections * 1e6:,.0f} µs CPU here,"
+                f" {node_cpu / args.connections * 1e6:,.0f} µs on the node, p50 {wall * 1e6:,.0f} µs",
+                file=sys.stderr,
+            )
+    return results
+
+
+def section(
+    figures: dict[tuple[str, int], Figures],
+    made: dict[str, list[tuple[float, float, float]]],
+    args: argparse.Namespace,
+    command: str,
+    versions: str,
+) -> str:
     low, high = min(args.concurrency), max(args.concurrency)
     rows = [
         "| setup | concurrency | requests/s | p50 µs | p99 µs | proxy CPU µs/read | errors |",
@@ -262,6 +324,18 @@ def section(figures: dict[tuple[str, int], Figures], args: argparse.Namespace, c
 
     def verdict(ok: bool) -> str:
         return "**met**" if ok else "**not met**"
+
+    n = args.connections
+    connection_rows = [
+        "| a new connection from a member to a node | member CPU µs | node CPU µs | p50 µs (connect + one read) |",
+        "|---|---|---|---|",
+        *(
+            f"| {way} | {statistics.median(r[0] for r in runs) / n * 1e6:,.0f} |"
+            f" {statistics.median(r[1] for r in runs) / n * 1e6:,.0f} |"
+            f" {statistics.median(r[2] for r in runs) * 1e6:,.0f} |"
+            for way, runs in made.items()
+        ),
+    ]
 
     return "\n".join(
         [
@@ -286,6 +360,13 @@ def section(figures: dict[tuple[str, int], Figures], args: argparse.Namespace, c
             f" {p50_router - p50_nginx:,.0f} µs more, target <= {TARGET_P50_OVER_NGINX_US:g} µs:"
             f" {verdict(p50_router - p50_nginx <= TARGET_P50_OVER_NGINX_US)}.",
             "",
+            f"What a member pays for a new connection to a node (after an idle expiry, or the node's keep-alive"
+            f" close): {n} connections one after another, each a new FastUpstream reading one key the node owns, the"
+            " member CPU being this benchmark process's (uvloop), medians of the rounds. Members offer the"
+            " session of their last connection to the node (keyroute.http.tls.ResumingContext):",
+            "",
+            *connection_rows,
+            "",
         ]
     )
 
@@ -308,6 +389,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32], help="wrk connections (1 32)")
     parser.add_argument("--duration", type=float, help="seconds per measurement (default: 5; --quick: 1)")
     parser.add_argument("--rounds", type=int, help="rounds; medians are reported (default: 5; --quick: 1)")
+    parser.add_argument(
+        "--connections", type=int, help="member connections per way and round (default: 300; --quick: 30)"
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run of the plumbing, not figures")
     parser.add_argument("--write", action="store_true", help=f"record the figures in {RESULTS.name}")
     parser.add_argument("--keep", action="store_true", help="keep the working directory (logs, configs)")
@@ -317,18 +401,19 @@ def main(argv: list[str] | None = None) -> int:
     args.keys = args.keys if args.keys is not None else 20_000 if args.quick else 100_000
     args.duration = args.duration if args.duration is not None else 1.0 if args.quick else 5.0
     args.rounds = args.rounds if args.rounds is not None else 1 if args.quick else 5
+    args.connections = args.connections if args.connections is not None else 30 if args.quick else 300
     signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
     wrk, nginx = ensure_tools()
     work = Path(tempfile.mkdtemp(prefix="keyroute-router-tls-bench-"))
     started = time.monotonic()
     try:
-        figures = measure(args, wrk, nginx, work)
+        figures, made = measure(args, wrk, nginx, work)
     finally:
         if args.keep:
             print(f"kept {work}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
-    text = section(figures, args, _command(argv), tool_versions(wrk, nginx))
+    text = section(figures, made, args, _command(argv), tool_versions(wrk, nginx))
     print(text)
     print(f"took {time.monotonic() - started:.0f} s", file=sys.stderr)
     if args.write:

@@ -176,12 +176,17 @@ def read_head(sock: ssl.SSLSocket) -> bytes:
     return received
 
 
-def test_a_node_whose_certificate_is_missing_does_not_start(tmp_path: Path, pki: Pki) -> None:
+@pytest.mark.parametrize(
+    "command",
+    [["node", "--node-id", "n1", "--data-dir", "data", "--member-ca", "CA"], ["router", "--workers", "2"]],
+    ids=["node", "router-workers"],
+)
+def test_a_member_whose_certificate_is_missing_does_not_start(tmp_path: Path, pki: Pki, command: list[str]) -> None:
     missing = str(tmp_path / "gone.crt")
+    args = [pki.ca_file if a == "CA" else str(tmp_path / a) if a == "data" else a for a in command]
     done = subprocess.run(
-        [sys.executable, "-m", "keyroute", "node", "--zk", "127.0.0.1:1", "--node-id", "n1"]
-        + ["--port", str(free_port()), "--data-dir", str(tmp_path / "data")]
-        + ["--tls-cert", missing, "--tls-key", missing, "--member-ca", pki.ca_file],
+        [sys.executable, "-m", "keyroute", *args, "--zk", "127.0.0.1:1", "--port", str(free_port())]
+        + ["--tls-cert", missing, "--tls-key", missing],
         capture_output=True,
         text=True,
         timeout=60,

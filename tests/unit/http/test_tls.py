@@ -57,10 +57,7 @@ def serial_served(port: int, ca_path: str, cert: tuple[str, str] | None = None) 
     if cert is not None:
         ctx.load_cert_chain(*cert)
     with tls_connection(port, ctx) as tls:
-        der = tls.getpeercert(binary_form=True)
-    from cryptography import x509
-
-    return x509.load_der_x509_certificate(der).serial_number
+        return int(tls.getpeercert()["serialNumber"], 16)
 
 
 @contextmanager
@@ -295,6 +292,15 @@ def test_with_member_certificates_the_role_decides_not_the_token() -> None:
 # -- the wire between members ---------------------------------------------------------------------------
 
 
+async def member_read(wire_tls: MemberTls, port: int) -> Any:
+    """GET /stores/t from the node on `port` over a new FastUpstream (so a new connection) with `wire_tls`."""
+    wire = FastUpstream(5.0, 5.0, tls=wire_tls)
+    try:
+        return await wire.get(f"https://127.0.0.1:{port}/stores/t", {})
+    finally:
+        await wire.aclose()
+
+
 def test_members_reach_a_tls_node_and_name_its_certificate_when_refused(tmp_path: Path) -> None:
     ca, rogue = trustme.CA(), trustme.CA()
     member_ca = ca_file(tmp_path, ca)
@@ -310,21 +316,14 @@ def test_members_reach_a_tls_node_and_name_its_certificate_when_refused(tmp_path
         starlette_app(), data_plane=lambda state: Plane(), tls=pair(tmp_path, ca, "other", "node.example")
     )
 
-    async def read(port: int) -> Any:
-        wire = FastUpstream(5.0, 5.0, tls=wire_tls)
-        try:
-            return await wire.get(f"https://127.0.0.1:{port}/stores/t", {})
-        finally:
-            await wire.aclose()
-
     with serve_in_thread(good) as ok, serve_in_thread(stranger) as bad, serve_in_thread(elsewhere) as wrong:
-        assert asyncio.run(read(ok)).status == 200
+        assert asyncio.run(member_read(wire_tls, ok)).status == 200
         with pytest.raises(UpstreamUnavailable) as untrusted:
-            asyncio.run(read(bad))
+            asyncio.run(member_read(wire_tls, bad))
         assert str(untrusted.value).startswith(f"TLS with https://127.0.0.1:{bad} failed: its certificate is not")
         assert "trusted CA" in str(untrusted.value)
         with pytest.raises(UpstreamUnavailable) as host:
-            asyncio.run(read(wrong))
+            asyncio.run(member_read(wire_tls, wrong))
         assert "its certificate is not for this host" in str(host.value)
     # Without member TLS settings an https:// node is refused before any connection.
     with pytest.raises(ValueError, match="no TLS settings were given for members"):
@@ -346,17 +345,10 @@ def test_an_expired_or_self_signed_node_is_refused_with_its_reason(tmp_path: Pat
     alone.cert_pem.write_to_path(self_signed.cert)
     alone.private_key_pem.write_to_path(self_signed.key)
 
-    async def read(port: int) -> Any:
-        wire = FastUpstream(5.0, 5.0, tls=wire_tls)
-        try:
-            return await wire.get(f"https://127.0.0.1:{port}/stores/t", {})
-        finally:
-            await wire.aclose()
-
     for tls, reason in ((expired, "its certificate has expired"), (self_signed, "its certificate is self-signed")):
         server = HttpServer(starlette_app(), data_plane=lambda state: Plane(), tls=tls)
         with serve_in_thread(server) as port, pytest.raises(UpstreamUnavailable) as refused:
-            asyncio.run(read(port))
+            asyncio.run(member_read(wire_tls, port))
         assert str(refused.value).startswith(f"TLS with https://127.0.0.1:{port} failed: {reason}")
         assert "\n" not in str(refused.value)
 
@@ -383,17 +375,10 @@ def test_a_reconnect_resumes_the_tls_session_and_keeps_the_peers_role(tmp_path: 
         require_ca=member_ca,
     )
 
-    async def read(port: int) -> bytes:
-        wire = FastUpstream(5.0, 5.0, tls=wire_tls)  # a new pool: a new connection
-        try:
-            return (await wire.get(f"https://127.0.0.1:{port}/stores/t", {})).body
-        finally:
-            await wire.aclose()
-
     run = asyncio.run if loop_factory == "asyncio" else pytest.importorskip("uvloop").run
     with serve_in_thread(server) as port:
         assert server.tls is not None and server.tls.listener is not None
-        roles = [run(read(port)) for _ in range(3)]
+        roles = [run(member_read(wire_tls, port)).body for _ in range(3)]  # each a new pool and connection
         stats = server.tls.listener.session_stats()
     assert roles == [b"router"] * 3  # a resumed session still names its certificate's role
     assert stats["accept_good"] == 3 and stats["hits"] == 2
