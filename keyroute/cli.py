@@ -28,8 +28,10 @@ from keyroute.core.settings import (
     NodeSettings,
     RequestLimits,
     RouterSettings,
+    TlsSettings,
     ZkIdentity,
     ZkSettings,
+    ZkTls,
 )
 from keyroute.zone import (
     SERVICE_ACCOUNT_DIR,
@@ -211,6 +213,36 @@ def _zk_options(p: _Parser, parser: argparse.ArgumentParser, *, writes: bool) ->
             metavar="USER:PASSWORD",
             help="digest identity USER:PASSWORD granted READ on everything this process creates (the routers')",
         )
+        p.option(
+            parser,
+            "--zk-reader-dn",
+            default="",
+            metavar="DN",
+            help="x509 identity granted READ on everything this process creates: the subject DN of the "
+            "routers' ZooKeeper client certificate as ZooKeeper writes it (RFC 2253, e.g. CN=router,O=example)",
+        )
+    p.option(
+        parser,
+        "--zk-tls-ca",
+        type=_optional_path,
+        metavar="PEM",
+        help="connect to ZooKeeper over TLS, "
+        "trusting server certificates that chain to this CA (and checking the host name)",
+    )
+    p.option(
+        parser,
+        "--zk-tls-cert",
+        type=_optional_path,
+        metavar="PEM",
+        help="client certificate presented to ZooKeeper (with --zk-tls-ca); without --zk-auth, its subject DN "
+        "is this process's ZooKeeper identity (x509)",
+    )
+    p.option(parser, "--zk-tls-key", type=_optional_path, metavar="PEM", help="the key of --zk-tls-cert")
+
+
+def _optional_path(text: str) -> Path | None:
+    """A file name; empty means none (an unset variable in a manifest)."""
+    return Path(text) if text.strip() else None
 
 
 def _secret_text(text: str) -> str:
@@ -303,10 +335,44 @@ def _admin_port_option(p: _Parser, parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _tls_options(p: _Parser, parser: argparse.ArgumentParser, *, router: bool) -> None:
+    """HTTPS on every port this service listens on, and mutual TLS between members (docs/configuration.md)."""
+    p.option(
+        parser,
+        "--tls-cert",
+        default="",
+        help="PEM certificate (chain) to serve HTTPS with on every port; reloaded when the file changes",
+    )
+    p.option(parser, "--tls-key", default="", help="PEM private key of --tls-cert")
+    if router:
+        p.option(
+            parser,
+            "--tls-client-ca",
+            default="",
+            help="PEM CA file: clients must present a certificate chaining to it (mutual TLS with clients)",
+        )
+    p.option(
+        parser,
+        "--member-ca",
+        default="",
+        help="PEM CA file of the cluster's members: connect to nodes over TLS presenting --tls-cert, and (nodes) "
+        "require every client's certificate to chain to it, honouring member headers from routers and nodes only",
+    )
+
+
 def _http_settings(args: argparse.Namespace, **kwargs: Any) -> HttpSettings:
     if args.admin_port is not None and args.admin_port == args.port:
         raise SystemExit(f"keyroute {args.command}: --admin-port must differ from --port ({args.port})")
-    return HttpSettings(host=args.host, port=args.port, admin_port=args.admin_port, **kwargs)
+    try:
+        tls = TlsSettings(
+            cert=args.tls_cert, key=args.tls_key, client_ca=getattr(args, "tls_client_ca", ""), member_ca=args.member_ca
+        )
+    except ValueError as exc:
+        raise SystemExit(f"keyroute {args.command}: {exc}") from None
+    advertised = kwargs.get("advertise_url", "")
+    if tls.enabled and advertised.lower().startswith("http://"):
+        raise SystemExit(f"keyroute {args.command}: --advertise-url {advertised} is http://, but --tls-cert is HTTPS")
+    return HttpSettings(host=args.host, port=args.port, admin_port=args.admin_port, tls=tls, **kwargs)
 
 
 def _limits(args: argparse.Namespace) -> dict[str, Any]:
@@ -355,6 +421,18 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p.option(zk, "--port", type=int, default=2181, help="client port")
     p.option(zk, "--host", default="127.0.0.1", help="address to listen on")
     p.option(zk, "--data-dir", type=Path, required=True, help="where ZooKeeper keeps its data")
+    p.option(zk, "--secure-port", type=int, help="TLS client port (needs --tls-cert and --tls-key)")
+    p.option(zk, "--tls-cert", type=_optional_path, metavar="PEM", help="the server's certificate (chain)")
+    p.option(zk, "--tls-key", type=_optional_path, metavar="PEM", help="the key of --tls-cert")
+    p.option(
+        zk,
+        "--tls-client-ca",
+        type=_optional_path,
+        metavar="PEM",
+        help="require client certificates on the TLS port, chaining to this CA; a client is then known by its "
+        "certificate's subject DN (x509 ACLs)",
+    )
+    p.flag(zk, "--tls-only", help="serve the TLS port alone: no plaintext client port")
 
     pipe = sub.add_parser("pipeline", help="compute stores with Spark and publish new versions")
     pipe_sub = pipe.add_subparsers(dest="pipeline_command", required=True, metavar="ACTION")
@@ -363,6 +441,14 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     _zk_options(p, build, writes=True)
     p.option(build, "--output", required=True, help="snapshot root (path or file:// URI shared with the nodes)")
     p.option(build, "--master", help="Spark master (default: local[*])")
+    p.option(
+        build,
+        "--spark-secret-file",
+        type=_optional_path,
+        metavar="FILE",
+        help="shared secret: Spark's RPC authenticated and encrypted, shuffle files encrypted (on Kubernetes "
+        "the same file must be mounted in the executors)",
+    )
     p.option(
         build,
         "--retain",
@@ -376,6 +462,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p.option(node, "--node-id", required=True, help="unique, stable node id (e.g. the pod name)")
     p.option(node, "--port", type=int, required=True, help="HTTP port")
     _admin_port_option(p, node)
+    _tls_options(p, node, router=False)
     p.option(node, "--host", default="127.0.0.1", help="address to listen on")
     p.option(node, "--advertise-url", default="", help="URL other members use to reach this node")
     p.option(node, "--data-dir", type=Path, required=True, help="where the node keeps its loaded partitions")
@@ -450,6 +537,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     _zk_options(p, router, writes=False)
     p.option(router, "--port", type=int, required=True, help="HTTP port")
     _admin_port_option(p, router)
+    _tls_options(p, router, router=True)
     p.option(router, "--host", default="127.0.0.1", help="address to listen on")
     p.option(router, "--upstream-timeout-s", type=float, default=5.0, help="timeout for one request to a node")
     p.option(router, "--zk-session-timeout-s", type=float, default=10.0, help="ZooKeeper session timeout")
@@ -660,11 +748,23 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 
 def cmd_zookeeper(args: argparse.Namespace) -> int:
-    from keyroute.core.zookeeper_server import ZooKeeperLaunchError, check_port_free, command
+    from keyroute.core.zookeeper_server import ServerTls, ZooKeeperLaunchError, check_port_free, command
 
+    tls = None
+    if args.secure_port is not None:
+        if args.tls_cert is None or args.tls_key is None:
+            print("keyroute zookeeper: --secure-port needs --tls-cert and --tls-key", file=sys.stderr)
+            return 1
+        tls = ServerTls(args.secure_port, args.tls_cert, args.tls_key, args.tls_client_ca, not args.tls_only)
+    elif args.tls_only or args.tls_cert or args.tls_key or args.tls_client_ca:
+        print("keyroute zookeeper: the TLS options need --secure-port (KEYROUTE_SECURE_PORT)", file=sys.stderr)
+        return 1
     try:
-        check_port_free(args.host, args.port)
-        argv = command(args.data_dir.resolve(), args.port, args.host)
+        for port in [args.port] if tls is None or tls.plaintext else []:
+            check_port_free(args.host, port)
+        if tls is not None:
+            check_port_free(args.host, tls.port)
+        argv = command(args.data_dir.resolve(), args.port, args.host, tls=tls)
     except ZooKeeperLaunchError as exc:
         print(f"keyroute zookeeper: {exc}", file=sys.stderr)
         return 1
@@ -676,7 +776,40 @@ def cmd_zookeeper(args: argparse.Namespace) -> int:
 def _zk(args: argparse.Namespace) -> ZkSettings:
     timeout = getattr(args, "zk_session_timeout_s", 10.0)
     auth, reader = getattr(args, "zk_auth", None), getattr(args, "zk_reader", None)
-    return ZkSettings.parse(args.zk, session_timeout_s=timeout, auth=auth, reader=reader)
+    tls = ZkTls(args.zk_tls_ca, args.zk_tls_cert, args.zk_tls_key) if args.zk_tls_ca is not None else None
+    reader_dn = getattr(args, "zk_reader_dn", "").strip()
+    return ZkSettings.parse(args.zk, session_timeout_s=timeout, auth=auth, reader=reader, tls=tls, reader_dn=reader_dn)
+
+
+def _unusable_zk_tls_files(args: argparse.Namespace) -> str | None:
+    """Why the ZooKeeper TLS files cannot be used, or None: said at once, even by a router (which would
+    otherwise start and retry ZooKeeper, as it does while ZooKeeper is away)."""
+    if getattr(args, "zk_tls_ca", None) is None:
+        return None
+    from keyroute.core.zk_tls import ZkTlsError, check_files
+
+    try:
+        check_files(ZkTls(args.zk_tls_ca, args.zk_tls_cert, args.zk_tls_key))
+    except ZkTlsError as exc:
+        return str(exc)
+    return None
+
+
+def _check_zk_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors among the ZooKeeper options, named with their variables."""
+    if not hasattr(args, "zk"):
+        return
+    cert, key = args.zk_tls_cert, args.zk_tls_key
+    if (cert is not None or key is not None) and args.zk_tls_ca is None:
+        parser.error("--zk-tls-cert and --zk-tls-key (KEYROUTE_ZK_TLS_*) need --zk-tls-ca (KEYROUTE_ZK_TLS_CA)")
+    if (cert is None) != (key is None):
+        parser.error("--zk-tls-cert (KEYROUTE_ZK_TLS_CERT) and --zk-tls-key (KEYROUTE_ZK_TLS_KEY) go together")
+    readers = getattr(args, "zk_reader", None) is not None or getattr(args, "zk_reader_dn", "").strip()
+    if readers and args.zk_auth is None and cert is None:
+        parser.error(
+            "--zk-reader and --zk-reader-dn (KEYROUTE_ZK_READER*) need an identity granted ALL: --zk-auth "
+            "(KEYROUTE_ZK_AUTH) or a client certificate (--zk-tls-cert)"
+        )
 
 
 def _without_pipeline_extra(what: str) -> bool:
@@ -705,7 +838,8 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         with retaining(args.retain):
             # Live stores' Kafka settings may name environment variables (secrets): resolved here, at the edge.
             kafka = KafkaAccess(dict(os.environ))
-            published = build(args.spec, _zk(args), args.output, master=args.master, kafka=kafka)
+            secret = args.spark_secret_file
+            published = build(args.spec, _zk(args), args.output, args.master, kafka=kafka, spark_secret_file=secret)
     except PipelineError as exc:
         print(f"keyroute pipeline build: {exc}", file=sys.stderr)
         return 1
@@ -839,6 +973,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         print(f"keyroute cluster id: chroot {zk_settings.chroot or '/'} has no cluster id", file=sys.stderr)
         return 1
     print(json.dumps({"cluster_id": found.id, "created_at": found.created_at}))
+
 
 def cmd_zk(args: argparse.Namespace) -> int:
     from keyroute.core.zk import ZkUnavailableError, close, connect
@@ -1017,7 +1152,6 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "cluster": cmd_cluster,
     "zk": cmd_zk,
     "node-drain": cmd_node_drain,
-
     "zone-from-node": cmd_zone_from_node,
 }
 
@@ -1028,8 +1162,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     args, extras = parser.parse_known_args(argv)
     if extras:
         parser.exit(2, _unrecognized(parser, args, extras) + "\n")
-    if getattr(args, "zk_reader", None) is not None and getattr(args, "zk_auth", None) is None:
-        parser.error("--zk-reader (KEYROUTE_ZK_READER) needs --zk-auth (KEYROUTE_ZK_AUTH): the identity granted ALL")
+    _check_zk_options(parser, args)
+    if (unusable := _unusable_zk_tls_files(args)) is not None:
+        print(f"keyroute {args.command}: {unusable}", file=sys.stderr)
+        return 1
     if args.log_format not in FORMATS:  # a value from the environment, which argparse does not check
         parser.error(f"--log-format (KEYROUTE_LOG_FORMAT) must be one of {', '.join(FORMATS)}")
     fields = {"service": args.command}

@@ -91,6 +91,7 @@ def build(
     master: str | None = None,
     spark: SparkSession | None = None,
     kafka: KafkaAccess | None = None,
+    spark_secret_file: Path | None = None,
 ) -> list[PublishedVersion]:
     """Build every store of the spec at `spec_path` into `output` and publish the new versions in ZooKeeper.
 
@@ -98,6 +99,7 @@ def build(
     store's source columns (schema only) before any store is computed. A session
     passed in is left running; one created here (on `master`, default local[*]) is stopped before
     returning. `kafka` says how to reach live stores' clusters (default: no environment variables).
+    `spark_secret_file`: a session created here authenticates and encrypts its RPC with this secret.
     """
     spec = load_spec(spec_path)
     _check_output(spec, output)
@@ -111,7 +113,7 @@ def build(
             if store.live is not None:
                 check_topic(store, kafka.environ, kafka.timeout_s)
         needs_spark = spark is None and any(store.source is not None for store in spec.stores)
-        session = _start_spark(master) if needs_spark else spark
+        session = _start_spark(master, spark_secret_file) if needs_spark else spark
         try:
             written = _write_all(session, spec, output, published, kafka)
         finally:
@@ -247,11 +249,13 @@ def _connect(zk: ZkSettings) -> KazooClient:
         raise PublishError(None, f"cannot publish: {exc}") from exc
 
 
-def _start_spark(master: str | None) -> SparkSession:
+def _start_spark(master: str | None, secret_file: Path | None = None) -> SparkSession:
     try:
         # Spark's own logging and start-up notes only when debugging; a stage progress bar on a terminal.
         quiet = logging.getLogger().getEffectiveLevel() > logging.DEBUG
-        return create_session(master, quiet=quiet, progress=quiet and sys.stderr.isatty())
+        return create_session(master, quiet=quiet, progress=quiet and sys.stderr.isatty(), secret_file=secret_file)
+    except OSError as exc:
+        raise PipelineError(None, f"cannot read the Spark secret {secret_file}: {exc.strerror or exc}") from exc
     except (PySparkException, RuntimeError) as exc:
         where = master or "local[*]"
         raise PipelineError(None, f"cannot start Spark on {where}: {spark_message(exc)}") from exc

@@ -52,6 +52,7 @@ def create_session(
     shuffle_partitions: int = 8,
     quiet: bool = True,
     progress: bool = False,
+    secret_file: Path | None = None,
 ) -> SparkSession:
     """Start (or join) a SparkSession for building stores.
 
@@ -60,7 +61,8 @@ def create_session(
     keyroute as the driver (pyspark would otherwise start $PYSPARK_PYTHON or the first `python3` on PATH).
     `quiet`: the driver JVM logs errors only, in one line each, and its launcher's start-up notes are dropped
     (Spark's own logging, WARN and stack traces included, otherwise). `progress`: Spark's console progress
-    bar for each stage (for a terminal).
+    bar for each stage (for a terminal). `secret_file`: Spark's RPC authenticated and encrypted
+    (`security_conf`).
     """
     master = master or DEFAULT_MASTER
     builder = (
@@ -73,6 +75,8 @@ def create_session(
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
     )
+    for key, value in security_conf(secret_file, master).items():
+        builder = builder.config(key, value)
     if local_dir is not None:
         local_dir = local_dir.resolve()
         local_dir.mkdir(parents=True, exist_ok=True)
@@ -104,6 +108,26 @@ def create_session(
     if (session.sparkContext.master or "").startswith("local"):
         session.sparkContext.pythonExec = sys.executable
     return session
+
+
+def security_conf(secret_file: Path | None, master: str) -> dict[str, str]:
+    """Spark's settings for a shared secret in `secret_file`: every RPC connection between the driver and its
+    executors authenticated with it (`spark.authenticate`), encrypted (AES, `spark.network.crypto`), and
+    shuffle and spill files encrypted on disk. On Kubernetes the driver and each executor read the file
+    themselves (a Secret mounted at the same path in every pod), so the secret is in no pod spec; Spark takes
+    files there only, so any other master is given the secret as a setting."""
+    if secret_file is None:
+        return {}
+    conf = {
+        "spark.authenticate": "true",
+        "spark.network.crypto.enabled": "true",
+        "spark.network.crypto.saslFallback": "false",
+        "spark.io.encryption.enabled": "true",
+    }
+    if master.startswith("k8s://"):
+        path = str(secret_file.resolve())
+        return conf | {"spark.authenticate.secret.driver.file": path, "spark.authenticate.secret.executor.file": path}
+    return conf | {"spark.authenticate.secret": secret_file.read_text(encoding="utf-8").strip()}
 
 
 @contextlib.contextmanager

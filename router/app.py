@@ -35,6 +35,7 @@ from keyroute.http.admin_login import login_routes
 from keyroute.http.admission import RequestGuard
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.lifespan import StartupError
+from keyroute.http.tls import member_tls
 from keyroute.http.upstream import Upstream
 from keyroute.router import map_views, ui
 from keyroute.router.limits import admission
@@ -101,7 +102,11 @@ def create_app(
         wire: Upstream = (
             upstream
             if upstream is not None
-            else FastUpstream(settings.upstream_timeout_s, settings.upstream_connect_timeout_s)
+            else FastUpstream(
+                settings.upstream_timeout_s,
+                settings.upstream_connect_timeout_s,
+                tls=member_tls(settings.http.tls, "router"),
+            )
         )
         proxy = Proxy(
             wire,

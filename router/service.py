@@ -16,6 +16,7 @@ from starlette.applications import Starlette
 from keyroute.core.settings import RouterSettings
 from keyroute.http.server import HttpServer
 from keyroute.http.server import run as serve
+from keyroute.http.tls import TlsError, member_context, server_context
 from keyroute.router import workers
 from keyroute.router.app import create_app
 from keyroute.router.dataplane import RouterDataPlane
@@ -29,6 +30,14 @@ def run(settings: RouterSettings, *, setup: Callable[[], None] | None = None) ->
     which calls `setup` (say, logging) first, since it starts afresh."""
     if settings.workers <= 1:
         return _serve(settings, None, None)
+    tls = settings.http.tls
+    if tls.enabled:  # unusable files are said once, here, rather than by every worker
+        try:
+            server_context(tls, tls.client_ca)
+            member_context(tls)
+        except TlsError as exc:
+            log.error("router did not start: %s", exc)
+            return 1
     host, port, admin_port = settings.http.host, settings.http.port, settings.http.admin_port
     sock = admin_sock = None
     try:
@@ -42,7 +51,8 @@ def run(settings: RouterSettings, *, setup: Callable[[], None] | None = None) ->
         reason = (exc.strerror or str(exc)).lower()
         log.error("router did not start: cannot listen on %s port %s: %s", host, taken, reason)
         return 1
-    return workers.run(functools.partial(_worker, settings, setup), settings.workers, sock, admin_sock)
+    scheme = "https" if settings.http.tls.enabled else "http"
+    return workers.run(functools.partial(_worker, settings, setup), settings.workers, sock, admin_sock, scheme)
 
 
 def _worker(
@@ -67,6 +77,8 @@ def server(settings: RouterSettings, app: Starlette | None = None) -> HttpServer
         # Requests the server refuses itself (400, 408, 413, 417, 431), counted with admission's refusals.
         on_refusal=app.state.admission.refused,
         name="router",
+        tls=settings.http.tls,
+        require_ca=settings.http.tls.client_ca,
     )
 
 

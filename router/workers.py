@@ -71,9 +71,12 @@ def _worker(
     raise SystemExit(code)
 
 
-def run(serve: Serve, workers: int, sock: socket.socket, admin_sock: socket.socket | None = None) -> int:
+def run(
+    serve: Serve, workers: int, sock: socket.socket, admin_sock: socket.socket | None = None, scheme: str = "http"
+) -> int:
     """Run `serve(sock, admin_sock)` in `workers` spawned processes until stopped; the process exit code.
-    `admin_sock` (None: none): the admin port's listening socket, shared as `sock` is.
+    `admin_sock` (None: none): the admin port's listening socket, shared as `sock` is. `scheme`: what the
+    workers speak there ("https" with TLS), for the line saying where the router listens.
 
     `serve` must be picklable (a module-level function or a `functools.partial` of one).
     """
@@ -96,7 +99,8 @@ def run(serve: Serve, workers: int, sock: socket.socket, admin_sock: socket.sock
             )
             process.start()
             processes.append(process)
-        where = url_of(sock) + (f" (admin: {url_of(admin_sock)})" if admin_sock is not None else "")
+        admin = f" (admin: {url_of(admin_sock, scheme)})" if admin_sock is not None else ""
+        where = url_of(sock, scheme) + admin
         pids = ", ".join(str(p.pid) for p in processes)
         log.info("router is listening on %s with %d worker processes (%s)", where, workers, pids)
         failed: BaseProcess | None = None

@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from keyroute.http.admin_login import login_routes
 from keyroute.http.admission import Admission, RequestGuard
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.lifespan import StartupError
+from keyroute.http.tls import member_tls
 from keyroute.http.upstream import Upstream
 from keyroute.state_node.controller import Controller
 from keyroute.state_node.data_dir import DataDir, DataDirError, held_partitions
@@ -73,7 +75,8 @@ class Node:
     node_header: tuple[bytes, bytes] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.members = ClusterAuth(self.settings.access.cluster_secret)
+        member_ca = bool(self.settings.http.tls.member_ca)
+        self.members = ClusterAuth(self.settings.access.cluster_secret, certificates=member_ca)
         self.node_header = (_NODE, self.settings.node_id.encode("latin-1"))
 
     @property
@@ -211,6 +214,7 @@ async def _joined_node(
     max_parallel_loads: int,
     metrics: NodeMetrics,
 ) -> AsyncIterator[Node]:
+    wire_tls = member_tls(settings.http.tls, f"node {settings.node_id}")  # StartupError before joining
     try:
         client = await run_in_threadpool(zk.connect, settings.zk)
     except zk.ZkUnavailableError as exc:
@@ -244,7 +248,7 @@ async def _joined_node(
     )
     metrics.watch(ownership)
     controller = Controller(client, settings.node_id)
-    http = forwarding_upstream(settings.forward_timeout_s)
+    http = forwarding_upstream(settings.forward_timeout_s, tls=wire_tls)
     node = Node(
         settings,
         ownership,
@@ -281,18 +285,21 @@ FORWARD_MAX_CONNECTIONS_PER_NODE = 256
 
 
 def forwarding_upstream(
-    timeout_s: float, resolve: Callable[[str, int], tuple[str, int]] | None = None
+    timeout_s: float,
+    resolve: Callable[[str, int], tuple[str, int]] | None = None,
+    tls: Callable[[str], ssl.SSLContext] | None = None,
 ) -> FastUpstream:
     """The wire a node forwards reads on: the router's own (FastUpstream: ~20x less CPU per request than
     httpx). `timeout_s` bounds a whole forwarded request (waiting for a connection included), a connect
     at most 1 s of it. Peers are addressed directly by the URL they advertise: no proxy from the
-    environment, no redirects (FastUpstream follows neither). `resolve`: see FastUpstream."""
+    environment, no redirects (FastUpstream follows neither). `resolve`, `tls`: see FastUpstream."""
     return FastUpstream(
         timeout_s,
         min(1.0, timeout_s),
         max_connections_per_origin=FORWARD_MAX_CONNECTIONS_PER_NODE,
         pool_wait_s=timeout_s,
         resolve=resolve,
+        tls=tls,
     )
 
 

@@ -26,6 +26,7 @@ from keyroute.http.admission import Admission
 from keyroute.http.dataplane import Call, Route, RoutedDataPlane, store_routes
 from keyroute.http.exchange import Answer, Request
 from keyroute.http.forwarding import parse_batch_request
+from keyroute.http.tls import call_peer_role
 from keyroute.state_node.app import Node
 from keyroute.state_node.ranges import read_partition_range
 from keyroute.state_node.reads import (
@@ -64,12 +65,15 @@ class NodeDataPlane(RoutedDataPlane):
         node and admission checks on the node app's `state` (keyroute.state_node.app.create_app)."""
         return cls(state.node, state.admission)
 
-    def _forwarded(self, request: Request) -> bool:
+    def _forwarded(self, call: Call) -> bool:
+        request = call.request
         hops = request.header(_HOPS)
         if hops is None:
             return False
         node = self.node
-        forwarded = is_forwarded(node.members, hops, request.header(_AUTH))
+        members = node.members
+        role = call_peer_role(call) if members.certificates else None
+        forwarded = is_forwarded(members, hops, request.header(_AUTH), role)
         if forwarded:
             node.metrics.forwarded_in += 1
         return forwarded
@@ -78,7 +82,7 @@ class NodeDataPlane(RoutedDataPlane):
 
     def _read_key(self, call: Call, store: str, key: str) -> Any:
         request = call.request
-        forwarded = self._forwarded(request)
+        forwarded = self._forwarded(call)
         # Only a request with a query string pays for looking at it.
         min_offset = min_offset_query(request.query) if request.query else None
         answer = read_key(self.node, store, key, forwarded, min_offset)
@@ -92,7 +96,7 @@ class NodeDataPlane(RoutedDataPlane):
 
     def _read_timeline(self, call: Call, store: str, key: str, read: str) -> Any:
         request = call.request
-        forwarded = self._forwarded(request)
+        forwarded = self._forwarded(call)
         answer = read_timeline(self.node, store, key, read, request.query, forwarded)
         if type(answer) is tuple:
             call.answer(*answer)
@@ -132,7 +136,7 @@ class NodeDataPlane(RoutedDataPlane):
 
     def _batch_get(self, call: Call, store: str) -> Any:
         request = call.request
-        forwarded = self._forwarded(request)
+        forwarded = self._forwarded(call)
         # The body's size is bounded by the server (keyroute.state_node.service.server_limits).
         parsed = parse_batch_request(request.body, self._max_batch_keys)
         batch = read_batch(self.node, store, parsed.keys, forwarded, parsed.bounds)

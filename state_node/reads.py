@@ -104,12 +104,13 @@ _NOT_RELAYED = frozenset({_HOPS, _FORWARDED_BY, _GENERATION, b"content-encoding"
 _INT_FORMATS = frozenset({KeyFormat.INT16, KeyFormat.INT32, KeyFormat.INT64})
 
 
-def is_forwarded(members: ClusterAuth, hops: bytes | None, auth: bytes | None) -> bool:
+def is_forwarded(members: ClusterAuth, hops: bytes | None, auth: bytes | None, role: str | None = None) -> bool:
     """Whether another node already forwarded this request, by its hop count `hops` and membership proof
-    `auth` (raw header values). An unreadable hop count counts as forwarded: a request we cannot prove
-    fresh is never forwarded again. With a cluster secret, a hop count without the proof is a client's
-    and is ignored, so a client can neither stop this node from forwarding nor make it forward twice."""
-    if hops is None or not members.is_member(auth):
+    `auth` (raw header values), or with member certificates the `role` its TLS peer's certificate names.
+    An unreadable hop count counts as forwarded: a request we cannot prove fresh is never forwarded again.
+    With a cluster secret (or member certificates), a hop count without the proof is a client's and is
+    ignored, so a client can neither stop this node from forwarding nor make it forward twice."""
+    if hops is None or not members.is_member(auth, role):
         return False
     try:
         return int(hops.strip()) >= 1

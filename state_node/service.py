@@ -77,6 +77,9 @@ class NodeServer(HttpServer):
             on_refusal=admission.refused,
             name=f"node {settings.node_id}",
             error_headers=[(HEADER_NODE.lower().encode("ascii"), settings.node_id.encode("latin-1"))],
+            # With a member CA every client presents a certificate from it (members are told by its role).
+            tls=settings.http.tls,
+            require_ca=settings.http.tls.member_ca,
         )
         self._left = False
 

@@ -23,6 +23,10 @@ Reads are retried on 503 (after the answer's Retry-After, capped, with back-off)
 failures, up to `retries` times; connections are pooled and kept alive; clients close with `close()` or
 as context managers.
 
+Over HTTPS: `Client("https://keyroute.example", verify="ca.pem", cert=("client.crt", "client.key"))`;
+`verify` is a CA bundle (or True for the system's CAs, False for none), `cert` the client certificate a
+router requiring one (`--tls-client-ca`) or, in direct mode, the nodes (`--member-ca`) ask for.
+
 The modules: `_errors` (the exceptions), `_base` (every decision: requests, direct routing from the
 partition map, retries, reading answers), `_sync` and `_async` (the I/O of `Client` and `AsyncClient`).
 """

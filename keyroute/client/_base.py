@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import os
+import ssl
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Mapping, Sequence
@@ -41,6 +43,33 @@ PARTITION_MAP_PATH = "/admin/partition-map"
 # does not have it (404) is asked for its whole partition map instead, as before.
 ROUTING_PATH = "/routing"
 ROUTING_FORMAT = 1
+
+
+# A client certificate: one PEM file holding certificate and key, or (certificate file, key file).
+ClientCert = str | tuple[str, str]
+
+
+def tls_context(verify: str | bool, cert: ClientCert | None) -> ssl.SSLContext | bool:
+    """What httpx verifies servers with: `verify` a CA bundle file (or directory) for https:// routers and
+    nodes, True for the system's CAs, False for none (tests only); `cert` presented when a router (or, in
+    direct mode, a node) asks for a client certificate. One context, shared by every connection."""
+    if verify is True and cert is None:
+        return True
+    if verify is False:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    elif isinstance(verify, str | os.PathLike) and os.path.isdir(verify):
+        context = ssl.create_default_context(capath=os.fspath(verify))
+    elif isinstance(verify, str | os.PathLike):
+        context = ssl.create_default_context(cafile=os.fspath(verify))
+    else:
+        context = ssl.create_default_context()
+    context.set_alpn_protocols(["http/1.1"])
+    if cert is not None:
+        certfile, keyfile = (cert, None) if isinstance(cert, str | os.PathLike) else cert
+        context.load_cert_chain(certfile, keyfile)
+    return context
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,7 +392,11 @@ class ClientBase:
         transport: httpx.BaseTransport | httpx.AsyncBaseTransport | None = None,
         routing: str = "router",
         map_max_age_s: float = 30.0,
+        verify: str | bool = True,
+        cert: ClientCert | None = None,
     ) -> None:
+        """`verify`, `cert`: see `tls_context` (https:// addresses; direct mode reaches the nodes with the
+        same CA bundle and certificate)."""
         if retries < 0:
             raise ValueError("retries must not be negative")
         if routing not in ("router", "direct"):
@@ -375,6 +408,7 @@ class ClientBase:
         self.routing = routing
         self.map_max_age_s = map_max_age_s
         self.headers = {"accept": "application/json"}
+        self._verify = tls_context(verify, cert)
         if token:
             self.headers["authorization"] = f"Bearer {token}"
         # Direct routing: the map, when it must be read again, and nodes to skip for a while.
@@ -457,6 +491,7 @@ class ClientBase:
             "transport": transport,
             "trust_env": False,
             "limits": _LIMITS,
+            "verify": self._verify,
         }
 
     # -- requests ---------------------------------------------------------------------------------------

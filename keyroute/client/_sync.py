@@ -20,7 +20,8 @@ class Client(ClientBase):
 
     Options (keywords): `timeout` (seconds, per request), `retries`, `backoff_s`, `token` (a bearer
     token), `transport` (an httpx transport), `routing` ("router", or "direct": straight to the nodes
-    serving a key, from the partition map) and `map_max_age_s` (how old the map may grow)."""
+    serving a key, from the partition map), `map_max_age_s` (how old the map may grow), and over HTTPS
+    `verify` (a CA bundle, True for the system's CAs, False for none) and `cert` (a client certificate)."""
 
     _http_class = httpx.Client
     _lock_class = threading.Lock

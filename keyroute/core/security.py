@@ -1,18 +1,17 @@
 """Who may steer forwarding (cluster members) and who may read admin endpoints (holders of a bearer token).
 
-Both checks are a constant-time compare of precomputed bytes: cheap enough for every proxied read.
-
-Why a shared cluster secret and not mutual TLS between members:
-- operations stay simple: one Kubernetes Secret mounted as KEYROUTE_CLUSTER_SECRET into routers and nodes,
-  no certificate authority, no issuing, no rotation before expiry, no reload of certificates in flight;
-- pods keep talking plain HTTP (also over loopback in tests and the demo), so the data path keeps its
-  lean HTTP/1.1 client and costs no TLS handshakes or record encryption per read;
-- the check is one `hmac.compare_digest` per request, far inside the router's per-request CPU budget.
-What we give up, and mTLS would give: members' traffic is not encrypted (anyone who can sniff pod
-traffic sees values and the member token, and can then replay it), there is no per-member identity (every
-member presents the same token, so one compromised pod speaks for all), and rotation means restarting
-every member (hitless: each accepts a list of secrets and sends with the first, docs/security.md). Run
-inside a private network (NetworkPolicy) and add a mesh with mTLS if pod traffic itself must be protected.
+Two ways to tell members, chosen per cluster:
+- a shared cluster secret: one Kubernetes Secret mounted as KEYROUTE_CLUSTER_SECRET into routers and nodes,
+  no certificate authority; members send a token derived from it (`ClusterAuth`). Members' traffic is then
+  plain HTTP: anyone who can sniff pod traffic sees values and the token, and can replay it; every member
+  presents the same token, so one compromised pod speaks for all. Run inside a private network
+  (NetworkPolicy). Rotation: each member accepts a list of secrets and sends with the first.
+- mutual TLS (`--member-ca`): traffic between members is encrypted, and a member is told by its certificate:
+  nodes accept only clients whose certificate chains to the member CA, and honour member headers only from
+  those whose certificate names them a router or a node (`member_role`); the token is then not looked at.
+  Certificates are rotated in place, without a restart (keyroute.http.tls).
+Either check is cheap enough for every proxied read: a constant-time compare of precomputed bytes, or the
+role of the connection's peer certificate, read once per connection.
 
 Admin access: the admin token as `Authorization: Bearer`, or a browser's session cookie (`keyroute_admin`)
 set by POST /admin/login: not the token but an expiry and a MAC of it keyed by the token, so the cookie
@@ -25,6 +24,7 @@ import hashlib
 import hmac
 import time
 from collections.abc import Callable
+from typing import Any
 
 from keyroute.core.api import Unauthorized
 
@@ -50,6 +50,30 @@ def member_token(secret: str) -> str:
     return hmac.new(secret.encode("utf-8"), _MEMBER_TOKEN_CONTEXT, hashlib.sha256).hexdigest()
 
 
+# A member certificate names its role in a subject alternative name: a DNS name starting with one of these
+# labels (`keyroute-node.n1`, `keyroute-router.r1`), or a SPIFFE URI (`spiffe://keyroute/node/n1`).
+MEMBER_ROLES = ("router", "node")
+_ROLE_BY_DNS_LABEL = {f"keyroute-{role}": role for role in MEMBER_ROLES}
+_SPIFFE_PREFIX = "spiffe://keyroute/"
+
+
+def member_role(certificate: dict[str, Any] | None) -> str | None:
+    """The member role ("router" or "node") a peer certificate (as `ssl.SSLObject.getpeercert()` gives it)
+    names in a subject alternative name, or None. Its chain is for the TLS handshake to have verified."""
+    if not certificate:
+        return None
+    for kind, value in certificate.get("subjectAltName", ()):
+        if kind == "DNS":
+            role = _ROLE_BY_DNS_LABEL.get(value.partition(".")[0].lower())
+            if role is not None and value.partition(".")[2]:
+                return role
+        elif kind == "URI" and value.startswith(_SPIFFE_PREFIX):
+            role, slash, name = value[len(_SPIFFE_PREFIX) :].partition("/")
+            if role in MEMBER_ROLES and slash and name:
+                return role
+    return None
+
+
 class ClusterAuth:
     """Tells a cluster member's request from a client's by its `x-keyroute-auth` header.
 
@@ -57,18 +81,24 @@ class ClusterAuth:
     honoured from anyone, which lets any client that reaches a node stop it from forwarding. With one,
     only requests carrying the token do; everything else is a client request whose member headers are
     ignored. `secret` may be a comma-separated list (a rotation): a member sends the first one's token and
-    accepts the token of any.
+    accepts the token of any. With `certificates` (mutual TLS between members), a request is a member's
+    when its TLS peer's certificate names a member role (`role`, from `member_role`), whatever the token.
     """
 
-    __slots__ = ("enabled", "token", "_accepted")
+    __slots__ = ("enabled", "token", "certificates", "_accepted")
 
-    def __init__(self, secret: str = "") -> None:
+    def __init__(self, secret: str = "", certificates: bool = False) -> None:
         secrets = split_secrets(secret)
-        self.enabled = bool(secrets)
+        self.enabled = bool(secrets) or certificates
+        self.certificates = certificates
         self.token = member_token(secrets[0]) if secrets else ""
         self._accepted = tuple(member_token(s).encode("ascii") for s in secrets)
 
-    def is_member(self, presented: str | bytes | None) -> bool:
+    def is_member(self, presented: str | bytes | None, role: str | None = None) -> bool:
+        """Whether a request is a member's: by the token it `presented`, or (with certificates) by the
+        `role` its peer's certificate names."""
+        if self.certificates:
+            return role in MEMBER_ROLES
         if not self.enabled:
             return True
         if presented is None:

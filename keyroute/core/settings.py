@@ -46,12 +46,28 @@ class ZkIdentity:
 
 
 @dataclass(frozen=True, slots=True)
+class ZkTls:
+    """TLS to ZooKeeper (its secure client port): the CA its server certificates chain to and, when the
+    server asks for one or identities come from certificates, this process's certificate and key (PEM)."""
+
+    ca: Path
+    cert: Path | None = None
+    key: Path | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("a ZooKeeper TLS client certificate needs its key, and a key its certificate")
+
+
+@dataclass(frozen=True, slots=True)
 class ZkSettings:
     """Where the ZooKeeper ensemble is, how long a session may go silent, and who this process is there.
 
-    `auth` is the digest identity this process authenticates as; None keeps ZooKeeper's world-open ACL
-    on everything keyroute creates. `reader`, for processes that write (nodes, pipeline, rollback), is the
-    identity granted READ on what they create; it needs `auth` (the identity granted everything).
+    `auth` is the digest identity this process authenticates as. Without it, a client certificate
+    (`tls.cert`) makes the certificate's subject DN this process's identity (scheme `x509`); with neither,
+    everything keyroute creates keeps ZooKeeper's world-open ACL. `reader` (digest) and `reader_dn`
+    (x509), for processes that write (nodes, pipeline, rollback), are the identities granted READ on what
+    they create; they need an identity of this process's own (granted everything).
     """
 
     hosts: str = "127.0.0.1:2181"
@@ -60,10 +76,18 @@ class ZkSettings:
     connect_timeout_s: float = 15.0
     auth: ZkIdentity | None = None
     reader: ZkIdentity | None = None
+    tls: ZkTls | None = None
+    reader_dn: str = ""
 
     def __post_init__(self) -> None:
-        if self.reader is not None and self.auth is None:
-            raise ValueError("a ZooKeeper reader identity needs an identity to authenticate as (auth)")
+        if (self.reader is not None or self.reader_dn) and not self.has_identity:
+            raise ValueError(
+                "a ZooKeeper reader identity needs an identity to authenticate as (auth or a TLS client certificate)"
+            )
+
+    @property
+    def has_identity(self) -> bool:
+        return self.auth is not None or (self.tls is not None and self.tls.cert is not None)
 
     @classmethod
     def parse(cls, connect: str, **kwargs: Any) -> ZkSettings:
@@ -83,6 +107,31 @@ class ZkSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class TlsSettings:
+    """PEM files for HTTPS and mutual TLS between members (paths; "" = not given). `cert` and `key`: what this
+    process serves and, with `member_ca`, presents to the nodes it connects to. `client_ca` (routers): clients
+    must present a certificate chaining to it. `member_ca`: the cluster's CA; nodes then require every client
+    to present a certificate chaining to it (honouring member headers only from routers and nodes, named by
+    the certificate: keyroute.core.security.member_role), and routers and nodes verify nodes against it."""
+
+    cert: str = ""
+    key: str = ""
+    client_ca: str = ""
+    member_ca: str = ""
+
+    def __post_init__(self) -> None:
+        if bool(self.cert) != bool(self.key):
+            raise ValueError("--tls-cert and --tls-key go together: give both or neither")
+        if (self.client_ca or self.member_ca) and not self.cert:
+            raise ValueError("--tls-client-ca and --member-ca need --tls-cert and --tls-key")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the service listens over HTTPS."""
+        return bool(self.cert)
+
+
+@dataclass(frozen=True, slots=True)
 class HttpSettings:
     """Where a service listens and the address other members use to reach it."""
 
@@ -92,13 +141,15 @@ class HttpSettings:
     # A second port for /admin/*, /metrics (and probes, the API document); the data port then answers those
     # two with 404. None: everything on `port`; 0: any free port (tests).
     admin_port: int | None = None
+    tls: TlsSettings = field(default_factory=TlsSettings)
 
     @property
     def url(self) -> str:
         if self.advertise_url:
             return self.advertise_url.rstrip("/")
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
-        return f"http://{host}:{self.port}"
+        scheme = "https" if self.tls.enabled else "http"
+        return f"{scheme}://{host}:{self.port}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,12 @@
 """Connecting to ZooKeeper: one kazoo client per process, the chroot and layout created when missing, ACLs.
 
-Access control uses ZooKeeper's digest scheme. Every process authenticates as one identity
-(`ZkSettings.auth`, `USER:PASSWORD`). Processes that write (nodes, the pipeline, rollback) create every
-znode (the chroot, the layout roots and every record below them, ephemeral or not) with one ACL, set once
-here as the client's default: their own identity ALL, the reader identity (`ZkSettings.reader`) READ,
-nobody else anything. Routers only read: they authenticate as the reader and create nothing
+Access control uses ZooKeeper's digest scheme or, over TLS, its x509 scheme. Every process authenticates
+as one identity: `ZkSettings.auth` (digest, `USER:PASSWORD`) or, without it, the subject DN of its TLS
+client certificate (`ZkSettings.tls`, keyroute.core.zk_tls). Processes that write (nodes, the pipeline,
+rollback) create every znode (the chroot, the layout roots and every record below them, ephemeral or not)
+with one ACL, set once here as the client's default: their own identity ALL, the reader identity
+(`ZkSettings.reader`, or an x509 reader's DN `ZkSettings.reader_dn`) READ, nobody else anything. Routers
+only read: they authenticate as the reader and create nothing
 (`ensure_layout=False`). Writers are given the reader as `USER:PASSWORD`, not as a pre-hashed digest: one
 Secret then serves both sides, the digest is computed here, and a writer learns nothing it could misuse
 (it already holds ALL). Without credentials every znode gets ZooKeeper's world-open ACL, as before: anyone
@@ -23,15 +25,18 @@ routers out. Ephemeral records get the ACL when their owner creates them again.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
-import warnings
+import re
+import time
+from pathlib import Path
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
 from kazoo.retry import KazooRetry
-from kazoo.security import ACL, OPEN_ACL_UNSAFE, Permissions, make_digest_acl
+from kazoo.security import ACL, OPEN_ACL_UNSAFE, Id, Permissions, make_digest_acl
 
-from keyroute.core import zk_layout
+from keyroute.core import zk_layout, zk_tls
 from keyroute.core.settings import ZkSettings
 
 log = logging.getLogger(__name__)
@@ -52,25 +57,46 @@ def _retry() -> KazooRetry:
 def layout_acl(settings: ZkSettings) -> list[ACL]:
     """The ACL of every znode a process with `settings` creates: writer ALL, reader READ (world-open
     without credentials)."""
-    if settings.auth is None:
+    if settings.auth is not None:
+        acl = [make_digest_acl(settings.auth.user, settings.auth.password, all=True)]
+    elif (dn := x509_identity(settings)) is not None:
+        acl = [ACL(Permissions.ALL, Id("x509", dn))]
+    else:
         return list(OPEN_ACL_UNSAFE)
-    acl = [make_digest_acl(settings.auth.user, settings.auth.password, all=True)]
     reader = settings.reader
     if reader is not None and reader != settings.auth:
         acl.append(make_digest_acl(reader.user, reader.password, read=True))
+    if settings.reader_dn and all(entry.id != Id("x509", settings.reader_dn) for entry in acl):
+        acl.append(ACL(Permissions.READ, Id("x509", settings.reader_dn)))
     return acl
 
 
+def x509_identity(settings: ZkSettings) -> str | None:
+    """The subject DN this process is known by on a TLS ZooKeeper when no digest identity is configured
+    (None: it has none, or authenticates by digest)."""
+    if settings.auth is not None or settings.tls is None or settings.tls.cert is None:
+        return None
+    return _subject_dn(settings.tls.cert)
+
+
+@functools.lru_cache(maxsize=8)
+def _subject_dn(cert: Path) -> str:
+    try:
+        return zk_tls.subject_dn(cert)
+    except zk_tls.ZkTlsError as exc:
+        raise ZkUnavailableError(str(exc)) from None
+
+
 def _client(settings: ZkSettings, hosts: str, **kwargs: object) -> KazooClient:
-    if settings.auth is None:
-        return KazooClient(hosts=hosts, timeout=settings.session_timeout_s, **kwargs)
-    return KazooClient(
-        hosts=hosts,
-        timeout=settings.session_timeout_s,
-        auth_data=[("digest", settings.auth.credential)],
-        default_acl=layout_acl(settings),
-        **kwargs,
-    )
+    try:
+        kwargs |= zk_tls.kazoo_options(settings.tls)
+    except zk_tls.ZkTlsError as exc:
+        raise ZkUnavailableError(str(exc)) from None
+    if settings.has_identity:
+        kwargs["default_acl"] = layout_acl(settings)
+    if settings.auth is not None:
+        kwargs["auth_data"] = [("digest", settings.auth.credential)]
+    return KazooClient(hosts=hosts, timeout=settings.session_timeout_s, **kwargs)
 
 
 def connect(settings: ZkSettings, *, ensure_layout: bool = True) -> KazooClient:
@@ -109,9 +135,11 @@ def connect(settings: ZkSettings, *, ensure_layout: bool = True) -> KazooClient:
 
 
 def _who(settings: ZkSettings) -> str:
-    if settings.auth is None:
-        return "an unauthenticated client (no ZooKeeper identity configured)"
-    return f"ZooKeeper identity {settings.auth.user!r}"
+    if settings.auth is not None:
+        return f"ZooKeeper identity {settings.auth.user!r}"
+    if (dn := x509_identity(settings)) is not None:
+        return f"ZooKeeper x509 identity {dn!r}"
+    return "an unauthenticated client (no ZooKeeper identity configured)"
 
 
 def _acl_key(acl: list[ACL]) -> set[tuple[int, str, str]]:
@@ -130,14 +158,15 @@ def _layout_paths(client: KazooClient, settings: ZkSettings) -> list[str]:
 
 
 def _check_layout_acl(client: KazooClient, settings: ZkSettings) -> None:
-    if settings.auth is None:
+    if not settings.has_identity:
         # No identity: the layout must still be world-writable, or every write would fail later on.
         for path in zk_layout.PERSISTENT_ROOTS:
             acl, _ = client.get_acls(path)
             if not any(e.id.scheme == "world" and e.perms == Permissions.ALL for e in acl):
                 raise ZkAccessError(
                     f"keyroute's layout at {settings.connect_string} is protected by an ACL: configure this "
-                    f"process's ZooKeeper identity (keyroute --zk-auth USER:PASSWORD, KEYROUTE_ZK_AUTH)"
+                    f"process's ZooKeeper identity (keyroute --zk-auth USER:PASSWORD, KEYROUTE_ZK_AUTH; or a TLS "
+                    f"client certificate, --zk-tls-cert)"
                 )
         return
     wanted = layout_acl(settings)
@@ -162,9 +191,14 @@ def _merged_acl(current: list[ACL], wanted: list[ACL]) -> list[ACL]:
 
 
 def _describe(entry: ACL) -> str:
-    user = str(entry.id.id).split(":", 1)[0]  # a digest's hash is not for logs
+    user = str(entry.id.id)
+    if entry.id.scheme == "digest":
+        user = user.split(":", 1)[0]  # a digest's hash is not for logs
     perms = {Permissions.ALL: "ALL", Permissions.READ: "READ"}.get(entry.perms, str(entry.perms))
     return f"{entry.id.scheme}:{user} {perms}"
+
+
+_SSL_SOURCE = re.compile(r" \(_ssl\.c:\d+\)$")
 
 
 class _Quiet(logging.Filter):
@@ -174,13 +208,17 @@ class _Quiet(logging.Filter):
     def __init__(self) -> None:
         super().__init__()
         self.reason = ""
+        self.tls_refused = False
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno > logging.WARNING:
             return True
         message = record.getMessage()
         if message.startswith("Connection dropped: "):
-            self.reason = message.removeprefix("Connection dropped: ").removeprefix("socket connection error: ")
+            reason = message.removeprefix("Connection dropped: ").removeprefix("socket connection error: ")
+            self.reason = _SSL_SOURCE.sub("", reason)  # OpenSSL's " (_ssl.c:1006)" says nothing to a user
+            # A refused certificate (ours or the server's): trying again will not change it.
+            self.tls_refused = self.reason.startswith("[SSL") or "certificate" in self.reason
         return False
 
 
@@ -196,20 +234,32 @@ def _start(client: KazooClient, settings: ZkSettings) -> None:
 
 def _start_quietly(client: KazooClient, settings: ZkSettings, quiet: _Quiet) -> None:
     try:
-        with warnings.catch_warnings():
-            # kazoo warns when the chroot does not exist yet; a reader waits for it (watches), a writer
-            # has just created it.
-            warnings.filterwarnings("ignore", message="No chroot path exists", category=UserWarning)
-            client.start(timeout=settings.connect_timeout_s)
+        _started(client, settings, quiet)
     except NoAuthError as exc:  # kazoo checks that the chroot exists, which needs READ on it
         close(client)
         raise ZkAccessError(f"{_who(settings)} may not read {settings.connect_string}") from exc
     except Exception as exc:  # kazoo raises its own timeout type; the caller needs one meaning
         client.close()
         why = f" ({quiet.reason[:1].lower()}{quiet.reason[1:]})" if quiet.reason else ""
+        if quiet.tls_refused:
+            raise ZkUnavailableError(f"TLS with ZooKeeper at {settings.hosts} failed{why}") from exc
         raise ZkUnavailableError(
             f"cannot reach ZooKeeper at {settings.hosts} within {settings.connect_timeout_s:g} s{why}"
         ) from exc
+
+
+def _started(client: KazooClient, settings: ZkSettings, quiet: _Quiet) -> None:
+    """kazoo's `start`, except that a refused TLS handshake ends the wait at once. A missing chroot is no
+    warning here: a reader waits for it (watches), a writer has just created it."""
+    connected = client.start_async()
+    deadline = time.monotonic() + settings.connect_timeout_s
+    while not connected.wait(0.05) and not quiet.tls_refused and time.monotonic() < deadline:
+        pass
+    if not client.connected:
+        client.stop()
+        raise TimeoutError("no ZooKeeper session")
+    if client.chroot:
+        client.exists("/")  # as kazoo's `start` does: NoAuthError without READ on the chroot
 
 
 def close(client: KazooClient) -> None:

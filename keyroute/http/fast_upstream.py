@@ -2,14 +2,15 @@
 router to reach nodes and by a node to forward a read to another node.
 
 httpx costs 0.6-1.2 ms of CPU per proxied read on our machines; this does only what members need (GET and
-POST to http:// nodes, whole bodies, keep-alive) for a small fraction of that (benchmarks/RESULTS.md).
+POST to http:// and https:// nodes, whole bodies, keep-alive) for a small fraction of that (benchmarks/RESULTS.md).
 
     UpstreamUnavailable(node_fault=True)    connect refused/timed out, reset, EOF or a malformed reply
                                             mid-response, the request timed out
     UpstreamUnavailable(node_fault=False)   every connection to the origin stayed busy for `pool_wait_s`,
                                             or the client is closed
-    ValueError                              a URL that is not http://, a header that would break the
-                                            request head (CR/LF, a name that is not a token)
+    ValueError                              a URL that is not http:// (or https:// with `tls`), a header
+                                            that would break the request head (CR/LF, a name that is not
+                                            a token)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import ssl
 import zlib
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -26,6 +28,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from keyroute.http.tls import describe
 from keyroute.http.upstream import UpstreamResponse, UpstreamUnavailable
 
 DEFAULT_MAX_CONNECTIONS_PER_ORIGIN = 256
@@ -45,6 +48,7 @@ _BAD_TARGET = re.compile(r"[\x00-\x20\x7f]")
 # Response headers that change how the message is framed or decoded.
 _SPECIAL = frozenset({b"content-length", b"transfer-encoding", b"content-encoding"})
 _WHEN_CLOSED_MESSAGE = "the upstream client is closed"
+_SCHEMES = ("http://", "https://")
 _new_tuple = tuple.__new__
 
 
@@ -316,7 +320,8 @@ class _Pool:
         self.origin = origin
         self.host_line = b" HTTP/1.1\r\nhost: " + parts.netloc.encode("ascii") + b"\r\n"
         self.host = parts.hostname
-        self.port = parts.port or 80
+        self.tls = parts.scheme == "https"
+        self.port = parts.port or (443 if self.tls else 80)
         self.idle: deque[_Connection] = deque()
         self.connections: set[_Connection] = set()
         # Connections open or being opened: what `max_connections_per_origin` caps.
@@ -398,10 +403,16 @@ class _Pool:
                 host, port = self.host, self.port
                 if upstream.resolve is not None:
                     host, port = upstream.resolve(host, port)
-                _, conn = await loop.create_connection(lambda: _Connection(self), host, port)
+                tls: dict[str, Any] = {}
+                if self.tls and upstream.tls is not None:
+                    tls = {"ssl": upstream.tls(self.origin), "server_hostname": self.host}
+                _, conn = await loop.create_connection(lambda: _Connection(self), host, port, **tls)
         except TimeoutError as exc:  # before OSError: TimeoutError is one
             self._slot_freed()
             raise UpstreamUnavailable(f"connecting to {self.origin} timed out") from exc
+        except ssl.SSLError as exc:  # before OSError: SSLError is one
+            self._slot_freed()
+            raise UpstreamUnavailable(f"TLS with {self.origin} failed: {describe(exc)}") from None
         except OSError as exc:
             self._slot_freed()
             raise UpstreamUnavailable(f"cannot connect to {self.origin}: {exc}") from exc
@@ -496,6 +507,7 @@ class FastUpstream:
         pool_wait_s: float = DEFAULT_POOL_WAIT_S,
         idle_expiry_s: float = DEFAULT_IDLE_EXPIRY_S,
         resolve: Callable[[str, int], tuple[str, int]] | None = None,
+        tls: Callable[[str], ssl.SSLContext] | None = None,
     ) -> None:
         if min(timeout_s, connect_timeout_s, pool_wait_s, idle_expiry_s) <= 0:
             raise ValueError("timeouts and the idle expiry must be positive")
@@ -507,6 +519,9 @@ class FastUpstream:
         self.pool_wait_s = pool_wait_s
         self.idle_expiry_s = idle_expiry_s
         self.resolve = resolve
+        # The TLS context for https:// origins, by origin (called at each connect: a rotated one is used at
+        # once, and the origin's last TLS session is offered for resumption).
+        self.tls = tls
         self.closed = False
         self._pools: dict[str, _Pool] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -537,9 +552,9 @@ class FastUpstream:
         with the failure: UpstreamUnavailable, or `StaleConnection` when the node had closed the idle
         connection before it saw the request (send it again with `get`, which opens a new one)."""
         # _locate_known, inline (once per request)
-        if self.closed or not url.startswith("http://"):
+        if self.closed or not url.startswith(_SCHEMES):
             return None
-        slash = url.find("/", 7)
+        slash = url.find("/", 8)
         pool = self._pools.get(url[:slash]) if slash > 0 else None
         if pool is None:
             return None
@@ -629,8 +644,8 @@ class FastUpstream:
 
     def _locate_known(self, url: str) -> tuple[_Pool, str] | None:
         """`_locate` for a plain http:// URL of an origin that has a pool already; None for anything else."""
-        if url.startswith("http://"):
-            slash = url.find("/", 7)
+        if url.startswith(_SCHEMES):
+            slash = url.find("/", 8)
             if slash > 0:
                 pool = self._pools.get(url[:slash])
                 if pool is not None:
@@ -643,10 +658,13 @@ class FastUpstream:
 
     def _locate_slowly(self, url: str) -> tuple[_Pool, str]:
         scheme, colon, rest = url.partition(":")
-        if not colon or scheme.lower() != "http" or not rest.startswith("//"):
-            raise ValueError(f"only http:// URLs are supported, not {url!r}")
+        scheme = scheme.lower()
+        if not colon or scheme not in ("http", "https") or not rest.startswith("//"):
+            raise ValueError(f"only http:// and https:// URLs are supported, not {url!r}")
+        if scheme == "https" and self.tls is None:
+            raise ValueError(f"{url!r} is https://, and no TLS settings were given for members (--member-ca)")
         parts = urlsplit("http:" + rest)
-        origin = f"http://{parts.netloc}"
+        origin = f"{scheme}://{parts.netloc}"
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         if _BAD_TARGET.search(target) or not target.isascii():
             raise ValueError(f"the request target must be percent-encoded ASCII: {target!r}")

@@ -4,7 +4,10 @@ The data plane is answered without ASGI (keyroute.http.exchange); everything els
 
 With an admin port, the same server (same event loop, same app and lifespan) also listens there: the admin port
 answers everything but the data plane (admin endpoints, /metrics, probes, the API document), and the data port
-answers the admin paths (`admin_paths`) with 404 `not_found`, naming the admin port."""
+answers the admin paths (`admin_paths`) with 404 `not_found`, naming the admin port.
+
+With TLS settings, both ports speak HTTPS only (keyroute.http.tls: contexts, client certificates, rotation);
+a plaintext request there ends in a failed handshake, the connection closed."""
 
 from __future__ import annotations
 
@@ -17,19 +20,21 @@ from collections.abc import Callable
 from typing import Any
 
 from keyroute.core.api import NotFound
+from keyroute.core.settings import TlsSettings
 from keyroute.http.admission import send_error
 from keyroute.http.asgi import ASGIApp, Receive, Scope, Send
 from keyroute.http.exchange import DataPlane, ServerLimits
 from keyroute.http.lifespan import Lifespan, StartupError
 from keyroute.http.protocol import Connection
+from keyroute.http.tls import HANDSHAKE_TIMEOUT_S, ServerTls, TlsError
 
 log = logging.getLogger(__name__)
 
 
-def url_of(sock: socket.socket) -> str:
-    """The http:// address a listening socket answers on."""
+def url_of(sock: socket.socket, scheme: str = "http") -> str:
+    """The http:// (or `scheme`) address a listening socket answers on."""
     host, port = sock.getsockname()[:2]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
 def bind(host: str, port: int) -> list[socket.socket]:
@@ -102,6 +107,8 @@ class HttpServer:
         name: str = "the server",
         admin_paths: tuple[str, ...] = ADMIN_PATHS,
         error_headers: list[tuple[bytes, bytes]] | None = None,
+        tls: TlsSettings | None = None,
+        require_ca: str = "",
     ) -> None:
         """`app`: the Starlette app (admin, health, metrics). `data_plane(app_state)` is called once, after
         the lifespan's startup, with the app's `state` (starlette.datastructures.State: the lifespan put the
@@ -111,8 +118,13 @@ class HttpServer:
         body_timeout (408), body_too_large (413), expectation_failed (417), headers_too_large (431). The
         same counts are kept in `refusals`. `name` (e.g. "node n1") starts the lines it logs about itself.
         `admin_paths`: what only the admin port serves when `start` is given one (the data port answers them
-        404, with `error_headers` added)."""
+        404, with `error_headers` added). `tls` (when enabled): serve HTTPS on every port, clients required to
+        present a certificate chaining to the CA file `require_ca` when one is given; the files are loaded
+        at `start` (TlsError: nothing is bound) and watched for a rotation while the server runs."""
         self.name = name
+        self.tls_settings = tls if tls is not None and tls.enabled else None
+        self.require_ca = require_ca
+        self.tls: ServerTls | None = None
         self.app = app
         self.limits = limits
         self.on_refusal = on_refusal
@@ -163,6 +175,12 @@ class HttpServer:
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._stopping = False
+        tls = self.tls
+        if self.tls_settings is not None and tls is None:
+            tls = self.tls = ServerTls(self.tls_settings, self.require_ca, self.name)  # TlsError: nothing bound
+        listen_tls: dict[str, Any] = (
+            {} if tls is None else {"ssl": tls.listener, "ssl_handshake_timeout": HANDSHAKE_TIMEOUT_S}
+        )
         owned = not sockets
         admin_owned = not admin_sockets and admin_port is not None
         if owned:
@@ -188,9 +206,10 @@ class HttpServer:
             if self._data_plane_factory is not None:
                 self._dp = self._data_plane_factory(self._app_state())
             for sock in sockets or ():
-                self._servers.append(await loop.create_server(self._connection, sock=sock, backlog=2048))
+                server = await loop.create_server(self._connection, sock=sock, backlog=2048, **listen_tls)
+                self._servers.append(server)
             for sock in admin_sockets or ():
-                server = await loop.create_server(self._admin_connection, sock=sock, backlog=128)
+                server = await loop.create_server(self._admin_connection, sock=sock, backlog=128, **listen_tls)
                 self._servers.append(server)
                 self._admin_servers.append(server)
         except BaseException:
@@ -202,6 +221,8 @@ class HttpServer:
             await lifespan.shutdown()
             raise
         self._lifespan = lifespan
+        if tls is not None:
+            tls.watch(loop)
         self._data_port_app.admin_port = self.admin_port
         # Sockets handed in are shared by worker processes: whoever handed them in says where it listens.
         data = [s for server in self._servers if server not in self._admin_servers for s in server.sockets]
@@ -210,9 +231,14 @@ class HttpServer:
             logging.INFO if owned else logging.DEBUG,
             "%s is listening on %s%s",
             self.name,
-            ", ".join(url_of(s) for s in data),
-            f" (admin: {', '.join(url_of(s) for s in admin)})" if admin else "",
+            ", ".join(url_of(s, self.scheme) for s in data),
+            f" (admin: {', '.join(url_of(s, self.scheme) for s in admin)})" if admin else "",
         )
+
+    @property
+    def scheme(self) -> str:
+        """"https" when the server speaks TLS, else "http"."""
+        return "http" if self.tls_settings is None else "https"
 
     def _app_state(self) -> Any:
         state = getattr(self.app, "state", None)
@@ -272,6 +298,8 @@ class HttpServer:
             return
         self._stopping = True
         loop = asyncio.get_running_loop()
+        if self.tls is not None:
+            self.tls.close()
         for server in self._servers:
             server.close()
         self._all_closed = loop.create_future()
@@ -317,7 +345,7 @@ class HttpServer:
         stop = self._stop_requested = asyncio.Event()
         try:
             await self.start(host, port, sockets, admin_port=admin_port, admin_sockets=admin_sockets)
-        except StartupError as exc:
+        except (StartupError, TlsError) as exc:
             log.error("%s did not start: %s", self.name, exc)
             return 1
         except OSError as exc:

@@ -3,7 +3,7 @@ Spark), published in ZooKeeper, two `keyroute node` processes and one `keyroute 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +53,8 @@ class SmallCluster:
     procs: list[Proc] = field(default_factory=list)
     # With admin ports: "router" and each node id -> the URL of its admin port (empty: admin on the data port).
     admin_urls: dict[str, str] = field(default_factory=dict)
+    # What the test's own httpx calls need (TLS: `verify`, an ssl.SSLContext with a client certificate).
+    http_options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def router_admin_url(self) -> str:
@@ -69,6 +71,7 @@ class SmallCluster:
             self.router_admin_url + "/admin/partition-map?detail=all",
             headers={"authorization": f"Bearer {ADMIN_TOKEN}"},
             timeout=10,
+            **self.http_options,
         ).json()
         entries = view["stores"][STORE]["partition_map"]
         return {
@@ -94,10 +97,17 @@ def small_cluster(
     router_args: Sequence[str] = (),
     replication_factor: int = 1,
     admin_ports: bool = False,
+    own_args: Callable[[str], Sequence[str]] = lambda name: (),
+    scheme: str = "http",
+    http_options: dict[str, Any] | None = None,
+    node_ids: Sequence[str] = ("n1", "n2"),
 ) -> Iterator[SmallCluster]:
     """Two nodes and a router, all given `extra_args` (say, the cluster secret); yields once every key of
     the store answers through the router and every partition is served as assigned. `admin_ports`: each
-    process also gets an --admin-port (`SmallCluster.admin_urls`)."""
+    process also gets an --admin-port (`SmallCluster.admin_urls`). `own_args(name)`: what one process ("n1",
+    "n2", "router") alone is given (say, its certificate); `scheme` ("https" for TLS) and `http_options`
+    (httpx's, for the test's own calls) go with it. `node_ids`: the nodes, two unless given."""
+    http_options = http_options or {}
     client = zk.connect(zk_settings)
     snapshot = write_snapshot(tmp_path / "snapshots", STORE, ROWS, KeyFormat.STRING, PARTITIONS)
     record = StoreRecord(
@@ -117,28 +127,31 @@ def small_cluster(
         if not admin_ports:
             return []
         port = free_port()
-        admin_urls[name] = f"http://127.0.0.1:{port}"
+        admin_urls[name] = f"{scheme}://127.0.0.1:{port}"
         return ["--admin-port", str(port)]
 
     cluster: SmallCluster | None = None
     try:
-        for node_id in ("n1", "n2"):
+        for node_id in node_ids:
             port = free_port()
             args = ["node", "--zk", connect, "--node-id", node_id, "--port", str(port), *admin_port(node_id)]
             args += ["--data-dir", str(tmp_path / f"data-{node_id}"), "--zk-session-timeout-s", "4"]
-            args += ["--version-grace-s", "1", "--drain-timeout-s", "5", *extra_args]
+            args += ["--version-grace-s", "1", "--drain-timeout-s", "5", *extra_args, *own_args(node_id)]
             procs.append(Proc(args, tmp_path / f"{node_id}.log").start())
-            node_urls[node_id] = f"http://127.0.0.1:{port}"
+            node_urls[node_id] = f"{scheme}://127.0.0.1:{port}"
         port = free_port()
         router = Proc(
-            ["router", "--zk", connect, "--port", str(port), *admin_port("router"), *extra_args, *router_args],
+            [
+                *("router", "--zk", connect, "--port", str(port), *admin_port("router")),
+                *(*extra_args, *router_args, *own_args("router")),
+            ],
             tmp_path / "router.log",
         )
         procs.append(router.start())
-        cluster = SmallCluster(f"http://127.0.0.1:{port}", node_urls, procs, admin_urls)
+        cluster = SmallCluster(f"{scheme}://127.0.0.1:{port}", node_urls, procs, admin_urls, http_options)
 
         def settled() -> bool:
-            if httpx.get(cluster.router_url + "/readyz", timeout=5).json().get("complete") is not True:
+            if httpx.get(cluster.router_url + "/readyz", timeout=5, **http_options).json().get("complete") is not True:
                 return False
             placement = cluster.placement()
             # Both nodes serve something, and each partition is served by exactly its assigned replicas (no
@@ -151,7 +164,7 @@ def small_cluster(
             )
 
         wait_for(settled, timeout_s=90, interval_s=0.2, message="the cluster to settle")
-        with httpx.Client(timeout=10, trust_env=False) as http:
+        with httpx.Client(timeout=10, trust_env=False, **http_options) as http:
             cluster.check_every_key(http)
         yield cluster
     finally:

@@ -4,14 +4,20 @@ from them (digests checked against ZooKeeper's own formula, base64(sha1("user:pa
 from __future__ import annotations
 
 import base64
+import datetime
 import hashlib
+from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import serialization
 from kazoo.security import ACL, OPEN_ACL_UNSAFE, Id, Permissions
 
+from keyroute import cli
 from keyroute.cli import _zk, build_parser, main
-from keyroute.core.settings import ZkIdentity, ZkSettings
+from keyroute.core import zk
+from keyroute.core.settings import ZkIdentity, ZkSettings, ZkTls
 from keyroute.core.zk import _merged_acl, layout_acl
+from keyroute.core.zk_tls import ZkTlsError, subject_dn
 
 WRITER = ZkIdentity("writer", "w-pass")
 READER = ZkIdentity("reader", "r-pass")
@@ -116,3 +122,95 @@ def test_cli_errors_and_help_never_show_a_password(capsys: pytest.CaptureFixture
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert "--zk-reader" in err and "--zk-auth" in err and "r-pass" not in err
+
+
+def test_the_cli_reads_zookeeper_tls_options_from_options_and_environment(tmp_path: Path) -> None:
+    env = {"KEYROUTE_ZK_TLS_CA": "/tls/ca.crt", "KEYROUTE_ZK_TLS_CERT": "/tls/tls.crt", "KEYROUTE_ZK_TLS_KEY": ""}
+    args = build_parser(env).parse_args([*NODE_ARGS, "--zk-tls-key", "/tls/tls.key", "--zk-reader-dn", "CN=r"])
+    settings = _zk(args)
+    assert settings.tls == ZkTls(Path("/tls/ca.crt"), Path("/tls/tls.crt"), Path("/tls/tls.key"))
+    assert (settings.reader_dn, settings.auth) == ("CN=r", None)
+    assert _zk(build_parser({}).parse_args(NODE_ARGS)).tls is None
+    router = build_parser({"KEYROUTE_ZK_TLS_CA": "/ca.pem"}).parse_args(["router", "--zk", "zk:2181", "--port", "1"])
+    assert _zk(router).tls == ZkTls(Path("/ca.pem"))
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["--zk-tls-cert", "c.pem", "--zk-tls-key", "k.pem"], "need --zk-tls-ca"),
+        (["--zk-tls-ca", "ca.pem", "--zk-tls-cert", "c.pem"], "go together"),
+        (["--zk-tls-ca", "ca.pem", "--zk-reader-dn", "CN=r"], "need an identity granted ALL"),
+    ],
+)
+def test_zookeeper_tls_options_that_do_not_fit_together_are_usage_errors(
+    extra: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([*NODE_ARGS, *extra], env={})
+    assert exited.value.code == 2
+    assert said in capsys.readouterr().err
+
+
+def test_an_x509_writer_gets_everything_and_its_readers_only_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(zk, "_subject_dn", lambda cert: f"CN={cert.stem}")
+    tls = ZkTls(Path("ca.pem"), Path("writer.pem"), Path("writer.key"))
+    acl = layout_acl(ZkSettings(tls=tls, reader_dn="CN=router", reader=READER))
+    assert [(e.perms, e.id.scheme, e.id.id) for e in acl] == [
+        (Permissions.ALL, "x509", "CN=writer"),
+        (Permissions.READ, "digest", digest("reader", "r-pass")),
+        (Permissions.READ, "x509", "CN=router"),
+    ]
+    # A digest identity comes first: the certificate then only encrypts.
+    both = layout_acl(ZkSettings(auth=WRITER, tls=tls, reader_dn="CN=writer"))
+    assert [(e.perms, e.id.scheme) for e in both] == [(Permissions.ALL, "digest"), (Permissions.READ, "x509")]
+    # Its own DN named as the reader adds nothing.
+    assert len(layout_acl(ZkSettings(tls=tls, reader_dn="CN=writer"))) == 1
+    # A CA alone is no identity: world-open, and no reader may be named.
+    assert layout_acl(ZkSettings(tls=ZkTls(Path("ca.pem")))) == list(OPEN_ACL_UNSAFE)
+    with pytest.raises(ValueError, match="reader"):
+        ZkSettings(tls=ZkTls(Path("ca.pem")), reader_dn="CN=router")
+
+
+def test_subject_dns_are_written_as_java_writes_them(tmp_path: Path) -> None:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name(
+        [
+            x509.RelativeDistinguishedName([x509.NameAttribute(NameOID.DOMAIN_COMPONENT, "example")]),
+            x509.RelativeDistinguishedName([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Acme, Inc.")]),
+            x509.RelativeDistinguishedName([x509.NameAttribute(NameOID.EMAIL_ADDRESS, "ops@example.com")]),
+            x509.RelativeDistinguishedName([x509.NameAttribute(NameOID.COMMON_NAME, " #node=1+a ")]),
+        ]
+    )
+    now = datetime.datetime.now(datetime.UTC)
+    cert = x509.CertificateBuilder(name, name, key.public_key(), x509.random_serial_number(), now, now).sign(
+        key, hashes.SHA256()
+    )
+    path = tmp_path / "c.pem"
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    # Most specific first; , = + # escaped anywhere, spaces at either end; e-mail as OID=#DER (IA5String).
+    assert subject_dn(path) == (
+        "CN=\\ \\#node\\=1\\+a\\ ,1.2.840.113549.1.9.1=#160f6f7073406578616d706c652e636f6d,O=Acme\\, Inc.,DC=example"
+    )
+    path.write_text("not a certificate")
+    with pytest.raises(ZkTlsError, match="not a PEM certificate"):
+        subject_dn(path)
+
+
+@pytest.mark.parametrize("command", [["router", "--port", "1"], ["store", "list"]])
+def test_unusable_zookeeper_tls_files_stop_any_command_in_one_line(
+    command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ran = []
+    monkeypatch.setitem(cli.COMMANDS, command[0], lambda args: ran.append(args) or 0)
+    missing = tmp_path / "ca.pem"
+    assert main([*command, "--zk", "zk:2181", "--zk-tls-ca", str(missing)], env={}) == 1
+    assert not ran  # a router would otherwise start and retry ZooKeeper for ever
+    err = capsys.readouterr().err
+    said = f"keyroute {command[0]}: cannot use the ZooKeeper TLS CA {missing} (--zk-tls-ca): No such file or directory"
+    assert err == said + "\n"

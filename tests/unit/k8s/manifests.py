@@ -64,6 +64,12 @@ def keyroute_containers(objs: list[Obj]) -> Iterator[tuple[Obj, Obj]]:
                 yield w, c
 
 
+def zookeeper_cfg(container: Obj) -> dict[str, str]:
+    """The zoo.cfg entries a ZooKeeper container adds (ZOO_CFG_EXTRA, space-separated key=value)."""
+    env = {e["name"]: e.get("value", "") for e in container["env"]}
+    return dict(entry.split("=", 1) for entry in env.get("ZOO_CFG_EXTRA", "").split())
+
+
 def image_name(image: str) -> str:
     return image.rsplit("/", 1)[-1].split("@")[0].split(":")[0]
 

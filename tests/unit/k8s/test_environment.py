@@ -26,6 +26,7 @@ from tests.unit.k8s.manifests import (
     pods_selected,
     service_dns,
     subcommand,
+    zookeeper_cfg,
 )
 
 
@@ -109,12 +110,18 @@ def test_zookeeper_servers_are_exactly_the_stateful_set_members(objs: list[Obj])
     env = {e["name"]: e.get("value", "") for e in zk["env"]}
     ports = {p["name"]: p["containerPort"] for p in zk["ports"]}
     headless = sts["spec"]["serviceName"]
+    cfg = zookeeper_cfg(zk)
+    # With TLS (components/tls) the client ports are in zoo.cfg: TLS on the container's client port, and
+    # plaintext on the loopback only.
+    client = "" if "secureClientPort" in cfg else f";{ports['client']}"
     expected = [
-        f"server.{i + 1}={sts['metadata']['name']}-{i}.{headless}:{ports['follower']}:{ports['election']};"
-        f"{ports['client']}"
+        f"server.{i + 1}={sts['metadata']['name']}-{i}.{headless}:{ports['follower']}:{ports['election']}{client}"
         for i in range(sts["spec"]["replicas"])
     ]
     assert env["ZOO_SERVERS"].split() == expected
+    if not client:
+        assert int(cfg["secureClientPort"]) == ports["client"]
+        assert cfg["clientPortAddress"] == "127.0.0.1"
     # The ordinal-to-myid script leaves nothing for Kubernetes' own $(VAR) expansion to touch.
     assert all(expand(part, lambda _: "X") == part for part in zk["command"])
 

@@ -15,6 +15,7 @@ from tests.unit.k8s.manifests import (
     keyroute_containers,
     serves_get,
     subcommand,
+    zookeeper_cfg,
 )
 
 
@@ -44,7 +45,9 @@ def test_zookeeper_probes_speak_whitelisted_four_letter_words(objs: list[Obj]) -
     env = {e["name"]: e.get("value", "") for e in zk["env"]}
     whitelist = set(env["ZOO_4LW_COMMANDS_WHITELIST"].split(","))
     assert {"ruok", "srvr"} <= whitelist
-    client = container_port(zk, "client")
+    # The plaintext port: the container's client port, or with TLS (components/tls) the loopback's.
+    cfg = zookeeper_cfg(zk)
+    client = int(cfg["clientPort"]) if "secureClientPort" in cfg else container_port(zk, "client")
     for kind in ("readinessProbe", "livenessProbe"):
         script = zk[kind]["exec"]["command"][-1]
         words = set(re.findall(r"printf (\w{4})", script))

@@ -1,0 +1,384 @@
+"""keyroute.http.tls and the server over HTTPS: contexts, one-line errors, reload on rotation (also by a
+symlink swap, as Kubernetes Secret volumes do), client certificates, plaintext on a TLS port, member roles."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import os
+import socket
+import ssl
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trustme
+
+from keyroute.core.security import ClusterAuth, member_role
+from keyroute.core.settings import TlsSettings
+from keyroute.http import HttpServer
+from keyroute.http.exchange import Exchange
+from keyroute.http.fast_upstream import FastUpstream
+from keyroute.http.tls import (
+    MemberTls,
+    ServerTls,
+    TlsError,
+    describe,
+    member_context,
+    peer_role,
+    server_context,
+)
+from keyroute.http.upstream import UpstreamUnavailable
+from tests.unit.http.harness import Plane, get, starlette_app
+from tests.util import serve_in_thread, wait_for
+
+
+def pair(tmp_path: Path, ca: trustme.CA, name: str, *identities: str) -> TlsSettings:
+    """A certificate for `identities` (127.0.0.1 by default) and its key, written under `tmp_path`."""
+    issued = ca.issue_cert(*(identities or ("127.0.0.1",)))
+    cert, key = tmp_path / f"{name}.crt", tmp_path / f"{name}.key"
+    issued.cert_chain_pems[0].write_to_path(str(cert))
+    issued.private_key_pem.write_to_path(str(key))
+    return TlsSettings(cert=str(cert), key=str(key))
+
+
+def ca_file(tmp_path: Path, ca: trustme.CA, name: str = "ca") -> str:
+    path = tmp_path / f"{name}.pem"
+    ca.cert_pem.write_to_path(str(path))
+    return str(path)
+
+
+def serial_served(port: int, ca_path: str, cert: tuple[str, str] | None = None) -> int:
+    """The serial number of the certificate a new connection to `port` is served."""
+    ctx = ssl.create_default_context(cafile=ca_path)
+    if cert is not None:
+        ctx.load_cert_chain(*cert)
+    with tls_connection(port, ctx) as tls:
+        return int(tls.getpeercert()["serialNumber"], 16)
+
+
+@contextmanager
+def tls_connection(port: int, ctx: ssl.SSLContext) -> Iterator[ssl.SSLSocket]:
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        ctx.wrap_socket(raw, server_hostname="127.0.0.1") as sock,
+    ):
+        yield sock
+
+
+def read_answer(sock: Any) -> bytes:
+    received = b""
+    while b"\r\n\r\n" not in received or not received.endswith(b" "):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        received += chunk
+    return received
+
+
+# -- contexts and their errors --------------------------------------------------------------------------
+
+
+def test_a_server_context_speaks_tls_12_or_later(tmp_path: Path) -> None:
+    ctx = server_context(pair(tmp_path, trustme.CA(), "s"))
+    assert ctx.minimum_version == ssl.TLSVersion.TLSv1_2
+    assert ctx.verify_mode == ssl.CERT_NONE
+
+
+def test_missing_and_unreadable_files_are_one_line(tmp_path: Path) -> None:
+    tls = pair(tmp_path, trustme.CA(), "s")
+    with pytest.raises(TlsError) as missing:
+        server_context(TlsSettings(cert=str(tmp_path / "nope.crt"), key=tls.key))
+    assert str(missing.value) == f"cannot read the TLS certificate {tmp_path / 'nope.crt'}: no such file or directory"
+    with pytest.raises(TlsError) as no_ca:
+        server_context(tls, require_ca=str(tmp_path))
+    assert "client CA file" in str(no_ca.value) and "\n" not in str(no_ca.value)
+
+
+def test_a_key_of_another_certificate_or_a_file_that_is_no_pem_is_refused(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    one, other = pair(tmp_path, ca, "one"), pair(tmp_path, ca, "other")
+    with pytest.raises(TlsError, match="cannot be used together .*key values mismatch"):
+        server_context(TlsSettings(cert=one.cert, key=other.key))
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    with pytest.raises(TlsError, match="cannot be used together"):
+        server_context(TlsSettings(cert=str(junk), key=one.key))
+    with pytest.raises(TlsError, match="holds no PEM certificate"):
+        member_context(TlsSettings(cert=one.cert, key=one.key, member_ca=str(junk)))
+
+
+def test_settings_want_both_files_and_a_certificate_for_a_ca(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="go together"):
+        TlsSettings(cert="a.crt")
+    with pytest.raises(ValueError, match="need --tls-cert"):
+        TlsSettings(member_ca="ca.pem")
+    assert not TlsSettings().enabled
+
+
+def test_describe_names_the_reason_in_a_few_words(tmp_path: Path) -> None:
+    expired = ssl.SSLCertVerificationError(1, "certificate verify failed")
+    expired.verify_message = "certificate has expired"
+    assert describe(expired) == "its certificate has expired"
+    wrong = ssl.SSLCertVerificationError(1, "x")
+    wrong.verify_message = "Hostname mismatch, certificate is not valid for 'n1'."
+    assert describe(wrong).startswith("its certificate is not for this host")
+    selfsigned = ssl.SSLCertVerificationError(1, "x")
+    selfsigned.verify_message = "self-signed certificate"
+    assert "self-signed" in describe(selfsigned)
+    untrusted = ssl.SSLCertVerificationError(1, "x")
+    untrusted.verify_message = "unable to get local issuer certificate"
+    assert describe(untrusted).startswith("its certificate is not from a trusted CA")
+
+
+# -- rotation -----------------------------------------------------------------------------------------
+
+
+def test_a_rotated_pair_is_a_new_context_and_an_invalid_one_keeps_the_previous(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ca = trustme.CA()
+    tls = pair(tmp_path, ca, "s")
+    reloading = ServerTls(tls, name="router")
+    first = reloading.context
+    assert reloading.check() is False  # nothing changed
+    pair(tmp_path, ca, "s")  # same paths, a new certificate and key
+    assert reloading.check() is True
+    second = reloading.context
+    assert second is not first and reloading.listener is first
+    Path(tls.key).write_text("half-written\n")
+    with caplog.at_level(logging.WARNING, logger="keyroute.http.tls"):
+        assert reloading.check() is False
+    assert reloading.context is second
+    lines = [r.getMessage() for r in caplog.records if "keeps its previous TLS certificate" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("router keeps") and "\n" not in lines[0]
+    assert reloading.check() is False  # said once per change, not at every look
+
+
+def test_a_symlink_swap_as_a_secret_volume_makes_is_picked_up(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    for version in ("v1", "v2"):
+        (tmp_path / version).mkdir()
+        pair(tmp_path / version, ca, "tls")
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    os.symlink(tmp_path / "v1", volume / "..data")
+    for name in ("tls.crt", "tls.key"):
+        os.symlink(f"..data/{name}", volume / name)
+    reloading = ServerTls(TlsSettings(cert=str(volume / "tls.crt"), key=str(volume / "tls.key")))
+    first = reloading.context
+    os.symlink(tmp_path / "v2", volume / "..data_tmp")
+    os.replace(volume / "..data_tmp", volume / "..data")  # what the kubelet does: one atomic rename
+    assert reloading.check() is True and reloading.context is not first
+
+
+def test_member_tls_looks_for_a_rotation_at_a_connect_once_its_poll_interval_passed(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    tls = pair(tmp_path, ca, "r", "keyroute-router.r1")
+    tls = TlsSettings(cert=tls.cert, key=tls.key, member_ca=ca_file(tmp_path, ca))
+    now = [100.0]
+    member = MemberTls(tls, "router", poll_s=2.0, clock=lambda: now[0])
+    first = member()
+    pair(tmp_path, ca, "r", "keyroute-router.r1")
+    assert member() is first  # within the interval: not looked at
+    now[0] += 2.0
+    assert member() is not first
+
+
+# -- the server over HTTPS ------------------------------------------------------------------------------
+
+
+def test_the_server_answers_over_https_and_a_plaintext_request_is_closed(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    ca_path = ca_file(tmp_path, ca)
+    server = HttpServer(starlette_app(), data_plane=lambda state: Plane(), tls=pair(tmp_path, ca, "s"))
+    with serve_in_thread(server) as port:
+        ctx = ssl.create_default_context(cafile=ca_path)
+        ctx.set_alpn_protocols(["h2", "http/1.1"])
+        with tls_connection(port, ctx) as sock:
+            assert sock.selected_alpn_protocol() == "http/1.1"
+            assert sock.version() in ("TLSv1.2", "TLSv1.3")
+            sock.sendall(get("/stores/t"))
+            assert read_answer(sock).startswith(b"HTTP/1.1 200 OK\r\n")
+        # Plain HTTP on the TLS port: a TLS alert or nothing, and the connection closed (never a hang).
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as plain:
+            plain.sendall(get("/stores/t"))
+            received = b""
+            while chunk := plain.recv(65536):
+                received += chunk
+        assert received == b"" or received[:1] == b"\x15" or received.startswith(b"HTTP/1.1 400")
+
+
+def test_client_certificates_are_required_with_a_client_ca(tmp_path: Path) -> None:
+    ca, other = trustme.CA(), trustme.CA()
+    ca_path = ca_file(tmp_path, ca)
+    server = HttpServer(
+        starlette_app(), data_plane=lambda state: Plane(), tls=pair(tmp_path, ca, "s"), require_ca=ca_path
+    )
+    good = pair(tmp_path, ca, "client", "client.example")
+    stranger = pair(tmp_path, other, "stranger", "client.example")
+    with serve_in_thread(server) as port:
+        assert serial_served(port, ca_path, (good.cert, good.key)) > 0
+        for cert in (None, (stranger.cert, stranger.key)):
+            assert not answers(port, ca_path, cert)
+        assert answers(port, ca_path, (good.cert, good.key))
+
+
+def answers(port: int, ca_path: str, cert: tuple[str, str] | None) -> bool:
+    """Whether a GET over a new TLS connection (presenting `cert`) is answered."""
+    ctx = ssl.create_default_context(cafile=ca_path)
+    if cert is not None:
+        ctx.load_cert_chain(*cert)
+    try:
+        with tls_connection(port, ctx) as sock:
+            sock.sendall(get("/stores/t"))  # TLS 1.3: a refused certificate shows at the first read
+            return read_answer(sock).startswith(b"HTTP/1.1 200 OK")
+    except (ssl.SSLError, ConnectionError):
+        return False
+
+
+def test_a_rotated_certificate_serves_new_connections_and_keeps_open_ones(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    ca_path = ca_file(tmp_path, ca)
+    tls = pair(tmp_path, ca, "s")
+    server = HttpServer(starlette_app(), data_plane=lambda state: Plane(), tls=tls)
+    with serve_in_thread(server) as port:
+        assert server.tls is not None
+        server.tls.poll_s = 0.05  # the next look at the files comes soon
+        before = serial_served(port, ca_path)
+        ctx = ssl.create_default_context(cafile=ca_path)
+        with tls_connection(port, ctx) as kept:
+            kept.sendall(get("/stores/a"))
+            assert read_answer(kept).startswith(b"HTTP/1.1 200 OK\r\n")
+            pair(tmp_path, ca, "s")  # rotated on disk
+            wait_for(lambda: serial_served(port, ca_path) != before, timeout_s=30, message="the new certificate")
+            kept.sendall(get("/stores/b"))  # the connection opened before the rotation still answers
+            assert read_answer(kept).startswith(b"HTTP/1.1 200 OK\r\n")
+
+
+def test_a_server_whose_files_are_missing_does_not_start(tmp_path: Path) -> None:
+    server = HttpServer(starlette_app(), tls=TlsSettings(cert=str(tmp_path / "a.crt"), key=str(tmp_path / "a.key")))
+    with pytest.raises(TlsError, match="cannot read the TLS certificate"), serve_in_thread(server):
+        pass
+
+
+# -- member roles ---------------------------------------------------------------------------------------
+
+
+def test_member_role_from_dns_or_spiffe_names() -> None:
+    def cert(*names: tuple[str, str]) -> dict[str, Any]:
+        return {"subjectAltName": names}
+
+    assert member_role(cert(("DNS", "n1.example"), ("DNS", "keyroute-node.n1"))) == "node"
+    assert member_role(cert(("DNS", "keyroute-router.r1"))) == "router"
+    assert member_role(cert(("URI", "spiffe://keyroute/node/n1"))) == "node"
+    assert member_role(cert(("URI", "spiffe://keyroute/router/r1"))) == "router"
+    for names in ((("DNS", "keyroute-client.c1"),), (("DNS", "keyroute-node"),), (("URI", "spiffe://other/node/x"),)):
+        assert member_role(cert(*names)) is None
+    assert member_role(None) is None and member_role({}) is None
+
+
+def test_with_member_certificates_the_role_decides_not_the_token() -> None:
+    members = ClusterAuth("secret", certificates=True)
+    assert members.enabled
+    assert members.is_member(None, "node") and members.is_member(None, "router")
+    assert not members.is_member(members.token, None)
+    assert not members.is_member(members.token, "client")
+
+
+# -- the wire between members ---------------------------------------------------------------------------
+
+
+async def member_read(wire_tls: MemberTls, port: int) -> Any:
+    """GET /stores/t from the node on `port` over a new FastUpstream (so a new connection) with `wire_tls`."""
+    wire = FastUpstream(5.0, 5.0, tls=wire_tls)
+    try:
+        return await wire.get(f"https://127.0.0.1:{port}/stores/t", {})
+    finally:
+        await wire.aclose()
+
+
+def test_members_reach_a_tls_node_and_name_its_certificate_when_refused(tmp_path: Path) -> None:
+    ca, rogue = trustme.CA(), trustme.CA()
+    member_ca = ca_file(tmp_path, ca)
+    mine = pair(tmp_path, ca, "router", "keyroute-router.r1")
+    wire_tls = MemberTls(TlsSettings(cert=mine.cert, key=mine.key, member_ca=member_ca), "router")
+    node_tls = pair(tmp_path, ca, "node", "127.0.0.1", "keyroute-node.n1")
+    node = TlsSettings(cert=node_tls.cert, key=node_tls.key, member_ca=member_ca)
+    good = HttpServer(starlette_app(), data_plane=lambda state: Plane(), tls=node, require_ca=member_ca)
+    stranger = HttpServer(
+        starlette_app(), data_plane=lambda state: Plane(), tls=pair(tmp_path, rogue, "rogue", "127.0.0.1")
+    )
+    elsewhere = HttpServer(
+        starlette_app(), data_plane=lambda state: Plane(), tls=pair(tmp_path, ca, "other", "node.example")
+    )
+
+    with serve_in_thread(good) as ok, serve_in_thread(stranger) as bad, serve_in_thread(elsewhere) as wrong:
+        assert asyncio.run(member_read(wire_tls, ok)).status == 200
+        with pytest.raises(UpstreamUnavailable) as untrusted:
+            asyncio.run(member_read(wire_tls, bad))
+        assert str(untrusted.value).startswith(f"TLS with https://127.0.0.1:{bad} failed: its certificate is not")
+        assert "trusted CA" in str(untrusted.value)
+        with pytest.raises(UpstreamUnavailable) as host:
+            asyncio.run(member_read(wire_tls, wrong))
+        assert "its certificate is not for this host" in str(host.value)
+    # Without member TLS settings an https:// node is refused before any connection.
+    with pytest.raises(ValueError, match="no TLS settings were given for members"):
+        asyncio.run(FastUpstream().get("https://127.0.0.1:1/stores/t", {}))
+
+
+def test_an_expired_or_self_signed_node_is_refused_with_its_reason(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    member_ca = ca_file(tmp_path, ca)
+    mine = pair(tmp_path, ca, "router", "keyroute-router.r1")
+    wire_tls = MemberTls(TlsSettings(cert=mine.cert, key=mine.key, member_ca=member_ca), "router")
+    long_ago = datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC)
+    issued = ca.issue_cert("127.0.0.1", not_before=long_ago, not_after=long_ago + datetime.timedelta(days=1))
+    expired = TlsSettings(cert=str(tmp_path / "expired.crt"), key=str(tmp_path / "expired.key"))
+    issued.cert_chain_pems[0].write_to_path(expired.cert)
+    issued.private_key_pem.write_to_path(expired.key)
+    alone = trustme.CA()  # its own certificate: self-signed
+    self_signed = TlsSettings(cert=str(tmp_path / "self.crt"), key=str(tmp_path / "self.key"))
+    alone.cert_pem.write_to_path(self_signed.cert)
+    alone.private_key_pem.write_to_path(self_signed.key)
+
+    for tls, reason in ((expired, "its certificate has expired"), (self_signed, "its certificate is self-signed")):
+        server = HttpServer(starlette_app(), data_plane=lambda state: Plane(), tls=tls)
+        with serve_in_thread(server) as port, pytest.raises(UpstreamUnavailable) as refused:
+            asyncio.run(member_read(wire_tls, port))
+        assert str(refused.value).startswith(f"TLS with https://127.0.0.1:{port} failed: {reason}")
+        assert "\n" not in str(refused.value)
+
+
+class RolePlane(Plane):
+    """Answers with the member role its peer's certificate names (empty: none)."""
+
+    def handle(self, exchange: Exchange) -> None:
+        role = peer_role(exchange._conn._transport) or ""
+        exchange.answer(200, [(b"content-type", b"text/plain")], role.encode())
+
+
+@pytest.mark.parametrize("loop_factory", ["asyncio", "uvloop"])
+def test_a_reconnect_resumes_the_tls_session_and_keeps_the_peers_role(tmp_path: Path, loop_factory: str) -> None:
+    ca = trustme.CA()
+    member_ca = ca_file(tmp_path, ca)
+    mine = pair(tmp_path, ca, "router", "keyroute-router.r1")
+    wire_tls = MemberTls(TlsSettings(cert=mine.cert, key=mine.key, member_ca=member_ca), "router")
+    node = pair(tmp_path, ca, "node", "127.0.0.1")
+    server = HttpServer(
+        starlette_app(),
+        data_plane=lambda state: RolePlane(),
+        tls=TlsSettings(cert=node.cert, key=node.key, member_ca=member_ca),
+        require_ca=member_ca,
+    )
+
+    run = asyncio.run if loop_factory == "asyncio" else pytest.importorskip("uvloop").run
+    with serve_in_thread(server) as port:
+        assert server.tls is not None and server.tls.listener is not None
+        roles = [run(member_read(wire_tls, port)).body for _ in range(3)]  # each a new pool and connection
+        stats = server.tls.listener.session_stats()
+    assert roles == [b"router"] * 3  # a resumed session still names its certificate's role
+    assert stats["accept_good"] == 3 and stats["hits"] == 2
