@@ -37,6 +37,7 @@ import orjson
 
 from keyroute.core.key_format import KeyFormat, KeyFormatError, key_from_data
 from keyroute.core.partitioner import Partitioner, partition_for
+from keyroute.core.schema_registry import env_reference, resolve_env
 from keyroute.core.timeline import INT64_MAX, INT64_MIN, TimelineError, TimeType, parse_time
 
 # Kept in the partition's own LMDB database: `!` sorts before both key tags (`#`, `=`), and no key's
@@ -544,11 +545,6 @@ class RecordReader:
 # --- what a version says about its topic ------------------------------------------------------------------
 
 
-def _env_reference(value: str) -> str | None:
-    match = re.fullmatch(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", value)
-    return None if match is None else match[1]
-
-
 # Consumer settings that carry secrets: a spec must name an environment variable for them (`${NAME}`), so
 # no secret is ever written to a manifest or to ZooKeeper; nodes read the variable when they connect.
 SECRET_SETTINGS = frozenset(
@@ -579,15 +575,10 @@ class LiveConfig:
 
     def consumer_settings(self, environ: Mapping[str, str]) -> dict[str, str]:
         """The client settings, `${NAME}` references resolved from `environ` (LiveSpecError if unset)."""
-        settings: dict[str, str] = {}
-        for name, value in self.kafka.items():
-            ref = _env_reference(value)
-            if ref is not None:
-                if ref not in environ:
-                    raise LiveSpecError(f"kafka setting {name!r} names ${{{ref}}}, which is not set")
-                value = environ[ref]
-            settings[name] = value
-        return settings
+        return {
+            name: resolve_env(f"kafka setting {name!r}", value, environ, LiveSpecError)
+            for name, value in self.kafka.items()
+        }
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -630,7 +621,7 @@ def check_kafka_settings(kafka: Mapping[str, Any]) -> dict[str, str]:
             text = str(value)
         else:
             raise LiveSpecError(f"kafka setting {name!r} must be a string, number or boolean")
-        if name.lower() in SECRET_SETTINGS and _env_reference(text) is None:
+        if name.lower() in SECRET_SETTINGS and env_reference(text) is None:
             raise LiveSpecError(
                 f'kafka setting {name!r} is a secret: write it as "${{ENV_VAR}}" and set that variable on the '
                 "nodes (secrets are never written to manifests or ZooKeeper)"
