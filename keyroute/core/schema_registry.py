@@ -188,17 +188,18 @@ class SchemaFetcher:
         self.latest_ttl_s = latest_ttl_s
         self._clock = clock
         self._lock = threading.Lock()
-        self._by_id: dict[int, Any] = {}
+        self._by_id: dict[tuple[int, str | None], Any] = {}
         self._latest: dict[str, tuple[float, Any]] = {}
 
-    def by_id(self, schema_id: int) -> Any:
-        """The registered schema (confluent-kafka's `Schema`: schema_str, schema_type, references) of an id."""
+    def by_id(self, schema_id: int, fmt: str | None = None) -> Any:
+        """The registered schema (confluent-kafka's `Schema`: schema_str, schema_type, references) of an id;
+        `fmt` asks for a format (Protobuf's "serialized": the descriptor instead of .proto text)."""
         with self._lock:
-            found = self._by_id.get(schema_id)
+            found = self._by_id.get((schema_id, fmt))
         if found is None:
-            found = _classified(lambda: self.client.get_schema(schema_id), f"schema id {schema_id}")
+            found = _classified(lambda: self.client.get_schema(schema_id, fmt=fmt), f"schema id {schema_id}")
             with self._lock:
-                self._by_id[schema_id] = found
+                self._by_id[(schema_id, fmt)] = found
         return found
 
     def latest(self, subject: str) -> Any:
@@ -216,12 +217,14 @@ class SchemaFetcher:
         found = self.version(subject, max(versions))
         with self._lock:
             self._latest[subject] = (now, found)
-            self._by_id.setdefault(found.schema_id, found.schema)
+            self._by_id.setdefault((found.schema_id, None), found.schema)
         return found
 
-    def version(self, subject: str, version: int) -> Any:
-        """One version of `subject` (a `RegisteredSchema`)."""
-        found = _classified(lambda: self.client.get_version(subject, version), f"subject {subject!r} v{version}")
+    def version(self, subject: str, version: int, fmt: str | None = None) -> Any:
+        """One version of `subject` (a `RegisteredSchema`), in format `fmt` (see `by_id`)."""
+        found = _classified(
+            lambda: self.client.get_version(subject, version, fmt=fmt), f"subject {subject!r} v{version}"
+        )
         with self._lock:
-            self._by_id.setdefault(found.schema_id, found.schema)
+            self._by_id.setdefault((found.schema_id, fmt), found.schema)
         return found

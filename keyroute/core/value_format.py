@@ -192,7 +192,8 @@ class ValueDecoder:
                 raise BadRecord(Reason.UNKNOWN_SCHEMA, known[1])
             del self._unknown[schema_id]
         try:
-            schema = self.fetcher.by_id(schema_id)
+            # A registry answers Protobuf schemas as .proto text unless asked for the serialized descriptor.
+            schema = self.fetcher.by_id(schema_id, "serialized" if self.value_format == "protobuf" else None)
             expected = SCHEMA_TYPES[self.value_format]
             if schema.schema_type != expected:
                 raise UnknownSchema(f"schema id {schema_id} is {schema.schema_type}, not {expected}")
@@ -220,7 +221,7 @@ class ValueDecoder:
                 return refuse
         return None
 
-    def _references(self, schema: Any, seen: set[tuple[str, int]]) -> list[Any]:
+    def _references(self, schema: Any, seen: set[tuple[str, int]], fmt: str | None = None) -> list[Any]:
         """The schemas `schema` references, depth first (each before the schemas that use it)."""
         found: list[Any] = []
         for ref in schema.references or ():
@@ -228,8 +229,8 @@ class ValueDecoder:
             if key in seen:
                 continue
             seen.add(key)
-            registered = self.fetcher.version(ref.subject, ref.version)
-            found += self._references(registered.schema, seen)
+            registered = self.fetcher.version(ref.subject, ref.version, fmt)
+            found += self._references(registered.schema, seen, fmt)
             found.append((ref.name, registered.schema))
         return found
 
@@ -306,7 +307,7 @@ class ValueDecoder:
 
         pool = descriptor_pool.DescriptorPool()
         try:
-            for name, referenced in self._references(schema, set()):
+            for name, referenced in self._references(schema, set(), "serialized"):
                 _add_proto(pool, _file_proto(referenced.schema_str, name))
             file = _add_proto(pool, _file_proto(schema.schema_str, f"schema-{schema_id}.proto"))
         except UnknownSchema:

@@ -95,9 +95,9 @@ class CountingFetcher(SchemaFetcher):
 
     asked: list[int]
 
-    def by_id(self, schema_id: int) -> Any:
+    def by_id(self, schema_id: int, fmt: str | None = None) -> Any:
         self.asked.append(schema_id)
-        return super().by_id(schema_id)
+        return super().by_id(schema_id, fmt)
 
 
 @pytest.fixture
@@ -287,3 +287,26 @@ def test_value_format_needs_a_registry_exactly_when_it_is_one() -> None:
         check_value_format("json_schema", None)
     with pytest.raises(ValueError, match="unknown value_format"):
         check_value_format("thrift", None)
+
+
+def test_protobuf_references_are_resolved(client: SchemaRegistryClient, schema_registry: str, topic: str) -> None:
+    F = descriptor_pb2.FieldDescriptorProto
+    money = descriptor_pb2.FileDescriptorProto(name=f"{topic}/money.proto", package="shop", syntax="proto3")
+    cents = money.message_type.add(name="Money")
+    cents.field.add(name="cents", number=1, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
+    order = descriptor_pb2.FileDescriptorProto(name=f"{topic}/order.proto", package="shop", syntax="proto3")
+    order.dependency.append(money.name)
+    message = order.message_type.add(name="Order")
+    message.field.add(name="id", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    message.field.add(name="price", number=2, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL, type_name=".shop.Money")
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(money)
+    pool.Add(order)
+    cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.Order"))
+    data = ProtobufSerializer(cls, client, {"use.deprecated.format": False})(
+        cls(id="o1", price={"cents": 2**33}), SerializationContext(topic, MessageField.VALUE)
+    )
+    registered = client.get_latest_version(f"{topic}-value").schema
+    assert [r.name for r in registered.references] == [money.name]  # the serializer registered the import
+    merge = Merge("latest", "id", order_by="id")
+    assert decoder(schema_registry, "protobuf", merge)[0].decode(data) == {"id": "o1", "price": {"cents": 2**33}}
