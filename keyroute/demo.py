@@ -231,19 +231,8 @@ def run(settings: DemoSettings) -> int:
         for i, port in enumerate(node_ports):
             procs.start(
                 f"node-{i}",
-                [
-                    "node",
-                    "--zk",
-                    zk,
-                    "--node-id",
-                    f"node-{i}",
-                    "--host",
-                    host,
-                    "--port",
-                    str(port),
-                    "--data-dir",
-                    str(work / f"node-{i}"),
-                ],
+                ["node", "--zk", zk, "--node-id", f"node-{i}", "--host", host, "--port", str(port),
+                 "--data-dir", str(work / f"node-{i}")],
             )
         build = subprocess.run(
             _launch(["pipeline", "build", "--spec", str(spec), "--zk", zk, "--output", str(work / "snapshots")]),
@@ -259,12 +248,8 @@ def run(settings: DemoSettings) -> int:
 
         procs.start("router", ["router", "--zk", zk, "--host", host, "--port", str(settings.router_port)])
         router = f"http://{host}:{settings.router_port}"
-        _wait(
-            "the router to have a complete map",
-            lambda: _get(router + "/readyz")[0] == 200,
-            settings.ready_timeout_s,
-            procs,
-        )
+        _wait("the router to have a complete map", lambda: _get(router + "/readyz")[0] == 200,
+              settings.ready_timeout_s, procs)
         _print_banner(router, zk, node_ports, host, work)
         while not procs.dead():
             time.sleep(0.5)

@@ -36,18 +36,8 @@ class DemoProcess:
         self._read_until_up = read_until_up
         self.workdir = workdir
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "keyroute",
-                "demo",
-                "--port",
-                str(self.port),
-                "--workdir",
-                str(workdir),
-                "--events",
-                _EVENTS,
-            ],
+            [sys.executable, "-m", "keyroute", "demo", "--port", str(self.port), "--workdir", str(workdir),
+             "--events", _EVENTS],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
