@@ -26,7 +26,9 @@ from keyroute.core.live import (
     parse_aggregate,
 )
 from keyroute.core.partitioner import Partitioner
+from keyroute.core.schema_registry import RegistrySettings
 from keyroute.core.timeline import Timeline, TimelineError, TimeType, duration_in_units, parse_duration_us
+from keyroute.core.value_format import check_value_format
 from keyroute.pipeline.errors import SpecError
 
 # Store names become ZooKeeper node names and directory names: nothing that needs escaping anywhere.
@@ -73,6 +75,10 @@ class LiveSpec:
     start: str = STARTS[0]
     on_bad_record: str = ON_BAD_RECORD[0]
     catch_up_records: int = DEFAULT_CATCH_UP_RECORDS
+    # How values are written: JSON objects, or a Schema Registry format (then `schema_registry` says where
+    # the registry is; keyroute.core.value_format).
+    value_format: str = "json"
+    schema_registry: RegistrySettings | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +246,16 @@ _FIELDS = (
     "advance",
     "order_by_type",
 )
-_LIVE_FIELDS = ("topic", "bootstrap_servers", "kafka", "start", "on_bad_record", "catch_up_records")
+_LIVE_FIELDS = (
+    "topic",
+    "bootstrap_servers",
+    "kafka",
+    "start",
+    "on_bad_record",
+    "catch_up_records",
+    "value_format",
+    "schema_registry",
+)
 # The snapshot formats a spec may ask for (keyroute.core.snapshot.FORMAT_1, FORMAT_2).
 SNAPSHOT_FORMATS = (1, 2)
 
@@ -526,6 +541,13 @@ def _parse_live(name: str, table: Any, has_source: bool) -> LiveSpec | None:
     catch_up = table.get("catch_up_records", DEFAULT_CATCH_UP_RECORDS)
     if not isinstance(catch_up, int) or isinstance(catch_up, bool) or catch_up < 0:
         raise SpecError(name, f"'live.catch_up_records' must be an integer of at least 0, got {catch_up!r}")
+    value_format = table.get("value_format", "json")
+    registry_table = table.get("schema_registry")
+    try:
+        registry = None if registry_table is None else RegistrySettings.parse(registry_table, "live.schema_registry")
+        check_value_format(value_format, registry)
+    except ValueError as exc:  # RegistrySettingsError, LiveSpecError
+        raise SpecError(name, str(exc)) from None
     return LiveSpec(
         topic=fields.required_text("topic"),
         bootstrap_servers=fields.required_text("bootstrap_servers"),
@@ -533,6 +555,8 @@ def _parse_live(name: str, table: Any, has_source: bool) -> LiveSpec | None:
         start=start,
         on_bad_record=on_bad_record,
         catch_up_records=catch_up,
+        value_format=value_format,
+        schema_registry=registry,
     )
 
 
