@@ -9,9 +9,10 @@ starts no Spark session at all).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from keyroute.core.settings import ZkSettings
 from keyroute.core.snapshot import ArrowLocation, SnapshotError, is_local, local_path
 from keyroute.core.zk import ZkUnavailableError, close, connect
 from keyroute.pipeline.compute import CheckedStore, check_store, compute_store
-from keyroute.pipeline.errors import PipelineError, PublishError
+from keyroute.pipeline.errors import PipelineError, PublishError, SpecError
 from keyroute.pipeline.live import (
     METADATA_TIMEOUT_S,
     check_offsets,
@@ -35,7 +36,7 @@ from keyroute.pipeline.live import (
     start_offsets,
 )
 from keyroute.pipeline.publish import PublishedStore, check_shape, publish, read_published
-from keyroute.pipeline.session import create_session
+from keyroute.pipeline.session import SparkConfError, create_session, restore_conf, set_conf
 from keyroute.pipeline.spark_errors import spark_message
 from keyroute.pipeline.spec import Spec, StoreSpec, load_spec
 from keyroute.pipeline.timeline import timeline_of
@@ -114,10 +115,11 @@ def build(
             if store.live is not None:
                 check_topic(store, kafka.environ, kafka.timeout_s)
                 check_value_schema(store, kafka.environ)
-        needs_spark = spark is None and any(store.source is not None for store in spec.stores)
-        session = _start_spark(master, spark_secret_file) if needs_spark else spark
+        needs_spark = spark is None and any(store.batch for store in spec.stores)
+        session = _start_spark(master, spec, spec_path, spark_secret_file) if needs_spark else spark
         try:
-            written = _write_all(session, spec, output, published, kafka)
+            with _spark_settings(session, spec, spec_path, joined=not needs_spark):
+                written = _write_all(session, spec, output, published, kafka)
         finally:
             if needs_spark and session is not None:
                 session.stop()
@@ -156,14 +158,14 @@ def _write_all(
     # a mistake in its last store fails in the time schema inference takes, not after the other stores.
     checked: dict[str, CheckedStore] = {}
     for store in spec.stores:
-        if store.source is not None:
+        if store.batch:
             assert spark is not None
             checked[store.name] = check_store(spark, store)
     written: list[WrittenVersion] = []
     try:
         for store in spec.stores:
             before = published[store.name]
-            if store.source is None:
+            if not store.batch:
                 written.append(_write_live_only(store, output, before, kafka))
                 continue
             assert spark is not None
@@ -179,7 +181,7 @@ def _write_store(
     spark: SparkSession, checked: CheckedStore, output: str, published: PublishedStore | None, kafka: KafkaAccess
 ) -> WrittenVersion:
     store = checked.spec
-    log.info("store %r: computing from %s", store.name, store.source)
+    log.info("store %r: computing from %s", store.name, store.describe_source())
     computed = compute_store(spark, store, checked)
     try:
         live = None
@@ -221,6 +223,23 @@ def _write_live_only(
     return write_empty_version(store, claimed, live, live_value_columns(store), timeline)
 
 
+@contextlib.contextmanager
+def _spark_settings(session: SparkSession | None, spec: Spec, spec_path: Path, joined: bool) -> Iterator[None]:
+    """While open, a session passed in to the build runs with the spec's `[spark]` settings (put back after);
+    one the build started has them from its start."""
+    if session is None or not joined or not spec.spark.conf:
+        yield
+        return
+    try:
+        previous = set_conf(session, spec.spark.conf)
+    except SparkConfError as exc:
+        raise SpecError(None, f"spec {str(spec_path)!r}: {exc}") from exc
+    try:
+        yield
+    finally:
+        restore_conf(session, previous)
+
+
 def _check_output(spec: Spec, output: str) -> None:
     """The output is a local path, a file:// URI or a URI some pyarrow filesystem writes; format-1 stores
     need a local one (Spark's JSON writer on the driver's filesystem)."""
@@ -251,11 +270,14 @@ def _connect(zk: ZkSettings) -> KazooClient:
         raise PublishError(None, f"cannot publish: {exc}") from exc
 
 
-def _start_spark(master: str | None, secret_file: Path | None = None) -> SparkSession:
+def _start_spark(master: str | None, spec: Spec, spec_path: Path, secret_file: Path | None = None) -> SparkSession:
     try:
         # Spark's own logging and start-up notes only when debugging; a stage progress bar on a terminal.
         quiet = logging.getLogger().getEffectiveLevel() > logging.DEBUG
-        return create_session(master, quiet=quiet, progress=quiet and sys.stderr.isatty(), secret_file=secret_file)
+        progress = quiet and sys.stderr.isatty()
+        return create_session(master, quiet=quiet, progress=progress, conf=spec.spark.conf, secret_file=secret_file)
+    except SparkConfError as exc:
+        raise SpecError(None, f"spec {str(spec_path)!r}: {exc}") from exc
     except OSError as exc:
         raise PipelineError(None, f"cannot read the Spark secret {secret_file}: {exc.strerror or exc}") from exc
     except (PySparkException, RuntimeError) as exc:

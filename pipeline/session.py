@@ -13,11 +13,14 @@ import sys
 import tempfile
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from pyspark.errors import PySparkException
 from pyspark.logger import PySparkLogger
 from pyspark.sql import SparkSession
+
+from keyroute.pipeline.spark_errors import spark_message
 
 DEFAULT_MASTER = "local[*]"
 
@@ -53,6 +56,7 @@ def create_session(
     quiet: bool = True,
     progress: bool = False,
     secret_file: Path | None = None,
+    conf: Mapping[str, str] | None = None,
 ) -> SparkSession:
     """Start (or join) a SparkSession for building stores.
 
@@ -62,7 +66,9 @@ def create_session(
     `quiet`: the driver JVM logs errors only, in one line each, and its launcher's start-up notes are dropped
     (Spark's own logging, WARN and stack traces included, otherwise). `progress`: Spark's console progress
     bar for each stage (for a terminal). `secret_file`: Spark's RPC authenticated and encrypted
-    (`security_conf`).
+    (`security_conf`). `conf`: more settings (a spec's `[spark]` table, which may also name
+    the warehouse directory); a session already running with another value of one it cannot change is
+    refused (SparkConfError), as `set_conf` says.
     """
     master = master or DEFAULT_MASTER
     builder = (
@@ -83,6 +89,11 @@ def create_session(
         builder = builder.config("spark.local.dir", str(local_dir)).config(
             "spark.sql.warehouse.dir", str(local_dir / "warehouse")
         )
+    conf = conf or {}
+    # A session already running in this process is joined, and takes `conf` as a running session does.
+    joined = bool(conf) and SparkSession.getActiveSession() is not None
+    for name, value in {} if joined else conf.items():
+        builder = builder.config(name, value)
     with warnings.catch_warnings():
         # Starting a context imports pyspark.testing, which warns about pandas 3 at import time. The pipeline
         # never goes through pandas (its UDF is Arrow-only), so that warning is noise for our users.
@@ -107,6 +118,8 @@ def create_session(
     # The context's own master: getOrCreate may have returned a session started elsewhere.
     if (session.sparkContext.master or "").startswith("local"):
         session.sparkContext.pythonExec = sys.executable
+    if joined:
+        set_conf(session, conf)
     return session
 
 
@@ -128,6 +141,55 @@ def security_conf(secret_file: Path | None, master: str) -> dict[str, str]:
         path = str(secret_file.resolve())
         return conf | {"spark.authenticate.secret.driver.file": path, "spark.authenticate.secret.executor.file": path}
     return conf | {"spark.authenticate.secret": secret_file.read_text(encoding="utf-8").strip()}
+
+
+class SparkConfError(ValueError):
+    """A setting the running SparkSession has another value of, and cannot change while it runs."""
+
+
+def set_conf(session: SparkSession, conf: Mapping[str, str]) -> dict[str, str | None]:
+    """Set each setting of `conf` the running session has another value of, and return their values before
+    (None: unset). Spark decides which it takes at run time (SQL settings, catalogs: spark.sql.catalog.NAME
+    and its options, spark.hadoop.*); one it cannot change (static SQL settings such as the warehouse or the
+    catalog implementation, the context's such as spark.jars) is SparkConfError, with nothing changed."""
+    previous: dict[str, str | None] = {}
+    for name, value in conf.items():
+        current = session.conf.get(name, None)
+        if _same(current, value):
+            continue
+        try:
+            session.conf.set(name, value)
+        except PySparkException as exc:
+            restore_conf(session, previous)
+            reason = spark_message(exc)
+            if (exc.getCondition() or "").startswith("CANNOT_MODIFY"):
+                running = "without it" if current is None else f"with {current!r}"
+                reason = f"the Spark session already runs {running}, and Spark cannot change it in a running session"
+            raise SparkConfError(f"[spark] {name!r} = {value!r}: {reason}") from exc
+        previous[name] = current
+    return previous
+
+
+def restore_conf(session: SparkSession, previous: Mapping[str, str | None]) -> None:
+    """Put back the settings `set_conf` changed, as it returned them."""
+    for name, value in previous.items():
+        if value is None:
+            session.conf.unset(name)
+        else:
+            session.conf.set(name, value)
+
+
+def _same(current: str | None, wanted: str) -> bool:
+    """Whether a setting's value is the wanted one; a local path and its file: URI are the same."""
+    if current is None:
+        return False
+    return _as_path(current) == _as_path(wanted)
+
+
+def _as_path(value: str) -> str:
+    if value.startswith("file:"):
+        value = "/" + value[len("file:") :].lstrip("/")
+    return value.rstrip("/") or value
 
 
 @contextlib.contextmanager

@@ -1,12 +1,14 @@
 """A store's source in Spark: reading it, and the columns the spec names in it, checked and typed.
 
-Every column the spec names must exist, spelled exactly; the Kafka partition and offset columns of a topic's
+A source is files (json, csv, parquet, orc), a table of the session's catalog or a Spark SQL query. Every
+column the spec names must exist, spelled exactly; the Kafka partition and offset columns of a topic's
 archive must hold integers.
 """
 
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 
 from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -22,34 +24,51 @@ INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 
 
 def read_source(spark: SparkSession, store: StoreSpec) -> DataFrame:
-    """The store's source as Spark reads it; DataError when it is missing, unreadable or holds no data."""
-    frame = _read(spark, store)
+    """The store's batch part as Spark reads it: `source` files, a `source_table` of the session's catalog or
+    the result of `source_sql`. DataError, naming Spark's reason in one line, when it is missing, unreadable
+    or holds no data."""
+    if store.source_table is not None:
+        frame = _read_catalog(store, lambda: spark.table(store.source_table))
+    elif store.source_sql is not None:
+        frame = _read_catalog(store, lambda: _query(spark, store.source_sql))
+    else:
+        frame = _read(spark, store)
     if not frame.columns:  # only empty files: Spark infers a schema of no columns rather than failing
         raise DataError(store.name, _no_data(store))
     return frame
 
 
+def _query(spark: SparkSession, sql: str) -> DataFrame:
+    """The query's result, analysed but not run. Only a query is taken: Spark's parser is asked for one first,
+    since `spark.sql` runs any other statement (DROP TABLE, INSERT) at once. A trailing ';' is dropped."""
+    sql = sql.rstrip().removesuffix(";")
+    spark._jsparkSession.sessionState().sqlParser().parseQuery(sql)  # ParseException for any other statement
+    return spark.sql(sql)
+
+
+def _read_catalog(store: StoreSpec, read: Callable[[], DataFrame]) -> DataFrame:
+    """A table or query's result; its analysis (no job) finds a missing table or column and bad SQL."""
+    try:
+        return read()
+    except PySparkException as exc:
+        raise DataError(store.name, f"cannot read {store.describe_source()}: {spark_message(exc)}") from exc
+
+
 def _no_data(store: StoreSpec) -> str:
+    if store.format is None:
+        return f"{store.describe_source()} has no columns"
     return f"source {store.source!r} holds no {store.format.value} data (no files, or only empty ones)"
 
 
 def _read(spark: SparkSession, store: StoreSpec) -> DataFrame:
+    assert store.source is not None and store.format is not None
     try:
-        if store.format is SourceFormat.JSON:
-            return spark.read.json(store.source, mode="FAILFAST")
         if store.format is SourceFormat.CSV:
-            inferred = spark.read.csv(store.source, header=True, inferSchema=True, mode="FAILFAST")
-            if store.key not in inferred.columns:
-                return inferred
-            # Inference would turn key "007" into 7: the key column is read as written, and checked later.
-            schema = T.StructType(
-                [
-                    T.StructField(f.name, T.StringType(), True) if f.name == store.key else f
-                    for f in inferred.schema.fields
-                ]
-            )
-            return spark.read.schema(schema).csv(store.source, header=True, mode="FAILFAST")
-        return spark.read.parquet(store.source)
+            return _read_csv(spark, store)
+        options = dict(store.options)
+        if store.format is SourceFormat.JSON:
+            options = {"mode": "FAILFAST", **options}
+        return spark.read.format(store.format.value).options(**options).load(store.source)
     except PySparkException as exc:
         condition = exc.getCondition()
         if condition == "PATH_NOT_FOUND":
@@ -59,6 +78,18 @@ def _read(spark: SparkSession, store: StoreSpec) -> DataFrame:
         raise DataError(
             store.name, f"cannot read {store.format.value} source {store.source!r}: {spark_message(exc)}"
         ) from exc
+
+
+def _read_csv(spark: SparkSession, store: StoreSpec) -> DataFrame:
+    options = {"header": "true", "inferSchema": "true", "mode": "FAILFAST", **store.options}
+    inferred = spark.read.options(**options).csv(store.source)
+    if store.key not in inferred.columns:
+        return inferred
+    # Inference would turn key "007" into 7: the key column is read as written, and checked later.
+    schema = T.StructType(
+        [T.StructField(f.name, T.StringType(), True) if f.name == store.key else f for f in inferred.schema.fields]
+    )
+    return spark.read.schema(schema).options(**options).csv(store.source)
 
 
 def value_columns_of(store: StoreSpec, available: list[str]) -> tuple[str, ...]:

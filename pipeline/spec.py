@@ -45,6 +45,7 @@ class SourceFormat(enum.StrEnum):
     JSON = "json"  # JSON lines
     CSV = "csv"  # with a header line
     PARQUET = "parquet"
+    ORC = "orc"
 
 
 class Mode(enum.StrEnum):
@@ -85,8 +86,10 @@ class LiveSpec:
 class StoreSpec:
     """One store as the spec describes it; `source` is absolute (or a URI) once parsed.
 
-    A store has a `source` (a batch store; with `live`, a hybrid one), or only `live` (then `source` and
-    `format` are None and every version starts empty).
+    A store has a batch part (a batch store; with `live`, a hybrid one) read from one of `source` (files in
+    `format`, read with the reader `options`), `source_table` (a table of the Spark session's catalog) or
+    `source_sql` (a Spark SQL query), or only `live` (then all three are None and every version starts
+    empty).
     """
 
     name: str
@@ -95,6 +98,10 @@ class StoreSpec:
     key: str
     partitions: int
     mode: Mode
+    source_table: str | None = None
+    source_sql: str | None = None
+    # Spark reader options for `source`, as the text Spark takes (`header = true` is "true").
+    options: Mapping[str, str] = field(default_factory=dict)
     key_format: KeyFormat = KeyFormat.STRING
     partitioner: Partitioner = Partitioner.MURMUR2
     replication_factor: int = 1
@@ -118,6 +125,19 @@ class StoreSpec:
     advance: str | None = None
     # A history store's time type when no source tells it (a live history store without `source`).
     order_by_type: TimeType | None = None
+
+    @property
+    def batch(self) -> bool:
+        """Whether the store has a batch part to read with Spark (else it is a live store without one)."""
+        return self.source is not None or self.source_table is not None or self.source_sql is not None
+
+    def describe_source(self) -> str:
+        """The batch part as messages name it: "source '/data/x'", "source_table 'db.t'" or "source_sql"."""
+        if self.source_table is not None:
+            return f"source_table {self.source_table!r}"
+        if self.source_sql is not None:
+            return "source_sql"
+        return f"source {self.source!r}"
 
     def merge(self, value_columns: tuple[str, ...] | None = None, timeline: Timeline | None = None) -> Merge:
         """How the live topic's records fold into this store's values (keyroute.core.live), keeping
@@ -213,10 +233,20 @@ def _duration_field(name: str, field_name: str, value: Any) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
+class SparkSpec:
+    """The spec's `[spark]` table: Spark settings (`spark.*` names, text values) the build's SparkSession runs
+    with, such as the catalogs `source_table` and `source_sql` read (keyroute.pipeline.session applies
+    them). A relative `spark.sql.warehouse.dir` is taken relative to the spec file."""
+
+    conf: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class Spec:
-    """Every store of one spec file, in the order the file lists them."""
+    """Every store of one spec file, in the order the file lists them, and the Spark settings they need."""
 
     stores: tuple[StoreSpec, ...]
+    spark: SparkSpec = field(default_factory=SparkSpec)
 
     def store(self, name: str) -> StoreSpec:
         for store in self.stores:
@@ -227,7 +257,10 @@ class Spec:
 
 _FIELDS = (
     "source",
+    "source_table",
+    "source_sql",
     "format",
+    "options",
     "key",
     "key_format",
     "partitions",
@@ -258,6 +291,14 @@ _LIVE_FIELDS = (
 )
 # The snapshot formats a spec may ask for (keyroute.core.snapshot.FORMAT_1, FORMAT_2).
 SNAPSHOT_FORMATS = (1, 2)
+# Where a store's batch part is read from: exactly one of these, or none for a live-only store.
+_SOURCE_FIELDS = ("source", "source_table", "source_sql")
+# Spark settings keyroute decides itself: the master is the CLI's --master, and times are read in UTC.
+_FIXED_SPARK = {
+    "spark.master": "use the --master option",
+    "spark.sql.session.timeZone": "keyroute reads and writes times in UTC",
+}
+_WAREHOUSE_DIR = "spark.sql.warehouse.dir"
 
 
 def load_spec(path: Path) -> Spec:
@@ -329,16 +370,63 @@ def unknown_field(name: str, known: tuple[str, ...], prefix: str = "") -> str:
 
 def parse_spec(doc: Mapping[str, Any], base_dir: Path, origin: str = "spec") -> Spec:
     """Check a decoded spec document; `base_dir` anchors relative source paths."""
-    unknown = sorted(set(doc) - {"stores"})
+    unknown = sorted(set(doc) - {"stores", "spark"})
     if unknown:
-        hint = " (did you mean 'stores'?)" if did_you_mean(unknown[0], ("stores",)) else ""
+        near = did_you_mean(unknown[0], ("stores", "spark"))
+        hint = f" (did you mean {near!r}?)" if near else ""
         raise SpecError(
-            None, f"spec {origin!r}: unknown top-level key {unknown[0]!r}{hint} (only [stores.NAME] tables)"
+            None,
+            f"spec {origin!r}: unknown top-level key {unknown[0]!r}{hint} (only [spark] and [stores.NAME] tables)",
         )
     stores = doc.get("stores")
     if not isinstance(stores, dict) or not stores:
         raise SpecError(None, f"spec {origin!r}: defines no stores (expected at least one [stores.NAME] table)")
-    return Spec(stores=tuple(_parse_store(name, table, base_dir) for name, table in stores.items()))
+    return Spec(
+        stores=tuple(_parse_store(name, table, base_dir) for name, table in stores.items()),
+        spark=_parse_spark(doc.get("spark", {}), base_dir, origin),
+    )
+
+
+def _parse_spark(table: Any, base_dir: Path, origin: str) -> SparkSpec:
+    """The `[spark]` table: `spark.*` settings with text, boolean or number values. Dotted names may be
+    quoted (`"spark.sql.warehouse.dir" = ...`) or nested tables (TOML's unquoted dotted keys): both are read
+    as the dotted name."""
+    if not isinstance(table, dict):
+        raise SpecError(None, f"spec {origin!r}: 'spark' must be a table ([spark]) of Spark settings, got {table!r}")
+    conf: dict[str, str] = {}
+    for name, value in _flattened(table):
+        what = f"spec {origin!r}: [spark] {name!r}"
+        if not name.startswith("spark."):
+            raise SpecError(None, f"{what}: Spark settings are named spark.* (e.g. 'spark.sql.warehouse.dir')")
+        if name in _FIXED_SPARK:
+            raise SpecError(None, f"{what} cannot be set in a spec: {_FIXED_SPARK[name]}")
+        if name in conf:
+            raise SpecError(None, f"{what} is set twice (once quoted, once as dotted keys)")
+        text = setting_text(value)
+        if text is None:
+            raise SpecError(None, f"{what} must be a string, boolean or number, got {value!r}")
+        if name == _WAREHOUSE_DIR:
+            text = _resolve_source(text, base_dir)
+        conf[name] = text
+    return SparkSpec(conf)
+
+
+def _flattened(table: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
+    for name, value in table.items():
+        if isinstance(value, dict) and value:
+            yield from _flattened(value, f"{prefix}{name}.")
+        else:
+            yield prefix + name, value
+
+
+def setting_text(value: Any) -> str | None:
+    """A TOML value as the text Spark takes for a setting or reader option (true, 10, 0.5, "x"); None for
+    a value of another type (an array, a table, a date)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float | str):
+        return str(value)
+    return None
 
 
 def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
@@ -360,19 +448,34 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
     if source_partition_column == key:
         raise SpecError(name, f"'source_partition_column' names the key column {key!r}")
     source = fields.text("source")
-    live = _parse_live(name, table.get("live"), has_source=source is not None)
-    if source is None and live is None:
-        raise SpecError(name, "missing required field 'source' (or a [stores.NAME.live] table: a live store)")
+    source_table = fields.text("source_table")
+    source_sql = fields.text("source_sql")
+    given = [f for f, v in zip(_SOURCE_FIELDS, (source, source_table, source_sql), strict=True) if v is not None]
+    if len(given) > 1:
+        raise SpecError(
+            name, f"give one of 'source', 'source_table' or 'source_sql', not both {given[0]!r} and {given[1]!r}"
+        )
+    batch = bool(given)
+    live = _parse_live(name, table.get("live"), has_source=batch)
+    if not batch and live is None:
+        raise SpecError(
+            name,
+            "missing required field 'source' (or 'source_table', 'source_sql', or a [stores.NAME.live] table: "
+            "a live store)",
+        )
     source_format = fields.choice("format", SourceFormat, required=source is not None)
     if source is None and source_format is not None:
-        raise SpecError(name, "'format' describes 'source', which a live store without 'source' does not have")
+        raise SpecError(name, _only_for_files("format", given))
+    options = fields.options()
+    if source is None and options:
+        raise SpecError(name, _only_for_files("options", given))
     source_offset_column = fields.text("source_offset_column")
     snapshot_format = fields.snapshot_format()
     retention = _parse_retention(name, table.get("retention"))
     order_by_type = fields.choice("order_by_type", TimeType)
     if order_by_type is not None and not mode.timeline:
         raise SpecError(name, "'order_by_type' only applies to modes 'history' and 'windowed'")
-    if mode.timeline and live is not None and source is None and order_by_type is None:
+    if mode.timeline and live is not None and not batch and order_by_type is None:
         raise SpecError(
             name,
             f"a live {mode.value} store without 'source' needs 'order_by_type' (timestamp, date or integer): "
@@ -389,7 +492,7 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
     if retention is not None and not mode.timeline:
         raise SpecError(name, "'retention' only applies to modes 'history' and 'windowed'")
     if mode.timeline:
-        _check_timeline_store(name, mode, key, order_by, columns, aggregations, snapshot_format, live, source)
+        _check_timeline_store(name, mode, key, order_by, columns, aggregations, snapshot_format, live, batch)
         if mode is Mode.WINDOWED and window is None:
             raise SpecError(name, "mode 'windowed' needs 'window' (a duration such as \"5 minutes\")")
     elif mode is Mode.LATEST:
@@ -415,12 +518,15 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
         )
     if live is not None:
         _check_live_store(name, mode, aggregations or {}, snapshot_format)
-    _check_offset_column(name, key, source, live, source_partition_column, source_offset_column)
+    _check_offset_column(name, key, batch, live, source_partition_column, source_offset_column)
 
     return StoreSpec(
         name=name,
         source=None if source is None else _resolve_source(source, base_dir),
         format=source_format,
+        source_table=source_table,
+        source_sql=source_sql,
+        options=options,
         key=key,
         key_format=fields.parsed("key_format", KeyFormat.parse, KeyFormat.STRING),
         partitions=fields.count("partitions", required=True, maximum=_MAX_PARTITIONS),
@@ -469,11 +575,11 @@ def _check_timeline_store(
     aggregations: Mapping[str, str] | None,
     snapshot_format: int,
     live: LiveSpec | None,
-    source: str | None = None,
+    batch: bool = False,
 ) -> None:
     """What a history or windowed store needs: a time column (`order_by`), format-2 versions, and (windowed)
     aggregations or (history) value columns. A live windowed store's aggregations merge one record at a time;
-    with a `source` too they keep no merge state (its batch windows carry none)."""
+    with a batch part too they keep no merge state (its batch windows carry none)."""
     what = f"mode {mode.value!r}"
     if order_by is None:
         raise SpecError(name, f"{what} needs 'order_by' (the time column its entries are ordered and queried by)")
@@ -498,7 +604,7 @@ def _check_timeline_store(
                 aggregate = parse_aggregate(agg_name, expr)
             except LiveSpecError as exc:
                 raise SpecError(name, f"'aggregations': {exc}") from None
-            if source is not None and aggregate.has_state:
+            if batch and aggregate.has_state:
                 raise SpecError(
                     name,
                     f"aggregation {agg_name!r} = {expr!r}: a windowed store with both 'source' and 'live' "
@@ -580,14 +686,14 @@ def _check_live_store(name: str, mode: Mode, aggregations: Mapping[str, str], sn
 def _check_offset_column(
     name: str,
     key: str,
-    source: str | None,
+    batch: bool,
     live: LiveSpec | None,
     partition_column: str | None,
     offset_column: str | None,
 ) -> None:
     """A hybrid store's source carries each record's Kafka partition and offset; nothing else has offsets."""
     if offset_column is None:
-        if live is not None and source is not None:
+        if live is not None and batch:
             raise SpecError(
                 name,
                 "a live store with 'source' (the topic's archive) needs 'source_offset_column' and "
@@ -597,7 +703,7 @@ def _check_offset_column(
         return
     if live is None:
         raise SpecError(name, "'source_offset_column' only applies to a live store ([stores.NAME.live])")
-    if source is None:
+    if not batch:
         raise SpecError(name, "'source_offset_column' names a column of 'source', which this store does not have")
     if partition_column is None:
         raise SpecError(
@@ -607,6 +713,14 @@ def _check_offset_column(
         raise SpecError(name, f"'source_offset_column' names the key column {key!r}")
     if offset_column == partition_column:
         raise SpecError(name, f"'source_offset_column' and 'source_partition_column' both name {offset_column!r}")
+
+
+def _only_for_files(field_name: str, given: list[str]) -> str:
+    """Why `field_name` (format, options) does not apply to a store whose batch part is `given` (a table, a
+    query, or nothing)."""
+    if given:
+        return f"{field_name!r} describes the files of 'source'; a store read from {given[0]!r} takes none"
+    return f"{field_name!r} describes 'source', which a live store without 'source' does not have"
 
 
 def _resolve_source(source: str, base_dir: Path) -> str:
@@ -680,6 +794,23 @@ class _Fields:
             allowed = " or ".join(str(v) for v in SNAPSHOT_FORMATS)
             raise SpecError(self.store, f"'snapshot_format' must be {allowed}, got {value!r}")
         return int(value)
+
+    def options(self) -> dict[str, str]:
+        """The `options` table: Spark reader options, each value as the text Spark takes."""
+        value = self.table.get("options", {})
+        if not isinstance(value, dict):
+            raise SpecError(self.store, f"'options' must be a table of Spark reader options, got {value!r}")
+        options = {}
+        for option, given in value.items():
+            text = setting_text(given)
+            if text is None:
+                raise SpecError(
+                    self.store,
+                    f"'options.{option}' must be a string, boolean or number (the text Spark's reader takes), "
+                    f"got {given!r}",
+                )
+            options[option] = text
+        return options
 
     def names(self, name: str) -> tuple[str, ...] | None:
         value = self.table.get(name)

@@ -187,7 +187,8 @@ def test_aggregate_store(tmp_path: Path) -> None:
         (
             LATEST,
             {"source": ""},
-            "missing required field 'source' (or a [stores.NAME.live] table: a live store)",
+            "missing required field 'source' (or 'source_table', 'source_sql', or a [stores.NAME.live] table: "
+            "a live store)",
         ),
         (LATEST, {"format": ""}, "missing required field 'format'"),
         (LATEST, {"partitions": ""}, "missing required field 'partitions'"),
@@ -202,7 +203,7 @@ def test_aggregate_store(tmp_path: Path) -> None:
             {"key_format": '"long"'},
             "unknown key format 'long' (expected one of: string, int16, int32, int64, uuid, bytes)",
         ),
-        (LATEST, {"format": '"xml"'}, "unknown format 'xml' (expected one of: json, csv, parquet)"),
+        (LATEST, {"format": '"xml"'}, "unknown format 'xml' (expected one of: json, csv, parquet, orc)"),
         (LATEST, {"mode": '"sum"'}, "unknown mode 'sum' (expected one of: latest, aggregate, history, windowed)"),
         (
             LATEST,
@@ -304,7 +305,10 @@ def test_an_unknown_field_close_to_a_known_one_says_which(tmp_path: Path, typo: 
 @pytest.mark.parametrize("unknown", ["bucket", "tags"])
 def test_an_unknown_field_like_no_known_one_lists_them_all(tmp_path: Path, unknown: str) -> None:
     err = spec_error(tmp_path, LATEST + f'{unknown} = "x"\n')
-    expected = f"store 'bookings': unknown field {unknown!r} (expected some of: source, format, key,"
+    expected = (
+        f"store 'bookings': unknown field {unknown!r} (expected some of: source, source_table, source_sql, format, "
+        "options, key,"
+    )
     assert str(err).startswith(expected)
     assert str(err).endswith("order_by_type)")
 
@@ -373,4 +377,4 @@ def test_unknown_top_level_key(tmp_path: Path) -> None:
     err = spec_error(tmp_path, 'store = "x"\n' + LATEST)
     assert "unknown top-level key 'store' (did you mean 'stores'?)" in str(err)
     err = spec_error(tmp_path, 'output = "x"\n' + LATEST)
-    assert "unknown top-level key 'output' (only [stores.NAME] tables)" in str(err)
+    assert "unknown top-level key 'output' (only [spark] and [stores.NAME] tables)" in str(err)

@@ -211,7 +211,8 @@ def test_batch_stores_have_no_live_part(tmp_path: Path) -> None:
         # a source or a live table
         (
             changed(LATEST_LIVE, live=None),
-            "missing required field 'source' (or a [stores.NAME.live] table: a live store)",
+            "missing required field 'source' (or 'source_table', 'source_sql', or a [stores.NAME.live] table: "
+            "a live store)",
         ),
         (
             changed(LATEST_LIVE, format="json"),
