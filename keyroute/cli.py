@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -172,6 +173,7 @@ def _number(
 _non_negative_float = _number(float, "a number", lambda v: 0 <= v < float("inf"), "expected a number from 0 up")
 _positive_int = _number(int, "a whole number", lambda v: v >= 1, "expected at least 1")
 _positive_float = _number(float, "a number", lambda v: 0 < v < float("inf"), "expected a number above 0")
+_port = _number(int, "a port number", lambda v: 0 < v < 65536, "a port is between 1 and 65535")
 _percent = _number(float, "a percentage", lambda v: 0 <= v <= 100, "a percentage is between 0 and 100")
 
 
@@ -546,13 +548,22 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p.option(demo, "--workdir", type=Path, default=Path(".keyroute-demo"), help="where the demo keeps its files")
     p.option(demo, "--events", type=int, default=120_000, help="sample events per store")
 
+    registry = sub.add_parser(
+        "schema-registry",
+        help="run a development Schema Registry (the REST API subset confluent-kafka's clients use; not for "
+        "production)",
+    )
+    p.option(registry, "--port", type=_port, default=8081, help="port to listen on")
+    p.option(registry, "--host", default="127.0.0.1", help="address to listen on")
+    p.option(registry, "--data", type=Path, help="a JSON file the registry keeps its schemas in (default: memory)")
+
     part = sub.add_parser("partition", help="print the partition of each key (arguments or stdin lines)")
     p.option(part, "--partitions", type=int, required=True, help="number of partitions of the topic/store")
     p.option(part, "--partitioner", default="murmur2", help="murmur2 | crc32 | fnv1a")
     p.option(part, "--key-format", default="string", help="string | int16 | int32 | int64 | uuid | bytes")
     part.add_argument("keys", nargs="*", metavar="KEY", help="keys; when none are given, one per stdin line")
     # The logging options are taken after the command too (`keyroute node --log-level DEBUG ...`).
-    for leaf in (zk, build, node, router, listing, roll, zone, demo, part, zk_dump, zk_restore):
+    for leaf in (zk, build, node, router, listing, roll, zone, demo, registry, part, zk_dump, zk_restore):
         leaf.add_argument("--log-level", default=argparse.SUPPRESS, help="as before the command")
         leaf.add_argument("--log-format", default=argparse.SUPPRESS, choices=FORMATS, help="as before the command")
     return parser
@@ -671,6 +682,24 @@ def cmd_zookeeper(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     os.execv(argv[0], argv)  # the JVM takes over this process: signals reach ZooKeeper directly
     return 0  # pragma: no cover
+
+
+def cmd_schema_registry(args: argparse.Namespace) -> int:
+    from keyroute.schema_registry_dev import Registry, serve
+
+    try:
+        with socket.create_server((args.host, args.port)):
+            pass
+    except OSError as exc:
+        print(f"keyroute schema-registry: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
+        return 1
+    try:
+        Registry(args.data)  # a data file that does not load is a usage error, not a traceback
+    except ValueError as exc:
+        print(f"keyroute schema-registry: {exc}", file=sys.stderr)
+        return 1
+    serve(args.host, args.port, args.data)
+    return 0
 
 
 def _zk(args: argparse.Namespace) -> ZkSettings:
@@ -1014,6 +1043,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "router": cmd_router,
     "demo": cmd_demo,
     "partition": cmd_partition,
+    "schema-registry": cmd_schema_registry,
     "cluster": cmd_cluster,
     "zk": cmd_zk,
     "node-drain": cmd_node_drain,

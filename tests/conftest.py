@@ -13,7 +13,7 @@ import pytest
 from keyroute.core.settings import ZkSettings
 from keyroute.core.zookeeper_server import EmbeddedZooKeeper
 from keyroute.kafka_mock import MockKafka
-from tests.util import free_port
+from tests.util import Proc, free_port, wait_for
 
 
 @pytest.fixture(autouse=True)
@@ -92,3 +92,25 @@ def s3_bucket(s3_server):  # type: ignore[no-untyped-def]
     from tests.integration.s3 import new_bucket
 
     return new_bucket(s3_server)
+
+
+@pytest.fixture(scope="session")
+def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One development Schema Registry for the session (keyroute.schema_registry_dev, `keyroute schema-registry`)
+    as a process on 127.0.0.1; yields its URL. Tests register under subjects of their own (e.g. the topic
+    from `kafka_topic`), never share one."""
+    import httpx
+
+    port = free_port()
+    proc = Proc(["schema-registry", "--port", str(port)], tmp_path_factory.mktemp("schema-registry") / "log").start()
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        assert proc.alive, proc.output()
+        return httpx.get(f"{url}/subjects", timeout=2).status_code == 200
+
+    try:
+        wait_for(up, timeout_s=30, message="the schema registry to answer")
+        yield url
+    finally:
+        proc.stop()
