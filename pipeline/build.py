@@ -9,6 +9,7 @@ starts no Spark session at all).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from collections.abc import Mapping
@@ -20,11 +21,12 @@ from kazoo.client import KazooClient
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
+from keyroute.core.key_schema import KeySchemaLookupError, fetch_key_schema
 from keyroute.core.settings import ZkSettings
 from keyroute.core.snapshot import ArrowLocation, SnapshotError, is_local, local_path
 from keyroute.core.zk import ZkUnavailableError, close, connect
 from keyroute.pipeline.compute import CheckedStore, check_store, compute_store
-from keyroute.pipeline.errors import PipelineError, PublishError
+from keyroute.pipeline.errors import PipelineError, PublishError, SpecError
 from keyroute.pipeline.live import (
     METADATA_TIMEOUT_S,
     check_offsets,
@@ -99,7 +101,7 @@ def build(
     passed in is left running; one created here (on `master`, default local[*]) is stopped before
     returning. `kafka` says how to reach live stores' clusters (default: no environment variables).
     """
-    spec = load_spec(spec_path)
+    spec = with_key_schemas(load_spec(spec_path))
     _check_output(spec, output)
     kafka = KafkaAccess({}) if kafka is None else kafka
     client = _connect(zk)
@@ -215,6 +217,28 @@ def _write_live_only(
         timeline = timeline_of(store, store.order_by_type)
     live = live_config(store, offsets, None, timeline)
     return write_empty_version(store, claimed, live, live_value_columns(store), timeline)
+
+
+def with_key_schemas(spec: Spec) -> Spec:
+    """`spec` with every Schema Registry key schema resolved (id and text, from the store's registry), so the
+    build serializes keys as the producer does and the store's record carries the schema to readers."""
+    stores = []
+    for store in spec.stores:
+        if store.key_format.registered and store.key_schema is None:
+            assert store.schema_registry is not None  # the spec requires it
+            try:
+                schema = fetch_key_schema(
+                    store.key_format,
+                    str(store.schema_registry["url"]),
+                    store.key_subject,
+                    store.key_schema_id,
+                    store.key_message,
+                )
+            except KeySchemaLookupError as exc:
+                raise SpecError(store.name, str(exc)) from None
+            store = dataclasses.replace(store, key_schema=schema)
+        stores.append(store)
+    return dataclasses.replace(spec, stores=tuple(stores))
 
 
 def _check_output(spec: Spec, output: str) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from keyroute.core.key_format import KeyFormat
+from keyroute.core.key_schema import KeySchema
 from keyroute.core.live import (
     DEFAULT_CATCH_UP_RECORDS,
     ON_BAD_RECORD,
@@ -112,6 +113,16 @@ class StoreSpec:
     advance: str | None = None
     # A history store's time type when no source tells it (a live history store without `source`).
     order_by_type: TimeType | None = None
+    # Schema Registry keys (key_format avro/protobuf/json_schema): the subject whose latest schema, or the
+    # schema id, the producer serializes keys with; `key_message` names a Protobuf key's message type.
+    key_subject: str | None = None
+    key_schema_id: int | None = None
+    key_message: str = ""
+    # The store's `schema_registry` table (`url`, ...) as written; the registry the build resolves the key
+    # schema from.
+    schema_registry: Mapping[str, Any] | None = None
+    # The key schema as the build resolved it (id and text), recorded in the store's record: None until then.
+    key_schema: KeySchema | None = None
 
     def merge(self, value_columns: tuple[str, ...] | None = None, timeline: Timeline | None = None) -> Merge:
         """How the live topic's records fold into this store's values (keyroute.core.live), keeping
@@ -239,6 +250,10 @@ _FIELDS = (
     "window",
     "advance",
     "order_by_type",
+    "key_subject",
+    "key_schema_id",
+    "key_message",
+    "schema_registry",
 )
 _LIVE_FIELDS = ("topic", "bootstrap_servers", "kafka", "start", "on_bad_record", "catch_up_records")
 # The snapshot formats a spec may ask for (keyroute.core.snapshot.FORMAT_1, FORMAT_2).
@@ -401,13 +416,19 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
     if live is not None:
         _check_live_store(name, mode, aggregations or {}, snapshot_format)
     _check_offset_column(name, key, source, live, source_partition_column, source_offset_column)
+    key_format = fields.parsed("key_format", KeyFormat.parse, KeyFormat.STRING)
+    key_subject, key_schema_id, key_message, registry = _key_schema_fields(name, fields, table, key_format)
 
     return StoreSpec(
         name=name,
         source=None if source is None else _resolve_source(source, base_dir),
         format=source_format,
         key=key,
-        key_format=fields.parsed("key_format", KeyFormat.parse, KeyFormat.STRING),
+        key_format=key_format,
+        key_subject=key_subject,
+        key_schema_id=key_schema_id,
+        key_message=key_message,
+        schema_registry=registry,
         partitions=fields.count("partitions", required=True, maximum=_MAX_PARTITIONS),
         partitioner=fields.parsed("partitioner", Partitioner.parse, Partitioner.MURMUR2),
         replication_factor=fields.count("replication_factor", default=1),
@@ -424,6 +445,35 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
         advance=advance,
         order_by_type=order_by_type,
     )
+
+
+def _key_schema_fields(
+    name: str, fields: _Fields, table: Mapping[str, Any], key_format: KeyFormat
+) -> tuple[str | None, int | None, str, Mapping[str, Any] | None]:
+    """`key_subject`, `key_schema_id`, `key_message` and the `schema_registry` table: exactly one of the first
+    two for a Schema Registry key format, none of them for another."""
+    subject = fields.text("key_subject")
+    schema_id = table.get("key_schema_id")
+    message = fields.text("key_message") or ""
+    registry = table.get("schema_registry")
+    if not key_format.registered:
+        given = [f for f in ("key_subject", "key_schema_id", "key_message") if f in table]
+        if given:
+            raise SpecError(name, f"{given[0]!r} applies to key_format avro, protobuf or json_schema")
+        return None, None, "", registry if isinstance(registry, dict) else None
+    if (subject is None) == (schema_id is None):
+        raise SpecError(name, f"key_format {key_format.value!r} needs 'key_subject' or 'key_schema_id' (one of them)")
+    if schema_id is not None and (isinstance(schema_id, bool) or not isinstance(schema_id, int) or schema_id < 0):
+        raise SpecError(name, f"'key_schema_id' must be a schema id (an integer >= 0), got {schema_id!r}")
+    if message and key_format is not KeyFormat.PROTOBUF:
+        raise SpecError(name, "'key_message' applies to key_format 'protobuf'")
+    if registry is None and isinstance(table.get("live"), dict):
+        registry = table["live"].get("schema_registry")  # the live values' registry serves the keys too
+    if not isinstance(registry, dict) or not isinstance(registry.get("url"), str):
+        raise SpecError(
+            name, f"key_format {key_format.value!r} needs a [stores.{name}.schema_registry] table with a 'url'"
+        )
+    return subject, schema_id, message, registry
 
 
 def _check_aggregations(

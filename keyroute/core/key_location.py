@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from keyroute.core.key_format import KeyFormat, parse_key
+from keyroute.core.key_schema import KeySchema
 from keyroute.core.partitioner import Partitioner, key_hash, murmur2, partition_of_hash
 
 if TYPE_CHECKING:
@@ -97,6 +98,8 @@ class StoreLocator:
     # One entry per partition, preferred replica first; a partition nobody is assigned or serves has ().
     assigned: tuple[tuple[str, ...], ...]
     serving: tuple[tuple[Endpoint, ...], ...]
+    # Schema Registry keys: the schema keys are serialized with (its codec is built once, then shared).
+    key_schema: KeySchema | None = None
     plain: bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -123,6 +126,7 @@ class StoreLocator:
             store.key_format,
             partition_map.assignment.stores.get(name, ()),
             partition_map.routes.get(name, ()),
+            store.key_schema,
         )
 
     @classmethod
@@ -143,6 +147,7 @@ class StoreLocator:
                 )
                 for entry in entries
             ),
+            None if store.get("key_schema") is None else KeySchema.from_dict(store["key_schema"]),
         )
 
     def serving_of(self, key_text: str) -> tuple[int, tuple[Endpoint, ...]]:
@@ -172,7 +177,7 @@ class StoreLocator:
             # Kafka's toPositive(murmur2(key)) % partitions, as `partition_for` computes it.
             partition = (hash_value & 0x7FFFFFFF) % self.partitions
         else:
-            key = parse_key(self.key_format, key_text)
+            key = parse_key(self.key_format, key_text, self.key_schema)
             key_text = key.text
             hash_value = key_hash(self.partitioner, key.data)
             partition = partition_of_hash(self.partitioner, hash_value, self.partitions)

@@ -578,3 +578,41 @@ def _codec(schema: KeySchema) -> KeyCodec:
 def check_key_schema(schema: KeySchema) -> None:
     """Raise ValueError, saying why, when `schema` cannot serialize keys (checked when a store is built)."""
     schema.codec  # noqa: B018 - building the codec is the check
+
+
+class KeySchemaLookupError(ValueError):
+    """The registry cannot be reached or does not have the key schema asked for; the message says which."""
+
+
+def fetch_key_schema(
+    fmt: KeyFormat, url: str, subject: str | None = None, schema_id: int | None = None, message: str = ""
+) -> KeySchema:
+    """The key schema of `subject` (its latest version) or of `schema_id`, read from the registry at `url`
+    and checked to make keys. Protobuf schemas are asked for in serialized form (a base64 FileDescriptorProto)."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    client = SchemaRegistryClient({"url": url})
+    serialized = "serialized" if fmt is KeyFormat.PROTOBUF else None
+    what = f"key subject {subject!r}" if subject is not None else f"key schema id {schema_id}"
+    try:
+        if subject is not None:
+            latest = client.get_latest_version(subject, fmt=serialized)
+            schema_id, registered = latest.schema_id, latest.schema
+        else:
+            assert schema_id is not None
+            registered = client.get_schema(schema_id, fmt=serialized)
+    except SchemaRegistryError as exc:
+        raise KeySchemaLookupError(f"{what} is not in the schema registry at {url} ({exc.error_message})") from None
+    except Exception as exc:  # noqa: BLE001 - connection errors of the client's HTTP library
+        raise KeySchemaLookupError(f"the schema registry at {url} cannot be read for {what}: {exc}") from None
+    expected = {KeyFormat.AVRO: "AVRO", KeyFormat.PROTOBUF: "PROTOBUF", KeyFormat.JSON_SCHEMA: "JSON"}[fmt]
+    if (registered.schema_type or "AVRO") != expected:
+        raise KeySchemaLookupError(f"{what} is a {registered.schema_type} schema, not {expected} ({fmt.value} keys)")
+    assert schema_id is not None and registered.schema_str is not None
+    schema = KeySchema(fmt, schema_id, registered.schema_str, message)
+    try:
+        check_key_schema(schema)
+    except ValueError as exc:
+        raise KeySchemaLookupError(f"{what}: {exc}") from None
+    return schema
