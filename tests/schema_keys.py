@@ -50,12 +50,13 @@ PROTO_FIELDS = {
 
 # Key values as a producer holds them, and the text a reader writes for them.
 VALUES: dict[str, list[Any]] = {
-    "string": ["alice", "", "ünïcödé ✓", "x" * 300, "{not json"],
-    "long": [0, 1, -1, 42, 2**63 - 1, -(2**63), 1 << 40],
+    "string": ["alice", "", "ünïcödé ✓", "x" * 300, "{not json", *(f"customer-{i:04d}" for i in range(0, 2000, 97))],
+    "long": [0, 1, -1, 42, 2**63 - 1, -(2**63), 1 << 40, *range(1000, 1600, 29)],
     "record": [
         {"region": "eu", "id": 7},
         {"region": "", "id": -3},
         {"region": "ap-südost", "id": 2**62},
+        *({"region": ("eu", "us", "ap")[i % 3], "id": i * 7919} for i in range(20)),
     ],
 }
 

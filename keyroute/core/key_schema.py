@@ -17,6 +17,7 @@ import base64
 import contextlib
 import functools
 import io
+import logging
 import re
 import struct
 from collections.abc import Callable, Mapping
@@ -592,6 +593,9 @@ def fetch_key_schema(
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+    # The registry client's HTTP library logs every request at INFO: noise on a command's stderr.
+    for name in ("httpx", "httpx2"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     client = SchemaRegistryClient({"url": url})
     serialized = "serialized" if fmt is KeyFormat.PROTOBUF else None
     what = f"key subject {subject!r}" if subject is not None else f"key schema id {schema_id}"
