@@ -47,7 +47,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from keyroute.core.key_format import KeyFormat
+from keyroute.core.key_schema import KeySchema
 from keyroute.core.live import OFFSET_KEY, BadRecord, LiveConfig, RecordReader
+from keyroute.core.live_keys import record_reader
 from keyroute.core.lmdb_layout import LMDB_MAX_KEY_BYTES, TAG_KEY, db_key
 from keyroute.core.partitioner import Partitioner
 from keyroute.state_node.timeline_writer import TimelineWriter
@@ -111,6 +113,7 @@ class LiveVersion:
     key_format: KeyFormat
     partitioner: Partitioner
     partitions: int
+    key_schema: KeySchema | None = None  # Schema Registry keys (keyroute.core.live_keys)
 
 
 _LONG_KEY = LMDB_MAX_KEY_BYTES
@@ -358,7 +361,7 @@ class LiveApplier:
         assert live is not None and held.version == self.version
         p = held.pid.partition
         source = self._source
-        reader = RecordReader(source.key_format, source.partitioner, source.partitions, p)
+        reader = record_reader(source.key_format, source.key_schema, source.partitioner, source.partitions, p)
         with self._lock:
             self._slots[p] = _Slot(held, live, reader, live.next_offset)
         with self._commands_lock:

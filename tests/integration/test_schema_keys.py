@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from keyroute.core.key_format import KeyFormat
+from keyroute.core.partitioner import Partitioner, partition_for
 from keyroute.core.settings import ZkSettings
 from keyroute.kafka_mock import MockKafka
 from tests.schema_keys import VALUES, key_text, serializer
@@ -210,3 +212,52 @@ def test_the_router_reads_every_key_on_the_producers_partition(routed: RoutedClu
     # The router keeps answering the keys that fit.
     good = key_text("record", VALUES["record"][0])
     assert httpx.get(f"{routed.router_url}/stores/avro_records/keys/{quote(good, safe='')}").status_code == 200
+
+
+# --- live topics ------------------------------------------------------------------------------------------
+
+
+def test_live_records_keyed_under_another_key_schema_id_are_counted_not_applied(
+    tmp_path: Path, zk_settings: ZkSettings, kafka: MockKafka, kafka_topic: Callable[[int], str], schema_registry: str
+) -> None:
+    from tests.integration.test_live_node import LATEST, LiveNode, publish_live_store
+    from tests.integration.test_live_node import PARTITIONS as LIVE_PARTITIONS
+
+    topic = kafka_topic(LIVE_PARTITIONS)
+    registry = SchemaRegistryClient({"url": schema_registry})
+    write, registered = serializer(KeyFormat.AVRO, "string", registry, topic)
+    keys = {f"u{i}": write(f"u{i}") for i in range(12)}
+    # The producer moves to another key schema (a record key: a new id, and other bytes for every key).
+    write_other, _ = serializer(KeyFormat.AVRO, "record", registry, f"{topic}-v2")
+    moved = {f"w{i}": write_other({"region": "eu", "id": i}) for i in range(5)}
+    schema = registered()
+    publish_live_store(tmp_path, zk_settings, "clicks", topic, kafka.bootstrap_servers, LATEST, key_schema=schema)
+    node = LiveNode(tmp_path, zk_settings, kafka.bootstrap_servers, topic).start()
+    try:
+        placed = {}
+        for text, data in [*keys.items(), *moved.items()]:
+            placed[text] = partition_for(Partitioner.MURMUR2, data, LIVE_PARTITIONS)
+            value = json.dumps({"ts": 1, "page": f"/{text}"}).encode()
+            node.producer.produce(topic, key=data, value=value, partition=placed[text])
+        node.flush()
+        total = len(keys) + len(moved)
+        node.wait(
+            lambda: sum(row.get("offset", -1) + 1 for row in node.live("clicks").values()) == total,
+            "every record to be read",
+        )
+        for text in keys:
+            resp = node.read("clicks", text)
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["value"] == {"ts": 1, "page": f"/{text}"}
+            assert resp.json()["partition"] == placed[text]
+
+        def skipped() -> Counter[str]:
+            counts: Counter[str] = Counter()
+            for row in node.live("clicks").values():
+                counts.update(row["skipped"])
+            return counts
+
+        node.wait(lambda: skipped() == {"key_schema_changed": len(moved)}, "the moved keys to be counted")
+        assert node.metric("keyroute_node_live_skipped_records_total", reason="key_schema_changed") == len(moved)
+    finally:
+        node.close()
