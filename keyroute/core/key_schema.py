@@ -33,6 +33,7 @@ SCHEMA_KEY_FORMATS = frozenset(f for f in KeyFormat if f.registered)
 _MAGIC = 0
 _DECIMAL = re.compile(r"-?[0-9]{1,20}")
 _SHOWN_CHARS = 64
+_SHORT_KEY = 128
 _INT_RANGES = {"int": (-(1 << 31), (1 << 31) - 1), "long": (-(1 << 63), (1 << 63) - 1)}
 
 
@@ -48,9 +49,25 @@ def _show(text: str) -> str:
     return repr(text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "…")
 
 
+def _lone_surrogate(text: str) -> KeyFormatError:
+    return KeyFormatError(f"key {_show(text)} is not a valid string (contains a lone surrogate)")
+
+
+def _utf8(text: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _lone_surrogate(text) from None
+
+
 def zigzag_varint(value: int) -> bytes:
     """Avro's (and Protobuf's sint64) encoding of a signed 64-bit integer."""
-    n = ((value << 1) ^ (value >> 63)) & 0xFFFFFFFFFFFFFFFF
+    return uvarint(((value << 1) ^ (value >> 63)) & 0xFFFFFFFFFFFFFFFF)
+
+
+def uvarint(n: int) -> bytes:
+    """Protobuf's base-128 varint of an unsigned 64-bit integer (a negative int32/int64 as its two's complement)."""
+    n &= 0xFFFFFFFFFFFFFFFF
     out = bytearray()
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)
@@ -215,7 +232,7 @@ def _compact(obj: object) -> str:
 class AvroKeyCodec(KeyCodec):
     """Avro keys as confluent-kafka's AvroSerializer (fastavro's schemaless writer) writes them."""
 
-    __slots__ = ("_fields", "_kind", "_parsed")
+    __slots__ = ("_fields", "_heads", "_kind", "_parsed")
 
     def __init__(self, schema: KeySchema) -> None:
         import fastavro
@@ -237,6 +254,9 @@ class AvroKeyCodec(KeyCodec):
                 f"{self.describe}: keys of Avro type {kind!r} are not supported (string, int, long, record)"
             )
         self._kind = kind
+        # A string key's bytes start with the prefix and its length as a zigzag varint: made once for the
+        # lengths most keys have.
+        self._heads = tuple(self.prefix + zigzag_varint(n) for n in range(_SHORT_KEY))
         self._fields: tuple[tuple[str, Any, bool, Any], ...] = ()
         if kind == "record":
             self._fields = tuple(
@@ -246,11 +266,9 @@ class AvroKeyCodec(KeyCodec):
     def parse(self, text: str) -> Key:
         kind = self._kind
         if kind == "string":
-            try:
-                data = text.encode("utf-8")
-            except UnicodeEncodeError:
-                raise KeyFormatError(f"key {_show(text)} is not a valid string (contains a lone surrogate)") from None
-            return Key(text, self.prefix + zigzag_varint(len(data)) + data)
+            data = _utf8(text)
+            n = len(data)
+            return Key(text, (self._heads[n] if n < _SHORT_KEY else self.prefix + zigzag_varint(n)) + data)
         if kind != "record":
             number = _check_int(_int_text(text, kind, self.describe), kind, f"key {_show(text)}")
             return Key(str(number), self.prefix + zigzag_varint(number))
@@ -338,12 +356,16 @@ def _avro_value(value: object, avro_type: Any, where: str) -> object:
 # --- JSON Schema -----------------------------------------------------------------------------------------
 
 
+# Schema keywords that do not constrain a value.
+_ANNOTATIONS = frozenset({"type", "$schema", "$id", "title", "description", "$comment", "examples"})
+
+
 class JsonSchemaKeyCodec(KeyCodec):
     """JSON Schema keys as confluent-kafka's JSONSerializer writes them: compact JSON (orjson's, or
     json.dumps with separators (',', ':') and ensure_ascii=False), UTF-8. Jackson (Java) writes the same for
     strings, integers and objects whose properties come in the schema's order."""
 
-    __slots__ = ("_kind", "_order", "_validator")
+    __slots__ = ("_kind", "_order", "_plain", "_validator")
 
     def __init__(self, schema: KeySchema) -> None:
         import jsonschema
@@ -360,10 +382,20 @@ class JsonSchemaKeyCodec(KeyCodec):
         self._kind = kind
         self._order = tuple(parsed.get("properties", {})) if kind == "object" else ()
         self._validator = jsonschema.validators.validator_for(parsed)(parsed)
+        # A bare {"type": "string"} or {"type": "integer"} constrains nothing the checks here leave open.
+        self._plain = kind != "object" and set(parsed) <= _ANNOTATIONS
 
     def parse(self, text: str) -> Key:
         if self._kind == "string":
+            if self._plain:
+                try:
+                    return Key(text, self.prefix + orjson.dumps(text))
+                except TypeError:
+                    raise _lone_surrogate(text) from None
             return self._from_object(text, text)
+        if self._kind == "integer" and self._plain:
+            number = _check_int(_int_text(text, "integer", self.describe), "long", f"key {_show(text)}")
+            return Key(str(number), self.prefix + str(number).encode("ascii"))
         if self._kind == "integer":
             return self._from_object(_int_text(text, "integer", self.describe))
         return self._from_object(self._record_text(text))
@@ -411,6 +443,8 @@ _PROTO_INTS = {
     "TYPE_UINT64": "uint64",
     "TYPE_FIXED64": "uint64",
 }
+# Field types whose single-field key messages are written directly: descriptor type -> wire type.
+_DIRECT_TYPES = {9: 2, 3: 0, 5: 0}  # TYPE_STRING: length-delimited; TYPE_INT64, TYPE_INT32: varint
 _UNSIGNED = {"uint32": (0, (1 << 32) - 1), "uint64": (0, (1 << 64) - 1)}
 
 
@@ -418,7 +452,7 @@ class ProtobufKeyCodec(KeyCodec):
     """Protobuf keys as confluent-kafka's ProtobufSerializer writes them: the prefix, the message's index
     path in its file (zigzag varints; a lone 0 for the file's first message) and the message's bytes."""
 
-    __slots__ = ("_class", "_fields", "_single")
+    __slots__ = ("_class", "_fields", "_kinds", "_single", "_tag")
 
     def __init__(self, schema: KeySchema) -> None:
         from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -447,12 +481,26 @@ class ProtobufKeyCodec(KeyCodec):
         self._fields = descriptor.fields
         scalar = len(self._fields) == 1 and self._fields[0].message_type is None and not self._fields[0].is_repeated
         self._single = self._fields[0] if scalar else None
+        self._kinds = {f.name: _field_kind(f) for f in self._fields}
+        # One proto3 string, int32 or int64 field without presence (the usual key message): its bytes are
+        # written here, as the serializer writes them (nothing for the default value), without a message.
+        self._tag = None
+        single = self._single
+        if single is not None and not single.has_presence and single.type in _DIRECT_TYPES:
+            self._tag = uvarint(single.number << 3 | _DIRECT_TYPES[single.type])
 
     def parse(self, text: str) -> Key:
         single = self._single
         if single is None:
             return self._from_object(self._record_text(text))
-        kind = _field_kind(single)
+        kind = self._kinds[single.name]
+        tag = self._tag
+        if tag is not None:
+            if kind == "TYPE_STRING":
+                data = _utf8(text)
+                return Key(text, self.prefix + tag + uvarint(len(data)) + data if data else self.prefix)
+            number = _check_int(_int_text(text, kind, self.describe), kind, f"key {_show(text)}")
+            return Key(str(number), self.prefix + tag + uvarint(number) if number else self.prefix)
         if kind in _PROTO_INTS.values():
             return self._from_object({single.name: _int_text(text, kind, self.describe)})
         if kind == "TYPE_STRING":
@@ -472,7 +520,7 @@ class ProtobufKeyCodec(KeyCodec):
             field = by_name.get(name)
             if field is None:
                 raise KeyFormatError(f"key field {name!r} is not in {self.describe}")
-            _check_proto_scalar(field, field_value)
+            _check_proto_scalar(field, self._kinds[name], field_value)
         message = self._class()
         try:
             json_format.ParseDict(dict(value), message)
@@ -501,11 +549,10 @@ def _field_kind(field: Any) -> str:
     return _PROTO_INTS.get(name, name)
 
 
-def _check_proto_scalar(field: Any, value: object) -> None:
+def _check_proto_scalar(field: Any, kind: str, value: object) -> None:
     """A field value of a JSON key, checked so the error names the field (json_format's messages vary)."""
     if field.message_type is not None or field.is_repeated:
         return
-    kind = _field_kind(field)
     where = f"key field {field.name!r}"
     if kind in ("int", "long"):
         _check_int(value, kind, where)

@@ -103,3 +103,18 @@ def test_a_schema_that_cannot_make_keys_is_refused() -> None:
 def test_key_schema_round_trips_through_its_record_form() -> None:
     schema = KeySchema(KeyFormat.PROTOBUF, 9, "AAAA", "keys.K")
     assert KeySchema.from_dict(schema.to_dict()) == schema
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.value)
+def test_a_string_key_with_a_lone_surrogate_is_refused(fmt: KeyFormat, registry: SchemaRegistryClient) -> None:
+    write, registered = serializer(fmt, "string", registry, "t")
+    write("a")
+    with pytest.raises(KeyFormatError, match="lone surrogate"):
+        parse_key(fmt, "a\udc80", registered())
+
+
+def test_a_json_schema_with_constraints_is_checked_by_its_validator() -> None:
+    schema = KeySchema(KeyFormat.JSON_SCHEMA, 3, '{"type": "string", "maxLength": 3}')
+    assert parse_key(KeyFormat.JSON_SCHEMA, "abc", schema).data == b'\x00\x00\x00\x00\x03"abc"'
+    with pytest.raises(KeyFormatError, match="too long"):
+        parse_key(KeyFormat.JSON_SCHEMA, "abcd", schema)
