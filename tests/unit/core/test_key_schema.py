@@ -118,3 +118,17 @@ def test_a_json_schema_with_constraints_is_checked_by_its_validator() -> None:
     assert parse_key(KeyFormat.JSON_SCHEMA, "abc", schema).data == b'\x00\x00\x00\x00\x03"abc"'
     with pytest.raises(KeyFormatError, match="too long"):
         parse_key(KeyFormat.JSON_SCHEMA, "abcd", schema)
+
+
+def test_store_records_and_manifests_carry_the_key_schema() -> None:
+    from keyroute.core.partition_map import StoreRecord
+    from keyroute.core.partitioner import Partitioner
+    from keyroute.core.snapshot import Manifest
+
+    schema = KeySchema(KeyFormat.AVRO, 12, '"string"')
+    record = StoreRecord("s", 3, Partitioner.MURMUR2, KeyFormat.AVRO, 1, "/snap", key_schema=schema)
+    assert StoreRecord.from_json(record.to_json()) == record
+    plain = StoreRecord("s", 3, Partitioner.MURMUR2, KeyFormat.STRING, 1, "/snap")
+    assert b"key_schema" not in plain.to_json()  # records of other stores are as before
+    manifest = Manifest("s", 1, 3, Partitioner.MURMUR2, KeyFormat.AVRO, ("v",), (0, 0, 0), key_schema=schema)
+    assert Manifest.from_json(manifest.to_json()).key_schema == schema
