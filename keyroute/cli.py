@@ -24,6 +24,7 @@ from keyroute.core.key_schema import KeySchema, KeySchemaLookupError, check_key_
 from keyroute.core.logs import FORMATS
 from keyroute.core.logs import configure as configure_logs
 from keyroute.core.partitioner import MAX_PARTITIONS, Partitioner, key_hash, partition_for
+from keyroute.core.schema_registry import RegistrySettings
 from keyroute.core.settings import (
     AccessSettings,
     HttpSettings,
@@ -656,9 +657,8 @@ def _partition_key_schema(args: argparse.Namespace, key_format: KeyFormat) -> Ke
     if args.schema_registry:
         if args.key_schema is not None or (args.key_subject is None) == (args.key_schema_id is None):
             raise ValueError("with --schema-registry give --key-subject or --key-schema-id (one of them)")
-        return fetch_key_schema(
-            key_format, args.schema_registry, args.key_subject, args.key_schema_id, args.key_message
-        )
+        registry = RegistrySettings.parse({"url": args.schema_registry}, "--schema-registry")
+        return fetch_key_schema(key_format, registry, args.key_subject, args.key_schema_id, args.key_message)
     if args.key_schema is None or args.key_schema_id is None or args.key_subject is not None:
         raise ValueError(
             f"{key_format.value} keys need --key-schema-id N --key-schema FILE, or --schema-registry URL with "

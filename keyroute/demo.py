@@ -1,9 +1,10 @@
 """`keyroute demo`: the whole system on one machine with generated sample data.
 
-Embedded ZooKeeper, the Spark pipeline, three state nodes (replication 2) and a router, each its own
-process, and a Kafka-protocol broker (librdkafka's mock cluster, in this process) with a producer writing
-quotes to the topic the live store `quotes` follows. Ctrl-C, SIGTERM and SIGHUP (a closed terminal) stop
-them all, router first, ZooKeeper last, and leave nothing behind.
+Embedded ZooKeeper, the Spark pipeline, three state nodes (replication 2), a router and keyroute's development
+Schema Registry, each its own process, and a Kafka-protocol broker (librdkafka's mock cluster, in this
+process) with producers writing quotes (JSON) to the topic the live store `quotes` follows and ticks (Avro,
+with confluent-kafka's AvroSerializer and that registry) to the topic the live store `ticks` follows.
+Ctrl-C, SIGTERM and SIGHUP (a closed terminal) stop them all, router first, ZooKeeper last, and leave nothing behind.
 
 If the demo's own process dies without cleaning up (kill -9, an out-of-memory kill), its children go with
 it: on Linux each is started through a few lines of Python that ask the kernel for SIGKILL when their
@@ -26,6 +27,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -90,8 +92,9 @@ _SPEC_HEADER = """\
 
 """
 _LIVE_HEADER = """\
-# quotes follows a topic on the demo's own Kafka-protocol broker, which stops with the demo: outside the
-# demo, remove this store or point bootstrap_servers at a Kafka cluster of yours.
+# quotes and ticks follow topics on the demo's own Kafka-protocol broker, and ticks' Avro schemas are in the
+# demo's development Schema Registry; both stop with the demo: outside the demo, remove these stores or point
+# bootstrap_servers (and schema_registry.url) at a Kafka cluster (and Schema Registry) of yours.
 """
 
 
@@ -197,13 +200,20 @@ def run(settings: DemoSettings) -> int:
 
         _say(f"generating {settings.events:,} bookings and trades, {max(1, settings.events // 2):,} trips ...")
         files = sample_data.generate(work / "events", events=settings.events)
-        _say("starting a Kafka-protocol broker (librdkafka's mock cluster) and the quotes producer ...")
+        registry_port = _free_port(host)
+        registry = f"http://{host}:{registry_port}"
+        _say(f"starting keyroute's development Schema Registry on {registry} ...")
+        procs.start("schema-registry", ["schema-registry", "--host", host, "--port", str(registry_port)])
+        _wait("the schema registry", lambda: _get(registry + "/subjects")[0] == 200, 60, procs)
+        _say("starting a Kafka-protocol broker (librdkafka's mock cluster) and the quotes and ticks producers ...")
         kafka = MockKafka()
-        kafka.create_topic(sample_data.LIVE_TOPIC, settings.live_partitions)
-        feeder = threading.Thread(
-            target=_produce_quotes, args=(kafka.bootstrap_servers, settings.quotes_per_s, feeding), daemon=True
-        )
-        feeder.start()
+        for topic in (sample_data.LIVE_TOPIC, sample_data.AVRO_TOPIC):
+            kafka.create_topic(topic, settings.live_partitions)
+        for records in (_quotes(), _ticks(registry)):
+            feeder = threading.Thread(
+                target=_produce, args=(kafka.bootstrap_servers, settings.quotes_per_s, feeding, records), daemon=True
+            )
+            feeder.start()
         spec = work / "stores.toml"
         spec.write_text(
             _SPEC_HEADER
@@ -212,7 +222,7 @@ def run(settings: DemoSettings) -> int:
             + sample_data.timeline_spec_toml(files, relative_to=work)
             + "\n"
             + _LIVE_HEADER
-            + sample_data.live_spec_toml(kafka.bootstrap_servers, settings.live_partitions)
+            + sample_data.live_spec_toml(kafka.bootstrap_servers, settings.live_partitions, registry_url=registry)
         )
         _say(f"the stores are described in {spec} (a template for a cluster of your own)")
 
@@ -260,8 +270,34 @@ def run(settings: DemoSettings) -> int:
         _say("all demo processes stopped.")
 
 
-def _produce_quotes(bootstrap_servers: str, per_s: float, stop: threading.Event) -> None:
-    """Quotes for the live store, keyed by asset and partitioned as Kafka's Java client does (murmur2)."""
+Records = Callable[[random.Random, int], tuple[str, bytes, bytes]]
+
+
+def _quotes() -> Records:
+    def quote(rng: random.Random, n: int) -> tuple[str, bytes, bytes]:
+        return (sample_data.LIVE_TOPIC, *sample_data.quote(rng, n))
+
+    return quote
+
+
+def _ticks(registry_url: str) -> Records:
+    """Ticks as confluent-kafka's AvroSerializer writes them (registering the schema on first use)."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    serializer = AvroSerializer(SchemaRegistryClient({"url": registry_url}), json.dumps(sample_data.TICK_SCHEMA))
+    ctx = SerializationContext(sample_data.AVRO_TOPIC, MessageField.VALUE)
+
+    def tick(rng: random.Random, n: int) -> tuple[str, bytes, bytes]:
+        key, record = sample_data.tick(rng, n)
+        return sample_data.AVRO_TOPIC, key, serializer(record, ctx)
+
+    return tick
+
+
+def _produce(bootstrap_servers: str, per_s: float, stop: threading.Event, records: Records) -> None:
+    """Records for a live store, keyed by asset and partitioned as Kafka's Java client does (murmur2)."""
     import confluent_kafka
 
     producer = confluent_kafka.Producer(
@@ -270,8 +306,8 @@ def _produce_quotes(bootstrap_servers: str, per_s: float, stop: threading.Event)
     rng = random.Random(11)
     n = 0
     while not stop.wait(1.0 / per_s):
-        key, value = sample_data.quote(rng, n)
-        producer.produce(sample_data.LIVE_TOPIC, key=key, value=value)
+        topic, key, value = records(rng, n)
+        producer.produce(topic, key=key, value=value)
         producer.poll(0)
         n += 1
     producer.flush(2.0)
@@ -296,6 +332,7 @@ def _print_banner(router: str, zk: str, node_ports: list[int], host: str, work: 
         f"  curl -s {router}/stores/positions/keys/{sample_data.asset_id(7)}",
         f"  curl -si {router}/stores/quotes/keys/{sample_data.asset_id(7)}    # live: run it twice, watch "
         "the value and X-Keyroute-Offset move",
+        f"  curl -s {router}/stores/ticks/keys/{sample_data.asset_id(7)}      # live, from Avro records",
         f"  curl -s -X POST {router}/stores/bookings/batch-get -H 'content-type: application/json' "
         f"-d '{json.dumps({'keys': [sample_data.customer_id(1), 'a/b', 'nobody']})}'",
         f"  curl -s '{router}/stores/trips/keys/{busy}/history?from=2024-06-01T00:00:00Z&to=2024-07-01T00:00:00Z"

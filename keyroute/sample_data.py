@@ -111,23 +111,61 @@ def quote(rng: random.Random, n: int) -> tuple[bytes, bytes]:
     return asset.encode(), json.dumps(value).encode()
 
 
-def live_spec_toml(bootstrap_servers: str, partitions: int = 6, replication_factor: int = 2) -> str:
-    """A live-only store following LIVE_TOPIC from its first record: the latest quote per asset."""
+# The demo's Avro live store: ticks per asset, written by confluent-kafka's AvroSerializer (Schema Registry
+# wire format) to this topic while the demo runs.
+AVRO_TOPIC = "ticks"
+_TICK_FIELDS = (
+    ("asset", "string"),
+    ("ts", {"type": "long", "logicalType": "timestamp-millis"}),
+    ("price", "double"),
+    ("volume", "long"),
+)
+TICK_SCHEMA = {
+    "type": "record",
+    "name": "Tick",
+    "namespace": "keyroute.demo",
+    "fields": [{"name": name, "type": kind} for name, kind in _TICK_FIELDS],
+}
+
+
+def tick(rng: random.Random, n: int) -> tuple[bytes, dict[str, object]]:
+    """One tick event: (record key, the record the AvroSerializer writes as its value)."""
+    asset = asset_id(rng.randrange(LIVE_ASSETS))
+    moment = dt.datetime(2027, 1, 15, tzinfo=dt.UTC) + dt.timedelta(milliseconds=n)
+    return asset.encode(), {"asset": asset, "ts": moment, "price": round(rng.uniform(10.0, 20.0), 2), "volume": n}
+
+
+def _live_store(name: str, topic: str, bootstrap_servers: str, partitions: int, replication_factor: int) -> str:
     return f"""\
-[stores.quotes]
+[stores.{name}]
 key = "asset"
 partitions = {partitions}
 replication_factor = {replication_factor}
 mode = "latest"
 order_by = "ts"
 
-[stores.quotes.live]
-topic = "{LIVE_TOPIC}"
+[stores.{name}.live]
+topic = "{topic}"
 bootstrap_servers = "{bootstrap_servers}"
 start = "earliest"
 # The demo's broker (librdkafka's mock cluster) holds every fetch this long even when records arrive.
 kafka = {{ "fetch.wait.max.ms" = 20 }}
 """
+
+
+def live_spec_toml(
+    bootstrap_servers: str, partitions: int = 6, replication_factor: int = 2, registry_url: str | None = None
+) -> str:
+    """A live-only store following LIVE_TOPIC from its first record: the latest quote per asset; with
+    `registry_url`, also `ticks` following AVRO_TOPIC, whose values are Avro (Schema Registry wire format)."""
+    text = _live_store("quotes", LIVE_TOPIC, bootstrap_servers, partitions, replication_factor)
+    if registry_url is not None:
+        text += (
+            "\n"
+            + _live_store("ticks", AVRO_TOPIC, bootstrap_servers, partitions, replication_factor)
+            + f'value_format = "avro"\n\n[stores.ticks.live.schema_registry]\nurl = "{registry_url}"\n'
+        )
+    return text
 
 
 def spec_toml(

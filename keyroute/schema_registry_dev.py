@@ -539,24 +539,26 @@ def create_app(registry: Registry) -> Starlette:
     async def method_not_allowed(request: Request, exc: Exception) -> JSONResponse:
         return _json({"error_code": 405, "message": "HTTP 405 Method Not Allowed"}, 405)
 
+    # A subject may hold "/" (a Protobuf reference's subject is its file name, sent as %2F), so subjects are
+    # matched as paths: the routes with the longer tails come first.
     routes = [
         Route("/", root),
         Route("/schemas/types", schema_types),
         Route("/schemas/ids/{schema_id}", schema_by_id),
         Route("/schemas/ids/{schema_id}/versions", schema_versions),
         Route("/subjects", subjects),
-        Route("/subjects/{subject}", lookup, methods=["POST"]),
-        Route("/subjects/{subject}", delete_subject, methods=["DELETE"]),
-        Route("/subjects/{subject}/versions", versions, methods=["GET"]),
-        Route("/subjects/{subject}/versions", register, methods=["POST"]),
-        Route("/subjects/{subject}/versions/{version}", version, methods=["GET", "DELETE"]),
-        Route("/subjects/{subject}/versions/{version}/schema", version_schema),
+        Route("/subjects/{subject:path}/versions/{version}/schema", version_schema),
+        Route("/subjects/{subject:path}/versions/{version}", version, methods=["GET", "DELETE"]),
+        Route("/subjects/{subject:path}/versions", versions, methods=["GET"]),
+        Route("/subjects/{subject:path}/versions", register, methods=["POST"]),
+        Route("/subjects/{subject:path}", lookup, methods=["POST"]),
+        Route("/subjects/{subject:path}", delete_subject, methods=["DELETE"]),
         Route("/config", config, methods=["GET", "PUT"]),
-        Route("/config/{subject}", config, methods=["GET", "PUT", "DELETE"]),
-        Route("/compatibility/subjects/{subject}/versions", compatibility, methods=["POST"]),
-        Route("/compatibility/subjects/{subject}/versions/{version}", compatibility, methods=["POST"]),
+        Route("/config/{subject:path}", config, methods=["GET", "PUT", "DELETE"]),
+        Route("/compatibility/subjects/{subject:path}/versions/{version}", compatibility, methods=["POST"]),
+        Route("/compatibility/subjects/{subject:path}/versions", compatibility, methods=["POST"]),
         Route("/mode", mode),
-        Route("/mode/{subject}", mode),
+        Route("/mode/{subject:path}", mode),
     ]
     return Starlette(
         routes=routes,

@@ -229,7 +229,7 @@ def with_key_schemas(spec: Spec) -> Spec:
             try:
                 schema = fetch_key_schema(
                     store.key_format,
-                    str(store.schema_registry["url"]),
+                    store.schema_registry,
                     store.key_subject,
                     store.key_schema_id,
                     store.key_message,

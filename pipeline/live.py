@@ -62,6 +62,8 @@ def live_config(
         kafka=dict(live.kafka),
         on_bad_record=live.on_bad_record,
         catch_up_records=live.catch_up_records,
+        value_format=live.value_format,
+        schema_registry=live.schema_registry,
     )
 
 

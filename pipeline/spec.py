@@ -27,7 +27,9 @@ from keyroute.core.live import (
     parse_aggregate,
 )
 from keyroute.core.partitioner import Partitioner
+from keyroute.core.schema_registry import RegistrySettings
 from keyroute.core.timeline import Timeline, TimelineError, TimeType, duration_in_units, parse_duration_us
+from keyroute.core.value_format import check_value_format
 from keyroute.pipeline.errors import SpecError
 
 # Store names become ZooKeeper node names and directory names: nothing that needs escaping anywhere.
@@ -74,6 +76,10 @@ class LiveSpec:
     start: str = STARTS[0]
     on_bad_record: str = ON_BAD_RECORD[0]
     catch_up_records: int = DEFAULT_CATCH_UP_RECORDS
+    # How values are written: JSON objects, or a Schema Registry format (then `schema_registry` says where
+    # the registry is; keyroute.core.value_format).
+    value_format: str = "json"
+    schema_registry: RegistrySettings | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,9 +124,9 @@ class StoreSpec:
     key_subject: str | None = None
     key_schema_id: int | None = None
     key_message: str = ""
-    # The store's `schema_registry` table (`url`, ...) as written; the registry the build resolves the key
-    # schema from.
-    schema_registry: Mapping[str, Any] | None = None
+    # The registry the build resolves the key schema from: the store's `schema_registry` table, else its live
+    # values' one.
+    schema_registry: RegistrySettings | None = None
     # The key schema as the build resolved it (id and text), recorded in the store's record: None until then.
     key_schema: KeySchema | None = None
 
@@ -255,7 +261,16 @@ _FIELDS = (
     "key_message",
     "schema_registry",
 )
-_LIVE_FIELDS = ("topic", "bootstrap_servers", "kafka", "start", "on_bad_record", "catch_up_records")
+_LIVE_FIELDS = (
+    "topic",
+    "bootstrap_servers",
+    "kafka",
+    "start",
+    "on_bad_record",
+    "catch_up_records",
+    "value_format",
+    "schema_registry",
+)
 # The snapshot formats a spec may ask for (keyroute.core.snapshot.FORMAT_1, FORMAT_2).
 SNAPSHOT_FORMATS = (1, 2)
 
@@ -417,7 +432,7 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
         _check_live_store(name, mode, aggregations or {}, snapshot_format)
     _check_offset_column(name, key, source, live, source_partition_column, source_offset_column)
     key_format = fields.parsed("key_format", KeyFormat.parse, KeyFormat.STRING)
-    key_subject, key_schema_id, key_message, registry = _key_schema_fields(name, fields, table, key_format)
+    key_subject, key_schema_id, key_message, registry = _key_schema_fields(name, fields, table, key_format, live)
 
     return StoreSpec(
         name=name,
@@ -448,32 +463,37 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
 
 
 def _key_schema_fields(
-    name: str, fields: _Fields, table: Mapping[str, Any], key_format: KeyFormat
-) -> tuple[str | None, int | None, str, Mapping[str, Any] | None]:
+    name: str, fields: _Fields, table: Mapping[str, Any], key_format: KeyFormat, live: LiveSpec | None
+) -> tuple[str | None, int | None, str, RegistrySettings | None]:
     """`key_subject`, `key_schema_id`, `key_message` and the `schema_registry` table: exactly one of the first
-    two for a Schema Registry key format, none of them for another."""
+    two for a Schema Registry key format, none of them for another. Without its own `schema_registry` table,
+    the store's keys are read from its live values' registry."""
     subject = fields.text("key_subject")
     schema_id = table.get("key_schema_id")
     message = fields.text("key_message") or ""
     registry = table.get("schema_registry")
     if not key_format.registered:
         given = [f for f in ("key_subject", "key_schema_id", "key_message") if f in table]
-        if given:
-            raise SpecError(name, f"{given[0]!r} applies to key_format avro, protobuf or json_schema")
-        return None, None, "", registry if isinstance(registry, dict) else None
+        if given or registry is not None:
+            what = given[0] if given else "schema_registry"
+            raise SpecError(name, f"{what!r} applies to key_format avro, protobuf or json_schema")
+        return None, None, "", None
     if (subject is None) == (schema_id is None):
         raise SpecError(name, f"key_format {key_format.value!r} needs 'key_subject' or 'key_schema_id' (one of them)")
     if schema_id is not None and (isinstance(schema_id, bool) or not isinstance(schema_id, int) or schema_id < 0):
         raise SpecError(name, f"'key_schema_id' must be a schema id (an integer >= 0), got {schema_id!r}")
     if message and key_format is not KeyFormat.PROTOBUF:
         raise SpecError(name, "'key_message' applies to key_format 'protobuf'")
-    if registry is None and isinstance(table.get("live"), dict):
-        registry = table["live"].get("schema_registry")  # the live values' registry serves the keys too
-    if not isinstance(registry, dict) or not isinstance(registry.get("url"), str):
+    if registry is not None:
+        try:
+            return subject, schema_id, message, RegistrySettings.parse(registry)
+        except ValueError as exc:  # RegistrySettingsError
+            raise SpecError(name, str(exc)) from None
+    if live is None or live.schema_registry is None:
         raise SpecError(
             name, f"key_format {key_format.value!r} needs a [stores.{name}.schema_registry] table with a 'url'"
         )
-    return subject, schema_id, message, registry
+    return subject, schema_id, message, live.schema_registry
 
 
 def _check_aggregations(
@@ -576,6 +596,13 @@ def _parse_live(name: str, table: Any, has_source: bool) -> LiveSpec | None:
     catch_up = table.get("catch_up_records", DEFAULT_CATCH_UP_RECORDS)
     if not isinstance(catch_up, int) or isinstance(catch_up, bool) or catch_up < 0:
         raise SpecError(name, f"'live.catch_up_records' must be an integer of at least 0, got {catch_up!r}")
+    value_format = table.get("value_format", "json")
+    registry_table = table.get("schema_registry")
+    try:
+        registry = None if registry_table is None else RegistrySettings.parse(registry_table, "live.schema_registry")
+        check_value_format(value_format, registry)
+    except ValueError as exc:  # RegistrySettingsError, LiveSpecError
+        raise SpecError(name, str(exc)) from None
     return LiveSpec(
         topic=fields.required_text("topic"),
         bootstrap_servers=fields.required_text("bootstrap_servers"),
@@ -583,6 +610,8 @@ def _parse_live(name: str, table: Any, has_source: bool) -> LiveSpec | None:
         start=start,
         on_bad_record=on_bad_record,
         catch_up_records=catch_up,
+        value_format=value_format,
+        schema_registry=registry,
     )
 
 

@@ -52,6 +52,8 @@ from keyroute.core.live import OFFSET_KEY, BadRecord, LiveConfig, RecordReader
 from keyroute.core.live_keys import record_reader
 from keyroute.core.lmdb_layout import LMDB_MAX_KEY_BYTES, TAG_KEY, db_key
 from keyroute.core.partitioner import Partitioner
+from keyroute.core.schema_registry import RegistryUnavailable
+from keyroute.core.value_format import value_decoder
 from keyroute.state_node.timeline_writer import TimelineWriter
 
 if TYPE_CHECKING:
@@ -100,6 +102,9 @@ class ApplierSettings:
     reassign_after_s: float = 1.0
     # A consumer that could not be created is tried again this much later.
     recreate_after_s: float = 5.0
+    # A partition stalled by an unreachable Schema Registry is tried again after reassign_after_s, doubling
+    # with every failure in a row up to this.
+    registry_backoff_max_s: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +151,8 @@ class LivePartition:
         self.caught_up = False
         self.applied = 0
         self.skipped: dict[str, int] = {}
+        # The last record skipped (on_bad_record = "skip"): its offset, reason and why (a schema id, a field).
+        self.last_bad_record: str | None = None
         self.last_timestamp_ms: float | None = None
         self.started_at = time.time()
         # Called (on the applier's thread) when the state changes or the partition first catches up.
@@ -213,6 +220,7 @@ class LivePartition:
             "applied": self.applied,
             "skipped": dict(sorted(self.skipped.items())),
             "error": self.error,
+            **({"last_bad_record": self.last_bad_record} if self.last_bad_record is not None else {}),
         }
 
     # -- the applier's side ------------------------------------------------------------------------
@@ -306,6 +314,7 @@ class _Slot:
     halted: bool = False  # gap or stopped: no longer consumed
     unsynced: bool = False  # commits not yet flushed to disk
     reassign_at: float | None = None  # unassigned after a failure; assigned again at this time
+    registry_failures: int = 0  # failed attempts in a row to reach the Schema Registry
     skipped: dict[str, int] = field(default_factory=dict)
 
 
@@ -332,6 +341,14 @@ class LiveApplier:
             settings, batch_records=max(1, settings.batch_records), sync_interval_s=max(0.0, settings.sync_interval_s)
         )
         self._environ = os.environ if environ is None else environ
+        # Values in a Schema Registry format: one decoder (and schema cache) for every partition of the version.
+        self._values = value_decoder(
+            self.config.value_format,
+            self.config.schema_registry,
+            self._environ,
+            store=source.store,
+            merge=self.config.merge,
+        )
         self._slots: dict[int, _Slot] = {}
         # Held while a batch is applied and while a slot is added or removed.
         self._lock = threading.Lock()
@@ -361,7 +378,8 @@ class LiveApplier:
         assert live is not None and held.version == self.version
         p = held.pid.partition
         source = self._source
-        reader = record_reader(source.key_format, source.key_schema, source.partitioner, source.partitions, p)
+        values = None if self._values is None else self._values.decode
+        reader = record_reader(source.key_format, source.key_schema, source.partitioner, source.partitions, p, values)
         with self._lock:
             self._slots[p] = _Slot(held, live, reader, live.next_offset)
         with self._commands_lock:
@@ -557,6 +575,7 @@ class LiveApplier:
         skipped.clear()
         last = None
         halt: tuple[str, str] | None = None
+        registry_down: str | None = None
         with held.write_lock:
             if held.closed:
                 return
@@ -600,6 +619,11 @@ class LiveApplier:
                                 break
                             reason = exc.reason.value
                             skipped[reason] = skipped.get(reason, 0) + 1
+                            live.last_bad_record = f"offset {offset}: {reason}: {exc}"
+                        except RegistryUnavailable as exc:
+                            # Applied up to the record before; this one is read again once the registry answers.
+                            registry_down = f"schema registry unreachable at offset {offset} ({exc}); retrying"
+                            break
                         expected = offset + 1
                         last = message
                     if expected != slot.next:
@@ -626,6 +650,12 @@ class LiveApplier:
             slot.next = expected
             timestamp = last.timestamp()[1] if last is not None else -1
             live.advance(expected, applied, skipped, float(timestamp) if timestamp >= 0 else None)
+        if registry_down is not None:
+            slot.registry_failures += 1
+            live.set_state(STALLED, registry_down)
+            self._unassign(partition, slot, retry=True, failures=slot.registry_failures)
+            return
+        slot.registry_failures = 0
         if live.state == STALLED and self._brokers_down is None:
             live.resume()
         if halt is not None:
@@ -672,11 +702,17 @@ class LiveApplier:
                 log.warning("live partition %s p%d: %s; assigning it again", self.store, partition, why)
                 self._unassign(partition, slot, retry=True)
 
-    def _unassign(self, partition: int, slot: _Slot, *, retry: bool) -> None:
+    def _unassign(self, partition: int, slot: _Slot, *, retry: bool, failures: int = 1) -> None:
+        """Stop fetching `partition`: for good, or (`retry`) until a moment later, doubling with each of
+        `failures` in a row (up to registry_backoff_max_s)."""
         from confluent_kafka import TopicPartition
 
         if retry:
-            slot.reassign_at = time.monotonic() + self._settings.reassign_after_s
+            settings = self._settings
+            delay = settings.reassign_after_s * 2 ** min(failures - 1, 16)
+            slot.reassign_at = time.monotonic() + min(
+                delay, max(settings.registry_backoff_max_s, settings.reassign_after_s)
+            )
         else:
             slot.halted = True
         with contextlib.suppress(Exception):

@@ -18,6 +18,7 @@ import contextlib
 import functools
 import io
 import logging
+import os
 import re
 import struct
 from collections.abc import Callable, Mapping
@@ -27,6 +28,7 @@ from typing import Any
 import orjson
 
 from keyroute.core.key_format import Key, KeyFormat, KeyFormatError
+from keyroute.core.schema_registry import RegistrySettings, RegistrySettingsError, registry_client
 
 SCHEMA_KEY_FORMATS = frozenset(f for f in KeyFormat if f.registered)
 
@@ -633,17 +635,26 @@ class KeySchemaLookupError(ValueError):
 
 
 def fetch_key_schema(
-    fmt: KeyFormat, url: str, subject: str | None = None, schema_id: int | None = None, message: str = ""
+    fmt: KeyFormat,
+    registry: RegistrySettings,
+    subject: str | None = None,
+    schema_id: int | None = None,
+    message: str = "",
+    environ: Mapping[str, str] | None = None,
 ) -> KeySchema:
-    """The key schema of `subject` (its latest version) or of `schema_id`, read from the registry at `url`
-    and checked to make keys. Protobuf schemas are asked for in serialized form (a base64 FileDescriptorProto)."""
-    from confluent_kafka.schema_registry import SchemaRegistryClient
+    """The key schema of `subject` (its latest version) or of `schema_id`, read from `registry` (its `${ENV}`
+    settings from `environ`, default the process's) and checked to make keys. Protobuf schemas are asked for
+    in serialized form (a base64 FileDescriptorProto)."""
     from confluent_kafka.schema_registry.error import SchemaRegistryError
 
     # The registry client's HTTP library logs every request at INFO: noise on a command's stderr.
     for name in ("httpx", "httpx2"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    client = SchemaRegistryClient({"url": url})
+    url = registry.url
+    try:
+        client = registry_client(registry, os.environ if environ is None else environ)
+    except RegistrySettingsError as exc:
+        raise KeySchemaLookupError(str(exc)) from None
     serialized = "serialized" if fmt is KeyFormat.PROTOBUF else None
     what = f"key subject {subject!r}" if subject is not None else f"key schema id {schema_id}"
     try:

@@ -29,7 +29,7 @@ import enum
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,7 @@ import orjson
 
 from keyroute.core.key_format import KeyFormat, KeyFormatError, key_from_data
 from keyroute.core.partitioner import Partitioner, partition_for
+from keyroute.core.schema_registry import RegistrySettings, env_reference, resolve_env
 from keyroute.core.timeline import INT64_MAX, INT64_MIN, TimelineError, TimeType, parse_time
 
 # Kept in the partition's own LMDB database: `!` sorts before both key tags (`#`, `=`), and no key's
@@ -72,6 +73,10 @@ class Reason(enum.StrEnum):
     NOT_OBJECT = "not_object"  # the value is JSON but not an object
     MISSING_COLUMN = "missing_column"  # a column the store needs is absent
     BAD_TYPE = "bad_type"  # a column holds a value the fold cannot use (e.g. sum of a string)
+    # Values written by Schema Registry serializers (keyroute.core.value_format):
+    NOT_WIRE_FORMAT = "not_wire_format"  # no magic byte and schema id
+    UNKNOWN_SCHEMA = "unknown_schema"  # the registry does not know the schema id (or it is another format)
+    BAD_PAYLOAD = "bad_payload"  # the bytes do not decode with their schema
 
 
 class BadRecord(Exception):
@@ -181,6 +186,20 @@ class Merge:
         object.__setattr__(self, "has_state", has_state)
         object.__setattr__(self, "_needed", tuple(needed))
         object.__setattr__(self, "_plan", plan)
+
+    def needed_columns(self) -> tuple[tuple[str, str], ...]:
+        """The columns every record must have, each with what the store needs it for."""
+        needed: list[tuple[str, str]] = []
+        if self.order_by is not None:
+            needed.append((self.order_by, "the store's order_by"))
+        if self.mode in ("latest", "history"):
+            needed += [(c, "a column of the store") for c in self.columns or () if c != self.order_by]
+        for agg in self.aggregates:
+            needed += [(c, f"aggregation {agg.name!r}") for c in (agg.column, agg.by) if c is not None]
+        first: dict[str, str] = {}
+        for column, why in needed:
+            first.setdefault(column, why)
+        return tuple(first.items())
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -375,7 +394,7 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _loads(raw: bytes) -> Any:
+def loads_json(raw: bytes) -> Any:
     """JSON text as Python values, exactly (ValueError if it is not UTF-8 JSON; NaN and infinities are
     not JSON). Every record and every stored value is read here: orjson, which is several times faster than
     the standard library, unless the text has a number orjson would not keep exact."""
@@ -385,6 +404,9 @@ def _loads(raw: bytes) -> Any:
     if _has_infinity(value):
         raise ValueError("a number is too large for a double")
     return value
+
+
+_loads = loads_json
 
 
 def _has_infinity(value: Any) -> bool:
@@ -499,19 +521,29 @@ KNOWN_KEYS = 1 << 17
 
 
 class RecordReader:
-    """Turns one Kafka record of partition `partition` into (key bytes, row or None for a tombstone).
+    """Turns one Kafka record of partition `partition` into (key bytes, row or None for a tombstone); a value is
+    a JSON object, or what `values` makes of it (a Schema Registry format).
 
     A key's format and partition are checked once: keys proven here are remembered (up to KNOWN_KEYS of
     them), since most records of a stream are about keys it has seen before."""
 
-    __slots__ = ("key_format", "partitioner", "partitions", "partition", "_known")
+    __slots__ = ("key_format", "partitioner", "partitions", "partition", "_known", "_values")
 
-    def __init__(self, key_format: KeyFormat, partitioner: Partitioner, partitions: int, partition: int) -> None:
+    def __init__(
+        self,
+        key_format: KeyFormat,
+        partitioner: Partitioner,
+        partitions: int,
+        partition: int,
+        values: Callable[[bytes], dict[str, Any]] | None = None,
+    ) -> None:
         self.key_format = key_format
         self.partitioner = partitioner
         self.partitions = partitions
         self.partition = partition
         self._known: set[bytes] = set()
+        # How a value becomes a row when it is not a JSON object (keyroute.core.value_format.ValueDecoder.decode).
+        self._values = values
 
     def read(self, key: bytes | None, value: bytes | None) -> tuple[bytes, dict[str, Any] | None]:
         if key is None:
@@ -524,6 +556,8 @@ class RecordReader:
             known.add(key)
         if value is None:
             return key, None
+        if self._values is not None:
+            return key, self._values(value)
         try:
             row = _loads(value)
         except (UnicodeDecodeError, ValueError):
@@ -543,11 +577,6 @@ class RecordReader:
 
 
 # --- what a version says about its topic ------------------------------------------------------------------
-
-
-def _env_reference(value: str) -> str | None:
-    match = re.fullmatch(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", value)
-    return None if match is None else match[1]
 
 
 # Consumer settings that carry secrets: a spec must name an environment variable for them (`${NAME}`), so
@@ -577,18 +606,17 @@ class LiveConfig:
     kafka: Mapping[str, str] = field(default_factory=dict)
     on_bad_record: str = "skip"
     catch_up_records: int = DEFAULT_CATCH_UP_RECORDS
+    # How record values are written (keyroute.core.value_format) and, for the registry formats, where the
+    # Schema Registry is.
+    value_format: str = "json"
+    schema_registry: RegistrySettings | None = None
 
     def consumer_settings(self, environ: Mapping[str, str]) -> dict[str, str]:
         """The client settings, `${NAME}` references resolved from `environ` (LiveSpecError if unset)."""
-        settings: dict[str, str] = {}
-        for name, value in self.kafka.items():
-            ref = _env_reference(value)
-            if ref is not None:
-                if ref not in environ:
-                    raise LiveSpecError(f"kafka setting {name!r} names ${{{ref}}}, which is not set")
-                value = environ[ref]
-            settings[name] = value
-        return settings
+        return {
+            name: resolve_env(f"kafka setting {name!r}", value, environ, LiveSpecError)
+            for name, value in self.kafka.items()
+        }
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -599,6 +627,8 @@ class LiveConfig:
             "offsets": list(self.offsets),
             "on_bad_record": self.on_bad_record,
             "catch_up_records": self.catch_up_records,
+            **({"value_format": self.value_format} if self.value_format != "json" else {}),
+            **({"schema_registry": self.schema_registry.to_json()} if self.schema_registry is not None else {}),
         }
 
     @classmethod
@@ -606,6 +636,7 @@ class LiveConfig:
         on_bad = str(doc.get("on_bad_record", "skip"))
         if on_bad not in ON_BAD_RECORD:
             raise ValueError(f"on_bad_record {on_bad!r} (expected one of: {', '.join(ON_BAD_RECORD)})")
+        registry = doc.get("schema_registry")
         offsets = tuple(int(o) for o in doc["offsets"])
         if any(o < 0 for o in offsets):
             raise ValueError("live offsets must be >= 0")
@@ -617,6 +648,8 @@ class LiveConfig:
             kafka={str(k): str(v) for k, v in dict(doc.get("kafka", {})).items()},
             on_bad_record=on_bad,
             catch_up_records=int(doc.get("catch_up_records", DEFAULT_CATCH_UP_RECORDS)),
+            value_format=str(doc.get("value_format", "json")),
+            schema_registry=None if registry is None else RegistrySettings.from_json(registry),
         )
 
 
@@ -631,7 +664,7 @@ def check_kafka_settings(kafka: Mapping[str, Any]) -> dict[str, str]:
             text = str(value)
         else:
             raise LiveSpecError(f"kafka setting {name!r} must be a string, number or boolean")
-        if name.lower() in SECRET_SETTINGS and _env_reference(text) is None:
+        if name.lower() in SECRET_SETTINGS and env_reference(text) is None:
             raise LiveSpecError(
                 f'kafka setting {name!r} is a secret: write it as "${{ENV_VAR}}" and set that variable on the '
                 "nodes (secrets are never written to manifests or ZooKeeper)"

@@ -7,6 +7,9 @@ operations guide says to re-key the topic or rebuild the store under its new key
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from keyroute.core.key_format import KeyFormat, KeyFormatError, key_from_data
 from keyroute.core.key_schema import KeySchema, KeySchemaChanged
 from keyroute.core.live import BadRecord, Reason, RecordReader
@@ -18,8 +21,15 @@ class SchemaKeyReader(RecordReader):
 
     __slots__ = ("key_schema",)
 
-    def __init__(self, key_schema: KeySchema, partitioner: Partitioner, partitions: int, partition: int) -> None:
-        super().__init__(key_schema.format, partitioner, partitions, partition)
+    def __init__(
+        self,
+        key_schema: KeySchema,
+        partitioner: Partitioner,
+        partitions: int,
+        partition: int,
+        values: Callable[[bytes], dict[str, Any]] | None = None,
+    ) -> None:
+        super().__init__(key_schema.format, partitioner, partitions, partition, values)
         self.key_schema = key_schema
 
     def _prove(self, key: bytes) -> None:
@@ -34,9 +44,15 @@ class SchemaKeyReader(RecordReader):
 
 
 def record_reader(
-    key_format: KeyFormat, key_schema: KeySchema | None, partitioner: Partitioner, partitions: int, partition: int
+    key_format: KeyFormat,
+    key_schema: KeySchema | None,
+    partitioner: Partitioner,
+    partitions: int,
+    partition: int,
+    values: Callable[[bytes], dict[str, Any]] | None = None,
 ) -> RecordReader:
-    """The reader of one live partition's records: keys checked against the key schema when the store has one."""
+    """The reader of one live partition's records (`values`: as RecordReader's): keys checked against the key
+    schema when the store has one."""
     if key_schema is not None:
-        return SchemaKeyReader(key_schema, partitioner, partitions, partition)
-    return RecordReader(key_format, partitioner, partitions, partition)
+        return SchemaKeyReader(key_schema, partitioner, partitions, partition, values)
+    return RecordReader(key_format, partitioner, partitions, partition, values)

@@ -156,6 +156,7 @@ def _keyroute_children(demo: DemoProcess) -> dict[int, int]:
     assert sum(b"ZooKeeperServerMain" in c for c in commands) == 1, commands
     assert sum(b"keyroute\0node" in c for c in commands) == 3, commands
     assert sum(b"keyroute\0router" in c for c in commands) == 1, commands
+    assert sum(b"keyroute\0schema-registry" in c for c in commands) == 1, commands
     demo.recorded = recorded
     return recorded
 
@@ -201,6 +202,17 @@ def test_the_demo_comes_up_serves_a_live_store_and_stops_cleanly(tmp_path: Path)
             later = wait_for(moved, timeout_s=60.0, message="the quotes partition's offset to move")
             assert later.json()["value"]["seq"] >= first.json()["value"]["seq"]
             assert set(later.json()["value"]) == {"ts", "bid", "seq"}
+
+            # The Avro live store: values written by confluent-kafka's AvroSerializer, answered as JSON.
+            assert f"/stores/ticks/keys/{sample_data.asset_id(7)}" in banner
+
+            def tick() -> httpx.Response | None:
+                found = client.get(f"/stores/ticks/keys/{sample_data.asset_id(7)}")
+                return found if found.status_code == 200 else None
+
+            value = wait_for(tick, timeout_s=60.0, message="a tick for ASSET-0007").json()["value"]
+            assert set(value) == {"ts", "price", "volume"} and isinstance(value["volume"], int), value
+            assert value["ts"].startswith("2027-01-15T") and value["ts"].endswith("Z"), value
         recorded = _keyroute_children(demo)
         demo.proc.send_signal(signal.SIGTERM)
         code = demo.wait_exit()

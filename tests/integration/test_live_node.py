@@ -30,6 +30,7 @@ from keyroute.core.live import Aggregate, LiveConfig, Merge
 from keyroute.core.lmdb_layout import build_partition_file
 from keyroute.core.partition_map import StoreRecord
 from keyroute.core.partitioner import Partitioner, partition_for
+from keyroute.core.schema_registry import RegistrySettings
 from keyroute.core.settings import ZkSettings
 from keyroute.core.snapshot import FORMAT_2, Manifest, checksum_file, data_file, version_dir, write_manifest
 from keyroute.core.timeline import StoreKind, Timeline, TimeType
@@ -69,6 +70,8 @@ def publish_live_store(
     on_bad_record: str = "skip",
     catch_up_records: int = 0,
     timeline: Timeline | None = None,
+    value_format: str = "json",
+    schema_registry: RegistrySettings | None = None,
     key_schema: KeySchema | None = None,
 ) -> None:
     """An empty format-2 version 1 of a live store, published in ZooKeeper (`key_schema`: of Schema Registry
@@ -84,7 +87,16 @@ def publish_live_store(
             shutil.copyfile(built.path, dest)
             checksums[p] = checksum_file(dest).value
             sizes[p] = dest.stat().st_size
-    live = LiveConfig(topic, bootstrap, merge, offsets, on_bad_record=on_bad_record, catch_up_records=catch_up_records)
+    live = LiveConfig(
+        topic,
+        bootstrap,
+        merge,
+        offsets,
+        on_bad_record=on_bad_record,
+        catch_up_records=catch_up_records,
+        value_format=value_format,
+        schema_registry=schema_registry,
+    )
     columns = ("ts", "page") if merge.mode != "aggregate" else tuple(a.name for a in merge.aggregates)
     files = {p: (data_file(p),) for p in range(PARTITIONS)}
     manifest = Manifest(

@@ -7,13 +7,16 @@ Pure: no Spark, no Kafka.
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from keyroute.core.live import DEFAULT_CATCH_UP_RECORDS, Aggregate, Merge
+from keyroute.core.live import DEFAULT_CATCH_UP_RECORDS, Aggregate, LiveConfig, Merge
+from keyroute.core.schema_registry import RegistrySettings
 from keyroute.pipeline.errors import SpecError
+from keyroute.pipeline.live import live_config
 from keyroute.pipeline.spec import LiveSpec, Mode, SourceFormat, load_spec, parse_spec
 
 LIVE_ONLY_TOML = """
@@ -132,7 +135,34 @@ def test_batch_stores_have_no_live_part(tmp_path: Path) -> None:
         (
             changed(LATEST_LIVE, live__group="x"),
             "unknown field 'live.group' (expected some of: topic, bootstrap_servers, kafka, start, "
-            "on_bad_record, catch_up_records)",
+            "on_bad_record, catch_up_records, value_format, schema_registry)",
+        ),
+        (
+            changed(LATEST_LIVE, live__value_format="xml"),
+            "unknown value_format 'xml' (expected one of: json, avro, protobuf, json_schema)",
+        ),
+        (
+            changed(LATEST_LIVE, live__value_format="avro"),
+            'value_format "avro" needs a schema_registry table (url = ...)',
+        ),
+        (
+            changed(LATEST_LIVE, live__schema_registry={"url": "http://r:8081"}),
+            'a schema_registry table is for value_format "avro", "protobuf" or "json_schema"',
+        ),
+        (
+            changed(
+                LATEST_LIVE,
+                live__value_format="avro",
+                live__schema_registry={"url": "http://r:8081", "basic.auth.user.info": "ann:pw"},
+            ),
+            'live.schema_registry.basic.auth.user.info is a secret: write it as "${ENV_VAR}" and set that variable '
+            "where the registry is read (secrets are never written to manifests or ZooKeeper)",
+        ),
+        (
+            changed(LATEST_LIVE, live__value_format="avro", live__schema_registry={"uri": "http://r"}),
+            "live.schema_registry: unknown option 'uri' (options: basic.auth.user.info, bearer.auth.identity.pool.id, "
+            "bearer.auth.logical.cluster, bearer.auth.token, max.retries, retries.max.wait.ms, retries.wait.ms, "
+            "ssl.ca.location, ssl.certificate.location, ssl.key.location, ssl.key.password, timeout, url)",
         ),
         (changed(LATEST_LIVE, live__topic=None), "missing required field 'live.topic'"),
         (changed(LATEST_LIVE, live__topic=""), "'live.topic' must be a non-empty string, got ''"),
@@ -255,3 +285,19 @@ def test_every_mergeable_aggregate_is_accepted(tmp_path: Path) -> None:
     }
     store = parse(changed(AGGREGATE_LIVE, aggregations=aggregations), tmp_path)
     assert [a.function for a in store.merge().aggregates] == ["count", "count", "sum", "min", "max", "max_by", "min_by"]
+
+
+def test_registry_values_reach_the_manifest(tmp_path: Path) -> None:
+    registry = {"url": "https://registry:8081", "bearer.auth.token": "${SR_TOKEN}", "timeout": 5}
+    store = parse(changed(LATEST_LIVE, live__value_format="avro", live__schema_registry=registry), tmp_path)
+    assert store.live is not None and store.live.value_format == "avro"
+    assert store.live.schema_registry == RegistrySettings(
+        "https://registry:8081", {"bearer.auth.token": "${SR_TOKEN}", "timeout": "5"}
+    )
+    config = live_config(store, (0, 0, 0, 0))
+    assert (config.value_format, config.schema_registry) == ("avro", store.live.schema_registry)
+    again = LiveConfig.from_json(json.loads(json.dumps(config.to_json())))
+    assert again == config
+    # a JSON store's manifest is as before (nodes that do not know the registry formats read it)
+    plain = live_config(parse(LATEST_LIVE, tmp_path), (0, 0, 0, 0)).to_json()
+    assert "value_format" not in plain and "schema_registry" not in plain
