@@ -209,6 +209,9 @@ def test_the_router_reads_every_key_on_the_producers_partition(routed: RoutedClu
     assert resp.json()["error"] == "bad_key" and "'id'" in resp.json()["message"]
     resp = httpx.get(f"{routed.router_url}/stores/proto_longs/keys/twelve", timeout=10)
     assert resp.status_code == 400 and resp.json()["error"] == "bad_key"
+    # Their order is their framed bytes', no order of their texts: no key ranges, said plainly.
+    resp = httpx.get(f"{routed.router_url}/stores/avro_records/range", timeout=10)
+    assert resp.status_code == 400 and resp.json()["error"] == "wrong_store_kind", resp.text
     # The router keeps answering the keys that fit.
     good = key_text("record", VALUES["record"][0])
     assert httpx.get(f"{routed.router_url}/stores/avro_records/keys/{quote(good, safe='')}").status_code == 200
@@ -261,3 +264,31 @@ def test_live_records_keyed_under_another_key_schema_id_are_counted_not_applied(
         assert node.metric("keyroute_node_live_skipped_records_total", reason="key_schema_changed") == len(moved)
     finally:
         node.close()
+
+
+def test_a_build_whose_key_subject_is_missing_fails_naming_store_and_subject(
+    tmp_path: Path, schema_registry: str
+) -> None:
+    from keyroute.pipeline.build import with_key_schemas
+    from keyroute.pipeline.errors import SpecError
+    from keyroute.pipeline.spec import load_spec
+
+    spec = tmp_path / "stores.toml"
+    spec.write_text(
+        f"""
+[stores.bookings]
+source = "events.json"
+format = "json"
+key = "k"
+key_format = "avro"
+key_subject = "no-such-subject-key"
+partitions = 3
+mode = "latest"
+order_by = "n"
+schema_registry = {{ url = "{schema_registry}" }}
+""",
+        "utf-8",
+    )
+    with pytest.raises(SpecError) as err:
+        with_key_schemas(load_spec(spec))
+    assert str(err.value).startswith("store 'bookings': key subject 'no-such-subject-key' is not in the schema")
