@@ -10,6 +10,7 @@ starts no Spark session at all).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import sys
 from collections.abc import Iterator, Mapping
@@ -21,6 +22,7 @@ from kazoo.client import KazooClient
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
+from keyroute.core.key_schema import KeySchemaLookupError, fetch_key_schema
 from keyroute.core.settings import ZkSettings
 from keyroute.core.snapshot import ArrowLocation, SnapshotError, is_local, local_path
 from keyroute.core.zk import ZkUnavailableError, close, connect
@@ -103,7 +105,7 @@ def build(
     returning. `kafka` says how to reach live stores' clusters (default: no environment variables).
     `spark_secret_file`: a session created here authenticates and encrypts its RPC with this secret.
     """
-    spec = load_spec(spec_path)
+    spec = with_key_schemas(load_spec(spec_path))
     _check_output(spec, output)
     kafka = KafkaAccess({}) if kafka is None else kafka
     client = _connect(zk)
@@ -238,6 +240,28 @@ def _spark_settings(session: SparkSession | None, spec: Spec, spec_path: Path, j
         yield
     finally:
         restore_conf(session, previous)
+
+
+def with_key_schemas(spec: Spec) -> Spec:
+    """`spec` with every Schema Registry key schema resolved (id and text, from the store's registry), so the
+    build serializes keys as the producer does and the store's record carries the schema to readers."""
+    stores = []
+    for store in spec.stores:
+        if store.key_format.registered and store.key_schema is None:
+            assert store.schema_registry is not None  # the spec requires it
+            try:
+                schema = fetch_key_schema(
+                    store.key_format,
+                    store.schema_registry,
+                    store.key_subject,
+                    store.key_schema_id,
+                    store.key_message,
+                )
+            except KeySchemaLookupError as exc:
+                raise SpecError(store.name, str(exc)) from None
+            store = dataclasses.replace(store, key_schema=schema)
+        stores.append(store)
+    return dataclasses.replace(spec, stores=tuple(stores))
 
 
 def _check_output(spec: Spec, output: str) -> None:

@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from keyroute.core.key_format import KeyFormat, KeyFormatError, key_from_value
+from keyroute.core.key_schema import KeySchema
 from keyroute.core.lmdb_layout import LMDB_MAX_KEY_BYTES, TAG_HASHED, TAG_KEY, db_keys
 from keyroute.core.partition_vectorized import partitions as vectorized_partitions
 from keyroute.core.partitioner import Partitioner
@@ -59,7 +60,9 @@ class SerializedKeys:
     error: pa.Array  # string: why the key does not fit the key format; null when it does
 
 
-def serialize_keys(keys: pa.Array | pa.ChunkedArray, key_format: KeyFormat) -> SerializedKeys:
+def serialize_keys(
+    keys: pa.Array | pa.ChunkedArray, key_format: KeyFormat, key_schema: KeySchema | None = None
+) -> SerializedKeys:
     """Serialize a batch of raw keys (as `raw_key_column` types them) exactly as `key_from_value` does, key for key.
 
     Batches of well-formed string, integer and uuid keys are serialized by Arrow and NumPy kernels; any other
@@ -67,6 +70,8 @@ def serialize_keys(keys: pa.Array | pa.ChunkedArray, key_format: KeyFormat) -> S
     """
     if isinstance(keys, pa.ChunkedArray):
         keys = keys.combine_chunks()
+    if key_schema is not None:  # Schema Registry keys: by the schema's codec, built once per worker
+        return _serialize_per_key(keys, key_format, key_schema)
     return _serialize_vectorized(keys, key_format) or _serialize_per_key(keys, key_format)
 
 
@@ -77,6 +82,7 @@ def route_keys(
     partitions: int,
     lmdb_key: bool = False,
     timeline: bool = False,
+    key_schema: KeySchema | None = None,
 ) -> pa.StructArray:
     """Canonical text and partition for a batch of raw keys; a key that does not fit gets an error instead.
     With `lmdb_key`, also the LMDB key the node stores it under (`db_key` of the serialized bytes the
@@ -86,7 +92,7 @@ def route_keys(
     Errors are returned, not raised: the driver reports how many keys failed, with examples, rather than
     the first worker traceback.
     """
-    serialized = serialize_keys(keys, key_format)
+    serialized = serialize_keys(keys, key_format, key_schema)
     arrays = [serialized.text, _partitions(serialized.data, partitioner, partitions), serialized.error]
     names = ["key", "partition", "error"]
     if lmdb_key:
@@ -95,9 +101,15 @@ def route_keys(
     return pa.StructArray.from_arrays(arrays, names=names)
 
 
-def key_partitions(keys: pa.Array, key_format: KeyFormat, partitioner: Partitioner, partitions: int) -> pa.Array:
+def key_partitions(
+    keys: pa.Array,
+    key_format: KeyFormat,
+    partitioner: Partitioner,
+    partitions: int,
+    key_schema: KeySchema | None = None,
+) -> pa.Array:
     """The partition of every raw key as int32, null for a key that does not fit (the audit's record UDF)."""
-    return _partitions(serialize_keys(keys, key_format).data, partitioner, partitions)
+    return _partitions(serialize_keys(keys, key_format, key_schema).data, partitioner, partitions)
 
 
 def _partitions(data: pa.Array, partitioner: Partitioner, partitions: int) -> pa.Array:
@@ -183,14 +195,14 @@ def _null_key_errors(keys: pa.Array, key_format: KeyFormat) -> pa.Array:
     return pc.if_else(keys.is_null(), message, pa.scalar(None, pa.string()))
 
 
-def _serialize_per_key(keys: pa.Array, key_format: KeyFormat) -> SerializedKeys:
+def _serialize_per_key(keys: pa.Array, key_format: KeyFormat, key_schema: KeySchema | None = None) -> SerializedKeys:
     texts: list[str | None] = []
     datas: list[bytes | None] = []
     errors: list[str | None] = []
     # to_pylist gives exact Python ints/str/bytes: no float detour for int64 keys.
     for value in keys.to_pylist():
         try:
-            key = key_from_value(key_format, value)
+            key = key_from_value(key_format, value, key_schema)
         except KeyFormatError as exc:
             texts.append(None)
             datas.append(None)
@@ -209,10 +221,11 @@ def lmdb_keys(
     partitioner: Partitioner,
     partitions: int,
     verify: bool = True,
+    key_schema: KeySchema | None = None,
 ) -> pa.Array:
     """The LMDB key (`db_key`) of every canonical key text, or null for a key that does not parse or (with
     `verify`) whose serialized bytes do not hash to its row's partition: such a row must never be written."""
-    data = serialize_keys(keys, key_format).data
+    data = serialize_keys(keys, key_format, key_schema).data
     if verify:
         placed = _partitions(data, partitioner, partitions)
         fits = pc.fill_null(pc.equal(placed, pc.cast(parts, pa.int32())), False)
@@ -246,10 +259,20 @@ def raw_key_column(store: StoreSpec, dtype: T.DataType) -> Column:
             return column
     elif fmt is KeyFormat.BYTES and (is_string or isinstance(dtype, T.BinaryType)):
         return column  # binary as is; text as base64url
+    elif fmt.registered:
+        if is_string or isinstance(dtype, T.StructType):  # a primitive key or a record key's text; a record
+            return column
+        if is_integral:
+            return column.cast(T.LongType())
+        if is_whole_decimal:
+            return column.cast(T.StringType())
     expected = {
         KeyFormat.STRING: "string or integer",
         KeyFormat.UUID: "string",
         KeyFormat.BYTES: "binary or base64url string",
+        KeyFormat.AVRO: "string, integer or struct",
+        KeyFormat.PROTOBUF: "string, integer or struct",
+        KeyFormat.JSON_SCHEMA: "string, integer or struct",
     }.get(fmt, "integer or decimal string")
     raise DataError(
         store.name,
@@ -260,11 +283,12 @@ def raw_key_column(store: StoreSpec, dtype: T.DataType) -> Column:
 
 def _router(store: StoreSpec) -> Any:
     key_format, partitioner, partitions = store.key_format, store.partitioner, store.partitions
+    key_schema = store.key_schema
     timeline = store.mode.timeline
     lmdb_key = store.snapshot_format != 1 and (timeline or key_format not in TEXT_SERIALIZED)
 
     def route(keys: pa.Array) -> pa.Array:
-        return route_keys(keys, key_format, partitioner, partitions, lmdb_key, timeline)
+        return route_keys(keys, key_format, partitioner, partitions, lmdb_key, timeline, key_schema)
 
     # arrow_udf: whole Arrow batches in and out, no pandas in between (a scalar Arrow UDF, Spark >= 4.1).
     # The kind is read from the type hints; pyspark's stubs insist on functionType, which it warns about.
@@ -274,9 +298,10 @@ def _router(store: StoreSpec) -> Any:
 def partition_column(store: StoreSpec, raw_key: Column) -> Column:
     """The partition of every raw key (null for a key that does not fit): `key_partitions` in an Arrow UDF."""
     key_format, partitioner, partitions = store.key_format, store.partitioner, store.partitions
+    key_schema = store.key_schema
 
     def partition(keys: pa.Array) -> pa.Array:
-        return key_partitions(keys, key_format, partitioner, partitions)
+        return key_partitions(keys, key_format, partitioner, partitions, key_schema)
 
     return F.arrow_udf(partition, T.IntegerType())(raw_key)  # type: ignore[call-overload]
 
@@ -289,10 +314,11 @@ def lmdb_key_column(store: StoreSpec, key: Column, partition: Column) -> Column:
     keys by another hash (`unhashed_route_column`): then no key is where the partitioner puts it.
     """
     key_format, partitioner, partitions = store.key_format, store.partitioner, store.partitions
+    key_schema = store.key_schema
     verify = route_step is route_column
 
     def lmdb_key(keys: pa.Array, parts: pa.Array) -> pa.Array:
-        return lmdb_keys(keys, parts, key_format, partitioner, partitions, verify)
+        return lmdb_keys(keys, parts, key_format, partitioner, partitions, verify, key_schema)
 
     return F.arrow_udf(lmdb_key, T.BinaryType())(key, partition)  # type: ignore[call-overload]
 

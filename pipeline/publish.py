@@ -32,6 +32,7 @@ from keyroute.pipeline.errors import PipelineError, PublishError
 from keyroute.pipeline.spec import Mode
 
 if TYPE_CHECKING:  # type names only: publishing and rolling back must not load Spark
+    from keyroute.core.key_schema import KeySchema
     from keyroute.pipeline.spec import StoreSpec
     from keyroute.pipeline.writer import WrittenVersion
 
@@ -111,6 +112,7 @@ def check_shape(store: StoreSpec, published: PublishedStore | None) -> None:
             ("partitions", record.partitions, store.partitions),
             ("partitioner", record.partitioner.value, store.partitioner.value),
             ("key_format", record.key_format.value, store.key_format.value),
+            ("key schema id", _key_schema_id(record.key_schema), _key_schema_id(store.key_schema)),
             ("kind", "value" if record.timeline is None else record.timeline.kind.value, store_kind(store).value),
         )
         if before != after
@@ -132,6 +134,7 @@ def store_record(store: StoreSpec, written: WrittenVersion, published_at: float 
         partitions=store.partitions,
         partitioner=store.partitioner,
         key_format=store.key_format,
+        key_schema=store.key_schema,
         version=written.version,
         snapshot=str(written.snapshot),
         value_columns=written.manifest.value_columns,
@@ -140,6 +143,10 @@ def store_record(store: StoreSpec, written: WrittenVersion, published_at: float 
         live=written.manifest.live is not None,
         timeline=written.manifest.timeline,
     )
+
+
+def _key_schema_id(schema: KeySchema | None) -> int | None:
+    return None if schema is None else schema.schema_id
 
 
 def store_kind(store: StoreSpec) -> StoreKind:

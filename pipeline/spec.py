@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from keyroute.core.key_format import KeyFormat
+from keyroute.core.key_schema import KeySchema
 from keyroute.core.live import (
     DEFAULT_CATCH_UP_RECORDS,
     ON_BAD_RECORD,
@@ -125,6 +126,16 @@ class StoreSpec:
     advance: str | None = None
     # A history store's time type when no source tells it (a live history store without `source`).
     order_by_type: TimeType | None = None
+    # Schema Registry keys (key_format avro/protobuf/json_schema): the subject whose latest schema, or the
+    # schema id, the producer serializes keys with; `key_message` names a Protobuf key's message type.
+    key_subject: str | None = None
+    key_schema_id: int | None = None
+    key_message: str = ""
+    # The registry the build resolves the key schema from: the store's `schema_registry` table, else its live
+    # values' one.
+    schema_registry: RegistrySettings | None = None
+    # The key schema as the build resolved it (id and text), recorded in the store's record: None until then.
+    key_schema: KeySchema | None = None
 
     @property
     def batch(self) -> bool:
@@ -278,6 +289,10 @@ _FIELDS = (
     "window",
     "advance",
     "order_by_type",
+    "key_subject",
+    "key_schema_id",
+    "key_message",
+    "schema_registry",
 )
 _LIVE_FIELDS = (
     "topic",
@@ -519,6 +534,8 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
     if live is not None:
         _check_live_store(name, mode, aggregations or {}, snapshot_format)
     _check_offset_column(name, key, batch, live, source_partition_column, source_offset_column)
+    key_format = fields.parsed("key_format", KeyFormat.parse, KeyFormat.STRING)
+    key_subject, key_schema_id, key_message, registry = _key_schema_fields(name, fields, table, key_format, live)
 
     return StoreSpec(
         name=name,
@@ -528,7 +545,11 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
         source_sql=source_sql,
         options=options,
         key=key,
-        key_format=fields.parsed("key_format", KeyFormat.parse, KeyFormat.STRING),
+        key_format=key_format,
+        key_subject=key_subject,
+        key_schema_id=key_schema_id,
+        key_message=key_message,
+        schema_registry=registry,
         partitions=fields.count("partitions", required=True, maximum=_MAX_PARTITIONS),
         partitioner=fields.parsed("partitioner", Partitioner.parse, Partitioner.MURMUR2),
         replication_factor=fields.count("replication_factor", default=1),
@@ -545,6 +566,40 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
         advance=advance,
         order_by_type=order_by_type,
     )
+
+
+def _key_schema_fields(
+    name: str, fields: _Fields, table: Mapping[str, Any], key_format: KeyFormat, live: LiveSpec | None
+) -> tuple[str | None, int | None, str, RegistrySettings | None]:
+    """`key_subject`, `key_schema_id`, `key_message` and the `schema_registry` table: exactly one of the first
+    two for a Schema Registry key format, none of them for another. Without its own `schema_registry` table,
+    the store's keys are read from its live values' registry."""
+    subject = fields.text("key_subject")
+    schema_id = table.get("key_schema_id")
+    message = fields.text("key_message") or ""
+    registry = table.get("schema_registry")
+    if not key_format.registered:
+        given = [f for f in ("key_subject", "key_schema_id", "key_message") if f in table]
+        if given or registry is not None:
+            what = given[0] if given else "schema_registry"
+            raise SpecError(name, f"{what!r} applies to key_format avro, protobuf or json_schema")
+        return None, None, "", None
+    if (subject is None) == (schema_id is None):
+        raise SpecError(name, f"key_format {key_format.value!r} needs 'key_subject' or 'key_schema_id' (one of them)")
+    if schema_id is not None and (isinstance(schema_id, bool) or not isinstance(schema_id, int) or schema_id < 0):
+        raise SpecError(name, f"'key_schema_id' must be a schema id (an integer >= 0), got {schema_id!r}")
+    if message and key_format is not KeyFormat.PROTOBUF:
+        raise SpecError(name, "'key_message' applies to key_format 'protobuf'")
+    if registry is not None:
+        try:
+            return subject, schema_id, message, RegistrySettings.parse(registry)
+        except ValueError as exc:  # RegistrySettingsError
+            raise SpecError(name, str(exc)) from None
+    if live is None or live.schema_registry is None:
+        raise SpecError(
+            name, f"key_format {key_format.value!r} needs a [stores.{name}.schema_registry] table with a 'url'"
+        )
+    return subject, schema_id, message, live.schema_registry
 
 
 def _check_aggregations(

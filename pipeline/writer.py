@@ -236,6 +236,7 @@ def write_empty_version(
             bytes={p: written[p].size for p in range(store.partitions)},
             live=live,
             timeline=timeline,
+            key_schema=store.key_schema,
         )
         write_manifest(claimed.location, manifest)
     return WrittenVersion(store=store.name, version=claimed.version, snapshot=claimed.snapshot, manifest=manifest)
@@ -266,6 +267,7 @@ def _manifest(computed: ComputedStore, version: int, **fields: object) -> Manife
         rows=computed.partition_rows,  # counted from the cached frame while checking its keys
         created_at=time.time(),
         timeline=computed.timeline,
+        key_schema=store.key_schema,
         **fields,  # type: ignore[arg-type]
     )
 

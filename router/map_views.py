@@ -449,6 +449,7 @@ class RoutingTables:
                     "partitions": record.partitions,
                     "partitioner": record.partitioner.value,
                     "key_format": record.key_format.value,
+                    **({} if record.key_schema is None else {"key_schema": record.key_schema.to_dict()}),
                     "version": record.version,
                     "replicas": replicas,
                     # Partitions served at another version than the store's (loading, rolling back).

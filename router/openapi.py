@@ -82,7 +82,8 @@ _KEY = {
     "schema": {"type": "string"},
     "description": (
         "one path segment, percent-encoded UTF-8 ('/' as %2F); decimal for int16/int32/"
-        "int64 stores, base64url for bytes stores; at most `max_key_bytes` bytes decoded"
+        "int64 stores, base64url for bytes stores, a JSON object for a Schema Registry record key; at most "
+        "`max_key_bytes` bytes decoded"
     ),
 }
 _TIME_BOUND = (

@@ -27,6 +27,7 @@ from keyroute.core.api import (
     BadRequest,
     CursorExpired,
     PartitionUnavailable,
+    WrongStoreKind,
 )
 from keyroute.core.key_format import KeyFormat, parse_key
 from keyroute.core.ranges import (
@@ -35,6 +36,7 @@ from keyroute.core.ranges import (
     RangeKeyError,
     RangeQueryError,
     make_range_cursor,
+    no_key_ranges,
     order_of,
     parse_range_query,
     range_entry,
@@ -70,6 +72,8 @@ async def read_range(proxy: Proxy, store: str, raw_query: bytes, request_id: str
     if record is None:
         raise table.unknown_store(store)
     key_format = record.key_format
+    if (refused := no_key_ranges(store, key_format)) is not None:
+        raise WrongStoreKind(refused)
     try:
         query = parse_range_query(raw_query, key_format)
     except RangeKeyError as exc:

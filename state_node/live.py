@@ -47,7 +47,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from keyroute.core.key_format import KeyFormat
+from keyroute.core.key_schema import KeySchema
 from keyroute.core.live import OFFSET_KEY, BadRecord, LiveConfig, RecordReader
+from keyroute.core.live_keys import record_reader
 from keyroute.core.lmdb_layout import LMDB_MAX_KEY_BYTES, TAG_KEY, db_key
 from keyroute.core.partitioner import Partitioner
 from keyroute.core.schema_registry import RegistryUnavailable
@@ -116,6 +118,7 @@ class LiveVersion:
     key_format: KeyFormat
     partitioner: Partitioner
     partitions: int
+    key_schema: KeySchema | None = None  # Schema Registry keys (keyroute.core.live_keys)
 
 
 _LONG_KEY = LMDB_MAX_KEY_BYTES
@@ -376,7 +379,7 @@ class LiveApplier:
         p = held.pid.partition
         source = self._source
         values = None if self._values is None else self._values.decode
-        reader = RecordReader(source.key_format, source.partitioner, source.partitions, p, values)
+        reader = record_reader(source.key_format, source.key_schema, source.partitioner, source.partitions, p, values)
         with self._lock:
             self._slots[p] = _Slot(held, live, reader, live.next_offset)
         with self._commands_lock:

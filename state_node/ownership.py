@@ -669,7 +669,13 @@ class Ownership:
         applier = self._appliers.get(key)
         if applier is None:
             source = LiveVersion(
-                held.pid.store, held.pid.version, live.config, record.key_format, record.partitioner, record.partitions
+                held.pid.store,
+                held.pid.version,
+                live.config,
+                record.key_format,
+                record.partitioner,
+                record.partitions,
+                record.key_schema,
             )
             settings = ApplierSettings(
                 batch_records=self._settings.live_batch_records, sync_interval_s=self._settings.live_sync_ms / 1000

@@ -20,12 +20,20 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from keyroute.core.api import HEADER_PARTITION, HEADER_VERSION, BadRequest, CursorExpired, PartitionUnavailable
+from keyroute.core.api import (
+    HEADER_PARTITION,
+    HEADER_VERSION,
+    BadRequest,
+    CursorExpired,
+    PartitionUnavailable,
+    WrongStoreKind,
+)
 from keyroute.core.key_format import KeyFormatError, key_from_data
 from keyroute.core.lmdb_layout import TAG_KEY
 from keyroute.core.ranges import (
     RangeQueryError,
     in_range,
+    no_key_ranges,
     order_of,
     parse_partition_range,
     prefix_end,
@@ -82,6 +90,8 @@ def read_partition_range(node: Node, store_name: str, raw_partition: str, raw_qu
         )
     partition = int(raw_partition)
     key_format = record.key_format
+    if (refused := no_key_ranges(store_name, key_format)) is not None:
+        raise WrongStoreKind(refused)
     try:
         query = parse_partition_range(raw_query, key_format)
     except RangeQueryError as exc:

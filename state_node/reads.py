@@ -131,7 +131,7 @@ def find_store(m: PartitionMap, name: str) -> StoreRecord:
 
 def parse_key_text(record: StoreRecord, text: str) -> Key:
     try:
-        return parse_key(record.key_format, text)
+        return parse_key(record.key_format, text, record.key_schema)
     except KeyFormatError as exc:
         raise BadKey(str(exc)) from exc
 
@@ -546,7 +546,7 @@ def read_batch(
             )
             continue
         try:
-            key = _batch_key(store_name, record.key_format, raw)
+            key = _batch_key(store_name, record, raw)
         except BadKey as exc:
             metrics.count(store_name, KIND_BATCH, exc.status)
             entries[i] = encode_entry(error_entry(raw if isinstance(raw, str) else str(raw), exc))
@@ -610,11 +610,14 @@ def _local_entry(node: Node, store: str, held: PartitionStore, key: Key, partiti
     return found_entry(key.text, partition, held.version, value, offset, node.node_id)
 
 
-def _batch_key(store: str, fmt: KeyFormat, raw: str | int) -> Key:
+def _batch_key(store: str, record: StoreRecord, raw: str | int) -> Key:
+    fmt = record.key_format
     if isinstance(raw, int) and fmt not in _INT_FORMATS:
-        raise bad_batch_key(store, fmt.value, raw)
+        if not fmt.registered:
+            raise bad_batch_key(store, fmt.value, raw)
+        raw = str(raw)  # as the router sends it: a Schema Registry key's text
     try:
-        return key_from_value(fmt, raw)
+        return key_from_value(fmt, raw, record.key_schema)
     except KeyFormatError as exc:
         raise BadKey(str(exc)) from exc
 

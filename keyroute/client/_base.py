@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import json
 import os
 import ssl
 import time
@@ -26,6 +27,7 @@ import httpx
 from keyroute.client._errors import KeyrouteError, connection_failed, error_of_answer, error_of_entry
 from keyroute.core.key_format import KeyFormat, KeyFormatError
 from keyroute.core.key_location import Endpoint, KeyLocation, StoreLocator
+from keyroute.core.key_schema import KeySchema
 from keyroute.core.partitioner import Partitioner
 
 DEFAULT_TIMEOUT_S = 5.0
@@ -85,8 +87,11 @@ class Value:
     offset: int | None = None
 
 
-def key_text(key: str | int | bytes | uuid.UUID) -> str:
-    """A key as the API takes it: text as is, integers in decimal, uuids as their text, bytes in base64url."""
+def key_text(key: str | int | bytes | uuid.UUID | Mapping[str, Any]) -> str:
+    """A key as the API takes it: text as is, integers in decimal, uuids as their text, bytes in base64url, a
+    Schema Registry record key (a mapping) as compact JSON."""
+    if isinstance(key, Mapping):
+        return json.dumps(key, separators=(",", ":"), ensure_ascii=False)
     if isinstance(key, bool):
         raise TypeError("a key is str, int, bytes or uuid.UUID, not bool")
     if isinstance(key, str):
@@ -371,6 +376,7 @@ def _locator_of_routing(
         KeyFormat(store["key_format"]),
         (),
         tuple(serving),
+        None if store.get("key_schema") is None else KeySchema.from_dict(store["key_schema"]),
     )
 
 

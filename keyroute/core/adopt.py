@@ -195,6 +195,7 @@ def _record(
         retained=dict(snapshots),
         live=manifest.live is not None,
         timeline=manifest.timeline,
+        key_schema=manifest.key_schema,
     )
 
 
@@ -208,9 +209,12 @@ def _done(result: Adopted, action: str, record: StoreRecord) -> Adopted:
 def _shape(manifest: Manifest) -> tuple[Any, ...]:
     """What must not change between versions of a store: how keys are routed, and its kind."""
     kind = None if manifest.timeline is None else manifest.timeline.kind
-    return (manifest.partitions, manifest.partitioner, manifest.key_format, kind, manifest.live is not None)
+    key_schema_id = None if manifest.key_schema is None else manifest.key_schema.schema_id
+    live = manifest.live is not None
+    return (manifest.partitions, manifest.partitioner, manifest.key_format, kind, live, key_schema_id)
 
 
 def _published_shape(record: StoreRecord) -> tuple[Any, ...]:
     kind = None if record.timeline is None else record.timeline.kind
-    return (record.partitions, record.partitioner, record.key_format, kind, record.live)
+    key_schema_id = None if record.key_schema is None else record.key_schema.schema_id
+    return (record.partitions, record.partitioner, record.key_format, kind, record.live, key_schema_id)

@@ -117,7 +117,7 @@ class BadKey(ApiError, status=400, code="bad_key"): ...
 
 
 # Key formats whose batch-get keys may also be JSON integers (their decimal text is the key).
-INTEGER_KEY_FORMATS = frozenset({"int16", "int32", "int64"})
+INTEGER_KEY_FORMATS = frozenset({"int16", "int32", "int64", "avro", "protobuf", "json_schema"})
 
 
 def bad_batch_key(store: str, key_format: str, raw: Any) -> BadKey:

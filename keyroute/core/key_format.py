@@ -11,8 +11,12 @@ import numbers
 import re
 import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from keyroute.core.partitioner import parse_choice
+
+if TYPE_CHECKING:
+    from keyroute.core.key_schema import KeyCodec, KeySchema
 
 # Explicit [0-9] rather than \d, which in str patterns also matches non-ASCII digits such as '٣'.
 _DECIMAL = re.compile(r"-?[0-9]+")
@@ -24,7 +28,8 @@ _SHOWN_CHARS = 64
 
 
 class KeyFormat(enum.StrEnum):
-    """How a store's keys were serialized: Kafka's String/Short/Integer/Long/UUID/ByteArraySerializer."""
+    """How a store's keys were serialized: Kafka's String/Short/Integer/Long/UUID/ByteArraySerializer, or
+    Confluent's Schema Registry serializers (Avro, Protobuf, JSON Schema: keyroute.core.key_schema)."""
 
     STRING = "string"
     INT16 = "int16"
@@ -32,6 +37,14 @@ class KeyFormat(enum.StrEnum):
     INT64 = "int64"
     UUID = "uuid"
     BYTES = "bytes"
+    AVRO = "avro"
+    PROTOBUF = "protobuf"
+    JSON_SCHEMA = "json_schema"
+
+    @property
+    def registered(self) -> bool:
+        """Whether keys of this format are framed with a Schema Registry schema id (need a `KeySchema`)."""
+        return self in _REGISTERED
 
     @classmethod
     def parse(cls, name: str) -> KeyFormat:
@@ -50,6 +63,8 @@ class Key:
     text: str  # canonical text form: what appears in JSON answers and snapshot files
     data: bytes  # the bytes Kafka's serializer produces; what is hashed and stored
 
+
+_REGISTERED = frozenset({KeyFormat.AVRO, KeyFormat.PROTOBUF, KeyFormat.JSON_SCHEMA})
 
 _INT_WIDTHS: dict[KeyFormat, int] = {KeyFormat.INT16: 2, KeyFormat.INT32: 4, KeyFormat.INT64: 8}
 
@@ -125,8 +140,15 @@ def _parse_string(text: str) -> Key:
     return Key(text, data)
 
 
-def parse_key(fmt: KeyFormat, text: str) -> Key:
-    """A key as written in a (percent-decoded) URL path segment or on the CLI."""
+def _codec(fmt: KeyFormat, schema: KeySchema | None) -> KeyCodec:
+    if schema is None or schema.format is not fmt:
+        raise KeyFormatError(f"{fmt.value} keys need the store's key schema (its record has none)")
+    return schema.codec
+
+
+def parse_key(fmt: KeyFormat, text: str, schema: KeySchema | None = None) -> Key:
+    """A key as written in a (percent-decoded) URL path segment or on the CLI; `schema`: the store's key
+    schema, for the Schema Registry formats."""
     if fmt is KeyFormat.STRING:
         return _parse_string(text)
     if fmt in _INT_WIDTHS:
@@ -135,13 +157,17 @@ def parse_key(fmt: KeyFormat, text: str) -> Key:
         return _parse_uuid(text)
     if fmt is KeyFormat.BYTES:
         return _parse_bytes(text)
+    if fmt in _REGISTERED:
+        return _codec(fmt, schema).parse(text)
     raise KeyFormatError(f"unknown key format {fmt!r}")
 
 
-def key_from_value(fmt: KeyFormat, value: object) -> Key:
+def key_from_value(fmt: KeyFormat, value: object, schema: KeySchema | None = None) -> Key:
     """A key from a value as a data source (e.g. a Spark row) gives it."""
     if value is None:
         raise KeyFormatError(f"null key ({fmt.value} keys cannot be null)")
+    if fmt in _REGISTERED:
+        return _codec(fmt, schema).from_value(value)
     if isinstance(value, str):
         return parse_key(fmt, value)
     if fmt in _INT_WIDTHS and isinstance(value, numbers.Integral) and not isinstance(value, bool):
@@ -158,8 +184,10 @@ def key_from_value(fmt: KeyFormat, value: object) -> Key:
     raise KeyFormatError(f"a {fmt.value} key cannot be made from a value of type {type(value).__name__}")
 
 
-def key_from_data(fmt: KeyFormat, data: bytes) -> Key:
+def key_from_data(fmt: KeyFormat, data: bytes, schema: KeySchema | None = None) -> Key:
     """Rebuild a key from the serialized bytes (as read back from a store)."""
+    if fmt in _REGISTERED:
+        return _codec(fmt, schema).from_data(data)
     data = bytes(data)
     if fmt is KeyFormat.STRING:
         try:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from keyroute.core.key_format import KeyFormat, parse_key
+from keyroute.core.key_schema import KeyCodec, KeySchema
 from keyroute.core.partitioner import Partitioner, key_hash, murmur2, murmur2_bits, partition_of_hash
 
 if TYPE_CHECKING:
@@ -97,7 +98,11 @@ class StoreLocator:
     # One entry per partition, preferred replica first; a partition nobody is assigned or serves has ().
     assigned: tuple[tuple[str, ...], ...]
     serving: tuple[tuple[Endpoint, ...], ...]
+    # Schema Registry keys: the schema keys are serialized with (its codec is built once, then shared).
+    key_schema: KeySchema | None = None
     plain: bool = field(init=False)
+    # The key schema's serializer, looked up once here rather than on every read.
+    codec: KeyCodec | None = field(init=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.partitions <= _MAX_PARTITIONS:
@@ -108,6 +113,7 @@ class StoreLocator:
         object.__setattr__(self, "serving", _per_partition(self.serving, self.partitions))
         plain = self.key_format is KeyFormat.STRING and self.partitioner is Partitioner.MURMUR2
         object.__setattr__(self, "plain", plain)
+        object.__setattr__(self, "codec", None if self.key_schema is None else self.key_schema.codec)
 
     @classmethod
     def of_map(cls, partition_map: PartitionMap, name: str) -> StoreLocator | None:
@@ -123,6 +129,7 @@ class StoreLocator:
             store.key_format,
             partition_map.assignment.stores.get(name, ()),
             partition_map.routes.get(name, ()),
+            store.key_schema,
         )
 
     @classmethod
@@ -143,6 +150,7 @@ class StoreLocator:
                 )
                 for entry in entries
             ),
+            None if store.get("key_schema") is None else KeySchema.from_dict(store["key_schema"]),
         )
 
     def serving_of(self, key_text: str) -> tuple[int, tuple[Endpoint, ...]]:
@@ -171,8 +179,14 @@ class StoreLocator:
             hash_value = murmur2(data)
             # Kafka's toPositive(murmur2(key)) % partitions, as `partition_for` computes it.
             partition = (hash_value & 0x7FFFFFFF) % self.partitions
+        elif (codec := self.codec) is not None and self.partitioner is Partitioner.MURMUR2:
+            # Schema Registry keys hashed as most producers do: inline, as the plain case.
+            key = codec.parse(key_text)
+            key_text = key.text
+            hash_value = murmur2(key.data)
+            partition = (hash_value & 0x7FFFFFFF) % self.partitions
         else:
-            key = parse_key(self.key_format, key_text)
+            key = parse_key(self.key_format, key_text) if codec is None else codec.parse(key_text)
             key_text = key.text
             hash_value = key_hash(self.partitioner, key.data)
             partition = partition_of_hash(self.partitioner, hash_value, self.partitions)

@@ -68,6 +68,7 @@ class Reason(enum.StrEnum):
     MISPLACED = "misplaced"  # its key hashes to another partition
     NULL_KEY = "null_key"  # no key: it cannot be found by key
     BAD_KEY = "bad_key"  # the key bytes are not a key of the store's key format
+    KEY_SCHEMA_CHANGED = "key_schema_changed"  # the key was written under another key schema id (live_keys)
     NOT_JSON = "not_json"  # the value is not UTF-8 JSON
     NOT_OBJECT = "not_object"  # the value is JSON but not an object
     MISSING_COLUMN = "missing_column"  # a column the store needs is absent

@@ -19,6 +19,7 @@ from typing import Any
 
 from keyroute.core.key_format import Key, KeyFormat
 from keyroute.core.key_location import Endpoint, KeyLocation, key_location
+from keyroute.core.key_schema import KeySchema
 from keyroute.core.partitioner import Partitioner, key_hash, partition_of_hash
 from keyroute.core.timeline import Timeline
 
@@ -88,6 +89,9 @@ class StoreRecord:
     live: bool = False
     # History and windowed stores (keyroute.core.timeline); None for a store of one value per key.
     timeline: Timeline | None = None
+    # Schema Registry keys (key_format avro/protobuf/json_schema): the key schema (id and text) every reader
+    # serializes keys with, so none asks the registry on the read path.
+    key_schema: KeySchema | None = None
 
     @property
     def retained_versions(self) -> tuple[int, ...]:
@@ -114,6 +118,7 @@ class StoreRecord:
                 "retained": {str(v): path for v, path in sorted(self.retained.items())},
                 "live": self.live,
                 **({} if self.timeline is None else {"timeline": self.timeline.to_dict()}),
+                **({} if self.key_schema is None else {"key_schema": self.key_schema.to_dict()}),
             }
         )
 
@@ -137,6 +142,7 @@ class StoreRecord:
                 retained={int(v): str(path) for v, path in dict(obj.get("retained", {})).items()},
                 live=live,
                 timeline=None if obj.get("timeline") is None else Timeline.from_dict(obj["timeline"]),
+                key_schema=None if obj.get("key_schema") is None else KeySchema.from_dict(obj["key_schema"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise RecordError(f"store record: {exc!r}") from exc
@@ -470,6 +476,7 @@ class PartitionMap:
                     "partitions": store.partitions,
                     "partitioner": store.partitioner.value,
                     "key_format": store.key_format.value,
+                    **({} if store.key_schema is None else {"key_schema": store.key_schema.to_dict()}),
                     "version": store.version,
                     "replication_factor": store.replication_factor,
                     "value_columns": list(store.value_columns),
@@ -596,6 +603,7 @@ class MapBuilder:
             or old.version != record.version
             or old.partitioner != record.partitioner
             or old.key_format != record.key_format
+            or old.key_schema != record.key_schema
         ):
             self._touch(name, None)
 

@@ -36,6 +36,14 @@ class RangeKeyError(RangeQueryError):
     """A range bound that does not fit the store's key format (400 bad_key)."""
 
 
+def no_key_ranges(store: str, key_format: KeyFormat) -> str | None:
+    """Why `store` offers no key ranges (None: it does): Schema Registry keys sort by their framed bytes,
+    which is no order of their texts a caller could ask for."""
+    if not key_format.registered:
+        return None
+    return f"store {store!r} has {key_format.value} keys (Schema Registry): key ranges are not offered for them"
+
+
 def order_of(key_format: KeyFormat, data: bytes) -> bytes | int:
     """What keys of `key_format` sort by: their serialized bytes, or their value for integer formats."""
     if key_format in _INT_FORMATS:

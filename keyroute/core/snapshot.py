@@ -43,6 +43,7 @@ from typing import Any, overload
 from urllib.parse import unquote, urlparse
 
 from keyroute.core.key_format import KeyFormat
+from keyroute.core.key_schema import KeySchema
 from keyroute.core.live import LiveConfig
 from keyroute.core.partitioner import Partitioner
 from keyroute.core.timeline import Timeline, TimelineError
@@ -294,6 +295,8 @@ class Manifest:
     live: LiveConfig | None = None
     # History and windowed stores: the timeline their files are laid out by (rows are then entries).
     timeline: Timeline | None = None
+    # Schema Registry keys: the key schema the version's keys were serialized with (restored by `store adopt`).
+    key_schema: KeySchema | None = None
 
     @property
     def total_rows(self) -> int:
@@ -320,6 +323,8 @@ class Manifest:
             doc["live"] = self.live.to_json()
         if self.timeline is not None:
             doc["timeline"] = self.timeline.to_dict()
+        if self.key_schema is not None:
+            doc["key_schema"] = self.key_schema.to_dict()
         return json.dumps(doc, indent=2, sort_keys=True).encode("utf-8")
 
     @classmethod
@@ -377,6 +382,7 @@ class Manifest:
                 bytes=sizes,
                 live=live,
                 timeline=timeline,
+                key_schema=None if doc.get("key_schema") is None else KeySchema.from_dict(doc["key_schema"]),
             )
         except SnapshotError:
             raise

@@ -25,6 +25,7 @@ from confluent_kafka import Producer
 
 from keyroute.core import zk, zk_layout
 from keyroute.core.key_format import KeyFormat
+from keyroute.core.key_schema import KeySchema
 from keyroute.core.live import Aggregate, LiveConfig, Merge
 from keyroute.core.lmdb_layout import build_partition_file
 from keyroute.core.partition_map import StoreRecord
@@ -71,8 +72,11 @@ def publish_live_store(
     timeline: Timeline | None = None,
     value_format: str = "json",
     schema_registry: RegistrySettings | None = None,
+    key_schema: KeySchema | None = None,
 ) -> None:
-    """An empty format-2 version 1 of a live store, published in ZooKeeper."""
+    """An empty format-2 version 1 of a live store, published in ZooKeeper (`key_schema`: of Schema Registry
+    keys; else string keys)."""
+    key_format = KeyFormat.STRING if key_schema is None else key_schema.format
     snapshot = version_dir(str(tmp / "snapshots"), name, 1)
     with tempfile.TemporaryDirectory() as scratch:
         built = build_partition_file([], Path(scratch))
@@ -96,14 +100,14 @@ def publish_live_store(
     columns = ("ts", "page") if merge.mode != "aggregate" else tuple(a.name for a in merge.aggregates)
     files = {p: (data_file(p),) for p in range(PARTITIONS)}
     manifest = Manifest(
-        name, 1, PARTITIONS, Partitioner.MURMUR2, KeyFormat.STRING, columns, (0,) * PARTITIONS,
+        name, 1, PARTITIONS, Partitioner.MURMUR2, key_format, columns, (0,) * PARTITIONS,
         created_at=time.time(), format=FORMAT_2, files=files, checksums=checksums, bytes=sizes, live=live,
         timeline=timeline,
     )  # fmt: skip
     write_manifest(snapshot, manifest)
     record = StoreRecord(
-        name, PARTITIONS, Partitioner.MURMUR2, KeyFormat.STRING, 1, str(snapshot), columns, 1, time.time(), live=True,
-        timeline=timeline,
+        name, PARTITIONS, Partitioner.MURMUR2, key_format, 1, str(snapshot), columns, 1, time.time(), live=True,
+        timeline=timeline, key_schema=key_schema,
     )  # fmt: skip
     client = zk.connect(zk_settings)
     try:

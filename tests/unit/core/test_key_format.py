@@ -41,7 +41,8 @@ def test_key_format_parse_names_the_allowed_formats(name: str) -> None:
     with pytest.raises(ValueError) as err:
         KeyFormat.parse(name)
     assert str(err.value) == (
-        f"unknown key format {name!r} (expected one of: string, int16, int32, int64, uuid, bytes)"
+        f"unknown key format {name!r} (expected one of: string, int16, int32, int64, uuid, bytes, avro, protobuf, "
+        "json_schema)"
     )
 
 

@@ -462,3 +462,26 @@ def test_a_routing_view_gives_each_partition_its_replicas_at_the_version_they_se
     other = {**doc, "stores": {}, "store_names": ["s"], "generation": 4}
     assert _DirectMap.of_routing(other, direct).stores["s"] is locator
     assert _DirectMap.of_routing({**other, "store_names": []}, direct).stores == {}
+
+
+def test_direct_routing_serializes_schema_registry_keys_with_the_recorded_schema() -> None:
+    from keyroute.client._base import _DirectMap
+    from keyroute.core.key_format import KeyFormat, parse_key
+    from keyroute.core.key_schema import KeySchema
+    from keyroute.core.partitioner import Partitioner, partition_for
+
+    record = '{"type":"record","name":"K","fields":[{"name":"region","type":"string"},{"name":"id","type":"long"}]}'
+    schema = KeySchema(KeyFormat.AVRO, 41, record)
+    doc = routing(1, {p: ["http://n1"] for p in range(7)}, partitions=7)
+    doc["stores"]["s"]["key_format"] = "avro"
+    doc["stores"]["s"]["key_schema"] = schema.to_dict()
+    direct = _DirectMap.of_routing(doc, None)
+    for i in range(30):
+        key = {"region": "eu", "id": i}
+        location = direct.locate("s", key)
+        assert location is not None
+        data = parse_key(KeyFormat.AVRO, key_text(key), schema).data
+        assert data[:5] == b"\x00\x00\x00\x00\x29"  # the producer's framing: magic byte and schema id 41
+        assert location.partition == partition_for(Partitioner.MURMUR2, data, 7)
+    # A key that does not fit is the router's to judge (its 400 names the field).
+    assert direct.locate("s", {"region": "eu"}) is None

@@ -179,3 +179,16 @@ def test_an_output_no_filesystem_writes_fails_before_zookeeper_or_spark(
     with pytest.raises(PublishError) as err:
         build(spec, ZkSettings(hosts="127.0.0.1:1"), "nosuchfs://bucket/out")
     assert str(err.value).startswith("stores 'bookings': snapshot location 'nosuchfs://bucket/out'")
+
+
+def test_a_changed_key_schema_id_is_refused() -> None:
+    import dataclasses
+
+    from keyroute.core.key_schema import KeySchema
+
+    old, new = (KeySchema(KeyFormat.AVRO, n, '"string"') for n in (7, 8))
+    store = dataclasses.replace(STORE, key_format=KeyFormat.AVRO, key_schema=new)
+    check_shape(store, published(key_format=KeyFormat.AVRO, key_schema=new))
+    with pytest.raises(PublishError) as err:
+        check_shape(store, published(key_format=KeyFormat.AVRO, key_schema=old))
+    assert "key schema id is 7 in ZooKeeper but 8 in the spec" in str(err.value)

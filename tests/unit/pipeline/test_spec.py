@@ -201,7 +201,8 @@ def test_aggregate_store(tmp_path: Path) -> None:
         (
             LATEST,
             {"key_format": '"long"'},
-            "unknown key format 'long' (expected one of: string, int16, int32, int64, uuid, bytes)",
+            "unknown key format 'long' (expected one of: string, int16, int32, int64, uuid, bytes, avro, protobuf, "
+            "json_schema)",
         ),
         (LATEST, {"format": '"xml"'}, "unknown format 'xml' (expected one of: json, csv, parquet, orc)"),
         (LATEST, {"mode": '"sum"'}, "unknown mode 'sum' (expected one of: latest, aggregate, history, windowed)"),
@@ -310,7 +311,7 @@ def test_an_unknown_field_like_no_known_one_lists_them_all(tmp_path: Path, unkno
         "options, key,"
     )
     assert str(err).startswith(expected)
-    assert str(err).endswith("order_by_type)")
+    assert str(err).endswith("schema_registry)")
 
 
 def test_error_names_the_store_at_fault_among_several(tmp_path: Path) -> None:
