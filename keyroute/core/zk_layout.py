@@ -32,6 +32,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 STORES = "/stores"
 NODES = "/nodes"
 CONTROLLER = "/controller"
@@ -48,37 +50,25 @@ DRAINING = "/draining"
 PERSISTENT_ROOTS = (STORES, NODES, CONTROLLER, SERVING, LIVE, PLACEMENT, ASSIGNED, DELETED, RESTARTING, DRAINING)
 
 
-def store_path(store: str) -> str:
-    return f"{STORES}/{store}"
+def _child(root: str) -> Callable[[str], str]:
+    """The path of `root`'s child named by the argument: one rule for every root that holds a record per
+    store or per node."""
+    prefix = root + "/"
+
+    def path(name: str) -> str:
+        return f"{prefix}{name}"
+
+    return path
 
 
-def deleted_path(store: str) -> str:
-    return f"{DELETED}/{store}"
-
-
-def placement_path(store: str) -> str:
-    return f"{PLACEMENT}/{store}"
-
-
-def assigned_path(node_id: str) -> str:
-    return f"{ASSIGNED}/{node_id}"
-
-
-def node_path(node_id: str) -> str:
-    return f"{NODES}/{node_id}"
-
-
-def serving_path(node_id: str) -> str:
-    return f"{SERVING}/{node_id}"
-
-
-def live_path(node_id: str) -> str:
-    return f"{LIVE}/{node_id}"
-
-
-def restarting_path(node_id: str) -> str:
-    return f"{RESTARTING}/{node_id}"
-
-
-def draining_path(node_id: str) -> str:
-    return f"{DRAINING}/{node_id}"
+# Per store.
+store_path = _child(STORES)
+deleted_path = _child(DELETED)
+placement_path = _child(PLACEMENT)
+# Per node.
+assigned_path = _child(ASSIGNED)
+node_path = _child(NODES)
+serving_path = _child(SERVING)
+live_path = _child(LIVE)
+restarting_path = _child(RESTARTING)
+draining_path = _child(DRAINING)
