@@ -163,24 +163,22 @@ def timeline_spec_toml(
     files: SampleFiles, partitions: int = 12, replication_factor: int = 2, relative_to: Path | None = None
 ) -> str:
     """The timeline stores: every trip of a customer (`trips`, a history store) and its trips and fares per
-    5 minutes (`fares_5m`, a windowed store)."""
-    return f"""\
-[stores.trips]
+    5 minutes (`fares_5m`, a windowed store). Both read the trips file, keyed and partitioned alike."""
+    trips = f"""\
 source = {_source(files.trips, relative_to)}
 format = "csv"
 key = "customer_id"
 partitions = {partitions}
-replication_factor = {replication_factor}
+replication_factor = {replication_factor}"""
+    return f"""\
+[stores.trips]
+{trips}
 mode = "history"
 order_by = "ts"
 columns = ["route", "fare"]
 
 [stores.fares_5m]
-source = {_source(files.trips, relative_to)}
-format = "csv"
-key = "customer_id"
-partitions = {partitions}
-replication_factor = {replication_factor}
+{trips}
 mode = "windowed"
 order_by = "ts"
 window = "5 minutes"
