@@ -398,37 +398,37 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "--require-zone",
         help="refuse to start without a zone (from --zone or --zone-file): replicas would spread over nodes only",
     )
-    p.option(node, "--zk-session-timeout-s", type=float, default=10.0, help="ZooKeeper session timeout")
-    p.option(
-        node,
-        "--drain-timeout-s",
-        type=float,
-        default=60.0,
-        help="on SIGTERM, how long to wait for other nodes to serve this node's partitions",
-    )
-    p.option(
-        node,
-        "--restart-grace-s",
-        type=_non_negative_float,
-        default=120.0,
-        help="on SIGTERM, how long this node's partitions stay assigned to it while it restarts (0: hand them "
-        "over; `keyroute node-drain` makes the next stop a departure)",
-    )
-    p.option(
-        node,
-        "--version-grace-s",
-        type=float,
-        default=300.0,
-        help="how long a replaced version's files stay on disk (a rollback meanwhile reuses them)",
-    )
-    p.option(node, "--forward-timeout-s", type=float, default=5.0, help="timeout for one request to another node")
-    p.option(
-        node,
-        "--min-offset-wait-ms",
-        type=float,
-        default=500.0,
-        help="how long a read with min_offset waits for a live partition to apply it (then 503 not_up_to_bound)",
-    )
+    # The node's waits and timeouts, as --help lists them: (flag, type, default, help).
+    for flag, kind, default, text in (
+        ("--zk-session-timeout-s", float, 10.0, "ZooKeeper session timeout"),
+        (
+            "--drain-timeout-s",
+            float,
+            60.0,
+            "on SIGTERM, how long to wait for other nodes to serve this node's partitions",
+        ),
+        (
+            "--restart-grace-s",
+            _non_negative_float,
+            120.0,
+            "on SIGTERM, how long this node's partitions stay assigned to it while it restarts (0: hand them over; "
+            "`keyroute node-drain` makes the next stop a departure)",
+        ),
+        (
+            "--version-grace-s",
+            float,
+            300.0,
+            "how long a replaced version's files stay on disk (a rollback meanwhile reuses them)",
+        ),
+        ("--forward-timeout-s", float, 5.0, "timeout for one request to another node"),
+        (
+            "--min-offset-wait-ms",
+            float,
+            500.0,
+            "how long a read with min_offset waits for a live partition to apply it (then 503 not_up_to_bound)",
+        ),
+    ):
+        p.option(node, flag, type=kind, default=default, help=text)
     p.option(
         node,
         "--live-batch-records",
