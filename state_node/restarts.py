@@ -20,7 +20,7 @@ import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from keyroute.core.partition_map import RecordError
+from keyroute.core.partition_map import RecordError, json_object
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,12 +44,7 @@ class PlannedRestart:
 
     @classmethod
     def from_json(cls, raw: bytes) -> PlannedRestart:
-        try:
-            obj = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise RecordError(f"restart record: not JSON ({exc})") from None
-        if not isinstance(obj, dict):
-            raise RecordError("restart record: not an object")
+        obj = json_object(raw, "restart record")
         node_id, at, grace_s, zone = obj.get("node_id"), obj.get("at"), obj.get("grace_s"), obj.get("zone", "")
         if not isinstance(node_id, str) or not node_id:
             raise RecordError("restart record: no node_id")

@@ -50,13 +50,15 @@ class RecordError(ValueError):
     """A record in ZooKeeper could not be decoded."""
 
 
-def _load(raw: bytes, what: str) -> dict[str, Any]:
+def json_object(raw: bytes, what: str, error: type[Exception] = RecordError) -> dict[str, Any]:
+    """The JSON object a record (or a file) holds: `error`, in one line naming `what`, when `raw` is not
+    UTF-8 JSON or not an object. Every record of ours is one object, read by this."""
     try:
         obj = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RecordError(f"{what}: not valid JSON ({exc})") from exc
+        raise error(f"{what}: not valid JSON ({exc})") from None
     if not isinstance(obj, dict):
-        raise RecordError(f"{what}: expected a JSON object")
+        raise error(f"{what}: expected a JSON object")
     return obj
 
 
@@ -117,7 +119,7 @@ class StoreRecord:
 
     @classmethod
     def from_json(cls, raw: bytes) -> StoreRecord:
-        obj = _load(raw, "store record")
+        obj = json_object(raw, "store record")
         try:
             live = obj.get("live", False)
             if not isinstance(live, bool):
@@ -185,7 +187,7 @@ class NodeRecord:
 
     @classmethod
     def from_json(cls, raw: bytes) -> NodeRecord:
-        obj = _load(raw, "node record")
+        obj = json_object(raw, "node record")
         try:
             zone = obj.get("zone")
             return cls(
@@ -244,7 +246,7 @@ class Assignment:
 
     @classmethod
     def from_json(cls, raw: bytes) -> Assignment:
-        obj = _load(raw, "assignment")
+        obj = json_object(raw, "assignment")
         try:
             stores = {
                 str(s): tuple(tuple(str(n) for n in reps) for reps in per_partition)
@@ -279,7 +281,7 @@ class ServingRecord:
 
     @classmethod
     def from_json(cls, raw: bytes) -> ServingRecord:
-        obj = _load(raw, "serving record")
+        obj = json_object(raw, "serving record")
         try:
             stores = {
                 str(s): {int(p): int(v) for p, v in dict(parts).items()}

@@ -35,6 +35,7 @@ from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from keyroute.core import zk_layout
 from keyroute.core.cluster_identity import ClusterId, ClusterIdError, read_cluster_id
+from keyroute.core.partition_map import json_object
 
 FORMAT = "keyroute-zk-dump"
 FORMAT_VERSION = 1
@@ -108,11 +109,8 @@ class Dump:
     @classmethod
     def parse(cls, raw: bytes) -> Dump:
         """A dump from its JSON text; ZkBackupError (one line) when it is not one."""
-        try:
-            doc = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ZkBackupError(f"not JSON: {exc}") from None
-        if not isinstance(doc, Mapping) or doc.get("format") != FORMAT:
+        doc = json_object(raw, "the dump", ZkBackupError)
+        if doc.get("format") != FORMAT:
             raise ZkBackupError(f"not a keyroute ZooKeeper dump (no \"format\": \"{FORMAT}\")")
         if doc.get("format_version") != FORMAT_VERSION:
             found = doc.get("format_version")

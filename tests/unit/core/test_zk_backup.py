@@ -45,7 +45,8 @@ def test_a_dump_keeps_text_as_text_and_anything_else_as_base64_and_reads_back_th
 @pytest.mark.parametrize(
     ("raw", "said"),
     [
-        (b"{not json", "not JSON"),
+        (b"{not json", "the dump: not valid JSON"),
+        (b"[1, 2]", "the dump: expected a JSON object"),
         (json.dumps({"format": "other"}).encode(), "not a keyroute ZooKeeper dump"),
         (document(format_version=2), "format version 2"),
         (document(znodes={}), "no `znodes` list"),

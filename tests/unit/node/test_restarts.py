@@ -32,7 +32,7 @@ def test_a_restart_record_reads_back_as_written() -> None:
      b'{"node_id": "n", "at": 1, "grace_s": NaN}'],
 )  # fmt: skip
 def test_an_unreadable_restart_record_is_refused(raw: bytes) -> None:
-    with pytest.raises(RecordError):
+    with pytest.raises(RecordError, match="^restart record: "):
         PlannedRestart.from_json(raw)
 
 
