@@ -64,8 +64,19 @@ KEYS_PREFIX = "/stores/"
 
 
 class ApiError(Exception):
+    """An error answer. A subclass names its status and code where it is declared:
+    `class KeyNotFound(ApiError, status=404, code="key_not_found"): ...` (a subclass of a subclass may name
+    only the one it changes); the attributes stay readable and overridable as class attributes."""
+
     status = 500
     code = "internal_error"
+
+    def __init_subclass__(cls, status: int | None = None, code: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if status is not None:
+            cls.status = status
+        if code is not None:
+            cls.code = code
 
     def __init__(self, message: str, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
@@ -76,10 +87,7 @@ class ApiError(Exception):
         return {"error": self.code, "message": self.message}
 
 
-class StoreNotFound(ApiError):
-    status = 404
-    code = "store_not_found"
-
+class StoreNotFound(ApiError, status=404, code="store_not_found"):
     # How many of the stores that exist an answer names.
     SHOWN = 10
 
@@ -102,14 +110,10 @@ class StoreNotFound(ApiError):
         return cls(message)
 
 
-class KeyNotFound(ApiError):
-    status = 404
-    code = "key_not_found"
+class KeyNotFound(ApiError, status=404, code="key_not_found"): ...
 
 
-class BadKey(ApiError):
-    status = 400
-    code = "bad_key"
+class BadKey(ApiError, status=400, code="bad_key"): ...
 
 
 # Key formats whose batch-get keys may also be JSON integers (their decimal text is the key).
@@ -129,95 +133,65 @@ def bad_batch_key(store: str, key_format: str, raw: Any) -> BadKey:
     return BadKey(f"store {store!r} has {key_format} keys: a batch-get key is {forms}, not {shown}")
 
 
-class KeyTooLong(ApiError):
-    status = 414
-    code = "key_too_long"
+class KeyTooLong(ApiError, status=414, code="key_too_long"): ...
 
 
-class BatchKeyTooLong(KeyTooLong):
+class BatchKeyTooLong(KeyTooLong, status=400):
     """The same limit for one key of a batch-get body: that entry is a 400, the batch goes on."""
 
-    status = 400
+
+class BadRequest(ApiError, status=400, code="bad_request"): ...
 
 
-class BadRequest(ApiError):
-    status = 400
-    code = "bad_request"
+class PayloadTooLarge(ApiError, status=413, code="too_many_keys"): ...
 
 
-class PayloadTooLarge(ApiError):
-    status = 413
-    code = "too_many_keys"
+class NotFound(ApiError, status=404, code="not_found"): ...
 
 
-class NotFound(ApiError):
-    status = 404
-    code = "not_found"
+class BodyTooLarge(ApiError, status=413, code="body_too_large"): ...
 
 
-class BodyTooLarge(ApiError):
-    status = 413
-    code = "body_too_large"
-
-
-class BodyTimeout(ApiError):
+class BodyTimeout(ApiError, status=408, code="body_timeout"):
     """The body did not arrive in time; the connection is closed (the rest may still be on its way)."""
-
-    status = 408
-    code = "body_timeout"
 
     def __init__(self, message: str) -> None:
         super().__init__(message, {"Connection": "close"})
 
 
-class Unauthorized(ApiError):
-    status = 401
-    code = "unauthorized"
-
+class Unauthorized(ApiError, status=401, code="unauthorized"):
     def __init__(self, message: str, invalid_token: bool = False) -> None:
         challenge = 'Bearer error="invalid_token"' if invalid_token else "Bearer"
         super().__init__(message, {"WWW-Authenticate": challenge})
 
 
-class HeadersTooLarge(ApiError):
-    status = 431
-    code = "headers_too_large"
+class HeadersTooLarge(ApiError, status=431, code="headers_too_large"): ...
 
 
-class RetryLater(ApiError):
+class RetryLater(ApiError, status=503):
     """A 503 whose request may succeed later: it says when to ask again (Retry-After, in seconds)."""
-
-    status = 503
 
     def __init__(self, message: str, retry_after_s: int = 1) -> None:
         super().__init__(message, {"Retry-After": str(retry_after_s)})
 
 
-class Overloaded(RetryLater):
-    code = "overloaded"
+class Overloaded(RetryLater, code="overloaded"): ...
 
 
-class PartitionUnavailable(RetryLater):
-    code = "partition_unavailable"
+class PartitionUnavailable(RetryLater, code="partition_unavailable"): ...
 
 
-class NoPartitionMap(RetryLater):
+class NoPartitionMap(RetryLater, code="no_partition_map"):
     """A router that has not yet read a partition map (ZooKeeper unreachable since it started) knows no
     store: it cannot tell "no such store" from "not known yet"."""
 
-    code = "no_partition_map"
+
+class NotLive(ApiError, status=400, code="not_live"): ...
 
 
-class NotLive(ApiError):
-    status = 400
-    code = "not_live"
-
-
-class NotUpToBound(RetryLater):
+class NotUpToBound(RetryLater, code="not_up_to_bound"):
     """The partition has not applied the asked offset within the wait: another replica may have, or this
     one soon will."""
-
-    code = "not_up_to_bound"
 
     def __init__(self, message: str, retry_after_s: int = 1, offset: int | None = None) -> None:
         super().__init__(message, retry_after_s)
@@ -435,20 +409,12 @@ def timeline_body(
     return b"".join((encoded[:-1], b', "', field.encode("ascii"), b'": [', b",".join(entries), b"]}"))
 
 
-class WrongStoreKind(ApiError):
+class WrongStoreKind(ApiError, status=400, code="wrong_store_kind"):
     """A history read on a store that is not a history store, a windows read on one that is not windowed."""
 
-    status = 400
-    code = "wrong_store_kind"
+
+class BadCursor(ApiError, status=400, code="bad_cursor"): ...
 
 
-class BadCursor(ApiError):
-    status = 400
-    code = "bad_cursor"
-
-
-class CursorExpired(ApiError):
+class CursorExpired(ApiError, status=410, code="cursor_expired"):
     """The cursor continues a version of the store no longer served: start the read again."""
-
-    status = 410
-    code = "cursor_expired"
