@@ -19,7 +19,7 @@ import functools
 import logging
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -405,44 +405,25 @@ def _relay(
 # -- a batch --------------------------------------------------------------------------------------------
 
 
+@dataclass(slots=True, eq=False)
 class Batch:
     """One batch-get: the entries answered here (in request order; None where a key waits for another
     node), and the keys to send on with the nodes serving them."""
 
-    __slots__ = (
-        "node",
-        "store",
-        "forwarded",
-        "map_generation",
-        "entries",
-        "texts",
-        "replicas",
-        "bounds",
-        "forwarded_partitions",
-        "behind",
-    )
-
-    def __init__(
-        self,
-        node: Node,
-        store: str,
-        forwarded: bool,
-        map_generation: int,
-        size: int,
-        bounds: OffsetBounds | None = None,
-    ) -> None:
-        self.node = node
-        self.store = store
-        self.forwarded = forwarded
-        self.map_generation = map_generation
-        self.entries: list[bytes | None] = [None] * size
-        self.texts: dict[int, str] = {}
-        self.replicas: dict[int, list[Endpoint]] = {}
-        self.bounds = bounds
-        # With bounds: the partitions of the keys sent on, whose bounds go with them.
-        self.forwarded_partitions: set[int] = set()
-        # Live partitions held here that have not applied their bound yet: partition -> (bound, [(index, key)]).
-        self.behind: dict[int, tuple[int, list[tuple[int, Key]]]] = {}
+    node: Node
+    store: str
+    forwarded: bool
+    map_generation: int
+    # One per key of the request, in its order.
+    entries: list[bytes | None]
+    bounds: OffsetBounds | None = None
+    # The keys to send on: index -> key text, and the nodes serving each.
+    texts: dict[int, str] = field(default_factory=dict)
+    replicas: dict[int, list[Endpoint]] = field(default_factory=dict)
+    # With bounds: the partitions of the keys sent on, whose bounds go with them.
+    forwarded_partitions: set[int] = field(default_factory=set)
+    # Live partitions held here that have not applied their bound yet: partition -> (bound, [(index, key)]).
+    behind: dict[int, tuple[int, list[tuple[int, Key]]]] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -540,7 +521,7 @@ def read_batch(
             raise BadRequest(bad_batch_key(store_name, record.key_format.value, raw).message)
     if bounds is not None:
         bounds.check(store_name, record.partitions)
-    batch = Batch(node, store_name, forwarded, m.generation, len(keys), bounds)
+    batch = Batch(node, store_name, forwarded, m.generation, [None] * len(keys), bounds)
     entries = batch.entries
     metrics = node.metrics
     node_id = node.node_id
