@@ -149,7 +149,8 @@ def _place_stores(
         kept = _kept_replicas(before, r, set(members))
         target = _replica_targets(partitions, r, kept, members, replica_seats, leader_seats, load, zone_of, zoned)
         holders = _holders(holds.get(name, {}), partitions, set(members))
-        placement, leader_seats, over = _place_store(before, kept, r, target, members, leader_seats, zone_of, holders)
+        job = _StoreJob(kept, r, target, members, zone_of, holders)
+        placement, leader_seats, over = _place_store(job, before, leader_seats)
         uneven = uneven or over
         placements[name] = placement
     if uneven:
@@ -227,32 +228,36 @@ def _replica_targets(
     return {m: floor + (1 if m in extras else 0) for m in members}
 
 
+@dataclass(frozen=True, slots=True)
+class _StoreJob:
+    """What one store's replicas and preferred replicas (steps 3 and 4) are placed from."""
+
+    kept: list[list[str]]  # per partition, the live previous replicas that may stay
+    r: int  # replicas per partition
+    target: Mapping[str, int]  # replicas per node (step 2)
+    members: Sequence[str]
+    zone_of: Mapping[str, str]
+    holders: Sequence[frozenset[str]]  # per partition, the live nodes that hold its files
+
+
 def _place_store(
-    before: Sequence[tuple[str, ...]],
-    kept: list[list[str]],
-    r: int,
-    target: Mapping[str, int],
-    members: Sequence[str],
-    leader_seats: Seats,
-    zone_of: Mapping[str, str],
-    holders: Sequence[frozenset[str]] = (),
+    job: _StoreJob, before: Sequence[tuple[str, ...]], leader_seats: Seats
 ) -> tuple[_StorePlacement, Seats, bool]:
     """One store's replicas and preferred replicas (steps 3 and 4), the preferred replicas' seats after it,
-    and whether a node ended above its replica target. Guarantees: every node holds exactly `target`
+    and whether a node ended above its replica target. Guarantees: every node holds exactly `job.target`
     replicas of the store, unless (the flag) its preferred replicas had to take one past it; preferred
     replicas per node are within one over all stores so far."""
+    kept, target, members = job.kept, job.target, job.members
     alive = set(members)
     previous_leaders = [reps[0] if reps and reps[0] in alive else None for reps in before]
     # Replicas first (they move data), then preferred replicas among them (they do not): unless no
     # balanced choice of preferred replicas exists among those sets.
-    sets = _place([list(reps) for reps in kept], r, target, zone_of, fixed=0, holders=holders)
+    sets = _place([list(reps) for reps in kept], job.r, target, job.zone_of, fixed=0, holders=job.holders)
     chosen = _leaders_among_replicas(sets, previous_leaders, members, leader_seats)
     if chosen is not None:
         placed, lead_target, seats = chosen
         return _StorePlacement(placed, kept, list(before), dict(target), lead_target), seats, False
-    placed, lead_target = _replicas_around_leaders(
-        kept, previous_leaders, r, target, members, leader_seats, zone_of, holders
-    )
+    placed, lead_target = _replicas_around_leaders(job, previous_leaders, leader_seats)
     follower_target = {m: target[m] - lead_target[m] for m in members}
     # A preferred replica on a node beyond its replica target: that node ends above it.
     over = any(v < 0 for v in follower_target.values())
@@ -309,18 +314,12 @@ def _lead_target(
 
 
 def _replicas_around_leaders(
-    kept: list[list[str]],
-    previous_leaders: Sequence[str | None],
-    r: int,
-    target: Mapping[str, int],
-    members: Sequence[str],
-    leader_seats: Seats,
-    zone_of: Mapping[str, str],
-    holders: Sequence[frozenset[str]] = (),
+    job: _StoreJob, previous_leaders: Sequence[str | None], leader_seats: Seats
 ) -> tuple[list[list[str]], dict[str, int]]:
     """The store placed the other way round: preferred replicas first, balanced by construction (their seats
     taken from `leader_seats`), the other replicas placed around them; and the preferred replicas per node.
     Every node holds its `target` of replicas unless its preferred replicas alone pass it."""
+    kept, target, members = job.kept, job.target, job.members
     n = len(members)
     partitions = len(kept)
     leading = _counts([[lead] for lead in previous_leaders if lead is not None], members)
@@ -333,7 +332,7 @@ def _replicas_around_leaders(
     assert chosen is not None
     around = [_led_by(reps, lead) for reps, lead in zip(kept, chosen, strict=True)]
     follower_target = {m: target[m] - lead_target[m] for m in members}
-    return _place(around, r, follower_target, zone_of, fixed=1, holders=holders), lead_target
+    return _place(around, job.r, follower_target, job.zone_of, fixed=1, holders=job.holders), lead_target
 
 
 def _spread_stores_over_zones(
