@@ -63,6 +63,7 @@ from keyroute.core.snapshot import (
     SnapshotError,
     data_file,
     existing_versions,
+    file_sizes,
     is_local,
     partition_dir,
     resolve_location,
@@ -507,7 +508,7 @@ def _write_empty(claimed: ClaimedVersion, partitions: list[int]) -> dict[int, _P
 def _check_sizes(store: str, claimed: ClaimedVersion, sizes: Mapping[int, int]) -> None:
     """Every partition file is in place with the size its writer reported (one listing on a pyarrow
     filesystem): a file missing, or replaced since, fails the build before the manifest is written."""
-    found = _file_sizes(claimed.location)
+    found = file_sizes(claimed.location)
     wrong = []
     for partition, size in sorted(sizes.items()):
         actual = found.get(data_file(partition))
@@ -518,24 +519,6 @@ def _check_sizes(store: str, claimed: ClaimedVersion, sizes: Mapping[int, int]) 
         raise PublishError(
             store, f"partition files at {claimed.snapshot} differ from what was written: " + "; ".join(wrong[:5])
         )
-
-
-def _file_sizes(location: Path | ArrowLocation) -> dict[str, int]:
-    if isinstance(location, Path):
-        return {
-            path.relative_to(location).as_posix(): path.stat().st_size
-            for path in location.glob("partition=*/*")
-            if path.is_file()
-        }
-    from pyarrow import fs as arrow_fs
-
-    selector = arrow_fs.FileSelector(location.path, recursive=True, allow_not_found=True)
-    base = location.path.rstrip("/") + "/"
-    return {
-        info.path[len(base) :]: int(info.size)
-        for info in location.filesystem.get_file_info(selector)
-        if info.type == arrow_fs.FileType.File and info.path.startswith(base)
-    }
 
 
 # --- format 1: JSON lines, by Spark's writer (local outputs only) -----------------------------------------

@@ -16,7 +16,6 @@ import dataclasses
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -26,13 +25,12 @@ from keyroute.core import zk_layout
 from keyroute.core.partition_map import RecordError, StoreRecord
 from keyroute.core.snapshot import (
     FORMAT_2,
-    ArrowLocation,
     Manifest,
     SnapshotError,
     data_file,
     existing_versions,
-    is_local,
-    local_path,
+    file_sizes,
+    folders,
     read_manifest,
     resolve_location,
     version_uri,
@@ -68,16 +66,12 @@ class Adopted:
 
 def stores_in(output: str) -> list[str]:
     """The names of the stores under `output`: folders holding at least one version folder."""
-    if is_local(output):
-        root = local_path(output)
-        if not root.is_dir():
-            raise AdoptError(f"output location {output} is not a directory")
-        names = sorted(entry.name for entry in root.iterdir() if entry.is_dir())
-    else:
-        try:
-            names = [name for name, is_dir in ArrowLocation.from_uri(output).names() if is_dir]
-        except (SnapshotError, OSError) as exc:
-            raise AdoptError(f"output location {output} cannot be listed: {exc}") from None
+    try:
+        names = folders(output)
+    except (SnapshotError, OSError) as exc:
+        raise AdoptError(f"output location {output} cannot be listed: {exc}") from None
+    if names is None:
+        raise AdoptError(f"output location {output} is not a directory")
     return [name for name in names if existing_versions(output, name)]
 
 
@@ -87,11 +81,11 @@ def verify_version(output: str, store: str, version: int) -> Manifest:
     manifest = read_manifest(location)
     if (manifest.store, manifest.version) != (store, version):
         raise SnapshotError(f"its manifest names {manifest.store!r} v{manifest.version}")
-    where = resolve_location(location)
+    sizes = file_sizes(resolve_location(location))
     for p in range(manifest.partitions):
         names = (data_file(p),) if manifest.format == FORMAT_2 else manifest.files.get(p, ())
         for name in names:
-            size = _size(where, name)
+            size = sizes.get(name)
             if size is None:
                 raise SnapshotError(f"partition {p}: {name} is missing")
             if manifest.format == FORMAT_2 and size != manifest.bytes[p]:
@@ -220,15 +214,3 @@ def _shape(manifest: Manifest) -> tuple[Any, ...]:
 def _published_shape(record: StoreRecord) -> tuple[Any, ...]:
     kind = None if record.timeline is None else record.timeline.kind
     return (record.partitions, record.partitioner, record.key_format, kind, record.live)
-
-
-def _size(where: Path | ArrowLocation, name: str) -> int | None:
-    if isinstance(where, Path):
-        try:
-            return (where / name).stat().st_size
-        except FileNotFoundError:
-            return None
-    from pyarrow import fs as arrow_fs
-
-    info = where.filesystem.get_file_info(where.child(name))
-    return None if info.type == arrow_fs.FileType.NotFound else int(info.size or 0)

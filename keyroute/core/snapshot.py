@@ -224,21 +224,38 @@ def version_location(output: str, store: str, version: int) -> Path | ArrowLocat
     return resolve_location(version_uri(output, store, version))
 
 
+def folders(output: str, folder: str = "") -> list[str] | None:
+    """The names of the folders directly in `folder` (relative) under `output`, a local path or a pyarrow
+    filesystem's URI, sorted; None when a local `folder` is no directory (on a pyarrow filesystem, where
+    folders are prefixes, a missing one has no folders: [])."""
+    if not is_local(output):
+        return [name for name, is_dir in ArrowLocation.from_uri(output).names(folder) if is_dir]
+    root = local_path(output) / folder
+    if not root.is_dir():
+        return None
+    return sorted(entry.name for entry in root.iterdir() if entry.is_dir())
+
+
 def existing_versions(output: str, store: str) -> list[int]:
     """The versions present under `output` (complete or not), on a local path or a pyarrow filesystem."""
-    if not is_local(output):
-        root = ArrowLocation.from_uri(output)
-        return sorted(
-            int(name[1:]) for name, is_dir in root.names(store) if is_dir and _VERSION_DIR.fullmatch(name)
-        )
-    root = local_path(output) / store
-    if not root.is_dir():
-        return []
-    return sorted(
-        int(entry.name[1:])
-        for entry in root.iterdir()
-        if _VERSION_DIR.fullmatch(entry.name) and entry.is_dir()
-    )
+    return sorted(int(name[1:]) for name in folders(output, store) or () if _VERSION_DIR.fullmatch(name))
+
+
+def file_sizes(location: Path | ArrowLocation) -> dict[str, int]:
+    """The size of every file under a version's location, by its '/'-separated path relative to it (one
+    listing on a pyarrow filesystem)."""
+    if isinstance(location, Path):
+        files = (path for path in location.rglob("*") if path.is_file())
+        return {path.relative_to(location).as_posix(): path.stat().st_size for path in files}
+    from pyarrow import fs as arrow_fs
+
+    selector = arrow_fs.FileSelector(location.path, recursive=True, allow_not_found=True)
+    base = location.path.rstrip("/") + "/"
+    return {
+        info.path[len(base) :]: int(info.size)
+        for info in location.filesystem.get_file_info(selector)
+        if info.type == arrow_fs.FileType.File and info.path.startswith(base)
+    }
 
 
 def partition_dir(snapshot: Path, partition: int) -> Path:

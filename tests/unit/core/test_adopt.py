@@ -8,12 +8,14 @@ from typing import Any
 import pytest
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
+from keyroute.core import snapshot as snapshot_module
 from keyroute.core import zk_layout
 from keyroute.core.adopt import AdoptError, adopt, stores_in
 from keyroute.core.key_format import KeyFormat
 from keyroute.core.partition_map import StoreRecord
 from keyroute.core.partitioner import Partitioner
-from keyroute.core.snapshot import FORMAT_2, Manifest, data_file, version_dir, write_manifest
+from keyroute.core.snapshot import FORMAT_2, Manifest, data_file, version_dir, version_name, write_manifest
+from tests.memory_fs import memory_filesystem
 
 
 class Stat:
@@ -208,3 +210,34 @@ def test_a_deleted_store_is_adopted_only_when_named_and_its_tombstone_goes_with_
     assert (named.action, named.version) == ("published", 1)
     assert zk.record("fares").version == 1
     assert zk_layout.deleted_path("fares") not in zk.nodes
+
+
+def test_a_pyarrow_filesystem_is_adopted_from_as_a_local_path_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same versions, complete and not, copied to an in-memory pyarrow filesystem: the same decisions."""
+    for version in (1, 2, 3):
+        write_version(tmp_path, "fares", version)
+    (write_version(tmp_path, "fares", 4) / data_file(0)).write_bytes(b"cu")  # a file cut off
+    (write_version(tmp_path, "fares", 5) / data_file(1)).unlink()  # a file missing
+    filesystem = memory_filesystem()
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            with filesystem.open_output_stream(f"bucket/out/{path.relative_to(tmp_path).as_posix()}") as out:
+                out.write(path.read_bytes())
+    real = snapshot_module._arrow_from_uri
+    monkeypatch.setattr(
+        snapshot_module,
+        "_arrow_from_uri",
+        lambda uri: (filesystem, uri[len("mock://") :]) if uri.startswith("mock://") else real(uri),
+    )
+    output = "mock://bucket/out"
+    assert stores_in(output) == ["fares"]
+    zk = FakeZk()
+    [result] = adopt(zk, output, retain=2)  # type: ignore[arg-type]
+    assert (result.action, result.version, result.retained) == ("published", 3, [2, 3])
+    assert result.skipped == [
+        "v4: partition 0: partition=0/data.mdb has 2 bytes, the manifest says 3",
+        "v5: partition 1: partition=1/data.mdb is missing",
+    ]
+    assert zk.record("fares").snapshot == f"{output}/fares/{version_name(3)}"
