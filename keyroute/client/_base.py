@@ -1,7 +1,10 @@
 """What `Client` and `AsyncClient` decide alike: requests, direct routing, retries and reading answers.
 
-`ClientBase` holds every decision and does no I/O; `keyroute.client._sync` and `keyroute.client._async`
-only send what it builds and hand back what comes in, method for method (as httpx's `BaseClient`).
+`ClientBase` holds every decision and does no I/O. Each read is a plan: a generator that yields the steps
+it needs done (`Call` a request, `Sleep`, `MAP_DUE` to read the partition map when it is due, `Parallel`
+plans) and is sent back what each step gave, until it returns the read's result. `keyroute.client._sync`
+and `keyroute.client._async` run plans, blocking or awaited: that is all they do (a sans-I/O design, as
+h11's; httpx's `BaseClient` shares decisions the same way).
 """
 
 from __future__ import annotations
@@ -10,14 +13,15 @@ import base64
 import datetime as dt
 import time
 import uuid
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Generic, TypeVar
 from urllib.parse import quote, unquote
 
 import httpx
 
-from keyroute.client._errors import KeyrouteError, error_of_answer, error_of_entry
+from keyroute.client._errors import KeyrouteError, connection_failed, error_of_answer, error_of_entry
 from keyroute.core.key_format import KeyFormat, KeyFormatError
 from keyroute.core.key_location import Endpoint, KeyLocation, StoreLocator
 from keyroute.core.partitioner import Partitioner
@@ -155,6 +159,87 @@ def next_page(params: dict[str, str], body: Mapping[str, Any]) -> dict[str, str]
     return {**params, "cursor": body["next"]}
 
 
+T = TypeVar("T")
+
+
+class Pages(Generic[T]):
+    """The items of a paged read (`history`, `windows`, `range`), page after page, each page asked for when
+    the one before is used up: iterated with `for` from a `Client`, with `async for` from an `AsyncClient`.
+    Nothing is sent, nor any argument checked, before the first item is asked for."""
+
+    __slots__ = ("_client", "_item", "_paged")
+
+    def __init__(self, client: ClientBase, paged: Callable[[], Paged], item: Callable[[Any], T]) -> None:
+        self._client, self._paged, self._item = client, paged, item
+
+    def __iter__(self) -> Iterator[T]:
+        return self._client._iterate(self._paged, self._item)
+
+    def __aiter__(self) -> AsyncIterator[T]:
+        return self._client._aiterate(self._paged, self._item)
+
+
+# -- plans: the steps a read asks its client to do --------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """Send a request: to the node at `url` (None: the client's address). The plan is sent back the answer,
+    or the exception when it is one of `errors` (anything else is raised)."""
+
+    url: str | None
+    method: str
+    path: str
+    options: Mapping[str, Any] = field(default_factory=dict)  # httpx's params, json, headers
+    errors: type[Exception] | tuple[type[Exception], ...] = httpx.TransportError
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    seconds: float
+
+
+class MapDue:
+    """Read the partition map now if it is due (`ClientBase._map_plan`), one read for the callers that find
+    it due at once: the client runs it under its lock."""
+
+
+MAP_DUE = MapDue()
+
+
+@dataclass(frozen=True, slots=True)
+class Parallel:
+    """Run these plans at the same time; the plan is sent back their results, in order."""
+
+    plans: Sequence[Plan[Any]]
+
+
+Step = Call | Sleep | MapDue | Parallel
+Plan = Generator[Step, Any, T]
+
+
+class Steps(Generic[T]):
+    """A plan's steps, for a `for` loop: set `reply` to what a step gave before asking for the next one;
+    `result` is what the plan returned once the loop has ended."""
+
+    __slots__ = ("_plan", "reply", "result")
+
+    def __init__(self, plan: Plan[T]) -> None:
+        self._plan = plan
+        self.reply: Any = None
+        self.result: T
+
+    def __iter__(self) -> Steps[T]:
+        return self
+
+    def __next__(self) -> Step:
+        try:
+            return self._plan.send(self.reply)
+        except StopIteration as done:
+            self.result = done.value
+            raise StopIteration from None
+
+
 class Batch:
     """One `get_many`: the keys as sent, per key its answer's entry once known, and the keys left for the
     router (all of them, until direct routing has sent some to their nodes)."""
@@ -261,15 +346,21 @@ def _locator_of_routing(
 
 
 class ClientBase:
-    """Every decision of a keyroute client; the I/O is its subclasses'."""
+    """Every decision of a keyroute client; the I/O is its subclasses': they name their httpx client class
+    (`_http_class`) and the lock map reads take (`_lock_class`), and run plans."""
+
+    _http_class: Callable[..., Any]
+    _lock_class: Callable[[], Any]
 
     def __init__(
         self,
         url: str,
-        timeout: float,
-        retries: int,
-        backoff_s: float,
-        token: str | None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        retries: int = DEFAULT_RETRIES,
+        backoff_s: float = 0.05,
+        token: str | None = None,
+        transport: httpx.BaseTransport | httpx.AsyncBaseTransport | None = None,
         routing: str = "router",
         map_max_age_s: float = 30.0,
     ) -> None:
@@ -301,6 +392,61 @@ class ClientBase:
         # read in router mode), map reads, answers that said the map was behind (forwarded, or a newer map
         # generation), failovers. Direct routing fills the last three.
         self.stats = {"direct": 0, "via_router": 0, "map_loads": 0, "misroutes": 0, "failovers": 0}
+        self._transport = transport
+        self._http = self._http_class(**self._http_options(self.url, transport))
+        # One connection pool per node (direct routing): a pool scans its connections on every request.
+        self._nodes: dict[str, Any] = {}
+        self._map_lock = self._lock_class()
+
+    def _node(self, url: str | None) -> Any:
+        """The httpx client that sends to `url` (None: the client's address)."""
+        if url is None:
+            return self._http
+        client = self._nodes.get(url)
+        if client is None:
+            client = self._nodes.setdefault(url, self._http_class(**self._http_options(url, self._transport)))
+        return client
+
+    # -- reads ------------------------------------------------------------------------------------------
+
+    def history(
+        self,
+        store: str,
+        key: Any,
+        *,
+        start: Any = None,
+        end: Any = None,
+        order: str = "asc",
+        page_size: int = 100,
+        min_offset: int | None = None,
+    ) -> Pages[dict[str, Any]]:
+        """Every row of a key of a history store with start <= time < end, page after page (a live store's
+        from a state that has applied at least `min_offset`)."""
+        return Pages(self, partial(self._history, store, key, start, end, order, page_size, min_offset), _same)
+
+    def windows(
+        self, store: str, key: Any, *, start: Any = None, end: Any = None, page_size: int = 100
+    ) -> Pages[dict[str, Any]]:
+        """The windows of a key of a windowed store that overlap [start, end): {"start", "end", "value"}."""
+        return Pages(self, partial(self._windows, store, key, start, end, page_size), _same)
+
+    def range(
+        self,
+        store: str,
+        *,
+        from_key: Any = None,
+        to_key: Any = None,
+        prefix: str | None = None,
+        page_size: int = 100,
+    ) -> Pages[tuple[str, Any]]:
+        """(key, value) of the keys in [from_key, to_key) (or starting with `prefix`), in key order."""
+        return Pages(self, partial(self._range, store, from_key, to_key, prefix, page_size), _key_and_value)
+
+    def _iterate(self, paged: Callable[[], Paged], item: Callable[[Any], T]) -> Iterator[T]:
+        raise TypeError(f"{type(self).__name__}'s paged reads are read with `async for`")
+
+    def _aiterate(self, paged: Callable[[], Paged], item: Callable[[Any], T]) -> AsyncIterator[T]:
+        raise TypeError(f"{type(self).__name__}'s paged reads are read with `for`")
 
     def _http_options(self, url: str, transport: Any) -> dict[str, Any]:
         """What every httpx client of this client is made with (the router's, and one per node)."""
@@ -513,6 +659,86 @@ class ClientBase:
         self.stats["direct"] += sum(e is not None for e in batch.entries)
         self.stats["via_router"] += len(rest)
         batch.rest = sorted(rest)
+
+    # -- plans ------------------------------------------------------------------------------------------
+
+    def _send_plan(self, method: str, path: str, **options: Any) -> Plan[httpx.Response]:
+        """A request to the client's address, retried (`_retry_wait_s`)."""
+        for attempt in range(self.retries + 1):
+            answer = yield Call(None, method, path, options)
+            if isinstance(answer, httpx.TransportError):
+                if attempt == self.retries:
+                    raise connection_failed(self.url, answer, attempt + 1) from answer
+                answer = None
+            wait_s = self._retry_wait_s(attempt, answer)
+            if wait_s is None:
+                return answer  # type: ignore[no-any-return]  # a failed connection always has a wait
+            yield Sleep(wait_s)
+        raise AssertionError("unreachable")
+
+    def _map_plan(self) -> Plan[None]:
+        """Read the partition map, if it is still due (the caller holds the map lock)."""
+        if not self._map_due():
+            return
+        path, params, headers = self._map_request()
+        answer = yield Call(None, "GET", path, {"params": params, "headers": headers}, httpx.HTTPError)
+        self._took_map(None if isinstance(answer, httpx.HTTPError) else answer)
+
+    def _read_plan(self, store: str, key: Any, path: str, params: Mapping[str, str] | None) -> Plan[httpx.Response]:
+        """A read of one key: from a node serving its partition (the next replica when one fails or answers
+        503), else the router's answer."""
+        if self.routing == "direct":
+            yield MAP_DUE
+            for url in self._replicas(store, key):
+                answer = yield Call(url, "GET", path, {"params": params})
+                if isinstance(answer, httpx.TransportError):
+                    self._node_failed(url)
+                    continue
+                if self._node_answered(answer):
+                    return answer  # type: ignore[no-any-return]
+        self._via_router()
+        return (yield from self._send_plan("GET", path, params=params))
+
+    def _get_plan(self, store: str, key: Any, min_offset: int | None) -> Plan[Value]:
+        path, params = self._get_request(store, key, min_offset)
+        return value_of_answer((yield from self._read_plan(store, key, path, params)))
+
+    def _get_many_plan(self, store: str, keys: Iterable[Any]) -> Plan[list[Value | KeyrouteError]]:
+        """Direct routing sends one batch per node, at the same time; what a node cannot answer goes through
+        the router."""
+        batch = Batch(store, keys)
+        if self.routing == "direct" and batch.texts:
+            yield MAP_DUE
+            groups = self._group_by_node(batch)
+            self._take(batch, (yield Parallel([self._node_batch_plan(batch, *item) for item in groups.items()])))
+        else:
+            self._all_via_router(batch)
+        if batch.rest:
+            batch.took_router_answer((yield from self._send_plan("POST", batch.path, json=batch.body(batch.rest))))
+        return batch.results()
+
+    def _node_batch_plan(
+        self, batch: Batch, url: str, indexes: list[int]
+    ) -> Plan[tuple[list[int], list[Mapping[str, Any]] | None]]:
+        answer = yield Call(url, "POST", batch.path, {"json": batch.body(indexes)})
+        return indexes, self._node_results(url, None if isinstance(answer, httpx.TransportError) else answer)
+
+    def _page_plan(self, paged: Paged, params: dict[str, str]) -> Plan[tuple[list[Any], dict[str, str] | None]]:
+        """One page of a paged read: its items, and the parameters of the next page (None: the last)."""
+        if paged.routed is None:
+            answer = yield from self._send_plan("GET", paged.path, params=params)
+        else:
+            answer = yield from self._read_plan(*paged.routed, paged.path, params)
+        body = answer.json()
+        return body[paged.field], next_page(params, body)
+
+
+def _same(item: T) -> T:
+    return item
+
+
+def _key_and_value(entry: Mapping[str, Any]) -> tuple[str, Any]:
+    return entry["key"], entry["value"]
 
 
 def _store_of(answer: httpx.Response) -> str | None:

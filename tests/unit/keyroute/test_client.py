@@ -149,6 +149,33 @@ def test_paged_reads_follow_cursors_with_the_same_parameters() -> None:
         list(Client("http://kr", transport=transport(handler)).history("s", "k", page_size=0))
 
 
+def test_a_paged_read_sends_and_checks_nothing_until_iterated_and_only_in_its_clients_mode() -> None:
+    sent: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(200, json={"store": "s", "keys": [{"key": "a", "partition": 0, "value": 1}]})
+
+    with Client("http://kr", transport=transport(handler)) as client:
+        pages = client.history("s", "k", page_size=0)  # checked when the first row is asked for
+        with pytest.raises(ValueError, match="page_size"):
+            next(iter(pages))
+        ranged = client.range("s")
+        assert sent == []
+        with pytest.raises(TypeError, match="with `for`"):
+            ranged.__aiter__()
+        assert list(ranged) == [("a", 1)] and len(sent) == 1
+
+    async def main() -> None:
+        async with AsyncClient("http://kr", transport=httpx.MockTransport(handler)) as client:
+            ranged = client.range("s")
+            with pytest.raises(TypeError, match="with `async for`"):
+                iter(ranged)
+            assert [kv async for kv in ranged] == [("a", 1)] and len(sent) == 2
+
+    asyncio.run(main())
+
+
 def test_the_async_client_reads_the_same_way() -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         path = request.url.path
