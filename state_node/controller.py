@@ -27,6 +27,7 @@ from kazoo.recipe.election import Election
 from keyroute.core import placement_records, zk_layout
 from keyroute.core.collector import without_cyclic_collection
 from keyroute.core.partition_map import Assignment, NodeRecord, RecordError, StoreRecord
+from keyroute.core.wakeup import Wakeup
 from keyroute.state_node.placement import StoreShape, assign
 from keyroute.state_node.restarts import Holds, PlannedRestart, holds
 
@@ -80,8 +81,7 @@ class Controller:
         # Unix seconds: restart records carry the time their node began to stop.
         self._clock = clock
         self._node_id = node_id
-        self._stopped = threading.Event()
-        self._dirty = threading.Event()
+        self._wake = Wakeup()
         self._lost = threading.Event()
         self._leaving = threading.Event()
         self._leader = False
@@ -130,7 +130,7 @@ class Controller:
         """This node is leaving (its /nodes record already says so): a leader writes one more assignment,
         without this node, then resigns; a contender stops contending. Never blocks."""
         self._leaving.set()
-        self._dirty.set()
+        self._wake.ring()
         election = self._election
         if election is not None and not self._leader:
             election.cancel()
@@ -139,8 +139,7 @@ class Controller:
         self._thread.start()
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        self._stopped.set()
-        self._dirty.set()
+        self._wake.stop()
         election = self._election
         if election is not None:
             election.cancel()
@@ -150,11 +149,11 @@ class Controller:
     # -- election loop -----------------------------------------------------------------------------
 
     def _run(self) -> None:
-        while not self._stopped.is_set() and not self._leaving.is_set():
+        while not self._wake.stopped and not self._leaving.is_set():
             self._remove_stale_contenders()
             election = self._client.Election(zk_layout.CONTROLLER, identifier=self._node_id)
             self._election = election
-            if self._stopped.is_set() or self._leaving.is_set():
+            if self._wake.stopped or self._leaving.is_set():
                 return
             try:
                 election.run(self._lead, election)
@@ -167,7 +166,7 @@ class Controller:
                 # Releasing failed (connection lost at that moment): a contender znode of this still
                 # living session would sit ahead of the next one and block it until the session ends.
                 self._stale_contenders.append(f"{lock.path}/{lock.node}")
-            self._stopped.wait(RETRY_AFTER_ERROR_S)
+            self._wake.pause(RETRY_AFTER_ERROR_S)
         self._remove_stale_contenders()
 
     def _remove_stale_contenders(self) -> None:
@@ -184,24 +183,23 @@ class Controller:
         log.info("node %s is now the controller", self._node_id)
         self._leader = True
         self._lost.clear()
-        self._dirty.set()
+        self._wake.ring()
         self._client.add_listener(self._on_state)
         self._node_records, self._store_shapes, self._computed = {}, {}, None
         self._restart_records, self.holds = {}, Holds()
         self._shares, self._shares_of = None, None
         try:
-            while not self._stopped.is_set() and not self._lost.is_set():
+            while not self._wake.stopped and not self._lost.is_set():
                 hold_ends = self.holds.next_end
                 timeout_s = SAFETY_RECOMPUTE_S
                 if hold_ends is not None:
                     # Wake up when a planned restart's grace ends: its node's partitions are reassigned then.
                     timeout_s = min(timeout_s, max(0.0, hold_ends - self._clock()) + 0.05)
-                if not self._dirty.wait(timeout=timeout_s) and (hold_ends is None or self._clock() < hold_ends):
+                if not self._wake.wait(timeout_s) and (hold_ends is None or self._clock() < hold_ends):
                     # The safety net: read and compute again.
                     self._node_records, self._store_shapes, self._computed = {}, {}, None
                     self._restart_records = {}
-                self._dirty.clear()
-                if self._stopped.is_set() or self._lost.is_set():
+                if self._wake.stopped or self._lost.is_set():
                     break
                 if self._client.state != KazooState.CONNECTED:
                     continue  # a suspended session may come back; nothing can be written meanwhile
@@ -213,8 +211,7 @@ class Controller:
                     break
                 except KazooException as exc:
                     log.warning("recomputing the assignment failed (%s); retrying", exc)
-                    self._stopped.wait(RETRY_AFTER_ERROR_S)
-                    self._dirty.set()
+                    self._wake.ring_after(RETRY_AFTER_ERROR_S)
                     continue
                 if leaving:
                     # The assignment just written (or found unchanged) no longer places this node.
@@ -229,7 +226,7 @@ class Controller:
         # kazoo's connection thread: flag only, never block.
         if state == KazooState.LOST:
             self._lost.set()
-        self._dirty.set()
+        self._wake.ring()
         return False
 
     def _on_change(self, event: Any = None) -> None:
@@ -243,7 +240,7 @@ class Controller:
         elif path.startswith(zk_layout.RESTARTING + "/"):
             with self._nodes_lock:
                 self._restarts_changed.add(path[len(zk_layout.RESTARTING) + 1 :])
-        self._dirty.set()
+        self._wake.ring()
 
     # -- one recomputation -------------------------------------------------------------------------
 
@@ -274,7 +271,7 @@ class Controller:
             # leaving: keep the assignment as it is (leaving nodes serve until they go).
             return
         if previous is not None and self._back_meanwhile(previous, zones):
-            self._dirty.set()  # read the nodes again: one came back between the two listings
+            self._wake.ring()  # read the nodes again: one came back between the two listings
             return
         self._say_short_of_nodes(stores, len(nodes))
         generation = previous.generation + 1 if previous is not None else 1  # the assignment generation
@@ -508,7 +505,7 @@ class Controller:
             raise NotLeader()
         # Someone else wrote /placement in between (an operator, or a predecessor's last write):
         # read it again and recompute on top of it.
-        self._dirty.set()
+        self._wake.ring()
         log.info("assignment changed under the controller (%s); recomputing", failures[-1])
 
     def _write_shares(self, election: Election, assignment: Assignment, *, committed: bool) -> list[str]:

@@ -61,6 +61,7 @@ from keyroute.core.partition_map import (
     ServingRecord,
     StoreRecord,
 )
+from keyroute.core.wakeup import Wakeup
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +112,7 @@ class MapWatcher:
         self._client = client
         self._on_map = on_map
         self._safety_refresh_s = safety_refresh_s
-        self._dirty = threading.Event()
-        self._stopped = threading.Event()
+        self._wake = Wakeup()
         # Maps are published from two threads (reads, connection-state changes): one lock orders them.
         self._publish_lock = threading.Lock()
         self._connected = False
@@ -157,12 +157,11 @@ class MapWatcher:
 
     def start(self) -> None:
         self._client.add_listener(self._listener)
-        self._dirty.set()
+        self._wake.ring()
         self._thread.start()
 
     def stop(self) -> None:
-        self._stopped.set()
-        self._dirty.set()
+        self._wake.stop()
         self._client.remove_listener(self._listener)
         if self._thread.is_alive():
             self._thread.join(timeout=5.0)
@@ -170,7 +169,7 @@ class MapWatcher:
     def refresh(self) -> None:
         """Re-read everything now (e.g. a node told us our view is stale)."""
         self._resync = True
-        self._dirty.set()
+        self._wake.ring()
 
     def follow(self, stores: frozenset[str]) -> None:
         """A node's watcher: also read these stores' whole assignment (their replica lists), not only this
@@ -181,7 +180,7 @@ class MapWatcher:
         self._follow = stores
         with self._events_lock:
             self._events.add((_PLACEMENT, ""))
-        self._dirty.set()
+        self._wake.ring()
 
     def hold_watches(self) -> None:
         """FAULT INJECTION, tests only: act on no watch event until `release_watches()`, as if ZooKeeper
@@ -230,7 +229,7 @@ class MapWatcher:
             what = (_RECORD, path)
         with self._events_lock:
             self._events.add(what)
-        self._dirty.set()
+        self._wake.ring()
 
     def _publish(self, new_map: PartitionMap) -> None:
         self._current = new_map
@@ -240,13 +239,11 @@ class MapWatcher:
             log.exception("partition map consumer failed")
 
     def _run(self) -> None:
-        while not self._stopped.is_set():
-            if not self._dirty.wait(timeout=self._safety_refresh_s):
+        while not self._wake.stopped:
+            if not self._wake.wait(self._safety_refresh_s):
                 self._resync = True
-                self._dirty.set()
-            if self._stopped.is_set():
+            if self._wake.stopped:
                 return
-            self._dirty.clear()
             self._connected = self._client.connected
             if not self._connected:
                 continue
@@ -260,8 +257,7 @@ class MapWatcher:
                 with self._publish_lock:
                     self._publish(self._current.marked_stale(True))
                 if self._client.connected:  # still connected: no reconnect event will ask again
-                    self._stopped.wait(_RETRY_READ_S)
-                    self._dirty.set()
+                    self._wake.ring_after(_RETRY_READ_S)
                 continue
             if new_map is None:
                 continue  # the events named nothing that changed
