@@ -95,7 +95,7 @@ def apply_backlog(kafka: MockKafka, topic: str, ends: list[int], mode: str, work
         with env.begin(write=True) as txn:
             txn.put(OFFSET_KEY, b"0")
         live = LivePartition("bench", 1, p, config, 0)
-        stores.append(LivePartitionStore(PartitionId("bench", 1, p), path, 0, env, live))
+        stores.append(LivePartitionStore(PartitionId("bench", 1, p), path, 0, env, live=live))
     source = LiveVersion("bench", 1, config, KeyFormat.STRING, Partitioner.MURMUR2, partitions)
     applier = LiveApplier(source, node_id="bench", settings=ApplierSettings(batch_records=batch))
     started = time.perf_counter()

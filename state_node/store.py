@@ -38,8 +38,9 @@ import os
 import shutil
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 from urllib.parse import quote, unquote
 
 import lmdb
@@ -142,31 +143,22 @@ def iter_partition_dirs(data_dir: Path) -> Iterator[tuple[PartitionId, Path]]:
                     yield PartitionId(unquote(store_dir.name), version, partition), part_dir
 
 
+@dataclass(eq=False, repr=False)
 class PartitionStore:
     """A loaded batch partition, open read-only; the base of a live one (`LivePartitionStore`). The reads
     (`get`, `entries`, `key_range`) are safe from any thread; the LMDB lock file coordinates the readers.
 
     `live` is None for a batch partition and the partition's `LivePartition` for a live one."""
 
-    live: LivePartition | None = None
+    pid: PartitionId
+    path: Path
+    rows: int
+    _env: lmdb.Environment | None  # None once closed
+    timeline: Timeline | None = None
+    live: ClassVar[LivePartition | None] = None
+    write_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     # A stored value as it is answered: a batch partition stores it so.
-    _answer: Callable[[bytes], bytes] = staticmethod(bytes)
-
-    def __init__(
-        self,
-        pid: PartitionId,
-        path: Path,
-        rows: int,
-        env: lmdb.Environment,
-        timeline: Timeline | None = None,
-    ) -> None:
-        self.pid = pid
-        self.path = path
-        self.rows = rows
-        self.timeline = timeline
-        self._env: lmdb.Environment | None = env
-        self._closed = threading.Event()
-        self.write_lock = threading.Lock()
+    _answer: ClassVar[Callable[[bytes], bytes]] = staticmethod(bytes)
 
     @property
     def version(self) -> int:
@@ -311,24 +303,14 @@ class PartitionStore:
         return f"PartitionStore({self.pid}, rows={self.rows})"
 
 
+@dataclass(eq=False, repr=False)
 class LivePartitionStore(PartitionStore):
     """A loaded live partition, open writable: its applier writes it through `write_txn` under `write_lock`,
     which `close` takes too, so no write ever reaches a closed environment. Reads answer without the merge
     state the values carry."""
 
+    live: LivePartition = field(kw_only=True)
     _answer = staticmethod(value_bytes)
-
-    def __init__(
-        self,
-        pid: PartitionId,
-        path: Path,
-        rows: int,
-        env: lmdb.Environment,
-        live: LivePartition,
-        timeline: Timeline | None = None,
-    ) -> None:
-        super().__init__(pid, path, rows, env, timeline)
-        self.live = live
 
     def write_txn(self) -> lmdb.Transaction:
         """A write transaction on the partition's environment; the caller holds `write_lock` and has checked
@@ -624,7 +606,7 @@ def _load_file(
             live_partition = LivePartition(pid.store, pid.version, partition, live, _start_offset(env, live, partition))
             env.sync(True)
             _write_live_state(path, clean=False)
-            held = LivePartitionStore(pid, path, entries, env, live_partition, manifest.timeline)
+            held = LivePartitionStore(pid, path, entries, env, manifest.timeline, live=live_partition)
         else:
             held = PartitionStore(pid, path, entries, env, manifest.timeline)
         _write_marker(path, expected)
@@ -672,6 +654,15 @@ def _start_offset(env: lmdb.Environment, live: LiveConfig, partition: int) -> in
     return start
 
 
+def _reopen(pid: PartitionId, path: Path, map_size: int, *, readonly: bool) -> lmdb.Environment | None:
+    """The environment an earlier run loaded (its marker says so), or None, said, when it does not open."""
+    try:
+        return _open(path, map_size, readonly=readonly)
+    except lmdb.Error as exc:
+        log.warning("%s: marker present but the environment did not open (%s); reloading", pid, exc)
+        return None
+
+
 def _reuse_live(
     pid: PartitionId, path: Path, live: LiveConfig, map_size: int, timeline: Timeline | None = None
 ) -> LivePartitionStore | None:
@@ -682,10 +673,8 @@ def _reuse_live(
     if distrust is not None:
         log.warning("%s: not reusing the live partition on disk (%s); loading it from the version again", pid, distrust)
         return None
-    try:
-        env = _open(path, map_size, readonly=False)
-    except lmdb.Error as exc:
-        log.warning("%s: marker present but the environment did not open (%s); reloading", pid, exc)
+    env = _reopen(pid, path, map_size, readonly=False)
+    if env is None:
         return None
     try:
         with env.begin() as txn:
@@ -706,17 +695,15 @@ def _reuse_live(
         return None
     log.info("%s: reusing the live partition on disk, resuming at offset %d", pid, next_offset)
     live_partition = LivePartition(pid.store, pid.version, pid.partition, live, next_offset)
-    return LivePartitionStore(pid, path, max(0, entries - 1), env, live_partition, timeline)
+    return LivePartitionStore(pid, path, max(0, entries - 1), env, timeline, live=live_partition)
 
 
 def _reuse_file(pid: PartitionId, path: Path, manifest: Manifest, map_size: int) -> PartitionStore | None:
     """The partition loaded by an earlier run, if its file still looks like it (size and entry count:
     cheap, no read of the data); else None and it is fetched again."""
     rows = manifest.rows[pid.partition]
-    try:
-        env = _open(path, map_size, readonly=True)
-    except lmdb.Error as exc:
-        log.warning("%s: marker present but the environment did not open (%s); reloading", pid, exc)
+    env = _reopen(pid, path, map_size, readonly=True)
+    if env is None:
         return None
     try:
         size = (path / DATA_FILE).stat().st_size
