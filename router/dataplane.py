@@ -18,9 +18,9 @@ from collections.abc import Callable
 from typing import Any
 
 from keyroute.core.api import min_offset_query
-from keyroute.core.metrics import KIND_BATCH, KIND_KEY, KIND_RANGE, KIND_TIMELINE
+from keyroute.core.metrics import KIND_BATCH, KIND_RANGE
 from keyroute.http.admission import Admission
-from keyroute.http.dataplane import JSON, NOT_A_KEY_PATH, Call, Route, RoutedDataPlane, RouteTable
+from keyroute.http.dataplane import JSON, Call, Route, RoutedDataPlane, store_routes
 from keyroute.http.forwarding import encode_entry, parse_batch_request
 from keyroute.router.proxy import Proxy
 from keyroute.router.ranges import read_range
@@ -85,16 +85,9 @@ class RouterDataPlane(RoutedDataPlane):
         proxy.metrics.count_results(store, KIND_BATCH, results)
         call.answer_counted(200, list(JSON), encode_entry({"results": results}))
 
-    routes = RouteTable(
-        [
-            Route("/stores/{store}/keys/{key}", ("GET",), _read_key, KIND_KEY),
-            Route("/stores/{store}/keys/{key}/history", ("GET",), _read_history, KIND_TIMELINE),
-            Route("/stores/{store}/keys/{key}/windows", ("GET",), _read_windows, KIND_TIMELINE),
-            Route("/stores/{store}/batch-get", ("POST",), _batch_get, KIND_BATCH),
-            Route("/stores/{store}/range", ("GET",), _read_range, KIND_RANGE),
-            NOT_A_KEY_PATH,
-        ]
-    )
+    # A range read over a whole store: the router gathers it from every partition's nodes.
+    _range_route = Route("/stores/{store}/range", ("GET",), _read_range, KIND_RANGE)
+    routes = store_routes(_read_key, _read_history, _read_windows, _batch_get, _range_route)
 
 
 # The data plane's routes and their methods (HEAD goes with GET), as the OpenAPI document lists them.

@@ -21,9 +21,9 @@ from collections.abc import Callable
 from typing import Any
 
 from keyroute.core.api import HEADER_AUTH, HEADER_HOPS, min_offset_query
-from keyroute.core.metrics import KIND_BATCH, KIND_KEY, KIND_RANGE, KIND_TIMELINE
+from keyroute.core.metrics import KIND_RANGE
 from keyroute.http.admission import Admission
-from keyroute.http.dataplane import NOT_A_KEY_PATH, Call, Route, RoutedDataPlane, RouteTable
+from keyroute.http.dataplane import Call, Route, RoutedDataPlane, store_routes
 from keyroute.http.exchange import Answer, Request
 from keyroute.http.forwarding import parse_batch_request
 from keyroute.state_node.app import Node
@@ -145,16 +145,9 @@ class NodeDataPlane(RoutedDataPlane):
         await batch.finish(call.request.request_id)
         call.answer_counted(*batch.answer())
 
-    routes = RouteTable(
-        [
-            Route("/stores/{store}/keys/{key}", ("GET",), _read_key, KIND_KEY),
-            Route("/stores/{store}/keys/{key}/history", ("GET",), _read_history, KIND_TIMELINE),
-            Route("/stores/{store}/keys/{key}/windows", ("GET",), _read_windows, KIND_TIMELINE),
-            Route("/stores/{store}/partitions/{partition}/range", ("GET",), _read_range, KIND_RANGE),
-            Route("/stores/{store}/batch-get", ("POST",), _batch_get, KIND_BATCH),
-            NOT_A_KEY_PATH,
-        ]
-    )
+    # A range read over one partition held here (a router's range read asks one per partition).
+    _range_route = Route("/stores/{store}/partitions/{partition}/range", ("GET",), _read_range, KIND_RANGE)
+    routes = store_routes(_read_key, _read_history, _read_windows, _batch_get, _range_route)
 
 
 def _target(request: Request) -> bytes:

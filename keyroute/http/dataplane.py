@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from keyroute.core.api import ApiError, NotFound, error_headers, error_json
 from keyroute.core.logs import bind_request_id
+from keyroute.core.metrics import KIND_BATCH, KIND_KEY, KIND_TIMELINE
 from keyroute.http.routing import MethodNotAllowed, Route, RouteTable
 
 if TYPE_CHECKING:
@@ -287,3 +288,26 @@ def _not_a_key_path(plane: RoutedDataPlane, call: Call, store: str) -> None:
 # Every path under /stores/{store}/keys/ that no route of a key fits: a GET is told why (most often a key
 # with an unencoded '/'), another method is a 405 as for a key. Both services declare it last.
 NOT_A_KEY_PATH = Route("/stores/{store}/keys/{rest:path}", ("GET",), _not_a_key_path, documented=False)
+
+
+def store_routes(
+    read_key: Callable[..., Any],
+    read_history: Callable[..., Any],
+    read_windows: Callable[..., Any],
+    batch_get: Callable[..., Any],
+    read_range: Route,
+) -> RouteTable:
+    """The data API as routers and nodes both serve it, from their handlers: a key first (`fast_route`), its
+    history and windows, batch-get, the service's own range read (a store's on a router, one partition's on
+    a node), NOT_A_KEY_PATH last."""
+    key = "/stores/{store}/keys/{key}"
+    return RouteTable(
+        [
+            Route(key, ("GET",), read_key, KIND_KEY),
+            Route(f"{key}/history", ("GET",), read_history, KIND_TIMELINE),
+            Route(f"{key}/windows", ("GET",), read_windows, KIND_TIMELINE),
+            Route("/stores/{store}/batch-get", ("POST",), batch_get, KIND_BATCH),
+            read_range,
+            NOT_A_KEY_PATH,
+        ]
+    )
