@@ -621,14 +621,20 @@ class Checksum:
         return f"Checksum({self.value!r}, size={self.size})"
 
 
-def checksum_file(path: Path | str, algorithm: str = CHECKSUM_ALGORITHM) -> Checksum:
-    """The checksum (and size) of a local file, read once in large chunks."""
-    checksum = Checksum(algorithm)
+def _chunks(path: Path | str) -> Iterator[memoryview]:
+    """A local file's bytes in large chunks, read into one buffer: each chunk is gone at the next one."""
     buffer = bytearray(CHECKSUM_CHUNK_BYTES)
     view = memoryview(buffer)
     with open(path, "rb", buffering=0) as fh:
         while n := fh.readinto(buffer):
-            checksum.update(view[:n])
+            yield view[:n]
+
+
+def checksum_file(path: Path | str, algorithm: str = CHECKSUM_ALGORITHM) -> Checksum:
+    """The checksum (and size) of a local file, read once in large chunks."""
+    checksum = Checksum(algorithm)
+    for chunk in _chunks(path):
+        checksum.update(chunk)
     return checksum
 
 
@@ -636,11 +642,7 @@ def copy_checksummed(path: Path | str, write: Any, algorithm: str = CHECKSUM_ALG
     """Copy a local file to `write` (a callable taking each chunk: a file's or pyarrow stream's `write`),
     computing its checksum in the same pass."""
     checksum = Checksum(algorithm)
-    buffer = bytearray(CHECKSUM_CHUNK_BYTES)
-    view = memoryview(buffer)
-    with open(path, "rb", buffering=0) as fh:
-        while n := fh.readinto(buffer):
-            chunk = view[:n]
-            checksum.update(chunk)
-            write(chunk)
+    for chunk in _chunks(path):
+        checksum.update(chunk)
+        write(chunk)
     return checksum
