@@ -486,15 +486,20 @@ def load_partition(
         _write_marker(path, expected)
         return PartitionStore(pid, path, rows, _open(path, map_size, readonly=True))
     except BaseException as exc:
-        if env is not None:
-            env.close()
-        remove_partition_dir(path)
+        _abandon(path, env)
         if isinstance(exc, LoadError):
             raise
         if isinstance(exc, (SnapshotError, KeyFormatError, lmdb.Error, OSError)):
             raise LoadError(f"{pid}: {exc}") from exc
         raise
 
+
+
+def _abandon(path: Path, env: lmdb.Environment | None) -> None:
+    """A load failed: close the environment it had open (if any) and remove what it wrote."""
+    if env is not None:
+        env.close()
+    remove_partition_dir(path)
 
 def _check_manifest(pid: PartitionId, record: StoreRecord, manifest: Manifest) -> None:
     # The record in ZooKeeper and the manifest on disk must describe the same data, or keys would be
@@ -614,9 +619,7 @@ def _load_file(
         env = None
         return held
     except BaseException as exc:
-        if env is not None:
-            env.close()
-        remove_partition_dir(path)
+        _abandon(path, env)
         if isinstance(exc, FetchCancelled):
             raise LoadCancelled(f"{pid}: load cancelled") from exc
         if isinstance(exc, LoadError):
