@@ -305,11 +305,7 @@ def _place_leaders_per_store(slots: Sequence[_Slot], members: Sequence[str], nes
     Costs: the previous leader 0, another node that holds the data 1, any other node 2."""
     leader: list[str | None] = [None] * len(slots)
     counts = dict.fromkeys(members, 0)
-    classes: dict[int, list[int]] = {}
-    for i, slot in enumerate(slots):
-        classes.setdefault(slot.replicas if nested else 0, []).append(i)
-    for r in sorted(classes):
-        indices = classes[r]
+    for indices in _by_replica_count(slots, nested):
         options = [
             [
                 (m, 0 if m == slots[i].leader else 1 if m in slots[i].kept else 2)
@@ -326,6 +322,14 @@ def _place_leaders_per_store(slots: Sequence[_Slot], members: Sequence[str], nes
     return [node for node in leader if node is not None]
 
 
+
+def _by_replica_count(slots: Sequence[_Slot], nested: bool) -> list[list[int]]:
+    """The slots' indices by replica count, fewest replicas first (all in one class unless `nested`)."""
+    classes: dict[int, list[int]] = {}
+    for i, slot in enumerate(slots):
+        classes.setdefault(slot.replicas if nested else 0, []).append(i)
+    return [classes[r] for r in sorted(classes)]
+
 def _kept_first(kept: Sequence[str], members: Sequence[str]) -> list[str]:
     """Members with the kept ones first (in their previous order): the order stickiness is tried in."""
     keep = set(kept)
@@ -337,12 +341,7 @@ def _place_leaders(slots: Sequence[_Slot], members: Sequence[str], nested: bool)
     ordered by replica count, when `nested`)."""
     seats = Seats(members)
     leader: list[str | None] = [None] * len(slots)
-    classes: dict[int, list[int]] = {}
-    for i, slot in enumerate(slots):
-        classes.setdefault(slot.replicas if nested else 0, []).append(i)
-
-    for r in sorted(classes):
-        indices = classes[r]
+    for indices in _by_replica_count(slots, nested):
         seats.open(len(indices))
         # Most sticky first, so a previous leader is never displaced by a partition that merely has a
         # copy on the same node; then any node that already holds the data; then the least loaded.
