@@ -79,6 +79,7 @@ from keyroute.http.forwarding import (
 from keyroute.http.upstream import UpstreamUnavailable
 
 if TYPE_CHECKING:
+    from keyroute.core.key_location import KeyLocation
     from keyroute.state_node.app import Node
     from keyroute.state_node.store import PartitionStore
 
@@ -191,11 +192,7 @@ def read_key(
     partition). Synchronous: nearly every read is answered here, without a task."""
     m = node.ownership.map
     record = find_store(m, store_name)
-    key = parse_key_text(record, key_text)
-    location = m.locate(record, key)
-    held = node.ownership.local(store_name, location.partition)
-    node_id = node.node_id
-    others = [ep for ep in location.serving if ep.node_id != node_id]
+    key, location, held, others = _where(node, m, record, store_name, key_text)
     if held is not None and answers_locally(held, others, forwarded):
         node.metrics.local_answers += 1
         live = held.live
@@ -203,9 +200,7 @@ def read_key(
         if live is not None:
             offset = live.offset  # before the value: the value reflects at least this offset
             if min_offset is not None and offset < min_offset:
-                if not waited and node.settings.min_offset_wait_ms > 0:
-                    return Behind(live, min_offset)
-                raise _not_up_to_bound(store_name, location.partition, held.version, live, offset, min_offset)
+                return _behind(node, store_name, location.partition, held, offset, min_offset, waited)
         elif min_offset is not None:
             raise not_live(store_name)
         headers = _local_headers(node, location.partition, held.version, forwarded, m.generation, live, offset)
@@ -213,7 +208,29 @@ def read_key(
         if value is None:
             return 404, headers, error_json("key_not_found", f"key {location.key!r} is not in store {store_name!r}")
         return 200, headers, found_body(store_name, location.key, location.partition, held.version, value)
-    return _forward_to(node_id, store_name, location.partition, others, forwarded, m.generation)
+    return _forward_to(node.node_id, store_name, location.partition, others, forwarded, m.generation)
+
+
+def _where(
+    node: Node, m: PartitionMap, record: StoreRecord, store_name: str, key_text: str
+) -> tuple[Key, KeyLocation, PartitionStore | None, list[Endpoint]]:
+    """A read's key as `record` parses it (raises BadKey), where it lives, this node's copy of its partition
+    (None: not held here) and the other nodes serving that partition."""
+    key = parse_key_text(record, key_text)
+    location = m.locate(record, key)
+    node_id = node.node_id
+    others = [ep for ep in location.serving if ep.node_id != node_id]
+    return key, location, node.ownership.local(store_name, location.partition), others
+
+
+def _behind(
+    node: Node, store: str, partition: int, held: PartitionStore, offset: int, min_offset: int, waited: bool
+) -> Behind:
+    """A read bounded by `min_offset` of a live partition held here that has applied only `offset`: `Behind`,
+    to wait for, unless it `waited` already or the node does not wait: then 503 not_up_to_bound (raised)."""
+    if not waited and node.settings.min_offset_wait_ms > 0:
+        return Behind(held.live, min_offset)
+    raise _not_up_to_bound(store, partition, held.version, held.live, offset, min_offset)
 
 
 def read_timeline(
@@ -237,11 +254,7 @@ def read_timeline(
         query = parse_query(read, raw_query, timeline)
     except QueryError as exc:
         raise BadRequest(str(exc)) from None
-    key = parse_key_text(record, key_text)
-    location = m.locate(record, key)
-    held = node.ownership.local(store_name, location.partition)
-    node_id = node.node_id
-    others = [ep for ep in location.serving if ep.node_id != node_id]
+    key, location, held, others = _where(node, m, record, store_name, key_text)
     if held is not None and held.timeline is not None and answers_locally(held, others, forwarded):
         node.metrics.local_answers += 1
         secret = node.members.token.encode("ascii")
@@ -264,9 +277,7 @@ def read_timeline(
             if live is None:
                 raise not_live(store_name)
             if offset < query.min_offset:
-                if not waited and node.settings.min_offset_wait_ms > 0:
-                    return Behind(live, query.min_offset)
-                raise _not_up_to_bound(store_name, location.partition, held.version, live, offset, query.min_offset)
+                return _behind(node, store_name, location.partition, held, offset, query.min_offset, waited)
         entries, more = held.entries(key.data, query.low, query.high, query.limit, query.descending, after)
         next_cursor = make_cursor(secret, bound, held.version, entries[-1][:2]) if more else None
         field = "rows" if read == HISTORY else "windows"
@@ -275,7 +286,7 @@ def read_timeline(
         )
         headers = _local_headers(node, location.partition, held.version, forwarded, m.generation, live, offset)
         return 200, headers, body
-    return _forward_to(node_id, store_name, location.partition, others, forwarded, m.generation)
+    return _forward_to(node.node_id, store_name, location.partition, others, forwarded, m.generation)
 
 
 def _local_headers(
