@@ -221,23 +221,9 @@ def write_empty_version(
     with _removed_on_failure(store.name, claimed):
         written = _write_empty(claimed, list(range(store.partitions)))
         _check_sizes(store.name, claimed, {p: f.size for p, f in written.items()})
-        manifest = Manifest(
-            store=store.name,
-            version=claimed.version,
-            partitions=store.partitions,
-            partitioner=store.partitioner,
-            key_format=store.key_format,
-            value_columns=value_columns,
-            rows=(0,) * store.partitions,
-            created_at=time.time(),
-            format=FORMAT_2,
-            files={p: (data_file(p),) for p in range(store.partitions)},
-            checksums={p: written[p].checksum for p in range(store.partitions)},
-            bytes={p: written[p].size for p in range(store.partitions)},
-            live=live,
-            timeline=timeline,
-            key_schema=store.key_schema,
-        )
+        files = _files_of(written, store.partitions)
+        rows = (0,) * store.partitions
+        manifest = _manifest(store, claimed.version, value_columns, rows, timeline, live=live, **files)
         write_manifest(claimed.location, manifest)
     return WrittenVersion(store=store.name, version=claimed.version, snapshot=claimed.snapshot, manifest=manifest)
 
@@ -255,21 +241,45 @@ def remove_version(snapshot: str | Path | ArrowLocation) -> None:
         where.delete()
 
 
-def _manifest(computed: ComputedStore, version: int, **fields: object) -> Manifest:
-    store = computed.spec
+def _manifest(
+    store: StoreSpec,
+    version: int,
+    value_columns: tuple[str, ...],
+    rows: tuple[int, ...],
+    timeline: Timeline | None,
+    **fields: object,
+) -> Manifest:
+    """The manifest of `version` of `store`, made now; `fields`: the format's own (and a live store's)."""
     return Manifest(
         store=store.name,
         version=version,
         partitions=store.partitions,
         partitioner=store.partitioner,
         key_format=store.key_format,
-        value_columns=computed.value_columns,
-        rows=computed.partition_rows,  # counted from the cached frame while checking its keys
+        value_columns=value_columns,
+        rows=rows,
         created_at=time.time(),
-        timeline=computed.timeline,
+        timeline=timeline,
         key_schema=store.key_schema,
         **fields,  # type: ignore[arg-type]
     )
+
+
+def _computed_manifest(computed: ComputedStore, version: int, **fields: object) -> Manifest:
+    # The rows are counted from the cached frame while checking its keys.
+    rows = computed.partition_rows
+    return _manifest(computed.spec, version, computed.value_columns, rows, computed.timeline, **fields)
+
+
+def _files_of(written: Mapping[int, _PartitionFile], count: int) -> dict[str, object]:
+    """A format-2 manifest's own fields, from the file of every partition (of `count`) as written."""
+    partitions = range(count)
+    return {
+        "format": FORMAT_2,
+        "files": {p: (data_file(p),) for p in partitions},
+        "checksums": {p: written[p].checksum for p in partitions},
+        "bytes": {p: written[p].size for p in partitions},
+    }
 
 
 # --- format 2: ready-to-serve LMDB files, built by the executors ----------------------------------------
@@ -298,14 +308,7 @@ def _write_format_2(computed: ComputedStore, claimed: ClaimedVersion) -> Manifes
     empty = [p for p in range(store.partitions) if p not in written]
     written.update(_write_empty(claimed, empty))
     _check_sizes(store.name, claimed, {p: f.size for p, f in written.items()})
-    return _manifest(
-        computed,
-        claimed.version,
-        format=FORMAT_2,
-        files={p: (data_file(p),) for p in range(store.partitions)},
-        checksums={p: written[p].checksum for p in range(store.partitions)},
-        bytes={p: written[p].size for p in range(store.partitions)},
-    )
+    return _computed_manifest(computed, claimed.version, **_files_of(written, store.partitions))
 
 
 def _build_files(computed: ComputedStore, claimed: ClaimedVersion) -> dict[int, _PartitionFile]:
@@ -550,7 +553,7 @@ def _write_format_1(computed: ComputedStore, claimed: ClaimedVersion) -> Manifes
     for partition, count in enumerate(computed.partition_rows):
         if count and not files[partition]:
             raise PublishError(store.name, f"Spark wrote no file for partition {partition} ({count} rows)")
-    return _manifest(computed, claimed.version, format=FORMAT_1, files=files)
+    return _computed_manifest(computed, claimed.version, format=FORMAT_1, files=files)
 
 
 def _partition_files(target: Path, partition: int) -> tuple[str, ...]:
