@@ -13,10 +13,14 @@ import httpx
 from keyroute.client._base import (
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT_S,
+    AnyKey,
     Batch,
     ClientBase,
+    Fields,
+    Format,
     Paged,
     Value,
+    body_of,
     next_page,
     value_of_answer,
 )
@@ -37,8 +41,9 @@ class AsyncClient(ClientBase):
         transport: httpx.AsyncBaseTransport | None = None,
         routing: str = "router",
         map_max_age_s: float = 30.0,
+        answer_format: str = "json",
     ) -> None:
-        super().__init__(url, timeout, retries, backoff_s, token, routing, map_max_age_s)
+        super().__init__(url, timeout, retries, backoff_s, token, routing, map_max_age_s, answer_format)
         self._http = httpx.AsyncClient(**self._http_options(self.url, transport))
         self._transport = transport
         # One connection pool per node (direct routing): a pool scans its connections on every request.
@@ -93,33 +98,38 @@ class AsyncClient(ClientBase):
                     answer = None
                 self._took_map(answer)
 
-    async def _read(self, store: str, key: Any, path: str, params: Mapping[str, str] | None = None) -> httpx.Response:
+    async def _read(
+        self, store: str, key: Any, path: str, params: Fields = None, headers: Fields = None
+    ) -> httpx.Response:
         """A read of one key: from a node serving its partition (the next replica when one fails or answers
         503), else the router's answer."""
         if self.routing == "direct":
             await self._ensure_map()
             for url in self._replicas(store, key):
                 try:
-                    answer = await self._node(url).get(path, params=params)
+                    answer = await self._node(url).get(path, params=params, headers=headers)
                 except httpx.TransportError:
                     self._node_failed(url)
                     continue
                 if self._node_answered(answer):
                     return answer
         self._via_router()
-        return await self._send("GET", path, params=params)
+        return await self._send("GET", path, params=params, headers=headers)
 
     # -- reads ------------------------------------------------------------------------------------------
 
-    async def get(self, store: str, key: str | int | bytes | uuid.UUID, *, min_offset: int | None = None) -> Value:
-        """The value of one key (KeyNotFound when there is none)."""
-        path, params = self._get_request(store, key, min_offset)
-        return value_of_answer(await self._read(store, key, path, params))
+    async def get(
+        self, store: str, key: AnyKey, *, min_offset: int | None = None, answer_format: Format = None
+    ) -> Value:
+        """The value of one key (KeyNotFound when there is none); `answer_format`: the client's unless given."""
+        return value_of_answer(await self._read(*self._get_request(store, key, min_offset, answer_format)))
 
-    async def get_many(self, store: str, keys: Iterable[str | int | bytes | uuid.UUID]) -> list[Value | KeyrouteError]:
+    async def get_many(
+        self, store: str, keys: Iterable[str | int | bytes | uuid.UUID], *, answer_format: Format = None
+    ) -> list[Value | KeyrouteError]:
         """Many keys of one store: per key, in order, its Value or its error. Direct routing sends one
         batch per node, concurrently; what a node cannot answer goes through the router."""
-        batch = Batch(store, keys)
+        batch = Batch(store, keys, self._accept(answer_format))
         if self.routing == "direct" and batch.texts:
             await self._ensure_map()
             groups = self._group_by_node(batch)
@@ -127,14 +137,18 @@ class AsyncClient(ClientBase):
         else:
             self._all_via_router(batch)
         if batch.rest:
-            batch.took_router_answer(await self._send("POST", batch.path, json=batch.body(batch.rest)))
+            batch.took_router_answer(
+                await self._send("POST", batch.path, json=batch.body(batch.rest), headers=batch.headers)
+            )
         return batch.results()
 
     async def _node_batch(
         self, batch: Batch, url: str, indexes: list[int]
     ) -> tuple[list[int], list[Mapping[str, Any]] | None]:
         try:
-            answer: httpx.Response | None = await self._node(url).post(batch.path, json=batch.body(indexes))
+            answer: httpx.Response | None = await self._node(url).post(
+                batch.path, json=batch.body(indexes), headers=batch.headers
+            )
         except httpx.TransportError:
             answer = None
         return indexes, self._node_results(url, answer)
@@ -149,17 +163,21 @@ class AsyncClient(ClientBase):
         order: str = "asc",
         page_size: int = 100,
         min_offset: int | None = None,
+        answer_format: Format = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """Every row of a key of a history store with start <= time < end, page after page (a live store's
         from a state that has applied at least `min_offset`)."""
-        async for row in self._pages(self._history(store, key, start, end, order, page_size, min_offset)):
+        async for row in self._pages(
+            self._history(store, key, start, end, order, page_size, min_offset, answer_format)
+        ):
             yield row
 
     async def windows(
-        self, store: str, key: Any, *, start: Any = None, end: Any = None, page_size: int = 100
+        self, store: str, key: Any, *, start: Any = None, end: Any = None, page_size: int = 100, **read: Format
     ) -> AsyncIterator[dict[str, Any]]:
-        """The windows of a key of a windowed store that overlap [start, end): {"start", "end", "value"}."""
-        async for window in self._pages(self._windows(store, key, start, end, page_size)):
+        """The windows of a key of a windowed store that overlap [start, end): {"start", "end", "value"};
+        `answer_format` as `get`'s."""
+        async for window in self._pages(self._windows(store, key, start, end, page_size, **read)):
             yield window
 
     async def range(
@@ -181,8 +199,8 @@ class AsyncClient(ClientBase):
             if paged.routed is None:
                 answer = await self._send("GET", paged.path, params=params)
             else:
-                answer = await self._read(*paged.routed, paged.path, params)
-            body = answer.json()
+                answer = await self._read(*paged.routed, paged.path, params, paged.headers)
+            body = body_of(answer)
             for item in body[paged.field]:
                 yield item
             params = next_page(params, body)

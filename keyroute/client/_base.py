@@ -18,6 +18,7 @@ from urllib.parse import quote, unquote
 import httpx
 
 from keyroute.client._errors import KeyrouteError, error_of_answer, error_of_entry
+from keyroute.core.avro_answers import AVRO, decode_answer
 from keyroute.core.key_format import KeyFormat, KeyFormatError
 from keyroute.core.key_location import Endpoint, KeyLocation, StoreLocator
 from keyroute.core.partitioner import Partitioner
@@ -37,6 +38,11 @@ PARTITION_MAP_PATH = "/admin/partition-map"
 # does not have it (404) is asked for its whole partition map instead, as before.
 ROUTING_PATH = "/routing"
 ROUTING_FORMAT = 1
+# How reads are answered (`answer_format`): what each asks for in its Accept header.
+ANSWER_FORMATS = {"json": "application/json", "avro": AVRO}
+AnyKey = str | int | bytes | uuid.UUID  # a key as a read takes it (`key_text`)
+Format = str | None  # an answer format for one read: "json", "avro", or None for the client's
+Fields = Mapping[str, str] | None  # a request's query or extra headers
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +96,17 @@ def time_text(moment: dt.datetime | dt.date | int | str) -> str:
     raise TypeError(f"a time is a datetime, date, int or ISO 8601 text, not {type(moment).__name__}")
 
 
+def body_of(answer: httpx.Response) -> Any:
+    """A read's answer as the dict its JSON parses to, whether it came as JSON or as Avro (the same values)."""
+    kind = answer.headers.get("content-type", "")
+    if kind.startswith(AVRO) or kind.split(";", 1)[0].endswith("+avro"):
+        return decode_answer(answer.content)
+    return answer.json()
+
+
 def value_of_answer(answer: httpx.Response) -> Value:
     """The Value a key read's answer carries (its node and, for a live store, its offset from the headers)."""
-    body = answer.json()
+    body = body_of(answer)
     offset = body.get("offset")
     if offset is None and "x-keyroute-offset" in answer.headers:
         offset = int(answer.headers["x-keyroute-offset"])
@@ -146,6 +160,7 @@ class Paged:
     field: str
     params: dict[str, str]
     routed: tuple[str, Any] | None = None
+    headers: dict[str, str] | None = None  # the Accept of the answer format asked for
 
 
 def next_page(params: dict[str, str], body: Mapping[str, Any]) -> dict[str, str] | None:
@@ -159,10 +174,11 @@ class Batch:
     """One `get_many`: the keys as sent, per key its answer's entry once known, and the keys left for the
     router (all of them, until direct routing has sent some to their nodes)."""
 
-    __slots__ = ("entries", "path", "rest", "store", "texts")
+    __slots__ = ("entries", "headers", "path", "rest", "store", "texts")
 
-    def __init__(self, store: str, keys: Iterable[Any]) -> None:
+    def __init__(self, store: str, keys: Iterable[Any], headers: dict[str, str] | None = None) -> None:
         self.store = store
+        self.headers = headers  # the Accept of the answer format asked for
         self.texts = [key_text(k) for k in keys]
         self.path = store_path(store, "batch-get")
         self.entries: list[Mapping[str, Any] | None] = [None] * len(self.texts)
@@ -172,7 +188,7 @@ class Batch:
         return {"keys": [self.texts[i] for i in indexes]}
 
     def took_router_answer(self, answer: httpx.Response) -> None:
-        for index, entry in zip(self.rest, answer.json()["results"], strict=True):
+        for index, entry in zip(self.rest, body_of(answer)["results"], strict=True):
             self.entries[index] = entry
 
     def results(self) -> list[Value | KeyrouteError]:
@@ -272,11 +288,14 @@ class ClientBase:
         token: str | None,
         routing: str = "router",
         map_max_age_s: float = 30.0,
+        answer_format: str = "json",
     ) -> None:
         if retries < 0:
             raise ValueError("retries must not be negative")
         if routing not in ("router", "direct"):
             raise ValueError("routing is 'router' or 'direct'")
+        self.answer_format = answer_format
+        self._accept(None)  # checks it
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.retries = retries
@@ -315,21 +334,41 @@ class ClientBase:
 
     # -- requests ---------------------------------------------------------------------------------------
 
-    @staticmethod
-    def _get_request(store: str, key: Any, min_offset: int | None) -> tuple[str, dict[str, str] | None]:
-        return key_path(store, key), None if min_offset is None else {"min_offset": str(min_offset)}
+    def _accept(self, answer_format: str | None) -> dict[str, str] | None:
+        """The headers of a read answered in `answer_format` (None: the client's): None for JSON, which every
+        request asks for already."""
+        answer_format = self.answer_format if answer_format is None else answer_format
+        if answer_format not in ANSWER_FORMATS:
+            raise ValueError(f"answer_format is 'json' or 'avro', not {answer_format!r}")
+        return None if answer_format == "json" else {"accept": ANSWER_FORMATS[answer_format]}
 
-    @staticmethod
+    def _get_request(
+        self, store: str, key: Any, min_offset: int | None, answer_format: Format
+    ) -> tuple[str, Any, str, dict[str, str] | None, dict[str, str] | None]:
+        """What `_read` takes for a read of one key: store, key, path, query and headers."""
+        params = None if min_offset is None else {"min_offset": str(min_offset)}
+        return store, key, key_path(store, key), params, self._accept(answer_format)
+
     def _history(
-        store: str, key: Any, start: Any, end: Any, order: str, page_size: int, min_offset: int | None
+        self,
+        store: str,
+        key: Any,
+        start: Any,
+        end: Any,
+        order: str,
+        page_size: int,
+        min_offset: int | None,
+        answer_format: str | None = None,
     ) -> Paged:
         min_offset_text = None if min_offset is None else str(min_offset)
         params = _paged_params(start, end, page_size, order, min_offset=min_offset_text)
-        return Paged(f"{key_path(store, key)}/history", "rows", params, (store, key))
+        return Paged(f"{key_path(store, key)}/history", "rows", params, (store, key), self._accept(answer_format))
 
-    @staticmethod
-    def _windows(store: str, key: Any, start: Any, end: Any, page_size: int) -> Paged:
-        return Paged(f"{key_path(store, key)}/windows", "windows", _paged_params(start, end, page_size), (store, key))
+    def _windows(
+        self, store: str, key: Any, start: Any, end: Any, page_size: int, answer_format: str | None = None
+    ) -> Paged:
+        params = _paged_params(start, end, page_size)
+        return Paged(f"{key_path(store, key)}/windows", "windows", params, (store, key), self._accept(answer_format))
 
     @staticmethod
     def _range(store: str, from_key: Any, to_key: Any, prefix: str | None, page_size: int) -> Paged:
@@ -366,9 +405,7 @@ class ClientBase:
 
     def _map_due(self) -> bool:
         now = time.monotonic()
-        stale = (
-            self._reload or self._stale_stores or self._map is None or now - self._map_at > self.map_max_age_s
-        )
+        stale = self._reload or self._stale_stores or self._map is None or now - self._map_at > self.map_max_age_s
         return bool(stale) and now - self._last_load >= self.map_reload_min_s
 
     def _map_request(self) -> tuple[str, list[tuple[str, str]], dict[str, str]]:
@@ -495,7 +532,7 @@ class ClientBase:
             self._node_failed(url)
             return None
         self._observe(answer)
-        return answer.json()["results"] if answer.status_code == 200 else None
+        return body_of(answer)["results"] if answer.status_code == 200 else None
 
     def _take(self, batch: Batch, done: Iterable[tuple[list[int], list[Mapping[str, Any]] | None]]) -> None:
         """Fill the batch's entries from the nodes' answers; what they did not answer (failed nodes, 503s)

@@ -14,10 +14,14 @@ import httpx
 from keyroute.client._base import (
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT_S,
+    AnyKey,
     Batch,
     ClientBase,
+    Fields,
+    Format,
     Paged,
     Value,
+    body_of,
     next_page,
     value_of_answer,
 )
@@ -38,8 +42,9 @@ class Client(ClientBase):
         transport: httpx.BaseTransport | None = None,
         routing: str = "router",
         map_max_age_s: float = 30.0,
+        answer_format: str = "json",
     ) -> None:
-        super().__init__(url, timeout, retries, backoff_s, token, routing, map_max_age_s)
+        super().__init__(url, timeout, retries, backoff_s, token, routing, map_max_age_s, answer_format)
         self._http = httpx.Client(**self._http_options(self.url, transport))
         self._pool: ThreadPoolExecutor | None = None
         self._transport = transport
@@ -95,33 +100,34 @@ class Client(ClientBase):
                     answer = None
                 self._took_map(answer)
 
-    def _read(self, store: str, key: Any, path: str, params: Mapping[str, str] | None = None) -> httpx.Response:
+    def _read(self, store: str, key: Any, path: str, params: Fields = None, headers: Fields = None) -> httpx.Response:
         """A read of one key: from a node serving its partition (the next replica when one fails or answers
         503), else the router's answer."""
         if self.routing == "direct":
             self._ensure_map()
             for url in self._replicas(store, key):
                 try:
-                    answer = self._node(url).get(path, params=params)
+                    answer = self._node(url).get(path, params=params, headers=headers)
                 except httpx.TransportError:
                     self._node_failed(url)
                     continue
                 if self._node_answered(answer):
                     return answer
         self._via_router()
-        return self._send("GET", path, params=params)
+        return self._send("GET", path, params=params, headers=headers)
 
     # -- reads ------------------------------------------------------------------------------------------
 
-    def get(self, store: str, key: str | int | bytes | uuid.UUID, *, min_offset: int | None = None) -> Value:
-        """The value of one key (KeyNotFound when there is none)."""
-        path, params = self._get_request(store, key, min_offset)
-        return value_of_answer(self._read(store, key, path, params))
+    def get(self, store: str, key: AnyKey, *, min_offset: int | None = None, answer_format: Format = None) -> Value:
+        """The value of one key (KeyNotFound when there is none); `answer_format`: the client's unless given."""
+        return value_of_answer(self._read(*self._get_request(store, key, min_offset, answer_format)))
 
-    def get_many(self, store: str, keys: Iterable[str | int | bytes | uuid.UUID]) -> list[Value | KeyrouteError]:
+    def get_many(
+        self, store: str, keys: Iterable[str | int | bytes | uuid.UUID], *, answer_format: Format = None
+    ) -> list[Value | KeyrouteError]:
         """Many keys of one store: per key, in order, its Value or its error. Direct routing sends one
         batch per node, in parallel; what a node cannot answer goes through the router."""
-        batch = Batch(store, keys)
+        batch = Batch(store, keys, self._accept(answer_format))
         if self.routing == "direct" and batch.texts:
             self._ensure_map()
             groups = self._group_by_node(batch)
@@ -132,14 +138,16 @@ class Client(ClientBase):
         else:
             self._all_via_router(batch)
         if batch.rest:
-            batch.took_router_answer(self._send("POST", batch.path, json=batch.body(batch.rest)))
+            batch.took_router_answer(self._send("POST", batch.path, json=batch.body(batch.rest), headers=batch.headers))
         return batch.results()
 
     def _node_batch(
         self, batch: Batch, url: str, indexes: list[int]
     ) -> tuple[list[int], list[Mapping[str, Any]] | None]:
         try:
-            answer: httpx.Response | None = self._node(url).post(batch.path, json=batch.body(indexes))
+            answer: httpx.Response | None = self._node(url).post(
+                batch.path, json=batch.body(indexes), headers=batch.headers
+            )
         except httpx.TransportError:
             answer = None
         return indexes, self._node_results(url, answer)
@@ -154,16 +162,18 @@ class Client(ClientBase):
         order: str = "asc",
         page_size: int = 100,
         min_offset: int | None = None,
+        answer_format: Format = None,
     ) -> Iterator[dict[str, Any]]:
         """Every row of a key of a history store with start <= time < end, page after page (a live store's
         from a state that has applied at least `min_offset`)."""
-        yield from self._pages(self._history(store, key, start, end, order, page_size, min_offset))
+        yield from self._pages(self._history(store, key, start, end, order, page_size, min_offset, answer_format))
 
     def windows(
-        self, store: str, key: Any, *, start: Any = None, end: Any = None, page_size: int = 100
+        self, store: str, key: Any, *, start: Any = None, end: Any = None, page_size: int = 100, **read: Format
     ) -> Iterator[dict[str, Any]]:
-        """The windows of a key of a windowed store that overlap [start, end): {"start", "end", "value"}."""
-        yield from self._pages(self._windows(store, key, start, end, page_size))
+        """The windows of a key of a windowed store that overlap [start, end): {"start", "end", "value"};
+        `answer_format` as `get`'s."""
+        yield from self._pages(self._windows(store, key, start, end, page_size, **read))
 
     def range(
         self,
@@ -184,7 +194,7 @@ class Client(ClientBase):
             if paged.routed is None:
                 answer = self._send("GET", paged.path, params=params)
             else:
-                answer = self._read(*paged.routed, paged.path, params)
-            body = answer.json()
+                answer = self._read(*paged.routed, paged.path, params, paged.headers)
+            body = body_of(answer)
             yield from body[paged.field]
             params = next_page(params, body)

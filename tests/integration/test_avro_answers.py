@@ -1,8 +1,8 @@
 """Avro answers on a real cluster (two `keyroute node` processes and a `keyroute router`): the same keys read
 as JSON and as Avro give equal values, straight from a node, forwarded by one and through the router (key
-reads, batch-gets with their per-key errors); errors stay JSON whatever was asked; an Accept offering
-neither is 406; both publish the envelope's schema. History reads in Avro: tests/integration/
-test_timeline_reads.py."""
+reads, batch-gets with their per-key errors), and through the Python client in both routing modes; errors
+stay JSON whatever was asked; an Accept offering neither is 406; both publish the envelope's schema.
+History and windows reads in Avro: tests/integration/test_timeline_reads.py."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import fastavro
 import httpx
 import pytest
 
+from keyroute.client import Client, KeyNotFound
 from keyroute.core.avro_answers import SCHEMA_ID, decode_answer
 from keyroute.core.settings import ZkSettings
 from tests.integration.small_cluster import ROWS, STORE, SmallCluster, expected, key_path, partition, small_cluster
@@ -69,6 +70,19 @@ def test_every_read_answers_the_same_values_in_avro_as_in_json(cluster: SmallClu
             forwarded = http.get(cluster.node_urls[outsider] + key_path(key), headers=AVRO)
             assert forwarded.headers["x-keyroute-hops"] == "1"
             assert avro_of(forwarded) == expected(key)
+    # The Python client, through the router and routing itself: the same Values as JSON answers give.
+    for routing in ("router", "direct"):
+        with (
+            Client(cluster.router_url, routing=routing, answer_format="avro") as client,
+            Client(cluster.router_url, routing=routing) as plain,
+        ):
+            for key in keys:
+                assert client.get(STORE, key) == plain.get(STORE, key), (routing, key)
+            got, wanted = client.get_many(STORE, [*keys, "nobody"]), plain.get_many(STORE, [*keys, "nobody"])
+            assert got[:-1] == wanted[:-1] and isinstance(got[-1], KeyNotFound), routing
+            with pytest.raises(KeyNotFound):
+                client.get(STORE, "nobody")
+            assert client.stats["direct" if routing == "direct" else "via_router"] > 0
 
 
 def test_errors_stay_json_406_offers_the_types_and_the_schema_is_published(cluster: SmallCluster) -> None:
