@@ -26,11 +26,12 @@ import functools
 import io
 import json
 import re
+import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
-from fastavro import parse_schema, schemaless_reader, schemaless_writer
+from fastavro import parse_schema, schemaless_reader
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from keyroute.core.api import ApiError
@@ -49,7 +50,7 @@ def store_media_type(store: str) -> str:
     return f"application/vnd.keyroute.{store}+avro"
 
 
-def _optional(name: str, kind: Any) -> dict[str, Any]:
+def _nullable(name: str, kind: Any) -> dict[str, Any]:
     return {"name": name, "type": ["null", kind], "default": None}
 
 
@@ -73,15 +74,15 @@ ANSWER_SCHEMA: dict[str, Any] = {
     "namespace": "keyroute",
     "doc": "A keyroute read's answer: the JSON answer's fields, null where the JSON answer has none.",
     "fields": [
-        _optional("store", "string"),
-        _optional("key", "string"),
-        _optional("partition", "int"),
-        _optional("version", "long"),
+        _nullable("store", "string"),
+        _nullable("key", "string"),
+        _nullable("partition", "int"),
+        _nullable("version", "long"),
         {"name": "value", "type": _VALUE, "default": None},
-        _optional("rows", {"type": "array", "items": _VALUE_AGAIN}),
-        _optional("windows", {"type": "array", "items": _VALUE_AGAIN}),
-        _optional("next", "string"),
-        _optional(
+        _nullable("rows", {"type": "array", "items": _VALUE_AGAIN}),
+        _nullable("windows", {"type": "array", "items": _VALUE_AGAIN}),
+        _nullable("next", "string"),
+        _nullable(
             "results",
             {
                 "type": "array",
@@ -92,13 +93,13 @@ ANSWER_SCHEMA: dict[str, Any] = {
                     "fields": [
                         {"name": "key", "type": _FIELD_AGAIN},
                         {"name": "status", "type": "int"},
-                        _optional("partition", "int"),
-                        _optional("version", "long"),
-                        _optional("offset", "long"),
-                        _optional("node", "string"),
+                        _nullable("partition", "int"),
+                        _nullable("version", "long"),
+                        _nullable("offset", "long"),
+                        _nullable("node", "string"),
                         {"name": "value", "type": _VALUE_AGAIN, "default": None},
-                        _optional("error", "string"),
-                        _optional("message", "string"),
+                        _nullable("error", "string"),
+                        _nullable("message", "string"),
                     ],
                 },
             },
@@ -108,8 +109,6 @@ ANSWER_SCHEMA: dict[str, Any] = {
 
 _PARSED = parse_schema(copy.deepcopy(ANSWER_SCHEMA))
 SCHEMA_ID = fingerprint(to_parsing_canonical_form(_PARSED), "CRC-64-AVRO")  # 16 hex digits
-_TOP_FIELDS = ("store", "key", "partition", "version", "next")
-_ENTRY_FIELDS = ("partition", "version", "offset", "node", "error", "message")
 
 
 class NotAcceptable(ApiError):
@@ -188,63 +187,168 @@ def _quality(ranges: Sequence[tuple[str, float]], offered: str) -> float:
 # -- encoding ---------------------------------------------------------------------------------------------
 
 
-def _nested(value: Any) -> tuple[str, dict[str, str]]:
-    return NESTED, {"json": json.dumps(value, ensure_ascii=False, separators=(",", ":"))}
+# The envelope is fixed, so it is written by hand, field by field in its order (fastavro's generic writer
+# resolves every union by trying its branches: about twice the CPU per answer, benchmarks/answer_formats.py).
+# tests/unit/core/test_avro_answers.py checks that these bytes are fastavro's for the same schema.
+# Union branches, as their zigzag indexes: Field [null, boolean, long, double, string, Nested], Value [null,
+# map, Nested], optional fields [null, X].
+_NULL = b"\x00"
+_PRESENT = b"\x02"
+_FIELD_TRUE, _FIELD_FALSE = b"\x02\x01", b"\x02\x00"
+_FIELD_LONG, _FIELD_DOUBLE, _FIELD_STRING, _FIELD_NESTED = b"\x04", b"\x06", b"\x08", b"\x0a"
+_VALUE_MAP, _VALUE_NESTED = b"\x02", b"\x04"
+_SMALL = [bytes([n]) for n in range(0x80)]  # zigzag values 0-127: one byte
+_DOUBLE = struct.Struct("<d").pack
 
 
-def _field(value: Any) -> Any:
-    """One column's value: as it is when an Avro scalar holds it exactly, else Nested."""
+def _long(n: int) -> bytes:
+    """An Avro int or long: zigzag, then a little-endian base-128 varint."""
+    n = (n << 1) ^ (n >> 63)
+    if n < 0x80:
+        return _SMALL[n]
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _string(text: str, out: list[bytes]) -> None:
+    data = text.encode("utf-8")  # a lone surrogate raises UnicodeEncodeError: `avro_answer` answers JSON then
+    out.append(_long(len(data)))
+    out.append(data)
+
+
+def _nested(value: Any, out: list[bytes]) -> None:
+    _string(json.dumps(value, ensure_ascii=False, separators=(",", ":")), out)
+
+
+def _field(value: Any, out: list[bytes]) -> None:
+    """One column's value (or a batch entry's key): as an Avro scalar when one holds it exactly, else Nested."""
     kind = type(value)
-    if kind is dict or kind is list or (kind is int and not _INT64_MIN <= value <= _INT64_MAX):
-        return _nested(value)
-    return value
+    if kind is str:
+        out.append(_FIELD_STRING)
+        _string(value, out)
+    elif kind is int and _INT64_MIN <= value <= _INT64_MAX:
+        out.append(_FIELD_LONG)
+        out.append(_long(value))
+    elif kind is float:
+        out.append(_FIELD_DOUBLE)
+        out.append(_DOUBLE(value))
+    elif value is None:
+        out.append(_NULL)
+    elif kind is bool:
+        out.append(_FIELD_TRUE if value else _FIELD_FALSE)
+    else:  # an object, an array, an integer beyond 64 bits
+        out.append(_FIELD_NESTED)
+        _nested(value, out)
 
 
-def _value(value: Any) -> Any:
-    """A value or a row for the envelope's `_VALUE` union (the branch named, so the writer does not search)."""
+# Column names as written (length and UTF-8), for the names answers repeat; bounded, as a live store's
+# records may bring any names.
+_COLUMNS: dict[str, bytes] = {}
+_MAX_COLUMNS = 4096
+
+
+def _column(name: str) -> bytes:
+    written = _COLUMNS.get(name)
+    if written is None:
+        data = name.encode("utf-8")
+        written = _long(len(data)) + data
+        if len(_COLUMNS) < _MAX_COLUMNS:
+            _COLUMNS[name] = written
+    return written
+
+
+def _value(value: Any, out: list[bytes]) -> None:
+    """A value or a row: its columns as a map, or Nested when it is not an object. (`_field`, inline for the
+    common strings and integers: this loop is most of an answer's cost.)"""
     if type(value) is not dict:
-        return _nested(value)
-    row = None
-    for column, item in value.items():
-        kind = type(item)
-        if kind is dict or kind is list or (kind is int and not _INT64_MIN <= item <= _INT64_MAX):
-            if row is None:
-                row = dict(value)
-            row[column] = _nested(item)
-    return "map", value if row is None else row
+        out.append(_VALUE_NESTED)
+        _nested(value, out)
+        return
+    append = out.append
+    append(_VALUE_MAP)
+    if value:
+        append(_long(len(value)))
+        for column, item in value.items():
+            written = _COLUMNS.get(column)
+            append(written if written is not None else _column(column))
+            kind = type(item)
+            if kind is str:
+                data = item.encode("utf-8")
+                append(_FIELD_STRING)
+                append(_long(len(data)))
+                append(data)
+            elif kind is int and _INT64_MIN <= item <= _INT64_MAX:
+                append(_FIELD_LONG)
+                append(_long(item))
+            else:
+                _field(item, out)
+    append(_NULL)  # the end of the map's blocks
 
 
-def _entry(entry: Mapping[str, Any]) -> dict[str, Any]:
-    out = {"key": _field(entry.get("key")), "status": entry["status"]}
-    for name in _ENTRY_FIELDS:
-        if name in entry:
-            out[name] = entry[name]
+def _optional(answer: Mapping[str, Any], name: str, out: list[bytes], write: Any) -> None:
+    item = answer.get(name)
+    if item is None:
+        out.append(_NULL)
+    else:
+        out.append(_PRESENT)
+        write(item, out)
+
+
+def _long_to(n: int, out: list[bytes]) -> None:
+    out.append(_long(n))
+
+
+def _values(items: list[Any], out: list[bytes]) -> None:
+    if items:
+        out.append(_long(len(items)))
+        for item in items:
+            _value(item, out)
+    out.append(_NULL)
+
+
+def _entry(entry: Mapping[str, Any], out: list[bytes]) -> None:
+    _field(entry.get("key"), out)
+    out.append(_long(entry["status"]))
+    _optional(entry, "partition", out, _long_to)
+    _optional(entry, "version", out, _long_to)
+    _optional(entry, "offset", out, _long_to)
+    _optional(entry, "node", out, _string)
     if "value" in entry:
-        out["value"] = _value(entry["value"])
-    return out
+        _value(entry["value"], out)
+    else:
+        out.append(_NULL)
+    _optional(entry, "error", out, _string)
+    _optional(entry, "message", out, _string)
 
 
-def envelope(answer: Mapping[str, Any]) -> dict[str, Any]:
-    """The record the envelope writes for a JSON answer (parsed)."""
-    out: dict[str, Any] = {}
-    for name in _TOP_FIELDS:
-        if name in answer:
-            out[name] = answer[name]
-    if "value" in answer:
-        out["value"] = _value(answer["value"])
-    for name in ("rows", "windows"):
-        if name in answer:
-            out[name] = "array", [_value(item) for item in answer[name]]
-    if "results" in answer:
-        out["results"] = "array", [_entry(entry) for entry in answer["results"]]
-    return out
+def _entries(entries: list[Mapping[str, Any]], out: list[bytes]) -> None:
+    if entries:
+        out.append(_long(len(entries)))
+        for entry in entries:
+            _entry(entry, out)
+    out.append(_NULL)
 
 
 def encode_answer(answer: Mapping[str, Any]) -> bytes:
     """A JSON answer (parsed) as the envelope's Avro binary."""
-    out = io.BytesIO()
-    schemaless_writer(out, _PARSED, envelope(answer))
-    return out.getvalue()
+    out: list[bytes] = []
+    _optional(answer, "store", out, _string)
+    _optional(answer, "key", out, _string)
+    _optional(answer, "partition", out, _long_to)
+    _optional(answer, "version", out, _long_to)
+    if "value" in answer:
+        _value(answer["value"], out)
+    else:
+        out.append(_NULL)
+    _optional(answer, "rows", out, _values)
+    _optional(answer, "windows", out, _values)
+    _optional(answer, "next", out, _string)
+    _optional(answer, "results", out, _entries)
+    return b"".join(out)
 
 
 # A run of 20 digits or more: maybe an integer orjson would read as a float (beyond 64 bits).
@@ -278,7 +382,11 @@ def avro_answer(
     stays as it is (JSON)."""
     if status != 200:
         return status, list(headers), body
-    return status, avro_headers(headers, media_type), encode_body(body)
+    try:
+        return status, avro_headers(headers, media_type), encode_body(body)
+    except UnicodeEncodeError:
+        # Text Avro cannot hold (a lone surrogate, which JSON escapes): the answer stays JSON, as it says.
+        return status, list(headers), body
 
 
 _SCHEMA_ID_HEADER = HEADER_SCHEMA_ID.lower().encode("ascii")
