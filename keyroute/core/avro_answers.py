@@ -289,15 +289,6 @@ def _value(value: Any, out: list[bytes]) -> None:
     append(_NULL)  # the end of the map's blocks
 
 
-def _optional(answer: Mapping[str, Any], name: str, out: list[bytes], write: Any) -> None:
-    item = answer.get(name)
-    if item is None:
-        out.append(_NULL)
-    else:
-        out.append(_PRESENT)
-        write(item, out)
-
-
 def _long_to(n: int, out: list[bytes]) -> None:
     out.append(_long(n))
 
@@ -310,44 +301,62 @@ def _values(items: list[Any], out: list[bytes]) -> None:
     out.append(_NULL)
 
 
-def _entry(entry: Mapping[str, Any], out: list[bytes]) -> None:
-    _field(entry.get("key"), out)
-    out.append(_long(entry["status"]))
-    _optional(entry, "partition", out, _long_to)
-    _optional(entry, "version", out, _long_to)
-    _optional(entry, "offset", out, _long_to)
-    _optional(entry, "node", out, _string)
-    if "value" in entry:
-        _value(entry["value"], out)
-    else:
-        out.append(_NULL)
-    _optional(entry, "error", out, _string)
-    _optional(entry, "message", out, _string)
+def _record(record: Mapping[str, Any], fields: tuple[tuple[str, Any], ...], out: list[bytes]) -> None:
+    """The fields of a record, in the schema's order: (name, how to write it) each, None for a `Value`; a field
+    the JSON answer lacks is null."""
+    for name, write in fields:
+        if write is None:  # a Value: present, even as JSON null (then Nested), or absent
+            if name in record:
+                _value(record[name], out)
+            else:
+                out.append(_NULL)
+            continue
+        item = record.get(name)
+        if item is None:
+            out.append(_NULL)
+        else:
+            out.append(_PRESENT)
+            write(item, out)
+
+
+_ENTRY = (
+    ("partition", _long_to),
+    ("version", _long_to),
+    ("offset", _long_to),
+    ("node", _string),
+    ("value", None),
+    ("error", _string),
+    ("message", _string),
+)
 
 
 def _entries(entries: list[Mapping[str, Any]], out: list[bytes]) -> None:
     if entries:
         out.append(_long(len(entries)))
         for entry in entries:
-            _entry(entry, out)
+            _field(entry.get("key"), out)
+            out.append(_long(entry["status"]))
+            _record(entry, _ENTRY, out)
     out.append(_NULL)
+
+
+_ANSWER = (
+    ("store", _string),
+    ("key", _string),
+    ("partition", _long_to),
+    ("version", _long_to),
+    ("value", None),
+    ("rows", _values),
+    ("windows", _values),
+    ("next", _string),
+    ("results", _entries),
+)
 
 
 def encode_answer(answer: Mapping[str, Any]) -> bytes:
     """A JSON answer (parsed) as the envelope's Avro binary."""
     out: list[bytes] = []
-    _optional(answer, "store", out, _string)
-    _optional(answer, "key", out, _string)
-    _optional(answer, "partition", out, _long_to)
-    _optional(answer, "version", out, _long_to)
-    if "value" in answer:
-        _value(answer["value"], out)
-    else:
-        out.append(_NULL)
-    _optional(answer, "rows", out, _values)
-    _optional(answer, "windows", out, _values)
-    _optional(answer, "next", out, _string)
-    _optional(answer, "results", out, _entries)
+    _record(answer, _ANSWER, out)
     return b"".join(out)
 
 
