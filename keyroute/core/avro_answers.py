@@ -25,7 +25,6 @@ import copy
 import functools
 import io
 import json
-import re
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -197,7 +196,22 @@ _PRESENT = b"\x02"
 _FIELD_TRUE, _FIELD_FALSE = b"\x02\x01", b"\x02\x00"
 _FIELD_LONG, _FIELD_DOUBLE, _FIELD_STRING, _FIELD_NESTED = b"\x04", b"\x06", b"\x08", b"\x0a"
 _VALUE_MAP, _VALUE_NESTED = b"\x02", b"\x04"
-_SMALL = [bytes([n]) for n in range(0x80)]  # zigzag values 0-127: one byte
+_SMALL = [bytes([n]) for n in range(0x80)]
+_BIG = 2.0**63
+
+
+class _Parsed(list):  # type: ignore[type-arg]
+    """The parts of an answer being written whose values orjson parsed: it reads an integer beyond 64 bits as a
+    float, so a float of that size makes `encode_body` parse the answer again, exactly (`_Reparse`)."""
+
+    __slots__ = ()
+
+
+class _Reparse(Exception):
+    pass
+
+
+# zigzag values 0-127: one byte
 _DOUBLE = struct.Struct("<d").pack
 
 
@@ -221,7 +235,10 @@ def _string(text: str, out: list[bytes]) -> None:
 
 
 def _nested(value: Any, out: list[bytes]) -> None:
-    _string(json.dumps(value, ensure_ascii=False, separators=(",", ":")), out)
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    if type(out) is _Parsed and "e+" in text:
+        raise _Reparse  # a float this large may be an integer orjson read as a float
+    _string(text, out)
 
 
 def _field(value: Any, out: list[bytes]) -> None:
@@ -234,6 +251,8 @@ def _field(value: Any, out: list[bytes]) -> None:
         out.append(_FIELD_LONG)
         out.append(_long(value))
     elif kind is float:
+        if (value >= _BIG or value <= -_BIG) and type(out) is _Parsed:
+            raise _Reparse  # maybe an integer orjson read as a float
         out.append(_FIELD_DOUBLE)
         out.append(_DOUBLE(value))
     elif value is None:
@@ -360,20 +379,16 @@ def encode_answer(answer: Mapping[str, Any]) -> bytes:
     return b"".join(out)
 
 
-# A run of 20 digits or more: maybe an integer orjson would read as a float (beyond 64 bits).
-_LONG_DIGITS = re.compile(rb"[0-9]{20}")
-
-
 def encode_body(body: bytes) -> bytes:
     """A JSON answer's body as the envelope's Avro binary (its values parsed once, from the stored bytes)."""
-    if _LONG_DIGITS.search(body) is None:
-        try:
-            return encode_answer(orjson.loads(body))
-        except orjson.JSONDecodeError:
-            pass
-    # What orjson does not read as a client's JSON parser does (integers beyond 64 bits, NaN), the standard
-    # library does.
-    return encode_answer(json.loads(body))
+    out = _Parsed()
+    try:
+        _record(orjson.loads(body), _ANSWER, out)
+        return b"".join(out)
+    except (orjson.JSONDecodeError, _Reparse):
+        # What orjson does not read as a client's JSON parser does (NaN; an integer beyond 64 bits, which it
+        # reads as a float), the standard library does.
+        return encode_answer(json.loads(body))
 
 
 def avro_headers(headers: Iterable[tuple[bytes, bytes]], media_type: bytes) -> list[tuple[bytes, bytes]]:

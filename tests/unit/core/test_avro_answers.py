@@ -180,6 +180,8 @@ def test_a_json_body_is_encoded_from_its_bytes_also_where_orjson_stops() -> None
     assert decode_answer(encode_body(b'{"value":{"n":-1000000000000000000000000000000}}')) == {
         "value": {"n": -(10**30)}  # an integer, not the float orjson reads it as
     }
+    nested = b'{"value":{"o":{"n":[100000000000000000000000]},"f":1e30,"g":-2.5e300}}'
+    assert typed(decode_answer(encode_body(nested))) == typed(json.loads(nested))
     plain = b'{"store":"s","key":"k","partition":0,"version":1,"value":{"a":1}}'
     assert decode_answer(encode_body(plain)) == json.loads(plain)
 
