@@ -24,8 +24,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from keyroute.core.api import HEADER_AUTH, HEADER_HOPS, min_offset_query
-from keyroute.core.avro_answers import answer_type, avro_answer, schema_answer
+from keyroute.core.api import HEADER_AUTH, HEADER_HOPS, found_body, min_offset_query
+from keyroute.core.avro_answers import answer_type, avro_answer, avro_headers, found_avro, is_avro, schema_answer
 from keyroute.core.metrics import KIND_BATCH, KIND_KEY, KIND_RANGE, KIND_TIMELINE
 from keyroute.http.admission import Admission
 from keyroute.http.dataplane import JSON, NOT_A_KEY_PATH, Call, Route, RoutedDataPlane, RouteTable
@@ -89,12 +89,18 @@ class NodeDataPlane(RoutedDataPlane):
         forwarded = self._forwarded(request)
         # Only a request with a query string pays for looking at it.
         min_offset = min_offset_query(request.query) if request.query else None
-        answer = read_key(self.node, store, key, forwarded, min_offset)
+        if media is None:
+            answer = read_key(self.node, store, key, forwarded, min_offset)
+        else:  # a value read here is written as Avro straight from its stored JSON
+            answer = read_key(self.node, store, key, forwarded, min_offset, found=found_avro)
         if type(answer) is tuple:
             _reply(call, answer, media)
             return None
         if type(answer) is Behind:
-            again = functools.partial(read_key, self.node, store, key, forwarded, answer.min_offset, waited=True)
+            found = found_body if media is None else found_avro
+            again = functools.partial(
+                read_key, self.node, store, key, forwarded, answer.min_offset, waited=True, found=found
+            )
             return self._catch_up(call, answer, again, media)
         return self._forward(call, answer, media)  # type: ignore[arg-type]
 
@@ -182,11 +188,16 @@ class NodeDataPlane(RoutedDataPlane):
 
 
 def _reply(call: Call, answer: Answer, media: bytes | None) -> None:
-    """Answer `call` with `answer` (JSON), or as Avro of `media` when the request asked for it."""
+    """Answer `call` with `answer` (JSON), or as Avro of `media` when the request asked for it: a 200 written
+    as Avro already (`found_avro`) gets its headers, any other is written now (an error stays JSON)."""
     if media is None:
         call.answer(*answer)
+        return
+    status, headers, body = answer
+    if status == 200 and is_avro(body):
+        call.answer(status, avro_headers(headers, media), body)
     else:
-        call.answer(*avro_answer(*answer, media))
+        call.answer(*avro_answer(status, headers, body, media))
 
 
 def _target(request: Request) -> bytes:

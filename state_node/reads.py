@@ -18,7 +18,7 @@ import asyncio
 import functools
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -178,7 +178,13 @@ class Behind:
 
 
 def read_key(
-    node: Node, store_name: str, key_text: str, forwarded: bool, min_offset: int | None = None, waited: bool = False
+    node: Node,
+    store_name: str,
+    key_text: str,
+    forwarded: bool,
+    min_offset: int | None = None,
+    waited: bool = False,
+    found: Callable[[str, str, int, int, bytes], bytes] = found_body,
 ) -> Answer | Forward | Behind:
     """The answer to a read of `key_text` in `store_name` when this node holds the key's partition (and no
     newer version of it is served elsewhere, unless the read was `forwarded` here): 200 with the value, or
@@ -188,7 +194,8 @@ def read_key(
     does not wait), 503 not_up_to_bound. Raises ApiError: an unknown store (404), a key that does not fit
     the store's key format (400), `min_offset` on a partition that is not live (400 not_live), a partition
     it can neither answer nor forward (503: the read was forwarded here already, or no node serves the
-    partition). Synchronous: nearly every read is answered here, without a task."""
+    partition). A 200's body is `found` of the value (`found_body`: JSON). Synchronous: nearly every read is
+    answered here, without a task."""
     m = node.ownership.map
     record = find_store(m, store_name)
     key = parse_key_text(record, key_text)
@@ -212,7 +219,7 @@ def read_key(
         value = held.get(key.data)
         if value is None:
             return 404, headers, error_json("key_not_found", f"key {location.key!r} is not in store {store_name!r}")
-        return 200, headers, found_body(store_name, location.key, location.partition, held.version, value)
+        return 200, headers, found(store_name, location.key, location.partition, held.version, value)
     return _forward_to(node_id, store_name, location.partition, others, forwarded, m.generation)
 
 

@@ -26,14 +26,14 @@ import functools
 import io
 import json
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
 from fastavro import parse_schema, schemaless_reader
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
-from keyroute.core.api import ApiError
+from keyroute.core.api import ApiError, found_body
 
 AVRO = "application/avro"
 JSON_TYPE = "application/json"
@@ -187,7 +187,7 @@ def _quality(ranges: Sequence[tuple[str, float]], offered: str) -> float:
 
 
 # The envelope is fixed, so it is written by hand, field by field in its order (fastavro's generic writer
-# resolves every union by trying its branches: about twice the CPU per answer, benchmarks/answer_formats.py).
+# resolves every union by trying its branches: several times the CPU per answer).
 # tests/unit/core/test_avro_answers.py checks that these bytes are fastavro's for the same schema.
 # Union branches, as their zigzag indexes: Field [null, boolean, long, double, string, Nested], Value [null,
 # map, Nested], optional fields [null, X].
@@ -196,7 +196,8 @@ _PRESENT = b"\x02"
 _FIELD_TRUE, _FIELD_FALSE = b"\x02\x01", b"\x02\x00"
 _FIELD_LONG, _FIELD_DOUBLE, _FIELD_STRING, _FIELD_NESTED = b"\x04", b"\x06", b"\x08", b"\x0a"
 _VALUE_MAP, _VALUE_NESTED = b"\x02", b"\x04"
-_SMALL = [bytes([n]) for n in range(0x80)]
+_SMALL = [bytes([n]) for n in range(0x80)]  # zigzag values 0-127: one byte
+_DOUBLE = struct.Struct("<d").pack
 _BIG = 2.0**63
 
 
@@ -209,10 +210,6 @@ class _Parsed(list):  # type: ignore[type-arg]
 
 class _Reparse(Exception):
     pass
-
-
-# zigzag values 0-127: one byte
-_DOUBLE = struct.Struct("<d").pack
 
 
 def _long(n: int) -> bytes:
@@ -379,16 +376,44 @@ def encode_answer(answer: Mapping[str, Any]) -> bytes:
     return b"".join(out)
 
 
-def encode_body(body: bytes) -> bytes:
-    """A JSON answer's body as the envelope's Avro binary (its values parsed once, from the stored bytes)."""
+def _from_json(text: bytes, answer: Callable[[Any], Mapping[str, Any]]) -> bytes:
+    """The envelope of `answer(parsed)`, `text` parsed once by orjson (again by the standard library where
+    orjson does not read it as a client's JSON parser does: NaN; an integer beyond 64 bits, a float to it)."""
     out = _Parsed()
     try:
-        _record(orjson.loads(body), _ANSWER, out)
+        _record(answer(orjson.loads(text)), _ANSWER, out)
         return b"".join(out)
     except (orjson.JSONDecodeError, _Reparse):
-        # What orjson does not read as a client's JSON parser does (NaN; an integer beyond 64 bits, which it
-        # reads as a float), the standard library does.
-        return encode_answer(json.loads(body))
+        return encode_answer(answer(json.loads(text)))
+
+
+def _itself(parsed: Any) -> Any:
+    return parsed
+
+
+def encode_body(body: bytes) -> bytes:
+    """A JSON answer's body as the envelope's Avro binary."""
+    return _from_json(body, _itself)
+
+
+def found_avro(store: str, key: str, partition: int, version: int, value_json: bytes) -> bytes:
+    """`keyroute.core.api.found_body`'s Avro twin: a key read's 200 answer written straight from the stored
+    value's JSON bytes (no JSON answer built and parsed again). Text Avro cannot hold (a lone surrogate,
+    escaped in JSON) gives `found_body`'s JSON instead: `is_avro` tells them apart."""
+
+    def answer(value: Any) -> dict[str, Any]:
+        return {"store": store, "key": key, "partition": partition, "version": version, "value": value}
+
+    try:
+        return _from_json(value_json, answer)
+    except UnicodeEncodeError:
+        return found_body(store, key, partition, version, value_json)
+
+
+def is_avro(body: bytes) -> bool:
+    """Whether a 200 body `found_avro` made is Avro (JSON's starts with "{", the envelope's with the store's
+    union index, 0x02)."""
+    return body[:1] != b"{"
 
 
 def avro_headers(headers: Iterable[tuple[bytes, bytes]], media_type: bytes) -> list[tuple[bytes, bytes]]:

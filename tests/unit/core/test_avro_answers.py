@@ -21,6 +21,8 @@ from keyroute.core.avro_answers import (
     decode_answer,
     encode_answer,
     encode_body,
+    found_avro,
+    is_avro,
     schema_document,
 )
 
@@ -254,3 +256,31 @@ def test_negotiation_is_remembered_per_accept_and_store() -> None:
     for _ in range(3):
         answer_type(b"application/avro", "bookings")
     assert avro_answers._negotiate.cache_info().hits == 2
+
+
+@pytest.mark.parametrize(
+    "value_json",
+    [
+        json.dumps(VALUE).encode(),
+        b'{"a":1}',
+        b"{}",
+        b'{"n":100000000000000000000000,"f":1.5}',
+        b'{"o":{"n":[100000000000000000000000]}}',
+        b"5",
+    ],
+)
+def test_a_key_answer_written_from_the_stored_value_is_the_json_answer_s_avro(value_json: bytes) -> None:
+    from keyroute.core.api import found_body
+
+    avro = found_avro("bookings", "C001", 3, 7, value_json)
+    assert is_avro(avro)
+    assert avro == encode_body(found_body("bookings", "C001", 3, 7, value_json))
+    assert typed(decode_answer(avro)) == typed(json.loads(found_body("bookings", "C001", 3, 7, value_json)))
+
+
+def test_a_stored_value_avro_cannot_hold_is_answered_as_json() -> None:
+    from keyroute.core.api import found_body
+
+    lone = b'{"note":"\\ud800"}'
+    answer = found_avro("bookings", "C001", 3, 7, lone)
+    assert not is_avro(answer) and answer == found_body("bookings", "C001", 3, 7, lone)
