@@ -25,7 +25,16 @@ from collections.abc import Callable
 from typing import Any
 
 from keyroute.core.api import HEADER_AUTH, HEADER_HOPS, found_body, min_offset_query
-from keyroute.core.avro_answers import answer_type, avro_answer, avro_headers, found_avro, is_avro, schema_answer
+from keyroute.core.avro_answers import (
+    answer_type,
+    avro_answer,
+    avro_headers,
+    found_avro,
+    found_entry_avro,
+    is_avro,
+    results_avro,
+    schema_answer,
+)
 from keyroute.core.metrics import KIND_BATCH, KIND_KEY, KIND_RANGE, KIND_TIMELINE
 from keyroute.http.admission import Admission
 from keyroute.http.dataplane import JSON, NOT_A_KEY_PATH, Call, Route, RoutedDataPlane, RouteTable
@@ -157,16 +166,18 @@ class NodeDataPlane(RoutedDataPlane):
         forwarded = self._forwarded(request)
         # The body's size is bounded by the server (keyroute.state_node.service.server_limits).
         parsed = parse_batch_request(request.body, self._max_batch_keys)
-        batch = read_batch(self.node, store, parsed.keys, forwarded, parsed.bounds)
+        if media is None:
+            batch = read_batch(self.node, store, parsed.keys, forwarded, parsed.bounds)
+        else:  # the keys found here are written as Avro entries straight from their stored JSON
+            batch = read_batch(self.node, store, parsed.keys, forwarded, parsed.bounds, found_entry_avro)
         if batch.complete:
-            # its keys are counted, one each, as they are read
-            call.answer_counted(*(batch.answer() if media is None else avro_answer(*batch.answer(), media)))
+            call.answer_counted(*_batch_answer(batch, media))  # its keys are counted, one each, as they are read
             return None
         return self._finish_batch(call, batch, media)
 
     async def _finish_batch(self, call: Call, batch: Batch, media: bytes | None) -> None:
         await batch.finish(call.request.request_id)
-        call.answer_counted(*(batch.answer() if media is None else avro_answer(*batch.answer(), media)))
+        call.answer_counted(*_batch_answer(batch, media))
 
     # -- the answers' schema ----------------------------------------------------------------------------
 
@@ -185,6 +196,14 @@ class NodeDataPlane(RoutedDataPlane):
             NOT_A_KEY_PATH,
         ]
     )
+
+
+def _batch_answer(batch: Batch, media: bytes | None) -> Answer:
+    """A batch's answer: JSON, or Avro of `media` (its entries Avro already, or JSON written now)."""
+    status, headers, body = batch.answer()
+    if media is None:
+        return status, headers, body
+    return status, avro_headers(headers, media), results_avro(batch.entries)  # type: ignore[arg-type]
 
 
 def _reply(call: Call, answer: Answer, media: bytes | None) -> None:

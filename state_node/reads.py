@@ -531,7 +531,12 @@ class Batch:
 
 
 def read_batch(
-    node: Node, store_name: str, keys: list[Any], forwarded: bool, bounds: OffsetBounds | None = None
+    node: Node,
+    store_name: str,
+    keys: list[Any],
+    forwarded: bool,
+    bounds: OffsetBounds | None = None,
+    found: Callable[..., bytes] = found_entry,
 ) -> Batch:
     """A batch-get of `keys` (as `keyroute.http.forwarding.parse_batch_request` gave them, with its
     `bounds`) in `store_name`: every key answered here as `read_key` would (found, not found, a bad key or
@@ -539,7 +544,8 @@ def read_batch(
     partition it can neither answer nor forward as a 503 entry), the others left to `Batch.finish` (keys
     of live partitions behind their bound, keys served elsewhere). Raises BadRequest when a key is not a
     JSON string or integer or a bound names a partition the store lacks (the whole batch is refused: only
-    a client sends one), StoreNotFound for an unknown store."""
+    a client sends one), StoreNotFound for an unknown store. A key found here has `found`'s entry
+    (`found_entry`: JSON)."""
     m = node.ownership.map
     record = find_store(m, store_name)
     for raw in keys:
@@ -584,7 +590,7 @@ def read_batch(
                 metrics.count(store_name, KIND_BATCH, NotLive.status)
                 entries[i] = encode_entry(error_entry(key.text, not_live(store_name)))
                 continue
-            entries[i] = _local_entry(node, store_name, held, key, location.partition, offset)
+            entries[i] = _local_entry(node, store_name, held, key, location.partition, offset, found)
         elif forwarded or not others:
             metrics.count(store_name, KIND_BATCH, PartitionUnavailable.status)
             why = "does not forward a forwarded request" if forwarded else "no node serves it"
@@ -609,8 +615,17 @@ def read_batch(
     return batch
 
 
-def _local_entry(node: Node, store: str, held: PartitionStore, key: Key, partition: int, offset: int | None) -> bytes:
-    """The entry of a key read from the partition held here (`offset`: a live partition's, read before)."""
+def _local_entry(
+    node: Node,
+    store: str,
+    held: PartitionStore,
+    key: Key,
+    partition: int,
+    offset: int | None,
+    found: Callable[..., bytes] = found_entry,
+) -> bytes:
+    """The entry of a key read from the partition held here (`offset`: a live partition's, read before;
+    `found` makes a found key's)."""
     metrics = node.metrics
     metrics.local_answers += 1
     value = held.get(key.data)
@@ -621,7 +636,7 @@ def _local_entry(node: Node, store: str, held: PartitionStore, key: Key, partiti
             entry["offset"] = offset
         return encode_entry(entry)
     metrics.count(store, KIND_BATCH, 200)
-    return found_entry(key.text, partition, held.version, value, offset, node.node_id)
+    return found(key.text, partition, held.version, value, offset, node.node_id)
 
 
 def _batch_key(store: str, fmt: KeyFormat, raw: str | int) -> Key:

@@ -226,7 +226,9 @@ def _long(n: int) -> bytes:
 
 
 def _string(text: str, out: list[bytes]) -> None:
-    data = text.encode("utf-8")  # a lone surrogate raises UnicodeEncodeError: `avro_answer` answers JSON then
+    # A lone surrogate (JSON escapes it; UTF-8 cannot hold it) raises UnicodeEncodeError: a column's value is
+    # then Nested (`_field`); anything else makes the answer JSON (`avro_answer`) or a 406 (a batch-get).
+    data = text.encode("utf-8")
     out.append(_long(len(data)))
     out.append(data)
 
@@ -235,15 +237,31 @@ def _nested(value: Any, out: list[bytes]) -> None:
     text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
     if type(out) is _Parsed and "e+" in text:
         raise _Reparse  # a float this large may be an integer orjson read as a float
-    _string(text, out)
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate in it: escaped, as JSON allows
+        data = json.dumps(value, separators=(",", ":")).encode("ascii")
+    out.append(_long(len(data)))
+    out.append(data)
+
+
+def _text_field(value: str, out: list[bytes]) -> None:
+    try:
+        data = value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: Nested, its JSON escaping it
+        out.append(_FIELD_NESTED)
+        _nested(value, out)
+        return
+    out.append(_FIELD_STRING)
+    out.append(_long(len(data)))
+    out.append(data)
 
 
 def _field(value: Any, out: list[bytes]) -> None:
     """One column's value (or a batch entry's key): as an Avro scalar when one holds it exactly, else Nested."""
     kind = type(value)
     if kind is str:
-        out.append(_FIELD_STRING)
-        _string(value, out)
+        _text_field(value, out)
     elif kind is int and _INT64_MIN <= value <= _INT64_MAX:
         out.append(_FIELD_LONG)
         out.append(_long(value))
@@ -293,10 +311,7 @@ def _value(value: Any, out: list[bytes]) -> None:
             append(written if written is not None else _column(column))
             kind = type(item)
             if kind is str:
-                data = item.encode("utf-8")
-                append(_FIELD_STRING)
-                append(_long(len(data)))
-                append(data)
+                _text_field(item, out)
             elif kind is int and _INT64_MIN <= item <= _INT64_MAX:
                 append(_FIELD_LONG)
                 append(_long(item))
@@ -346,13 +361,17 @@ _ENTRY = (
 )
 
 
+def _entry(entry: Mapping[str, Any], out: list[bytes]) -> None:
+    _field(entry.get("key"), out)
+    out.append(_long(entry["status"]))
+    _record(entry, _ENTRY, out)
+
+
 def _entries(entries: list[Mapping[str, Any]], out: list[bytes]) -> None:
     if entries:
         out.append(_long(len(entries)))
         for entry in entries:
-            _field(entry.get("key"), out)
-            out.append(_long(entry["status"]))
-            _record(entry, _ENTRY, out)
+            _entry(entry, out)
     out.append(_NULL)
 
 
@@ -376,15 +395,23 @@ def encode_answer(answer: Mapping[str, Any]) -> bytes:
     return b"".join(out)
 
 
-def _from_json(text: bytes, answer: Callable[[Any], Mapping[str, Any]]) -> bytes:
-    """The envelope of `answer(parsed)`, `text` parsed once by orjson (again by the standard library where
-    orjson does not read it as a client's JSON parser does: NaN; an integer beyond 64 bits, a float to it)."""
-    out = _Parsed()
+def _answer(answer: Mapping[str, Any], out: list[bytes]) -> None:
+    _record(answer, _ANSWER, out)
+
+
+def _from_json(
+    text: bytes, build: Callable[[Any], Mapping[str, Any]], write: Callable[[Any, list[bytes]], None] = _answer
+) -> bytes:
+    """`write` (an answer, or a batch entry) of `build(parsed)`, `text` parsed once by orjson (again by the
+    standard library where orjson does not read it as a client's JSON parser does: NaN; an integer beyond 64
+    bits, a float to it)."""
+    out: list[bytes] = _Parsed()
     try:
-        _record(answer(orjson.loads(text)), _ANSWER, out)
-        return b"".join(out)
+        write(build(orjson.loads(text)), out)
     except (orjson.JSONDecodeError, _Reparse):
-        return encode_answer(answer(json.loads(text)))
+        out = []
+        write(build(json.loads(text)), out)
+    return b"".join(out)
 
 
 def _itself(parsed: Any) -> Any:
@@ -410,9 +437,56 @@ def found_avro(store: str, key: str, partition: int, version: int, value_json: b
         return found_body(store, key, partition, version, value_json)
 
 
+def found_entry_avro(
+    key: str, partition: int, version: int, value_json: bytes, offset: int | None = None, node: str | None = None
+) -> bytes:
+    """`keyroute.http.forwarding.found_entry`'s Avro twin: a found key's batch entry written straight from the
+    stored value's JSON bytes, for `results_avro`. Raises NotAcceptable for text Avro cannot hold."""
+
+    def entry(value: Any) -> dict[str, Any]:
+        out = {"key": key, "status": 200, "partition": partition, "version": version, "value": value}
+        if offset is not None:
+            out["offset"] = offset
+        if node is not None:
+            out["node"] = node
+        return out
+
+    try:
+        return _from_json(value_json, entry, _entry)
+    except UnicodeEncodeError:
+        raise _not_avro() from None
+
+
+def _not_avro() -> NotAcceptable:
+    return NotAcceptable(
+        "the answer holds text Avro cannot carry (a lone surrogate, escaped in JSON): ask for application/json"
+    )
+
+
+# A batch-get's envelope up to its entries: store, key, partition, version, value, rows, windows, next all
+# null, then `results` present.
+_RESULTS_HEAD = _NULL * 8 + _PRESENT
+
+
+def results_avro(entries: Sequence[bytes]) -> bytes:
+    """A batch-get's Avro answer from its entries, each written as Avro already (`found_entry_avro`) or as
+    JSON (errors, entries from other nodes: written now). Raises NotAcceptable for text Avro cannot hold."""
+    out = [_RESULTS_HEAD]
+    if entries:
+        out.append(_long(len(entries)))
+        try:
+            for entry in entries:
+                out.append(entry if is_avro(entry) else _from_json(entry, _itself, _entry))
+        except UnicodeEncodeError:
+            raise _not_avro() from None
+    out.append(_NULL)
+    return b"".join(out)
+
+
 def is_avro(body: bytes) -> bool:
-    """Whether a 200 body `found_avro` made is Avro (JSON's starts with "{", the envelope's with the store's
-    union index, 0x02)."""
+    """Whether a body (a key read's 200, a batch entry) written by `found_avro` or `found_entry_avro` is Avro:
+    JSON's starts with "{", an answer's envelope with the store's union index (0x02), an entry's with its
+    key's (0x08)."""
     return body[:1] != b"{"
 
 

@@ -22,7 +22,9 @@ from keyroute.core.avro_answers import (
     encode_answer,
     encode_body,
     found_avro,
+    found_entry_avro,
     is_avro,
+    results_avro,
     schema_document,
 )
 
@@ -278,9 +280,33 @@ def test_a_key_answer_written_from_the_stored_value_is_the_json_answer_s_avro(va
     assert typed(decode_answer(avro)) == typed(json.loads(found_body("bookings", "C001", 3, 7, value_json)))
 
 
-def test_a_stored_value_avro_cannot_hold_is_answered_as_json() -> None:
+def test_text_avro_cannot_hold_is_nested_in_a_value_else_the_answer_is_json_or_406() -> None:
     from keyroute.core.api import found_body
 
-    lone = b'{"note":"\\ud800"}'
+    # A lone surrogate (JSON escapes it, UTF-8 cannot hold it) in a value: Nested, exact.
+    lone = b'{"note":"\\ud800","o":{"n":"\\udfff"}}'
     answer = found_avro("bookings", "C001", 3, 7, lone)
-    assert not is_avro(answer) and answer == found_body("bookings", "C001", 3, 7, lone)
+    assert is_avro(answer)
+    assert decode_answer(answer) == json.loads(found_body("bookings", "C001", 3, 7, lone))
+    # In a column's name: a key read answers JSON, a batch-get 406.
+    named = b'{"\\ud800":1}'
+    assert found_avro("bookings", "C001", 3, 7, named) == found_body("bookings", "C001", 3, 7, named)
+    with pytest.raises(NotAcceptable, match="application/json"):
+        found_entry_avro("C001", 3, 7, named)
+    with pytest.raises(NotAcceptable):
+        results_avro([b'{"key":"x","status":400,"error":"bad_key","message":"\\ud800"}'])
+
+
+def test_a_batch_answer_from_entries_avro_already_and_json_is_the_json_answer_s_avro() -> None:
+    from keyroute.http.forwarding import encode_entry, found_entry, results_body
+
+    found = [("C001", 3, 7, json.dumps(VALUE).encode(), None, "n1"), ("C002", 1, 7, b'{"a":1}', 12, "n2")]
+    errors = [
+        encode_entry({"key": "nobody", "status": 404, "error": "key_not_found", "message": "m", "offset": 3}),
+        encode_entry({"key": "x", "status": 503, "error": "partition_unavailable", "message": "no node"}),
+    ]
+    as_json = results_body([found_entry(*found[0]), errors[0], found_entry(*found[1]), errors[1]])
+    mixed = results_avro([found_entry_avro(*found[0]), errors[0], found_entry_avro(*found[1]), errors[1]])
+    assert mixed == encode_body(as_json)
+    assert typed(decode_answer(mixed)) == typed(json.loads(as_json))
+    assert results_avro([]) == encode_body(b'{"results":[]}')
