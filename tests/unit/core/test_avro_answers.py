@@ -300,13 +300,19 @@ def test_text_avro_cannot_hold_is_nested_in_a_value_else_the_answer_is_json_or_4
 def test_a_batch_answer_from_entries_avro_already_and_json_is_the_json_answer_s_avro() -> None:
     from keyroute.http.forwarding import encode_entry, found_entry, results_body
 
-    found = [("C001", 3, 7, json.dumps(VALUE).encode(), None, "n1"), ("C002", 1, 7, b'{"a":1}', 12, "n2")]
+    found = [
+        ("C001", 3, 7, json.dumps(VALUE).encode(), None, "n1"),
+        ("C002", 1, 7, b'{"a":1}', 12, "n2"),
+        ("C003", 0, 7, b'{"f":1e30,"n":100000000000000000000000,"o":{"g":-1e300}}', None, None),
+    ]
     errors = [
         encode_entry({"key": "nobody", "status": 404, "error": "key_not_found", "message": "m", "offset": 3}),
         encode_entry({"key": "x", "status": 503, "error": "partition_unavailable", "message": "no node"}),
     ]
-    as_json = results_body([found_entry(*found[0]), errors[0], found_entry(*found[1]), errors[1]])
-    mixed = results_avro([found_entry_avro(*found[0]), errors[0], found_entry_avro(*found[1]), errors[1]])
+    entries = [found_entry(*found[0]), errors[0], found_entry(*found[1]), errors[1], found_entry(*found[2])]
+    as_json = results_body(entries)
+    avro = [found_entry_avro(*f) for f in found]
+    mixed = results_avro([avro[0], errors[0], avro[1], errors[1], avro[2]])
     assert mixed == encode_body(as_json)
     assert typed(decode_answer(mixed)) == typed(json.loads(as_json))
     assert results_avro([]) == encode_body(b'{"results":[]}')
