@@ -8,6 +8,11 @@
     GET|HEAD /stores/{store}/range        `ranges.read_range` in a task: every partition asked, the answers
                                           merged
     POST     /stores/{store}/batch-get    `Proxy.batch_get` in a task: the entries as JSON
+    GET|HEAD /stores/{store}/schema       the Avro schema of the answers (keyroute.core.avro_answers)
+
+Key, timeline and batch reads answer Avro when the request's Accept prefers it (a 200 only: errors stay
+JSON): the router asks the nodes for JSON and writes the Avro answer itself, so a JSON read costs one
+header lookup more and nothing else.
 
 Every answer of these routes is counted in the router's metrics (a batch by each key's entry).
 """
@@ -18,12 +23,15 @@ from collections.abc import Callable
 from typing import Any
 
 from keyroute.core.api import min_offset_query
+from keyroute.core.avro_answers import answer_type, avro_answer, avro_headers, encode_answer, schema_answer
 from keyroute.core.metrics import KIND_BATCH, KIND_RANGE
 from keyroute.http.admission import Admission
 from keyroute.http.dataplane import JSON, Call, Route, RoutedDataPlane, store_routes
 from keyroute.http.forwarding import encode_entry, parse_batch_request
 from keyroute.router.proxy import Proxy
 from keyroute.router.ranges import read_range
+
+_ACCEPT = b"accept"
 
 
 class RouterDataPlane(RoutedDataPlane):
@@ -51,19 +59,23 @@ class RouterDataPlane(RoutedDataPlane):
 
     def _read_key(self, call: Call, store: str, key: str) -> None:
         request = call.request
+        media = answer_type(request.header(_ACCEPT), store)
+        settle = call.settle if media is None else _avro_settle(call, media)
         # The node's reply is passed on as it is (the server adds the read's id unless the node echoed it).
         # Only a request with a query string pays for looking at it.
         if request.query and (min_offset := min_offset_query(request.query)) is not None:
-            self.proxy.read(store, key, request.request_id, call.settle, min_offset)
+            self.proxy.read(store, key, request.request_id, settle, min_offset)
         else:
-            self.proxy.read(store, key, request.request_id, call.settle)
+            self.proxy.read(store, key, request.request_id, settle)
 
     def _read_timeline(self, call: Call, store: str, key: str, read: str) -> None:
         """A history or windows read: routed by its key like a key read, its query passed on as it came (the
         node checks it)."""
         request = call.request
+        media = answer_type(request.header(_ACCEPT), store)
+        settle = call.settle if media is None else _avro_settle(call, media)
         tail = "/" + read + ("?" + request.query.decode("latin-1") if request.query else "")
-        self.proxy.read(store, key, request.request_id, call.settle, tail=tail)
+        self.proxy.read(store, key, request.request_id, settle, tail=tail)
 
     def _read_history(self, call: Call, store: str, key: str) -> None:
         self._read_timeline(call, store, key, "history")
@@ -79,15 +91,40 @@ class RouterDataPlane(RoutedDataPlane):
 
     async def _batch_get(self, call: Call, store: str) -> None:
         request = call.request
+        media = answer_type(request.header(_ACCEPT), store)
         proxy = self.proxy
         parsed = parse_batch_request(request.body, 0)  # the proxy checks (and counts) the number of keys
         results = await proxy.batch_get(store, parsed.keys, request.request_id, parsed.bounds)
         proxy.metrics.count_results(store, KIND_BATCH, results)
-        call.answer_counted(200, list(JSON), encode_entry({"results": results}))
+        if media is None:
+            call.answer_counted(200, list(JSON), encode_entry({"results": results}))
+        else:
+            call.answer_counted(200, avro_headers(JSON, media), encode_answer({"results": results}))
+
+    # -- the answers' schema ----------------------------------------------------------------------------
+
+    def _schema(self, call: Call, store: str) -> None:
+        table = self.proxy.table
+        if not table.has_store(store):
+            raise table.unknown_store(store)
+        call.answer(200, list(JSON), schema_answer(store, table.map.stores[store].value_columns))
 
     # A range read over a whole store: the router gathers it from every partition's nodes.
     _range_route = Route("/stores/{store}/range", ("GET",), _read_range, KIND_RANGE)
-    routes = store_routes(_read_key, _read_history, _read_windows, _batch_get, _range_route)
+    _schema_route = Route("/stores/{store}/schema", ("GET",), _schema)
+    routes = store_routes(_read_key, _read_history, _read_windows, _batch_get, _range_route, _schema_route)
+
+
+def _avro_settle(call: Call, media: bytes) -> Callable[[Any], None]:
+    """What settles a read asked for in Avro of `media`: the node's JSON reply, a 200 written as Avro."""
+
+    def settle(result: Any) -> None:
+        if isinstance(result, BaseException) or result.status != 200:
+            call.settle(result)
+            return
+        call.answer(*avro_answer(result.status, result.headers, result.body, media))
+
+    return settle
 
 
 # The data plane's routes and their methods (HEAD goes with GET), as the OpenAPI document lists them.

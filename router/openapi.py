@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from keyroute.core.avro_answers import AVRO, HEADER_SCHEMA_ID
 from keyroute.router.map_views import DEFAULT_LIMIT, FILTER_STATES, MAX_LIMIT, MAX_WAIT_S
 
 
@@ -149,7 +150,7 @@ def _timeline_read(operation: str, summary: str, schema: str, what: str, kind: s
                 _query("min_offset", "live stores only: as for getKey (read your own write)", _OFFSET),
             ],
             "responses": {
-                "200": _json(schema, f"the key's {what}, in time order (none: an empty list)", _READ_HEADERS),
+                "200": _read_answer(schema, f"the key's {what}, in time order (none: an empty list)", _READ_HEADERS),
                 "400": _error(
                     f"`wrong_store_kind`: the store is not a {kind} store; `bad_request`: an unknown, repeated "
                     "or malformed parameter, `from` after `to`, or `limit` out of range; `bad_cursor`: the "
@@ -157,6 +158,7 @@ def _timeline_read(operation: str, summary: str, schema: str, what: str, kind: s
                     "min_offset on a store that follows no topic"
                 ),
                 "404": _error("`store_not_found`"),
+                **_NOT_ACCEPTABLE,
                 "410": _error("`cursor_expired`: the cursor continues a version of the store no longer served"),
                 "414": _error("`key_too_long`: the key is longer than `max_key_bytes`"),
                 **_NOT_ALLOWED,
@@ -179,6 +181,34 @@ def _json(schema_ref: str, description: str, headers: dict[str, Any] | None = No
     if headers:
         response["headers"] = headers
     return response
+
+
+def _read_answer(schema_ref: str, description: str, headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The 200 of a key, timeline or batch read: JSON, or Avro when the request's Accept prefers it."""
+    response = _json(schema_ref, description, {**(headers or {}), **_AVRO_HEADERS})
+    response["content"][AVRO] = {
+        "schema": {
+            "type": "string",
+            "contentMediaType": AVRO,
+            "description": "the same answer in the Avro envelope `GET /stores/{store}/schema` publishes (also "
+            "served as the store's own media type, application/vnd.keyroute.{store}+avro)",
+        }
+    }
+    return response
+
+
+_AVRO_HEADERS = {
+    HEADER_SCHEMA_ID: {
+        "description": "Avro answers only: the envelope schema's CRC-64-AVRO fingerprint (16 hex digits)",
+        "schema": {"type": "string"},
+    }
+}
+_NOT_ACCEPTABLE = {
+    "406": _error(
+        "`not_acceptable`: the Accept header offers neither application/json, application/avro nor "
+        "application/vnd.keyroute.{store}+avro (the message lists them)"
+    )
+}
 
 
 OPENAPI: dict[str, Any] = {
@@ -211,12 +241,13 @@ OPENAPI: dict[str, Any] = {
                     ),
                 ],
                 "responses": {
-                    "200": _json("Found", "the key's value", _READ_HEADERS),
+                    "200": _read_answer("Found", "the key's value", _READ_HEADERS),
                     "400": _error(
                         "`bad_key`: the key does not fit the store's key format or is not UTF-8; `bad_request`: "
                         "min_offset is not an offset; `not_live`: min_offset on a store that follows no topic"
                     ),
                     "404": _error("`store_not_found`, `key_not_found`, or `not_found` (not a key path)"),
+                    **_NOT_ACCEPTABLE,
                     "414": _error("`key_too_long`: the key is longer than `max_key_bytes`"),
                     **_NOT_ALLOWED,
                     **_GUARD,
@@ -284,14 +315,37 @@ OPENAPI: dict[str, Any] = {
                     "content": {"application/json": {"schema": {"$ref": "#/components/schemas/BatchRequest"}}},
                 },
                 "responses": {
-                    "200": _json("BatchResponse", "one entry per key, each with its own status"),
+                    "200": _read_answer("BatchResponse", "one entry per key, each with its own status"),
                     "400": _error(
                         '`bad_request`: the body is not JSON of the form {"keys": [...]}, or a bound is malformed '
                         "or names a partition the store lacks"
                     ),
                     "404": _error("`store_not_found`"),
+                    **_NOT_ACCEPTABLE,
                     "408": _error("`body_timeout`: the body did not arrive whole within the configured time"),
                     "413": _error("`too_many_keys` (more than `max_batch_keys`) or `body_too_large`"),
+                    **_NOT_ALLOWED,
+                    **_GUARD,
+                    **_INTERNAL,
+                },
+            }
+        },
+        "/stores/{store}/schema": {
+            "get": {
+                "operationId": "getAnswerSchema",
+                "summary": "The Avro schema of the store's Avro answers (routers and nodes alike)",
+                "description": "Key, timeline and batch reads answer Avro binary when the request's Accept "
+                "prefers application/avro or application/vnd.keyroute.{store}+avro to JSON (JSON is the "
+                "default, and a tie is JSON; errors are always JSON). The envelope holds the JSON answer's "
+                "fields (null where it has none); a value is a map from column name to null, boolean, long, "
+                "double or string, or a `keyroute.Nested` record with the JSON text of what those do not hold "
+                "exactly (an object, an array, an integer beyond 64 bits). One schema serves every store: its "
+                "id (X-Keyroute-Schema-Id) is its CRC-64-AVRO fingerprint; the store's columns are named in "
+                "its documentation.",
+                "parameters": [_STORE],
+                "responses": {
+                    "200": _json("AnswerSchema", "the schema, its id and the media types"),
+                    "404": _error("`store_not_found`"),
                     **_NOT_ALLOWED,
                     **_GUARD,
                     **_INTERNAL,
@@ -318,12 +372,18 @@ OPENAPI: dict[str, Any] = {
                     _query("node", "only partitions this node is assigned or serves"),
                     _query("state", "only partitions in this state", {"enum": list(FILTER_STATES)}),
                     _query("partition", "only this partition (of `store`, else of every store)", _INT0),
-                    _query("limit", f"partitions per page (default {DEFAULT_LIMIT})",
-                           {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}),
+                    _query(
+                        "limit",
+                        f"partitions per page (default {DEFAULT_LIMIT})",
+                        {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT},
+                    ),
                     _query("cursor", "the `next` of the previous page"),
                     _query("since", "the map generation the caller has (long poll)", _INT0),
-                    _query("wait_s", "how long a long poll may wait",
-                           {"type": "number", "minimum": 0, "maximum": MAX_WAIT_S}),
+                    _query(
+                        "wait_s",
+                        "how long a long poll may wait",
+                        {"type": "number", "minimum": 0, "maximum": MAX_WAIT_S},
+                    ),
                 ],
                 "responses": {
                     "200": _json("PartitionMap", "the router's current view", _VIEW_HEADERS),
@@ -617,6 +677,17 @@ OPENAPI: dict[str, Any] = {
                 "type": "object",
                 "required": ["results"],
                 "properties": {"results": {"type": "array", "items": {"$ref": "#/components/schemas/BatchEntry"}}},
+            },
+            "AnswerSchema": {
+                "type": "object",
+                "required": ["store", "schema_id", "media_types", "columns", "schema"],
+                "properties": {
+                    "store": {"type": "string"},
+                    "schema_id": {"type": "string", "description": "what X-Keyroute-Schema-Id says"},
+                    "media_types": {"type": "array", "items": {"type": "string"}},
+                    "columns": {"type": "array", "items": {"type": "string"}, "description": "the value columns"},
+                    "schema": {"type": "object", "description": "the Avro schema (JSON)"},
+                },
             },
             "PartitionMap": {
                 "type": "object",

@@ -10,6 +10,10 @@
                                           `ranges.read_partition_range`: one partition held here
     POST     /stores/{store}/batch-get    `reads.read_batch`, the keys held elsewhere sent on (and the keys
                                           of partitions behind their bound waited for) in a task
+    GET|HEAD /stores/{store}/schema       the Avro schema of the answers (keyroute.core.avro_answers)
+
+Key, timeline and batch reads answer Avro when the request's Accept prefers it (a 200 only: errors stay
+JSON); a read forwarded to another node asks it for JSON and answers Avro here.
 
 Every answer carries X-Keyroute-Node and is counted in the node's metrics (a batch by each key's entry).
 """
@@ -20,10 +24,20 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from keyroute.core.api import HEADER_AUTH, HEADER_HOPS, min_offset_query
+from keyroute.core.api import HEADER_AUTH, HEADER_HOPS, found_body, min_offset_query
+from keyroute.core.avro_answers import (
+    answer_type,
+    avro_answer,
+    avro_headers,
+    found_avro,
+    found_entry_avro,
+    is_avro,
+    results_avro,
+    schema_answer,
+)
 from keyroute.core.metrics import KIND_RANGE
 from keyroute.http.admission import Admission
-from keyroute.http.dataplane import Call, Route, RoutedDataPlane, store_routes
+from keyroute.http.dataplane import JSON, Call, Route, RoutedDataPlane, store_routes
 from keyroute.http.exchange import Answer, Request
 from keyroute.http.forwarding import parse_batch_request
 from keyroute.http.tls import call_peer_role
@@ -33,6 +47,7 @@ from keyroute.state_node.reads import (
     Batch,
     Behind,
     Forward,
+    find_store,
     forward_read,
     is_forwarded,
     read_batch,
@@ -42,6 +57,7 @@ from keyroute.state_node.reads import (
 
 _HOPS = HEADER_HOPS.encode("ascii")
 _AUTH = HEADER_AUTH.encode("ascii")
+_ACCEPT = b"accept"
 
 
 class NodeDataPlane(RoutedDataPlane):
@@ -82,30 +98,38 @@ class NodeDataPlane(RoutedDataPlane):
 
     def _read_key(self, call: Call, store: str, key: str) -> Any:
         request = call.request
+        media = answer_type(request.header(_ACCEPT), store)
         forwarded = self._forwarded(call)
         # Only a request with a query string pays for looking at it.
         min_offset = min_offset_query(request.query) if request.query else None
-        answer = read_key(self.node, store, key, forwarded, min_offset)
+        if media is None:
+            answer = read_key(self.node, store, key, forwarded, min_offset)
+        else:  # a value read here is written as Avro straight from its stored JSON
+            answer = read_key(self.node, store, key, forwarded, min_offset, found=found_avro)
         if type(answer) is tuple:
-            call.answer(*answer)
+            _reply(call, answer, media)
             return None
         if type(answer) is Behind:
-            again = functools.partial(read_key, self.node, store, key, forwarded, answer.min_offset, waited=True)
-            return self._catch_up(call, answer, again)
-        return self._forward(call, answer)  # type: ignore[arg-type]
+            found = found_body if media is None else found_avro
+            again = functools.partial(
+                read_key, self.node, store, key, forwarded, answer.min_offset, waited=True, found=found
+            )
+            return self._catch_up(call, answer, again, media)
+        return self._forward(call, answer, media)  # type: ignore[arg-type]
 
     def _read_timeline(self, call: Call, store: str, key: str, read: str) -> Any:
         request = call.request
+        media = answer_type(request.header(_ACCEPT), store)
         forwarded = self._forwarded(call)
         answer = read_timeline(self.node, store, key, read, request.query, forwarded)
         if type(answer) is tuple:
-            call.answer(*answer)
+            _reply(call, answer, media)
             return None
         if type(answer) is Behind:
             query = request.query
             again = functools.partial(read_timeline, self.node, store, key, read, query, forwarded, waited=True)
-            return self._catch_up(call, answer, again)
-        return self._forward(call, answer)  # type: ignore[arg-type]
+            return self._catch_up(call, answer, again, media)
+        return self._forward(call, answer, media)  # type: ignore[arg-type]
 
     def _read_history(self, call: Call, store: str, key: str) -> Any:
         return self._read_timeline(call, store, key, "history")
@@ -113,9 +137,15 @@ class NodeDataPlane(RoutedDataPlane):
     def _read_windows(self, call: Call, store: str, key: str) -> Any:
         return self._read_timeline(call, store, key, "windows")
 
-    async def _catch_up(self, call: Call, behind: Behind, read_again: Callable[[], Answer | Forward | Behind]) -> None:
+    async def _catch_up(
+        self,
+        call: Call,
+        behind: Behind,
+        read_again: Callable[[], Answer | Forward | Behind],
+        media: bytes | None = None,
+    ) -> None:
         """A bounded read (of a key, or of a key's timeline) of a live partition held here, once it has applied
-        the bound or the wait is over: `read_again` reads it then (waited)."""
+        the bound or the wait is over: `read_again` reads it then (waited), answered in `media` (None: JSON)."""
         node = self.node
         await behind.live.wait_reached(behind.min_offset, node.settings.min_offset_wait_ms / 1000)
         # Read again: the partition may have moved or changed version meanwhile.
@@ -123,11 +153,11 @@ class NodeDataPlane(RoutedDataPlane):
         if isinstance(answer, Forward):
             answer = await forward_read(node, _target(call.request), answer, call.request.request_id)
         assert type(answer) is tuple
-        call.answer(*answer)
+        _reply(call, answer, media)
 
-    async def _forward(self, call: Call, forward: Forward) -> None:
+    async def _forward(self, call: Call, forward: Forward, media: bytes | None = None) -> None:
         request = call.request
-        call.answer(*await forward_read(self.node, _target(request), forward, request.request_id))
+        _reply(call, await forward_read(self.node, _target(request), forward, request.request_id), media)
 
     # -- a partition's key range, and a batch -----------------------------------------------------------
 
@@ -136,22 +166,54 @@ class NodeDataPlane(RoutedDataPlane):
 
     def _batch_get(self, call: Call, store: str) -> Any:
         request = call.request
+        media = answer_type(request.header(_ACCEPT), store)
         forwarded = self._forwarded(call)
         # The body's size is bounded by the server (keyroute.state_node.service.server_limits).
         parsed = parse_batch_request(request.body, self._max_batch_keys)
-        batch = read_batch(self.node, store, parsed.keys, forwarded, parsed.bounds)
+        if media is None:
+            batch = read_batch(self.node, store, parsed.keys, forwarded, parsed.bounds)
+        else:  # the keys found here are written as Avro entries straight from their stored JSON
+            batch = read_batch(self.node, store, parsed.keys, forwarded, parsed.bounds, found_entry_avro)
         if batch.complete:
-            call.answer_counted(*batch.answer())  # its keys are counted, one each, as they are read
+            call.answer_counted(*_batch_answer(batch, media))  # its keys are counted, one each, as they are read
             return None
-        return self._finish_batch(call, batch)
+        return self._finish_batch(call, batch, media)
 
-    async def _finish_batch(self, call: Call, batch: Batch) -> None:
+    async def _finish_batch(self, call: Call, batch: Batch, media: bytes | None) -> None:
         await batch.finish(call.request.request_id)
-        call.answer_counted(*batch.answer())
+        call.answer_counted(*_batch_answer(batch, media))
+
+    # -- the answers' schema ----------------------------------------------------------------------------
+
+    def _schema(self, call: Call, store: str) -> None:
+        record = find_store(self.node.ownership.map, store)
+        call.answer(200, list(JSON), schema_answer(store, record.value_columns))
 
     # A range read over one partition held here (a router's range read asks one per partition).
     _range_route = Route("/stores/{store}/partitions/{partition}/range", ("GET",), _read_range, KIND_RANGE)
-    routes = store_routes(_read_key, _read_history, _read_windows, _batch_get, _range_route)
+    _schema_route = Route("/stores/{store}/schema", ("GET",), _schema)
+    routes = store_routes(_read_key, _read_history, _read_windows, _batch_get, _range_route, _schema_route)
+
+
+def _batch_answer(batch: Batch, media: bytes | None) -> Answer:
+    """A batch's answer: JSON, or Avro of `media` (its entries Avro already, or JSON written now)."""
+    status, headers, body = batch.answer()
+    if media is None:
+        return status, headers, body
+    return status, avro_headers(headers, media), results_avro(batch.entries)  # type: ignore[arg-type]
+
+
+def _reply(call: Call, answer: Answer, media: bytes | None) -> None:
+    """Answer `call` with `answer` (JSON), or as Avro of `media` when the request asked for it: a 200 written
+    as Avro already (`found_avro`) gets its headers, any other is written now (an error stays JSON)."""
+    if media is None:
+        call.answer(*answer)
+        return
+    status, headers, body = answer
+    if status == 200 and is_avro(body):
+        call.answer(status, avro_headers(headers, media), body)
+    else:
+        call.answer(*avro_answer(status, headers, body, media))
 
 
 def _target(request: Request) -> bytes:

@@ -18,7 +18,7 @@ import asyncio
 import functools
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -180,7 +180,13 @@ class Behind:
 
 
 def read_key(
-    node: Node, store_name: str, key_text: str, forwarded: bool, min_offset: int | None = None, waited: bool = False
+    node: Node,
+    store_name: str,
+    key_text: str,
+    forwarded: bool,
+    min_offset: int | None = None,
+    waited: bool = False,
+    found: Callable[[str, str, int, int, bytes], bytes] = found_body,
 ) -> Answer | Forward | Behind:
     """The answer to a read of `key_text` in `store_name` when this node holds the key's partition (and no
     newer version of it is served elsewhere, unless the read was `forwarded` here): 200 with the value, or
@@ -190,7 +196,8 @@ def read_key(
     does not wait), 503 not_up_to_bound. Raises ApiError: an unknown store (404), a key that does not fit
     the store's key format (400), `min_offset` on a partition that is not live (400 not_live), a partition
     it can neither answer nor forward (503: the read was forwarded here already, or no node serves the
-    partition). Synchronous: nearly every read is answered here, without a task."""
+    partition). A 200's body is `found` of the value (`found_body`: JSON). Synchronous: nearly every read is
+    answered here, without a task."""
     m = node.ownership.map
     record = find_store(m, store_name)
     key, location, held, others = _where(node, m, record, store_name, key_text)
@@ -208,7 +215,7 @@ def read_key(
         value = held.get(key.data)
         if value is None:
             return 404, headers, error_json("key_not_found", f"key {location.key!r} is not in store {store_name!r}")
-        return 200, headers, found_body(store_name, location.key, location.partition, held.version, value)
+        return 200, headers, found(store_name, location.key, location.partition, held.version, value)
     return _forward_to(node.node_id, store_name, location.partition, others, forwarded, m.generation)
 
 
@@ -517,7 +524,12 @@ class Batch:
 
 
 def read_batch(
-    node: Node, store_name: str, keys: list[Any], forwarded: bool, bounds: OffsetBounds | None = None
+    node: Node,
+    store_name: str,
+    keys: list[Any],
+    forwarded: bool,
+    bounds: OffsetBounds | None = None,
+    found: Callable[..., bytes] = found_entry,
 ) -> Batch:
     """A batch-get of `keys` (as `keyroute.http.forwarding.parse_batch_request` gave them, with its
     `bounds`) in `store_name`: every key answered here as `read_key` would (found, not found, a bad key or
@@ -525,7 +537,8 @@ def read_batch(
     partition it can neither answer nor forward as a 503 entry), the others left to `Batch.finish` (keys
     of live partitions behind their bound, keys served elsewhere). Raises BadRequest when a key is not a
     JSON string or integer or a bound names a partition the store lacks (the whole batch is refused: only
-    a client sends one), StoreNotFound for an unknown store."""
+    a client sends one), StoreNotFound for an unknown store. A key found here has `found`'s entry
+    (`found_entry`: JSON)."""
     m = node.ownership.map
     record = find_store(m, store_name)
     for raw in keys:
@@ -570,7 +583,7 @@ def read_batch(
                 metrics.count(store_name, KIND_BATCH, NotLive.status)
                 entries[i] = encode_entry(error_entry(key.text, not_live(store_name)))
                 continue
-            entries[i] = _local_entry(node, store_name, held, key, location.partition, offset)
+            entries[i] = _local_entry(node, store_name, held, key, location.partition, offset, found)
         elif forwarded or not others:
             metrics.count(store_name, KIND_BATCH, PartitionUnavailable.status)
             why = "does not forward a forwarded request" if forwarded else "no node serves it"
@@ -595,8 +608,17 @@ def read_batch(
     return batch
 
 
-def _local_entry(node: Node, store: str, held: PartitionStore, key: Key, partition: int, offset: int | None) -> bytes:
-    """The entry of a key read from the partition held here (`offset`: a live partition's, read before)."""
+def _local_entry(
+    node: Node,
+    store: str,
+    held: PartitionStore,
+    key: Key,
+    partition: int,
+    offset: int | None,
+    found: Callable[..., bytes] = found_entry,
+) -> bytes:
+    """The entry of a key read from the partition held here (`offset`: a live partition's, read before;
+    `found` makes a found key's)."""
     metrics = node.metrics
     metrics.local_answers += 1
     value = held.get(key.data)
@@ -607,7 +629,7 @@ def _local_entry(node: Node, store: str, held: PartitionStore, key: Key, partiti
             entry["offset"] = offset
         return encode_entry(entry)
     metrics.count(store, KIND_BATCH, 200)
-    return found_entry(key.text, partition, held.version, value, offset, node.node_id)
+    return found(key.text, partition, held.version, value, offset, node.node_id)
 
 
 def _batch_key(store: str, record: StoreRecord, raw: str | int) -> Key:

@@ -16,6 +16,9 @@ Keys are given as the store's key format has them: `str`, `int` (integer formats
 (uuid), `bytes` (bytes keys, sent as base64url). Times (`start` inclusive, `end` exclusive) as `datetime`
 (naive means UTC), `date`, `int` (a store ordered by an integer column) or ISO 8601 text.
 
+Answers come as JSON, or as Avro with `Client(url, answer_format="avro")` (or `answer_format="avro"` on one
+read: `get`, `get_many`, `history`, `windows`): smaller on the wire, decoded to the same Python values.
+
 Every error answer is raised as its `KeyrouteError` subclass (`KeyNotFound`, `StoreNotFound`, `BadKey`,
 `BadRequest`, `BadCursor`, `CursorExpired`, `WrongStoreKind`, `Unavailable` with `retry_after`, ...), and
 no answer at all (nothing listens, a timeout) as `ConnectionFailed`, an `Unavailable` too.

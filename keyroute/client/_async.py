@@ -10,7 +10,20 @@ from typing import Any
 
 import httpx
 
-from keyroute.client._base import Call, ClientBase, MapDue, Paged, Parallel, Plan, Sleep, Step, Steps, T, Value
+from keyroute.client._base import (
+    Call,
+    ClientBase,
+    Format,
+    MapDue,
+    Paged,
+    Parallel,
+    Plan,
+    Sleep,
+    Step,
+    Steps,
+    T,
+    Value,
+)
 from keyroute.client._errors import KeyrouteError
 
 
@@ -32,13 +45,22 @@ class AsyncClient(ClientBase):
             await node.aclose()
         await self._http.aclose()
 
-    async def get(self, store: str, key: str | int | bytes | uuid.UUID, *, min_offset: int | None = None) -> Value:
+    async def get(
+        self,
+        store: str,
+        key: str | int | bytes | uuid.UUID,
+        *,
+        min_offset: int | None = None,
+        answer_format: Format = None,
+    ) -> Value:
         """`Client.get`, awaited."""
-        return await self._run(self._get_plan(store, key, min_offset))
+        return await self._run(self._get_plan(store, key, min_offset, answer_format))
 
-    async def get_many(self, store: str, keys: Iterable[str | int | bytes | uuid.UUID]) -> list[Value | KeyrouteError]:
+    async def get_many(
+        self, store: str, keys: Iterable[str | int | bytes | uuid.UUID], *, answer_format: Format = None
+    ) -> list[Value | KeyrouteError]:
         """`Client.get_many`, awaited (nodes asked concurrently)."""
-        return await self._run(self._get_many_plan(store, keys))
+        return await self._run(self._get_many_plan(store, keys, answer_format))
 
     async def _aiterate(self, paged: Callable[[], Paged], item: Callable[[Any], T]) -> AsyncIterator[T]:
         first = paged()

@@ -25,6 +25,7 @@ from urllib.parse import quote, unquote
 import httpx
 
 from keyroute.client._errors import KeyrouteError, connection_failed, error_of_answer, error_of_entry
+from keyroute.core.avro_answers import AVRO, decode_answer
 from keyroute.core.key_format import KeyFormat, KeyFormatError
 from keyroute.core.key_location import Endpoint, KeyLocation, StoreLocator
 from keyroute.core.key_schema import KeySchema
@@ -45,6 +46,11 @@ PARTITION_MAP_PATH = "/admin/partition-map"
 # does not have it (404) is asked for its whole partition map instead, as before.
 ROUTING_PATH = "/routing"
 ROUTING_FORMAT = 1
+# How reads are answered (`answer_format`): what each asks for in its Accept header.
+ANSWER_FORMATS = {"json": "application/json", "avro": AVRO}
+AnyKey = str | int | bytes | uuid.UUID  # a key as a read takes it (`key_text`)
+Format = str | None  # an answer format for one read: "json", "avro", or None for the client's
+Fields = Mapping[str, str] | None  # a request's query or extra headers
 
 
 # A client certificate: one PEM file holding certificate and key, or (certificate file, key file).
@@ -128,9 +134,17 @@ def time_text(moment: dt.datetime | dt.date | int | str) -> str:
     raise TypeError(f"a time is a datetime, date, int or ISO 8601 text, not {type(moment).__name__}")
 
 
+def body_of(answer: httpx.Response) -> Any:
+    """A read's answer as the dict its JSON parses to, whether it came as JSON or as Avro (the same values)."""
+    kind = answer.headers.get("content-type", "")
+    if kind.startswith(AVRO) or kind.split(";", 1)[0].endswith("+avro"):
+        return decode_answer(answer.content)
+    return answer.json()
+
+
 def value_of_answer(answer: httpx.Response) -> Value:
     """The Value a key read's answer carries (its node and, for a live store, its offset from the headers)."""
-    body = answer.json()
+    body = body_of(answer)
     offset = body.get("offset")
     if offset is None and "x-keyroute-offset" in answer.headers:
         offset = int(answer.headers["x-keyroute-offset"])
@@ -184,6 +198,7 @@ class Paged:
     field: str
     params: dict[str, str]
     routed: tuple[str, Any] | None = None
+    headers: dict[str, str] | None = None  # the Accept of the answer format asked for
 
 
 def next_page(params: dict[str, str], body: Mapping[str, Any]) -> dict[str, str] | None:
@@ -278,10 +293,11 @@ class Batch:
     """One `get_many`: the keys as sent, per key its answer's entry once known, and the keys left for the
     router (all of them, until direct routing has sent some to their nodes)."""
 
-    __slots__ = ("entries", "path", "rest", "store", "texts")
+    __slots__ = ("entries", "headers", "path", "rest", "store", "texts")
 
-    def __init__(self, store: str, keys: Iterable[Any]) -> None:
+    def __init__(self, store: str, keys: Iterable[Any], headers: dict[str, str] | None = None) -> None:
         self.store = store
+        self.headers = headers  # the Accept of the answer format asked for
         self.texts = [key_text(k) for k in keys]
         self.path = store_path(store, "batch-get")
         self.entries: list[Mapping[str, Any] | None] = [None] * len(self.texts)
@@ -291,7 +307,7 @@ class Batch:
         return {"keys": [self.texts[i] for i in indexes]}
 
     def took_router_answer(self, answer: httpx.Response) -> None:
-        for index, entry in zip(self.rest, answer.json()["results"], strict=True):
+        for index, entry in zip(self.rest, body_of(answer)["results"], strict=True):
             self.entries[index] = entry
 
     def results(self) -> list[Value | KeyrouteError]:
@@ -400,13 +416,17 @@ class ClientBase:
         map_max_age_s: float = 30.0,
         verify: str | bool = True,
         cert: ClientCert | None = None,
+        answer_format: str = "json",
     ) -> None:
         """`verify`, `cert`: see `tls_context` (https:// addresses; direct mode reaches the nodes with the
-        same CA bundle and certificate)."""
+        same CA bundle and certificate). `answer_format`: "json" or "avro", what reads ask for unless one
+        says otherwise (`_accept`)."""
         if retries < 0:
             raise ValueError("retries must not be negative")
         if routing not in ("router", "direct"):
             raise ValueError("routing is 'router' or 'direct'")
+        self.answer_format = answer_format
+        self._accept(None)  # checks it
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.retries = retries
@@ -459,16 +479,26 @@ class ClientBase:
         order: str = "asc",
         page_size: int = 100,
         min_offset: int | None = None,
+        answer_format: Format = None,
     ) -> Pages[dict[str, Any]]:
         """Every row of a key of a history store with start <= time < end, page after page (a live store's
-        from a state that has applied at least `min_offset`)."""
-        return Pages(self, partial(self._history, store, key, start, end, order, page_size, min_offset), _same)
+        from a state that has applied at least `min_offset`); `answer_format`: the client's unless given."""
+        paged = partial(self._history, store, key, start, end, order, page_size, min_offset, answer_format)
+        return Pages(self, paged, _same)
 
     def windows(
-        self, store: str, key: Any, *, start: Any = None, end: Any = None, page_size: int = 100
+        self,
+        store: str,
+        key: Any,
+        *,
+        start: Any = None,
+        end: Any = None,
+        page_size: int = 100,
+        answer_format: Format = None,
     ) -> Pages[dict[str, Any]]:
-        """The windows of a key of a windowed store that overlap [start, end): {"start", "end", "value"}."""
-        return Pages(self, partial(self._windows, store, key, start, end, page_size), _same)
+        """The windows of a key of a windowed store that overlap [start, end): {"start", "end", "value"};
+        `answer_format` as `history`'s."""
+        return Pages(self, partial(self._windows, store, key, start, end, page_size, answer_format), _same)
 
     def range(
         self,
@@ -502,21 +532,41 @@ class ClientBase:
 
     # -- requests ---------------------------------------------------------------------------------------
 
-    @staticmethod
-    def _get_request(store: str, key: Any, min_offset: int | None) -> tuple[str, dict[str, str] | None]:
-        return key_path(store, key), None if min_offset is None else {"min_offset": str(min_offset)}
+    def _accept(self, answer_format: str | None) -> dict[str, str] | None:
+        """The headers of a read answered in `answer_format` (None: the client's): None for JSON, which every
+        request asks for already."""
+        answer_format = self.answer_format if answer_format is None else answer_format
+        if answer_format not in ANSWER_FORMATS:
+            raise ValueError(f"answer_format is 'json' or 'avro', not {answer_format!r}")
+        return None if answer_format == "json" else {"accept": ANSWER_FORMATS[answer_format]}
 
-    @staticmethod
+    def _get_request(
+        self, store: str, key: Any, min_offset: int | None, answer_format: Format
+    ) -> tuple[str, Any, str, dict[str, str] | None, dict[str, str] | None]:
+        """What `_read` takes for a read of one key: store, key, path, query and headers."""
+        params = None if min_offset is None else {"min_offset": str(min_offset)}
+        return store, key, key_path(store, key), params, self._accept(answer_format)
+
     def _history(
-        store: str, key: Any, start: Any, end: Any, order: str, page_size: int, min_offset: int | None
+        self,
+        store: str,
+        key: Any,
+        start: Any,
+        end: Any,
+        order: str,
+        page_size: int,
+        min_offset: int | None,
+        answer_format: str | None = None,
     ) -> Paged:
         min_offset_text = None if min_offset is None else str(min_offset)
         params = _paged_params(start, end, page_size, order, min_offset=min_offset_text)
-        return Paged(f"{key_path(store, key)}/history", "rows", params, (store, key))
+        return Paged(f"{key_path(store, key)}/history", "rows", params, (store, key), self._accept(answer_format))
 
-    @staticmethod
-    def _windows(store: str, key: Any, start: Any, end: Any, page_size: int) -> Paged:
-        return Paged(f"{key_path(store, key)}/windows", "windows", _paged_params(start, end, page_size), (store, key))
+    def _windows(
+        self, store: str, key: Any, start: Any, end: Any, page_size: int, answer_format: str | None = None
+    ) -> Paged:
+        params = _paged_params(start, end, page_size)
+        return Paged(f"{key_path(store, key)}/windows", "windows", params, (store, key), self._accept(answer_format))
 
     @staticmethod
     def _range(store: str, from_key: Any, to_key: Any, prefix: str | None, page_size: int) -> Paged:
@@ -553,9 +603,7 @@ class ClientBase:
 
     def _map_due(self) -> bool:
         now = time.monotonic()
-        stale = (
-            self._reload or self._stale_stores or self._map is None or now - self._map_at > self.map_max_age_s
-        )
+        stale = self._reload or self._stale_stores or self._map is None or now - self._map_at > self.map_max_age_s
         return bool(stale) and now - self._last_load >= self.map_reload_min_s
 
     def _map_request(self) -> tuple[str, list[tuple[str, str]], dict[str, str]]:
@@ -682,7 +730,7 @@ class ClientBase:
             self._node_failed(url)
             return None
         self._observe(answer)
-        return answer.json()["results"] if answer.status_code == 200 else None
+        return body_of(answer)["results"] if answer.status_code == 200 else None
 
     def _take(self, batch: Batch, done: Iterable[tuple[list[int], list[Mapping[str, Any]] | None]]) -> None:
         """Fill the batch's entries from the nodes' answers; what they did not answer (failed nodes, 503s)
@@ -725,29 +773,32 @@ class ClientBase:
         answer = yield Call(None, "GET", path, {"params": params, "headers": headers}, httpx.HTTPError)
         self._took_map(None if isinstance(answer, httpx.HTTPError) else answer)
 
-    def _read_plan(self, store: str, key: Any, path: str, params: Mapping[str, str] | None) -> Plan[httpx.Response]:
+    def _read_plan(
+        self, store: str, key: Any, path: str, params: Fields = None, headers: Fields = None
+    ) -> Plan[httpx.Response]:
         """A read of one key: from a node serving its partition (the next replica when one fails or answers
         503), else the router's answer."""
         if self.routing == "direct":
             yield MAP_DUE
             for url in self._replicas(store, key):
-                answer = yield Call(url, "GET", path, {"params": params})
+                answer = yield Call(url, "GET", path, {"params": params, "headers": headers})
                 if isinstance(answer, httpx.TransportError):
                     self._node_failed(url)
                     continue
                 if self._node_answered(answer):
                     return answer  # type: ignore[no-any-return]
         self._via_router()
-        return (yield from self._send_plan("GET", path, params=params))
+        return (yield from self._send_plan("GET", path, params=params, headers=headers))
 
-    def _get_plan(self, store: str, key: Any, min_offset: int | None) -> Plan[Value]:
-        path, params = self._get_request(store, key, min_offset)
-        return value_of_answer((yield from self._read_plan(store, key, path, params)))
+    def _get_plan(self, store: str, key: Any, min_offset: int | None, answer_format: Format = None) -> Plan[Value]:
+        return value_of_answer((yield from self._read_plan(*self._get_request(store, key, min_offset, answer_format))))
 
-    def _get_many_plan(self, store: str, keys: Iterable[Any]) -> Plan[list[Value | KeyrouteError]]:
+    def _get_many_plan(
+        self, store: str, keys: Iterable[Any], answer_format: Format = None
+    ) -> Plan[list[Value | KeyrouteError]]:
         """Direct routing sends one batch per node, at the same time; what a node cannot answer goes through
         the router."""
-        batch = Batch(store, keys)
+        batch = Batch(store, keys, self._accept(answer_format))
         if self.routing == "direct" and batch.texts:
             yield MAP_DUE
             groups = self._group_by_node(batch)
@@ -755,13 +806,14 @@ class ClientBase:
         else:
             self._all_via_router(batch)
         if batch.rest:
-            batch.took_router_answer((yield from self._send_plan("POST", batch.path, json=batch.body(batch.rest))))
+            answer = yield from self._send_plan("POST", batch.path, json=batch.body(batch.rest), headers=batch.headers)
+            batch.took_router_answer(answer)
         return batch.results()
 
     def _node_batch_plan(
         self, batch: Batch, url: str, indexes: list[int]
     ) -> Plan[tuple[list[int], list[Mapping[str, Any]] | None]]:
-        answer = yield Call(url, "POST", batch.path, {"json": batch.body(indexes)})
+        answer = yield Call(url, "POST", batch.path, {"json": batch.body(indexes), "headers": batch.headers})
         return indexes, self._node_results(url, None if isinstance(answer, httpx.TransportError) else answer)
 
     def _page_plan(self, paged: Paged, params: dict[str, str]) -> Plan[tuple[list[Any], dict[str, str] | None]]:
@@ -769,8 +821,8 @@ class ClientBase:
         if paged.routed is None:
             answer = yield from self._send_plan("GET", paged.path, params=params)
         else:
-            answer = yield from self._read_plan(*paged.routed, paged.path, params)
-        body = answer.json()
+            answer = yield from self._read_plan(*paged.routed, paged.path, params, paged.headers)
+        body = body_of(answer)
         return body[paged.field], next_page(params, body)
 
 

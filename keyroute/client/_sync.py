@@ -11,7 +11,20 @@ from typing import Any
 
 import httpx
 
-from keyroute.client._base import Call, ClientBase, MapDue, Paged, Parallel, Plan, Sleep, Step, Steps, T, Value
+from keyroute.client._base import (
+    Call,
+    ClientBase,
+    Format,
+    MapDue,
+    Paged,
+    Parallel,
+    Plan,
+    Sleep,
+    Step,
+    Steps,
+    T,
+    Value,
+)
 from keyroute.client._errors import KeyrouteError
 
 
@@ -20,8 +33,9 @@ class Client(ClientBase):
 
     Options (keywords): `timeout` (seconds, per request), `retries`, `backoff_s`, `token` (a bearer
     token), `transport` (an httpx transport), `routing` ("router", or "direct": straight to the nodes
-    serving a key, from the partition map), `map_max_age_s` (how old the map may grow), and over HTTPS
-    `verify` (a CA bundle, True for the system's CAs, False for none) and `cert` (a client certificate)."""
+    serving a key, from the partition map), `map_max_age_s` (how old the map may grow), `answer_format`
+    ("json" or "avro": what reads ask for; the values are the same), and over HTTPS `verify` (a CA bundle,
+    True for the system's CAs, False for none) and `cert` (a client certificate)."""
 
     _http_class = httpx.Client
     _lock_class = threading.Lock
@@ -42,13 +56,22 @@ class Client(ClientBase):
             node.close()
         self._http.close()
 
-    def get(self, store: str, key: str | int | bytes | uuid.UUID, *, min_offset: int | None = None) -> Value:
-        """The value of one key (KeyNotFound when there is none)."""
-        return self._run(self._get_plan(store, key, min_offset))
+    def get(
+        self,
+        store: str,
+        key: str | int | bytes | uuid.UUID,
+        *,
+        min_offset: int | None = None,
+        answer_format: Format = None,
+    ) -> Value:
+        """The value of one key (KeyNotFound when there is none); `answer_format`: the client's unless given."""
+        return self._run(self._get_plan(store, key, min_offset, answer_format))
 
-    def get_many(self, store: str, keys: Iterable[str | int | bytes | uuid.UUID]) -> list[Value | KeyrouteError]:
+    def get_many(
+        self, store: str, keys: Iterable[str | int | bytes | uuid.UUID], *, answer_format: Format = None
+    ) -> list[Value | KeyrouteError]:
         """Many keys of one store: per key, in order, its Value or its error (nodes asked in parallel)."""
-        return self._run(self._get_many_plan(store, keys))
+        return self._run(self._get_many_plan(store, keys, answer_format))
 
     def _iterate(self, paged: Callable[[], Paged], item: Callable[[Any], T]) -> Iterator[T]:
         first = paged()

@@ -291,11 +291,11 @@ def store_routes(
     read_history: Callable[..., Any],
     read_windows: Callable[..., Any],
     batch_get: Callable[..., Any],
-    read_range: Route,
+    *own: Route,
 ) -> RouteTable:
     """The data API as routers and nodes both serve it, from their handlers: a key first (`fast_route`), its
-    history and windows, batch-get, the service's own range read (a store's on a router, one partition's on
-    a node), NOT_A_KEY_PATH last."""
+    history and windows, batch-get, the service's `own` routes (its range read: a store's on a router, one
+    partition's on a node; the answers' schema), NOT_A_KEY_PATH last."""
     key = "/stores/{store}/keys/{key}"
     return RouteTable(
         [
@@ -303,7 +303,7 @@ def store_routes(
             Route(f"{key}/history", ("GET",), read_history, KIND_TIMELINE),
             Route(f"{key}/windows", ("GET",), read_windows, KIND_TIMELINE),
             Route("/stores/{store}/batch-get", ("POST",), batch_get, KIND_BATCH),
-            read_range,
+            *own,
             NOT_A_KEY_PATH,
         ]
     )

@@ -485,3 +485,67 @@ def test_direct_routing_serializes_schema_registry_keys_with_the_recorded_schema
         assert location.partition == partition_for(Partitioner.MURMUR2, data, 7)
     # A key that does not fit is the router's to judge (its 400 names the field).
     assert direct.locate("s", {"region": "eu"}) is None
+
+
+def test_the_client_asks_for_avro_when_told_and_returns_the_same_values() -> None:
+    from keyroute.core.avro_answers import SCHEMA_ID, encode_answer
+
+    value = {"fare": 12.5, "n": 2**64, "seats": [1, 2], "note": None, "ok": True}
+    found = {"store": "s", "key": "k", "partition": 1, "version": 3, "value": value}
+    rows = {"store": "s", "key": "k", "partition": 1, "version": 3, "rows": [{"ts": "2024-06-01", "v": 1}]}
+    batch = {
+        "results": [
+            {"key": "k", "status": 200, "partition": 1, "version": 3, "node": "n1", "value": value},
+            {"key": "x", "status": 404, "error": "key_not_found", "message": "gone"},
+        ]
+    }
+    windows = {**rows, "windows": [{"start": "2024-06-01", "end": "2024-06-02", "value": {"n": 2, "sum": 0.5}}]}
+    del windows["rows"]
+    asked: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        accept = request.headers.get("accept")
+        asked.append(accept)
+        path = request.url.path
+        if path.endswith("/missing"):
+            return error(404, "key_not_found")  # errors are JSON whatever was asked
+        answer = batch if path.endswith("batch-get") else rows if path.endswith("/history") else found
+        if path.endswith("/windows"):
+            answer = windows
+        if accept == "application/avro":
+            headers = {"content-type": "application/avro", "x-keyroute-schema-id": SCHEMA_ID}
+            return httpx.Response(200, content=encode_answer(answer), headers=headers)
+        return httpx.Response(200, json=answer)
+
+    with Client("http://router", transport=transport(handler), answer_format="avro") as client:
+        got = client.get("s", "k")
+        assert got == Value("s", "k", 1, 3, value) and type(got.value["n"]) is int
+        assert asked[-1] == "application/avro"
+        assert list(client.history("s", "k")) == rows["rows"]
+        hit, miss = client.get_many("s", ["k", "x"])
+        assert hit == Value("s", "k", 1, 3, value, node="n1") and isinstance(miss, KeyNotFound)
+        with pytest.raises(KeyNotFound):
+            client.get("s", "missing")
+        assert set(asked) == {"application/avro"}
+        assert client.get("s", "k", answer_format="json") == got  # per read
+        assert asked[-1] == "application/json"
+    with Client("http://router", transport=transport(handler)) as client:
+        assert client.get("s", "k", answer_format="avro") == got
+        assert asked[-1] == "application/avro"
+        assert client.get("s", "k") == got and asked[-1] == "application/json"
+        assert list(client.windows("s", "k", answer_format="avro")) == windows["windows"]
+        assert asked[-1] == "application/avro"
+        assert list(client.history("s", "k", answer_format="avro")) == rows["rows"]
+        assert asked[-1] == "application/avro"
+        with pytest.raises(ValueError, match="answer_format"):
+            client.get("s", "k", answer_format="xml")
+        with pytest.raises(TypeError):
+            list(client.windows("s", "k", answer_fromat="avro"))
+    with pytest.raises(ValueError, match="answer_format"):
+        Client("http://router", answer_format="protobuf")
+
+    async def read_async() -> list[Any]:
+        async with AsyncClient("http://router", transport=transport(handler), answer_format="avro") as client:
+            return [await client.get("s", "k"), [r async for r in client.history("s", "k")]]
+
+    assert asyncio.run(read_async()) == [got, rows["rows"]]
