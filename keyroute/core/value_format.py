@@ -429,7 +429,7 @@ def _plain_field(ftype: Any, raw: bool) -> tuple[Any, Convert | None]:
 
         return plain, to_number
     if logical == "uuid" and base == "string":
-        return "string", None
+        return "string", str  # the text as written (fastavro would make a UUID of it)
     if base in ("bytes", "fixed") and logical is None:
         return ftype, _base64
     return ftype, None
