@@ -297,6 +297,7 @@ class ValueDecoder:
             if refuse is not None:
                 return refuse
         bad = Reason.BAD_PAYLOAD
+        validator = _json_validator(document, schema)
 
         def decode(value: bytes) -> Row:
             try:
@@ -305,6 +306,9 @@ class ValueDecoder:
                 raise BadRecord(bad, f"the value of schema id {schema_id} is not UTF-8 JSON") from None
             if row.__class__ is not dict:
                 raise BadRecord(bad, f"the value of schema id {schema_id} is JSON {type(row).__name__}, not an object")
+            if validator is not None and not validator.is_valid(row):
+                why = next(iter(validator.iter_errors(row))).message
+                raise BadRecord(bad, f"the value does not match schema id {schema_id}: {why}")
             return row
 
         return decode
@@ -356,6 +360,23 @@ class ValueDecoder:
             return convert(message)
 
         return decode
+
+
+def _json_validator(document: Any, schema: Any) -> Any:
+    """A validator of values against a JSON Schema built once (jsonschema), or None when the schema cannot be
+    checked here (it references other registered schemas, or jsonschema does not take it)."""
+    if schema.references or not isinstance(document, dict):
+        return None
+    import jsonschema
+
+    try:
+        cls = jsonschema.validators.validator_for(document)
+        cls.check_schema(document)
+        validator = cls(document)
+        validator.is_valid({})  # a $ref it cannot resolve raises here, not per record
+    except Exception:  # SchemaError, referencing errors
+        return None
+    return validator
 
 
 def _avro_record_reader() -> Callable[..., Any]:

@@ -274,10 +274,13 @@ def test_json_schema_reads_as_the_json_record(client: SchemaRegistryClient, sche
     data = serializer({"user": "di", "ts": 2**62}, SerializationContext(topic, MessageField.VALUE))
     values = decoder(schema_registry, "json_schema")[0]
     assert values.decode(data) == {"user": "di", "ts": 2**62}
-    for payload in (b"[1]", b"{nope"):
+    for payload in (b"[1]", b"{nope", b'{"user": "di", "ts": "not an integer"}'):
         with pytest.raises(BadRecord) as err:
             values.decode(data[:5] + payload)
         assert err.value.reason is Reason.BAD_PAYLOAD
+    assert "does not match schema id" in str(err.value) and "'not an integer' is not of type 'integer'" in str(
+        err.value
+    )
 
 
 def test_value_format_needs_a_registry_exactly_when_it_is_one() -> None:
