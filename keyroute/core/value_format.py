@@ -3,7 +3,7 @@
     value_format = "json"          the value is a JSON object (keyroute.core.live reads it; no registry)
     value_format = "avro"          0x00 | schema id (4 bytes, big-endian) | Avro binary of a record
     value_format = "protobuf"      0x00 | schema id | message indexes (zigzag varints) | Protobuf message
-    value_format = "json_schema"   0x00 | schema id | a JSON object
+    value_format = "json_schema"   0x00 | schema id | a JSON object, valid against the schema
 
 A `ValueDecoder` builds one reader per schema id the first time a record names it (the schema is fetched from
 the registry once: `keyroute.core.schema_registry.SchemaFetcher`), then decodes every record of that id without
@@ -22,8 +22,9 @@ asking the registry again. A decoded record is the row a JSON record with the sa
 
 Bad values raise `BadRecord`: `not_wire_format` (no magic byte / too short), `unknown_schema` (the registry
 does not know the id, or its schema is not of the store's format), `bad_payload` (the bytes do not decode
-with their schema), `missing_column` (a schema without a field the store needs: the store, field and schema id
-are named). A registry that cannot be reached raises `RegistryUnavailable`: the caller retries the record later.
+with their schema, or a JSON value breaks its JSON Schema), `missing_column` (a schema without a field the
+store needs: the store, field and schema id are named). A registry that cannot be reached raises
+`RegistryUnavailable`: the caller retries the record later.
 """
 
 from __future__ import annotations
