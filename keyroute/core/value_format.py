@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from keyroute.core.live import BadRecord, LiveSpecError, Merge, Reason, loads_json
+from keyroute.core.proto_text import parse_proto_text
 from keyroute.core.schema_registry import (
     RegistrySettings,
     RegistrySettingsError,
@@ -502,16 +503,18 @@ def _zigzag(value: bytes, pos: int) -> tuple[int, int]:
 
 def _file_proto(schema_str: str, name: str) -> Any:
     """A FileDescriptorProto from a registered Protobuf schema: base64 of a serialized FileDescriptorProto (as
-    confluent-kafka's Python serializer registers, and a registry answers for format=serialized)."""
+    confluent-kafka's Python serializer registers, and a registry answers for format=serialized), or .proto
+    text (as producers in other languages register, and a registry answers by default)."""
     from google.protobuf import descriptor_pb2
 
     proto = descriptor_pb2.FileDescriptorProto()
     try:
         proto.ParseFromString(base64.b64decode(schema_str, validate=True))
-    except Exception:
-        raise UnknownSchema(
-            "the Protobuf schema is .proto text, not a serialized descriptor (ask the registry for format=serialized)"
-        ) from None
+    except Exception:  # not base64, or not a descriptor: .proto text (a registry that ignores the format)
+        try:
+            return parse_proto_text(schema_str, name)
+        except ValueError as exc:
+            raise UnknownSchema(f"neither a serialized descriptor nor .proto text: {exc}") from None
     if not proto.name:
         proto.name = name
     return proto
