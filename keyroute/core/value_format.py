@@ -3,7 +3,7 @@
     value_format = "json"          the value is a JSON object (keyroute.core.live reads it; no registry)
     value_format = "avro"          0x00 | schema id (4 bytes, big-endian) | Avro binary of a record
     value_format = "protobuf"      0x00 | schema id | message indexes (zigzag varints) | Protobuf message
-    value_format = "json_schema"   0x00 | schema id | a JSON object
+    value_format = "json_schema"   0x00 | schema id | a JSON object, valid against the schema
 
 A `ValueDecoder` builds one reader per schema id the first time a record names it (the schema is fetched from
 the registry once: `keyroute.core.schema_registry.SchemaFetcher`), then decodes every record of that id without
@@ -22,8 +22,9 @@ asking the registry again. A decoded record is the row a JSON record with the sa
 
 Bad values raise `BadRecord`: `not_wire_format` (no magic byte / too short), `unknown_schema` (the registry
 does not know the id, or its schema is not of the store's format), `bad_payload` (the bytes do not decode
-with their schema), `missing_column` (a schema without a field the store needs: the store, field and schema id
-are named). A registry that cannot be reached raises `RegistryUnavailable`: the caller retries the record later.
+with their schema, or a JSON value breaks its JSON Schema), `missing_column` (a schema without a field the
+store needs: the store, field and schema id are named). A registry that cannot be reached raises
+`RegistryUnavailable`: the caller retries the record later.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from keyroute.core.live import BadRecord, LiveSpecError, Merge, Reason, loads_json
+from keyroute.core.proto_text import parse_proto_text
 from keyroute.core.schema_registry import (
     RegistrySettings,
     RegistrySettingsError,
@@ -297,6 +299,7 @@ class ValueDecoder:
             if refuse is not None:
                 return refuse
         bad = Reason.BAD_PAYLOAD
+        validator = _json_validator(document, schema)
 
         def decode(value: bytes) -> Row:
             try:
@@ -305,6 +308,9 @@ class ValueDecoder:
                 raise BadRecord(bad, f"the value of schema id {schema_id} is not UTF-8 JSON") from None
             if row.__class__ is not dict:
                 raise BadRecord(bad, f"the value of schema id {schema_id} is JSON {type(row).__name__}, not an object")
+            if validator is not None and not validator.is_valid(row):
+                why = next(iter(validator.iter_errors(row))).message
+                raise BadRecord(bad, f"the value does not match schema id {schema_id}: {why}")
             return row
 
         return decode
@@ -356,6 +362,23 @@ class ValueDecoder:
             return convert(message)
 
         return decode
+
+
+def _json_validator(document: Any, schema: Any) -> Any:
+    """A validator of values against a JSON Schema built once (jsonschema), or None when the schema cannot be
+    checked here (it references other registered schemas, or jsonschema does not take it)."""
+    if schema.references or not isinstance(document, dict):
+        return None
+    import jsonschema
+
+    try:
+        cls = jsonschema.validators.validator_for(document)
+        cls.check_schema(document)
+        validator = cls(document)
+        validator.is_valid({})  # a $ref it cannot resolve raises here, not per record
+    except Exception:  # SchemaError, referencing errors
+        return None
+    return validator
 
 
 def _avro_record_reader() -> Callable[..., Any]:
@@ -429,7 +452,7 @@ def _plain_field(ftype: Any, raw: bool) -> tuple[Any, Convert | None]:
 
         return plain, to_number
     if logical == "uuid" and base == "string":
-        return "string", None
+        return "string", str  # the text as written (fastavro would make a UUID of it)
     if base in ("bytes", "fixed") and logical is None:
         return ftype, _base64
     return ftype, None
@@ -480,16 +503,18 @@ def _zigzag(value: bytes, pos: int) -> tuple[int, int]:
 
 def _file_proto(schema_str: str, name: str) -> Any:
     """A FileDescriptorProto from a registered Protobuf schema: base64 of a serialized FileDescriptorProto (as
-    confluent-kafka's Python serializer registers, and a registry answers for format=serialized)."""
+    confluent-kafka's Python serializer registers, and a registry answers for format=serialized), or .proto
+    text (as producers in other languages register, and a registry answers by default)."""
     from google.protobuf import descriptor_pb2
 
     proto = descriptor_pb2.FileDescriptorProto()
     try:
         proto.ParseFromString(base64.b64decode(schema_str, validate=True))
-    except Exception:
-        raise UnknownSchema(
-            "the Protobuf schema is .proto text, not a serialized descriptor (ask the registry for format=serialized)"
-        ) from None
+    except Exception:  # not base64, or not a descriptor: .proto text (a registry that ignores the format)
+        try:
+            return parse_proto_text(schema_str, name)
+        except ValueError as exc:
+            raise UnknownSchema(f"neither a serialized descriptor nor .proto text: {exc}") from None
     if not proto.name:
         proto.name = name
     return proto

@@ -274,10 +274,13 @@ def test_json_schema_reads_as_the_json_record(client: SchemaRegistryClient, sche
     data = serializer({"user": "di", "ts": 2**62}, SerializationContext(topic, MessageField.VALUE))
     values = decoder(schema_registry, "json_schema")[0]
     assert values.decode(data) == {"user": "di", "ts": 2**62}
-    for payload in (b"[1]", b"{nope"):
+    for payload in (b"[1]", b"{nope", b'{"user": "di", "ts": "not an integer"}'):
         with pytest.raises(BadRecord) as err:
             values.decode(data[:5] + payload)
         assert err.value.reason is Reason.BAD_PAYLOAD
+    assert "does not match schema id" in str(err.value) and "'not an integer' is not of type 'integer'" in str(
+        err.value
+    )
 
 
 def test_value_format_needs_a_registry_exactly_when_it_is_one() -> None:
@@ -310,3 +313,84 @@ def test_protobuf_references_are_resolved(client: SchemaRegistryClient, schema_r
     assert [r.name for r in registered.references] == [money.name]  # the serializer registered the import
     merge = Merge("latest", "id", order_by="id")
     assert decoder(schema_registry, "protobuf", merge)[0].decode(data) == {"id": "o1", "price": {"cents": 2**33}}
+
+
+ORDER_PROTO = """
+syntax = "proto3";
+package shop;
+import "google/protobuf/timestamp.proto";
+enum Kind { VIEW = 0; BUY = 1; }
+message Order {
+  string id = 1;
+  int64 cents = 2;
+  Kind kind = 3;
+  map<string, int64> counts = 4;
+  optional string note = 5;
+  google.protobuf.Timestamp at = 6;
+  oneof pay { string card = 7; int32 cash = 8; }
+  message Line { string sku = 1; }
+  repeated Line lines = 9;
+}
+"""
+
+
+def _order_class() -> Any:
+    """The message ORDER_PROTO describes, written out as a descriptor by hand (independent of the parser)."""
+    F = descriptor_pb2.FieldDescriptorProto
+    proto = descriptor_pb2.FileDescriptorProto(name="order.proto", package="shop", syntax="proto3")
+    proto.dependency.append("google/protobuf/timestamp.proto")
+    kind = proto.enum_type.add(name="Kind")
+    kind.value.add(name="VIEW", number=0)
+    kind.value.add(name="BUY", number=1)
+    order = proto.message_type.add(name="Order")
+    entry = order.nested_type.add(name="CountsEntry")
+    entry.options.map_entry = True
+    entry.field.add(name="key", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    entry.field.add(name="value", number=2, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
+    order.nested_type.add(name="Line").field.add(name="sku", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    order.oneof_decl.add(name="pay")
+    order.oneof_decl.add(name="_note")
+    for name, number, type_, extra in (
+        ("id", 1, F.TYPE_STRING, {}),
+        ("cents", 2, F.TYPE_INT64, {}),
+        ("kind", 3, F.TYPE_ENUM, {"type_name": ".shop.Kind"}),
+        ("counts", 4, F.TYPE_MESSAGE, {"type_name": ".shop.Order.CountsEntry", "label": F.LABEL_REPEATED}),
+        ("note", 5, F.TYPE_STRING, {"proto3_optional": True, "oneof_index": 1}),
+        ("at", 6, F.TYPE_MESSAGE, {"type_name": ".google.protobuf.Timestamp"}),
+        ("card", 7, F.TYPE_STRING, {"oneof_index": 0}),
+        ("cash", 8, F.TYPE_INT32, {"oneof_index": 0}),
+        ("lines", 9, F.TYPE_MESSAGE, {"type_name": ".shop.Order.Line", "label": F.LABEL_REPEATED}),
+    ):
+        order.field.add(name=name, number=number, type=type_, **{"label": F.LABEL_OPTIONAL, **extra})
+    pool = descriptor_pool.DescriptorPool()
+    known = descriptor_pb2.FileDescriptorProto()
+    timestamp_pb2.DESCRIPTOR.CopyToProto(known)
+    pool.Add(known)
+    pool.Add(proto)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.Order"))
+
+
+def test_a_protobuf_schema_registered_as_proto_text_is_read(
+    client: SchemaRegistryClient, schema_registry: str, topic: str
+) -> None:
+    schema_id = client.register_schema(f"{topic}-value", Schema(ORDER_PROTO, "PROTOBUF"))
+    order = _order_class()
+    message = order(id="o7", cents=2**35, kind=1, note="gift", cash=3)
+    message.counts["a"] = 2
+    message.lines.add(sku="s1")
+    message.at.FromDatetime(MOMENT.replace(tzinfo=None))
+    data = b"\x00" + schema_id.to_bytes(4, "big") + b"\x00" + message.SerializeToString()  # message index [0]
+    values = decoder(schema_registry, "protobuf", Merge("latest", "id", order_by="cents"))[0]
+    assert values.decode(data) == {
+        "id": "o7",
+        "cents": 2**35,
+        "kind": "BUY",
+        "counts": {"a": 2},
+        "note": "gift",
+        "at": "2024-06-11T10:00:00.123Z",
+        "card": None,
+        "cash": 3,
+        "lines": [{"sku": "s1"}],
+    }
+    bare = values.decode(b"\x00" + schema_id.to_bytes(4, "big") + b"\x00" + order(id="o8").SerializeToString())
+    assert (bare["note"], bare["card"], bare["cash"], bare["cents"]) == (None, None, None, 0)
