@@ -11,6 +11,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from keyroute.core import zk_layout
 from keyroute.core.adopt import AdoptError, adopt, stores_in
 from keyroute.core.key_format import KeyFormat
+from keyroute.core.key_schema import KeySchema
 from keyroute.core.partition_map import StoreRecord
 from keyroute.core.partitioner import Partitioner
 from keyroute.core.snapshot import FORMAT_2, Manifest, data_file, version_dir, write_manifest
@@ -83,7 +84,12 @@ class FakeTransaction:
 
 
 def write_version(
-    output: Path, store: str, version: int, partitions: int = 2, key_format: KeyFormat = KeyFormat.STRING
+    output: Path,
+    store: str,
+    version: int,
+    partitions: int = 2,
+    key_format: KeyFormat = KeyFormat.STRING,
+    key_schema: KeySchema | None = None,
 ) -> Path:
     """A format-2 version: one data file per partition of a few bytes, and its manifest."""
     where = version_dir(str(output), store, version)
@@ -105,6 +111,7 @@ def write_version(
         format=FORMAT_2,
         checksums={p: "crc32:00000000" for p in range(partitions)},
         bytes=sizes,
+        key_schema=key_schema,
     )
     write_manifest(where, manifest)
     return where
@@ -208,3 +215,15 @@ def test_a_deleted_store_is_adopted_only_when_named_and_its_tombstone_goes_with_
     assert (named.action, named.version) == ("published", 1)
     assert zk.record("fares").version == 1
     assert zk_layout.deleted_path("fares") not in zk.nodes
+
+
+def test_a_store_of_schema_registry_keys_is_adopted_with_its_key_schema(tmp_path: Path) -> None:
+    old, new = KeySchema(KeyFormat.AVRO, 5, '"string"'), KeySchema(KeyFormat.AVRO, 6, '"string"')
+    write_version(tmp_path, "fares", 1, key_format=KeyFormat.AVRO, key_schema=old)
+    write_version(tmp_path, "fares", 2, key_format=KeyFormat.AVRO, key_schema=new)
+    zk = FakeZk()
+    [result] = adopt(zk, str(tmp_path))  # type: ignore[arg-type]
+    # Version 1's keys were framed with another schema id: routed differently, so not retained.
+    assert (result.action, result.version, result.retained) == ("published", 2, [2])
+    assert result.skipped == ["v1: its keys are routed differently from v2's"]
+    assert zk.record("fares").key_schema == new
