@@ -281,12 +281,16 @@ def _quotes() -> Records:
 
 
 def _ticks(registry_url: str) -> Records:
-    """Ticks as confluent-kafka's AvroSerializer writes them (registering the schema on first use)."""
-    from confluent_kafka.schema_registry import SchemaRegistryClient
+    """Ticks as confluent-kafka's AvroSerializer writes them; their schema is registered now, before the build
+    (which checks that the topic's value subject has the store's columns)."""
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroSerializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    serializer = AvroSerializer(SchemaRegistryClient({"url": registry_url}), json.dumps(sample_data.TICK_SCHEMA))
+    client = SchemaRegistryClient({"url": registry_url})
+    schema = json.dumps(sample_data.TICK_SCHEMA)
+    client.register_schema(f"{sample_data.AVRO_TOPIC}-value", Schema(schema, "AVRO"))
+    serializer = AvroSerializer(client, schema)
     ctx = SerializationContext(sample_data.AVRO_TOPIC, MessageField.VALUE)
 
     def tick(rng: random.Random, n: int) -> tuple[str, bytes, bytes]:

@@ -31,6 +31,7 @@ from keyroute.pipeline.live import (
     METADATA_TIMEOUT_S,
     check_offsets,
     check_topic,
+    check_value_schema,
     live_config,
     live_value_columns,
     start_offsets,
@@ -112,6 +113,7 @@ def build(
         for store in spec.stores:
             if store.live is not None:
                 check_topic(store, kafka.environ, kafka.timeout_s)
+                check_value_schema(store, kafka.environ)
         needs_spark = spark is None and any(store.source is not None for store in spec.stores)
         session = _start_spark(master) if needs_spark else spark
         try:

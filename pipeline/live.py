@@ -22,8 +22,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from keyroute.core.live import LiveConfig, LiveSpecError
+from keyroute.core.live import BadRecord, LiveConfig, LiveSpecError
+from keyroute.core.schema_registry import RegistrySettingsError, RegistryUnavailable, SchemaFetcher, UnknownSchema
 from keyroute.core.timeline import Timeline
+from keyroute.core.value_format import ValueDecoder
 from keyroute.pipeline.errors import SpecError, TopicError
 from keyroute.pipeline.spec import Mode, StoreSpec
 
@@ -65,6 +67,34 @@ def live_config(
         value_format=live.value_format,
         schema_registry=live.schema_registry,
     )
+
+
+def check_value_schema(store: StoreSpec, environ: Mapping[str, str], fetcher: SchemaFetcher | None = None) -> None:
+    """A store whose values are in a Schema Registry format: the topic's value subject (`TOPIC-value`) is
+    registered and its latest schema has the columns the store needs; SpecError naming the store, the subject,
+    the field and the schema id otherwise (TopicError when the registry cannot be reached)."""
+    live = store.live
+    if live is None or live.value_format == "json" or live.schema_registry is None:
+        return
+    subject = f"{live.topic}-value"
+    try:
+        fetcher = SchemaFetcher(live.schema_registry, environ) if fetcher is None else fetcher
+        latest = fetcher.latest(subject)
+        decoder = ValueDecoder(live.value_format, lambda: fetcher, store=store.name, merge=store.merge())
+        decoder.check(latest.schema_id)
+    except RegistrySettingsError as exc:
+        raise SpecError(store.name, str(exc)) from None
+    except UnknownSchema:
+        raise SpecError(
+            store.name,
+            f"subject {subject!r} is not in the schema registry ({live.schema_registry.url}): value_format "
+            f'"{live.value_format}" reads values of the topic\'s registered schemas; produce a record (or register '
+            "its schema) first",
+        ) from None
+    except RegistryUnavailable as exc:
+        raise TopicError(store.name, f"the schema registry cannot be reached: {exc}") from None
+    except BadRecord as exc:
+        raise SpecError(store.name, f"subject {subject!r}, latest version {latest.version}: {exc}") from None
 
 
 def live_value_columns(store: StoreSpec) -> tuple[str, ...]:

@@ -185,6 +185,14 @@ class ValueDecoder:
             reader = self._reader(schema_id)
         return reader(value)
 
+    def check(self, schema_id: int) -> None:
+        """BadRecord when no record of `schema_id` can be applied (unknown, another format, not readable, or
+        without a column the store needs: the store, field and schema id named); RegistryUnavailable."""
+        reader = self._readers.get(schema_id) or self._reader(schema_id)
+        refusal = getattr(reader, "refusal", None)
+        if refusal is not None:
+            raise BadRecord(Reason.MISSING_COLUMN, refusal)
+
     def _reader(self, schema_id: int) -> Callable[[bytes], Row]:
         known = self._unknown.get(schema_id)
         if known is not None:
@@ -218,6 +226,7 @@ class ValueDecoder:
                 def refuse(value: Any, message: str = message) -> Row:
                     raise BadRecord(Reason.MISSING_COLUMN, message)
 
+                refuse.refusal = message  # type: ignore[attr-defined]  # what `check` reports
                 return refuse
         return None
 
@@ -332,6 +341,10 @@ class ValueDecoder:
 
         bad = Reason.BAD_PAYLOAD
         from google.protobuf.message import DecodeError
+
+        refusals = [self._missing(schema_id, {f.name for f in m.fields}) for m in messages]
+        if all(refusals):  # no message of the schema has the store's columns
+            return refusals[0]  # type: ignore[return-value]
 
         def decode(value: bytes) -> Row:
             try:
