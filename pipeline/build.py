@@ -105,9 +105,9 @@ def build(
     returning. `kafka` says how to reach live stores' clusters (default: no environment variables).
     `spark_secret_file`: a session created here authenticates and encrypts its RPC with this secret.
     """
-    spec = with_key_schemas(load_spec(spec_path))
-    _check_output(spec, output)
     kafka = KafkaAccess({}) if kafka is None else kafka
+    spec = with_key_schemas(load_spec(spec_path), kafka.environ)
+    _check_output(spec, output)
     client = _connect(zk)
     try:
         published = {store.name: read_published(client, store.name) for store in spec.stores}
@@ -242,9 +242,10 @@ def _spark_settings(session: SparkSession | None, spec: Spec, spec_path: Path, j
         restore_conf(session, previous)
 
 
-def with_key_schemas(spec: Spec) -> Spec:
-    """`spec` with every Schema Registry key schema resolved (id and text, from the store's registry), so the
-    build serializes keys as the producer does and the store's record carries the schema to readers."""
+def with_key_schemas(spec: Spec, environ: Mapping[str, str]) -> Spec:
+    """`spec` with every Schema Registry key schema resolved (id and text, from the store's registry; its
+    `${ENV}` settings from `environ`), so the build serializes keys as the producer does and the store's
+    record carries the schema to readers."""
     stores = []
     for store in spec.stores:
         if store.key_format.registered and store.key_schema is None:
@@ -256,6 +257,7 @@ def with_key_schemas(spec: Spec) -> Spec:
                     store.key_subject,
                     store.key_schema_id,
                     store.key_message,
+                    environ,
                 )
             except KeySchemaLookupError as exc:
                 raise SpecError(store.name, str(exc)) from None

@@ -290,5 +290,5 @@ schema_registry = {{ url = "{schema_registry}" }}
         "utf-8",
     )
     with pytest.raises(SpecError) as err:
-        with_key_schemas(load_spec(spec))
+        with_key_schemas(load_spec(spec), {})
     assert str(err.value).startswith("store 'bookings': key subject 'no-such-subject-key' is not in the schema")

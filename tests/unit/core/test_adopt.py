@@ -12,6 +12,7 @@ from keyroute.core import snapshot as snapshot_module
 from keyroute.core import zk_layout
 from keyroute.core.adopt import AdoptError, adopt, stores_in
 from keyroute.core.key_format import KeyFormat
+from keyroute.core.key_schema import KeySchema
 from keyroute.core.partition_map import StoreRecord
 from keyroute.core.partitioner import Partitioner
 from keyroute.core.snapshot import FORMAT_2, Manifest, data_file, version_dir, version_name, write_manifest
@@ -85,7 +86,12 @@ class FakeTransaction:
 
 
 def write_version(
-    output: Path, store: str, version: int, partitions: int = 2, key_format: KeyFormat = KeyFormat.STRING
+    output: Path,
+    store: str,
+    version: int,
+    partitions: int = 2,
+    key_format: KeyFormat = KeyFormat.STRING,
+    key_schema: KeySchema | None = None,
 ) -> Path:
     """A format-2 version: one data file per partition of a few bytes, and its manifest."""
     where = version_dir(str(output), store, version)
@@ -107,6 +113,7 @@ def write_version(
         format=FORMAT_2,
         checksums={p: "crc32:00000000" for p in range(partitions)},
         bytes=sizes,
+        key_schema=key_schema,
     )
     write_manifest(where, manifest)
     return where
@@ -241,3 +248,15 @@ def test_a_pyarrow_filesystem_is_adopted_from_as_a_local_path_is(
         "v5: partition 1: partition=1/data.mdb is missing",
     ]
     assert zk.record("fares").snapshot == f"{output}/fares/{version_name(3)}"
+
+
+def test_a_store_of_schema_registry_keys_is_adopted_with_its_key_schema(tmp_path: Path) -> None:
+    old, new = KeySchema(KeyFormat.AVRO, 5, '"string"'), KeySchema(KeyFormat.AVRO, 6, '"string"')
+    write_version(tmp_path, "fares", 1, key_format=KeyFormat.AVRO, key_schema=old)
+    write_version(tmp_path, "fares", 2, key_format=KeyFormat.AVRO, key_schema=new)
+    zk = FakeZk()
+    [result] = adopt(zk, str(tmp_path))  # type: ignore[arg-type]
+    # Version 1's keys were framed with another schema id: routed differently, so not retained.
+    assert (result.action, result.version, result.retained) == ("published", 2, [2])
+    assert result.skipped == ["v1: its keys are routed differently from v2's"]
+    assert zk.record("fares").key_schema == new
