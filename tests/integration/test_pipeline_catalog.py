@@ -5,6 +5,8 @@ files: the versions are compared partition by partition, key by key, byte for by
 
 from __future__ import annotations
 
+import contextlib
+import json
 import random
 import subprocess
 import sys
@@ -31,6 +33,7 @@ from tests.integration.test_pipeline import (
     booking_events,
     expected_latest,
     partition_rows,
+    run_cli,
     write_csv,
     write_jsonl,
     write_spec,
@@ -75,6 +78,12 @@ def lake(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Itera
     spark.read.json(str(files / "customers.json")).write.format("orc").saveAsTable(f"{database}.customers")
     yield {"db": database, "files": files, "bookings": bookings, "joined": joined}
     spark.sql(f"DROP DATABASE {database} CASCADE")
+
+
+def with_spark_table(spec: Path, conf: dict[str, str]) -> None:
+    """Put a [spark] table of `conf` at the top of the spec file."""
+    table = "".join(f'"{name}" = "{value}"\n' for name, value in conf.items())
+    spec.write_text("[spark]\n" + table + "\n" + spec.read_text())
 
 
 def latest(source: dict[str, Any], columns: list[str] = COLUMNS, **more: Any) -> dict[str, Any]:
@@ -139,7 +148,7 @@ def test_tables_orc_sql_and_reader_options_hold_what_json_files_hold(
     spec = write_spec(tmp_path / "stores.toml", stores)
     # The session's own warehouse directory, as a path (the session holds it as a file: URI): nothing to change.
     warehouse = spark.conf.get("spark.sql.warehouse.dir").removeprefix("file:")
-    spec.write_text(f'[spark]\n"spark.sql.warehouse.dir" = "{warehouse}"\n\n' + spec.read_text())
+    with_spark_table(spec, {"spark.sql.warehouse.dir": warehouse})
 
     published = {p.store: p for p in build(spec, zk_settings, str(tmp_path / "out"), spark=spark)}
 
@@ -150,6 +159,30 @@ def test_tables_orc_sql_and_reader_options_hold_what_json_files_hold(
         assert_same_version(published[store], published["json"])
 
 
+def derby_catalog(name: str, url: str) -> dict[str, str]:
+    """The settings of a catalog `name`: Spark's JDBC catalog on the Derby database at `url` (Derby ships
+    with Spark)."""
+    return {
+        f"spark.sql.catalog.{name}": "org.apache.spark.sql.execution.datasources.v2.jdbc.JDBCTableCatalog",
+        f"spark.sql.catalog.{name}.url": url,
+        f"spark.sql.catalog.{name}.driver": "org.apache.derby.jdbc.EmbeddedDriver",
+    }
+
+
+def write_catalog_table(spark: SparkSession, conf: dict[str, str], lake: dict[str, Any]) -> None:
+    """The bookings as table shop.bookings of the catalog `conf` configures, set for the write only."""
+    catalog = next(iter(conf)).removeprefix("spark.sql.catalog.")
+    for name, value in conf.items():
+        spark.conf.set(name, value)
+    try:
+        spark.sql(f"CREATE NAMESPACE {catalog}.shop")
+        bookings = spark.table(f"{lake['db']}.bookings").select("customer_id", *COLUMNS)
+        bookings.writeTo(f"{catalog}.shop.bookings").create()
+    finally:
+        for name in conf:
+            spark.conf.unset(name)
+
+
 def test_the_spark_table_sets_a_catalog_for_the_build_and_puts_it_back(
     spark: SparkSession, zk_settings: ZkSettings, tmp_path: Path, lake: dict[str, Any]
 ) -> None:
@@ -157,27 +190,11 @@ def test_the_spark_table_sets_a_catalog_for_the_build_and_puts_it_back(
     Derby database (Derby ships with Spark). The table is written through another catalog name on the same
     database, which the test drops before the build."""
     catalog = f"kr_lake_{uuid.uuid4().hex[:8]}"
-    database = f"jdbc:derby:memory:{catalog};create=true"
-    conf = {
-        f"spark.sql.catalog.{catalog}": "org.apache.spark.sql.execution.datasources.v2.jdbc.JDBCTableCatalog",
-        f"spark.sql.catalog.{catalog}.url": database,
-        f"spark.sql.catalog.{catalog}.driver": "org.apache.derby.jdbc.EmbeddedDriver",
-    }
-    writer = f"{catalog}_writer"
-    for name, value in conf.items():
-        spark.conf.set(name.replace(catalog, writer), value)
-    try:
-        spark.sql(f"CREATE NAMESPACE {writer}.shop")
-        spark.table(f"{lake['db']}.bookings").select("customer_id", *COLUMNS).writeTo(
-            f"{writer}.shop.bookings"
-        ).create()
-    finally:
-        for name in conf:
-            spark.conf.unset(name.replace(catalog, writer))
+    conf = derby_catalog(catalog, f"jdbc:derby:memory:{catalog};create=true")
+    write_catalog_table(spark, {name.replace(catalog, f"{catalog}_writer"): v for name, v in conf.items()}, lake)
     stores = {"derby": latest({"source_table": f"{catalog}.shop.bookings"})}
     spec = write_spec(tmp_path / "stores.toml", stores)
-    spark_table = "".join(f'"{name}" = "{value}"\n' for name, value in conf.items())
-    spec.write_text("[spark]\n" + spark_table + "\n" + spec.read_text())
+    with_spark_table(spec, conf)
 
     published = {p.store: p for p in build(spec, zk_settings, str(tmp_path / "out"), spark=spark)}
 
@@ -244,7 +261,7 @@ def test_a_setting_the_running_session_cannot_take_is_refused_before_any_store_i
         spec = tmp_path / "stores.toml"
         write_spec(spec, {"bookings": store})
         # Put after another setting the session does take: that one is put back when the build is refused.
-        spec.write_text(f'[spark]\n"spark.sql.ansi.enabled" = "false"\n"{setting}" = "{value}"\n\n' + spec.read_text())
+        with_spark_table(spec, {"spark.sql.ansi.enabled": "false", setting: value})
         with pytest.raises(SpecError) as err:
             build(spec, zk_settings, str(tmp_path / "out"), spark=spark)
         assert str(err.value) == f"spec {str(spec)!r}: [spark] {setting!r} = {value!r}: {message}"
@@ -340,3 +357,23 @@ def test_cli_names_the_store_or_setting_in_one_line(
     )
     assert (done.returncode, done.stdout) == (1, "")
     assert done.stderr.splitlines() == ["keyroute pipeline build: " + message.format(spec=str(spec))]
+
+
+def test_cli_starts_its_session_with_the_spark_table(
+    spark: SparkSession, zk_settings: ZkSettings, tmp_path: Path, lake: dict[str, Any]
+) -> None:
+    """`keyroute pipeline build` in its own process starts Spark with the spec's settings: a JDBC catalog on a
+    Derby database on disk, which this process writes and then closes (Derby lets one process open it)."""
+    database = tmp_path / "derby"
+    conf = derby_catalog("lake", f"jdbc:derby:{database};create=true")
+    write_catalog_table(spark, {name.replace("lake", "kr_cli_writer"): v for name, v in conf.items()}, lake)
+    with contextlib.suppress(Exception):  # Derby answers a shutdown with an exception
+        spark.sparkContext._jvm.java.sql.DriverManager.getConnection(f"jdbc:derby:{database};shutdown=true")
+    (tmp_path / "spec").mkdir()
+    spec = write_spec(tmp_path / "spec" / "stores.toml", {"derby": latest({"source_table": "lake.shop.bookings"})})
+    with_spark_table(spec, conf)
+    done = run_cli(spec, zk_settings, str(tmp_path / "out"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    [line] = [json.loads(line) for line in done.stdout.splitlines()]
+    published = PublishedVersion(line["store"], line["version"], line["snapshot"], line["rows"], line["partitions"])
+    assert_latest(published, lake["bookings"])
