@@ -310,6 +310,10 @@ def main() -> None:
                 args.top,
                 "instructions/read",
             )
+            for label, table in functions.items():
+                print(f"\n{label}: the heaviest functions, own instructions/read")
+                for name in sorted(table, key=lambda n: -table[n])[: args.top]:
+                    print(f"{name[:70]:70} {table[name] / requests:12,.0f}")
             return
 
         if args.mode == "syscalls":
