@@ -77,9 +77,11 @@ class NodeServer(HttpServer):
             on_refusal=admission.refused,
             name=f"node {settings.node_id}",
             error_headers=[(HEADER_NODE.lower().encode("ascii"), settings.node_id.encode("latin-1"))],
-            # With a member CA every client presents a certificate from it (members are told by its role).
+            # With a member CA every client presents a certificate from it (members are told by its role);
+            # without one, only the probes are answered.
             tls=settings.http.tls,
             require_ca=settings.http.tls.member_ca,
+            require_ca_option="--member-ca",
         )
         self._left = False
 

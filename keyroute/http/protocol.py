@@ -32,6 +32,8 @@ writes of one event-loop step          one socket write; reading pauses while th
 server stops                           idle connections closed; requests under way answered (the last with
                                        ``connection: close``) for up to ``grace_s``, then everything closed
 idle for keep_alive_timeout_s          closed
+TLS connection without a client        only GET/HEAD of a probe path (``/healthz``, ``/readyz``) answered;
+certificate where one is required      anything else 403 ``client_certificate_required``, closed
 every answer                           ``date``, ``x-request-id`` (the client's when
                                        ``keyroute.core.logs.acceptable_request_id`` accepts it, else
                                        ``keyroute.core.logs.new_request_id()``; an answer that carries its own
@@ -63,8 +65,10 @@ from keyroute.core.api import (
     error_json,
 )
 from keyroute.core.logs import new_request_id
+from keyroute.http.admission import PROBE_PATHS
 from keyroute.http.asgi import Cycle, http_scope
 from keyroute.http.exchange import Exchange, Request, Slot
+from keyroute.http.tls import without_certificate
 from keyroute.http.wire import (
     CLOSE,
     CONTINUE,
@@ -86,6 +90,9 @@ _METHODS = {m.encode(): m for m in ("GET", "HEAD", "POST", "PUT", "DELETE", "OPT
 _NOTABLE = frozenset((b"content-length", b"expect", X_REQUEST_ID))
 # How long a connection closed after an error answer keeps reading (and dropping) what the client still sends.
 _LINGER_S = 2.0
+# What a TLS client without a certificate may ask where certificates are required: the kubelet's probes.
+_PROBES = frozenset(path.encode("ascii") for path in PROBE_PATHS)
+_PROBE_METHODS = frozenset(("GET", "HEAD"))
 
 
 class ExpectationFailed(ApiError):
@@ -93,6 +100,13 @@ class ExpectationFailed(ApiError):
 
     status = 417
     code = "expectation_failed"
+
+
+class ClientCertificateRequired(ApiError):
+    """A request other than a probe on a TLS connection without the client certificate the server requires."""
+
+    status = 403
+    code = "client_certificate_required"
 
 
 class _Rejected(Exception):
@@ -146,6 +160,7 @@ class Connection(asyncio.Protocol):
         "_rid_raw",
         "_body",
         "_body_size",
+        "_probes_only",
     )
 
     def __init__(self, server: HttpServer) -> None:
@@ -183,6 +198,7 @@ class Connection(asyncio.Protocol):
         self._head_raw = 0
         self._feed_len = 0
         self._ended_in_feed = False
+        self._probes_only = False  # a TLS client without the certificate the server requires (connection_made)
         self._reset()
 
     def _reset(self) -> None:
@@ -199,7 +215,11 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport
-        self._server._connections.add(self)
+        server = self._server
+        server._connections.add(self)
+        # Decided once, the handshake being complete: only such a connection checks its requests' targets.
+        if server.certificate_option and without_certificate(transport):
+            self._probes_only = True
         self._last_active = self._loop.time()
         self._timer = self._loop.call_later(self._timeout, self._on_timer)
 
@@ -325,6 +345,13 @@ class Connection(asyncio.Protocol):
                 path, query = url[:mark], url[mark + 1 :]
         else:
             path, query = self._odd_target(url)
+        if self._probes_only and (path not in _PROBES or method not in _PROBE_METHODS):
+            option = self._server.certificate_option
+            self._rejection = ClientCertificateRequired(
+                f"this server requires a client certificate chaining to its {option}: without one only the"
+                f" probes ({', '.join(sorted(PROBE_PATHS))}) answer"
+            )
+            raise _Rejected
         supplied = self._rid_raw
         if supplied is None:
             request_id = new_request_id()
@@ -586,7 +613,8 @@ class Connection(asyncio.Protocol):
 
     def _reject(self, error: ApiError) -> None:
         """Answer the request being parsed with `error`'s JSON (in order) and close the connection after it;
-        nothing after it is parsed. A 4xx is a refusal: counted by the server, with `error.code`."""
+        nothing after it is parsed. A 4xx is a refusal: counted by the server, with `error.code` (but for a
+        missing client certificate: the server's refusals are those of a request's form, SERVER_REFUSALS)."""
         self._in_head = False
         self._linger = True
         self._halted = True
@@ -605,7 +633,7 @@ class Connection(asyncio.Protocol):
             headers = [h for h in error_headers(error) if h[0] != b"connection"]
         body = error_json(error.code, error.message)
         self._complete(slot, encode(error.status, headers, body, slot._rid, CLOSE, slot._head))
-        if error.status < 500:
+        if error.status < 500 and error.__class__ is not ClientCertificateRequired:
             self._server._refused(error.code)
 
     def _start_body_clock(self) -> None:

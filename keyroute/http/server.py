@@ -7,7 +7,10 @@ answers everything but the data plane (admin endpoints, /metrics, probes, the AP
 answers the admin paths (`admin_paths`) with 404 `not_found`, naming the admin port.
 
 With TLS settings, both ports speak HTTPS only (keyroute.http.tls: contexts, client certificates, rotation);
-a plaintext request there ends in a failed handshake, the connection closed."""
+a plaintext request there ends in a failed handshake, the connection closed. When client certificates are
+required, a client that presents none still completes its handshake (the kubelet's HTTPS probes carry none),
+but on that connection only GET and HEAD of /healthz and /readyz are answered: anything else gets 403
+`client_certificate_required` and the connection is closed (keyroute.http.protocol)."""
 
 from __future__ import annotations
 
@@ -109,6 +112,7 @@ class HttpServer:
         error_headers: list[tuple[bytes, bytes]] | None = None,
         tls: TlsSettings | None = None,
         require_ca: str = "",
+        require_ca_option: str = "--tls-client-ca",
     ) -> None:
         """`app`: the Starlette app (admin, health, metrics). `data_plane(app_state)` is called once, after
         the lifespan's startup, with the app's `state` (starlette.datastructures.State: the lifespan put the
@@ -119,11 +123,14 @@ class HttpServer:
         same counts are kept in `refusals`. `name` (e.g. "node n1") starts the lines it logs about itself.
         `admin_paths`: what only the admin port serves when `start` is given one (the data port answers them
         404, with `error_headers` added). `tls` (when enabled): serve HTTPS on every port, clients required to
-        present a certificate chaining to the CA file `require_ca` when one is given; the files are loaded
-        at `start` (TlsError: nothing is bound) and watched for a rotation while the server runs."""
+        present a certificate chaining to the CA file `require_ca` when one is given (without one, only the
+        probes answer; the 403 names `require_ca_option`, the option that gave the file); the files are
+        loaded at `start` (TlsError: nothing is bound) and watched for a rotation while the server runs."""
         self.name = name
         self.tls_settings = tls if tls is not None and tls.enabled else None
         self.require_ca = require_ca
+        # The option of the CA client certificates must chain to ("": none is required).
+        self.certificate_option = require_ca_option if self.tls_settings is not None and require_ca else ""
         self.tls: ServerTls | None = None
         self.app = app
         self.limits = limits

@@ -79,14 +79,23 @@ def _modern(ctx: ssl.SSLContext) -> ssl.SSLContext:
 
 
 def server_context(tls: TlsSettings, require_ca: str = "") -> ssl.SSLContext:
-    """The context a server listens with: `tls.cert`/`tls.key`; with `require_ca`, every client must present
-    a certificate chaining to that CA file (the handshake fails otherwise). Raises TlsError."""
+    """The context a server listens with: `tls.cert`/`tls.key`; with `require_ca`, clients are asked for a
+    certificate, and one that is presented must chain to that CA file (the handshake fails otherwise). A
+    client may present none (the kubelet's probes do not): the server then answers it only on the probe paths
+    (`without_certificate`, keyroute.http.protocol). Raises TlsError."""
     ctx = _modern(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER))
     _load_chain(ctx, tls.cert, tls.key)
     if require_ca:
         _load_ca(ctx, require_ca, "client CA file")
-        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.verify_mode = ssl.CERT_OPTIONAL
     return ctx
+
+
+def without_certificate(transport: Any) -> bool:
+    """Whether `transport` is a TLS connection whose client presented no certificate (its handshake is
+    complete: a certificate presented was verified then)."""
+    ssl_object = transport.get_extra_info("ssl_object")
+    return ssl_object is not None and not ssl_object.getpeercert()
 
 
 # The origin (scheme, host and port) a connection being opened goes to, set by `MemberTls(origin)` in the

@@ -1,6 +1,7 @@
 """A cluster on TLS everywhere over HTTP: two nodes and a router serving HTTPS, mutual TLS between members
 (--member-ca), client certificates required on the router. Every key answers; a client without a certificate
-is refused; a certificate from another CA is refused by nodes, and a member-CA certificate that names no
+gets only the probes (as the kubelet's HTTPS probes do) and 403 for a read, on the router and on a node; a
+certificate from another CA is refused by nodes, and a member-CA certificate that names no
 member role cannot steer forwarding; a certificate rotated on disk is served to new connections while a
 kept-alive one goes on; the Python client reads over HTTPS through the router and directly from nodes."""
 
@@ -106,9 +107,14 @@ def test_a_tls_cluster_serves_members_and_certified_clients_only(
     r = get_over(pki.context(client), cluster.router_url, "/readyz")
     assert r.status_code == 200 and r.json()["complete"] is True
 
-    # No client certificate: the router refuses the handshake.
-    with pytest.raises(httpx.TransportError):
-        get_over(pki.context(None), cluster.router_url, key_path("C001"))
+    # No client certificate, as the kubelet probes: /healthz and /readyz answer, on the router and on a node;
+    # a read is refused with 403 (the node's names its member CA option), and the connection closed after it.
+    for url, option in ((cluster.router_url, "--tls-client-ca"), (nodes["n1"], "--member-ca")):
+        assert get_over(pki.context(None), url, "/healthz").status_code == 200
+        assert get_over(pki.context(None), url, "/readyz").status_code == 200
+        r = get_over(pki.context(None), url, key_path("C001"))
+        assert r.status_code == 403 and r.json()["error"] == "client_certificate_required"
+        assert option in r.json()["message"] and r.headers["connection"] == "close"
     # A node certificate from another CA: the nodes refuse it.
     rogue = pki.issue("rogue", "127.0.0.1", "keyroute-node.n9", ca=trustme.CA())
     with pytest.raises(httpx.TransportError):

@@ -1,5 +1,6 @@
 """keyroute.http.tls and the server over HTTPS: contexts, one-line errors, reload on rotation (also by a
-symlink swap, as Kubernetes Secret volumes do), client certificates, plaintext on a TLS port, member roles."""
+symlink swap, as Kubernetes Secret volumes do), client certificates (and the probes answered without one),
+plaintext on a TLS port, member roles."""
 
 from __future__ import annotations
 
@@ -10,12 +11,17 @@ import os
 import socket
 import ssl
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import asynccontextmanager as contextmanager_async
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trustme
+from starlette.applications import Starlette
+from starlette.requests import Request as StarletteRequest
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from keyroute.core.security import ClusterAuth, member_role
 from keyroute.core.settings import TlsSettings
@@ -32,7 +38,8 @@ from keyroute.http.tls import (
     server_context,
 )
 from keyroute.http.upstream import UpstreamUnavailable
-from tests.unit.http.harness import Plane, get, starlette_app
+from tests.unit.http.harness import Answer, Plane, closed_by_server, get, starlette_app
+from tests.unit.http.harness import read_answer as read_http_answer
 from tests.util import serve_in_thread, wait_for
 
 
@@ -212,32 +219,118 @@ def test_the_server_answers_over_https_and_a_plaintext_request_is_closed(tmp_pat
         assert received == b"" or received[:1] == b"\x15" or received.startswith(b"HTTP/1.1 400")
 
 
-def test_client_certificates_are_required_with_a_client_ca(tmp_path: Path) -> None:
+def test_a_presented_client_certificate_must_chain_to_the_client_ca(tmp_path: Path) -> None:
     ca, other = trustme.CA(), trustme.CA()
     ca_path = ca_file(tmp_path, ca)
-    server = HttpServer(
-        starlette_app(), data_plane=lambda state: Plane(), tls=pair(tmp_path, ca, "s"), require_ca=ca_path
-    )
+    server = HttpServer(probed_app(), data_plane=lambda state: Plane(), tls=pair(tmp_path, ca, "s"), require_ca=ca_path)
     good = pair(tmp_path, ca, "client", "client.example")
     stranger = pair(tmp_path, other, "stranger", "client.example")
+    long_ago = datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC)
+    issued = ca.issue_cert("client.example", not_before=long_ago, not_after=long_ago + datetime.timedelta(days=1))
+    expired = (str(tmp_path / "expired.crt"), str(tmp_path / "expired.key"))
+    issued.cert_chain_pems[0].write_to_path(expired[0])
+    issued.private_key_pem.write_to_path(expired[1])
+    alone = trustme.CA()  # its own certificate: self-signed
+    self_signed = (str(tmp_path / "self.crt"), str(tmp_path / "self.key"))
+    alone.cert_pem.write_to_path(self_signed[0])
+    alone.private_key_pem.write_to_path(self_signed[1])
     with serve_in_thread(server) as port:
         assert serial_served(port, ca_path, (good.cert, good.key)) > 0
-        for cert in (None, (stranger.cert, stranger.key)):
-            assert not answers(port, ca_path, cert)
-        assert answers(port, ca_path, (good.cert, good.key))
+        assert answer_to(port, ca_path, (good.cert, good.key), "/stores/t").startswith(b"HTTP/1.1 200 OK")
+        # A certificate that is presented is verified, whatever the path: no answer, not even a probe's.
+        for cert in ((stranger.cert, stranger.key), expired, self_signed):
+            assert answer_to(port, ca_path, cert, "/healthz") == b"", cert
+        assert answer_to(port, ca_path, None, "/healthz").startswith(b"HTTP/1.1 200 OK")
 
 
-def answers(port: int, ca_path: str, cert: tuple[str, str] | None) -> bool:
-    """Whether a GET over a new TLS connection (presenting `cert`) is answered."""
+def answer_to(port: int, ca_path: str, cert: tuple[str, str] | None, path: str) -> bytes:
+    """The answer to a GET of `path` over a new TLS connection (presenting `cert`); b"" when the handshake
+    is refused."""
     ctx = ssl.create_default_context(cafile=ca_path)
     if cert is not None:
         ctx.load_cert_chain(*cert)
     try:
         with tls_connection(port, ctx) as sock:
-            sock.sendall(get("/stores/t"))  # TLS 1.3: a refused certificate shows at the first read
-            return read_answer(sock).startswith(b"HTTP/1.1 200 OK")
+            sock.sendall(get(path))  # TLS 1.3: a refused certificate shows at the first read
+            return read_answer(sock)
     except (ssl.SSLError, ConnectionError):
-        return False
+        return b""
+
+
+def probed_app() -> Starlette:
+    """The harness's app with probes, as routers and nodes have them: /healthz 200, /readyz 503."""
+
+    async def healthz(request: StarletteRequest) -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(request: StarletteRequest) -> JSONResponse:
+        return JSONResponse({"ready": False}, status_code=503)
+
+    app = starlette_app()
+    app.router.routes.extend([Route("/healthz", healthz), Route("/readyz", readyz)])
+    return app
+
+
+@contextmanager_async
+async def tls_client(port: int, ca_path: str, cert: TlsSettings | None = None) -> Any:
+    ctx = ssl.create_default_context(cafile=ca_path)
+    if cert is not None:
+        ctx.load_cert_chain(cert.cert, cert.key)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=ctx, server_hostname="127.0.0.1")
+    try:
+        yield reader, writer
+    finally:
+        writer.close()
+        with suppress(OSError, ssl.SSLError):
+            await writer.wait_closed()
+
+
+def test_without_a_client_certificate_only_the_probes_answer_on_either_port(tmp_path: Path, arun: Any) -> None:
+    ca = trustme.CA()
+    ca_path = ca_file(tmp_path, ca)
+    plane = Plane()
+    server = HttpServer(probed_app(), data_plane=lambda state: plane, tls=pair(tmp_path, ca, "s"), require_ca=ca_path)
+    client = pair(tmp_path, ca, "client", "client.example")
+
+    async def refused(port: int, request: bytes) -> Answer:
+        """The answer to `request`, sent after a probe on one connection without a certificate; the
+        connection is closed after it."""
+        async with tls_client(port, ca_path) as (reader, writer):
+            writer.write(get("/healthz"))
+            assert (await read_http_answer(reader)).status == 200
+            writer.write(request)
+            answer = await read_http_answer(reader)
+            assert answer.header("connection") == "close"
+            assert await closed_by_server(reader)
+            return answer
+
+    async def main() -> None:
+        await server.start(port=0, admin_port=0)
+        try:
+            for port in (server.port, server.admin_port):
+                assert port is not None
+                async with tls_client(port, ca_path) as (reader, writer):
+                    writer.write(get("/healthz") + get("/healthz", method="HEAD") + get("/readyz?verbose=1"))
+                    assert (await read_http_answer(reader)).json() == {"status": "ok"}
+                    head = await read_http_answer(reader, head=True)
+                    assert head.status == 200 and head.body == b""
+                    assert (await read_http_answer(reader)).status == 503  # /readyz answers, whatever it says
+                for request in (get("/stores/t"), get("/hello"), get("/healthz", method="DELETE")):
+                    answer = await refused(port, request)
+                    assert answer.status == 403 and answer.json()["error"] == "client_certificate_required"
+                    message = answer.json()["message"]
+                    assert "--tls-client-ca" in message and "/healthz, /readyz" in message and "\n" not in message
+            assert plane.handled == []  # no data read reached the data plane
+            # A connection with a certificate is served as ever, on both ports.
+            async with tls_client(server.port, ca_path, client) as (reader, writer):
+                writer.write(get("/stores/t") + get("/hello"))
+                assert (await read_http_answer(reader)).status == 200
+                assert (await read_http_answer(reader)).status == 200
+            assert server.refusals == {}  # a missing certificate is not a malformed request
+        finally:
+            await server.stop(grace_s=2.0)
+
+    arun(main())
 
 
 def test_a_rotated_certificate_serves_new_connections_and_keeps_open_ones(tmp_path: Path) -> None:
