@@ -10,20 +10,7 @@ from typing import Any
 
 import httpx
 
-from keyroute.client._base import (
-    Call,
-    ClientBase,
-    Format,
-    MapDue,
-    Paged,
-    Parallel,
-    Plan,
-    Sleep,
-    Step,
-    Steps,
-    T,
-    Value,
-)
+from keyroute.client._base import Call, ClientBase, MapDue, Paged, Parallel, Plan, Sleep, Step, Steps, T, Value
 from keyroute.client._errors import KeyrouteError
 
 
@@ -51,13 +38,13 @@ class AsyncClient(ClientBase):
         key: str | int | bytes | uuid.UUID,
         *,
         min_offset: int | None = None,
-        answer_format: Format = None,
+        answer_format: str | None = None,
     ) -> Value:
         """`Client.get`, awaited."""
         return await self._run(self._get_plan(store, key, min_offset, answer_format))
 
     async def get_many(
-        self, store: str, keys: Iterable[str | int | bytes | uuid.UUID], *, answer_format: Format = None
+        self, store: str, keys: Iterable[str | int | bytes | uuid.UUID], *, answer_format: str | None = None
     ) -> list[Value | KeyrouteError]:
         """`Client.get_many`, awaited (nodes asked concurrently)."""
         return await self._run(self._get_many_plan(store, keys, answer_format))

@@ -11,20 +11,7 @@ from typing import Any
 
 import httpx
 
-from keyroute.client._base import (
-    Call,
-    ClientBase,
-    Format,
-    MapDue,
-    Paged,
-    Parallel,
-    Plan,
-    Sleep,
-    Step,
-    Steps,
-    T,
-    Value,
-)
+from keyroute.client._base import Call, ClientBase, MapDue, Paged, Parallel, Plan, Sleep, Step, Steps, T, Value
 from keyroute.client._errors import KeyrouteError
 
 
@@ -62,13 +49,13 @@ class Client(ClientBase):
         key: str | int | bytes | uuid.UUID,
         *,
         min_offset: int | None = None,
-        answer_format: Format = None,
+        answer_format: str | None = None,
     ) -> Value:
         """The value of one key (KeyNotFound when there is none); `answer_format`: the client's unless given."""
         return self._run(self._get_plan(store, key, min_offset, answer_format))
 
     def get_many(
-        self, store: str, keys: Iterable[str | int | bytes | uuid.UUID], *, answer_format: Format = None
+        self, store: str, keys: Iterable[str | int | bytes | uuid.UUID], *, answer_format: str | None = None
     ) -> list[Value | KeyrouteError]:
         """Many keys of one store: per key, in order, its Value or its error (nodes asked in parallel)."""
         return self._run(self._get_many_plan(store, keys, answer_format))
