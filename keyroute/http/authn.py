@@ -65,10 +65,9 @@ class Callers:
         authenticator = self.authenticator
         authenticator.poll(now)
         request = call.request
-        transport = call._exchange._conn._transport
         members = self.members
         if members is not None and members.is_member(
-            request.header(_MEMBER_AUTH), peer_role(transport) if members.certificates else None
+            request.header(_MEMBER_AUTH), peer_role(_transport(call)) if members.certificates else None
         ):
             named = request.header(_CALLER)
             call.identity = MEMBER if not named else Identity(named.decode("latin-1")[:200])
@@ -76,7 +75,7 @@ class Callers:
         authorization = request.header(_AUTHORIZATION)
         identity = None
         if authorization is None and self._certificates:
-            identity = authenticator.certificate(certificate_names(transport))
+            identity = authenticator.certificate(certificate_names(_transport(call)))
         if identity is None:
             identity = authenticator.identify(authorization)
         if not identity.may_read(call.store):
@@ -91,6 +90,11 @@ class Callers:
                 authorization = bytes(value)
                 break
         return self.authenticator.identify(authorization)
+
+
+def _transport(call: Any) -> Any:
+    """The transport (a TLS one: its peer's certificate) a data-plane call came on."""
+    return call._exchange._conn._transport
 
 
 def certificate_names(transport: Any) -> tuple[str, ...]:
