@@ -232,7 +232,10 @@ class JwtVerifier:
             for jwk in document["keys"]:
                 if jwk.get("kty") not in ALGORITHMS_BY_KEY_TYPE or jwk.get("use", "sig") != "sig":
                     continue
-                keys[jwk.get("kid")] = (self._jwt.PyJWK(jwk).key, ALGORITHMS_BY_KEY_TYPE[jwk["kty"]], jwk)
+                family = ALGORITHMS_BY_KEY_TYPE[jwk["kty"]]
+                # A key that names its algorithm signs with that one only.
+                algorithms = (jwk["alg"],) if jwk.get("alg") in family else family
+                keys[jwk.get("kid")] = (self._jwt.PyJWK(jwk).key, algorithms, jwk)
         except AuthnError:
             if not self._keys:
                 raise

@@ -163,6 +163,15 @@ def test_jwts_with_another_algorithm_issuer_audience_or_time_are_refused() -> No
     assert check.verify(token(exp=now - 5))[0].name == "svc"
 
 
+def test_a_key_that_names_its_algorithm_verifies_that_one_only() -> None:
+    named = {"keys": [{**jwk_of(RSA_KEY, "rsa"), "alg": "RS256"}]}
+    check = JwtVerifier(JwtPolicy(ISSUER, AUDIENCE), lambda: json.dumps(named).encode())
+    assert check.verify(token())[0].name == "svc"
+    with pytest.raises(Unauthorized, match="does not fit"):
+        check.verify(token(RSA_KEY, "PS256"))
+    assert verifier().verify(token(RSA_KEY, "PS256"))[0].name == "svc"  # a key naming none: its family
+
+
 def test_an_unknown_key_id_fetches_the_keys_again_at_most_every_refresh_interval() -> None:
     fetched: list[float] = []
     now = [1000.0]
