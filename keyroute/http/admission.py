@@ -121,7 +121,7 @@ class Admission:
         except ApiError:
             if self.callers is None:
                 raise
-            identity = self.callers.authenticator.identify(authorization)
+            identity = self.callers.identify(authorization)
             if not identity.admin:
                 raise Forbidden(f"{identity.name!r} may not use /admin") from None
 

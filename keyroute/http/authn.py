@@ -17,6 +17,7 @@ store the caller may not read. Without access control there is no `Callers` at a
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -89,7 +90,13 @@ class Callers:
             if name == _AUTHORIZATION:
                 authorization = bytes(value)
                 break
-        return self.authenticator.identify(authorization)
+        return self.identify(authorization)
+
+    def identify(self, authorization: bytes | None) -> Identity:
+        """The caller an Authorization header (raw) names, the token file looked at again if it is time."""
+        authenticator = self.authenticator
+        authenticator.poll(time.monotonic())
+        return authenticator.identify(authorization)
 
 
 def _transport(call: Any) -> Any:
