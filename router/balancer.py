@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+from keyroute.core.counters import count_down, count_up
 from keyroute.core.partition_map import Endpoint
 from keyroute.router.backoff import NodeBackoff
 
@@ -46,17 +47,11 @@ class Balancer:
 
     def request_sent(self, url: str) -> None:
         """A request to the node at `url` went out."""
-        in_flight = self.in_flight
-        in_flight[url] = in_flight.get(url, 0) + 1
+        count_up(self.in_flight, url)
 
     def request_ended(self, url: str) -> None:
         """A request to the node at `url` ended: replied, failed or cancelled."""
-        in_flight = self.in_flight
-        count = in_flight.get(url, 0)
-        if count > 1:
-            in_flight[url] = count - 1
-        else:
-            in_flight.pop(url, None)
+        count_down(self.in_flight, url)
 
     def order(self, endpoints: tuple[Endpoint, ...]) -> tuple[Endpoint, ...]:
         """`endpoints` (one partition's serving replicas, map order) in the order to ask them."""

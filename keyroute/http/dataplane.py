@@ -38,6 +38,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from time import monotonic
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from keyroute.core.access import ANONYMOUS, Identity
 from keyroute.core.api import ApiError, NotFound, error_headers, error_json
 from keyroute.core.logs import bind_request_id
 from keyroute.core.metrics import KIND_BATCH, KIND_KEY, KIND_TIMELINE
@@ -63,11 +64,12 @@ class Call:
     Request: method, raw path and query, headers, body, request_id), the `store` it is counted under, and
     one way to answer it (`answer`, `answer_counted`, `fail`): counted, errors mapped to the API's JSON."""
 
-    __slots__ = ("request", "store", "_exchange", "_plane", "_kind", "_open", "_admitted")
+    __slots__ = ("request", "store", "identity", "_exchange", "_plane", "_kind", "_open", "_admitted")
 
     def __init__(self, plane: RoutedDataPlane, exchange: Exchange, kind: str | None, admitted: float = 0.0) -> None:
         self.request: Request = exchange.request
         self.store = ""  # until the route's first parameter, the store, is decoded
+        self.identity: Identity = ANONYMOUS  # who asks (keyroute.core.access), until `admit_as` says
         self._exchange = exchange
         self._plane = plane
         self._kind = kind
@@ -82,6 +84,27 @@ class Call:
     def gone(self) -> bool:
         """The client closed the connection: an answer would be dropped."""
         return self._exchange.gone
+
+    def admit_as(self, identity: Identity) -> ApiError | None:
+        """The call is made under `identity`: a named caller also takes its place among its requests in
+        progress (`Admission.admit_caller`, given back when the exchange ends), or gets the refusal to
+        answer with (503 overloaded: over its share under load). ANONYMOUS costs nothing."""
+        self.identity = identity
+        if identity is ANONYMOUS:
+            return None
+        exchange = self._exchange
+        if exchange._on_done is None:  # the exchange is over already: nothing to hold a place for
+            return None
+        refusal = self._plane.admission.admit_caller(identity.name)
+        if refusal is None:
+            exchange._on_done = self._caller_done
+        return refusal
+
+    def _caller_done(self) -> None:
+        """The exchange of a named caller's request ended: both its places are given back."""
+        admission = self._plane.admission
+        admission.release()
+        admission.release_caller(self.identity.name)
 
     def answer(self, status: int, headers: Headers, body: bytes) -> None:
         """Answer (the first time only), counted under the route's kind; the server adds framing headers."""
