@@ -28,6 +28,9 @@ Contract, for every request admitted:
     timed                  the same answers, by (store, status), with the seconds from admission to the
                            answer, through the service's `observe` (a batch once, not per key): one
                            monotonic read at admission, one at the answer
+    by caller              the same answers of a named caller (`Call.admit_as`; and every 401), by
+                           (identity, store, status, seconds), through the service's `caller_answered`;
+                           ANONYMOUS's others are not (a cluster without access control pays nothing)
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ Headers = list[tuple[bytes, bytes]]
 Count = Callable[[str, str, int], None]
 Observe = Callable[[str, int, float], None]
 Answered = Callable[[str, str, int, float], None]
+CallerAnswered = Callable[[str, str, int, float], None]
 
 
 class Call:
@@ -122,6 +126,8 @@ class Call:
                 observe = plane.observe
                 if observe is not None:
                     observe(self.store, status, monotonic() - self._admitted)
+            if self.identity is not ANONYMOUS or status == 401:
+                self._by_caller(status)
         try:
             self._exchange.answer(status, headers, body)
         except Exception:
@@ -144,7 +150,15 @@ class Call:
             observe = self._plane.observe
             if observe is not None:
                 observe(self.store, status, monotonic() - self._admitted)
+            if self.identity is not ANONYMOUS or status == 401:
+                self._by_caller(status)
         self.answer(status, headers, body)
+
+    def _by_caller(self, status: int) -> None:
+        """The answer, by the caller who asked (see the module docstring: by caller)."""
+        caller_answered = self._plane.caller_answered
+        if caller_answered is not None:
+            caller_answered(self.identity.name, self.store, status, monotonic() - self._admitted)
 
     def fail(self, error: BaseException) -> None:
         """Answer with `error`: an ApiError as the API's JSON error; anything else logged with its traceback
@@ -180,7 +194,8 @@ class RoutedDataPlane:
     answers (`observe(store, status, seconds)`, None: untimed), the headers its error answers carry (say
     X-Keyroute-Node) and the most bytes a path parameter may decode to. A service that counts and times
     each answer together may pass `answered(store, kind, status, seconds)` instead, one call per answer,
-    which then stands for both `count` and `observe` of the answers `Call.answer` counts."""
+    which then stands for both `count` and `observe` of the answers `Call.answer` counts. `caller_answered
+    (identity, store, status, seconds)` counts and times named callers' answers too (None: not at all)."""
 
     routes: ClassVar[RouteTable]
 
@@ -193,10 +208,12 @@ class RoutedDataPlane:
         error_headers: Iterable[tuple[bytes, bytes]] = (),
         observe: Observe | None = None,
         answered: Answered | None = None,
+        caller_answered: CallerAnswered | None = None,
     ) -> None:
         self.admission = admission
         self.observe = observe
         self.answered = answered
+        self.caller_answered = caller_answered
         # What each admitted exchange calls when it ends: one bound method for all of them.
         self._release = admission.release
         self.count = count
