@@ -72,7 +72,7 @@ class Admission:
         # lets a caller in while another one floods the process (`admit_caller`).
         self.reserve = max(1, max_concurrent_requests // 8) if max_concurrent_requests > 1 else 0
         # Requests in progress per named caller (Identity.name); a name leaves when its count drops to 0.
-        self.callers: dict[str, int] = {}
+        self.per_caller: dict[str, int] = {}
         self.max_header_bytes = max_header_bytes
         self.admin = admin if admin is not None else BearerAuth()
         self.protected = tuple(protected) if self.admin.enabled else ()
@@ -151,7 +151,7 @@ class Admission:
         alone is held to the places before the reserve, and a newcomer under its share takes the reserve
         while the flooder is shed. One dict lookup; ANONYMOUS (a cluster without access control) never
         comes here, so its admission is `admit_head`'s alone."""
-        callers = self.callers
+        callers = self.per_caller
         held = callers.get(name, 0)
         share = self.max_concurrent_per_caller
         limit = self.max_concurrent_requests
@@ -171,7 +171,7 @@ class Admission:
 
     def release_caller(self, name: str) -> None:
         """A request counted by `admit_caller(name)` is done."""
-        count_down(self.callers, name)
+        count_down(self.per_caller, name)
 
     def refused(self, code: str) -> None:
         """Count a request refused with the API error `code` before it reached these checks: what the HTTP

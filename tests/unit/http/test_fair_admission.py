@@ -35,12 +35,12 @@ def test_a_caller_alone_keeps_the_reserve_free_and_a_newcomer_takes_it_while_the
     shed = admitted(admission, "batch")
     assert isinstance(shed, Overloaded) and shed.status == 503 and shed.code == "overloaded"
     assert shed.headers == {"Retry-After": "2"} and "'batch' has 14 requests in progress" in shed.message
-    assert admission.active == 14 and admission.callers == {"batch": 14}
+    assert admission.active == 14 and admission.per_caller == {"batch": 14}
     # A second caller is under its share (14 places / 2 callers): it takes the reserve, the flooder is shed.
     assert admitted(admission, "web") is None
     assert isinstance(admitted(admission, "batch"), Overloaded)
     assert admitted(admission, "web") is None
-    assert admission.active == 16 and admission.callers == {"batch": 14, "web": 2}
+    assert admission.active == 16 and admission.per_caller == {"batch": 14, "web": 2}
     # The process is full: everyone is refused by the process-wide limit, as before.
     assert isinstance(admitted(admission, "web"), Overloaded)
     assert (admission.overloaded, admission.shed_callers) == (3, 2)
@@ -50,7 +50,7 @@ def test_a_caller_alone_keeps_the_reserve_free_and_a_newcomer_takes_it_while_the
         admission.release_caller("batch")
     for _ in range(5):
         assert admitted(admission, "batch") is None
-    assert admission.active == 14 and admission.callers == {"batch": 12, "web": 2}
+    assert admission.active == 14 and admission.per_caller == {"batch": 12, "web": 2}
     assert isinstance(admitted(admission, "batch"), Overloaded)  # saturated, and over 14 places / 2 callers
     assert admitted(admission, "web") is None
 
@@ -90,9 +90,9 @@ def test_counts_leave_nothing_behind_and_a_limit_of_one_has_no_reserve() -> None
     assert isinstance(admitted(admission, "b"), Overloaded)  # the process-wide limit
     admission.release()
     admission.release_caller("a")
-    assert admission.callers == {} and admission.active == 0 and admission.shed_callers == 0
+    assert admission.per_caller == {} and admission.active == 0 and admission.shed_callers == 0
     admission.release_caller("never")  # a name never counted: nothing to do
-    assert admission.callers == {}
+    assert admission.per_caller == {}
 
 
 class Plane(RoutedDataPlane):
@@ -127,11 +127,11 @@ def test_the_data_plane_sheds_a_named_caller_over_its_share_and_gives_both_place
     assert (status, body["error"], headers[b"retry-after"]) == (503, "overloaded", b"1")
     assert plane.counted == [("s", "key", 503)]  # a read refused: counted under its store
     assert handled(plane, b"/stores/s/keys/web").answers == []
-    assert admission.active == 4 and admission.callers == {"batch": 3, "web": 1}
+    assert admission.active == 4 and admission.per_caller == {"batch": 3, "web": 1}
     assert [call.identity.name for call in plane.later] == ["batch"] * 3 + ["web"]
     plane.later[0].answer(200, [], b"")
     plane.later[3].answer(200, [], b"")
-    assert admission.active == 2 and admission.callers == {"batch": 2}
+    assert admission.active == 2 and admission.per_caller == {"batch": 2}
 
 
 @pytest.mark.parametrize("limit", [1, 4])
@@ -142,7 +142,7 @@ def test_anonymous_callers_are_admitted_as_before_up_to_the_whole_limit(limit: i
         assert handled(plane, b"/stores/s/keys/anonymous").answers == []
     status, body, _ = error_of(handled(plane, b"/stores/s/keys/anonymous"))
     assert (status, body["error"]) == (503, "overloaded")
-    assert admission.callers == {} and admission.shed_callers == 0 and plane.counted == []
+    assert admission.per_caller == {} and admission.shed_callers == 0 and plane.counted == []
     for call in plane.later:
         call.answer(200, [], b"")
     assert admission.active == 0
