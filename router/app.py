@@ -33,6 +33,7 @@ from keyroute.core.settings import RouterSettings
 from keyroute.core.zk import ZkAccessError, ZkUnavailableError
 from keyroute.http.admin_login import login_routes
 from keyroute.http.admission import RequestGuard
+from keyroute.http.authn import callers_of
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.lifespan import StartupError
 from keyroute.http.tls import member_tls
@@ -96,6 +97,10 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # Who may read what: files that do not load stop the start.
+        members = ClusterAuth(settings.access.cluster_secret, certificates=bool(settings.http.tls.member_ca))
+        app.state.callers = callers_of(settings.access, members, "router", trust_members=False)
+        checks.identify_admins(app.state.callers)
         source = map_source if map_source is not None else ZooKeeperMapSource(settings.zk)
         # The data path uses our own keep-alive pool (benchmarks/RESULTS.md, "Router": httpx costs ~20x
         # more CPU per proxied read), made here: it belongs to the event loop that runs the lifespan.

@@ -54,7 +54,13 @@ class RouterDataPlane(RoutedDataPlane):
     @classmethod
     def factory(cls, max_key_bytes: int) -> Callable[[Any], RouterDataPlane]:
         """What `HttpServer(data_plane=...)` calls with the router app's state once its lifespan started."""
-        return lambda state: cls(state.proxy, state.admission, max_key_bytes)
+
+        def plane(state: Any) -> RouterDataPlane:
+            made = cls(state.proxy, state.admission, max_key_bytes)
+            made.callers = getattr(state, "callers", None)
+            return made
+
+        return plane
 
     # -- one key, and a key's timeline ------------------------------------------------------------------
 

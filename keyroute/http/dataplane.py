@@ -9,7 +9,10 @@ handlers' tasks, written once. A service declares its routes and handlers; every
     2. routing (`keyroute.http.routing.RouteTable`): 404 not_found, or 405 method_not_allowed with `Allow`
     3. path parameters decoded by one rule (`keyroute.core.api.path_parameter`): 400 or 414 when they do not
        decode
-    4. `handler(plane, call, *parameters)`: it answers the `Call`, now or later from a callback, or returns
+    4. with access control on (`callers`, keyroute.http.authn.Callers): the caller identified and allowed
+       the store, else 401 unauthorized or 403 forbidden; `Call.identity` is whom the handler reads for;
+       then the caller's fair share of admission (`Call.admit_as`), else 503 overloaded
+    5. `handler(plane, call, *parameters)`: it answers the `Call`, now or later from a callback, or returns
        an awaitable, which runs in a task of its own (the request's id bound to its log lines)
 
 Contract, for every request admitted:
@@ -49,6 +52,7 @@ from keyroute.http.routing import MethodNotAllowed, Route, RouteTable
 
 if TYPE_CHECKING:
     from keyroute.http.admission import Admission
+    from keyroute.http.authn import Callers
     from keyroute.http.exchange import Exchange, Request
 
 __all__ = ["JSON", "NOT_A_KEY_PATH", "Call", "MethodNotAllowed", "RoutedDataPlane", "Route", "RouteTable"]
@@ -73,7 +77,7 @@ class Call:
     def __init__(self, plane: RoutedDataPlane, exchange: Exchange, kind: str | None, admitted: float = 0.0) -> None:
         self.request: Request = exchange.request
         self.store = ""  # until the route's first parameter, the store, is decoded
-        self.identity: Identity = ANONYMOUS  # who asks (keyroute.core.access), until `admit_as` says
+        self.identity: Identity = ANONYMOUS  # who asks (keyroute.core.access): set before the handler
         self._exchange = exchange
         self._plane = plane
         self._kind = kind
@@ -225,6 +229,8 @@ class RoutedDataPlane:
         # protected one, as no percent-decoding of a path that starts with it can be.
         self._admitted_path = self._prefix.decode("ascii")
         self._fast = self.routes.fast_route()
+        # Who may read which store (keyroute.http.authn): None, without access control, checks nothing.
+        self.callers: Callers | None = None
 
     def accepts(self, method: str, path: bytes) -> bool:
         return path.startswith(self._prefix)
@@ -269,6 +275,8 @@ class RoutedDataPlane:
                     call = Call(self, exchange, fast.route.kind, admitted)
                     call.store = store
                     try:
+                        if self.callers is not None:
+                            self._identify(call, admitted)
                         work = fast.route.handler(self, call, store, key)
                     except Exception as exc:
                         call.fail(exc)
@@ -289,12 +297,22 @@ class RoutedDataPlane:
             return
         call.store = parameters[0]
         try:
+            if self.callers is not None:
+                self._identify(call, admitted)
             work = route.handler(self, call, *parameters)
         except Exception as exc:
             call.fail(exc)
             return
         if work is not None:
             self.spawn(call, work)
+
+    def _identify(self, call: Call, admitted: float) -> None:
+        """Access control's check of `call` (`callers`: raises 401 or 403), then its caller's fair share of
+        admission (raises 503 overloaded)."""
+        self.callers.admit(call, admitted)  # type: ignore[union-attr]
+        refusal = call.admit_as(call.identity)
+        if refusal is not None:
+            raise refusal
 
     def spawn(self, call: Call, work: Awaitable[None]) -> None:
         """Run `work` (what a handler returned) in a task that answers `call` if `work` fails."""
