@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import ssl
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from typing import Any
 import httpx
 import jwt
 import pytest
+import trustme
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from keyroute.client import Client, KeyrouteError
@@ -204,7 +206,7 @@ def test_a_rotated_token_file_takes_effect_without_a_restart_and_a_broken_one_is
             write_tokens(tokens_file, [OTHER, STORE])
             wait_for(b_reads_everywhere, timeout_s=30, interval_s=0.2, message="the new token file in use")
             tokens_file.write_text("[[tokens]]\nname = 'broken", encoding="utf-8")  # not TOML: kept the last
-            deadline = time.monotonic() + 5  # several polls of the file
+            deadline = time.monotonic() + 3  # more than one poll of the file (every 2 s)
             while time.monotonic() < deadline:
                 assert b_reads_everywhere()
             assert "keeping the previous tokens" in cluster.logs()
@@ -215,3 +217,52 @@ def test_a_rotated_token_file_takes_effect_without_a_restart_and_a_broken_one_is
                 timeout_s=30,
                 message="the original token file in use",
             )
+
+
+def test_a_client_certificate_names_its_caller_on_a_router_requiring_certificates(
+    zk_server: EmbeddedZooKeeper, tmp_path: Path
+) -> None:
+    ca = trustme.CA()
+    ca_file = str(tmp_path / "ca.pem")
+    ca.cert_pem.write_to_path(ca_file)
+
+    def issue(name: str, *identities: str) -> tuple[str, str]:
+        issued = ca.issue_cert(*identities)
+        cert, key = tmp_path / f"{name}.crt", tmp_path / f"{name}.key"
+        issued.cert_chain_pems[0].write_to_path(str(cert))
+        issued.private_key_pem.write_to_path(str(key))
+        return str(cert), str(key)
+
+    def context(cert: tuple[str, str]) -> ssl.SSLContext:
+        made = ssl.create_default_context(cafile=ca_file)
+        made.load_cert_chain(*cert)
+        return made
+
+    tokens = tmp_path / "tokens.toml"
+    write_tokens(tokens, [OTHER])
+    with tokens.open("a", encoding="utf-8") as f:
+        f.write('\n[[tokens]]\nname = "ops-cert"\ncertificate = "ops.example"\nstores = "*"\n')
+        f.write(f'\n[[tokens]]\nname = "reader-cert"\ncertificate = "reader.example"\nstores = ["{STORE}"]\n')
+    router_cert = issue("router", "127.0.0.1", "localhost")
+    ops, reader, nobody = issue("ops", "ops.example"), issue("reader", "reader.example"), issue("x", "x.example")
+    zk_settings = ZkSettings(hosts=zk_server.connect_string, chroot=f"/t-{uuid.uuid4().hex[:12]}", session_timeout_s=4)
+    args = ["--cluster-secret", SECRET, "--access-tokens", str(tokens), "--admin-token", ADMIN_TOKEN]
+    router_args = ["--tls-cert", router_cert[0], "--tls-key", router_cert[1], "--tls-client-ca", ca_file]
+    with small_cluster(
+        tmp_path / "cluster",
+        zk_settings,
+        extra_args=args,
+        router_args=router_args,
+        scheme="https",  # the router's (the nodes serve plain HTTP here: their URLs are not used)
+        http_options={"verify": context(ops)},
+    ) as cluster:
+        router = cluster.router_url
+        with httpx.Client(timeout=10, trust_env=False, verify=context(reader)) as http:
+            assert http.get(router + key_path(KEY_TEXT)).json()["value"] == expected(KEY_TEXT)["value"]
+            r = http.get(router + key_path(KEY_TEXT, OTHER))
+            assert r.status_code == 403 and r.json()["error"] == "forbidden", r.text
+            # A bearer token, when sent, names the caller instead of the certificate.
+            assert http.get(router + key_path(KEY_TEXT), headers=bearer(READER_B)).status_code == 403
+        with httpx.Client(timeout=10, trust_env=False, verify=context(nobody)) as http:
+            r = http.get(router + key_path(KEY_TEXT))
+            assert r.status_code == 401 and r.json()["error"] == "unauthorized", r.text

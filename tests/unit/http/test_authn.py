@@ -1,0 +1,85 @@
+"""The access check as routers and nodes build it (keyroute.http.authn.callers_of): off without a token file or a
+JWT issuer, a one-line start-up error for what does not load or for a cluster whose members cannot prove
+themselves; /admin open to an admin caller and closed to the others (keyroute.http.admission)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from keyroute.core.api import Forbidden, Unauthorized
+from keyroute.core.security import BearerAuth, ClusterAuth
+from keyroute.core.settings import AccessSettings
+from keyroute.http.admission import Admission
+from keyroute.http.authn import callers_of
+from keyroute.http.lifespan import StartupError
+
+MEMBERS = ClusterAuth("s3cret")
+
+
+@pytest.fixture
+def tokens(tmp_path: Path) -> str:
+    path = tmp_path / "tokens.toml"
+    path.write_text(
+        '[[tokens]]\nname = "ops"\ntoken = "t-ops"\nstores = "*"\nadmin = true\n\n'
+        '[[tokens]]\nname = "reader"\ntoken = "t-reader"\nstores = ["a"]\n'
+    )
+    return str(path)
+
+
+def test_without_tokens_or_an_issuer_access_control_is_off_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO):
+        assert callers_of(AccessSettings(), ClusterAuth(), "router", trust_members=False) is None
+    assert "access control is off" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("access", "members", "says"),
+    [
+        (AccessSettings(access_tokens="{tokens}"), ClusterAuth(), "needs --cluster-secret or --member-ca"),
+        (AccessSettings(access_tokens="/nowhere/tokens.toml"), MEMBERS, "cannot read the token file"),
+        (AccessSettings(jwt_issuer="https://i.test"), MEMBERS, "one of --jwt-jwks-url or --jwt-jwks-file"),
+        (
+            AccessSettings(jwt_issuer="https://i.test", jwt_jwks_file="/nowhere/jwks.json"),
+            MEMBERS,
+            "cannot read the JWKS file",
+        ),
+        (
+            AccessSettings(jwt_issuer="https://i.test", jwt_jwks_url="http://127.0.0.1:9/jwks"),
+            MEMBERS,
+            "could not be fetched",
+        ),
+    ],
+)
+def test_what_does_not_load_stops_the_start_in_one_line(
+    tokens: str, access: AccessSettings, members: ClusterAuth, says: str
+) -> None:
+    if access.access_tokens == "{tokens}":
+        access = AccessSettings(access_tokens=tokens)
+    with pytest.raises(StartupError, match=says) as refused:
+        callers_of(access, members, "node n1", trust_members=True)
+    assert "\n" not in str(refused.value)
+
+
+def test_admin_takes_the_admin_token_or_an_admin_caller_and_refuses_the_others(tokens: str) -> None:
+    callers = callers_of(AccessSettings(access_tokens=tokens), MEMBERS, "router", trust_members=False)
+    for admin_token in ("", "the-admin-token"):
+        admission = Admission(admin=BearerAuth(admin_token))
+        admission.identify_admins(callers)
+
+        def admit(*headers: tuple[bytes, bytes], admission: Admission = admission) -> object:
+            refusal = admission.admit_head("/admin/partition-map", 30, list(headers))
+            if refusal is None:
+                admission.release()
+            return refusal
+
+        assert admit((b"authorization", b"Bearer t-ops")) is None
+        assert isinstance(admit((b"authorization", b"Bearer t-reader")), Forbidden)
+        assert isinstance(admit((b"authorization", b"Bearer nobody")), Unauthorized)
+        assert isinstance(admit(), Unauthorized)
+        if admin_token:
+            assert admit((b"authorization", b"Bearer the-admin-token")) is None
+        assert admission.admit_head("/healthz", 10, []) is None  # outside /admin: no credentials needed
+        admission.release()
