@@ -146,3 +146,55 @@ def test_anonymous_callers_are_admitted_as_before_up_to_the_whole_limit(limit: i
     for call in plane.later:
         call.answer(200, [], b"")
     assert admission.active == 0
+
+
+class StandInCallers:
+    """Access control as the data plane sees it (keyroute.http.authn.Callers.admit): the caller is the
+    request's `x-caller` header."""
+
+    def admit(self, call: Call, now: float) -> None:
+        call.identity = Identity(call.request.header(b"x-caller").decode())
+
+
+class CheckedPlane(RoutedDataPlane):
+    """A key read (the table's fast route) and a batch-get (resolved by the table), both answered later."""
+
+    def __init__(self, admission: Admission) -> None:
+        super().__init__(admission, lambda *c: None)
+        self.callers = StandInCallers()  # type: ignore[assignment]
+        self.later: list[Call] = []
+
+    def _key(self, call: Call, store: str, key: str) -> None:
+        self.later.append(call)
+
+    def _batch(self, call: Call, store: str) -> None:
+        self.later.append(call)
+
+    routes = RouteTable(
+        [
+            Route("/stores/{store}/keys/{key}", ("GET",), _key, "key"),
+            Route("/stores/{store}/batch-get", ("POST",), _batch, "batch"),
+        ]
+    )
+
+
+def test_with_access_control_every_route_takes_the_callers_share_once_it_is_identified() -> None:
+    admission = Admission(max_concurrent_requests=4)  # reserve 1
+    plane = CheckedPlane(admission)
+
+    def send(method: str, path: bytes, caller: bytes) -> StandInExchange:
+        exchange = StandInExchange(method, path)
+        exchange.request.headers.append((b"x-caller", caller))
+        plane.handle(exchange)  # type: ignore[arg-type]
+        return exchange
+
+    assert send("GET", b"/stores/s/keys/k", b"batch").answers == []
+    assert send("POST", b"/stores/s/batch-get", b"batch").answers == []
+    assert send("GET", b"/stores/s/keys/k", b"batch").answers == []
+    status, body, _ = error_of(send("POST", b"/stores/s/batch-get", b"batch"))
+    assert (status, body["error"]) == (503, "overloaded")
+    assert send("POST", b"/stores/s/batch-get", b"web").answers == []
+    assert admission.per_caller == {"batch": 3, "web": 1} and admission.active == 4
+    for call in plane.later:
+        call.answer(200, [], b"")
+    assert admission.per_caller == {} and admission.active == 0
