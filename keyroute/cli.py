@@ -320,6 +320,14 @@ def _serving_options(p: _Parser, parser: argparse.ArgumentParser) -> None:
     )
     p.option(
         parser,
+        "--max-concurrent-per-caller",
+        type=int,
+        default=limits.max_concurrent_per_caller,
+        help="requests in progress at once of one authenticated caller (503 overloaded beyond it); 0: only its "
+        "fair share once the process is saturated",
+    )
+    p.option(
+        parser,
         "--body-timeout-s",
         type=float,
         default=limits.body_timeout_s,
@@ -407,7 +415,14 @@ _ACCESS_OPTIONS = (
 
 def _limits(args: argparse.Namespace) -> dict[str, Any]:
     """The settings fields `_serving_options` fills, for NodeSettings and RouterSettings alike."""
-    for name in ("max_batch_keys", "max_key_bytes", "max_body_bytes", "max_header_bytes", "max_concurrent_requests"):
+    for name in (
+        "max_batch_keys",
+        "max_key_bytes",
+        "max_body_bytes",
+        "max_header_bytes",
+        "max_concurrent_requests",
+        "max_concurrent_per_caller",
+    ):
         if getattr(args, name) < 0:
             raise SystemExit(f"keyroute {args.command}: --{name.replace('_', '-')} must not be negative")
     if not args.body_timeout_s >= 0:
@@ -419,6 +434,7 @@ def _limits(args: argparse.Namespace) -> dict[str, Any]:
             max_body_bytes=args.max_body_bytes,
             max_header_bytes=args.max_header_bytes,
             max_concurrent_requests=args.max_concurrent_requests,
+            max_concurrent_per_caller=args.max_concurrent_per_caller,
             body_timeout_s=args.body_timeout_s,
         ),
         "access": AccessSettings(

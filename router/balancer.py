@@ -1,7 +1,7 @@
 """Which serving replica a read goes to first, when a slow read is worth a second request, and how many
 second requests the router may send at all: pure bookkeeping for `Proxy`, touched only on the event loop.
 
-    Balancer         least outstanding requests with power of two choices over a partition's replicas
+    Balancer         least outstanding requests (in flight from this router) over a partition's replicas
     RetryBudget      token bucket that caps hedges (and counts failovers) at a share of primary requests
     LatencyQuantile  a high quantile of recent upstream latencies: the automatic hedge threshold
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+from keyroute.core.counters import count_down, count_up
 from keyroute.core.partition_map import Endpoint
 from keyroute.router.backoff import NodeBackoff
 
@@ -28,10 +29,12 @@ DEFAULT_RECOMPUTE_EVERY = 64
 class Balancer:
     """Orders a partition's serving replicas for one read (or one batch group): the first is asked first.
 
-    Power of two choices on outstanding requests: two distinct healthy replicas are drawn at random and
-    the one with fewer requests in flight to its node leads (a tie is a coin toss); the other of the two
-    follows (the hedge and first failover target), then the remaining healthy replicas in map order, then
-    the ones `NodeBackoff` holds back. A single healthy replica involves no randomness at all.
+    Least outstanding requests: the healthy replica with the fewest requests in flight to its node from
+    this router leads (a tie is a coin toss among the tied), the next fewest follows (the hedge and first
+    failover target, ties alike), then the remaining healthy replicas in map order, then the ones
+    `NodeBackoff` holds back. A single healthy replica involves no randomness at all, and two with different
+    loads none either. The counts are this router's own and exact at once (each request is counted as it
+    goes out), so routers do not herd onto one replica as they would on a shared, delayed load report.
 
     In-flight counts are per node URL, raised by `request_sent` and lowered by `request_ended` around every
     upstream request (single keys and batch groups alike, as both load the node). One event loop, so no lock.
@@ -46,17 +49,11 @@ class Balancer:
 
     def request_sent(self, url: str) -> None:
         """A request to the node at `url` went out."""
-        in_flight = self.in_flight
-        in_flight[url] = in_flight.get(url, 0) + 1
+        count_up(self.in_flight, url)
 
     def request_ended(self, url: str) -> None:
         """A request to the node at `url` ended: replied, failed or cancelled."""
-        in_flight = self.in_flight
-        count = in_flight.get(url, 0)
-        if count > 1:
-            in_flight[url] = count - 1
-        else:
-            in_flight.pop(url, None)
+        count_down(self.in_flight, url)
 
     def order(self, endpoints: tuple[Endpoint, ...]) -> tuple[Endpoint, ...]:
         """`endpoints` (one partition's serving replicas, map order) in the order to ask them."""
@@ -80,16 +77,28 @@ class Balancer:
             if a < b or (a == b and self._random() < 0.5):
                 return endpoints
             return (second, first)
-        rand = self._random
-        i = int(rand() * n)
-        j = int(rand() * (n - 1))
-        if j >= i:
-            j += 1
+        loads = [load.get(ep.url, 0) for ep in endpoints]
+        i = self._lightest(loads, -1)
+        j = self._lightest(loads, i)
         first, second = endpoints[i], endpoints[j]
-        a, b = load.get(first.url, 0), load.get(second.url, 0)
-        if b < a or (a == b and rand() >= 0.5):
-            first, second = second, first
         return (first, second, *(ep for ep in endpoints if ep is not first and ep is not second))
+
+    def _lightest(self, loads: list[int], skip: int) -> int:
+        """The index of the smallest of `loads` but `skip`, a tie drawn uniformly (one draw per tie seen)."""
+        rand = self._random
+        best = -1
+        low = 0
+        ties = 0
+        for i, x in enumerate(loads):
+            if i == skip:
+                continue
+            if best < 0 or x < low:
+                best, low, ties = i, x, 1
+            elif x == low:
+                ties += 1
+                if rand() * ties < 1.0:
+                    best = i
+        return best
 
 
 class RetryBudget:

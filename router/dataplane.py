@@ -47,6 +47,7 @@ class RouterDataPlane(RoutedDataPlane):
             max_parameter_bytes=max_key_bytes,
             observe=metrics.observe_request,
             answered=metrics.answered,
+            caller_answered=metrics.caller_answered,
         )
         self.proxy = proxy
 

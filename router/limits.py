@@ -23,6 +23,7 @@ def admission(settings: RouterSettings) -> Admission:
     limits = settings.limits
     return Admission(
         max_concurrent_requests=limits.max_concurrent_requests,
+        max_concurrent_per_caller=limits.max_concurrent_per_caller,
         max_header_bytes=limits.max_header_bytes,
         admin=BearerAuth(settings.access.admin_token),
         protected=protected_paths(settings),

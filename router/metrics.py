@@ -31,6 +31,7 @@ from keyroute.core.metrics import (
     CODE_CLASSES,
     LATENCY_BUCKETS_S,
     UNKNOWN_STORE,
+    CallerReads,
     Exposition,
     Facts,
     Histogram,
@@ -39,6 +40,7 @@ from keyroute.core.metrics import (
     Sums,
     WorkerSnapshots,
     add_sums,
+    caller_families,
     code_class,
     counter,
     gauge,
@@ -90,6 +92,7 @@ _NOT_COUNTERS = frozenset(
         "requests",
         "upstream_latency",
         "request_duration",
+        "callers",
         "admission",
     }
 )
@@ -143,6 +146,8 @@ class RouterMetrics:
     upstream_latency: dict[str, Histogram] = field(default_factory=dict)
     # Time from admission to the answer of a read, per (store, code_class).
     request_duration: dict[tuple[str, str], Histogram] = field(default_factory=dict)
+    # Reads of named callers by (identity, store): answers by status, latency.
+    callers: CallerReads = field(default_factory=CallerReads)
     # The admission checks in front of every request: their refusals are exported.
     admission: Admission | None = None
     _exposition: Exposition | None = None
@@ -215,6 +220,12 @@ class RouterMetrics:
             store = UNKNOWN_STORE
         observe_duration(self.request_duration, store, status, seconds)
 
+    def caller_answered(self, identity: str, store: str, status: int, seconds: float) -> None:
+        """A named caller's read of `store` answered with `status` after `seconds` (the data plane's
+        `caller_answered`): by identity and store."""
+        m = self.partition_map
+        self.callers.add(identity, store if m is not None and store in m.stores else UNKNOWN_STORE, status, seconds)
+
     def snapshot(self) -> Snapshot:
         """(sums, facts): this process's counters, and its gauges' inputs, as JSON values.
 
@@ -239,6 +250,7 @@ class RouterMetrics:
             "refused": refusals(self.admission),
             "upstream_latency": {node: {"counts": list(h.counts), "sum": h.sum} for node, h in latency},
             "request_duration": _nested_histograms(durations),
+            "callers": self.callers.sums(),
         }
         m = self.partition_map
         facts: Facts = {
@@ -328,6 +340,7 @@ def _families(sums: Sums, facts: Sequence[Facts], workers: Sequence[Mapping[str,
         ["store", "code_class"],
         durations,
     )
+    yield from caller_families("keyroute_router", sums.get("callers", {}))
     yield gauge(
         "keyroute_router_map_generation",
         "map generation of the installed partition map (with workers: the lowest any worker has installed)",

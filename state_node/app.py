@@ -176,6 +176,7 @@ def create_app(
     access = settings.access
     metrics.admission = Admission(
         max_concurrent_requests=settings.limits.max_concurrent_requests,
+        max_concurrent_per_caller=settings.limits.max_concurrent_per_caller,
         max_header_bytes=settings.limits.max_header_bytes,
         admin=BearerAuth(access.admin_token),
         protected=("/admin", "/metrics") if access.metrics_require_token else ("/admin",),

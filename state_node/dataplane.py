@@ -71,6 +71,7 @@ class NodeDataPlane(RoutedDataPlane):
             max_parameter_bytes=settings.limits.max_key_bytes,
             error_headers=(node.node_header,),
             observe=node.metrics.observe_request,
+            caller_answered=node.metrics.caller_answered,
         )
         self.node = node
         self._max_batch_keys = settings.max_batch_keys

@@ -18,9 +18,11 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from keyroute.core.metrics import (
     LOAD_BUCKETS_S,
     UNKNOWN_STORE,
+    CallerReads,
     Exposition,
     Histogram,
     RequestCounts,
+    caller_families,
     counter,
     gauge,
     labelled_counter,
@@ -81,6 +83,8 @@ class NodeMetrics:
         self.requests = RequestCounts()
         # Time from admission to the answer of a read, per (store, code_class).
         self.request_duration: dict[tuple[str, str], Histogram] = {}
+        # Reads of named callers (a router's forwarded ones under the caller it names) by (identity, store).
+        self.callers = CallerReads()
         # Keys answered from a partition held here / by another node this one forwarded to.
         self.local_answers = 0
         self.forwarded_answers = 0
@@ -116,6 +120,12 @@ class NodeMetrics:
         if ownership is None or store not in ownership.map.stores:
             store = UNKNOWN_STORE
         observe_duration(self.request_duration, store, status, seconds)
+
+    def caller_answered(self, identity: str, store: str, status: int, seconds: float) -> None:
+        """A named caller's read of `store` answered with `status` after `seconds`: by identity and store."""
+        ownership = self._ownership
+        known = ownership is not None and store in ownership.map.stores
+        self.callers.add(identity, store if known else UNKNOWN_STORE, status, seconds)
 
     def timed(self, loader: Loader) -> Loader:
         """`loader`, with the duration of every load recorded by how it ended."""
@@ -166,6 +176,7 @@ class NodeMetrics:
             ["store", "code_class"],
             (([store, code], h) for (store, code), h in sorted(self.request_duration.items())),
         )
+        yield from caller_families("keyroute_node", self.callers.sums())
         answers = CounterMetricFamily(
             "keyroute_node_answers",
             "keys answered from a partition held here (local) or by the node this one forwarded to (forwarded)",

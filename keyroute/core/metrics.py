@@ -132,6 +132,86 @@ class Histogram:
         return out
 
 
+# The identity label of callers beyond a process's first `CallerReads.cap` names: one series for the rest.
+OTHER_CALLER = "other"
+DEFAULT_CALLER_LABELS = 64
+
+
+class CallerReads:
+    """Reads by caller (identity name) and store: answers by HTTP status (401, 403, 429, 503 ... as they come)
+    and a latency histogram per (identity, store). One dict lookup per read. Label sets stay bounded: the
+    store is the caller's label (bounded by the map), identities are the `names` given (say, from
+    configuration) and the first ones seen up to `cap` names in all; later ones share OTHER_CALLER."""
+
+    __slots__ = ("cap", "entries", "_names")
+
+    def __init__(self, cap: int = DEFAULT_CALLER_LABELS, names: Iterable[str] = ()) -> None:
+        self.cap = cap
+        # (identity, store) -> (answers by status, latency)
+        self.entries: dict[tuple[str, str], tuple[dict[int, int], Histogram]] = {}
+        self._names = set(names)  # the identities with a label of their own
+
+    def add(self, name: str, store: str, status: int, seconds: float) -> None:
+        entry = self.entries.get((name, store))
+        if entry is None:
+            entry = self._entry(name, store)
+        statuses, histogram = entry
+        statuses[status] = statuses.get(status, 0) + 1
+        histogram.counts[bisect_left(histogram.bounds, seconds)] += 1  # Histogram.observe, inline
+        histogram.sum += seconds
+
+    def _entry(self, name: str, store: str) -> tuple[dict[int, int], Histogram]:
+        names = self._names
+        if name not in names:
+            if len(names) < self.cap:
+                names.add(name)
+            else:
+                name = OTHER_CALLER
+        entry = self.entries.get((name, store))
+        if entry is None:
+            entry = self.entries[name, store] = ({}, Histogram())
+        return entry
+
+    def sums(self) -> dict[str, dict[str, Any]]:
+        """{identity: {store: {"statuses": {status: n}, "counts": [...], "sum": s}}}: JSON values that add up
+        over processes (`add_sums`). Copies what the request path changes by single C-level operations."""
+        out: dict[str, dict[str, Any]] = {}
+        for (name, store), (statuses, histogram) in list(self.entries.items()):
+            out.setdefault(name, {})[store] = {
+                "statuses": {str(status): n for status, n in statuses.copy().items()},
+                "counts": list(histogram.counts),
+                "sum": histogram.sum,
+            }
+        return out
+
+
+def caller_families(prefix: str, sums: Mapping[str, Mapping[str, Any]]) -> Iterable[Metric]:
+    """`{prefix}_caller_requests_total{identity, store, status}` and `{prefix}_caller_request_duration_seconds
+    {identity, store}` of `CallerReads.sums` (or their sum over processes)."""
+    answers: list[tuple[list[str], float]] = []
+    durations: list[tuple[list[str], Histogram]] = []
+    for name, per_store in sorted(sums.items()):
+        for store, entry in sorted(per_store.items()):
+            for status, n in sorted(entry.get("statuses", {}).items()):
+                answers.append(([name, store, status], n))
+            histogram = Histogram.of(LATENCY_BUCKETS_S, entry.get("counts", []), entry.get("sum", 0.0))
+            if histogram is not None:
+                durations.append(([name, store], histogram))
+    yield labelled_counter(
+        f"{prefix}_caller_requests",
+        "reads of authenticated callers (and 401s), by identity (beyond the first names: other), store and HTTP"
+        " status (a batch once)",
+        ["identity", "store", "status"],
+        answers,
+    )
+    yield labelled_histogram(
+        f"{prefix}_caller_request_duration_seconds",
+        "time from a read's admission to its answer, by identity (beyond the first names: other) and store",
+        ["identity", "store"],
+        durations,
+    )
+
+
 def observe_duration(durations: dict[tuple[str, str], Histogram], store: str, status: int, seconds: float) -> None:
     """One read of `store` answered with `status`, `seconds` after its admission, into the histogram of its
     (store, code class): routers and nodes keep their request durations this way (once per request)."""

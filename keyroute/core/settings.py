@@ -161,6 +161,8 @@ class RequestLimits:
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES  # request line + header fields: 431 headers_too_large
     # Beyond it: 503 overloaded with Retry-After at once, never queued.
     max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS
+    # Requests in progress of one named caller at once (0: only its fair share once the process is saturated).
+    max_concurrent_per_caller: int = 0
     # The whole request body must arrive within this long (408 body_timeout), so a client that never
     # finishes one cannot hold a request slot.
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S

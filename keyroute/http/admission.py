@@ -1,4 +1,5 @@
-"""The cheap checks in front of every request to a router or node: concurrency, header size, admin token.
+"""The cheap checks in front of every request to a router or node: concurrency, header size, admin token,
+and each caller's fair share of the concurrency once the caller is known.
 
 One plain ASGI wrapper, answered with the API's JSON errors before any routing happens. It takes no lock
 and never queues: an event loop runs one request at a time between awaits, so a plain counter is exact.
@@ -25,6 +26,7 @@ from keyroute.core.api import (
     error_headers,
     error_json,
 )
+from keyroute.core.counters import count_down
 from keyroute.core.logs import acceptable_request_id, bind_request_id, new_request_id
 from keyroute.core.metrics import REFUSAL_REASONS
 from keyroute.core.security import BearerAuth
@@ -64,8 +66,15 @@ class Admission:
         admin: BearerAuth | None = None,
         protected: Iterable[str] = ("/admin",),
         retry_after_s: int = 1,
+        max_concurrent_per_caller: int = 0,
     ) -> None:
         self.max_concurrent_requests = max_concurrent_requests
+        self.max_concurrent_per_caller = max_concurrent_per_caller
+        # The last places of `max_concurrent_requests`, kept for named callers under their fair share: what
+        # lets a caller in while another one floods the process (`admit_caller`).
+        self.reserve = max(1, max_concurrent_requests // 8) if max_concurrent_requests > 1 else 0
+        # Requests in progress per named caller (Identity.name); a name leaves when its count drops to 0.
+        self.per_caller: dict[str, int] = {}
         self.max_header_bytes = max_header_bytes
         self.admin = admin if admin is not None else BearerAuth()
         self._protected = tuple(protected)
@@ -74,7 +83,8 @@ class Admission:
         self.retry_after_s = retry_after_s
         self.active = 0
         # Refusals by reason (REFUSAL_REASONS), for metrics: by these checks...
-        self.overloaded = 0
+        self.overloaded = 0  # shed_callers included
+        self.shed_callers = 0  # of which: a named caller over its fair share (`admit_caller`)
         self.headers_too_large = 0
         self.unauthorized = 0
         # ...and by the HTTP server, before them (`refused`): malformed (400), body late (408), body too large
@@ -155,6 +165,39 @@ class Admission:
 
     def release(self) -> None:
         self.active -= 1
+
+    def admit_caller(self, name: str) -> Overloaded | None:
+        """Fair shedding, once an admitted request's caller is known: the refusal to answer instead of
+        serving it (the request's place, taken by `admit_head`, is still given back by `release`), or None
+        after counting it under `name` (then `release_caller(name)` when it is done).
+
+        A caller is shed when it holds its share: `max_concurrent_per_caller` when set (always), and once the
+        process is saturated (this request would take one of the `reserve` last places), the places before
+        the reserve divided among the callers with requests in progress, this one included. So a caller
+        alone is held to the places before the reserve, and a newcomer under its share takes the reserve
+        while the flooder is shed. One dict lookup; ANONYMOUS (a cluster without access control) never
+        comes here, so its admission is `admit_head`'s alone."""
+        callers = self.per_caller
+        held = callers.get(name, 0)
+        share = self.max_concurrent_per_caller
+        limit = self.max_concurrent_requests
+        if limit and self.active > limit - self.reserve:
+            fair = (limit - self.reserve) // (len(callers) + (held == 0)) or 1
+            if not share or fair < share:
+                share = fair
+        if share and held >= share:
+            self.overloaded += 1
+            self.shed_callers += 1
+            return Overloaded(
+                f"caller {name!r} has {held} requests in progress, its share under load; retry shortly",
+                self.retry_after_s,
+            )
+        callers[name] = held + 1
+        return None
+
+    def release_caller(self, name: str) -> None:
+        """A request counted by `admit_caller(name)` is done."""
+        count_down(self.per_caller, name)
 
     def refused(self, code: str) -> None:
         """Count a request refused with the API error `code` before it reached these checks: what the HTTP

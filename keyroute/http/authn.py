@@ -79,9 +79,9 @@ class Callers:
             identity = authenticator.certificate(certificate_names(_transport(call)))
         if identity is None:
             identity = authenticator.identify(authorization)
+        call.identity = identity  # a 403 is counted under its caller too
         if not identity.may_read(call.store):
             raise Forbidden(f"{identity.name!r} may not read store {call.store!r}")
-        call.identity = identity
 
     def of_headers(self, headers: Iterable[tuple[bytes, bytes]]) -> Identity:
         """The caller of an app request (say, /routing), by its Authorization header. Unauthorized if none."""

@@ -10,7 +10,8 @@ handlers' tasks, written once. A service declares its routes and handlers; every
     3. path parameters decoded by one rule (`keyroute.core.api.path_parameter`): 400 or 414 when they do not
        decode
     4. with access control on (`callers`, keyroute.http.authn.Callers): the caller identified and allowed
-       the store, else 401 unauthorized or 403 forbidden; `Call.identity` is whom the handler reads for
+       the store, else 401 unauthorized or 403 forbidden; `Call.identity` is whom the handler reads for;
+       then the caller's fair share of admission (`Call.admit_as`), else 503 overloaded
     5. `handler(plane, call, *parameters)`: it answers the `Call`, now or later from a callback, or returns
        an awaitable, which runs in a task of its own (the request's id bound to its log lines)
 
@@ -30,6 +31,9 @@ Contract, for every request admitted:
     timed                  the same answers, by (store, status), with the seconds from admission to the
                            answer, through the service's `observe` (a batch once, not per key): one
                            monotonic read at admission, one at the answer
+    by caller              the same answers of a named caller (`Call.admit_as`; and every 401), by
+                           (identity, store, status, seconds), through the service's `caller_answered`;
+                           ANONYMOUS's others are not (a cluster without access control pays nothing)
 """
 
 from __future__ import annotations
@@ -40,13 +44,13 @@ from collections.abc import Awaitable, Callable, Iterable
 from time import monotonic
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from keyroute.core.access import ANONYMOUS, Identity
 from keyroute.core.api import ApiError, NotFound, error_headers, error_json
 from keyroute.core.logs import bind_request_id
 from keyroute.core.metrics import KIND_BATCH, KIND_KEY, KIND_TIMELINE
 from keyroute.http.routing import MethodNotAllowed, Route, RouteTable
 
 if TYPE_CHECKING:
-    from keyroute.core.access import Identity
     from keyroute.http.admission import Admission
     from keyroute.http.authn import Callers
     from keyroute.http.exchange import Exchange, Request
@@ -60,6 +64,7 @@ Headers = list[tuple[bytes, bytes]]
 Count = Callable[[str, str, int], None]
 Observe = Callable[[str, int, float], None]
 Answered = Callable[[str, str, int, float], None]
+CallerAnswered = Callable[[str, str, int, float], None]
 
 
 class Call:
@@ -72,7 +77,7 @@ class Call:
     def __init__(self, plane: RoutedDataPlane, exchange: Exchange, kind: str | None, admitted: float = 0.0) -> None:
         self.request: Request = exchange.request
         self.store = ""  # until the route's first parameter, the store, is decoded
-        self.identity: Identity | None = None  # who asks (keyroute.core.access.caller_of): set before the handler
+        self.identity: Identity = ANONYMOUS  # who asks (keyroute.core.access): set before the handler
         self._exchange = exchange
         self._plane = plane
         self._kind = kind
@@ -87,6 +92,27 @@ class Call:
     def gone(self) -> bool:
         """The client closed the connection: an answer would be dropped."""
         return self._exchange.gone
+
+    def admit_as(self, identity: Identity) -> ApiError | None:
+        """The call is made under `identity`: a named caller also takes its place among its requests in
+        progress (`Admission.admit_caller`, given back when the exchange ends), or gets the refusal to
+        answer with (503 overloaded: over its share under load). ANONYMOUS costs nothing."""
+        self.identity = identity
+        if identity is ANONYMOUS:
+            return None
+        exchange = self._exchange
+        if exchange._on_done is None:  # the exchange is over already: nothing to hold a place for
+            return None
+        refusal = self._plane.admission.admit_caller(identity.name)
+        if refusal is None:
+            exchange._on_done = self._caller_done
+        return refusal
+
+    def _caller_done(self) -> None:
+        """The exchange of a named caller's request ended: both its places are given back."""
+        admission = self._plane.admission
+        admission.release()
+        admission.release_caller(self.identity.name)
 
     def answer(self, status: int, headers: Headers, body: bytes) -> None:
         """Answer (the first time only), counted under the route's kind; the server adds framing headers."""
@@ -104,6 +130,8 @@ class Call:
                 observe = plane.observe
                 if observe is not None:
                     observe(self.store, status, monotonic() - self._admitted)
+            if self.identity is not ANONYMOUS or status == 401:
+                self._by_caller(status)
         try:
             self._exchange.answer(status, headers, body)
         except Exception:
@@ -126,7 +154,15 @@ class Call:
             observe = self._plane.observe
             if observe is not None:
                 observe(self.store, status, monotonic() - self._admitted)
+            if self.identity is not ANONYMOUS or status == 401:
+                self._by_caller(status)
         self.answer(status, headers, body)
+
+    def _by_caller(self, status: int) -> None:
+        """The answer, by the caller who asked (see the module docstring: by caller)."""
+        caller_answered = self._plane.caller_answered
+        if caller_answered is not None:
+            caller_answered(self.identity.name, self.store, status, monotonic() - self._admitted)
 
     def fail(self, error: BaseException) -> None:
         """Answer with `error`: an ApiError as the API's JSON error; anything else logged with its traceback
@@ -162,7 +198,8 @@ class RoutedDataPlane:
     answers (`observe(store, status, seconds)`, None: untimed), the headers its error answers carry (say
     X-Keyroute-Node) and the most bytes a path parameter may decode to. A service that counts and times
     each answer together may pass `answered(store, kind, status, seconds)` instead, one call per answer,
-    which then stands for both `count` and `observe` of the answers `Call.answer` counts."""
+    which then stands for both `count` and `observe` of the answers `Call.answer` counts. `caller_answered
+    (identity, store, status, seconds)` counts and times named callers' answers too (None: not at all)."""
 
     routes: ClassVar[RouteTable]
 
@@ -175,10 +212,12 @@ class RoutedDataPlane:
         error_headers: Iterable[tuple[bytes, bytes]] = (),
         observe: Observe | None = None,
         answered: Answered | None = None,
+        caller_answered: CallerAnswered | None = None,
     ) -> None:
         self.admission = admission
         self.observe = observe
         self.answered = answered
+        self.caller_answered = caller_answered
         # What each admitted exchange calls when it ends: one bound method for all of them.
         self._release = admission.release
         self.count = count
@@ -237,7 +276,7 @@ class RoutedDataPlane:
                     call.store = store
                     try:
                         if self.callers is not None:
-                            self.callers.admit(call, admitted)
+                            self._identify(call, admitted)
                         work = fast.route.handler(self, call, store, key)
                     except Exception as exc:
                         call.fail(exc)
@@ -259,13 +298,21 @@ class RoutedDataPlane:
         call.store = parameters[0]
         try:
             if self.callers is not None:
-                self.callers.admit(call, admitted)
+                self._identify(call, admitted)
             work = route.handler(self, call, *parameters)
         except Exception as exc:
             call.fail(exc)
             return
         if work is not None:
             self.spawn(call, work)
+
+    def _identify(self, call: Call, admitted: float) -> None:
+        """Access control's check of `call` (`callers`: raises 401 or 403), then its caller's fair share of
+        admission (raises 503 overloaded)."""
+        self.callers.admit(call, admitted)  # type: ignore[union-attr]
+        refusal = call.admit_as(call.identity)
+        if refusal is not None:
+            raise refusal
 
     def spawn(self, call: Call, work: Awaitable[None]) -> None:
         """Run `work` (what a handler returned) in a task that answers `call` if `work` fails."""

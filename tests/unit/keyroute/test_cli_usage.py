@@ -41,3 +41,15 @@ def test_an_unknown_option_is_said_with_the_closest_one(capsys: pytest.CaptureFi
     # Nothing close: no suggestion.
     code, err = _fails(["router", "--zk", "zk:2181", "--port", "1", "--qqqqqqqq"], capsys)
     assert code == 2 and "did you mean" not in err and "unrecognized arguments: --qqqqqqqq" in err
+
+
+def test_the_share_per_caller_is_an_option_and_a_variable_and_not_negative(capsys: pytest.CaptureFixture[str]) -> None:
+    from keyroute.cli import _limits, build_parser
+
+    env = {"KEYROUTE_MAX_CONCURRENT_PER_CALLER": "8"}
+    args = build_parser(env).parse_args(["router", "--zk", "z:1", "--port", "1"])
+    assert _limits(args)["limits"].max_concurrent_per_caller == 8
+    args = build_parser({}).parse_args(["router", "--zk", "z:1", "--port", "1", "--max-concurrent-per-caller", "-1"])
+    with pytest.raises(SystemExit) as exited:  # the process prints it as one line and exits 1
+        _limits(args)
+    assert exited.value.code == "keyroute router: --max-concurrent-per-caller must not be negative"

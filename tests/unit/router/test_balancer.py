@@ -1,4 +1,4 @@
-"""Balancer (power of two choices on in-flight requests), RetryBudget and LatencyQuantile: pure bookkeeping."""
+"""Balancer (least outstanding requests in flight), RetryBudget and LatencyQuantile: pure bookkeeping."""
 
 from __future__ import annotations
 
@@ -60,14 +60,15 @@ def test_of_two_replicas_the_one_with_fewer_requests_in_flight_always_leads() ->
     assert balancer.order((A, B)) == (A, B)
 
 
-def test_power_of_two_choices_prefers_the_less_loaded_replicas() -> None:
-    balancer = Balancer(rng=random.Random(42))
+def test_the_least_loaded_of_any_number_of_replicas_always_leads() -> None:
+    balancer = Balancer(rng=NoRandomness())  # no tie for the lightest nor the next: no draw
     load(balancer, a=5, b=1)  # c idle
     counts = firsts(balancer, (A, B, C), 3000)
-    # `a` loses every pair it is drawn into; `c` wins both of its pairs, `b` only the one with `a`.
-    assert counts["a"] == 0
-    assert 1800 <= counts["c"] <= 2200  # 2/3 of the draws
-    assert 800 <= counts["b"] <= 1200  # 1/3
+    # `a` never leads; `c`, the idlest, always does (with two choices `b` led a third of the reads).
+    assert counts["a"] == 0 and counts["b"] == 0
+    assert counts["c"] == 3000
+    load(balancer, c=3, d=2)
+    assert balancer.order((A, B, C, D)) == (B, D, A, C)
 
 
 def test_equal_load_is_spread_evenly() -> None:
@@ -86,19 +87,28 @@ def test_in_flight_requests_spread_a_burst_over_the_replicas() -> None:
     assert all(90 <= balancer.in_flight[ep.url] <= 110 for ep in (A, B, C)), balancer.in_flight
 
 
-def test_the_runner_up_of_the_two_choices_comes_second_then_the_rest_in_map_order() -> None:
+def test_the_next_lightest_comes_second_then_the_rest_in_map_order() -> None:
     balancer = Balancer(rng=random.Random(5))
     load(balancer, a=9, b=8, c=1, d=2)
     loads = {A: 9, B: 8, C: 1, D: 2}
     seconds: Counter[str] = Counter()
     for _ in range(2000):
         order = balancer.order((A, B, C, D))
-        assert loads[order[0]] < loads[order[1]]  # the drawn pair, lighter first
+        assert loads[order[0]] < loads[order[1]]  # lighter first
         rest = [ep for ep in (A, B, C, D) if ep not in order[:2]]
         assert list(order[2:]) == rest
         seconds[order[1].node_id] += 1
-    # The lightest replica wins every pair it is drawn into, so it is never the runner-up.
-    assert seconds["c"] == 0 and seconds["d"] > 0 and seconds["a"] > 0
+    # The lightest replica leads every read, so it is never the runner-up; the next lightest always is.
+    assert seconds["c"] == 0 and seconds["d"] == 2000 and seconds["a"] == 0
+
+
+def test_ties_for_the_lightest_and_the_next_are_drawn_evenly() -> None:
+    balancer = Balancer(rng=random.Random(13))
+    load(balancer, a=4, b=1, c=1, d=1)
+    orders = Counter(balancer.order((A, B, C, D))[:2] for _ in range(6000))
+    # b, c, d tie: each ordered pair of two of them equally often, `a` never among the first two.
+    assert set(orders) == {(x, y) for x in (B, C, D) for y in (B, C, D) if x is not y}
+    assert all(850 <= n <= 1150 for n in orders.values()), orders
 
 
 def test_in_flight_counts_go_up_and_down_and_idle_nodes_leave_no_entry() -> None:
