@@ -42,6 +42,9 @@ from typing import Any
 
 from keyroute.core.api import ApiError
 from keyroute.core.metrics import UNKNOWN_STORE
+from keyroute.core.ranges import DEFAULT_LIMIT as DEFAULT_PAGE
+from keyroute.core.ranges import MAX_LIMIT as MAX_PAGE
+from keyroute.http.lifespan import StartupError
 from keyroute.http.tls import POLL_S, FilePoller
 
 log = logging.getLogger(__name__)
@@ -314,3 +317,34 @@ class QuotaFile(FilePoller):
             else:
                 log.info("quotas from %s in force: %d identities", self.path, len(self.quotas.config.identities))
         return in_force
+
+
+def quota_file_error(path: str) -> str | None:
+    """Why the quota file at `path` cannot be used (one line), or None."""
+    try:
+        QuotaFile(path, Quotas())
+    except QuotaError as exc:
+        return str(exc)
+    return None
+
+
+def page_cost(raw_query: bytes) -> int:
+    """What a range, history or windows read costs: the page size it asks (`limit`, at most MAX_PAGE),
+    else the default page. A malformed limit costs the default (the read itself is then refused)."""
+    if b"limit=" in raw_query:
+        for part in raw_query.split(b"&"):
+            if part.startswith(b"limit=") and part[6:].isdigit():
+                return max(1, min(int(part[6:]), MAX_PAGE))
+    return DEFAULT_PAGE
+
+
+def start_quotas(path: str, known_store: Callable[[str], bool]) -> tuple[Quotas, QuotaFile | None]:
+    """A router's quotas: those of the quota file at `path` (and what watches it), or none ("" path).
+    Raises StartupError (one line) when the file cannot be used."""
+    quotas = Quotas(known_store=known_store)
+    if not path:
+        return quotas, None
+    try:
+        return quotas, QuotaFile(path, quotas)
+    except QuotaError as exc:
+        raise StartupError(str(exc)) from None
