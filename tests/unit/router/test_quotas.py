@@ -226,3 +226,14 @@ def test_quota_file_that_does_not_load_at_start_is_an_error(tmp_path: Path) -> N
     (tmp_path / "bad.toml").write_text("[identities.a]\nrate = 0\n")
     with pytest.raises(QuotaError, match="positive"):
         QuotaFile(str(tmp_path / "bad.toml"), Quotas())
+
+
+def test_the_documented_quota_file_parses_as_it_says() -> None:
+    import re
+
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "configuration.md").read_text(encoding="utf-8")
+    (block,) = [b for b in re.findall(r"^```toml\n(.*?)^```", doc, re.M | re.S) if "[identities." in b]
+    config = QuotaConfig.parse(block)
+    assert config.of("reporting") is not None and config.of("reporting").rate_of("bookings") == 50
+    assert config.of("reporting").rate_of("trips") == 200
+    assert config.of("someone").rate_of("bookings") == 20
