@@ -274,6 +274,20 @@ def _serving_options(p: _Parser, parser: argparse.ArgumentParser) -> None:
         "NEW,OLD during a rotation (either is accepted); empty: admin endpoints are open",
     )
     p.flag(parser, "--metrics-require-token", help="/metrics also requires the admin token")
+    p.option(
+        parser,
+        "--access-tokens",
+        default="",
+        help="TOML or JSON file of callers' tokens and certificates, each with its stores (re-read when it "
+        "changes); with it (or --jwt-issuer) every read needs a caller allowed its store. Empty: open",
+    )
+    p.option(parser, "--jwt-issuer", default="", help="accept JWTs from this issuer (`iss`) as bearer tokens")
+    p.option(parser, "--jwt-audience", default="", help="the `aud` JWTs must name (empty: not checked)")
+    p.option(parser, "--jwt-jwks-url", default="", help="where the issuer's signing keys (JWKS) are fetched")
+    p.option(parser, "--jwt-jwks-file", default="", help="the issuer's signing keys (JWKS), from a file")
+    p.option(parser, "--jwt-stores-claim", default="keyroute_stores", help="the JWT claim listing its stores")
+    p.option(parser, "--jwt-groups-claim", default="", help="the JWT claim listing its groups (instead of stores)")
+    p.option(parser, "--jwt-groups-file", default="", help="TOML or JSON file: the stores each group may read")
     p.option(parser, "--max-batch-keys", type=int, default=1000, help="keys in one batch-get (413 beyond)")
     p.option(
         parser,
@@ -379,6 +393,18 @@ def _http_settings(args: argparse.Namespace, **kwargs: Any) -> HttpSettings:
     return HttpSettings(host=args.host, port=args.port, admin_port=args.admin_port, tls=tls, **kwargs)
 
 
+_ACCESS_OPTIONS = (
+    "access_tokens",
+    "jwt_issuer",
+    "jwt_audience",
+    "jwt_jwks_url",
+    "jwt_jwks_file",
+    "jwt_stores_claim",
+    "jwt_groups_claim",
+    "jwt_groups_file",
+)
+
+
 def _limits(args: argparse.Namespace) -> dict[str, Any]:
     """The settings fields `_serving_options` fills, for NodeSettings and RouterSettings alike."""
     for name in ("max_batch_keys", "max_key_bytes", "max_body_bytes", "max_header_bytes", "max_concurrent_requests"):
@@ -399,6 +425,7 @@ def _limits(args: argparse.Namespace) -> dict[str, Any]:
             cluster_secret=args.cluster_secret or "",
             admin_token=args.admin_token or "",
             metrics_require_token=args.metrics_require_token,
+            **{name: getattr(args, name) or "" for name in _ACCESS_OPTIONS},
         ),
     }
 

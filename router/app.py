@@ -33,6 +33,7 @@ from keyroute.core.settings import RouterSettings
 from keyroute.core.zk import ZkAccessError, ZkUnavailableError
 from keyroute.http.admin_login import login_routes
 from keyroute.http.admission import RequestGuard
+from keyroute.http.authn import callers_of
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.lifespan import StartupError
 from keyroute.http.tls import member_tls
@@ -98,6 +99,10 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # Who may read what: files that do not load stop the start.
+        members = ClusterAuth(settings.access.cluster_secret, certificates=bool(settings.http.tls.member_ca))
+        app.state.callers = callers_of(settings.access, members, "router", trust_members=False)
+        checks.identify_admins(app.state.callers)
         # Quotas (router/quotas.py): how much each caller may read, from the quota file, watched for changes.
         quotas, quota_file = start_quotas(settings.quota_file, lambda store: proxy.table.has_store(store))
         source = map_source if map_source is not None else ZooKeeperMapSource(settings.zk)

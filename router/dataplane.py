@@ -58,7 +58,13 @@ class RouterDataPlane(RoutedDataPlane):
     @classmethod
     def factory(cls, max_key_bytes: int) -> Callable[[Any], RouterDataPlane]:
         """What `HttpServer(data_plane=...)` calls with the router app's state once its lifespan started."""
-        return lambda state: cls(state.proxy, state.admission, max_key_bytes, getattr(state, "quotas", None))
+
+        def plane(state: Any) -> RouterDataPlane:
+            made = cls(state.proxy, state.admission, max_key_bytes, getattr(state, "quotas", None))
+            made.callers = getattr(state, "callers", None)
+            return made
+
+        return plane
 
     def _admit(self, call: Call, store: str, cost: int) -> None:
         """The quota check of every read, before it is proxied: raises QuotaExceeded (429) past the caller's

@@ -465,7 +465,10 @@ class RoutingTables:
                 if name not in names:
                     del self._parts[name]
 
-    def document(self, m: PartitionMap, names: list[str], since: int | None) -> bytes:
+    def document(
+        self, m: PartitionMap, names: list[str], since: int | None, visible: frozenset[str] | None = None
+    ) -> bytes:
+        """The routing view of the stores `names` (of those, in `store_names`, `visible` only: None, all)."""
         parts = [(name, self.store_part(m, name)) for name in names]
         with self._lock:
             # No store part: no index to resolve (an answer to ?since=G when nothing routes differently).
@@ -475,7 +478,7 @@ class RoutingTables:
             "generation": m.generation,
             "assignment_generation": m.assignment.generation,
             "stale": m.stale,
-            "store_names": sorted(m.stores),
+            "store_names": sorted(m.stores if visible is None else visible.intersection(m.stores)),
         }
         if since is not None:
             head["since"] = since
@@ -769,8 +772,20 @@ async def routing(request: Request) -> Response:
     since = _int(request, "since", 0)
     wanted = request.query_params.getlist("store")
     m = _map_of(request)
+    callers = getattr(request.app.state, "callers", None)
+    visible = None if callers is None else callers.of_headers(request.scope["headers"]).stores
     views = await views_of.of(m)
     headers = views_of.headers(views)
+    if visible is not None:
+        # A caller allowed some stores only: the stores it may read, never from the shared cache.
+        names = sorted(name for name in (wanted or m.stores) if name in m.stores and name in visible)
+        since_changed = None if since is None else views_of.changed_since(since)
+        if since_changed is not None:
+            names = [name for name in names if name in since_changed]
+        document = views_of.routing.document
+        body = await run_in_threadpool(document, m, names, since if since_changed is not None else None, visible)
+        own = {name: value for name, value in headers.items() if name != "etag"}
+        return Response(body, media_type="application/json", headers={**own, "cache-control": "no-store"})
     if wanted:
         names = sorted({name for name in wanted if name in m.stores})
         body = await run_in_threadpool(views_of.routing.document, m, names, None)

@@ -36,6 +36,7 @@ from keyroute.core.security import BearerAuth, ClusterAuth
 from keyroute.core.settings import NodeSettings
 from keyroute.http.admin_login import login_routes
 from keyroute.http.admission import Admission, RequestGuard
+from keyroute.http.authn import callers_of
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.lifespan import StartupError
 from keyroute.http.tls import member_tls
@@ -133,6 +134,10 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # Who may read what, decided before joining the cluster: files that do not load stop the start.
+        members = ClusterAuth(settings.access.cluster_secret, certificates=bool(settings.http.tls.member_ca))
+        callers = app.state.callers = callers_of(settings.access, members, f"node {node_id}", trust_members=True)
+        metrics.admission.identify_admins(callers)
         async with _running_node(settings, drop_grace_s, max_parallel_loads, metrics) as node:
             app.state.node = node
             yield

@@ -79,7 +79,9 @@ class NodeDataPlane(RoutedDataPlane):
     def from_state(cls, state: Any) -> NodeDataPlane:
         """What `HttpServer(data_plane=...)` calls once the app's lifespan has started: the data plane of the
         node and admission checks on the node app's `state` (keyroute.state_node.app.create_app)."""
-        return cls(state.node, state.admission)
+        plane = cls(state.node, state.admission)
+        plane.callers = getattr(state, "callers", None)
+        return plane
 
     def _forwarded(self, call: Call) -> bool:
         request = call.request

@@ -11,6 +11,7 @@
      ├── PayloadTooLarge           413 too_many_keys
      ├── BodyTooLarge              413 body_too_large
      ├── Unauthorized              401 unauthorized, with WWW-Authenticate: Bearer
+     ├── Forbidden                 403 forbidden (the caller may not read the store it names)
      ├── HeadersTooLarge           431 headers_too_large
      └── RetryLater                503, with Retry-After
           ├── Overloaded           503 overloaded
@@ -163,6 +164,9 @@ class Unauthorized(ApiError, status=401, code="unauthorized"):
     def __init__(self, message: str, invalid_token: bool = False) -> None:
         challenge = 'Bearer error="invalid_token"' if invalid_token else "Bearer"
         super().__init__(message, {"WWW-Authenticate": challenge})
+
+
+class Forbidden(ApiError, status=403, code="forbidden"): ...
 
 
 class HeadersTooLarge(ApiError, status=431, code="headers_too_large"): ...

@@ -168,11 +168,21 @@ class RequestLimits:
 
 @dataclass(frozen=True, slots=True)
 class AccessSettings:
-    """Secrets (never shown in a repr): the cluster secret members prove themselves with, the admin token."""
+    """Secrets (never shown in a repr): the cluster secret members prove themselves with, the admin token;
+    and where callers' identities come from (a token file, a JWT issuer)."""
 
     cluster_secret: str = field(default="", repr=False)
     admin_token: str = field(default="", repr=False)
     metrics_require_token: bool = False
+    # Who callers are (keyroute.core.authn); none given: every caller may read every store.
+    access_tokens: str = ""  # a TOML or JSON token file, re-read when it changes
+    jwt_issuer: str = ""
+    jwt_audience: str = ""
+    jwt_jwks_url: str = ""
+    jwt_jwks_file: str = ""
+    jwt_stores_claim: str = "keyroute_stores"
+    jwt_groups_claim: str = ""
+    jwt_groups_file: str = ""
 
 
 @dataclass(frozen=True, slots=True)

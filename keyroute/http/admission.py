@@ -18,8 +18,10 @@ from keyroute.core.api import (
     ApiError,
     BodyTimeout,
     BodyTooLarge,
+    Forbidden,
     HeadersTooLarge,
     Overloaded,
+    Unauthorized,
     error_headers,
     error_json,
 )
@@ -66,7 +68,9 @@ class Admission:
         self.max_concurrent_requests = max_concurrent_requests
         self.max_header_bytes = max_header_bytes
         self.admin = admin if admin is not None else BearerAuth()
-        self.protected = tuple(protected) if self.admin.enabled else ()
+        self._protected = tuple(protected)
+        self.protected = self._protected if self.admin.enabled else ()
+        self.callers: Any = None  # keyroute.http.authn.Callers, once access control is on (`identify_admins`)
         self.retry_after_s = retry_after_s
         self.active = 0
         # Refusals by reason (REFUSAL_REASONS), for metrics: by these checks...
@@ -92,12 +96,34 @@ class Admission:
             return LogIn()
         return self.admit_head(path, target_bytes, headers)
 
+    def identify_admins(self, callers: Any) -> None:
+        """With access control on (`callers`: keyroute.http.authn.Callers), /admin is also open to a caller
+        whose identity has `admin`, and closed to everyone else even without an admin token."""
+        self.callers = callers
+        if callers is not None:
+            self.protected = self._protected
+
     def _signed_in(self, headers: Iterable[tuple[bytes, bytes]]) -> bool:
         try:
-            self.admin.check(first_header(headers, _AUTHORIZATION), first_header(headers, _COOKIE))
+            self._check_admin(headers)
         except ApiError:
             return False
         return True
+
+    def _check_admin(self, headers: Iterable[tuple[bytes, bytes]]) -> None:
+        """Raises Unauthorized (or Forbidden: a caller without `admin`) unless the request carries the admin
+        token, its login's cookie, or (with access control) an admin caller's credentials."""
+        authorization = first_header(headers, _AUTHORIZATION)
+        try:
+            if not self.admin.enabled:
+                raise Unauthorized("credentials required: Authorization: Bearer TOKEN")
+            self.admin.check(authorization, first_header(headers, _COOKIE))
+        except ApiError:
+            if self.callers is None:
+                raise
+            identity = self.callers.authenticator.identify(authorization)
+            if not identity.admin:
+                raise Forbidden(f"{identity.name!r} may not use /admin") from None
 
     def admit_head(self, path: str, target_bytes: int, headers: Iterable[tuple[bytes, bytes]]) -> ApiError | None:
         """`admit` for a request known by its decoded `path`, the length of its target (raw path and query
@@ -117,7 +143,7 @@ class Admission:
                 if size > limit:
                     check_head_bytes(target_bytes, headers, limit)
             if self.protected and path.startswith(self.protected) and path not in OPEN_ADMIN_PATHS:
-                self.admin.check(first_header(headers, _AUTHORIZATION), first_header(headers, _COOKIE))
+                self._check_admin(headers)
         except HeadersTooLarge as exc:
             self.headers_too_large += 1
             return exc

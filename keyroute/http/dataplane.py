@@ -9,7 +9,9 @@ handlers' tasks, written once. A service declares its routes and handlers; every
     2. routing (`keyroute.http.routing.RouteTable`): 404 not_found, or 405 method_not_allowed with `Allow`
     3. path parameters decoded by one rule (`keyroute.core.api.path_parameter`): 400 or 414 when they do not
        decode
-    4. `handler(plane, call, *parameters)`: it answers the `Call`, now or later from a callback, or returns
+    4. with access control on (`callers`, keyroute.http.authn.Callers): the caller identified and allowed
+       the store, else 401 unauthorized or 403 forbidden; `Call.identity` is whom the handler reads for
+    5. `handler(plane, call, *parameters)`: it answers the `Call`, now or later from a callback, or returns
        an awaitable, which runs in a task of its own (the request's id bound to its log lines)
 
 Contract, for every request admitted:
@@ -44,7 +46,9 @@ from keyroute.core.metrics import KIND_BATCH, KIND_KEY, KIND_TIMELINE
 from keyroute.http.routing import MethodNotAllowed, Route, RouteTable
 
 if TYPE_CHECKING:
+    from keyroute.core.access import Identity
     from keyroute.http.admission import Admission
+    from keyroute.http.authn import Callers
     from keyroute.http.exchange import Exchange, Request
 
 __all__ = ["JSON", "NOT_A_KEY_PATH", "Call", "MethodNotAllowed", "RoutedDataPlane", "Route", "RouteTable"]
@@ -63,11 +67,12 @@ class Call:
     Request: method, raw path and query, headers, body, request_id), the `store` it is counted under, and
     one way to answer it (`answer`, `answer_counted`, `fail`): counted, errors mapped to the API's JSON."""
 
-    __slots__ = ("request", "store", "_exchange", "_plane", "_kind", "_open", "_admitted")
+    __slots__ = ("request", "store", "identity", "_exchange", "_plane", "_kind", "_open", "_admitted")
 
     def __init__(self, plane: RoutedDataPlane, exchange: Exchange, kind: str | None, admitted: float = 0.0) -> None:
         self.request: Request = exchange.request
         self.store = ""  # until the route's first parameter, the store, is decoded
+        self.identity: Identity | None = None  # who asks (keyroute.core.access.caller_of): set before the handler
         self._exchange = exchange
         self._plane = plane
         self._kind = kind
@@ -185,6 +190,8 @@ class RoutedDataPlane:
         # protected one, as no percent-decoding of a path that starts with it can be.
         self._admitted_path = self._prefix.decode("ascii")
         self._fast = self.routes.fast_route()
+        # Who may read which store (keyroute.http.authn): None, without access control, checks nothing.
+        self.callers: Callers | None = None
 
     def accepts(self, method: str, path: bytes) -> bool:
         return path.startswith(self._prefix)
@@ -229,6 +236,8 @@ class RoutedDataPlane:
                     call = Call(self, exchange, fast.route.kind, admitted)
                     call.store = store
                     try:
+                        if self.callers is not None:
+                            self.callers.admit(call, admitted)
                         work = fast.route.handler(self, call, store, key)
                     except Exception as exc:
                         call.fail(exc)
@@ -249,6 +258,8 @@ class RoutedDataPlane:
             return
         call.store = parameters[0]
         try:
+            if self.callers is not None:
+                self.callers.admit(call, admitted)
             work = route.handler(self, call, *parameters)
         except Exception as exc:
             call.fail(exc)

@@ -67,11 +67,12 @@ class SmallCluster:
 
     def placement(self) -> dict[int, tuple[list[str], list[str]]]:
         """partition -> (node ids serving it, node ids assigned it), from the router's view."""
+        options = {name: value for name, value in self.http_options.items() if name != "headers"}
         view = httpx.get(
             self.router_admin_url + "/admin/partition-map?detail=all",
-            headers={"authorization": f"Bearer {ADMIN_TOKEN}"},
+            headers={**self.http_options.get("headers", {}), "authorization": f"Bearer {ADMIN_TOKEN}"},
             timeout=10,
-            **self.http_options,
+            **options,
         ).json()
         entries = view["stores"][STORE]["partition_map"]
         return {

@@ -1,0 +1,180 @@
+"""Who is asking, for a data-plane call or an app request: the caller's credentials (Authorization, a client
+certificate, or, on a node, the caller a member passes on) checked by a `keyroute.core.authn.Authenticator`
+and the store's permission checked once, in `Callers.admit` (called by keyroute.http.dataplane before any
+handler runs).
+
+    a request from a member      (nodes only: the cluster token, or a member certificate, proves it) the
+                                 member checked its caller: trusted, under the name it passes on in
+                                 X-Keyroute-Caller
+    Authorization: Bearer ...    a token of the token file, or a JWT
+    a client certificate         (routers with --tls-client-ca) its SAN or subject CN, mapped by the token
+                                 file's `certificate` entries
+
+401 `unauthorized` (WWW-Authenticate: Bearer) without credentials or with bad ones; 403 `forbidden` naming the
+store the caller may not read. Without access control there is no `Callers` at all: nothing is checked.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import httpx
+
+from keyroute.core.access import Identity
+from keyroute.core.api import Forbidden, Unauthorized
+from keyroute.core.authn import (
+    DEFAULT_STORES_CLAIM,
+    Authenticator,
+    AuthnError,
+    JwtPolicy,
+    JwtVerifier,
+    TokenFile,
+    parse_groups,
+    read_document,
+)
+from keyroute.core.security import ClusterAuth
+from keyroute.core.settings import AccessSettings
+from keyroute.http.lifespan import StartupError
+from keyroute.http.tls import peer_role
+
+log = logging.getLogger(__name__)
+
+HEADER_CALLER = "x-keyroute-caller"
+_CALLER = HEADER_CALLER.encode("ascii")
+_AUTHORIZATION = b"authorization"
+_MEMBER_AUTH = b"x-keyroute-auth"
+# A member's request that names no caller.
+MEMBER = Identity("member")
+JWKS_TIMEOUT_S = 2.0
+
+
+class Callers:
+    """The access check of a router or node: `authenticator` for its callers; on a node, `members` (whose
+    requests are trusted: they checked their callers)."""
+
+    def __init__(self, authenticator: Authenticator, members: ClusterAuth | None = None) -> None:
+        self.authenticator = authenticator
+        self.members = members if members is not None and members.enabled else None
+        self._certificates = authenticator.tokens is not None
+
+    def admit(self, call: Any, now: float) -> None:
+        """Set `call.identity` to its caller's, who may read `call.store`: else raises Unauthorized or
+        Forbidden. `now` (monotonic) is when to look at the token file again."""
+        authenticator = self.authenticator
+        authenticator.poll(now)
+        request = call.request
+        members = self.members
+        if members is not None and members.is_member(
+            request.header(_MEMBER_AUTH), peer_role(_transport(call)) if members.certificates else None
+        ):
+            named = request.header(_CALLER)
+            call.identity = MEMBER if not named else Identity(named.decode("latin-1")[:200])
+            return
+        authorization = request.header(_AUTHORIZATION)
+        identity = None
+        if authorization is None and self._certificates:
+            identity = authenticator.certificate(certificate_names(_transport(call)))
+        if identity is None:
+            identity = authenticator.identify(authorization)
+        if not identity.may_read(call.store):
+            raise Forbidden(f"{identity.name!r} may not read store {call.store!r}")
+        call.identity = identity
+
+    def of_headers(self, headers: Iterable[tuple[bytes, bytes]]) -> Identity:
+        """The caller of an app request (say, /routing), by its Authorization header. Unauthorized if none."""
+        authorization = None
+        for name, value in headers:
+            if name == _AUTHORIZATION:
+                authorization = bytes(value)
+                break
+        return self.authenticator.identify(authorization)
+
+
+def _transport(call: Any) -> Any:
+    """The transport (a TLS one: its peer's certificate) a data-plane call came on."""
+    return call._exchange._conn._transport
+
+
+def certificate_names(transport: Any) -> tuple[str, ...]:
+    """The names a TLS client certificate presented on `transport` goes by: its subject alternative names
+    (DNS, URI, email), then its subject CN. Parsed once per connection; () without a certificate."""
+    if transport is None:
+        return ()
+    ssl_object = transport.get_extra_info("ssl_object")
+    if ssl_object is None:
+        return ()
+    names = getattr(ssl_object, "_keyroute_names", None)
+    if names is None:
+        certificate = ssl_object.getpeercert() or {}
+        found = [value for kind, value in certificate.get("subjectAltName", ()) if kind in ("DNS", "URI", "email")]
+        for rdn in certificate.get("subject", ()):
+            found += [value for key, value in rdn if key == "commonName"]
+        names = ssl_object._keyroute_names = tuple(found)
+    return names
+
+
+def callers_of(access: AccessSettings, members: ClusterAuth, name: str, trust_members: bool) -> Callers | None:
+    """The access check `access` configures (None: none, every caller may read every store), said in one log
+    line by the process `name` (a node: `trust_members`, whose requests `members` tells). StartupError (one
+    line) for files that do not load, or without a way for members to prove themselves to nodes."""
+    if not access.access_tokens and not access.jwt_issuer:
+        log.info(
+            "%s: access control is off: every caller may read every store (no --access-tokens, --jwt-issuer)", name
+        )
+        return None
+    if not members.enabled:
+        raise StartupError(
+            "access control needs --cluster-secret or --member-ca: nodes trust the callers routers and other "
+            "nodes pass on only from members that prove themselves"
+        )
+    try:
+        tokens = TokenFile(access.access_tokens) if access.access_tokens else None
+        jwt = _jwt(access) if access.jwt_issuer else None
+    except AuthnError as exc:
+        raise StartupError(str(exc)) from None
+    authenticator = Authenticator(tokens, jwt)
+    log.info("%s: access control is on: callers identified by %s", name, authenticator.describe())
+    return Callers(authenticator, members if trust_members else None)
+
+
+def _jwt(access: AccessSettings) -> JwtVerifier:
+    if bool(access.jwt_jwks_url) == bool(access.jwt_jwks_file):
+        raise AuthnError("--jwt-issuer needs one of --jwt-jwks-url or --jwt-jwks-file")
+    if access.jwt_jwks_url:
+        url = access.jwt_jwks_url
+
+        def load_keys() -> bytes:
+            try:
+                answer = httpx.get(url, timeout=JWKS_TIMEOUT_S, follow_redirects=False)
+                answer.raise_for_status()
+            except httpx.HTTPError as exc:
+                raise AuthnError(f"the JWKS at {url} could not be fetched: {exc}") from None
+            return answer.content
+    else:
+        path = access.jwt_jwks_file
+
+        def load_keys() -> bytes:
+            try:
+                with open(path, "rb") as f:
+                    return f.read()
+            except OSError as exc:
+                raise AuthnError(f"cannot read the JWKS file {path}: {exc.strerror or exc}") from None
+
+    groups = None
+    if access.jwt_groups_claim:
+        if not access.jwt_groups_file:
+            raise AuthnError("--jwt-groups-claim needs --jwt-groups-file (which stores each group may read)")
+        groups = parse_groups(read_document(access.jwt_groups_file, "group mapping"), access.jwt_groups_file)
+    policy = JwtPolicy(
+        access.jwt_issuer,
+        access.jwt_audience,
+        stores_claim=access.jwt_stores_claim or DEFAULT_STORES_CLAIM,
+        groups_claim=access.jwt_groups_claim,
+        groups=groups or {},
+    )
+    return JwtVerifier(policy, load_keys)
+
+
+__all__ = ["HEADER_CALLER", "MEMBER", "Callers", "Unauthorized", "callers_of", "certificate_names"]
