@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from keyroute.core.settings import ZkSettings
-from tests.integration.small_cluster import ROWS, STORE, key_path, small_cluster
+from tests.integration.small_cluster import ADMIN_TOKEN, ROWS, SECRET, STORE, key_path, small_cluster
 from tests.util import Proc, free_port, wait_for
 
 pytestmark = pytest.mark.integration
@@ -127,3 +127,44 @@ def test_a_quota_file_that_does_not_load_stops_the_router_in_one_line(tmp_path: 
         assert "identities.anonymous.rate must be a positive number" in out and "Traceback" not in out
     finally:
         router.stop()
+
+
+def test_quotas_follow_the_token_a_caller_reads_with(tmp_path: Path, zk_settings: ZkSettings) -> None:
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(
+        f'[[tokens]]\nname = "ops"\ntoken = "{ADMIN_TOKEN}"\nstores = "*"\nadmin = true\n'
+        '[[tokens]]\nname = "batch-job"\ntoken = "job-t0ken"\nstores = "*"\n'
+        '[[tokens]]\nname = "web"\ntoken = "web-t0ken"\nstores = "*"\n',
+        encoding="utf-8",
+    )
+    quota_file = tmp_path / "quotas.toml"
+    quota_file.write_text("[identities.batch-job]\nrate = 0.02\nburst_s = 1000\n[identities.web]\nrate = 1000\n")
+    args = ["--access-tokens", str(tokens), "--cluster-secret", SECRET]
+    ops = {"headers": {"authorization": f"Bearer {ADMIN_TOKEN}"}}
+    with (
+        small_cluster(
+            tmp_path, zk_settings, extra_args=args, router_args=["--quota-file", str(quota_file)], http_options=ops
+        ) as c,
+        httpx.Client(timeout=10, trust_env=False) as http,
+    ):
+        job = {"authorization": "Bearer job-t0ken"}
+        web = {"authorization": "Bearer web-t0ken"}
+        admitted = 0
+        for n in range(25):
+            answer = http.get(c.router_url + key_path(KEYS[n % len(KEYS)]), headers=job)
+            if answer.status_code == 429:
+                break
+            assert answer.status_code == 200, answer.text
+            admitted += 1
+        assert admitted == 20
+        assert "'batch-job'" in answer.json()["message"] and answer.headers["retry-after"]
+        # The other caller, through the same router, is not held back.
+        for key in KEYS:
+            assert http.get(c.router_url + key_path(key), headers=web).status_code == 200
+        exposition = http.get(c.router_url + "/metrics", **ops).text
+        assert re.search(
+            rf'^keyroute_router_quota_rejections_total{{identity="batch-job",store="{STORE}"}} 1\.0$', exposition, re.M
+        )
+        assert re.search(
+            rf'^keyroute_router_quota_reads_total{{identity="web",store="{STORE}"}} {len(KEYS)}\.0$', exposition, re.M
+        )
