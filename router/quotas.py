@@ -206,9 +206,12 @@ class Quotas:
             self._reset()
 
     def _reset(self) -> None:
+        # A new dict of retired counts, never one changed in place: `counts` may read it from another thread.
+        retired = _copy(self._retired)
         for bucket in self._buckets.values():
             if bucket is not None:
-                _add(self._retired, bucket)
+                _add(retired, bucket)
+        self._retired = retired
         self._buckets = {}
 
     def admit(self, identity: str, store: str, cost: int = 1) -> None:
@@ -241,7 +244,7 @@ class Quotas:
 
     def counts(self) -> dict[str, dict[str, list[int]]]:
         """{identity label: {store label: [reads admitted, reads refused]}} since start."""
-        out = {identity: {store: list(n) for store, n in stores.items()} for identity, stores in self._retired.items()}
+        out = _copy(self._retired)
         for bucket in list(self._buckets.values()):
             if bucket is not None:
                 _add(out, bucket)
@@ -277,6 +280,10 @@ class Quotas:
 
 
 _MISSING: Any = object()
+
+
+def _copy(counts: dict[str, dict[str, list[int]]]) -> dict[str, dict[str, list[int]]]:
+    return {identity: {store: list(n) for store, n in stores.items()} for identity, stores in counts.items()}
 
 
 def _add(out: dict[str, dict[str, list[int]]], bucket: Bucket) -> None:
