@@ -612,6 +612,13 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         default=1,
         help="router processes sharing the port, each with its own map watcher (about one per spare core)",
     )
+    p.option(
+        router,
+        "--quota-file",
+        default="",
+        help="TOML file of read quotas per identity and store (reads/s, split among the routers up), "
+        "re-read when it changes; none: no quotas",
+    )
 
     store = sub.add_parser("store", help="list published stores, roll a store back to a retained version, delete one")
     store_sub = store.add_subparsers(dest="store_command", required=True, metavar="ACTION")
@@ -1239,6 +1246,7 @@ def cmd_node(args: argparse.Namespace) -> int:
 
 
 def cmd_router(args: argparse.Namespace) -> int:
+    from keyroute.router.quotas import quota_file_error
     from keyroute.router.service import run
 
     settings = RouterSettings(
@@ -1250,7 +1258,11 @@ def cmd_router(args: argparse.Namespace) -> int:
         hedge_after_ms=args.hedge_after_ms,
         retry_budget_percent=args.retry_budget_percent,
         workers=args.workers,
+        quota_file=args.quota_file,
     )
+    if settings.quota_file and (refused := quota_file_error(settings.quota_file)) is not None:
+        print(f"keyroute router: {refused}", file=sys.stderr)
+        return 1
     # Worker processes start afresh and set up their logging as this process did.
     return run(
         settings,

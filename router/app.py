@@ -43,6 +43,8 @@ from keyroute.router.limits import admission
 from keyroute.router.map_source import MapSource, ZooKeeperMapSource
 from keyroute.router.openapi import OPENAPI_JSON
 from keyroute.router.proxy import HedgeSettings, Proxy, ProxySettings
+from keyroute.router.quotas import start_quotas
+from keyroute.router.registry import RouterRegistry, register_when_connected
 from keyroute.router.routing_table import RoutingTable
 
 log = logging.getLogger(__name__)
@@ -101,6 +103,8 @@ def create_app(
         members = ClusterAuth(settings.access.cluster_secret, certificates=bool(settings.http.tls.member_ca))
         app.state.callers = callers_of(settings.access, members, "router", trust_members=False)
         checks.identify_admins(app.state.callers)
+        # Quotas (router/quotas.py): how much each caller may read, from the quota file, watched for changes.
+        quotas, quota_file = start_quotas(settings.quota_file, lambda store: proxy.table.has_store(store))
         source = map_source if map_source is not None else ZooKeeperMapSource(settings.zk)
         # The data path uses our own keep-alive pool (benchmarks/RESULTS.md, "Router": httpx costs ~20x
         # more CPU per proxied read), made here: it belongs to the event loop that runs the lifespan.
@@ -121,6 +125,7 @@ def create_app(
         )
         proxy.metrics.admission = checks
         app.state.proxy = proxy
+        app.state.quotas = proxy.metrics.quotas = quotas
         # A source without a ZooKeeper session (tests) has no live status to show.
         app.state.live_status = LiveStatusReader(lambda: getattr(source, "client", None))
         app.state.map_source = source
@@ -145,6 +150,11 @@ def create_app(
         # listens anyway, answering 503 (and not ready) until a map arrives.
         connecting = asyncio.create_task(_connect(source, on_map, settings))
         waiting = asyncio.create_task(first_map.wait())
+        # Routers up (router/registry.py): each enforces its share of the quotas; the partition map lists them.
+        registry = app.state.router_registry = RouterRegistry(settings.http.url, _on_loop(loop, quotas.set_routers))
+        registering = asyncio.create_task(
+            register_when_connected(connecting, lambda: getattr(source, "client", None), registry)
+        )
         try:
             await asyncio.wait((connecting, waiting), timeout=first_map_wait_s, return_when=asyncio.FIRST_EXCEPTION)
             if connecting.done() and connecting.exception() is not None:
@@ -156,9 +166,15 @@ def create_app(
             await _stop(connecting, waiting, source)
             await wire.aclose()
             raise
+        if quota_file is not None:
+            quota_file.watch(loop)
         try:
             yield
         finally:
+            if quota_file is not None:
+                quota_file.close()
+            registering.cancel()
+            await run_in_threadpool(registry.stop)
             try:
                 await _stop(connecting, waiting, source)
             finally:
@@ -199,6 +215,9 @@ def create_app(
             }
         )
 
+    async def quotas_table(request: Request) -> Response:
+        return _json_bytes(request.app.state.quotas.table())
+
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
@@ -234,6 +253,7 @@ def create_app(
             Route(map_views.PARTITION_MAP_PATH, map_views.partition_map, methods=["GET"]),
             Route(map_views.ROUTING_PATH, map_views.routing, methods=["GET"]),
             Route("/admin/route", route, methods=["GET"]),
+            Route("/admin/quotas", quotas_table, methods=["GET"]),
             Route(ui.PATH, partition_map_page, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
@@ -252,6 +272,16 @@ def create_app(
     )
     app.state.admission = checks
     return app
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop, call: Callable[[int], None]) -> Callable[[int], None]:
+    """`call`, made on `loop` from another thread (nothing once the loop has closed)."""
+
+    def soon(value: int) -> None:
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(call, value)
+
+    return soon
 
 
 def _proxy(request: Request) -> Proxy:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from keyroute.core.access import caller_of
 from keyroute.core.api import min_offset_query
 from keyroute.core.avro_answers import answer_type, avro_answer, avro_headers, encode_answer, schema_answer
 from keyroute.core.metrics import KIND_BATCH, KIND_RANGE
@@ -29,6 +30,7 @@ from keyroute.http.admission import Admission
 from keyroute.http.dataplane import JSON, Call, Route, RoutedDataPlane, store_routes
 from keyroute.http.forwarding import encode_entry, parse_batch_request
 from keyroute.router.proxy import Proxy
+from keyroute.router.quotas import Quotas, page_cost
 from keyroute.router.ranges import read_range
 
 _ACCEPT = b"accept"
@@ -39,7 +41,9 @@ class RouterDataPlane(RoutedDataPlane):
     checks the router app's lifespan and `create_app` put on the app's state: the same counters as the
     app's own `RequestGuard`."""
 
-    def __init__(self, proxy: Proxy, admission: Admission, max_key_bytes: int = 0) -> None:
+    def __init__(
+        self, proxy: Proxy, admission: Admission, max_key_bytes: int = 0, quotas: Quotas | None = None
+    ) -> None:
         metrics = proxy.metrics
         super().__init__(
             admission,
@@ -50,21 +54,29 @@ class RouterDataPlane(RoutedDataPlane):
             caller_answered=metrics.caller_answered,
         )
         self.proxy = proxy
+        self.quotas = quotas if quotas is not None else Quotas()
 
     @classmethod
     def factory(cls, max_key_bytes: int) -> Callable[[Any], RouterDataPlane]:
         """What `HttpServer(data_plane=...)` calls with the router app's state once its lifespan started."""
 
         def plane(state: Any) -> RouterDataPlane:
-            made = cls(state.proxy, state.admission, max_key_bytes)
+            made = cls(state.proxy, state.admission, max_key_bytes, getattr(state, "quotas", None))
             made.callers = getattr(state, "callers", None)
             return made
 
         return plane
 
+    def _admit(self, call: Call, store: str, cost: int) -> None:
+        """The quota check of every read, before it is proxied: raises QuotaExceeded (429) past the caller's
+        quota of `store`. Only called while quotas are configured (`Quotas.active`)."""
+        self.quotas.admit(caller_of(call).name, store, cost)
+
     # -- one key, and a key's timeline ------------------------------------------------------------------
 
     def _read_key(self, call: Call, store: str, key: str) -> None:
+        if self.quotas.active:
+            self._admit(call, store, 1)
         request = call.request
         media = answer_type(request.header(_ACCEPT), store)
         settle = call.settle if media is None else _avro_settle(call, media)
@@ -81,6 +93,8 @@ class RouterDataPlane(RoutedDataPlane):
         request = call.request
         media = answer_type(request.header(_ACCEPT), store)
         settle = call.settle if media is None else _avro_settle(call, media)
+        if self.quotas.active:
+            self._admit(call, store, page_cost(request.query))
         tail = "/" + read + ("?" + request.query.decode("latin-1") if request.query else "")
         self.proxy.read(store, key, request.request_id, settle, tail=tail)
 
@@ -94,6 +108,8 @@ class RouterDataPlane(RoutedDataPlane):
 
     async def _read_range(self, call: Call, store: str) -> None:
         request = call.request
+        if self.quotas.active:
+            self._admit(call, store, page_cost(request.query))
         call.answer(200, list(JSON), await read_range(self.proxy, store, request.query, request.request_id))
 
     async def _batch_get(self, call: Call, store: str) -> None:
@@ -101,6 +117,8 @@ class RouterDataPlane(RoutedDataPlane):
         media = answer_type(request.header(_ACCEPT), store)
         proxy = self.proxy
         parsed = parse_batch_request(request.body, 0)  # the proxy checks (and counts) the number of keys
+        if self.quotas.active:
+            self._admit(call, store, len(parsed.keys))
         results = await proxy.batch_get(store, parsed.keys, request.request_id, parsed.bounds)
         proxy.metrics.count_results(store, KIND_BATCH, results)
         if media is None:

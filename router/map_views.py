@@ -717,23 +717,38 @@ async def partition_map(request: Request) -> Response:
     views = await _current_after_wait(request, views_of)
     headers = views_of.headers(views)
     empty = cluster_state(request)
-    if _matches(request, views.etag) and not empty:
+    routers = _routers(request, headers)
+    if _matches(request, headers["etag"]) and not empty:
         return Response(status_code=304, headers=headers)
     if query == "all":
-        body = await run_in_threadpool(views.full)
+        body = routers(await run_in_threadpool(views.full))
         if empty:  # an empty cluster's map is a few bytes: said in the body as /readyz says it
             body = json.dumps({**json.loads(body), **empty}, separators=(",", ":")).encode()
         return StreamingResponse(
             _chunks(body), media_type="application/json", headers={**headers, "content-length": str(len(body))}
         )
     if query is None:
-        body = views.ready("summary") or await run_in_threadpool(views.summary)
+        body = routers(views.ready("summary") or await run_in_threadpool(views.summary))
         if empty:
             body = json.dumps({**json.loads(body), **empty}, separators=(",", ":")).encode()
     else:
         assert isinstance(query, DetailQuery)
         body = views.kept_detail(query) or await run_in_threadpool(views.detail, query)
     return Response(body, media_type="application/json", headers=headers)
+
+
+def _routers(request: Request, headers: dict[str, str]) -> Callable[[bytes], bytes]:
+    """What adds the routers up (router/registry.py) to a summary or whole document, `"routers": [{"id",
+    "url"}]`; their version goes into the ETag in `headers`. Nothing while none is known (a router not
+    registered, a source without ZooKeeper in tests)."""
+    registry = getattr(request.app.state, "router_registry", None)
+    if registry is None or not registry.version:
+        return lambda body: body
+    routers, version = registry.routers, registry.version
+    etag = headers["etag"]
+    headers["etag"] = f'{etag[:-1]}.r{version}"' if etag.endswith('"') else f"{etag}.r{version}"
+    listed = b',"routers":' + _dumps(routers) + b"}"
+    return lambda body: body[:-1] + listed if body.endswith(b"}") else body
 
 
 def cluster_state(request: Request) -> dict[str, str]:

@@ -41,6 +41,14 @@ _GUARD = {
         retry_after=True,
     ),
 }
+# A read past its caller's quota (keyroute.router.quotas).
+_QUOTA = {
+    "429": _error(
+        "`quota_exceeded`: the caller is over its quota of reads/s on this store (the message names the identity "
+        "and the store): retry after `Retry-After` seconds",
+        retry_after=True,
+    )
+}
 _INTERNAL = {"500": _error("`internal_error`: an unexpected failure (details are only in the log)")}
 _ADMIN = {
     "401": _error("`unauthorized`: an admin token is configured and was not presented", challenge=True),
@@ -162,6 +170,7 @@ def _timeline_read(operation: str, summary: str, schema: str, what: str, kind: s
                 "410": _error("`cursor_expired`: the cursor continues a version of the store no longer served"),
                 "414": _error("`key_too_long`: the key is longer than `max_key_bytes`"),
                 **_NOT_ALLOWED,
+                **_QUOTA,
                 **_GUARD,
                 "503": _error(
                     "`overloaded`, `partition_unavailable` or `not_up_to_bound`: retry after `Retry-After` seconds",
@@ -250,6 +259,7 @@ OPENAPI: dict[str, Any] = {
                     **_NOT_ACCEPTABLE,
                     "414": _error("`key_too_long`: the key is longer than `max_key_bytes`"),
                     **_NOT_ALLOWED,
+                    **_QUOTA,
                     **_GUARD,
                     "503": _error(
                         "`overloaded` (too many requests in progress), `partition_unavailable` (no node serves the "
@@ -295,6 +305,7 @@ OPENAPI: dict[str, Any] = {
                     "404": _error("`store_not_found`"),
                     "410": _error("`cursor_expired`: the cursor continues a version no longer served"),
                     **_NOT_ALLOWED,
+                    **_QUOTA,
                     **_GUARD,
                     "503": _error(
                         "`overloaded` or `partition_unavailable` (no replica of some partition answered): retry "
@@ -325,6 +336,7 @@ OPENAPI: dict[str, Any] = {
                     "408": _error("`body_timeout`: the body did not arrive whole within the configured time"),
                     "413": _error("`too_many_keys` (more than `max_batch_keys`) or `body_too_large`"),
                     **_NOT_ALLOWED,
+                    **_QUOTA,
                     **_GUARD,
                     **_INTERNAL,
                 },
@@ -479,6 +491,20 @@ OPENAPI: dict[str, Any] = {
                 "summary": "Clear the session cookie",
                 "responses": {
                     "303": {"description": "to `/admin/login`, with the session cookie cleared"},
+                    **_NOT_ALLOWED,
+                    **_GUARD,
+                    **_INTERNAL,
+                },
+            }
+        },
+        "/admin/quotas": {
+            "get": {
+                "operationId": "quotas",
+                "summary": "Each identity's rate against its quota, per store, on this router",
+                "security": [{"adminToken": []}, {}],
+                "responses": {
+                    "200": _json("Quotas", "the quotas and the buckets in use"),
+                    **_ADMIN,
                     **_NOT_ALLOWED,
                     **_GUARD,
                     **_INTERNAL,
@@ -736,6 +762,32 @@ OPENAPI: dict[str, Any] = {
                     "assigned": {"type": "array", "items": {"type": "string"}},
                     "serving": {"type": "array", "items": {"$ref": "#/components/schemas/Endpoint"}},
                     "last_known": {"type": "array", "items": {"$ref": "#/components/schemas/Endpoint"}},
+                },
+            },
+            "Quotas": {
+                "type": "object",
+                "required": ["routers", "identities", "buckets"],
+                "properties": {
+                    "routers": {"type": "integer", "description": "routers up, sharing every quota"},
+                    "identities": {
+                        "type": "object",
+                        "description": "the quota file: per identity rate, burst_s, stores",
+                    },
+                    "buckets": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "identity": {"type": "string"},
+                                "store": {"type": "string"},
+                                "quota": {"type": "number", "description": "reads/s, cluster-wide"},
+                                "share": {"type": "number", "description": "reads/s this router enforces"},
+                                "used": {"type": "number", "description": "share of the last burst's tokens spent"},
+                                "reads": {"type": "integer"},
+                                "rejected": {"type": "integer"},
+                            },
+                        },
+                    },
                 },
             },
             "Health": {

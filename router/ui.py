@@ -11,7 +11,8 @@ in an air-gapped cluster). What it shows, top to bottom:
 - nodes as a grid, problems first (gone, leaving), each cell shaded by the partitions it serves against the
   mean, so balance and gaps show at a glance;
 - a drill-down into one store or one node (a click), its partitions filtered and paged by the router
-  (`?store=`, `?node=`, `?state=`, `limit`, `cursor`), problem states first.
+  (`?store=`, `?node=`, `?state=`, `limit`, `cursor`), problem states first;
+- with quotas configured, each identity's rate against its quota per store (`/admin/quotas`, every 5 s).
 
 It long-polls the summary (`?since=G&wait_s=N` with `If-None-Match`: a quiet cluster costs the router a 304
 now and then), fetches a drill-down only while it is open, and never the whole document. It sends no token
@@ -94,6 +95,12 @@ PAGE = """<!doctype html>
     <span>up: darker = serves more partitions than the mean, lighter = fewer</span>
   </div>
   <div id="nodes"><div id="grid"></div></div>
+  <section id="quotas" hidden>
+    <h2>Quotas</h2>
+    <div id="quota-routers" class="muted"></div>
+    <table id="quota-table"><thead><tr><th>identity</th><th>store</th><th>quota (reads/s)</th>
+      <th>this router's share</th><th>used</th><th>reads</th><th>refused 429</th></tr></thead><tbody></tbody></table>
+  </section>
   <section id="detail" hidden>
     <h2 id="detail-title"></h2>
     <label>show <select id="detail-state">
@@ -110,6 +117,7 @@ PAGE = """<!doctype html>
 "use strict";
 const MAP = "/admin/partition-map";
 const LOGIN = "/admin/login?next=/admin/ui";
+const QUOTAS = "/admin/quotas";
 const STATES = ["unserved", "loading", "under_replicated", "lagging"];
 const COLOR = { s: "#1f7a3a", r: "#a86500", l: "#3b5bb5", u: "#b3261e" };
 let summary = null, etag = null, ageAt = 0, ageBase = 0;
@@ -387,8 +395,29 @@ async function poll() {
     setTimeout(poll, pause);
   }
 }
+// -- each identity's rate against its quota, every few seconds --------------------------------------------
+
+async function pollQuotas() {
+  try {
+    const { body } = await get(QUOTAS);
+    const section = document.getElementById("quotas");
+    section.hidden = Object.keys(body.identities).length === 0;
+    document.getElementById("quota-routers").textContent =
+      "each quota is shared by the " + body.routers + " router(s) up; used: the share of the last burst spent";
+    const rows = body.buckets.map((b) => el("tr", {}, el("td", {}, b.identity), el("td", {}, b.store),
+      el("td", {}, String(b.quota)), el("td", {}, String(b.share)),
+      el("td", {}, Math.round(b.used * 100) + "%"), el("td", {}, String(b.reads)),
+      el("td", {}, String(b.rejected))));
+    document.querySelector("#quota-table tbody").replaceChildren(...rows);
+  } catch (error) {
+    document.getElementById("quota-routers").textContent = "cannot read the quotas: " + error.message;
+  } finally {
+    setTimeout(pollQuotas, 5000);
+  }
+}
 setInterval(tickAge, 1000);
 poll();
+pollQuotas();
 </script>
 </body>
 </html>

@@ -238,3 +238,5 @@ class RouterSettings:
     workers: int = 1
     limits: RequestLimits = field(default_factory=RequestLimits)
     access: AccessSettings = field(default_factory=AccessSettings)
+    # Reads/s per identity and store (keyroute.router.quotas), re-read when it changes; "": no quotas.
+    quota_file: str = ""

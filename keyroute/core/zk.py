@@ -71,6 +71,12 @@ def layout_acl(settings: ZkSettings) -> list[ACL]:
     return acl
 
 
+def routers_acl(settings: ZkSettings) -> list[ACL]:
+    """The ACL of /routers: the layout's, the reader identity also creating and deleting children there
+    (routers register themselves: keyroute.router.registry)."""
+    return [ACL(_REGISTERING, e.id) if e.perms == Permissions.READ else e for e in layout_acl(settings)]
+
+
 def x509_identity(settings: ZkSettings) -> str | None:
     """The subject DN this process is known by on a TLS ZooKeeper when no digest identity is configured
     (None: it has none, or authenticates by digest)."""
@@ -169,11 +175,11 @@ def _check_layout_acl(client: KazooClient, settings: ZkSettings) -> None:
                     f"client certificate, --zk-tls-cert)"
                 )
         return
-    wanted = layout_acl(settings)
+    layout, routers = layout_acl(settings), routers_acl(settings)
     for path in _layout_paths(client, settings):
         try:
             current, _ = client.get_acls(path)
-            merged = _merged_acl(current, wanted)
+            merged = _merged_acl(current, routers if path == zk_layout.ROUTERS else layout)
             if _acl_key(merged) == _acl_key(current):
                 continue
             client.set_acls(path, merged)
@@ -190,11 +196,16 @@ def _merged_acl(current: list[ACL], wanted: list[ACL]) -> list[ACL]:
     return [*wanted, *kept]
 
 
+_REGISTERING = Permissions.READ | Permissions.CREATE | Permissions.DELETE
+
+
 def _describe(entry: ACL) -> str:
     user = str(entry.id.id)
     if entry.id.scheme == "digest":
         user = user.split(":", 1)[0]  # a digest's hash is not for logs
-    perms = {Permissions.ALL: "ALL", Permissions.READ: "READ"}.get(entry.perms, str(entry.perms))
+    perms = {Permissions.ALL: "ALL", Permissions.READ: "READ", _REGISTERING: "READ,CREATE,DELETE"}.get(
+        entry.perms, str(entry.perms)
+    )
     return f"{entry.id.scheme}:{user} {perms}"
 
 

@@ -26,6 +26,9 @@
                                        the grace it asked for; the controller keeps the node's partitions
                                        where they are until the grace ends. The node deletes it on return, the
                                        controller once the grace ended without it.
+/routers/{router_id}       ephemeral   a router that is up: {"url", "started_at"} (keyroute.router.registry); quotas
+                                       are split among them. The reader identity routers use may create and
+                                       delete children here (and only here)
 /draining/{node_id}        persistent  a drain request (`keyroute node-drain`): the node's next stop is a
                                        departure (its partitions are handed over), not a restart
 """
@@ -46,8 +49,21 @@ CLUSTER = "/cluster"
 DELETED = "/deleted"
 RESTARTING = "/restarting"
 DRAINING = "/draining"
+ROUTERS = "/routers"
 
-PERSISTENT_ROOTS = (STORES, NODES, CONTROLLER, SERVING, LIVE, PLACEMENT, ASSIGNED, DELETED, RESTARTING, DRAINING)
+PERSISTENT_ROOTS = (
+    STORES,
+    NODES,
+    CONTROLLER,
+    SERVING,
+    LIVE,
+    PLACEMENT,
+    ASSIGNED,
+    DELETED,
+    RESTARTING,
+    DRAINING,
+    ROUTERS,
+)
 
 
 def _child(root: str) -> Callable[[str], str]:
@@ -72,3 +88,5 @@ serving_path = _child(SERVING)
 live_path = _child(LIVE)
 restarting_path = _child(RESTARTING)
 draining_path = _child(DRAINING)
+# Per router.
+router_path = _child(ROUTERS)

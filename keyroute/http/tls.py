@@ -147,7 +147,8 @@ def member_context(tls: TlsSettings) -> ssl.SSLContext:
     return ctx
 
 
-def _stamp(paths: tuple[str, ...]) -> tuple[Any, ...]:
+def file_stamp(paths: tuple[str, ...]) -> tuple[Any, ...]:
+    """What tells a change of `paths`: each one's device, inode, size and modification time (None: absent)."""
     stamps: list[Any] = []
     for path in paths:
         try:
@@ -159,39 +160,26 @@ def _stamp(paths: tuple[str, ...]) -> tuple[Any, ...]:
     return tuple(stamps)
 
 
-class ReloadingContext:
-    """A TLS context made by `build()` from `files`, made again when one of them changes. `context` is the
-    current one. `watch(loop)` polls the files every `poll_s` on that loop until `close()`; `check()` polls
-    once (what the timer calls)."""
+class FilePoller:
+    """Something made from `files` and made again when they change: `changed()` says whether they did
+    since last seen; `watch(loop)` calls `check()` every `poll_s` on that loop until `close()`."""
 
-    def __init__(
-        self, build: Callable[[], ssl.SSLContext], files: tuple[str, ...], name: str, poll_s: float = POLL_S
-    ) -> None:
-        self._build = build
+    def __init__(self, files: tuple[str, ...], poll_s: float = POLL_S) -> None:
         self.files = tuple(f for f in files if f)
-        self.name = name
         self.poll_s = poll_s
-        self._seen = _stamp(self.files)
-        self.context = self._made()  # raises TlsError: nothing is served
+        self._seen = file_stamp(self.files)
         self._timer: asyncio.TimerHandle | None = None
 
-    def _made(self) -> ssl.SSLContext:
-        return self._build()
-
-    def check(self) -> bool:
-        """Load the files again if they changed since last seen; whether a new context is in use."""
-        stamp = _stamp(self.files)
+    def changed(self) -> bool:
+        stamp = file_stamp(self.files)
         if stamp == self._seen:
             return False
         self._seen = stamp
-        try:
-            context = self._made()
-        except TlsError as exc:
-            log.warning("%s keeps its previous TLS certificate: the rotated files do not load: %s", self.name, exc)
-            return False
-        self.context = context
-        log.info("%s uses a new TLS certificate from %s", self.name, ", ".join(self.files))
         return True
+
+    def check(self) -> bool:
+        """Make the thing again if its files changed; whether it did."""
+        raise NotImplementedError
 
     def watch(self, loop: asyncio.AbstractEventLoop) -> None:
         self.close()
@@ -207,6 +195,36 @@ class ReloadingContext:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+class ReloadingContext(FilePoller):
+    """A TLS context made by `build()` from `files`, made again when one of them changes. `context` is the
+    current one. `watch(loop)` polls the files every `poll_s` on that loop until `close()`; `check()` polls
+    once (what the timer calls)."""
+
+    def __init__(
+        self, build: Callable[[], ssl.SSLContext], files: tuple[str, ...], name: str, poll_s: float = POLL_S
+    ) -> None:
+        self._build = build
+        self.name = name
+        super().__init__(files, poll_s)
+        self.context = self._made()  # raises TlsError: nothing is served
+
+    def _made(self) -> ssl.SSLContext:
+        return self._build()
+
+    def check(self) -> bool:
+        """Load the files again if they changed since last seen; whether a new context is in use."""
+        if not self.changed():
+            return False
+        try:
+            context = self._made()
+        except TlsError as exc:
+            log.warning("%s keeps its previous TLS certificate: the rotated files do not load: %s", self.name, exc)
+            return False
+        self.context = context
+        log.info("%s uses a new TLS certificate from %s", self.name, ", ".join(self.files))
+        return True
 
 
 class ServerTls(ReloadingContext):

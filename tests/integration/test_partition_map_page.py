@@ -182,4 +182,6 @@ def test_the_page_renders_a_thousand_node_map_and_a_drill_down_within_seconds(tm
         assert page.locator("#partitions tr[data-partition]").count() > 0
         page.screenshot(path=str(artifacts(tmp_path) / "partition-map-1000-nodes-drill-down.png"), full_page=False)
         assert not any("detail=all" in u for u in asked), asked
-        assert all("/admin/partition-map" in u or u.endswith("/admin/ui") for u in asked), asked
+        # The map's views, the page itself and the quota table (every few seconds, hidden: no quotas here).
+        assert all("/admin/partition-map" in u or u.endswith(("/admin/ui", "/admin/quotas")) for u in asked), asked
+        assert page.locator("#quotas").is_hidden()

@@ -58,6 +58,12 @@ EXPECTED_ACL = {
     (1, "digest", make_digest_acl(READER.user, READER.password).id.id),
 }
 
+# /routers: the reader may also create and delete children (routers register themselves there).
+ROUTERS_ACL = {
+    (31, "digest", make_digest_acl(WRITER.user, WRITER.password).id.id),
+    (1 | 4 | 8, "digest", make_digest_acl(READER.user, READER.password).id.id),
+}
+
 
 def values(version: int) -> dict[str, Any]:
     return {key: {"fare": i * 10 + version, "version": version} for i, key in enumerate(KEYS)}
@@ -89,6 +95,8 @@ def publish_version(client: KazooClient, root: Path, version: int) -> StoreRecor
 
 def every_path(client: KazooClient, path: str = "/") -> Iterator[str]:
     yield path
+    if path.startswith(zk_layout.ROUTERS + "/"):
+        return  # a router's record: its own identity's (the reader's), the writer may not read it
     for child in client.get_children(path):
         yield from every_path(client, f"{path.rstrip('/')}/{child}")
 
@@ -210,8 +218,13 @@ def test_a_secured_cluster_routes_for_its_reader_and_refuses_everyone_else(
         for expected in ("/", "/placement", f"/placement/{STORE}", f"/stores/{STORE}", "/nodes/n1", "/serving/n2"):
             assert expected in paths
         assert [p for p in paths if p.startswith("/controller/")], "no election record"
+        # ...but /routers, where the reader also creates and deletes: the router registered itself there, its
+        # record the reader's alone.
+        records = [p for p in paths if p.startswith(zk_layout.ROUTERS + "/")]
+        assert len(records) == 1, paths
         for path in paths:
-            assert acl_of(writer, path) == EXPECTED_ACL, path
+            if path not in records:
+                assert acl_of(writer, path) == (ROUTERS_ACL if path == zk_layout.ROUTERS else EXPECTED_ACL), path
 
         assignment_before = writer.get(zk_layout.placement_path(STORE))[0]
         store_before = writer.get(zk_layout.store_path(STORE))[0]
@@ -225,6 +238,13 @@ def test_a_secured_cluster_routes_for_its_reader_and_refuses_everyone_else(
             with pytest.raises(NoAuthError):
                 anonymous.get_children(chroot + zk_layout.SERVING)
             assert reader.get(chroot + zk_layout.placement_path(STORE))[0] == assignment_before
+            (record,) = records
+            assert json.loads(reader.get(chroot + record)[0])["url"] == router_url
+            assert {(e.perms, e.id.scheme, e.id.id.split(":")[0]) for e in reader.get_acls(chroot + record)[0]} == {
+                (31, "digest", READER.user)
+            }
+            with pytest.raises(NoAuthError):
+                anonymous.get(chroot + record)
             for who, client in (("anonymous", anonymous), ("reader", reader)):
                 for what, attempt in hijack_attempts(client, chroot, victim="n1").items():
                     with pytest.raises(NoAuthError):
@@ -330,7 +350,7 @@ def test_a_world_open_layout_is_locked_when_a_writer_brings_credentials(
         assert WRITER.password not in caplog.text and READER.password not in caplog.text
         try:
             for path in ("/", *zk_layout.PERSISTENT_ROOTS, zk_layout.ASSIGNMENT, zk_layout.store_path(STORE)):
-                assert acl_of(writer, path) == EXPECTED_ACL, path
+                assert acl_of(writer, path) == (ROUTERS_ACL if path == zk_layout.ROUTERS else EXPECTED_ACL), path
             for what, attempt in hijack_attempts(anonymous, zk_settings.chroot, victim="n1").items():
                 if "serving" in what or "node" in what:
                     continue  # no node ever ran here
