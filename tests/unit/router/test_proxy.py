@@ -1109,6 +1109,9 @@ def test_a_read_sent_without_a_coroutine_is_hedged_when_its_replica_is_slow(
     spy = SendNowSpy(h.upstream)
     keys = [f"k{i}" for i in range(6)]
 
+    m = h.proxy.metrics
+    phase: dict[str, int] = {}
+
     async def scenario() -> tuple[list[tuple[Any, set[str]]], list[Any]]:
         try:
             await idle_connections_to(h, slow, len(keys))
@@ -1117,6 +1120,7 @@ def test_a_read_sent_without_a_coroutine_is_hedged_when_its_replica_is_slow(
             for key in keys:
                 answer = await read_via_callback(h.proxy, key)
                 hedged.append((answer, h.answered(key)))
+            phase.update(hedges=m.hedges, wins=m.hedge_wins, exhausted=m.budget_exhausted, fast=len(fast.received))
             # The slow node still owes its answers to the abandoned requests: had an abandoned request's
             # connection gone back to the pool, these reads would receive those late answers.
             slow.delay_s = 0.0
@@ -1133,11 +1137,15 @@ def test_a_read_sent_without_a_coroutine_is_hedged_when_its_replica_is_slow(
     ]
     # Delivered without waiting for the slow node (0.3 s): most reads before it had answered at all.
     assert sum("slow" not in answered for _, answered in hedged) > len(keys) // 2
-    assert slow.received[: len(keys)] == keys and fast.received == keys
-    m = h.proxy.metrics
-    assert m.hedges == len(keys) and m.hedge_wins == len(keys) and m.budget_exhausted == 0
+    assert slow.received[: len(keys)] == keys and fast.received[: len(keys)] == keys
+    assert phase == {"hedges": len(keys), "wins": len(keys), "exhausted": 0, "fast": len(keys)}
+    # Each read afterwards gets its own answer, never a late one the slow node owed; on a loaded machine one
+    # may still take longer than the hedge delay and be hedged to the fast node (its answer then says so).
     assert [json.loads(a.body)["key"] for a in after] == [f"after-{i}" for i in range(6)]
-    assert all(a.header(b"x-keyroute-node") == b"slow" for a in after)
+    hedged_after = fast.received[len(keys) :]
+    assert set(hedged_after) <= {f"after-{i}" for i in range(6)}
+    assert all(a.header(b"x-keyroute-node") == b"slow" or json.loads(a.body)["key"] in hedged_after for a in after)
+    assert m.hedges == len(keys) + len(hedged_after)
     assert m.upstream_requests == len(keys) + len(after) + m.hedges
 
 
