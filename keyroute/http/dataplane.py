@@ -41,11 +41,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from keyroute.core.api import ApiError, NotFound, error_headers, error_json
 from keyroute.core.logs import bind_request_id
 from keyroute.core.metrics import KIND_BATCH, KIND_KEY, KIND_TIMELINE
+from keyroute.core.native import mypyc_attr
 from keyroute.http.routing import MethodNotAllowed, Route, RouteTable
 
 if TYPE_CHECKING:
     from keyroute.http.admission import Admission
-    from keyroute.http.exchange import Exchange, Request
+    from keyroute.http.exchange import Answerable, Request
 
 __all__ = ["JSON", "NOT_A_KEY_PATH", "Call", "MethodNotAllowed", "RoutedDataPlane", "Route", "RouteTable"]
 
@@ -65,7 +66,7 @@ class Call:
 
     __slots__ = ("request", "store", "_exchange", "_plane", "_kind", "_open", "_admitted")
 
-    def __init__(self, plane: RoutedDataPlane, exchange: Exchange, kind: str | None, admitted: float = 0.0) -> None:
+    def __init__(self, plane: RoutedDataPlane, exchange: Answerable, kind: str | None, admitted: float = 0.0) -> None:
         self.request: Request = exchange.request
         self.store = ""  # until the route's first parameter, the store, is decoded
         self._exchange = exchange
@@ -150,6 +151,7 @@ class Call:
         return f"Call({self.request!r}, answered={not self._open})"
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class RoutedDataPlane:
     """The skeleton of a service's data plane (see the module docstring). A subclass declares `routes` (a
     RouteTable of its handlers, functions taking the plane, the `Call` and the decoded path parameters)
@@ -189,7 +191,7 @@ class RoutedDataPlane:
     def accepts(self, method: str, path: bytes) -> bool:
         return path.startswith(self._prefix)
 
-    def handle(self, exchange: Exchange) -> None:
+    def handle(self, exchange: Answerable) -> None:
         request = exchange.request
         refusal = self.admission.admit_head(self._admitted_path, request.target_bytes, request.headers)
         if refusal is not None:

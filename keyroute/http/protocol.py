@@ -64,6 +64,7 @@ from keyroute.core.api import (
 )
 from keyroute.core.logs import new_request_id
 from keyroute.http.asgi import Cycle, http_scope
+from keyroute.http.errors import ExpectationFailed
 from keyroute.http.exchange import Exchange, Request, Slot
 from keyroute.http.wire import (
     CLOSE,
@@ -86,13 +87,6 @@ _METHODS = {m.encode(): m for m in ("GET", "HEAD", "POST", "PUT", "DELETE", "OPT
 _NOTABLE = frozenset((b"content-length", b"expect", X_REQUEST_ID))
 # How long a connection closed after an error answer keeps reading (and dropping) what the client still sends.
 _LINGER_S = 2.0
-
-
-class ExpectationFailed(ApiError):
-    """An `Expect` other than 100-continue (the API itself has no use for Expect: only the server answers it)."""
-
-    status = 417
-    code = "expectation_failed"
 
 
 class _Rejected(Exception):
@@ -150,7 +144,9 @@ class Connection(asyncio.Protocol):
 
     def __init__(self, server: HttpServer) -> None:
         self._server = server
-        self._loop = server._loop
+        loop = server._loop
+        assert loop is not None, "connections are made only while the server runs"
+        self._loop: asyncio.AbstractEventLoop = loop
         self._app = server.app
         self._dp = server._dp
         limits = server.limits
