@@ -1003,7 +1003,7 @@ def verdicts(
         f"- Router CPU per proxied read (concurrency {high}): {router.proxy_us:,.0f} µs, the {role} router"
         f" ({previous_label}) {previous.proxy_us:,.0f} µs ({router.proxy_us / previous.proxy_us - 1:+.0%}),"
         f" target no more than the {role}: {verdict(router.proxy_us <= previous.proxy_us)}. Relative to"
-        f" nginx's plain proxy hop in the same run (d, {nginx.proxy_us:,.0f} µs): {relative:.1f}x (the previous"
+        f" nginx's plain proxy hop in the same run (d, {nginx.proxy_us:,.0f} µs): {relative:.1f}x (the {role}"
         f" router {previous.proxy_us / nginx.proxy_us:.1f}x), target <= {TARGET_VS_NGINX:g}x:"
         f" {verdict(relative <= TARGET_VS_NGINX)}. At concurrency {low}: {figures[(ROUTER, low)].proxy_us:,.0f}"
         f" µs, the {role} router {figures[(PREVIOUS, low)].proxy_us:,.0f} µs, nginx"
