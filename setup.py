@@ -69,6 +69,11 @@ def extensions() -> list:
     except ImportError:
         # the build-requirements pass of a PEP 517 build: setup_requires below asks for mypy
         return []
+    # setuptools puts everything under build/lib.* into the wheel: a previous compiled build's extensions
+    # would come along, also of a module since taken off COMPILED (and importable in place of its source).
+    for lib in (ROOT / "build").glob("lib.*"):
+        for extension in lib.rglob("*.so"):
+            extension.unlink()
     stage = staged_sources(ROOT / "build" / "mypyc-src")
     paths = [os.path.relpath((stage / name.replace(".", "/")).with_suffix(".py")) for name in COMPILED]
     # Imports outside the product (httptools, prometheus_client, ...) are typed Any; only the listed modules
