@@ -48,6 +48,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 SECTION = "## Router"
 SUBSECTION = "### Cluster (wrk)"
+# With --compiled: (b2) is this work tree compiled with mypyc (setup.py) instead of a previous revision.
+COMPILED_SUBSECTION = "### Cluster (wrk): the compiled router"
 STORE = "bench"
 CHROOT = "/keyroute-bench"
 
@@ -266,17 +268,20 @@ def start_service(
 
 @dataclass(frozen=True)
 class Build:
-    """`python -m keyroute` from this work tree (the venv's editable install), or from a worktree of `rev`
-    with its own packages first on PYTHONPATH."""
+    """`python -m keyroute` from this work tree (the venv's editable install), from a worktree of `rev`
+    with its own packages first on PYTHONPATH, or from another interpreter's installed keyroute (`python`)."""
 
     label: str
     cwd: Path = ROOT
     env: dict[str, str] = field(default_factory=dict)
     rev: str = ""
     subject: str = ""
+    python: str = sys.executable
+    # how the tables name (b2): the "previous" router, or the "compiled" one
+    role: str = "previous"
 
     def start(self, name: str, args: Sequence[str], work: Path, url: str) -> Service:
-        command = [sys.executable, "-m", "keyroute", *args]
+        command = [self.python, "-m", "keyroute", *args]
         return start_service(name, command, work, url, cwd=self.cwd, env=self.env)
 
 
@@ -324,6 +329,24 @@ def git(*args: str) -> str:
     if done.returncode != 0:
         raise SystemExit(f"git {shlex.join(args)} failed:\n{done.stderr}")
     return done.stdout.strip()
+
+
+def compiled_build(python: str, work: Path) -> Build:
+    """keyroute as installed for the interpreter `python` with `KEYROUTE_COMPILE=1 pip install .` (setup.py
+    compiles its read path with mypyc), run from `work` so that this tree's folders do not shadow it."""
+    check = subprocess.run(
+        [python, "-c", WHERE_FROM, "keyroute.router.proxy", "keyroute.http.protocol"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+    )
+    if check.returncode != 0:
+        raise SystemExit(f"{python} cannot import keyroute:\n{check.stderr}")
+    where = json.loads(check.stdout)
+    if not all(str(f).endswith(".so") for f in where.values()):
+        raise SystemExit(f"{python}'s keyroute is not compiled (KEYROUTE_COMPILE=1 pip install .): {where}")
+    print("compiled: " + ", ".join(f"{n} <- {f}" for n, f in where.items()), file=sys.stderr, flush=True)
+    return Build("mypyc", work, python=python, subject="this work tree compiled with mypyc", role="compiled")
 
 
 @contextmanager
@@ -623,7 +646,10 @@ def running_cluster(args: argparse.Namespace, wrk: str, nginx: str, work: Path) 
         # this script while the work tree cannot serve.
         new = build_of(getattr(args, "new_from", None))
         previous_rev = getattr(args, "previous", None)
-        previous_build = build_of(previous_rev) if previous_rev else None
+        if getattr(args, "compiled", None):
+            previous_build: Build | None = compiled_build(args.compiled, work)
+        else:
+            previous_build = build_of(previous_rev) if previous_rev else None
 
         connect = zk_settings.connect_string
         nodes: dict[str, Service] = {}
@@ -882,7 +908,7 @@ def scenario_names(previous: Build | None) -> dict[str, str]:
     """How the tables name each scenario: (b2) with its revision."""
     if previous is None:
         return {}
-    return {PREVIOUS: f"b2. previous keyroute router ({previous.label}) -> owner"}
+    return {PREVIOUS: f"b2. {previous.role} keyroute router ({previous.label}) -> owner"}
 
 
 def table(figures: dict[tuple[str, int], Figures], names: dict[str, str] | None = None) -> str:
@@ -937,6 +963,7 @@ def verdicts(
     paced: dict[str, Figures],
     rate: float,
     previous_label: str,
+    role: str = "previous",
 ) -> list[str]:
     def verdict(ok: bool) -> str:
         return "**met**" if ok else "**missed**"
@@ -962,18 +989,28 @@ def verdicts(
     factor = min(nginx_factor, framework_factor)
     # nginx's plain hop (d) measured in this run is the yardstick that does not depend on how busy the machine is.
     relative = router.proxy_us / nginx.proxy_us
+    compiled = []
+    if role == "compiled":
+        compiled_relative = previous.proxy_us / nginx.proxy_us
+        compiled = [
+            f"- The compiled router (b2, concurrency {high}): {previous.proxy_us:,.0f} µs CPU per proxied read"
+            f" against the pure build's {router.proxy_us:,.0f} µs ({previous.proxy_us / router.proxy_us - 1:+.0%}),"
+            f" {compiled_relative:.1f}x nginx's plain hop, target <= {TARGET_VS_NGINX:g}x:"
+            f" {verdict(compiled_relative <= TARGET_VS_NGINX)}. (The line below compares the pure build with it.)"
+        ]
     return [
-        f"- Router CPU per proxied read (concurrency {high}): {router.proxy_us:,.0f} µs, the previous router"
+        *compiled,
+        f"- Router CPU per proxied read (concurrency {high}): {router.proxy_us:,.0f} µs, the {role} router"
         f" ({previous_label}) {previous.proxy_us:,.0f} µs ({router.proxy_us / previous.proxy_us - 1:+.0%}),"
-        f" target no more than the previous: {verdict(router.proxy_us <= previous.proxy_us)}. Relative to"
-        f" nginx's plain proxy hop in the same run (d, {nginx.proxy_us:,.0f} µs): {relative:.1f}x (the previous"
+        f" target no more than the {role}: {verdict(router.proxy_us <= previous.proxy_us)}. Relative to"
+        f" nginx's plain proxy hop in the same run (d, {nginx.proxy_us:,.0f} µs): {relative:.1f}x (the {role}"
         f" router {previous.proxy_us / nginx.proxy_us:.1f}x), target <= {TARGET_VS_NGINX:g}x:"
         f" {verdict(relative <= TARGET_VS_NGINX)}. At concurrency {low}: {figures[(ROUTER, low)].proxy_us:,.0f}"
-        f" µs, the previous router {figures[(PREVIOUS, low)].proxy_us:,.0f} µs, nginx"
+        f" µs, the {role} router {figures[(PREVIOUS, low)].proxy_us:,.0f} µs, nginx"
         f" {figures[(NGINX_OWNER, low)].proxy_us:,.0f} µs.",
         f"- Node CPU per read via the router / direct at an equal {rate:,.0f} requests/s:"
         f" {ratio:.2f}x ({paced[ROUTER].node_us:,.0f} vs {paced[DIRECT].node_us:,.0f} µs), target"
-        f" <= {TARGET_NODE_RATIO}x: {verdict(ratio <= TARGET_NODE_RATIO)}. Via the previous router the same ratio"
+        f" <= {TARGET_NODE_RATIO}x: {verdict(ratio <= TARGET_NODE_RATIO)}. Via the {role} router the same ratio"
         f" is {previous_ratio:.2f}x, via nginx's plain hop (d) {nginx_ratio:.2f}x."
         f" At saturation (concurrency {high}) the router's and nginx's are {saturated_ratio:.2f}x and"
         f" {nginx.node_us / direct.node_us:.2f}x, because"
@@ -983,11 +1020,11 @@ def verdicts(
         f"- Added p50 latency at concurrency {low} over a direct read ({figures[(DIRECT, low)].p50_us:,.0f} µs):"
         f" through the router {added(ROUTER):,.0f} µs, target <= nginx's plain hop's {added(NGINX_OWNER):,.0f} µs"
         f" + {TARGET_ADDED_P50_OVER_NGINX_US:.0f} = {added_limit:,.0f} µs: {verdict(added(ROUTER) <= added_limit)}"
-        f" (the previous router: {added(PREVIOUS):,.0f} µs).",
+        f" (the {role} router: {added(PREVIOUS):,.0f} µs).",
         f"- Throughput at saturation (concurrency {high}): one router process {router.per_s:,.0f} requests/s"
         f" ({router.proxy_us:,.0f} µs CPU/read); `--workers 2` {workers.per_s:,.0f} requests/s"
         f" ({workers.per_s / router.per_s:.2f}x) at {workers.proxy_us:,.0f} µs CPU/read over its whole process tree"
-        f" (parent and workers); the previous router {previous.per_s:,.0f} requests/s. For scale: nginx's plain"
+        f" (parent and workers); the {role} router {previous.per_s:,.0f} requests/s. For scale: nginx's plain"
         f" hop (d) {nginx.per_s:,.0f}, the nodes read directly (a, one at a time) {direct.per_s:,.0f} requests/s;"
         f" every process shares this machine's {os.cpu_count()} CPUs with wrk and the nodes.",
         f"- keyroute (router) vs nginx round-robin with forwarding nodes (concurrency {high}): p99"
@@ -1000,7 +1037,7 @@ def verdicts(
         f" would be ~{router.proxy_us / factor:,.0f} µs there (target {TARGET_ROUTER_US:.0f}).",
         f"- The floor for a proxy hop in Python on this machine (e: uvloop, httptools, callbacks only, no"
         f" metrics, request ids, admission, failover or timeouts): {bare.proxy_us:,.0f} µs/read; the router"
-        f" costs {router.proxy_us / bare.proxy_us:.1f}x that, the previous router"
+        f" costs {router.proxy_us / bare.proxy_us:.1f}x that, the {role} router"
         f" {previous.proxy_us / bare.proxy_us:.1f}x.",
     ]
 
@@ -1037,13 +1074,19 @@ def section(
     tree = "this work tree" if new is THIS_TREE else f"commit {new.label} (--new-from)"
     return "\n".join(
         [
-            SUBSECTION,
+            SUBSECTION if previous.role == "previous" else COMPILED_SUBSECTION,
             "",
             f"`{command}` on {datetime.date.today().isoformat()}: store of {args.keys:,} keys (~90-byte JSON"
             f" values) in {args.partitions} partitions, replication 1, on {args.nodes} nodes of {tree}."
             f" Routers, all on the same ZooKeeper and nodes: (b) {tree}'s (data path: {data_path or router_client()});"
-            f' (b2) the previous one, of commit {previous.label} ("{previous.subject}"), run from a `git'
-            " worktree` of that revision with its own packages first on PYTHONPATH (same venv); (b3)"
+            + (
+                f' (b2) the previous one, of commit {previous.label} ("{previous.subject}"), run from a `git'
+                " worktree` of that revision with its own packages first on PYTHONPATH (same venv);"
+                if previous.role == "previous"
+                else f" (b2) {tree}'s compiled with mypyc (`KEYROUTE_COMPILE=1 pip install .` into the venv of"
+                f" `{previous.python}`; setup.py lists the compiled modules);"
+            )
+            + " (b3)"
             f" {tree}'s again with `--workers 2` (its CPU: the parent and the workers; at concurrency {high} only)."
             f" One nginx worker. wrk, one thread, random keys over all partitions, {args.duration:g} s per"
             f" measurement, median of {args.rounds} round{'s' if args.rounds > 1 else ''} (scenario order"
@@ -1074,19 +1117,21 @@ def section(
             "",
             paced_table(paced, rates, names),
             "",
-            *verdicts(figures, args.concurrency, paced, args.rate, previous.label),
+            *verdicts(figures, args.concurrency, paced, args.rate, previous.label, previous.role),
             "",
         ]
     )
 
 
 def write_subsection(text: str) -> None:
-    """Replace this table inside the Router section of RESULTS.md, leaving everything else as it is."""
+    """Replace this table (its subsection: the first line of `text`) inside the Router section of RESULTS.md,
+    leaving everything else as it is."""
+    title = text.split("\n", 1)[0]
     current = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
     section_re = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
     found = section_re.search(current)
     body = found.group(0) if found else f"{SECTION}\n\n"
-    sub_re = re.compile(rf"^{re.escape(SUBSECTION)}\n.*?(?=^### |\Z)", re.MULTILINE | re.DOTALL)
+    sub_re = re.compile(rf"^{re.escape(title)}\n.*?(?=^### |\Z)", re.MULTILINE | re.DOTALL)
     if sub_re.search(body):
         body = sub_re.sub(lambda _: text.rstrip("\n") + "\n\n", body, count=1)
     else:
@@ -1112,6 +1157,12 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_PREVIOUS,
         help="the revision whose router (b2) is measured beside this work tree's, from a git worktree removed"
         f" at the end (default: {DEFAULT_PREVIOUS}, the last commit before the data-plane work)",
+    )
+    parser.add_argument(
+        "--compiled",
+        metavar="PYTHON",
+        help="measure as (b2), instead of a previous revision, this work tree compiled with mypyc: the"
+        " interpreter of a venv holding `KEYROUTE_COMPILE=1 pip install .` (written under its own heading)",
     )
     parser.add_argument(
         "--rate", type=float, default=1000.0, help="requests/s in all for the equal-rate table (default: 1,000)"
@@ -1166,7 +1217,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"took {time.monotonic() - started:.0f} s", file=sys.stderr)
     if args.write:
         write_subsection(text)
-        print(f"wrote {SUBSECTION!r} under {SECTION!r} in {RESULTS}", file=sys.stderr)
+        print(f"wrote {text.split(chr(10), 1)[0]!r} under {SECTION!r} in {RESULTS}", file=sys.stderr)
     return 0
 
 

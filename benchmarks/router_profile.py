@@ -3,6 +3,7 @@
 Run from the repository root:
 
     .venv/bin/python benchmarks/router_profile.py --previous 0fb0755 [--mode cpu|calls|callgrind]
+    .venv/bin/python benchmarks/router_profile.py --compiled /path/to/venv/bin/python [--mode ...]
 
 One ZooKeeper, one node (`--nodes`; this work tree's) holding a small store, and two routers in front: this work
 tree's and REV's (a `git worktree`, run as benchmarks/router.py runs it). A load generator in this process
@@ -51,6 +52,7 @@ from router import (  # noqa: E402
     WRK_SCRIPT,
     Build,
     Service,
+    compiled_build,
     free_port,
     http_json,
     key_text,
@@ -128,15 +130,15 @@ def load(port: int, paths: list[str], concurrency: int, tolerated: float = 0.0) 
 # -- the three ways to look ------------------------------------------------------------------------------------
 
 
-def wrapper_of(mode: str, out: Path) -> list[str]:
+def wrapper_of(mode: str, out: Path, python: str = sys.executable) -> list[str]:
     """The command line before `-m keyroute ...`: the interpreter, behind a profiler or under one."""
     if mode == "calls":
-        return [sys.executable, "-m", "cProfile", "-o", str(out)]  # cProfile runs `-m keyroute` itself
+        return [python, "-m", "cProfile", "-o", str(out)]  # cProfile runs `-m keyroute` itself
     if mode == "syscalls":
-        return ["strace", "-c", "-f", "-o", str(out), sys.executable]
+        return ["strace", "-c", "-f", "-o", str(out), python]
     if mode == "callgrind":
-        return ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}", sys.executable]
-    return [sys.executable]
+        return ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}", python]
+    return [python]
 
 
 def callgrind(pid: int, *options: str) -> None:
@@ -146,7 +148,7 @@ def callgrind(pid: int, *options: str) -> None:
 def callgrind_functions(path: Path) -> dict[str, int]:
     """Inclusive-free (self) instructions per function, from callgrind_annotate."""
     out = subprocess.run(
-        ["callgrind_annotate", "--threshold=100", str(path)], check=True, capture_output=True, text=True
+        ["callgrind_annotate", "--auto=no", "--threshold=100", str(path)], check=True, capture_output=True, text=True
     ).stdout
     functions: dict[str, int] = {}
     for line in out.splitlines():
@@ -184,6 +186,12 @@ def user_system_s(pid: int) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--previous", default="0fb0755", help="the revision whose router is compared")
+    parser.add_argument(
+        "--compiled",
+        metavar="PYTHON",
+        help="compare this work tree with itself compiled by mypyc (the interpreter of a venv holding"
+        " `KEYROUTE_COMPILE=1 pip install .`) instead of with --previous",
+    )
     parser.add_argument("--mode", choices=("cpu", "calls", "callgrind", "syscalls"), default="cpu")
     parser.add_argument("--requests", type=int, default=0, help="reads per measurement (default by mode)")
     parser.add_argument("--concurrency", type=int, default=32)
@@ -210,7 +218,11 @@ def main() -> None:
         record = StoreRecord(STORE, 12, Partitioner.MURMUR2, KeyFormat.STRING, 1, snapshot, ("v",), 1, time.time())
         client.create(zk_layout.store_path(STORE), record.to_json())
         connect = settings.connect_string
-        previous = stack.enter_context(revision_build(args.previous, work))
+        if args.compiled:
+            other, other_label = compiled_build(args.compiled, work), "compiled (mypyc)"
+        else:
+            other = stack.enter_context(revision_build(args.previous, work))
+            other_label = f"previous ({other.label})"
 
         nodes = []
         for n in range(1, args.nodes + 1):
@@ -226,7 +238,7 @@ def main() -> None:
             stack.callback(node.stop)
             nodes.append(node)
         routers: dict[str, tuple[Service, Path]] = {}
-        for label, build in (("this tree", THIS_TREE), (f"previous ({previous.label})", previous)):
+        for label, build in (("this tree", THIS_TREE), (other_label, other)):
             port, out = free_port(), work / f"profile-{len(routers)}.out"
             router = start(
                 build,
@@ -234,7 +246,7 @@ def main() -> None:
                 ["router", "--zk", connect, "--port", str(port)],
                 work,
                 f"http://127.0.0.1:{port}",
-                wrapper_of(args.mode, out),
+                wrapper_of(args.mode, out, build.python),
                 SLOW_ROUTER_ENV if args.mode == "callgrind" else None,
             )
             stack.callback(router.stop)

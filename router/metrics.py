@@ -54,6 +54,7 @@ from keyroute.core.metrics import (
     refusals,
     store_label,
 )
+from keyroute.core.native import mypyc_attr
 from keyroute.core.partition_map import PartitionMap
 from keyroute.http.admission import Admission
 from keyroute.router.quotas import Quotas
@@ -116,6 +117,7 @@ def share_across_workers(directory: str, worker: int) -> WorkerSnapshots:
     return _process_snapshots
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 @dataclass(slots=True)
 class RouterMetrics:
     """What an operator needs to see that routing is healthy: outcomes, misroutes, failovers, latency."""
@@ -209,10 +211,10 @@ class RouterMetrics:
         counts[key] = counts.get(key, 0) + 1
         # observe_duration, inline (once per read)
         durations = self.request_duration
-        key = (store, CODE_CLASSES.get(status) or code_class(status))
-        histogram = durations.get(key)
+        code_key = (store, CODE_CLASSES.get(status) or code_class(status))
+        histogram = durations.get(code_key)
         if histogram is None:
-            histogram = durations[key] = Histogram()
+            histogram = durations[code_key] = Histogram()
         histogram.counts[bisect_left(histogram.bounds, seconds)] += 1
         histogram.sum += seconds
 

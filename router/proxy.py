@@ -628,7 +628,7 @@ class Proxy:
         most MAX_REMEMBERED_OFFSETS are kept: a new one beyond that forgets the oldest."""
         if offset is None:
             return
-        if type(offset) is bytes:
+        if isinstance(offset, bytes):
             try:
                 offset = int(offset)
             except ValueError:

@@ -21,6 +21,7 @@ from keyroute.core.api import (
 )
 from keyroute.core.key_format import KeyFormatError
 from keyroute.core.key_location import Endpoint, KeyLocation, StoreLocator
+from keyroute.core.native import caused
 from keyroute.core.partition_map import PartitionMap
 
 
@@ -178,7 +179,7 @@ class RoutingTable:
         try:
             return locator.locate(key_text)
         except KeyFormatError as exc:
-            raise BadKey(str(exc)) from exc
+            raise caused(BadKey(str(exc)), exc)  # noqa: B904 (`from exc` loses the cause when compiled)
 
     def _unlocated(self, store_name: str) -> NoReturn:
         """Raise what a read of a store without a locator gets."""
@@ -197,4 +198,4 @@ class RoutingTable:
         try:
             return locator.serving_of(key_text)
         except KeyFormatError as exc:
-            raise BadKey(str(exc)) from exc
+            raise caused(BadKey(str(exc)), exc)  # noqa: B904 (`from exc` loses the cause when compiled)

@@ -30,6 +30,7 @@ from keyroute.core.counters import count_down
 from keyroute.core.logs import acceptable_request_id, bind_request_id, new_request_id
 from keyroute.core.metrics import REFUSAL_REASONS
 from keyroute.core.security import BearerAuth
+from keyroute.http.errors import LOGIN_PATH, LogIn
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -41,7 +42,6 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 PROBE_PATHS = frozenset({"/healthz", "/readyz"})
 _AUTHORIZATION = b"authorization"
 _COOKIE = b"cookie"
-LOGIN_PATH = "/admin/login"
 LOGOUT_PATH = "/admin/logout"
 _REQUEST_ID = b"x-request-id"
 
@@ -213,16 +213,6 @@ class Admission:
 LOGIN_PAGES = frozenset({"/admin/ui"})
 # Under /admin, yet open: the login form, and the logout (which only clears the cookie).
 OPEN_ADMIN_PATHS = frozenset({LOGIN_PATH, LOGOUT_PATH})
-
-
-class LogIn(ApiError):
-    """303 to the login form: how a browser page without a session is answered."""
-
-    status = 303
-    code = "login_required"
-
-    def __init__(self) -> None:
-        super().__init__(f"log in at {LOGIN_PATH}", {"Location": LOGIN_PATH, "Cache-Control": "no-store"})
 
 
 class RequestGuard:

@@ -48,12 +48,13 @@ from keyroute.core.access import ANONYMOUS, Identity
 from keyroute.core.api import ApiError, NotFound, error_headers, error_json
 from keyroute.core.logs import bind_request_id
 from keyroute.core.metrics import KIND_BATCH, KIND_KEY, KIND_TIMELINE
+from keyroute.core.native import mypyc_attr
 from keyroute.http.routing import MethodNotAllowed, Route, RouteTable
 
 if TYPE_CHECKING:
     from keyroute.http.admission import Admission
     from keyroute.http.authn import Callers
-    from keyroute.http.exchange import Exchange, Request
+    from keyroute.http.exchange import Answerable, Request
 
 __all__ = ["JSON", "NOT_A_KEY_PATH", "Call", "MethodNotAllowed", "RoutedDataPlane", "Route", "RouteTable"]
 
@@ -74,7 +75,7 @@ class Call:
 
     __slots__ = ("request", "store", "identity", "_exchange", "_plane", "_kind", "_open", "_admitted")
 
-    def __init__(self, plane: RoutedDataPlane, exchange: Exchange, kind: str | None, admitted: float = 0.0) -> None:
+    def __init__(self, plane: RoutedDataPlane, exchange: Answerable, kind: str | None, admitted: float = 0.0) -> None:
         self.request: Request = exchange.request
         self.store = ""  # until the route's first parameter, the store, is decoded
         self.identity: Identity = ANONYMOUS  # who asks (keyroute.core.access): set before the handler
@@ -191,6 +192,7 @@ class Call:
         return f"Call({self.request!r}, answered={not self._open})"
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class RoutedDataPlane:
     """The skeleton of a service's data plane (see the module docstring). A subclass declares `routes` (a
     RouteTable of its handlers, functions taking the plane, the `Call` and the decoded path parameters)
@@ -235,7 +237,7 @@ class RoutedDataPlane:
     def accepts(self, method: str, path: bytes) -> bool:
         return path.startswith(self._prefix)
 
-    def handle(self, exchange: Exchange) -> None:
+    def handle(self, exchange: Answerable) -> None:
         request = exchange.request
         refusal = self.admission.admit_head(self._admitted_path, request.target_bytes, request.headers)
         if refusal is not None:

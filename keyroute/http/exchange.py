@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from keyroute.core.api import DEFAULT_BODY_TIMEOUT_S
+from keyroute.core.native import mypyc_attr
 from keyroute.http.wire import CLOSE, encode
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ class Request:
         return f"Request({self.method} {self.path!r} id={self.request_id})"
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Slot:
     """One request's place in its connection's answer order (pipelining): what it has written while an
     earlier request was still unanswered waits in `_held`. Its connection (keyroute.http.protocol) reads
@@ -139,6 +141,21 @@ class Exchange(Slot):
 
     def __repr__(self) -> str:
         return f"Exchange({self.request!r}, done={self._done}, gone={self._gone})"
+
+
+class Answerable(Protocol):
+    """What a data plane uses of an `Exchange`. The routed data plane takes this, not `Exchange`, so that a
+    stand-in (tests) is accepted by the compiled build (setup.py) as by the pure one."""
+
+    request: Request
+    _on_done: Callable[[], None] | None
+
+    @property
+    def gone(self) -> bool: ...
+
+    def on_done(self, callback: Callable[[], None]) -> None: ...
+
+    def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None: ...
 
 
 class DataPlane(Protocol):

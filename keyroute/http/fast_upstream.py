@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from keyroute.core.native import mypyc_attr
 from keyroute.http.tls import describe
 from keyroute.http.upstream import UpstreamResponse, UpstreamUnavailable
 
@@ -484,6 +485,7 @@ class _Pool:
         return lost
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class FastUpstream:
     """`Upstream` over HTTP/1.1 keep-alive connections of our own, pooled per origin (host and port).
 

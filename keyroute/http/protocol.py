@@ -67,6 +67,7 @@ from keyroute.core.api import (
 from keyroute.core.logs import new_request_id
 from keyroute.http.admission import PROBE_PATHS
 from keyroute.http.asgi import Cycle, http_scope
+from keyroute.http.errors import ClientCertificateRequired, ExpectationFailed
 from keyroute.http.exchange import Exchange, Request, Slot
 from keyroute.http.tls import without_certificate
 from keyroute.http.wire import (
@@ -93,20 +94,6 @@ _LINGER_S = 2.0
 # What a TLS client without a certificate may ask where certificates are required: the kubelet's probes.
 _PROBES = frozenset(path.encode("ascii") for path in PROBE_PATHS)
 _PROBE_METHODS = frozenset(("GET", "HEAD"))
-
-
-class ExpectationFailed(ApiError):
-    """An `Expect` other than 100-continue (the API itself has no use for Expect: only the server answers it)."""
-
-    status = 417
-    code = "expectation_failed"
-
-
-class ClientCertificateRequired(ApiError):
-    """A request other than a probe on a TLS connection without the client certificate the server requires."""
-
-    status = 403
-    code = "client_certificate_required"
 
 
 class _Rejected(Exception):
@@ -165,7 +152,9 @@ class Connection(asyncio.Protocol):
 
     def __init__(self, server: HttpServer) -> None:
         self._server = server
-        self._loop = server._loop
+        loop = server._loop
+        assert loop is not None, "connections are made only while the server runs"
+        self._loop: asyncio.AbstractEventLoop = loop
         self._app = server.app
         self._dp = server._dp
         limits = server.limits

@@ -24,18 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from keyroute.core.api import KEY_PARAMETER, ApiError, NotFound, path_parameter
+from keyroute.http.errors import MethodNotAllowed
 
 __all__ = ["FastRoute", "Match", "MethodNotAllowed", "Route", "RouteTable"]
-
-
-class MethodNotAllowed(ApiError):
-    """405: the path is a route's, the method is not one of its methods (`Allow` lists them)."""
-
-    status = 405
-    code = "method_not_allowed"
-
-    def __init__(self, allow: str) -> None:
-        super().__init__("Method Not Allowed", {"Allow": allow})
 
 
 class Match(enum.Enum):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +28,13 @@ REQUESTS = "keyroute_router_requests_total"
 DURATION = "keyroute_router_request_duration_seconds"
 
 
-@dataclass(slots=True)
 class Worker(RouterMetrics):
-    """A worker's metrics, and the snapshots it shares them through (as router/workers.py keeps them)."""
+    """A worker's metrics, and the snapshots it shares them through (as router/workers.py keeps them). Not a
+    dataclass of its own: a dataclass subclass leaves the fields of the compiled build's RouterMetrics unset."""
 
-    snapshots: WorkerSnapshots | None = None
+    def __init__(self, snapshots: WorkerSnapshots | None = None) -> None:
+        super().__init__()
+        self.snapshots = snapshots
 
 
 def worker(directory: Path, index: int, interval_s: float | None = None) -> Worker:
