@@ -51,6 +51,7 @@ from router import (  # benchmarks/router.py: the store, processes, wrk and /pro
     key_text,
     tree_cpu_s,
     wait_until,
+    write_section,
     write_store,
     wrk_result,
 )
@@ -236,7 +237,7 @@ def main() -> int:
         report = render(figures, args)
         print(report)
         if args.write:
-            write_section(report)
+            write_section(SECTION, report)
     return 0
 
 
@@ -276,17 +277,6 @@ def render(f: dict[str, float], args: argparse.Namespace) -> str:
             "",
         ]
     )
-
-
-def write_section(report: str) -> None:
-    text = RESULTS.read_text(encoding="utf-8")
-    start = text.find(SECTION)
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + report
-    else:
-        end = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + report + (text[end + 1 :] if end >= 0 else "")
-    RESULTS.write_text(text, encoding="utf-8")
 
 
 if __name__ == "__main__":

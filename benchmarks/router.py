@@ -1123,6 +1123,18 @@ def section(
     )
 
 
+def write_section(section: str, text: str) -> None:
+    """Replace the `## ` section headed `section` of RESULTS.md (up to the next `## ` heading) with `text`, or
+    add `text` at the end; the other sections stay as they are. For the scripts that build on this one."""
+    current = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
+    found = re.search(rf"^{re.escape(section)}\n.*?(?=^## |\Z)", current, re.MULTILINE | re.DOTALL)
+    if found:
+        updated = current[: found.start()] + text.rstrip("\n") + "\n\n" + current[found.end() :]
+    else:
+        updated = current.rstrip("\n") + "\n\n" + text
+    RESULTS.write_text(updated.rstrip("\n") + "\n", encoding="utf-8")
+
+
 def write_subsection(text: str) -> None:
     """Replace this table (its subsection: the first line of `text`) inside the Router section of RESULTS.md,
     leaving everything else as it is."""

@@ -35,7 +35,6 @@ from keyroute.core.settings import ZkSettings
 from keyroute.core.zookeeper_server import EmbeddedZooKeeper
 from router import (  # benchmarks/router.py: the store, processes, wrk and /proc readings
     CHROOT,
-    RESULTS,
     STORE,
     WRK_SCRIPT,
     Figures,
@@ -48,6 +47,7 @@ from router import (  # benchmarks/router.py: the store, processes, wrk and /pro
     start_service,
     tree_cpu_s,
     wait_until,
+    write_section,
     write_store,
     wrk_run,
 )
@@ -85,7 +85,7 @@ def main() -> int:
     text = section(figures, args, command)
     print(text)
     if args.write and not args.quick:
-        write_section(text)
+        write_section(SECTION, text)
     return 0
 
 
@@ -207,17 +207,6 @@ def section(figures: dict[str, Figures], args: argparse.Namespace, command: str)
             "",
         ]
     )
-
-
-def write_section(text: str) -> None:
-    results = RESULTS.read_text(encoding="utf-8")
-    start = results.find(SECTION)
-    if start < 0:
-        results = results.rstrip("\n") + "\n\n" + text
-    else:
-        end = results.find("\n## ", start + len(SECTION))
-        results = results[:start] + text.rstrip("\n") + "\n" + (results[end:] if end >= 0 else "")
-    RESULTS.write_text(results, encoding="utf-8")
 
 
 if __name__ == "__main__":

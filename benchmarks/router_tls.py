@@ -22,7 +22,6 @@ import importlib
 import importlib.util
 import json
 import os
-import re
 import shutil
 import signal
 import ssl
@@ -63,6 +62,7 @@ from router import (  # benchmarks/router.py: the store, processes, wrk and /pro
     tree_cpu_s,
     wait_until,
     write_key_files,
+    write_section,
     write_store,
     wrk_run,
 )
@@ -371,16 +371,6 @@ def section(
     )
 
 
-def write_section(text: str) -> None:
-    current = RESULTS.read_text(encoding="utf-8")
-    found = re.search(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", current, re.MULTILINE | re.DOTALL)
-    if found:
-        updated = current[: found.start()] + text.rstrip("\n") + "\n\n" + current[found.end() :]
-    else:
-        updated = current.rstrip("\n") + "\n\n" + text
-    RESULTS.write_text(updated.rstrip("\n") + "\n", encoding="utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--keys", type=int, help="keys in the store (default: 100,000; --quick: 20,000)")
@@ -417,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     print(f"took {time.monotonic() - started:.0f} s", file=sys.stderr)
     if args.write:
-        write_section(text)
+        write_section(SECTION, text)
         print(f"wrote {SECTION!r} in {RESULTS}", file=sys.stderr)
     return 0
 
