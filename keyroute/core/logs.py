@@ -13,7 +13,7 @@ import logging
 import secrets
 import sys
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import IO, Any
 
 FORMATS = ("text", "json")
@@ -37,8 +37,9 @@ _RECORD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None)))
 }
 
 
-def new_request_id() -> str:
-    return f"{_PREFIX}-{next(_SEQUENCE):x}"
+# `new_request_id()`: the prefix and the next number in hex. Made of C-level callables (a bound `format` mapped
+# over the counter): a new id costs no Python frame, once per request that comes without one.
+new_request_id: Callable[[], str] = map(f"{_PREFIX}-{{:x}}".format, _SEQUENCE).__next__
 
 
 def acceptable_request_id(value: str | None) -> bool:

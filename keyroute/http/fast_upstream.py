@@ -79,6 +79,7 @@ class _Connection(asyncio.Protocol):
         self.headers: list[tuple[bytes, bytes]] = []
         self.body: list[bytes] = []
         self.received = False
+        self.replied = False  # this exchange's reply is complete (a second one is refused)
         self.framed = False
         self.until_eof = False
         self.encoding: bytes | None = None
@@ -100,7 +101,7 @@ class _Connection(asyncio.Protocol):
         self.status = 0
         self.headers = []
         self.body = []
-        self.received = self.framed = self.until_eof = False
+        self.received = self.framed = self.until_eof = self.replied = False
         self.encoding = None
         transport = self.transport
         if transport is None or transport.is_closing():
@@ -180,11 +181,9 @@ class _Connection(asyncio.Protocol):
                 waiter.set_exception(_Failure(f"the node {what} the connection", retriable=True))
 
     # -- httptools callbacks ------------------------------------------------------------------------
-
-    def on_message_begin(self) -> None:
-        waiter = self.waiter
-        if waiter is None or (waiter.__class__ is not _Exchange and waiter.done()):  # as in data_received
-            raise _Failure("a second response arrived for one request")
+    #
+    # No on_message_begin (a callback per reply saved): a second response to one request is caught by its
+    # head instead (`replied`), which fails the parse: the connection is closed, never reused.
 
     def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
@@ -196,6 +195,8 @@ class _Connection(asyncio.Protocol):
                 self.framed = True
 
     def on_headers_complete(self) -> None:
+        if self.replied:
+            raise _Failure("a second response arrived for one request")
         self.status = status = self.parser.get_status_code()
         self.until_eof = not self.framed and status >= 200 and status not in (204, 304)
 
@@ -211,14 +212,29 @@ class _Connection(asyncio.Protocol):
             return
         if not self.parser.should_keep_alive():
             self.reusable = False  # Connection: close, or HTTP/1.0 without keep-alive
+        waiter = self.waiter
+        if self.encoding is None and waiter is not None:
+            # _complete's common case, inline (once per reply): no content coding to undo.
+            chunks = self.body
+            headers = self.headers
+            self.headers = []  # a further response's lines go here, not into the reply handed on
+            self.replied = True
+            # UpstreamResponse(...) without the Python frame of a NamedTuple's generated __new__.
+            waiter.set_result(
+                _new_tuple(UpstreamResponse, (self.status, headers, chunks[0] if len(chunks) == 1 else b"".join(chunks)))
+            )
+            return
         self._complete()
 
     def _complete(self) -> None:
         waiter = self.waiter
-        assert waiter is not None
+        if waiter is None:
+            raise _Failure("a second response arrived for one request")
         chunks = self.body
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         headers = self.headers
+        self.headers = []
+        self.replied = True
         if self.encoding is not None and self.encoding != b"identity":
             try:
                 body = _decode(self.encoding, body)
