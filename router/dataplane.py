@@ -36,10 +36,84 @@ from keyroute.router.ranges import read_range
 _ACCEPT = b"accept"
 
 
+# -- one key, and a key's timeline ----------------------------------------------------------------------
+
+
+def _read_key(plane: RouterDataPlane, call: Call, store: str, key: str) -> None:
+    if plane.quotas.active:
+        plane._admit(call, store, 1)
+    request = call.request
+    accept = request.header(_ACCEPT)
+    media = None if accept is None else answer_type(accept, store)  # no Accept (JSON): no call
+    settle = call.settle if media is None else _avro_settle(call, media)
+    # The node's reply is passed on as it is (the server adds the read's id unless the node echoed it).
+    # Only a request with a query string pays for looking at it.
+    if request.query and (min_offset := min_offset_query(request.query)) is not None:
+        plane.proxy.read(store, key, request.request_id, settle, min_offset)
+    else:
+        plane.proxy.read(store, key, request.request_id, settle)
+
+
+def _read_timeline(plane: RouterDataPlane, call: Call, store: str, key: str, read: str) -> None:
+    """A history or windows read: routed by its key like a key read, its query passed on as it came (the
+    node checks it)."""
+    request = call.request
+    media = answer_type(request.header(_ACCEPT), store)
+    settle = call.settle if media is None else _avro_settle(call, media)
+    if plane.quotas.active:
+        plane._admit(call, store, page_cost(request.query))
+    tail = "/" + read + ("?" + request.query.decode("latin-1") if request.query else "")
+    plane.proxy.read(store, key, request.request_id, settle, tail=tail)
+
+
+def _read_history(plane: RouterDataPlane, call: Call, store: str, key: str) -> None:
+    _read_timeline(plane, call, store, key, "history")
+
+
+def _read_windows(plane: RouterDataPlane, call: Call, store: str, key: str) -> None:
+    _read_timeline(plane, call, store, key, "windows")
+
+
+# -- key ranges and batches -----------------------------------------------------------------------------
+
+
+async def _read_range(plane: RouterDataPlane, call: Call, store: str) -> None:
+    request = call.request
+    if plane.quotas.active:
+        plane._admit(call, store, page_cost(request.query))
+    call.answer(200, list(JSON), await read_range(plane.proxy, store, request.query, request.request_id))
+
+
+async def _batch_get(plane: RouterDataPlane, call: Call, store: str) -> None:
+    request = call.request
+    media = answer_type(request.header(_ACCEPT), store)
+    proxy = plane.proxy
+    parsed = parse_batch_request(request.body, 0)  # the proxy checks (and counts) the number of keys
+    if plane.quotas.active:
+        plane._admit(call, store, len(parsed.keys))
+    results = await proxy.batch_get(store, parsed.keys, request.request_id, parsed.bounds)
+    proxy.metrics.count_results(store, KIND_BATCH, results)
+    if media is None:
+        call.answer_counted(200, list(JSON), encode_entry({"results": results}))
+    else:
+        call.answer_counted(200, avro_headers(JSON, media), encode_answer({"results": results}))
+
+
+# -- the answers' schema --------------------------------------------------------------------------------
+
+
+def _schema(plane: RouterDataPlane, call: Call, store: str) -> None:
+    table = plane.proxy.table
+    if not table.has_store(store):
+        raise table.unknown_store(store)
+    call.answer(200, list(JSON), schema_answer(store, table.map.stores[store].value_columns))
+
+
 class RouterDataPlane(RoutedDataPlane):
     """Answers the exchanges `keyroute.http.server.HttpServer` hands it with the proxy and the admission
     checks the router app's lifespan and `create_app` put on the app's state: the same counters as the
-    app's own `RequestGuard`."""
+    app's own `RequestGuard`. Its handlers are the module's functions below, each taking the plane first
+    (as `RoutedDataPlane` calls a route's handler), defined before it."""
 
     def __init__(
         self, proxy: Proxy, admission: Admission, max_key_bytes: int = 0, quotas: Quotas | None = None
@@ -72,72 +146,16 @@ class RouterDataPlane(RoutedDataPlane):
         quota of `store`. Only called while quotas are configured (`Quotas.active`)."""
         self.quotas.admit(caller_of(call).name, store, cost)
 
-    # -- one key, and a key's timeline ------------------------------------------------------------------
-
-    def _read_key(self, call: Call, store: str, key: str) -> None:
-        if self.quotas.active:
-            self._admit(call, store, 1)
-        request = call.request
-        media = answer_type(request.header(_ACCEPT), store)
-        settle = call.settle if media is None else _avro_settle(call, media)
-        # The node's reply is passed on as it is (the server adds the read's id unless the node echoed it).
-        # Only a request with a query string pays for looking at it.
-        if request.query and (min_offset := min_offset_query(request.query)) is not None:
-            self.proxy.read(store, key, request.request_id, settle, min_offset)
-        else:
-            self.proxy.read(store, key, request.request_id, settle)
-
-    def _read_timeline(self, call: Call, store: str, key: str, read: str) -> None:
-        """A history or windows read: routed by its key like a key read, its query passed on as it came (the
-        node checks it)."""
-        request = call.request
-        media = answer_type(request.header(_ACCEPT), store)
-        settle = call.settle if media is None else _avro_settle(call, media)
-        if self.quotas.active:
-            self._admit(call, store, page_cost(request.query))
-        tail = "/" + read + ("?" + request.query.decode("latin-1") if request.query else "")
-        self.proxy.read(store, key, request.request_id, settle, tail=tail)
-
-    def _read_history(self, call: Call, store: str, key: str) -> None:
-        self._read_timeline(call, store, key, "history")
-
-    def _read_windows(self, call: Call, store: str, key: str) -> None:
-        self._read_timeline(call, store, key, "windows")
-
-    # -- key ranges and batches -------------------------------------------------------------------------
-
-    async def _read_range(self, call: Call, store: str) -> None:
-        request = call.request
-        if self.quotas.active:
-            self._admit(call, store, page_cost(request.query))
-        call.answer(200, list(JSON), await read_range(self.proxy, store, request.query, request.request_id))
-
-    async def _batch_get(self, call: Call, store: str) -> None:
-        request = call.request
-        media = answer_type(request.header(_ACCEPT), store)
-        proxy = self.proxy
-        parsed = parse_batch_request(request.body, 0)  # the proxy checks (and counts) the number of keys
-        if self.quotas.active:
-            self._admit(call, store, len(parsed.keys))
-        results = await proxy.batch_get(store, parsed.keys, request.request_id, parsed.bounds)
-        proxy.metrics.count_results(store, KIND_BATCH, results)
-        if media is None:
-            call.answer_counted(200, list(JSON), encode_entry({"results": results}))
-        else:
-            call.answer_counted(200, avro_headers(JSON, media), encode_answer({"results": results}))
-
-    # -- the answers' schema ----------------------------------------------------------------------------
-
-    def _schema(self, call: Call, store: str) -> None:
-        table = self.proxy.table
-        if not table.has_store(store):
-            raise table.unknown_store(store)
-        call.answer(200, list(JSON), schema_answer(store, table.map.stores[store].value_columns))
-
-    # A range read over a whole store: the router gathers it from every partition's nodes.
-    _range_route = Route("/stores/{store}/range", ("GET",), _read_range, KIND_RANGE)
-    _schema_route = Route("/stores/{store}/schema", ("GET",), _schema)
-    routes = store_routes(_read_key, _read_history, _read_windows, _batch_get, _range_route, _schema_route)
+    # The data API's routes, with a range read over a whole store (the router gathers it from every
+    # partition's nodes) and the answers' schema.
+    routes = store_routes(
+        _read_key,
+        _read_history,
+        _read_windows,
+        _batch_get,
+        Route("/stores/{store}/range", ("GET",), _read_range, KIND_RANGE),
+        Route("/stores/{store}/schema", ("GET",), _schema),
+    )
 
 
 def _avro_settle(call: Call, media: bytes) -> Callable[[Any], None]:

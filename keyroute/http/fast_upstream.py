@@ -219,10 +219,9 @@ class _Connection(asyncio.Protocol):
             headers = self.headers
             self.headers = []  # a further response's lines go here, not into the reply handed on
             self.replied = True
+            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
             # UpstreamResponse(...) without the Python frame of a NamedTuple's generated __new__.
-            waiter.set_result(
-                _new_tuple(UpstreamResponse, (self.status, headers, chunks[0] if len(chunks) == 1 else b"".join(chunks)))
-            )
+            waiter.set_result(_new_tuple(UpstreamResponse, (self.status, headers, body)))
             return
         self._complete()
 

@@ -40,6 +40,7 @@ from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.server import HttpServer
 from keyroute.http.upstream import Upstream, UpstreamResponse
 from keyroute.router.backoff import NodeBackoff
+from keyroute.router.balancer import DEFAULT_RECOMPUTE_EVERY
 from keyroute.router.proxy import HedgeSettings, Proxy, ProxySettings
 from keyroute.router.routing_table import RoutingTable
 from tests.unit.http.test_fast_upstream import CLOSE, RawServer, ok
@@ -847,7 +848,7 @@ def test_the_automatic_threshold_comes_from_recent_latencies(slow_fast: tuple[Lo
     async def scenario() -> list[tuple[str, str, set[str]]]:
         try:
             assert h.proxy.hedge_delay_s is None  # no latencies yet: no hedging
-            for i in range(64):  # both fast: enough reads to know what "usual" is
+            for i in range(DEFAULT_RECOMPUTE_EVERY):  # both fast: enough reads to know what "usual" is
                 await h.read(f"warm-{i}")
             assert h.proxy.hedge_delay_s is not None
             assert h.proxy.metrics.hedges == 0
