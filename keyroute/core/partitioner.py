@@ -9,7 +9,13 @@ import enum
 import struct
 import zlib
 from collections.abc import Iterable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    # Only an annotation: the compiled build (setup.py) keeps murmur2's mixing in native 64-bit integers,
+    # which every product below fits (a 32-bit value times the 31-bit multiplier); the pure build's ints
+    # are unaffected.
+    from mypy_extensions import i64
 
 _MASK32 = 0xFFFFFFFF
 _SIGN32 = 0x80000000
@@ -67,7 +73,7 @@ def murmur2_bits(data: KeyBytes) -> int:
     computed from (`to_positive(murmur2(data)) == murmur2_bits(data) & 0x7FFFFFFF`), one frame and two
     operations less per key."""
     length = len(data)
-    h = _MURMUR2_SEED ^ length
+    h: i64 = _MURMUR2_SEED ^ length
     body = length & ~3
     # The 4-byte little-endian words unpacked in C (one precompiled Struct for keys up to 64 bytes); only the
     # mixing stays in Python, with the fewest operations on these two-digit ints (each allocates): the
@@ -77,7 +83,8 @@ def murmur2_bits(data: KeyBytes) -> int:
         words: Iterable[int] = _LE_WORDS[n].unpack_from(data)
     else:
         words = [k for (k,) in _LE_WORD.iter_unpack(memoryview(data)[:body])]
-    for k in words:
+    for word in words:
+        k: i64 = word
         k = (k * 0x5BD1E995) & 0xFFFFFFFF
         h = ((h * 0x5BD1E995) ^ ((k ^ (k >> 24)) * 0x5BD1E995)) & 0xFFFFFFFF
     if length != body:

@@ -226,16 +226,18 @@ class RoutedDataPlane:
         self.max_parameter_bytes = max_parameter_bytes
         self._error_headers = tuple(error_headers)
         self._tasks: set[asyncio.Task[None]] = set()  # handlers' tasks in progress (the loop keeps weak refs)
-        self._prefix = self.routes.prefix  # /stores/: every route's path starts with it
+        # /stores/: every route's path starts with it; the server compares a request's raw path with it (the
+        # `accepts` of a server that does not look for `prefix`).
+        self.prefix = self.routes.prefix
         # What the admission checks are given as a request's path: the prefix, neither a probe's path nor a
         # protected one, as no percent-decoding of a path that starts with it can be.
-        self._admitted_path = self._prefix.decode("ascii")
+        self._admitted_path = self.prefix.decode("ascii")
         self._fast = self.routes.fast_route()
         # Who may read which store (keyroute.http.authn): None, without access control, checks nothing.
         self.callers: Callers | None = None
 
     def accepts(self, method: str, path: bytes) -> bool:
-        return path.startswith(self._prefix)
+        return path.startswith(self.prefix)
 
     def handle(self, exchange: Answerable) -> None:
         request = exchange.request

@@ -159,6 +159,9 @@ class Answerable(Protocol):
 
 
 class DataPlane(Protocol):
+    """A data plane may also have `prefix` (bytes): then every request whose raw path starts with it is the
+    data plane's, and `accepts` is not asked (one comparison per request instead of a call)."""
+
     def accepts(self, method: str, path: bytes) -> bool:
         """Whether the request with this method and raw path is the data plane's (called as soon as the
         request head is parsed; cheap). Everything else goes to the ASGI app."""

@@ -72,6 +72,8 @@ class _Connection(asyncio.Protocol):
         self.pool = pool
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
+        self.feed = self.parser.feed_data  # bound once per connection, not looked up per reply
+        self.write: Any = None  # the transport's write, bound once (connection_made)
         self.waiter: Any = None  # an asyncio.Future[UpstreamResponse] or an _Exchange
         # Resolved when the socket is really gone, so aclose() can wait for it.
         self.lost: asyncio.Future[None] = pool.loop.create_future()
@@ -112,7 +114,7 @@ class _Connection(asyncio.Protocol):
         upstream._in_flight[self] = deadline
         if upstream._watchdog is None or deadline < upstream._watchdog_at:
             upstream._arm_watchdog(deadline)
-        transport.write(request)
+        self.write(request)
 
     def end_exchange(self) -> None:
         """The exchange is over (replied, failed or abandoned): nothing waits, no deadline is watched."""
@@ -140,6 +142,7 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
         self.transport = transport  # type: ignore[assignment]
+        self.write = transport.write  # type: ignore[attr-defined]
 
     def data_received(self, data: bytes) -> None:
         waiter = self.waiter
@@ -151,7 +154,7 @@ class _Connection(asyncio.Protocol):
             return
         self.received = True
         try:
-            self.parser.feed_data(data)
+            self.feed(data)
         except httptools.HttpParserError as exc:
             self._fail(_Failure(f"malformed response: {exc}"))
         except httptools.HttpParserUpgrade:

@@ -264,6 +264,7 @@ class HttpServer:
         # The admin port: everything goes to the app (no data plane), the admin paths included.
         conn = Connection(self)
         conn._dp = None
+        conn._dp_prefix = None
         return conn
 
     def _refused(self, code: str) -> None:

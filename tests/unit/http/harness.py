@@ -166,6 +166,16 @@ async def _fails(request: StarletteRequest) -> Response:
     raise RuntimeError("a route that fails")
 
 
+class PrefixPlane(Plane):
+    """`Plane` that says its paths by `prefix`, as keyroute's data planes do: the server compares paths with it
+    and never asks `accepts`."""
+
+    prefix = b"/stores/"
+
+    def accepts(self, method: str, path: bytes) -> bool:
+        raise AssertionError("a data plane with a prefix is not asked whether it accepts a request")
+
+
 def starlette_app(lifespan: Any = None) -> Starlette:
     return Starlette(
         routes=[

@@ -88,6 +88,30 @@ def test_http10_with_keep_alive_stays_open_and_says_so(arun: Any) -> None:
     arun(scenario())
 
 
+@pytest.mark.parametrize("upgrade", [True, False])
+def test_an_upgrade_request_is_answered_and_closed_and_its_upgrade_header_alone_is_not_one(
+    arun: Any, upgrade: bool
+) -> None:
+    # We speak no other protocol: what follows an upgrading request's head is not HTTP for us. Only a request
+    # with `Connection: upgrade` and an Upgrade header upgrades; the header alone is an ordinary header.
+    async def scenario() -> None:
+        plane = Plane()
+        connection = "Connection: upgrade" if upgrade else "Connection: keep-alive"
+        async with serving(plane) as server, connect(server.port) as (reader, writer):
+            writer.write(get("/stores/a", "Upgrade: websocket", connection) + get("/stores/b"))
+            answer = await read_answer(reader)
+            assert answer.status == 200 and answer.body == b"GET /stores/a "
+            if upgrade:
+                assert answer.header("connection") == "close"
+                assert await closed_by_server(reader)
+            else:
+                assert answer.header("connection") is None
+                assert (await read_answer(reader)).body == b"GET /stores/b "
+        assert [r.path for r in plane.handled] == ([b"/stores/a"] if upgrade else [b"/stores/a", b"/stores/b"])
+
+    arun(scenario())
+
+
 def test_connection_close_is_honoured_and_later_requests_are_not_answered(arun: Any) -> None:
     async def scenario() -> None:
         plane = Plane()

@@ -24,6 +24,7 @@ from keyroute.http import HttpServer, ServerLimits, run
 from tests.unit.http.harness import (
     IO_TIMEOUT_S,
     Plane,
+    PrefixPlane,
     closed_by_server,
     connect,
     exchange,
@@ -304,7 +305,10 @@ def test_run_stops_gracefully_on_sigterm(tmp_path: Any) -> None:
 # -- an admin port: the admin paths there only, the data plane on the data port only -------------------------
 
 
-def test_an_admin_port_serves_the_admin_paths_and_the_data_port_refers_to_it(arun: Any) -> None:
+@pytest.mark.parametrize("plane_class", [Plane, PrefixPlane])
+def test_an_admin_port_serves_the_admin_paths_and_the_data_port_refers_to_it(
+    arun: Any, plane_class: type[Plane]
+) -> None:
     from starlette.responses import PlainTextResponse
     from starlette.routing import Route
 
@@ -314,7 +318,7 @@ def test_an_admin_port_serves_the_admin_paths_and_the_data_port_refers_to_it(aru
     app = Starlette(routes=[Route(path, text) for path in ("/admin/partition-map", "/metrics", "/healthz")])
 
     async def scenario() -> None:
-        plane = Plane()
+        plane = plane_class()
         server = HttpServer(app, data_plane=lambda state: plane, error_headers=[(b"x-keyroute-node", b"n1")])
         await server.start(port=0, admin_port=0)
         try:
