@@ -26,6 +26,7 @@ from keyroute.core.access import caller_of
 from keyroute.core.api import min_offset_query
 from keyroute.core.avro_answers import answer_type, avro_answer, avro_headers, encode_answer, schema_answer
 from keyroute.core.metrics import KIND_BATCH, KIND_RANGE
+from keyroute.core.native import mypyc_attr
 from keyroute.http.admission import Admission
 from keyroute.http.dataplane import JSON, Call, Route, RoutedDataPlane, store_routes
 from keyroute.http.forwarding import encode_entry, parse_batch_request
@@ -109,6 +110,7 @@ def _schema(plane: RouterDataPlane, call: Call, store: str) -> None:
     call.answer(200, list(JSON), schema_answer(store, table.map.stores[store].value_columns))
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # tests spy on it by subclassing
 class RouterDataPlane(RoutedDataPlane):
     """Answers the exchanges `keyroute.http.server.HttpServer` hands it with the proxy and the admission
     checks the router app's lifespan and `create_app` put on the app's state: the same counters as the
