@@ -30,7 +30,6 @@ from keyroute.core.native import mypyc_attr
 from keyroute.http.admission import Admission
 from keyroute.http.dataplane import JSON, Call, Route, RoutedDataPlane, store_routes
 from keyroute.http.forwarding import encode_entry, parse_batch_request
-from keyroute.router.proxy import Proxy
 from keyroute.router.quotas import Quotas, page_cost
 from keyroute.router.ranges import read_range
 
@@ -118,8 +117,10 @@ class RouterDataPlane(RoutedDataPlane):
     (as `RoutedDataPlane` calls a route's handler), defined before it."""
 
     def __init__(
-        self, proxy: Proxy, admission: Admission, max_key_bytes: int = 0, quotas: Quotas | None = None
+        self, proxy: Any, admission: Admission, max_key_bytes: int = 0, quotas: Quotas | None = None
     ) -> None:
+        # `proxy` is a keyroute.router.proxy.Proxy, or a test's stand-in for one: typed Any, because the
+        # compiled build checks a parameter's declared class when the function is called.
         metrics = proxy.metrics
         super().__init__(
             admission,
@@ -129,7 +130,7 @@ class RouterDataPlane(RoutedDataPlane):
             answered=metrics.answered,
             caller_answered=metrics.caller_answered,
         )
-        self.proxy = proxy
+        self.proxy: Any = proxy  # see above: a Proxy
         self.quotas = quotas if quotas is not None else Quotas()
 
     @classmethod
