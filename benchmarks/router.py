@@ -1,19 +1,32 @@
 """What a proxied read costs on a real cluster: direct, through keyroute's routers (new, previous), through nginx.
 
-Run from the repository root: `.venv/bin/python benchmarks/router.py [--write] [--previous REV] [--rounds 5]`
+Run from the repository root:
+`.venv/bin/python benchmarks/router.py [--write] [--build compiled|pure] [--previous REV] [--rounds 5]`
 (`--quick`: a smoke run of the plumbing, not figures). It installs wrk and nginx with apt-get when they are
 missing, builds a store without Spark, starts ZooKeeper, two nodes, a router, a second router with
-`--workers 2`, the router of a previous revision (a `git worktree` of REV, default f3c1e03, run with its own
-packages on PYTHONPATH against the same ZooKeeper and nodes; the worktree is removed at the end), nginx and
-two references (benchmarks/baselines/) on 127.0.0.1, measures with wrk, stops everything; --write records
-the figures in benchmarks/RESULTS.md. Two tables: every setup at saturation, and every setup at one equal,
-moderate rate (wrk paced), where the CPU a node spends per read compares like with like.
+`--workers 2`, the router of a previous revision REV (default f3c1e03), nginx and two references
+(benchmarks/baselines/) on 127.0.0.1, all against the same ZooKeeper and nodes, measures with wrk, stops
+everything; --write records the figures in benchmarks/RESULTS.md. Two tables: every setup at saturation, and
+every setup at one equal, moderate rate (wrk paced), where the CPU a node spends per read compares like with
+like.
+
+Which builds: `--build compiled` (the default) measures the router as it ships. The script builds this work
+tree (a copy of its files, uncommitted edits included) and REV each as the image does, `KEYROUTE_COMPILE=1
+python -m pip install --no-deps --target DIR` (mypyc compiles setup.py's COMPILED list; build isolation fetches
+setuptools and mypy from the configured index; about 1.5 min each), into directories of their own removed at
+the end, and runs each router from its DIR with DIR first on PYTHONPATH, having checked that the read path's
+modules are DIR's C extensions; a REV with no setup.py with a COMPILED list runs pure from a `git worktree`.
+This work tree pure (the venv's editable install) is measured beside them at the highest concurrency; the
+nodes are always the editable install. `--build pure`: this work tree's editable install against REV from a
+`git worktree` with its own packages first on PYTHONPATH, both pure Python. `--compiled VENV/bin/python`
+(implies `--build pure`): (b2) is this work tree compiled into a venv prepared by hand instead of REV.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import io
 import json
 import os
 import platform
@@ -26,6 +39,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import tomllib
@@ -71,14 +85,16 @@ DIRECT = "a. direct to the owning node"
 ROUTER = "b. keyroute router -> owner"
 PREVIOUS = "b2. previous keyroute router -> owner"
 WORKERS = "b3. keyroute router --workers 2 -> owner"
+# With --build compiled, (b) and (b3) are this work tree compiled; (b4) is it pure, as the venv runs it.
+PURE = "b4. keyroute router, this work tree pure Python -> owner"
 NGINX_RR = "c. nginx round-robin, nodes forward"
 NGINX_OWNER = "d. nginx -> owner (client-side routing)"
 BARE = "e. bare Python proxy -> owner (the floor for a Python hop)"
 FRAMEWORK = "f. Starlette app, one fixed answer (no node, no store)"
-# The equal-rate table compares (a) to (d); (b3) is measured at saturation and the highest concurrency only,
+# The equal-rate table compares (a) to (d); (b3), (b4) are measured at saturation, highest concurrency only,
 # (e) and (f) are references measured at saturation only.
 SCENARIOS = (DIRECT, ROUTER, PREVIOUS, NGINX_RR, NGINX_OWNER)
-SATURATED_SCENARIOS = (DIRECT, ROUTER, PREVIOUS, WORKERS, NGINX_RR, NGINX_OWNER, BARE, FRAMEWORK)
+SATURATED_SCENARIOS = (DIRECT, ROUTER, PREVIOUS, WORKERS, PURE, NGINX_RR, NGINX_OWNER, BARE, FRAMEWORK)
 BASELINES = Path(__file__).resolve().parent / "baselines"
 
 # Picks a random path from a file for every request, and prints wrk's summary as one parseable line.
@@ -279,6 +295,9 @@ class Build:
     python: str = sys.executable
     # how the tables name (b2): the "previous" router, or the "compiled" one
     role: str = "previous"
+    # how it was built, for the written section
+    how: str = "pure Python, the venv's editable install"
+    compiled: bool = False
 
     def start(self, name: str, args: Sequence[str], work: Path, url: str) -> Service:
         command = [self.python, "-m", "keyroute", *args]
@@ -331,22 +350,121 @@ def git(*args: str) -> str:
     return done.stdout.strip()
 
 
-def compiled_build(python: str, work: Path) -> Build:
-    """keyroute as installed for the interpreter `python` with `KEYROUTE_COMPILE=1 pip install .` (setup.py
-    compiles its read path with mypyc), run from `work` so that this tree's folders do not shadow it."""
+# The modules of a proxied read that a compiled build must import from its C extensions.
+COMPILED_PROBES = ("keyroute.router.proxy", "keyroute.http.protocol")
+
+
+def where_from(python: str, names: Sequence[str], cwd: Path, env: dict[str, str] | None = None) -> dict[str, str]:
+    """Which file each import name comes from for `python` run in `cwd` with `env` (WHERE_FROM)."""
     check = subprocess.run(
-        [python, "-c", WHERE_FROM, "keyroute.router.proxy", "keyroute.http.protocol"],
-        cwd=work,
-        capture_output=True,
-        text=True,
+        [python, "-c", WHERE_FROM, *names], cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True, text=True
     )
     if check.returncode != 0:
         raise SystemExit(f"{python} cannot import keyroute:\n{check.stderr}")
-    where = json.loads(check.stdout)
+    found: dict[str, str] = json.loads(check.stdout)
+    return found
+
+
+def compiled_build(python: str, work: Path) -> Build:
+    """keyroute as installed for the interpreter `python` with `KEYROUTE_COMPILE=1 pip install .` (setup.py
+    compiles its read path with mypyc), run from `work` so that this tree's folders do not shadow it."""
+    where = where_from(python, COMPILED_PROBES, work)
     if not all(str(f).endswith(".so") for f in where.values()):
         raise SystemExit(f"{python}'s keyroute is not compiled (KEYROUTE_COMPILE=1 pip install .): {where}")
     print("compiled: " + ", ".join(f"{n} <- {f}" for n, f in where.items()), file=sys.stderr, flush=True)
-    return Build("mypyc", work, python=python, subject="this work tree compiled with mypyc", role="compiled")
+    how = (
+        f"compiled with mypyc (`KEYROUTE_COMPILE=1 pip install .` into the venv of `{python}`; setup.py lists the"
+        " compiled modules)"
+    )
+    return Build(
+        "mypyc",
+        work,
+        python=python,
+        subject="this work tree compiled with mypyc",
+        role="compiled",
+        how=how,
+        compiled=True,
+    )
+
+
+def copy_work_tree(target: Path) -> Path:
+    """This work tree's files as they are now, uncommitted edits included (tracked and untracked files that
+    git does not ignore), copied to `target`: the source of a build that leaves the work tree untouched."""
+    for name in git("ls-files", "-z", "--cached", "--others", "--exclude-standard").split("\0"):
+        source = ROOT / name
+        if name and source.is_file():  # a tracked file deleted in the work tree is left out
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name)
+    return target
+
+
+def export_revision(sha: str, target: Path) -> Path:
+    """The files of commit `sha` (`git archive`), written to `target`."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", sha], capture_output=True)
+    if archive.returncode != 0:
+        raise SystemExit(f"git archive {sha} failed:\n{archive.stderr.decode(errors='replace')}")
+    target.mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(target, filter="data")
+    return target
+
+
+def compiles(sha: str) -> bool:
+    """Whether commit `sha` has a setup.py that compiles a COMPILED list of modules with KEYROUTE_COMPILE=1."""
+    shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{sha}:setup.py"], capture_output=True, text=True)
+    return shown.returncode == 0 and re.search(r"^COMPILED\b", shown.stdout, re.MULTILINE) is not None
+
+
+def installed_build(source: Path, site: Path, label: str, what: str, rev: str = "", subject: str = "") -> Build:
+    """keyroute built from `source` and compiled with mypyc, `KEYROUTE_COMPILE=1 <python> -m pip install
+    --no-deps --target SITE SOURCE` (build isolation fetches setuptools and mypy), and how to run it: from `site`
+    with `site` first on PYTHONPATH. Stops unless the read path's modules are `site`'s C extensions."""
+    command = [sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(site), str(source)]
+    log = site.parent / f"{site.name}-pip.log"
+    print(f"building {what} with mypyc into {site} (about 1.5 min)", file=sys.stderr, flush=True)
+    started = time.monotonic()
+    with open(log, "wb") as out:
+        built = subprocess.run(
+            command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "KEYROUTE_COMPILE": "1"}, cwd=site.parent
+        )
+    if built.returncode != 0:
+        raise SystemExit(f"{shlex.join(command)} failed; see {log}:\n{log.read_text(errors='replace')[-3000:]}")
+    print(f"built {what} in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+    env = {"PYTHONPATH": str(site)}
+    where = where_from(sys.executable, ["keyroute", *COMPILED_PROBES], site, env)
+    inside = os.path.realpath(site) + os.sep
+    astray = {
+        name: found
+        for name, found in where.items()
+        if not os.path.realpath(found).startswith(inside) or (name in COMPILED_PROBES and not found.endswith(".so"))
+    }
+    if astray:
+        raise SystemExit(f"{what}: not imported from the compiled build in {site}: {astray}")
+    print(f"{what}: " + ", ".join(f"{n} <- {f}" for n, f in where.items()), file=sys.stderr, flush=True)
+    how = (
+        "compiled with mypyc as the image builds it: `KEYROUTE_COMPILE=1 python -m pip install --no-deps --target"
+        " DIR` (setup.py compiles the modules of its COMPILED list), each build into its own directory, run from"
+        f" it with it first on PYTHONPATH ({' and '.join(COMPILED_PROBES)} checked to be its C extensions)"
+    )
+    return Build(label, site, env, rev, subject, how=how, compiled=True)
+
+
+def shipped_builds(rev: str, work: Path, pure: Callable[[str], Build]) -> tuple[Build, Build]:
+    """(b) and (b2) for --build compiled: this work tree compiled as the image compiles it, and revision `rev`
+    compiled the same way, or pure (`pure(rev)`, a git worktree) when its setup.py has no COMPILED list."""
+    new = installed_build(
+        copy_work_tree(work / "build-new" / "source"), work / "build-new" / "site", "mypyc", "this work tree"
+    )
+    sha = git("rev-parse", "--verify", f"{rev}^{{commit}}")
+    if not compiles(sha):
+        print(f"{rev} ({sha[:12]}) has no setup.py with a COMPILED list: its router runs pure", file=sys.stderr)
+        return new, pure(rev)
+    folder = work / f"build-{sha[:12]}"
+    subject = git("log", "-1", "--format=%s", sha)
+    previous = installed_build(
+        export_revision(sha, folder / "source"), folder / "site", sha[:7], f"{rev} ({sha[:12]})", rev, subject
+    )
+    return new, previous
 
 
 @contextmanager
@@ -390,7 +508,11 @@ def revision_build(rev: str, work: Path) -> Iterator[Build]:
         if outside:
             raise SystemExit(f"{rev}'s packages do not all come from its worktree {tree}: {outside}")
         subject = git("log", "-1", "--format=%s", sha)
-        yield Build(sha[:7], tree, env, rev, subject)
+        how = (
+            "pure Python, run from a `git worktree` of that revision with its own packages first on PYTHONPATH"
+            " (same venv)"
+        )
+        yield Build(sha[:7], tree, env, rev, subject, how=how)
     finally:
         removed = subprocess.run(
             ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True, text=True
@@ -554,7 +676,11 @@ class Cluster:
     previous: Service | None = None
     workers: Service | None = None
     previous_build: Build | None = None
+    # The nodes' build, and the build of the routers (b) and (b3): the same, or with --build compiled this work
+    # tree compiled, the nodes' pure build then being measured as (b4) `pure`.
     new_build: Build = THIS_TREE
+    router_build: Build = THIS_TREE
+    pure: Service | None = None
 
     def measure(
         self, scenario: str, concurrency: int, duration_s: float, seed: int, rate_per_s: float | None = None
@@ -572,6 +698,9 @@ class Cluster:
         elif scenario == WORKERS:
             assert self.workers is not None
             legs = [(self.workers.url, self.files["all"])]
+        elif scenario == PURE:
+            assert self.pure is not None
+            legs = [(self.pure.url, self.files["all"])]
         elif scenario == NGINX_RR:
             legs = [(self.rr_url, self.files["all"])]
         elif scenario == BARE:
@@ -581,7 +710,7 @@ class Cluster:
         else:
             legs = [(self.owner_url, self.files["prefixed"])]
         proxies = {ROUTER: self.router, NGINX_RR: self.nginx, NGINX_OWNER: self.nginx, BARE: self.bare}
-        proxies |= {PREVIOUS: self.previous, WORKERS: self.workers}
+        proxies |= {PREVIOUS: self.previous, WORKERS: self.workers, PURE: self.pure}
         proxy = proxies.get(scenario)
         # (f) answers by itself: its CPU is the "node" CPU of its row.
         nodes = [self.framework] if scenario == FRAMEWORK else list(self.nodes.values())
@@ -646,8 +775,12 @@ def running_cluster(args: argparse.Namespace, wrk: str, nginx: str, work: Path) 
         # this script while the work tree cannot serve.
         new = build_of(getattr(args, "new_from", None))
         previous_rev = getattr(args, "previous", None)
+        # The routers (b) and (b3): the nodes' build, or with --build compiled this work tree compiled.
+        router_build = new
         if getattr(args, "compiled", None):
             previous_build: Build | None = compiled_build(args.compiled, work)
+        elif getattr(args, "build", "pure") == "compiled":
+            router_build, previous_build = shipped_builds(previous_rev or DEFAULT_PREVIOUS, work, build_of)
         else:
             previous_build = build_of(previous_rev) if previous_rev else None
 
@@ -665,10 +798,19 @@ def running_cluster(args: argparse.Namespace, wrk: str, nginx: str, work: Path) 
             stack.callback(node.stop)
             nodes[name] = node
         port = free_port()
-        router = new.start("router", ["router", "--zk", connect, "--port", str(port)], work, f"http://127.0.0.1:{port}")
+        router = router_build.start(
+            "router", ["router", "--zk", connect, "--port", str(port)], work, f"http://127.0.0.1:{port}"
+        )
         stack.callback(router.stop)
         routers = [router]
-        previous = workers = None
+        previous = workers = pure = None
+        if router_build is not new:  # (b4): the nodes' build, pure Python, on record beside the compiled one
+            port = free_port()
+            pure = new.start(
+                "router-pure", ["router", "--zk", connect, "--port", str(port)], work, f"http://127.0.0.1:{port}"
+            )
+            stack.callback(pure.stop)
+            routers.append(pure)
         if previous_build is not None:
             port = free_port()
             previous = previous_build.start(
@@ -676,7 +818,7 @@ def running_cluster(args: argparse.Namespace, wrk: str, nginx: str, work: Path) 
             )
             stack.callback(previous.stop)
             port = free_port()
-            workers = new.start(
+            workers = router_build.start(
                 "router-workers-2",
                 ["router", "--zk", connect, "--port", str(port), "--workers", "2"],
                 work,
@@ -759,6 +901,8 @@ def running_cluster(args: argparse.Namespace, wrk: str, nginx: str, work: Path) 
             workers,
             previous_build,
             new,
+            router_build,
+            pure,
         )
         check_answers(cluster)
         yield cluster
@@ -812,7 +956,7 @@ def check_answers(cluster: Cluster) -> None:
     for path in cluster.files["prefixed"].read_text().splitlines()[::9973]:
         owner, plain = path.split("/", 2)[1], "/" + path.split("/", 2)[2]
         bodies = set()
-        routers = [r.url for r in (cluster.router, cluster.previous, cluster.workers) if r is not None]
+        routers = [r.url for r in (cluster.router, cluster.previous, cluster.workers, cluster.pure) if r is not None]
         for url in (cluster.nodes[owner].url, *routers, cluster.rr_url, cluster.owner_url, cluster.bare.url):
             target = url + (path if url == cluster.owner_url else plain)
             status, body = http_json(target)
@@ -871,10 +1015,12 @@ def paced_rates(args: argparse.Namespace) -> dict[str, float]:
 
 def measure(cluster: Cluster, args: argparse.Namespace) -> tuple[dict[tuple[str, int], Figures], dict[str, Figures]]:
     """Figures at saturation, per (scenario, concurrency), and at an equal rate, per scenario. The
-    --workers 2 router (b3) is measured at the highest concurrency only: it is there for its throughput."""
+    --workers 2 router (b3) is measured at the highest concurrency only: it is there for its throughput; so is
+    (b4), the pure build beside the compiled one, there for the record."""
     figures: dict[tuple[str, int], Figures] = {}
     paced: dict[str, Figures] = {}
-    absent = {s for s, service in ((PREVIOUS, cluster.previous), (WORKERS, cluster.workers)) if service is None}
+    services = ((PREVIOUS, cluster.previous), (WORKERS, cluster.workers), (PURE, cluster.pure))
+    absent = {s for s, service in services if service is None}
     scenarios = [s for s in SATURATED_SCENARIOS if s not in absent]
     high = max(args.concurrency)
     rates = paced_rates(args)
@@ -884,7 +1030,7 @@ def measure(cluster: Cluster, args: argparse.Namespace) -> tuple[dict[tuple[str,
     for round_index in range(args.rounds):
         started = time.monotonic()
         for concurrency in args.concurrency:
-            order = [s for s in scenarios if s != WORKERS or concurrency == high]
+            order = [s for s in scenarios if s not in (WORKERS, PURE) or concurrency == high]
             rng.shuffle(order)  # so slow drifts of the machine's load do not always hit the same scenario
             for scenario in order:
                 run = cluster.measure(scenario, concurrency, args.duration, seed=rng.randrange(1, 1 << 30))
@@ -904,11 +1050,22 @@ def measure(cluster: Cluster, args: argparse.Namespace) -> tuple[dict[tuple[str,
     return figures, paced
 
 
-def scenario_names(previous: Build | None) -> dict[str, str]:
-    """How the tables name each scenario: (b2) with its revision."""
+def previous_label(previous: Build, router_build: Build = THIS_TREE) -> str:
+    """(b2)'s name: its revision, and beside a compiled (b) its build (mypyc, or pure when it has none)."""
+    if not router_build.compiled:
+        return previous.label
+    return f"{previous.label}, {'mypyc' if previous.compiled else 'pure Python'}"
+
+
+def scenario_names(previous: Build | None, router_build: Build = THIS_TREE) -> dict[str, str]:
+    """How the tables name each scenario: (b2) with its revision, (b) and (b3) with their build."""
     if previous is None:
         return {}
-    return {PREVIOUS: f"b2. {previous.role} keyroute router ({previous.label}) -> owner"}
+    names = {PREVIOUS: f"b2. {previous.role} keyroute router ({previous_label(previous, router_build)}) -> owner"}
+    if router_build.compiled:
+        names[ROUTER] = "b. keyroute router, compiled (mypyc) -> owner"
+        names[WORKERS] = "b3. keyroute router, compiled (mypyc), --workers 2 -> owner"
+    return names
 
 
 def table(figures: dict[tuple[str, int], Figures], names: dict[str, str] | None = None) -> str:
@@ -964,7 +1121,10 @@ def verdicts(
     rate: float,
     previous_label: str,
     role: str = "previous",
+    router_label: str = "",
 ) -> list[str]:
+    """The verdict lines; they judge (b), the router `router_label` names (this work tree's build) when given."""
+
     def verdict(ok: bool) -> str:
         return "**met**" if ok else "**missed**"
 
@@ -998,9 +1158,18 @@ def verdicts(
             f" {compiled_relative:.1f}x nginx's plain hop, target <= {TARGET_VS_NGINX:g}x:"
             f" {verdict(compiled_relative <= TARGET_VS_NGINX)}. (The line below compares the pure build with it.)"
         ]
+    if (PURE, high) in figures:  # --build compiled: (b) is compiled, (b4) the same tree pure
+        pure = figures[(PURE, high)]
+        compiled = [
+            f"- This work tree pure Python (b4, concurrency {high}): {pure.proxy_us:,.0f} µs CPU per proxied read"
+            f" ({pure.proxy_us / nginx.proxy_us:.1f}x nginx's plain hop), {pure.per_s:,.0f} requests/s; compiled as"
+            f" it ships (b): {router.proxy_us:,.0f} µs ({router.proxy_us / pure.proxy_us - 1:+.0%}),"
+            f" {router.per_s:,.0f} requests/s."
+        ]
+    built = f", {router_label}" if router_label else ""
     return [
         *compiled,
-        f"- Router CPU per proxied read (concurrency {high}): {router.proxy_us:,.0f} µs, the {role} router"
+        f"- Router CPU per proxied read (concurrency {high}{built}): {router.proxy_us:,.0f} µs, the {role} router"
         f" ({previous_label}) {previous.proxy_us:,.0f} µs ({router.proxy_us / previous.proxy_us - 1:+.0%}),"
         f" target no more than the {role}: {verdict(router.proxy_us <= previous.proxy_us)}. Relative to"
         f" nginx's plain proxy hop in the same run (d, {nginx.proxy_us:,.0f} µs): {relative:.1f}x (the {role}"
@@ -1061,9 +1230,11 @@ def section(
     previous: Build,
     new: Build = THIS_TREE,
     data_path: str | None = None,
+    router_build: Build | None = None,
 ) -> str:
+    router_build = router_build or new
     rates = paced_rates(args)
-    names = scenario_names(previous)
+    names = scenario_names(previous, router_build)
     own_rate = (
         f" ((c) at its own {args.rr_rate:,.0f} requests/s, as it serves far fewer)"
         if NGINX_RR in rates
@@ -1072,13 +1243,25 @@ def section(
     high = max(args.concurrency)
     # --new-from (testing this script): nodes and routers (b), (b3) are another revision's, not this tree's.
     tree = "this work tree" if new is THIS_TREE else f"commit {new.label} (--new-from)"
-    return "\n".join(
-        [
-            SUBSECTION if previous.role == "previous" else COMPILED_SUBSECTION,
-            "",
-            f"`{command}` on {datetime.date.today().isoformat()}: store of {args.keys:,} keys (~90-byte JSON"
-            f" values) in {args.partitions} partitions, replication 1, on {args.nodes} nodes of {tree}."
-            f" Routers, all on the same ZooKeeper and nodes: (b) {tree}'s (data path: {data_path or router_client()});"
+    if router_build.compiled:
+        # --build compiled: the routers as they ship, the nodes pure.
+        if previous.compiled:
+            built_previous = "built and run the same way"
+        else:
+            built_previous = (
+                "pure Python, as that revision has no setup.py with a COMPILED list: run from a `git worktree` of"
+                " that revision with its own packages first on PYTHONPATH (same venv)"
+            )
+        routers = (
+            f" (b) {tree}'s as it ships (data path: {data_path or router_client()}), {router_build.how};"
+            f' (b2) the previous one, of commit {previous.label} ("{previous.subject}"), {built_previous};'
+            f" (b3) (b) again with `--workers 2` (its CPU: the parent and the workers; at concurrency {high} only);"
+            f" (b4) {tree}'s pure Python, the venv's editable install (at concurrency {high} only, for the record)."
+            f" The nodes: {tree}'s pure Python build (the venv's editable install)."
+        )
+    else:
+        routers = (
+            f" (b) {tree}'s (data path: {data_path or router_client()});"
             + (
                 f' (b2) the previous one, of commit {previous.label} ("{previous.subject}"), run from a `git'
                 " worktree` of that revision with its own packages first on PYTHONPATH (same venv);"
@@ -1088,7 +1271,16 @@ def section(
             )
             + " (b3)"
             f" {tree}'s again with `--workers 2` (its CPU: the parent and the workers; at concurrency {high} only)."
-            f" One nginx worker. wrk, one thread, random keys over all partitions, {args.duration:g} s per"
+        )
+    return "\n".join(
+        [
+            SUBSECTION if previous.role == "previous" else COMPILED_SUBSECTION,
+            "",
+            f"`{command}` on {datetime.date.today().isoformat()}: store of {args.keys:,} keys (~90-byte JSON"
+            f" values) in {args.partitions} partitions, replication 1, on {args.nodes} nodes of {tree}."
+            " Routers, all on the same ZooKeeper and nodes:"
+            + routers
+            + f" One nginx worker. wrk, one thread, random keys over all partitions, {args.duration:g} s per"
             f" measurement, median of {args.rounds} round{'s' if args.rounds > 1 else ''} (scenario order"
             " shuffled per round). Every process, wrk included, shares the machine's cores.",
             f"Machine: {os.cpu_count()} CPUs, {platform.machine()}, Python {platform.python_version()},"
@@ -1117,7 +1309,15 @@ def section(
             "",
             paced_table(paced, rates, names),
             "",
-            *verdicts(figures, args.concurrency, paced, args.rate, previous.label, previous.role),
+            *verdicts(
+                figures,
+                args.concurrency,
+                paced,
+                args.rate,
+                previous_label(previous, router_build),
+                previous.role,
+                "compiled (mypyc), as it ships" if router_build.compiled else "",
+            ),
             "",
         ]
     )
@@ -1167,14 +1367,23 @@ def main(argv: list[str] | None = None) -> int:
         "--previous",
         metavar="REV",
         default=DEFAULT_PREVIOUS,
-        help="the revision whose router (b2) is measured beside this work tree's, from a git worktree removed"
-        f" at the end (default: {DEFAULT_PREVIOUS}, the last commit before the data-plane work)",
+        help="the revision whose router (b2) is measured beside this work tree's, built as --build says and"
+        f" removed at the end (default: {DEFAULT_PREVIOUS}, the last commit before the data-plane work)",
+    )
+    parser.add_argument(
+        "--build",
+        choices=("compiled", "pure"),
+        help="compiled (the default): the routers as they ship, this work tree and --previous each built with"
+        " `KEYROUTE_COMPILE=1 pip install --target` into a directory of their own (--previous pure when it has no"
+        " setup.py with a COMPILED list), this work tree pure beside them at the highest concurrency; pure: this"
+        " work tree's editable install against --previous from a git worktree, both pure Python",
     )
     parser.add_argument(
         "--compiled",
         metavar="PYTHON",
-        help="measure as (b2), instead of a previous revision, this work tree compiled with mypyc: the"
-        " interpreter of a venv holding `KEYROUTE_COMPILE=1 pip install .` (written under its own heading)",
+        help="(implies --build pure) measure as (b2), instead of a previous revision, this work tree compiled with"
+        " mypyc: the interpreter of a venv holding `KEYROUTE_COMPILE=1 pip install .` (written under its own"
+        " heading)",
     )
     parser.add_argument(
         "--rate", type=float, default=1000.0, help="requests/s in all for the equal-rate table (default: 1,000)"
@@ -1201,6 +1410,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.write and (args.quick or args.new_from):
         parser.error("--write records this work tree's figures: not with --quick or --new-from")
+    if args.build == "compiled" and (args.compiled or args.new_from):
+        parser.error("--build compiled builds this work tree itself: not with --compiled or --new-from")
+    args.build = args.build or ("pure" if args.compiled or args.new_from else "compiled")
     args.keys = args.keys if args.keys is not None else 20_000 if args.quick else 100_000
     args.duration = args.duration if args.duration is not None else 1.0 if args.quick else 5.0
     args.rounds = args.rounds if args.rounds is not None else 1 if args.quick else 5
@@ -1215,7 +1427,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with running_cluster(args, wrk, nginx, work) as cluster:
             figures, paced = measure(cluster, args)
-            previous, new = cluster.previous_build, cluster.new_build
+            previous, new, router_build = cluster.previous_build, cluster.new_build, cluster.router_build
             assert previous is not None
             data_path = router_client(new.cwd)  # while a worktree is still there
     finally:
@@ -1224,7 +1436,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(work, ignore_errors=True)
     load = f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after"
-    text = section(figures, paced, args, _command(argv), versions, load, previous, new, data_path)
+    text = section(figures, paced, args, _command(argv), versions, load, previous, new, data_path, router_build)
     print(text)
     print(f"took {time.monotonic() - started:.0f} s", file=sys.stderr)
     if args.write:

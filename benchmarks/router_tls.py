@@ -9,6 +9,12 @@ connections, sessions reused), all on 127.0.0.1; wrk reads random keys over HTTP
 through each in turn (the order alternating by round) and the CPU time of the router's and nginx's process
 trees is read from /proc. --write records the figures in benchmarks/RESULTS.md ("Router over TLS").
 
+`--build compiled` (the default) measures the router as it ships: this work tree built with mypyc as the image
+builds it (`KEYROUTE_COMPILE=1 python -m pip install --no-deps --target DIR`, about 1.5 min; router.py's
+helpers, which check that the read path's modules are DIR's C extensions), run from DIR; the editable install
+(pure Python) is measured beside it at the highest concurrency. `--build pure`: the editable install only.
+The nodes are the editable install either way.
+
 Targets (issue 33): the router's CPU per proxied read at most 3x nginx's TLS hop's, and its p50 at
 concurrency 1 at most nginx's TLS hop's plus 150 µs (both reach the same node for the same keys, so the
 difference of their p50s is the difference of what each adds to a direct read).
@@ -46,17 +52,21 @@ from keyroute.core.settings import TlsSettings, ZkSettings
 from keyroute.core.zookeeper_server import EmbeddedZooKeeper
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.tls import MemberTls
-from router import (  # benchmarks/router.py: the store, processes, wrk and /proc readings
+from router import (  # benchmarks/router.py: the store, builds, processes, wrk and /proc readings
     CHROOT,
     RESULTS,
     STORE,
+    THIS_TREE,
     WRK_SCRIPT,
+    Build,
     Figures,
     Run,
     Service,
     _command,
+    copy_work_tree,
     ensure_tools,
     free_port,
+    installed_build,
     start_service,
     tool_versions,
     tree_cpu_s,
@@ -70,7 +80,9 @@ from router import (  # benchmarks/router.py: the store, processes, wrk and /pro
 SECTION = "## Router over TLS (benchmarks/router_tls.py)"
 ROUTER = "keyroute router (HTTPS in, mutual TLS to the owner)"
 NGINX = "nginx TLS hop (HTTPS in, TLS with a client certificate to the owner)"
-SCENARIOS = (ROUTER, NGINX)
+# With --build compiled: this work tree pure (the editable install), at the highest concurrency only.
+PURE = "keyroute router, this work tree pure Python (HTTPS in, mutual TLS to the owner)"
+SCENARIOS = (ROUTER, PURE, NGINX)
 TARGET_VS_NGINX = 3.0
 TARGET_P50_OVER_NGINX_US = 150.0
 
@@ -170,9 +182,15 @@ def start_nginx(nginx: str, work: Path, pki: Pki, nodes: dict[str, Service], por
 
 def measure(
     args: argparse.Namespace, wrk: str, nginx: str, work: Path
-) -> tuple[dict[tuple[str, int], Figures], dict[str, list[tuple[float, float, float]]]]:
+) -> tuple[dict[tuple[str, int], Figures], dict[str, list[tuple[float, float, float]]], Build]:
+    """Figures per (scenario, concurrency), what new member connections cost, and the router's build."""
     figures: dict[tuple[str, int], Figures] = {}
     with ExitStack() as stack:
+        build = THIS_TREE
+        if args.build == "compiled":
+            build = installed_build(
+                copy_work_tree(work / "build-new" / "source"), work / "build-new" / "site", "mypyc", "this work tree"
+            )
         pki = Pki(work)
         print(f"writing {args.keys:,} keys in {args.partitions} partitions to {work}", file=sys.stderr)
         snapshot, partitions_of = write_store(work / "snapshots", args.keys, args.partitions)
@@ -203,25 +221,35 @@ def measure(
             )
             stack.callback(node.stop)
             nodes[name] = node
-        port = free_port()
         cert, key = pki.issue("router", "127.0.0.1", "localhost", "keyroute-router.r1")
         tls = ["--tls-cert", cert, "--tls-key", key, "--member-ca", pki.ca_file]
-        router = start_service(
-            "router",
-            [*keyroute, "router", "--zk", connect, "--port", str(port), *tls],
-            work,
-            f"https://127.0.0.1:{port}",
-        )
-        stack.callback(router.stop)
+
+        def start_router(name: str, of: Build) -> Service:
+            port = free_port()
+            service = of.start(
+                name, ["router", "--zk", connect, "--port", str(port), *tls], work, f"https://127.0.0.1:{port}"
+            )
+            stack.callback(service.stop)
+            return service
+
+        router = start_router("router", build)
+        routers = [router]
+        if build is not THIS_TREE:
+            routers.append(start_router("router-pure", THIS_TREE))
         probe = pki.issue("probe", "probe.example")
-        services = [*nodes.values(), router]
+        services = [*nodes.values(), *routers]
         wait_until(
             lambda: all(https_status(n.url + "/readyz", pki.ca_file, probe) == 200 for n in nodes.values()),
             180,
             "the nodes to load their partitions",
             services,
         )
-        wait_until(lambda: https_status(router.url + "/readyz", pki.ca_file, probe) == 200, 60, "the router", services)
+        wait_until(
+            lambda: all(https_status(r.url + "/readyz", pki.ca_file, probe) == 200 for r in routers),
+            60,
+            "the routers",
+            services,
+        )
         # Owners as the router sees them; with one replica each partition has exactly one.
         _, described = https_json(router.url + "/admin/partition-map?detail=all", pki.ca_file, probe)
         owner_of = [entry["serving"][0]["node"] for entry in described["stores"][STORE]["partition_map"]]
@@ -234,9 +262,15 @@ def measure(
         script = work / "random-paths.lua"
         script.write_text(WRK_SCRIPT)
         targets = {ROUTER: (router, router.url, files["all"]), NGINX: (proxy, proxy.url, files["prefixed"])}
+        if len(routers) > 1:
+            targets[PURE] = (routers[1], routers[1].url, files["all"])
+            # Measured at the highest concurrency only, it would otherwise meet its first client connections,
+            # and open its first member connections, inside a measurement: one warm-up run, not counted.
+            wrk_run(wrk, script, routers[1].url, files["all"], max(args.concurrency), 1.0, seed=0)
         for round_ in range(args.rounds):
             for concurrency in args.concurrency:
-                order = SCENARIOS if round_ % 2 == 0 else SCENARIOS[::-1]
+                present = [s for s in SCENARIOS if s in targets and (s != PURE or concurrency == max(args.concurrency))]
+                order = present if round_ % 2 == 0 else present[::-1]
                 for scenario in order:
                     service, url, paths = targets[scenario]
                     before = tree_cpu_s(service.popen.pid)
@@ -252,7 +286,7 @@ def measure(
         first = next(iter(nodes))
         own_key = files[first].read_text().splitlines()[0]
         figures_of_connections = connections(nodes[first], own_key, pki, args)
-    return figures, figures_of_connections
+    return figures, figures_of_connections, build
 
 
 FULL = "full handshake (no session offered)"
@@ -305,25 +339,46 @@ def section(
     args: argparse.Namespace,
     command: str,
     versions: str,
+    build: Build = THIS_TREE,
 ) -> str:
     low, high = min(args.concurrency), max(args.concurrency)
+    names = {ROUTER: "keyroute router, compiled (mypyc) (HTTPS in, mutual TLS to the owner)"} if build.compiled else {}
     rows = [
         "| setup | concurrency | requests/s | p50 µs | p99 µs | proxy CPU µs/read | errors |",
         "|---|---|---|---|---|---|---|",
     ]
     for concurrency in args.concurrency:
         for scenario in SCENARIOS:
+            if (scenario, concurrency) not in figures:
+                continue
             f = figures[(scenario, concurrency)]
             rows.append(
-                f"| {scenario} | {concurrency} | {f.per_s:,.0f} | {f.p50_us:,.0f} | {f.p99_us:,.0f} |"
-                f" {f.proxy_us:,.0f} | {f.errors} |"
+                f"| {names.get(scenario, scenario)} | {concurrency} | {f.per_s:,.0f} | {f.p50_us:,.0f} |"
+                f" {f.p99_us:,.0f} | {f.proxy_us:,.0f} | {f.errors} |"
             )
+    if build.compiled:
+        built = (
+            f"The router is this work tree as it ships, {build.how}; beside it, at concurrency {high} only, the"
+            " same tree pure Python (the venv's editable install), which the nodes also run."
+        )
+    else:
+        built = "The router and the nodes are this work tree's pure Python build (the venv's editable install)."
     router, nginx = figures[(ROUTER, high)], figures[(NGINX, high)]
     ratio = router.proxy_us / nginx.proxy_us
     p50_router, p50_nginx = figures[(ROUTER, low)].p50_us, figures[(NGINX, low)].p50_us
 
     def verdict(ok: bool) -> str:
         return "**met**" if ok else "**not met**"
+
+    shipped = ", compiled (mypyc) as it ships" if build.compiled else ""
+    pure_line = []
+    if (PURE, high) in figures:
+        pure = figures[(PURE, high)]
+        pure_line = [
+            f"- This work tree pure Python at concurrency {high}: {pure.proxy_us:,.0f} µs CPU per proxied read"
+            f" ({pure.proxy_us / nginx.proxy_us:.1f}x nginx's TLS hop), {pure.per_s:,.0f} requests/s; compiled:"
+            f" {router.proxy_us:,.0f} µs ({router.proxy_us / pure.proxy_us - 1:+.0%}), {router.per_s:,.0f} requests/s."
+        ]
 
     n = args.connections
     connection_rows = [
@@ -348,13 +403,14 @@ def section(
             f" {args.partitions} partitions; the router and nginx (one worker) terminate the client's TLS and"
             " speak TLS to the owning node presenting a member certificate, on kept-alive connections with"
             f" sessions reused. wrk, one thread, HTTPS, random keys, {args.duration:g} s per measurement,"
-            f" medians of {args.rounds} rounds (the order alternating).",
+            f" medians of {args.rounds} rounds (the order alternating). {built}",
             "",
             *rows,
             "",
-            f"- Router CPU per proxied read at concurrency {high}: {router.proxy_us:,.0f} µs against nginx's TLS"
-            f" hop's {nginx.proxy_us:,.0f} µs, {ratio:.1f}x, target <= {TARGET_VS_NGINX:g}x:"
+            f"- Router CPU per proxied read at concurrency {high}{shipped}: {router.proxy_us:,.0f} µs against"
+            f" nginx's TLS hop's {nginx.proxy_us:,.0f} µs, {ratio:.1f}x, target <= {TARGET_VS_NGINX:g}x:"
             f" {verdict(ratio <= TARGET_VS_NGINX)}.",
+            *pure_line,
             f"- p50 at concurrency {low}: through the router {p50_router:,.0f} µs, through nginx's TLS hop"
             f" {p50_nginx:,.0f} µs (the same node and keys behind both): the router adds"
             f" {p50_router - p50_nginx:,.0f} µs more, target <= {TARGET_P50_OVER_NGINX_US:g} µs:"
@@ -382,6 +438,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--connections", type=int, help="member connections per way and round (default: 300; --quick: 30)"
     )
+    parser.add_argument(
+        "--build",
+        choices=("compiled", "pure"),
+        default="compiled",
+        help="compiled (the default): the router as it ships, this work tree built with `KEYROUTE_COMPILE=1 pip"
+        " install --target` into a directory of its own, the editable install beside it at the highest concurrency;"
+        " pure: the editable install only",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run of the plumbing, not figures")
     parser.add_argument("--write", action="store_true", help=f"record the figures in {RESULTS.name}")
     parser.add_argument("--keep", action="store_true", help="keep the working directory (logs, configs)")
@@ -397,13 +461,13 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="keyroute-router-tls-bench-"))
     started = time.monotonic()
     try:
-        figures, made = measure(args, wrk, nginx, work)
+        figures, made, build = measure(args, wrk, nginx, work)
     finally:
         if args.keep:
             print(f"kept {work}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
-    text = section(figures, made, args, _command(argv), tool_versions(wrk, nginx))
+    text = section(figures, made, args, _command(argv), tool_versions(wrk, nginx), build)
     print(text)
     print(f"took {time.monotonic() - started:.0f} s", file=sys.stderr)
     if args.write:
