@@ -23,7 +23,7 @@ import time
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Final
 
 from prometheus_client.core import Metric
 
@@ -101,7 +101,11 @@ _NOT_COUNTERS = frozenset(
 
 
 # The outcome label of the statuses a read is usually answered with (`outcome` for any other).
-_OUTCOMES = {status: outcome(status) for status in range(100, 600)}
+_OUTCOMES: Final = {status: outcome(status) for status in range(100, 600)}
+# Imported names every answer uses, held where the compiled build (setup.py) reads them from C statics.
+_CODE_CLASSES: Final = CODE_CLASSES
+_UNKNOWN_STORE: Final = UNKNOWN_STORE
+_bisect_left: Final = bisect_left
 
 # Set in a worker process before its router starts (`share_across_workers`); None in a single-process router.
 _process_snapshots: WorkerSnapshots | None = None
@@ -205,17 +209,17 @@ class RouterMetrics:
         plane's every counted answer, once per read."""
         m = self.partition_map
         if m is None or store not in m.stores:
-            store = UNKNOWN_STORE
+            store = _UNKNOWN_STORE
         key = (store, kind, _OUTCOMES.get(status) or outcome(status))
         counts = self.requests.counts
         counts[key] = counts.get(key, 0) + 1
         # observe_duration, inline (once per read)
         durations = self.request_duration
-        code_key = (store, CODE_CLASSES.get(status) or code_class(status))
+        code_key = (store, _CODE_CLASSES.get(status) or code_class(status))
         histogram = durations.get(code_key)
         if histogram is None:
             histogram = durations[code_key] = Histogram()
-        histogram.counts[bisect_left(histogram.bounds, seconds)] += 1
+        histogram.counts[_bisect_left(histogram.bounds, seconds)] += 1
         histogram.sum += seconds
 
     def observe_request(self, store: str, status: int, seconds: float) -> None:

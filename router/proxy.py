@@ -39,7 +39,7 @@ import time
 from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from keyroute.core.api import (
     HEADER_AUTH,
@@ -82,11 +82,14 @@ log = logging.getLogger(__name__)
 # A burst of misrouted reads (say, during a rebalance) asks for one re-read, not one per read.
 MIN_REFRESH_INTERVAL_S = 0.5
 
-_HOPS = HEADER_HOPS.encode("ascii")
+_HOPS: Final = HEADER_HOPS.encode("ascii")
 # tuple.__new__: builds a NamedTuple (UpstreamResponse) without the Python frame of its generated __new__.
-_new_tuple = tuple.__new__
-_GENERATION = HEADER_GENERATION.encode("ascii")
-_OFFSET = HEADER_OFFSET.encode("ascii")
+_new_tuple: Final = tuple.__new__
+_GENERATION: Final = HEADER_GENERATION.encode("ascii")
+_OFFSET: Final = HEADER_OFFSET.encode("ascii")
+# Imported names a read uses, held where the compiled build (setup.py) reads them from C statics.
+_HOP_BY_HOP: Final = HOP_BY_HOP
+_bisect_left: Final = bisect_left
 # Offsets remembered per (node URL, store, partition): beyond it the oldest entry is forgotten.
 MAX_REMEMBERED_OFFSETS = 65536
 
@@ -383,7 +386,7 @@ class Proxy:
             histogram = latency.get(endpoint.node_id)
             if histogram is None:
                 histogram = latency[endpoint.node_id] = Histogram()
-            histogram.counts[bisect_left(histogram.bounds, elapsed)] += 1
+            histogram.counts[_bisect_left(histogram.bounds, elapsed)] += 1
             histogram.sum += elapsed
             if self._backed_off:  # NodeBackoff.succeeded, inline: only a node in back-off has anything to undo
                 self._backoff.succeeded(endpoint)
@@ -396,7 +399,7 @@ class Proxy:
             hops = None
             named: set[bytes] | None = None
             for name, value in result.headers:
-                if name not in HOP_BY_HOP:
+                if name not in _HOP_BY_HOP:
                     relayed.append((name, value))
                     if name == _HOPS and hops is None:
                         hops = value

@@ -48,7 +48,7 @@ class RoutingTable:
     ready: bool = False
     # Per store, its keys' locations precomputed per partition; a store missing here (a malformed record)
     # is answered by `locate` with the error a read of it gets.
-    reads: Mapping[str, StoreLocator] = field(default_factory=dict)
+    reads: dict[str, StoreLocator] = field(default_factory=dict)
     # Stores whose every partition is served now.
     complete_stores: frozenset[str] = frozenset()
 

@@ -23,7 +23,7 @@ import zlib
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 import httptools
@@ -47,10 +47,11 @@ _REQUEST_ID = "x-request-id"
 # A request target is sent as is: it must already be percent-encoded ASCII without spaces or controls.
 _BAD_TARGET = re.compile(r"[\x00-\x20\x7f]")
 # Response headers that change how the message is framed or decoded.
-_SPECIAL = frozenset({b"content-length", b"transfer-encoding", b"content-encoding"})
-_WHEN_CLOSED_MESSAGE = "the upstream client is closed"
-_SCHEMES = ("http://", "https://")
-_new_tuple = tuple.__new__
+# Constants the compiled build (setup.py) reads from C statics (Final) instead of the module's dict.
+_SPECIAL: Final = frozenset({b"content-length", b"transfer-encoding", b"content-encoding"})
+_WHEN_CLOSED_MESSAGE: Final = "the upstream client is closed"
+_SCHEMES: Final = ("http://", "https://")
+_new_tuple: Final = tuple.__new__
 
 
 class _Failure(Exception):
@@ -341,7 +342,9 @@ class _Pool:
         self.host = parts.hostname
         self.tls = parts.scheme == "https"
         self.port = parts.port or (443 if self.tls else 80)
-        self.idle: deque[_Connection] = deque()
+        # A list, not a deque: taking and giving back the newest (every request) are native list operations
+        # in the compiled build (setup.py); only evicting the oldest (rare) shifts the list.
+        self.idle: list[_Connection] = []
         self.connections: set[_Connection] = set()
         # Connections open or being opened: what `max_connections_per_origin` caps.
         self.opened = 0
@@ -369,7 +372,7 @@ class _Pool:
                 return conn, True
         elif self.idle and self.opened >= self.upstream.max_connections_per_origin:
             # Make room: the node closed one idle connection, the oldest of the others may be as stale.
-            self.discard(self.idle.popleft())
+            self.discard(self.idle.pop(0))
         if self.opened < self.upstream.max_connections_per_origin:
             self.opened += 1
             return await self._connect(deadline), False
@@ -489,7 +492,7 @@ class _Pool:
         oldest_allowed = now - self.upstream.idle_expiry_s
         idle = self.idle
         while idle and idle[0].idle_since <= oldest_allowed:
-            self.discard(idle.popleft())
+            self.discard(idle.pop(0))
 
     def close_all(self) -> list[asyncio.Future[None]]:
         lost = [conn.lost for conn in self.connections]

@@ -50,8 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import httptools
 
@@ -86,14 +85,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_METHODS = {m.encode(): m for m in ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "TRACE")}
+# Final: the compiled build (setup.py) reads these from C statics, not from the module's dict.
+_METHODS: Final = {m.encode(): m for m in ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "TRACE")}
 # Headers the parser's callbacks must look at; everything else is only collected.
-_NOTABLE = frozenset((b"content-length", b"expect", b"upgrade", X_REQUEST_ID))
+_NOTABLE: Final = frozenset((b"content-length", b"expect", b"upgrade", X_REQUEST_ID))
 # How long a connection closed after an error answer keeps reading (and dropping) what the client still sends.
-_LINGER_S = 2.0
+_LINGER_S: Final = 2.0
 # What a TLS client without a certificate may ask where certificates are required: the kubelet's probes.
-_PROBES = frozenset(path.encode("ascii") for path in PROBE_PATHS)
-_PROBE_METHODS = frozenset(("GET", "HEAD"))
+_PROBES: Final = frozenset(path.encode("ascii") for path in PROBE_PATHS)
+_PROBE_METHODS: Final = frozenset(("GET", "HEAD"))
 
 
 class _Rejected(Exception):
@@ -174,7 +174,9 @@ class Connection(asyncio.Protocol):
         # What every data-plane path starts with, when the data plane says (`RoutedDataPlane.prefix`): then a
         # request is the data plane's by one comparison, else by asking `accepts`.
         self._dp_prefix: bytes | None = getattr(self._dp, "prefix", None)
-        self._queue: deque[Slot] = deque()
+        # The requests awaiting their answers, oldest first: a list, not a deque, so that the compiled build
+        # (setup.py) appends, looks and takes natively; it holds at most `max_pipelined` slots.
+        self._queue: list[Slot] = []
         self._out: list[bytes] = []
         self._flush_pending = False
         self._close_pending = False
@@ -231,7 +233,7 @@ class Connection(asyncio.Protocol):
         self._cancel_body_timer()
         queue = self._queue
         while queue:
-            queue.popleft()._lost()
+            queue.pop(0)._lost()
         current = self._current
         if current is not None:
             current._lost()
@@ -482,7 +484,7 @@ class Connection(asyncio.Protocol):
         # step is coming for it, so the answer goes to the socket now rather than a loop turn later.
         write_now = not self._flush_pending
         self._flush_pending = True  # what follows in this call (held pipelined answers) joins the write
-        queue.popleft()
+        queue.pop(0)
         if not slot._keep_alive:
             self._close_after_flush()
         elif queue:
@@ -512,7 +514,7 @@ class Connection(asyncio.Protocol):
                 if self._read_paused:
                     self._update_reading()
                 return
-            queue.popleft()
+            queue.pop(0)
             if not slot._keep_alive:
                 self._close_after_flush()
                 return
@@ -565,7 +567,7 @@ class Connection(asyncio.Protocol):
         self._cancel_body_timer()
         queue = self._queue
         while queue:
-            queue.popleft()._lost()  # requests after a closing answer are never answered
+            queue.pop(0)._lost()  # requests after a closing answer are never answered
         current = self._current
         if current is not None:
             current._lost()

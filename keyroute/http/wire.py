@@ -6,17 +6,19 @@ from __future__ import annotations
 from email.utils import formatdate
 from http import HTTPStatus
 from time import time
+from typing import Final
 
 from keyroute.core.api import ApiError, error_json
 from keyroute.core.logs import acceptable_request_id, new_request_id
 
-STATUS_LINES = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode("latin-1")) for s in HTTPStatus}
-X_REQUEST_ID = b"x-request-id"
-CLOSE = b"connection: close\r\n"
-KEEP_ALIVE_10 = b"connection: keep-alive\r\n"
-CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+# Final: the compiled build (setup.py) reads these from C statics (or inlines them), not from the module's dict.
+STATUS_LINES: Final = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode("latin-1")) for s in HTTPStatus}
+X_REQUEST_ID: Final = b"x-request-id"
+CLOSE: Final = b"connection: close\r\n"
+KEEP_ALIVE_10: Final = b"connection: keep-alive\r\n"
+CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 JSON = [(b"content-type", b"application/json")]
-INTERNAL_ERROR = error_json(ApiError.code, "internal error")  # 500 internal_error
+INTERNAL_ERROR: Final = error_json(ApiError.code, "internal error")  # 500 internal_error
 
 
 def request_id_from(raw: bytes | None) -> tuple[str, bytes]:
@@ -30,18 +32,29 @@ def request_id_from(raw: bytes | None) -> tuple[str, bytes]:
     return text, text.encode("ascii")
 
 
-_date_second = -1
-_date_line = b""
+class _Date:
+    """The `date` header line of the current second (an object, not two globals: the compiled build reads its
+    attributes natively)."""
+
+    __slots__ = ("second", "line")
+
+    def __init__(self) -> None:
+        self.second = -1
+        self.line = b""
+
+
+_DATE: Final = _Date()
+_now: Final = time
 
 
 def date_header() -> bytes:
     """The `date` header line, formatted once per second."""
-    global _date_second, _date_line
-    now = int(time())
-    if now != _date_second:
-        _date_line = b"date: " + formatdate(now, usegmt=True).encode("ascii") + b"\r\n"
-        _date_second = now
-    return _date_line
+    now = int(_now())
+    cached = _DATE
+    if now != cached.second:
+        cached.line = b"date: " + formatdate(now, usegmt=True).encode("ascii") + b"\r\n"
+        cached.second = now
+    return cached.line
 
 
 def status_line(status: int) -> bytes:
@@ -60,7 +73,8 @@ def encode(
             own_id = False
         parts += (name, b": ", value, b"\r\n")
     if status >= 200 and status != 204 and status != 304:
-        date = _date_line if int(time()) == _date_second else date_header()  # date_header's common case, inline
+        cached = _DATE
+        date = cached.line if int(_now()) == cached.second else date_header()  # date_header's common case, inline
         if own_id:
             parts.append(
                 b"content-length: %d\r\n%sx-request-id: %s\r\n%s\r\n" % (len(body), date, request_id, connection)
