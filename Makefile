@@ -34,6 +34,8 @@ test-compiled: venv
 	mkdir -p $(COMPILED)/repo
 	KEYROUTE_COMPILE=1 $(BIN)/python -m pip install --quiet --no-deps --target $(COMPILED)/site .
 	git ls-files | grep -Ev '^(keyroute|router|state_node|pipeline)/' | tar -cf - -T - | tar -xf - -C $(COMPILED)/repo
+	cd $(COMPILED)/repo && PYTHONPATH=$(CURDIR)/$(COMPILED)/site $(CURDIR)/$(BIN)/python -P -c \
+		'import keyroute.router.proxy as m, sys; sys.exit(0 if m.__file__.endswith(".so") else "not compiled: " + m.__file__)'
 	cd $(COMPILED)/repo && PYTHONPATH=$(CURDIR)/$(COMPILED)/site $(CURDIR)/$(BIN)/python -P -m pytest -q \
 		-p no:cacheprovider $(COMPILED_TESTS)
 
