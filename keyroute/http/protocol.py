@@ -154,13 +154,14 @@ class Connection(asyncio.Protocol):
         "_probes_only",
     )
 
-    def __init__(self, server: HttpServer) -> None:
+    def __init__(self, server: HttpServer, data_plane: bool = True) -> None:
+        """`data_plane` False: every request goes to the ASGI app (the admin port)."""
         self._server = server
         loop = server._loop
         assert loop is not None, "connections are made only while the server runs"
         self._loop: asyncio.AbstractEventLoop = loop
         self._app = server.app
-        self._dp = server._dp
+        self._dp = server._dp if data_plane else None
         limits = server.limits
         self._max_head = limits.max_header_bytes
         self._max_body = limits.max_body_bytes

@@ -262,10 +262,7 @@ class HttpServer:
 
     def _admin_connection(self) -> Connection:
         # The admin port: everything goes to the app (no data plane), the admin paths included.
-        conn = Connection(self)
-        conn._dp = None
-        conn._dp_prefix = None
-        return conn
+        return Connection(self, data_plane=False)
 
     def _refused(self, code: str) -> None:
         self.refusals[code] = self.refusals.get(code, 0) + 1
