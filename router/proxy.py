@@ -724,7 +724,6 @@ def _delivered(result: UpstreamResponse | Exception) -> None:
     raise AssertionError("a read delivered twice")
 
 
-@dataclass(slots=True, eq=False, repr=False)
 class Read:
     """One single-key read (made by `Proxy.read`): where it goes, in which order, its requests out.
 
@@ -732,24 +731,42 @@ class Read:
     `hedge`. `asked` counts the replicas of `order` asked so far. `waiting` is True while a hedge may still
     be sent (`_HedgeTimer` calls `fire` when it is due). The first usable reply is delivered and the other
     request cancelled; when nothing is out and nothing usable came back, the next replica is asked.
+
+    A plain class with its own `__init__` (not a dataclass): made once per read, and a dataclass's generated
+    `__init__` stays interpreted Python in the compiled build.
     """
 
-    proxy: Proxy
-    store: str
-    partition: int
-    path: str
-    order: tuple[Endpoint, ...]
-    request_id: str
-    on_result: OnResult
-    asked: int = 1
-    lead: _Request | None = None
-    hedge: _Request | None = None
-    # The last 503 reply, passed on if no replica does better.
-    refused: UpstreamResponse | None = None
-    waiting: bool = False
-    # A read of a live store (its replies' offsets are remembered), and its bound (None: none).
-    live: bool = False
-    min_offset: int | None = None
+    __slots__ = (
+        "proxy", "store", "partition", "path", "order", "request_id", "on_result", "asked", "lead", "hedge",
+        "refused", "waiting", "live", "min_offset",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        proxy: Proxy,
+        store: str,
+        partition: int,
+        path: str,
+        order: tuple[Endpoint, ...],
+        request_id: str,
+        on_result: OnResult,
+    ) -> None:
+        self.proxy = proxy
+        self.store = store
+        self.partition = partition
+        self.path = path
+        self.order = order
+        self.request_id = request_id
+        self.on_result = on_result
+        self.asked = 1
+        self.lead: _Request | None = None
+        self.hedge: _Request | None = None
+        # The last 503 reply, passed on if no replica does better.
+        self.refused: UpstreamResponse | None = None
+        self.waiting = False
+        # A read of a live store (its replies' offsets are remembered), and its bound (None: none).
+        self.live = False
+        self.min_offset: int | None = None
 
     @property
     def over(self) -> bool:

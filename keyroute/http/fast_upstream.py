@@ -22,7 +22,6 @@ import ssl
 import zlib
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -258,18 +257,27 @@ def _ended_already(result: UpstreamResponse | Exception) -> None:
     raise AssertionError("an exchange ended twice")
 
 
-@dataclass(slots=True, eq=False, repr=False)
 class _Exchange:
     """One request sent by `FastUpstream.get_now` and its reply, on one connection: the connection's waiter,
     which hands the connection back and the reply (or the failure) on at once, instead of waking a
-    coroutine."""
+    coroutine. (Its own `__init__`, not a dataclass's: that one stays interpreted in the compiled build.)"""
 
-    upstream: FastUpstream
-    pool: _Pool
-    conn: _Connection
-    url: str
-    on_reply: Callable[[UpstreamResponse | Exception], None]
-    ended: bool = False
+    __slots__ = ("upstream", "pool", "conn", "url", "on_reply", "ended")
+
+    def __init__(
+        self,
+        upstream: FastUpstream,
+        pool: _Pool,
+        conn: _Connection,
+        url: str,
+        on_reply: Callable[[UpstreamResponse | Exception], None],
+    ) -> None:
+        self.upstream = upstream
+        self.pool = pool
+        self.conn = conn
+        self.url = url
+        self.on_reply = on_reply
+        self.ended = False
 
     def done(self) -> bool:
         return self.ended

@@ -88,7 +88,7 @@ log = logging.getLogger(__name__)
 # Final: the compiled build (setup.py) reads these from C statics, not from the module's dict.
 _METHODS: Final = {m.encode(): m for m in ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "TRACE")}
 # Headers the parser's callbacks must look at; everything else is only collected.
-_NOTABLE: Final = frozenset((b"content-length", b"expect", b"upgrade", X_REQUEST_ID))
+_NOTABLE: Final = frozenset((b"connection", b"content-length", b"expect", b"upgrade", X_REQUEST_ID))
 # How long a connection closed after an error answer keeps reading (and dropping) what the client still sends.
 _LINGER_S: Final = 2.0
 # What a TLS client without a certificate may ask where certificates are required: the kubelet's probes.
@@ -149,6 +149,7 @@ class Connection(asyncio.Protocol):
         "_expect",
         "_rid_raw",
         "_upgrade",
+        "_connection_named",
         "_body",
         "_body_size",
         "_probes_only",
@@ -210,6 +211,7 @@ class Connection(asyncio.Protocol):
         self._expect: bytes | None = None
         self._rid_raw: bytes | None = None
         self._upgrade = False
+        self._connection_named = False  # the head has a Connection header
         self._body: list[bytes] | None = None
         self._body_size = 0
 
@@ -307,6 +309,7 @@ class Connection(asyncio.Protocol):
         self._expect = None
         self._rid_raw = None
         self._upgrade = False
+        self._connection_named = False
         self._body = None
         self._body_size = 0
 
@@ -330,6 +333,8 @@ class Connection(asyncio.Protocol):
                 self._expect = value
             elif name == b"upgrade":
                 self._upgrade = True
+            elif name == b"connection":
+                self._connection_named = True
             else:
                 self._content_length = int(value)  # the parser has checked the digits
 
@@ -338,8 +343,11 @@ class Connection(asyncio.Protocol):
         parser = self._parser
         raw_method = parser.get_method()
         method = _METHODS.get(raw_method) or raw_method.decode("latin-1")
-        version = parser.get_http_version()
-        keep_alive = parser.should_keep_alive() and not self._stopping
+        alive = parser.should_keep_alive()
+        # Of the versions llhttp parses (0.9, 1.0, 1.1, 2.0), only HTTP/1.1 keeps a connection alive without
+        # a Connection header: the common case needs no version string (get_http_version formats one).
+        version = "1.1" if alive and not self._connection_named else parser.get_http_version()
+        keep_alive = alive and not self._stopping
         # Only a request with an Upgrade header, or a CONNECT, can be one (one parser call less for the rest).
         if (self._upgrade or method == "CONNECT") and parser.should_upgrade():
             keep_alive = False  # we speak no other protocol; what follows this head is not HTTP

@@ -66,6 +66,33 @@ def test_the_request_carries_raw_path_query_headers_and_version(arun: Any) -> No
     arun(scenario())
 
 
+def test_each_request_on_a_connection_carries_its_own_version(arun: Any) -> None:
+    # The version is read without asking the parser when it can only be 1.1 (kept alive, no Connection
+    # header): every other head, in any order on one connection, still reports what it said.
+    heads = [
+        ("1.0", "Connection: keep-alive"),
+        ("1.1", None),
+        ("1.0", "Connection: Keep-Alive"),
+        ("1.1", "Connection: keep-alive"),
+        ("1.1", "Connection: te"),
+        ("1.1", None),
+        ("1.1", "Connection: close"),
+    ]
+
+    async def scenario() -> None:
+        plane = Plane()
+        async with serving(plane) as server, connect(server.port) as (reader, writer):
+            for version, connection in heads:
+                writer.write(get("/stores/a", *([connection] if connection else []), version=version))
+                answer = await read_answer(reader)
+                assert answer.status == 200
+                expected = "keep-alive" if version == "1.0" else ("close" if connection == "Connection: close" else None)
+                assert answer.header("connection") == expected
+        assert [request.http_version for request in plane.handled] == [version for version, _ in heads]
+
+    arun(scenario())
+
+
 def test_http10_without_keep_alive_is_closed_after_the_answer(arun: Any) -> None:
     async def scenario() -> None:
         async with serving(Plane()) as server, connect(server.port) as (reader, writer):
