@@ -20,7 +20,7 @@ Every answer of these routes is counted in the router's metrics (a batch by each
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from keyroute.core.access import caller_of
 from keyroute.core.api import min_offset_query
@@ -33,7 +33,9 @@ from keyroute.http.forwarding import encode_entry, parse_batch_request
 from keyroute.router.quotas import Quotas, page_cost
 from keyroute.router.ranges import read_range
 
-_ACCEPT = b"accept"
+_ACCEPT: Final = b"accept"
+_answer_type: Final = answer_type  # C statics in the compiled build, not globals looked up
+_min_offset_query: Final = min_offset_query
 
 
 # -- one key, and a key's timeline ----------------------------------------------------------------------
@@ -44,11 +46,11 @@ def _read_key(plane: RouterDataPlane, call: Call, store: str, key: str) -> None:
         plane._admit(call, store, 1)
     request = call.request
     accept = request.header(_ACCEPT)
-    media = None if accept is None else answer_type(accept, store)  # no Accept (JSON): no call
+    media = None if accept is None else _answer_type(accept, store)  # no Accept (JSON): no call
     settle = call.settle if media is None else _avro_settle(call, media)
     # The node's reply is passed on as it is (the server adds the read's id unless the node echoed it).
     # Only a request with a query string pays for looking at it.
-    if request.query and (min_offset := min_offset_query(request.query)) is not None:
+    if request.query and (min_offset := _min_offset_query(request.query)) is not None:
         plane.proxy.read(store, key, request.request_id, settle, min_offset)
     else:
         plane.proxy.read(store, key, request.request_id, settle)

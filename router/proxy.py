@@ -85,6 +85,8 @@ MIN_REFRESH_INTERVAL_S = 0.5
 _HOPS: Final = HEADER_HOPS.encode("ascii")
 # tuple.__new__: builds a NamedTuple (UpstreamResponse) without the Python frame of its generated __new__.
 _new_tuple: Final = tuple.__new__
+_UPSTREAM_RESPONSE: Final = UpstreamResponse  # C statics in the compiled build, not globals looked up
+_path_segment: Final = path_segment
 _GENERATION: Final = HEADER_GENERATION.encode("ascii")
 _OFFSET: Final = HEADER_OFFSET.encode("ascii")
 # Imported names a read uses, held where the compiled build (setup.py) reads them from C statics.
@@ -306,8 +308,8 @@ class Proxy:
         if prefix is None:
             # Only stores of the current table get here (`locate` raised for others): bounded, and
             # emptied whenever a new table is installed.
-            prefix = self._key_paths[store] = f"/stores/{path_segment(store)}/keys/"
-        path = prefix + path_segment(key_text)
+            prefix = self._key_paths[store] = f"/stores/{_path_segment(store)}/keys/"
+        path = prefix + _path_segment(key_text)
         if tail:
             path += tail
         if min_offset is not None:
@@ -379,7 +381,7 @@ class Proxy:
             read.hedge = None
         else:
             read.lead = None
-        if isinstance(result, UpstreamResponse):
+        if isinstance(result, _UPSTREAM_RESPONSE):
             elapsed = self._clock() - request.started
             # RouterMetrics.observe_upstream, inline (once per read)
             latency = self.metrics.upstream_latency
@@ -415,7 +417,7 @@ class Proxy:
                 if hedge:
                     self.metrics.hedge_wins += 1
                 # UpstreamResponse(...) without its Python-level __new__ (a NamedTuple's): once per read.
-                read.deliver(_new_tuple(UpstreamResponse, (result.status, relayed, result.body)))
+                read.deliver(_new_tuple(_UPSTREAM_RESPONSE, (result.status, relayed, result.body)))
                 return
             # The node no longer serves the partition and knows no one who does (or, for a bounded read,
             # has not applied the bound yet: no map to refresh): a replica still might.
@@ -724,6 +726,9 @@ def _delivered(result: UpstreamResponse | Exception) -> None:
     raise AssertionError("a read delivered twice")
 
 
+_DELIVERED: Final = _delivered
+
+
 class Read:
     """One single-key read (made by `Proxy.read`): where it goes, in which order, its requests out.
 
@@ -771,7 +776,7 @@ class Read:
     @property
     def over(self) -> bool:
         """Delivered or cancelled."""
-        return self.on_result is _delivered
+        return self.on_result is _DELIVERED
 
     def deliver(self, result: UpstreamResponse | Exception) -> None:
         """The read's result to its caller (once); whatever request is still out is cancelled."""
@@ -780,7 +785,7 @@ class Read:
             self._stop()
         on_result = self.on_result
         # Let go of the caller's callback: whatever it holds (the client's exchange) is freed with it.
-        self.on_result = _delivered
+        self.on_result = _DELIVERED
         try:
             on_result(result)
         except Exception:  # never into a connection's parser: the router goes on
@@ -789,7 +794,7 @@ class Read:
     def cancel(self) -> None:
         """Abandon the read: every request out is cancelled and nothing is delivered."""
         self._stop()
-        self.on_result = _delivered
+        self.on_result = _DELIVERED
 
     def fire(self) -> None:
         """The hedge is due (called by `_HedgeTimer` while `waiting`)."""

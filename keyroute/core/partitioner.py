@@ -9,7 +9,7 @@ import enum
 import struct
 import zlib
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
 if TYPE_CHECKING:
     # Only an annotation: the compiled build (setup.py) keeps murmur2's mixing in native 64-bit integers,
@@ -23,19 +23,19 @@ _SIGN32 = 0x80000000
 MAX_PARTITIONS = 0x7FFFFFFF  # Kafka's partition counts are Java ints
 _MAX_PARTITIONS = MAX_PARTITIONS
 
-_MURMUR2_SEED = 0x9747B28C
+_MURMUR2_SEED: Final = 0x9747B28C
 _MURMUR2_M = 0x5BD1E995
 _MURMUR2_R = 24
 
 _FNV32_OFFSET = 0x811C9DC5
 _FNV32_PRIME = 0x01000193
 
-_LE_WORD = struct.Struct("<I")
-_LE_WORDS = tuple(struct.Struct(f"<{n}I") for n in range(17))  # 0 to 16 words
+_LE_WORD: Final = struct.Struct("<I")
+_LE_WORDS: Final = tuple(struct.Struct(f"<{n}I") for n in range(17))  # 0 to 16 words
 # Key bytes as callers hold them (bytearray and memoryview too): one annotation, so that the compiled build
 # (setup.py) accepts what the pure one does.
 KeyBytes = bytes | bytearray | memoryview
-_from_bytes = int.from_bytes  # bound once: `int.from_bytes` looks the method up and binds it on every call
+_from_bytes: Final = int.from_bytes  # bound once: `int.from_bytes` looks the method up and binds it on every call
 
 
 _Choice = TypeVar("_Choice", bound=enum.StrEnum)

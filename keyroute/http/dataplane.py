@@ -42,7 +42,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from time import monotonic
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from keyroute.core.access import ANONYMOUS, Identity
 from keyroute.core.api import ApiError, NotFound, error_headers, error_json
@@ -59,6 +59,8 @@ if TYPE_CHECKING:
 __all__ = ["JSON", "NOT_A_KEY_PATH", "Call", "MethodNotAllowed", "RoutedDataPlane", "Route", "RouteTable"]
 
 log = logging.getLogger(__name__)
+_monotonic: Final = monotonic  # C statics in the compiled build, not globals looked up per answer
+_ANONYMOUS: Final = ANONYMOUS
 
 JSON = [(b"content-type", b"application/json")]
 Headers = list[tuple[bytes, bytes]]
@@ -78,7 +80,7 @@ class Call:
     def __init__(self, plane: RoutedDataPlane, exchange: Answerable, kind: str | None, admitted: float = 0.0) -> None:
         self.request: Request = exchange.request
         self.store = ""  # until the route's first parameter, the store, is decoded
-        self.identity: Identity = ANONYMOUS  # who asks (keyroute.core.access): set before the handler
+        self.identity: Identity = _ANONYMOUS  # who asks (keyroute.core.access): set before the handler
         self._exchange = exchange
         self._plane = plane
         self._kind = kind
@@ -99,7 +101,7 @@ class Call:
         progress (`Admission.admit_caller`, given back when the exchange ends), or gets the refusal to
         answer with (503 overloaded: over its share under load). ANONYMOUS costs nothing."""
         self.identity = identity
-        if identity is ANONYMOUS:
+        if identity is _ANONYMOUS:
             return None
         exchange = self._exchange
         if exchange._on_done is None:  # the exchange is over already: nothing to hold a place for
@@ -125,13 +127,13 @@ class Call:
             plane = self._plane
             answered = plane.answered
             if answered is not None:
-                answered(self.store, kind, status, monotonic() - self._admitted)
+                answered(self.store, kind, status, _monotonic() - self._admitted)
             else:
                 plane.count(self.store, kind, status)
                 observe = plane.observe
                 if observe is not None:
-                    observe(self.store, status, monotonic() - self._admitted)
-            if self.identity is not ANONYMOUS or status == 401:
+                    observe(self.store, status, _monotonic() - self._admitted)
+            if self.identity is not _ANONYMOUS or status == 401:
                 self._by_caller(status)
         try:
             self._exchange.answer(status, headers, body)
@@ -154,8 +156,8 @@ class Call:
             self._kind = None
             observe = self._plane.observe
             if observe is not None:
-                observe(self.store, status, monotonic() - self._admitted)
-            if self.identity is not ANONYMOUS or status == 401:
+                observe(self.store, status, _monotonic() - self._admitted)
+            if self.identity is not _ANONYMOUS or status == 401:
                 self._by_caller(status)
         self.answer(status, headers, body)
 
@@ -163,7 +165,7 @@ class Call:
         """The answer, by the caller who asked (see the module docstring: by caller)."""
         caller_answered = self._plane.caller_answered
         if caller_answered is not None:
-            caller_answered(self.identity.name, self.store, status, monotonic() - self._admitted)
+            caller_answered(self.identity.name, self.store, status, _monotonic() - self._admitted)
 
     def fail(self, error: BaseException) -> None:
         """Answer with `error`: an ApiError as the API's JSON error; anything else logged with its traceback
@@ -245,7 +247,7 @@ class RoutedDataPlane:
         if refusal is not None:
             exchange.answer(refusal.status, self.error_headers(refusal), error_json(refusal.code, refusal.message))
             return
-        admitted = monotonic()
+        admitted = _monotonic()
         # Exchange.on_done, inline (once per request): a fresh exchange has no callback yet.
         exchange._on_done = self._release
         parts = request.path.split(b"/")

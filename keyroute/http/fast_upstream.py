@@ -48,9 +48,16 @@ _BAD_TARGET = re.compile(r"[\x00-\x20\x7f]")
 # Response headers that change how the message is framed or decoded.
 # Constants the compiled build (setup.py) reads from C statics (Final) instead of the module's dict.
 _SPECIAL: Final = frozenset({b"content-length", b"transfer-encoding", b"content-encoding"})
+# Header names as the nodes send them -> lower-cased: replies repeat the same few names, and a lookup costs less
+# than `lower()` (a method call and a new object, whose hash every later set lookup computes again). Bounded
+# (a name past the bounds is lowered each time it comes).
+_LOWERED: Final[dict[bytes, bytes]] = {}
+_MAX_LOWERED: Final = 256
+_MAX_LOWERED_BYTES: Final = 64
 _WHEN_CLOSED_MESSAGE: Final = "the upstream client is closed"
 _SCHEMES: Final = ("http://", "https://")
 _new_tuple: Final = tuple.__new__
+_UPSTREAM_RESPONSE: Final = UpstreamResponse  # a C static in the compiled build, not a global looked up
 
 
 class _Failure(Exception):
@@ -189,9 +196,13 @@ class _Connection(asyncio.Protocol):
     # head instead (`replied`), which fails the parse: the connection is closed, never reused.
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        name = name.lower()
-        self.headers.append((name, value))
-        if name in _SPECIAL:
+        lowered = _LOWERED.get(name)
+        if lowered is None:
+            lowered = name.lower()
+            if len(_LOWERED) < _MAX_LOWERED and len(name) <= _MAX_LOWERED_BYTES:
+                _LOWERED[name] = lowered
+        self.headers.append((lowered, value))
+        if lowered in _SPECIAL:
             if name == b"content-encoding":
                 self.encoding = value.strip().lower()
             else:
@@ -224,7 +235,7 @@ class _Connection(asyncio.Protocol):
             self.replied = True
             body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
             # UpstreamResponse(...) without the Python frame of a NamedTuple's generated __new__.
-            waiter.set_result(_new_tuple(UpstreamResponse, (self.status, headers, body)))
+            waiter.set_result(_new_tuple(_UPSTREAM_RESPONSE, (self.status, headers, body)))
             return
         self._complete()
 
@@ -246,7 +257,7 @@ class _Connection(asyncio.Protocol):
             # The body no longer has that coding, so the header no longer describes it (as httpx does).
             headers = [(k, v) for k, v in headers if k != b"content-encoding"]
         # UpstreamResponse(...) without the Python frame of a NamedTuple's generated __new__ (once per reply).
-        waiter.set_result(_new_tuple(UpstreamResponse, (self.status, headers, body)))
+        waiter.set_result(_new_tuple(_UPSTREAM_RESPONSE, (self.status, headers, body)))
 
 
 class StaleConnection(UpstreamUnavailable):
@@ -255,6 +266,9 @@ class StaleConnection(UpstreamUnavailable):
 
 def _ended_already(result: UpstreamResponse | Exception) -> None:
     raise AssertionError("an exchange ended twice")
+
+
+_ENDED_ALREADY: Final = _ended_already
 
 
 class _Exchange:
@@ -297,7 +311,7 @@ class _Exchange:
         conn.waiter = None
         self.upstream._in_flight.pop(conn, None)
         on_reply = self.on_reply
-        self.on_reply = _ended_already
+        self.on_reply = _ENDED_ALREADY
         self.pool.release(conn)
         on_reply(reply)
 
@@ -318,7 +332,7 @@ class _Exchange:
         # Let go of the caller's callback: whoever keeps this exchange (to cancel it) is usually what the
         # callback belongs to, and a reference cycle per read would leave every read to the cyclic garbage
         # collector instead of freeing it at once (measured: ~10% of the router's CPU).
-        self.on_reply = _ended_already
+        self.on_reply = _ENDED_ALREADY
         return on_reply
 
 

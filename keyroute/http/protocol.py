@@ -91,6 +91,7 @@ _METHODS: Final = {m.encode(): m for m in ("GET", "HEAD", "POST", "PUT", "DELETE
 _NOTABLE: Final = frozenset((b"connection", b"content-length", b"expect", b"upgrade", X_REQUEST_ID))
 # How long a connection closed after an error answer keeps reading (and dropping) what the client still sends.
 _LINGER_S: Final = 2.0
+_new_request_id: Final = new_request_id  # a C static in the compiled build, not a global looked up
 # What a TLS client without a certificate may ask where certificates are required: the kubelet's probes.
 _PROBES: Final = frozenset(path.encode("ascii") for path in PROBE_PATHS)
 _PROBE_METHODS: Final = frozenset(("GET", "HEAD"))
@@ -369,7 +370,7 @@ class Connection(asyncio.Protocol):
             raise _Rejected
         supplied = self._rid_raw
         if supplied is None:
-            request_id = new_request_id()
+            request_id = _new_request_id()
             rid = request_id.encode("ascii")
         else:
             request_id, rid = request_id_from(supplied)

@@ -71,7 +71,11 @@ def encode(
     for name, value in headers:
         if name == X_REQUEST_ID:
             own_id = False
-        parts += (name, b": ", value, b"\r\n")
+        # Four appends (native list operations in the compiled build) cost less than `+=` of a new tuple.
+        parts.append(name)
+        parts.append(b": ")
+        parts.append(value)
+        parts.append(b"\r\n")
     if status >= 200 and status != 204 and status != 304:
         cached = _DATE
         date = cached.line if int(_now()) == cached.second else date_header()  # date_header's common case, inline

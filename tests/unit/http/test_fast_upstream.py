@@ -642,6 +642,29 @@ def test_unusual_framing_is_read_whole(run: Runner, answer: bytes, body: bytes) 
     assert (got.status, got.body) == (200, body)
 
 
+def test_header_names_come_lower_cased_in_order_however_many_distinct_ones_a_node_sends(run: Runner) -> None:
+    # Lower-cased names are remembered per spelling up to a bound: well past it (600 spellings over two
+    # answers), every name still comes lower-cased, and the framing headers are still recognised in any case.
+    spellings = [f"X-Name-{i}" if i % 2 else f"x-NAME-{i}" for i in range(300)]
+
+    def answer(number: int) -> bytes:
+        lines = "".join(f"{name}{number}: v{i}\r\n" for i, name in enumerate(spellings))
+        return f"HTTP/1.1 200 OK\r\n{lines}CONTENT-Length: 4\r\nContent-ENCODING: identity\r\n\r\nbody".encode()
+
+    async def scenario() -> list[UpstreamResponse]:
+        async with RawServer(lambda connection, number: [answer(number)]) as server:
+            upstream = FastUpstream()
+            try:
+                return [await upstream.get(server.url + "/k", HEADERS) for _ in range(2)]
+            finally:
+                await upstream.aclose()
+
+    for number, got in enumerate(run(scenario)):
+        expected = [(f"{name}{number}".lower().encode(), f"v{i}".encode()) for i, name in enumerate(spellings)]
+        assert (got.status, got.body) == (200, b"body")
+        assert list(got.headers) == [*expected, (b"content-length", b"4"), (b"content-encoding", b"identity")]
+
+
 def test_a_gzip_body_sent_despite_identity_is_decoded_as_httpx_would(run: Runner) -> None:
     packed = gzip.compress(b'{"value": 1}')
     answer = ok(packed, extra="content-encoding: gzip\r\n")

@@ -86,8 +86,8 @@ def test_each_request_on_a_connection_carries_its_own_version(arun: Any) -> None
                 writer.write(get("/stores/a", *([connection] if connection else []), version=version))
                 answer = await read_answer(reader)
                 assert answer.status == 200
-                expected = "keep-alive" if version == "1.0" else ("close" if connection == "Connection: close" else None)
-                assert answer.header("connection") == expected
+                said = "close" if connection == "Connection: close" else None
+                assert answer.header("connection") == ("keep-alive" if version == "1.0" else said)
         assert [request.http_version for request in plane.handled] == [version for version, _ in heads]
 
     arun(scenario())
