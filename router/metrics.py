@@ -28,7 +28,6 @@ from typing import Any, Final
 from prometheus_client.core import Metric
 
 from keyroute.core.metrics import (
-    CODE_CLASSES,
     LATENCY_BUCKETS_S,
     UNKNOWN_STORE,
     CallerReads,
@@ -100,10 +99,7 @@ _NOT_COUNTERS = frozenset(
 )
 
 
-# The outcome label of the statuses a read is usually answered with (`outcome` for any other).
-_OUTCOMES: Final = {status: outcome(status) for status in range(100, 600)}
 # Imported names every answer uses, held where the compiled build (setup.py) reads them from C statics.
-_CODE_CLASSES: Final = CODE_CLASSES
 _UNKNOWN_STORE: Final = UNKNOWN_STORE
 _bisect_left: Final = bisect_left
 
@@ -119,6 +115,20 @@ def share_across_workers(directory: str, worker: int) -> WorkerSnapshots:
     global _process_snapshots
     _process_snapshots = WorkerSnapshots(directory, worker)
     return _process_snapshots
+
+
+class _Answered:
+    """The request counter's key and the duration histogram of one (store label, kind, status)."""
+
+    __slots__ = ("key", "histogram", "bucket_counts", "bounds")
+
+    def __init__(self, key: tuple[str, str, str], histogram: Histogram) -> None:
+        # Any: held as the tuple object itself (the compiled build would keep a typed tuple unpacked and make a
+        # new one per use), so that the counter's dict finds its key by identity.
+        self.key: Any = key
+        self.histogram = histogram
+        self.bucket_counts = histogram.counts  # the histogram's own list, read without its attribute lookups
+        self.bounds = histogram.bounds
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -164,6 +174,10 @@ class RouterMetrics:
     _snapshots: WorkerSnapshots | None = None
     # (seq of the map they were computed from, zone_facts of it)
     _zones: tuple[int, dict[str, int]] | None = None
+    # What `answered` updates, by store label, kind and status: made on the first such answer. The label is
+    # decided per answer from the installed map (the unknown store's for a name it lacks), so this stays
+    # bounded by the map's stores and holds nothing a new map makes wrong.
+    _answered: dict[str, dict[str, dict[int, _Answered]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if _process_snapshots is not None:
@@ -210,17 +224,29 @@ class RouterMetrics:
         m = self.partition_map
         if m is None or store not in m.stores:
             store = _UNKNOWN_STORE
-        key = (store, kind, _OUTCOMES.get(status) or outcome(status))
+        by_kind = self._answered.get(store)
+        if by_kind is None:
+            by_kind = self._answered[store] = {}
+        by_status = by_kind.get(kind)
+        if by_status is None:
+            by_status = by_kind[kind] = {}
+        cell = by_status.get(status)
+        if cell is None:
+            cell = by_status[status] = self._answered_cell(store, kind, status)
+        # The same key object every time: its dict lookups find it by identity, without comparing tuples.
+        key = cell.key
         counts = self.requests.counts
         counts[key] = counts.get(key, 0) + 1
         # observe_duration, inline (once per read)
-        durations = self.request_duration
-        code_key = (store, _CODE_CLASSES.get(status) or code_class(status))
-        histogram = durations.get(code_key)
+        cell.bucket_counts[_bisect_left(cell.bounds, seconds)] += 1
+        cell.histogram.sum += seconds
+
+    def _answered_cell(self, store: str, kind: str, status: int) -> _Answered:
+        code_key = (store, code_class(status))
+        histogram = self.request_duration.get(code_key)
         if histogram is None:
-            histogram = durations[code_key] = Histogram()
-        histogram.counts[_bisect_left(histogram.bounds, seconds)] += 1
-        histogram.sum += seconds
+            histogram = self.request_duration[code_key] = Histogram()
+        return _Answered((store, kind, outcome(status)), histogram)
 
     def observe_request(self, store: str, status: int, seconds: float) -> None:
         """One read of `store` answered with `status`, `seconds` after its admission (once per request)."""

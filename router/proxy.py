@@ -397,16 +397,18 @@ class Proxy:
             # _relayed, inline (once per read): passthrough_headers and the first X-Keyroute-Hops value in
             # one pass over the node's reply headers (lower-case names: FastUpstream's, or `_Request.fetched`
             # made them so).
-            relayed = []
+            relayed: list[Any] = []
             hops = None
             named: set[bytes] | None = None
-            for name, value in result.headers:
+            pairs: Sequence[Any] = result.headers  # each pair relayed as the same tuple (not unpacked, made anew)
+            for pair in pairs:
+                name = pair[0]
                 if name not in _HOP_BY_HOP:
-                    relayed.append((name, value))
+                    relayed.append(pair)
                     if name == _HOPS and hops is None:
-                        hops = value
+                        hops = pair[1]
                 elif name == b"connection":
-                    named = (named or set()) | {token.strip().lower() for token in value.split(b",")}
+                    named = (named or set()) | {token.strip().lower() for token in pair[1].split(b",")}
             if named:
                 relayed = [(name, value) for name, value in relayed if name not in named]
             if hops is not None and hops != b"0":  # "0": the node served it itself (as `_hops_seen` says)

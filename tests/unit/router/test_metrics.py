@@ -265,3 +265,30 @@ def test_answered_counts_and_times_as_count_and_observe_request_do() -> None:
     assert sample(rendered, name, name + "_count", store=UNKNOWN_STORE, code_class="4xx") == 1
     requests = "keyroute_router_requests"
     assert sample(rendered, requests, requests + "_total", store="s", kind="key", outcome="unavailable") == 1
+
+
+def test_answered_follows_the_installed_map_as_count_and_observe_request_do() -> None:
+    # `answered` keeps what it updates per store label: a new map that adds a store or drops one moves its
+    # reads to the right label from the next answer on, as the two separate calls do, and repeated answers
+    # add up.
+    apart, together = RouterMetrics(), RouterMetrics()
+    only_s = build_map(STORES[:1], {"a": {"s": [0, 1, 2, 3]}})
+    only_t = build_map(STORES[1:], {"a": {"t": [0, 1]}})
+    answers = [("s", "key", 200, 0.001), ("t", "key", 200, 0.002), ("s", "key", 404, 0.003)] * 3
+    for installed in (only_s, only_t, only_s):
+        for m in (apart, together):
+            m.map_installed(installed)
+        for store, kind, status, seconds in answers:
+            apart.count(store, kind, status)
+            apart.observe_request(store, status, seconds)
+            together.answered(store, kind, status, seconds)
+    rendered, expected = parse(together.render()), parse(apart.render())
+    name = "keyroute_router_request_duration_seconds"
+    for family in ("keyroute_router_requests", name):
+        assert rendered[family] == expected[family]
+    requests = "keyroute_router_requests"
+    # "s" known under two of the three maps, "t" under one; the rest of their reads are the unknown store's.
+    assert sample(rendered, requests, requests + "_total", store="s", kind="key", outcome="found") == 6
+    assert sample(rendered, requests, requests + "_total", store="t", kind="key", outcome="found") == 3
+    assert sample(rendered, requests, requests + "_total", store=UNKNOWN_STORE, kind="key", outcome="found") == 9
+    assert sample(rendered, name, name + "_count", store=UNKNOWN_STORE, code_class="4xx") == 3
