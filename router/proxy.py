@@ -91,6 +91,7 @@ _GENERATION: Final = HEADER_GENERATION.encode("ascii")
 _OFFSET: Final = HEADER_OFFSET.encode("ascii")
 # Imported names a read uses, held where the compiled build (setup.py) reads them from C statics.
 _HOP_BY_HOP: Final = HOP_BY_HOP
+_HOP_LENGTHS: Final = sum(1 << n for n in {len(name) for name in HOP_BY_HOP})  # bit n: a hop-by-hop name has n bytes
 _bisect_left: Final = bisect_left
 # Offsets remembered per (node URL, store, partition): beyond it the oldest entry is forgotten.
 MAX_REMEMBERED_OFFSETS = 65536
@@ -402,8 +403,9 @@ class Proxy:
             named: set[bytes] | None = None
             pairs: Sequence[Any] = result.headers  # each pair relayed as the same tuple (not unpacked, made anew)
             for pair in pairs:
-                name = pair[0]
-                if name not in _HOP_BY_HOP:
+                name: bytes = pair[0]
+                # Only a name as long as a hop-by-hop one can be one: most are never looked up in the set.
+                if not (_HOP_LENGTHS >> len(name)) & 1 or name not in _HOP_BY_HOP:
                     relayed.append(pair)
                     if name == _HOPS and hops is None:
                         hops = pair[1]

@@ -37,6 +37,7 @@ from keyroute.core.partitioner import Partitioner, partition_for
 from keyroute.core.settings import RequestLimits, RouterSettings
 from keyroute.http.exchange import ServerLimits
 from keyroute.http.fast_upstream import FastUpstream
+from keyroute.http.forwarding import HOP_BY_HOP
 from keyroute.http.server import HttpServer
 from keyroute.http.upstream import Upstream, UpstreamResponse
 from keyroute.router.backoff import NodeBackoff
@@ -213,6 +214,22 @@ def test_status_body_and_keyroute_headers_pass_through_while_hop_by_hop_headers_
     # A node's error passes through byte for byte: the router does not re-render it.
     assert missing.status == 404 and missing.body == direct[0].content
     assert json.loads(missing.body)["error"] == "key_not_found"
+
+
+def test_every_hop_by_hop_header_stops_at_the_router_and_names_of_the_same_length_pass() -> None:
+    # The router looks a name up among the hop-by-hop ones only when one of them is as long: every one of them
+    # (but the framing a node's server writes itself) is still dropped, and a name of each of their lengths
+    # that is not one of them passes.
+    framing = {b"content-length", b"transfer-encoding", b"connection", b"date"}
+    dropped = sorted(HOP_BY_HOP - framing)
+    passed = [b"x" * len(name) for name in dropped]
+    a = FakeNode("a", values_for(["k"]))
+    a.extra_headers = [(name.decode().title(), "v") for name in dropped + passed]
+    h = Harness(build_map([store_record("s", PARTITIONS)], {"a": {"s": range(PARTITIONS)}}), a)
+    found = run(lambda: get(h.proxy, "s", "k"))
+    names = [name for name, _ in found.headers]
+    assert found.status == 200 and not set(dropped) & set(names)
+    assert [name for name in names if name in set(passed)] == passed
 
 
 @pytest.mark.parametrize(
