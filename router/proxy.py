@@ -203,6 +203,9 @@ class Proxy:
         # Sending on an idle connection without a coroutine (FastUpstream.get_now); None: every request
         # goes through `Upstream.get` in a task.
         self._send_now: Callable[[str, bytes, OnResult], Any] | None = getattr(upstream, "get_now", None)
+        # The same with the node's URL and the path apart (FastUpstream.get_now_at), for the paths this proxy
+        # made itself (nothing to split or check again).
+        self._send_now_at: Callable[[str, str, bytes, OnResult], Any] | None = getattr(upstream, "get_now_at", None)
         # What every request to a node carries except its request id, as header lines.
         self._block = header_block(self._headers(None))
         self._id_head = self._block + b"x-request-id: "  # followed by the read's id
@@ -317,6 +320,7 @@ class Proxy:
             path += f"?min_offset={min_offset}"
             order = self._fresh_first(order, store, partition, min_offset)
         read = Read(self, store, partition, path, order, request_id, on_result)
+        read.tail = bool(tail)
         if min_offset is not None:
             read.min_offset = min_offset
             read.live = True  # only a live store answers a bounded read
@@ -350,7 +354,12 @@ class Proxy:
         if send_now is not None and not resend:
             # The request id is one the server accepted or made: visible ASCII, no spaces.
             head = self._id_head + read.request_id.encode("ascii") + b"\r\n"
-            exchange = send_now(url + read.path, head, request.replied)
+            send_now_at = self._send_now_at
+            exchange = None
+            if send_now_at is not None and not read.tail:
+                exchange = send_now_at(url, read.path, head, request.replied)
+            if exchange is None:
+                exchange = send_now(url + read.path, head, request.replied)
             if exchange is not None:
                 request.pending = exchange
                 return
@@ -747,7 +756,7 @@ class Read:
 
     __slots__ = (
         "proxy", "store", "partition", "path", "order", "request_id", "on_result", "asked", "lead", "hedge",
-        "refused", "waiting", "live", "min_offset",
+        "refused", "waiting", "live", "min_offset", "tail",
     )  # fmt: skip
 
     def __init__(
@@ -776,6 +785,8 @@ class Read:
         # A read of a live store (its replies' offsets are remembered), and its bound (None: none).
         self.live = False
         self.min_offset: int | None = None
+        # The path ends in a caller's own text (a timeline read's query): checked by the upstream when sent.
+        self.tail = False
 
     @property
     def over(self) -> bool:

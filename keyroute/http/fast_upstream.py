@@ -276,20 +276,20 @@ class _Exchange:
     which hands the connection back and the reply (or the failure) on at once, instead of waking a
     coroutine. (Its own `__init__`, not a dataclass's: that one stays interpreted in the compiled build.)"""
 
-    __slots__ = ("upstream", "pool", "conn", "url", "on_reply", "ended")
+    __slots__ = ("upstream", "pool", "conn", "target", "on_reply", "ended")
 
     def __init__(
         self,
         upstream: FastUpstream,
         pool: _Pool,
         conn: _Connection,
-        url: str,
+        target: str,
         on_reply: Callable[[UpstreamResponse | Exception], None],
     ) -> None:
         self.upstream = upstream
         self.pool = pool
         self.conn = conn
-        self.url = url
+        self.target = target  # the path asked for, named with the pool's origin in a failure
         self.on_reply = on_reply
         self.ended = False
 
@@ -321,9 +321,9 @@ class _Exchange:
         if self.upstream.closed:  # aclose() broke the connection off: not the node's fault
             on_reply(UpstreamUnavailable(_WHEN_CLOSED_MESSAGE, node_fault=False))
         elif isinstance(failure, _Failure) and failure.retriable:
-            on_reply(StaleConnection(f"GET {self.url}: {failure}"))
+            on_reply(StaleConnection(f"GET {self.pool.origin}{self.target}: {failure}"))
         else:
-            on_reply(UpstreamUnavailable(f"GET {self.url}: {failure}"))
+            on_reply(UpstreamUnavailable(f"GET {self.pool.origin}{self.target}: {failure}"))
 
     def _end(self) -> Callable[[UpstreamResponse | Exception], None]:
         self.ended = True
@@ -606,6 +606,26 @@ class FastUpstream:
         target = url[slash:]
         if not (target.isascii() and target.isprintable() and " " not in target and "#" not in target):
             return None
+        return self._send_now(pool, target, head, on_reply)
+
+    def get_now_at(
+        self, origin: str, target: str, head: bytes, on_reply: Callable[[UpstreamResponse | Exception], None]
+    ) -> _Exchange | None:
+        """`get_now(origin + target)` for a caller that holds the two apart and has checked the target:
+        `origin` as the pool names it (`scheme://host:port`, the scheme lower-case, nothing after the port),
+        `target` percent-encoded visible ASCII without spaces or '#' (what `path_segment` makes). Nothing is
+        split or checked again. None (nothing sent) as `get_now`, and when `origin` is not spelt as a pool
+        is named (the caller may then try `get_now` with the whole URL)."""
+        if self.closed:
+            return None
+        pool = self._pools.get(origin)
+        if pool is None:
+            return None
+        return self._send_now(pool, target, head, on_reply)
+
+    def _send_now(
+        self, pool: _Pool, target: str, head: bytes, on_reply: Callable[[UpstreamResponse | Exception], None]
+    ) -> _Exchange | None:
         now = pool.loop.time()
         idle = pool.idle
         while True:
@@ -622,7 +642,7 @@ class FastUpstream:
                 break
             pool.discard(conn)  # closed while idle: `on_reply` must never run before this returns
         request = b"".join((b"GET ", target.encode("ascii"), pool.host_line, head, b"\r\n"))
-        exchange = _Exchange(self, pool, conn, url, on_reply)
+        exchange = _Exchange(self, pool, conn, target, on_reply)
         conn.start_with(request, now + self.timeout_s, exchange)
         return exchange
 

@@ -781,6 +781,38 @@ def test_get_now_declines_without_an_idle_connection_and_then_uses_the_one_get_l
     assert len(set(ports)) == 1  # every exchange on the connection `get` opened
 
 
+def test_get_now_at_sends_the_target_to_the_origin_as_get_now_and_declines_an_origin_spelt_otherwise(
+    run: Runner,
+) -> None:
+    async def scenario() -> tuple[list[object], list[tuple[int, bytes]]]:
+        async with RawServer(lambda connection, number: [ok(f"answer {number}".encode())]) as server:
+            upstream = FastUpstream()
+            loop = asyncio.get_running_loop()
+            got: list[object] = []
+            try:
+                # No connection to the origin yet: declined, nothing sent.
+                got.append(upstream.get_now_at(server.url, "/stores/s/keys/a", HEAD_LINES, got.append))
+                await upstream.get(server.url + "/first", HEADERS)
+                # Not spelt as the pool names the origin (a path after the port, an upper-case scheme): declined.
+                for origin in (server.url + "/", server.url.replace("http", "HTTP")):
+                    got.append(upstream.get_now_at(origin, "/stores/s/keys/a", HEAD_LINES, got.append))
+                answer: asyncio.Future[object] = loop.create_future()
+                sent = upstream.get_now_at(server.url, "/stores/s/keys/a%2Fb", HEAD_LINES, answer.set_result)
+                assert sent is not None and not answer.done()
+                got.append(await asyncio.wait_for(answer, 10))
+            finally:
+                await upstream.aclose()
+            return got, server.requests
+
+    got, requests = run(scenario)
+    assert got[:3] == [None, None, None]
+    assert isinstance(got[3], UpstreamResponse) and got[3].body == b"answer 1"
+    assert [connection for connection, _ in requests] == [0, 0]  # on the connection `get` opened
+    head_line, _, rest = requests[1][1].partition(b"\r\n")
+    assert head_line == b"GET /stores/s/keys/a%2Fb HTTP/1.1"
+    assert rest.split(b"\r\n", 1)[1] == HEAD_LINES + b"\r\n"
+
+
 def test_get_now_sends_the_head_it_is_given(run: Runner) -> None:
     async def scenario() -> bytes:
         async with RawServer(lambda connection, number: [ok()]) as server:

@@ -604,8 +604,8 @@ class Somewhere:
 
 
 class CountingUpstream(FastUpstream):
-    """FastUpstream counting the requests `get_now` sent without a coroutine and those it declined;
-    `at_once = False` declines every one, so each goes through `Upstream.get` in a task."""
+    """FastUpstream counting the requests `get_now` and `get_now_at` sent without a coroutine and those
+    declined; `at_once = False` declines every one, so each goes through `Upstream.get` in a task."""
 
     def __init__(self, timeout_s: float, connect_timeout_s: float) -> None:
         super().__init__(timeout_s, connect_timeout_s)
@@ -620,6 +620,14 @@ class CountingUpstream(FastUpstream):
         else:
             self.sent += 1
         return exchange
+
+    def get_now_at(
+        self, origin: str, target: str, head: bytes, on_reply: Callable[[UpstreamResponse | Exception], None]
+    ) -> Any:
+        exchange = super().get_now_at(origin, target, head, on_reply) if self.at_once else None
+        if exchange is not None:
+            self.sent += 1
+        return exchange  # declined: the proxy asks get_now next, which counts it
 
 
 class LocalHarness:
