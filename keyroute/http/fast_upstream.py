@@ -80,6 +80,8 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.feed = self.parser.feed_data  # bound once per connection, not looked up per reply
+        self.status_code = self.parser.get_status_code  # and these two, asked once per reply
+        self.keeps_alive = self.parser.should_keep_alive
         self.write: Any = None  # the transport's write, bound once (connection_made)
         self.waiter: Any = None  # an asyncio.Future[UpstreamResponse] or an _Exchange
         # Resolved when the socket is really gone, so aclose() can wait for it.
@@ -211,7 +213,7 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         if self.replied:
             raise _Failure("a second response arrived for one request")
-        self.status = status = self.parser.get_status_code()
+        self.status = status = self.status_code()
         self.until_eof = not self.framed and status >= 200 and status not in (204, 304)
 
     def on_body(self, body: bytes) -> None:
@@ -224,7 +226,7 @@ class _Connection(asyncio.Protocol):
             self.body = []
             self.framed = False
             return
-        if not self.parser.should_keep_alive():
+        if not self.keeps_alive():
             self.reusable = False  # Connection: close, or HTTP/1.0 without keep-alive
         waiter = self.waiter
         if self.encoding is None and waiter is not None:

@@ -63,7 +63,7 @@ from keyroute.core.api import (
     error_headers,
     error_json,
 )
-from keyroute.core.logs import new_request_id
+from keyroute.core.logs import REQUEST_ID_NUMBERS, REQUEST_ID_PREFIX
 from keyroute.http.admission import PROBE_PATHS
 from keyroute.http.asgi import Cycle, http_scope
 from keyroute.http.errors import ClientCertificateRequired, ExpectationFailed
@@ -91,7 +91,10 @@ _METHODS: Final = {m.encode(): m for m in ("GET", "HEAD", "POST", "PUT", "DELETE
 _NOTABLE: Final = frozenset((b"connection", b"content-length", b"expect", b"upgrade", X_REQUEST_ID))
 # How long a connection closed after an error answer keeps reading (and dropping) what the client still sends.
 _LINGER_S: Final = 2.0
-_new_request_id: Final = new_request_id  # a C static in the compiled build, not a global looked up
+# keyroute.core.logs.new_request_id's ids, made here: C statics and a native `next` in the compiled build.
+_ID_PREFIX: Final = REQUEST_ID_PREFIX
+_ID_NUMBERS: Final = REQUEST_ID_NUMBERS
+_hex: Final = hex
 # What a TLS client without a certificate may ask where certificates are required: the kubelet's probes.
 _PROBES: Final = frozenset(path.encode("ascii") for path in PROBE_PATHS)
 _PROBE_METHODS: Final = frozenset(("GET", "HEAD"))
@@ -120,6 +123,8 @@ class Connection(asyncio.Protocol):
         "_transport",
         "_write",
         "_parser",
+        "_get_method",
+        "_keeps_alive",
         "_feed",
         "_dp_prefix",
         "_queue",
@@ -174,6 +179,8 @@ class Connection(asyncio.Protocol):
         self._write: Any = None  # the transport's write, bound once (connection_made)
         self._parser = httptools.HttpRequestParser(self)
         self._feed = self._parser.feed_data  # bound once: one lookup per connection, not per read
+        self._get_method = self._parser.get_method  # and these two, asked once per request
+        self._keeps_alive = self._parser.should_keep_alive
         # What every data-plane path starts with, when the data plane says (`RoutedDataPlane.prefix`): then a
         # request is the data plane's by one comparison, else by asking `accepts`.
         self._dp_prefix: bytes | None = getattr(self._dp, "prefix", None)
@@ -342,9 +349,9 @@ class Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         parser = self._parser
-        raw_method = parser.get_method()
+        raw_method = self._get_method()
         method = _METHODS.get(raw_method) or raw_method.decode("latin-1")
-        alive = parser.should_keep_alive()
+        alive = self._keeps_alive()
         # Of the versions llhttp parses (0.9, 1.0, 1.1, 2.0), only HTTP/1.1 keeps a connection alive without
         # a Connection header: the common case needs no version string (get_http_version formats one).
         version = "1.1" if alive and not self._connection_named else parser.get_http_version()
@@ -370,7 +377,7 @@ class Connection(asyncio.Protocol):
             raise _Rejected
         supplied = self._rid_raw
         if supplied is None:
-            request_id = _new_request_id()
+            request_id = _ID_PREFIX + _hex(next(_ID_NUMBERS))[2:]  # new_request_id(), inline
             rid = request_id.encode("ascii")
         else:
             request_id, rid = request_id_from(supplied)

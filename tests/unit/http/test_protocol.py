@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from keyroute.core.logs import acceptable_request_id
+from keyroute.core.logs import acceptable_request_id, new_request_id
 from tests.unit.http.harness import (
     IO_TIMEOUT_S,
     NEW_ID,
@@ -49,6 +49,27 @@ def test_http11_keeps_the_connection_alive_and_every_answer_has_date_and_a_reque
             assert [r.request_id for r in plane.handled] == ids
 
     arun(scenario())
+
+
+def test_the_server_makes_new_ids_from_the_one_sequence_of_new_request_id(arun: Any) -> None:
+    # The server makes the ids of requests that come without one itself (inline, for speed): the same prefix
+    # and the same counter as new_request_id(), so ids made either way never repeat.
+    made: list[str] = []
+
+    async def scenario() -> None:
+        made.append(new_request_id())
+        async with serving(Plane()) as server, connect(server.port) as (reader, writer):
+            for _ in range(2):
+                writer.write(get("/stores/a"))
+                made.append((await read_answer(reader)).header("x-request-id") or "")
+                made.append(new_request_id())
+
+    arun(scenario())
+    assert len(made) == 5
+    prefixes = {made_id.rpartition("-")[0] for made_id in made}
+    numbers = [int(made_id.rpartition("-")[2], 16) for made_id in made]
+    assert len(prefixes) == 1 and all(NEW_ID.match(made_id) for made_id in made)
+    assert numbers == list(range(numbers[0], numbers[0] + 5))  # consecutive: nothing else made ids meanwhile
 
 
 def test_the_request_carries_raw_path_query_headers_and_version(arun: Any) -> None:
