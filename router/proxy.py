@@ -781,12 +781,11 @@ class Read:
         self.hedge: _Request | None = None
         # The last 503 reply, passed on if no replica does better.
         self.refused: UpstreamResponse | None = None
-        self.waiting = False
-        # A read of a live store (its replies' offsets are remembered), and its bound (None: none).
-        self.live = False
+        # `live`: a read of a live store (its replies' offsets are remembered), with its bound `min_offset`
+        # (None: none). `tail`: the path ends in a caller's own text (a timeline read's query), checked by the
+        # upstream when sent.
+        self.waiting = self.live = self.tail = False
         self.min_offset: int | None = None
-        # The path ends in a caller's own text (a timeline read's query): checked by the upstream when sent.
-        self.tail = False
 
     @property
     def over(self) -> bool:

@@ -316,8 +316,7 @@ class Connection(asyncio.Protocol):
         self._content_length = None
         self._expect = None
         self._rid_raw = None
-        self._upgrade = False
-        self._connection_named = False
+        self._upgrade = self._connection_named = False
         self._body = None
         self._body_size = 0
 

@@ -12,6 +12,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from keyroute.core.metrics import UNKNOWN_STORE, Histogram, outcome
+from keyroute.core.partition_map import PartitionMap
 from keyroute.router.metrics import RouterMetrics
 from tests.unit.router.fakes import FakeNode, build_map, store_record
 from tests.unit.router.test_app import router
@@ -247,35 +248,16 @@ def test_router_app_serves_the_exposition_and_answers_with_request_ids() -> None
     asyncio.run(scenario())
 
 
-def test_answered_counts_and_times_as_count_and_observe_request_do() -> None:
-    # The data plane's one call per answer renders exactly what its two calls render.
-    apart, together = RouterMetrics(), RouterMetrics()
-    answers = [("s", "key", 200, 0.0005), ("s", "timeline", 404, 0.003), ("made-up", "key", 404, 0.001)]
-    answers += [("s", "key", 503, 7.0), ("s", "range", 500, 0.02)]
-    for m in (apart, together):
-        m.map_installed(build_map(STORES, {"a": {"s": [0, 1, 2, 3]}}))
-    for store, kind, status, seconds in answers:
-        apart.count(store, kind, status)
-        apart.observe_request(store, status, seconds)
-        together.answered(store, kind, status, seconds)
-    rendered, expected = parse(together.render()), parse(apart.render())
-    name = "keyroute_router_request_duration_seconds"
-    for family in ("keyroute_router_requests", name):
-        assert rendered[family] == expected[family]
-    assert sample(rendered, name, name + "_count", store=UNKNOWN_STORE, code_class="4xx") == 1
-    requests = "keyroute_router_requests"
-    assert sample(rendered, requests, requests + "_total", store="s", kind="key", outcome="unavailable") == 1
+Answered = tuple[str, str, int, float]  # store, kind, status, seconds
+REQUESTS = "keyroute_router_requests"
+DURATION = "keyroute_router_request_duration_seconds"
 
 
-def test_answered_follows_the_installed_map_as_count_and_observe_request_do() -> None:
-    # `answered` keeps what it updates per store label: a new map that adds a store or drops one moves its
-    # reads to the right label from the next answer on, as the two separate calls do, and repeated answers
-    # add up.
+def answered_both_ways(rounds: list[tuple[PartitionMap, list[Answered]]]) -> dict[str, Any]:
+    """The rendering after each round's map is installed and its answers counted with `answered`, having
+    checked that it equals the rendering of `count` + `observe_request` for the same answers."""
     apart, together = RouterMetrics(), RouterMetrics()
-    only_s = build_map(STORES[:1], {"a": {"s": [0, 1, 2, 3]}})
-    only_t = build_map(STORES[1:], {"a": {"t": [0, 1]}})
-    answers = [("s", "key", 200, 0.001), ("t", "key", 200, 0.002), ("s", "key", 404, 0.003)] * 3
-    for installed in (only_s, only_t, only_s):
+    for installed, answers in rounds:
         for m in (apart, together):
             m.map_installed(installed)
         for store, kind, status, seconds in answers:
@@ -283,12 +265,31 @@ def test_answered_follows_the_installed_map_as_count_and_observe_request_do() ->
             apart.observe_request(store, status, seconds)
             together.answered(store, kind, status, seconds)
     rendered, expected = parse(together.render()), parse(apart.render())
-    name = "keyroute_router_request_duration_seconds"
-    for family in ("keyroute_router_requests", name):
+    for family in (REQUESTS, DURATION):
         assert rendered[family] == expected[family]
-    requests = "keyroute_router_requests"
+    return rendered
+
+
+def test_answered_counts_and_times_as_count_and_observe_request_do() -> None:
+    # The data plane's one call per answer renders exactly what its two calls render.
+    answers = [("s", "key", 200, 0.0005), ("s", "timeline", 404, 0.003), ("made-up", "key", 404, 0.001)]
+    answers += [("s", "key", 503, 7.0), ("s", "range", 500, 0.02)]
+    rendered = answered_both_ways([(build_map(STORES, {"a": {"s": [0, 1, 2, 3]}}), answers)])
+    assert sample(rendered, DURATION, DURATION + "_count", store=UNKNOWN_STORE, code_class="4xx") == 1
+    assert sample(rendered, REQUESTS, REQUESTS + "_total", store="s", kind="key", outcome="unavailable") == 1
+
+
+def test_answered_follows_the_installed_map_as_count_and_observe_request_do() -> None:
+    # `answered` keeps what it updates per store label: a new map that adds a store or drops one moves its
+    # reads to the right label from the next answer on, as the two separate calls do, and repeated answers
+    # add up.
+    only_s = build_map(STORES[:1], {"a": {"s": [0, 1, 2, 3]}})
+    only_t = build_map(STORES[1:], {"a": {"t": [0, 1]}})
+    answers: list[Answered] = [("s", "key", 200, 0.001), ("t", "key", 200, 0.002), ("s", "key", 404, 0.003)] * 3
+    rendered = answered_both_ways([(installed, answers) for installed in (only_s, only_t, only_s)])
+    total = REQUESTS + "_total"
     # "s" known under two of the three maps, "t" under one; the rest of their reads are the unknown store's.
-    assert sample(rendered, requests, requests + "_total", store="s", kind="key", outcome="found") == 6
-    assert sample(rendered, requests, requests + "_total", store="t", kind="key", outcome="found") == 3
-    assert sample(rendered, requests, requests + "_total", store=UNKNOWN_STORE, kind="key", outcome="found") == 9
-    assert sample(rendered, name, name + "_count", store=UNKNOWN_STORE, code_class="4xx") == 3
+    assert sample(rendered, REQUESTS, total, store="s", kind="key", outcome="found") == 6
+    assert sample(rendered, REQUESTS, total, store="t", kind="key", outcome="found") == 3
+    assert sample(rendered, REQUESTS, total, store=UNKNOWN_STORE, kind="key", outcome="found") == 9
+    assert sample(rendered, DURATION, DURATION + "_count", store=UNKNOWN_STORE, code_class="4xx") == 3
