@@ -20,6 +20,10 @@ This work tree pure (the venv's editable install) is measured beside them at the
 nodes are always the editable install. `--build pure`: this work tree's editable install against REV from a
 `git worktree` with its own packages first on PYTHONPATH, both pure Python. `--compiled VENV/bin/python`
 (implies `--build pure`): (b2) is this work tree compiled into a venv prepared by hand instead of REV.
+
+`--tls` adds the TLS rows in the same run: benchmarks/router_tls.py, with this run's settings, right after the
+tables above (the router serving HTTPS and speaking mutual TLS to the nodes, beside nginx as a TLS proxy hop;
+its own cluster, as its nodes serve HTTPS); --write records them under their own heading.
 """
 
 from __future__ import annotations
@@ -1404,6 +1408,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--write", action="store_true", help=f"record the figures in {RESULTS.name}")
     parser.add_argument("--keep", action="store_true", help="keep the working directory (logs, configs)")
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="then the TLS rows in the same run: benchmarks/router_tls.py (this work tree's router serving HTTPS and"
+        " reaching the nodes over mutual TLS, beside nginx as a TLS proxy hop, on a cluster of HTTPS nodes of its"
+        " own) with this run's --keys, --partitions, --nodes, --concurrency, --duration, --rounds, --build, --quick"
+        " and --write",
+    )
     # Runs nodes and routers of a revision (a git worktree) in place of this work tree's: tests this script
     # while the work tree cannot serve. Its figures are not this tree's, hence no --write.
     parser.add_argument("--new-from", metavar="REV", help=argparse.SUPPRESS)
@@ -1412,6 +1424,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--write records this work tree's figures: not with --quick or --new-from")
     if args.build == "compiled" and (args.compiled or args.new_from):
         parser.error("--build compiled builds this work tree itself: not with --compiled or --new-from")
+    if args.tls and (args.compiled or args.new_from):
+        parser.error("--tls measures this work tree as --build says: not with --compiled or --new-from")
     args.build = args.build or ("pure" if args.compiled or args.new_from else "compiled")
     args.keys = args.keys if args.keys is not None else 20_000 if args.quick else 100_000
     args.duration = args.duration if args.duration is not None else 1.0 if args.quick else 5.0
@@ -1442,7 +1456,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         write_subsection(text)
         print(f"wrote {text.split(chr(10), 1)[0]!r} under {SECTION!r} in {RESULTS}", file=sys.stderr)
+    if args.tls:
+        return tls_rows(args)
     return 0
+
+
+def tls_rows(args: argparse.Namespace) -> int:
+    """--tls: benchmarks/router_tls.py with this run's settings (its rows go under its own heading)."""
+    import router_tls  # benchmarks/router_tls.py, beside this script (it imports this module's helpers)
+
+    tls_argv = [f"--keys={args.keys}", f"--partitions={args.partitions}", f"--nodes={args.nodes}"]
+    tls_argv += ["--concurrency", *map(str, args.concurrency)]
+    tls_argv += [f"--duration={args.duration:g}", f"--rounds={args.rounds}", f"--build={args.build}"]
+    tls_argv += [flag for flag, given in (("--quick", args.quick), ("--write", args.write)) if given]
+    # Recorded as the command that measures exactly these rows on its own.
+    sys.argv = [str(Path(sys.argv[0]).with_name("router_tls.py")), *tls_argv]
+    print(f"\nthe TLS rows: {_command(tls_argv)}", file=sys.stderr, flush=True)
+    return int(router_tls.main(tls_argv))
 
 
 def _command(argv: list[str] | None) -> str:
