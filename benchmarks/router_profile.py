@@ -167,8 +167,8 @@ def profile_calls(path: Path, requests: int) -> dict[str, tuple[float, float]]:
     stats = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
     table: dict[str, tuple[float, float]] = {}
     for (_file, _line, name), (_, calls, own, _, _) in stats.items():
-        # By function name only: modules moved between revisions (keyroute_core/ -> keyroute/core/, one
-        # server.py -> protocol.py, ...), functions mostly kept their names.
+        # By function name only: modules moved between revisions (the core package into keyroute/core/, one
+        # server.py into protocol.py, ...), functions mostly kept their names.
         key = name
         previous = table.get(key, (0.0, 0.0))
         table[key] = (previous[0] + calls / requests, previous[1] + own / requests)
