@@ -48,12 +48,6 @@ _BAD_TARGET = re.compile(r"[\x00-\x20\x7f]")
 # Response headers that change how the message is framed or decoded.
 # Constants the compiled build (setup.py) reads from C statics (Final) instead of the module's dict.
 _SPECIAL: Final = frozenset({b"content-length", b"transfer-encoding", b"content-encoding"})
-# Header names as the nodes send them -> lower-cased: replies repeat the same few names, and a lookup costs less
-# than `lower()` (a method call and a new object, whose hash every later set lookup computes again). Bounded
-# (a name past the bounds is lowered each time it comes).
-_LOWERED: Final[dict[bytes, bytes]] = {}
-_MAX_LOWERED: Final = 256
-_MAX_LOWERED_BYTES: Final = 64
 _WHEN_CLOSED_MESSAGE: Final = "the upstream client is closed"
 _SCHEMES: Final = ("http://", "https://")
 _new_tuple: Final = tuple.__new__
@@ -198,13 +192,9 @@ class _Connection(asyncio.Protocol):
     # head instead (`replied`), which fails the parse: the connection is closed, never reused.
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        lowered = _LOWERED.get(name)
-        if lowered is None:
-            lowered = name.lower()
-            if len(_LOWERED) < _MAX_LOWERED and len(name) <= _MAX_LOWERED_BYTES:
-                _LOWERED[name] = lowered
-        self.headers.append((lowered, value))
-        if lowered in _SPECIAL:
+        name = name.lower()
+        self.headers.append((name, value))
+        if name in _SPECIAL:
             if name == b"content-encoding":
                 self.encoding = value.strip().lower()
             else:

@@ -665,9 +665,11 @@ def test_header_names_come_lower_cased_in_order_however_many_distinct_ones_a_nod
         assert list(got.headers) == [*expected, (b"content-length", b"4"), (b"content-encoding", b"identity")]
 
 
-def test_a_gzip_body_sent_despite_identity_is_decoded_as_httpx_would(run: Runner) -> None:
+@pytest.mark.parametrize("name", ["content-encoding", "Content-Encoding", "CONTENT-ENCODING"])
+def test_a_gzip_body_sent_despite_identity_is_decoded_as_httpx_would(run: Runner, name: str) -> None:
+    # Header names are case-insensitive: the coding is recognised however the node spells its name.
     packed = gzip.compress(b'{"value": 1}')
-    answer = ok(packed, extra="content-encoding: gzip\r\n")
+    answer = ok(packed, extra=f"{name}: gzip\r\n")
 
     async def scenario() -> UpstreamResponse:
         async with RawServer(lambda connection, number: [answer]) as server:
