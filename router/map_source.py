@@ -16,6 +16,7 @@ from keyroute.core.cluster_identity import EmptyChroot
 from keyroute.core.map_watcher import MapWatcher
 from keyroute.core.partition_map import PartitionMap
 from keyroute.core.settings import ZkSettings
+from keyroute.core.zk_session import SessionKeeper
 
 
 class MapSource(Protocol):
@@ -36,6 +37,7 @@ class ZooKeeperMapSource:
         self._settings = settings
         self._client: KazooClient | None = None
         self._watcher: MapWatcher | None = None
+        self._keeper: SessionKeeper | None = None
         self._lock = threading.Lock()
         self._stopped = False
         self._empty = EmptyChroot(settings)
@@ -58,6 +60,9 @@ class ZooKeeperMapSource:
 
             self._watcher = MapWatcher(client, observed)
             self._watcher.start()
+            # A ZooKeeper restored or rebuilt behind this session: a new session once a cluster is back there.
+            self._keeper = SessionKeeper(client, self._settings)
+            self._keeper.start()
 
     @property
     def client(self) -> KazooClient | None:
@@ -82,8 +87,11 @@ class ZooKeeperMapSource:
         with self._lock:
             self._stopped = True
             watcher, self._watcher = self._watcher, None
+            keeper, self._keeper = self._keeper, None
             client, self._client = self._client, None
         try:
+            if keeper is not None:
+                keeper.stop()
             if watcher is not None:
                 watcher.stop()
         finally:

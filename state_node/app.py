@@ -34,6 +34,7 @@ from keyroute.core.metrics import CONTENT_TYPE
 from keyroute.core.partition_map import Assignment, PartitionMap
 from keyroute.core.security import BearerAuth, ClusterAuth
 from keyroute.core.settings import NodeSettings
+from keyroute.core.zk_session import SessionKeeper
 from keyroute.http.admin_login import login_routes
 from keyroute.http.admission import Admission, RequestGuard
 from keyroute.http.authn import callers_of
@@ -254,6 +255,8 @@ async def _joined_node(
     )
     metrics.watch(ownership)
     controller = Controller(client, settings.node_id)
+    # A ZooKeeper restored or rebuilt behind this session: a new session once this node's cluster is back there.
+    keeper = SessionKeeper(client, settings.zk, cluster_id=lambda: data_dir.cluster_id)
     http = forwarding_upstream(settings.forward_timeout_s, tls=wire_tls)
     node = Node(
         settings,
@@ -271,8 +274,10 @@ async def _joined_node(
         await run_in_threadpool(registration.returned)  # registered first: the controller never sees it gone
         watcher.start()
         controller.start()
+        keeper.start()
         yield node
     finally:
+        await run_in_threadpool(keeper.stop)
         # Reverse order: stop deciding (controller), stop reacting (watcher), stop holding (ownership),
         # then tell the cluster we are gone before the session closes.
         await run_in_threadpool(controller.stop)

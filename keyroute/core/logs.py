@@ -167,3 +167,10 @@ def _kazoo_retries(record: logging.LogRecord) -> bool:
     record.levelno, record.levelname = logging.DEBUG, "DEBUG"
     return logging.getLogger().isEnabledFor(logging.DEBUG)
 
+
+
+def describe(exc: BaseException) -> str:
+    """An exception as a log line names it: its text, or its type's name when the text is empty (kazoo's
+    ConnectionLoss, a bare TimeoutError), so that no failure is logged as `()`."""
+    text = str(exc).strip()
+    return text if text else type(exc).__name__

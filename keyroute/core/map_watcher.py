@@ -315,6 +315,28 @@ class MapWatcher:
         """Every record, in two pipelined rounds (the roots, then every child), so a re-read costs two round
         trips to ZooKeeper rather than one per record. Each read re-arms its watch. Records whose bytes are
         unchanged keep their parsed value."""
+        # The generation is counted afresh over what this read sees: if ZooKeeper's own transaction count is
+        # now behind the generation published so far, the ensemble was restored or rebuilt, and only the
+        # fresh count matches what ZooKeeper holds (a generation never counts transactions of a lost history).
+        before, self._map_generation = self._map_generation, 0
+        try:
+            self._read_all_records()
+        except BaseException:
+            self._map_generation = max(before, self._map_generation)
+            raise
+        if self._client.last_zxid >= before:
+            self._map_generation = max(before, self._map_generation)
+            return self._builder.build(self._map_generation)
+        log.warning(
+            "ZooKeeper's history restarts behind this partition map (generation %d, ZooKeeper at %#x): "
+            "counting generations from ZooKeeper's again, now %d",
+            before,
+            self._client.last_zxid,
+            self._map_generation,
+        )
+        return self._builder.build(self._map_generation)
+
+    def _read_all_records(self) -> None:
         zk = self._client
         watch = self._on_watch
         listing = {path: zk.get_children_async(path, watch=watch, include_data=True) for path in _PARENTS}
@@ -337,7 +359,6 @@ class MapWatcher:
             self._names[parent] = names[parent]
         for path, pending in reads.items():
             self._take(path, self._settle(path, pending, record=True))
-        return self._builder.build(self._map_generation)
 
     def _read_events(self, events: set[tuple[str, str]]) -> PartitionMap:
         zk = self._client

@@ -105,6 +105,12 @@ def _client(settings: ZkSettings, hosts: str, **kwargs: object) -> KazooClient:
     return KazooClient(hosts=hosts, timeout=settings.session_timeout_s, **kwargs)
 
 
+def raw_client(settings: ZkSettings) -> KazooClient:
+    """A client of `settings`' identity and TLS on the ensemble's root (no chroot), not started, with kazoo's
+    default retries: for one-off looks at the ensemble itself (keyroute.core.zk_session's probe)."""
+    return _client(settings, settings.hosts)
+
+
 def connect(settings: ZkSettings, *, ensure_layout: bool = True) -> KazooClient:
     """Start a kazoo client on `settings`. With `ensure_layout` (processes that write), also create the
     chroot and keyroute's top-level paths and bring their ACL in line; without it (routers) nothing is
