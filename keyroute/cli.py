@@ -26,6 +26,7 @@ from keyroute.core.logs import configure as configure_logs
 from keyroute.core.partitioner import MAX_PARTITIONS, Partitioner, key_hash, partition_for
 from keyroute.core.schema_registry import RegistrySettings
 from keyroute.core.settings import (
+    DEFAULT_STALL_AFTER_MS,
     AccessSettings,
     HttpSettings,
     NodeSettings,
@@ -604,6 +605,14 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         type=_percent,
         default=10.0,
         help="hedges allowed as a percentage of reads (plus a burst of 10); failovers after errors always go",
+    )
+    p.option(
+        router,
+        "--stall-after-ms",
+        type=_non_negative_float,
+        default=DEFAULT_STALL_AFTER_MS,
+        help="a read none of whose requests has replied within this many ms goes to the next replica, "
+        "whatever the retry budget (a frozen node); 0: never",
     )
     p.option(
         router,
@@ -1257,6 +1266,7 @@ def cmd_router(args: argparse.Namespace) -> int:
         **_limits(args),
         hedge_after_ms=args.hedge_after_ms,
         retry_budget_percent=args.retry_budget_percent,
+        stall_after_ms=args.stall_after_ms,
         workers=args.workers,
         quota_file=args.quota_file,
     )

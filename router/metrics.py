@@ -74,6 +74,7 @@ _COUNTERS = {
     "hedges": "second requests sent to another replica because the first was slow",
     "hedge_wins": "hedged reads answered first by the second replica",
     "budget_exhausted": "hedges not sent because the retry budget was spent (failovers after an error always go)",
+    "stalls": "reads sent to another replica because nothing had replied within the stall delay (a frozen node)",
     "map_updates": "partition maps installed",
 }
 _RENAMED = {"budget_exhausted": "keyroute_router_retry_budget_exhausted"}
@@ -149,6 +150,7 @@ class RouterMetrics:
     hedges: int = 0
     hedge_wins: int = 0
     budget_exhausted: int = 0
+    stalls: int = 0
     map_updates: int = 0
     map_generation: int = 0
     map_stale: bool = True

@@ -58,7 +58,7 @@ from keyroute.core.logs import bind_request_id
 from keyroute.core.metrics import Histogram
 from keyroute.core.partition_map import Endpoint
 from keyroute.core.partitioner import murmur2_bits
-from keyroute.core.settings import RouterSettings
+from keyroute.core.settings import DEFAULT_STALL_AFTER_MS, RouterSettings
 from keyroute.http.fast_upstream import StaleConnection, header_block
 from keyroute.http.forwarding import (
     HOP_BY_HOP,
@@ -141,21 +141,32 @@ class HedgeSettings:
     `after_s`: a read whose first request has not replied after this long also asks the next serving
     replica; None derives the delay from recent upstream latencies, 0 turns hedging off.
     `budget_ratio`: hedges at most this share of first requests, plus a small burst (failovers spend from
-    the same budget but are never refused: `keyroute.router.balancer.RetryBudget`)."""
+    the same budget but are never refused: `keyroute.router.balancer.RetryBudget`).
+    `stall_after_s`: a read none of whose requests has replied after this long asks the next replica as a
+    failover does, whatever the budget and back-off say (a frozen node: a GC pause, a stuck disk, SIGSTOP);
+    the budget caps the extra requests for nodes that answer slowly, this bounds what a node that answers
+    nothing costs a read. 0 turns it off."""
 
     after_s: float | None = None
     budget_ratio: float = 0.1
+    stall_after_s: float = DEFAULT_STALL_AFTER_MS / 1000
 
     def __post_init__(self) -> None:
         if self.after_s is not None and self.after_s < 0:
             raise ValueError("the hedge delay must not be negative (0 turns hedging off)")
         if self.budget_ratio < 0:
             raise ValueError("the retry budget ratio must not be negative")
+        if self.stall_after_s < 0:
+            raise ValueError("the stall delay must not be negative (0 turns it off)")
 
     @classmethod
     def of(cls, settings: RouterSettings) -> HedgeSettings:
         after_s = None if settings.hedge_after_ms is None else settings.hedge_after_ms / 1000
-        return cls(after_s=after_s, budget_ratio=settings.retry_budget_percent / 100)
+        return cls(
+            after_s=after_s,
+            budget_ratio=settings.retry_budget_percent / 100,
+            stall_after_s=settings.stall_after_ms / 1000,
+        )
 
 
 class Proxy:
@@ -196,6 +207,7 @@ class Proxy:
         self._budget = RetryBudget(hedge.budget_ratio)
         self._hedging = hedge.after_s != 0
         self._hedge_after_s = hedge.after_s
+        self._stall_after_s = hedge.stall_after_s
         # Only the automatic threshold needs latencies: a fixed one or none at all skips the bookkeeping.
         self._latency = LatencyQuantile() if hedge.after_s is None else None
         self._clock = clock
@@ -327,12 +339,17 @@ class Proxy:
         elif store in self._live_stores:
             read.live = True
         self._send(read, order[0], False, False)
-        if len(order) > 1 and self._hedging:
-            latency = self._latency
-            delay = self._hedge_after_s if latency is None else latency.value_s
+        if len(order) > 1:
+            delay = None
+            if self._hedging:
+                latency = self._latency
+                delay = self._hedge_after_s if latency is None else latency.value_s
             if delay:
                 read.waiting = True
                 self._hedge_timer.add(read, delay)
+            elif self._stall_after_s:
+                read.waiting = read.stalled = True
+                self._hedge_timer.add(read, self._stall_after_s)
         return read
 
     def _send(self, read: Read, endpoint: Endpoint, hedge: bool, resend: bool) -> None:
@@ -468,6 +485,9 @@ class Proxy:
             endpoint = order[read.asked]
             read.asked += 1
             self._send(read, endpoint, False, False)
+            if read.asked < len(order) and self._stall_after_s:
+                read.waiting = read.stalled = True  # the replica failed over to may be frozen too
+                self._hedge_timer.add(read, self._stall_after_s)
             return
         refused = read.refused
         if refused is not None:
@@ -483,15 +503,42 @@ class Proxy:
 
     def _hedge(self, read: Read) -> None:
         """`read`'s first request has not replied in time: ask the next replica too, unless it is backed off
-        (it failed just now: a second request there would not be faster) or the retry budget is spent."""
-        endpoint = read.order[1]
-        if self._backoff.backed_off(endpoint.url):
+        (it failed just now: a second request there would not be faster) or the retry budget is spent. Then,
+        if still nothing has replied by the stall delay, the next replica is asked all the same."""
+        if read.stalled:
+            self._stalled(read)
             return
-        if not self._budget.try_spend():
+        endpoint = read.order[1]
+        refused = self._backoff.backed_off(endpoint.url)
+        if not refused and not self._budget.try_spend():
             self.metrics.budget_exhausted += 1
+            refused = True
+        if refused:
+            lead = read.lead
+            if self._stall_after_s and lead is not None:
+                read.waiting = read.stalled = True
+                waited = self._clock() - lead.started
+                self._hedge_timer.add(read, max(self._stall_after_s - waited, 0.0))
             return
         self.metrics.hedges += 1
         read.asked = 2
+        self._send(read, endpoint, True, False)
+
+    def _stalled(self, read: Read) -> None:
+        """Nothing `read` sent has replied within the stall delay: the node it waits on answers nothing at all
+        (frozen or stuck), so the next replica not asked yet is asked now, as a failover (never refused)."""
+        read.stalled = False
+        order = read.order
+        if read.hedge is not None or read.asked >= len(order):
+            return  # a second request is out already, or every replica has been asked
+        lead = read.lead
+        if lead is not None:  # the node waited on: the next reads go to another replica first
+            self._backoff.failed(lead.endpoint, f"no reply within {self._stall_after_s:g} s")
+        self.metrics.failovers += 1
+        self.metrics.stalls += 1
+        self._budget.spend_failover()
+        endpoint = order[read.asked]
+        read.asked += 1
         self._send(read, endpoint, True, False)
 
     def _cancel(self, request: _Request) -> None:
@@ -756,7 +803,7 @@ class Read:
 
     __slots__ = (
         "proxy", "store", "partition", "path", "order", "request_id", "on_result", "asked", "lead", "hedge",
-        "refused", "waiting", "live", "min_offset", "tail",
+        "refused", "waiting", "live", "min_offset", "tail", "stalled", "due",
     )  # fmt: skip
 
     def __init__(
@@ -785,6 +832,10 @@ class Read:
         # (None: none). `tail`: the path ends in a caller's own text (a timeline read's query), checked by the
         # upstream when sent.
         self.waiting = self.live = self.tail = False
+        # `stalled`: the timer, when it fires, is the stall delay's rather than the hedge's. `due`: the
+        # deadline of the read's one current timer entry (earlier entries of it are dropped when they come up).
+        self.stalled = False
+        self.due = 0.0
         self.min_offset: int | None = None
 
     @property
@@ -891,6 +942,7 @@ class _HedgeTimer:
         loop = asyncio.get_running_loop()
         now = self._clock()
         when = now + delay_s
+        read.due = when
         if loop is not self._loop:  # a new event loop (tests run one after another): start afresh
             self._loop, self._timer, self._due = loop, None, []
         heapq.heappush(self._due, (when, next(self._seq), read))
@@ -909,11 +961,12 @@ class _HedgeTimer:
         now = self._clock()
         while due:
             when, _, read = due[0]
-            if read.waiting and when > now + self._EARLY_S:
+            current = read.waiting and read.due == when  # a read re-armed later has a newer entry too
+            if current and when > now + self._EARLY_S:
                 self._arm(loop, when, now)
                 return
             heapq.heappop(due)
-            if read.waiting:
+            if current:
                 try:
                     read.fire()
                 except Exception as exc:  # one read's trouble must not stop the others' hedges

@@ -17,6 +17,8 @@ from keyroute.core.api import (
     DEFAULT_MAX_KEY_BYTES,
 )
 
+# A read none of whose requests has replied after this long goes to the next replica (RouterSettings).
+DEFAULT_STALL_AFTER_MS = 250.0
 
 @dataclass(frozen=True, slots=True)
 class ZkIdentity:
@@ -234,6 +236,9 @@ class RouterSettings:
     hedge_after_ms: float | None = None
     # Hedges allowed, as a percentage of primary requests (plus a small burst).
     retry_budget_percent: float = 10.0
+    # A read none of whose requests has replied after this long goes to the next replica whatever the budget
+    # (a frozen node answers nothing); 0: never.
+    stall_after_ms: float = DEFAULT_STALL_AFTER_MS
     # Processes sharing the listening port, each a whole router (map watcher, pools, metrics).
     workers: int = 1
     limits: RequestLimits = field(default_factory=RequestLimits)

@@ -641,6 +641,8 @@ class LocalHarness:
         rng: random.Random | None = None,
         timeout_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
+        budget_ratio: float = 0.1,
+        stall_after_s: float = HedgeSettings().stall_after_s,
     ) -> None:
         store = store_record("s", PARTITIONS)
         assignment = Assignment(
@@ -658,7 +660,7 @@ class LocalHarness:
         self.proxy = Proxy(
             self.upstream,
             on_stale_map=self._refresh,
-            hedge=HedgeSettings(after_s=hedge_after_s),
+            hedge=HedgeSettings(after_s=hedge_after_s, budget_ratio=budget_ratio, stall_after_s=stall_after_s),
             backoff=self.backoff,
             clock=clock,
             rng=rng or MapOrderOnTies(),
@@ -760,7 +762,8 @@ def test_without_hedging_the_slow_replica_answers_every_read_it_gets(
 ) -> None:
     slow, fast = slow_fast
     slow.delay_s = 0.3
-    h = LocalHarness(slow, fast, hedge_after_s=0)
+    # The stall delay (which would ask the other node after 0.25 s) is a setting of its own.
+    h = LocalHarness(slow, fast, hedge_after_s=0, stall_after_s=0)
 
     async def scenario() -> list[tuple[str, str, set[str]]]:
         try:
@@ -840,7 +843,9 @@ def test_the_budget_holds_the_extra_requests_for_a_node_slow_on_every_read(
 ) -> None:
     slow, fast = slow_fast
     slow.delay_s = 0.2
-    h = LocalHarness(slow, fast, hedge_after_s=0.01, rng=random.Random(1))
+    # The stall delay off: on a busy machine the slow node's 0.2 s may stretch past it (what it bounds is tested
+    # below).
+    h = LocalHarness(slow, fast, hedge_after_s=0.01, rng=random.Random(1), stall_after_s=0)
     waves, per_wave = 3, 100
 
     async def scenario() -> list[tuple[str, str, set[str]]]:
@@ -864,6 +869,70 @@ def test_the_budget_holds_the_extra_requests_for_a_node_slow_on_every_read(
     assert extra > 0 and m.hedges <= 0.1 * reads + 10
     assert m.budget_exhausted > 0
     assert h.proxy.in_flight == {}
+
+
+@pytest.mark.parametrize("why", ["hedging off", "the other replica backed off", "the retry budget spent"])
+def test_a_read_waiting_on_a_frozen_replica_asks_the_other_at_the_stall_delay_whatever_the_budget(
+    slow_fast: tuple[LocalNode, LocalNode], why: str
+) -> None:
+    # The first node answers nothing for 2 s (frozen, as under SIGSTOP); the upstream timeout is 5 s. Hedging
+    # cannot help (off, refused by back-off or by an empty budget): the stall delay still asks the other node.
+    slow, fast = slow_fast
+    h = LocalHarness(
+        slow,
+        fast,
+        hedge_after_s=0 if why == "hedging off" else 0.01,
+        budget_ratio=0.0,
+        stall_after_s=0.05,
+    )
+
+    async def scenario() -> tuple[str, str, set[str]]:
+        try:
+            if why == "the retry budget spent":
+                slow.delay_s = 0.3
+                while h.proxy.metrics.budget_exhausted == 0:  # the burst goes on hedges; none is earned back
+                    await h.read(f"spend-{h.proxy.metrics.upstream_requests}")
+                # The read that found the budget empty may have stalled and backed the slow node off: undone.
+                h.backoff.succeeded(h.proxy.table.serving_of("s", "k")[1][0])
+            if why == "the other replica backed off":
+                h.backoff.failed(h.proxy.table.serving_of("s", "k")[1][1], "failed just now")
+            slow.delay_s = 2.0
+            before = h.proxy.metrics.stalls
+            answer = await h.read("k")
+            assert h.proxy.metrics.stalls == before + 1
+            return answer
+        finally:
+            await h.upstream.aclose()
+
+    node, key, answered = run(scenario)
+    assert (node, key) == ("fast", "k")
+    assert "slow" not in answered  # delivered before the frozen node answered anything: not its timeout
+    assert h.proxy.metrics.upstream_failures == 0
+    assert h.backoff.backed_off(slow.url)  # the next reads go to the other replica first
+
+
+def test_a_replica_answering_in_time_is_not_asked_twice_by_the_stall_delay(
+    slow_fast: tuple[LocalNode, LocalNode],
+) -> None:
+    slow, fast = slow_fast
+    h = LocalHarness(slow, fast, hedge_after_s=0, stall_after_s=5.0)
+
+    async def scenario() -> list[tuple[str, str, set[str]]]:
+        try:
+            return [await h.read(f"k{i}") for i in range(20)]
+        finally:
+            await h.upstream.aclose()
+
+    answers = run(scenario)
+    assert [node for node, _, _ in answers] == ["slow"] * 20  # the first node, in map order on ties
+    m = h.proxy.metrics
+    assert m.stalls == 0 and m.failovers == 0 and m.upstream_requests == 20
+    assert fast.received == []
+
+
+def test_a_negative_stall_delay_is_refused() -> None:
+    with pytest.raises(ValueError, match="stall delay"):
+        HedgeSettings(stall_after_s=-1)
 
 
 def test_the_automatic_threshold_comes_from_recent_latencies(slow_fast: tuple[LocalNode, LocalNode]) -> None:
@@ -995,7 +1064,8 @@ def test_a_read_whose_node_stops_answering_goes_to_the_other_and_the_node_is_bac
     slow_fast: tuple[LocalNode, LocalNode],
 ) -> None:
     first, second = slow_fast
-    h = LocalHarness(first, second, hedge_after_s=0, timeout_s=0.3)
+    # The upstream timeout's path: the stall delay (0.25 s by default) off.
+    h = LocalHarness(first, second, hedge_after_s=0, timeout_s=0.3, stall_after_s=0)
     spy = SendNowSpy(h.upstream)
 
     async def scenario() -> tuple[Any, Any]:
