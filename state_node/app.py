@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -222,9 +223,13 @@ async def _joined_node(
     metrics: NodeMetrics,
 ) -> AsyncIterator[Node]:
     wire_tls = member_tls(settings.http.tls, f"node {settings.node_id}")  # StartupError before joining
+    chroot = settings.zk.chroot or ""
     try:
-        client = await run_in_threadpool(zk.connect, settings.zk)
-    except zk.ZkUnavailableError as exc:
+        # A data directory that joined a cluster checks the chroot before anything is created there.
+        client = await run_in_threadpool(
+            functools.partial(zk.connect, settings.zk, check=lambda c: data_dir.check(c, chroot))
+        )
+    except (zk.ZkUnavailableError, DataDirError) as exc:
         raise StartupError(str(exc)) from exc
     try:
         await run_in_threadpool(data_dir.join, client, settings.zk.chroot or "", settings.zk)

@@ -21,6 +21,7 @@ from pathlib import Path
 from kazoo.client import KazooClient
 
 from keyroute.core.cluster_identity import (
+    ClusterId,
     ClusterIdError,
     chroots_with_a_cluster,
     create_cluster_id,
@@ -88,16 +89,7 @@ class DataDir:
         with another id or none (DataDirError, nothing changed). With `zk` (where the chroot is), a new
         cluster created while other top-level chroots hold one is said as a likely mistyped --zk."""
         where = chroot or "/"
-        try:
-            found = read_cluster_id(client)
-        except ClusterIdError as exc:
-            raise DataDirError(f"{exc} (chroot {where})") from None
-        if found is None and self.cluster_id is not None:
-            raise DataDirError(
-                f"chroot {where} has no cluster id but data directory {self.path} joined cluster "
-                f"{self.cluster_id}: ZooKeeper looks wiped or the chroot is wrong; restore it with "
-                "`keyroute store adopt --cluster-id` (docs/operations.md) or fix --zk"
-            )
+        found = self._found(client, where)
         if found is None:
             found, created = create_cluster_id(client)
             if created:
@@ -114,15 +106,44 @@ class DataDir:
                 else:
                     log.info("chroot %s had no cluster id: this node created cluster %s", where, found.id)
         if self.cluster_id is not None and found.id != self.cluster_id:
-            raise DataDirError(
-                f"chroot {where} belongs to cluster {found.id} but data directory {self.path} joined cluster "
-                f"{self.cluster_id}: refusing to mix two clusters' data (wrong --zk or --data-dir?)"
-            )
+            raise self._foreign(where, found.id)
         if self.cluster_id is None:
             self.cluster_id = found.id
             self._record()
             log.info("data directory %s joined cluster %s", self.path, found.id)
         return found.id
+
+    def check(self, client: KazooClient, chroot: str) -> None:
+        """`join`'s refusals, reading only: a directory that joined a cluster refuses a chroot with another
+        cluster id or none (DataDirError). Run before anything is created in ZooKeeper (`zk.connect`'s
+        `check`), so that a refused node leaves ZooKeeper exactly as it found it."""
+        if self.cluster_id is None:
+            return  # a new directory joins whatever the chroot holds, or creates the cluster: `join`
+        where = chroot or "/"
+        found = self._found(client, where)
+        if found is not None and found.id != self.cluster_id:
+            raise self._foreign(where, found.id)
+
+    def _found(self, client: KazooClient, where: str) -> ClusterId | None:
+        """The chroot's cluster id; DataDirError when it is unreadable, or missing while this directory
+        joined a cluster."""
+        try:
+            found = read_cluster_id(client)
+        except ClusterIdError as exc:
+            raise DataDirError(f"{exc} (chroot {where})") from None
+        if found is None and self.cluster_id is not None:
+            raise DataDirError(
+                f"chroot {where} has no cluster id but data directory {self.path} joined cluster "
+                f"{self.cluster_id}: ZooKeeper looks wiped or the chroot is wrong; restore it with "
+                "`keyroute store adopt --cluster-id` (docs/operations.md) or fix --zk"
+            )
+        return found
+
+    def _foreign(self, where: str, found: str) -> DataDirError:
+        return DataDirError(
+            f"chroot {where} belongs to cluster {found} but data directory {self.path} joined cluster "
+            f"{self.cluster_id}: refusing to mix two clusters' data (wrong --zk or --data-dir?)"
+        )
 
     def close(self) -> None:
         """Release the lock (the kernel would at the process's end anyway)."""

@@ -29,6 +29,7 @@ import functools
 import logging
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from kazoo.client import KazooClient
@@ -111,10 +112,25 @@ def raw_client(settings: ZkSettings) -> KazooClient:
     return _client(settings, settings.hosts)
 
 
-def connect(settings: ZkSettings, *, ensure_layout: bool = True) -> KazooClient:
+def connect(
+    settings: ZkSettings, *, ensure_layout: bool = True, check: Callable[[KazooClient], None] | None = None
+) -> KazooClient:
     """Start a kazoo client on `settings`. With `ensure_layout` (processes that write), also create the
     chroot and keyroute's top-level paths and bring their ACL in line; without it (routers) nothing is
-    created and READ suffices, even before the chroot exists."""
+    created and READ suffices, even before the chroot exists.
+
+    `check` runs on the started client before anything is created or any ACL changed: whatever it raises
+    is raised with the client closed, ZooKeeper left exactly as it was (a node refusing a chroot that is not
+    its cluster's)."""
+    client: KazooClient | None = None
+    if check is not None:
+        client = _client(settings, settings.connect_string, connection_retry=_retry())
+        _start(client, settings)
+        try:
+            check(client)
+        except BaseException:
+            close(client)
+            raise
     if settings.chroot and ensure_layout:
         root = _client(settings, settings.hosts)
         _start(root, settings)
@@ -126,8 +142,9 @@ def connect(settings: ZkSettings, *, ensure_layout: bool = True) -> KazooClient:
             ) from exc
         finally:
             close(root)
-    client = _client(settings, settings.connect_string, connection_retry=_retry())
-    _start(client, settings)
+    if client is None:
+        client = _client(settings, settings.connect_string, connection_retry=_retry())
+        _start(client, settings)
     if ensure_layout:
         try:
             for path in zk_layout.PERSISTENT_ROOTS:

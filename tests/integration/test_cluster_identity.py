@@ -183,3 +183,46 @@ def test_store_adopt_brings_a_wiped_cluster_back_to_the_same_answers(
         assert answers(node) == before
     finally:
         node.stop()
+
+
+def tree(client: KazooClient, top: str) -> dict[str, Any]:
+    """Every znode under `top` (itself included): its data, ACL and the versions ZooKeeper keeps of each."""
+    out: dict[str, Any] = {}
+    pending = [top]
+    while pending:
+        path = pending.pop()
+        data, stat = client.get(path)
+        acl, _ = client.get_acls(path)
+        out[path] = (data, sorted(str(entry) for entry in acl), stat.version, stat.aversion, stat.cversion)
+        pending += [f"{path.rstrip('/')}/{child}" for child in client.get_children(path)]
+    return out
+
+
+def test_a_refused_node_leaves_zookeeper_exactly_as_it_found_it(
+    zk_settings: ZkSettings, client: KazooClient, tmp_path: Path
+) -> None:
+    publish(client, tmp_path / "output")
+    data = tmp_path / "data"
+    first = start_node(zk_settings, "n1", data, tmp_path / "first.log")
+    answers(first)
+    first.stop()
+    ours = read_cluster_id(client)
+    assert ours is not None
+    root = zk.connect(ZkSettings(hosts=zk_settings.hosts), ensure_layout=False)
+    other_chroot = zk_settings.chroot + "-theirs"
+    missing_chroot = zk_settings.chroot + "-typo"
+    other = zk.connect(ZkSettings(hosts=zk_settings.hosts, chroot=other_chroot))
+    try:
+        theirs, _ = create_cluster_id(other)
+        other.delete(zk_layout.NODES, recursive=True)  # a chroot with only its cluster id: nothing to lock
+        before = tree(root, other_chroot)
+        line = refused(start_node(zk_settings, "n1", data, tmp_path / "theirs.log", chroot=other_chroot))
+        assert f"belongs to cluster {theirs.id} but data directory {data} joined cluster {ours.id}" in line
+        assert tree(root, other_chroot) == before  # no root created, no ACL changed, nothing registered
+
+        line = refused(start_node(zk_settings, "n1", data, tmp_path / "typo.log", chroot=missing_chroot))
+        assert f"chroot {missing_chroot} has no cluster id but data directory {data} joined cluster" in line
+        assert root.exists(missing_chroot) is None  # the mistyped chroot is not created
+    finally:
+        zk.close(other)
+        zk.close(root)
