@@ -187,6 +187,7 @@ def create_app(
     routes = [
         Route("/admin/partition-map", partition_map, methods=["GET"]),
         Route("/admin/route", route, methods=["GET"]),
+        Route("/admin/quotas", quotas_table, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
@@ -410,6 +411,11 @@ async def route(request: Request) -> Response:
             "map_stale": m.stale,
         }
     )
+
+
+async def quotas_table(request: Request) -> Response:
+    """The quotas of direct reads (keyroute.http.quotas `Quotas.table`): this node's share of each in use."""
+    return JSONResponse(request.app.state.quotas.table())
 
 
 async def healthz(request: Request) -> Response:

@@ -295,31 +295,34 @@ class Quotas:
         return out
 
     def table(self) -> dict[str, Any]:
-        """What /admin/quotas answers: the routers sharing the quotas, and per (identity, store) bucket in
-        use the quota (cluster-wide), this router's share, the reads/s it admitted recently (the tokens
-        used) and the counts since start."""
+        """What /admin/quotas answers: the routers sharing the quotas (a node: per bucket, the `nodes` serving
+        its store), and per (identity, store) bucket in use the quota (cluster-wide), this process's share,
+        the reads/s it admitted recently (the tokens used) and the counts since start."""
         now = self.clock()
         rows = []
         for (identity, store), bucket in sorted(self._buckets.items()):
             if bucket is None:
                 continue
             tokens = min(bucket.burst, bucket.tokens + (now - bucket.stamp) * bucket.rate)
-            rows.append(
-                {
-                    "identity": identity,
-                    "store": store,
-                    "quota": bucket.quota,
-                    "share": bucket.rate,
-                    # Of the last burst's worth of tokens, how many are spent: the recent rate against the share.
-                    "used": round(max(0.0, bucket.burst - tokens) / bucket.burst, 3),
-                    "reads": bucket.reads,
-                    "rejected": bucket.rejected,
-                }
-            )
+            row: dict[str, Any] = {
+                "identity": identity,
+                "store": store,
+                "quota": bucket.quota,
+                "share": bucket.rate,
+                # Of the last burst's worth of tokens, how many are spent: the recent rate against the share.
+                "used": round(max(0.0, bucket.burst - tokens) / bucket.burst, 3),
+                "reads": bucket.reads,
+                "rejected": bucket.rejected,
+            }
+            if self.shared_by is not None:
+                row["nodes"] = bucket.sharers
+            rows.append(row)
         identities = {
             name: {"rate": q.rate, "burst_s": q.burst_s, "stores": dict(q.stores)}
             for name, q in self.config.identities.items()
         }
+        if self.shared_by is not None:
+            return {"identities": identities, "buckets": rows}
         return {"routers": self.routers, "identities": identities, "buckets": rows}
 
 

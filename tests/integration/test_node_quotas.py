@@ -143,6 +143,11 @@ def test_a_caller_reading_nodes_directly_is_held_to_its_quota_as_through_the_rou
         assert refused > admitted, (admitted, refused, seconds)
         ratio = admitted / (RATE * seconds)
         assert 0.85 <= ratio <= 1.15, (admitted, refused, seconds)
+        # Each node's table: its share of the quota, by the two nodes serving the store.
+        for url in c.node_urls.values():
+            table = http.get(url + "/admin/quotas", headers=OPS_HEADERS).json()
+            (bucket,) = (b for b in table["buckets"] if b["identity"] == JOB)
+            assert (bucket["quota"], bucket["share"], bucket["nodes"]) == (RATE, RATE / 2, 2), table
         # The nodes' own counts are the answers the caller got.
         assert node_counts(http, list(c.node_urls.values())) == (drained + admitted, drain_refused + refused)
 

@@ -56,6 +56,8 @@ def test_direct_reads_are_held_to_this_nodes_share(node: Client, clock: Clock) -
     assert refused.headers["retry-after"] == "1" and refused.headers["x-keyroute-node"] == ME
     clock.now += 0.5
     assert statuses(node, 10) == [200] * 5 + [429] * 5
+    (bucket,) = node.get("/admin/quotas").json()["buckets"]
+    assert (bucket["share"], bucket["nodes"], bucket["reads"], bucket["rejected"]) == (10, 3, 15, 11)
     metrics = node.get("/metrics").text
     for name, n in (("reads", 15), ("rejections", 11)):
         assert re.search(rf'^keyroute_node_quota_{name}_total{{identity="anonymous",store="s"}} {n}\.0$', metrics, re.M)
