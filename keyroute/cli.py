@@ -580,6 +580,14 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "loses nothing either way",
     )
     _serving_options(p, node)
+    p.option(
+        node,
+        "--quota-file",
+        default="",
+        help="TOML file of read quotas per identity and store (reads/s, split among the nodes serving the store) "
+        "for reads made straight to this node (direct mode), re-read when it changes; needs --cluster-secret or "
+        "--member-ca; none: no quotas",
+    )
 
     router = sub.add_parser("router", help="run a router")
     _zk_options(p, router, writes=False)
@@ -1224,6 +1232,7 @@ def cmd_zone_from_node(args: argparse.Namespace) -> int:
 
 
 def cmd_node(args: argparse.Namespace) -> int:
+    from keyroute.http.quotas import quota_file_error
     from keyroute.state_node.service import run
 
     try:
@@ -1250,12 +1259,16 @@ def cmd_node(args: argparse.Namespace) -> int:
         live_batch_records=args.live_batch_records,
         live_sync_ms=args.live_sync_ms,
         **_limits(args),
+        quota_file=args.quota_file,
     )
+    if settings.quota_file and (refused := quota_file_error(settings.quota_file)) is not None:
+        print(f"keyroute node: {refused}", file=sys.stderr)
+        return 1
     return run(settings)
 
 
 def cmd_router(args: argparse.Namespace) -> int:
-    from keyroute.router.quotas import quota_file_error
+    from keyroute.http.quotas import quota_file_error
     from keyroute.router.service import run
 
     settings = RouterSettings(

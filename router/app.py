@@ -36,6 +36,7 @@ from keyroute.http.admission import RequestGuard
 from keyroute.http.authn import callers_of
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.lifespan import StartupError
+from keyroute.http.quotas import start_quotas
 from keyroute.http.tls import member_tls
 from keyroute.http.upstream import Upstream
 from keyroute.router import map_views, ui
@@ -43,7 +44,6 @@ from keyroute.router.limits import admission
 from keyroute.router.map_source import MapSource, ZooKeeperMapSource
 from keyroute.router.openapi import OPENAPI_JSON
 from keyroute.router.proxy import HedgeSettings, Proxy, ProxySettings
-from keyroute.router.quotas import start_quotas
 from keyroute.router.registry import RouterRegistry, register_when_connected
 from keyroute.router.routing_table import RoutingTable
 
@@ -103,7 +103,7 @@ def create_app(
         members = ClusterAuth(settings.access.cluster_secret, certificates=bool(settings.http.tls.member_ca))
         app.state.callers = callers_of(settings.access, members, "router", trust_members=False)
         checks.identify_admins(app.state.callers)
-        # Quotas (router/quotas.py): how much each caller may read, from the quota file, watched for changes.
+        # Quotas (keyroute/http/quotas.py): how much each caller may read, from the quota file, watched for changes.
         quotas, quota_file = start_quotas(settings.quota_file, lambda store: proxy.table.has_store(store))
         source = map_source if map_source is not None else ZooKeeperMapSource(settings.zk)
         # The data path uses our own keep-alive pool (benchmarks/RESULTS.md, "Router": httpx costs ~20x

@@ -30,7 +30,7 @@ from keyroute.core.native import mypyc_attr
 from keyroute.http.admission import Admission
 from keyroute.http.dataplane import JSON, Call, Route, RoutedDataPlane, store_routes
 from keyroute.http.forwarding import encode_entry, parse_batch_request
-from keyroute.router.quotas import Quotas, page_cost
+from keyroute.http.quotas import Quotas, page_cost
 from keyroute.router.ranges import read_range
 
 _ACCEPT: Final = b"accept"

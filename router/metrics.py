@@ -56,7 +56,7 @@ from keyroute.core.metrics import (
 from keyroute.core.native import mypyc_attr
 from keyroute.core.partition_map import PartitionMap
 from keyroute.http.admission import Admission
-from keyroute.router.quotas import Quotas
+from keyroute.http.quotas import Quotas, quota_families
 
 # attribute -> help. Each is exported as the counter keyroute_router_<attribute> (`_total` appended by the
 # exposition), unless _RENAMED names it otherwise.
@@ -169,7 +169,7 @@ class RouterMetrics:
     callers: CallerReads = field(default_factory=CallerReads)
     # The admission checks in front of every request: their refusals are exported.
     admission: Admission | None = None
-    # The router's quotas (router/quotas.py): reads admitted and refused by identity and store, when configured.
+    # The router's quotas (keyroute/http/quotas.py): reads admitted and refused by identity and store, when configured.
     quotas: Quotas | None = None
     _exposition: Exposition | None = None
     # With workers: where this worker publishes its snapshots and finds the others' (see the module doc).
@@ -442,27 +442,9 @@ def _families(sums: Sums, facts: Sequence[Facts], workers: Sequence[Mapping[str,
         " zones by them (with workers: the most any worker's map shows)",
         max((f.get("nodes_without_zone", 0) for f in facts), default=0),
     )
-    yield from _quota_families(sums.get("quotas", {}))
+    yield from quota_families("keyroute_router", sums.get("quotas", {}))
     if workers is not None:
         yield from _worker_families(workers)
-
-
-def _quota_families(counts: Mapping[str, Mapping[str, Sequence[int]]]) -> Iterable[Metric]:
-    """Reads admitted and refused by quotas, by identity ("other": one the quota file does not name) and store."""
-    rows = sorted((identity, store, n) for identity, stores in counts.items() for store, n in stores.items())
-    yield labelled_counter(
-        "keyroute_router_quota_reads",
-        "reads admitted under a quota (a batch-get counts its keys, a range or timeline read its page size), by "
-        "identity and store",
-        ["identity", "store"],
-        (([identity, store], n[0]) for identity, store, n in rows),
-    )
-    yield labelled_counter(
-        "keyroute_router_quota_rejections",
-        "requests refused 429 quota_exceeded, by identity and store",
-        ["identity", "store"],
-        (([identity, store], n[1]) for identity, store, n in rows),
-    )
 
 
 def zone_facts(m: PartitionMap) -> dict[str, int]:

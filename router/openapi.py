@@ -41,7 +41,7 @@ _GUARD = {
         retry_after=True,
     ),
 }
-# A read past its caller's quota (keyroute.router.quotas).
+# A read past its caller's quota (keyroute.http.quotas).
 _QUOTA = {
     "429": _error(
         "`quota_exceeded`: the caller is over its quota of reads/s on this store (the message names the identity "

@@ -1,6 +1,6 @@
 """Routers that are up, as ZooKeeper knows them: each router process (each worker of one, since each
 enforces its own quotas) holds an ephemeral znode `/routers/{id}` (keyroute.core.zk_layout) saying its URL,
-and watches the set. Quotas are split among the routers up (router/quotas.py `Quotas.set_routers`); the
+and watches the set. Quotas are split among the routers up (keyroute/http/quotas.py `Quotas.set_routers`); the
 partition map lists them.
 
 `/routers` is created by the writers with the layout (keyroute.core.zk), its ACL letting the reader

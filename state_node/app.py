@@ -41,6 +41,7 @@ from keyroute.http.admission import Admission, RequestGuard
 from keyroute.http.authn import callers_of
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.lifespan import StartupError
+from keyroute.http.quotas import ServingShares, start_quotas
 from keyroute.http.tls import member_tls
 from keyroute.http.upstream import Upstream
 from keyroute.state_node.controller import Controller
@@ -140,9 +141,27 @@ def create_app(
         members = ClusterAuth(settings.access.cluster_secret, certificates=bool(settings.http.tls.member_ca))
         callers = app.state.callers = callers_of(settings.access, members, f"node {node_id}", trust_members=True)
         metrics.admission.identify_admins(callers)
+        # Quotas of the reads callers make here directly (keyroute.http.quotas), shared among the nodes serving
+        # each store; a read a member passes on is not counted again, so members must prove themselves.
+        if settings.quota_file and not members.enabled:
+            raise StartupError(
+                "--quota-file on a node needs --cluster-secret or --member-ca: reads routers and other nodes pass "
+                "on are told from callers' by their proof, and only callers' reads count against a quota"
+            )
+        quotas, quota_file = start_quotas(
+            settings.quota_file, lambda store: store in app.state.node.ownership.map.stores, "node"
+        )
+        app.state.quotas = metrics.quotas = quotas
+        app.state.quota_shares = ServingShares(quotas)
         async with _running_node(settings, drop_grace_s, max_parallel_loads, metrics) as node:
             app.state.node = node
-            yield
+            if quota_file is not None:
+                quota_file.watch(asyncio.get_running_loop())
+            try:
+                yield
+            finally:
+                if quota_file is not None:
+                    quota_file.close()
 
     node_id = settings.node_id
     metrics = NodeMetrics()
@@ -170,6 +189,7 @@ def create_app(
     routes = [
         Route("/admin/partition-map", partition_map, methods=["GET"]),
         Route("/admin/route", route, methods=["GET"]),
+        Route("/admin/quotas", quotas_table, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
@@ -401,6 +421,11 @@ async def route(request: Request) -> Response:
             "map_stale": m.stale,
         }
     )
+
+
+async def quotas_table(request: Request) -> Response:
+    """The quotas of direct reads (keyroute.http.quotas `Quotas.table`): this node's share of each in use."""
+    return JSONResponse(request.app.state.quotas.table())
 
 
 async def healthz(request: Request) -> Response:

@@ -16,6 +16,11 @@ Key, timeline and batch reads answer Avro when the request's Accept prefers it (
 JSON); a read forwarded to another node asks it for JSON and answers Avro here.
 
 Every answer carries X-Keyroute-Node and is counted in the node's metrics (a batch by each key's entry).
+
+With quotas (`--quota-file`, keyroute.http.quotas) every read a caller makes here directly is admitted
+against its caller's quota of the store, at this node's share, before it is read or passed on (429
+quota_exceeded with Retry-After past it), costing what it costs on a router; a read a member passes on (a
+router's, another node's forward) was admitted where it came in and is not counted here.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from keyroute.core.access import caller_of
 from keyroute.core.api import HEADER_AUTH, HEADER_HOPS, found_body, min_offset_query
 from keyroute.core.avro_answers import (
     answer_type,
@@ -40,6 +46,7 @@ from keyroute.http.admission import Admission
 from keyroute.http.dataplane import JSON, Call, Route, RoutedDataPlane, store_routes
 from keyroute.http.exchange import Answer, Request
 from keyroute.http.forwarding import parse_batch_request
+from keyroute.http.quotas import Quotas, ServingShares, page_cost
 from keyroute.http.tls import call_peer_role
 from keyroute.state_node.app import Node
 from keyroute.state_node.ranges import read_partition_range
@@ -63,7 +70,9 @@ _ACCEPT = b"accept"
 class NodeDataPlane(RoutedDataPlane):
     """`keyroute.http.exchange.DataPlane` for a node: `node` answers, `admission` admits."""
 
-    def __init__(self, node: Node, admission: Admission) -> None:
+    def __init__(
+        self, node: Node, admission: Admission, quotas: Quotas | None = None, shares: ServingShares | None = None
+    ) -> None:
         settings = node.settings
         super().__init__(
             admission,
@@ -75,12 +84,14 @@ class NodeDataPlane(RoutedDataPlane):
         )
         self.node = node
         self._max_batch_keys = settings.max_batch_keys
+        self.quotas = quotas if quotas is not None else Quotas(process="node")
+        self.shares = shares if shares is not None else ServingShares(self.quotas)
 
     @classmethod
     def from_state(cls, state: Any) -> NodeDataPlane:
         """What `HttpServer(data_plane=...)` calls once the app's lifespan has started: the data plane of the
         node and admission checks on the node app's `state` (keyroute.state_node.app.create_app)."""
-        plane = cls(state.node, state.admission)
+        plane = cls(state.node, state.admission, getattr(state, "quotas", None), getattr(state, "quota_shares", None))
         plane.callers = getattr(state, "callers", None)
         return plane
 
@@ -97,9 +108,23 @@ class NodeDataPlane(RoutedDataPlane):
             node.metrics.forwarded_in += 1
         return forwarded
 
+    def _admit(self, call: Call, store: str, cost: int) -> None:
+        """The quota check of a caller's read made here directly: raises QuotaExceeded (429) past the caller's
+        quota of `store` (this node's share of it, by the nodes serving the store in its map). A member's read
+        is not counted. Only called while quotas are configured (`Quotas.active`)."""
+        request = call.request
+        node = self.node
+        members = node.members
+        if members.is_member(request.header(_AUTH), call_peer_role(call) if members.certificates else None):
+            return
+        self.shares.follow(node.ownership.map)
+        self.quotas.admit(caller_of(call).name, store, cost)
+
     # -- one key, and a key's timeline ------------------------------------------------------------------
 
     def _read_key(self, call: Call, store: str, key: str) -> Any:
+        if self.quotas.active:
+            self._admit(call, store, 1)
         request = call.request
         media = answer_type(request.header(_ACCEPT), store)
         forwarded = self._forwarded(call)
@@ -122,6 +147,8 @@ class NodeDataPlane(RoutedDataPlane):
 
     def _read_timeline(self, call: Call, store: str, key: str, read: str) -> Any:
         request = call.request
+        if self.quotas.active:
+            self._admit(call, store, page_cost(request.query))
         media = answer_type(request.header(_ACCEPT), store)
         forwarded = self._forwarded(call)
         answer = read_timeline(self.node, store, key, read, request.query, forwarded)
@@ -165,6 +192,8 @@ class NodeDataPlane(RoutedDataPlane):
     # -- a partition's key range, and a batch -----------------------------------------------------------
 
     def _read_range(self, call: Call, store: str, partition: str) -> None:
+        if self.quotas.active:
+            self._admit(call, store, page_cost(call.request.query))
         call.answer(*read_partition_range(self.node, store, partition, call.request.query))
 
     def _batch_get(self, call: Call, store: str) -> Any:
@@ -173,6 +202,8 @@ class NodeDataPlane(RoutedDataPlane):
         forwarded = self._forwarded(call)
         # The body's size is bounded by the server (keyroute.state_node.service.server_limits).
         parsed = parse_batch_request(request.body, self._max_batch_keys)
+        if self.quotas.active:
+            self._admit(call, store, len(parsed.keys))
         if media is None:
             batch = read_batch(self.node, store, parsed.keys, forwarded, parsed.bounds)
         else:  # the keys found here are written as Avro entries straight from their stored JSON

@@ -35,6 +35,7 @@ from keyroute.core.metrics import (
 from keyroute.core.partition_map import StoreRecord
 from keyroute.core.snapshot import DATA_FILE
 from keyroute.http.admission import Admission
+from keyroute.http.quotas import Quotas, quota_families
 from keyroute.state_node.live import STATES as LIVE_STATES
 from keyroute.state_node.live import LivePartition
 from keyroute.state_node.store import MARKER, LoadCancelled, PartitionId, PartitionStore, partition_path
@@ -96,6 +97,8 @@ class NodeMetrics:
         self._ownership: Ownership | None = None
         # The admission checks in front of every request: their refusals are exported.
         self.admission: Admission | None = None
+        # The quotas of direct reads (keyroute.http.quotas): reads admitted and refused by identity and store.
+        self.quotas: Quotas | None = None
         self._loads_lock = threading.Lock()
         self._load_seconds = {outcome: Histogram(LOAD_BUCKETS_S) for outcome in LOAD_OUTCOMES}
         # Loads that brought a partition's data into the data directory (fetched, copied, linked or built from
@@ -197,6 +200,7 @@ class NodeMetrics:
             "requests received already forwarded by another node",
             self.forwarded_in,
         )
+        yield from quota_families("keyroute_node", self.quotas.counts() if self.quotas is not None else {})
         with self._loads_lock:
             loads = HistogramMetricFamily(
                 "keyroute_node_partition_load_seconds",

@@ -219,6 +219,8 @@ class NodeSettings:
     live_sync_ms: float = 1000.0
     limits: RequestLimits = field(default_factory=RequestLimits)
     access: AccessSettings = field(default_factory=AccessSettings)
+    # Reads/s per identity and store for direct reads (keyroute.http.quotas), re-read when it changes; "": none.
+    quota_file: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,5 +245,5 @@ class RouterSettings:
     workers: int = 1
     limits: RequestLimits = field(default_factory=RequestLimits)
     access: AccessSettings = field(default_factory=AccessSettings)
-    # Reads/s per identity and store (keyroute.router.quotas), re-read when it changes; "": no quotas.
+    # Reads/s per identity and store (keyroute.http.quotas), re-read when it changes; "": no quotas.
     quota_file: str = ""

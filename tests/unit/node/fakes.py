@@ -18,6 +18,7 @@ from keyroute.core.partitioner import Partitioner
 from keyroute.core.settings import AccessSettings, NodeSettings, RequestLimits
 from keyroute.http.admission import Admission
 from keyroute.http.exchange import ServerLimits
+from keyroute.http.quotas import Quotas, ServingShares
 from keyroute.http.server import HttpServer
 from keyroute.state_node.app import Node, create_app, forwarding_upstream
 from keyroute.state_node.dataplane import NodeDataPlane
@@ -175,10 +176,12 @@ class Nodes:
         access: AccessSettings | None = None,
         limits: RequestLimits | None = None,
         server_limits: ServerLimits | None = None,
+        quotas: Quotas | None = None,
     ) -> tuple[Client, list[httpx.Request]]:
         """A node (its map built from `serving`, holding `held`, its peers answering with `peer`) and the
         requests its peers received. The server's limits are the node's own
-        (`keyroute.state_node.service.server_limits`) unless `server_limits` is given."""
+        (`keyroute.state_node.service.server_limits`) unless `server_limits` is given; `quotas`: the ones its
+        data plane enforces (as the lifespan puts them on the app's state from --quota-file)."""
         seen: list[httpx.Request] = []
 
         def record_and_answer(request: httpx.Request) -> httpx.Response:
@@ -193,6 +196,9 @@ class Nodes:
         node = Node(settings, ownership, http)  # type: ignore[arg-type]
         node.metrics.admission = app.state.admission  # as the lifespan's node shares create_app's metrics
         app.state.node = node
+        if quotas is not None:
+            app.state.quotas = node.metrics.quotas = quotas
+            app.state.quota_shares = ServingShares(quotas)
         server = HttpServer(
             WithoutLifespan(app),
             server_limits or node_server_limits(settings),

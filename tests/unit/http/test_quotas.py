@@ -1,4 +1,5 @@
-"""Quotas' token buckets, with an injected clock: no sleeps."""
+"""Quotas' token buckets and their shares (routers up, nodes serving a store), with an injected clock: no
+sleeps."""
 
 from __future__ import annotations
 
@@ -8,7 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from keyroute.router.quotas import OTHER, Bucket, QuotaConfig, QuotaError, QuotaExceeded, QuotaFile, Quotas
+from keyroute.core.key_format import KeyFormat
+from keyroute.core.partition_map import MapBuilder, NodeRecord, ServingRecord, StoreRecord
+from keyroute.core.partitioner import Partitioner
+from keyroute.http.quotas import (
+    OTHER,
+    Bucket,
+    QuotaConfig,
+    QuotaError,
+    QuotaExceeded,
+    QuotaFile,
+    Quotas,
+    ServingShares,
+)
 
 
 class Clock:
@@ -135,6 +148,92 @@ def test_routers_up_split_the_rate() -> None:
     assert q.table()["routers"] == 1
 
 
+def serve(builder: MapBuilder, node_id: str, stores: dict[str, list[int]]) -> None:
+    """`node_id` is up and serves these partitions of each store, at version 1."""
+    url = f"http://{node_id}:8000"
+    builder.set_node(node_id, NodeRecord(node_id, url))
+    builder.set_serving(node_id, ServingRecord(node_id, url, {s: dict.fromkeys(ps, 1) for s, ps in stores.items()}))
+
+
+def store(name: str, partitions: int) -> StoreRecord:
+    return StoreRecord(name, partitions, Partitioner.MURMUR2, KeyFormat.STRING, 1, f"/snapshots/{name}/v1")
+
+
+def test_nodes_share_each_store_by_the_nodes_serving_it() -> None:
+    clock = Clock()
+    q = Quotas(QuotaConfig.parse("[identities.a]\nrate = 120\n"), clock=clock, process="node")
+    shares = ServingShares(q)
+    builder = MapBuilder()
+    for name in ("wide", "narrow"):
+        builder.set_store(name, store(name, 6))
+    serve(builder, "n1", {"wide": [0, 1], "narrow": [0, 1, 2, 3, 4, 5]})
+    serve(builder, "n2", {"wide": [2, 3]})
+    serve(builder, "n3", {"wide": [4, 5]})
+    shares.follow(builder.build(1))
+    # Three nodes serve "wide": this node admits a third of its rate, per second; one node serves "narrow".
+    assert admitted(q, "a", "wide", 1000) == 40
+    assert admitted(q, "a", "narrow", 1000) == 120
+    clock.now += 0.5
+    assert admitted(q, "a", "wide", 1000) == 20
+    assert admitted(q, "a", "narrow", 1000) == 60
+    with pytest.raises(QuotaExceeded) as caught:
+        q.admit("a", "wide")
+    assert "on this node" in caught.value.message and "40 reads/s" in caught.value.message
+    assert caught.value.headers["Retry-After"] == "1"
+
+    # n3 goes: "wide" is served by two nodes, and its bucket starts again at half the rate, full; the bucket of
+    # "narrow", whose routes did not change, keeps what it spent.
+    builder.set_serving("n3", None)
+    builder.set_node("n3", None)
+    builder.set_serving("n2", ServingRecord("n2", "http://n2:8000", {"wide": {2: 1, 3: 1, 4: 1, 5: 1}}))
+    shares.follow(builder.build(2))
+    assert admitted(q, "a", "wide", 1000) == 60
+    assert admitted(q, "a", "narrow", 1000) == 0
+    clock.now += 1.0
+    assert admitted(q, "a", "wide", 1000) == 60
+    assert admitted(q, "a", "narrow", 1000) == 120
+    # The counts of the dropped bucket are kept: of 4,001 reads of "wide" (4,000 of "narrow"), the admitted ones.
+    wide, narrow = 40 + 20 + 60 + 60, 120 + 60 + 0 + 120
+    assert q.counts() == {"a": {"wide": [wide, 4001 - wide], "narrow": [narrow, 4000 - narrow]}}
+
+
+def test_a_map_change_that_leaves_the_nodes_serving_a_store_keeps_its_buckets() -> None:
+    clock = Clock()
+    q = Quotas(QuotaConfig.parse("[identities.a]\nrate = 10\n"), clock=clock, process="node")
+    shares = ServingShares(q)
+    builder = MapBuilder()
+    builder.set_store("s", store("s", 2))
+    serve(builder, "n1", {"s": [0]})
+    serve(builder, "n2", {"s": [1]})
+    shares.follow(builder.build(1))
+    assert admitted(q, "a", "s", 100) == 5
+    # Partitions change hands between the same two nodes: still two, nothing refilled.
+    serve(builder, "n1", {"s": [1]})
+    serve(builder, "n2", {"s": [0]})
+    second = builder.build(2)
+    shares.follow(second)
+    assert admitted(q, "a", "s", 100) == 0
+    # A map not derived from the last one seen (a snapshot from scratch) is counted afresh: still two.
+    rebuilt = MapBuilder()
+    rebuilt.set_store("s", store("s", 2))
+    serve(rebuilt, "n1", {"s": [0, 1]})
+    serve(rebuilt, "n2", {"s": [1]})
+    shares.follow(rebuilt.build(3))
+    assert admitted(q, "a", "s", 100) == 0
+    # Nobody serves the store: the node enforces the whole rate (never a share of zero).
+    nobody = MapBuilder()
+    nobody.set_store("s", store("s", 2))
+    shares.follow(nobody.build(4))
+    assert shares.count("s") == 0
+    assert admitted(q, "a", "s", 100) == 10
+
+
+def test_a_node_without_a_map_yet_enforces_the_whole_rate() -> None:
+    q = Quotas(QuotaConfig.parse("[identities.a]\nrate = 10\n"), clock=Clock(), process="node")
+    ServingShares(q)
+    assert admitted(q, "a", "s", 100) == 10
+
+
 def test_counts_by_bounded_labels_survive_a_reconfiguration() -> None:
     clock = Clock()
     q = quotas('[identities.a]\nrate = 2\n[identities."*"]\nrate = 1\n', clock, known={"s"})
@@ -164,7 +263,7 @@ def test_table_shows_each_bucket_against_its_quota() -> None:
 
 
 def test_made_up_store_names_do_not_grow_the_buckets_without_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    import keyroute.router.quotas as module
+    import keyroute.http.quotas as module
 
     monkeypatch.setattr(module, "MAX_BUCKETS", 10)
     q = quotas("[identities.a]\nrate = 1\n", Clock())
@@ -213,10 +312,10 @@ def test_quota_file_reloads_on_change_and_keeps_quotas_when_invalid(
     assert qf.check()
     assert q.config.identities["a"].rate == 22
     path.write_text("[identities.a]\nrate = nope\n")
-    with caplog.at_level(logging.WARNING, logger="keyroute.router.quotas"):
+    with caplog.at_level(logging.WARNING, logger="keyroute.http.quotas"):
         assert not qf.check()
     assert q.config.identities["a"].rate == 22
-    (record,) = [r for r in caplog.records if r.name == "keyroute.router.quotas"]
+    (record,) = [r for r in caplog.records if r.name == "keyroute.http.quotas"]
     assert "keeping the previous quotas" in record.getMessage() and "\n" not in record.getMessage()
 
 
