@@ -2,12 +2,17 @@
 
 Every key answers through the router with exactly the value a plain-Python computation over the same
 events expects, and keeps answering after a node is killed with SIGKILL.
+
+One Spark build for the module (`built`); the tests that only read share one cluster (`shared`), the ones
+that kill or add nodes get a cluster of their own on the same published files (`cluster`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +23,11 @@ import httpx
 import pytest
 
 from keyroute import sample_data
+from keyroute.core import zk, zk_layout
 from keyroute.core.key_format import KeyFormat, parse_key
 from keyroute.core.partitioner import Partitioner, partition_for
 from keyroute.core.settings import ZkSettings
+from keyroute.core.zookeeper_server import EmbeddedZooKeeper
 from tests.util import Proc, free_port, wait_for
 
 pytestmark = pytest.mark.integration
@@ -76,13 +83,27 @@ class Cluster:
     zk: ZkSettings
 
 
-@pytest.fixture
-def cluster(tmp_path: Path, zk_settings: ZkSettings, spark: Any) -> Iterator[Cluster]:
+@dataclass(frozen=True)
+class Built:
+    """One Spark build for the whole module: the stores' records as published (their snapshots are immutable
+    files every cluster of the module serves) and every key's expected value."""
+
+    records: dict[str, bytes]
+    expected: dict[str, dict[Any, dict[str, Any]]]
+
+
+def module_settings(zk_server: EmbeddedZooKeeper) -> ZkSettings:
+    return ZkSettings(hosts=zk_server.connect_string, chroot=f"/t-{uuid.uuid4().hex[:12]}", session_timeout_s=4.0)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, zk_server: EmbeddedZooKeeper, spark: Any) -> Built:
     from keyroute.pipeline.build import build
 
-    files = sample_data.generate(tmp_path / "events", events=6_000)
-    accounts = write_accounts(tmp_path / "events")
-    spec = tmp_path / "stores.toml"
+    tmp = tmp_path_factory.mktemp("end-to-end-build")
+    files = sample_data.generate(tmp / "events", events=6_000)
+    accounts = write_accounts(tmp / "events")
+    spec = tmp / "stores.toml"
     spec.write_text(
         sample_data.spec_toml(files, partitions=PARTITIONS["bookings"], replication_factor=2)
         + f"""
@@ -98,36 +119,47 @@ order_by = "seq"
 columns = ["balance", "tier"]
 """
     )
-    published = build(spec, zk_settings, str(tmp_path / "snapshots"), spark=spark)
+    settings = module_settings(zk_server)
+    published = build(spec, settings, str(tmp / "snapshots"), spark=spark)
     assert sorted(p.store for p in published) == ["accounts", "bookings", "positions"]
+    client = zk.connect(settings, ensure_layout=False)
+    try:
+        records = {
+            name: client.get(zk_layout.store_path(name))[0] for name in client.get_children(zk_layout.STORES)
+        }
+    finally:
+        zk.close(client)
+    expected = {
+        "bookings": expected_latest(files.bookings, "customer_id", "ts", ["ts", "route", "fare", "seats"]),
+        "positions": expected_positions(files.trades),
+        "accounts": expected_latest(accounts, "account", "seq", ["balance", "tier"]),
+    }
+    return Built(records, expected)
 
-    zk = zk_settings.connect_string
+
+@contextlib.contextmanager
+def running_cluster(tmp_path: Path, zk_settings: ZkSettings, built: Built) -> Iterator[Cluster]:
+    """The module's build published in `zk_settings`' chroot, served by three nodes behind a router."""
+    client = zk.connect(zk_settings)
+    try:
+        for name, record in built.records.items():
+            client.create(zk_layout.store_path(name), record)
+    finally:
+        zk.close(client)
+    zk_address = zk_settings.connect_string
     procs: list[Proc] = []
     nodes: dict[str, tuple[Proc, str]] = {}
     try:
         for i in range(3):
             port = free_port()
             node_id = f"node-{i}"
-            proc = Proc(
-                [
-                    "node",
-                    "--zk",
-                    zk,
-                    "--node-id",
-                    node_id,
-                    "--port",
-                    str(port),
-                    "--data-dir",
-                    str(tmp_path / node_id),
-                    "--zk-session-timeout-s",
-                    "4",
-                ],
-                tmp_path / f"{node_id}.log",
-            ).start()
+            args = ["node", "--zk", zk_address, "--node-id", node_id, "--port", str(port)]
+            args += ["--data-dir", str(tmp_path / node_id), "--zk-session-timeout-s", "4"]
+            proc = Proc(args, tmp_path / f"{node_id}.log").start()
             procs.append(proc)
             nodes[node_id] = (proc, f"http://127.0.0.1:{port}")
         router_port = free_port()
-        router = Proc(["router", "--zk", zk, "--port", str(router_port)], tmp_path / "router.log").start()
+        router = Proc(["router", "--zk", zk_address, "--port", str(router_port)], tmp_path / "router.log").start()
         procs.append(router)
         router_url = f"http://127.0.0.1:{router_port}"
         wait_for(
@@ -142,18 +174,27 @@ columns = ["balance", "tier"]
             timeout_s=120,
             message="serving view equal to the assignment",
         )
-        expected = {
-            "bookings": expected_latest(files.bookings, "customer_id", "ts", ["ts", "route", "fare", "seats"]),
-            "positions": expected_positions(files.trades),
-            "accounts": expected_latest(accounts, "account", "seq", ["balance", "tier"]),
-        }
-        yield Cluster(router_url, nodes, expected, zk_settings)
+        yield Cluster(router_url, nodes, built.expected, zk_settings)
     finally:
         for proc in reversed(procs):
             proc.stop()
         for proc in procs:
             if proc.popen and proc.popen.returncode not in (0, -9):
                 print(f"--- {proc.args[:4]} exited {proc.popen.returncode}\n{proc.output()[-3000:]}")
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, zk_settings: ZkSettings, built: Built) -> Iterator[Cluster]:
+    """A cluster of the test's own: for tests that kill or add nodes."""
+    with running_cluster(tmp_path, zk_settings, built) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory, zk_server: EmbeddedZooKeeper, built: Built) -> Iterator[Cluster]:
+    """One cluster for the module's tests that only read."""
+    with running_cluster(tmp_path_factory.mktemp("end-to-end-shared"), module_settings(zk_server), built) as c:
+        yield c
 
 
 def settled(pmap: dict[str, Any]) -> bool:
@@ -215,8 +256,8 @@ def test_every_key_answers_exactly_through_the_router_and_survives_kill_9(cluste
         assert check_all_keys(client, cluster, hops=None) == total
 
 
-def test_errors_are_json_with_the_right_status(cluster: Cluster) -> None:
-    base = cluster.router_url
+def test_errors_are_json_with_the_right_status(shared: Cluster) -> None:
+    base = shared.router_url
     with httpx.Client(timeout=10) as client:
         cases = [
             (key_url(base, "nope", "k"), 404, "store_not_found"),
@@ -235,7 +276,8 @@ def test_errors_are_json_with_the_right_status(cluster: Cluster) -> None:
                 assert body["error"] == code
 
 
-def test_batch_get_answers_in_request_order(cluster: Cluster) -> None:
+def test_batch_get_answers_in_request_order(shared: Cluster) -> None:
+    cluster = shared
     bookings = cluster.expected["bookings"]
     keys = list(bookings)[:40] + ["nobody", "a/b", "東京-42"]
     with httpx.Client(timeout=10) as client:
@@ -253,7 +295,8 @@ def test_batch_get_answers_in_request_order(cluster: Cluster) -> None:
         assert statuses[1] == 400 and statuses[2] == 200
 
 
-def test_a_node_forwards_a_key_it_does_not_serve_exactly_once(cluster: Cluster) -> None:
+def test_a_node_forwards_a_key_it_does_not_serve_exactly_once(shared: Cluster) -> None:
+    cluster = shared
     with httpx.Client(timeout=10) as client:
         pmap = client.get(cluster.router_url + "/admin/partition-map?detail=all").json()
         partitions = pmap["stores"]["bookings"]["partition_map"]
