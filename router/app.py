@@ -28,7 +28,7 @@ from keyroute.core.live_status import LiveStatusReader
 from keyroute.core.logs import bind_request_id
 from keyroute.core.metrics import CONTENT_TYPE
 from keyroute.core.partition_map import PartitionMap
-from keyroute.core.security import ClusterAuth
+from keyroute.core.security import ClusterAuth, MemberIdentity
 from keyroute.core.settings import RouterSettings
 from keyroute.core.zk import ZkAccessError, ZkUnavailableError
 from keyroute.http.admin_login import login_routes
@@ -114,7 +114,7 @@ def create_app(
             else FastUpstream(
                 settings.upstream_timeout_s,
                 settings.upstream_connect_timeout_s,
-                tls=member_tls(settings.http.tls, "router"),
+                tls=member_tls(settings.http.tls, "router", MemberIdentity("router", settings.member_id)),
             )
         )
         proxy = Proxy(

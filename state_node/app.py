@@ -32,7 +32,7 @@ from keyroute.core.logs import bind_request_id
 from keyroute.core.map_watcher import MapWatcher
 from keyroute.core.metrics import CONTENT_TYPE
 from keyroute.core.partition_map import Assignment, PartitionMap
-from keyroute.core.security import BearerAuth, ClusterAuth
+from keyroute.core.security import BearerAuth, ClusterAuth, MemberIdentity
 from keyroute.core.settings import NodeSettings
 from keyroute.http.admin_login import login_routes
 from keyroute.http.admission import Admission, RequestGuard
@@ -220,7 +220,8 @@ async def _joined_node(
     max_parallel_loads: int,
     metrics: NodeMetrics,
 ) -> AsyncIterator[Node]:
-    wire_tls = member_tls(settings.http.tls, f"node {settings.node_id}")  # StartupError before joining
+    # StartupError before joining: unusable files, a certificate that does not name this node.
+    wire_tls = member_tls(settings.http.tls, f"node {settings.node_id}", MemberIdentity("node", settings.node_id))
     try:
         client = await run_in_threadpool(zk.connect, settings.zk)
     except zk.ZkUnavailableError as exc:
