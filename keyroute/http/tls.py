@@ -156,7 +156,7 @@ def member_context(tls: TlsSettings, expect: MemberIdentity | None = None) -> ss
         if tls.cert:
             _load_chain(ctx, tls.cert, tls.key)
             if expect is not None:
-                check_own_identity(tls.cert, expect)
+                check_own_identity(tls.cert, expect, tls.member_ca)
     else:
         ctx.load_default_certs(ssl.Purpose.SERVER_AUTH)
     return ctx
@@ -331,14 +331,42 @@ def describe(exc: BaseException) -> str:
 # -- member identities ----------------------------------------------------------------------------------
 
 
-def _first_certificate(path: str) -> x509.Certificate:
+def _chain(path: str) -> list[x509.Certificate]:
+    """The certificates of a PEM certificate (chain) file, the leaf first."""
     _read(path, "TLS certificate")
     with open(path, "rb") as f:
         data = f.read()
     try:
-        return x509.load_pem_x509_certificates(data)[0]
+        return x509.load_pem_x509_certificates(data)
     except ValueError:
         raise TlsError(f"the TLS certificate {path} holds no PEM certificate") from None
+
+
+def _issued_by(leaf: x509.Certificate, issuers: list[x509.Certificate]) -> x509.Certificate | None:
+    """The one of `issuers` that signed `leaf`, if any."""
+    for ca in issuers:
+        if leaf.issuer != ca.subject:
+            continue
+        try:
+            leaf.verify_directly_issued_by(ca)
+        except (ValueError, TypeError, InvalidSignature):
+            continue
+        return ca
+    return None
+
+
+def _chains_to(chain: list[x509.Certificate], roots: list[x509.Certificate]) -> bool:
+    """Whether the leaf of `chain` is issued by one of `roots`, directly or through the chain's others."""
+    current, rest = chain[0], chain[1:]
+    for _ in range(len(chain)):
+        if _issued_by(current, roots) is not None:
+            return True
+        step = _issued_by(current, rest)
+        if step is None:
+            return False
+        current = step
+        rest = [c for c in rest if c is not step]
+    return False
 
 
 def _alt_names(certificate: x509.Certificate) -> dict[str, Any]:
@@ -360,14 +388,17 @@ def identity_hint(expect: MemberIdentity) -> str:
     )
 
 
-def check_own_identity(cert: str, expect: MemberIdentity) -> None:
-    """Raises TlsError (one line) unless the certificate in file `cert` names exactly `expect`: a member
-    presents its own role and id, never another's (what its peers hold it to)."""
-    named = member_identity(_alt_names(_first_certificate(cert)))
-    if named == expect:
-        return
-    found = f"names {named}" if named is not None else "names no member identity (or a malformed or ambiguous one)"
-    raise TlsError(f"the TLS certificate {cert} {found}, not {expect}: expected {identity_hint(expect)}")
+def check_own_identity(cert: str, expect: MemberIdentity, member_ca: str = "") -> None:
+    """Raises TlsError (one line) unless the certificate in file `cert` names exactly `expect`, and (with
+    `member_ca`) is issued by a CA of that file: a member presents its own role and id, never another's,
+    from the CA its peers hold members to."""
+    chain = _chain(cert)
+    named = member_identity(_alt_names(chain[0]))
+    if named != expect:
+        found = f"names {named}" if named is not None else "names no member identity (or a malformed or ambiguous one)"
+        raise TlsError(f"the TLS certificate {cert} {found}, not {expect}: expected {identity_hint(expect)}")
+    if member_ca and not _chains_to(chain, _certificates(member_ca)):
+        raise TlsError(f"the TLS certificate {cert} of {expect} is not issued by the member CA {member_ca}")
 
 
 def check_separate_cas(tls: TlsSettings) -> None:
@@ -465,15 +496,7 @@ class PeerCheck(FilePoller):
             leaf = x509.load_der_x509_certificate(der)
         except ValueError:
             return False
-        for ca in self._members:
-            if leaf.issuer != ca.subject:
-                continue
-            try:
-                leaf.verify_directly_issued_by(ca)
-            except (ValueError, TypeError, InvalidSignature):
-                continue
-            return True
-        return False
+        return _issued_by(leaf, self._members) is not None
 
 
 # The identity named by a peer's certificate, by TLS connection (an SSLObject): parsed once per connection.

@@ -542,6 +542,17 @@ def test_a_member_presents_only_a_certificate_naming_its_own_role_and_id(tmp_pat
         assert "\n" not in str(refused.value)
     with pytest.raises(TlsError, match="names node n1, not node n2"):
         member_context(TlsSettings(cert=n1.cert, key=n1.key, member_ca=member_ca), MemberIdentity("node", "n2"))
+    # The right names from another CA (say, the clients'): not a member's certificate.
+    elsewhere = pair(tmp_path, trustme.CA(), "elsewhere", "127.0.0.1", "keyroute-node.n1.cluster")
+    with pytest.raises(TlsError, match="is not issued by the member CA"):
+        member_context(TlsSettings(cert=elsewhere.cert, key=elsewhere.key, member_ca=member_ca), me)
+    # Through an intermediate CA whose certificate the chain file carries: the member CA's.
+    intermediate = ca.create_child_ca()
+    issued = intermediate.issue_cert("127.0.0.1", "keyroute-node.n1.cluster")
+    chained = TlsSettings(cert=str(tmp_path / "chained.crt"), key=str(tmp_path / "chained.key"), member_ca=member_ca)
+    (tmp_path / "chained.crt").write_bytes(b"".join(blob.bytes() for blob in issued.cert_chain_pems))
+    issued.private_key_pem.write_to_path(chained.key)
+    member_context(chained, me)
 
 
 def test_a_nodes_clients_ca_must_differ_from_its_member_ca(tmp_path: Path) -> None:
