@@ -36,7 +36,7 @@ from keyroute.http.admission import RequestGuard
 from keyroute.http.authn import callers_of
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.lifespan import StartupError
-from keyroute.http.tls import member_tls
+from keyroute.http.tls import MemberTls, member_tls
 from keyroute.http.upstream import Upstream
 from keyroute.router import map_views, ui
 from keyroute.router.limits import admission
@@ -123,6 +123,8 @@ def create_app(
             settings=ProxySettings.of(settings, ClusterAuth(settings.access.cluster_secret).headers()),
             hedge=HedgeSettings.of(settings),
         )
+        if isinstance(getattr(wire, "tls", None), MemberTls):  # a node is held to the id it registered
+            wire.tls.peers = lambda: proxy.table.map  # type: ignore[attr-defined]
         proxy.metrics.admission = checks
         app.state.proxy = proxy
         app.state.quotas = proxy.metrics.quotas = quotas

@@ -256,6 +256,8 @@ async def _joined_node(
     metrics.watch(ownership)
     controller = Controller(client, settings.node_id)
     http = forwarding_upstream(settings.forward_timeout_s, tls=wire_tls)
+    if wire_tls is not None:  # a node forwarded to is held to the id it registered
+        wire_tls.peers = lambda: ownership.map
     node = Node(
         settings,
         ownership,

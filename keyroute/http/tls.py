@@ -12,6 +12,7 @@ in one line. `TlsError` is one line naming the file and the reason; nothing here
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import ssl
@@ -19,6 +20,7 @@ import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
+from urllib.parse import urlsplit
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -287,6 +289,24 @@ class MemberTls(ReloadingContext):
         super().__init__(lambda: member_context(tls, expect), files, name, poll_s)
         self._clock = clock
         self._looked = clock()
+        # The partition map this process routes by (`registered`): what says which node registered an
+        # address. None: any node's certificate is accepted.
+        self.peers: Callable[[], Any] | None = None
+
+    def check_peer(self, origin: str, transport: Any) -> str | None:
+        """Why the node just connected to at `origin` is refused, or None: its certificate must name a node,
+        and (with `peers`) a node that registered that address in the map, never another (a machine that
+        wrote another node's records in ZooKeeper cannot take its reads)."""
+        identity = peer_identity(transport)
+        if identity is None or identity.role != "node":
+            return f"its certificate names {identity or 'no member identity'}, not a node"
+        peers = self.peers
+        if peers is None:
+            return None
+        registered = registered_at(peers(), origin)
+        if registered and identity.id not in registered:
+            return f"its certificate names {identity}, but {', '.join(sorted(registered))} registered that address"
+        return None
 
     def __call__(self, origin: str = "") -> ssl.SSLContext:
         _ORIGIN.set(origin)  # the session to offer is this origin's
@@ -295,6 +315,26 @@ class MemberTls(ReloadingContext):
             self._looked = now
             self.check()
         return self.context
+
+
+def registered_at(peers: Any, origin: str) -> set[str]:
+    """The ids of the nodes whose records in partition map `peers` (keyroute.core.partition_map.PartitionMap)
+    give an address at `origin` (scheme://host:port); empty when none (or no map)."""
+    found: set[str] = set()
+    target = url_origin(origin)
+    for records in (getattr(peers, "serving", None) or {}, getattr(peers, "nodes", None) or {}):
+        for node_id, record in records.items():
+            if url_origin(record.url) == target:
+                found.add(node_id)
+    return found
+
+
+@functools.lru_cache(maxsize=1024)
+def url_origin(url: str) -> str:
+    """scheme://host:port of `url`, the port spelled out (how connections are pooled and looked up)."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{parts.scheme}://{parts.hostname}:{port}"
 
 
 def member_tls(tls: TlsSettings, name: str, expect: MemberIdentity | None = None) -> MemberTls | None:

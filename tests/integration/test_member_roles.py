@@ -13,20 +13,26 @@ naming a member role, a node's certificate used for another node id, a router's 
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import trustme
+from kazoo.exceptions import NoNodeError
+from starlette.applications import Starlette
 
 from keyroute.core import zk, zk_layout
-from keyroute.core.settings import ZkSettings
+from keyroute.core.partition_map import ServingRecord
+from keyroute.core.settings import TlsSettings, ZkSettings
 from keyroute.core.zookeeper_server import EmbeddedZooKeeper
+from keyroute.http import HttpServer
 from tests.integration.small_cluster import (
     ADMIN_TOKEN,
     ROWS,
@@ -37,7 +43,7 @@ from tests.integration.small_cluster import (
     partition,
     small_cluster,
 )
-from tests.util import free_port
+from tests.util import free_port, serve_in_thread, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -256,3 +262,63 @@ def test_a_member_starts_only_with_a_certificate_naming_its_own_role_and_id(
         assert sorted(client.get_children(zk_layout.NODES)) == ["n1", "n2"]  # n3 registered nothing
     finally:
         zk.close(client)
+
+
+class Counting:
+    """A data plane that counts what reaches it (a machine posing as a node: nothing may)."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+    def accepts(self, method: str, path: bytes) -> bool:
+        return True
+
+    def handle(self, exchange: Any) -> None:
+        self.requests += 1
+        exchange.answer(200, [(b"content-type", b"application/json")], b'{"posing": true}')
+
+
+def test_a_node_registering_another_nodes_id_gets_none_of_its_reads(
+    cluster: SmallCluster, zk_chroot: ZkSettings, pki: Pki, certs: Certs
+) -> None:
+    """A machine with node n9's certificate (and the ZooKeeper writer's credentials, which every node shares)
+    registers an address as node n7's, serving n1's partitions: routers and nodes connect to it, find a
+    certificate of n9 at n7's address, and send every read to n1 instead."""
+    served = cluster.serving()
+    held = {p for p, nodes in served.items() if nodes == ["n1"]}
+    keys = [k for k in ROWS if partition(k) in held]
+    plane = Counting()
+    n9 = pki.issue("n9", pki.members, "127.0.0.1", "keyroute-node.n9.cluster")
+    posing = HttpServer(
+        Starlette(),
+        data_plane=lambda state: plane,
+        tls=TlsSettings(cert=n9[0], key=n9[1]),
+        require_ca=pki.member_ca,
+    )
+    client = zk.connect(zk_chroot, ensure_layout=False)
+    try:
+        with serve_in_thread(posing) as port:
+            url = f"https://127.0.0.1:{port}"
+            record = ServingRecord("n7", url, {STORE: dict.fromkeys(held, 1)})
+            client.create(zk_layout.serving_path("n7"), record.to_json(), ephemeral=True, makepath=True)
+            wait_for(
+                lambda: any("n7" in nodes for nodes in cluster.serving().values()),
+                timeout_s=30,
+                message="the router to see n7's serving record",
+            )
+            with httpx.Client(verify=pki.context(certs.caller), timeout=10, trust_env=False) as http:
+                for _ in range(3):
+                    for key in keys:
+                        r = http.get(cluster.router_url + key_path(key), headers=bearer(READER))
+                        assert r.status_code == 200 and r.json() == expected(key), r.text
+                        assert r.headers["x-keyroute-node"] == "n1"
+                        # n2 does not hold the key: it forwards, to n1 or n7; only n1 answers.
+                        r = http.get(cluster.node_urls["n2"] + key_path(key), headers=bearer(READER))
+                        assert r.status_code == 200 and r.headers["x-keyroute-node"] == "n1", r.text
+            assert plane.requests == 0
+    finally:
+        with contextlib.suppress(NoNodeError):
+            client.delete(zk_layout.serving_path("n7"))
+        zk.close(client)
+    said = f"TLS with {url} failed: its certificate names node n9, but n7 registered that address"
+    wait_for(lambda: said in cluster.logs(), timeout_s=10, message="the refusal in the router's log")

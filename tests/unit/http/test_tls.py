@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import ssl
+import types
 from collections.abc import Iterator
 from contextlib import asynccontextmanager as contextmanager_async
 from contextlib import contextmanager, suppress
@@ -25,6 +26,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from keyroute.core.api import Forbidden
+from keyroute.core.partition_map import ServingRecord
 from keyroute.core.security import (
     ClusterAuth,
     MemberIdentity,
@@ -505,7 +507,7 @@ def test_a_reconnect_resumes_the_tls_session_and_keeps_the_peers_role(tmp_path: 
     member_ca = ca_file(tmp_path, ca)
     mine = pair(tmp_path, ca, "router", "keyroute-router.r1.cluster")
     wire_tls = MemberTls(TlsSettings(cert=mine.cert, key=mine.key, member_ca=member_ca), "router")
-    node = pair(tmp_path, ca, "node", "127.0.0.1")
+    node = pair(tmp_path, ca, "node", "127.0.0.1", "keyroute-node.n1.cluster")
     server = HttpServer(
         starlette_app(),
         data_plane=lambda state: RolePlane(),
@@ -627,3 +629,29 @@ def test_a_routers_port_refuses_every_certificate_naming_a_member_role(tmp_path:
         for claim in claims:
             refused = answered(port, client_ca, claim)
             assert refused.startswith(b"HTTP/1.1 403") and b"member_certificate_refused" in refused, claim
+
+
+def test_members_connect_only_to_a_node_certificate_of_the_node_registered_at_the_address(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    member_ca = ca_file(tmp_path, ca)
+    mine = pair(tmp_path, ca, "router", "keyroute-router.r1.cluster")
+    wire_tls = MemberTls(TlsSettings(cert=mine.cert, key=mine.key, member_ca=member_ca), "router")
+
+    def serving(tls: TlsSettings) -> HttpServer:
+        return HttpServer(starlette_app(), data_plane=lambda state: Plane(), tls=tls, require_ca=member_ca)
+
+    n1 = serving(pair(tmp_path, ca, "n1", "127.0.0.1", "keyroute-node.n1.cluster"))
+    posing = serving(pair(tmp_path, ca, "posing", "127.0.0.1", "keyroute-router.r2.cluster"))
+    with serve_in_thread(n1) as port, serve_in_thread(posing) as other:
+        # Without a map any node's certificate is accepted, and no other role's.
+        assert asyncio.run(member_read(wire_tls, port)).status == 200
+        with pytest.raises(UpstreamUnavailable, match="its certificate names router r2, not a node"):
+            asyncio.run(member_read(wire_tls, other))
+        # With a map: the certificate must name the node registered at that address.
+        url = f"https://127.0.0.1:{port}"
+        registered = {"n1": ServingRecord("n1", url, {}), "n5": ServingRecord("n5", "https://10.0.0.5:8080", {})}
+        wire_tls.peers = lambda: types.SimpleNamespace(serving=registered, nodes={})
+        assert asyncio.run(member_read(wire_tls, port)).status == 200
+        registered = {"n7": ServingRecord("n7", url + "/", {})}
+        with pytest.raises(UpstreamUnavailable, match="names node n1, but n7 registered that address"):
+            asyncio.run(member_read(wire_tls, port))
