@@ -98,22 +98,28 @@ def _role_claim(kind: str, value: str) -> MemberIdentity | str | None:
     return None
 
 
-def _claims(certificate: dict[str, Any] | None) -> set[MemberIdentity | str]:
+def _claims(certificate: dict[str, Any] | None) -> tuple[set[MemberIdentity | str], set[MemberIdentity | str]]:
+    """The member identities a certificate's names claim: (by SPIFFE URIs, by DNS names)."""
+    uris: set[MemberIdentity | str] = set()
+    dns: set[MemberIdentity | str] = set()
     if not certificate:
-        return set()
-    claims: set[MemberIdentity | str] = set()
+        return uris, dns
     for kind, value in certificate.get("subjectAltName", ()):
         claim = _role_claim(kind, value)
         if claim is not None:
-            claims.add(claim)
-    return claims
+            (dns if kind == "DNS" else uris).add(claim)
+    return uris, dns
 
 
 def member_identity(certificate: dict[str, Any] | None) -> MemberIdentity | None:
     """The member identity a peer certificate (as `ssl.SSLObject.getpeercert()` gives it) names in its
     subject alternative names, or None: no member role named, a malformed one, or names of two identities
-    (a certificate is one member). Its chain is for the TLS handshake (and `keyroute.http.tls`) to check."""
-    claims = _claims(certificate)
+    (a certificate is one member). A SPIFFE ID, when the certificate has one for keyroute, is the identity
+    and its DNS names are then host names only (a Service named keyroute-router.NAMESPACE.svc is not a
+    router's id); without one, its DNS names are. Its chain is for the TLS handshake (and
+    `keyroute.http.tls`) to check."""
+    uris, dns = _claims(certificate)
+    claims = uris or dns
     if len(claims) != 1:
         return None
     [claim] = claims
@@ -122,7 +128,8 @@ def member_identity(certificate: dict[str, Any] | None) -> MemberIdentity | None
 
 def names_member_role(certificate: dict[str, Any] | None) -> bool:
     """Whether a certificate claims a member role at all, well formed or not (what a client's may not)."""
-    return bool(_claims(certificate))
+    uris, dns = _claims(certificate)
+    return bool(uris or dns)
 
 
 def member_role(certificate: dict[str, Any] | None) -> str | None:

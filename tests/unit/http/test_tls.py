@@ -388,6 +388,10 @@ def test_a_member_identity_is_a_role_and_an_id_from_dns_or_spiffe_names() -> Non
     # The same identity twice (a DNS name and a URI) is one identity.
     assert member_identity(cert(("DNS", "keyroute-node.n1.c"), ("URI", "spiffe://td/keyroute/node/n1"))) == node
     assert member_role(cert(("DNS", "keyroute-node.n1.c"))) == "node"
+    # A SPIFFE ID, when there is one, is the identity: the DNS names are host names (a router's Service).
+    service = (("DNS", "keyroute-router"), ("DNS", "keyroute-router.keyroute.svc"))
+    assert member_identity(cert(*service, ("URI", "spiffe://cluster.local/keyroute/router/r1"))) == router
+    assert member_identity(cert(*service)) is None
     malformed = (
         (("DNS", "keyroute-node.n1"),),  # no domain after the id
         (("DNS", "keyroute-node"),),
