@@ -29,7 +29,7 @@ from keyroute.http.asgi import ASGIApp, Receive, Scope, Send
 from keyroute.http.exchange import DataPlane, ServerLimits
 from keyroute.http.lifespan import Lifespan, StartupError
 from keyroute.http.protocol import Connection
-from keyroute.http.tls import HANDSHAKE_TIMEOUT_S, ServerTls, TlsError
+from keyroute.http.tls import HANDSHAKE_TIMEOUT_S, ServerTls, TlsError, ca_files
 
 log = logging.getLogger(__name__)
 
@@ -132,10 +132,10 @@ class HttpServer:
         then answered with the error it gives, and the connection closed."""
         self.name = name
         self.tls_settings = tls if tls is not None and tls.enabled else None
-        self.require_ca = require_ca
+        self.require_ca = ca_files(require_ca)  # "" and ("", "") alike: no client certificate required
         # The option of the CA client certificates must chain to ("": none is required).
-        self.certificate_option = require_ca_option if self.tls_settings is not None and require_ca else ""
-        self.peer_check = peer_check if self.tls_settings is not None and require_ca else None
+        self.certificate_option = require_ca_option if self.tls_settings is not None and self.require_ca else ""
+        self.peer_check = peer_check if self.certificate_option else None
         self.tls: ServerTls | None = None
         self.app = app
         self.limits = limits

@@ -7,6 +7,13 @@ seconds, following symbolic links, so the symlink swap of a Kubernetes Secret vo
 serves new connections (an SNI callback hands it to each handshake), while connections already open keep
 theirs, so none is dropped. A rotated pair that does not load leaves the previous context in use and says so
 in one line. `TlsError` is one line naming the file and the reason; nothing here logs a traceback.
+
+Member identities (keyroute.core.security.member_identity) are held here on every wire: a member's own
+certificate must name its role and id, and be the member CA's, or it does not start (`member_tls`); a server
+refuses a client whose certificate claims a member identity it does not grant (`PeerCheck`: any, on a
+router's port; one not issued by the member CA, on a node that also trusts a clients' CA); a member connecting
+to a node holds it to the node id registered at that address (`MemberTls.check_peer`); and a request's peer
+identity is read once per connection (`peer_identity`).
 """
 
 from __future__ import annotations

@@ -659,3 +659,16 @@ def test_members_connect_only_to_a_node_certificate_of_the_node_registered_at_th
         registered = {"n7": ServingRecord("n7", url + "/", {})}
         with pytest.raises(UpstreamUnavailable, match="names node n1, but n7 registered that address"):
             asyncio.run(member_read(wire_tls, port))
+
+
+def test_a_node_on_tls_without_a_member_ca_asks_for_no_certificate(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    server = HttpServer(
+        starlette_app(),
+        data_plane=lambda state: Plane(),
+        tls=pair(tmp_path, ca, "node", "127.0.0.1"),
+        require_ca=("", ""),  # what a node passes: its member CA and clients' CA, neither given
+        peer_check=PeerCheck(),
+    )
+    with serve_in_thread(server) as port:
+        assert answer_to(port, ca_file(tmp_path, ca), None, "/stores/t").startswith(b"HTTP/1.1 200 OK")
