@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import ipaddress
 from pathlib import Path
 
 import trustme
@@ -13,13 +14,18 @@ from cryptography.x509.oid import NameOID
 
 
 def issue_with_uri(ca: trustme.CA, uri: str, *dns_names: str) -> tuple[bytes, bytes]:
-    """A leaf certificate of `ca` (PEM) naming the URI `uri` and `dns_names`, and its key (PEM, PKCS #8)."""
+    """A leaf certificate of `ca` (PEM) naming the URI `uri` and `dns_names` (an IP address as one), and its
+    key (PEM, PKCS #8)."""
     ca_cert = x509.load_pem_x509_certificate(ca.cert_pem.bytes())
     ca_key = serialization.load_pem_private_key(ca.private_key_pem.bytes(), password=None)
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.UTC)
     names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(uri)]
-    names += [x509.DNSName(name) for name in dns_names]
+    for name in dns_names:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(name)))
+        except ValueError:
+            names.append(x509.DNSName(name))
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "member")]))

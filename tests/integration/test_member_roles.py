@@ -5,7 +5,8 @@ ZooKeeper, access control and an admin token on, and two CAs: the members' (--me
 
     caller     a certificate of the clients' CA (and, to read, a token of the token file)
     router     the router's certificate, keyroute-router.r1.cluster, of the members' CA
-    node       a node's certificate, keyroute-node.nX.cluster, of the members' CA
+    node       a node's certificate, keyroute-node.n1.cluster or spiffe://cluster.local/keyroute/node/n2, of
+               the members' CA
     operator   the admin token (over a caller's TLS connection)
 
 and the certificates that must not work: one of the members' CA naming no role, one of the clients' CA
@@ -43,6 +44,7 @@ from tests.integration.small_cluster import (
     partition,
     small_cluster,
 )
+from tests.member_pki import write_with_uri
 from tests.util import free_port, serve_in_thread, wait_for
 
 pytestmark = pytest.mark.integration
@@ -83,7 +85,8 @@ class Certs:
     def __init__(self, pki: Pki) -> None:
         members, clients = pki.members, pki.clients
         self.n1 = pki.issue("n1", members, "127.0.0.1", "keyroute-node.n1.cluster")
-        self.n2 = pki.issue("n2", members, "127.0.0.1", "keyroute-node.n2.cluster")
+        # Node n2 is named by a SPIFFE ID (its DNS names then are host names only).
+        self.n2 = write_with_uri(pki.root, "n2", members, "spiffe://cluster.local/keyroute/node/n2", "127.0.0.1")
         self.router = pki.issue("router", members, "127.0.0.1", "keyroute-router.r1.cluster")
         self.caller = pki.issue("caller", clients, "app.example")
         # Not to be honoured: a members' CA certificate without a role, a clients' CA one naming node n1.
