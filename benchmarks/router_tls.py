@@ -158,7 +158,7 @@ def start_nginx(nginx: str, work: Path, pki: Pki, nodes: dict[str, Service], por
     for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
         (work / "nginx-tmp" / sub).mkdir(parents=True, exist_ok=True)
     cert, key = pki.issue("nginx", "127.0.0.1", "localhost")
-    member_cert, member_key = pki.issue("nginx-member", "keyroute-router.nginx")
+    member_cert, member_key = pki.issue("nginx-member", "keyroute-router.nginx.bench")
     address = {name: node.url.removeprefix("https://") for name, node in nodes.items()}
     conf = NGINX_TLS_CONF.format(
         # As root, nginx would run its worker as `nobody`, who cannot read our temporary directory.
@@ -210,7 +210,7 @@ def measure(
         nodes: dict[str, Service] = {}
         for n in range(1, args.nodes + 1):
             name, port = f"n{n}", free_port()
-            cert, key = pki.issue(name, "127.0.0.1", "localhost", f"keyroute-node.{name}")
+            cert, key = pki.issue(name, "127.0.0.1", "localhost", f"keyroute-node.{name}.bench")
             tls = ["--tls-cert", cert, "--tls-key", key, "--member-ca", pki.ca_file]
             node = start_service(
                 name,
@@ -221,8 +221,8 @@ def measure(
             )
             stack.callback(node.stop)
             nodes[name] = node
-        cert, key = pki.issue("router", "127.0.0.1", "localhost", "keyroute-router.r1")
-        tls = ["--tls-cert", cert, "--tls-key", key, "--member-ca", pki.ca_file]
+        cert, key = pki.issue("router", "127.0.0.1", "localhost", "keyroute-router.r1.bench")
+        tls = ["--tls-cert", cert, "--tls-key", key, "--member-ca", pki.ca_file, "--router-id", "r1"]
 
         def start_router(name: str, of: Build) -> Service:
             port = free_port()
@@ -299,7 +299,7 @@ def connections(
     """What a new member connection to a node costs, a full handshake against a resumed one: per round and
     way, (this process's CPU s, the node's CPU s, the median of connect + one read of `path` in s) over
     `args.connections` connections made one after another, each by a new FastUpstream."""
-    cert, key = pki.issue("member-client", "keyroute-router.bench")
+    cert, key = pki.issue("member-client", "keyroute-router.bench.bench")
     resuming = MemberTls(TlsSettings(cert=cert, key=key, member_ca=pki.ca_file), "benchmark")
     plain = ssl.create_default_context(cafile=pki.ca_file)
     plain.load_cert_chain(cert, key)

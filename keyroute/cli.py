@@ -371,13 +371,16 @@ def _tls_options(p: _Parser, parser: argparse.ArgumentParser, *, router: bool) -
         help="PEM certificate (chain) to serve HTTPS with on every port; reloaded when the file changes",
     )
     p.option(parser, "--tls-key", default="", help="PEM private key of --tls-cert")
-    if router:
-        p.option(
-            parser,
-            "--tls-client-ca",
-            default="",
-            help="PEM CA file: clients must present a certificate chaining to it (mutual TLS with clients)",
-        )
+    p.option(
+        parser,
+        "--tls-client-ca",
+        default="",
+        help="PEM CA file: clients must present a certificate chaining to it (mutual TLS with clients); a client "
+        "certificate naming a member role is refused"
+        if router
+        else "PEM CA file of clients reading nodes directly, beside --member-ca (a different CA): its "
+        "certificates are callers', never members'",
+    )
     p.option(
         parser,
         "--member-ca",
@@ -595,6 +598,13 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     _admin_port_option(p, router)
     _tls_options(p, router, router=True)
     p.option(router, "--host", default="127.0.0.1", help="address to listen on")
+    p.option(
+        router,
+        "--router-id",
+        default="",
+        help="this router's id, which its member certificate names (keyroute-router.ID.DOMAIN); default: the host "
+        "name (on Kubernetes, the pod name)",
+    )
     p.option(router, "--upstream-timeout-s", type=float, default=5.0, help="timeout for one request to a node")
     p.option(router, "--zk-session-timeout-s", type=float, default=10.0, help="ZooKeeper session timeout")
     p.option(router, "--upstream-connect-timeout-s", type=float, default=1.0, help="timeout for connecting to a node")
@@ -1282,6 +1292,7 @@ def cmd_router(args: argparse.Namespace) -> int:
         stall_after_ms=args.stall_after_ms,
         workers=args.workers,
         quota_file=args.quota_file,
+        router_id=args.router_id,
     )
     if settings.quota_file and (refused := quota_file_error(settings.quota_file)) is not None:
         print(f"keyroute router: {refused}", file=sys.stderr)

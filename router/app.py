@@ -28,7 +28,7 @@ from keyroute.core.live_status import LiveStatusReader
 from keyroute.core.logs import bind_request_id
 from keyroute.core.metrics import CONTENT_TYPE
 from keyroute.core.partition_map import PartitionMap
-from keyroute.core.security import ClusterAuth
+from keyroute.core.security import ClusterAuth, MemberIdentity
 from keyroute.core.settings import RouterSettings
 from keyroute.core.zk import ZkAccessError, ZkUnavailableError
 from keyroute.http.admin_login import login_routes
@@ -37,7 +37,7 @@ from keyroute.http.authn import callers_of
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.lifespan import StartupError
 from keyroute.http.quotas import start_quotas
-from keyroute.http.tls import member_tls
+from keyroute.http.tls import MemberTls, member_tls
 from keyroute.http.upstream import Upstream
 from keyroute.router import map_views, ui
 from keyroute.router.limits import admission
@@ -114,7 +114,7 @@ def create_app(
             else FastUpstream(
                 settings.upstream_timeout_s,
                 settings.upstream_connect_timeout_s,
-                tls=member_tls(settings.http.tls, "router"),
+                tls=member_tls(settings.http.tls, "router", MemberIdentity("router", settings.member_id)),
             )
         )
         proxy = Proxy(
@@ -123,6 +123,8 @@ def create_app(
             settings=ProxySettings.of(settings, ClusterAuth(settings.access.cluster_secret).headers()),
             hedge=HedgeSettings.of(settings),
         )
+        if isinstance(getattr(wire, "tls", None), MemberTls):  # a node is held to the id it registered
+            wire.tls.peers = lambda: proxy.table.map  # type: ignore[attr-defined]
         proxy.metrics.admission = checks
         app.state.proxy = proxy
         app.state.quotas = proxy.metrics.quotas = quotas

@@ -13,10 +13,11 @@ from collections.abc import Callable
 
 from starlette.applications import Starlette
 
+from keyroute.core.security import MemberIdentity
 from keyroute.core.settings import RouterSettings
 from keyroute.http.server import HttpServer
 from keyroute.http.server import run as serve
-from keyroute.http.tls import TlsError, member_context, server_context
+from keyroute.http.tls import PeerCheck, TlsError, member_context, server_context
 from keyroute.router import workers
 from keyroute.router.app import create_app
 from keyroute.router.dataplane import RouterDataPlane
@@ -34,7 +35,7 @@ def run(settings: RouterSettings, *, setup: Callable[[], None] | None = None) ->
     if tls.enabled:  # unusable files are said once, here, rather than by every worker
         try:
             server_context(tls, tls.client_ca)
-            member_context(tls)
+            member_context(tls, MemberIdentity("router", settings.member_id))
         except TlsError as exc:
             log.error("router did not start: %s", exc)
             return 1
@@ -79,6 +80,8 @@ def server(settings: RouterSettings, app: Starlette | None = None) -> HttpServer
         name="router",
         tls=settings.http.tls,
         require_ca=settings.http.tls.client_ca,
+        # A router serves callers: a certificate claiming a member's identity is refused here.
+        peer_check=PeerCheck(clients_only=True),
     )
 
 

@@ -33,7 +33,7 @@ from keyroute.core.logs import bind_request_id
 from keyroute.core.map_watcher import MapWatcher
 from keyroute.core.metrics import CONTENT_TYPE
 from keyroute.core.partition_map import Assignment, PartitionMap
-from keyroute.core.security import BearerAuth, ClusterAuth
+from keyroute.core.security import BearerAuth, ClusterAuth, MemberIdentity
 from keyroute.core.settings import NodeSettings
 from keyroute.core.zk_session import SessionKeeper
 from keyroute.http.admin_login import login_routes
@@ -242,7 +242,8 @@ async def _joined_node(
     max_parallel_loads: int,
     metrics: NodeMetrics,
 ) -> AsyncIterator[Node]:
-    wire_tls = member_tls(settings.http.tls, f"node {settings.node_id}")  # StartupError before joining
+    # StartupError before joining: unusable files, a certificate that does not name this node.
+    wire_tls = member_tls(settings.http.tls, f"node {settings.node_id}", MemberIdentity("node", settings.node_id))
     chroot = settings.zk.chroot or ""
     try:
         # A data directory that joined a cluster checks the chroot before anything is created there.
@@ -283,6 +284,8 @@ async def _joined_node(
     # A ZooKeeper restored or rebuilt behind this session: a new session once this node's cluster is back there.
     keeper = SessionKeeper(client, settings.zk, cluster_id=lambda: data_dir.cluster_id)
     http = forwarding_upstream(settings.forward_timeout_s, tls=wire_tls)
+    if wire_tls is not None:  # a node forwarded to is held to the id it registered
+        wire_tls.peers = lambda: ownership.map
     node = Node(
         settings,
         ownership,

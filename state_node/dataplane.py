@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from keyroute.core.access import caller_of
-from keyroute.core.api import HEADER_AUTH, HEADER_HOPS, found_body, min_offset_query
+from keyroute.core.api import HEADER_AUTH, HEADER_FORWARDED_BY, HEADER_HOPS, found_body, min_offset_query
 from keyroute.core.avro_answers import (
     answer_type,
     avro_answer,
@@ -42,12 +42,13 @@ from keyroute.core.avro_answers import (
     schema_answer,
 )
 from keyroute.core.metrics import KIND_RANGE
+from keyroute.core.security import check_member_headers
 from keyroute.http.admission import Admission
 from keyroute.http.dataplane import JSON, Call, Route, RoutedDataPlane, store_routes
 from keyroute.http.exchange import Answer, Request
 from keyroute.http.forwarding import parse_batch_request
 from keyroute.http.quotas import Quotas, ServingShares, page_cost
-from keyroute.http.tls import call_peer_role
+from keyroute.http.tls import call_peer_identity, call_peer_role
 from keyroute.state_node.app import Node
 from keyroute.state_node.ranges import read_partition_range
 from keyroute.state_node.reads import (
@@ -64,6 +65,7 @@ from keyroute.state_node.reads import (
 
 _HOPS = HEADER_HOPS.encode("ascii")
 _AUTH = HEADER_AUTH.encode("ascii")
+_FORWARDED_BY = HEADER_FORWARDED_BY.encode("ascii")
 _ACCEPT = b"accept"
 
 
@@ -102,7 +104,13 @@ class NodeDataPlane(RoutedDataPlane):
             return False
         node = self.node
         members = node.members
-        role = call_peer_role(call) if members.certificates else None
+        role = None
+        if members.certificates:
+            peer = call_peer_identity(call)
+            if peer is not None:
+                # A router's certificate may not forward as a node, node n1's not as node n2 (403).
+                check_member_headers(peer, hops, request.header(_FORWARDED_BY))
+                role = peer.role
         forwarded = is_forwarded(members, hops, request.header(_AUTH), role)
         if forwarded:
             node.metrics.forwarded_in += 1

@@ -349,7 +349,7 @@ async def forward_read(node: Node, raw_path: bytes, forward: Forward, request_id
     a `min_offset` goes on with it) passed on to the first of `forward.endpoints` that answers other than
     503, its answer relayed; a 503 one gave when none did; raises PartitionUnavailable when none answered
     at all."""
-    headers = forward_headers(request_id, node.members)
+    headers = forward_headers(request_id, node.members, node.node_id)
     refused: Answer | None = None
     failures = []
     metrics = node.metrics
@@ -379,11 +379,14 @@ async def forward_read(node: Node, raw_path: bytes, forward: Forward, request_id
     )
 
 
-def forward_headers(request_id: str | None, members: ClusterAuth) -> dict[str, str]:
+def forward_headers(request_id: str | None, members: ClusterAuth, node_id: str = "") -> dict[str, str]:
     """What a forwarded request carries: only what the next node needs, never the client's Host,
     Content-Length or hop-by-hop headers. The membership proof makes the next node honour the hop count,
-    so it never forwards again."""
+    so it never forwards again; `node_id` names the forwarding node (with member certificates the next node
+    holds it to the certificate's id)."""
     headers = {HEADER_HOPS: "1", "accept-encoding": "identity", "accept": "application/json", **members.headers()}
+    if node_id:
+        headers[HEADER_FORWARDED_BY] = node_id
     if request_id:
         headers[HEADER_REQUEST_ID] = request_id
     return headers
@@ -496,7 +499,7 @@ class Batch:
         metrics = node.metrics
         store = self.store
         url_path = batch_path(store)
-        headers = {**forward_headers(request_id, node.members), "content-type": "application/json"}
+        headers = {**forward_headers(request_id, node.members, node.node_id), "content-type": "application/json"}
 
         bounds = self.bounds
         min_offsets = bounds.wire(sorted(self.forwarded_partitions)) if bounds is not None else None

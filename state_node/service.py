@@ -27,6 +27,7 @@ from keyroute.http.asgi import ASGIApp
 from keyroute.http.exchange import ServerLimits
 from keyroute.http.server import HttpServer
 from keyroute.http.server import run as serve
+from keyroute.http.tls import PeerCheck
 from keyroute.state_node.app import Node, create_app
 from keyroute.state_node.dataplane import NodeDataPlane
 
@@ -77,11 +78,13 @@ class NodeServer(HttpServer):
             on_refusal=admission.refused,
             name=f"node {settings.node_id}",
             error_headers=[(HEADER_NODE.lower().encode("ascii"), settings.node_id.encode("latin-1"))],
-            # With a member CA every client presents a certificate from it (members are told by its role);
-            # without one, only the probes are answered.
+            # With a member CA every client presents a certificate from it or from the clients' CA (members
+            # are told by the identity their certificate names, which must be the member CA's); without
+            # one, only the probes are answered.
             tls=settings.http.tls,
-            require_ca=settings.http.tls.member_ca,
-            require_ca_option="--member-ca",
+            require_ca=(settings.http.tls.member_ca, settings.http.tls.client_ca),
+            require_ca_option="--member-ca or --tls-client-ca" if settings.http.tls.client_ca else "--member-ca",
+            peer_check=PeerCheck(settings.http.tls.member_ca, settings.http.tls.client_ca),
         )
         self._left = False
 

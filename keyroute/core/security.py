@@ -7,9 +7,10 @@ Two ways to tell members, chosen per cluster:
   presents the same token, so one compromised pod speaks for all. Run inside a private network
   (NetworkPolicy). Rotation: each member accepts a list of secrets and sends with the first.
 - mutual TLS (`--member-ca`): traffic between members is encrypted, and a member is told by its certificate:
-  nodes accept only clients whose certificate chains to the member CA, and honour member headers only from
-  those whose certificate names them a router or a node (`member_role`); the token is then not looked at.
-  Certificates are rotated in place, without a restart (keyroute.http.tls).
+  one of the member CA that names a role and an id (`member_identity`: node n1, router r1) is that member
+  and nothing more: a router's may not forward as a node, node n1's may not speak for node n2
+  (`check_member_headers`); the token is then not looked at. Certificates are rotated in place, without a
+  restart (keyroute.http.tls).
 Either check is cheap enough for every proxied read: a constant-time compare of precomputed bytes, or the
 role of the connection's peer certificate, read once per connection.
 
@@ -22,11 +23,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from keyroute.core.api import Unauthorized
+from keyroute.core.api import Forbidden, Unauthorized
 
 # The token members present is derived from the secret, so the secret itself never travels and one secret
 # can later derive other tokens (say, a versioned one) without them being interchangeable.
@@ -50,28 +53,102 @@ def member_token(secret: str) -> str:
     return hmac.new(secret.encode("utf-8"), _MEMBER_TOKEN_CONTEXT, hashlib.sha256).hexdigest()
 
 
-# A member certificate names its role in a subject alternative name: a DNS name starting with one of these
-# labels (`keyroute-node.n1`, `keyroute-router.r1`), or a SPIFFE URI (`spiffe://keyroute/node/n1`).
+# A member certificate names its role and its id in a subject alternative name: a DNS name whose first label
+# is the role's and whose second is the id, in a domain of the operator's choice (`keyroute-node.n1.cluster`,
+# `keyroute-router.r1.cluster`), or a SPIFFE URI (`spiffe://example.org/keyroute/node/n1`).
 MEMBER_ROLES = ("router", "node")
 _ROLE_BY_DNS_LABEL = {f"keyroute-{role}": role for role in MEMBER_ROLES}
-_SPIFFE_PREFIX = "spiffe://keyroute/"
+_SPIFFE_PATH = "/keyroute/"
+# A DNS label (RFC 1123): what a node id in a DNS name can be; a SPIFFE path segment may hold more.
+_DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+_SPIFFE_SEGMENT = re.compile(r"[A-Za-z0-9._-]+")
+
+
+@dataclass(frozen=True, slots=True)
+class MemberIdentity:
+    """What a member certificate names: its `role` ("router" or "node") and the member's `id` (a node's
+    --node-id, a router's --router-id). A certificate grants exactly this identity, nothing beyond it."""
+
+    role: str
+    id: str
+
+    def __str__(self) -> str:
+        return f"{self.role} {self.id}"
+
+
+def _role_claim(kind: str, value: str) -> MemberIdentity | str | None:
+    """The identity one subject alternative name claims; "" for a name that claims a member role but is
+    malformed (no id, no domain after it, an id that is no DNS label); None for a name that claims none."""
+    if kind == "DNS":
+        labels = value.split(".")
+        role = _ROLE_BY_DNS_LABEL.get(labels[0].lower())
+        if role is None:
+            return None
+        if len(labels) < 3 or not all(labels[2:]) or _DNS_LABEL.fullmatch(labels[1]) is None:
+            return ""
+        return MemberIdentity(role, labels[1])
+    if kind == "URI" and value.startswith("spiffe://"):
+        domain, slash, path = value[len("spiffe://") :].partition("/")
+        if not (slash + path).startswith(_SPIFFE_PATH):
+            return None
+        role, _, name = path[len(_SPIFFE_PATH) - 1 :].partition("/")
+        if not domain or role not in MEMBER_ROLES or _SPIFFE_SEGMENT.fullmatch(name) is None:
+            return ""
+        return MemberIdentity(role, name)
+    return None
+
+
+def _claims(certificate: dict[str, Any] | None) -> tuple[set[MemberIdentity | str], set[MemberIdentity | str]]:
+    """The member identities a certificate's names claim: (by SPIFFE URIs, by DNS names)."""
+    uris: set[MemberIdentity | str] = set()
+    dns: set[MemberIdentity | str] = set()
+    if not certificate:
+        return uris, dns
+    for kind, value in certificate.get("subjectAltName", ()):
+        claim = _role_claim(kind, value)
+        if claim is not None:
+            (dns if kind == "DNS" else uris).add(claim)
+    return uris, dns
+
+
+def member_identity(certificate: dict[str, Any] | None) -> MemberIdentity | None:
+    """The member identity a peer certificate (as `ssl.SSLObject.getpeercert()` gives it) names in its
+    subject alternative names, or None: no member role named, a malformed one, or names of two identities
+    (a certificate is one member). A SPIFFE ID, when the certificate has one for keyroute, is the identity
+    and its DNS names are then host names only (a Service named keyroute-router.NAMESPACE.svc is not a
+    router's id); without one, its DNS names are. Its chain is for the TLS handshake (and
+    `keyroute.http.tls`) to check."""
+    uris, dns = _claims(certificate)
+    claims = uris or dns
+    if len(claims) != 1:
+        return None
+    [claim] = claims
+    return claim if isinstance(claim, MemberIdentity) else None
+
+
+def names_member_role(certificate: dict[str, Any] | None) -> bool:
+    """Whether a certificate claims a member role at all, well formed or not (what a client's may not)."""
+    uris, dns = _claims(certificate)
+    return bool(uris or dns)
 
 
 def member_role(certificate: dict[str, Any] | None) -> str | None:
-    """The member role ("router" or "node") a peer certificate (as `ssl.SSLObject.getpeercert()` gives it)
-    names in a subject alternative name, or None. Its chain is for the TLS handshake to have verified."""
-    if not certificate:
-        return None
-    for kind, value in certificate.get("subjectAltName", ()):
-        if kind == "DNS":
-            role = _ROLE_BY_DNS_LABEL.get(value.partition(".")[0].lower())
-            if role is not None and value.partition(".")[2]:
-                return role
-        elif kind == "URI" and value.startswith(_SPIFFE_PREFIX):
-            role, slash, name = value[len(_SPIFFE_PREFIX) :].partition("/")
-            if role in MEMBER_ROLES and slash and name:
-                return role
-    return None
+    """The role ("router" or "node") of `member_identity(certificate)`, or None."""
+    identity = member_identity(certificate)
+    return identity.role if identity is not None else None
+
+
+def check_member_headers(identity: MemberIdentity, hops: bytes | None, forwarded_by: bytes | None) -> None:
+    """Raises Forbidden when a member's request carries member headers its certificate's `identity` may not
+    send: a hop count or `X-Keyroute-Forwarded-By` (what a forwarding node sends) from a router, or a node
+    naming another node as the one forwarding. `hops`, `forwarded_by`: the raw header values (None: absent)."""
+    if identity.role == "router":
+        if hops is not None or forwarded_by is not None:
+            raise Forbidden(f"the certificate of {identity} may not forward as a node (x-keyroute-hops)")
+    elif forwarded_by is not None and forwarded_by.decode("latin-1") != identity.id:
+        raise Forbidden(
+            f"the certificate of {identity} may not speak for node {forwarded_by.decode('latin-1')[:100]!r}"
+        )
 
 
 class ClusterAuth:
@@ -82,7 +159,8 @@ class ClusterAuth:
     only requests carrying the token do; everything else is a client request whose member headers are
     ignored. `secret` may be a comma-separated list (a rotation): a member sends the first one's token and
     accepts the token of any. With `certificates` (mutual TLS between members), a request is a member's
-    when its TLS peer's certificate names a member role (`role`, from `member_role`), whatever the token.
+    when its TLS peer's certificate names a member identity (`role`, from `member_role`), whatever the
+    token; what that member may send is `check_member_headers`'s.
     """
 
     __slots__ = ("enabled", "token", "certificates", "_accepted")

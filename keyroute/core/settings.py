@@ -5,6 +5,7 @@ No module reads the environment on its own; units are part of every timing name.
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,10 +112,12 @@ class ZkSettings:
 @dataclass(frozen=True, slots=True)
 class TlsSettings:
     """PEM files for HTTPS and mutual TLS between members (paths; "" = not given). `cert` and `key`: what this
-    process serves and, with `member_ca`, presents to the nodes it connects to. `client_ca` (routers): clients
-    must present a certificate chaining to it. `member_ca`: the cluster's CA; nodes then require every client
-    to present a certificate chaining to it (honouring member headers only from routers and nodes, named by
-    the certificate: keyroute.core.security.member_role), and routers and nodes verify nodes against it."""
+    process serves and, with `member_ca`, presents to the nodes it connects to (naming this member's role and
+    id: keyroute.core.security.member_identity). `client_ca`: clients must present a certificate chaining to
+    it (routers: a certificate naming a member identity is refused; nodes: direct clients' CA, beside
+    `member_ca`, never the same CA). `member_ca`: the members' CA; nodes then require every client to present a
+    certificate chaining to it or to `client_ca` (member headers honoured only from a member certificate of
+    `member_ca`, within its role and id), and routers and nodes verify nodes against it."""
 
     cert: str = ""
     key: str = ""
@@ -247,3 +250,10 @@ class RouterSettings:
     access: AccessSettings = field(default_factory=AccessSettings)
     # Reads/s per identity and store (keyroute.http.quotas), re-read when it changes; "": no quotas.
     quota_file: str = ""
+    # The id its member certificate names (keyroute-router.<id>.<domain>); "": the host name (a pod's name).
+    router_id: str = ""
+
+    @property
+    def member_id(self) -> str:
+        """This router's id as a member: `router_id`, else the host name."""
+        return self.router_id or socket.gethostname()

@@ -5,7 +5,9 @@ handler runs).
 
     a request from a member      (nodes only: the cluster token, or a member certificate, proves it) the
                                  member checked its caller: trusted, under the name it passes on in
-                                 X-Keyroute-Caller
+                                 X-Keyroute-Caller; a member certificate's other member headers must be
+                                 its own role's and id's (keyroute.core.security.check_member_headers),
+                                 else 403
     Authorization: Bearer ...    a token of the token file, or a JWT
     a client certificate         (routers with --tls-client-ca) its SAN or subject CN, mapped by the token
                                  file's `certificate` entries
@@ -24,7 +26,7 @@ from typing import Any
 import httpx
 
 from keyroute.core.access import Identity
-from keyroute.core.api import Forbidden, Unauthorized
+from keyroute.core.api import HEADER_FORWARDED_BY, HEADER_HOPS, Forbidden, Unauthorized
 from keyroute.core.authn import (
     DEFAULT_STORES_CLAIM,
     Authenticator,
@@ -35,10 +37,10 @@ from keyroute.core.authn import (
     parse_groups,
     read_document,
 )
-from keyroute.core.security import ClusterAuth
+from keyroute.core.security import ClusterAuth, check_member_headers
 from keyroute.core.settings import AccessSettings
 from keyroute.http.lifespan import StartupError
-from keyroute.http.tls import peer_role
+from keyroute.http.tls import peer_identity
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,8 @@ HEADER_CALLER = "x-keyroute-caller"
 _CALLER = HEADER_CALLER.encode("ascii")
 _AUTHORIZATION = b"authorization"
 _MEMBER_AUTH = b"x-keyroute-auth"
+_HOPS = HEADER_HOPS.encode("ascii")
+_FORWARDED_BY = HEADER_FORWARDED_BY.encode("ascii")
 # A member's request that names no caller.
 MEMBER = Identity("member")
 JWKS_TIMEOUT_S = 2.0
@@ -67,9 +71,17 @@ class Callers:
         authenticator.poll(now)
         request = call.request
         members = self.members
-        if members is not None and members.is_member(
-            request.header(_MEMBER_AUTH), peer_role(_transport(call)) if members.certificates else None
-        ):
+        if members is not None:
+            if members.certificates:
+                peer = peer_identity(_transport(call))
+                member = peer is not None
+                if peer is not None:
+                    check_member_headers(peer, request.header(_HOPS), request.header(_FORWARDED_BY))
+            else:
+                member = members.is_member(request.header(_MEMBER_AUTH))
+        else:
+            member = False
+        if member:
             named = request.header(_CALLER)
             call.identity = MEMBER if not named else Identity(named.decode("latin-1")[:200])
             return

@@ -1,5 +1,5 @@
-"""The API errors keyroute.http raises itself: 405 (routing), 417 and 403 client_certificate_required (the
-protocol), 303 to the login form (the admission checks).
+"""The API errors keyroute.http raises itself: 405 (routing), 417, 403 client_certificate_required and
+member_certificate_refused (the protocol), 303 to the login form (the admission checks).
 
 Their own module, never compiled (setup.py): a class that mypyc compiles as a subclass of an interpreted one
 (`ApiError`) does not keep the status and code it declares in its body.
@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from keyroute.core.api import ApiError
 
-__all__ = ["LOGIN_PATH", "ClientCertificateRequired", "ExpectationFailed", "LogIn", "MethodNotAllowed"]
+__all__ = [
+    "LOGIN_PATH",
+    "ClientCertificateRequired",
+    "ExpectationFailed",
+    "LogIn",
+    "MemberCertificateRefused",
+    "MethodNotAllowed",
+]
 
 LOGIN_PATH = "/admin/login"
 
@@ -36,6 +43,14 @@ class ClientCertificateRequired(ApiError):
 
     status = 403
     code = "client_certificate_required"
+
+
+class MemberCertificateRefused(ApiError):
+    """A TLS client whose certificate claims a member identity this port does not grant it (keyroute.http.tls
+    `PeerCheck`): every request of the connection is refused, and the connection closed."""
+
+    status = 403
+    code = "member_certificate_refused"
 
 
 class LogIn(ApiError):

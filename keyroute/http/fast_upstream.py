@@ -460,6 +460,12 @@ class _Pool:
         if upstream.closed:
             self.discard(conn)
             raise UpstreamUnavailable(_WHEN_CLOSED_MESSAGE, node_fault=False)
+        check_peer = upstream.check_peer
+        if self.tls and check_peer is not None:
+            refused = check_peer(self.origin, conn.transport)
+            if refused is not None:
+                self.discard(conn)
+                raise UpstreamUnavailable(f"TLS with {self.origin} failed: {refused}")
         return conn
 
     def release(self, conn: _Connection) -> None:
@@ -559,6 +565,10 @@ class FastUpstream:
         # The TLS context for https:// origins, by origin (called at each connect: a rotated one is used at
         # once, and the origin's last TLS session is offered for resumption).
         self.tls = tls
+        # What the TLS context's maker says of a node just connected to (its certificate): a reason to refuse
+        # it, or None (keyroute.http.tls.MemberTls.check_peer: a node's certificate, for the node registered
+        # at that address).
+        self.check_peer: Callable[[str, Any], str | None] | None = getattr(tls, "check_peer", None)
         self.closed = False
         self._pools: dict[str, _Pool] = {}
         self._loop: asyncio.AbstractEventLoop | None = None

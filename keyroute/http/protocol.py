@@ -34,6 +34,8 @@ server stops                           idle connections closed; requests under w
 idle for keep_alive_timeout_s          closed
 TLS connection without a client        only GET/HEAD of a probe path (``/healthz``, ``/readyz``) answered;
 certificate where one is required      anything else 403 ``client_certificate_required``, closed
+TLS client certificate the server's    every request 403 (``member_certificate_refused``: the check's error),
+``peer_check`` refuses                 closed
 every answer                           ``date``, ``x-request-id`` (the client's when
                                        ``keyroute.core.logs.acceptable_request_id`` accepts it, else
                                        ``keyroute.core.logs.new_request_id()``; an answer that carries its own
@@ -159,6 +161,7 @@ class Connection(asyncio.Protocol):
         "_body",
         "_body_size",
         "_probes_only",
+        "_refused",
     )
 
     def __init__(self, server: HttpServer, data_plane: bool = True) -> None:
@@ -209,6 +212,7 @@ class Connection(asyncio.Protocol):
         self._feed_len = 0
         self._ended_in_feed = False
         self._probes_only = False  # a TLS client without the certificate the server requires (connection_made)
+        self._refused: ApiError | None = None  # ...or with one it refuses (its answer to every request)
         self._reset()
 
     def _reset(self) -> None:
@@ -233,6 +237,11 @@ class Connection(asyncio.Protocol):
         # Decided once, the handshake being complete: only such a connection checks its requests' targets.
         if server.certificate_option and without_certificate(transport):
             self._probes_only = True
+        elif server.peer_check is not None:
+            refused = server.peer_check(transport)
+            if refused is not None:
+                self._refused = refused
+                self._probes_only = True  # the one flag a request looks at: every request is refused
         self._last_active = self._loop.time()
         self._timer = self._loop.call_later(self._timeout, self._on_timer)
 
@@ -367,7 +376,10 @@ class Connection(asyncio.Protocol):
                 path, query = url[:mark], url[mark + 1 :]
         else:
             path, query = self._odd_target(url)
-        if self._probes_only and (path not in _PROBES or method not in _PROBE_METHODS):
+        if self._probes_only and (self._refused is not None or path not in _PROBES or method not in _PROBE_METHODS):
+            if self._refused is not None:
+                self._rejection = self._refused
+                raise _Rejected
             option = self._server.certificate_option
             self._rejection = ClientCertificateRequired(
                 f"this server requires a client certificate chaining to its {option}: without one only the"
@@ -656,7 +668,7 @@ class Connection(asyncio.Protocol):
             headers = [h for h in error_headers(error) if h[0] != b"connection"]
         body = error_json(error.code, error.message)
         self._complete(slot, encode(error.status, headers, body, slot._rid, CLOSE, slot._head))
-        if error.status < 500 and error.__class__ is not ClientCertificateRequired:
+        if error.status < 500 and error.__class__ is not ClientCertificateRequired and error is not self._refused:
             self._server._refused(error.code)
 
     def _start_body_clock(self) -> None:

@@ -22,14 +22,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from keyroute.core.api import NotFound
+from keyroute.core.api import ApiError, NotFound
 from keyroute.core.settings import TlsSettings
 from keyroute.http.admission import send_error
 from keyroute.http.asgi import ASGIApp, Receive, Scope, Send
 from keyroute.http.exchange import DataPlane, ServerLimits
 from keyroute.http.lifespan import Lifespan, StartupError
 from keyroute.http.protocol import Connection
-from keyroute.http.tls import HANDSHAKE_TIMEOUT_S, ServerTls, TlsError
+from keyroute.http.tls import HANDSHAKE_TIMEOUT_S, ServerTls, TlsError, ca_files
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +111,9 @@ class HttpServer:
         admin_paths: tuple[str, ...] = ADMIN_PATHS,
         error_headers: list[tuple[bytes, bytes]] | None = None,
         tls: TlsSettings | None = None,
-        require_ca: str = "",
+        require_ca: str | tuple[str, ...] = "",
         require_ca_option: str = "--tls-client-ca",
+        peer_check: Callable[[Any], ApiError | None] | None = None,
     ) -> None:
         """`app`: the Starlette app (admin, health, metrics). `data_plane(app_state)` is called once, after
         the lifespan's startup, with the app's `state` (starlette.datastructures.State: the lifespan put the
@@ -125,12 +126,16 @@ class HttpServer:
         404, with `error_headers` added). `tls` (when enabled): serve HTTPS on every port, clients required to
         present a certificate chaining to the CA file `require_ca` when one is given (without one, only the
         probes answer; the 403 names `require_ca_option`, the option that gave the file); the files are
-        loaded at `start` (TlsError: nothing is bound) and watched for a rotation while the server runs."""
+        loaded at `start` (TlsError: nothing is bound) and watched for a rotation while the server runs.
+        `peer_check(transport)`, with TLS, is asked once per connection, after its handshake, whether its
+        client's certificate is refused (keyroute.http.tls.PeerCheck): every request of that connection is
+        then answered with the error it gives, and the connection closed."""
         self.name = name
         self.tls_settings = tls if tls is not None and tls.enabled else None
-        self.require_ca = require_ca
+        self.require_ca = ca_files(require_ca)  # "" and ("", "") alike: no client certificate required
         # The option of the CA client certificates must chain to ("": none is required).
-        self.certificate_option = require_ca_option if self.tls_settings is not None and require_ca else ""
+        self.certificate_option = require_ca_option if self.tls_settings is not None and self.require_ca else ""
+        self.peer_check = peer_check if self.certificate_option else None
         self.tls: ServerTls | None = None
         self.app = app
         self.limits = limits

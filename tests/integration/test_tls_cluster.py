@@ -71,8 +71,8 @@ def pki(tmp_path: Path) -> Pki:
 def cluster(tmp_path: Path, zk_settings: ZkSettings, pki: Pki) -> Iterator[SmallCluster]:
     def own(name: str) -> list[str]:
         role = "router" if name == "router" else "node"
-        cert, key = pki.issue(name, "127.0.0.1", "localhost", f"keyroute-{role}.{name}")
-        return ["--tls-cert", cert, "--tls-key", key]
+        cert, key = pki.issue(name, "127.0.0.1", "localhost", f"keyroute-{role}.{name}.cluster")
+        return ["--tls-cert", cert, "--tls-key", key, *(["--router-id", name] if role == "router" else [])]
 
     client = pki.issue("client", "client.example")
     with small_cluster(
@@ -116,13 +116,13 @@ def test_a_tls_cluster_serves_members_and_certified_clients_only(
         assert r.status_code == 403 and r.json()["error"] == "client_certificate_required"
         assert option in r.json()["message"] and r.headers["connection"] == "close"
     # A node certificate from another CA: the nodes refuse it.
-    rogue = pki.issue("rogue", "127.0.0.1", "keyroute-node.n9", ca=trustme.CA())
+    rogue = pki.issue("rogue", "127.0.0.1", "keyroute-node.n9.cluster", ca=trustme.CA())
     with pytest.raises(httpx.TransportError):
         get_over(pki.context(rogue), nodes["n1"], key_path("C001"))
 
     # A certificate of the cluster's CA without a member role reads from a node, but its hop count is a
     # client's: the node forwards the read anyway. A member's certificate makes the same hop count count.
-    member = pki.issue("member", "127.0.0.1", "keyroute-node.n9")
+    member = pki.issue("member", "127.0.0.1", "keyroute-node.n9.cluster")
     serving = cluster.serving()
     key = next(k for k in ROWS if serving[partition(k)] == ["n1"])
     forged = {"x-keyroute-hops": "1"}
@@ -154,7 +154,7 @@ def test_a_tls_cluster_serves_members_and_certified_clients_only(
         request = f"GET {key_path('C002')} HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n".encode()
         kept.sendall(request)
         assert read_head(kept).startswith(b"HTTP/1.1 200 OK")
-        pki.issue("router", "127.0.0.1", "localhost", "keyroute-router.router")
+        pki.issue("router", "127.0.0.1", "localhost", "keyroute-router.router.cluster")
         wait_for(lambda: serial_served(pki, port, client) != before, timeout_s=30, message="the new certificate")
         kept.sendall(request)
         assert read_head(kept).startswith(b"HTTP/1.1 200 OK")

@@ -224,10 +224,10 @@ def test_a_cluster_on_tls_everywhere_answers_every_key(tls_zk: TlsZooKeeper, tmp
 
     def own(name: str) -> list[str]:
         role = "router" if name == "router" else "node"
-        cert, key = tls_zk.issue(f"member-{name}", "127.0.0.1", f"keyroute-{role}.{name}")
+        cert, key = tls_zk.issue(f"member-{name}", "127.0.0.1", f"keyroute-{role}.{name}.cluster")
         # Towards ZooKeeper, nodes are the writer (granting the routers' DN READ), the router the reader.
         zk_cert, zk_key = (reader_cert, reader_key) if role == "router" else (writer_cert, writer_key)
-        extra = [] if role == "router" else ["--zk-reader-dn", reader_dn]
+        extra = ["--router-id", name] if role == "router" else ["--zk-reader-dn", reader_dn]
         return ["--tls-cert", cert, "--tls-key", key, "--zk-tls-cert", zk_cert, "--zk-tls-key", zk_key, *extra]
 
     client = tls_zk.issue("https-client", "client.example")

@@ -5,11 +5,13 @@ plaintext on a TLS port, member roles."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import logging
 import os
 import socket
 import ssl
+import types
 from collections.abc import Iterator
 from contextlib import asynccontextmanager as contextmanager_async
 from contextlib import contextmanager, suppress
@@ -23,21 +25,34 @@ from starlette.requests import Request as StarletteRequest
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from keyroute.core.security import ClusterAuth, member_role
+from keyroute.core.api import Forbidden
+from keyroute.core.partition_map import ServingRecord
+from keyroute.core.security import (
+    ClusterAuth,
+    MemberIdentity,
+    check_member_headers,
+    member_identity,
+    member_role,
+    names_member_role,
+)
 from keyroute.core.settings import TlsSettings
 from keyroute.http import HttpServer
 from keyroute.http.exchange import Exchange
 from keyroute.http.fast_upstream import FastUpstream
+from keyroute.http.lifespan import StartupError
 from keyroute.http.tls import (
     MemberTls,
+    PeerCheck,
     ServerTls,
     TlsError,
     describe,
     member_context,
+    member_tls,
     peer_role,
     server_context,
 )
 from keyroute.http.upstream import UpstreamUnavailable
+from tests.member_pki import write_with_uri
 from tests.unit.http.harness import Answer, Plane, closed_by_server, get, starlette_app
 from tests.unit.http.harness import read_answer as read_http_answer
 from tests.util import serve_in_thread, wait_for
@@ -184,12 +199,12 @@ def test_a_symlink_swap_as_a_secret_volume_makes_is_picked_up(tmp_path: Path) ->
 
 def test_member_tls_looks_for_a_rotation_at_a_connect_once_its_poll_interval_passed(tmp_path: Path) -> None:
     ca = trustme.CA()
-    tls = pair(tmp_path, ca, "r", "keyroute-router.r1")
+    tls = pair(tmp_path, ca, "r", "keyroute-router.r1.cluster")
     tls = TlsSettings(cert=tls.cert, key=tls.key, member_ca=ca_file(tmp_path, ca))
     now = [100.0]
     member = MemberTls(tls, "router", poll_s=2.0, clock=lambda: now[0])
     first = member()
-    pair(tmp_path, ca, "r", "keyroute-router.r1")
+    pair(tmp_path, ca, "r", "keyroute-router.r1.cluster")
     assert member() is first  # within the interval: not looked at
     now[0] += 2.0
     assert member() is not first
@@ -361,17 +376,53 @@ def test_a_server_whose_files_are_missing_does_not_start(tmp_path: Path) -> None
 # -- member roles ---------------------------------------------------------------------------------------
 
 
-def test_member_role_from_dns_or_spiffe_names() -> None:
+def test_a_member_identity_is_a_role_and_an_id_from_dns_or_spiffe_names() -> None:
     def cert(*names: tuple[str, str]) -> dict[str, Any]:
         return {"subjectAltName": names}
 
-    assert member_role(cert(("DNS", "n1.example"), ("DNS", "keyroute-node.n1"))) == "node"
-    assert member_role(cert(("DNS", "keyroute-router.r1"))) == "router"
-    assert member_role(cert(("URI", "spiffe://keyroute/node/n1"))) == "node"
-    assert member_role(cert(("URI", "spiffe://keyroute/router/r1"))) == "router"
-    for names in ((("DNS", "keyroute-client.c1"),), (("DNS", "keyroute-node"),), (("URI", "spiffe://other/node/x"),)):
-        assert member_role(cert(*names)) is None
-    assert member_role(None) is None and member_role({}) is None
+    node, router = MemberIdentity("node", "n1"), MemberIdentity("router", "r1")
+    assert member_identity(cert(("DNS", "n1.example"), ("DNS", "keyroute-node.n1.cluster"))) == node
+    assert member_identity(cert(("DNS", "keyroute-router.r1.keyroute.svc"))) == router
+    assert member_identity(cert(("URI", "spiffe://example.org/keyroute/node/n1"))) == node
+    assert member_identity(cert(("URI", "spiffe://example.org/keyroute/router/r1"))) == router
+    # The same identity twice (a DNS name and a URI) is one identity.
+    assert member_identity(cert(("DNS", "keyroute-node.n1.c"), ("URI", "spiffe://td/keyroute/node/n1"))) == node
+    assert member_role(cert(("DNS", "keyroute-node.n1.c"))) == "node"
+    # A SPIFFE ID, when there is one, is the identity: the DNS names are host names (a router's Service).
+    service = (("DNS", "keyroute-router"), ("DNS", "keyroute-router.keyroute.svc"))
+    assert member_identity(cert(*service, ("URI", "spiffe://cluster.local/keyroute/router/r1"))) == router
+    assert member_identity(cert(*service)) is None
+    malformed = (
+        (("DNS", "keyroute-node.n1"),),  # no domain after the id
+        (("DNS", "keyroute-node"),),
+        (("DNS", "keyroute-node..cluster"),),  # no id
+        (("DNS", "keyroute-node.N_1.cluster"),),  # an id that is no DNS label
+        (("URI", "spiffe://td/keyroute/node/"),),
+        (("URI", "spiffe://td/keyroute/node/n1/x"),),
+        (("URI", "spiffe://td/keyroute/client/c1"),),
+        (("URI", "spiffe:///keyroute/node/n1"),),  # no trust domain
+        (("DNS", "keyroute-node.n1.c"), ("DNS", "keyroute-node.n2.c")),  # two identities: none
+        (("DNS", "keyroute-node.n1.c"), ("DNS", "keyroute-router.n1.c")),
+        (("DNS", "keyroute-node.n1.c"), ("DNS", "keyroute-node.cluster")),  # one of them malformed
+    )
+    for names in malformed:
+        assert member_identity(cert(*names)) is None, names
+        assert names_member_role(cert(*names)), names
+    for names in ((("DNS", "keyroute-client.c1.x"),), (("URI", "spiffe://td/other/node/x"),), (("DNS", "n1.x"),)):
+        assert member_identity(cert(*names)) is None and not names_member_role(cert(*names)), names
+    assert member_identity(None) is None and member_identity({}) is None and member_role(None) is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        node.id = "n2"  # type: ignore[misc]
+
+
+def test_a_member_may_send_only_its_own_roles_and_ids_headers() -> None:
+    node, router = MemberIdentity("node", "n1"), MemberIdentity("router", "r1")
+    check_member_headers(node, b"1", b"n1")
+    check_member_headers(node, b"1", None)
+    check_member_headers(router, None, None)
+    for identity, hops, by in ((node, b"1", b"n2"), (node, None, b"n2"), (router, b"1", None), (router, None, b"r1")):
+        with pytest.raises(Forbidden):
+            check_member_headers(identity, hops, by)
 
 
 def test_with_member_certificates_the_role_decides_not_the_token() -> None:
@@ -397,9 +448,9 @@ async def member_read(wire_tls: MemberTls, port: int) -> Any:
 def test_members_reach_a_tls_node_and_name_its_certificate_when_refused(tmp_path: Path) -> None:
     ca, rogue = trustme.CA(), trustme.CA()
     member_ca = ca_file(tmp_path, ca)
-    mine = pair(tmp_path, ca, "router", "keyroute-router.r1")
+    mine = pair(tmp_path, ca, "router", "keyroute-router.r1.cluster")
     wire_tls = MemberTls(TlsSettings(cert=mine.cert, key=mine.key, member_ca=member_ca), "router")
-    node_tls = pair(tmp_path, ca, "node", "127.0.0.1", "keyroute-node.n1")
+    node_tls = pair(tmp_path, ca, "node", "127.0.0.1", "keyroute-node.n1.cluster")
     node = TlsSettings(cert=node_tls.cert, key=node_tls.key, member_ca=member_ca)
     good = HttpServer(starlette_app(), data_plane=lambda state: Plane(), tls=node, require_ca=member_ca)
     stranger = HttpServer(
@@ -426,7 +477,7 @@ def test_members_reach_a_tls_node_and_name_its_certificate_when_refused(tmp_path
 def test_an_expired_or_self_signed_node_is_refused_with_its_reason(tmp_path: Path) -> None:
     ca = trustme.CA()
     member_ca = ca_file(tmp_path, ca)
-    mine = pair(tmp_path, ca, "router", "keyroute-router.r1")
+    mine = pair(tmp_path, ca, "router", "keyroute-router.r1.cluster")
     wire_tls = MemberTls(TlsSettings(cert=mine.cert, key=mine.key, member_ca=member_ca), "router")
     long_ago = datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC)
     issued = ca.issue_cert("127.0.0.1", not_before=long_ago, not_after=long_ago + datetime.timedelta(days=1))
@@ -458,9 +509,9 @@ class RolePlane(Plane):
 def test_a_reconnect_resumes_the_tls_session_and_keeps_the_peers_role(tmp_path: Path, loop_factory: str) -> None:
     ca = trustme.CA()
     member_ca = ca_file(tmp_path, ca)
-    mine = pair(tmp_path, ca, "router", "keyroute-router.r1")
+    mine = pair(tmp_path, ca, "router", "keyroute-router.r1.cluster")
     wire_tls = MemberTls(TlsSettings(cert=mine.cert, key=mine.key, member_ca=member_ca), "router")
-    node = pair(tmp_path, ca, "node", "127.0.0.1")
+    node = pair(tmp_path, ca, "node", "127.0.0.1", "keyroute-node.n1.cluster")
     server = HttpServer(
         starlette_app(),
         data_plane=lambda state: RolePlane(),
@@ -475,3 +526,149 @@ def test_a_reconnect_resumes_the_tls_session_and_keeps_the_peers_role(tmp_path: 
         stats = server.tls.listener.session_stats()
     assert roles == [b"router"] * 3  # a resumed session still names its certificate's role
     assert stats["accept_good"] == 3 and stats["hits"] == 2
+
+
+# -- member identities on the wire ------------------------------------------------------------------------
+
+
+def test_a_member_presents_only_a_certificate_naming_its_own_role_and_id(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    member_ca = ca_file(tmp_path, ca)
+    n1 = pair(tmp_path, ca, "n1", "127.0.0.1", "keyroute-node.n1.cluster")
+    spiffe = TlsSettings(*write_with_uri(tmp_path, "spiffe", ca, "spiffe://example.org/keyroute/node/n1"))
+    router = pair(tmp_path, ca, "r1", "keyroute-router.r1.cluster")
+    nameless = pair(tmp_path, ca, "nameless", "127.0.0.1")
+    me = MemberIdentity("node", "n1")
+    for good in (n1, spiffe):
+        member_context(TlsSettings(cert=good.cert, key=good.key, member_ca=member_ca), me)
+    for bad, named in ((router, "names router r1, not node n1"), (nameless, "names no member identity")):
+        with pytest.raises(TlsError) as refused:
+            member_context(TlsSettings(cert=bad.cert, key=bad.key, member_ca=member_ca), me)
+        assert named in str(refused.value) and "keyroute-node.n1.<domain>" in str(refused.value)
+        assert "\n" not in str(refused.value)
+    with pytest.raises(TlsError, match="names node n1, not node n2"):
+        member_context(TlsSettings(cert=n1.cert, key=n1.key, member_ca=member_ca), MemberIdentity("node", "n2"))
+    # The right names from another CA (say, the clients'): not a member's certificate.
+    elsewhere = pair(tmp_path, trustme.CA(), "elsewhere", "127.0.0.1", "keyroute-node.n1.cluster")
+    with pytest.raises(TlsError, match="is not issued by the member CA"):
+        member_context(TlsSettings(cert=elsewhere.cert, key=elsewhere.key, member_ca=member_ca), me)
+    # Through an intermediate CA whose certificate the chain file carries: the member CA's.
+    intermediate = ca.create_child_ca()
+    issued = intermediate.issue_cert("127.0.0.1", "keyroute-node.n1.cluster")
+    chained = TlsSettings(cert=str(tmp_path / "chained.crt"), key=str(tmp_path / "chained.key"), member_ca=member_ca)
+    (tmp_path / "chained.crt").write_bytes(b"".join(blob.bytes() for blob in issued.cert_chain_pems))
+    issued.private_key_pem.write_to_path(chained.key)
+    member_context(chained, me)
+
+
+def test_a_nodes_clients_ca_must_differ_from_its_member_ca(tmp_path: Path) -> None:
+    members, clients = trustme.CA(), trustme.CA()
+    member_ca, client_ca = ca_file(tmp_path, members, "members"), ca_file(tmp_path, clients, "clients")
+    n1 = pair(tmp_path, members, "n1", "127.0.0.1", "keyroute-node.n1.cluster")
+    me = MemberIdentity("node", "n1")
+    assert member_tls(TlsSettings(n1.cert, n1.key, client_ca=client_ca, member_ca=member_ca), "node n1", me)
+    bundle = tmp_path / "bundle.pem"  # the member CA among others
+    bundle.write_bytes(clients.cert_pem.bytes() + members.cert_pem.bytes())
+    for settings, said in (
+        (TlsSettings(n1.cert, n1.key, client_ca=member_ca, member_ca=member_ca), "hold the same CA"),
+        (TlsSettings(n1.cert, n1.key, client_ca=str(bundle), member_ca=member_ca), "hold the same CA"),
+        (TlsSettings(n1.cert, n1.key, client_ca=client_ca), "needs --member-ca"),
+    ):
+        with pytest.raises(StartupError, match=said):
+            member_tls(settings, "node n1", me)
+
+
+def answered(port: int, ca_path: str, cert: TlsSettings) -> bytes:
+    """The whole answer to one GET /stores/t presenting `cert` (the connection closed after it)."""
+    ctx = ssl.create_default_context(cafile=ca_path)
+    ctx.load_cert_chain(cert.cert, cert.key)
+    received = b""
+    with tls_connection(port, ctx) as sock:
+        sock.sendall(get("/stores/t", "connection: close"))
+        while chunk := sock.recv(65536):
+            received += chunk
+    return received
+
+
+def test_a_node_grants_member_identities_only_to_the_member_cas_certificates(tmp_path: Path) -> None:
+    members, clients = trustme.CA(), trustme.CA()
+    member_ca, client_ca = ca_file(tmp_path, members, "members"), ca_file(tmp_path, clients, "clients")
+    own = pair(tmp_path, members, "node", "127.0.0.1", "keyroute-node.n1.cluster")
+    node = TlsSettings(cert=own.cert, key=own.key, client_ca=client_ca, member_ca=member_ca)
+    server = HttpServer(
+        starlette_app(),
+        data_plane=lambda state: RolePlane(),
+        tls=node,
+        require_ca=(member_ca, client_ca),
+        peer_check=PeerCheck(member_ca, client_ca),
+    )
+    with serve_in_thread(server) as port:
+        # A member certificate of the member CA: its role. A caller's of the clients' CA: none.
+        assert answered(port, member_ca, pair(tmp_path, members, "n2", "keyroute-node.n2.c")).endswith(b"node")
+        caller = answered(port, member_ca, pair(tmp_path, clients, "caller", "app.example"))
+        assert caller.startswith(b"HTTP/1.1 200") and caller.endswith(b"\r\n\r\n")
+        # The clients' CA naming a member role, or a malformed member name: refused, JSON, connection closed.
+        claims = (("keyroute-node.n2.c", clients), ("keyroute-router.r1.c", clients), ("keyroute-node.x", members))
+        for name, ca in claims:
+            refused = answered(port, member_ca, pair(tmp_path, ca, "claim", name))
+            assert refused.startswith(b"HTTP/1.1 403"), (name, refused)
+            assert b'"error":"member_certificate_refused"' in refused.replace(b" ", b"")
+            assert b"connection: close" in refused.lower()
+
+
+def test_a_routers_port_refuses_every_certificate_naming_a_member_role(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    client_ca = ca_file(tmp_path, ca)
+    server = HttpServer(
+        starlette_app(),
+        data_plane=lambda state: RolePlane(),
+        tls=pair(tmp_path, ca, "router", "127.0.0.1"),
+        require_ca=client_ca,
+        peer_check=PeerCheck(clients_only=True),
+    )
+    with serve_in_thread(server) as port:
+        assert answered(port, client_ca, pair(tmp_path, ca, "caller", "app.example")).startswith(b"HTTP/1.1 200")
+        claims = [pair(tmp_path, ca, "n1", "keyroute-node.n1.cluster"), pair(tmp_path, ca, "bad", "keyroute-node.n1")]
+        claims.append(TlsSettings(*write_with_uri(tmp_path, "spiffe", ca, "spiffe://td/keyroute/router/r1")))
+        for claim in claims:
+            refused = answered(port, client_ca, claim)
+            assert refused.startswith(b"HTTP/1.1 403") and b"member_certificate_refused" in refused, claim
+
+
+def test_members_connect_only_to_a_node_certificate_of_the_node_registered_at_the_address(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    member_ca = ca_file(tmp_path, ca)
+    mine = pair(tmp_path, ca, "router", "keyroute-router.r1.cluster")
+    wire_tls = MemberTls(TlsSettings(cert=mine.cert, key=mine.key, member_ca=member_ca), "router")
+
+    def serving(tls: TlsSettings) -> HttpServer:
+        return HttpServer(starlette_app(), data_plane=lambda state: Plane(), tls=tls, require_ca=member_ca)
+
+    n1 = serving(pair(tmp_path, ca, "n1", "127.0.0.1", "keyroute-node.n1.cluster"))
+    posing = serving(pair(tmp_path, ca, "posing", "127.0.0.1", "keyroute-router.r2.cluster"))
+    with serve_in_thread(n1) as port, serve_in_thread(posing) as other:
+        # Without a map any node's certificate is accepted, and no other role's.
+        assert asyncio.run(member_read(wire_tls, port)).status == 200
+        with pytest.raises(UpstreamUnavailable, match="its certificate names router r2, not a node"):
+            asyncio.run(member_read(wire_tls, other))
+        # With a map: the certificate must name the node registered at that address.
+        url = f"https://127.0.0.1:{port}"
+        registered = {"n1": ServingRecord("n1", url, {}), "n5": ServingRecord("n5", "https://10.0.0.5:8080", {})}
+        wire_tls.peers = lambda: types.SimpleNamespace(serving=registered, nodes={})
+        assert asyncio.run(member_read(wire_tls, port)).status == 200
+        registered = {"n7": ServingRecord("n7", url + "/", {})}
+        with pytest.raises(UpstreamUnavailable, match="names node n1, but n7 registered that address"):
+            asyncio.run(member_read(wire_tls, port))
+
+
+def test_a_node_on_tls_without_a_member_ca_asks_for_no_certificate(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    server = HttpServer(
+        starlette_app(),
+        data_plane=lambda state: Plane(),
+        tls=pair(tmp_path, ca, "node", "127.0.0.1"),
+        require_ca=("", ""),  # what a node passes: its member CA and clients' CA, neither given
+        peer_check=PeerCheck(),
+    )
+    with serve_in_thread(server) as port:
+        assert answer_to(port, ca_file(tmp_path, ca), None, "/stores/t").startswith(b"HTTP/1.1 200 OK")

@@ -1,16 +1,19 @@
 """TLS on every wire in production (components/tls): what each container is given, HTTPS probes, certificates
 mounted read-only, ZooKeeper with TLS only on its client port and between members, Spark authenticated; and
-the optional cert-manager component issuing exactly the Secrets the pods mount, with the names they need."""
+the optional cert-manager component: a namespaced Issuer per CA (members' and clients'), the Secrets the pods
+mount issued with the names they need, and each router's and node's certificate naming its own id."""
 
 from __future__ import annotations
 
 import fnmatch
 from pathlib import Path
+from typing import Any
 
 import kubernetes_validate
 import pytest
 
 from keyroute.cli import build_parser
+from keyroute.core.security import MemberIdentity, member_identity
 from keyroute.core.settings import ZkSettings
 from tests.k8s_render import K8S, Obj, find, of_kind, pod_template, render, resolve_argv
 from tests.unit.k8s.manifests import (
@@ -140,49 +143,135 @@ def test_development_stays_plain() -> None:
         assert not {"KEYROUTE_TLS_CERT", "KEYROUTE_ZK_TLS_CA", "KEYROUTE_SPARK_SECRET_FILE"} & names
 
 
-def test_cert_manager_issues_every_mounted_secret_with_the_names_clients_check(tmp_path: Path) -> None:
-    objs = render_with(
-        tmp_path, [K8S / "overlays" / "prod"], [K8S / "components" / "cert-manager"], "keyroute", unset_only=True
+@pytest.fixture(scope="module")
+def with_cert_manager(tmp_path_factory: pytest.TempPathFactory) -> list[Obj]:
+    return render_with(
+        tmp_path_factory.mktemp("cert-manager"),
+        [K8S / "overlays" / "prod"],
+        [K8S / "components" / "cert-manager"],
+        "keyroute",
+        unset_only=True,
     )
+
+
+def csi_volume(workload: Obj, container: Obj) -> Obj:
+    """The csi-driver volume `container` mounts its certificate from (at /etc/keyroute/tls), read-only."""
+    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == "/etc/keyroute/tls"]
+    assert mount.get("readOnly") is True
+    [volume] = [v for v in pod_template(workload)["spec"]["volumes"] if v["name"] == mount["name"]]
+    assert set(volume) == {"name", "csi"}, volume  # no Secret left beside it
+    assert volume["csi"]["driver"] == "csi.cert-manager.io" and volume["csi"]["readOnly"] is True
+    return dict(volume["csi"]["volumeAttributes"])
+
+
+def certificate_of_pod(attributes: Obj, pod_name: str, namespace: str) -> dict[str, Any]:
+    """The subject alternative names csi-driver requests for the pod `pod_name`, as `getpeercert()` lists
+    them (csi-driver fills in ${POD_NAME} and ${POD_NAMESPACE})."""
+
+    def names(key: str) -> list[str]:
+        text = attributes.get(key, "").replace("${POD_NAME}", pod_name).replace("${POD_NAMESPACE}", namespace)
+        return [n.strip() for n in text.split(",") if n.strip()]
+
+    dns = [("DNS", n) for n in names("csi.cert-manager.io/dns-names")]
+    return {"subjectAltName": (*dns, *[("URI", n) for n in names("csi.cert-manager.io/uri-sans")])}
+
+
+def covers(names: list[str], host: str) -> bool:
+    return any(fnmatch.fnmatch(host, n) and n.count(".") == host.count(".") for n in names)
+
+
+def test_cert_manager_has_a_namespaced_issuer_per_ca_and_issues_every_mounted_secret(
+    with_cert_manager: list[Obj],
+) -> None:
+    objs = with_cert_manager
     for obj in objs:
         if not is_custom_resource(obj) and not obj["apiVersion"].startswith("cert-manager.io/"):
             kubernetes_validate.validate(obj, KUBERNETES_VERSIONS[-1], strict=True)
-    certificates = {(c["metadata"].get("namespace"), c["spec"]["secretName"]): c for c in of_kind(objs, "Certificate")}
+    assert not of_kind(objs, "ClusterIssuer")
+    issuers = {(i["metadata"]["namespace"], i["metadata"]["name"]): i["spec"] for i in of_kind(objs, "Issuer")}
+    assert issuers == {
+        ("keyroute", "keyroute-selfsigned"): {"selfSigned": {}},
+        ("keyroute", "keyroute-member-ca"): {"ca": {"secretName": "keyroute-member-ca"}},
+        ("keyroute", "keyroute-client-ca"): {"ca": {"secretName": "keyroute-client-ca"}},
+    }
+    certificates = {(c["metadata"]["namespace"], c["spec"]["secretName"]): c for c in of_kind(objs, "Certificate")}
+    # Two CAs: each a root of its own, its key in the serving namespace only.
+    for ca in ("keyroute-member-ca", "keyroute-client-ca"):
+        spec = certificates[("keyroute", ca)]["spec"]
+        assert spec["isCA"] is True
+        assert spec["issuerRef"] == {"name": "keyroute-selfsigned", "kind": "Issuer", "group": "cert-manager.io"}
+    for (namespace, name), cert in certificates.items():
+        assert namespace == "keyroute", name  # a namespaced Issuer signs only in its own namespace
+        spec = cert["spec"]
+        assert spec["issuerRef"]["kind"] == "Issuer" and (namespace, spec["issuerRef"]["name"]) in issuers
+        if not spec.get("isCA"):
+            assert spec["privateKey"]["encoding"] == "PKCS8" and spec["privateKey"]["rotationPolicy"] == "Always"
+            assert "client auth" in spec["usages"]
+    issuer = {name: c["spec"]["issuerRef"]["name"] for (_, name), c in certificates.items()}
+    assert issuer["keyroute-zookeeper-tls"] == issuer["keyroute-monitoring-tls"] == "keyroute-member-ca"
+    assert issuer["keyroute-client-tls"] == "keyroute-client-ca"
+    zk = certificates[("keyroute", "keyroute-zookeeper-tls")]["spec"]
+    assert {"type": "CombinedPEM"} in zk["additionalOutputFormats"]
+    # Every Secret of a certificate mounted is issued here, but the pipeline's: an Issuer in its namespace
+    # would need a CA key where its Spark driver creates pods (components/cert-manager/kustomization.yaml).
     mounted = set()
     for w in [*of_kind(objs, "StatefulSet"), *of_kind(objs, "Deployment"), *of_kind(objs, "CronJob")]:
         for name, _ in secret_references(pod_template(w)["spec"]):
             if name.endswith("-tls"):
                 mounted.add((w["metadata"]["namespace"], name))
     mounted |= {("keyroute", "keyroute-monitoring-tls")}
-    assert mounted <= set(certificates), sorted(mounted - set(certificates))
-    for (_, name), cert in certificates.items():
-        if name == "keyroute-ca":
-            continue
-        spec = cert["spec"]
-        assert spec["issuerRef"] == {"name": "keyroute-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
-        assert spec["privateKey"]["encoding"] == "PKCS8" and spec["privateKey"]["rotationPolicy"] == "Always"
-        assert "client auth" in spec["usages"]
-    zk = certificates[("keyroute", "keyroute-zookeeper-tls")]["spec"]
-    assert {"type": "CombinedPEM"} in zk["additionalOutputFormats"]
+    assert mounted - set(certificates) == {("keyroute-pipeline", "keyroute-pipeline-tls")}
+    # The routers' and nodes' certificates are one per pod: no Secret of theirs is named any more.
+    assert not {("keyroute", "keyroute-router-tls"), ("keyroute", "keyroute-node-tls")} & mounted
 
-    def covered(cert: Obj, host: str) -> bool:
-        return any(
-            fnmatch.fnmatch(host, pattern) and pattern.count(".") == host.count(".")
-            for pattern in cert["spec"]["dnsNames"]
-        )
 
-    # The host names keyroute's clients check: ZooKeeper's address, each node's advertised address, and
-    # the role names of members.
+def test_cert_manager_gives_each_router_and_node_a_certificate_naming_its_own_id(
+    with_cert_manager: list[Obj],
+) -> None:
+    objs = with_cert_manager
+    zookeeper = certificates_names(objs, "keyroute-zookeeper-tls")
+    seen = set()
     for w, c in keyroute_containers(objs):
-        _, env = parsed(objs, w, c)
-        for host, _ in host_port_pairs(ZkSettings.parse(env["KEYROUTE_ZK"]).hosts):
-            assert covered(certificates[("keyroute", "keyroute-zookeeper-tls")], host), host
-        if "KEYROUTE_ADVERTISE_URL" in env:
-            [(host, _)] = host_port_pairs(env["KEYROUTE_ADVERTISE_URL"])
-            assert covered(certificates[("keyroute", "keyroute-node-tls")], host), host
-    assert covered(certificates[("keyroute", "keyroute-node-tls")], "keyroute-node.cluster")
-    assert covered(certificates[("keyroute", "keyroute-router-tls")], "keyroute-router.cluster")
-    ca = certificates[("cert-manager", "keyroute-ca")]["spec"]
-    assert (
-        ca["isCA"] is True and find(objs, "ClusterIssuer", "keyroute-ca")["spec"]["ca"]["secretName"] == "keyroute-ca"
-    )
+        command = subcommand(c)
+        if command not in (["router"], ["node"]):
+            continue
+        role = command[0]
+        attributes = csi_volume(w, c)
+        assert attributes["csi.cert-manager.io/issuer-name"] == "keyroute-member-ca"
+        assert attributes["csi.cert-manager.io/issuer-kind"] == "Issuer"
+        assert attributes["csi.cert-manager.io/key-encoding"] == "PKCS8"
+        assert "client auth" in attributes["csi.cert-manager.io/key-usages"]
+        # The pod's files are readable by its group (the pod's fsGroup) alone.
+        assert attributes["csi.cert-manager.io/fs-group"] == str(pod_template(w)["spec"]["securityContext"]["fsGroup"])
+        for n in range(w["spec"].get("replicas", 2)):
+            pod = f"{w['metadata']['name']}-{n}"
+            args, env = parsed_for(objs, w, c, pod)
+            certificate = certificate_of_pod(attributes, pod, "keyroute")
+            # The id a node is started with is its pod name; a router's its host name, the pod name too.
+            own = args.node_id if role == "node" else (args.router_id or pod)
+            assert member_identity(certificate) == MemberIdentity(role, own), (pod, certificate)
+            assert own == pod
+            names = [value for kind, value in certificate["subjectAltName"] if kind == "DNS"]
+            if role == "node":
+                [(host, _)] = host_port_pairs(env["KEYROUTE_ADVERTISE_URL"])
+                assert covers(names, host), (host, names)
+            for host, _ in host_port_pairs(ZkSettings.parse(env["KEYROUTE_ZK"]).hosts):
+                assert covers(zookeeper, host), host
+            # What Prometheus checks when it scrapes.
+            [endpoint] = find(objs, "PodMonitor", f"keyroute-{role}")["spec"]["podMetricsEndpoints"]
+            assert covers(names, endpoint["tlsConfig"]["serverName"]), names
+            # Another pod's certificate is another member.
+            other = certificate_of_pod(attributes, f"{w['metadata']['name']}-{n + 1}", "keyroute")
+            assert member_identity(other) != MemberIdentity(role, own)
+        seen.add(role)
+    assert seen == {"router", "node"}
+
+
+def certificates_names(objs: list[Obj], secret: str) -> list[str]:
+    [cert] = [c for c in of_kind(objs, "Certificate") if c["spec"]["secretName"] == secret]
+    return list(cert["spec"]["dnsNames"])
+
+
+def parsed_for(objs: list[Obj], workload: Obj, container: Obj, pod_name: str):  # type: ignore[no-untyped-def]
+    env = container_env(objs, container, pod_name=pod_name)
+    return build_parser(env).parse_args(resolve_argv(container, env)[1:]), env

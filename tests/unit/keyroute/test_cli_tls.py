@@ -1,6 +1,6 @@
 """The TLS options of `keyroute router` and `keyroute node`: from the command line or KEYROUTE_*, into the
 settings; a half-given pair, a CA without a certificate or an http:// advertised address with TLS on are
-one-line errors."""
+one-line errors; a node's clients' CA and a router's id."""
 
 from __future__ import annotations
 
@@ -27,9 +27,13 @@ def test_tls_options_come_from_the_command_line_or_the_environment() -> None:
     assert cli._http_settings(cli.build_parser({}).parse_args(NODE)).url == "http://127.0.0.1:8080"
 
 
-def test_nodes_take_no_client_ca(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        cli.build_parser({}).parse_args([*NODE, "--tls-client-ca", "/clients.pem"])
+def test_nodes_take_a_clients_ca_and_routers_an_id() -> None:
+    env = {"KEYROUTE_TLS_CERT": "/tls/tls.crt", "KEYROUTE_TLS_KEY": "/tls/tls.key", "KEYROUTE_MEMBER_CA": "/ca.pem"}
+    node = cli.build_parser({**env, "KEYROUTE_TLS_CLIENT_CA": "/clients.pem"}).parse_args(NODE)
+    assert cli._http_settings(node).tls.client_ca == "/clients.pem"
+    assert cli.build_parser({}).parse_args([*ROUTER, "--router-id", "r7"]).router_id == "r7"
+    assert cli.build_parser({"KEYROUTE_ROUTER_ID": "r8"}).parse_args(ROUTER).router_id == "r8"
+    assert cli.build_parser({}).parse_args(ROUTER).router_id == ""
 
 
 @pytest.mark.parametrize(
