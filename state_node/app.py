@@ -138,9 +138,13 @@ def create_app(
         members = ClusterAuth(settings.access.cluster_secret, certificates=bool(settings.http.tls.member_ca))
         callers = app.state.callers = callers_of(settings.access, members, f"node {node_id}", trust_members=True)
         metrics.admission.identify_admins(callers)
-        async with _running_node(settings, drop_grace_s, max_parallel_loads, metrics) as node:
-            app.state.node = node
-            yield
+        try:
+            async with _running_node(settings, drop_grace_s, max_parallel_loads, metrics) as node:
+                app.state.node = node
+                yield
+        finally:
+            if callers is not None:
+                callers.close()  # the JWT signing keys' refreshes
 
     node_id = settings.node_id
     metrics = NodeMetrics()
