@@ -1,7 +1,8 @@
 """A JWT issuer's key server for tests and benchmarks: a JWKS over plain HTTP on 127.0.0.1, on a free port,
 answered whole or trickled (its head at once, then one byte of the body every `trickle_interval_s`, as a
 key server that froze routers and nodes did). It counts the fetches it saw, those it answered whole, and
-those the fetching side abandoned (closed the connection before the body was whole)."""
+those the fetching side abandoned (closed the connection before the body was whole); and the trickled
+answers begun and ended, so that a test can tell that something happened while one was in progress."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ class JwksServer:
         self.trickle = False
         self.trickle_interval_s = trickle_interval_s
         self.fetches = self.served = self.abandoned = 0
+        self.trickles_begun = self.trickles_ended = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -38,6 +40,12 @@ class JwksServer:
         """(fetches, served whole, abandoned by the fetching side)."""
         with self._lock:
             return self.fetches, self.served, self.abandoned
+
+    def trickle_marks(self) -> tuple[int, int]:
+        """(trickled answers begun, ended): a span between a reading (b0, _) taken before it and (_, e1)
+        taken after it lay wholly within a trickled answer when b0 > e1 (one begun before it had not ended)."""
+        with self._lock:
+            return self.trickles_begun, self.trickles_ended
 
     def _accept(self) -> None:
         self._listener.settimeout(0.2)
@@ -77,15 +85,21 @@ class JwksServer:
                     with self._lock:
                         self.served += 1
                     return
-                conn.sendall(answer_head)
-                for i in range(len(body)):
-                    conn.sendall(body[i : i + 1])
-                    # Wait for the next byte's turn, watching for the other side closing meanwhile.
-                    readable, _, _ = select.select([conn], [], [], self.trickle_interval_s)
-                    if self._stop.is_set():
-                        return
-                    if readable and not conn.recv(1):
-                        raise ConnectionResetError
+                with self._lock:
+                    self.trickles_begun += 1
+                try:
+                    conn.sendall(answer_head)
+                    for i in range(len(body)):
+                        conn.sendall(body[i : i + 1])
+                        # Wait for the next byte's turn, watching for the other side closing meanwhile.
+                        readable, _, _ = select.select([conn], [], [], self.trickle_interval_s)
+                        if self._stop.is_set():
+                            return
+                        if readable and not conn.recv(1):
+                            raise ConnectionResetError
+                finally:
+                    with self._lock:
+                        self.trickles_ended += 1
                 with self._lock:
                     self.served += 1
             except OSError:
