@@ -324,7 +324,12 @@ class SigningKeys:
     def load(self) -> None:
         """The first fetch: AuthnError (one line) when it fails or brings no usable key."""
         self._last_fetch = self._clock()
-        keys = self._fetched()
+        try:
+            keys = self._fetched()
+        except AuthnError:
+            raise
+        except Exception as exc:  # whatever a fetch may raise: one line, never a traceback
+            raise AuthnError(f"{self.source} could not be fetched: {type(exc).__name__}: {str(exc)[:200]}") from None
         if not keys:
             raise AuthnError(f"{self.source} has no usable signing key (RSA, EC or OKP)")
         self.current, self.loaded = keys, True
