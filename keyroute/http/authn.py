@@ -202,6 +202,19 @@ def fetch_jwks(url: str) -> Callable[[FetchDeadline], bytes]:
     return run
 
 
+def read_jwks_file(path: str) -> Callable[[FetchDeadline], bytes]:
+    """What reads the JWKS file `path` (local: no deadline to keep)."""
+
+    def read(deadline: FetchDeadline) -> bytes:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError as exc:
+            raise AuthnError(f"cannot read the JWKS file {path}: {exc.strerror or exc}") from None
+
+    return read
+
+
 def _jwt(access: AccessSettings) -> JwtVerifier:
     if bool(access.jwt_jwks_url) == bool(access.jwt_jwks_file):
         raise AuthnError("--jwt-issuer needs one of --jwt-jwks-url or --jwt-jwks-file")
@@ -210,16 +223,7 @@ def _jwt(access: AccessSettings) -> JwtVerifier:
         check_jwks_url(url, access.jwt_jwks_allow_http)
         load_keys, source = fetch_jwks(url), f"the JWKS at {url}"
     else:
-        path = access.jwt_jwks_file
-
-        def load_keys(deadline: FetchDeadline) -> bytes:
-            try:
-                with open(path, "rb") as f:
-                    return f.read()
-            except OSError as exc:
-                raise AuthnError(f"cannot read the JWKS file {path}: {exc.strerror or exc}") from None
-
-        source = f"the JWKS file {path}"
+        load_keys, source = read_jwks_file(access.jwt_jwks_file), f"the JWKS file {access.jwt_jwks_file}"
 
     groups = None
     if access.jwt_groups_claim:
