@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from keyroute.core.authn import AuthnError, check_jwks_url
 from keyroute.core.key_format import KeyFormat, KeyFormatError, parse_key
 from keyroute.core.key_schema import KeySchema, KeySchemaLookupError, check_key_schema, fetch_key_schema
 from keyroute.core.logs import FORMATS
@@ -286,6 +287,15 @@ def _serving_options(p: _Parser, parser: argparse.ArgumentParser) -> None:
     p.option(parser, "--jwt-audience", default="", help="the `aud` JWTs must name (empty: not checked)")
     p.option(parser, "--jwt-jwks-url", default="", help="where the issuer's signing keys (JWKS) are fetched")
     p.option(parser, "--jwt-jwks-file", default="", help="the issuer's signing keys (JWKS), from a file")
+    p.option(
+        parser,
+        "--jwt-jwks-refresh-s",
+        type=_positive_float,
+        default=AccessSettings().jwt_jwks_refresh_s,
+        help="fetch the JWKS again this often, in the background: a key removed from it stops authenticating "
+        "within one period",
+    )
+    p.flag(parser, "--jwt-jwks-allow-http", help="accept an http:// --jwt-jwks-url (tests and local issuers only)")
     p.option(parser, "--jwt-stores-claim", default="keyroute_stores", help="the JWT claim listing its stores")
     p.option(parser, "--jwt-groups-claim", default="", help="the JWT claim listing its groups (instead of stores)")
     p.option(parser, "--jwt-groups-file", default="", help="TOML or JSON file: the stores each group may read")
@@ -431,6 +441,11 @@ def _limits(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(f"keyroute {args.command}: --{name.replace('_', '-')} must not be negative")
     if not args.body_timeout_s >= 0:
         raise SystemExit(f"keyroute {args.command}: --body-timeout-s must not be negative")
+    if args.jwt_jwks_url:
+        try:
+            check_jwks_url(args.jwt_jwks_url, args.jwt_jwks_allow_http)
+        except AuthnError as exc:
+            raise SystemExit(f"keyroute {args.command}: {exc}") from None
     return {
         "max_batch_keys": max(1, args.max_batch_keys),
         "limits": RequestLimits(
@@ -446,6 +461,8 @@ def _limits(args: argparse.Namespace) -> dict[str, Any]:
             admin_token=args.admin_token or "",
             metrics_require_token=args.metrics_require_token,
             **{name: getattr(args, name) or "" for name in _ACCESS_OPTIONS},
+            jwt_jwks_refresh_s=args.jwt_jwks_refresh_s,
+            jwt_jwks_allow_http=args.jwt_jwks_allow_http,
         ),
     }
 

@@ -173,6 +173,8 @@ def create_app(
         try:
             yield
         finally:
+            if app.state.callers is not None:
+                app.state.callers.close()  # the JWT signing keys' refreshes
             if quota_file is not None:
                 quota_file.close()
             registering.cancel()

@@ -28,6 +28,8 @@ from typing import Any, Final
 from prometheus_client.core import Metric
 
 from keyroute.core.metrics import (
+    JWKS_FETCH_FAILURES,
+    JWKS_FETCH_FAILURES_HELP,
     LATENCY_BUCKETS_S,
     UNKNOWN_STORE,
     CallerReads,
@@ -44,6 +46,7 @@ from keyroute.core.metrics import (
     counter,
     gauge,
     histogram_family,
+    jwks_fetch_failures,
     labelled_counter,
     labelled_gauge,
     labelled_histogram,
@@ -285,6 +288,7 @@ class RouterMetrics:
             "counters": counters,
             "requests": requests,
             "refused": refusals(self.admission),
+            "jwks_fetch_failures": jwks_fetch_failures(self.admission),
             "upstream_latency": {node: {"counts": list(h.counts), "sum": h.sum} for node, h in latency},
             "request_duration": _nested_histograms(durations),
             "callers": self.callers.sums(),
@@ -352,6 +356,7 @@ def _families(sums: Sums, facts: Sequence[Facts], workers: Sequence[Mapping[str,
     for attr, documentation in _COUNTERS.items():
         yield counter(_counter_name(attr), documentation, counters.get(attr, 0))
     yield refusal_counts_family("keyroute_router_refused_requests", sums.get("refused", {}))
+    yield counter(JWKS_FETCH_FAILURES, JWKS_FETCH_FAILURES_HELP, sums.get("jwks_fetch_failures", 0))
     for attr, value in counters.items():
         if attr not in _COUNTERS:
             yield counter(_counter_name(attr), attr.replace("_", " "), value)

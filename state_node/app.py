@@ -153,15 +153,19 @@ def create_app(
         )
         app.state.quotas = metrics.quotas = quotas
         app.state.quota_shares = ServingShares(quotas)
-        async with _running_node(settings, drop_grace_s, max_parallel_loads, metrics) as node:
-            app.state.node = node
-            if quota_file is not None:
-                quota_file.watch(asyncio.get_running_loop())
-            try:
-                yield
-            finally:
+        try:
+            async with _running_node(settings, drop_grace_s, max_parallel_loads, metrics) as node:
+                app.state.node = node
                 if quota_file is not None:
-                    quota_file.close()
+                    quota_file.watch(asyncio.get_running_loop())
+                try:
+                    yield
+                finally:
+                    if quota_file is not None:
+                        quota_file.close()
+        finally:
+            if callers is not None:
+                callers.close()  # the JWT signing keys' refreshes
 
     node_id = settings.node_id
     metrics = NodeMetrics()

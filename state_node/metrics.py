@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
 from keyroute.core.metrics import (
+    JWKS_FETCH_FAILURES,
+    JWKS_FETCH_FAILURES_HELP,
     LOAD_BUCKETS_S,
     UNKNOWN_STORE,
     CallerReads,
@@ -25,6 +27,7 @@ from keyroute.core.metrics import (
     caller_families,
     counter,
     gauge,
+    jwks_fetch_failures,
     labelled_counter,
     labelled_gauge,
     labelled_histogram,
@@ -189,6 +192,7 @@ class NodeMetrics:
         answers.add_metric(["forwarded"], self.forwarded_answers)
         yield answers
         yield refusals_family("keyroute_node_refused_requests", self.admission)
+        yield counter(JWKS_FETCH_FAILURES, JWKS_FETCH_FAILURES_HELP, jwks_fetch_failures(self.admission))
         yield counter("keyroute_node_forwards", "requests forwarded to another node", self.forwards)
         yield counter(
             "keyroute_node_forward_failures",

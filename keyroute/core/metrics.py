@@ -314,6 +314,16 @@ def refusals(admission: object | None) -> dict[str, int]:
     return {reason: getattr(admission, reason) if admission is not None else 0 for reason in REFUSAL_REASONS}
 
 
+def jwks_fetch_failures(admission: object | None) -> int:
+    """JWKS fetches that failed (the last good signing keys kept), as the access check behind `admission`
+    (its `callers`, keyroute.http.authn.Callers) counts them: 0 without a JWT issuer."""
+    return int(getattr(getattr(admission, "callers", None), "jwks_fetch_failures", 0))
+
+
+JWKS_FETCH_FAILURES = "keyroute_jwks_fetch_failures"
+JWKS_FETCH_FAILURES_HELP = "JWKS fetches that failed or passed their deadline (the last good signing keys kept)"
+
+
 def refusals_family(name: str, admission: object | None) -> CounterMetricFamily:
     """Requests refused before they were handled, by reason: by the admission checks
     (keyroute.http.admission) and by the HTTP server in front of them (counted by `Admission.refused`)."""

@@ -17,6 +17,7 @@ from keyroute.core.api import (
     DEFAULT_MAX_HEADER_BYTES,
     DEFAULT_MAX_KEY_BYTES,
 )
+from keyroute.core.authn import JWKS_REFRESH_S
 
 # A read none of whose requests has replied after this long goes to the next replica (RouterSettings).
 DEFAULT_STALL_AFTER_MS = 250.0
@@ -187,6 +188,11 @@ class AccessSettings:
     jwt_audience: str = ""
     jwt_jwks_url: str = ""
     jwt_jwks_file: str = ""
+    # The JWKS is fetched again this often, in the background: a key removed from it stops authenticating
+    # within one period.
+    jwt_jwks_refresh_s: float = JWKS_REFRESH_S
+    # An http:// --jwt-jwks-url is refused unless this is set (tests, local issuers).
+    jwt_jwks_allow_http: bool = False
     jwt_stores_claim: str = "keyroute_stores"
     jwt_groups_claim: str = ""
     jwt_groups_file: str = ""

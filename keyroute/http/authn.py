@@ -14,13 +14,19 @@ handler runs).
 
 401 `unauthorized` (WWW-Authenticate: Bearer) without credentials or with bad ones; 403 `forbidden` naming the
 store the caller may not read. Without access control there is no `Callers` at all: nothing is checked.
+
+A JWT issuer's keys (`--jwt-jwks-url`, https:// only) are fetched here, on the signing keys' own thread
+(keyroute.core.authn.SigningKeys), each fetch within a total deadline (connecting, the head and the whole
+body), on an event loop of its own: a read never waits for one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -31,9 +37,12 @@ from keyroute.core.authn import (
     DEFAULT_STORES_CLAIM,
     Authenticator,
     AuthnError,
+    FetchDeadline,
     JwtPolicy,
     JwtVerifier,
+    SigningKeys,
     TokenFile,
+    check_jwks_url,
     parse_groups,
     read_document,
 )
@@ -52,7 +61,6 @@ _HOPS = HEADER_HOPS.encode("ascii")
 _FORWARDED_BY = HEADER_FORWARDED_BY.encode("ascii")
 # A member's request that names no caller.
 MEMBER = Identity("member")
-JWKS_TIMEOUT_S = 2.0
 
 
 class Callers:
@@ -63,6 +71,17 @@ class Callers:
         self.authenticator = authenticator
         self.members = members if members is not None and members.enabled else None
         self._certificates = authenticator.tokens is not None
+
+    @property
+    def jwks_fetch_failures(self) -> int:
+        """JWKS fetches that failed (the last good keys kept), for the metrics."""
+        jwt = self.authenticator.jwt
+        return jwt.keys.fetch_failures if jwt is not None else 0
+
+    def close(self) -> None:
+        """Stop refreshing the signing keys (at shutdown)."""
+        if self.authenticator.jwt is not None:
+            self.authenticator.jwt.keys.close()
 
     def admit(self, call: Any, now: float) -> None:
         """Set `call.identity` to its caller's, who may read `call.store`: else raises Unauthorized or
@@ -154,8 +173,58 @@ def callers_of(access: AccessSettings, members: ClusterAuth, name: str, trust_me
     except AuthnError as exc:
         raise StartupError(str(exc)) from None
     authenticator = Authenticator(tokens, jwt)
+    if jwt is not None:
+        jwt.keys.start()
     log.info("%s: access control is on: callers identified by %s", name, authenticator.describe())
     return Callers(authenticator, members if trust_members else None)
+
+
+def fetch_jwks(url: str) -> Callable[[FetchDeadline], bytes]:
+    """What fetches the JWKS at `url` (https://, or http:// where allowed) within a deadline: on an event loop
+    of its own (a thread of its own when called on a running loop, as at start-up), the whole fetch cancelled
+    when the deadline passes, and the body checked against it piece by piece as it arrives."""
+
+    async def fetch(deadline: FetchDeadline) -> bytes:
+        what = f"the JWKS at {url}"
+        try:
+            async with (
+                asyncio.timeout(deadline.remaining()),
+                httpx.AsyncClient(timeout=httpx.Timeout(deadline.remaining()), follow_redirects=False) as client,
+                client.stream("GET", url, headers={"accept": "application/json"}) as answer,
+            ):
+                if answer.status_code != 200:
+                    raise AuthnError(f"{what} answered HTTP {answer.status_code}")
+                received = bytearray()
+                async for chunk in answer.aiter_bytes():
+                    deadline.collect(received, chunk, what)
+                return bytes(received)
+        except TimeoutError:
+            raise deadline.passed(what) from None
+        except httpx.HTTPError as exc:
+            raise AuthnError(f"{what} could not be fetched: {type(exc).__name__}: {str(exc)[:200]}") from None
+
+    def run(deadline: FetchDeadline) -> bytes:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(fetch(deadline))
+        with ThreadPoolExecutor(1, thread_name_prefix="jwks-fetch") as pool:
+            return pool.submit(asyncio.run, fetch(deadline)).result()
+
+    return run
+
+
+def read_jwks_file(path: str) -> Callable[[FetchDeadline], bytes]:
+    """What reads the JWKS file `path` (local: no deadline to keep)."""
+
+    def read(deadline: FetchDeadline) -> bytes:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError as exc:
+            raise AuthnError(f"cannot read the JWKS file {path}: {exc.strerror or exc}") from None
+
+    return read
 
 
 def _jwt(access: AccessSettings) -> JwtVerifier:
@@ -163,23 +232,10 @@ def _jwt(access: AccessSettings) -> JwtVerifier:
         raise AuthnError("--jwt-issuer needs one of --jwt-jwks-url or --jwt-jwks-file")
     if access.jwt_jwks_url:
         url = access.jwt_jwks_url
-
-        def load_keys() -> bytes:
-            try:
-                answer = httpx.get(url, timeout=JWKS_TIMEOUT_S, follow_redirects=False)
-                answer.raise_for_status()
-            except httpx.HTTPError as exc:
-                raise AuthnError(f"the JWKS at {url} could not be fetched: {exc}") from None
-            return answer.content
+        check_jwks_url(url, access.jwt_jwks_allow_http)
+        load_keys, source = fetch_jwks(url), f"the JWKS at {url}"
     else:
-        path = access.jwt_jwks_file
-
-        def load_keys() -> bytes:
-            try:
-                with open(path, "rb") as f:
-                    return f.read()
-            except OSError as exc:
-                raise AuthnError(f"cannot read the JWKS file {path}: {exc.strerror or exc}") from None
+        load_keys, source = read_jwks_file(access.jwt_jwks_file), f"the JWKS file {access.jwt_jwks_file}"
 
     groups = None
     if access.jwt_groups_claim:
@@ -193,7 +249,7 @@ def _jwt(access: AccessSettings) -> JwtVerifier:
         groups_claim=access.jwt_groups_claim,
         groups=groups or {},
     )
-    return JwtVerifier(policy, load_keys)
+    return JwtVerifier(policy, SigningKeys(load_keys, refresh_s=access.jwt_jwks_refresh_s, source=source))
 
 
 __all__ = ["HEADER_CALLER", "MEMBER", "Callers", "Unauthorized", "callers_of", "certificate_names"]

@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from keyroute.core.authn import Authenticator, JwtPolicy, JwtVerifier, TokenFile
+from keyroute.core.authn import Authenticator, FetchDeadline, JwtPolicy, JwtVerifier, SigningKeys, TokenFile
 from keyroute.core.security import ClusterAuth
 from keyroute.http.admission import Admission
 from keyroute.http.authn import Callers
@@ -42,9 +42,13 @@ _folder = Path(tempfile.mkdtemp(prefix="authn-fuzz-"))
     encoding="utf-8",
 )
 _jwks = {"keys": [{**json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(GOOD.public_key())), "kid": "k1"}]}
+_fetches: list[FetchDeadline] = []  # every JWKS fetch: the one at start, and none on a read's path
 AUTHENTICATOR = Authenticator(
     TokenFile(str(_folder / "tokens.toml")),
-    JwtVerifier(JwtPolicy(ISSUER, AUDIENCE), lambda: json.dumps(_jwks).encode(), refresh_s=3600),
+    JwtVerifier(
+        JwtPolicy(ISSUER, AUDIENCE),
+        SigningKeys(lambda deadline: _fetches.append(deadline) or json.dumps(_jwks).encode(), refresh_s=3600),
+    ),
 )
 CALLERS = Callers(AUTHENTICATOR, ClusterAuth(SECRET))
 
@@ -188,6 +192,8 @@ def check(authorization: bytes | None, granted: frozenset[str] | None, member: b
                 assert json.loads(body)["error"] == ("unauthorized" if status == 401 else "forbidden")
                 if status == 401:
                     assert dict(answer_headers)[b"www-authenticate"].startswith(b"Bearer")
+    # Whatever a caller sent (an unknown key id included), the keys were not fetched on the read's path.
+    assert len(_fetches) == 1
 
 
 @EXAMPLES

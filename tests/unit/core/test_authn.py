@@ -1,7 +1,8 @@
 """Callers' credentials (keyroute.core.authn): the token file (TOML or JSON, tokens as given or as SHA-256
 digests, certificates, reloaded on change, a broken file keeping the previous tokens), JWTs (asymmetric
-algorithms only, `none` and HS256-with-the-public-key refused, iss/aud/exp/nbf, unknown keys fetched again at
-most every refresh interval, stores from a claim or from groups) and the Authenticator's cache."""
+algorithms only, `none` and HS256-with-the-public-key refused, iss/aud/exp/nbf, stores from a claim or from
+groups, the caller named apart from tokens) and the Authenticator's cache. The signing keys' refreshes:
+test_signing_keys.py."""
 
 from __future__ import annotations
 
@@ -19,7 +20,15 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
 from keyroute.core.access import Identity
 from keyroute.core.api import Unauthorized
-from keyroute.core.authn import Authenticator, AuthnError, JwtPolicy, JwtVerifier, TokenFile, parse_groups
+from keyroute.core.authn import (
+    Authenticator,
+    AuthnError,
+    JwtPolicy,
+    JwtVerifier,
+    SigningKeys,
+    TokenFile,
+    parse_groups,
+)
 
 ISSUER, AUDIENCE = "https://issuer.test", "keyroute"
 RSA_KEY = rsa.generate_private_key(public_exponent=65537, key_size=2048)
@@ -47,8 +56,12 @@ def token(key: Any = RSA_KEY, alg: str = "RS256", kid: str = "rsa", **claims: An
     return jwt.encode(body, key, algorithm=alg, headers={"kid": kid})
 
 
+def keys_of(document: Any) -> SigningKeys:
+    return SigningKeys(lambda deadline: json.dumps(document).encode() if not isinstance(document, bytes) else document)
+
+
 def verifier(**policy: Any) -> JwtVerifier:
-    return JwtVerifier(JwtPolicy(ISSUER, AUDIENCE, **policy), lambda: json.dumps(JWKS).encode())
+    return JwtVerifier(JwtPolicy(ISSUER, AUDIENCE, **policy), keys_of(JWKS))
 
 
 def test_a_token_file_in_toml_or_json_names_tokens_digests_and_certificates(tmp_path: Path) -> None:
@@ -130,7 +143,7 @@ def test_the_authenticator_refuses_missing_malformed_and_unknown_credentials(tmp
 )
 def test_a_jwt_signed_by_the_issuers_key_names_its_subject_and_stores(key: Any, alg: str, kid: str) -> None:
     identity, expires = verifier().verify(token(key, alg, kid))
-    assert identity == Identity("svc", frozenset({"a"})) and expires > time.time()
+    assert identity == Identity("jwt:svc", frozenset({"a"})) and expires > time.time()
 
 
 def test_jwts_with_another_algorithm_issuer_audience_or_time_are_refused() -> None:
@@ -160,38 +173,16 @@ def test_jwts_with_another_algorithm_issuer_audience_or_time_are_refused() -> No
         with pytest.raises(Unauthorized, match=says):
             check.verify(bad)
     # Within the leeway, a token just expired still reads.
-    assert check.verify(token(exp=now - 5))[0].name == "svc"
+    assert check.verify(token(exp=now - 5))[0].name == "jwt:svc"
 
 
 def test_a_key_that_names_its_algorithm_verifies_that_one_only() -> None:
     named = {"keys": [{**jwk_of(RSA_KEY, "rsa"), "alg": "RS256"}]}
-    check = JwtVerifier(JwtPolicy(ISSUER, AUDIENCE), lambda: json.dumps(named).encode())
-    assert check.verify(token())[0].name == "svc"
+    check = JwtVerifier(JwtPolicy(ISSUER, AUDIENCE), keys_of(named))
+    assert check.verify(token())[0].name == "jwt:svc"
     with pytest.raises(Unauthorized, match="does not fit"):
         check.verify(token(RSA_KEY, "PS256"))
-    assert verifier().verify(token(RSA_KEY, "PS256"))[0].name == "svc"  # a key naming none: its family
-
-
-def test_an_unknown_key_id_fetches_the_keys_again_at_most_every_refresh_interval() -> None:
-    fetched: list[float] = []
-    now = [1000.0]
-    keys = {"keys": [jwk_of(RSA_KEY, "rsa")]}
-
-    def load() -> bytes:
-        fetched.append(now[0])
-        return json.dumps(keys).encode()
-
-    check = JwtVerifier(JwtPolicy(ISSUER, AUDIENCE), load, refresh_s=30, clock=lambda: now[0])
-    keys["keys"].append(jwk_of(EC_KEY, "ec"))  # the issuer adds a key
-    now[0] += 10
-    with pytest.raises(Unauthorized, match="unknown key"):
-        check.verify(token(EC_KEY, "ES256", "ec"))  # too soon after the last fetch
-    now[0] += 25
-    assert check.verify(token(EC_KEY, "ES256", "ec"))[0].name == "svc"
-    assert fetched == [1000.0, 1035.0]
-    with pytest.raises(Unauthorized, match="unknown key"):
-        check.verify(token(EC_KEY, "ES256", "nope"))
-    assert len(fetched) == 2
+    assert verifier().verify(token(RSA_KEY, "PS256"))[0].name == "jwt:svc"  # a key naming none: its family
 
 
 def test_stores_come_from_the_claim_or_from_groups() -> None:
@@ -209,20 +200,34 @@ def test_a_verified_jwt_is_cached_until_it_expires() -> None:
     now = [time.time()]
     check = verifier()
     verified: list[str] = []
-    verify = check.verify
-    check.verify = lambda text: verified.append(text) or verify(text)  # type: ignore[method-assign]
+    verify = check.verify_with_key
+    check.verify_with_key = lambda text: verified.append(text) or verify(text)  # type: ignore[method-assign]
     authenticator = Authenticator(jwt=check, clock=lambda: now[0])
     header = b"Bearer " + token(exp=int(now[0]) + 60).encode()
-    assert authenticator.identify(header).name == "svc"
-    assert authenticator.identify(header).name == "svc"  # from the cache
+    assert authenticator.identify(header).name == "jwt:svc"
+    assert authenticator.identify(header).name == "jwt:svc"  # from the cache
     assert len(verified) == 1
     now[0] += 61
-    assert authenticator.identify(header).name == "svc"  # past its expiry, verified again (the leeway)
+    assert authenticator.identify(header).name == "jwt:svc"  # past its expiry, verified again (the leeway)
     assert len(verified) == 2
 
 
 def test_a_jwks_without_a_usable_key_or_that_does_not_load_is_refused() -> None:
     with pytest.raises(AuthnError, match="no usable signing key"):
-        JwtVerifier(JwtPolicy(ISSUER), lambda: json.dumps({"keys": [{"kty": "oct", "k": "c2VjcmV0"}]}).encode())
+        JwtVerifier(JwtPolicy(ISSUER), keys_of({"keys": [{"kty": "oct", "k": "c2VjcmV0"}]}))
     with pytest.raises(AuthnError, match="does not load"):
-        JwtVerifier(JwtPolicy(ISSUER), lambda: b"{")
+        JwtVerifier(JwtPolicy(ISSUER), keys_of(b"{"))
+
+
+def test_a_jwt_subject_and_a_token_of_the_same_name_are_two_callers(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.toml"
+    path.write_text('[[tokens]]\nname = "svc"\ntoken = "t-svc"\nstores = ["b"]\n')
+    authenticator = Authenticator(TokenFile(str(path)), verifier())
+    as_token = authenticator.identify(b"Bearer t-svc")
+    as_jwt = authenticator.identify(b"Bearer " + token(sub="svc").encode())
+    assert (as_token.name, as_jwt.name) == ("svc", "jwt:svc")
+    assert as_token.stores == {"b"} and as_jwt.stores == {"a"}
+    # A token file cannot name a token as a JWT subject is named.
+    path.write_text('[[tokens]]\nname = "jwt:svc"\ntoken = "t-svc"\nstores = "*"\n')
+    with pytest.raises(AuthnError, match="JWT subject's"):
+        TokenFile(str(path))

@@ -1,20 +1,28 @@
 """The access check as routers and nodes build it (keyroute.http.authn.callers_of): off without a token file or a
-JWT issuer, a one-line start-up error for what does not load or for a cluster whose members cannot prove
-themselves; /admin open to an admin caller and closed to the others (keyroute.http.admission)."""
+JWT issuer, a one-line start-up error for what does not load (an http:// JWKS URL unless allowed) or for a
+cluster whose members cannot prove themselves; /admin open to an admin caller and closed to the others
+(keyroute.http.admission); a JWKS fetched from a real server, a trickled one abandoned at its deadline."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 from pathlib import Path
 
+import jwt
 import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from keyroute.core.api import Forbidden, Unauthorized
+from keyroute.core.authn import SigningKeys
 from keyroute.core.security import BearerAuth, ClusterAuth
 from keyroute.core.settings import AccessSettings
 from keyroute.http.admission import Admission
-from keyroute.http.authn import callers_of
+from keyroute.http.authn import callers_of, fetch_jwks
 from keyroute.http.lifespan import StartupError
+from tests.jwks_server import JwksServer
+from tests.util import wait_for
 
 MEMBERS = ClusterAuth("s3cret")
 
@@ -47,9 +55,26 @@ def test_without_tokens_or_an_issuer_access_control_is_off_and_says_so(caplog: p
             "cannot read the JWKS file",
         ),
         (
-            AccessSettings(jwt_issuer="https://i.test", jwt_jwks_url="http://127.0.0.1:9/jwks"),
+            AccessSettings(
+                jwt_issuer="https://i.test", jwt_jwks_url="http://127.0.0.1:9/jwks", jwt_jwks_allow_http=True
+            ),
             MEMBERS,
             "could not be fetched",
+        ),
+        (
+            AccessSettings(jwt_issuer="https://i.test", jwt_jwks_url="https://127.0.0.1:9/jwks"),
+            MEMBERS,
+            "could not be fetched",
+        ),
+        (
+            AccessSettings(jwt_issuer="https://i.test", jwt_jwks_url="http://issuer.test/jwks"),
+            MEMBERS,
+            r"is http://: signing keys are fetched over https:// only \(--jwt-jwks-allow-http",
+        ),
+        (
+            AccessSettings(jwt_issuer="https://i.test", jwt_jwks_url="issuer.test/jwks"),
+            MEMBERS,
+            "is not an https:// URL",
         ),
     ],
 )
@@ -83,3 +108,24 @@ def test_admin_takes_the_admin_token_or_an_admin_caller_and_refuses_the_others(t
             assert admit((b"authorization", b"Bearer the-admin-token")) is None
         assert admission.admit_head("/healthz", 10, []) is None  # outside /admin: no credentials needed
         admission.release()
+
+
+def test_a_jwks_url_is_read_whole_even_from_a_running_loop_and_a_trickled_one_is_abandoned(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    jwk = {**json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key())), "kid": "k1"}
+    with JwksServer([jwk], trickle_interval_s=0.5) as server:
+        keys = SigningKeys(fetch_jwks(server.url), deadline_s=2, source=f"the JWKS at {server.url}")
+
+        async def at_start() -> None:
+            keys.load()  # as a router's or node's start-up does: on its event loop
+
+        asyncio.run(at_start())
+        assert list(keys.current) == ["k1"] and server.counts() == (1, 1, 0)
+        server.trickle = True
+        with caplog.at_level(logging.WARNING):
+            assert keys.refresh() is False
+        assert list(keys.current) == ["k1"] and keys.fetch_failures == 1
+        wait_for(lambda: server.counts() == (2, 1, 1), timeout_s=30, message="the trickled fetch abandoned")
+        assert "2 s deadline: abandoned" in caplog.text
