@@ -41,6 +41,12 @@ def zk_settings(zk_server: EmbeddedZooKeeper) -> ZkSettings:
     return ZkSettings(hosts=zk_server.connect_string, chroot=f"/t-{uuid.uuid4().hex[:12]}", session_timeout_s=4.0)
 
 
+@pytest.fixture(scope="module")
+def module_zk_settings(zk_server: EmbeddedZooKeeper) -> ZkSettings:
+    """A chroot shared by one module's tests: for a cluster started once for the tests that only read it."""
+    return ZkSettings(hosts=zk_server.connect_string, chroot=f"/m-{uuid.uuid4().hex[:12]}", session_timeout_s=4.0)
+
+
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     from keyroute.pipeline.session import create_session

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import fastavro
@@ -26,9 +25,10 @@ AVRO = {"accept": "application/avro"}
 NAMED = {"accept": f"application/vnd.keyroute.{STORE}+avro"}
 
 
-@pytest.fixture
-def cluster(tmp_path: Path, zk_settings: ZkSettings) -> Iterator[SmallCluster]:
-    with small_cluster(tmp_path, zk_settings) as c:
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, module_zk_settings: ZkSettings) -> Iterator[SmallCluster]:
+    """One cluster for the module: its tests only read."""
+    with small_cluster(tmp_path_factory.mktemp("avro-answers"), module_zk_settings) as c:
         yield c
 
 

@@ -92,12 +92,9 @@ class Built:
     expected: dict[str, dict[Any, dict[str, Any]]]
 
 
-def module_settings(zk_server: EmbeddedZooKeeper) -> ZkSettings:
-    return ZkSettings(hosts=zk_server.connect_string, chroot=f"/t-{uuid.uuid4().hex[:12]}", session_timeout_s=4.0)
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory, zk_server: EmbeddedZooKeeper, spark: Any) -> Built:
+    settings = ZkSettings(hosts=zk_server.connect_string, chroot=f"/m-{uuid.uuid4().hex[:12]}", session_timeout_s=4.0)
     from keyroute.pipeline.build import build
 
     tmp = tmp_path_factory.mktemp("end-to-end-build")
@@ -119,7 +116,6 @@ order_by = "seq"
 columns = ["balance", "tier"]
 """
     )
-    settings = module_settings(zk_server)
     published = build(spec, settings, str(tmp / "snapshots"), spark=spark)
     assert sorted(p.store for p in published) == ["accounts", "bookings", "positions"]
     client = zk.connect(settings, ensure_layout=False)
@@ -191,9 +187,11 @@ def cluster(tmp_path: Path, zk_settings: ZkSettings, built: Built) -> Iterator[C
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory, zk_server: EmbeddedZooKeeper, built: Built) -> Iterator[Cluster]:
+def shared(
+    tmp_path_factory: pytest.TempPathFactory, module_zk_settings: ZkSettings, built: Built
+) -> Iterator[Cluster]:
     """One cluster for the module's tests that only read."""
-    with running_cluster(tmp_path_factory.mktemp("end-to-end-shared"), module_settings(zk_server), built) as c:
+    with running_cluster(tmp_path_factory.mktemp("end-to-end-shared"), module_zk_settings, built) as c:
         yield c
 
 

@@ -33,11 +33,13 @@ def _raise_open_files_limit(needed: int) -> None:
         pytest.skip(f"the open-files limit ({soft}) is below the {needed} this test needs")
 
 
-@pytest.fixture
-def cluster(tmp_path: Path, zk_settings: ZkSettings) -> Iterator[SmallCluster]:
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, module_zk_settings: ZkSettings) -> Iterator[SmallCluster]:
+    """One cluster for the tests that only read it (each closes its own connections)."""
     _raise_open_files_limit(3 * SLOW_CLIENTS + 512)
     # Bodies may take their time here (the body timeout has a test of its own below).
-    with small_cluster(tmp_path, zk_settings, router_args=["--body-timeout-s", "300"]) as c:
+    router_args = ["--body-timeout-s", "300"]
+    with small_cluster(tmp_path_factory.mktemp("slow-clients"), module_zk_settings, router_args=router_args) as c:
         yield c
 
 
