@@ -166,6 +166,8 @@ def the_cluster_s_policy_in_zookeeper(objs: list[Obj]) -> None:
         assert any(env[option].startswith(m + "/") for m in mounts), option
     # Once this checkout's CLI has the command, the init container must be one it accepts.
     if cli_has(["cluster", "policy", "set"]):
+        reads = cli_options(["cluster", "policy", "set"])
+        assert {name for name in env if name.startswith("KEYROUTE_")} <= set(reads), sorted(set(env) - set(reads))
         resolved = container_env(objs, init, pod_name="keyroute-node-0")
         build_parser(resolved).parse_args(resolve_argv(init, resolved)[1:])
 
