@@ -18,6 +18,7 @@ import yaml
 
 from keyroute.cli import build_parser
 from tests.k8s_render import ROOT, Obj, find, of_kind, pod_template, render, resolve_argv, workloads
+from tests.unit.k8s import test_production
 from tests.unit.k8s.manifests import (
     KEYROUTE_IMAGES,
     OPERATOR_CONFIG_MAPS,
@@ -34,7 +35,6 @@ from tests.unit.k8s.manifests import (
     subcommand,
     zookeeper_cfg,
 )
-from tests.unit.k8s.test_production import test_no_production_container_reads_a_secret_from_its_environment
 
 SECURITY = ROOT / "docs" / "security.md"
 # RFC 5737's documentation ranges: no real host has an address there, so a placeholder in them reaches nobody.
@@ -173,7 +173,7 @@ def the_cluster_s_policy_in_zookeeper(objs: list[Obj]) -> None:
 
 
 def secrets_as_files_every_one_required(objs: list[Obj]) -> None:
-    test_no_production_container_reads_a_secret_from_its_environment("prod")
+    test_production.test_no_production_container_reads_a_secret_from_its_environment("prod")
 
 
 def zookeeper_s_superuser_from_a_file(objs: list[Obj]) -> None:
