@@ -210,6 +210,7 @@ def _zk_options(p: _Parser, parser: argparse.ArgumentParser, *, writes: bool) ->
             else "; READ is all this process needs"
         ),
     )
+    _secret_file_option(p, parser, "--zk-auth")
     if writes:
         p.option(
             parser,
@@ -219,6 +220,7 @@ def _zk_options(p: _Parser, parser: argparse.ArgumentParser, *, writes: bool) ->
             metavar="USER:PASSWORD",
             help="digest identity USER:PASSWORD granted READ on everything this process creates (the routers')",
         )
+        _secret_file_option(p, parser, "--zk-reader")
         p.option(
             parser,
             "--zk-reader-dn",
@@ -255,6 +257,47 @@ def _secret_text(text: str) -> str:
     return text.rstrip("\r\n")  # a Secret written from a file often ends with a newline
 
 
+def _secret_file_option(p: _Parser, parser: argparse.ArgumentParser, flag: str) -> None:
+    """`FLAG-file`: the secret option `flag`'s value read from a file at start (a Kubernetes Secret mounted as
+    a file keeps the value out of the process's environment)."""
+    p.option(
+        parser,
+        f"{flag}-file",
+        type=_optional_path,
+        metavar="FILE",
+        help=f"read {flag} from this file at start (a trailing newline dropped), instead of giving it",
+    )
+
+
+# Secret options that also come from a file (`--X-file`), and how each option converts its text.
+_SECRET_FILES: dict[str, Callable[[str], Any]] = {
+    "zk_auth": _zk_identity,
+    "zk_reader": _zk_identity,
+    "cluster_secret": _secret_text,
+    "admin_token": _secret_text,
+}
+
+
+def _read_secret_files(args: argparse.Namespace) -> str | None:
+    """Fill each secret option given as `--X-file` from its file; why that cannot be done, or None."""
+    for name, convert in _SECRET_FILES.items():
+        path = getattr(args, f"{name}_file", None)
+        if path is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if getattr(args, name, None):
+            return f"give {flag} ({_env_name(flag)}) or {flag}-file ({_env_name(flag)}_FILE), not both"
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            return f"{flag}-file {path}: cannot read it ({getattr(exc, 'strerror', None) or exc})"
+        try:
+            setattr(args, name, convert(text))
+        except argparse.ArgumentTypeError as exc:
+            return f"{flag}-file {path}: {exc}"
+    return None
+
+
 def _serving_options(p: _Parser, parser: argparse.ArgumentParser) -> None:
     """Request limits and access control, the same for routers and nodes."""
     limits = RequestLimits()
@@ -267,6 +310,7 @@ def _serving_options(p: _Parser, parser: argparse.ArgumentParser) -> None:
         "from members proving they hold it. Empty: anyone may send them (local use only). NEW,OLD during a "
         "rotation: members send with the first and accept any",
     )
+    _secret_file_option(p, parser, "--cluster-secret")
     p.option(
         parser,
         "--admin-token",
@@ -275,6 +319,7 @@ def _serving_options(p: _Parser, parser: argparse.ArgumentParser) -> None:
         help="token /admin/* requires (Authorization: Bearer TOKEN, or the cookie of a login at /admin/login); "
         "NEW,OLD during a rotation (either is accepted); empty: admin endpoints are open",
     )
+    _secret_file_option(p, parser, "--admin-token")
     p.flag(parser, "--metrics-require-token", help="/metrics also requires the admin token")
     p.option(
         parser,
@@ -1351,6 +1396,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     args, extras = parser.parse_known_args(argv)
     if extras:
         parser.exit(2, _unrecognized(parser, args, extras) + "\n")
+    if (unreadable := _read_secret_files(args)) is not None:
+        print(f"keyroute {args.command}: {unreadable}", file=sys.stderr)
+        return 1
     _check_zk_options(parser, args)
     if (unusable := _unusable_zk_tls_files(args)) is not None:
         print(f"keyroute {args.command}: {unusable}", file=sys.stderr)

@@ -143,6 +143,18 @@ class LocalCluster:
                 for key, text in find(self.objs, "ConfigMap", volume["configMap"]["name"])["data"].items():
                     (folder / key).write_text(text)
                 pod.volumes[volume["name"]] = folder
+            elif "secret" in volume:
+                # The Secret's keys (or the listed items) as files; an optional Secret that is missing: none.
+                folder = self._dir("pods", pod.name, volume["name"])
+                source = volume["secret"]
+                name = source["secretName"]
+                found = [o for o in self.objs if o["kind"] == "Secret" and o["metadata"]["name"] == name]
+                assert found or source.get("optional"), f"{pod.name}: Secret {name} does not exist"
+                data = dict(found[0].get("data") or {}) if found else {}
+                items = source.get("items") or [{"key": key, "path": key} for key in data]
+                for item in items:
+                    (folder / item["path"]).write_text(data[item["key"]])
+                pod.volumes[volume["name"]] = folder
             elif "projected" in volume:
                 # A service-account token and the cluster's CA, as the kubelet projects them.
                 folder = self._dir("pods", pod.name, volume["name"])

@@ -409,9 +409,9 @@ def test_the_object_storage_manifests_run_nodes_that_load_from_the_bucket(
 ) -> None:
     """The dev overlay with the object-storage component, launched here from the rendered manifests as
     tests/integration/test_k8s_local.py launches dev: the nodes get nothing but what the manifests give
-    them (the credentials through their references to the Secrets keyroute-object-store and
-    keyroute-object-store-read, created here as an operator would, with AWS_ENDPOINT_URL for an
-    S3-compatible server), load a version published at an s3:// location under the pipeline's configured
+    them (the credentials as the files of the Secrets keyroute-object-store and keyroute-object-store-read,
+    created here as an operator would, and AWS_ENDPOINT_URL for an S3-compatible server from the ConfigMap
+    keyroute-object-store-settings), load a version published at an s3:// location under the pipeline's configured
     output, and serve it through the LoadBalancer Service."""
     from pyarrow import fs as arrow_fs
 
@@ -425,7 +425,12 @@ def test_the_object_storage_manifests_run_nodes_that_load_from_the_bucket(
     objs = render_dev_with_object_storage(tmp_path / "kustomize", output)
     namespace = next(o for o in objs if o["kind"] == "Namespace")["metadata"]["name"]
     # The pipeline's read/write/delete credentials and the nodes' read-only ones: one key pair here (the
-    # stand-in S3 server enforces no policy), two Secrets as the manifests name them.
+    # stand-in S3 server enforces no policy), two Secrets as the manifests name them, each an AWS shared
+    # credentials file; the endpoint and region (not secrets) in the ConfigMap beside them.
+    credentials = (
+        f"[default]\naws_access_key_id = {s3_bucket.server.access_key}\n"
+        f"aws_secret_access_key = {s3_bucket.secret_key}\n"
+    )
     for secret in ("keyroute-object-store", "keyroute-object-store-read"):
         objs.append(
             {
@@ -433,14 +438,23 @@ def test_the_object_storage_manifests_run_nodes_that_load_from_the_bucket(
                 "kind": "Secret",
                 "metadata": {"name": secret, "namespace": namespace},
                 # (the kubelet's view of the Secret: values as the container receives them)
-                "data": {k: v for k, v in s3_bucket.env.items() if k != "AWS_EC2_METADATA_DISABLED"},
+                "data": {"credentials": credentials},
             }
         )
-    # The pipeline would write under exactly that root.
+    settings = {k: s3_bucket.env[k] for k in ("AWS_ENDPOINT_URL", "AWS_REGION")}
+    objs.append(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "keyroute-object-store-settings", "namespace": namespace},
+            "data": settings,
+        }
+    )
+    # The pipeline would write under exactly that root, the keys never in its environment.
     cron = pod_template(find(objs, "CronJob", "keyroute-pipeline"))["spec"]["containers"][0]
     pipeline_env = resolve_env(cron, lambda path: {"status.podIP": "10.0.0.7"}.get(path, "x"), objs)
     assert pipeline_env["KEYROUTE_OUTPUT"] == output
-    assert pipeline_env["AWS_SECRET_ACCESS_KEY"] == s3_bucket.secret_key
+    assert s3_bucket.secret_key not in "".join(pipeline_env.values())
 
     # The nodes' init containers read their zone from the Kubernetes API: the same stand-in as dev's launch.
     api = kubernetes_api()
@@ -459,7 +473,9 @@ def test_the_object_storage_manifests_run_nodes_that_load_from_the_bucket(
         assert all("shared" not in pod.volumes for pod in nodes)  # no shared claim on nodes
         node_env = cluster.container_env(nodes[0], nodes[0].spec["containers"][0])
         assert node_env["AWS_ENDPOINT_URL"] == s3_bucket.server.endpoint
-        assert node_env["AWS_SECRET_ACCESS_KEY"] == s3_bucket.secret_key
+        # The keys reach the node as the mounted file the AWS SDK reads, not as environment variables.
+        assert s3_bucket.secret_key not in "".join(node_env.values())
+        assert Path(node_env["AWS_SHARED_CREDENTIALS_FILE"]).read_text() == credentials
 
         # Publish as the pipeline would: version 1 under the configured output, a record in ZooKeeper.
         store, partitions = "bookings", 6

@@ -40,6 +40,10 @@ OTHER_READERS = {
     # Snapshots on object storage (prod's default): nodes, the pipeline and its executors.
     "AWS_ACCESS_KEY_ID": "pyarrow's S3 client, for snapshots on object storage",
     "AWS_SECRET_ACCESS_KEY": "pyarrow's S3 client, for snapshots on object storage",
+    # The static keys as a file (components/object-storage): the AWS SDK inside pyarrow reads it.
+    "AWS_SHARED_CREDENTIALS_FILE": "pyarrow's S3 client (the AWS SDK), for snapshots on object storage",
+    # prod's ZooKeeper backup (overlays/prod/zk-backup.yaml): where its upload writes the dump.
+    "ZK_BACKUP_URI": "the ZooKeeper backup's upload step",
 }
 NAMESPACED_EXEMPT = {"Namespace", "PriorityClass", "ClusterRole", "ClusterRoleBinding"}
 # API groups of custom resources (the Prometheus Operator's, components/monitoring): not in Kubernetes'
@@ -57,11 +61,31 @@ ZONE_FIELD = f"metadata.labels['{ZONE_LABEL}']"
 
 
 def keyroute_containers(objs: list[Obj]) -> Iterator[tuple[Obj, Obj]]:
-    """(workload, container) for every container that runs the keyroute image."""
+    """(workload, container) for every container that runs the keyroute command of a keyroute image (the
+    image's ENTRYPOINT; prod's ZooKeeper backup also runs Python from the image to upload its dump)."""
     for w in workloads(objs):
         for c in pod_template(w)["spec"]["containers"]:
-            if image_name(c["image"]) in KEYROUTE_IMAGES:
+            if image_name(c["image"]) in KEYROUTE_IMAGES and c.get("command") in (None, ["keyroute"]):
                 yield w, c
+
+
+def keyroute_init_containers(objs: list[Obj]) -> Iterator[tuple[Obj, Obj]]:
+    """(workload, init container) for every init container that runs the keyroute command."""
+    for w in workloads(objs):
+        for c in pod_template(w)["spec"].get("initContainers", []):
+            if image_name(c["image"]) in KEYROUTE_IMAGES and c.get("command") in (None, ["keyroute"]):
+                yield w, c
+
+
+def cli_has(command: list[str]) -> bool:
+    """Whether this checkout's `keyroute` has the subcommand (manifests may name one that is on its way)."""
+    parser = build_parser({})
+    for word in command:
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is None or word not in sub.choices:
+            return False
+        parser = sub.choices[word]
+    return True
 
 
 def zookeeper_cfg(container: Obj) -> dict[str, str]:
@@ -103,6 +127,7 @@ def sample_field(path: str, pod_name: str = "keyroute-x-0", namespace: str = "ns
         "status.podIP": "10.0.0.7",
         "spec.nodeName": "worker-1",
         "spec.serviceAccountName": "default",
+        "metadata.labels['batch.kubernetes.io/job-name']": "keyroute-zk-backup-29412345",
         ZONE_FIELD: "eu-west-1a",
     }[path]
 
@@ -114,18 +139,22 @@ OPERATOR_SECRETS: dict[str, dict[str, str]] = {
     "keyroute-zookeeper-auth": {"writer": "keyroute-writer:w-secret", "reader": "keyroute-reader:r-secret"},
     "keyroute-cluster": {"cluster-secret": "c" * 64, "admin-token": "a" * 64},
     "keyroute-zookeeper-super": {"digest": "super:D/InIHSb7yEEbrWz8b9l71RjZJU="},
+    "keyroute-access-tokens": {"tokens.toml": '[[tokens]]\nname = "ops"\ntoken = "t"\nstores = "*"\n'},
     "keyroute-kafka": {},
     "keyroute-object-store": {
-        "AWS_ACCESS_KEY_ID": "AKIAEXAMPLE",
-        "AWS_SECRET_ACCESS_KEY": "example-secret",
-        "AWS_REGION": "eu-west-1",
+        "credentials": "[default]\naws_access_key_id = AKIAEXAMPLE\naws_secret_access_key = example-secret\n",
     },
     "keyroute-object-store-read": {
-        "AWS_ACCESS_KEY_ID": "AKIAREADONLY",
-        "AWS_SECRET_ACCESS_KEY": "example-secret",
-        "AWS_REGION": "eu-west-1",
+        "credentials": "[default]\naws_access_key_id = AKIAREADONLY\naws_secret_access_key = example-secret\n",
+    },
+    "keyroute-zk-backup-store": {
+        "credentials": "[default]\naws_access_key_id = AKIABACKUP\naws_secret_access_key = example-secret\n",
     },
 }
+
+
+# ConfigMaps the README tells the operator to create (their content is the operator's: a CA certificate).
+OPERATOR_CONFIG_MAPS = {"keyroute-client-ca": {"ca.crt": "-----BEGIN CERTIFICATE-----\n..."}}
 
 
 def operator_secrets(namespace: str, leave_out: tuple[str, ...] = ()) -> list[Obj]:
@@ -222,7 +251,12 @@ NODE_SHUTDOWN_S = 10
 
 
 def pipeline_pods(objs: list[Obj]) -> list[Obj]:
-    return [pod_template(w) for w in workloads(objs) if w["kind"] in ("CronJob", "Job")]
+    """The pipeline's driver pods: its CronJob's, and a one-off Job's if the overlay has one."""
+    return [
+        pod_template(w)
+        for w in workloads(objs)
+        if w["kind"] in ("CronJob", "Job") and w["metadata"]["labels"].get("app.kubernetes.io/component") == "pipeline"
+    ]
 
 
 def executor_template_text(objs: list[Obj]) -> str:

@@ -112,6 +112,12 @@ def test_the_production_executor_template_is_the_component_s_on_the_pool(prod: l
     ours = yaml.safe_load(executor_template_text(prod))
     for key in ("nodeSelector", "tolerations", "serviceAccountName"):
         ours["spec"].pop(key)
+    # ...and the static keys optional: keyroute-spark carries the pipeline's cloud identity in prod.
+    [keys] = [
+        v["secret"] for v in ours["spec"]["volumes"] if v.get("secret", {}).get("secretName") == OBJECT_STORE_SECRET
+    ]
+    assert keys.pop("optional") is True
+    keys["optional"] = False
     assert ours == component
     assert yaml.safe_load(executor_template_text(prod))["spec"]["serviceAccountName"] == "keyroute-spark"
     for version in KUBERNETES_VERSIONS:
@@ -126,8 +132,10 @@ def test_service_accounts_carry_cloud_identity_placeholders(prod: list[Obj]) -> 
         assert re.fullmatch(r"arn:aws:iam::\d{12}:role/[\w+=,.@-]+", annotations["eks.amazonaws.com/role-arn"])
         assert annotations["iam.gke.io/gcp-service-account"].endswith(".iam.gserviceaccount.com")
     # Two identities, not one: the nodes' role is not the pipeline's.
-    roles = {find(prod, "ServiceAccount", n)["metadata"]["annotations"]["eks.amazonaws.com/role-arn"]
-             for n in ("keyroute-spark", "keyroute-node")}
+    roles = {
+        find(prod, "ServiceAccount", n)["metadata"]["annotations"]["eks.amazonaws.com/role-arn"]
+        for n in ("keyroute-spark", "keyroute-node")
+    }
     assert len(roles) == 2
     # Documented, with the static keys as the fallback.
     section = readme_section("Snapshots on object storage")
@@ -191,8 +199,11 @@ def test_the_shared_volume_component_is_read_write_many_of_an_explicit_class(tmp
     claim = find(objs, "PersistentVolumeClaim", "keyroute-shared")
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
     assert claim["spec"]["storageClassName"] == PLACEHOLDER_CLASS
-    assert {v["persistentVolumeClaim"]["claimName"] for v in node_pod(objs)["spec"]["volumes"]
-            if "persistentVolumeClaim" in v} == {"keyroute-shared"}
+    assert {
+        v["persistentVolumeClaim"]["claimName"]
+        for v in node_pod(objs)["spec"]["volumes"]
+        if "persistentVolumeClaim" in v
+    } == {"keyroute-shared"}
     assert PLACEHOLDER_CLASS in readme_section("Snapshots on a shared volume")
     assert "components/shared-volume" in readme_section("Snapshots on a shared volume")
 

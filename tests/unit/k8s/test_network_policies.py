@@ -157,6 +157,13 @@ def expected_connections(objs: list[Obj], object_storage: bool) -> set[tuple[str
              for proto in ("UDP", "TCP")}
     if object_storage:
         want |= {(who, "external", 443, "TCP") for who in ("node", "pipeline", "spark-executor")}
+    # components/jwt: routers and nodes fetch the issuer's signing keys over HTTPS.
+    if any(p["metadata"]["name"] == "keyroute-jwks" for p in of_kind(objs, "NetworkPolicy")):
+        want |= {(who, "external", 443, "TCP") for who in ("router", "node")}
+    # prod's ZooKeeper backup: ZooKeeper's client port, then object storage.
+    if any(w["metadata"]["name"] == "keyroute-zk-backup" for w in workloads(objs)):
+        want |= {("zk-backup", "zookeeper", zk["client"], "TCP"), ("zk-backup", "external", 443, "TCP")}
+        want |= {("zk-backup", "kube-dns", 53, proto) for proto in ("UDP", "TCP")}
     # The monitoring namespace's scrapers (components/monitoring) to the port each PodMonitor scrapes (the
     # data port, or `admin` with components/admin-port).
     for monitor in of_kind(objs, "PodMonitor"):

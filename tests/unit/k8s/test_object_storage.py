@@ -31,6 +31,7 @@ from tests.unit.k8s.manifests import (
     objs_namespace,
     operator_secrets,
     pipeline_pods,
+    readme_section,
     sample_field,
     spark_confs,
     with_object_store_secret,
@@ -175,49 +176,50 @@ def test_object_storage_has_no_snapshot_volume(object_storage_objs: list[Obj]) -
         assert users and set(users) <= {"keyroute-pipeline"}, (pvc["metadata"]["name"], users)
 
 
-def test_object_storage_credentials_come_from_the_required_secret(object_storage_objs: list[Obj]) -> None:
+def credentials_volume(spec: Obj, container: Obj) -> tuple[Obj, str]:
+    """The Secret volume holding the AWS shared credentials file the container names, and the file's key."""
+    env = {e["name"]: e.get("value") for e in container.get("env", [])}
+    path = env["AWS_SHARED_CREDENTIALS_FILE"]
+    [(mount, volume)] = [
+        (m, v)
+        for m in container["volumeMounts"]
+        for v in spec["volumes"]
+        if v["name"] == m["name"] and path.startswith(m["mountPath"] + "/")
+    ]
+    assert mount["readOnly"] is True
+    return volume["secret"], path[len(mount["mountPath"]) + 1 :]
+
+
+def test_object_storage_credentials_come_from_the_secret_as_a_file(object_storage_objs: list[Obj]) -> None:
     objs = object_storage_objs
     assert of_kind(objs, "Secret") == []  # the operator creates it; no credential is in the manifests
+    executor_spec = yaml.safe_load(executor_template_text(objs))["spec"]
+    specs = {"node": node_pod(objs)["spec"], "executor": executor_spec}
+    specs |= {f"pipeline {i}": pod["spec"] for i, pod in enumerate(pipeline_pods(objs))}
     for where, c in object_store_consumers(objs):
         # Nodes only read: their own read-only credentials; the pipeline's driver and executors write and
         # delete: the other Secret. Neither side ever names the other's.
         secret = OBJECT_STORE_READ_SECRET if where == "node" else OBJECT_STORE_SECRET
         other = OBJECT_STORE_SECRET if where == "node" else OBJECT_STORE_READ_SECRET
-        refs = {e["name"]: e for e in c.get("env", []) if e["name"].startswith("AWS_")}
-        assert set(refs) == set(OBJECT_STORE_KEYS), where
-        for name, entry in refs.items():
-            assert "value" not in entry, f"{where}: {name} written into the manifest"
-            assert entry["valueFrom"] == {
-                "secretKeyRef": {"name": secret, "key": name, "optional": False}
-            }, where
-        # The Secret's optional keys (AWS_REGION, AWS_ENDPOINT_URL, AWS_SESSION_TOKEN) as a whole; nodes and
-        # the pipeline's driver also take the Kafka variables of live stores, required as every Secret in
-        # production (executors never consume).
+        # The keys are a file (the AWS SDK's shared credentials file), never environment variables.
+        assert not [e for e in c.get("env", []) if e["name"] in OBJECT_STORE_KEYS], where
+        source, key = credentials_volume(specs[where], c)
+        assert (source["secretName"], key) == (secret, "credentials"), where
+        # Optional in prod: each pod's ServiceAccount carries a cloud identity, which the SDK takes instead.
+        assert source["optional"] is True, where
+        # The settings that are not secret (AWS_REGION, AWS_ENDPOINT_URL) from a ConfigMap when it exists;
+        # nodes and the pipeline's driver also take the Kafka variables of live stores, required as every
+        # Secret in production (executors never consume).
         kafka = [] if where == "executor" else [{"secretRef": {"name": KAFKA_SECRET, "optional": False}}]
-        assert c.get("envFrom") == [{"secretRef": {"name": secret, "optional": False}}, *kafka], where
+        settings = {"configMapRef": {"name": "keyroute-object-store-settings", "optional": True}}
+        assert c.get("envFrom") == [settings, *kafka], where
         assert f"name: {other}\n" not in yaml.safe_dump(c), where
     # Routers never touch snapshots: no credentials there.
-    router = pod_template(find(objs, "Deployment", "keyroute-router"))["spec"]["containers"][0]
+    router = pod_template(find(objs, "Deployment", "keyroute-router"))["spec"]
     assert OBJECT_STORE_SECRET not in yaml.safe_dump(router)
-    # Resolved as the kubelet would: the read-only Secret's values reach the node, and without the Secrets
-    # the pods do not start (the references are not optional).
-    with_secret = with_object_store_secret(objs)
-    node = node_pod(objs)["spec"]["containers"][0]
-    env = container_env(with_secret, node, pod_name="keyroute-node-0")
-    assert (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"], env["AWS_REGION"]) == (
-        "AKIAREADONLY",
-        "example-secret",
-        "eu-west-1",
-    )
-    driver_env = container_env(with_secret, pipeline_pods(objs)[0]["spec"]["containers"][0])
-    assert driver_env["AWS_ACCESS_KEY_ID"] == "AKIAEXAMPLE"
-    leave_out = (OBJECT_STORE_SECRET, OBJECT_STORE_READ_SECRET)
-    without = [*objs, *operator_secrets(objs_namespace(objs), leave_out=leave_out)]
-    with pytest.raises(AssertionError, match=OBJECT_STORE_READ_SECRET):
-        resolve_env(node, lambda p: sample_field(p, "keyroute-node-0"), without)
-    driver = pipeline_pods(objs)[0]["spec"]["containers"][0]
-    with pytest.raises(AssertionError, match=OBJECT_STORE_SECRET):
-        resolve_env(driver, lambda p: sample_field(p), without)
+    # The file the SDK reads is a shared credentials file of the documented shape.
+    documented = readme_section("Snapshots on object storage")
+    assert "aws_access_key_id" in documented and "AWS_SHARED_CREDENTIALS_FILE" in documented
 
 
 def test_the_object_storage_component_also_fits_the_dev_overlay(tmp_path: Path) -> None:

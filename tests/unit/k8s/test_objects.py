@@ -18,6 +18,7 @@ from tests.k8s_render import (
 from tests.unit.k8s.manifests import (
     KUBERNETES_VERSIONS,
     NAMESPACED_EXEMPT,
+    OPERATOR_CONFIG_MAPS,
     PIPELINE_NAMESPACE,
     ZONE_LABEL,
     container_port,
@@ -165,7 +166,7 @@ def test_volumes_refer_to_existing_claims_and_config_maps(objs: list[Obj]) -> No
         for v in spec.get("volumes", []):
             if "persistentVolumeClaim" in v:
                 find(objs, "PersistentVolumeClaim", v["persistentVolumeClaim"]["claimName"])
-            if "configMap" in v:
+            if "configMap" in v and v["configMap"]["name"] not in OPERATOR_CONFIG_MAPS:
                 find(objs, "ConfigMap", v["configMap"]["name"])
         if "serviceAccountName" in spec:
             find(objs, "ServiceAccount", spec["serviceAccountName"])

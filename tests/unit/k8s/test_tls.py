@@ -108,6 +108,9 @@ def test_zookeeper_serves_tls_only_to_clients_and_between_members(prod: list[Obj
     assert cfg["ssl.clientAuth"] == "need"
     assert cfg["sslQuorum"] == "true" and cfg["sslQuorumReloadCertFiles"] == "true"
     assert cfg["client.certReload"] == "true"
+    # Members check each other's host names too, not only the CA: a certificate of the cluster CA alone
+    # (a router's, a node's) does not join the ensemble.
+    assert cfg["ssl.hostnameVerification"] == cfg["ssl.quorum.hostnameVerification"] == "true"
     # No plaintext port anywhere but the pod's loopback: not in the servers' lines, not a container port.
     assert cfg["clientPortAddress"] == "127.0.0.1"
     assert int(cfg["clientPort"]) not in [p["containerPort"] for p in zk["ports"]]

@@ -31,7 +31,7 @@ from tests.unit.k8s.manifests import (
 
 
 def zone_init_container(objs: list[Obj]) -> Obj:
-    [init] = node_pod(objs)["spec"]["initContainers"]
+    [init] = [c for c in node_pod(objs)["spec"]["initContainers"] if c["name"] == "zone"]
     return dict(init)
 
 
