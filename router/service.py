@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from starlette.applications import Starlette
 
+from keyroute.core.logs import describe
 from keyroute.core.settings import RouterSettings
 from keyroute.http.server import HttpServer
 from keyroute.http.server import run as serve
@@ -36,7 +37,7 @@ def run(settings: RouterSettings, *, setup: Callable[[], None] | None = None) ->
             server_context(tls, tls.client_ca)
             member_context(tls)
         except TlsError as exc:
-            log.error("router did not start: %s", exc)
+            log.error("router did not start: %s", describe(exc))
             return 1
     host, port, admin_port = settings.http.host, settings.http.port, settings.http.admin_port
     sock = admin_sock = None

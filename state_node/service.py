@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from keyroute.core.api import HEADER_NODE
+from keyroute.core.logs import describe
 from keyroute.core.settings import NodeSettings
 from keyroute.http.admission import Admission
 from keyroute.http.asgi import ASGIApp
@@ -124,7 +125,9 @@ async def _stop_gracefully(node: Node, clock: Callable[[], float] = time.time) -
             return
         await asyncio.to_thread(registration.mark_restarting, grace_s, clock())
     except Exception as exc:  # ZooKeeper unreachable: nobody can hold or take over; leave as before
-        log.warning("recording node %s's planned restart failed (%s): handing its partitions over", node.node_id, exc)
+        log.warning(
+            "recording node %s's planned restart failed (%s): handing its partitions over", node.node_id, describe(exc)
+        )
         await node.leave()
         return
     log.info(

@@ -167,3 +167,10 @@ def _kazoo_retries(record: logging.LogRecord) -> bool:
     record.levelno, record.levelname = logging.DEBUG, "DEBUG"
     return logging.getLogger().isEnabledFor(logging.DEBUG)
 
+
+def describe(exc: BaseException) -> str:
+    """A failure as a log line names it: the exception's text, or its class name when the text is empty (kazoo's
+    `ConnectionLoss()` and `KazooTimeoutError()`, asyncio's `TimeoutError()`), so no line reads "failed: " or
+    "failed ()". Every line that reports a caught failure formats it with this."""
+    text = str(exc).strip()
+    return text or type(exc).__name__
