@@ -90,6 +90,9 @@ def _serve(
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().getEffectiveLevel()))
     # A failed start has been said by the server, in one line (port taken, ZooKeeper refusing credentials).
     http = settings.http
-    return serve(
+    code = serve(
         server(settings), http.host, http.port, sockets, admin_port=http.admin_port, admin_sockets=admin_sockets
     )
+    if code == 0:
+        log.info("router stopped")
+    return code

@@ -275,6 +275,10 @@ async def _joined_node(
     finally:
         # Reverse order: stop deciding (controller), stop reacting (watcher), stop holding (ownership),
         # then tell the cluster we are gone before the session closes.
+        if not zk.is_connected(client):
+            # ZooKeeper is unreachable: nothing below can tell it anything, and kazoo's calls would wait for it.
+            # Closed first, every call fails at once, and any still waiting (a cut-short leave's) ends.
+            await run_in_threadpool(zk.close, client)
         await run_in_threadpool(controller.stop)
         await run_in_threadpool(watcher.stop)
         await ownership.stop()
