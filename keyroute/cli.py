@@ -1197,6 +1197,10 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def cmd_zk(args: argparse.Namespace) -> int:
+    from kazoo.exceptions import KazooException
+    from kazoo.handlers.threading import KazooTimeoutError
+
+    from keyroute.core.logs import describe
     from keyroute.core.zk import ZkUnavailableError, close, connect
     from keyroute.core.zk_backup import Dump, ZkBackupError, dump, restore
 
@@ -1228,6 +1232,9 @@ def cmd_zk(args: argparse.Namespace) -> int:
             restored = restore(client, backup, where, force=args.force)
     except ZkBackupError as exc:
         print(f"{what}: {exc}", file=sys.stderr)
+        return 1
+    except (KazooException, KazooTimeoutError) as exc:  # say, the connection lost midway; or no permission
+        print(f"{what}: ZooKeeper at {zk_settings.hosts} refused or failed: {describe(exc)}", file=sys.stderr)
         return 1
     finally:
         close(client)

@@ -25,6 +25,7 @@ from kazoo.exceptions import BadVersionError, KazooException, NoNodeError, Rolle
 from kazoo.protocol.states import ZnodeStat
 
 from keyroute.core import zk_layout
+from keyroute.core.logs import describe
 from keyroute.core.partition_map import RecordError, StoreRecord
 from keyroute.core.snapshot import SnapshotError, read_manifest, resolve_location
 from keyroute.core.timeline import StoreKind
@@ -94,7 +95,7 @@ def read_published(client: KazooClient, store: str) -> PublishedStore | None:
     except NoNodeError:
         return None
     except KazooException as exc:
-        raise PublishError(store, f"cannot read its record from ZooKeeper: {exc!r}") from exc
+        raise PublishError(store, f"cannot read its record from ZooKeeper: {describe(exc)}") from exc
     try:
         return PublishedStore(StoreRecord.from_json(raw), _znode_version(stat))
     except RecordError as exc:
@@ -237,7 +238,7 @@ def remove_snapshot(store: str, version: int, snapshot: str) -> bool:
         where = resolve_location(snapshot)
         manifest = read_manifest(where)
     except (SnapshotError, OSError) as exc:
-        log.info("store %r: not removing version %d at %s (%s)", store, version, snapshot, exc)
+        log.info("store %r: not removing version %d at %s (%s)", store, version, snapshot, describe(exc))
         return False
     if (manifest.store, manifest.version) != (store, version):
         log.warning(
@@ -251,7 +252,7 @@ def remove_snapshot(store: str, version: int, snapshot: str) -> bool:
     try:
         where.delete()
     except OSError as exc:
-        log.warning("store %r: removing version %d at %s failed (%s)", store, version, snapshot, exc)
+        log.warning("store %r: removing version %d at %s failed (%s)", store, version, snapshot, describe(exc))
         return False
     return True
 
@@ -325,7 +326,7 @@ def rollback(client: KazooClient, store: str, version: int, verify: bool = True)
             store, "its record changed in ZooKeeper meanwhile; nothing was changed, retry"
         ) from exc
     except KazooException as exc:
-        raise RollbackError(store, f"writing its record in ZooKeeper failed ({exc!r})") from exc
+        raise RollbackError(store, f"writing its record in ZooKeeper failed ({describe(exc)})") from exc
     return record
 
 

@@ -8,14 +8,20 @@ hdfs://; s3a:// as s3://), with credentials from the usual environment variables
 
 Claiming a version:
     local path    mkdir of the version directory: atomic, a second builder gets FileExistsError.
-    pyarrow URI   object stores have no atomic mkdir, and pyarrow offers no create-if-absent write; so a
-                  builder writes its own marker `_claim-{token}.json` into the version directory and then
-                  lists the directory: it owns the version only if its marker is the only entry there. On a
-                  store whose writes and listings are strongly consistent (S3 since December 2020, GCS,
-                  Azure Blob, HDFS, MinIO) at most one of any number of concurrent builders sees only its
-                  own marker: whichever lists second sees the first one's marker (the first wrote before it
-                  listed). A builder that sees another entry leaves its marker (so the version stays visibly
-                  taken) and tries the next number. The marker stays in the version as a record of the
+    pyarrow URI   object stores have no atomic mkdir, and pyarrow offers no create-if-absent write (no S3
+                  `If-None-Match: *`); so a builder writes its own marker `_claim-{token}.json` into the version
+                  directory and lists the directory, and decides by one rule that at most one builder wins:
+                    - its marker alone (files still being moved into place aside): it owns the version;
+                    - any other entry that is not a marker, a lower marker (by name), or a marker its builder
+                      has marked as won: it withdraws (removes its marker) and tries the next number;
+                    - otherwise (its marker is the lowest of several): it lists again until the others have
+                      withdrawn, and gives up like a loser after _CLAIM_WAIT_S.
+                  Only a builder whose listing showed its marker alone wins, and a winner's marker stays, so on
+                  a store whose writes and listings are strongly consistent (S3 since December 2020, GCS, Azure
+                  Blob, HDFS, MinIO) two builders cannot both win: each would have listed before the other
+                  wrote. And colliding builders cannot all lose for ever (as when every builder that saw
+                  another gave up and left its marker behind): the lowest marker waits while the others
+                  withdraw, so each collision has a winner. The winner's marker stays as a record of the
                   build that wrote it. The ZooKeeper publish (keyroute.pipeline.publish) is a separate
                   compare-and-set on the store record, so two builds never publish over each other either.
 
@@ -84,6 +90,10 @@ from keyroute.pipeline.timeline import TEXT, TIME
 CLAIM_PREFIX = "_claim-"
 # How many version numbers a build tries before giving up (each one taken by a concurrent build).
 _CLAIM_ATTEMPTS = 20
+# How long the builder with the lowest of several markers waits for the others to withdraw theirs (they do
+# within one listing each), and how often it lists again meanwhile.
+_CLAIM_WAIT_S = 10.0
+_CLAIM_POLL_S = 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,12 +166,40 @@ def claim_version(output: str, store: str, version: int) -> ClaimedVersion:
             raise taken
         marker = f"{CLAIM_PREFIX}{uuid.uuid4().hex}.json"
         location.write_bytes(marker, _claim_record(store, version))
-        others = [name for name, _ in location.names() if name != marker]
+        won = _decide_claim(location, marker)
+        if won:
+            # Said in the marker itself, so that a builder waiting on it gives up at once.
+            location.write_bytes(marker, _claim_record(store, version, won=True))
+        else:
+            location.filesystem.delete_file(location.child(marker))
     except OSError as exc:
         raise PublishError(store, f"cannot claim version {version} at {snapshot}: {exc}") from exc
-    if others:
+    if not won:
         raise taken
     return claimed
+
+
+def _decide_claim(location: ArrowLocation, marker: str) -> bool:
+    """Whether this builder, having written `marker`, owns the version (the rule in the module docstring)."""
+    deadline = time.monotonic() + _CLAIM_WAIT_S
+    while True:
+        # A name with ".tmp-" is a file still being written and moved into place: not there yet.
+        others = [name for name, _ in location.names() if name != marker and ".tmp-" not in name]
+        if not others:
+            return True
+        if any(not name.startswith(CLAIM_PREFIX) or name < marker for name in others):
+            return False
+        if any(_marked_won(location, name) for name in others) or time.monotonic() >= deadline:
+            return False
+        time.sleep(_CLAIM_POLL_S)
+
+
+def _marked_won(location: ArrowLocation, marker: str) -> bool:
+    """Whether another builder's marker says it won (False if it is gone or unreadable: it withdrew)."""
+    try:
+        return json.loads(location.read_bytes(marker)).get("won") is True
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def claim_next_version(output: str, store: str, published: int | None) -> ClaimedVersion:
@@ -176,8 +214,10 @@ def claim_next_version(output: str, store: str, published: int | None) -> Claime
     raise PublishError(store, f"no free version under {output!r} after {_CLAIM_ATTEMPTS} attempts")
 
 
-def _claim_record(store: str, version: int) -> bytes:
+def _claim_record(store: str, version: int, won: bool = False) -> bytes:
     record = {"store": store, "version": version, "host": socket.gethostname(), "pid": os.getpid(), "at": time.time()}
+    if won:
+        record["won"] = True
     return json.dumps(record, sort_keys=True).encode("utf-8")
 
 

@@ -25,7 +25,7 @@ from starlette.routing import Route
 
 from keyroute.core.api import HEADER_REQUEST_ID, ApiError, BadRequest
 from keyroute.core.live_status import LiveStatusReader
-from keyroute.core.logs import bind_request_id
+from keyroute.core.logs import bind_request_id, describe
 from keyroute.core.metrics import CONTENT_TYPE
 from keyroute.core.partition_map import PartitionMap
 from keyroute.core.security import ClusterAuth, MemberIdentity
@@ -71,7 +71,7 @@ async def _connect(source: MapSource, on_map: Callable[[PartitionMap], None], se
         except ZkUnavailableError as exc:
             if not said:
                 said = True
-                log.warning("%s: answering 503 and retrying until it is reachable", exc)
+                log.warning("%s: answering 503 and retrying until it is reachable", describe(exc))
         await asyncio.sleep(pause)
         pause = min(pause * 2, _RECONNECT_PAUSE_S[1])
 

@@ -54,7 +54,7 @@ from keyroute.core.api import (
     PayloadTooLarge,
     key_too_long,
 )
-from keyroute.core.logs import bind_request_id
+from keyroute.core.logs import bind_request_id, describe
 from keyroute.core.metrics import Histogram
 from keyroute.core.partition_map import Endpoint
 from keyroute.core.partitioner import murmur2_bits
@@ -663,7 +663,7 @@ class Proxy:
         except UpstreamUnavailable as exc:
             self.metrics.upstream_failures += 1
             if exc.node_fault:
-                self._backoff.failed(endpoint, str(exc))
+                self._backoff.failed(endpoint, describe(exc))
             return None
         except ValueError as exc:
             # A node advertising a URL we cannot speak to is misconfigured: like an unreachable node.

@@ -28,11 +28,15 @@ from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.recipe.watchers import ChildrenWatch
 
 from keyroute.core import zk_layout
 
 log = logging.getLogger(__name__)
+
+# How long a stopping router waits for ZooKeeper to remove its record.
+STOP_TIMEOUT_S = 2.0
 
 
 def router_id() -> str:
@@ -112,8 +116,10 @@ class RouterRegistry:
             return
         client.remove_listener(self._on_state)
         if self._registered:
-            with contextlib.suppress(KazooException):  # NoNodeError too: gone with an earlier session
-                client.delete(zk_layout.router_path(self.id))
+            # Bounded: with ZooKeeper unreachable kazoo would hold the call until it is back, and the router
+            # must stop all the same (its session's end removes the record).
+            with contextlib.suppress(KazooException, KazooTimeoutError):  # NoNodeError too: gone already
+                client.delete_async(zk_layout.router_path(self.id)).get(timeout=STOP_TIMEOUT_S)
 
 
 async def register_when_connected(

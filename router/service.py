@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from starlette.applications import Starlette
 
+from keyroute.core.logs import describe
 from keyroute.core.security import MemberIdentity
 from keyroute.core.settings import RouterSettings
 from keyroute.http.server import HttpServer
@@ -37,7 +38,7 @@ def run(settings: RouterSettings, *, setup: Callable[[], None] | None = None) ->
             server_context(tls, tls.client_ca)
             member_context(tls, MemberIdentity("router", settings.member_id))
         except TlsError as exc:
-            log.error("router did not start: %s", exc)
+            log.error("router did not start: %s", describe(exc))
             return 1
     host, port, admin_port = settings.http.host, settings.http.port, settings.http.admin_port
     sock = admin_sock = None
@@ -92,6 +93,9 @@ def _serve(
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().getEffectiveLevel()))
     # A failed start has been said by the server, in one line (port taken, ZooKeeper refusing credentials).
     http = settings.http
-    return serve(
+    code = serve(
         server(settings), http.host, http.port, sockets, admin_port=http.admin_port, admin_sockets=admin_sockets
     )
+    if code == 0:
+        log.info("router stopped")
+    return code

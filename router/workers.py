@@ -30,6 +30,7 @@ from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from types import FrameType
 
+from keyroute.core.logs import describe
 from keyroute.core.metrics import retire
 from keyroute.http.server import url_of
 from keyroute.router.metrics import share_across_workers
@@ -129,7 +130,7 @@ def _retire(metrics_dir: str, process: BaseProcess) -> None:
     try:
         retire(metrics_dir, process.pid)
     except OSError as exc:
-        log.warning("cannot retire the metrics of router worker %s: %s", process.pid, exc)
+        log.warning("cannot retire the metrics of router worker %s: %s", process.pid, describe(exc))
 
 
 def _stop(processes: list[BaseProcess], failed: BaseProcess | None, metrics_dir: str) -> int:

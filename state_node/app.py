@@ -29,7 +29,7 @@ from starlette.routing import Route
 from keyroute.core import placement_records, zk
 from keyroute.core.api import HEADER_NODE, HEADER_REQUEST_ID, ApiError, BadRequest
 from keyroute.core.live_status import LiveStatusReader, annotate
-from keyroute.core.logs import bind_request_id
+from keyroute.core.logs import bind_request_id, describe
 from keyroute.core.map_watcher import MapWatcher
 from keyroute.core.metrics import CONTENT_TYPE
 from keyroute.core.partition_map import Assignment, PartitionMap
@@ -99,7 +99,7 @@ class Node:
             try:
                 await run_in_threadpool(self.registration.mark_leaving)
             except Exception as exc:  # ZooKeeper unreachable: nobody can take over; the drain times out
-                log.warning("marking node %s as leaving failed: %s", self.node_id, exc)
+                log.warning("marking node %s as leaving failed: %s", self.node_id, describe(exc))
         if self.controller is not None:
             self.controller.leave()  # a leader writes the assignment without us, then resigns
         remaining = await self.ownership.wait_handed_over(timeout_s)
@@ -312,13 +312,17 @@ async def _joined_node(
         await run_in_threadpool(keeper.stop)
         # Reverse order: stop deciding (controller), stop reacting (watcher), stop holding (ownership),
         # then tell the cluster we are gone before the session closes.
+        if not zk.is_connected(client):
+            # ZooKeeper is unreachable: nothing below can tell it anything, and kazoo's calls would wait for it.
+            # Closed first, every call fails at once, and any still waiting (a cut-short leave's) ends.
+            await run_in_threadpool(zk.close, client)
         await run_in_threadpool(controller.stop)
         await run_in_threadpool(watcher.stop)
         await ownership.stop()
         try:
             await run_in_threadpool(registration.withdraw)
         except Exception as exc:  # the session's end removes the records anyway
-            log.warning("withdrawing node %s from ZooKeeper failed: %s", settings.node_id, exc)
+            log.warning("withdrawing node %s from ZooKeeper failed: %s", settings.node_id, describe(exc))
         await run_in_threadpool(zk.close, client)
         await http.aclose()
 
@@ -396,7 +400,7 @@ async def _whole_assignment(node: Node, m: PartitionMap, only: frozenset[str] | 
     try:
         whole = await run_in_threadpool(node.whole_assignment, only)
     except Exception as exc:  # ZooKeeper away, or a record unreadable: show what the node knows
-        log.warning("reading the whole assignment for an admin view failed: %s", exc)
+        log.warning("reading the whole assignment for an admin view failed: %s", describe(exc))
         return m.assignment
     return m.assignment if whole is None else whole
 

@@ -22,10 +22,12 @@ from typing import Any, TypeVar
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.recipe.election import Election
 
 from keyroute.core import placement_records, zk_layout
 from keyroute.core.collector import without_cyclic_collection
+from keyroute.core.logs import describe
 from keyroute.core.partition_map import Assignment, NodeRecord, RecordError, StoreRecord
 from keyroute.core.wakeup import Wakeup
 from keyroute.state_node.placement import StoreShape, assign
@@ -157,8 +159,8 @@ class Controller:
                 return
             try:
                 election.run(self._lead, election)
-            except KazooException as exc:
-                log.warning("controller election interrupted: %s", exc)
+            except (KazooException, KazooTimeoutError) as exc:  # the timeout is no KazooException
+                log.warning("controller election interrupted: %s", describe(exc))
             except Exception:  # the thread must outlive any surprise, or nobody would assign again
                 log.exception("controller failed")
             lock = election.lock
@@ -209,8 +211,8 @@ class Controller:
                 except NotLeader:
                     log.warning("node %s lost the controller role", self._node_id)
                     break
-                except KazooException as exc:
-                    log.warning("recomputing the assignment failed (%s); retrying", exc)
+                except (KazooException, KazooTimeoutError) as exc:
+                    log.warning("recomputing the assignment failed (%s); retrying", describe(exc))
                     self._wake.ring_after(RETRY_AFTER_ERROR_S)
                     continue
                 if leaving:
@@ -351,7 +353,7 @@ class Controller:
         try:
             return PlannedRestart.from_json(raw)
         except RecordError as exc:
-            log.warning("ignoring the restart record of node %s: %s", name, exc)
+            log.warning("ignoring the restart record of node %s: %s", name, describe(exc))
             return None
 
     def _previous(self) -> tuple[Assignment | None, int, dict[str, int]]:
@@ -367,7 +369,7 @@ class Controller:
             # starting point as the ones the root names (both were balanced placements).
             previous, root_zstat_version, record_generations = placement_records.read(self._client, lenient=True)
         except RecordError as exc:
-            log.warning("replacing an unreadable assignment: %s", exc)
+            log.warning("replacing an unreadable assignment: %s", describe(exc))
             return None, -1, {}
         if previous is not None and root_zstat_version >= 0:
             self._known = _KnownAssignment(root_zstat_version, previous, record_generations)
@@ -424,7 +426,7 @@ class Controller:
         try:
             record = StoreRecord.from_json(raw)
         except RecordError as exc:
-            log.warning("ignoring store %s: %s", name, exc)
+            log.warning("ignoring store %s: %s", name, describe(exc))
             return None
         if record.partitions < 1 or record.replication_factor < 1:
             log.warning(

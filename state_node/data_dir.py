@@ -27,6 +27,7 @@ from keyroute.core.cluster_identity import (
     create_cluster_id,
     read_cluster_id,
 )
+from keyroute.core.logs import describe
 from keyroute.core.settings import ZkSettings
 from keyroute.state_node.store import MARKER, iter_partition_dirs
 
@@ -173,7 +174,7 @@ def held_partitions(path: Path) -> tuple[tuple[str, int, tuple[int, ...]], ...]:
             if (part_dir / MARKER).is_file():
                 held.setdefault((pid.store, pid.version), []).append(pid.partition)
     except OSError as exc:
-        log.warning("listing the partitions in %s failed: %s", path, exc)
+        log.warning("listing the partitions in %s failed: %s", path, describe(exc))
     return tuple((store, version, tuple(sorted(parts))) for (store, version), parts in sorted(held.items()))
 
 

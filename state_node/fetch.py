@@ -32,6 +32,7 @@ import lmdb
 from keyroute.core.key_format import KeyFormat, KeyFormatError, key_from_data
 from keyroute.core.live import META_TAG
 from keyroute.core.lmdb_layout import HASHED_KEY_BYTES, TAG_HASHED, TAG_KEY
+from keyroute.core.logs import describe
 from keyroute.core.partitioner import Partitioner, partition_for
 from keyroute.core.snapshot import CHECKSUM_CHUNK_BYTES, ArrowLocation, Checksum, SnapshotError
 from keyroute.core.timeline import TimelineError, key_of_entry
@@ -99,7 +100,7 @@ def fetch_file(
         raise FetchError(f"{shown}: {exc}") from exc
     except OSError as exc:  # reading, writing (a full disk), a connection: name what was being fetched
         _unlink(dest)
-        raise FetchError(f"fetching {shown} into {dest}: {exc}") from exc
+        raise FetchError(f"fetching {shown} into {dest}: {describe(exc)}") from exc
     except BaseException:
         _unlink(dest)
         raise

@@ -51,6 +51,7 @@ from keyroute.core.key_schema import KeySchema
 from keyroute.core.live import OFFSET_KEY, BadRecord, LiveConfig, RecordReader
 from keyroute.core.live_keys import record_reader
 from keyroute.core.lmdb_layout import LMDB_MAX_KEY_BYTES, TAG_KEY, db_key
+from keyroute.core.logs import describe
 from keyroute.core.partitioner import Partitioner
 from keyroute.core.schema_registry import RegistryUnavailable
 from keyroute.core.value_format import value_decoder
@@ -448,7 +449,9 @@ class LiveApplier:
                     try:
                         slot.store.sync()
                     except Exception as exc:  # lmdb.Error, OSError: a full or failing disk
-                        log.error("live partition %s p%d: flushing to disk failed: %s", self.store, partition, exc)
+                        log.error(
+                            "live partition %s p%d: flushing to disk failed: %s", self.store, partition, describe(exc)
+                        )
                         slot.unsynced = True
 
     def _take(self) -> list[Any]:
@@ -513,7 +516,10 @@ class LiveApplier:
                 else:
                     consumer.incremental_unassign([tp])
             except Exception as exc:  # KafkaException: not assigned (already gone), or the client is closing
-                log.debug("live store %s v%d: %s of partition %d: %s", self.store, self.version, action, partition, exc)
+                log.debug(
+                    "live store %s v%d: %s of partition %d: %s",
+                    *(self.store, self.version, action, partition, describe(exc)),
+                )
         now = time.monotonic()
         for partition, slot in list(self._slots.items()):
             if slot.reassign_at is not None and now >= slot.reassign_at and not slot.halted:
@@ -521,7 +527,7 @@ class LiveApplier:
                 try:
                     consumer.incremental_assign([TopicPartition(topic, partition, slot.next)])
                 except Exception as exc:
-                    log.debug("live store %s: assigning partition %d again: %s", self.store, partition, exc)
+                    log.debug("live store %s: assigning partition %d again: %s", self.store, partition, describe(exc))
                     slot.reassign_at = now + self._settings.reassign_after_s
 
     def _on_client_error(self, error: Any) -> None:
@@ -640,7 +646,7 @@ class LiveApplier:
             except Exception as exc:
                 # Nothing of the batch committed: consume it again from the stored offset a moment later.
                 log.exception("live partition %s v%d p%d: applying records failed", self.store, self.version, partition)
-                live.set_state(STALLED, f"applying records failed: {exc}; retrying")
+                live.set_state(STALLED, f"applying records failed: {describe(exc)}; retrying")
                 self._unassign(partition, slot, retry=True)
                 return
         if slot.unsynced and not self._settings.sync_interval_s:

@@ -19,6 +19,7 @@ from threading import Event
 from types import MappingProxyType
 from typing import Any
 
+from keyroute.core.logs import describe
 from keyroute.core.partition_map import PartitionMap, StoreRecord
 from keyroute.core.settings import NodeSettings
 from keyroute.state_node.live import GAP, ApplierSettings, LiveApplier, LivePartition, LiveVersion
@@ -364,7 +365,7 @@ class Ownership:
             try:
                 await asyncio.to_thread(self._registration.withdraw_serving)
             except Exception as exc:  # ZooKeeper unreachable: the record goes with the session
-                log.warning("withdrawing the serving record failed: %s", exc)
+                log.warning("withdrawing the serving record failed: %s", describe(exc))
         if self._live_reporter is not None:
             self._live_reporter.cancel()
             with contextlib.suppress(Exception):
@@ -630,7 +631,7 @@ class Ownership:
             if entry.cancel.is_set() or self._stopping:
                 self._forget(pid, entry)
             else:
-                log.warning("loading %s failed: %s", pid, exc)
+                log.warning("loading %s failed: %s", pid, describe(exc))
                 entry.state, entry.error = PartitionState.FAILED, str(exc)
                 entry.retry_at = time.monotonic() + self._retry_failed_s
         except Exception as exc:  # a bug must not wedge the partition in LOADING forever
@@ -712,7 +713,7 @@ class Ownership:
                         await asyncio.to_thread(self._registration.withdraw_live)
                     self._live_reported = stores
                 except Exception as exc:  # ZooKeeper unreachable: tried again next time
-                    log.debug("publishing the live status failed: %s", exc)
+                    log.debug("publishing the live status failed: %s", describe(exc))
             await asyncio.sleep(LIVE_REPORT_EVERY_S)
 
     def _forget(self, pid: PartitionId, entry: _Entry) -> None:
@@ -773,7 +774,7 @@ class Ownership:
                 await asyncio.to_thread(self._registration.publish_serving, announced)
                 self._published = announced
             except Exception as exc:  # ZooKeeper unreachable: the next map after reconnecting retries
-                log.warning("publishing the serving record failed: %s", exc)
+                log.warning("publishing the serving record failed: %s", describe(exc))
                 self._published = None
 
     async def _register(self) -> None:
@@ -783,7 +784,7 @@ class Ownership:
             self._live_reported = None  # the live record went with the old session too
             await self._publish()
         except Exception as exc:
-            log.warning("re-registering node %s failed: %s", self._node_id, exc)
+            log.warning("re-registering node %s failed: %s", self._node_id, describe(exc))
         finally:
             self._registering = False
 
@@ -805,7 +806,7 @@ class Ownership:
                 log.info("removing leftover partition directory %s", path)
                 await self._remove(pid, functools.partial(remove_partition_dir, path))
         except OSError as exc:
-            log.warning("cleaning leftover partitions failed: %s", exc)
+            log.warning("cleaning leftover partitions failed: %s", describe(exc))
         finally:
             self._collection = _Collection.DONE
         for store, count in sorted(kept.items()):

@@ -51,6 +51,7 @@ from keyroute.core.api import (
     timeline_body,
 )
 from keyroute.core.key_format import Key, KeyFormat, KeyFormatError, key_from_value, parse_key
+from keyroute.core.logs import describe
 from keyroute.core.metrics import KIND_BATCH
 from keyroute.core.partition_map import Endpoint, PartitionMap, StoreRecord
 from keyroute.core.security import ClusterAuth
@@ -361,7 +362,7 @@ async def forward_read(node: Node, raw_path: bytes, forward: Forward, request_id
         except (UpstreamUnavailable, ValueError) as exc:
             # ValueError: a URL the wire cannot speak to (not http://), a misconfigured node.
             metrics.forward_failures += 1
-            log.warning("forwarding a read to node %s failed: %s", endpoint.node_id, exc)
+            log.warning("forwarding a read to node %s failed: %s", endpoint.node_id, describe(exc))
             failures.append(f"{endpoint.node_id}: {type(exc).__name__}")
             continue
         status = reply.status
@@ -658,7 +659,7 @@ async def _send_batch(
         reply = await node.http.post(url, batch_body(texts, min_offsets), headers)
     except (UpstreamUnavailable, ValueError) as exc:
         metrics.forward_failures += 1
-        log.warning("forwarding a batch-get to %s failed: %s", url, exc)
+        log.warning("forwarding a batch-get to %s failed: %s", url, describe(exc))
         return None
     status, body = reply.status, reply.body
     if status != 200:

@@ -12,6 +12,7 @@ signal-initiated shutdown, 1 when the node could not start (ZooKeeper unreachabl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
@@ -21,6 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from keyroute.core.api import HEADER_NODE
+from keyroute.core.logs import describe
 from keyroute.core.settings import NodeSettings
 from keyroute.http.admission import Admission
 from keyroute.http.asgi import ASGIApp
@@ -36,6 +38,10 @@ log = logging.getLogger(__name__)
 # After the graceful leave, requests in flight get at most this long to finish (a Kubernetes grace period
 # must cover the leave's drain timeout plus this).
 SHUTDOWN_GRACE_S = 10.0
+# The graceful leave gets the drain timeout plus this long (to de-announce and see it in the map); past that
+# it is cut short, as by a second stop signal: a ZooKeeper call that waits for an unreachable ZooKeeper must
+# not keep the node from stopping.
+LEAVE_MARGIN_S = 5.0
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _UNLIMITED = sys.maxsize
 # A router re-encodes the keys it sends on (integers become strings, `", "` separators): a body within the
@@ -101,12 +107,24 @@ class NodeServer(HttpServer):
 async def _leave(node: Node, on_signal: Callable[[Callable[[], None]], None]) -> None:
     leaving = asyncio.get_running_loop().create_task(_stop_gracefully(node))
     on_signal(leaving.cancel)
+    bound_s = node.settings.drain_timeout_s + LEAVE_MARGIN_S
     try:
-        await asyncio.wait((leaving,))
+        await asyncio.wait((leaving,), timeout=bound_s)
     except asyncio.CancelledError:
         leaving.cancel()
         raise
-    if leaving.cancelled():
+    if not leaving.done():
+        leaving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await leaving
+        log.warning(
+            "node %s stops at once: its graceful leave did not end within %.0fs (the drain timeout and %.0fs; is "
+            "ZooKeeper unreachable?)",
+            node.node_id,
+            bound_s,
+            LEAVE_MARGIN_S,
+        )
+    elif leaving.cancelled():
         log.warning("node %s stops at once: a second stop signal came during its graceful leave", node.node_id)
     elif leaving.exception() is not None:  # leaving must end in a stop, whatever happened on the way
         log.error("graceful leave failed; stopping now", exc_info=leaving.exception())
@@ -127,7 +145,9 @@ async def _stop_gracefully(node: Node, clock: Callable[[], float] = time.time) -
             return
         await asyncio.to_thread(registration.mark_restarting, grace_s, clock())
     except Exception as exc:  # ZooKeeper unreachable: nobody can hold or take over; leave as before
-        log.warning("recording node %s's planned restart failed (%s): handing its partitions over", node.node_id, exc)
+        log.warning(
+            "recording node %s's planned restart failed (%s): handing its partitions over", node.node_id, describe(exc)
+        )
         await node.leave()
         return
     log.info(

@@ -48,6 +48,7 @@ import lmdb
 from keyroute.core.key_format import KeyFormatError, parse_key
 from keyroute.core.live import OFFSET_KEY, LiveConfig, value_bytes
 from keyroute.core.lmdb_layout import KEY_ENCODING, TAG_KEY, db_key
+from keyroute.core.logs import describe
 from keyroute.core.partition_map import StoreRecord
 from keyroute.core.partitioner import partition_for
 from keyroute.core.snapshot import (
@@ -472,7 +473,7 @@ def load_partition(
         try:
             return PartitionStore(pid, path, manifest.rows[partition], _open(path, map_size, readonly=True))
         except lmdb.Error as exc:
-            log.warning("%s: marker present but the environment did not open (%s); reloading", pid, exc)
+            log.warning("%s: marker present but the environment did not open (%s); reloading", pid, describe(exc))
 
     remove_partition_dir(path)
     _make_partition_dir(path)
@@ -662,7 +663,7 @@ def _reopen(pid: PartitionId, path: Path, map_size: int, *, readonly: bool) -> l
     try:
         return _open(path, map_size, readonly=readonly)
     except lmdb.Error as exc:
-        log.warning("%s: marker present but the environment did not open (%s); reloading", pid, exc)
+        log.warning("%s: marker present but the environment did not open (%s); reloading", pid, describe(exc))
         return None
 
 
@@ -684,7 +685,7 @@ def _reuse_live(
             next_offset = read_next_offset(txn)
         entries = int(env.stat()["entries"])
     except (lmdb.Error, ValueError) as exc:
-        log.warning("%s: marker present but the live data is unreadable (%s); reloading", pid, exc)
+        log.warning("%s: marker present but the live data is unreadable (%s); reloading", pid, describe(exc))
         next_offset, entries = None, 0
     if next_offset is None:
         env.close()
@@ -694,7 +695,7 @@ def _reuse_live(
         _write_live_state(path, clean=False)
     except OSError as exc:
         env.close()
-        log.warning("%s: cannot record the boot of the live partition (%s); reloading", pid, exc)
+        log.warning("%s: cannot record the boot of the live partition (%s); reloading", pid, describe(exc))
         return None
     log.info("%s: reusing the live partition on disk, resuming at offset %d", pid, next_offset)
     live_partition = LivePartition(pid.store, pid.version, pid.partition, live, next_offset)
@@ -713,7 +714,7 @@ def _reuse_file(pid: PartitionId, path: Path, manifest: Manifest, map_size: int)
         entries = int(env.stat()["entries"])
     except (OSError, lmdb.Error) as exc:
         size, entries = -1, -1
-        log.warning("%s: marker present but the data file is unreadable (%s)", pid, exc)
+        log.warning("%s: marker present but the data file is unreadable (%s)", pid, describe(exc))
     if size == manifest.bytes[pid.partition] and entries == rows:
         return PartitionStore(pid, path, rows, env, timeline=manifest.timeline)
     env.close()

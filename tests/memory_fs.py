@@ -48,12 +48,13 @@ class MemoryHandler(arrow_fs.FileSystemHandler):
 
     def _is_dir(self, path: str) -> bool:
         path = self._clean(path)
-        return path == "" or path in self.dirs or any(f.startswith(path + "/") for f in self.files)
+        return path == "" or path in self.dirs or any(f.startswith(path + "/") for f in list(self.files))
 
     def _info(self, path: str) -> arrow_fs.FileInfo:
         path = self._clean(path)
-        if path in self.files:
-            return arrow_fs.FileInfo(path, arrow_fs.FileType.File, size=len(self.files[path]))
+        data = self.files.get(path)
+        if data is not None:
+            return arrow_fs.FileInfo(path, arrow_fs.FileType.File, size=len(data))
         if self._is_dir(path):
             return arrow_fs.FileInfo(path, arrow_fs.FileType.Directory)
         return arrow_fs.FileInfo(path, arrow_fs.FileType.NotFound)
@@ -61,8 +62,9 @@ class MemoryHandler(arrow_fs.FileSystemHandler):
     def _below(self, path: str) -> list[str]:
         """Every file and directory under `path` (not `path` itself)."""
         prefix = self._clean(path) + "/" if self._clean(path) else ""
-        found = {f for f in self.files if f.startswith(prefix)}
-        found |= {d for d in self.dirs if d.startswith(prefix)}
+        # Over copies (one call each): builders on other threads write while one lists.
+        found = {f for f in list(self.files) if f.startswith(prefix)}
+        found |= {d for d in list(self.dirs) if d.startswith(prefix)}
         for f in list(found):
             found.update(p for p in self._parents(f) if p.startswith(prefix))
         return sorted(found)

@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from collections.abc import Iterable, Mapping
 from decimal import Decimal
+from itertools import accumulate
 from typing import Any
 from urllib.parse import parse_qsl, unquote_to_bytes
 
@@ -220,19 +222,84 @@ class NotUpToBound(RetryLater, code="not_up_to_bound"):
 # A number written with more digits than this before its point is no int64 (and is never expanded: 1e999999).
 _MAX_INTEGER_DIGITS = 40
 
+# -- bounded request bodies ---------------------------------------------------------------------------------
+#
+# A request body is decoded only within these bounds, so that no body, however it nests or writes its numbers,
+# costs more than its bytes or reaches an error no answer names (a RecursionError of the decoder, Python's
+# limit on the digits of an int): past them the answer is 400 bad_request naming the limit. docs/http-api.md
+# ("Request bodies") states both.
+
+# The deepest nesting of arrays and objects a request body may have (`{"keys": [...]}` is 2 deep).
+MAX_JSON_DEPTH = 32
+# The longest number, in characters, a request body may write (an int64 takes 20).
+MAX_JSON_NUMBER_CHARS = 1000
+
+# A JSON string (its brackets are text, not nesting); the unrolled form matches in one pass.
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+# bytes.translate's delete argument: every byte but the four brackets.
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+# The nesting step of each bracket byte left after the translation.
+_DEPTH_STEP = tuple(1 if b in b"[{" else -1 for b in range(256))
+
+
+def json_depth(body: bytes) -> int:
+    """How deep arrays and objects nest in the JSON text `body` (0 for a scalar), counted without decoding it
+    and without recursion; brackets inside strings are text. A body that is not JSON gets some number, which
+    the decoder's own error then makes moot."""
+    brackets = _JSON_STRING.sub(b"", body).translate(None, _NOT_BRACKETS)
+    return max(accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0)
+
+
+def _number_too_long(text: str) -> BadRequest:
+    return BadRequest(
+        f"a number in the body is written with {len(text)} characters; at most {MAX_JSON_NUMBER_CHARS} are allowed"
+    )
+
+
+def _json_int(text: str) -> int:
+    """A JSON number without fraction or exponent, within MAX_JSON_NUMBER_CHARS."""
+    if len(text) > MAX_JSON_NUMBER_CHARS:
+        raise _number_too_long(text)
+    return int(text)
+
 
 def _json_number(text: str) -> int | float:
-    """A JSON number with a fraction or exponent: an int when it has no fractional part, else a float."""
-    number = Decimal(text)
-    if number.is_finite() and number.adjusted() < _MAX_INTEGER_DIGITS and number == number.to_integral_value():
+    """A JSON number with a fraction or exponent: an int when it has no fractional part, else a float. A
+    number beyond a float's range (1e999) is refused, as is one written with more than MAX_JSON_NUMBER_CHARS."""
+    if len(text) > MAX_JSON_NUMBER_CHARS:
+        raise _number_too_long(text)
+    try:
+        number: Decimal | None = Decimal(text)
+    except ArithmeticError:  # an exponent beyond even Decimal's reach (0e99999999999999999999)
+        number = None
+    if number is None:
+        if not text.lower().partition("e")[0].strip("-0."):
+            return 0  # zero, whatever its exponent
+    elif number.adjusted() < _MAX_INTEGER_DIGITS and number == number.to_integral_value():
         return int(number)
-    return float(text)
+    value = float(text)
+    if value in (_INFINITY, -_INFINITY):
+        raise BadRequest(f"a number in the body is beyond the range of a double: {text[:40]}")
+    return value
+
+
+_INFINITY = float("inf")
+
+
+def _no_constant(name: str) -> Any:
+    raise BadRequest(f"{name} is not a JSON number: the body may not hold NaN, Infinity or -Infinity")
 
 
 def loads_json(body: bytes | str) -> Any:
-    """A request body's JSON, its integral numbers as ints (`_json_number`). Raises ValueError (and
-    UnicodeDecodeError) as `json.loads` does."""
-    return json.loads(body, parse_float=_json_number)
+    """A request body's JSON, its integral numbers as ints (`_json_number`), decoded within the bounds above
+    (raises BadRequest past them: nesting deeper than MAX_JSON_DEPTH, a number longer than
+    MAX_JSON_NUMBER_CHARS or beyond a double's range, NaN or Infinity). Raises ValueError (and
+    UnicodeDecodeError) as `json.loads` does for text that is not JSON."""
+    raw = body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body
+    # A body with fewer brackets than the limit cannot nest past it: the common case costs two counts.
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and json_depth(raw) > MAX_JSON_DEPTH:
+        raise BadRequest(f"the body nests arrays and objects more than {MAX_JSON_DEPTH} deep (the limit)")
+    return json.loads(body, parse_float=_json_number, parse_int=_json_int, parse_constant=_no_constant)
 
 
 def json_integer(value: Any, what: str, low: int, high: int, meaning: str = "an integer") -> int:

@@ -168,9 +168,9 @@ def _kazoo_retries(record: logging.LogRecord) -> bool:
     return logging.getLogger().isEnabledFor(logging.DEBUG)
 
 
-
 def describe(exc: BaseException) -> str:
-    """An exception as a log line names it: its text, or its type's name when the text is empty (kazoo's
-    ConnectionLoss, a bare TimeoutError), so that no failure is logged as `()`."""
+    """A failure as a log line names it: the exception's text, or its class name when the text is empty (kazoo's
+    `ConnectionLoss()` and `KazooTimeoutError()`, asyncio's `TimeoutError()`), so no line reads "failed: " or
+    "failed ()". Every line that reports a caught failure formats it with this."""
     text = str(exc).strip()
-    return text if text else type(exc).__name__
+    return text or type(exc).__name__

@@ -52,6 +52,7 @@ from kazoo.protocol.states import EventType, WatchedEvent, ZnodeStat
 
 from keyroute.core import placement_records, zk_layout
 from keyroute.core.collector import without_cyclic_collection
+from keyroute.core.logs import describe
 from keyroute.core.partition_map import (
     Assignment,
     MapBuilder,
@@ -252,7 +253,7 @@ class MapWatcher:
                 new_map = self._read()
                 self.reads += 1
             except (KazooException, KazooTimeoutError) as exc:
-                log.warning("reading the partition map failed (%r); serving the last one, marked stale", exc)
+                log.warning("reading the partition map failed (%s); serving the last one, marked stale", describe(exc))
                 self._resync = True  # what the failed read was to bring is re-read whole
                 with self._publish_lock:
                     self._publish(self._current.marked_stale(True))
@@ -439,7 +440,7 @@ class MapWatcher:
                 self._builder.set_serving(name, ServingRecord.from_json(data))
         except RecordError as exc:
             what = {zk_layout.STORES: "store", zk_layout.NODES: "node"}.get(parent, "serving record of")
-            log.warning("ignoring %s %s: %s", what, name, exc)
+            log.warning("ignoring %s %s: %s", what, name, describe(exc))
             self._clear(parent, name)
 
     def _clear(self, parent: str, name: str) -> None:
@@ -482,13 +483,13 @@ class MapWatcher:
                     self._builder.set_assignment(Assignment.from_json(raw_legacy))
                     self._legacy_assignment = raw_legacy
                 except RecordError as exc:
-                    log.warning("ignoring the assignment: %s", exc)
+                    log.warning("ignoring the assignment: %s", describe(exc))
             return
         self._legacy_assignment = None
         try:
             root = placement_records.parse_root(raw_root)
         except RecordError as exc:
-            log.warning("ignoring the assignment: %s", exc)
+            log.warning("ignoring the assignment: %s", describe(exc))
             return
         own_only = self._own_path is not None and root.share_records
         follow = self._follow if own_only else None
@@ -518,7 +519,7 @@ class MapWatcher:
             try:
                 fresh[store] = placement_records.parse_placement_record(settled_part[0])
             except RecordError as exc:
-                log.warning("ignoring the assignment: %s", exc)
+                log.warning("ignoring the assignment: %s", describe(exc))
                 return
             if fresh[store][0] != root.stores[store]:
                 return  # written ahead of (or behind) the root: in progress, as above
@@ -545,7 +546,7 @@ class MapWatcher:
         try:
             self._own_record = placement_records.parse_share_record(raw) if raw else None
         except RecordError as exc:
-            log.warning("ignoring this node's assignment record: %s", exc)
+            log.warning("ignoring this node's assignment record: %s", describe(exc))
             self._own_record = None
         return True
 

@@ -24,6 +24,8 @@ from typing import Any, TypeVar
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from keyroute.core.logs import describe
+
 log = logging.getLogger(__name__)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -519,7 +521,7 @@ class WorkerSnapshots:
                 try:
                     _write_atomically(self.path, data)
                 except OSError as exc:  # the directory is gone: the parent is stopping
-                    log.debug("cannot publish worker metrics to %s: %s", self.path, exc)
+                    log.debug("cannot publish worker metrics to %s: %s", self.path, describe(exc))
                 else:
                     self._written = data
             self._published = sums

@@ -32,12 +32,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kazoo.client import KazooClient
+from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
 from kazoo.retry import KazooRetry
 from kazoo.security import ACL, OPEN_ACL_UNSAFE, Id, Permissions, make_digest_acl
 
 from keyroute.core import zk_layout, zk_tls
+from keyroute.core.logs import describe
 from keyroute.core.settings import ZkSettings
 
 log = logging.getLogger(__name__)
@@ -296,8 +297,20 @@ def _started(client: KazooClient, settings: ZkSettings, quiet: _Quiet) -> None:
         client.exists("/")  # as kazoo's `start` does: NoAuthError without READ on the chroot
 
 
+def is_connected(client: KazooClient) -> bool:
+    """Whether the client's session is connected now (not suspended, lost or closed)."""
+    return bool(client.state == KazooState.CONNECTED)
+
+
 def close(client: KazooClient) -> None:
+    """End the client's session and free it; once more does nothing. Bounded whatever ZooKeeper's state: with
+    ZooKeeper unreachable, kazoo stops retrying and fails every call still waiting for it (ConnectionLoss),
+    waiting at most max(10 s, the session timeout) for its connection thread to notice; a call after this fails
+    at once (ConnectionClosedError)."""
     try:
         client.stop()
+    except Exception as exc:  # kazoo's WriterNotClosedException: its connection thread did not end in time
+        log.warning("closing the ZooKeeper client did not finish cleanly: %s", describe(exc))
     finally:
-        client.close()
+        with contextlib.suppress(Exception):  # closed before
+            client.close()

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
 
 from keyroute.core import zk_layout
 from keyroute.core.cluster_identity import ClusterId, ClusterIdError, read_cluster_id
@@ -149,11 +149,18 @@ def _valid_path(path: str) -> bool:
     return all(part not in ("", ".", "..") for part in path[1:].split("/"))
 
 
-def _walk(client: KazooClient, path: str) -> Iterator[tuple[str, bytes, Any]]:
-    """(path, data, stat) of every znode under `path` (not `path` itself), parents first, children sorted."""
+def _walk(client: KazooClient, path: str, unreadable: list[str]) -> Iterator[tuple[str, bytes, Any]]:
+    """(path, data, stat) of every persistent znode under `path` (not `path` itself), parents first, children
+    sorted. A persistent znode this identity may not read (or list) goes to `unreadable`; an ephemeral record
+    under one of the layout's roots of them (zk_layout.EPHEMERAL_PARENTS) that it may not read is left out
+    like every ephemeral one: a router's record is its own identity's, which not even the writers may read
+    (ZooKeeper shows the reader no writer's digest to grant), and ZooKeeper gives no stat without READ."""
     try:
         children = client.get_children(path)
     except NoNodeError:  # deleted meanwhile
+        return
+    except NoAuthError:
+        unreadable.append(path)
         return
     for child in sorted(children):
         child_path = f"{path.rstrip('/')}/{child}"
@@ -163,16 +170,27 @@ def _walk(client: KazooClient, path: str) -> Iterator[tuple[str, bytes, Any]]:
             data, stat = client.get(child_path)
         except NoNodeError:
             continue
+        except NoAuthError:
+            if path not in zk_layout.EPHEMERAL_PARENTS:
+                unreadable.append(child_path)
+            continue
+        if stat.ephemeralOwner:  # a live session's, and without children
+            continue
         yield child_path, data or b"", stat
-        if not stat.ephemeralOwner:  # an ephemeral znode has no children
-            yield from _walk(client, child_path)
+        yield from _walk(client, child_path, unreadable)
 
 
 def dump(client: KazooClient, chroot: str = "", clock: Any = time.time) -> Dump:
-    """The persistent znodes under the client's chroot (`chroot` names it in the dump)."""
-    znodes = [
-        Znode(path, data, int(stat.version)) for path, data, stat in _walk(client, "/") if not stat.ephemeralOwner
-    ]
+    """The persistent znodes under the client's chroot (`chroot` names it in the dump). Raises ZkBackupError
+    (one line) when this identity may not read some of them: a backup is whole or not made."""
+    unreadable: list[str] = []
+    znodes = [Znode(path, data, int(stat.version)) for path, data, stat in _walk(client, "/", unreadable)]
+    if unreadable:
+        shown = ", ".join(unreadable[:3]) + (", ..." if len(unreadable) > 3 else "")
+        raise ZkBackupError(
+            f"{len(unreadable)} persistent record(s) under chroot {chroot or '/'} may not be read by this identity "
+            f"(their ACL grants it no READ): {shown}; nothing was written"
+        )
     try:
         found = read_cluster_id(client)
     except ClusterIdError:

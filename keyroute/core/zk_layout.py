@@ -65,6 +65,9 @@ PERSISTENT_ROOTS = (
     ROUTERS,
 )
 
+# The roots whose children are ephemeral records of live sessions (the controller's: the election's contenders).
+EPHEMERAL_PARENTS = (NODES, CONTROLLER, SERVING, LIVE, ROUTERS)
+
 
 def _child(root: str) -> Callable[[str], str]:
     """The path of `root`'s child named by the argument: one rule for every root that holds a record per

@@ -118,8 +118,10 @@ class SessionKeeper:
 
     def stop(self) -> None:
         self._stop.set()
+        # Not waited for long: a probe in progress may take seconds while ZooKeeper is down, and the thread
+        # (a daemon) writes nothing; a stop must not wait on it.
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=self._settings.connect_timeout_s + 5.0)
+            self._thread.join(timeout=1.0)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):

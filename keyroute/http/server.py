@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from keyroute.core.api import ApiError, NotFound
+from keyroute.core.logs import describe
 from keyroute.core.settings import TlsSettings
 from keyroute.http.admission import send_error
 from keyroute.http.asgi import ASGIApp, Receive, Scope, Send
@@ -356,7 +357,7 @@ class HttpServer:
         try:
             await self.start(host, port, sockets, admin_port=admin_port, admin_sockets=admin_sockets)
         except (StartupError, TlsError) as exc:
-            log.error("%s did not start: %s", self.name, exc)
+            log.error("%s did not start: %s", self.name, describe(exc))
             return 1
         except OSError as exc:
             reason = (exc.strerror or str(exc)).lower()

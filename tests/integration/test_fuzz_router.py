@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from keyroute.core.api import MAX_JSON_DEPTH, MAX_JSON_NUMBER_CHARS
 from keyroute.core.settings import ZkSettings
 from tests.integration.small_cluster import (
     ADMIN_TOKEN,
@@ -27,6 +28,7 @@ from tests.integration.small_cluster import (
     key_path,
     small_cluster,
 )
+from tests.request_bodies import DEEP_BODIES
 
 pytestmark = pytest.mark.integration
 
@@ -98,10 +100,38 @@ forged_headers = st.dictionaries(
             "accept-encoding",
             "x-forwarded-host",
             "forwarded",
+            "accept",
+            "cookie",
+            "connection",
+            "upgrade",
+            "te",
+            "expect",
+            "content-encoding",
+            "keyroute_admin",
         ]
     ),
     st.one_of(
         st.sampled_from(["1", "0", "-1", "2", "abc", "", "http://127.0.0.1:1", f"Bearer {ADMIN_TOKEN}", "Bearer x"]),
+        st.sampled_from(
+            [
+                "application/avro",
+                "application/avro;q=0",
+                "*/*;q=abc",
+                "application/json;q=1e999",
+                "keep-alive, upgrade",
+                "close",
+                "websocket",
+                "h2c",
+                "100-continue",
+                "gzip",
+                "trailers",
+                "a=b; c",
+                "=",
+                ";;;",
+                "a\tb",
+                "keyroute_admin=" + "x" * 500,
+            ]
+        ),
         st.text(
             alphabet=st.characters(min_codepoint=0x20, max_codepoint=0xFF, exclude_characters="\x7f"), max_size=60
         ).map(lambda v: v.strip(" \t")),
@@ -118,6 +148,9 @@ LARGE_BODIES = {
     "beyond max_body_bytes": b'{"keys": ["' + b"z" * (2 * 1024 * 1024) + b'"]}',
     "beyond max_batch_keys": json.dumps({"keys": [f"C{i:03d}" for i in range(1001)]}).encode(),
     "a long key": b'{"keys": ["' + b"z" * 5000 + b'"]}',
+    "nested arrays": DEEP_BODIES[0],
+    "nested objects": DEEP_BODIES[1],
+    "a 10,000-digit number": b'{"keys": [' + b"7" * 10_000 + b"]}",
 }
 huge_headers = st.sampled_from(["none", "none", "none", "none", "one huge", "two big"])
 batch_bodies = st.one_of(
@@ -222,6 +255,8 @@ def test_fuzzed_requests_get_json_errors_and_leave_the_cluster_answering(cluster
             assert statuses.get(status, 0) > 0, (status, statuses)
     finally:
         checker.close()
+    for proc in cluster.procs:
+        assert "Traceback" not in proc.output(), proc.args[0]
     with httpx.Client(timeout=10, trust_env=False) as http:
         cluster.check_every_key(http)
         for url in cluster.node_urls.values():
@@ -230,3 +265,30 @@ def test_fuzzed_requests_get_json_errors_and_leave_the_cluster_answering(cluster
                 assert r.status_code == 200 and r.json() == expected(key)
         batch = http.post(cluster.router_url + f"/stores/{STORE}/batch-get", json={"keys": KNOWN})
         assert [e["value"] for e in batch.json()["results"]] == [ROWS[k] for k in KNOWN]
+
+
+def test_nested_bodies_and_odd_numbers_are_400_naming_the_limit_on_routers_and_nodes_and_log_no_traceback(
+    cluster: SmallCluster,
+) -> None:
+    # An outside fuzzer's find: each of these was a 500 and a ~40-line RecursionError traceback in both logs.
+    odd = {
+        b'{"keys": [' + b"7" * 10_000 + b"]}": f"at most {MAX_JSON_NUMBER_CHARS} are allowed",
+        b'{"keys": ["C001", NaN]}': "NaN is not a JSON number",
+        b'{"keys": [-Infinity]}': "-Infinity is not a JSON number",
+        b'{"keys": [1e999999]}': "beyond the range of a double",
+        **{body: f"more than {MAX_JSON_DEPTH} deep" for body in DEEP_BODIES},
+    }
+    with httpx.Client(timeout=30, trust_env=False) as http:
+        for url in [cluster.router_url, *cluster.node_urls.values()]:
+            for body, words in odd.items():
+                r = http.post(url + f"/stores/{STORE}/batch-get", content=body)
+                assert r.status_code == 400 and r.json()["error"] == "bad_request", (url, r.text[:300])
+                assert words in r.json()["message"], (url, r.json())
+        # The limit is the limit, not a lower one: a body at the limit is read.
+        body = b'{"keys": ["C001", ' + b"[" * (MAX_JSON_DEPTH - 2) + b"1" + b"]" * (MAX_JSON_DEPTH - 2) + b"]}"
+        r = http.post(cluster.router_url + f"/stores/{STORE}/batch-get", content=body)
+        assert r.status_code == 200 and r.json()["results"][0]["value"] == ROWS["C001"], r.text[:300]
+        assert r.json()["results"][1]["status"] == 400
+        cluster.check_every_key(http)
+    for proc in cluster.procs:
+        assert "Traceback" not in proc.output(), (proc.args[0], proc.output()[-3000:])

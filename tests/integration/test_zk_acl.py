@@ -377,3 +377,43 @@ def test_who_may_not_administer_the_layout_is_told_so_at_connect(zk_settings: Zk
         assert "wrong" not in str(caught.value) and READER.password not in str(caught.value)
     # Reading needs no layout rights: the reader connects without creating anything.
     zk.close(zk.connect(reader_settings(zk_settings), ensure_layout=False))
+
+
+def test_zk_dump_works_for_the_reader_and_the_writer_and_names_in_one_line_what_it_may_not_read(
+    tmp_path: Path, secured: tuple[ZkSettings, KazooClient]
+) -> None:
+    base, writer = secured
+    publish_version(writer, tmp_path / "snapshots", 1)
+    writer.create(zk_layout.node_path("n1"), NodeRecord("n1", "http://127.0.0.1:1").to_json(), ephemeral=True)
+    # A router's record, made as a router makes it (its connection's default ACL): the reader's own, which the
+    # writer may not read. The writer's dump crashed on it with kazoo's NoAuthError.
+    reading = zk.connect(reader_settings(base), ensure_layout=False)
+    lone = zk.connect(dataclasses.replace(base, auth=WRITER))  # a writer that grants the reader nothing
+    try:
+        reading.create(zk_layout.router_path("r1"), b'{"url": "http://127.0.0.1:2"}', ephemeral=True)
+        with pytest.raises(NoAuthError):
+            writer.get(zk_layout.router_path("r1"))
+        dumped: dict[str, list[str]] = {}
+        for who, env in (("writer", WRITER_ENV), ("reader", READER_ENV)):
+            out = tmp_path / f"{who}.json"
+            done = cli("zk", "dump", "--zk", base.connect_string, "--out", str(out), env=env)
+            assert done.returncode == 0 and "Traceback" not in done.stderr, (who, done.stderr)
+            dumped[who] = [znode["path"] for znode in json.loads(out.read_text())["znodes"]]
+        assert dumped["writer"] == dumped["reader"]
+        assert {zk_layout.ROUTERS, zk_layout.NODES, zk_layout.store_path(STORE)} <= set(dumped["writer"])
+        assert not [p for p in dumped["writer"] if p.startswith((zk_layout.ROUTERS + "/", zk_layout.NODES + "/"))]
+
+        # A persistent record the reader may not read: one line, exit 1, and no partial backup.
+        hidden = StoreRecord("hidden", 2, Partitioner.MURMUR2, KeyFormat.STRING, 1, "/snap/hidden")
+        lone.create(zk_layout.store_path("hidden"), hidden.to_json())
+        out = tmp_path / "partial.json"
+        refused = cli("zk", "dump", "--zk", base.connect_string, "--out", str(out), env=READER_ENV)
+        assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+        assert "1 persistent record(s)" in refused.stderr and zk_layout.store_path("hidden") in refused.stderr
+        assert "Traceback" not in refused.stderr and not out.exists()
+        again = cli("zk", "dump", "--zk", base.connect_string, "--out", str(out), env=WRITER_ENV)
+        assert again.returncode == 0, again.stderr
+        assert zk_layout.store_path("hidden") in [z["path"] for z in json.loads(out.read_text())["znodes"]]
+    finally:
+        zk.close(lone)
+        zk.close(reading)

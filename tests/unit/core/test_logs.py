@@ -1,4 +1,5 @@
-"""Log output: one JSON object per line with request ids and extra fields; request-id validation."""
+"""Log output: one JSON object per line with request ids and extra fields; request-id validation; how a failure
+is named in a log line."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from kazoo.exceptions import ConnectionLoss
+from kazoo.handlers.threading import KazooTimeoutError
 
 from keyroute.core.logs import (
     REQUEST_ID,
@@ -18,6 +21,7 @@ from keyroute.core.logs import (
     acceptable_request_id,
     bind_request_id,
     configure,
+    describe,
     new_request_id,
 )
 
@@ -145,3 +149,20 @@ def test_kazoos_per_retry_warnings_are_debug_records(restore_root_logging: None)
     configure("text", "DEBUG", stream=debug)
     kazoo.warning("Connection dropped: %s", "socket connection error: Connection refused")
     assert " DEBUG kazoo.client: Connection dropped: socket connection error" in debug.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("exc", "named"),
+    [
+        (ConnectionLoss(), "ConnectionLoss"),
+        (KazooTimeoutError(), "KazooTimeoutError"),
+        (TimeoutError(), "TimeoutError"),
+        (OSError(), "OSError"),
+        (ValueError("  "), "ValueError"),
+        (ValueError("bad value"), "bad value"),
+        (OSError(28, "No space left on device"), "[Errno 28] No space left on device"),
+        (KeyError("k"), "'k'"),
+    ],
+)
+def test_a_failure_is_named_by_its_text_or_else_its_class(exc: BaseException, named: str) -> None:
+    assert describe(exc) == named

@@ -128,7 +128,7 @@ def test_an_integral_json_number_is_an_integer_in_every_integer_field_of_a_batch
     ("bound", "shown"),
     [("14571.5", "14571.5"), ("1e-3", "0.001"), ("true", "True"), ("-1", "-1"), ("-1.0", "-1"),
      ("9223372036854775808", "9223372036854775808"), ("9223372036854775808.0", "9223372036854775808"),
-     ("1e400", "inf"), ('"5"', "'5'"), ("null", "None")],
+     ('"5"', "'5'"), ("null", "None")],
 )  # fmt: skip
 def test_a_bound_with_a_fraction_a_boolean_or_out_of_range_is_a_clear_400(bound: str, shown: str) -> None:
     body = f'{{"keys": ["a"], "min_offsets": {{"3": {bound}}}}}'.encode()

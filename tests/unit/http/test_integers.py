@@ -72,11 +72,23 @@ def test_a_query_integer_out_of_its_range_says_the_range() -> None:
 @pytest.mark.parametrize(
     ("text", "value"),
     [("14571", 14571), ("14571.0", 14571), ("1.4571e4", 14571), ("145710e-1", 14571), ("-0.0", 0),
-     ("9223372036854775807.0", (1 << 63) - 1), ("14571.5", 14571.5), ("1e-3", 0.001), ("1e400", float("inf"))],
+     ("9223372036854775807.0", (1 << 63) - 1), ("14571.5", 14571.5), ("1e-3", 0.001),
+     ("1e-400", 0.0), ("0e99999999999999999999", 0)],
 )  # fmt: skip
 def test_a_body_number_with_no_fractional_part_is_read_as_the_exact_integer(text: str, value: Any) -> None:
     read = loads_json(f'{{"n": {text}}}')["n"]
     assert read == value and type(read) is type(value)
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [("1e400", "beyond the range of a double"), ("-1e400", "beyond the range of a double"),
+     ("7" * 1001, "1001 characters"), ("0." + "7" * 999, "1001 characters"), ("NaN", "NaN is not a JSON number"),
+     ("Infinity", "Infinity is not a JSON number")],
+)  # fmt: skip
+def test_a_body_number_beyond_a_double_too_long_or_not_a_number_is_refused_naming_why(text: str, reason: str) -> None:
+    with pytest.raises(BadRequest, match=reason):
+        loads_json(f'{{"n": {text}}}')
 
 
 @pytest.mark.parametrize("value", [14571.5, True, False, None, "5", [5], -1, 101, float("inf"), float("nan"), 1e300])

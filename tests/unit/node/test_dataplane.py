@@ -13,13 +13,16 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, example, given, settings
 
 import keyroute.state_node.dataplane
+from keyroute.core.api import MAX_JSON_DEPTH, json_depth
 from keyroute.core.settings import RequestLimits
 from keyroute.http.dataplane import Call
 from keyroute.http.exchange import ServerLimits
 from keyroute.state_node.dataplane import NodeDataPlane
 from keyroute.state_node.reads import read_key
+from tests.request_bodies import DEEP_BODIES, bodies
 from tests.unit.node.fakes import (
     GENERATION,
     HELD,
@@ -268,3 +271,32 @@ def test_a_batch_bound_written_as_an_integral_float_is_the_integer_and_a_fractio
         "message": f"min_offsets[{LOCAL_P}] must be an offset: an integer from 0 to 9223372036854775807, got 14571.5",
     }
     assert refused.headers["x-keyroute-node"] == ME and client.admission.active == 0
+
+
+def test_any_batch_body_is_answered_entry_by_entry_or_refused_with_a_4xx_json_error(client_for: Nodes) -> None:
+    # An outside fuzzer's find: 100,000 nested `[` were a 500 and a RecursionError traceback in the log.
+    client, _ = client_for(SERVING, HELD, unreachable)
+    max_keys = client.node.settings.max_batch_keys
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(bodies(max_keys))
+    @example(DEEP_BODIES[0])
+    @example(DEEP_BODIES[1])
+    def check(body: bytes) -> None:
+        r = client.post("/stores/s/batch-get", content=body, headers={"content-type": "application/json"})
+        assert r.status_code in (200, 400, 413) and r.headers["content-type"] == "application/json", r.text[:300]
+        answer = r.json()
+        if r.status_code != 200:
+            assert answer["error"] in ("bad_request", "too_many_keys") and answer["message"]
+            if json_depth(body) > MAX_JSON_DEPTH:
+                assert f"more than {MAX_JSON_DEPTH} deep" in answer["message"]
+            return
+        keys = json.loads(body)["keys"]
+        assert len(answer["results"]) == len(keys)
+        for key, entry in zip(keys, answer["results"], strict=True):
+            assert entry["key"] == key or not isinstance(key, str)
+            assert entry["status"] in (200, 400, 404, 503), entry  # 503: the other replicas cannot be reached
+            assert entry["status"] != 200 or entry["key"] == KEY_LOCAL and entry["value"] == {"v": 1}
+
+    check()
+    assert client.admission.active == 0

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from keyroute.core.settings import NodeSettings, RequestLimits, ZkSettings
+from keyroute.core.settings import HttpSettings, NodeSettings, RequestLimits, ZkSettings
 from keyroute.state_node.app import Node, create_app
 from keyroute.state_node.service import NodeServer, body_limit, run, server_limits
 from tests.unit.node.fakes import HELD, KEY_LOCAL, SERVING, FakeOwnership, WithoutLifespan, build, node_settings
@@ -96,7 +96,8 @@ def test_a_node_that_cannot_reach_zookeeper_exits_1_with_the_reason_logged(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     zk = ZkSettings(hosts=f"127.0.0.1:{free_port()}", connect_timeout_s=0.5)
-    settings = NodeSettings(node_id="lonely", data_dir=tmp_path, zk=zk)
+    # A free port of its own: the default one (8080) may be another program's.
+    settings = NodeSettings(node_id="lonely", data_dir=tmp_path, zk=zk, http=HttpSettings(port=free_port()))
     with caplog.at_level(logging.INFO):
         assert run(settings) == 1
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]

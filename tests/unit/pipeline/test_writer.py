@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -118,47 +117,116 @@ def test_a_version_on_a_pyarrow_filesystem_is_claimed_by_a_marker(mock_fs: Any) 
     assert claim_next_version(output, "s", 4).version == 5
 
 
-def test_a_builder_that_sees_another_claim_backs_off(mock_fs: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two builders wrote their markers into the same new version at once: whoever lists and sees another
-    entry gives the version up (leaving its marker, so the version stays visibly taken) and takes the next."""
-    output = MOCK + "bucket/out"
+def racing_marker(monkeypatch: pytest.MonkeyPatch, name: str, data: bytes = b"{}") -> list[str]:
+    """A concurrent builder's marker `name` lands in the version right after ours, before we list; the names
+    of the markers we wrote are returned (in a list filled as we write)."""
     real_write = ArrowLocation.write_bytes
-    raced: list[str] = []
+    ours: list[str] = []
 
-    def write_and_race(self: ArrowLocation, name: str, data: bytes) -> None:
-        real_write(self, name, data)
-        if not raced:  # a concurrent builder's marker lands right after ours, before we list
-            raced.append(name)
-            real_write(self, f"{CLAIM_PREFIX}{uuid.uuid4().hex}.json", b"{}")
+    def write_and_race(self: ArrowLocation, marker: str, content: bytes) -> None:
+        real_write(self, marker, content)
+        if not ours:
+            real_write(self, name, data)
+        ours.append(marker)
 
     monkeypatch.setattr(ArrowLocation, "write_bytes", write_and_race)
+    return ours
+
+
+def test_a_builder_that_sees_a_lower_claim_withdraws_its_own_and_takes_the_next_version(
+    mock_fs: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    output = MOCK + "bucket/out"
+    lower = f"{CLAIM_PREFIX}{'0' * 32}.json"  # lower than any marker of ours
+    racing_marker(monkeypatch, lower)
     with pytest.raises(VersionTaken):
         claim_version(output, "s", 1)
+    location = ArrowLocation.from_uri(output + "/s/v000001")
+    assert [name for name, _ in location.names()] == [lower]  # ours was removed, the other one's stays
     claimed = claim_next_version(output, "s", None)
     assert claimed.version == 2
     assert existing_versions(output, "s") == [1, 2]
 
 
-def test_concurrent_builders_never_share_a_version(mock_fs: Any) -> None:
+def test_the_lowest_of_several_claims_waits_for_the_others_to_withdraw_and_wins(
+    mock_fs: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     output = MOCK + "bucket/out"
-    versions: list[int] = []
-    errors: list[BaseException] = []
-    start = threading.Barrier(8)
+    higher = f"{CLAIM_PREFIX}{'f' * 32}.json"  # higher than any marker of ours
+    racing_marker(monkeypatch, higher)
+    real_names = ArrowLocation.names
+    listings: list[list[str]] = []
 
-    def build() -> None:
-        try:
-            start.wait()
-            versions.append(claim_next_version(output, "s", None).version)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+    def names_then_withdraw(self: ArrowLocation, folder: str = "") -> list[tuple[str, bool]]:
+        found = real_names(self, folder)
+        listings.append([name for name, _ in found])
+        if len(listings) == 2:  # the other builder lists after us, sees our lower marker and withdraws
+            self.filesystem.delete_file(self.child(higher))
+        return found
 
-    threads = [threading.Thread(target=build) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors
-    assert len(versions) == len(set(versions)) == 8
+    monkeypatch.setattr(ArrowLocation, "names", names_then_withdraw)
+    claimed = claim_version(output, "s", 1)
+    assert claimed.version == 1 and len(listings) == 3 and higher in listings[1]  # [0]: before writing ours
+    [(marker, _)] = real_names(claimed.location)  # type: ignore[arg-type]
+    assert json.loads(claimed.location.read_bytes(marker))["won"] is True  # type: ignore[union-attr]
+
+
+def test_a_builder_gives_up_at_once_on_a_claim_marked_won_and_after_a_wait_on_one_that_stays(
+    mock_fs: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    output = MOCK + "bucket/out"
+    won = f"{CLAIM_PREFIX}{'f' * 32}.json"
+    racing_marker(monkeypatch, won, json.dumps({"store": "s", "version": 1, "won": True}).encode())
+    slept: list[float] = []
+    monkeypatch.setattr(writer.time, "sleep", slept.append)
+    with pytest.raises(VersionTaken):
+        claim_version(output, "s", 1)
+    assert slept == []  # the other builder had listed before we wrote, alone: it won
+    location = ArrowLocation.from_uri(output + "/s/v000001")
+    assert [name for name, _ in location.names()] == [won]
+    # A marker that neither wins nor withdraws (its builder died): given up after the wait, ours removed.
+    racing_marker(monkeypatch, f"{CLAIM_PREFIX}{'f' * 32}.json")
+    now = [0.0]
+    monkeypatch.setattr(writer.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(writer.time, "sleep", lambda s: now.__setitem__(0, now[0] + s))
+    with pytest.raises(VersionTaken):
+        claim_version(output, "s", 2)
+    assert now[0] >= writer._CLAIM_WAIT_S
+    location = ArrowLocation.from_uri(output + "/s/v000002")
+    assert [name for name, _ in location.names()] == [f"{CLAIM_PREFIX}{'f' * 32}.json"]
+
+
+# The concurrent claim is run this many times in a row (each a fresh filesystem): a livelock or a shared
+# version shows as one failed round. TEST_CLAIM_ROUNDS=500 runs more.
+CONCURRENT_ROUNDS = int(os.environ.get("TEST_CLAIM_ROUNDS", "5"))
+
+
+@pytest.mark.parametrize("builders", [2, 8])
+def test_concurrent_builders_never_share_a_version(mock_fs: Any, builders: int) -> None:
+    for round_no in range(CONCURRENT_ROUNDS):
+        output = MOCK + f"bucket/out-{round_no}"
+        versions: list[int] = []
+        errors: list[BaseException] = []
+        start = threading.Barrier(builders)
+
+        def build(output: str, start: threading.Barrier, versions: list[int], errors: list[BaseException]) -> None:
+            try:
+                start.wait()
+                versions.append(claim_next_version(output, "s", None).version)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=build, args=(output, start, versions, errors)) for _ in range(builders)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not errors, (round_no, errors)
+        assert len(versions) == len(set(versions)) == builders, (round_no, versions)
+        # Every version a builder gave up holds no marker of its: each claimed one holds exactly its winner's.
+        for version in existing_versions(output, "s"):
+            names = [n for n, _ in ArrowLocation.from_uri(f"{output}/s/v{version:06d}").names()]
+            assert len(names) == (1 if version in versions else 0), (round_no, version, names)
 
 
 def test_removing_a_version_removes_it_everywhere(tmp_path: Path, mock_fs: Any) -> None:

@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from keyroute.core.api import KeyNotFound
+from keyroute.core.api import MAX_JSON_DEPTH, KeyNotFound, json_depth
 from keyroute.http.admission import Admission
 from keyroute.http.exchange import Exchange, ServerLimits
 from keyroute.http.forwarding import OffsetBounds
@@ -29,6 +30,7 @@ from keyroute.http.server import HttpServer
 from keyroute.http.upstream import UpstreamResponse
 from keyroute.router.dataplane import RouterDataPlane
 from keyroute.router.metrics import RouterMetrics
+from tests.request_bodies import DEEP_BODIES, bodies
 from tests.util import serve_in_thread, wait_for
 
 
@@ -338,4 +340,30 @@ def test_a_batch_bound_written_as_an_integral_float_is_the_integer_and_a_fractio
         "message": "min_offsets[8525082] must be an offset: an integer from 0 to 9223372036854775807, got 14571.5",
     }
     assert len(served.proxy.batches) == 2  # refused before the proxy was asked
+    assert served.admission.active == 0
+
+
+def test_any_batch_body_reaches_the_proxy_as_json_gave_it_or_is_refused_with_a_4xx_json_error(served: Served) -> None:
+    # An outside fuzzer's find: 100,000 nested `[` were a 500 and a RecursionError traceback in the log.
+    raw = b"POST /stores/s/batch-get HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(bodies(100))
+    @example(DEEP_BODIES[0])
+    @example(DEEP_BODIES[1])
+    def check(body: bytes) -> None:
+        asked = len(served.proxy.batches)
+        ((status, headers, answer),) = parse_answers(served.exchange(raw % (len(body), body)))
+        assert status in (200, 400) and headers["content-type"] == "application/json", answer[:300]
+        if status == 400:
+            assert json.loads(answer)["error"] == "bad_request" and len(served.proxy.batches) == asked
+            if json_depth(body) > MAX_JSON_DEPTH:
+                assert f"more than {MAX_JSON_DEPTH} deep" in json.loads(answer)["message"]
+            return
+        # The proxy got the keys as the standard decoder reads them (integral numbers as ints).
+        ((_, keys, _),) = served.proxy.batches[asked:]
+        assert keys == json.loads(body)["keys"]
+        assert [entry["key"] for entry in json.loads(answer)["results"]] == keys
+
+    check()
     assert served.admission.active == 0
