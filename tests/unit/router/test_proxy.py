@@ -686,7 +686,8 @@ def test_a_read_stuck_on_a_slow_replica_is_hedged_and_answered_by_the_other(
     slow_fast: tuple[LocalNode, LocalNode],
 ) -> None:
     slow, fast = slow_fast
-    slow.delay_s = 0.3
+    # Slow by far more than the hedge delay: on a loaded machine the other node's answer may itself take a while.
+    slow.delay_s = 1.0
     h = LocalHarness(slow, fast, hedge_after_s=0.02)  # the slow node is always asked first
     keys = [f"k{i}" for i in range(8)]
 
