@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
 import threading
@@ -229,6 +230,7 @@ class HttpServer:
             raise
         self._lifespan = lifespan
         if tls is not None:
+            tls.on_reload = self._listen_anew
             tls.watch(loop)
         self._data_port_app.admin_port = self.admin_port
         # Sockets handed in are shared by worker processes: whoever handed them in says where it listens.
@@ -254,6 +256,51 @@ class HttpServer:
         from starlette.datastructures import State
 
         return State(self._state)
+
+    def _listen_anew(self) -> None:
+        """A new TLS context came in use: listen with it (`_relisten`)."""
+        if self._loop is not None and not self._stopping:
+            self._track(self._loop.create_task(self._relisten()))
+
+    async def _relisten(self) -> None:
+        """Listen on the same sockets with the current TLS context, then stop listening with the previous one:
+        its session cache and ticket keys go with it, so no session made before the reload resumes
+        (keyroute.http.tls.ServerTls). Connections already open keep going; none is refused meanwhile (both
+        listen on the socket for a moment)."""
+        tls, loop = self.tls, self._loop
+        if tls is None or loop is None:
+            return
+        context = tls.context
+        if tls.listener is context:
+            return
+        listen_tls: dict[str, Any] = {"ssl": context, "ssl_handshake_timeout": HANDSHAKE_TIMEOUT_S}
+        for server in list(self._servers):
+            if self._stopping or tls.context is not context:
+                return  # stopping, or a newer context: its own relisten follows
+            admin = server in self._admin_servers
+            old_sockets = list(server.sockets)
+            if len(old_sockets) != 1:
+                continue
+            try:
+                # The same listening socket under another descriptor: closing the old server closes its own.
+                sock = socket.socket(fileno=os.dup(old_sockets[0].fileno()))
+                renewed = await loop.create_server(
+                    self._admin_connection if admin else self._connection,
+                    sock=sock,
+                    backlog=128 if admin else 2048,
+                    **listen_tls,
+                )
+            except OSError as exc:
+                log.warning("%s keeps listening with its previous TLS context: %s", self.name, exc)
+                return
+            if self._stopping:
+                renewed.close()
+                return
+            self._servers[self._servers.index(server)] = renewed
+            if admin:
+                self._admin_servers[self._admin_servers.index(server)] = renewed
+            server.close()
+        tls.listener = context
 
     def _connection(self) -> Connection:
         conn = Connection(self)

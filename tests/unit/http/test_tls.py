@@ -475,3 +475,54 @@ def test_a_reconnect_resumes_the_tls_session_and_keeps_the_peers_role(tmp_path: 
         stats = server.tls.listener.session_stats()
     assert roles == [b"router"] * 3  # a resumed session still names its certificate's role
     assert stats["accept_good"] == 3 and stats["hits"] == 2
+
+
+def resumed_answer(port: int, ctx: ssl.SSLContext, session: ssl.SSLSession | None, path: str) -> tuple[Any, bytes]:
+    """((the session, whether it was resumed), the answer) of a GET of `path` over a new connection offering
+    `session`; the answer is b"" when the handshake or the request is refused."""
+    raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:
+        with ctx.wrap_socket(raw, server_hostname="127.0.0.1", session=session) as sock:
+            sock.sendall(get(path))
+            answer = read_answer(sock)
+            return (sock.session, sock.session_reused), answer
+    except (ssl.SSLError, ConnectionError):
+        return (None, False), b""
+    finally:
+        raw.close()
+
+
+@pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_3, ssl.TLSVersion.TLSv1_2])
+def test_a_session_from_before_a_client_ca_change_does_not_resume(tmp_path: Path, version: ssl.TLSVersion) -> None:
+    ca, successor = trustme.CA(), trustme.CA()
+    ca_path = ca_file(tmp_path, ca)
+    client_ca = ca_file(tmp_path, ca, "client-ca")
+    server = HttpServer(
+        probed_app(), data_plane=lambda state: Plane(), tls=pair(tmp_path, ca, "s"), require_ca=client_ca
+    )
+    client = pair(tmp_path, ca, "client", "client.example")
+    ctx = ssl.create_default_context(cafile=ca_path)
+    ctx.minimum_version = ctx.maximum_version = version
+    ctx.load_cert_chain(client.cert, client.key)
+    with serve_in_thread(server) as port:
+        assert server.tls is not None
+        server.tls.poll_s = 0.05
+        (session, _), answer = resumed_answer(port, ctx, None, "/stores/t")
+        assert answer.startswith(b"HTTP/1.1 200 OK") and session is not None
+        (session, reused), answer = resumed_answer(port, ctx, session, "/stores/t")
+        assert reused and answer.startswith(b"HTTP/1.1 200 OK")  # resumption works between reloads
+        before = server.tls.context
+        ca_file(tmp_path, successor, "client-ca")  # the client CA replaced: the client's certificate is revoked
+        wait_for(lambda: server.tls is not None and server.tls.listener is not before, timeout_s=30, message="reload")
+        (_, reused), answer = resumed_answer(port, ctx, session, "/stores/t")
+        assert not reused
+        assert answer == b""  # a full handshake, and the certificate of the replaced CA refused
+        # Sessions of the new client CA resume again.
+        renewed = pair(tmp_path, successor, "renewed", "client.example")
+        ctx2 = ssl.create_default_context(cafile=ca_path)
+        ctx2.minimum_version = ctx2.maximum_version = version
+        ctx2.load_cert_chain(renewed.cert, renewed.key)
+        (session, _), answer = resumed_answer(port, ctx2, None, "/stores/t")
+        assert answer.startswith(b"HTTP/1.1 200 OK")
+        (_, reused), answer = resumed_answer(port, ctx2, session, "/stores/t")
+        assert reused and answer.startswith(b"HTTP/1.1 200 OK")
