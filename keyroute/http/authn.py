@@ -37,6 +37,7 @@ from keyroute.core.authn import (
 )
 from keyroute.core.security import ClusterAuth
 from keyroute.core.settings import AccessSettings
+from keyroute.http.asgi import TRANSPORT_EXTENSION
 from keyroute.http.lifespan import StartupError
 from keyroute.http.tls import peer_role
 
@@ -83,13 +84,15 @@ class Callers:
         if not identity.may_read(call.store):
             raise Forbidden(f"{identity.name!r} may not read store {call.store!r}")
 
-    def of_headers(self, headers: Iterable[tuple[bytes, bytes]]) -> Identity:
-        """The caller of an app request (say, /routing), by its Authorization header. Unauthorized if none."""
-        authorization = None
-        for name, value in headers:
-            if name == _AUTHORIZATION:
-                authorization = bytes(value)
-                break
+    def of_scope(self, scope: Any) -> Identity:
+        """The caller of an app request (say, /routing) by its ASGI `scope`: its Authorization header, else
+        the client certificate of its connection (as a data-plane read's, `admit`). Unauthorized if none."""
+        authorization = _authorization(scope["headers"])
+        if authorization is None and self._certificates:
+            transport = (scope.get("extensions") or {}).get(TRANSPORT_EXTENSION)
+            identity = self.authenticator.certificate(certificate_names(transport))
+            if identity is not None:
+                return identity
         return self.identify(authorization)
 
     def identify(self, authorization: bytes | None) -> Identity:
@@ -97,6 +100,13 @@ class Callers:
         authenticator = self.authenticator
         authenticator.poll(time.monotonic())
         return authenticator.identify(authorization)
+
+
+def _authorization(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
+    for name, value in headers:
+        if name == _AUTHORIZATION:
+            return bytes(value)
+    return None
 
 
 def _transport(call: Any) -> Any:

@@ -263,6 +263,11 @@ def test_a_client_certificate_names_its_caller_on_a_router_requiring_certificate
             assert r.status_code == 403 and r.json()["error"] == "forbidden", r.text
             # A bearer token, when sent, names the caller instead of the certificate.
             assert http.get(router + key_path(KEY_TEXT), headers=bearer(READER_B)).status_code == 403
+            # /routing (what direct mode routes with) knows the caller by its certificate too.
+            r = http.get(router + "/routing")
+            assert r.status_code == 200 and set(r.json()["stores"]) == {STORE}, r.text
         with httpx.Client(timeout=10, trust_env=False, verify=context(nobody)) as http:
             r = http.get(router + key_path(KEY_TEXT))
+            assert r.status_code == 401 and r.json()["error"] == "unauthorized", r.text
+            r = http.get(router + "/routing")
             assert r.status_code == 401 and r.json()["error"] == "unauthorized", r.text
