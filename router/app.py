@@ -124,6 +124,7 @@ def create_app(
             hedge=HedgeSettings.of(settings),
         )
         proxy.metrics.admission = checks
+        proxy.cursor_key = getattr(source, "cursor_key", proxy.cursor_key)  # a test source has none
         app.state.proxy = proxy
         app.state.quotas = proxy.metrics.quotas = quotas
         # A source without a ZooKeeper session (tests) has no live status to show.

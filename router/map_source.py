@@ -13,6 +13,7 @@ from kazoo.client import KazooClient
 
 from keyroute.core import zk
 from keyroute.core.cluster_identity import EmptyChroot
+from keyroute.core.cursor_key import CursorKey
 from keyroute.core.map_watcher import MapWatcher
 from keyroute.core.partition_map import PartitionMap
 from keyroute.core.settings import ZkSettings
@@ -39,6 +40,8 @@ class ZooKeeperMapSource:
         self._lock = threading.Lock()
         self._stopped = False
         self._empty = EmptyChroot(settings)
+        # What the router signs range cursors with, followed once connected (keyroute.core.cursor_key).
+        self.cursor_key = CursorKey()
 
     def start(self, on_map: Callable[[PartitionMap], None]) -> None:
         """Connect and start watching (raises ZkUnavailableError when ZooKeeper cannot be reached in time).
@@ -58,6 +61,7 @@ class ZooKeeperMapSource:
 
             self._watcher = MapWatcher(client, observed)
             self._watcher.start()
+            self.cursor_key.watch(client)
 
     @property
     def client(self) -> KazooClient | None:

@@ -17,6 +17,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from kazoo.exceptions import KazooException
+from kazoo.handlers.threading import KazooTimeoutError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -27,6 +29,7 @@ from starlette.routing import Route
 
 from keyroute.core import placement_records, zk
 from keyroute.core.api import HEADER_NODE, HEADER_REQUEST_ID, ApiError, BadRequest
+from keyroute.core.cursor_key import CursorKey
 from keyroute.core.live_status import LiveStatusReader, annotate
 from keyroute.core.logs import bind_request_id
 from keyroute.core.map_watcher import MapWatcher
@@ -70,6 +73,8 @@ class Node:
     # The whole assignment (of the stores given, or all) read from ZooKeeper, for the admin views (a node's
     # map holds only its own share; None: no ZooKeeper session, in tests: the map's assignment is shown).
     whole_assignment: Callable[[frozenset[str] | None], Assignment | None] | None = None
+    # What timeline cursors are signed with: the cluster's key (keyroute.core.cursor_key; unknown in tests).
+    cursor_key: CursorKey = field(default_factory=CursorKey)
     # Tells other members' requests (whose hop header counts) from clients' (whose does not).
     members: ClusterAuth = field(init=False)
     # X-Keyroute-Node, as every answer of this node carries it.
@@ -230,6 +235,12 @@ async def _joined_node(
     except DataDirError as exc:
         await run_in_threadpool(zk.close, client)
         raise StartupError(str(exc)) from exc
+    cursor_key = CursorKey()
+    try:
+        await run_in_threadpool(cursor_key.ensure, client)
+    except (KazooException, KazooTimeoutError, RuntimeError) as exc:
+        await run_in_threadpool(zk.close, client)
+        raise StartupError(f"the cluster's cursor key could not be read or created: {exc!r}") from exc
     registration = Registration(client, settings.node_id, settings.http.url, settings.zone)
     try:
         await run_in_threadpool(registration.claim, settings.zk.session_timeout_s + 2.0)
@@ -264,6 +275,7 @@ async def _joined_node(
         metrics,
         LiveStatusReader(lambda: client),
         whole_assignment=lambda only: placement_records.read_whole(client, only),
+        cursor_key=cursor_key,
     )
     try:
         registration.holds = await run_in_threadpool(held_partitions, settings.data_dir)
