@@ -125,6 +125,8 @@ def create_app(
         )
         proxy.metrics.admission = checks
         proxy.cursor_key = getattr(source, "cursor_key", proxy.cursor_key)  # a test source has none
+        if app.state.callers is not None:
+            app.state.callers.cluster_key = proxy.cursor_key  # what admin callers' login sessions are keyed by
         app.state.proxy = proxy
         app.state.quotas = proxy.metrics.quotas = quotas
         # A source without a ZooKeeper session (tests) has no live status to show.

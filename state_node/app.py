@@ -145,6 +145,8 @@ def create_app(
         metrics.admission.identify_admins(callers)
         async with _running_node(settings, drop_grace_s, max_parallel_loads, metrics) as node:
             app.state.node = node
+            if callers is not None:
+                callers.cluster_key = node.cursor_key  # what admin callers' login sessions are keyed by
             yield
 
     node_id = settings.node_id

@@ -16,9 +16,10 @@ store the caller may not read. Without access control there is no `Callers` at a
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import httpx
@@ -35,7 +36,15 @@ from keyroute.core.authn import (
     parse_groups,
     read_document,
 )
-from keyroute.core.security import ClusterAuth
+from keyroute.core.cursor_key import CursorKey
+from keyroute.core.security import (
+    SESSION_COOKIE,
+    ClusterAuth,
+    caller_session,
+    caller_session_key,
+    cookie_value,
+    read_caller_session,
+)
 from keyroute.core.settings import AccessSettings
 from keyroute.http.asgi import TRANSPORT_EXTENSION
 from keyroute.http.lifespan import StartupError
@@ -60,6 +69,9 @@ class Callers:
         self.authenticator = authenticator
         self.members = members if members is not None and members.enabled else None
         self._certificates = authenticator.tokens is not None
+        # What admin callers' login sessions are keyed by (the app sets the cluster's key; None: no logins).
+        self.cluster_key: CursorKey | None = None
+        self._clock: Callable[[], float] = time.time
 
     def admit(self, call: Any, now: float) -> None:
         """Set `call.identity` to its caller's, who may read `call.store`: else raises Unauthorized or
@@ -100,6 +112,38 @@ class Callers:
         authenticator = self.authenticator
         authenticator.poll(time.monotonic())
         return authenticator.identify(authorization)
+
+    def _session_key(self) -> bytes | None:
+        cluster_key = self.cluster_key.value if self.cluster_key is not None else None
+        return caller_session_key(cluster_key) if cluster_key else None
+
+    def login(self, token: bytes) -> str | None:
+        """A session cookie's value for the token-file caller whose token is `token`, when it has `admin`;
+        None otherwise (or while the cluster's key is not known: sessions are keyed by it)."""
+        tokens, key = self.authenticator.tokens, self._session_key()
+        if tokens is None or key is None:
+            return None
+        self.authenticator.poll(time.monotonic())
+        identity = tokens.identify(token)
+        if identity is None or not identity.admin:
+            return None
+        return caller_session(key, identity.name, hashlib.sha256(token).digest(), self._clock())
+
+    def of_session(self, cookie: bytes | None) -> Identity | None:
+        """The admin caller a session cookie (`login`'s) in a raw Cookie header names, while that caller's
+        token is in the token file with `admin` and the cookie has not expired; else None."""
+        tokens, key = self.authenticator.tokens, self._session_key()
+        if tokens is None or key is None:
+            return None
+        session = read_caller_session(cookie_value(cookie, SESSION_COOKIE), self._clock())
+        if session is None:
+            return None
+        name, valid = session
+        self.authenticator.poll(time.monotonic())
+        for digest, identity in tokens.tokens.by_digest.items():
+            if identity.name == name and identity.admin and valid(key, digest):
+                return identity
+        return None
 
 
 def _authorization(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
