@@ -274,6 +274,12 @@ def _serving_options(p: _Parser, parser: argparse.ArgumentParser) -> None:
         "NEW,OLD during a rotation (either is accepted); empty: admin endpoints are open",
     )
     p.flag(parser, "--metrics-require-token", help="/metrics also requires the admin token")
+    p.flag(
+        parser,
+        "--metrics-open",
+        help="with access control on, /metrics answers scrapers without credentials (otherwise it needs an "
+        "admin caller or the admin token: its labels name every store and caller)",
+    )
     p.option(
         parser,
         "--access-tokens",
@@ -441,6 +447,7 @@ def _limits(args: argparse.Namespace) -> dict[str, Any]:
             cluster_secret=args.cluster_secret or "",
             admin_token=args.admin_token or "",
             metrics_require_token=args.metrics_require_token,
+            metrics_open=args.metrics_open,
             **{name: getattr(args, name) or "" for name in _ACCESS_OPTIONS},
         ),
     }

@@ -39,7 +39,7 @@ from keyroute.core.security import BearerAuth, ClusterAuth
 from keyroute.core.settings import NodeSettings
 from keyroute.http.admin_login import login_routes
 from keyroute.http.admission import Admission, RequestGuard
-from keyroute.http.authn import callers_of
+from keyroute.http.authn import admin_paths, callers_of
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.lifespan import StartupError
 from keyroute.http.tls import member_tls
@@ -186,7 +186,7 @@ def create_app(
         max_concurrent_per_caller=settings.limits.max_concurrent_per_caller,
         max_header_bytes=settings.limits.max_header_bytes,
         admin=BearerAuth(access.admin_token),
-        protected=("/admin", "/metrics") if access.metrics_require_token else ("/admin",),
+        protected=admin_paths(access),
         retry_after_s=RETRY_AFTER_S,
     )
     guard = Middleware(RequestGuard, admission=metrics.admission, error_headers=[(HEADER_NODE, node_id)])

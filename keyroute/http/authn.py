@@ -176,6 +176,15 @@ def certificate_names(transport: Any) -> tuple[str, ...]:
     return names
 
 
+def admin_paths(access: AccessSettings) -> tuple[str, ...]:
+    """The paths only the admin token or an admin caller may use: /admin, and /metrics with
+    --metrics-require-token, or with access control on unless --metrics-open (the metrics' labels name every
+    store and caller, which a caller's 403s withhold)."""
+    access_control = bool(access.access_tokens or access.jwt_issuer)
+    closed = access.metrics_require_token or (access_control and not access.metrics_open)
+    return ("/admin", "/metrics") if closed else ("/admin",)
+
+
 def callers_of(access: AccessSettings, members: ClusterAuth, name: str, trust_members: bool) -> Callers | None:
     """The access check `access` configures (None: none, every caller may read every store), said in one log
     line by the process `name` (a node: `trust_members`, whose requests `members` tells). StartupError (one

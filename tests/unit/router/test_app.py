@@ -457,6 +457,29 @@ def test_with_access_control_an_admin_caller_logs_in_and_the_page_does_not_loop(
     run(scenario)
 
 
+@pytest.mark.parametrize("metrics_open", [False, True])
+def test_with_access_control_metrics_need_an_admin_caller_unless_opened(tmp_path: Path, metrics_open: bool) -> None:
+    settings = with_callers(tmp_path)
+    settings = dataclasses.replace(settings, access=dataclasses.replace(settings.access, metrics_open=metrics_open))
+
+    async def scenario() -> None:
+        async with router(build_map(STORES, FULL), *nodes("k"), settings=settings) as r:
+            answers = {
+                who: (await r.client.get("/metrics", headers=headers)).status_code
+                for who, headers in (
+                    ("nobody", {}),
+                    ("reader", {"authorization": f"Bearer {READER}"}),
+                    ("ops", {"authorization": f"Bearer {ADMIN_CALLER}"}),
+                )
+            }
+            expected = {"nobody": 200, "reader": 200, "ops": 200} if metrics_open else {
+                "nobody": 401, "reader": 403, "ops": 200}  # fmt: skip
+            assert answers == expected
+            assert (await r.client.get("/healthz")).status_code == 200
+
+    run(scenario)
+
+
 def test_without_metrics_require_token_metrics_stay_open() -> None:
     settings = dataclasses.replace(SETTINGS, access=AccessSettings(admin_token="adm1n"))
 
