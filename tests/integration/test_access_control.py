@@ -22,7 +22,7 @@ import pytest
 import trustme
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from keyroute.client import Client, KeyrouteError
+from keyroute.client import Client, Forbidden
 from keyroute.core.settings import ZkSettings
 from keyroute.core.zookeeper_server import EmbeddedZooKeeper
 from tests.integration.small_cluster import ADMIN_TOKEN, SECRET, STORE, SmallCluster, expected, key_path, small_cluster
@@ -163,7 +163,7 @@ def test_the_python_client_sends_its_token_in_router_and_direct_modes(cluster: S
         with Client(cluster.router_url, token=READER_A, routing=routing) as client:
             value = client.get(STORE, KEY_TEXT)
             assert value.value == want and (routing == "router" or value.node in cluster.node_urls), value
-        with Client(cluster.router_url, token=READER_B, routing=routing) as client, pytest.raises(KeyrouteError):
+        with Client(cluster.router_url, token=READER_B, routing=routing) as client, pytest.raises(Forbidden):
             client.get(STORE, KEY_TEXT)
 
 
