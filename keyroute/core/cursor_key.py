@@ -21,7 +21,7 @@ import secrets
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 
 from keyroute.core import zk_layout
 
@@ -65,8 +65,17 @@ class CursorKey:
         self.watch(client)
 
     def watch(self, client: KazooClient) -> None:
-        """Follow /cursor-key on `client` (reads it once now, off the event loop)."""
-        self._watch = client.DataWatch(zk_layout.CURSOR_KEY, self._changed)
+        """Follow /cursor-key on `client` (reads it once now, off the event loop). A key this identity may
+        not read is said in one line, and cursors are then refused until a restart reads it."""
+        try:
+            self._watch = client.DataWatch(zk_layout.CURSOR_KEY, self._changed)
+        except KazooException as exc:
+            log.warning(
+                "cannot read the cluster's cursor key %s (%s): range and timeline reads answer 503 "
+                "until this process can (check the ZooKeeper identity's ACL)",
+                zk_layout.CURSOR_KEY,
+                type(exc).__name__,
+            )
 
     def _changed(self, data: bytes | None, stat: Any) -> None:
         if data:  # gone or empty: the last key known stays in use (absence is not deletion)
