@@ -69,7 +69,7 @@ def http_scope(
         "asgi": {"version": "3.0", "spec_version": "2.3"},
         "http_version": version,
         "method": method,
-        "scheme": "http",
+        "scheme": "http" if transport.get_extra_info("ssl_object") is None else "https",
         "path": _decode_path(path),
         "raw_path": path,
         "query_string": query,

@@ -526,3 +526,22 @@ def test_a_session_from_before_a_client_ca_change_does_not_resume(tmp_path: Path
         assert answer.startswith(b"HTTP/1.1 200 OK")
         (_, reused), answer = resumed_answer(port, ctx2, session, "/stores/t")
         assert reused and answer.startswith(b"HTTP/1.1 200 OK")
+
+
+def test_an_app_request_over_tls_says_https(tmp_path: Path) -> None:
+    """What makes a login's cookie Secure when the server itself speaks TLS (keyroute.http.admin_login)."""
+
+    async def scheme(request: StarletteRequest) -> JSONResponse:
+        return JSONResponse({"scheme": request.url.scheme})
+
+    ca = trustme.CA()
+    app = starlette_app()
+    app.router.routes.append(Route("/scheme", scheme))
+    request = get("/scheme", "connection: close")
+    context = ssl.create_default_context(cafile=ca_file(tmp_path, ca))
+    with serve_in_thread(HttpServer(app, tls=pair(tmp_path, ca, "s"))) as port, tls_connection(port, context) as tls:
+        tls.sendall(request)
+        assert read_answer(tls).endswith(b'{"scheme":"https"}')
+    with serve_in_thread(HttpServer(app)) as port, socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+        assert read_answer(sock).endswith(b'{"scheme":"http"}')
