@@ -8,8 +8,10 @@ import asyncio
 import datetime
 import logging
 import os
+import shutil
 import socket
 import ssl
+import subprocess
 from collections.abc import Iterator
 from contextlib import asynccontextmanager as contextmanager_async
 from contextlib import contextmanager, suppress
@@ -545,3 +547,41 @@ def test_an_app_request_over_tls_says_https(tmp_path: Path) -> None:
     with serve_in_thread(HttpServer(app)) as port, socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(request)
         assert read_answer(sock).endswith(b'{"scheme":"http"}')
+
+
+OPENSSL = shutil.which("openssl")
+
+
+def s_client(port: int, ca_path: str, *args: str) -> str:
+    """What `openssl s_client` prints for a GET of /stores/t (its session summary and the answer)."""
+    command = [OPENSSL or "openssl", "s_client", "-connect", f"127.0.0.1:{port}", "-servername", "127.0.0.1"]
+    request = get("/stores/t", "connection: close")
+    done = subprocess.run(
+        [*command, "-CAfile", ca_path, "-tls1_3", "-ign_eof", *args], input=request, capture_output=True, timeout=30
+    )
+    return done.stdout.decode("latin-1")
+
+
+@pytest.mark.skipif(OPENSSL is None, reason="needs the openssl command")
+def test_a_certless_client_with_a_saved_session_is_refused_once_the_client_ca_changed(tmp_path: Path) -> None:
+    ca, successor = trustme.CA(), trustme.CA()
+    ca_path, client_ca = ca_file(tmp_path, ca), ca_file(tmp_path, ca, "client-ca")
+    server = HttpServer(
+        probed_app(), data_plane=lambda state: Plane(), tls=pair(tmp_path, ca, "s"), require_ca=client_ca
+    )
+    client = pair(tmp_path, ca, "client", "client.example")
+    saved = str(tmp_path / "session.pem")
+    with serve_in_thread(server) as port:
+        assert server.tls is not None
+        server.tls.poll_s = 0.05
+        first = s_client(port, ca_path, "-cert", client.cert, "-key", client.key, "-sess_out", saved)
+        assert "HTTP/1.1 200 OK" in first and os.path.getsize(saved) > 0
+        # The session carries the certificate: a client without one resumes it (and is served) until a reload.
+        before = s_client(port, ca_path, "-sess_in", saved)
+        assert "Reused, TLSv1.3" in before and "HTTP/1.1 200 OK" in before, before
+        listener = server.tls.listener
+        ca_file(tmp_path, successor, "client-ca")
+        wait_for(lambda: server.tls is not None and server.tls.listener is not listener, timeout_s=30, message="reload")
+        after = s_client(port, ca_path, "-sess_in", saved)
+        assert "New, TLSv1.3" in after and "Reused" not in after, after
+        assert "HTTP/1.1 403" in after and "client_certificate_required" in after, after
