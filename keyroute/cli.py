@@ -321,6 +321,12 @@ def _serving_options(p: _Parser, parser: argparse.ArgumentParser) -> None:
     )
     _secret_file_option(p, parser, "--admin-token")
     p.flag(parser, "--metrics-require-token", help="/metrics also requires the admin token")
+    p.flag(
+        parser,
+        "--metrics-open",
+        help="with access control on, /metrics answers scrapers without credentials (otherwise it needs an "
+        "admin caller or the admin token: its labels name every store and caller)",
+    )
     p.option(
         parser,
         "--access-tokens",
@@ -505,6 +511,7 @@ def _limits(args: argparse.Namespace) -> dict[str, Any]:
             cluster_secret=args.cluster_secret or "",
             admin_token=args.admin_token or "",
             metrics_require_token=args.metrics_require_token,
+            metrics_open=args.metrics_open,
             **{name: getattr(args, name) or "" for name in _ACCESS_OPTIONS},
             jwt_jwks_refresh_s=args.jwt_jwks_refresh_s,
             jwt_jwks_allow_http=args.jwt_jwks_allow_http,

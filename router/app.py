@@ -126,6 +126,9 @@ def create_app(
         if isinstance(getattr(wire, "tls", None), MemberTls):  # a node is held to the id it registered
             wire.tls.peers = lambda: proxy.table.map  # type: ignore[attr-defined]
         proxy.metrics.admission = checks
+        proxy.cursor_key = getattr(source, "cursor_key", proxy.cursor_key)  # a test source has none
+        if app.state.callers is not None:
+            app.state.callers.cluster_key = proxy.cursor_key  # what admin callers' login sessions are keyed by
         app.state.proxy = proxy
         app.state.quotas = proxy.metrics.quotas = quotas
         # A source without a ZooKeeper session (tests) has no live status to show.

@@ -9,12 +9,13 @@ import sys
 from keyroute.core.security import BearerAuth
 from keyroute.core.settings import RouterSettings
 from keyroute.http.admission import Admission
+from keyroute.http.authn import admin_paths
 from keyroute.http.exchange import ServerLimits
 
 
 def protected_paths(settings: RouterSettings) -> tuple[str, ...]:
-    """Paths that need the admin token (when one is configured): admin, and metrics if asked for."""
-    return ("/admin", "/metrics") if settings.access.metrics_require_token else ("/admin",)
+    """Paths that need the admin token or an admin caller: admin, and metrics (keyroute.http.authn)."""
+    return admin_paths(settings.access)
 
 
 def admission(settings: RouterSettings) -> Admission:

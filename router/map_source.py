@@ -13,6 +13,7 @@ from kazoo.client import KazooClient
 
 from keyroute.core import zk
 from keyroute.core.cluster_identity import EmptyChroot
+from keyroute.core.cursor_key import CursorKey
 from keyroute.core.map_watcher import MapWatcher
 from keyroute.core.partition_map import PartitionMap
 from keyroute.core.settings import ZkSettings
@@ -41,6 +42,8 @@ class ZooKeeperMapSource:
         self._lock = threading.Lock()
         self._stopped = False
         self._empty = EmptyChroot(settings)
+        # What the router signs range cursors with, followed once connected (keyroute.core.cursor_key).
+        self.cursor_key = CursorKey()
 
     def start(self, on_map: Callable[[PartitionMap], None]) -> None:
         """Connect and start watching (raises ZkUnavailableError when ZooKeeper cannot be reached in time).
@@ -63,6 +66,7 @@ class ZooKeeperMapSource:
             # A ZooKeeper restored or rebuilt behind this session: a new session once a cluster is back there.
             self._keeper = SessionKeeper(client, self._settings)
             self._keeper.start()
+            self.cursor_key.watch(client)
 
     @property
     def client(self) -> KazooClient | None:

@@ -773,7 +773,7 @@ async def routing(request: Request) -> Response:
     wanted = request.query_params.getlist("store")
     m = _map_of(request)
     callers = getattr(request.app.state, "callers", None)
-    visible = None if callers is None else callers.of_headers(request.scope["headers"]).stores
+    visible = None if callers is None else callers.of_scope(request.scope).stores
     views = await views_of.of(m)
     headers = views_of.headers(views)
     if visible is not None:

@@ -559,7 +559,8 @@ OPENAPI: dict[str, Any] = {
         "/metrics": {
             "get": {
                 "operationId": "metrics",
-                "summary": "Prometheus metrics (needs the admin token with --metrics-require-token)",
+                "summary": "Prometheus metrics (the admin token with --metrics-require-token; with access control on, "
+                "an admin caller unless --metrics-open)",
                 "security": [{"adminToken": []}, {}],
                 "responses": {
                     "200": {

@@ -42,7 +42,6 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from keyroute.core.api import (
-    HEADER_AUTH,
     HEADER_GENERATION,
     HEADER_HOPS,
     HEADER_OFFSET,
@@ -54,6 +53,7 @@ from keyroute.core.api import (
     PayloadTooLarge,
     key_too_long,
 )
+from keyroute.core.cursor_key import CursorKey
 from keyroute.core.logs import bind_request_id, describe
 from keyroute.core.metrics import Histogram
 from keyroute.core.partition_map import Endpoint
@@ -194,6 +194,8 @@ class Proxy:
         # "/stores/{store}/keys/" per store of the table, percent-encoded once (see `read`).
         self._key_paths: dict[str, str] = {}
         self._member_headers = dict(settings.member_headers)
+        # What range cursors are signed with: the cluster's key, once read from ZooKeeper (the app's).
+        self.cursor_key = CursorKey()
         self.metrics = metrics or RouterMetrics()
         self._upstream = upstream
         self._on_stale_map = on_stale_map
@@ -241,12 +243,6 @@ class Proxy:
         derived from recent latencies (None until there are enough), or 0 when hedging is off."""
         latency = self._latency
         return self._hedge_after_s if latency is None else latency.value_s
-
-    @property
-    def member_token(self) -> str:
-        """The cluster membership token this router presents ("" without a cluster secret): what cursors
-        it makes are tagged with."""
-        return self._member_headers.get(HEADER_AUTH, "")
 
     def serving(self, store: str, partition: int) -> tuple[Endpoint, ...]:
         """The replicas to ask for one partition, in the order to ask them (the last known ones when the map

@@ -80,7 +80,9 @@ async def read_range(proxy: Proxy, store: str, raw_query: bytes, request_id: str
         raise BadKey(str(exc)) from None
     except RangeQueryError as exc:
         raise BadRequest(str(exc)) from None
-    secret = proxy.member_token.encode("ascii")
+    secret = proxy.cursor_key.value
+    if secret is None:
+        raise PartitionUnavailable("the cluster's cursor key is not known yet (no node has joined): retry shortly")
     bound = (store, *query.bounds)
     versions: list[int | None] = [None] * record.partitions
     after = None

@@ -18,6 +18,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from kazoo.exceptions import KazooException
+from kazoo.handlers.threading import KazooTimeoutError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -28,6 +30,7 @@ from starlette.routing import Route
 
 from keyroute.core import placement_records, zk
 from keyroute.core.api import HEADER_NODE, HEADER_REQUEST_ID, ApiError, BadRequest
+from keyroute.core.cursor_key import CursorKey
 from keyroute.core.live_status import LiveStatusReader, annotate
 from keyroute.core.logs import bind_request_id, describe
 from keyroute.core.map_watcher import MapWatcher
@@ -38,7 +41,7 @@ from keyroute.core.settings import NodeSettings
 from keyroute.core.zk_session import SessionKeeper
 from keyroute.http.admin_login import login_routes
 from keyroute.http.admission import Admission, RequestGuard
-from keyroute.http.authn import callers_of
+from keyroute.http.authn import admin_paths, callers_of
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.lifespan import StartupError
 from keyroute.http.quotas import ServingShares, start_quotas
@@ -73,6 +76,8 @@ class Node:
     # The whole assignment (of the stores given, or all) read from ZooKeeper, for the admin views (a node's
     # map holds only its own share; None: no ZooKeeper session, in tests: the map's assignment is shown).
     whole_assignment: Callable[[frozenset[str] | None], Assignment | None] | None = None
+    # What timeline cursors are signed with: the cluster's key (keyroute.core.cursor_key; unknown in tests).
+    cursor_key: CursorKey = field(default_factory=CursorKey)
     # Tells other members' requests (whose hop header counts) from clients' (whose does not).
     members: ClusterAuth = field(init=False)
     # X-Keyroute-Node, as every answer of this node carries it.
@@ -156,6 +161,8 @@ def create_app(
         try:
             async with _running_node(settings, drop_grace_s, max_parallel_loads, metrics) as node:
                 app.state.node = node
+                if callers is not None:
+                    callers.cluster_key = node.cursor_key  # what admin callers' login sessions are keyed by
                 if quota_file is not None:
                     quota_file.watch(asyncio.get_running_loop())
                 try:
@@ -205,7 +212,7 @@ def create_app(
         max_concurrent_per_caller=settings.limits.max_concurrent_per_caller,
         max_header_bytes=settings.limits.max_header_bytes,
         admin=BearerAuth(access.admin_token),
-        protected=("/admin", "/metrics") if access.metrics_require_token else ("/admin",),
+        protected=admin_paths(access),
         retry_after_s=RETRY_AFTER_S,
     )
     guard = Middleware(RequestGuard, admission=metrics.admission, error_headers=[(HEADER_NODE, node_id)])
@@ -261,6 +268,12 @@ async def _joined_node(
     except DataDirError as exc:
         await run_in_threadpool(zk.close, client)
         raise StartupError(str(exc)) from exc
+    cursor_key = CursorKey()
+    try:
+        await run_in_threadpool(cursor_key.ensure, client)
+    except (KazooException, KazooTimeoutError, RuntimeError) as exc:
+        await run_in_threadpool(zk.close, client)
+        raise StartupError(f"the cluster's cursor key could not be read or created: {exc!r}") from exc
     registration = Registration(client, settings.node_id, settings.http.url, settings.zone)
     try:
         await run_in_threadpool(registration.claim, settings.zk.session_timeout_s + 2.0)
@@ -299,6 +312,7 @@ async def _joined_node(
         metrics,
         LiveStatusReader(lambda: client),
         whole_assignment=lambda only: placement_records.read_whole(client, only),
+        cursor_key=cursor_key,
     )
     try:
         registration.holds = await run_in_threadpool(held_partitions, settings.data_dir)

@@ -266,7 +266,9 @@ def read_timeline(
     key, location, held, others = _where(node, m, record, store_name, key_text)
     if held is not None and held.timeline is not None and answers_locally(held, others, forwarded):
         node.metrics.local_answers += 1
-        secret = node.members.token.encode("ascii")
+        secret = node.cursor_key.value
+        if secret is None:
+            raise PartitionUnavailable("this node does not know the cluster's cursor key yet: retry shortly")
         bound = query.cursor_query(store_name, key.text)
         after = None
         if query.cursor is not None:

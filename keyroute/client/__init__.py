@@ -20,7 +20,8 @@ Answers come as JSON, or as Avro with `Client(url, answer_format="avro")` (or `a
 read: `get`, `get_many`, `history`, `windows`): smaller on the wire, decoded to the same Python values.
 
 Every error answer is raised as its `KeyrouteError` subclass (`KeyNotFound`, `StoreNotFound`, `BadKey`,
-`BadRequest`, `BadCursor`, `CursorExpired`, `WrongStoreKind`, `Unavailable` with `retry_after`, ...), and
+`BadRequest`, `BadCursor`, `CursorExpired`, `WrongStoreKind`, `Unauthorized`, `Forbidden`, `Unavailable`
+with `retry_after`, ...), and
 no answer at all (nothing listens, a timeout) as `ConnectionFailed`, an `Unavailable` too.
 Reads are retried on 503 (after the answer's Retry-After, capped, with back-off) and on connection
 failures, up to `retries` times; connections are pooled and kept alive; clients close with `close()` or
@@ -45,6 +46,7 @@ from keyroute.client._errors import (
     BadRequest,
     ConnectionFailed,
     CursorExpired,
+    Forbidden,
     KeyNotFound,
     KeyrouteError,
     NotLive,
@@ -63,6 +65,7 @@ __all__ = [
     "Client",
     "ConnectionFailed",
     "CursorExpired",
+    "Forbidden",
     "KeyNotFound",
     "KeyrouteError",
     "NotLive",

@@ -9,6 +9,7 @@ KeyrouteError (status, code, message, retry_after)
 ├── WrongStoreKind    400 wrong_store_kind
 ├── NotLive           400 not_live
 ├── Unauthorized      401 unauthorized
+├── Forbidden         403 forbidden
 ├── CursorExpired     410 cursor_expired
 └── Unavailable       503 (any code), after the client's retries
      └── ConnectionFailed  no answer at all (nothing listens, timed out, reset), after the retries
@@ -65,6 +66,10 @@ class Unauthorized(KeyrouteError):
     """401 unauthorized."""
 
 
+class Forbidden(KeyrouteError):
+    """403 forbidden: the caller may not read the store (or use /admin); the message names it."""
+
+
 class CursorExpired(KeyrouteError):
     """410 cursor_expired: the version a paged read started on is no longer served; start again."""
 
@@ -103,6 +108,7 @@ _ERRORS: dict[str, type[KeyrouteError]] = {
     "wrong_store_kind": WrongStoreKind,
     "not_live": NotLive,
     "unauthorized": Unauthorized,
+    "forbidden": Forbidden,
     "cursor_expired": CursorExpired,
 }
 

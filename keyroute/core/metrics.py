@@ -44,6 +44,10 @@ LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
 LOAD_BUCKETS_S = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0)
 
 
+# Refusals of who is asking, each its own outcome: a caller turned away is no malformed request.
+_CALLER_OUTCOMES = {401: "unauthorized", 403: "forbidden", 429: "quota_exceeded"}
+
+
 def outcome(status: int) -> str:
     """The outcome label of an answer with HTTP status `status`."""
     if status < 300:
@@ -53,7 +57,7 @@ def outcome(status: int) -> str:
     if status == 503:
         return "unavailable"
     if status < 500:
-        return "bad_request"
+        return _CALLER_OUTCOMES.get(status, "bad_request")
     return "error"
 
 

@@ -16,11 +16,16 @@ role of the connection's peer certificate, read once per connection.
 
 Admin access: the admin token as `Authorization: Bearer`, or a browser's session cookie (`keyroute_admin`)
 set by POST /admin/login: not the token but an expiry and a MAC of it keyed by the token, so the cookie
-neither reveals the token nor outlives its expiry or the token's removal from the list.
+neither reveals the token nor outlives its expiry or the token's removal from the list. With access control,
+a token-file caller with `admin = true` logs in too: its cookie names the caller and carries a MAC of the
+expiry, the name and its token's digest, keyed by a key every router and node shares (derived from the
+cluster's key in ZooKeeper, keyroute.core.cursor_key), so it is good on every member, and never outlives the
+caller's token, its `admin`, or its expiry (`caller_session`, `read_caller_session`).
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import re
@@ -255,6 +260,52 @@ class BearerAuth:
         # The scheme is case-insensitive (RFC 9110 section 11.1); the token is compared in constant time.
         if scheme.lower() != b"bearer" or not self.accepts(presented.strip()):
             raise Unauthorized("the bearer token is not the admin token", invalid_token=True)
+
+
+_CALLER_SESSION_CONTEXT = b"keyroute caller session v1"
+_CALLER_SESSION_KEY_CONTEXT = b"keyroute caller session key v1"
+_CALLER_SESSION_PREFIX = "c1"
+
+
+def caller_session_key(cluster_key: bytes) -> bytes:
+    """The key caller sessions are signed with, derived from the cluster's key (never used as it is)."""
+    return hmac.new(cluster_key, _CALLER_SESSION_KEY_CONTEXT, hashlib.sha256).digest()
+
+
+def _caller_mac(key: bytes, name: str, digest: bytes, expires: int) -> str:
+    message = b"|".join((_CALLER_SESSION_CONTEXT, b"%d" % expires, digest, name.encode("utf-8")))
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def caller_session(key: bytes, name: str, digest: bytes, now: float) -> str:
+    """A session cookie's value for the caller `name`, whose token's SHA-256 is `digest`: it lasts
+    SESSION_LIFETIME_S from `now` (seconds since the epoch)."""
+    expires = int(now) + SESSION_LIFETIME_S
+    encoded = base64.urlsafe_b64encode(name.encode("utf-8")).rstrip(b"=").decode("ascii")
+    return f"{_CALLER_SESSION_PREFIX}.{expires}.{encoded}.{_caller_mac(key, name, digest, expires)}"
+
+
+def read_caller_session(value: str | None, now: float) -> tuple[str, Callable[[bytes, bytes], bool]] | None:
+    """(the caller a session cookie's value names, what checks it given the session key and that caller's
+    token digest), or None for a value that is no caller session or has expired."""
+    if not value:
+        return None
+    parts = value.strip().split(".")
+    if len(parts) != 4 or parts[0] != _CALLER_SESSION_PREFIX or not parts[1].isdigit() or len(parts[1]) > 12:
+        return None
+    expires = int(parts[1])
+    if expires <= now or len(parts[2]) > 400:
+        return None
+    try:
+        name = base64.urlsafe_b64decode(parts[2] + "=" * (-len(parts[2]) % 4)).decode("utf-8")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    presented = parts[3].encode("latin-1", "replace")
+
+    def valid(key: bytes, digest: bytes) -> bool:
+        return hmac.compare_digest(presented, _caller_mac(key, name, digest, expires).encode("ascii"))
+
+    return name, valid
 
 
 def cookie_value(header: bytes | None, name: str) -> str | None:

@@ -182,6 +182,9 @@ class AccessSettings:
     cluster_secret: str = field(default="", repr=False)
     admin_token: str = field(default="", repr=False)
     metrics_require_token: bool = False
+    # With access control on, /metrics needs an admin caller (its labels name every store and caller) unless
+    # this reopens it for scrapers without credentials.
+    metrics_open: bool = False
     # Who callers are (keyroute.core.authn); none given: every caller may read every store.
     access_tokens: str = ""  # a TOML or JSON token file, re-read when it changes
     jwt_issuer: str = ""

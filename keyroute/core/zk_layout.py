@@ -31,6 +31,8 @@
                                        delete children here (and only here)
 /draining/{node_id}        persistent  a drain request (`keyroute node-drain`): the node's next stop is a
                                        departure (its partitions are handed over), not a restart
+/cursor-key                persistent  32 random bytes range and timeline cursors are signed with
+                                       (keyroute.core.cursor_key), created by the first node to join
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ DELETED = "/deleted"
 RESTARTING = "/restarting"
 DRAINING = "/draining"
 ROUTERS = "/routers"
+CURSOR_KEY = "/cursor-key"
 
 PERSISTENT_ROOTS = (
     STORES,

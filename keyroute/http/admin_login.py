@@ -4,7 +4,9 @@
     POST /admin/login    the token checked: 303 to the admin page (a router's /admin/ui, a node's partition
                          map) with the session cookie set (`keyroute_admin`: HttpOnly, SameSite=Strict,
                          Path=/admin, Secure when the request came over TLS; its value a MAC of the token,
-                         keyroute.core.security.BearerAuth.session), or 401
+                         keyroute.core.security.BearerAuth.session), or 401. With access control on, the
+                         token of a token-file caller with `admin = true` logs in as well (its cookie:
+                         keyroute.core.security.caller_session)
     POST /admin/logout   the cookie cleared, 303 to /admin/login
 
 Every /admin endpoint then accepts the cookie as it accepts `Authorization: Bearer` (keyroute.http.admission).
@@ -14,6 +16,7 @@ The routes read the admin token from the app's admission checks (`app.state.admi
 from __future__ import annotations
 
 import html
+from typing import Any
 from urllib.parse import parse_qs
 
 from starlette.requests import Request
@@ -79,31 +82,41 @@ def _after_login(request: Request) -> RedirectResponse:
     return RedirectResponse(where, status_code=303, headers={"cache-control": "no-store"})
 
 
+def _callers(request: Request) -> Any:
+    """The access check (keyroute.http.authn.Callers) when access control is on, else None."""
+    return getattr(request.app.state.admission, "callers", None)
+
+
 async def login_form(request: Request) -> Response:
-    if not _auth(request).enabled:  # no admin token: nothing to log in to
+    if not _auth(request).enabled and _callers(request) is None:  # /admin is open: nothing to log in to
         return _after_login(request)
     return _page()
 
 
 async def login(request: Request) -> Response:
-    auth = _auth(request)
-    if not auth.enabled:
+    auth, callers = _auth(request), _callers(request)
+    if not auth.enabled and callers is None:
         return _after_login(request)
     body = await read_body(request, _MAX_FORM_BYTES, _FORM_TIMEOUT_S)
     # The field is read from the urlencoded form whatever the content type says (a browser sends that one).
     token = parse_qs(body.decode("latin-1"), keep_blank_values=True).get("token", [""])[0]
-    if not token or not auth.accepts(token.strip().encode("latin-1", "replace")):
+    presented = token.strip().encode("latin-1", "replace")
+    session = auth.session() if token and auth.enabled and auth.accepts(presented) else None
+    if session is None and token and callers is not None:
+        session = callers.login(presented)  # a token-file caller with `admin`
+    if session is None:
+        what = "the admin token" if callers is None else "the admin token or an admin caller's token"
         if _wants_html(request):
-            return _page("That is not the admin token.", status=401)
+            return _page(f"That is not {what}.", status=401)
         return JSONResponse(
-            {"error": "unauthorized", "message": "the form's `token` is not the admin token"},
+            {"error": "unauthorized", "message": f"the form's `token` is not {what}"},
             status_code=401,
             headers={"cache-control": "no-store"},
         )
     response = _after_login(request)
     response.set_cookie(
         SESSION_COOKIE,
-        auth.session(),
+        session,
         max_age=SESSION_LIFETIME_S,
         path=COOKIE_PATH,
         secure=_over_tls(request),

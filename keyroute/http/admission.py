@@ -124,13 +124,17 @@ class Admission:
         """Raises Unauthorized (or Forbidden: a caller without `admin`) unless the request carries the admin
         token, its login's cookie, or (with access control) an admin caller's credentials."""
         authorization = first_header(headers, _AUTHORIZATION)
+        cookie = first_header(headers, _COOKIE)
         try:
             if not self.admin.enabled:
                 raise Unauthorized("credentials required: Authorization: Bearer TOKEN")
-            self.admin.check(authorization, first_header(headers, _COOKIE))
+            self.admin.check(authorization, cookie)
         except ApiError:
             if self.callers is None:
                 raise
+            # An admin caller's login (its session cookie), else the caller its credentials name.
+            if authorization is None and cookie is not None and self.callers.of_session(cookie) is not None:
+                return
             identity = self.callers.identify(authorization)
             if not identity.admin:
                 raise Forbidden(f"{identity.name!r} may not use /admin") from None

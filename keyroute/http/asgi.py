@@ -49,6 +49,11 @@ def _address(info: Any) -> tuple[str, int] | None:
     return None
 
 
+# The scope's extension holding the connection's transport: what app routes that identify a caller by its
+# client certificate read it from (keyroute.http.authn.Callers.of_scope).
+TRANSPORT_EXTENSION = "keyroute.transport"
+
+
 def http_scope(
     method: str,
     version: str,
@@ -64,7 +69,7 @@ def http_scope(
         "asgi": {"version": "3.0", "spec_version": "2.3"},
         "http_version": version,
         "method": method,
-        "scheme": "http",
+        "scheme": "http" if transport.get_extra_info("ssl_object") is None else "https",
         "path": _decode_path(path),
         "raw_path": path,
         "query_string": query,
@@ -73,6 +78,7 @@ def http_scope(
         "client": _address(transport.get_extra_info("peername")),
         "server": _address(transport.get_extra_info("sockname")),
         "state": state.copy(),
+        "extensions": {TRANSPORT_EXTENSION: transport},
     }
 
 

@@ -23,6 +23,7 @@ body), on an event loop of its own: a read never waits for one.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -46,8 +47,18 @@ from keyroute.core.authn import (
     parse_groups,
     read_document,
 )
-from keyroute.core.security import ClusterAuth, check_member_headers
+from keyroute.core.cursor_key import CursorKey
+from keyroute.core.security import (
+    SESSION_COOKIE,
+    ClusterAuth,
+    caller_session,
+    caller_session_key,
+    check_member_headers,
+    cookie_value,
+    read_caller_session,
+)
 from keyroute.core.settings import AccessSettings
+from keyroute.http.asgi import TRANSPORT_EXTENSION
 from keyroute.http.lifespan import StartupError
 from keyroute.http.tls import peer_identity
 
@@ -71,6 +82,9 @@ class Callers:
         self.authenticator = authenticator
         self.members = members if members is not None and members.enabled else None
         self._certificates = authenticator.tokens is not None
+        # What admin callers' login sessions are keyed by (the app sets the cluster's key; None: no logins).
+        self.cluster_key: CursorKey | None = None
+        self._clock: Callable[[], float] = time.time
 
     @property
     def jwks_fetch_failures(self) -> int:
@@ -114,13 +128,15 @@ class Callers:
         if not identity.may_read(call.store):
             raise Forbidden(f"{identity.name!r} may not read store {call.store!r}")
 
-    def of_headers(self, headers: Iterable[tuple[bytes, bytes]]) -> Identity:
-        """The caller of an app request (say, /routing), by its Authorization header. Unauthorized if none."""
-        authorization = None
-        for name, value in headers:
-            if name == _AUTHORIZATION:
-                authorization = bytes(value)
-                break
+    def of_scope(self, scope: Any) -> Identity:
+        """The caller of an app request (say, /routing) by its ASGI `scope`: its Authorization header, else
+        the client certificate of its connection (as a data-plane read's, `admit`). Unauthorized if none."""
+        authorization = _authorization(scope["headers"])
+        if authorization is None and self._certificates:
+            transport = (scope.get("extensions") or {}).get(TRANSPORT_EXTENSION)
+            identity = self.authenticator.certificate(certificate_names(transport))
+            if identity is not None:
+                return identity
         return self.identify(authorization)
 
     def identify(self, authorization: bytes | None) -> Identity:
@@ -128,6 +144,45 @@ class Callers:
         authenticator = self.authenticator
         authenticator.poll(time.monotonic())
         return authenticator.identify(authorization)
+
+    def _session_key(self) -> bytes | None:
+        cluster_key = self.cluster_key.value if self.cluster_key is not None else None
+        return caller_session_key(cluster_key) if cluster_key else None
+
+    def login(self, token: bytes) -> str | None:
+        """A session cookie's value for the token-file caller whose token is `token`, when it has `admin`;
+        None otherwise (or while the cluster's key is not known: sessions are keyed by it)."""
+        tokens, key = self.authenticator.tokens, self._session_key()
+        if tokens is None or key is None:
+            return None
+        self.authenticator.poll(time.monotonic())
+        identity = tokens.identify(token)
+        if identity is None or not identity.admin:
+            return None
+        return caller_session(key, identity.name, hashlib.sha256(token).digest(), self._clock())
+
+    def of_session(self, cookie: bytes | None) -> Identity | None:
+        """The admin caller a session cookie (`login`'s) in a raw Cookie header names, while that caller's
+        token is in the token file with `admin` and the cookie has not expired; else None."""
+        tokens, key = self.authenticator.tokens, self._session_key()
+        if tokens is None or key is None:
+            return None
+        session = read_caller_session(cookie_value(cookie, SESSION_COOKIE), self._clock())
+        if session is None:
+            return None
+        name, valid = session
+        self.authenticator.poll(time.monotonic())
+        for digest, identity in tokens.tokens.by_digest.items():
+            if identity.name == name and identity.admin and valid(key, digest):
+                return identity
+        return None
+
+
+def _authorization(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
+    for name, value in headers:
+        if name == _AUTHORIZATION:
+            return bytes(value)
+    return None
 
 
 def _transport(call: Any) -> Any:
@@ -151,6 +206,15 @@ def certificate_names(transport: Any) -> tuple[str, ...]:
             found += [value for key, value in rdn if key == "commonName"]
         names = ssl_object._keyroute_names = tuple(found)
     return names
+
+
+def admin_paths(access: AccessSettings) -> tuple[str, ...]:
+    """The paths only the admin token or an admin caller may use: /admin, and /metrics with
+    --metrics-require-token, or with access control on unless --metrics-open (the metrics' labels name every
+    store and caller, which a caller's 403s withhold)."""
+    access_control = bool(access.access_tokens or access.jwt_issuer)
+    closed = access.metrics_require_token or (access_control and not access.metrics_open)
+    return ("/admin", "/metrics") if closed else ("/admin",)
 
 
 def callers_of(access: AccessSettings, members: ClusterAuth, name: str, trust_members: bool) -> Callers | None:

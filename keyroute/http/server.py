@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
 import threading
@@ -159,6 +160,8 @@ class HttpServer:
         self._all_closed: asyncio.Future[None] | None = None
         self._stop_requested: asyncio.Event | None = None
         self._stop_wanted = False
+        # Held while the server listens anew with a reloaded TLS context (`_relisten`).
+        self._relisten_lock: asyncio.Lock | None = None
 
     @property
     def data_plane(self) -> DataPlane | None:
@@ -235,6 +238,7 @@ class HttpServer:
             raise
         self._lifespan = lifespan
         if tls is not None:
+            tls.on_reload = self._listen_anew
             tls.watch(loop)
         self._data_port_app.admin_port = self.admin_port
         # Sockets handed in are shared by worker processes: whoever handed them in says where it listens.
@@ -260,6 +264,55 @@ class HttpServer:
         from starlette.datastructures import State
 
         return State(self._state)
+
+    def _listen_anew(self) -> None:
+        """A new TLS context came in use: listen with it (`_relisten`)."""
+        if self._loop is not None and not self._stopping:
+            self._track(self._loop.create_task(self._relisten()))
+
+    async def _relisten(self) -> None:
+        """Listen on the same sockets with the current TLS context, then stop listening with the previous one:
+        its session cache and ticket keys go with it, so no session made before the reload resumes
+        (keyroute.http.tls.ServerTls). Connections already open keep going; none is refused meanwhile (both
+        listen on the socket for a moment). One reload at a time: a later one waits for the earlier."""
+        if self._relisten_lock is None:
+            self._relisten_lock = asyncio.Lock()
+        async with self._relisten_lock:
+            tls, loop = self.tls, self._loop
+            if tls is None or loop is None:
+                return
+            context = tls.context
+            if tls.listener is context:
+                return  # an earlier reload already listens with it
+            listen_tls: dict[str, Any] = {"ssl": context, "ssl_handshake_timeout": HANDSHAKE_TIMEOUT_S}
+            for server in list(self._servers):
+                if self._stopping:
+                    return
+                admin = server in self._admin_servers
+                listening = list(server.sockets)
+                if len(listening) != 1:
+                    continue
+                # The same listening socket under another descriptor: closing the old server closes its own.
+                sock = socket.socket(fileno=os.dup(listening[0].fileno()))
+                try:
+                    renewed = await loop.create_server(
+                        self._admin_connection if admin else self._connection,
+                        sock=sock,
+                        backlog=128 if admin else 2048,
+                        **listen_tls,
+                    )
+                except Exception as exc:
+                    sock.close()
+                    log.warning("%s keeps listening with its previous TLS context: %s", self.name, exc)
+                    return
+                if self._stopping:
+                    renewed.close()
+                    return
+                self._servers[self._servers.index(server)] = renewed
+                if admin:
+                    self._admin_servers[self._admin_servers.index(server)] = renewed
+                server.close()
+            tls.listener = context
 
     def _connection(self) -> Connection:
         conn = Connection(self)

@@ -4,9 +4,11 @@ is given), reloaded when its files change, and the context members connect to no
 Contexts are stdlib `ssl`: TLS 1.2 at least, ALPN `http/1.1`, OpenSSL's default ciphers. A server context is
 rebuilt whenever one of its files changes (their inode, size or modification time is polled every few
 seconds, following symbolic links, so the symlink swap of a Kubernetes Secret volume counts): the new one
-serves new connections (an SNI callback hands it to each handshake), while connections already open keep
-theirs, so none is dropped. A rotated pair that does not load leaves the previous context in use and says so
-in one line. `TlsError` is one line naming the file and the reason; nothing here logs a traceback.
+serves new connections (the server listens anew with it; an SNI callback hands it to any handshake still
+accepted with the previous one), while connections already open keep theirs, so none is dropped. Sessions
+made before a reload do not resume after it: a replaced certificate or client CA revokes them. A rotated
+pair that does not load leaves the previous context in use and says so in one line. `TlsError` is one line
+naming the file and the reason; nothing here logs a traceback.
 
 Member identities (keyroute.core.security.member_identity) are held here on every wire: a member's own
 certificate must name its role and id, and be the member CA's, or it does not start (`member_tls`); a server
@@ -252,8 +254,15 @@ class ReloadingContext(FilePoller):
 
 
 class ServerTls(ReloadingContext):
-    """The server's TLS context, reloaded on rotation. `listener` is what the server listens with (the first
-    context); its SNI callback hands each new handshake the current context."""
+    """The server's TLS context, reloaded on rotation. `listener` is what the server listens with; the SNI
+    callback of every context made hands each new handshake the current one.
+
+    A handshake switched that way still resumes sessions by the listener's session cache and ticket keys
+    (OpenSSL decides a resumption before the SNI callback runs, with the context the connection was accepted
+    with), so a session from before a reload would outlive it: a client whose certificate the new client CA
+    no longer accepts would resume its old session, certificate and all. So the server listens anew with
+    every new context (`on_reload`, keyroute.http.server): its session cache and ticket keys are new, and
+    sessions made before do not resume."""
 
     def __init__(
         self,
@@ -264,8 +273,16 @@ class ServerTls(ReloadingContext):
     ):
         self.listener: ssl.SSLContext | None = None
         files = (tls.cert, tls.key, *ca_files(require_ca))
+        # Called (on the event loop) after a new context came in use: the server then listens with it.
+        self.on_reload: Callable[[], None] | None = None
         super().__init__(lambda: server_context(tls, require_ca), files, name, poll_s)
         self.listener = self.context
+
+    def check(self) -> bool:
+        reloaded = super().check()
+        if reloaded and self.on_reload is not None:
+            self.on_reload()
+        return reloaded
 
     def _made(self) -> ssl.SSLContext:
         context = self._build()

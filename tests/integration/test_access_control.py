@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import ssl
 import time
 import uuid
@@ -21,7 +22,7 @@ import pytest
 import trustme
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from keyroute.client import Client, KeyrouteError
+from keyroute.client import Client, Forbidden
 from keyroute.core.settings import ZkSettings
 from keyroute.core.zookeeper_server import EmbeddedZooKeeper
 from tests.integration.small_cluster import ADMIN_TOKEN, SECRET, STORE, SmallCluster, expected, key_path, small_cluster
@@ -33,6 +34,7 @@ OTHER = "elsewhere"  # a store the A reader may not read
 ISSUER = "https://issuer.test"
 AUDIENCE = "keyroute"
 READER_A, READER_B = "reader-a-t0ken", "reader-b-t0ken"
+AUDITOR = "aud1tor-t0ken"  # an admin caller whose token is not the admin token
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -46,6 +48,12 @@ def write_tokens(path: Path, b_stores: list[str]) -> None:
 name = "ops"
 token = "{ADMIN_TOKEN}"
 stores = "*"
+admin = true
+
+[[tokens]]
+name = "auditor"
+token = "{AUDITOR}"
+stores = []
 admin = true
 
 [[tokens]]
@@ -155,7 +163,7 @@ def test_the_python_client_sends_its_token_in_router_and_direct_modes(cluster: S
         with Client(cluster.router_url, token=READER_A, routing=routing) as client:
             value = client.get(STORE, KEY_TEXT)
             assert value.value == want and (routing == "router" or value.node in cluster.node_urls), value
-        with Client(cluster.router_url, token=READER_B, routing=routing) as client, pytest.raises(KeyrouteError):
+        with Client(cluster.router_url, token=READER_B, routing=routing) as client, pytest.raises(Forbidden):
             client.get(STORE, KEY_TEXT)
 
 
@@ -190,6 +198,29 @@ def test_routing_shows_a_reader_only_the_stores_it_may_read(cluster: SmallCluste
         assert http.get(cluster.router_url + "/routing").status_code == 401
         # /admin is for admin callers: a reader's token is not enough.
         assert http.get(cluster.router_url + "/admin/partition-map", headers=bearer(READER_A)).status_code == 403
+
+
+def refused_reads(exposition: str, prefix: str, outcome: str) -> int:
+    """The reads a process counted under `outcome` in its /metrics exposition, over every store and kind."""
+    found = re.findall(rf'^{prefix}_requests_total{{[^}}]*outcome="{outcome}"[^}}]*}} (\S+)$', exposition, re.M)
+    return int(sum(float(n) for n in found))
+
+
+def test_metrics_need_an_admin_caller_and_count_refused_callers_under_their_outcomes(cluster: SmallCluster) -> None:
+    with httpx.Client(timeout=10, trust_env=False) as http:
+        for base, node in urls(cluster):
+            assert http.get(base + key_path(KEY_TEXT, OTHER), headers=bearer(READER_A)).status_code == 403
+            assert http.get(base + key_path(KEY_TEXT)).status_code == 401
+            # Its labels name every store and caller: only an admin caller (or the admin token) reads it.
+            missing = http.get(base + "/metrics")
+            assert missing.status_code == 401 and missing.json()["error"] == "unauthorized", (base, missing.text)
+            refused = http.get(base + "/metrics", headers=bearer(READER_A))
+            assert refused.status_code == 403 and refused.json()["error"] == "forbidden", (base, refused.text)
+            answer = http.get(base + "/metrics", headers=bearer(AUDITOR))
+            assert answer.status_code == 200, (base, answer.text)
+            prefix = "keyroute_node" if node else "keyroute_router"
+            for outcome in ("forbidden", "unauthorized"):
+                assert refused_reads(answer.text, prefix, outcome) >= 1, (base, outcome)
 
 
 def test_a_rotated_token_file_takes_effect_without_a_restart_and_a_broken_one_is_ignored(
@@ -263,6 +294,11 @@ def test_a_client_certificate_names_its_caller_on_a_router_requiring_certificate
             assert r.status_code == 403 and r.json()["error"] == "forbidden", r.text
             # A bearer token, when sent, names the caller instead of the certificate.
             assert http.get(router + key_path(KEY_TEXT), headers=bearer(READER_B)).status_code == 403
+            # /routing (what direct mode routes with) knows the caller by its certificate too.
+            r = http.get(router + "/routing")
+            assert r.status_code == 200 and set(r.json()["stores"]) == {STORE}, r.text
         with httpx.Client(timeout=10, trust_env=False, verify=context(nobody)) as http:
             r = http.get(router + key_path(KEY_TEXT))
+            assert r.status_code == 401 and r.json()["error"] == "unauthorized", r.text
+            r = http.get(router + "/routing")
             assert r.status_code == 401 and r.json()["error"] == "unauthorized", r.text

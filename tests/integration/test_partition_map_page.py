@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from keyroute.core.settings import ZkSettings
-from tests.integration.small_cluster import PARTITIONS, STORE, small_cluster
+from tests.integration.small_cluster import ADMIN_TOKEN, PARTITIONS, STORE, small_cluster
 from tests.util import free_port, wait_for
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -147,6 +147,39 @@ def test_a_router_with_an_admin_token_sends_the_page_to_the_login_and_shows_it_a
             page.wait_for_url("**/admin/ui", timeout=15_000)
             page.wait_for_selector("#stores tr[data-store]", timeout=15_000)
             assert TOKEN not in page.url
+
+
+def test_with_access_control_an_admin_caller_logs_in_and_sees_the_map(tmp_path: Path, zk_settings: ZkSettings) -> None:
+    ops, reader = ADMIN_TOKEN, "re4der-t0ken"  # small_cluster reads the map with ADMIN_TOKEN: ops's here
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(
+        f'[[tokens]]\nname = "ops"\ntoken = "{ops}"\nstores = "*"\nadmin = true\n\n'
+        f'[[tokens]]\nname = "reader"\ntoken = "{reader}"\nstores = ["{STORE}"]\n',
+        encoding="utf-8",
+    )
+    # Access control on and no admin token: the token file's admin caller is the only way in.
+    args = ["--cluster-secret", "page-s3cret", "--access-tokens", str(tokens)]
+    options = {"headers": {"authorization": f"Bearer {ops}"}}
+    with small_cluster(tmp_path / "cluster", zk_settings, extra_args=args, http_options=options) as cluster:
+        url = cluster.router_url
+        # No redirect loop: the page sends a browser to the login form, which is shown.
+        assert httpx.get(url + "/admin/ui", timeout=5).headers["location"] == "/admin/login"
+        assert httpx.get(url + "/admin/login", timeout=5).status_code == 200
+        with browser_page() as page:
+            page.goto(f"{url}/admin/ui")
+            page.wait_for_url("**/admin/login", timeout=15_000)
+            page.fill('input[name="token"]', reader)  # a caller without `admin` is refused
+            page.click('button[type="submit"]')
+            page.wait_for_selector(".error", timeout=15_000)
+            assert page.url.endswith("/admin/login")
+            page.fill('input[name="token"]', ops)
+            page.click('button[type="submit"]')
+            page.wait_for_url("**/admin/ui", timeout=15_000)
+            page.wait_for_selector(f'#stores tr[data-store="{STORE}"]', timeout=15_000)
+            for node_id in ("n1", "n2"):
+                page.wait_for_selector(f'#grid [data-node="{node_id}"][data-state="up"]', timeout=15_000)
+            assert ops not in page.url
+            page.screenshot(path=str(artifacts(tmp_path) / "partition-map-admin-caller.png"), full_page=True)
 
 
 def test_the_page_renders_a_thousand_node_map_and_a_drill_down_within_seconds(tmp_path: Path) -> None:

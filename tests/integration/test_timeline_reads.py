@@ -18,7 +18,9 @@ import httpx
 import pyarrow as pa
 import pytest
 
+from keyroute.core import zk, zk_layout
 from keyroute.core.partitioner import Partitioner, partition_for
+from keyroute.core.ranges import make_range_cursor
 from keyroute.core.settings import ZkSettings
 from keyroute.core.timeline import make_cursor
 from tests.integration.test_pipeline import write_spec
@@ -130,6 +132,17 @@ def cluster(tmp_path: Path, zk_settings: ZkSettings, spark: Any) -> Iterator[Clu
             proc.stop()
 
 
+def cursor_key(settings: ZkSettings) -> bytes:
+    """The cluster's cursor key, read from ZooKeeper as its members read it."""
+    client = zk.connect(settings, ensure_layout=False)
+    try:
+        key, _ = client.get(zk_layout.CURSOR_KEY)
+    finally:
+        zk.close(client)
+    assert len(key) == 32
+    return bytes(key)
+
+
 def expected_history(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
     """The key's rows as a history answer lists them: time order, ties in the order of their JSON."""
     mine = [{"ts": r["ts"], "seq": r["seq"], "fare": r["fare"]} for r in rows if r["customer"] == key]
@@ -226,9 +239,14 @@ def test_bad_timeline_queries_get_a_400_that_says_which(cluster: Cluster) -> Non
             resp = client.get(url, params=params)
             assert (resp.status_code, resp.json()["error"]) == (status, code), (url, params, resp.text)
             assert words in resp.json()["message"], (url, params, resp.text)
+        # A cursor signed with anything but the cluster's key is refused, whatever it says: one signed with the
+        # empty key (what a cluster without a secret once signed with) too.
+        query = ("trips", "C001", "history", None, None, "asc")
+        forged = client.get(history, params={"cursor": make_cursor(b"", query, 1, (0, 0))})
+        assert (forged.status_code, forged.json()["error"]) == (400, "bad_cursor"), forged.text
         # A cursor made for version 1 but tagged right is refused by version, not by tag: 410 only once the
         # version is gone (see below); a cursor naming another version is 410 now.
-        other = make_cursor(b"", ("trips", "C001", "history", None, None, "asc"), 7, (0, 0))
+        other = make_cursor(cursor_key(cluster.zk), query, 7, (0, 0))
         gone = client.get(history, params={"cursor": other})
         assert (gone.status_code, gone.json()["error"]) == (410, "cursor_expired")
         # Everything else still answers.
@@ -350,6 +368,13 @@ def test_bad_range_queries_get_a_400_that_says_which(cluster: Cluster) -> None:
             ("latest", {"cursor": "garbage!"}, 400, "bad_cursor", "malformed"),
             ("latest", {"cursor": cursor, "prefix": "C"}, 400, "bad_cursor", "another"),
             ("latest", {"cursor": cursor[:-3] + ("AAA" if cursor[-3:] != "AAA" else "BBB")}, 400, "bad_cursor", ""),
+            (
+                "latest",
+                {"cursor": make_range_cursor(b"", ("latest", None, None, None), [1] * 3, b"C")},
+                400,
+                "bad_cursor",
+                "",
+            ),
             ("nope", {}, 404, "store_not_found", ""),
         ]
         for store, params, status, code, words in cases:

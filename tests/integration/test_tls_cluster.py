@@ -20,8 +20,18 @@ import pytest
 import trustme
 
 from keyroute.client import Client
+from keyroute.core.ranges import make_range_cursor
 from keyroute.core.settings import ZkSettings
-from tests.integration.small_cluster import ROWS, SmallCluster, expected, key_path, partition, small_cluster
+from tests.integration.small_cluster import (
+    PARTITIONS,
+    ROWS,
+    STORE,
+    SmallCluster,
+    expected,
+    key_path,
+    partition,
+    small_cluster,
+)
 from tests.util import free_port, wait_for
 
 pytestmark = pytest.mark.integration
@@ -138,6 +148,18 @@ def test_a_tls_cluster_serves_members_and_certified_clients_only(
     with Client(cluster.router_url, verify=pki.ca_file, cert=client, routing="direct") as kr:
         assert all(kr.get("bookings", k).value == ROWS[k] for k in ROWS)
         assert kr.stats["direct"] == len(ROWS)
+
+    # Range cursors are signed with the cluster's key, though there is no cluster secret: one signed with the
+    # empty key is refused.
+    r = get_over(pki.context(client), cluster.router_url, f"/stores/{STORE}/range?limit=1")
+    assert r.status_code == 200 and "next" in r.json(), r.text
+    paged = get_over(
+        pki.context(client), cluster.router_url, f"/stores/{STORE}/range?limit=1&cursor={r.json()['next']}"
+    )
+    assert paged.status_code == 200 and paged.json()["keys"][0]["key"] > r.json()["keys"][0]["key"], paged.text
+    forged = make_range_cursor(b"", (STORE, None, None, None), [1] * PARTITIONS, r.json()["keys"][0]["key"].encode())
+    r = get_over(pki.context(client), cluster.router_url, f"/stores/{STORE}/range?limit=1&cursor={forged}")
+    assert r.status_code == 400 and r.json()["error"] == "bad_cursor", r.text
 
     # Plain HTTP on the router's TLS port: the connection ends (never a hang).
     port = int(cluster.router_url.rsplit(":", 1)[1])

@@ -245,6 +245,10 @@ def test_a_secured_cluster_routes_for_its_reader_and_refuses_everyone_else(
             }
             with pytest.raises(NoAuthError):
                 anonymous.get(chroot + record)
+            # The cursor key: the members read it, nobody else.
+            assert len(reader.get(chroot + zk_layout.CURSOR_KEY)[0]) == 32
+            with pytest.raises(NoAuthError):
+                anonymous.get(chroot + zk_layout.CURSOR_KEY)
             for who, client in (("anonymous", anonymous), ("reader", reader)):
                 for what, attempt in hijack_attempts(client, chroot, victim="n1").items():
                     with pytest.raises(NoAuthError):
@@ -256,7 +260,8 @@ def test_a_secured_cluster_routes_for_its_reader_and_refuses_everyone_else(
         assert writer.get(zk_layout.placement_path(STORE))[0] == assignment_before
         assert writer.get(zk_layout.store_path(STORE))[0] == store_before
         assert sorted(writer.get_children(zk_layout.SERVING)) == ["n1", "n2"]
-        roots = (*zk_layout.PERSISTENT_ROOTS, zk_layout.CLUSTER)  # the cluster id, written by the first node
+        # The cluster id and the cursor key, written by the first node.
+        roots = (*zk_layout.PERSISTENT_ROOTS, zk_layout.CLUSTER, zk_layout.CURSOR_KEY)
         assert sorted(writer.get_children("/")) == sorted(p.lstrip("/") for p in roots)
         # ...and the router still routes every key right.
         check_reads(2)

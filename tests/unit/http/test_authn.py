@@ -16,7 +16,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from keyroute.core.api import Forbidden, Unauthorized
 from keyroute.core.authn import SigningKeys
-from keyroute.core.security import BearerAuth, ClusterAuth
+from keyroute.core.cursor_key import CursorKey
+from keyroute.core.security import SESSION_COOKIE, SESSION_LIFETIME_S, BearerAuth, ClusterAuth
 from keyroute.core.settings import AccessSettings
 from keyroute.http.admission import Admission
 from keyroute.http.authn import callers_of, fetch_jwks
@@ -129,3 +130,34 @@ def test_a_jwks_url_is_read_whole_even_from_a_running_loop_and_a_trickled_one_is
         assert list(keys.current) == ["k1"] and keys.fetch_failures == 1
         wait_for(lambda: server.counts() == (2, 1, 1), timeout_s=30, message="the trickled fetch abandoned")
         assert "2 s deadline: abandoned" in caplog.text
+
+
+def test_an_admin_callers_session_lasts_as_long_as_its_token_its_admin_and_its_expiry(tokens: str) -> None:
+    callers = callers_of(AccessSettings(access_tokens=tokens), MEMBERS, "router", trust_members=False)
+    assert callers is not None
+    now = [1_700_000_000.0]
+    callers._clock = lambda: now[0]
+    assert callers.login(b"t-ops") is None  # the cluster's key not known yet: no sessions
+    callers.cluster_key = CursorKey(b"k" * 32)
+    assert callers.login(b"t-reader") is None and callers.login(b"nope") is None  # no admin; no caller
+    value = callers.login(b"t-ops")
+    assert value is not None and "t-ops" not in value
+    cookie = f"other=1; {SESSION_COOKIE}={value}".encode()
+    identity = callers.of_session(cookie)
+    assert identity is not None and identity.name == "ops" and identity.admin
+    # Another MAC, or another cluster's key, makes no session.
+    altered = cookie[:-4] + (b"0000" if not cookie.endswith(b"0000") else b"1111")
+    assert callers.of_session(altered) is None
+    callers.cluster_key = CursorKey(b"j" * 32)
+    assert callers.of_session(cookie) is None
+    callers.cluster_key = CursorKey(b"k" * 32)
+    # It expires...
+    now[0] += SESSION_LIFETIME_S
+    assert callers.of_session(cookie) is None
+    now[0] -= SESSION_LIFETIME_S
+    assert callers.of_session(cookie) is not None
+    # ...and ends with the caller's admin (or its token) leaving the token file.
+    path = Path(tokens)
+    path.write_text(path.read_text().replace("admin = true", "admin = false"))
+    assert callers.authenticator.tokens is not None and callers.authenticator.tokens.check()
+    assert callers.of_session(cookie) is None

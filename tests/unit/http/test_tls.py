@@ -9,8 +9,10 @@ import dataclasses
 import datetime
 import logging
 import os
+import shutil
 import socket
 import ssl
+import subprocess
 import types
 from collections.abc import Iterator
 from contextlib import asynccontextmanager as contextmanager_async
@@ -672,3 +674,111 @@ def test_a_node_on_tls_without_a_member_ca_asks_for_no_certificate(tmp_path: Pat
     )
     with serve_in_thread(server) as port:
         assert answer_to(port, ca_file(tmp_path, ca), None, "/stores/t").startswith(b"HTTP/1.1 200 OK")
+
+
+def resumed_answer(port: int, ctx: ssl.SSLContext, session: ssl.SSLSession | None, path: str) -> tuple[Any, bytes]:
+    """((the session, whether it was resumed), the answer) of a GET of `path` over a new connection offering
+    `session`; the answer is b"" when the handshake or the request is refused."""
+    raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:
+        with ctx.wrap_socket(raw, server_hostname="127.0.0.1", session=session) as sock:
+            sock.sendall(get(path))
+            answer = read_answer(sock)
+            return (sock.session, sock.session_reused), answer
+    except (ssl.SSLError, ConnectionError):
+        return (None, False), b""
+    finally:
+        raw.close()
+
+
+@pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_3, ssl.TLSVersion.TLSv1_2])
+def test_a_session_from_before_a_client_ca_change_does_not_resume(tmp_path: Path, version: ssl.TLSVersion) -> None:
+    ca, successor = trustme.CA(), trustme.CA()
+    ca_path = ca_file(tmp_path, ca)
+    client_ca = ca_file(tmp_path, ca, "client-ca")
+    server = HttpServer(
+        probed_app(), data_plane=lambda state: Plane(), tls=pair(tmp_path, ca, "s"), require_ca=client_ca
+    )
+    client = pair(tmp_path, ca, "client", "client.example")
+    ctx = ssl.create_default_context(cafile=ca_path)
+    ctx.minimum_version = ctx.maximum_version = version
+    ctx.load_cert_chain(client.cert, client.key)
+    with serve_in_thread(server) as port:
+        assert server.tls is not None
+        server.tls.poll_s = 0.05
+        (session, _), answer = resumed_answer(port, ctx, None, "/stores/t")
+        assert answer.startswith(b"HTTP/1.1 200 OK") and session is not None
+        (session, reused), answer = resumed_answer(port, ctx, session, "/stores/t")
+        assert reused and answer.startswith(b"HTTP/1.1 200 OK")  # resumption works between reloads
+        before = server.tls.context
+        ca_file(tmp_path, successor, "client-ca")  # the client CA replaced: the client's certificate is revoked
+        wait_for(lambda: server.tls is not None and server.tls.listener is not before, timeout_s=30, message="reload")
+        (_, reused), answer = resumed_answer(port, ctx, session, "/stores/t")
+        assert not reused
+        assert answer == b""  # a full handshake, and the certificate of the replaced CA refused
+        # Sessions of the new client CA resume again.
+        renewed = pair(tmp_path, successor, "renewed", "client.example")
+        ctx2 = ssl.create_default_context(cafile=ca_path)
+        ctx2.minimum_version = ctx2.maximum_version = version
+        ctx2.load_cert_chain(renewed.cert, renewed.key)
+        (session, _), answer = resumed_answer(port, ctx2, None, "/stores/t")
+        assert answer.startswith(b"HTTP/1.1 200 OK")
+        (_, reused), answer = resumed_answer(port, ctx2, session, "/stores/t")
+        assert reused and answer.startswith(b"HTTP/1.1 200 OK")
+
+
+def test_an_app_request_over_tls_says_https(tmp_path: Path) -> None:
+    """What makes a login's cookie Secure when the server itself speaks TLS (keyroute.http.admin_login)."""
+
+    async def scheme(request: StarletteRequest) -> JSONResponse:
+        return JSONResponse({"scheme": request.url.scheme})
+
+    ca = trustme.CA()
+    app = starlette_app()
+    app.router.routes.append(Route("/scheme", scheme))
+    request = get("/scheme", "connection: close")
+    context = ssl.create_default_context(cafile=ca_file(tmp_path, ca))
+    with serve_in_thread(HttpServer(app, tls=pair(tmp_path, ca, "s"))) as port, tls_connection(port, context) as tls:
+        tls.sendall(request)
+        assert read_answer(tls).endswith(b'{"scheme":"https"}')
+    with serve_in_thread(HttpServer(app)) as port, socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+        assert read_answer(sock).endswith(b'{"scheme":"http"}')
+
+
+OPENSSL = shutil.which("openssl")
+
+
+def s_client(port: int, ca_path: str, *args: str) -> str:
+    """What `openssl s_client` prints for a GET of /stores/t (its session summary and the answer)."""
+    command = [OPENSSL or "openssl", "s_client", "-connect", f"127.0.0.1:{port}", "-servername", "127.0.0.1"]
+    request = get("/stores/t", "connection: close")
+    done = subprocess.run(
+        [*command, "-CAfile", ca_path, "-tls1_3", "-ign_eof", *args], input=request, capture_output=True, timeout=30
+    )
+    return done.stdout.decode("latin-1")
+
+
+@pytest.mark.skipif(OPENSSL is None, reason="needs the openssl command")
+def test_a_certless_client_with_a_saved_session_is_refused_once_the_client_ca_changed(tmp_path: Path) -> None:
+    ca, successor = trustme.CA(), trustme.CA()
+    ca_path, client_ca = ca_file(tmp_path, ca), ca_file(tmp_path, ca, "client-ca")
+    server = HttpServer(
+        probed_app(), data_plane=lambda state: Plane(), tls=pair(tmp_path, ca, "s"), require_ca=client_ca
+    )
+    client = pair(tmp_path, ca, "client", "client.example")
+    saved = str(tmp_path / "session.pem")
+    with serve_in_thread(server) as port:
+        assert server.tls is not None
+        server.tls.poll_s = 0.05
+        first = s_client(port, ca_path, "-cert", client.cert, "-key", client.key, "-sess_out", saved)
+        assert "HTTP/1.1 200 OK" in first and os.path.getsize(saved) > 0
+        # The session carries the certificate: a client without one resumes it (and is served) until a reload.
+        before = s_client(port, ca_path, "-sess_in", saved)
+        assert "Reused, TLSv1.3" in before and "HTTP/1.1 200 OK" in before, before
+        listener = server.tls.listener
+        ca_file(tmp_path, successor, "client-ca")
+        wait_for(lambda: server.tls is not None and server.tls.listener is not listener, timeout_s=30, message="reload")
+        after = s_client(port, ca_path, "-sess_in", saved)
+        assert "New, TLSv1.3" in after and "Reused" not in after, after
+        assert "HTTP/1.1 403" in after and "client_certificate_required" in after, after

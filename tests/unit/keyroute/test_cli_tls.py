@@ -56,3 +56,13 @@ def test_an_http_advertised_address_with_tls_is_refused() -> None:
         cli._http_settings(args, advertise_url="http://n1:8080")
     assert str(exited.value.code) == "keyroute node: --advertise-url http://n1:8080 is http://, but --tls-cert is HTTPS"
     assert cli._http_settings(args, advertise_url="https://n1:8080").url == "https://n1:8080"
+
+
+def test_metrics_open_comes_from_the_command_line_or_the_environment() -> None:
+    for argv, env, wanted in (
+        ([*ROUTER], {}, False),
+        ([*ROUTER, "--metrics-open"], {}, True),
+        ([*NODE], {"KEYROUTE_METRICS_OPEN": "true"}, True),
+    ):
+        access = cli._limits(cli.build_parser(env).parse_args(argv))["access"]
+        assert access.metrics_open is wanted, (argv, env)

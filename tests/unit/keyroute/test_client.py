@@ -20,6 +20,7 @@ from keyroute.client import (
     Client,
     ConnectionFailed,
     CursorExpired,
+    Forbidden,
     KeyNotFound,
     KeyrouteError,
     StoreNotFound,
@@ -88,6 +89,7 @@ def test_a_value_and_each_error_as_its_exception() -> None:
         "/stores/s/keys/k/history": error(400, "wrong_store_kind"),
         "/stores/s/keys/old/history": error(410, "cursor_expired"),
         "/stores/s/keys/teapot": error(418, "teapot"),
+        "/stores/secret/keys/k": error(403, "forbidden", "'team-a' may not read store 'secret'"),
     }
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -106,6 +108,18 @@ def test_a_value_and_each_error_as_its_exception() -> None:
         with pytest.raises(KeyrouteError) as raised:
             client.get("s", "teapot")
         assert (raised.value.status, raised.value.code) == (418, "teapot")
+        with pytest.raises(Forbidden) as refused:
+            client.get("secret", "k")
+        assert (refused.value.status, refused.value.code) == (403, "forbidden") and "secret" in refused.value.message
+
+
+def test_the_public_surface_names_every_error() -> None:
+    import keyroute.client
+    from keyroute.client import _errors
+
+    errors = {n for n, v in vars(_errors).items() if isinstance(v, type) and issubclass(v, _errors.KeyrouteError)}
+    assert {"Forbidden", "Unauthorized", "KeyrouteError"} <= errors <= set(keyroute.client.__all__)
+    assert keyroute.client.__all__ == sorted(keyroute.client.__all__)
 
 
 def test_a_503_is_retried_after_its_retry_after_then_raised() -> None:

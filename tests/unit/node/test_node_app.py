@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
 
-from keyroute.core.security import member_token
+from keyroute.core.security import ClusterAuth, member_token
 from keyroute.core.settings import AccessSettings, RequestLimits
 from keyroute.http.admission import Admission
+from keyroute.http.authn import callers_of
 from keyroute.state_node.metrics import NodeMetrics
 from tests.unit.node.fakes import (
     GENERATION,
@@ -448,6 +450,34 @@ def test_node_admin_endpoints_need_the_admin_token(client_for: Nodes) -> None:
     assert client.get("/admin/partition-map", headers={"authorization": "Bearer adm1n"}).status_code == 200
     assert client.get("/healthz").status_code == 200
     assert client.get("/metrics").status_code == 200
+
+
+@pytest.mark.parametrize("metrics_open", [False, True])
+def test_with_access_control_node_metrics_need_an_admin_caller_unless_opened(
+    client_for: Nodes, tmp_path: Path, metrics_open: bool
+) -> None:
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(
+        '[[tokens]]\nname = "ops"\ntoken = "0ps"\nstores = []\nadmin = true\n\n'
+        '[[tokens]]\nname = "reader"\ntoken = "re4der"\nstores = "*"\n',
+        encoding="utf-8",
+    )
+    access = AccessSettings(cluster_secret="s3cret", access_tokens=str(tokens), metrics_open=metrics_open)
+    client, _ = client_for(SERVING, HELD, unreachable, access=access)
+    # What the lifespan (not run here) does: the callers' check, which /admin and /metrics also take.
+    callers = client.app.state.callers = callers_of(access, ClusterAuth("s3cret"), "node", trust_members=True)
+    client.app.state.admission.identify_admins(callers)
+    answers = {
+        who: client.get("/metrics", headers=headers).status_code
+        for who, headers in (
+            ("nobody", {}),
+            ("reader", {"authorization": "Bearer re4der"}),
+            ("ops", {"authorization": "Bearer 0ps"}),
+        )
+    }
+    assert answers == ({"nobody": 200, "reader": 200, "ops": 200} if metrics_open else {
+        "nobody": 401, "reader": 403, "ops": 200})  # fmt: skip
+    assert client.get("/healthz").status_code == 200
 
 
 def test_node_admin_endpoints_take_the_login_cookie_and_any_token_of_a_list(client_for: Nodes) -> None:

@@ -22,6 +22,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from keyroute.core.api import ApiError, KeyNotFound, PartitionUnavailable, found_body, key_path_segment
+from keyroute.core.cursor_key import CursorKey
 from keyroute.core.key_format import KeyFormat
 from keyroute.core.partition_map import (
     EMPTY_ASSIGNMENT,
@@ -248,6 +249,8 @@ class StaticMapSource:
         self.started = False
         self.stopped = False
         self._on_map: Callable[[PartitionMap], None] | None = None
+        # The cluster's key, as a ZooKeeper source reads it (keyroute.core.cursor_key).
+        self.cursor_key = CursorKey(b"k" * 32)
 
     def start(self, on_map: Callable[[PartitionMap], None]) -> None:
         self.started = True

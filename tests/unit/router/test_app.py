@@ -5,7 +5,9 @@ map hand-over."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
+import hashlib
 import json
 import logging
 import threading
@@ -13,6 +15,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -400,6 +403,79 @@ def test_without_an_admin_token_the_login_leads_straight_to_the_page() -> None:
                 assert answer.status_code == 303 and answer.headers["location"] == "/admin/ui"
                 assert "set-cookie" not in answer.headers
             assert (await r.client.get("/admin/ui")).status_code == 200
+
+    run(scenario)
+
+
+ADMIN_CALLER, READER = "0ps-t0ken", "re4der-t0ken"
+
+
+def with_callers(tmp_path: Path, admin_token: str = "") -> RouterSettings:
+    """Access control on (a token file with an admin caller and a reader), with or without an admin token."""
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(
+        f'[[tokens]]\nname = "ops"\nsha256 = "{hashlib.sha256(ADMIN_CALLER.encode()).hexdigest()}"\n'
+        'stores = "*"\nadmin = true\n\n'
+        f'[[tokens]]\nname = "reader"\ntoken = "{READER}"\nstores = ["s"]\n',
+        encoding="utf-8",
+    )
+    access = AccessSettings(cluster_secret="s3cret", admin_token=admin_token, access_tokens=str(tokens))
+    return dataclasses.replace(SETTINGS, access=access)
+
+
+@pytest.mark.parametrize("admin_token", ["", "adm1n"])
+def test_with_access_control_an_admin_caller_logs_in_and_the_page_does_not_loop(
+    tmp_path: Path, admin_token: str
+) -> None:
+    async def scenario() -> None:
+        async with router(build_map(STORES, FULL), *nodes("k"), settings=with_callers(tmp_path, admin_token)) as r:
+            http = r.client
+            # Without a session the page goes to the login form, and the form is shown (not sent back).
+            answer = await http.get("/admin/ui")
+            assert answer.status_code == 303 and answer.headers["location"] == "/admin/login"
+            form = await http.get("/admin/login")
+            assert form.status_code == 200 and 'name="token"' in form.text
+            # A reader's token, or none, does not log in.
+            for token in (READER, "wr0ng", ""):
+                refused = await http.post("/admin/login", data={"token": token})
+                assert refused.status_code == 401 and "set-cookie" not in refused.headers, token
+            ok = await http.post("/admin/login", data={"token": ADMIN_CALLER})
+            assert ok.status_code == 303 and ok.headers["location"] == "/admin/ui"
+            name, _, value = ok.headers["set-cookie"].split(";")[0].partition("=")
+            assert name == "keyroute_admin" and value and ADMIN_CALLER not in value
+            http.cookies.clear()
+            session = {"cookie": f"keyroute_admin={value}"}
+            for path in ("/admin/ui", "/admin/partition-map", "/admin/route?store=s&key=k"):
+                assert (await http.get(path, headers=session)).status_code == 200, path
+            # Another caller's name in the cookie, or another MAC, is no session.
+            prefix, expires, _named, mac = value.split(".")
+            other = base64.urlsafe_b64encode(b"reader").rstrip(b"=").decode()
+            for forged in (f"{prefix}.{expires}.{other}.{mac}", f"{prefix}.{expires}.{_named}.{'0' * len(mac)}"):
+                denied = await http.get("/admin/partition-map", headers={"cookie": f"keyroute_admin={forged}"})
+                assert denied.status_code == 401, forged
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("metrics_open", [False, True])
+def test_with_access_control_metrics_need_an_admin_caller_unless_opened(tmp_path: Path, metrics_open: bool) -> None:
+    settings = with_callers(tmp_path)
+    settings = dataclasses.replace(settings, access=dataclasses.replace(settings.access, metrics_open=metrics_open))
+
+    async def scenario() -> None:
+        async with router(build_map(STORES, FULL), *nodes("k"), settings=settings) as r:
+            answers = {
+                who: (await r.client.get("/metrics", headers=headers)).status_code
+                for who, headers in (
+                    ("nobody", {}),
+                    ("reader", {"authorization": f"Bearer {READER}"}),
+                    ("ops", {"authorization": f"Bearer {ADMIN_CALLER}"}),
+                )
+            }
+            expected = {"nobody": 200, "reader": 200, "ops": 200} if metrics_open else {
+                "nobody": 401, "reader": 403, "ops": 200}  # fmt: skip
+            assert answers == expected
+            assert (await r.client.get("/healthz")).status_code == 200
 
     run(scenario)
 

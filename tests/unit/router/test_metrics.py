@@ -146,7 +146,7 @@ def test_histogram_buckets_are_cumulative_and_bounds_inclusive() -> None:
 
 
 def test_outcomes_follow_the_status_answered() -> None:
-    assert [outcome(s) for s in (200, 404, 400, 413, 503, 500, 502)] == [
+    assert [outcome(s) for s in (200, 404, 400, 413, 503, 500, 502, 401, 403, 429)] == [
         "found",
         "not_found",
         "bad_request",
@@ -154,6 +154,9 @@ def test_outcomes_follow_the_status_answered() -> None:
         "unavailable",
         "error",
         "error",
+        "unauthorized",
+        "forbidden",
+        "quota_exceeded",
     ]
 
 
