@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -27,6 +28,7 @@ from starlette.routing import Route
 
 from keyroute.core import placement_records, zk
 from keyroute.core.api import HEADER_NODE, HEADER_REQUEST_ID, ApiError, BadRequest
+from keyroute.core.cluster_policy import MemberSecurity, PolicyWatch, UnmetPolicyError
 from keyroute.core.live_status import LiveStatusReader, annotate
 from keyroute.core.logs import bind_request_id
 from keyroute.core.map_watcher import MapWatcher
@@ -39,6 +41,7 @@ from keyroute.http.admission import Admission, RequestGuard
 from keyroute.http.authn import callers_of
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.lifespan import StartupError
+from keyroute.http.policy_gate import PolicyGate
 from keyroute.http.tls import member_tls
 from keyroute.http.upstream import Upstream
 from keyroute.state_node.controller import Controller
@@ -221,9 +224,14 @@ async def _joined_node(
     metrics: NodeMetrics,
 ) -> AsyncIterator[Node]:
     wire_tls = member_tls(settings.http.tls, f"node {settings.node_id}")  # StartupError before joining
+    # The cluster policy is checked before anything is written to ZooKeeper: a node that does not satisfy it
+    # neither joins nor registers; one that stops satisfying it later serves no read (PolicyGate).
+    admission = metrics.admission
+    gate = None if admission is None else PolicyGate(admission, f"node {settings.node_id}", loop)
+    policy = PolicyWatch(MemberSecurity.of(settings), gate)
     try:
-        client = await run_in_threadpool(zk.connect, settings.zk)
-    except zk.ZkUnavailableError as exc:
+        client = await run_in_threadpool(functools.partial(zk.connect, settings.zk, check=policy.require))
+    except (zk.ZkUnavailableError, UnmetPolicyError) as exc:
         raise StartupError(str(exc)) from exc
     try:
         await run_in_threadpool(data_dir.join, client, settings.zk.chroot or "", settings.zk)
@@ -275,6 +283,7 @@ async def _joined_node(
     finally:
         # Reverse order: stop deciding (controller), stop reacting (watcher), stop holding (ownership),
         # then tell the cluster we are gone before the session closes.
+        policy.stop()
         await run_in_threadpool(controller.stop)
         await run_in_threadpool(watcher.stop)
         await ownership.stop()
@@ -407,4 +416,9 @@ async def readyz(request: Request) -> Response:
     node = _node(request)
     readiness = node.ownership.readiness()
     body = {"node": node.node_id, **readiness.describe(), "checked_at": time.time()}
+    withheld = request.app.state.admission.withheld
+    if withheld is not None:  # a cluster policy it does not satisfy: it serves no read, so takes none
+        body["status"] = "not_ready"
+        body["reason"] = withheld.message
+        return JSONResponse(body, status_code=503)
     return JSONResponse(body, status_code=200 if readiness.ready else 503)
