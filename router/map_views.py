@@ -753,13 +753,15 @@ def _routers(request: Request, headers: dict[str, str]) -> Callable[[bytes], byt
 
 def _policy(request: Request, headers: dict[str, str]) -> Callable[[bytes], bytes]:
     """What adds the cluster policy and whether this router satisfies it (keyroute.core.cluster_policy) to a
-    summary or whole document, `"policy": {...}`; the check's version goes into the ETag in `headers`."""
+    summary or whole document, `"policy": {...}`; the check's version, once it changed, goes into the ETag in
+    `headers`."""
     watch = getattr(request.app.state, "policy", None)
     if watch is None:
         return lambda body: body
     version, check = watch.version, watch.check  # in this order: a body never older than its ETag says
-    etag = headers["etag"]
-    headers["etag"] = f'{etag[:-1]}.p{version}"' if etag.endswith('"') else f"{etag}.p{version}"
+    if version:  # the policy as first read (none recorded, or one met at start) changes no ETag
+        etag = headers["etag"]
+        headers["etag"] = f'{etag[:-1]}.p{version}"' if etag.endswith('"') else f"{etag}.p{version}"
     listed = b',"policy":' + _dumps(check.describe()) + b"}"
     return lambda body: body[:-1] + listed if body.endswith(b"}") else body
 
