@@ -31,6 +31,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from keyroute.core import zk_layout
 from keyroute.core.settings import NodeSettings, RouterSettings
+from keyroute.core.zk import ZkUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -262,11 +263,15 @@ class PolicyWatch:
         self._lock = threading.Lock()
 
     def start(self, client: KazooClient, *, quiet: bool = False) -> PolicyCheck:
-        """Read the policy now and watch it on `client`; the first check (`quiet`: not given to `on_change`)."""
+        """Read the policy now and watch it on `client`; the first check (`quiet`: not given to `on_change`).
+        ZkUnavailableError when it cannot be read: a member never starts unchecked."""
         self._client = client
         client.add_listener(self._on_state)
-        self._read(quiet)
-        return self.check
+        first = self._read(quiet)
+        if first is None:
+            self.stop()
+            raise ZkUnavailableError(f"reading the cluster policy ({zk_layout.POLICY}) from ZooKeeper failed")
+        return first
 
     def require(self, client: KazooClient) -> None:
         """`start`, then (while `strict`) UnmetPolicyError when this member does not satisfy the policy: a
@@ -293,30 +298,36 @@ class PolicyWatch:
         if client is not None:
             client.handler.spawn(self._read)
 
-    def _read(self, quiet: bool = False) -> None:
+    def _read(self, quiet: bool = False) -> PolicyCheck | None:
+        """Read and watch the record; the new check (also given to `on_change` unless `quiet`), or None when
+        ZooKeeper could not be asked (the last check holds; the next session reads again)."""
         # One read at a time (a watch and a new session may both ask): a slower, older read never lands last.
         with self._lock:
             client = self._client
             if client is None:
-                return
+                return None
             try:
-                try:
-                    raw: bytes | None = client.get(zk_layout.POLICY, watch=self._watched)[0]
-                except NoNodeError:
-                    if client.exists(zk_layout.POLICY, watch=self._watched) is not None:
-                        client.handler.spawn(self._read)  # created in between: read it
-                        return
-                    raw = None
-                check = PolicyCheck.of(raw, self.member)
-            except NoAuthError:
-                how = "give this process's ZooKeeper identity READ on it (a node's connect adds the reader's)"
-                check = PolicyCheck(recorded=True, unmet=(Requirement("a cluster policy it may read", how),))
+                check = self._fetch(client)
             except (KazooException, KazooTimeoutError) as exc:
                 log.debug("reading the cluster policy failed (%s): the last one read holds", exc)
-                return
+                return None
             if check != self.check:
                 self.check = check
                 self.version += 1
             if self.on_change is not None and check != self._told and not quiet:
                 self._told = check
                 self.on_change(check)
+            return check
+
+    def _fetch(self, client: KazooClient) -> PolicyCheck:
+        while True:
+            try:
+                raw = client.get(zk_layout.POLICY, watch=self._watched)[0]
+            except NoNodeError:
+                if client.exists(zk_layout.POLICY, watch=self._watched) is not None:
+                    continue  # created in between: read it
+                return PolicyCheck()
+            except NoAuthError:
+                how = "give this process's ZooKeeper identity READ on it (a node's connect adds the reader's)"
+                return PolicyCheck(recorded=True, unmet=(Requirement("a cluster policy it may read", how),))
+            return PolicyCheck.of(raw, self.member)

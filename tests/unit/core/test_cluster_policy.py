@@ -9,15 +9,19 @@ import dataclasses
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
+from kazoo.exceptions import ConnectionLoss, NoAuthError, NoNodeError
 
 from keyroute.core.cluster_policy import (
     ClusterPolicy,
     MemberSecurity,
     PolicyCheck,
     PolicyError,
+    PolicyWatch,
     Requirement,
+    UnmetPolicyError,
     unmet,
 )
 from keyroute.core.settings import (
@@ -29,6 +33,7 @@ from keyroute.core.settings import (
     ZkSettings,
     ZkTls,
 )
+from keyroute.core.zk import ZkUnavailableError
 from keyroute.http.admission import Admission
 from keyroute.http.policy_gate import PolicyGate
 
@@ -157,3 +162,70 @@ def test_the_gate_withholds_reads_while_a_check_is_unmet_and_says_each_change_on
         "--jwt-issuer",
         "node n1 serves reads again: it satisfies the cluster policy",
     ]
+
+
+class StandInClient:
+    """What PolicyWatch uses of a kazoo client: get and exists with a watch, listeners, spawn (run at once)."""
+
+    def __init__(self, raw: bytes | None = None, fails: BaseException | None = None) -> None:
+        self.raw = raw
+        self.fails = fails
+        self.watches: list[Any] = []
+        self.listeners: list[Any] = []
+        self.handler = self
+
+    def spawn(self, call: Any) -> None:
+        call()
+
+    def get(self, path: str, watch: Any = None) -> tuple[bytes, None]:
+        assert path == "/policy"
+        if self.fails is not None:
+            raise self.fails
+        self.watches.append(watch)
+        if self.raw is None:
+            raise NoNodeError()
+        return self.raw, None
+
+    def exists(self, path: str, watch: Any = None) -> None:
+        self.watches.append(watch)
+        return None
+
+    def add_listener(self, listener: Any) -> None:
+        self.listeners.append(listener)
+
+    def remove_listener(self, listener: Any) -> None:
+        self.listeners.remove(listener)
+
+    def changed(self, raw: bytes | None) -> None:
+        """The record changes: ZooKeeper fires the watch set by the last read."""
+        self.raw = raw
+        self.watches[-1](None)
+
+
+def test_a_watch_refuses_a_start_it_cannot_check_and_tells_each_later_change() -> None:
+    told: list[PolicyCheck] = []
+    member = MemberSecurity(access_control=True)
+    with pytest.raises(ZkUnavailableError, match="reading the cluster policy"):
+        PolicyWatch(member, told.append).require(StandInClient(fails=ConnectionLoss()))  # type: ignore[arg-type]
+    refused = StandInClient(ClusterPolicy(member_auth="mtls").to_json())
+    with pytest.raises(UnmetPolicyError, match="^the cluster policy requires mutual TLS between members"):
+        PolicyWatch(member, told.append).require(refused)  # type: ignore[arg-type]
+    assert told == [] and refused.listeners == []  # refused: nothing told, nothing left watching
+
+    client = StandInClient(None)
+    watch = PolicyWatch(member, told.append)
+    watch.require(client)  # type: ignore[arg-type]
+    assert watch.check.satisfied and told == [] and watch.version == 0
+    client.changed(ClusterPolicy(require_tls=frozenset({"client"})).to_json())
+    assert [check.message for check in told] == [
+        "the cluster policy requires TLS to clients: set --tls-cert and --tls-key"
+    ]
+    assert watch.version == 1
+    client.fails = NoAuthError()
+    client.listeners[0]("CONNECTED")  # a new session: read again, and this identity may no longer
+    assert not told[-1].satisfied and "may read" in told[-1].message
+    client.fails = None
+    client.changed(None)  # the record deleted: nothing asked
+    assert told[-1].satisfied and not told[-1].recorded and watch.version == 3
+    watch.stop()
+    assert client.listeners == []
