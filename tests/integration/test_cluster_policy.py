@@ -6,6 +6,7 @@ again when it is loosened.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from kazoo.exceptions import NoAuthError
 
 from keyroute.core import zk, zk_layout
 from keyroute.core.settings import ZkSettings
+from keyroute.core.zookeeper_server import EmbeddedZooKeeper
 from tests.integration.test_node import key_url
 from tests.integration.test_zk_acl import (
     EXPECTED_ACL,
@@ -32,7 +34,7 @@ from tests.integration.test_zk_acl import (
     values,
     writer_settings,
 )
-from tests.util import Proc, free_port, wait_for
+from tests.util import Proc, TcpProxy, free_port, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -226,3 +228,46 @@ def test_a_running_node_and_router_serve_no_read_while_a_tightened_policy_is_unm
         http.close()
         for proc in (router, node):
             proc.stop()
+
+
+def test_a_router_that_reaches_zookeeper_only_after_it_started_serves_no_read_while_the_policy_is_unmet(
+    zk_server: EmbeddedZooKeeper, zk_settings: ZkSettings, client: KazooClient, tmp_path: Path
+) -> None:
+    code, _, errors = policy(zk_settings, "set", "--require-access-control")
+    assert code == 0, errors
+    relay = TcpProxy((zk_server.host, zk_server.port))
+    relay.cut()  # ZooKeeper away when the router starts: it listens after its first-map wait, answering 503
+    port = free_port()
+    through_relay = dataclasses.replace(zk_settings, hosts=relay.address)
+    router = Proc(_router_args(through_relay, port), tmp_path / "router.log").start()
+    http = httpx.Client(timeout=10.0, trust_env=False)
+    url = f"http://127.0.0.1:{port}"
+
+    def read() -> httpx.Response:
+        assert router.alive, router.output()
+        return http.get(url + key_url(STORE, "k"))
+
+    try:
+        first = wait_for(lambda: read(), timeout_s=60, message="the router to listen")
+        assert first.status_code == 503 and first.json()["error"] == "no_partition_map"
+        relay.restore()
+        refused = wait_for(
+            lambda: (r := read()).json()["error"] == "policy_not_satisfied" and r,
+            timeout_s=60,
+            message="the router to read the policy once ZooKeeper is back",
+        )
+        assert refused.status_code == 503 and ACCESS_CONTROL in refused.json()["message"]
+        assert http.get(url + "/readyz").status_code == 503
+        assert client.get_children(zk_layout.ROUTERS) != []  # it runs, registered: it only serves no read
+
+        code, _, errors = policy(zk_settings, "set")
+        assert code == 0, errors
+        loosened = wait_for(
+            lambda: (r := read()).status_code == 404 and r, timeout_s=30, message="the router to serve again"
+        )
+        assert loosened.json()["error"] == "store_not_found"  # answered: this chroot has no store
+        assert http.get(url + "/readyz").status_code == 200
+    finally:
+        http.close()
+        router.stop()
+        relay.close()
