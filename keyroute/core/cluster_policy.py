@@ -66,7 +66,7 @@ class ClusterPolicy:
         cls, require_access_control: bool, member_auth: str, require_tls: str, now: float | None = None
     ) -> ClusterPolicy:
         """The policy `keyroute cluster policy set` writes; PolicyError (one line) for a value it does not take."""
-        auth = member_auth.strip().lower()
+        auth = member_auth.strip().lower() or "none"  # an empty variable in a manifest: none
         if auth not in MEMBER_AUTH:
             raise PolicyError(f"--member-auth takes {', '.join(MEMBER_AUTH)}, not {member_auth!r}")
         wires = [wire.strip().lower() for wire in require_tls.split(",") if wire.strip()]

@@ -103,7 +103,7 @@ def test_a_members_security_is_read_from_its_settings() -> None:
 def test_the_options_make_a_policy_and_a_bad_value_is_one_line() -> None:
     made = ClusterPolicy.of_options(True, "MTLS", " client , zookeeper,", now=12.5)
     assert made == ClusterPolicy(True, "mtls", frozenset({"client", "zookeeper"}), 12.5)
-    assert ClusterPolicy.of_options(False, "none", "", now=1.0).require_tls == frozenset()
+    assert ClusterPolicy.of_options(False, "", "", now=1.0) == ClusterPolicy(updated_at=1.0)
     with pytest.raises(PolicyError, match=r"^--member-auth takes none, secret, mtls, not 'tls'$"):
         ClusterPolicy.of_options(False, "tls", "")
     with pytest.raises(PolicyError, match=r"^--require-tls takes .* client, member, zookeeper, not 'kafka'$"):
