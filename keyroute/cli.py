@@ -738,9 +738,10 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     _zk_options(p, drain, writes=True)
     p.option(drain, "--node-id", required=True, help="the node to drain")
-    cluster = sub.add_parser("cluster", help="the cluster's identity in ZooKeeper")
+    cluster = sub.add_parser("cluster", help="the cluster's identity and security policy in ZooKeeper")
     cluster_sub = cluster.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
     _zk_options(p, cluster_sub.add_parser("id", help="print the cluster id of a chroot (JSON)"), writes=False)
+    _policy_parser(p, cluster_sub)
 
     zkb = sub.add_parser("zk", help="back up and restore keyroute's records in ZooKeeper")
     zkb_sub = zkb.add_subparsers(dest="zk_command", required=True, metavar="ACTION")
@@ -863,6 +864,33 @@ def _adopt_parser(p: _Parser, store_sub: Any) -> None:
         help="when the chroot has no cluster id: create a new one (nodes that joined the old cluster then refuse "
         "to start)",
     )
+
+
+def _policy_parser(p: _Parser, cluster_sub: Any) -> None:
+    policy = cluster_sub.add_parser(
+        "policy", help="what every router and node must have configured to serve (docs/security.md#cluster-policy)"
+    )
+    policy_sub = policy.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
+    given = policy_sub.add_parser(
+        "set", help="write the cluster policy (the whole of it: a requirement not given is dropped); prints it (JSON)"
+    )
+    _zk_options(p, given, writes=True)
+    p.flag(given, "--require-access-control", help="every member must check callers (--access-tokens or --jwt-issuer)")
+    p.option(
+        given,
+        "--member-auth",
+        default="none",
+        metavar="none|secret|mtls",
+        help="how members must prove themselves to each other: the cluster secret (or mutual TLS), or mutual TLS",
+    )
+    p.option(
+        given,
+        "--require-tls",
+        default="",
+        metavar="WIRE[,WIRE...]",
+        help="wires every member must encrypt: client (HTTPS to callers), member (--member-ca), zookeeper",
+    )
+    _zk_options(p, policy_sub.add_parser("show", help="print the cluster policy (JSON)"), writes=False)
 
 
 def _stdin_keys() -> Iterable[str]:
@@ -1181,6 +1209,8 @@ def cmd_adopt(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
+    if args.cluster_command == "policy":
+        return cmd_cluster_policy(args)
     from keyroute.core.cluster_identity import ClusterIdError, read_cluster_id
     from keyroute.core.zk import ZkUnavailableError, close, connect
 
@@ -1201,6 +1231,61 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         print(f"keyroute cluster id: chroot {zk_settings.chroot or '/'} has no cluster id", file=sys.stderr)
         return 1
     print(json.dumps({"cluster_id": found.id, "created_at": found.created_at}))
+
+
+def cmd_cluster_policy(args: argparse.Namespace) -> int:
+    from kazoo.exceptions import NoAuthError
+
+    from keyroute.core.cluster_policy import ClusterPolicy, PolicyError, read_policy, write_policy
+    from keyroute.core.zk import ZkUnavailableError, close, connect
+
+    what = f"keyroute cluster policy {args.policy_command}"
+    zk_settings = _zk(args)
+    where = zk_settings.chroot or "/"
+    wanted = None
+    if args.policy_command == "set":  # the options are checked before ZooKeeper is touched
+        try:
+            wanted = ClusterPolicy.of_options(args.require_access_control, args.member_auth, args.require_tls)
+        except PolicyError as exc:
+            print(f"{what}: {exc}", file=sys.stderr)
+            return 1
+    try:
+        client = connect(zk_settings, ensure_layout=wanted is not None)
+    except ZkUnavailableError as exc:
+        print(f"{what}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        if wanted is None and zk_settings.chroot and client.exists("/") is None:
+            print(f"{what}: chroot {where} does not exist on ZooKeeper {zk_settings.hosts}", file=sys.stderr)
+            return 1
+        try:
+            found = read_policy(client)
+        except PolicyError as exc:
+            if wanted is None:
+                print(f"{what}: {exc}", file=sys.stderr)
+                return 1
+            found = None  # setting the policy again is how a broken record is mended
+        if wanted is not None:
+            write_policy(client, wanted)
+    except NoAuthError:
+        verb = "change" if wanted is not None else "read"
+        print(f"{what}: this ZooKeeper identity may not {verb} the cluster policy at {where}", file=sys.stderr)
+        return 1
+    finally:
+        close(client)
+    if wanted is None:
+        shown = found if found is not None else ClusterPolicy()
+        print(json.dumps({"chroot": where, "recorded": found is not None, **shown.describe()}))
+        return 0
+    if not zk_settings.has_identity:
+        print(
+            f"{what}: warning: without a ZooKeeper identity (--zk-auth, or --zk-tls-cert) the policy is "
+            "world-writable: anyone who reaches ZooKeeper can loosen it",
+            file=sys.stderr,
+        )
+    previous = None if found is None else found.describe()
+    print(json.dumps({"chroot": where, "recorded": True, **wanted.describe(), "previous": previous}))
+    return 0
 
 
 def cmd_zk(args: argparse.Namespace) -> int:

@@ -24,6 +24,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from keyroute.core.api import HEADER_REQUEST_ID, ApiError, BadRequest
+from keyroute.core.cluster_policy import MemberSecurity, PolicyWatch, UnmetPolicyError
 from keyroute.core.live_status import LiveStatusReader
 from keyroute.core.logs import bind_request_id, describe
 from keyroute.core.metrics import CONTENT_TYPE
@@ -36,6 +37,7 @@ from keyroute.http.admission import RequestGuard
 from keyroute.http.authn import callers_of
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.lifespan import StartupError
+from keyroute.http.policy_gate import PolicyGate
 from keyroute.http.quotas import start_quotas
 from keyroute.http.tls import MemberTls, member_tls
 from keyroute.http.upstream import Upstream
@@ -56,9 +58,16 @@ _HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed"}
 _RECONNECT_PAUSE_S = (1.0, 30.0)
 
 
-async def _connect(source: MapSource, on_map: Callable[[PartitionMap], None], settings: RouterSettings) -> None:
+async def _connect(
+    source: MapSource,
+    on_map: Callable[[PartitionMap], None],
+    settings: RouterSettings,
+    policy: PolicyWatch | None = None,
+) -> None:
     """Start `source`, retrying while ZooKeeper is unreachable (said once). Credentials ZooKeeper refuses
-    are not retried: the error ends the task (at startup, the router's start)."""
+    are not retried: the error ends the task (at startup, the router's start), as does a cluster `policy`
+    this router does not satisfy while its check is strict (later, the router starts watching it all the
+    same, serving no read while it is unmet)."""
     pause, said = _RECONNECT_PAUSE_S[0], False
     while True:
         try:
@@ -68,6 +77,10 @@ async def _connect(source: MapSource, on_map: Callable[[PartitionMap], None], se
             return
         except ZkAccessError:
             raise
+        except UnmetPolicyError:
+            if policy is None or policy.strict:
+                raise
+            continue  # the router has started meanwhile: the next attempt watches the policy
         except ZkUnavailableError as exc:
             if not said:
                 said = True
@@ -105,7 +118,10 @@ def create_app(
         checks.identify_admins(app.state.callers)
         # Quotas (keyroute/http/quotas.py): how much each caller may read, from the quota file, watched for changes.
         quotas, quota_file = start_quotas(settings.quota_file, lambda store: proxy.table.has_store(store))
-        source = map_source if map_source is not None else ZooKeeperMapSource(settings.zk)
+        # The cluster policy, checked when the session starts, before the router registers (or reads anything).
+        gate = PolicyGate(checks, "router", asyncio.get_running_loop())
+        policy = app.state.policy = PolicyWatch(MemberSecurity.of(settings), gate)
+        source = map_source if map_source is not None else ZooKeeperMapSource(settings.zk, policy)
         # The data path uses our own keep-alive pool (benchmarks/RESULTS.md, "Router": httpx costs ~20x
         # more CPU per proxied read), made here: it belongs to the event loop that runs the lifespan.
         wire: Upstream = (
@@ -153,7 +169,7 @@ def create_app(
 
         # Connecting goes on in the background for as long as it takes: after `first_map_wait_s` the router
         # listens anyway, answering 503 (and not ready) until a map arrives.
-        connecting = asyncio.create_task(_connect(source, on_map, settings))
+        connecting = asyncio.create_task(_connect(source, on_map, settings, policy))
         waiting = asyncio.create_task(first_map.wait())
         # Routers up (router/registry.py): each enforces its share of the quotas; the partition map lists them.
         registry = app.state.router_registry = RouterRegistry(settings.http.url, _on_loop(loop, quotas.set_routers))
@@ -164,6 +180,7 @@ def create_app(
             await asyncio.wait((connecting, waiting), timeout=first_map_wait_s, return_when=asyncio.FIRST_EXCEPTION)
             if connecting.done() and connecting.exception() is not None:
                 raise StartupError(str(connecting.exception()))
+            policy.strict = False  # started: a policy first read from now on is watched, not refused
             if not first_map.is_set():
                 wait_s = first_map_wait_s
                 log.warning("no partition map within %g s of starting: answering 503 until one arrives", wait_s)
@@ -245,6 +262,11 @@ def create_app(
             # A router on an empty (often mistyped) chroot stays ready, as before stores are published: it says so.
             **_cluster_state(request),
         }
+        withheld = request.app.state.admission.withheld
+        if withheld is not None:  # a cluster policy it does not satisfy: it serves no read, so takes none
+            body["ready"] = False
+            body["reason"] = withheld.message
+            return JSONResponse(body, status_code=503)
         return JSONResponse(body, status_code=200 if table.ready else 503)
 
     async def openapi(request: Request) -> Response:

@@ -13,6 +13,7 @@ from kazoo.client import KazooClient
 
 from keyroute.core import zk
 from keyroute.core.cluster_identity import EmptyChroot
+from keyroute.core.cluster_policy import PolicyWatch
 from keyroute.core.cursor_key import CursorKey
 from keyroute.core.map_watcher import MapWatcher
 from keyroute.core.partition_map import PartitionMap
@@ -32,10 +33,13 @@ class MapSource(Protocol):
 
 
 class ZooKeeperMapSource:
-    """A ZooKeeper session and a `MapWatcher` on it, owned by the router's lifespan."""
+    """A ZooKeeper session and a `MapWatcher` on it, owned by the router's lifespan; with `policy`, the
+    router's check against the cluster policy, made when the session starts (before anything is read or
+    written; keyroute.core.cluster_policy) and watched on it."""
 
-    def __init__(self, settings: ZkSettings) -> None:
+    def __init__(self, settings: ZkSettings, policy: PolicyWatch | None = None) -> None:
         self._settings = settings
+        self._policy = policy
         self._client: KazooClient | None = None
         self._watcher: MapWatcher | None = None
         self._keeper: SessionKeeper | None = None
@@ -47,9 +51,11 @@ class ZooKeeperMapSource:
 
     def start(self, on_map: Callable[[PartitionMap], None]) -> None:
         """Connect and start watching (raises ZkUnavailableError when ZooKeeper cannot be reached in time).
-        A `stop` while connecting wins: the session is closed and nothing is watched."""
+        A `stop` while connecting wins: the session is closed and nothing is watched. UnmetPolicyError while
+        the policy check is strict and this router does not satisfy the policy."""
         # Routers only read: they create nothing, so a read-only identity is enough.
-        client = zk.connect(self._settings, ensure_layout=False)
+        policy = self._policy
+        client = zk.connect(self._settings, ensure_layout=False, check=None if policy is None else policy.require)
         with self._lock:
             if self._stopped:
                 zk.close(client)
@@ -94,6 +100,8 @@ class ZooKeeperMapSource:
             keeper, self._keeper = self._keeper, None
             client, self._client = self._client, None
         try:
+            if self._policy is not None:
+                self._policy.stop()
             if keeper is not None:
                 keeper.stop()
             if watcher is not None:

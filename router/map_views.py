@@ -717,18 +717,18 @@ async def partition_map(request: Request) -> Response:
     views = await _current_after_wait(request, views_of)
     headers = views_of.headers(views)
     empty = cluster_state(request)
-    routers = _routers(request, headers)
+    routers, policy = _routers(request, headers), _policy(request, headers)
     if _matches(request, headers["etag"]) and not empty:
         return Response(status_code=304, headers=headers)
     if query == "all":
-        body = routers(await run_in_threadpool(views.full))
+        body = policy(routers(await run_in_threadpool(views.full)))
         if empty:  # an empty cluster's map is a few bytes: said in the body as /readyz says it
             body = json.dumps({**json.loads(body), **empty}, separators=(",", ":")).encode()
         return StreamingResponse(
             _chunks(body), media_type="application/json", headers={**headers, "content-length": str(len(body))}
         )
     if query is None:
-        body = routers(views.ready("summary") or await run_in_threadpool(views.summary))
+        body = policy(routers(views.ready("summary") or await run_in_threadpool(views.summary)))
         if empty:
             body = json.dumps({**json.loads(body), **empty}, separators=(",", ":")).encode()
     else:
@@ -748,6 +748,21 @@ def _routers(request: Request, headers: dict[str, str]) -> Callable[[bytes], byt
     etag = headers["etag"]
     headers["etag"] = f'{etag[:-1]}.r{version}"' if etag.endswith('"') else f"{etag}.r{version}"
     listed = b',"routers":' + _dumps(routers) + b"}"
+    return lambda body: body[:-1] + listed if body.endswith(b"}") else body
+
+
+def _policy(request: Request, headers: dict[str, str]) -> Callable[[bytes], bytes]:
+    """What adds the cluster policy and whether this router satisfies it (keyroute.core.cluster_policy) to a
+    summary or whole document, `"policy": {...}`; the check's version, once it changed, goes into the ETag in
+    `headers`."""
+    watch = getattr(request.app.state, "policy", None)
+    if watch is None:
+        return lambda body: body
+    version, check = watch.version, watch.check  # in this order: a body never older than its ETag says
+    if version:  # the policy as first read (none recorded, or one met at start) changes no ETag
+        etag = headers["etag"]
+        headers["etag"] = f'{etag[:-1]}.p{version}"' if etag.endswith('"') else f"{etag}.p{version}"
+    listed = b',"policy":' + _dumps(check.describe()) + b"}"
     return lambda body: body[:-1] + listed if body.endswith(b"}") else body
 
 

@@ -36,8 +36,9 @@ _GUARD = {
     "431": _error("`headers_too_large`: the request line and headers exceed the configured limit"),
     "503": _error(
         "`overloaded` (too many requests in progress), `partition_unavailable` (no node serves the "
-        "partition, a rebalance or reload is in flight) or `no_partition_map` (the router has not read the "
-        "partition map yet: ZooKeeper unreachable since it started): retry after `Retry-After` seconds",
+        "partition, a rebalance or reload is in flight), `no_partition_map` (the router has not read the "
+        "partition map yet: ZooKeeper unreachable since it started) or `policy_not_satisfied` (this process does "
+        "not satisfy the cluster policy): retry after `Retry-After` seconds",
         retry_after=True,
     ),
 }

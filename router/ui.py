@@ -5,7 +5,8 @@ in an air-gapped cluster). What it shows, top to bottom:
 
 - the summary: map generation, fresh or stale and the map's age (explained in a tooltip), totals, and what
   is wrong right now with counts (unserved, loading, under-replicated and lagging partitions per store,
-  nodes gone or leaving), a banner when the cluster is empty;
+  nodes gone or leaving), a banner when the cluster is empty, the cluster policy and whether this router
+  meets it;
 - stores, problems first: per store its counts, live lag and a heat strip of its partitions (each cell the
   worst state among the partitions it covers);
 - nodes as a grid, problems first (gone, leaving), each cell shaded by the partitions it serves against the
@@ -79,6 +80,7 @@ PAGE = """<!doctype html>
   <h2>What is wrong now</h2>
   <ul id="problems"></ul>
   <div id="totals" class="muted"></div>
+  <div id="policy" class="muted"></div>
   <h2>Stores</h2>
   <div class="legend muted">
     <span><i class="swatch ok"></i> served</span><span><i class="swatch warn"></i> under-replicated</span>
@@ -175,6 +177,19 @@ function renderHeader(s) {
     banner.style.display = "block";
     banner.textContent = s.cluster_message || "This cluster is empty: no store has been published yet.";
   } else { banner.style.display = "none"; }
+  renderPolicy(s.policy);
+}
+
+function renderPolicy(p) {
+  if (!p) { return; }
+  const asks = [];
+  if (p.require_access_control) { asks.push("caller access control"); }
+  if (p.member_auth !== "none") { asks.push("member authentication " + p.member_auth); }
+  if (p.require_tls.length) { asks.push("TLS on " + p.require_tls.join(", ")); }
+  document.getElementById("policy").replaceChildren(
+    "cluster policy: " + (asks.length ? asks.join("; ") : "asks nothing") + " ",
+    p.satisfied ? badge("ok", "met by this router")
+      : badge("bad", "not met by this router: it serves no read", p.unmet.join("; ")));
 }
 
 const SHOWN = 8;  // names per problem line; the rest are counted

@@ -18,6 +18,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 from starlette.applications import Starlette
@@ -30,6 +31,7 @@ from starlette.routing import Route
 
 from keyroute.core import placement_records, zk
 from keyroute.core.api import HEADER_NODE, HEADER_REQUEST_ID, ApiError, BadRequest
+from keyroute.core.cluster_policy import MemberSecurity, PolicyWatch, UnmetPolicyError
 from keyroute.core.cursor_key import CursorKey
 from keyroute.core.live_status import LiveStatusReader, annotate
 from keyroute.core.logs import bind_request_id, describe
@@ -44,6 +46,7 @@ from keyroute.http.admission import Admission, RequestGuard
 from keyroute.http.authn import admin_paths, callers_of
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.lifespan import StartupError
+from keyroute.http.policy_gate import PolicyGate
 from keyroute.http.quotas import ServingShares, start_quotas
 from keyroute.http.tls import member_tls
 from keyroute.http.upstream import Upstream
@@ -256,12 +259,21 @@ async def _joined_node(
     # StartupError before joining: unusable files, a certificate that does not name this node.
     wire_tls = member_tls(settings.http.tls, f"node {settings.node_id}", MemberIdentity("node", settings.node_id))
     chroot = settings.zk.chroot or ""
+    # The cluster policy is checked before anything is written to ZooKeeper: a node that does not satisfy it
+    # neither joins nor registers; one that stops satisfying it later serves no read (PolicyGate).
+    admission = metrics.admission
+    gate = None if admission is None else PolicyGate(admission, f"node {settings.node_id}", loop)
+    policy = PolicyWatch(MemberSecurity.of(settings), gate)
+
+    def before_writing(client: KazooClient) -> None:
+        # Nothing is created in ZooKeeper before both pass: a chroot of another cluster (or none, for a data
+        # directory that joined one) and a policy this node does not satisfy leave ZooKeeper as it was.
+        data_dir.check(client, chroot)
+        policy.require(client)
+
     try:
-        # A data directory that joined a cluster checks the chroot before anything is created there.
-        client = await run_in_threadpool(
-            functools.partial(zk.connect, settings.zk, check=lambda c: data_dir.check(c, chroot))
-        )
-    except (zk.ZkUnavailableError, DataDirError) as exc:
+        client = await run_in_threadpool(functools.partial(zk.connect, settings.zk, check=before_writing))
+    except (zk.ZkUnavailableError, DataDirError, UnmetPolicyError) as exc:
         raise StartupError(str(exc)) from exc
     try:
         await run_in_threadpool(data_dir.join, client, settings.zk.chroot or "", settings.zk)
@@ -326,6 +338,7 @@ async def _joined_node(
         await run_in_threadpool(keeper.stop)
         # Reverse order: stop deciding (controller), stop reacting (watcher), stop holding (ownership),
         # then tell the cluster we are gone before the session closes.
+        policy.stop()
         if not zk.is_connected(client):
             # ZooKeeper is unreachable: nothing below can tell it anything, and kazoo's calls would wait for it.
             # Closed first, every call fails at once, and any still waiting (a cut-short leave's) ends.
@@ -467,4 +480,9 @@ async def readyz(request: Request) -> Response:
     node = _node(request)
     readiness = node.ownership.readiness()
     body = {"node": node.node_id, **readiness.describe(), "checked_at": time.time()}
+    withheld = request.app.state.admission.withheld
+    if withheld is not None:  # a cluster policy it does not satisfy: it serves no read, so takes none
+        body["status"] = "not_ready"
+        body["reason"] = withheld.message
+        return JSONResponse(body, status_code=503)
     return JSONResponse(body, status_code=200 if readiness.ready else 503)

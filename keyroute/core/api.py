@@ -192,6 +192,11 @@ class NoPartitionMap(RetryLater, code="no_partition_map"):
     store: it cannot tell "no such store" from "not known yet"."""
 
 
+class PolicyNotSatisfied(RetryLater, code="policy_not_satisfied"):
+    """This router or node does not satisfy the cluster's security policy (keyroute.core.cluster_policy) since it
+    was tightened: it serves no read until its settings or the policy change."""
+
+
 class NotLive(ApiError, status=400, code="not_live"): ...
 
 

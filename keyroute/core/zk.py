@@ -118,50 +118,50 @@ def connect(
 ) -> KazooClient:
     """Start a kazoo client on `settings`. With `ensure_layout` (processes that write), also create the
     chroot and keyroute's top-level paths and bring their ACL in line; without it (routers) nothing is
-    created and READ suffices, even before the chroot exists.
-
-    `check` runs on the started client before anything is created or any ACL changed: whatever it raises
-    is raised with the client closed, ZooKeeper left exactly as it was (a node refusing a chroot that is not
-    its cluster's)."""
-    client: KazooClient | None = None
+    created and READ suffices, even before the chroot exists. `check` (a member's cluster policy check) is
+    called with the session before anything is created or changed: what it raises ends the connect, the
+    session closed."""
+    client = _client(settings, settings.connect_string, connection_retry=_retry())
+    _start(client, settings)
     if check is not None:
-        client = _client(settings, settings.connect_string, connection_retry=_retry())
-        _start(client, settings)
         try:
             check(client)
         except BaseException:
             close(client)
             raise
-    if settings.chroot and ensure_layout:
-        root = _client(settings, settings.hosts)
-        _start(root, settings)
-        try:
-            root.ensure_path(settings.chroot)
-        except NoAuthError as exc:
-            raise ZkAccessError(
-                f"{_who(settings)} may not create the chroot {settings.chroot} on ZooKeeper {settings.hosts}"
-            ) from exc
-        finally:
-            close(root)
-    if client is None:
-        client = _client(settings, settings.connect_string, connection_retry=_retry())
-        _start(client, settings)
-    if ensure_layout:
-        try:
-            for path in zk_layout.PERSISTENT_ROOTS:
-                with contextlib.suppress(NodeExistsError):
-                    client.ensure_path(path)
-            _check_layout_acl(client, settings)
-        except NoAuthError as exc:
-            close(client)
-            raise ZkAccessError(
-                f"{_who(settings)} may not write keyroute's layout at {settings.connect_string} "
-                f"(it is protected by another identity's ACL)"
-            ) from exc
-        except ZkAccessError:
-            close(client)
-            raise
+    if not ensure_layout:
+        return client
+    try:
+        if settings.chroot:
+            _ensure_chroot(settings)
+        for path in zk_layout.PERSISTENT_ROOTS:
+            with contextlib.suppress(NodeExistsError):
+                client.ensure_path(path)
+        _check_layout_acl(client, settings)
+    except NoAuthError as exc:
+        close(client)
+        raise ZkAccessError(
+            f"{_who(settings)} may not write keyroute's layout at {settings.connect_string} "
+            f"(it is protected by another identity's ACL)"
+        ) from exc
+    except ZkUnavailableError:
+        close(client)
+        raise
     return client
+
+
+def _ensure_chroot(settings: ZkSettings) -> None:
+    """Create the chroot (and its parents) unless it exists, from a client without the chroot."""
+    root = _client(settings, settings.hosts)
+    _start(root, settings)
+    try:
+        root.ensure_path(settings.chroot)
+    except NoAuthError as exc:
+        raise ZkAccessError(
+            f"{_who(settings)} may not create the chroot {settings.chroot} on ZooKeeper {settings.hosts}"
+        ) from exc
+    finally:
+        close(root)
 
 
 def _who(settings: ZkSettings) -> str:
@@ -181,6 +181,8 @@ def _layout_paths(client: KazooClient, settings: ZkSettings) -> list[str]:
     paths += zk_layout.PERSISTENT_ROOTS
     if client.exists(zk_layout.ASSIGNMENT) is not None:
         paths.append(zk_layout.ASSIGNMENT)
+    if client.exists(zk_layout.POLICY) is not None:
+        paths.append(zk_layout.POLICY)  # readable by the routers, writable by the writers alone
     paths += [zk_layout.store_path(name) for name in sorted(client.get_children(zk_layout.STORES))]
     if client.exists(zk_layout.PLACEMENT) is not None:
         paths += [zk_layout.placement_path(name) for name in sorted(client.get_children(zk_layout.PLACEMENT))]

@@ -14,6 +14,9 @@
 /serving/{node_id}         ephemeral   ServingRecord: partitions a node has loaded, at which version
 /cluster                   persistent  the cluster's identity: a random id and its creation time
                                        (keyroute.core.cluster_identity), created by the first node to join
+/policy                    persistent  the cluster's security policy (keyroute.core.cluster_policy): what every
+                                       router and node must have configured to serve; written only by
+                                       `keyroute cluster policy set` (none: nothing is asked)
 /live/{node_id}            ephemeral   the state of every live partition a node holds (offset, lag, state,
                                        counters; keyroute.core.live_status reads them), throttled
 /deleted/{store}           persistent  a store's tombstone (`keyroute store delete`): the versions deleted and
@@ -48,6 +51,7 @@ ASSIGNED = "/assigned"
 SERVING = "/serving"
 LIVE = "/live"
 CLUSTER = "/cluster"
+POLICY = "/policy"
 DELETED = "/deleted"
 RESTARTING = "/restarting"
 DRAINING = "/draining"

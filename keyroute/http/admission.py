@@ -81,6 +81,9 @@ class Admission:
         self.protected = self._protected if self.admin.enabled else ()
         self.callers: Any = None  # keyroute.http.authn.Callers, once access control is on (`identify_admins`)
         self.retry_after_s = retry_after_s
+        # What every data-plane request is answered while this process may serve no read (a cluster policy it
+        # does not satisfy: keyroute.http.policy_gate); None: reads are served.
+        self.withheld: ApiError | None = None
         self.active = 0
         # Refusals by reason (REFUSAL_REASONS), for metrics: by these checks...
         self.overloaded = 0  # shed_callers included

@@ -3,9 +3,10 @@ handlers' tasks, written once. A service declares its routes and handlers; every
 
 `RoutedDataPlane` is a `keyroute.http.exchange.DataPlane` for every request under /stores/. For each one:
 
-    1. admission (`keyroute.http.admission.Admission.admit_head`): a refusal is answered at once, and no
-       place is taken; an admitted request's place is given back by its exchange's end
-       (`keyroute.http.exchange.Exchange.on_done`), never by a handler
+    1. admission (`keyroute.http.admission.Admission.admit_head`; before it, `Admission.withheld` while the
+       process may serve no read): a refusal is answered at once, and no place is taken; an admitted
+       request's place is given back by its exchange's end (`keyroute.http.exchange.Exchange.on_done`),
+       never by a handler
     2. routing (`keyroute.http.routing.RouteTable`): 404 not_found, or 405 method_not_allowed with `Allow`
     3. path parameters decoded by one rule (`keyroute.core.api.path_parameter`): 400 or 414 when they do not
        decode
@@ -242,6 +243,10 @@ class RoutedDataPlane:
         return path.startswith(self.prefix)
 
     def handle(self, exchange: Answerable) -> None:
+        withheld = self.admission.withheld
+        if withheld is not None:  # this process may serve no read now: said at once, no place taken
+            exchange.answer(withheld.status, self.error_headers(withheld), error_json(withheld.code, withheld.message))
+            return
         request = exchange.request
         refusal = self.admission.admit_head(self._admitted_path, request.target_bytes, request.headers)
         if refusal is not None:

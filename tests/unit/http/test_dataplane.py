@@ -446,3 +446,23 @@ def test_a_plain_key_path_is_answered_with_its_decoded_parameters_by_the_fast_pa
     assert handled(plane, "GET", b"/stores/s/keys/\xc3\xa9").answers == [(200, [], repr(("s", "é")).encode())]  # type: ignore[arg-type]
     assert handled(plane, "HEAD", b"/stores/s/keys/").answers == [(200, [], repr(("s", "")).encode())]  # type: ignore[arg-type]
     assert plane.counted == [("s", "key", 200), ("s", "key", 200)]
+
+
+def test_a_process_that_withholds_reads_answers_every_read_503_with_why_taking_no_place() -> None:
+    from keyroute.core.api import PolicyNotSatisfied
+
+    admission = Admission(max_concurrent_requests=4)
+    plane = Plane(admission)
+    admission.withheld = PolicyNotSatisfied("the cluster policy requires TLS to ZooKeeper: set --zk-tls-ca", 30)
+    for path in (b"/stores/s/keys/now", b"/stores/s/nope"):
+        status, body, headers = error_of(handled(plane, "GET", path))
+        assert (status, body["error"], headers[b"retry-after"], headers[b"x-me"]) == (
+            503,
+            "policy_not_satisfied",
+            b"30",
+            b"n1",
+        )
+        assert "TLS to ZooKeeper" in body["message"]
+    assert admission.active == 0 and plane.counted == []
+    admission.withheld = None
+    assert handled(plane, "GET", b"/stores/s/keys/now").answers[0][0] == 200

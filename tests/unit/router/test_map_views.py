@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 
+from keyroute.core.cluster_policy import ClusterPolicy, PolicyCheck
 from keyroute.core.key_format import KeyFormat
 from keyroute.core.live_status import LiveStatus, LiveStatusReader, annotate
 from keyroute.core.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord, StoreRecord
@@ -193,7 +194,7 @@ def test_every_view_carries_an_etag_and_a_repeated_request_is_a_304_until_the_ma
                 again = await r.client.get("/admin/partition-map", params=params, headers={"if-none-match": etag})
                 assert again.status_code == 304 and again.content == b"" and again.headers["etag"] == etag
             full = await r.client.get("/admin/partition-map", params={"detail": "all"})
-            reference = {**cluster_map().describe(), "router": True}
+            reference = {**cluster_map().describe(), "router": True, "policy": PolicyCheck().describe()}
             assert {k: v for k, v in full.json().items() if k != "age_s"} == {
                 k: v for k, v in reference.items() if k != "age_s"
             }
@@ -228,6 +229,40 @@ def test_a_long_poll_answers_when_the_map_passes_the_generation_or_at_its_timeou
             await r.push(cluster_map(generation=9))
             answer = await asyncio.wait_for(waiting, 10)
             assert answer.status_code == 200 and answer.json()["generation"] == 9
+
+    run(scenario)
+
+
+def test_the_map_shows_the_cluster_policy_and_a_router_that_does_not_meet_it_serves_no_read() -> None:
+    async def scenario() -> None:
+        source = StaticMapSource(cluster_map())
+        app = create_app(SETTINGS, map_source=source, upstream=FakeCluster().upstream())
+        server = router_server(app, SETTINGS)
+        await server.start(port=0)
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}", trust_env=False) as client:
+                first = await client.get("/admin/partition-map")
+                assert first.json()["policy"] == PolicyCheck().describe()  # no record: nothing asked
+                assert (first.json()["policy"]["recorded"], first.json()["policy"]["satisfied"]) == (False, True)
+                watch = app.state.policy
+                tightened = ClusterPolicy(require_tls=frozenset({"zookeeper"})).to_json()
+                check = PolicyCheck.of(tightened, watch.member)
+                watch.check, watch.version = check, 1  # as the watch's read of a changed record sets them
+                watch.on_change(check)  # and tells, from ZooKeeper's thread
+                await wait_until(lambda: app.state.admission.withheld is not None, message="reads withheld")
+                shown = await client.get("/admin/partition-map", headers={"if-none-match": first.headers["etag"]})
+                assert shown.status_code == 200 and shown.headers["etag"] == '"g7.a3.p1"'
+                policy = shown.json()["policy"]
+                assert (policy["require_tls"], policy["satisfied"]) == (["zookeeper"], False)
+                assert policy["unmet"] == ["TLS to ZooKeeper: set --zk-tls-ca"]
+                read = await client.get("/stores/a/keys/k")
+                assert read.status_code == 503 and read.json()["error"] == "policy_not_satisfied"
+                assert read.json()["message"] == "the cluster policy requires TLS to ZooKeeper: set --zk-tls-ca"
+                ready = await client.get("/readyz")
+                assert ready.status_code == 503 and ready.json()["reason"] == read.json()["message"]
+                assert (await client.get("/admin/partition-map")).status_code == 200  # admin still answers
+        finally:
+            await server.stop(grace_s=5)
 
     run(scenario)
 
