@@ -135,11 +135,20 @@ def access_control(objs: list[Obj]) -> None:
 def read_quotas(objs: list[Obj]) -> None:
     from keyroute.http.quotas import quota_file_error
 
-    env = env_values(container(objs, "Deployment", "keyroute-router"))
-    kind, key, source = mounted_source(objs, "Deployment", "keyroute-router", env["KEYROUTE_QUOTA_FILE"])
-    assert kind == "configMap"
-    [config_map] = [o for o in of_kind(objs, "ConfigMap") if o["metadata"]["name"] == source["name"]]
-    # The file parses as the routers read it (a file that does not stops them at start).
+    # Routers and nodes (reads made straight to a node) hold callers to the same file.
+    sources = set()
+    for kind_of_workload, name in SERVING:
+        c = container(objs, kind_of_workload, name)
+        env = env_values(c)
+        assert "KEYROUTE_QUOTA_FILE" in cli_options(subcommand(c)), name
+        kind, key, source = mounted_source(objs, kind_of_workload, name, env["KEYROUTE_QUOTA_FILE"])
+        assert kind == "configMap"
+        sources.add((source["name"], key))
+        if name == "keyroute-node":  # a node's quotas need members told apart from callers
+            assert env.get("KEYROUTE_MEMBER_CA") or env.get("KEYROUTE_CLUSTER_SECRET_FILE"), name
+    [(config_map_name, key)] = sources
+    [config_map] = [o for o in of_kind(objs, "ConfigMap") if o["metadata"]["name"] == config_map_name]
+    # The file parses as routers and nodes read it (a file that does not stops them at start).
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / key
         path.write_text(config_map["data"][key])
