@@ -26,7 +26,7 @@ from starlette.routing import Route
 from keyroute.core.api import HEADER_REQUEST_ID, ApiError, BadRequest
 from keyroute.core.live_status import LiveStatusReader
 from keyroute.core.logs import bind_request_id
-from keyroute.core.metrics import CONTENT_TYPE
+from keyroute.core.metrics import CONTENT_TYPE, certificates_in_use
 from keyroute.core.partition_map import PartitionMap
 from keyroute.core.security import ClusterAuth, MemberIdentity
 from keyroute.core.settings import RouterSettings
@@ -126,6 +126,7 @@ def create_app(
         if isinstance(getattr(wire, "tls", None), MemberTls):  # a node is held to the id it registered
             wire.tls.peers = lambda: proxy.table.map  # type: ignore[attr-defined]
         proxy.metrics.admission = checks
+        proxy.metrics.certificates = certificates_in_use(settings.http.tls, settings.zk.tls)
         app.state.proxy = proxy
         app.state.quotas = proxy.metrics.quotas = quotas
         # A source without a ZooKeeper session (tests) has no live status to show.
