@@ -27,7 +27,7 @@ from keyroute.core.api import HEADER_REQUEST_ID, ApiError, BadRequest
 from keyroute.core.cluster_policy import MemberSecurity, PolicyWatch, UnmetPolicyError
 from keyroute.core.live_status import LiveStatusReader
 from keyroute.core.logs import bind_request_id, describe
-from keyroute.core.metrics import CONTENT_TYPE
+from keyroute.core.metrics import CONTENT_TYPE, certificates_in_use
 from keyroute.core.partition_map import PartitionMap
 from keyroute.core.security import ClusterAuth, MemberIdentity
 from keyroute.core.settings import RouterSettings
@@ -145,6 +145,7 @@ def create_app(
         proxy.cursor_key = getattr(source, "cursor_key", proxy.cursor_key)  # a test source has none
         if app.state.callers is not None:
             app.state.callers.cluster_key = proxy.cursor_key  # what admin callers' login sessions are keyed by
+        proxy.metrics.certificates = certificates_in_use(settings.http.tls, settings.zk.tls)
         app.state.proxy = proxy
         app.state.quotas = proxy.metrics.quotas = quotas
         # A source without a ZooKeeper session (tests) has no live status to show.

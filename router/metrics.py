@@ -55,6 +55,7 @@ from keyroute.core.metrics import (
     refusal_counts_family,
     refusals,
     store_label,
+    tls_certificates_family,
 )
 from keyroute.core.native import mypyc_attr
 from keyroute.core.partition_map import PartitionMap
@@ -99,6 +100,7 @@ _NOT_COUNTERS = frozenset(
         "request_duration",
         "callers",
         "admission",
+        "certificates",
     }
 )
 
@@ -172,6 +174,8 @@ class RouterMetrics:
     callers: CallerReads = field(default_factory=CallerReads)
     # The admission checks in front of every request: their refusals are exported.
     admission: Admission | None = None
+    # role -> file of each certificate this router presents (keyroute.core.metrics.certificates_in_use).
+    certificates: dict[str, str] = field(default_factory=dict)
     # The router's quotas (keyroute/http/quotas.py): reads admitted and refused by identity and store, when configured.
     quotas: Quotas | None = None
     _exposition: Exposition | None = None
@@ -321,16 +325,19 @@ class RouterMetrics:
         return cached[1]
 
     def families(self) -> Iterable[Metric]:
+        # The certificates are files every worker shares: read by the one scraped, never summed.
+        yield tls_certificates_family(self.certificates)
         snapshots = self._snapshots
         if snapshots is None:
             sums, facts = self.snapshot()
-            return _families(sums, [facts], None)
+            yield from _families(sums, [facts], None)
+            return
         own, others, retired = snapshots.gather()
         records = ([own] if own is not None else []) + others
         total = retired
         for record in records:
             total = add_sums(total, record.get("sums", {}))
-        return _families(total, [r.get("facts", {}) for r in records], records)
+        yield from _families(total, [r.get("facts", {}) for r in records], records)
 
     def render(self) -> str:
         """The Prometheus text exposition."""

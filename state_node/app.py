@@ -36,7 +36,7 @@ from keyroute.core.cursor_key import CursorKey
 from keyroute.core.live_status import LiveStatusReader, annotate
 from keyroute.core.logs import bind_request_id, describe
 from keyroute.core.map_watcher import MapWatcher
-from keyroute.core.metrics import CONTENT_TYPE
+from keyroute.core.metrics import CONTENT_TYPE, certificates_in_use
 from keyroute.core.partition_map import Assignment, PartitionMap
 from keyroute.core.security import BearerAuth, ClusterAuth, MemberIdentity
 from keyroute.core.settings import NodeSettings
@@ -210,6 +210,7 @@ def create_app(
         *login_routes(),
     ]
     access = settings.access
+    metrics.certificates = certificates_in_use(settings.http.tls, settings.zk.tls)
     metrics.admission = Admission(
         max_concurrent_requests=settings.limits.max_concurrent_requests,
         max_concurrent_per_caller=settings.limits.max_concurrent_per_caller,

@@ -34,6 +34,7 @@ from keyroute.core.metrics import (
     observe_duration,
     refusals_family,
     store_label,
+    tls_certificates_family,
 )
 from keyroute.core.partition_map import StoreRecord
 from keyroute.core.snapshot import DATA_FILE
@@ -102,6 +103,8 @@ class NodeMetrics:
         self.admission: Admission | None = None
         # The quotas of direct reads (keyroute.http.quotas): reads admitted and refused by identity and store.
         self.quotas: Quotas | None = None
+        # role -> file of each certificate this node presents (keyroute.core.metrics.certificates_in_use).
+        self.certificates: dict[str, str] = {}
         self._loads_lock = threading.Lock()
         self._load_seconds = {outcome: Histogram(LOAD_BUCKETS_S) for outcome in LOAD_OUTCOMES}
         # Loads that brought a partition's data into the data directory (fetched, copied, linked or built from
@@ -193,6 +196,7 @@ class NodeMetrics:
         yield answers
         yield refusals_family("keyroute_node_refused_requests", self.admission)
         yield counter(JWKS_FETCH_FAILURES, JWKS_FETCH_FAILURES_HELP, jwks_fetch_failures(self.admission))
+        yield tls_certificates_family(self.certificates)
         yield counter("keyroute_node_forwards", "requests forwarded to another node", self.forwards)
         yield counter(
             "keyroute_node_forward_failures",

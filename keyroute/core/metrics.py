@@ -25,6 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from keyroute.core.logs import describe
+from keyroute.core.settings import TlsSettings, ZkTls
 
 log = logging.getLogger(__name__)
 
@@ -328,6 +329,41 @@ def jwks_fetch_failures(admission: object | None) -> int:
 
 JWKS_FETCH_FAILURES = "keyroute_jwks_fetch_failures"
 JWKS_FETCH_FAILURES_HELP = "JWKS fetches that failed or passed their deadline (the last good signing keys kept)"
+
+# Roles of the certificates a process presents, as keyroute_tls_certificate_not_after_seconds labels them.
+CERTIFICATE_SERVER = "server"  # --tls-cert: served to clients, and presented to nodes as the member identity
+CERTIFICATE_ZOOKEEPER_CLIENT = "zookeeper-client"  # --zk-tls-cert: presented to ZooKeeper
+
+
+def certificates_in_use(tls: TlsSettings, zk_tls: ZkTls | None) -> dict[str, str]:
+    """role -> file of each certificate a router or node presents (none: TLS off on that wire)."""
+    zk_cert = zk_tls.cert if zk_tls is not None else None
+    found = {CERTIFICATE_SERVER: tls.cert, CERTIFICATE_ZOOKEEPER_CLIENT: str(zk_cert or "")}
+    return {role: path for role, path in found.items() if path}
+
+
+def certificate_not_after(path: str) -> float | None:
+    """When the first certificate of the PEM file at `path` ends, in seconds since 1970; None when the file
+    cannot be read or holds no PEM certificate (the process then refuses it itself, or keeps the previous)."""
+    from cryptography import x509
+
+    try:
+        with open(path, "rb") as f:
+            return x509.load_pem_x509_certificate(f.read()).not_valid_after_utc.timestamp()
+    except (OSError, ValueError):
+        return None
+
+
+def tls_certificates_family(certificates: Mapping[str, str]) -> GaugeMetricFamily:
+    """keyroute_tls_certificate_not_after_seconds of `certificates` (role -> file), each file read at the
+    scrape: a renewed certificate shows at once, as the process loads it without a restart."""
+    samples = ((role, path, certificate_not_after(path)) for role, path in sorted(certificates.items()))
+    return labelled_gauge(
+        "keyroute_tls_certificate_not_after_seconds",
+        "when each certificate this process presents ends (seconds since 1970), by role and file",
+        ["role", "path"],
+        (([role, path], not_after) for role, path, not_after in samples if not_after is not None),
+    )
 
 
 def refusals_family(name: str, admission: object | None) -> CounterMetricFamily:

@@ -3,7 +3,8 @@
 gets only the probes (as the kubelet's HTTPS probes do) and 403 for a read, on the router and on a node; a
 certificate from another CA is refused by nodes, and a member-CA certificate that names no
 member role cannot steer forwarding; a certificate rotated on disk is served to new connections while a
-kept-alive one goes on; the Python client reads over HTTPS through the router and directly from nodes."""
+kept-alive one goes on; the Python client reads over HTTPS through the router and directly from nodes; the
+router's and nodes' /metrics show when the certificate each serves ends."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 import trustme
+from cryptography import x509
+from prometheus_client.parser import text_string_to_metric_families
 
 from keyroute.client import Client
 from keyroute.core.ranges import make_range_cursor
@@ -161,6 +164,14 @@ def test_a_tls_cluster_serves_members_and_certified_clients_only(
     r = get_over(pki.context(client), cluster.router_url, f"/stores/{STORE}/range?limit=1&cursor={forged}")
     assert r.status_code == 400 and r.json()["error"] == "bad_cursor", r.text
 
+    # Each member's /metrics shows when the certificate it serves ends, as the file says.
+    for url, name in ((cluster.router_url, "router"), (nodes["n1"], "n1")):
+        served = pki.root / f"{name}.crt"
+        not_after = x509.load_pem_x509_certificate(served.read_bytes()).not_valid_after_utc.timestamp()
+        assert certificate_ends(get_over(pki.context(client), url, "/metrics").text) == {
+            ("server", str(served)): not_after
+        }
+
     # Plain HTTP on the router's TLS port: the connection ends (never a hang).
     port = int(cluster.router_url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=10) as plain:
@@ -181,6 +192,14 @@ def test_a_tls_cluster_serves_members_and_certified_clients_only(
         kept.sendall(request)
         assert read_head(kept).startswith(b"HTTP/1.1 200 OK")
     assert "uses a new TLS certificate" in cluster.procs[-1].output()
+
+
+def certificate_ends(exposition: str) -> dict[tuple[str, str], float]:
+    """(role, file) -> end of each certificate keyroute_tls_certificate_not_after_seconds shows."""
+    [family] = [
+        f for f in text_string_to_metric_families(exposition) if f.name == "keyroute_tls_certificate_not_after_seconds"
+    ]
+    return {(s.labels["role"], s.labels["path"]): s.value for s in family.samples}
 
 
 def read_head(sock: ssl.SSLSocket) -> bytes:

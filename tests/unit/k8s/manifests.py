@@ -46,9 +46,10 @@ OTHER_READERS = {
     "ZK_BACKUP_URI": "the ZooKeeper backup's upload step",
 }
 NAMESPACED_EXEMPT = {"Namespace", "PriorityClass", "ClusterRole", "ClusterRoleBinding"}
-# API groups of custom resources (the Prometheus Operator's, components/monitoring): not in Kubernetes'
-# schemas, so not validated against them; tests/unit/k8s/test_monitoring.py checks them.
-CUSTOM_RESOURCE_GROUPS = ("monitoring.coreos.com",)
+# API groups of custom resources (the Prometheus Operator's, components/monitoring; cert-manager's,
+# components/cert-manager): not in Kubernetes' schemas, so not validated against them;
+# tests/unit/k8s/test_monitoring.py and test_tls.py check them.
+CUSTOM_RESOURCE_GROUPS = ("monitoring.coreos.com", "cert-manager.io")
 
 
 def is_custom_resource(obj: Any) -> bool:

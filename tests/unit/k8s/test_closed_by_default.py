@@ -64,7 +64,8 @@ def env_values(c: Obj) -> dict[str, str]:
 
 
 def mounted_source(objs: list[Obj], kind: str, name: str, path: str) -> tuple[str, str, Obj]:
-    """("secret" or "configMap", the key, the volume source) of the file at `path` in the workload's container."""
+    """("secret", "configMap" or "csi", the key, the volume source) of the file at `path` in the workload's
+    container."""
     spec = pod_template(find(objs, kind, name))["spec"]
     c = container(objs, kind, name)
     for m in c.get("volumeMounts", []):
@@ -72,7 +73,7 @@ def mounted_source(objs: list[Obj], kind: str, name: str, path: str) -> tuple[st
             [volume] = [v for v in spec["volumes"] if v["name"] == m["name"]]
             assert m.get("readOnly") is True, f"{name}: {m['mountPath']} is writable"
             key = path[len(m["mountPath"]) + 1 :]
-            for kind_of in ("secret", "configMap"):
+            for kind_of in ("secret", "configMap", "csi"):
                 if kind_of in volume:
                     return kind_of, key, volume[kind_of]
     raise AssertionError(f"{name}: nothing mounted at {path}")
@@ -84,8 +85,10 @@ SERVING = (("StatefulSet", "keyroute-node"), ("Deployment", "keyroute-router"))
 def tls_on_every_wire(objs: list[Obj]) -> None:
     for kind, name in SERVING:
         env = env_values(container(objs, kind, name))
+        # Each pod's own certificate, from cert-manager's csi-driver (test_tls.py: naming the pod's own id).
         for option in ("KEYROUTE_TLS_CERT", "KEYROUTE_TLS_KEY", "KEYROUTE_MEMBER_CA", "KEYROUTE_ZK_TLS_CA"):
-            assert mounted_source(objs, kind, name, env[option])[0] == "secret", (name, option)
+            kind_of, _, source = mounted_source(objs, kind, name, env[option])
+            assert (kind_of, source.get("driver")) == ("csi", "csi.cert-manager.io"), (name, option)
     [pipeline] = pipeline_pods(objs)[0]["spec"]["containers"]
     env = env_values(pipeline)
     assert env["KEYROUTE_ZK_TLS_CA"] and env["KEYROUTE_SPARK_SECRET_FILE"]
@@ -130,13 +133,22 @@ def access_control(objs: list[Obj]) -> None:
 
 
 def read_quotas(objs: list[Obj]) -> None:
-    from keyroute.router.quotas import quota_file_error
+    from keyroute.http.quotas import quota_file_error
 
-    env = env_values(container(objs, "Deployment", "keyroute-router"))
-    kind, key, source = mounted_source(objs, "Deployment", "keyroute-router", env["KEYROUTE_QUOTA_FILE"])
-    assert kind == "configMap"
-    [config_map] = [o for o in of_kind(objs, "ConfigMap") if o["metadata"]["name"] == source["name"]]
-    # The file parses as the routers read it (a file that does not stops them at start).
+    # Routers and nodes (reads made straight to a node) hold callers to the same file.
+    sources = set()
+    for kind_of_workload, name in SERVING:
+        c = container(objs, kind_of_workload, name)
+        env = env_values(c)
+        assert "KEYROUTE_QUOTA_FILE" in cli_options(subcommand(c)), name
+        kind, key, source = mounted_source(objs, kind_of_workload, name, env["KEYROUTE_QUOTA_FILE"])
+        assert kind == "configMap"
+        sources.add((source["name"], key))
+        if name == "keyroute-node":  # a node's quotas need members told apart from callers
+            assert env.get("KEYROUTE_MEMBER_CA") or env.get("KEYROUTE_CLUSTER_SECRET_FILE"), name
+    [(config_map_name, key)] = sources
+    [config_map] = [o for o in of_kind(objs, "ConfigMap") if o["metadata"]["name"] == config_map_name]
+    # The file parses as routers and nodes read it (a file that does not stops them at start).
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / key
         path.write_text(config_map["data"][key])

@@ -27,9 +27,8 @@ OPERATIONS = ROOT / "docs" / "operations.md"
 # The zone metrics routers export (router/metrics.py): named by the alerts whether or not this checkout's
 # renderer has them yet.
 ZONE_METRICS = {"keyroute_router_partitions_sharing_zone", "keyroute_router_nodes_without_zone"}
-# Metrics the alerts name that other changes add to routers and nodes: the not-after time of every
-# certificate in use (by role and file) and failed fetches of a JWT issuer's signing keys.
-PENDING_METRICS = {"keyroute_tls_certificate_not_after_seconds", "keyroute_jwks_fetch_failures_total"}
+# Metrics the alerts name that other changes are adding to routers and nodes (none at present).
+PENDING_METRICS: set[str] = set()
 PROMTOOL_TESTS = Path(__file__).with_name("alerts.promtool.yaml")
 METRIC = re.compile(r"\bkeyroute_[a-z0-9_]+\b")
 

@@ -15,6 +15,7 @@ import yaml
 from tests.k8s_render import (
     Obj,
     find,
+    of_kind,
     pod_template,
     render,
     workloads,
@@ -104,8 +105,9 @@ def test_production_requires_every_secret_it_names_and_documents_them(overlay_na
         "keyroute-kafka",
         "keyroute-access-tokens",
     } <= named
-    # Each one is created in the README (the object store's in its own section).
+    # Each one is created in the README (the object store's in its own section), or issued by cert-manager.
     documented = set(re.findall(r"create secret generic ([a-z0-9-]+)", README.read_text()))
+    documented |= {c["spec"]["secretName"] for c in of_kind(objs, "Certificate")}
     assert named <= documented, f"not documented: {sorted(named - documented)}"
     assert "rotat" in readme_section("Secrets").lower()
     # Without them no pod that reads one starts: the kubelet refuses it.

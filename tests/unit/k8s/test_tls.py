@@ -1,7 +1,8 @@
 """TLS on every wire in production (components/tls): what each container is given, HTTPS probes, certificates
 mounted read-only, ZooKeeper with TLS only on its client port and between members, Spark authenticated; and
-the optional cert-manager component: a namespaced Issuer per CA (members' and clients'), the Secrets the pods
-mount issued with the names they need, and each router's and node's certificate naming its own id."""
+its certificates from cert-manager (components/cert-manager, which prod lists): a namespaced Issuer per CA
+(members' and clients'), the Secrets the pods mount issued with the names they need, and each router's and
+node's certificate, one per pod, naming its own id."""
 
 from __future__ import annotations
 
@@ -70,11 +71,12 @@ def test_routers_and_nodes_serve_https_and_speak_tls_to_members_and_zookeeper(pr
         if command not in (["router"], ["node"]):
             continue
         args, env = parsed(prod, w, c)
-        mounts = mounted_files(w, c)
+        # All from the pod's own certificate (csi-driver), never a Secret shared by the workload's pods.
+        csi_volume(w, c)
         for option in MEMBER_OPTIONS:
             value = getattr(args, option)
             assert value, f"{c['name']}: --{option.replace('_', '-')} is not given"
-            assert secret_of(str(value), mounts) == f"keyroute-{command[0]}-tls"
+            assert str(value).startswith("/etc/keyroute/tls/"), (c["name"], option, value)
         # Every probe over HTTPS.
         probes = [c[kind]["httpGet"] for kind in ("startupProbe", "livenessProbe", "readinessProbe") if kind in c]
         assert probes and all(p["scheme"] == "HTTPS" for p in probes), c["name"]
@@ -146,15 +148,20 @@ def test_development_stays_plain() -> None:
         assert not {"KEYROUTE_TLS_CERT", "KEYROUTE_ZK_TLS_CA", "KEYROUTE_SPARK_SECRET_FILE"} & names
 
 
-@pytest.fixture(scope="module")
-def with_cert_manager(tmp_path_factory: pytest.TempPathFactory) -> list[Obj]:
-    return render_with(
-        tmp_path_factory.mktemp("cert-manager"),
-        [K8S / "overlays" / "prod"],
-        [K8S / "components" / "cert-manager"],
-        "keyroute",
-        unset_only=True,
-    )
+@pytest.fixture(scope="module", params=PROD_OVERLAYS)
+def with_cert_manager(request: pytest.FixtureRequest) -> list[Obj]:
+    return render(str(request.param))
+
+
+def test_components_tls_alone_gives_routers_and_nodes_no_shared_certificate(tmp_path: Path) -> None:
+    """Without components/cert-manager, routers and nodes mount a volume no pod has: refused at apply, rather
+    than started with one certificate for all, which names no pod's own id."""
+    objs = render_with(tmp_path, [K8S / "base"], [K8S / "components" / "tls"], "keyroute")
+    for kind, name in (("Deployment", "keyroute-router"), ("StatefulSet", "keyroute-node")):
+        spec = pod_template(find(objs, kind, name))["spec"]
+        [c] = spec["containers"]
+        assert "/etc/keyroute/tls" in {m["mountPath"] for m in c["volumeMounts"]}
+        assert "tls" not in {v["name"] for v in spec.get("volumes", [])}, name
 
 
 def csi_volume(workload: Obj, container: Obj) -> Obj:
@@ -226,6 +233,16 @@ def test_cert_manager_has_a_namespaced_issuer_per_ca_and_issues_every_mounted_se
     assert mounted - set(certificates) == {("keyroute-pipeline", "keyroute-pipeline-tls")}
     # The routers' and nodes' certificates are one per pod: no Secret of theirs is named any more.
     assert not {("keyroute", "keyroute-router-tls"), ("keyroute", "keyroute-node-tls")} & mounted
+    # The ZooKeeper backup has a client certificate of its own, of the members' CA (ZooKeeper requires one),
+    # naming no member role; it reads as the reader by password.
+    [backup] = [w for w in of_kind(objs, "CronJob") if w["metadata"]["name"] == "keyroute-zk-backup"]
+    assert ("keyroute", "keyroute-zk-backup-tls") in {
+        (backup["metadata"]["namespace"], name) for name, _ in secret_references(pod_template(backup)["spec"])
+    }
+    spec = certificates[("keyroute", "keyroute-zk-backup-tls")]["spec"]
+    assert spec["issuerRef"]["name"] == "keyroute-member-ca" and spec["usages"] == ["client auth", "digital signature"]
+    alt_names = (*[("DNS", n) for n in spec.get("dnsNames", [])], *[("URI", u) for u in spec.get("uris", [])])
+    assert member_identity({"subjectAltName": alt_names}) is None
 
 
 def test_cert_manager_gives_each_router_and_node_a_certificate_naming_its_own_id(
@@ -250,8 +267,8 @@ def test_cert_manager_gives_each_router_and_node_a_certificate_naming_its_own_id
             pod = f"{w['metadata']['name']}-{n}"
             args, env = parsed_for(objs, w, c, pod)
             certificate = certificate_of_pod(attributes, pod, "keyroute")
-            # The id a node is started with is its pod name; a router's its host name, the pod name too.
-            own = args.node_id if role == "node" else (args.router_id or pod)
+            # The id a node or router is started with is its pod name, which its certificate names.
+            own = args.node_id if role == "node" else args.router_id
             assert member_identity(certificate) == MemberIdentity(role, own), (pod, certificate)
             assert own == pod
             names = [value for kind, value in certificate["subjectAltName"] if kind == "DNS"]
