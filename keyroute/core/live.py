@@ -12,6 +12,10 @@ the pipeline (which builds the batch part of a hybrid version in the same stored
     aggregate      count(*), count(col), sum(col), min(col), max(col), max_by(col, ord), min_by(col, ord),
                    merged one record at a time (nulls ignored as Spark SQL ignores them)
 
+Orderings (`order_by`, the `ord` of max_by/min_by, a timeline's time) compare typed values, read by
+`order_value` exactly as the build reads the same values: ISO 8601 text by its instant whatever its offset,
+never as text.
+
 A live store's stored value is the value a read answers, as compact JSON, then, where the fold needs more
 than that value (the winning `order_by` of `latest`, the ordering value of `max_by`/`min_by`), a NUL byte
 and that merge state as compact JSON. JSON text never holds a raw NUL, so `value_bytes` cuts the state off
@@ -456,8 +460,9 @@ def _held(value: Any, order_type: str | None) -> Any:
 
 
 def _rank(value: Any, column: str) -> tuple[int, Any]:
-    """An order over the JSON values a column may hold: null first, then numbers, then strings (ISO dates
-    compare as text). Booleans, arrays and objects are not orderable."""
+    """The order min(col) and max(col) keep a column's values in, as Spark's min and max of the column do:
+    null first, then numbers, then strings (as text: these are values, not orderings of rows, which
+    `order_value` types). Booleans, arrays and objects are not orderable."""
     kind = value.__class__
     if kind is int:
         return (1, value)
