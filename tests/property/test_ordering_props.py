@@ -1,6 +1,7 @@
 """Rows ordered by ISO 8601 text in any offset are ordered by their instants, as Python's
 `datetime.fromisoformat` compares them, in the build (Spark, keyroute.pipeline.ordering and reduce) and in the
-live fold (keyroute.core.live) alike: a `latest` store's winner, `max_by`/`min_by`, and a history row's time.
+live fold (keyroute.core.live) alike: a `latest` store's winner, `max_by`/`min_by`, and a history row's time;
+and Spark's reading of any text shaped like a time or an integer is the live fold's, refusals included.
 
 Each example is one generated batch of many keys, reduced by a few Spark jobs on the session's SparkSession
 (tests/conftest.py), so the examples are few and each is wide.
@@ -169,3 +170,55 @@ def test_time_text_in_any_offset_orders_as_its_instant_in_spark_and_in_the_live_
         assert folded is not None
         assert decode_state(folded) == [instant(newest[k]["ts"]), instant(oldest[k]["ts"])]
         assert value_bytes(folded) == b'{"last":%d,"first":%d}' % (newest[k]["v"], oldest[k]["v"])
+
+
+# Texts shaped like ISO 8601, valid or not: fields out of range, an offset without seconds, too many
+# fraction digits, a lower-case letter, a trailing line break; and integer-like texts.
+near_times = st.from_regex(
+    r"[0-9]{4}-[0-1][0-9]-[0-3][0-9]([T t][0-2][0-9]:[0-6][0-9](:[0-6][0-9](\.[0-9]{0,10})?)?"
+    r"(Z|z|[+-][0-2][0-9](:?[0-6][0-9])?)?)?\n?",
+    fullmatch=True,
+)
+near_integers = st.from_regex(r"[+-]?[0-9]{1,20}\n?", fullmatch=True)
+EDGES = [
+    "0000-02-29",
+    "0000-01-01T00:00:00+02:00",
+    "0001-01-01T00:00:00+02:00",
+    "9999-12-31T23:59:59-02:00",
+    "2024-06-11T10:00:00+18:00",
+    "2024-06-11T10:00:00-18:00",
+    "2024-06-11T10:00:00+18:01",
+    "2024-06-11T10:00:00+1800",
+    "2024-06-11T10:00+02",
+    "2024-06-11T10:00",
+    "2024-06-11T24:00:00Z",
+    "2024-02-29",
+    "2023-02-29",
+    "1900-02-29",
+    "2000-02-29T12:00:00.123456789-05:30",
+    "2024-06-11\n",
+    "9223372036854775807",
+    "-9223372036854775808",
+    "9223372036854775808",
+    "+0",
+    "-00017",
+]
+
+
+@settings(
+    max_examples=3,
+    deadline=None,
+    phases=(Phase.explicit, Phase.reuse, Phase.generate),
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(st.lists(near_times, min_size=100, max_size=300), st.lists(near_integers, min_size=20, max_size=60))
+def test_spark_and_the_live_fold_read_every_text_alike_or_refuse_it_alike(
+    spark: SparkSession, texts: list[str], integers: list[str]
+) -> None:
+    texts = sorted(set(texts + integers + EDGES))
+    frame = spark.createDataFrame([(t,) for t in texts], "t string")
+    column = F.col("t")
+    read = [time_column(parsed_text(column, tt), tt).alias(tt.value) for tt in TimeType]
+    for row in frame.select("t", *read).collect():
+        for time_type in TimeType:
+            assert row[time_type.value] == parse_order_text(row["t"], time_type), (row["t"], time_type)
