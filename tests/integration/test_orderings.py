@@ -18,10 +18,12 @@ import httpx
 import pytest
 from pyspark.sql import SparkSession
 
+from keyroute.core.key_format import KeyFormat
 from keyroute.core.live import value_bytes
 from keyroute.core.partitioner import Partitioner, partition_for
 from keyroute.core.settings import ZkSettings
 from keyroute.core.snapshot import read_manifest
+from keyroute.core.timeline import TimeType, key_of_part, key_part
 from keyroute.kafka_mock import MockKafka
 from keyroute.pipeline.build import build
 from keyroute.pipeline.errors import DataError, PipelineError, SpecError
@@ -34,6 +36,7 @@ from tests.integration.test_live_pipeline import (
     stored_values,
 )
 from tests.integration.test_pipeline import assert_nothing_published, write_jsonl, write_spec
+from tests.integration.test_timeline_pipeline import entries_by_key
 from tests.util import Proc, free_port, wait_for
 
 pytestmark = pytest.mark.integration
@@ -113,6 +116,48 @@ def test_time_text_in_any_offset_orders_latest_and_max_by_by_its_instant(
     )
     assert any(m.startswith("store 'extremes': max_by/min_by ordering column 'ts' is text") for m in said)
     assert not any("'typed'" in m for m in said)  # a declared type is not news
+
+
+def test_windowed_and_history_stores_type_their_text_orderings_too(
+    spark: SparkSession, zk_settings: ZkSettings, tmp_path: Path
+) -> None:
+    rows = [row for row in ROWS if row["ts"] is not None]  # a timeline's rows all have a time
+    write_jsonl(tmp_path / "events.json", rows)
+    common = {"source": "events.json", "format": "json", "key": "k", "partitions": 2}
+    stores = {
+        "per_day": {
+            **common,
+            "mode": "windowed",
+            "order_by": "ts",
+            "window": "1 day",
+            "aggregations": {"last": "max_by(id, ts)", "first": "min_by(id, seq)"},
+        },
+        "by_seq": {**common, "mode": "history", "order_by": "seq", "columns": ["id"]},
+    }
+    spec = write_spec(tmp_path / "stores.toml", stores)
+    published = {p.store: p for p in build(spec, zk_settings, str(tmp_path / "out"), spark=spark)}
+
+    windows = entries_by_key(Path(published["per_day"].snapshot), 2, KeyFormat.STRING)
+
+    def window(row: dict[str, Any]) -> tuple[str, dt.date]:  # the key's window: the UTC day
+        return row["k"], instant(row["ts"]).astimezone(dt.UTC).date()
+
+    # the row of each window with the latest ts, and with the least seq (the last one written wins)
+    last = {window(r): r for r in sorted(rows, key=lambda r: instant(r["ts"]))}
+    first = {window(r): r for r in sorted(rows, key=lambda r: -int(r["seq"]))}
+    found = {
+        (key_of_part(part), dt.date.fromisoformat(json.loads(v)["start"][:10])): json.loads(v)["value"]
+        for part, entries in windows.items()
+        for _, v in entries
+    }
+    assert found == {(k.encode(), day): {"last": last[k, day]["id"], "first": first[k, day]["id"]} for k, day in last}
+
+    history = read_manifest(Path(published["by_seq"].snapshot)).timeline
+    assert history is not None and history.time_type is TimeType.INTEGER  # every seq is integer text
+    entries = entries_by_key(Path(published["by_seq"].snapshot), 2, KeyFormat.STRING)
+    for key in {r["k"] for r in rows}:
+        want = sorted((int(r["seq"]), r["id"]) for r in rows if r["k"] == key)
+        assert [(t, json.loads(v)["id"]) for t, v in entries[key_part(key.encode())]] == want
 
 
 @pytest.mark.parametrize(
