@@ -534,11 +534,9 @@ def _record_time(raw: Any, time_type: str, column: str) -> tuple[int, Any]:
         raise BadRecord(Reason.BAD_TYPE, f"{column!r} is null (the time)")
     if time_type == "integer":
         return time, time
-    if time_type == "date":
-        return time, _shown_time(time, "date")
     try:
-        return time, _shown_time(time, "timestamp")
-    except OverflowError:
+        return time, _shown_time(time, time_type)
+    except OverflowError:  # before year 1 (Spark reads year 0; Python's dates start at year 1)
         raise BadRecord(Reason.BAD_TYPE, f"{column!r} = {_shown(raw)} is out of range") from None
 
 

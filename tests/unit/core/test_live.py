@@ -162,6 +162,14 @@ def test_an_ordering_value_that_cannot_be_typed_is_refused(time_type: str, raw: 
     assert str(caught.value).startswith("'ts' = ")
 
 
+def test_a_history_time_python_cannot_show_is_refused_not_raised() -> None:
+    for time_type, raw in (("date", "0000-02-29"), ("timestamp", "0000-12-31T23:00:00Z")):
+        merge = Merge("history", "id", order_by="t", columns=("v",), time_type=time_type)
+        with pytest.raises(BadRecord) as caught:
+            merge.history_row({"t": raw, "v": 1})
+        assert caught.value.reason is Reason.BAD_TYPE
+
+
 def test_max_by_and_min_by_order_by_the_instant() -> None:
     merge = Merge(
         "aggregate",
