@@ -143,6 +143,8 @@ partitions = {partitions}
 replication_factor = {replication_factor}
 mode = "latest"
 order_by = "ts"
+# Quotes carry epoch milliseconds, ticks (Avro timestamp-millis) ISO 8601 text: both are instants.
+order_by_type = "timestamp"
 
 [stores.{name}.live]
 topic = "{topic}"

@@ -190,7 +190,9 @@ def _write_store(
         if store.live is not None:
             assert computed.live_offsets is not None  # a hybrid store's spec names its offset column
             check_offsets(store, computed.live_offsets, kafka.environ, kafka.timeout_s)
-            live = live_config(store, computed.live_offsets, computed.value_columns, computed.timeline)
+            live = live_config(
+                store, computed.live_offsets, computed.value_columns, computed.timeline, computed.order_types
+            )
         # Claimed once the data is known good, so a failed computation leaves no version behind.
         claimed = claim_next_version(output, store.name, published.record.version if published else None)
         log.info("store %r: writing version %d to %s", store.name, claimed.version, claimed.snapshot)

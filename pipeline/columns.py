@@ -26,4 +26,6 @@ TEXT_BYTES = "__keyroute_text_bytes"  # a column of the cached frame: json_size.
 # History and windowed stores whose order_by is read from text: the text as the source spelled it, kept beside
 # the parsed time, and the file each row came from (what an error about a value that does not parse names).
 ORDER_TEXT = "__keyroute_order_text"
+# An ordering column's values as int64s of its type (keyroute.pipeline.ordering), one column per ordering.
+ORDER_VALUE = "__keyroute_order_value_{}"
 SOURCE_FILE = "__keyroute_source_file"

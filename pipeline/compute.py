@@ -11,15 +11,16 @@ the keys it produced.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from keyroute.core.timeline import Timeline
-from keyroute.pipeline import audit, json_size, keys, sources
+from keyroute.core.timeline import Timeline, TimeType
+from keyroute.pipeline import audit, json_size, keys, ordering, sources
 from keyroute.pipeline.columns import (
     ERROR,
     KEY_BYTES,
@@ -82,6 +83,9 @@ class ComputedStore:
     # UTF-8), counted while checking the frame; None when not counted. keyroute.pipeline.writer sorts the
     # rows by their key text when no key is too long to be its own LMDB key.
     key_bytes: int | None = None
+    # The type each ordering column was compared as (keyroute.pipeline.ordering): a live store's fold orders
+    # its records the same way.
+    order_types: Mapping[str, TimeType | None] = field(default_factory=dict)
 
     def release(self) -> None:
         self.frame.unpersist()
@@ -93,7 +97,8 @@ class CheckedStore:
     inference and analysis only, no Spark job over the data. `compute_store` continues from it.
 
     `source` is the source as read, a timeline store's `order_by` already in its time type
-    (keyroute.pipeline.timeline.read_times); `keyed` adds the raw key column.
+    (keyroute.pipeline.timeline.read_times); `keyed` adds the raw key column and the typed values of the
+    store's `orderings` (keyroute.pipeline.ordering).
     """
 
     spec: StoreSpec
@@ -101,12 +106,14 @@ class CheckedStore:
     keyed: DataFrame
     value_columns: tuple[str, ...]
     timeline: Timeline | None = None
+    orderings: ordering.Orderings = field(default_factory=ordering.Orderings)
 
 
 def check_store(spark: SparkSession, store: StoreSpec) -> CheckedStore:
     """Read the store's source and check the columns the spec names in it (the key's, the order_by's, the
     value columns, the audit's and offset columns' types, the aggregations' expressions); raise
-    DataError/SpecError naming the store. Only schema inference (json/csv) reads data."""
+    DataError/SpecError naming the store. Only schema inference (json/csv) reads data, and for a text
+    column that orders rows one job that checks (or finds) the type of its values."""
     with spark_errors(store.name, "checking the store's source"):
         source = sources.read_source(spark, store)
         value_columns = sources.value_columns_of(store, source.columns)
@@ -115,12 +122,13 @@ def check_store(spark: SparkSession, store: StoreSpec) -> CheckedStore:
         source_offset(store, source.schema)
         timeline = None
         if store.mode.timeline:
-            time_type, source = read_times(store, source)
+            text_type = ordering.timeline_text_type(store, source.withColumn(RAW_KEY, raw_key))
+            time_type, source = read_times(store, source, text_type)
             timeline = timeline_of(store, time_type)
-        keyed = source.withColumn(RAW_KEY, raw_key)
+        keyed, orderings = ordering.type_orderings(store, source.withColumn(RAW_KEY, raw_key))
         if store.aggregations:
             check_aggregations(store, keyed.groupBy(RAW_KEY))
-    return CheckedStore(store, source, keyed, value_columns, timeline)
+    return CheckedStore(store, source, keyed, value_columns, timeline, orderings)
 
 
 def compute_store(spark: SparkSession, store: StoreSpec, checked: CheckedStore | None = None) -> ComputedStore:
@@ -135,6 +143,7 @@ def compute_store(spark: SparkSession, store: StoreSpec, checked: CheckedStore |
         checked = check_store(spark, store)
     with spark_errors(store.name, "computing the store"):
         source, keyed, value_columns = checked.source, checked.keyed, checked.value_columns
+        orderings = checked.orderings
         source_partition = audit.source_partition(store, source.schema)
         audited = source_partition is not None
         extra = [] if source_partition is None else audit.key_aggregates(source_partition)
@@ -145,10 +154,12 @@ def compute_store(spark: SparkSession, store: StoreSpec, checked: CheckedStore |
             regroup = audit.regroup_key_aggregates() if audited else []
             if offset is not None:  # a windowed store's windows of a key, combined
                 regroup += regroup_offset_aggregates()
-            reduced = reduce_timeline(store, keyed, RAW_KEY, ROWS, value_columns, extra, regroup, timeline)
+            reduced = reduce_timeline(
+                store, keyed, RAW_KEY, ROWS, value_columns, extra, regroup, timeline, orderings.aggregations
+            )
             value = F.col(ENTRIES)
         else:
-            reduced, value = reduce_per_key(store, keyed, value_columns, extra, offset)
+            reduced, value = reduce_per_key(store, keyed, value_columns, extra, offset, orderings)
         state = live_state(store)
         partition = F.col(ROUTE).getField("partition")
         value_type = reduced.select(value.alias("value")).schema["value"].dataType
@@ -195,6 +206,7 @@ def compute_store(spark: SparkSession, store: StoreSpec, checked: CheckedStore |
         timeline=timeline,
         json_bytes=checked.json_bytes,
         key_bytes=checked.key_bytes,
+        order_types=orderings.types(),
     )
 
 

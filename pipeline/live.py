@@ -24,7 +24,7 @@ from typing import Any
 
 from keyroute.core.live import BadRecord, LiveConfig, LiveSpecError
 from keyroute.core.schema_registry import RegistrySettingsError, RegistryUnavailable, SchemaFetcher, UnknownSchema
-from keyroute.core.timeline import Timeline
+from keyroute.core.timeline import Timeline, TimeType
 from keyroute.core.value_format import ValueDecoder
 from keyroute.pipeline.errors import SpecError, TopicError
 from keyroute.pipeline.spec import Mode, StoreSpec
@@ -50,16 +50,18 @@ def live_config(
     offsets: tuple[int, ...],
     value_columns: tuple[str, ...] | None = None,
     timeline: Timeline | None = None,
+    order_types: Mapping[str, TimeType | None] | None = None,
 ) -> LiveConfig:
     """The manifest's `live` part for a version of `store` whose batch part ends at `offsets`; a `latest`
     or `history` store's fold keeps `value_columns` (the batch part's answer columns; default: the spec's
-    `columns`); a history store's records are rows of `timeline`."""
+    `columns`); a history store's records are rows of `timeline`; records are ordered as the batch part's
+    rows were (`order_types`, keyroute.pipeline.ordering; default: the spec's `order_by_type`)."""
     live = store.live
     assert live is not None
     return LiveConfig(
         topic=live.topic,
         bootstrap_servers=live.bootstrap_servers,
-        merge=store.merge(value_columns, timeline),
+        merge=store.merge(value_columns, timeline, order_types),
         offsets=offsets,
         kafka=dict(live.kafka),
         on_bad_record=live.on_bad_record,

@@ -7,6 +7,7 @@ History and windowed stores are reduced to timelines by keyroute.pipeline.timeli
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, GroupedData
@@ -20,6 +21,9 @@ from keyroute.pipeline.sources import quoted
 from keyroute.pipeline.spark_errors import spark_message
 from keyroute.pipeline.spec import Mode, StoreSpec
 
+if TYPE_CHECKING:
+    from keyroute.pipeline.ordering import Orderings
+
 
 def reduce_per_key(
     store: StoreSpec,
@@ -27,8 +31,10 @@ def reduce_per_key(
     value_columns: tuple[str, ...],
     extra: Sequence[Column],
     offset: Column | None = None,
+    orderings: Orderings | None = None,
 ) -> tuple[DataFrame, Column]:
     """One row per raw key (nulls included, with its row count and `extra` aggregates), and its value.
+    Rows are ordered by the typed values of their `orderings` (keyroute.pipeline.ordering), never by text.
 
     With `offset` (a hybrid store's source offsets), rows that tie on the ordering are decided as the live
     fold decides them: the later offset wins."""
@@ -41,15 +47,17 @@ def reduce_per_key(
         # result never depends on how Spark split or ordered the input. A hybrid store's ties go to the later
         # offset first, as in the live fold that continues from these values.
         tie = [] if offset is None else [offset.alias(TIE)]
-        candidate = F.struct(quoted(store.order_by).alias(ORDER), *tie, *[quoted(c) for c in value_columns])
+        order = quoted(store.order_by) if orderings is None else orderings.value(store.order_by)
+        candidate = F.struct(order.alias(ORDER), *tie, *[quoted(c) for c in value_columns])
         reduced = grouped.agg(rows, *extra, F.max(candidate).alias(LATEST))
         value = F.struct(*[F.col(LATEST).getField(c).alias(c) for c in value_columns])
         return reduced, value
     check_aggregations(store, grouped)
     if store.live is not None:
-        aggregated = _live_aggregates(store.merge().aggregates, offset)
+        aggregated = _live_aggregates(store.merge().aggregates, offset, orderings)
     else:
-        aggregated = [F.expr(expr).alias(name) for name, expr in store.aggregations.items()]
+        expressions = store.aggregations if orderings is None else orderings.aggregations
+        aggregated = [F.expr(expr).alias(name) for name, expr in expressions.items()]
     reduced = grouped.agg(rows, *extra, *aggregated)
     return reduced, F.struct(*[quoted(name) for name in store.aggregations])
 
@@ -76,7 +84,8 @@ def check_aggregations(store: StoreSpec, grouped: GroupedData) -> None:
 
 def live_state(store: StoreSpec) -> Column | None:
     """The merge state of every key of a live store, as JSON text of {"0": s0, "1": s1, ...} (the state
-    list in order; `lmdb_files.live_value` makes it the list), or None when the fold keeps none."""
+    list in order; `lmdb_files.live_value` makes it the list), or None when the fold keeps none. An ordering
+    value is kept as rows were compared by it (an int64 of its type), as the live fold keeps it."""
     if store.live is None or store.mode.timeline:
         return None  # a history row carries no merge state
     merge = store.merge()
@@ -92,7 +101,9 @@ def live_state(store: StoreSpec) -> Column | None:
     return F.to_json(F.struct(*fields), {"ignoreNullFields": "false"})
 
 
-def _live_aggregates(aggregates: Sequence[Aggregate], offset: Column | None) -> list[Column]:
+def _live_aggregates(
+    aggregates: Sequence[Aggregate], offset: Column | None, orderings: Orderings | None
+) -> list[Column]:
     """The live store's aggregations as the fold computes them (and, per max_by/min_by, its state: the
     greatest or least ordering value). Rows that tie on a max_by/min_by ordering go to the later offset,
     as in the fold (a live store with a source always has offsets; without, the tie is Spark's pick)."""
@@ -107,7 +118,7 @@ def _live_aggregates(aggregates: Sequence[Aggregate], offset: Column | None) -> 
             function = {"sum": F.sum, "min": F.min, "max": F.max}[agg.function]
             columns.append(function(value).alias(agg.name))
             continue
-        order = quoted(agg.by)
+        order = quoted(agg.by) if orderings is None else orderings.value(agg.by)
         latest = agg.function == "max_by"
         ranked: Column = order
         if offset is not None:

@@ -6,6 +6,7 @@ Parsed strictly from TOML into frozen values; every mistake is a SpecError namin
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import enum
 import re
@@ -21,6 +22,7 @@ from keyroute.core.live import (
     DEFAULT_CATCH_UP_RECORDS,
     ON_BAD_RECORD,
     STARTS,
+    Aggregate,
     LiveSpecError,
     Merge,
     check_kafka_settings,
@@ -31,6 +33,7 @@ from keyroute.core.schema_registry import RegistrySettings
 from keyroute.core.timeline import Timeline, TimelineError, TimeType, duration_in_units, parse_duration_us
 from keyroute.core.value_format import check_value_format
 from keyroute.pipeline.errors import SpecError
+from keyroute.pipeline.order_args import ordering_arguments
 
 # Store names become ZooKeeper node names and directory names: nothing that needs escaping anywhere.
 _STORE_NAME = re.compile(r"[A-Za-z0-9_.-]+", re.ASCII)
@@ -124,7 +127,8 @@ class StoreSpec:
     retention: Retention | None = None
     window: str | None = None
     advance: str | None = None
-    # A history store's time type when no source tells it (a live history store without `source`).
+    # The type the store's orderings (`order_by`; the ordering argument of max_by and min_by) are compared as:
+    # how a text column is read (never compared as text), and a live store's when no source tells it.
     order_by_type: TimeType | None = None
     # Schema Registry keys (key_format avro/protobuf/json_schema): the subject whose latest schema, or the
     # schema id, the producer serializes keys with; `key_message` names a Protobuf key's message type.
@@ -150,10 +154,31 @@ class StoreSpec:
             return "source_sql"
         return f"source {self.source!r}"
 
-    def merge(self, value_columns: tuple[str, ...] | None = None, timeline: Timeline | None = None) -> Merge:
+    def merge(
+        self,
+        value_columns: tuple[str, ...] | None = None,
+        timeline: Timeline | None = None,
+        order_types: Mapping[str, TimeType | None] | None = None,
+    ) -> Merge:
         """How the live topic's records fold into this store's values (keyroute.core.live), keeping
         `value_columns` (a `latest` or `history` store's answer columns as the batch part holds them) when
-        given; a history store's records are rows of `timeline`."""
+        given; a history store's records are rows of `timeline`. `order_types` are the types the build
+        ordered each ordering column as (keyroute.pipeline.ordering; None: numbers); a column it does not
+        name (a live store without `source`) is ordered as `order_by_type`."""
+        types = {} if order_types is None else order_types
+
+        def order_type(column: str | None) -> str | None:
+            if column is None:
+                return None
+            if timeline is not None and column == self.order_by:
+                return timeline.time_type.value
+            found = types.get(column, self.order_by_type)
+            return None if found is None else found.value
+
+        def aggregates() -> tuple[Aggregate, ...]:
+            parsed = (parse_aggregate(name, expr) for name, expr in self.aggregations.items())
+            return tuple(dataclasses.replace(a, by_type=order_type(a.by)) if a.by else a for a in parsed)
+
         if self.mode is Mode.HISTORY:
             assert self.order_by is not None
             # The source's type (the version's timeline), else the spec's; a config made only for the
@@ -182,7 +207,7 @@ class StoreSpec:
                 "windowed",
                 self.key,
                 order_by=self.order_by,
-                aggregates=tuple(parse_aggregate(name, expr) for name, expr in self.aggregations.items()),
+                aggregates=aggregates(),
                 time_type=time_type.value,
                 window=window,
                 advance=window if self.advance is None else duration_in_units(self.advance, time_type),
@@ -193,9 +218,10 @@ class StoreSpec:
             )
         if self.mode is Mode.LATEST:
             columns = self.columns if value_columns is None else value_columns
-            return Merge("latest", self.key, order_by=self.order_by, columns=columns)
-        aggregates = tuple(parse_aggregate(name, expr) for name, expr in self.aggregations.items())
-        return Merge("aggregate", self.key, aggregates=aggregates)
+            return Merge(
+                "latest", self.key, order_by=self.order_by, columns=columns, time_type=order_type(self.order_by)
+            )
+        return Merge("aggregate", self.key, aggregates=aggregates())
 
 
 @dataclass(frozen=True, slots=True)
@@ -488,8 +514,12 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
     snapshot_format = fields.snapshot_format()
     retention = _parse_retention(name, table.get("retention"))
     order_by_type = fields.choice("order_by_type", TimeType)
-    if order_by_type is not None and not mode.timeline:
-        raise SpecError(name, "'order_by_type' only applies to modes 'history' and 'windowed'")
+    if order_by_type is not None and mode is Mode.AGGREGATE and not ordering_arguments((aggregations or {}).values()):
+        raise SpecError(
+            name,
+            "'order_by_type' applies to a store that orders rows: modes 'latest', 'history' and 'windowed', "
+            "or aggregations with max_by or min_by",
+        )
     if mode.timeline and live is not None and not batch and order_by_type is None:
         raise SpecError(
             name,

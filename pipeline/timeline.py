@@ -13,7 +13,7 @@ import csv
 import enum
 import gzip
 import json
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import unquote, urlparse
@@ -23,12 +23,16 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from keyroute.core.timeline import (
+    DATE_PATTERN,
     INT64_MIN,
+    INTEGER_PATTERN,
+    TIMESTAMP_PATTERN,
     StoreKind,
     Timeline,
     TimelineError,
     TimeType,
     duration_in_units,
+    java_pattern,
 )
 from keyroute.pipeline.columns import ORDER_TEXT, SOURCE_FILE
 from keyroute.pipeline.errors import DataError, SpecError
@@ -43,14 +47,22 @@ _WINDOW_START = "__keyroute_window_start"
 _LAST_START = "__keyroute_last_window_start"
 
 
-def time_type_of(store: StoreSpec, dtype: T.DataType) -> TimeType:
-    """The time type of the store's `order_by` column; DataError for a type a timeline cannot order by."""
+def natural_type(dtype: T.DataType) -> TimeType | None:
+    """The time type a column of Spark type `dtype` is by itself; None for a text column and every other type."""
     if isinstance(dtype, (T.TimestampType, T.TimestampNTZType)):
         return TimeType.TIMESTAMP
     if isinstance(dtype, T.DateType):
         return TimeType.DATE
     if isinstance(dtype, INTEGRAL):
         return TimeType.INTEGER
+    return None
+
+
+def time_type_of(store: StoreSpec, dtype: T.DataType) -> TimeType:
+    """The time type of the store's `order_by` column; DataError for a type a timeline cannot order by."""
+    natural = natural_type(dtype)
+    if natural is not None:
+        return natural
     raise DataError(
         store.name,
         f"order_by column {store.order_by!r} is {dtype.simpleString()}: a {store.mode.value} store orders by a "
@@ -68,14 +80,10 @@ class Reading(enum.Enum):
 
 
 # What text a time type reads (Java regular expressions, checked before Spark's lenient cast, which would take
-# "2024" or a zone name too): ISO 8601's extended format, a space allowed for the 'T', fractions of a second
-# to nanoseconds (kept to microseconds), a zone offset (Z, +02:00, +0200, +02) or none (UTC).
-TIMESTAMP_TEXT = (
-    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}"
-    r"([T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,9})?)?(Z|[+-][0-9]{2}(:?[0-9]{2})?)?)?$"
-)
-DATE_TEXT = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"
-INTEGER_TEXT = r"^[+-]?[0-9]{1,19}$"
+# "2024" or a zone name too): keyroute.core.timeline's patterns, which the live fold reads the same texts with.
+TIMESTAMP_TEXT = java_pattern(TIMESTAMP_PATTERN)
+DATE_TEXT = java_pattern(DATE_PATTERN)
+INTEGER_TEXT = java_pattern(INTEGER_PATTERN)
 _TEXT: dict[TimeType, tuple[str, T.DataType, str]] = {
     TimeType.TIMESTAMP: (
         TIMESTAMP_TEXT,
@@ -90,12 +98,17 @@ _BAD_TEXTS = 1_000
 _SHOWN_CHARS = 100
 
 
-def time_reading(store: StoreSpec, dtype: T.DataType) -> tuple[TimeType, Reading]:
-    """The store's time type and how its `order_by` column of Spark type `dtype` is read as it: `order_by_type`
-    when the spec declares it, else the column's own (text: timestamps). DataError when the two do not fit."""
+def time_reading(
+    store: StoreSpec, dtype: T.DataType, column: str | None = None, text_type: TimeType | None = None
+) -> tuple[TimeType, Reading]:
+    """The type `column` (default: the store's `order_by`) of Spark type `dtype` is ordered as, and how it is
+    read as it: `order_by_type` when the spec declares it, else the column's own; a text column as `text_type`
+    (what every value of it parses as, keyroute.pipeline.ordering) when given. DataError when they do not
+    fit."""
+    column = store.order_by if column is None else column
     declared = store.order_by_type
     if isinstance(dtype, T.StringType):
-        return declared or TimeType.TIMESTAMP, Reading.TEXT
+        return text_type or declared or TimeType.TIMESTAMP, Reading.TEXT
     natural = time_type_of(store, dtype)
     if declared is None or declared is natural:
         return natural, Reading.AS_IS
@@ -109,17 +122,16 @@ def time_reading(store: StoreSpec, dtype: T.DataType) -> tuple[TimeType, Reading
     }[declared]
     raise DataError(
         store.name,
-        f"order_by_type is {declared.value!r} but column {store.order_by!r} of the source is "
-        f"{dtype.simpleString()}: {takes}",
+        f"order_by_type is {declared.value!r} but column {column!r} of the source is {dtype.simpleString()}: {takes}",
     )
 
 
-def read_times(store: StoreSpec, source: DataFrame) -> tuple[TimeType, DataFrame]:
+def read_times(store: StoreSpec, source: DataFrame, text_type: TimeType | None = None) -> tuple[TimeType, DataFrame]:
     """The store's time type, and the source with its `order_by` column in that type's Spark type (analysis
     only, no job). Text that does not parse becomes null, with ORDER_TEXT and SOURCE_FILE beside it to say
     which value and where (`reduce_timeline` refuses it)."""
     assert store.order_by is not None
-    time_type, reading = time_reading(store, source.schema[store.order_by].dataType)
+    time_type, reading = time_reading(store, source.schema[store.order_by].dataType, text_type=text_type)
     column = quoted(store.order_by)
     if reading is Reading.AS_IS:
         return time_type, source
@@ -128,10 +140,21 @@ def read_times(store: StoreSpec, source: DataFrame) -> tuple[TimeType, DataFrame
     elif reading is Reading.MIDNIGHT:
         parsed = column.cast(T.TimestampType())
     else:
-        pattern, spark_type, _ = _TEXT[time_type]
-        parsed = F.when(column.rlike(pattern), column.try_cast(spark_type))
+        parsed = parsed_text(column, time_type)
         source = source.withColumn(ORDER_TEXT, column).withColumn(SOURCE_FILE, F.input_file_name())
     return time_type, source.withColumn(store.order_by, parsed)
+
+
+def parsed_text(column: Column, time_type: TimeType) -> Column:
+    """A text column read as `time_type`'s Spark type (timestamp, date, bigint); null where a text is not one.
+    Agrees with keyroute.core.timeline.parse_order_text, the live fold's reading, on every text."""
+    pattern, spark_type, _ = _TEXT[time_type]
+    return F.when(column.rlike(pattern), column.try_cast(spark_type))
+
+
+def expected_text(time_type: TimeType) -> str:
+    """What a text of `time_type` looks like, as messages say it."""
+    return _TEXT[time_type][2]
 
 
 def timeline_of(store: StoreSpec, time_type: TimeType) -> Timeline:
@@ -178,10 +201,12 @@ def reduce_timeline(
     extra: Sequence[Column],
     regroup: Sequence[Column],
     timeline: Timeline,
+    aggregations: Mapping[str, str] | None = None,
 ) -> DataFrame:
     """One row per `raw_key` with `rows` (its source records), the `extra` aggregates and ENTRIES (the
-    sorted, retained entries). Windowed stores aggregate per key and window first; `regroup` then combines
-    the `extra` aggregates of a key's windows (under the same names)."""
+    sorted, retained entries). Windowed stores aggregate per key and window first (`aggregations`: the
+    store's, as keyroute.pipeline.ordering typed their orderings); `regroup` then combines the `extra`
+    aggregates of a key's windows (under the same names)."""
     assert store.order_by is not None
     time = time_column(quoted(store.order_by), timeline.time_type)
     source = keyed.withColumn(TIME, time)
@@ -194,7 +219,7 @@ def reduce_timeline(
             F.count(F.lit(1)).alias("rows"), F.min(F.when(F.col(ORDER_TEXT).isNotNull(), F.col(SOURCE_FILE)))
         ).collect()
         if found[1] is not None:
-            _refuse_text(store, bad, found[1], raw_key, timeline)
+            refuse_text(store, bad, found[1], raw_key, timeline.time_type)
         missing = found[0] > 0
     else:
         missing = untimed.limit(1).count() > 0
@@ -212,7 +237,7 @@ def reduce_timeline(
         records = F.count(F.lit(1)).alias(rows)
         reduced = source.groupBy(raw_key).agg(records, *extra, F.sort_array(F.collect_list(entry)).alias(ENTRIES))
     else:
-        reduced = _windows(store, source, raw_key, rows, extra, regroup, timeline)
+        reduced = _windows(store, source, raw_key, rows, extra, regroup, timeline, aggregations)
     if retention is not None and retention.count is not None:
         newest = F.slice(F.sort_array(F.col(ENTRIES), asc=False), 1, retention.count)
         reduced = reduced.withColumn(ENTRIES, F.sort_array(newest))
@@ -227,6 +252,7 @@ def _windows(
     extra: Sequence[Column],
     regroup: Sequence[Column],
     timeline: Timeline,
+    aggregations: Mapping[str, str] | None = None,
 ) -> DataFrame:
     """Every window a row falls in (start <= t < start + window, starts on multiples of advance),
     aggregated per key and window, then gathered per key."""
@@ -240,7 +266,8 @@ def _windows(
     placed = source.withColumn(_LAST_START, last).withColumn(
         _WINDOW_START, F.explode(F.sequence(first, last, F.lit(advance).cast(T.LongType())))
     )
-    aggregated = [F.expr(expr).alias(name) for name, expr in store.aggregations.items()]
+    expressions = store.aggregations if aggregations is None else aggregations
+    aggregated = [F.expr(expr).alias(name) for name, expr in expressions.items()]
     # Each record counted once, in its last window (hopping windows hold a record several times).
     records = F.count(F.when(F.col(_WINDOW_START) == F.col(_LAST_START), True)).alias(rows)
     windows = placed.groupBy(raw_key, _WINDOW_START).agg(records, *extra, *aggregated)
@@ -262,18 +289,29 @@ def _windows(
 # --- order_by text that does not parse --------------------------------------------------------------------
 
 
-def _refuse_text(store: StoreSpec, bad: DataFrame, file: str | None, raw_key: str, timeline: Timeline) -> None:
-    """DataError naming the column, the first text of `file` that does not parse and its line (JSON lines and
-    CSV files Python can open), else the file and the row's key. Only on failure: a job or two, and a scan of
-    the one file."""
-    assert store.order_by is not None
-    _, _, expected = _TEXT[timeline.time_type]
+def refuse_text(
+    store: StoreSpec,
+    bad: DataFrame,
+    file: str | None,
+    raw_key: str,
+    time_type: TimeType,
+    column: str | None = None,
+    role: str = "order_by column",
+    fix: str = "",
+) -> None:
+    """DataError naming the column (default: `order_by`; `role` says what it is to the store), the first text
+    of `file` that does not parse and its line (JSON lines and CSV files Python can open), else the file and
+    the row's key, then `fix` when given. `bad` holds the texts as ORDER_TEXT and their files as SOURCE_FILE.
+    Only on failure: a job or two, and a scan of the one file."""
+    column = store.order_by if column is None else column
+    assert column is not None
+    expected = expected_text(time_type)
     in_file = bad.where(F.col(SOURCE_FILE) == F.lit(file)) if file else bad
     path = _local_path(file)
     where = None
     if path is not None and store.format in (SourceFormat.JSON, SourceFormat.CSV):
         texts = {row[0] for row in in_file.select(ORDER_TEXT).distinct().limit(_BAD_TEXTS).collect()}
-        located = first_line_of(path, store.format, store.order_by, texts)
+        located = first_line_of(path, store.format, column, texts)
         if located is not None:
             line, text = located
             where = f"{path} line {line}"
@@ -284,7 +322,7 @@ def _refuse_text(store: StoreSpec, bad: DataFrame, file: str | None, raw_key: st
         where = f"{shown_file}key {_shown(row[1])}"
     raise DataError(
         store.name,
-        f"order_by column {store.order_by!r} holds {_shown(text)} ({where}), which is not {expected}",
+        f"{role} {column!r} holds {_shown(text)} ({where}), which is not {expected}{fix}",
     )
 
 

@@ -12,6 +12,10 @@ the pipeline (which builds the batch part of a hybrid version in the same stored
     aggregate      count(*), count(col), sum(col), min(col), max(col), max_by(col, ord), min_by(col, ord),
                    merged one record at a time (nulls ignored as Spark SQL ignores them)
 
+Orderings (`order_by`, the `ord` of max_by/min_by, a timeline's time) compare typed values, read by
+`order_value` exactly as the build reads the same values: ISO 8601 text by its instant whatever its offset,
+never as text.
+
 A live store's stored value is the value a read answers, as compact JSON, then, where the fold needs more
 than that value (the winning `order_by` of `latest`, the ordering value of `max_by`/`min_by`), a NUL byte
 and that merge state as compact JSON. JSON text never holds a raw NUL, so `value_bytes` cuts the state off
@@ -38,7 +42,7 @@ import orjson
 from keyroute.core.key_format import KeyFormat, KeyFormatError, key_from_data
 from keyroute.core.partitioner import Partitioner, partition_for
 from keyroute.core.schema_registry import RegistrySettings, env_reference, resolve_env
-from keyroute.core.timeline import INT64_MAX, INT64_MIN, TimelineError, TimeType, parse_time
+from keyroute.core.timeline import INT64_MAX, INT64_MIN, TimeType, parse_order_text
 
 # Kept in the partition's own LMDB database: `!` sorts before both key tags (`#`, `=`), and no key's
 # LMDB key starts with it (keyroute.core.lmdb_layout.db_key), so lookups and scans of keys never meet it.
@@ -108,17 +112,26 @@ class Aggregate:
     function: str
     column: str | None
     by: str | None = None
+    # The type `by` is ordered as (keyroute.core.timeline.TimeType's values; None: numbers), and so the unit
+    # of the ordering value a max_by/min_by keeps in its merge state.
+    by_type: str | None = None
 
     @property
     def has_state(self) -> bool:
         return self.by is not None
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "function": self.function, "column": self.column, "by": self.by}
+        doc = {"name": self.name, "function": self.function, "column": self.column, "by": self.by}
+        if self.by_type is not None:
+            doc["by_type"] = self.by_type
+        return doc
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> Aggregate:
-        return cls(str(doc["name"]), str(doc["function"]), _opt(doc.get("column")), _opt(doc.get("by")))
+        by_type = _opt(doc.get("by_type"))
+        if by_type is not None and by_type not in _TIME_TYPES:
+            raise ValueError(f"unknown ordering type {by_type!r}")
+        return cls(str(doc["name"]), str(doc["function"]), _opt(doc.get("column")), _opt(doc.get("by")), by_type)
 
 
 def parse_aggregate(name: str, expression: str) -> Aggregate:
@@ -157,6 +170,8 @@ class Merge:
     order_by: str | None = None
     columns: tuple[str, ...] | None = None
     aggregates: tuple[Aggregate, ...] = ()
+    # Mode `latest`: `time_type` (None: numbers) is the type `order_by` is ordered as, and the unit of the winning
+    # ordering value the merge state keeps (an int64 for a type; keyroute.core.timeline).
     # Mode `history` (keyroute.core.timeline): each record appends a row; its time is `order_by` read as
     # `time_type`; a key keeps its newest `retention_count` rows, or those within `retention_span` (time
     # units) of the partition's latest time.
@@ -171,15 +186,19 @@ class Merge:
     # columns a record must have, and per aggregate (name, function code, column, by).
     has_state: bool = field(init=False, repr=False, compare=False)
     _needed: tuple[str, ...] = field(init=False, repr=False, compare=False)
-    _plan: tuple[tuple[str, int, str | None, str | None], ...] = field(init=False, repr=False, compare=False)
+    _plan: tuple[tuple[str, int, str | None, str | None, str | None], ...] = field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         needed: list[str] = []
         for agg in self.aggregates:
             needed += [c for c in (agg.column, agg.by) if c is not None and c not in needed]
-        plan = tuple((a.name, _CODES[a.function], a.column, a.by) for a in self.aggregates)
+        plan = tuple((a.name, _CODES[a.function], a.column, a.by, a.by_type) for a in self.aggregates)
         if self.mode in ("history", "windowed") and (self.order_by is None or self.time_type not in _TIME_TYPES):
             raise ValueError(f"a {self.mode} merge needs order_by and a time_type")
+        if self.time_type is not None and self.time_type not in _TIME_TYPES:
+            raise ValueError(f"unknown time_type {self.time_type!r}")
         if self.mode == "windowed" and not (self.window and self.advance and 0 < self.advance <= self.window):
             raise ValueError("a windowed merge needs 0 < advance <= window")
         has_state = self.mode == "latest" or any(a.has_state for a in self.aggregates)
@@ -209,7 +228,7 @@ class Merge:
             "columns": None if self.columns is None else list(self.columns),
             "aggregates": [a.to_json() for a in self.aggregates],
         }
-        if self.mode in ("history", "windowed"):
+        if self.mode in ("history", "windowed") or self.time_type is not None:
             doc["time_type"] = self.time_type
             doc["retention_count"] = self.retention_count
             doc["retention_span"] = self.retention_span
@@ -311,12 +330,13 @@ class Merge:
             order = row[order_by]
         except KeyError:
             raise BadRecord(Reason.MISSING_COLUMN, f"no {order_by!r} (the store's order_by)") from None
-        rank = _rank(order, order_by)
+        rank = order_value(order, self.time_type, order_by)
         if stored is not None:
             cut = stored.find(STATE_SEPARATOR)
             if cut >= 0:
                 state = _loads(stored[cut + 1 :])
-                if state and _rank(state[0], order_by) > rank:
+                # null orders first; a tie goes to this (the later) record
+                if state and state[0] is not None and (rank is None or _held(state[0], self.time_type) > rank):
                     return None
         columns = self.columns
         if columns is None:
@@ -327,7 +347,7 @@ class Merge:
                 answer = {c: row[c] for c in columns}
             except KeyError as exc:
                 raise BadRecord(Reason.MISSING_COLUMN, f"no {exc.args[0]!r} (a column of the store)") from None
-        return encode_stored(answer, [order])
+        return encode_stored(answer, [rank])
 
     def _aggregate(self, stored: bytes | None, row: Mapping[str, Any]) -> bytes:
         for column in self._needed:
@@ -345,7 +365,7 @@ class Merge:
                 answer, state = _loads(stored[:cut]), _loads(stored[cut + 1 :])
         out: dict[str, Any] = {}
         new_state: list[Any] | None = [] if self.has_state else None
-        for i, (name, code, column, by) in enumerate(self._plan):
+        for i, (name, code, column, by, by_type) in enumerate(self._plan):
             current = answer.get(name)
             held = None
             if code == _COUNT:
@@ -371,13 +391,13 @@ class Merge:
                                 current = value
                 else:  # max_by / min_by: the column's value on the row with the greatest (least) ordering value
                     held = state[i] if state is not None and i < len(state) else None
-                    order = row[by]  # type: ignore[index]
+                    order = order_value(row[by], by_type, by)  # type: ignore[index,arg-type]
                     if order is not None:
                         if held is None:
                             current, held = value, order
                         else:
-                            newer, older = _rank(order, by), _rank(held, by)  # type: ignore[arg-type]
-                            if (newer >= older) if code == _MAX_BY else (newer <= older):
+                            older = _held(held, by_type)
+                            if (order >= older) if code == _MAX_BY else (order <= older):
                                 current, held = value, order
             out[name] = current
             if new_state is not None:
@@ -426,9 +446,23 @@ def _dumps(value: Any) -> bytes:
         return _COMPACT.encode(value).encode("utf-8")
 
 
+def _held(value: Any, order_type: str | None) -> Any:
+    """An ordering value a merge state keeps: what `order_value` made of a record's (an int64 for a type, a
+    number without); a text, kept by a version built before orderings were typed, is refused."""
+    kind = value.__class__
+    if kind is int or (kind is float and order_type is None):
+        return value
+    raise BadRecord(
+        Reason.BAD_TYPE,
+        f"the stored ordering value {_shown(value)} is not {'an int64' if order_type else 'a number'} (a version "
+        "built before orderings were typed: build the store again)",
+    )
+
+
 def _rank(value: Any, column: str) -> tuple[int, Any]:
-    """An order over the JSON values a column may hold: null first, then numbers, then strings (ISO dates
-    compare as text). Booleans, arrays and objects are not orderable."""
+    """The order min(col) and max(col) keep a column's values in, as Spark's min and max of the column do:
+    null first, then numbers, then strings (as text: these are values, not orderings of rows, which
+    `order_value` types). Booleans, arrays and objects are not orderable."""
     kind = value.__class__
     if kind is int:
         return (1, value)
@@ -446,34 +480,64 @@ def _rank(value: Any, column: str) -> tuple[int, Any]:
 _TIME_TYPES = ("timestamp", "date", "integer")
 
 
+def order_value(raw: Any, order_type: str | None, column: str) -> Any:
+    """The value a record's ordering compares by, wherever the fold orders rows (the `order_by` of latest,
+    history and windowed stores, the ordering of max_by and min_by): with a type, an int64 in its unit, as the
+    build reads the same value (keyroute.core.timeline): a `timestamp` from ISO 8601 text in any offset or
+    from milliseconds since the epoch, a `date` from its `YYYY-MM-DD` text, an `integer` from itself or its
+    decimal text; without a type (the build found a number column), the number. null stays None (ordered
+    before every value). BadRecord (bad_type) for anything else: a text is never compared as text."""
+    if raw is None:
+        return None
+    kind = raw.__class__
+    if order_type is None:
+        if kind is int or (kind is float and not math.isnan(raw)):
+            return raw
+        if kind is str:
+            raise BadRecord(
+                Reason.BAD_TYPE,
+                f"{column!r} = {raw[:_SHOWN]!r} is text, and this store orders {column!r} as numbers; a store "
+                'ordered by time text declares it: order_by_type = "timestamp" (or "date", "integer")',
+            )
+        raise BadRecord(Reason.BAD_TYPE, f"{column!r} = {raw!r} cannot be ordered (a number is needed)")
+    value: int | None = None
+    if kind is str:
+        value = parse_order_text(raw, TimeType(order_type))
+    elif order_type == "integer":
+        value = raw if kind is int else None
+    elif order_type == "timestamp" and (kind is int or (kind is float and math.isfinite(raw))):
+        value = raw * 1000 if kind is int else int(round(raw * 1000))
+    if value is None or not INT64_MIN <= value <= INT64_MAX:
+        raise BadRecord(Reason.BAD_TYPE, f"{column!r} = {_shown(raw)} is not {_ORDER_TYPES[order_type]}")
+    return value
+
+
+_SHOWN = 100
+_ORDER_TYPES = {
+    "timestamp": "a timestamp: ISO 8601 (e.g. 2024-06-11T10:00:00Z, 2024-06-11T12:00:00.250+02:00) or "
+    "milliseconds since the epoch",
+    "date": "a date (YYYY-MM-DD)",
+    "integer": "a 64-bit integer",
+}
+
+
+def _shown(raw: Any) -> str:
+    text = repr(raw)
+    return text if len(text) <= _SHOWN else text[:_SHOWN] + "…"
+
+
 def _record_time(raw: Any, time_type: str, column: str) -> tuple[int, Any]:
     """A record's time as (int64 in the timeline's unit, the value its row shows): an integer column's
-    integer; a date's "YYYY-MM-DD"; a timestamp's ISO 8601 text or number of milliseconds since the epoch,
-    shown as Spark writes timestamps (UTC, milliseconds)."""
-
-    kind = raw.__class__
+    integer; a date's "YYYY-MM-DD"; a timestamp shown as Spark writes timestamps (UTC, milliseconds)."""
+    time = order_value(raw, time_type, column)
+    if time is None:
+        raise BadRecord(Reason.BAD_TYPE, f"{column!r} is null (the time)")
+    if time_type == "integer":
+        return time, time
     try:
-        if time_type == "integer":
-            if kind is not int or not INT64_MIN <= raw <= INT64_MAX:
-                raise BadRecord(Reason.BAD_TYPE, f"{column!r} = {raw!r} is not a 64-bit integer (the time)")
-            return raw, raw
-        if time_type == "date":
-            if kind is not str:
-                raise BadRecord(Reason.BAD_TYPE, f"{column!r} = {raw!r} is not a date text (the time)")
-            return parse_time(raw, TimeType.DATE, column), raw
-        if kind is int or kind is float:
-            if kind is float and not math.isfinite(raw):
-                raise BadRecord(Reason.BAD_TYPE, f"{column!r} = {raw!r} is not a time")
-            micros = int(round(raw * 1000))
-        elif kind is str:
-            micros = parse_time(raw, TimeType.TIMESTAMP, column)
-        else:
-            raise BadRecord(Reason.BAD_TYPE, f"{column!r} = {raw!r} is not a time (ISO 8601, or epoch ms)")
-        return micros, _shown_time(micros, "timestamp")
-    except TimelineError as exc:
-        raise BadRecord(Reason.BAD_TYPE, str(exc)) from None
-    except OverflowError:
-        raise BadRecord(Reason.BAD_TYPE, f"{column!r} = {raw!r} is out of range") from None
+        return time, _shown_time(time, time_type)
+    except OverflowError:  # before year 1 (Spark reads year 0; Python's dates start at year 1)
+        raise BadRecord(Reason.BAD_TYPE, f"{column!r} = {_shown(raw)} is out of range") from None
 
 
 def _shown_time(value: int, time_type: str) -> Any:

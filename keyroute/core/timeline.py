@@ -222,6 +222,82 @@ def parse_time(text: str, time_type: TimeType, name: str) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
+# -- ordering values written as text ---------------------------------------------------------------------
+#
+# The one definition of which texts are times (or integers) wherever rows are ordered: the build reads a text
+# column with these patterns and Spark's cast (keyroute.pipeline.timeline), the live fold with
+# `parse_order_text`; both give the same instant for every text, or refuse it alike. Written once, as
+# patterns Java's and Python's regular expressions read the same way (classes, groups, `?`, `{m,n}`).
+#
+# Timestamps: ISO 8601's extended format, as Spark's cast reads it: a date, optionally `T` (or a space) and
+# hh:mm, then optionally :ss with a fraction of up to 9 digits (kept to microseconds, the rest cut) and a zone
+# offset (Z, +02:00, +0200, +02; at most 18 hours, as Java's); an offset needs the seconds. No offset: UTC.
+TIMESTAMP_PATTERN = (
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})"
+    r"(?:[T ]([0-9]{2}):([0-9]{2})(?::([0-9]{2})(?:\.([0-9]{1,9}))?(Z|([+-])([0-9]{2})(?::?([0-9]{2}))?)?)?)?"
+)
+DATE_PATTERN = r"([0-9]{4})-([0-9]{2})-([0-9]{2})"
+INTEGER_PATTERN = r"[+-]?[0-9]{1,19}"
+_ORDER_TEXT = {
+    TimeType.TIMESTAMP: re.compile(TIMESTAMP_PATTERN),
+    TimeType.DATE: re.compile(DATE_PATTERN),
+    TimeType.INTEGER: re.compile(INTEGER_PATTERN, re.ASCII),
+}
+_MAX_OFFSET_MINUTES = 18 * 60
+_MONTH_DAYS = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+
+
+def java_pattern(pattern: str) -> str:
+    """A pattern above as Spark's `rlike` must be given it: the whole text (Java's `$` would also match before
+    a final line break, which Spark's cast then trims away)."""
+    return f"^(?:{pattern})\\z"
+
+
+def parse_order_text(text: str, time_type: TimeType) -> int | None:
+    """An ordering value's text as an int64 in `time_type`'s unit (microseconds or days since the epoch in
+    the proleptic Gregorian calendar, or the integer), exactly as the build reads it; None when the text is
+    not one (or not a valid date, time, offset or 64-bit integer)."""
+    match = _ORDER_TEXT[time_type].fullmatch(text)
+    if match is None:
+        return None
+    if time_type is TimeType.INTEGER:
+        value = int(text)
+        return value if INT64_MIN <= value <= INT64_MAX else None
+    days = _civil_days(int(match[1]), int(match[2]), int(match[3]))
+    if days is None or time_type is TimeType.DATE:
+        return days
+    hour, minute, second = int(match[4] or 0), int(match[5] or 0), int(match[6] or 0)
+    if hour > 23 or minute > 59 or second > 59:
+        return None
+    offset = 0
+    if match[9] is not None:
+        hours, minutes = int(match[10]), int(match[11] or 0)
+        offset = hours * 60 + minutes
+        if minutes > 59 or offset > _MAX_OFFSET_MINUTES:
+            return None
+        if match[9] == "-":
+            offset = -offset
+    seconds = days * 86_400 + hour * 3_600 + minute * 60 + second - offset * 60
+    return seconds * 1_000_000 + int((match[7] or "").ljust(6, "0")[:6])
+
+
+def _civil_days(year: int, month: int, day: int) -> int | None:
+    """Days from 1970-01-01 to a date of the proleptic Gregorian calendar (year 0 included, as Spark's), or
+    None for a date that does not exist."""
+    if not 1 <= month <= 12:
+        return None
+    leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+    if not 1 <= day <= _MONTH_DAYS[month - 1] + (1 if month == 2 and leap else 0):
+        return None
+    # Howard Hinnant's days_from_civil: years start in March, so February's length is the last thing counted.
+    y = year - 1 if month <= 2 else year
+    era = y // 400
+    year_of_era = y - era * 400
+    day_of_year = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
+    day_of_era = year_of_era * 365 + year_of_era // 4 - year_of_era // 100 + day_of_year
+    return era * 146_097 + day_of_era - 719_468
+
+
 def show_time(value: int, time_type: TimeType) -> str:
     """A time as the bounds are written (ISO 8601 in UTC, a date, or the integer)."""
     if time_type is TimeType.INTEGER:

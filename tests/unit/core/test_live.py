@@ -13,6 +13,7 @@ from keyroute.core.key_format import KeyFormat
 from keyroute.core.live import (
     OFFSET_KEY,
     STATE_SEPARATOR,
+    Aggregate,
     BadRecord,
     LiveConfig,
     LiveSpecError,
@@ -110,12 +111,83 @@ def test_latest_keeps_the_greatest_order_by_and_a_tie_goes_to_the_later_record()
 
 
 def test_latest_without_columns_keeps_every_field_but_the_key() -> None:
-    merge = Merge("latest", "customer", order_by="ts")
+    merge = Merge("latest", "customer", order_by="ts", time_type="timestamp")
     stored = merge.apply(None, {"customer": "c1", "ts": "2026-01-02T00:00:00Z", "seat": "3A"})
     assert stored is not None
     assert json.loads(value_bytes(stored)) == {"ts": "2026-01-02T00:00:00Z", "seat": "3A"}
-    # ISO timestamps order as text
     assert merge.apply(stored, {"ts": "2026-01-01T23:59:59Z", "seat": "9C"}) is None
+
+
+def test_latest_orders_time_text_by_its_instant_whatever_its_offset() -> None:
+    merge = Merge("latest", "id", order_by="ts", time_type="timestamp")
+    early = {"id": "early", "ts": "2024-04-29T10:00:00+02:00"}  # 08:00Z
+    later = {"id": "later", "ts": "2024-04-29T09:00:00Z"}
+    for rows in ([early, later], [later, early]):
+        stored = fold(merge, rows)
+        assert json.loads(value_bytes(stored or b"")) == {"ts": later["ts"]}
+        # the state is the instant, in microseconds since the epoch
+        assert decode_state(stored or b"") == [1_714_381_200_000_000]
+
+
+def test_an_untyped_latest_orders_numbers_and_refuses_text() -> None:
+    merge = Merge("latest", "id", order_by="ts")
+    stored = fold(merge, [{"ts": 2.5, "v": 1}, {"ts": 2, "v": 2}])
+    assert json.loads(value_bytes(stored or b"")) == {"ts": 2.5, "v": 1}
+    with pytest.raises(BadRecord) as caught:
+        merge.apply(stored, {"ts": "2024-04-29T09:00:00Z", "v": 3})
+    assert caught.value.reason is Reason.BAD_TYPE
+    assert 'order_by_type = "timestamp"' in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("time_type", "raw"),
+    [
+        ("timestamp", "29/04/2024 09:00"),
+        ("timestamp", "2024-04-29T09:00+02:00"),  # an offset needs the seconds
+        ("timestamp", "2024-04-29T09:00:00+19:00"),
+        ("timestamp", True),
+        ("timestamp", [1]),
+        ("date", "2024-04-29T09:00:00Z"),
+        ("date", 19842),
+        ("integer", "1.5"),
+        ("integer", 1.5),
+        ("integer", 2**63),
+    ],
+)
+def test_an_ordering_value_that_cannot_be_typed_is_refused(time_type: str, raw: object) -> None:
+    merge = Merge("latest", "id", order_by="ts", time_type=time_type)
+    with pytest.raises(BadRecord) as caught:
+        merge.apply(None, {"ts": raw})
+    assert caught.value.reason is Reason.BAD_TYPE
+    assert str(caught.value).startswith("'ts' = ")
+
+
+def test_a_history_time_python_cannot_show_is_refused_not_raised() -> None:
+    for time_type, raw in (("date", "0000-02-29"), ("timestamp", "0000-12-31T23:00:00Z")):
+        merge = Merge("history", "id", order_by="t", columns=("v",), time_type=time_type)
+        with pytest.raises(BadRecord) as caught:
+            merge.history_row({"t": raw, "v": 1})
+        assert caught.value.reason is Reason.BAD_TYPE
+
+
+def test_max_by_and_min_by_order_by_the_instant() -> None:
+    merge = Merge(
+        "aggregate",
+        "asset",
+        aggregates=(
+            Aggregate("last", "max_by", "price", "ts", "timestamp"),
+            Aggregate("first", "min_by", "price", "ts", "timestamp"),
+        ),
+    )
+    rows = [
+        {"price": 1, "ts": "2024-04-29T10:00:00+02:00"},  # 08:00Z
+        {"price": 2, "ts": "2024-04-29T09:00:00Z"},
+        {"price": 3, "ts": "2024-04-29T03:00:00.5-05:30"},  # 08:30:00.5Z
+        {"price": 4, "ts": 1_714_374_000_000},  # epoch ms: 07:00Z
+    ]
+    stored = fold(merge, rows)
+    assert json.loads(value_bytes(stored or b"")) == {"last": 2, "first": 4}
+    assert decode_state(stored or b"") == [1_714_381_200_000_000, 1_714_374_000_000_000]
 
 
 @pytest.mark.parametrize(

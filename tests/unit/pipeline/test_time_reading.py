@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import types as T
 
-from keyroute.core.timeline import TimeType
+from keyroute.core.timeline import DATE_PATTERN, INTEGER_PATTERN, TIMESTAMP_PATTERN, TimeType, parse_order_text
 from keyroute.pipeline.errors import DataError
 from keyroute.pipeline.spec import Mode, SourceFormat, StoreSpec
 from keyroute.pipeline.timeline import (
@@ -99,7 +99,17 @@ def test_time_type_of_names_the_column_and_what_a_timeline_orders_by() -> None:
         time_type_of(history(), T.MapType(T.StringType(), T.StringType()))
 
 
-# Java's and Python's regular expressions agree on these patterns (classes, groups, ? and {m,n} only).
+# Java's and Python's regular expressions agree on these patterns (classes, groups, ? and {m,n} only); Spark
+# is given them anchored to the whole text.
+def test_spark_is_given_the_shared_patterns_anchored() -> None:
+    for pattern, java in (
+        (TIMESTAMP_PATTERN, TIMESTAMP_TEXT),
+        (DATE_PATTERN, DATE_TEXT),
+        (INTEGER_PATTERN, INTEGER_TEXT),
+    ):
+        assert java == f"^(?:{pattern})\\z"
+
+
 TIMESTAMPS = [
     "2024-06-11T10:00:00Z",
     "2024-06-11T10:00:00.250Z",
@@ -122,6 +132,12 @@ NOT_TIMESTAMPS = [
     "20240611T100000Z",
     "2024-06-11t10:00:00Z",
     "2024-06-11T10:00:00.Z",
+    "2024-06-11T10:00Z",  # an offset needs the seconds (as Spark's cast reads them)
+    "2024-06-11T10:00:00+19:00",
+    "2024-06-11T10:00:00+02:60",
+    "2024-06-11T24:00:00Z",
+    "2024-02-30",
+    "2024-06-11\n",
     "1718100000000",
     "",
 ]
@@ -129,19 +145,24 @@ NOT_TIMESTAMPS = [
 
 @pytest.mark.parametrize("text", TIMESTAMPS)
 def test_iso_8601_timestamps_are_read(text: str) -> None:
-    assert re.search(TIMESTAMP_TEXT, text)
+    assert re.fullmatch(TIMESTAMP_PATTERN, text)
+    assert parse_order_text(text, TimeType.TIMESTAMP) is not None
 
 
 @pytest.mark.parametrize("text", NOT_TIMESTAMPS)
 def test_other_texts_are_no_timestamps(text: str) -> None:
-    assert not re.search(TIMESTAMP_TEXT, text)
+    assert parse_order_text(text, TimeType.TIMESTAMP) is None
 
 
 def test_dates_and_integers_are_read_strictly() -> None:
-    assert re.search(DATE_TEXT, "2024-06-11")
-    assert not any(re.search(DATE_TEXT, t) for t in ["2024-06-11T00:00:00Z", "2024-6-11", "11.06.2024"])
-    assert all(re.search(INTEGER_TEXT, t) for t in ["0", "-17", "+42", "1718100000000"])
-    assert not any(re.search(INTEGER_TEXT, t) for t in ["1.5", "1e3", " 7", "", "12345678901234567890"])
+    assert parse_order_text("2024-06-11", TimeType.DATE) == 19885
+    assert parse_order_text("0000-02-29", TimeType.DATE) == -719469  # the proleptic calendar, as Spark's
+    bad_dates = ["2024-06-11T00:00:00Z", "2024-6-11", "11.06.2024", "20240611", "2023-02-29", "1900-02-29"]
+    assert not any(parse_order_text(t, TimeType.DATE) is not None for t in bad_dates)
+    good = {"0": 0, "-17": -17, "+42": 42, "1718100000000": 1718100000000, "9223372036854775807": 2**63 - 1}
+    assert {t: parse_order_text(t, TimeType.INTEGER) for t in good} == good
+    bad = ["1.5", "1e3", " 7", "", "12345678901234567890", "9223372036854775808", "٣"]
+    assert not any(parse_order_text(t, TimeType.INTEGER) is not None for t in bad)
 
 
 # --- where a bad text is --------------------------------------------------------------------------------
