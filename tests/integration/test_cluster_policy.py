@@ -258,7 +258,8 @@ def test_a_router_that_reaches_zookeeper_only_after_it_started_serves_no_read_wh
         )
         assert refused.status_code == 503 and ACCESS_CONTROL in refused.json()["message"]
         assert http.get(url + "/readyz").status_code == 503
-        assert client.get_children(zk_layout.ROUTERS) != []  # it runs, registered: it only serves no read
+        # It runs and registers (its registration follows the map's first read): it only serves no read.
+        wait_for(lambda: client.get_children(zk_layout.ROUTERS) != [], timeout_s=30, message="the router registered")
 
         code, _, errors = policy(zk_settings, "set")
         assert code == 0, errors
