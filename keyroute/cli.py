@@ -25,7 +25,7 @@ from keyroute.core.key_schema import KeySchema, KeySchemaLookupError, check_key_
 from keyroute.core.logs import FORMATS
 from keyroute.core.logs import configure as configure_logs
 from keyroute.core.partitioner import MAX_PARTITIONS, Partitioner, key_hash, partition_for
-from keyroute.core.schema_registry import RegistrySettings
+from keyroute.core.schema_registry import SECRETS_DIR_VARIABLE, RegistrySettings
 from keyroute.core.settings import (
     DEFAULT_STALL_AFTER_MS,
     AccessSettings,
@@ -577,8 +577,11 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="versions of each store kept for a rollback, the new one included; older snapshots are removed",
     )
 
+    _secrets_dir_option(p, build)
+
     node = sub.add_parser("node", help="run a state node")
     _zk_options(p, node, writes=True)
+    _secrets_dir_option(p, node)
     p.option(node, "--node-id", required=True, help="unique, stable node id (e.g. the pod name)")
     p.option(node, "--port", type=int, required=True, help="HTTP port")
     _admin_port_option(p, node)
@@ -1080,6 +1083,25 @@ def _without_pipeline_extra(what: str) -> bool:
     return True
 
 
+def _secrets_dir_option(p: Any, parser: argparse.ArgumentParser) -> None:
+    p.option(
+        parser,
+        "--secrets-dir",
+        type=_optional_path,
+        metavar="DIR",
+        help="a folder of secrets, one file per name (a mounted Kubernetes Secret): where a live store's "
+        '"${NAME}" that is not an environment variable is read from',
+    )
+
+
+def _environ_with_secrets_dir(args: argparse.Namespace) -> dict[str, str]:
+    """The environment `${NAME}` references are resolved from, with the --secrets-dir folder in it."""
+    environ = dict(os.environ)
+    if args.secrets_dir is not None:
+        environ[SECRETS_DIR_VARIABLE] = str(args.secrets_dir)
+    return environ
+
+
 def cmd_pipeline(args: argparse.Namespace) -> int:
     if _without_pipeline_extra("keyroute pipeline build"):
         return 1
@@ -1093,7 +1115,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     try:
         with retaining(args.retain):
             # Live stores' Kafka settings may name environment variables (secrets): resolved here, at the edge.
-            kafka = KafkaAccess(dict(os.environ))
+            kafka = KafkaAccess(_environ_with_secrets_dir(args))
             secret = args.spark_secret_file
             published = build(args.spec, _zk(args), args.output, args.master, kafka=kafka, spark_secret_file=secret)
     except PipelineError as exc:
@@ -1405,6 +1427,10 @@ def cmd_zone_from_node(args: argparse.Namespace) -> int:
 def cmd_node(args: argparse.Namespace) -> int:
     from keyroute.http.quotas import quota_file_error
     from keyroute.state_node.service import run
+
+    # A live partition resolves its Kafka settings' `${NAME}` references from the process's environment (when
+    # it connects): the folder given as a flag goes there, read at this edge once.
+    os.environ.update(_environ_with_secrets_dir(args))
 
     try:
         zone = node_zone(args.zone, args.zone_file, args.require_zone)

@@ -25,8 +25,11 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from keyroute.core.logs import describe
 
 SECRET_OPTIONS = frozenset({"basic.auth.user.info", "bearer.auth.token", "ssl.key.password"})
 _TEXT_OPTIONS = frozenset(
@@ -62,14 +65,31 @@ def env_reference(value: str) -> str | None:
     return None if match is None else match[1]
 
 
+# A folder of secrets, one file per name (a Kubernetes Secret mounted as a volume): where a `${NAME}` that is
+# not in the environment is read from, so that no secret need be put in a process's environment.
+SECRETS_DIR_VARIABLE = "KEYROUTE_SECRETS_DIR"
+
+
 def resolve_env(what: str, value: str, environ: Mapping[str, str], error: type[ValueError]) -> str:
-    """`value`, or the variable it names as `${NAME}` read from `environ` (`error` when that is unset)."""
+    """`value`, or what it names as `${NAME}`: the variable NAME of `environ`, else the file NAME in the folder
+    `environ[KEYROUTE_SECRETS_DIR]` names (one trailing newline dropped); `error` when neither is there or
+    the file cannot be read."""
     ref = env_reference(value)
     if ref is None:
         return value
-    if ref not in environ:
+    if ref in environ:
+        return environ[ref]
+    folder = environ.get(SECRETS_DIR_VARIABLE, "")
+    if not folder:
         raise error(f"{what} names ${{{ref}}}, which is not set")
-    return environ[ref]
+    path = Path(folder) / ref
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error(f"{what} names ${{{ref}}}, which is neither set nor a file in {folder}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"{what} names ${{{ref}}}: {path} cannot be read ({describe(exc)})") from None
+    return text[:-1] if text.endswith("\n") else text
 
 
 @dataclass(frozen=True, slots=True)

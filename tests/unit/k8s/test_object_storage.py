@@ -29,7 +29,6 @@ from tests.unit.k8s.manifests import (
     executor_template_text,
     node_pod,
     objs_namespace,
-    operator_secrets,
     pipeline_pods,
     readme_section,
     sample_field,
@@ -208,11 +207,11 @@ def test_object_storage_credentials_come_from_the_secret_as_a_file(object_storag
         # Optional in prod: each pod's ServiceAccount carries a cloud identity, which the SDK takes instead.
         assert source["optional"] is True, where
         # The settings that are not secret (AWS_REGION, AWS_ENDPOINT_URL) from a ConfigMap when it exists;
-        # nodes and the pipeline's driver also take the Kafka variables of live stores, required as every
-        # Secret in production (executors never consume).
-        kafka = [] if where == "executor" else [{"secretRef": {"name": KAFKA_SECRET, "optional": False}}]
+        # nodes and the pipeline's driver also read the Kafka secrets of live stores, a mounted folder required
+        # as every Secret in production (executors never consume).
         settings = {"configMapRef": {"name": "keyroute-object-store-settings", "optional": True}}
-        assert c.get("envFrom") == [settings, *kafka], where
+        assert c.get("envFrom") == [settings], where
+        assert (kafka_folder(specs[where], c) is not None) == (where != "executor"), where
         assert f"name: {other}\n" not in yaml.safe_dump(c), where
     # Routers never touch snapshots: no credentials there.
     router = pod_template(find(objs, "Deployment", "keyroute-router"))["spec"]
@@ -263,13 +262,32 @@ def test_the_object_storage_component_also_fits_the_dev_overlay(tmp_path: Path) 
     assert not [v for v in node_pod(objs)["spec"].get("volumes", []) if "persistentVolumeClaim" in v]
 
 
+def kafka_folder(spec: Obj, c: Obj) -> Obj | None:
+    """The Secret volume of the Kafka secrets a container reads as files (KEYROUTE_SECRETS_DIR), None."""
+    env = {e["name"]: e.get("value") for e in c.get("env", [])}
+    for volume in spec.get("volumes", []):
+        if volume.get("secret", {}).get("secretName") != KAFKA_SECRET:
+            continue
+        for mount in c.get("volumeMounts", []):
+            if mount["name"] == volume["name"] and env.get("KEYROUTE_SECRETS_DIR") == mount["mountPath"]:
+                return dict(volume["secret"])
+    return None
+
+
 def test_kafka_variables_reach_nodes_and_the_pipeline_only(objs: list[Obj], overlay: str) -> None:
-    consumers = [("node", node_pod(objs)["spec"]["containers"][0])]
-    consumers += [(f"pipeline {i}", pod["spec"]["containers"][0]) for i, pod in enumerate(pipeline_pods(objs))]
-    # Optional in development; required in production like every Secret (empty without live stores).
+    consumers = [("node", node_pod(objs)["spec"], node_pod(objs)["spec"]["containers"][0])]
+    for i, pod in enumerate(pipeline_pods(objs)):
+        consumers.append((f"pipeline {i}", pod["spec"], pod["spec"]["containers"][0]))
+    # Optional environment variables in development; in production a mounted folder (no secret in a process's
+    # environment), required like every Secret (empty without live stores).
     optional = overlay == "dev"
-    for where, c in consumers:
-        assert {"secretRef": {"name": KAFKA_SECRET, "optional": optional}} in c.get("envFrom", []), where
+    for where, spec, c in consumers:
+        if optional:
+            assert {"secretRef": {"name": KAFKA_SECRET, "optional": True}} in c.get("envFrom", []), where
+        else:
+            folder = kafka_folder(spec, c)
+            assert folder is not None and folder.get("optional") is False, where
+            assert KAFKA_SECRET not in yaml.safe_dump(c.get("envFrom", [])), where
     router = pod_template(find(objs, "Deployment", "keyroute-router"))["spec"]["containers"][0]
     assert KAFKA_SECRET not in yaml.safe_dump(router)
     assert of_kind(objs, "Secret") == []  # the operator creates it; no secret is in the manifests
@@ -277,8 +295,4 @@ def test_kafka_variables_reach_nodes_and_the_pipeline_only(objs: list[Obj], over
     if optional:
         # Without any Secret the pods still start (a spec without live stores needs none of it).
         resolve_env(node, lambda p: sample_field(p, "keyroute-node-0"), objs)
-    else:
-        # Every other Secret there, this one missing: the node does not start.
-        others = operator_secrets(objs_namespace(objs), leave_out=(KAFKA_SECRET,))
-        with pytest.raises(AssertionError, match=KAFKA_SECRET):
-            resolve_env(node, lambda p: sample_field(p, "keyroute-node-0"), [*objs, *others])
+    # In production the Secret is a required volume (asserted above): without it the kubelet starts no pod.

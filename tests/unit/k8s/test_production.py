@@ -48,8 +48,9 @@ def secret_references(spec: Obj) -> Iterator[tuple[str, Obj]]:
 # GKE Workload Identity): without the Secret the AWS SDK takes the identity.
 STATIC_KEY_SECRETS = {"keyroute-object-store", "keyroute-object-store-read", "keyroute-zk-backup-store"}
 CLOUD_IDENTITY_ANNOTATIONS = ("eks.amazonaws.com/role-arn", "iam.gke.io/gcp-service-account")
-# The one Secret read from the environment: the Kafka variables a live store's spec names as "${NAME}".
-ENVIRONMENT_SECRETS = {"keyroute-kafka"}
+# No Secret is read into an environment: even the Kafka secrets a live store's spec names as "${NAME}" are
+# files of the mounted Secret keyroute-kafka, in the folder KEYROUTE_SECRETS_DIR names.
+ENVIRONMENT_SECRETS: set[str] = set()
 
 
 def pods_with_accounts(objs: list[Obj]) -> list[tuple[str, Obj, Obj | None]]:
@@ -160,8 +161,16 @@ def test_no_production_container_reads_a_secret_from_its_environment(overlay_nam
         }
         for option in file_options:
             assert any(str(env[option]).startswith(mount + "/") for mount in secret_mounts), (name, option)
-    # The exception is documented, with its reason.
-    assert "${NAME}" in readme_section("Secrets") and "keyroute-kafka" in readme_section("Secrets")
+    # The Kafka secrets of live stores: a folder of files, where nodes and the pipeline resolve "${NAME}".
+    for kind, name in (("StatefulSet", "keyroute-node"), ("CronJob", "keyroute-pipeline")):
+        spec = pod_template(find(objs, kind, name))["spec"]
+        [c] = spec["containers"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        kafka = [v for v in spec["volumes"] if v.get("secret", {}).get("secretName") == "keyroute-kafka"]
+        assert len(kafka) == 1 and kafka[0]["secret"].get("optional") is False, name
+        [mount] = [m for m in c["volumeMounts"] if m["name"] == kafka[0]["name"]]
+        assert env.get("KEYROUTE_SECRETS_DIR") == mount["mountPath"] and mount.get("readOnly") is True, name
+    assert "KEYROUTE_SECRETS_DIR" in readme_section("Live stores")
 
 
 SUPER_DIGEST_KEY = "DigestAuthenticationProvider.superDigest"
