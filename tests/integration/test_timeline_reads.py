@@ -1,10 +1,14 @@
 """History and windows reads and key ranges, all real: events -> Spark pipeline -> ZooKeeper -> two `keyroute node`
 processes -> a `keyroute router` process -> HTTP. Every key's rows and windows answer in one hop with
 exactly what a plain-Python computation over the same events expects, page by page through cursors; bad
-queries get their 400, a cursor of a version no longer served its 410."""
+queries get their 400, a cursor of a version no longer served its 410.
+
+The tests that only read share one build and one cluster (`cluster`); the one that publishes a new version has
+its own (`own_cluster`)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import random
@@ -65,8 +69,9 @@ def build_stores(cluster_zk: ZkSettings, spark: Any, spec: Path, output: Path) -
     return build(spec, cluster_zk, str(output), spark=spark)
 
 
-@pytest.fixture
-def cluster(tmp_path: Path, zk_settings: ZkSettings, spark: Any) -> Iterator[Cluster]:
+@contextlib.contextmanager
+def running_cluster(tmp_path: Path, zk_settings: ZkSettings, spark: Any) -> Iterator[Cluster]:
+    """The stores built by Spark in `zk_settings`' chroot, served by two nodes behind a router."""
     rows = bookings(random.Random(21), KEYS, 400)
     source = write_parquet(tmp_path / "events", rows)
     accounts = write_parquet(tmp_path / "accounts", ACCOUNTS, ACCOUNTS_SCHEMA)
@@ -130,6 +135,20 @@ def cluster(tmp_path: Path, zk_settings: ZkSettings, spark: Any) -> Iterator[Clu
     finally:
         for proc in reversed(procs):
             proc.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, module_zk_settings: ZkSettings, spark: Any) -> Iterator[Cluster]:
+    """One build and one cluster for the module's tests that only read."""
+    with running_cluster(tmp_path_factory.mktemp("timeline-reads"), module_zk_settings, spark) as c:
+        yield c
+
+
+@pytest.fixture
+def own_cluster(tmp_path: Path, zk_settings: ZkSettings, spark: Any) -> Iterator[Cluster]:
+    """A cluster of the test's own: for a test that publishes a new version."""
+    with running_cluster(tmp_path, zk_settings, spark) as c:
+        yield c
 
 
 def cursor_key(settings: ZkSettings) -> bytes:
@@ -253,7 +272,8 @@ def test_bad_timeline_queries_get_a_400_that_says_which(cluster: Cluster) -> Non
         assert client.get(history).status_code == 200
 
 
-def test_a_node_forwards_a_timeline_read_once_and_an_old_cursor_expires(cluster: Cluster, spark: Any) -> None:
+def test_a_node_forwards_a_timeline_read_once_and_an_old_cursor_expires(own_cluster: Cluster, spark: Any) -> None:
+    cluster = own_cluster
     key = "C003"
     expected = expected_history(cluster.rows, key)
     with httpx.Client(timeout=10) as client:
