@@ -759,6 +759,12 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     _zk_options(p, zk_restore, writes=True)
     p.option(zk_restore, "--in", dest="in_file", required=True, help="a file `keyroute zk dump` wrote")
     p.flag(zk_restore, "--force", help="also write over a chroot that holds the dump's own cluster id")
+    zk_lock = zkb_sub.add_parser(
+        "lock-root",
+        help="let only the writer identity create at ZooKeeper's root (everyone may still read it): on an "
+        "ensemble keyroute does not share with other applications",
+    )
+    _zk_options(p, zk_lock, writes=True)
 
     zone = sub.add_parser(
         "zone-from-node",
@@ -1320,6 +1326,8 @@ def cmd_zk(args: argparse.Namespace) -> int:
 
     what = f"keyroute zk {args.zk_command}"
     zk_settings = _zk(args)
+    if args.zk_command == "lock-root":
+        return _lock_root(what, zk_settings)
     where = zk_settings.chroot or "/"
     backup: Dump | None = None
     if args.zk_command == "restore":  # the dump is read and checked before ZooKeeper is touched
@@ -1365,6 +1373,25 @@ def cmd_zk(args: argparse.Namespace) -> int:
         print(f"{what}: chroot {where} has no cluster id (dumped all the same)", file=sys.stderr)
     summary = {"chroot": where, "cluster_id": taken.cluster_id, "znodes": len(taken.znodes), "out": args.out}
     print(json.dumps(summary), file=sys.stderr if args.out == "-" else sys.stdout)
+    return 0
+
+
+def _lock_root(what: str, zk_settings: ZkSettings) -> int:
+    from kazoo.exceptions import KazooException
+    from kazoo.handlers.threading import KazooTimeoutError
+
+    from keyroute.core.logs import describe
+    from keyroute.core.zk import ZkUnavailableError, lock_root
+
+    try:
+        acl = lock_root(zk_settings)
+    except ZkUnavailableError as exc:
+        print(f"{what}: {exc}", file=sys.stderr)
+        return 1
+    except (KazooException, KazooTimeoutError) as exc:
+        print(f"{what}: ZooKeeper at {zk_settings.hosts} refused or failed: {describe(exc)}", file=sys.stderr)
+        return 1
+    print(json.dumps({"root_acl": acl}))
     return 0
 
 

@@ -113,6 +113,35 @@ def raw_client(settings: ZkSettings) -> KazooClient:
     return _client(settings, settings.hosts)
 
 
+def lock_root(settings: ZkSettings) -> list[str]:
+    """Let only this process's identity create (or delete, or change the ACL) at the ensemble's root, everyone
+    else read it: a client of another identity, or of none, can then create no top-level znode (another
+    chroot, litter), while keyroute's writers still create chroots. Returns the root's ACL as ZooKeeper now
+    holds it. ZkAccessError without an identity (the root would be locked against everyone) or when the root
+    is already locked against this one."""
+    acl = layout_acl(settings)
+    if not settings.has_identity:
+        raise ZkAccessError(
+            "locking ZooKeeper's root needs the writer identity (--zk-auth, or --zk-tls-cert's subject): "
+            "without one it would lock everyone out"
+        )
+    writer = [entry for entry in acl if entry.perms == Permissions.ALL]
+    wanted = [*writer, ACL(Permissions.READ, Id("world", "anyone"))]
+    client = _client(settings, settings.hosts)
+    _start(client, settings)
+    try:
+        try:
+            client.set_acls("/", wanted)
+        except NoAuthError as exc:
+            raise ZkAccessError(
+                f"{_who(settings)} may not change the ACL of ZooKeeper's root at {settings.hosts}"
+            ) from exc
+        now, _ = client.get_acls("/")
+        return sorted(_describe(entry) for entry in now)
+    finally:
+        close(client)
+
+
 def connect(
     settings: ZkSettings, *, ensure_layout: bool = True, check: Callable[[KazooClient], None] | None = None
 ) -> KazooClient:
