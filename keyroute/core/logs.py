@@ -147,11 +147,19 @@ def configure(
     root.setLevel(getattr(logging, level.upper(), logging.INFO) if isinstance(level, str) else level)
     # kazoo logs every connection state change at INFO; warnings and errors are what an operator needs.
     logging.getLogger("kazoo").setLevel(logging.WARNING)
+    # httpx (key fetches, the Kubernetes API) and httpx2 (the Schema Registry client) log every request at INFO:
+    # noise beside keyroute's own lines, shown only when debugging.
+    for name in _PER_REQUEST_LOGGERS:
+        logging.getLogger(name).setLevel(logging.DEBUG if root.level <= logging.DEBUG else logging.WARNING)
     # Of those warnings, the ones per connection retry (every ~2 s while ZooKeeper is away) are debug: the
     # map watcher says each loss and return once (keyroute.core.map_watcher). On the handler, so that the
     # loggers' own filters (keyroute.core.zk keeps the last reason while connecting) still see them.
     handler.addFilter(_kazoo_retries)
     return handler
+
+
+# HTTP client libraries that log one INFO line per request.
+_PER_REQUEST_LOGGERS = ("httpx", "httpx2")
 
 
 # kazoo's warnings on each failed attempt to (re)connect.

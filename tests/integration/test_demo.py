@@ -220,6 +220,8 @@ def test_the_demo_comes_up_serves_a_live_store_and_stops_cleanly(tmp_path: Path)
         demo.kill()
     assert code == 0, demo.output
     assert "all demo processes stopped." in demo.output
+    # What the demo prints is keyroute's: no HTTP client's line per request (the Schema Registry client's).
+    assert "HTTP Request:" not in demo.output, demo.output
     _assert_nothing_survives(demo, recorded)
     log_dir = tmp_path / "demo" / "logs"
     assert json.dumps(sorted(p.name for p in log_dir.iterdir()))  # every process kept a log

@@ -166,3 +166,15 @@ def test_kazoos_per_retry_warnings_are_debug_records(restore_root_logging: None)
 )
 def test_a_failure_is_named_by_its_text_or_else_its_class(exc: BaseException, named: str) -> None:
     assert describe(exc) == named
+
+
+def test_http_clients_request_lines_are_shown_only_when_debugging(restore_root_logging: None) -> None:
+    for level, shown in (("INFO", False), ("DEBUG", True)):
+        stream = io.StringIO()
+        configure("text", level, stream=stream)
+        for name in ("httpx", "httpx2"):  # what the key fetches and the Schema Registry client log with
+            logging.getLogger(name).info('HTTP Request: GET http://registry/subjects "HTTP/1.1 200 OK"')
+            logging.getLogger(name).warning("a retry")
+        out = stream.getvalue()
+        assert out.count("a retry") == 2
+        assert ("HTTP Request" in out) is shown, (level, out)
