@@ -1456,8 +1456,9 @@ def cmd_node(args: argparse.Namespace) -> int:
     from keyroute.state_node.service import run
 
     # A live partition resolves its Kafka settings' `${NAME}` references from the process's environment (when
-    # it connects): the folder given as a flag goes there, read at this edge once.
-    os.environ.update(_environ_with_secrets_dir(args))
+    # it connects): the folder given as a flag goes there, at this edge, once.
+    if args.secrets_dir is not None:
+        os.environ[SECRETS_DIR_VARIABLE] = str(args.secrets_dir)
 
     try:
         zone = node_zone(args.zone, args.zone_file, args.require_zone)
