@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent
 # The modules a proxied read runs through, from the socket to the node and back: the one list of what is
 # compiled (benchmarks/RESULTS.md, "Router: compiled", measures them).
 COMPILED = (
-    "keyroute.core.partitioner",
+    "keyroute.keys.partitioner",
     "keyroute.http.admission",
     "keyroute.http.dataplane",
     "keyroute.http.exchange",

@@ -6,7 +6,7 @@ three columns), starts one ZooKeeper and one node that serves every partition, a
 keys, and batch-gets of `--batch` random keys, each asked as JSON (`Accept: application/json`) and as Avro
 (`Accept: application/avro`), in a shuffled order per round. Reported, medians of the rounds: the node
 process's CPU per read (/proc, user + system) and reads/s; the answer's body bytes (mean over sampled
-reads); and, in this process, the CPU of the Avro encoding step alone (keyroute.core.avro_answers.encode_body
+reads); and, in this process, the CPU of the Avro encoding step alone (keyroute.formats.avro_answers.encode_body
 or found_avro over the node's own answers) per answer. --write records the table in benchmarks/RESULTS.md.
 """
 
@@ -38,13 +38,13 @@ bench = importlib.util.module_from_spec(_SPEC)
 sys.modules["router_bench"] = bench
 _SPEC.loader.exec_module(bench)
 
-from keyroute.core import zk, zk_layout  # noqa: E402
-from keyroute.core.avro_answers import encode_body, found_avro, found_entry_avro, results_avro  # noqa: E402
-from keyroute.core.key_format import KeyFormat  # noqa: E402
-from keyroute.core.partition_map import StoreRecord  # noqa: E402
-from keyroute.core.partitioner import Partitioner  # noqa: E402
-from keyroute.core.settings import ZkSettings  # noqa: E402
-from keyroute.core.zookeeper_server import EmbeddedZooKeeper  # noqa: E402
+from keyroute.cluster import zk, zk_layout  # noqa: E402
+from keyroute.cluster.partition_map import StoreRecord  # noqa: E402
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper  # noqa: E402
+from keyroute.formats.avro_answers import encode_body, found_avro, found_entry_avro, results_avro  # noqa: E402
+from keyroute.keys.key_format import KeyFormat  # noqa: E402
+from keyroute.keys.partitioner import Partitioner  # noqa: E402
+from keyroute.runtime.settings import ZkSettings  # noqa: E402
 
 SECTION = "## Answer formats: JSON vs Avro on a node (benchmarks/answer_formats.py)"
 FORMATS = {"json": "application/json", "avro": "application/avro"}

@@ -38,10 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timeline import Proc, free_port, log, start_router, wait  # noqa: E402
 
 from keyroute.client import AsyncClient, Client  # noqa: E402
-from keyroute.core.settings import ZkSettings  # noqa: E402
-from keyroute.core.zookeeper_server import EmbeddedZooKeeper  # noqa: E402
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper  # noqa: E402
 from keyroute.pipeline.build import build  # noqa: E402
 from keyroute.pipeline.session import create_session  # noqa: E402
+from keyroute.runtime.settings import ZkSettings  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 SECTION = "## Python client: direct routing vs the router (benchmarks/client.py)"

@@ -40,13 +40,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from keyroute.core import placement_records, zk, zk_layout  # noqa: E402
-from keyroute.core.key_format import KeyFormat  # noqa: E402
-from keyroute.core.partition_map import Assignment, ServingRecord, StoreRecord  # noqa: E402
-from keyroute.core.partitioner import Partitioner, partition_for  # noqa: E402
-from keyroute.core.settings import ZkSettings  # noqa: E402
-from keyroute.core.snapshot import Manifest, partition_dir, version_dir, write_manifest  # noqa: E402
-from keyroute.core.zookeeper_server import EmbeddedZooKeeper  # noqa: E402
+from keyroute.cluster import placement_records, zk, zk_layout  # noqa: E402
+from keyroute.cluster.partition_map import Assignment, ServingRecord, StoreRecord  # noqa: E402
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper  # noqa: E402
+from keyroute.keys.key_format import KeyFormat  # noqa: E402
+from keyroute.keys.partitioner import Partitioner, partition_for  # noqa: E402
+from keyroute.runtime.settings import ZkSettings  # noqa: E402
+from keyroute.storage.snapshot import Manifest, partition_dir, version_dir, write_manifest  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 SECTION = "## Cluster"

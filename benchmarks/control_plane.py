@@ -63,7 +63,7 @@ def main() -> None:
     if "PYTHONPATH" not in os.environ:
         sys.path.insert(0, str(ROOT))
     import keyroute.state_node
-    from keyroute.core.zookeeper_server import EmbeddedZooKeeper
+    from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
 
     print(
         f"measuring the keyroute in {Path(keyroute.state_node.__file__).resolve().parent.parent}",
@@ -119,11 +119,11 @@ def _measure(connect: str, n: int, stores_n: int, partitions: int, timeout_s: fl
     from kazoo.client import KazooClient
 
     import keyroute.state_node.controller as controller_module
-    from keyroute.core import zk_layout
-    from keyroute.core.key_format import KeyFormat
-    from keyroute.core.map_watcher import MapWatcher
-    from keyroute.core.partition_map import NodeRecord, PartitionMap, ServingRecord, StoreRecord
-    from keyroute.core.partitioner import Partitioner
+    from keyroute.cluster import zk_layout
+    from keyroute.cluster.map_watcher import MapWatcher
+    from keyroute.cluster.partition_map import NodeRecord, PartitionMap, ServingRecord, StoreRecord
+    from keyroute.keys.key_format import KeyFormat
+    from keyroute.keys.partitioner import Partitioner
     from keyroute.router.routing_table import RoutingTable
     from keyroute.state_node.controller import Controller
 

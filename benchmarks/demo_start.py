@@ -1,6 +1,6 @@
 """How long `keyroute demo` takes from its start to "keyroute demo is up.", against a reference revision's demo.
 
-The reference's keyroute/demo.py and keyroute/sample_data.py come from git (`--reference`, a revision) and
+The reference's keyroute/dev/demo.py and keyroute/dev/sample_data.py come from git (`--reference`, a revision) and
 run side by side with this tree's, interleaved round by round, on the same machine; the processes they
 start (ZooKeeper, pipeline, nodes, router) are this tree's for both, so only the demo itself differs.
 Each round stops its demo with SIGTERM and waits for it.
@@ -38,7 +38,7 @@ def _reference(revision: str, folder: Path) -> None:
         text = subprocess.run(
             ["git", "show", f"{revision}:keyroute/{name}.py"], cwd=ROOT, capture_output=True, text=True, check=True
         ).stdout
-        text = text.replace("from keyroute import sample_data\n", "import ref_sample_data as sample_data\n")
+        text = text.replace("from keyroute.dev import sample_data\n", "import ref_sample_data as sample_data\n")
         (folder / f"ref_{name}.py").write_text(text)
 
 

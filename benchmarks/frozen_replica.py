@@ -46,9 +46,9 @@ from benchmarks.cluster import (  # noqa: E402
     wait,
     write_store,
 )
-from keyroute.core import zk  # noqa: E402
-from keyroute.core.settings import ZkSettings  # noqa: E402
-from keyroute.core.zookeeper_server import EmbeddedZooKeeper  # noqa: E402
+from keyroute.cluster import zk  # noqa: E402
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper  # noqa: E402
+from keyroute.runtime.settings import ZkSettings  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 SECTION = "## Frozen replica (benchmarks/frozen_replica.py)"

@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from keyroute.core.partition_vectorized import partitions
-from keyroute.core.partitioner import Partitioner, partition_for
+from keyroute.keys.partition_vectorized import partitions
+from keyroute.keys.partitioner import Partitioner, partition_for
 
 with warnings.catch_warnings():
     # kafka-python 3.0 loads its protocol schemas through importlib.resources' legacy API, deprecated since

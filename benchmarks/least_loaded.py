@@ -47,8 +47,8 @@ def _load(name: str, file: str) -> Any:
 bench = _load("router_bench", "router.py")  # wrk and its script
 clusters = _load("cluster_bench", "cluster.py")  # processes, the store, waiting
 
-from keyroute.core.settings import ZkSettings  # noqa: E402
-from keyroute.core.zookeeper_server import EmbeddedZooKeeper  # noqa: E402
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper  # noqa: E402
+from keyroute.runtime.settings import ZkSettings  # noqa: E402
 
 SECTION = "## Replica choice with a slow node (benchmarks/least_loaded.py)"
 LEAST, TWO, RANDOM = "least outstanding requests (this work tree)", "power of two choices (previous)", "random replica"

@@ -53,9 +53,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from keyroute.core.partitioner import Partitioner, partition_for  # noqa: E402
-from keyroute.core.zookeeper_server import EmbeddedZooKeeper  # noqa: E402
-from keyroute.kafka_mock import MockKafka  # noqa: E402
+from keyroute.dev.kafka_mock import MockKafka  # noqa: E402
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper  # noqa: E402
+from keyroute.keys.partitioner import Partitioner, partition_for  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 SECTION = "## Live stores"

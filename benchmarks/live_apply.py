@@ -29,13 +29,13 @@ import httpx
 import lmdb
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.live import OFFSET_KEY, Aggregate, LiveConfig, Merge
-from keyroute.core.partitioner import Partitioner, partition_for
-from keyroute.core.schema_registry import RegistrySettings
-from keyroute.kafka_mock import MockKafka
+from keyroute.dev.kafka_mock import MockKafka
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner, partition_for
+from keyroute.keys.schema_registry import RegistrySettings
 from keyroute.state_node.live import DEFAULT_BATCH_RECORDS, ApplierSettings, LiveApplier, LivePartition, LiveVersion
 from keyroute.state_node.store import LivePartitionStore, PartitionId
+from keyroute.storage.live import OFFSET_KEY, Aggregate, LiveConfig, Merge
 
 MERGES = {
     "latest": Merge("latest", "user", order_by="ts", columns=("ts", "page", "amount")),

@@ -71,23 +71,23 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 from pyspark.sql import SparkSession
 
-from keyroute.core import placement_records, zk, zk_layout
-from keyroute.core.lmdb_layout import db_keys
-from keyroute.core.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord, StoreRecord
-from keyroute.core.settings import NodeSettings, ZkSettings
-from keyroute.core.snapshot import (
+from keyroute.cluster import placement_records, zk, zk_layout
+from keyroute.cluster.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord, StoreRecord
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
+from keyroute.pipeline import build as build_module
+from keyroute.pipeline import lmdb_files
+from keyroute.pipeline.build import build
+from keyroute.pipeline.session import create_session
+from keyroute.runtime.settings import NodeSettings, ZkSettings
+from keyroute.state_node.ownership import Loader, Ownership
+from keyroute.state_node.store import load_partition
+from keyroute.storage.lmdb_layout import db_keys
+from keyroute.storage.snapshot import (
     FORMAT_1,
     FORMAT_2,
     data_file,
     read_manifest,
 )
-from keyroute.core.zookeeper_server import EmbeddedZooKeeper
-from keyroute.pipeline import build as build_module
-from keyroute.pipeline import lmdb_files
-from keyroute.pipeline.build import build
-from keyroute.pipeline.session import create_session
-from keyroute.state_node.ownership import Loader, Ownership
-from keyroute.state_node.store import load_partition
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"

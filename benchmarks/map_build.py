@@ -3,7 +3,7 @@
 
     .venv/bin/python benchmarks/map_build.py [--rev 151b52e] [--rounds 7]
 
-The other commit's keyroute/core/partition_map.py is loaded from git as a module of its own (it imports the
+The other commit's keyroute/cluster/partition_map.py is loaded from git as a module of its own (it imports the
 rest of keyroute from this checkout); rounds alternate between the two, the median CPU time is reported.
 """
 
@@ -21,15 +21,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from keyroute.core.key_format import KeyFormat  # noqa: E402
-from keyroute.core.partition_map import PartitionMap  # noqa: E402
-from keyroute.core.partitioner import Partitioner  # noqa: E402
+from keyroute.cluster.partition_map import PartitionMap  # noqa: E402
+from keyroute.keys.key_format import KeyFormat  # noqa: E402
+from keyroute.keys.partitioner import Partitioner  # noqa: E402
 from keyroute.state_node.placement import assign  # noqa: E402
 
 
 def load_other(rev: str):  # type: ignore[no-untyped-def]
     source = subprocess.run(
-        ["git", "show", f"{rev}:keyroute/core/partition_map.py"], cwd=ROOT, capture_output=True, text=True, check=True
+        ["git", "show", f"{rev}:keyroute/cluster/partition_map.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     path = Path(tempfile.mkdtemp()) / "partition_map_other.py"
     path.write_text(source)
@@ -66,7 +70,7 @@ def main() -> None:
     args = parser.parse_args()
     other = load_other(args.rev)
     nodes = [f"keyroute-node-{i:04d}" for i in range(1000)]
-    inputs = {"this checkout": (PartitionMap, records(sys.modules["keyroute.core.partition_map"], nodes, 100, 1000))}
+    inputs = {"this checkout": (PartitionMap, records(sys.modules["keyroute.cluster.partition_map"], nodes, 100, 1000))}
     inputs[args.rev] = (other.PartitionMap, records(other, nodes, 100, 1000))
     times: dict[str, list[float]] = {name: [] for name in inputs}
     built = {}

@@ -37,12 +37,12 @@ bench = importlib.util.module_from_spec(_SPEC)
 sys.modules["router_bench"] = bench
 _SPEC.loader.exec_module(bench)
 
-from keyroute.core import zk, zk_layout  # noqa: E402
-from keyroute.core.key_format import KeyFormat  # noqa: E402
-from keyroute.core.partition_map import StoreRecord  # noqa: E402
-from keyroute.core.partitioner import Partitioner  # noqa: E402
-from keyroute.core.settings import ZkSettings  # noqa: E402
-from keyroute.core.zookeeper_server import EmbeddedZooKeeper  # noqa: E402
+from keyroute.cluster import zk, zk_layout  # noqa: E402
+from keyroute.cluster.partition_map import StoreRecord  # noqa: E402
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper  # noqa: E402
+from keyroute.keys.key_format import KeyFormat  # noqa: E402
+from keyroute.keys.partitioner import Partitioner  # noqa: E402
+from keyroute.runtime.settings import ZkSettings  # noqa: E402
 
 SECTION = "## Node forwarding (benchmarks/node_forwarding.py)"
 # The last commit before node-to-node forwarding moved to FastUpstream: its nodes forward over httpx.

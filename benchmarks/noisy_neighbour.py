@@ -35,12 +35,12 @@ import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
-from keyroute.core import zk, zk_layout
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.partition_map import StoreRecord
-from keyroute.core.partitioner import Partitioner
-from keyroute.core.settings import ZkSettings
-from keyroute.core.zookeeper_server import EmbeddedZooKeeper
+from keyroute.cluster import zk, zk_layout
+from keyroute.cluster.partition_map import StoreRecord
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner
+from keyroute.runtime.settings import ZkSettings
 from router import (  # benchmarks/router.py: the store, processes, wrk and /proc readings
     STORE,
     THIS_TREE,

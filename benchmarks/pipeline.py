@@ -38,15 +38,15 @@ import pyarrow.parquet as pq
 import pyspark
 from pyspark.sql import Column, SparkSession
 
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.partitioner import Partitioner
-from keyroute.core.settings import ZkSettings
-from keyroute.core.zookeeper_server import EmbeddedZooKeeper
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner
 from keyroute.pipeline import keys as pipeline_keys
 from keyroute.pipeline.build import build
 from keyroute.pipeline.keys import key_partitions
 from keyroute.pipeline.session import create_session
 from keyroute.pipeline.spec import StoreSpec
+from keyroute.runtime.settings import ZkSettings
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 SECTION = "## Pipeline"

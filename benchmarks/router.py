@@ -54,13 +54,13 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from keyroute.core import zk, zk_layout
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.partition_map import StoreRecord
-from keyroute.core.partitioner import Partitioner, partition_for
-from keyroute.core.settings import ZkSettings
-from keyroute.core.snapshot import Manifest, partition_dir, version_dir, write_manifest
-from keyroute.core.zookeeper_server import EmbeddedZooKeeper
+from keyroute.cluster import zk, zk_layout
+from keyroute.cluster.partition_map import StoreRecord
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner, partition_for
+from keyroute.runtime.settings import ZkSettings
+from keyroute.storage.snapshot import Manifest, partition_dir, version_dir, write_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"

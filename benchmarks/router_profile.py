@@ -39,12 +39,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from keyroute.core import zk, zk_layout  # noqa: E402
-from keyroute.core.key_format import KeyFormat  # noqa: E402
-from keyroute.core.partition_map import StoreRecord  # noqa: E402
-from keyroute.core.partitioner import Partitioner  # noqa: E402
-from keyroute.core.settings import ZkSettings  # noqa: E402
-from keyroute.core.zookeeper_server import EmbeddedZooKeeper  # noqa: E402
+from keyroute.cluster import zk, zk_layout  # noqa: E402
+from keyroute.cluster.partition_map import StoreRecord  # noqa: E402
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper  # noqa: E402
+from keyroute.keys.key_format import KeyFormat  # noqa: E402
+from keyroute.keys.partitioner import Partitioner  # noqa: E402
+from keyroute.runtime.settings import ZkSettings  # noqa: E402
 from router import (  # noqa: E402
     CHROOT,
     STORE,

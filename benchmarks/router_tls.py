@@ -44,14 +44,14 @@ from typing import Any
 
 import trustme
 
-from keyroute.core import zk, zk_layout
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.partition_map import StoreRecord
-from keyroute.core.partitioner import Partitioner
-from keyroute.core.settings import TlsSettings, ZkSettings
-from keyroute.core.zookeeper_server import EmbeddedZooKeeper
+from keyroute.cluster import zk, zk_layout
+from keyroute.cluster.partition_map import StoreRecord
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.tls import MemberTls
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner
+from keyroute.runtime.settings import TlsSettings, ZkSettings
 from router import (  # benchmarks/router.py: the store, builds, processes, wrk and /proc readings
     CHROOT,
     RESULTS,

@@ -49,8 +49,8 @@ variant = sys.argv.pop(1)
 if variant == "starlette":
     import asyncio
 
-    from keyroute.core.api import NotFound, key_path_segment
-    from keyroute.core.logs import bind_request_id
+    from keyroute.api import NotFound, key_path_segment
+    from keyroute.runtime.logs import bind_request_id
     from keyroute.http.server import HttpServer
     from keyroute.router.app import create_app
     from keyroute.router.limits import server_limits

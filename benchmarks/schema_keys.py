@@ -27,10 +27,10 @@ from pathlib import Path
 import fastavro
 import orjson
 
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.key_location import StoreLocator
-from keyroute.core.key_schema import KeySchema, wire_prefix
-from keyroute.core.partitioner import Partitioner, murmur2
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.key_location import StoreLocator
+from keyroute.keys.key_schema import KeySchema, wire_prefix
+from keyroute.keys.partitioner import Partitioner, murmur2
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 SECTION = "## Schema Registry keys (benchmarks/schema_keys.py)"

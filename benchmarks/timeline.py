@@ -40,10 +40,10 @@ import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from keyroute.core.settings import ZkSettings
-from keyroute.core.zookeeper_server import EmbeddedZooKeeper
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
 from keyroute.pipeline.build import build
 from keyroute.pipeline.session import create_session
+from keyroute.runtime.settings import ZkSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"

@@ -1,5 +1,5 @@
 """ZooKeeper over TLS beside plaintext, on one embedded server serving both ports: what a keyroute process
-pays to connect (TCP, the TLS handshake with a client certificate, the session; `keyroute.core.zk.connect`)
+pays to connect (TCP, the TLS handshake with a client certificate, the session; `keyroute.cluster.zk.connect`)
 and for one read once connected (a 200-byte znode, the size of a store record). The reference is the
 plaintext port of the same server, measured in the same run, interleaved round by round; medians.
 
@@ -24,9 +24,9 @@ import trustme
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from keyroute.core import zk  # noqa: E402
-from keyroute.core.settings import ZkSettings, ZkTls  # noqa: E402
-from keyroute.core.zookeeper_server import EmbeddedZooKeeper, ServerTls  # noqa: E402
+from keyroute.cluster import zk  # noqa: E402
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper, ServerTls  # noqa: E402
+from keyroute.runtime.settings import ZkSettings, ZkTls  # noqa: E402
 from tests.util import free_port  # noqa: E402
 
 PATH = "/bench"

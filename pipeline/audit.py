@@ -21,9 +21,9 @@ from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from keyroute.core.key_format import KeyFormat, KeyFormatError, key_from_value
-from keyroute.core.partition_vectorized import hashes
-from keyroute.core.partitioner import Partitioner, partition_for
+from keyroute.keys.key_format import KeyFormat, KeyFormatError, key_from_value
+from keyroute.keys.partition_vectorized import hashes
+from keyroute.keys.partitioner import Partitioner, partition_for
 from keyroute.pipeline.errors import PartitionAuditError
 from keyroute.pipeline.sources import record_column
 from keyroute.pipeline.spec import StoreSpec

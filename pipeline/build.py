@@ -22,10 +22,8 @@ from kazoo.client import KazooClient
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
-from keyroute.core.key_schema import KeySchemaLookupError, fetch_key_schema
-from keyroute.core.settings import ZkSettings
-from keyroute.core.snapshot import ArrowLocation, SnapshotError, is_local, local_path
-from keyroute.core.zk import ZkUnavailableError, close, connect
+from keyroute.cluster.zk import ZkUnavailableError, close, connect
+from keyroute.keys.key_schema import KeySchemaLookupError, fetch_key_schema
 from keyroute.pipeline.compute import CheckedStore, check_store, compute_store
 from keyroute.pipeline.errors import PipelineError, PublishError, SpecError
 from keyroute.pipeline.live import (
@@ -49,6 +47,8 @@ from keyroute.pipeline.writer import (
     write_empty_version,
     write_version,
 )
+from keyroute.runtime.settings import ZkSettings
+from keyroute.storage.snapshot import ArrowLocation, SnapshotError, is_local, local_path
 
 log = logging.getLogger(__name__)
 

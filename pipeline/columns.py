@@ -12,7 +12,7 @@ ORDER = "__keyroute_order"  # latest: the winning order_by
 LATEST = "__keyroute_latest"  # latest: the winning row, a struct
 ROUTE = "__keyroute_route"  # struct(key, partition, error[, lmdb_key]) of a raw key (keys.route_column)
 OFF_PARTITION = "__keyroute_off_partition"  # audited stores: a key with a record outside its partition
-# A format-2 store's route also carries each key's LMDB key (keyroute.core.lmdb_layout.db_key of the very
+# A format-2 store's route also carries each key's LMDB key (keyroute.storage.lmdb_layout.db_key of the very
 # bytes its partition was computed from): the writer sorts by it and the executors store it as it is.
 LMDB_KEY = "__keyroute_lmdb_key"
 # Live stores: the merge state as a JSON object {"0": ..., "1": ...}, in merge order (reduce.live_state).

@@ -19,7 +19,6 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from keyroute.core.timeline import Timeline, TimeType
 from keyroute.pipeline import audit, json_size, keys, ordering, sources
 from keyroute.pipeline.columns import (
     ERROR,
@@ -47,6 +46,7 @@ from keyroute.pipeline.reduce import check_aggregations, live_state, reduce_per_
 from keyroute.pipeline.spark_errors import spark_errors
 from keyroute.pipeline.spec import StoreSpec
 from keyroute.pipeline.timeline import ENTRIES, read_times, reduce_timeline, timeline_of
+from keyroute.storage.timeline import Timeline, TimeType
 
 _EXAMPLES = 3
 

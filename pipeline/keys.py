@@ -18,16 +18,16 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from keyroute.core.key_format import KeyFormat, KeyFormatError, key_from_value
-from keyroute.core.key_schema import KeySchema
-from keyroute.core.lmdb_layout import LMDB_MAX_KEY_BYTES, TAG_HASHED, TAG_KEY, db_keys
-from keyroute.core.partition_vectorized import partitions as vectorized_partitions
-from keyroute.core.partitioner import Partitioner
-from keyroute.core.timeline import key_parts
+from keyroute.keys.key_format import KeyFormat, KeyFormatError, key_from_value
+from keyroute.keys.key_schema import KeySchema
+from keyroute.keys.partition_vectorized import partitions as vectorized_partitions
+from keyroute.keys.partitioner import Partitioner
 from keyroute.pipeline.errors import DataError
 from keyroute.pipeline.lmdb_files import is_text
 from keyroute.pipeline.sources import INTEGRAL, quoted
 from keyroute.pipeline.spec import StoreSpec
+from keyroute.storage.lmdb_layout import LMDB_MAX_KEY_BYTES, TAG_HASHED, TAG_KEY, db_keys
+from keyroute.storage.timeline import key_parts
 
 ROUTE_TYPE = T.StructType(
     [
@@ -87,7 +87,7 @@ def route_keys(
     """Canonical text and partition for a batch of raw keys; a key that does not fit gets an error instead.
     With `lmdb_key`, also the LMDB key the node stores it under (`db_key` of the serialized bytes the
     partition was computed from; null for a key that does not fit), or with `timeline` the key part of its
-    entries' LMDB keys (keyroute.core.timeline.key_part).
+    entries' LMDB keys (keyroute.storage.timeline.key_part).
 
     Errors are returned, not raised: the driver reports how many keys failed, with examples, rather than
     the first worker traceback.

@@ -22,12 +22,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from keyroute.core.live import BadRecord, LiveConfig, LiveSpecError
-from keyroute.core.schema_registry import RegistrySettingsError, RegistryUnavailable, SchemaFetcher, UnknownSchema
-from keyroute.core.timeline import Timeline, TimeType
-from keyroute.core.value_format import ValueDecoder
+from keyroute.formats.value_format import ValueDecoder
+from keyroute.keys.schema_registry import RegistrySettingsError, RegistryUnavailable, SchemaFetcher, UnknownSchema
 from keyroute.pipeline.errors import SpecError, TopicError
 from keyroute.pipeline.spec import Mode, StoreSpec
+from keyroute.storage.live import BadRecord, LiveConfig, LiveSpecError
+from keyroute.storage.timeline import Timeline, TimeType
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ sorted by partition and then by LMDB key, all rows of a store partition in the s
 LMDB keys are all the `=` tag and the key text's UTF-8 sends the key text instead, and the task tags it; a
 value that is a struct of booleans, integers, doubles and strings comes as that struct, and the task spells
 its JSON; any other value comes as Spark's JSON text: keyroute.pipeline.writer._ordered_rows). For
-every store partition it meets it builds the LMDB file (keyroute.core.lmdb_layout: appended in key order,
+every store partition it meets it builds the LMDB file (keyroute.storage.lmdb_layout: appended in key order,
 as dense as a compacting copy, so published as built) and puts it at `{version}/partition={p}/data.mdb`:
 into a local version directory it is built in place under a temporary name, checksummed as read back while
 it is fsynced, and renamed; anywhere else it is built in a local scratch directory and uploaded, checksummed
@@ -36,9 +36,10 @@ import numpy
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from keyroute.core.live import STATE_SEPARATOR
-from keyroute.core.lmdb_layout import PartitionFileBuilder, db_keys
-from keyroute.core.snapshot import (
+from keyroute.pipeline import columns
+from keyroute.storage.live import STATE_SEPARATOR
+from keyroute.storage.lmdb_layout import PartitionFileBuilder, db_keys
+from keyroute.storage.snapshot import (
     CHECKSUM_CHUNK_BYTES,
     ArrowLocation,
     Checksum,
@@ -50,7 +51,6 @@ from keyroute.core.snapshot import (
     is_local,
     local_path,
 )
-from keyroute.pipeline import columns
 
 # The columns a task reads (internal names, as in keyroute.pipeline.columns).
 PARTITION = "partition"
@@ -535,7 +535,7 @@ def _python_values(child: pa.Array) -> list[Any]:
 
 
 def live_value(answer: bytes, state: str) -> bytes:
-    """A live store's stored value (keyroute.core.live.encode_stored): the answer's compact JSON, NUL, and the
+    """A live store's stored value (keyroute.storage.live.encode_stored): the answer's compact JSON, NUL, and the
     merge state as a compact JSON list, from the state object Spark wrote (its fields in merge order)."""
     return answer + STATE_SEPARATOR + compact_json(list(json.loads(state).values()))
 

@@ -12,8 +12,8 @@ is compared as, and its values in that type.
 
 A text is never compared as text: a value that cannot be typed fails the build, naming the store, the
 column, the value and where it is. Typed orderings are compared as int64s in their type's unit
-(keyroute.core.timeline), kept in a column beside the source's own; a live store's merge state keeps that
-int64, as the live fold does with the records that follow (keyroute.core.live.order_value, which reads
+(keyroute.storage.timeline), kept in a column beside the source's own; a live store's merge state keeps that
+int64, as the live fold does with the records that follow (keyroute.storage.live.order_value, which reads
 every text as the build does).
 """
 
@@ -28,7 +28,6 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from keyroute.core.timeline import TimeType
 from keyroute.pipeline.columns import ORDER_TEXT, ORDER_VALUE, RAW_KEY, SOURCE_FILE
 from keyroute.pipeline.errors import DataError, SpecError
 from keyroute.pipeline.order_args import ordering_arguments, ordering_column, replace_orderings
@@ -42,6 +41,7 @@ from keyroute.pipeline.timeline import (
     time_column,
     time_reading,
 )
+from keyroute.storage.timeline import TimeType
 
 log = logging.getLogger(__name__)
 

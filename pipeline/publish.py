@@ -24,16 +24,16 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, KazooException, NoNodeError, RolledBackError
 from kazoo.protocol.states import ZnodeStat
 
-from keyroute.core import zk_layout
-from keyroute.core.logs import describe
-from keyroute.core.partition_map import RecordError, StoreRecord
-from keyroute.core.snapshot import SnapshotError, read_manifest, resolve_location
-from keyroute.core.timeline import StoreKind
+from keyroute.cluster import zk_layout
+from keyroute.cluster.partition_map import RecordError, StoreRecord
 from keyroute.pipeline.errors import PipelineError, PublishError
 from keyroute.pipeline.spec import Mode
+from keyroute.runtime.logs import describe
+from keyroute.storage.snapshot import SnapshotError, read_manifest, resolve_location
+from keyroute.storage.timeline import StoreKind
 
 if TYPE_CHECKING:  # type names only: publishing and rolling back must not load Spark
-    from keyroute.core.key_schema import KeySchema
+    from keyroute.keys.key_schema import KeySchema
     from keyroute.pipeline.spec import StoreSpec
     from keyroute.pipeline.writer import WrittenVersion
 

@@ -1,5 +1,5 @@
 """A store's source reduced to one row per raw key, and its value, per mode (latest, aggregate); a live
-store's values also carry the merge state its nodes fold the topic's records into (keyroute.core.live).
+store's values also carry the merge state its nodes fold the topic's records into (keyroute.storage.live).
 
 History and windowed stores are reduced to timelines by keyroute.pipeline.timeline.
 """
@@ -14,12 +14,12 @@ from pyspark.sql import Column, DataFrame, GroupedData
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from keyroute.core.live import Aggregate
 from keyroute.pipeline.columns import LATEST, ORDER, RAW_KEY, ROWS, STATE_FIELD, TIE
 from keyroute.pipeline.errors import SpecError
 from keyroute.pipeline.sources import quoted
 from keyroute.pipeline.spark_errors import spark_message
 from keyroute.pipeline.spec import Mode, StoreSpec
+from keyroute.storage.live import Aggregate
 
 if TYPE_CHECKING:
     from keyroute.pipeline.ordering import Orderings
@@ -77,7 +77,7 @@ def check_aggregations(store: StoreSpec, grouped: GroupedData) -> None:
 
 # --- live stores ------------------------------------------------------------------------------------------
 #
-# A live store's nodes fold the topic's records into the values this pass computes (keyroute.core.live), so
+# A live store's nodes fold the topic's records into the values this pass computes (keyroute.storage.live), so
 # each value carries what the fold needs to continue exactly where the source ended: the winning order_by
 # of `latest`, the ordering value of each max_by/min_by.
 

@@ -16,9 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.key_schema import KeySchema
-from keyroute.core.live import (
+from keyroute.formats.value_format import check_value_format
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.key_schema import KeySchema
+from keyroute.keys.partitioner import Partitioner
+from keyroute.keys.schema_registry import RegistrySettings
+from keyroute.pipeline.errors import SpecError
+from keyroute.pipeline.order_args import ordering_arguments
+from keyroute.storage.live import (
     DEFAULT_CATCH_UP_RECORDS,
     ON_BAD_RECORD,
     STARTS,
@@ -28,12 +33,7 @@ from keyroute.core.live import (
     check_kafka_settings,
     parse_aggregate,
 )
-from keyroute.core.partitioner import Partitioner
-from keyroute.core.schema_registry import RegistrySettings
-from keyroute.core.timeline import Timeline, TimelineError, TimeType, duration_in_units, parse_duration_us
-from keyroute.core.value_format import check_value_format
-from keyroute.pipeline.errors import SpecError
-from keyroute.pipeline.order_args import ordering_arguments
+from keyroute.storage.timeline import Timeline, TimelineError, TimeType, duration_in_units, parse_duration_us
 
 # Store names become ZooKeeper node names and directory names: nothing that needs escaping anywhere.
 _STORE_NAME = re.compile(r"[A-Za-z0-9_.-]+", re.ASCII)
@@ -62,7 +62,7 @@ class Mode(enum.StrEnum):
 
     @property
     def timeline(self) -> bool:
-        """Whether the store keeps many entries per key, in time order (keyroute.core.timeline)."""
+        """Whether the store keeps many entries per key, in time order (keyroute.storage.timeline)."""
         return self is Mode.HISTORY or self is Mode.WINDOWED
 
 
@@ -81,7 +81,7 @@ class LiveSpec:
     on_bad_record: str = ON_BAD_RECORD[0]
     catch_up_records: int = DEFAULT_CATCH_UP_RECORDS
     # How values are written: JSON objects, or a Schema Registry format (then `schema_registry` says where
-    # the registry is; keyroute.core.value_format).
+    # the registry is; keyroute.formats.value_format).
     value_format: str = "json"
     schema_registry: RegistrySettings | None = None
 
@@ -160,7 +160,7 @@ class StoreSpec:
         timeline: Timeline | None = None,
         order_types: Mapping[str, TimeType | None] | None = None,
     ) -> Merge:
-        """How the live topic's records fold into this store's values (keyroute.core.live), keeping
+        """How the live topic's records fold into this store's values (keyroute.storage.live), keeping
         `value_columns` (a `latest` or `history` store's answer columns as the batch part holds them) when
         given; a history store's records are rows of `timeline`. `order_types` are the types the build
         ordered each ordering column as (keyroute.pipeline.ordering; None: numbers); a column it does not
@@ -330,7 +330,7 @@ _LIVE_FIELDS = (
     "value_format",
     "schema_registry",
 )
-# The snapshot formats a spec may ask for (keyroute.core.snapshot.FORMAT_1, FORMAT_2).
+# The snapshot formats a spec may ask for (keyroute.storage.snapshot.FORMAT_1, FORMAT_2).
 SNAPSHOT_FORMATS = (1, 2)
 # Where a store's batch part is read from: exactly one of these, or none for a live-only store.
 _SOURCE_FIELDS = ("source", "source_table", "source_sql")

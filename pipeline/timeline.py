@@ -2,7 +2,7 @@
 
 `reduce_timeline` turns the keyed source into one row per raw key (as the other modes do, so routing, key
 checks and the audit are the same) whose value is the key's entries, an array of struct(t, v) sorted by
-time: `t` the int64 time (keyroute.core.timeline's units), `v` the entry's JSON text (a history row; a
+time: `t` the int64 time (keyroute.storage.timeline's units), `v` the entry's JSON text (a history row; a
 window's {"start", "end", "value"}). The writer explodes the arrays into one LMDB entry each, under
 key part + time + the entry's index in the array (`entry_lmdb_key`).
 """
@@ -22,7 +22,11 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from keyroute.core.timeline import (
+from keyroute.pipeline.columns import ORDER_TEXT, SOURCE_FILE
+from keyroute.pipeline.errors import DataError, SpecError
+from keyroute.pipeline.sources import INTEGRAL, quoted
+from keyroute.pipeline.spec import Mode, SourceFormat, StoreSpec
+from keyroute.storage.timeline import (
     DATE_PATTERN,
     INT64_MIN,
     INTEGER_PATTERN,
@@ -34,10 +38,6 @@ from keyroute.core.timeline import (
     duration_in_units,
     java_pattern,
 )
-from keyroute.pipeline.columns import ORDER_TEXT, SOURCE_FILE
-from keyroute.pipeline.errors import DataError, SpecError
-from keyroute.pipeline.sources import INTEGRAL, quoted
-from keyroute.pipeline.spec import Mode, SourceFormat, StoreSpec
 
 # The entries column of the reduced frame (the `value` of a timeline store's ComputedStore.frame).
 ENTRIES = "__keyroute_entries"
@@ -80,7 +80,7 @@ class Reading(enum.Enum):
 
 
 # What text a time type reads (Java regular expressions, checked before Spark's lenient cast, which would take
-# "2024" or a zone name too): keyroute.core.timeline's patterns, which the live fold reads the same texts with.
+# "2024" or a zone name too): keyroute.storage.timeline's patterns, which the live fold reads the same texts with.
 TIMESTAMP_TEXT = java_pattern(TIMESTAMP_PATTERN)
 DATE_TEXT = java_pattern(DATE_PATTERN)
 INTEGER_TEXT = java_pattern(INTEGER_PATTERN)
@@ -147,7 +147,7 @@ def read_times(store: StoreSpec, source: DataFrame, text_type: TimeType | None =
 
 def parsed_text(column: Column, time_type: TimeType) -> Column:
     """A text column read as `time_type`'s Spark type (timestamp, date, bigint); null where a text is not one.
-    Agrees with keyroute.core.timeline.parse_order_text, the live fold's reading, on every text."""
+    Agrees with keyroute.storage.timeline.parse_order_text, the live fold's reading, on every text."""
     pattern, spark_type, _ = _TEXT[time_type]
     return F.when(column.rlike(pattern), column.try_cast(spark_type))
 

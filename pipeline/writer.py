@@ -1,4 +1,4 @@
-"""Writing one computed store as a new snapshot version, in keyroute.core.snapshot's layout.
+"""Writing one computed store as a new snapshot version, in keyroute.storage.snapshot's layout.
 
 A version is claimed first (never overwritten, never shared with another build), filled by Spark, and
 sealed by the manifest, written last by the driver. Whatever fails in between, the version is removed again.
@@ -59,9 +59,17 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from keyroute.core.live import LiveConfig
-from keyroute.core.lmdb_layout import LMDB_MAX_KEY_BYTES, build_partition_file
-from keyroute.core.snapshot import (
+from keyroute.pipeline import lmdb_files
+from keyroute.pipeline.columns import LMDB_KEY, STATE
+from keyroute.pipeline.compute import ComputedStore
+from keyroute.pipeline.errors import PublishError
+from keyroute.pipeline.keys import TEXT_SERIALIZED, lmdb_key_column, text_lmdb_key_column
+from keyroute.pipeline.spark_errors import spark_errors
+from keyroute.pipeline.spec import StoreSpec
+from keyroute.pipeline.timeline import TEXT, TIME
+from keyroute.storage.live import LiveConfig
+from keyroute.storage.lmdb_layout import LMDB_MAX_KEY_BYTES, build_partition_file
+from keyroute.storage.snapshot import (
     FORMAT_1,
     FORMAT_2,
     ArrowLocation,
@@ -76,15 +84,7 @@ from keyroute.core.snapshot import (
     version_uri,
     write_manifest,
 )
-from keyroute.core.timeline import INT64_MIN, StoreKind, Timeline
-from keyroute.pipeline import lmdb_files
-from keyroute.pipeline.columns import LMDB_KEY, STATE
-from keyroute.pipeline.compute import ComputedStore
-from keyroute.pipeline.errors import PublishError
-from keyroute.pipeline.keys import TEXT_SERIALIZED, lmdb_key_column, text_lmdb_key_column
-from keyroute.pipeline.spark_errors import spark_errors
-from keyroute.pipeline.spec import StoreSpec
-from keyroute.pipeline.timeline import TEXT, TIME
+from keyroute.storage.timeline import INT64_MIN, StoreKind, Timeline
 
 # A builder's claim on a version directory on a pyarrow filesystem (see the module docstring).
 CLAIM_PREFIX = "_claim-"
@@ -399,7 +399,7 @@ def _ordered_rows(computed: ComputedStore) -> DataFrame:
     if computed.timeline is not None:
         rows = _timeline_rows(computed)
         return rows.repartition(store.partitions, partition).sortWithinPartitions(partition, lmdb_key)
-    # A live store's merge state, appended to each value on the executors (keyroute.core.live's stored form).
+    # A live store's merge state, appended to each value on the executors (keyroute.storage.live's stored form).
     state = [F.col(STATE).alias(lmdb_files.LIVE_STATE)] if STATE in computed.frame.columns else []
     value = _value_column(computed.frame.schema["value"].dataType)
     if _sorted_by_key_text(computed):
@@ -500,7 +500,7 @@ def _byte_size(text: str) -> int | None:
 
 def _timeline_rows(computed: ComputedStore) -> DataFrame:
     """A history or windowed store's entries, one row each: LMDB key = the key part the route computed +
-    the entry's time + its sequence (keyroute.core.timeline), value = its JSON."""
+    the entry's time + its sequence (keyroute.storage.timeline), value = its JSON."""
     if LMDB_KEY not in computed.frame.columns:
         raise PublishError(computed.spec.name, "a history or windowed store is routed by its partitioner only")
     part, index, entry = "__keyroute_key_part", "__keyroute_index", "__keyroute_entry"

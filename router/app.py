@@ -23,15 +23,12 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from keyroute.core.api import HEADER_REQUEST_ID, ApiError, BadRequest
-from keyroute.core.cluster_policy import MemberSecurity, PolicyWatch, UnmetPolicyError
-from keyroute.core.live_status import LiveStatusReader
-from keyroute.core.logs import bind_request_id, describe
-from keyroute.core.metrics import CONTENT_TYPE, certificates_in_use
-from keyroute.core.partition_map import PartitionMap
-from keyroute.core.security import ClusterAuth, MemberIdentity
-from keyroute.core.settings import RouterSettings
-from keyroute.core.zk import ZkAccessError, ZkUnavailableError
+from keyroute.api import HEADER_REQUEST_ID, ApiError, BadRequest
+from keyroute.auth.security import ClusterAuth, MemberIdentity
+from keyroute.cluster.cluster_policy import MemberSecurity, PolicyWatch, UnmetPolicyError
+from keyroute.cluster.live_status import LiveStatusReader
+from keyroute.cluster.partition_map import PartitionMap
+from keyroute.cluster.zk import ZkAccessError, ZkUnavailableError
 from keyroute.http.admin_login import login_routes
 from keyroute.http.admission import RequestGuard
 from keyroute.http.authn import callers_of
@@ -48,6 +45,9 @@ from keyroute.router.openapi import OPENAPI_JSON
 from keyroute.router.proxy import HedgeSettings, Proxy, ProxySettings
 from keyroute.router.registry import RouterRegistry, register_when_connected
 from keyroute.router.routing_table import RoutingTable
+from keyroute.runtime.logs import bind_request_id, describe
+from keyroute.runtime.metrics import CONTENT_TYPE, certificates_in_use
+from keyroute.runtime.settings import RouterSettings
 
 log = logging.getLogger(__name__)
 

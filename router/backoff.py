@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from keyroute.core.partition_map import Endpoint
+from keyroute.cluster.partition_map import Endpoint
 
 log = logging.getLogger(__name__)
 

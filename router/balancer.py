@@ -11,9 +11,9 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from keyroute.core.counters import count_down, count_up
-from keyroute.core.partition_map import Endpoint
+from keyroute.cluster.partition_map import Endpoint
 from keyroute.router.backoff import NodeBackoff
+from keyroute.runtime.counters import count_down, count_up
 
 DEFAULT_BUDGET_RATIO = 0.1
 # Hedges the bucket can hold: a burst after a quiet spell, and what a fresh router may send at once.

@@ -8,7 +8,7 @@
     GET|HEAD /stores/{store}/range        `ranges.read_range` in a task: every partition asked, the answers
                                           merged
     POST     /stores/{store}/batch-get    `Proxy.batch_get` in a task: the entries as JSON
-    GET|HEAD /stores/{store}/schema       the Avro schema of the answers (keyroute.core.avro_answers)
+    GET|HEAD /stores/{store}/schema       the Avro schema of the answers (keyroute.formats.avro_answers)
 
 Key, timeline and batch reads answer Avro when the request's Accept prefers it (a 200 only: errors stay
 JSON): the router asks the nodes for JSON and writes the Avro answer itself, so a JSON read costs one
@@ -22,16 +22,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from keyroute.core.access import caller_of
-from keyroute.core.api import min_offset_query
-from keyroute.core.avro_answers import answer_type, avro_answer, avro_headers, encode_answer, schema_answer
-from keyroute.core.metrics import KIND_BATCH, KIND_RANGE
-from keyroute.core.native import mypyc_attr
+from keyroute.api import min_offset_query
+from keyroute.auth.access import caller_of
+from keyroute.formats.avro_answers import answer_type, avro_answer, avro_headers, encode_answer, schema_answer
 from keyroute.http.admission import Admission
 from keyroute.http.dataplane import JSON, Call, Route, RoutedDataPlane, store_routes
 from keyroute.http.forwarding import encode_entry, parse_batch_request
 from keyroute.http.quotas import Quotas, page_cost
 from keyroute.router.ranges import read_range
+from keyroute.runtime.metrics import KIND_BATCH, KIND_RANGE
+from keyroute.runtime.native import mypyc_attr
 
 _ACCEPT: Final = b"accept"
 _answer_type: Final = answer_type  # C statics in the compiled build, not globals looked up

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import sys
 
-from keyroute.core.security import BearerAuth
-from keyroute.core.settings import RouterSettings
+from keyroute.auth.security import BearerAuth
 from keyroute.http.admission import Admission
 from keyroute.http.authn import admin_paths
 from keyroute.http.exchange import ServerLimits
+from keyroute.runtime.settings import RouterSettings
 
 
 def protected_paths(settings: RouterSettings) -> tuple[str, ...]:

@@ -11,14 +11,14 @@ from typing import Protocol
 
 from kazoo.client import KazooClient
 
-from keyroute.core import zk
-from keyroute.core.cluster_identity import EmptyChroot
-from keyroute.core.cluster_policy import PolicyWatch
-from keyroute.core.cursor_key import CursorKey
-from keyroute.core.map_watcher import MapWatcher
-from keyroute.core.partition_map import PartitionMap
-from keyroute.core.settings import ZkSettings
-from keyroute.core.zk_session import SessionKeeper
+from keyroute.auth.cursor_key import CursorKey
+from keyroute.cluster import zk
+from keyroute.cluster.cluster_identity import EmptyChroot
+from keyroute.cluster.cluster_policy import PolicyWatch
+from keyroute.cluster.map_watcher import MapWatcher
+from keyroute.cluster.partition_map import PartitionMap
+from keyroute.cluster.zk_session import SessionKeeper
+from keyroute.runtime.settings import ZkSettings
 
 
 class MapSource(Protocol):
@@ -35,7 +35,7 @@ class MapSource(Protocol):
 class ZooKeeperMapSource:
     """A ZooKeeper session and a `MapWatcher` on it, owned by the router's lifespan; with `policy`, the
     router's check against the cluster policy, made when the session starts (before anything is read or
-    written; keyroute.core.cluster_policy) and watched on it."""
+    written; keyroute.cluster.cluster_policy) and watched on it."""
 
     def __init__(self, settings: ZkSettings, policy: PolicyWatch | None = None) -> None:
         self._settings = settings
@@ -46,7 +46,7 @@ class ZooKeeperMapSource:
         self._lock = threading.Lock()
         self._stopped = False
         self._empty = EmptyChroot(settings)
-        # What the router signs range cursors with, followed once connected (keyroute.core.cursor_key).
+        # What the router signs range cursors with, followed once connected (keyroute.auth.cursor_key).
         self.cursor_key = CursorKey()
 
     def start(self, on_map: Callable[[PartitionMap], None]) -> None:

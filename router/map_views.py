@@ -28,9 +28,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from keyroute.core.api import BadRequest
-from keyroute.core.live_status import REPORTED, LiveStatus, LiveStatusReader, annotate
-from keyroute.core.partition_map import (
+from keyroute.api import BadRequest
+from keyroute.cluster.live_status import REPORTED, LiveStatus, LiveStatusReader, annotate
+from keyroute.cluster.partition_map import (
     LOADING,
     PARTITION_STATES,
     SERVED,
@@ -752,7 +752,7 @@ def _routers(request: Request, headers: dict[str, str]) -> Callable[[bytes], byt
 
 
 def _policy(request: Request, headers: dict[str, str]) -> Callable[[bytes], bytes]:
-    """What adds the cluster policy and whether this router satisfies it (keyroute.core.cluster_policy) to a
+    """What adds the cluster policy and whether this router satisfies it (keyroute.cluster.cluster_policy) to a
     summary or whole document, `"policy": {...}`; the check's version, once it changed, goes into the ETag in
     `headers`."""
     watch = getattr(request.app.state, "policy", None)

@@ -1,14 +1,14 @@
 """The router's metrics: plain counters bumped on the event loop, rendered for Prometheus at /metrics.
 
 The data path only adds to ints and dicts (no lock, no client library); `render()` builds the metric
-families from them and from the installed partition map at scrape time (keyroute.core.metrics).
+families from them and from the installed partition map at scrape time (keyroute.runtime.metrics).
 
 With `--workers N` (router/workers.py) every worker process calls `share_across_workers` first: the
 metrics made in that process then publish snapshots to the directory the parent shares between its
 workers, and a scrape, whichever worker answers it, shows what the whole router did:
 
 - counters and histograms (buckets, sums, counts) are the sum over the live workers and those that have
-  exited (`keyroute.core.metrics.WorkerSnapshots`: the sum never goes backwards);
+  exited (`keyroute.runtime.metrics.WorkerSnapshots`: the sum never goes backwards);
 - the per-process gauges, under their usual names, show the worker that is furthest behind, what an alert
   wants: the lowest map generation, stale if any worker is, complete only if every worker's map is, the
   oldest map age and longest staleness, and per partition the fewest serving replicas any worker sees;
@@ -27,7 +27,10 @@ from typing import Any, Final
 
 from prometheus_client.core import Metric
 
-from keyroute.core.metrics import (
+from keyroute.cluster.partition_map import PartitionMap
+from keyroute.http.admission import Admission
+from keyroute.http.quotas import Quotas, quota_families
+from keyroute.runtime.metrics import (
     JWKS_FETCH_FAILURES,
     JWKS_FETCH_FAILURES_HELP,
     LATENCY_BUCKETS_S,
@@ -57,10 +60,7 @@ from keyroute.core.metrics import (
     store_label,
     tls_certificates_family,
 )
-from keyroute.core.native import mypyc_attr
-from keyroute.core.partition_map import PartitionMap
-from keyroute.http.admission import Admission
-from keyroute.http.quotas import Quotas, quota_families
+from keyroute.runtime.native import mypyc_attr
 
 # attribute -> help. Each is exported as the counter keyroute_router_<attribute> (`_total` appended by the
 # exposition), unless _RENAMED names it otherwise.
@@ -174,7 +174,7 @@ class RouterMetrics:
     callers: CallerReads = field(default_factory=CallerReads)
     # The admission checks in front of every request: their refusals are exported.
     admission: Admission | None = None
-    # role -> file of each certificate this router presents (keyroute.core.metrics.certificates_in_use).
+    # role -> file of each certificate this router presents (keyroute.runtime.metrics.certificates_in_use).
     certificates: dict[str, str] = field(default_factory=dict)
     # The router's quotas (keyroute/http/quotas.py): reads admitted and refused by identity and store, when configured.
     quotas: Quotas | None = None

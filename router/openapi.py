@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from keyroute.core.avro_answers import AVRO, HEADER_SCHEMA_ID
+from keyroute.formats.avro_answers import AVRO, HEADER_SCHEMA_ID
 from keyroute.router.map_views import DEFAULT_LIMIT, FILTER_STATES, MAX_LIMIT, MAX_WAIT_S
 
 

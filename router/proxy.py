@@ -41,7 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from keyroute.core.api import (
+from keyroute.api import (
     HEADER_GENERATION,
     HEADER_HOPS,
     HEADER_OFFSET,
@@ -53,12 +53,8 @@ from keyroute.core.api import (
     PayloadTooLarge,
     key_too_long,
 )
-from keyroute.core.cursor_key import CursorKey
-from keyroute.core.logs import bind_request_id, describe
-from keyroute.core.metrics import Histogram
-from keyroute.core.partition_map import Endpoint
-from keyroute.core.partitioner import murmur2_bits
-from keyroute.core.settings import DEFAULT_STALL_AFTER_MS, RouterSettings
+from keyroute.auth.cursor_key import CursorKey
+from keyroute.cluster.partition_map import Endpoint
 from keyroute.http.fast_upstream import StaleConnection, header_block
 from keyroute.http.forwarding import (
     HOP_BY_HOP,
@@ -72,10 +68,14 @@ from keyroute.http.forwarding import (
     path_segment,
 )
 from keyroute.http.upstream import Upstream, UpstreamResponse, UpstreamUnavailable
+from keyroute.keys.partitioner import murmur2_bits
 from keyroute.router.backoff import NodeBackoff
 from keyroute.router.balancer import Balancer, LatencyQuantile, RetryBudget
 from keyroute.router.metrics import RouterMetrics
 from keyroute.router.routing_table import RoutingTable
+from keyroute.runtime.logs import bind_request_id, describe
+from keyroute.runtime.metrics import Histogram
+from keyroute.runtime.settings import DEFAULT_STALL_AFTER_MS, RouterSettings
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class ProxySettings:
     `max_batch_keys`: keys in one batch-get (more: 413). `max_key_bytes`: a batch key longer than this gets
     its own 400 entry (0: no limit). `retry_after_s`: the Retry-After of a 503 when no node answers.
     `member_headers`: the proof of membership sent with every request to a node
-    (`keyroute.core.security.ClusterAuth.headers()`; empty without a cluster secret)."""
+    (`keyroute.auth.security.ClusterAuth.headers()`; empty without a cluster secret)."""
 
     max_batch_keys: int = 1000
     max_key_bytes: int = 0
@@ -287,7 +287,7 @@ class Proxy:
         A read bounded by `min_offset` goes first to the replicas known to have applied it; the nodes
         enforce the bound (the last replica's 503 not_up_to_bound is the result when none has).
 
-        `request_id` (visible ASCII, as `keyroute.core.logs` accepts or makes one) goes to the nodes.
+        `request_id` (visible ASCII, as `keyroute.runtime.logs` accepts or makes one) goes to the nodes.
 
         `tail` follows the key in the path asked of the node (a timeline read: "/history?from=..." as the
         client sent it, visible ASCII without spaces as any request target).

@@ -21,7 +21,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
-from keyroute.core.api import (
+from keyroute.api import (
     BadCursor,
     BadKey,
     BadRequest,
@@ -29,8 +29,9 @@ from keyroute.core.api import (
     PartitionUnavailable,
     WrongStoreKind,
 )
-from keyroute.core.key_format import KeyFormat, parse_key
-from keyroute.core.ranges import (
+from keyroute.http.forwarding import path_segment
+from keyroute.keys.key_format import KeyFormat, parse_key
+from keyroute.storage.ranges import (
     PartitionRange,
     RangeCursorError,
     RangeKeyError,
@@ -42,7 +43,6 @@ from keyroute.core.ranges import (
     range_entry,
     read_range_cursor,
 )
-from keyroute.http.forwarding import path_segment
 
 if TYPE_CHECKING:
     from keyroute.router.proxy import Proxy

@@ -1,9 +1,9 @@
 """Routers that are up, as ZooKeeper knows them: each router process (each worker of one, since each
-enforces its own quotas) holds an ephemeral znode `/routers/{id}` (keyroute.core.zk_layout) saying its URL,
+enforces its own quotas) holds an ephemeral znode `/routers/{id}` (keyroute.cluster.zk_layout) saying its URL,
 and watches the set. Quotas are split among the routers up (keyroute/http/quotas.py `Quotas.set_routers`); the
 partition map lists them.
 
-`/routers` is created by the writers with the layout (keyroute.core.zk), its ACL letting the reader
+`/routers` is created by the writers with the layout (keyroute.cluster.zk), its ACL letting the reader
 identity routers connect with create and delete children. A record has the ACL of the identity that made
 it (the reader: ALL; nobody else, not even the writers, may read it, though they may list and delete it;
 world-open without identities), since ZooKeeper does not show a reader the writers' digest to grant it.
@@ -31,7 +31,7 @@ from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.recipe.watchers import ChildrenWatch
 
-from keyroute.core import zk_layout
+from keyroute.cluster import zk_layout
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NoReturn
 
-from keyroute.core.api import (
+from keyroute.api import (
     ApiError,
     BadKey,
     NoPartitionMap,
@@ -19,10 +19,10 @@ from keyroute.core.api import (
     StoreNotFound,
     bad_batch_key,
 )
-from keyroute.core.key_format import KeyFormatError
-from keyroute.core.key_location import Endpoint, KeyLocation, StoreLocator
-from keyroute.core.native import caused
-from keyroute.core.partition_map import PartitionMap
+from keyroute.cluster.partition_map import PartitionMap
+from keyroute.keys.key_format import KeyFormatError
+from keyroute.keys.key_location import Endpoint, KeyLocation, StoreLocator
+from keyroute.runtime.native import caused
 
 
 def _locators(partition_map: PartitionMap, names: Iterable[str]) -> dict[str, StoreLocator]:

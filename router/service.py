@@ -13,9 +13,7 @@ from collections.abc import Callable
 
 from starlette.applications import Starlette
 
-from keyroute.core.logs import describe
-from keyroute.core.security import MemberIdentity
-from keyroute.core.settings import RouterSettings
+from keyroute.auth.security import MemberIdentity
 from keyroute.http.server import HttpServer
 from keyroute.http.server import run as serve
 from keyroute.http.tls import PeerCheck, TlsError, member_context, server_context
@@ -23,6 +21,8 @@ from keyroute.router import workers
 from keyroute.router.app import create_app
 from keyroute.router.dataplane import RouterDataPlane
 from keyroute.router.limits import server_limits
+from keyroute.runtime.logs import describe
+from keyroute.runtime.settings import RouterSettings
 
 log = logging.getLogger(__name__)
 

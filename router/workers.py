@@ -7,7 +7,7 @@ Every worker is a whole router: its own map watcher and ZooKeeper session, its o
 `/metrics` shows the whole router, whichever worker answers the scrape: the parent creates a private
 directory for the workers' metric snapshots and hands it to each worker with its index; the worker passes
 them to router/metrics.py (`share_across_workers`) before its router starts, and the parent folds the
-counters of each worker it reaps into the directory's retired sum (`keyroute.core.metrics.retire`) and
+counters of each worker it reaps into the directory's retired sum (`keyroute.runtime.metrics.retire`) and
 removes the directory when it exits. Nothing reads the directory's path from anywhere else.
 
 The parent only supervises. SIGTERM or SIGINT is passed to every worker, which finishes its in-flight
@@ -30,10 +30,10 @@ from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from types import FrameType
 
-from keyroute.core.logs import describe
-from keyroute.core.metrics import retire
 from keyroute.http.server import url_of
 from keyroute.router.metrics import share_across_workers
+from keyroute.runtime.logs import describe
+from keyroute.runtime.metrics import retire
 
 log = logging.getLogger(__name__)
 

@@ -29,18 +29,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from keyroute.core import placement_records, zk
-from keyroute.core.api import HEADER_NODE, HEADER_REQUEST_ID, ApiError, BadRequest
-from keyroute.core.cluster_policy import MemberSecurity, PolicyWatch, UnmetPolicyError
-from keyroute.core.cursor_key import CursorKey
-from keyroute.core.live_status import LiveStatusReader, annotate
-from keyroute.core.logs import bind_request_id, describe
-from keyroute.core.map_watcher import MapWatcher
-from keyroute.core.metrics import CONTENT_TYPE, certificates_in_use
-from keyroute.core.partition_map import Assignment, PartitionMap
-from keyroute.core.security import BearerAuth, ClusterAuth, MemberIdentity
-from keyroute.core.settings import NodeSettings
-from keyroute.core.zk_session import SessionKeeper
+from keyroute.api import HEADER_NODE, HEADER_REQUEST_ID, ApiError, BadRequest
+from keyroute.auth.cursor_key import CursorKey
+from keyroute.auth.security import BearerAuth, ClusterAuth, MemberIdentity
+from keyroute.cluster import placement_records, zk
+from keyroute.cluster.cluster_policy import MemberSecurity, PolicyWatch, UnmetPolicyError
+from keyroute.cluster.live_status import LiveStatusReader, annotate
+from keyroute.cluster.map_watcher import MapWatcher
+from keyroute.cluster.partition_map import Assignment, PartitionMap
+from keyroute.cluster.zk_session import SessionKeeper
 from keyroute.http.admin_login import login_routes
 from keyroute.http.admission import Admission, RequestGuard
 from keyroute.http.authn import admin_paths, callers_of
@@ -50,6 +47,9 @@ from keyroute.http.policy_gate import PolicyGate
 from keyroute.http.quotas import ServingShares, start_quotas
 from keyroute.http.tls import member_tls
 from keyroute.http.upstream import Upstream
+from keyroute.runtime.logs import bind_request_id, describe
+from keyroute.runtime.metrics import CONTENT_TYPE, certificates_in_use
+from keyroute.runtime.settings import NodeSettings
 from keyroute.state_node.controller import Controller
 from keyroute.state_node.data_dir import DataDir, DataDirError, held_partitions
 from keyroute.state_node.metrics import NodeMetrics
@@ -79,7 +79,7 @@ class Node:
     # The whole assignment (of the stores given, or all) read from ZooKeeper, for the admin views (a node's
     # map holds only its own share; None: no ZooKeeper session, in tests: the map's assignment is shown).
     whole_assignment: Callable[[frozenset[str] | None], Assignment | None] | None = None
-    # What timeline cursors are signed with: the cluster's key (keyroute.core.cursor_key; unknown in tests).
+    # What timeline cursors are signed with: the cluster's key (keyroute.auth.cursor_key; unknown in tests).
     cursor_key: CursorKey = field(default_factory=CursorKey)
     # Tells other members' requests (whose hop header counts) from clients' (whose does not).
     members: ClusterAuth = field(init=False)

@@ -2,7 +2,7 @@
 
 Runs kazoo's Election recipe on its own thread; while leader it writes every new assignment on a change:
 the placement records that changed (/placement/{store}) and the share records that changed
-(/assigned/{node}), then the placement root (/placement) that names them (keyroute.core.placement_records).
+(/assigned/{node}), then the placement root (/placement) that names them (keyroute.cluster.placement_records).
 The single /assignment record of the layout before is only read, never written.
 Nodes marked leaving in their /nodes record are not assigned anything; a leaving controller writes the
 assignment without itself, then resigns so another node takes over. A node away for a planned restart
@@ -25,11 +25,11 @@ from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.recipe.election import Election
 
-from keyroute.core import placement_records, zk_layout
-from keyroute.core.collector import without_cyclic_collection
-from keyroute.core.logs import describe
-from keyroute.core.partition_map import Assignment, NodeRecord, RecordError, StoreRecord
-from keyroute.core.wakeup import Wakeup
+from keyroute.cluster import placement_records, zk_layout
+from keyroute.cluster.partition_map import Assignment, NodeRecord, RecordError, StoreRecord
+from keyroute.runtime.collector import without_cyclic_collection
+from keyroute.runtime.logs import describe
+from keyroute.runtime.wakeup import Wakeup
 from keyroute.state_node.placement import StoreShape, assign
 from keyroute.state_node.restarts import Holds, PlannedRestart, holds
 

@@ -20,15 +20,15 @@ from pathlib import Path
 
 from kazoo.client import KazooClient
 
-from keyroute.core.cluster_identity import (
+from keyroute.cluster.cluster_identity import (
     ClusterId,
     ClusterIdError,
     chroots_with_a_cluster,
     create_cluster_id,
     read_cluster_id,
 )
-from keyroute.core.logs import describe
-from keyroute.core.settings import ZkSettings
+from keyroute.runtime.logs import describe
+from keyroute.runtime.settings import ZkSettings
 from keyroute.state_node.store import MARKER, iter_partition_dirs
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@
                                           `ranges.read_partition_range`: one partition held here
     POST     /stores/{store}/batch-get    `reads.read_batch`, the keys held elsewhere sent on (and the keys
                                           of partitions behind their bound waited for) in a task
-    GET|HEAD /stores/{store}/schema       the Avro schema of the answers (keyroute.core.avro_answers)
+    GET|HEAD /stores/{store}/schema       the Avro schema of the answers (keyroute.formats.avro_answers)
 
 Key, timeline and batch reads answer Avro when the request's Accept prefers it (a 200 only: errors stay
 JSON); a read forwarded to another node asks it for JSON and answers Avro here.
@@ -29,9 +29,10 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from keyroute.core.access import caller_of
-from keyroute.core.api import HEADER_AUTH, HEADER_FORWARDED_BY, HEADER_HOPS, found_body, min_offset_query
-from keyroute.core.avro_answers import (
+from keyroute.api import HEADER_AUTH, HEADER_FORWARDED_BY, HEADER_HOPS, found_body, min_offset_query
+from keyroute.auth.access import caller_of
+from keyroute.auth.security import check_member_headers
+from keyroute.formats.avro_answers import (
     answer_type,
     avro_answer,
     avro_headers,
@@ -41,14 +42,13 @@ from keyroute.core.avro_answers import (
     results_avro,
     schema_answer,
 )
-from keyroute.core.metrics import KIND_RANGE
-from keyroute.core.security import check_member_headers
 from keyroute.http.admission import Admission
 from keyroute.http.dataplane import JSON, Call, Route, RoutedDataPlane, store_routes
 from keyroute.http.exchange import Answer, Request
 from keyroute.http.forwarding import parse_batch_request
 from keyroute.http.quotas import Quotas, ServingShares, page_cost
 from keyroute.http.tls import call_peer_identity, call_peer_role
+from keyroute.runtime.metrics import KIND_RANGE
 from keyroute.state_node.app import Node
 from keyroute.state_node.ranges import read_partition_range
 from keyroute.state_node.reads import (

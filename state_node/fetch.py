@@ -29,13 +29,13 @@ from pathlib import Path
 
 import lmdb
 
-from keyroute.core.key_format import KeyFormat, KeyFormatError, key_from_data
-from keyroute.core.live import META_TAG
-from keyroute.core.lmdb_layout import HASHED_KEY_BYTES, TAG_HASHED, TAG_KEY
-from keyroute.core.logs import describe
-from keyroute.core.partitioner import Partitioner, partition_for
-from keyroute.core.snapshot import CHECKSUM_CHUNK_BYTES, ArrowLocation, Checksum, SnapshotError
-from keyroute.core.timeline import TimelineError, key_of_entry
+from keyroute.keys.key_format import KeyFormat, KeyFormatError, key_from_data
+from keyroute.keys.partitioner import Partitioner, partition_for
+from keyroute.runtime.logs import describe
+from keyroute.storage.live import META_TAG
+from keyroute.storage.lmdb_layout import HASHED_KEY_BYTES, TAG_HASHED, TAG_KEY
+from keyroute.storage.snapshot import CHECKSUM_CHUNK_BYTES, ArrowLocation, Checksum, SnapshotError
+from keyroute.storage.timeline import TimelineError, key_of_entry
 
 log = logging.getLogger(__name__)
 
@@ -306,7 +306,7 @@ def sample_keys(txn: lmdb.Transaction, limit: int, shown: str = "the file", time
     """Up to `limit` `=`-tagged LMDB keys (hashed `#` keys cannot be hashed again) spread through the file:
     the first and the last, then breadth first a key in the middle of each gap between neighbours (a few
     cursor seeks each, however large the file). Also checks that the first and last keys are in the
-    layout keyroute writes (keyroute.core.lmdb_layout)."""
+    layout keyroute writes (keyroute.storage.lmdb_layout)."""
     cursor = txn.cursor()
     if not cursor.first():
         return []

@@ -1,5 +1,5 @@
 """Live partitions on a node: each replica serving partition p of a live store consumes topic partition p
-itself and folds its records (keyroute.core.live) into the partition's own LMDB environment.
+itself and folds its records (keyroute.storage.live) into the partition's own LMDB environment.
 
     LivePartition   what readers, metrics and the status report see of one loaded live partition: the last
                     applied offset, lag, state, counters; `wait_reached` for reads bounded by `min_offset`
@@ -46,16 +46,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.key_schema import KeySchema
-from keyroute.core.live import OFFSET_KEY, BadRecord, LiveConfig, RecordReader
-from keyroute.core.live_keys import record_reader
-from keyroute.core.lmdb_layout import LMDB_MAX_KEY_BYTES, TAG_KEY, db_key
-from keyroute.core.logs import describe
-from keyroute.core.partitioner import Partitioner
-from keyroute.core.schema_registry import RegistryUnavailable
-from keyroute.core.value_format import value_decoder
+from keyroute.formats.value_format import value_decoder
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.key_schema import KeySchema
+from keyroute.keys.partitioner import Partitioner
+from keyroute.keys.schema_registry import RegistryUnavailable
+from keyroute.runtime.logs import describe
 from keyroute.state_node.timeline_writer import TimelineWriter
+from keyroute.storage.live import OFFSET_KEY, BadRecord, LiveConfig, RecordReader
+from keyroute.storage.live_keys import record_reader
+from keyroute.storage.lmdb_layout import LMDB_MAX_KEY_BYTES, TAG_KEY, db_key
 
 if TYPE_CHECKING:
     import lmdb
@@ -119,7 +119,7 @@ class LiveVersion:
     key_format: KeyFormat
     partitioner: Partitioner
     partitions: int
-    key_schema: KeySchema | None = None  # Schema Registry keys (keyroute.core.live_keys)
+    key_schema: KeySchema | None = None  # Schema Registry keys (keyroute.storage.live_keys)
 
 
 _LONG_KEY = LMDB_MAX_KEY_BYTES

@@ -15,7 +15,10 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
-from keyroute.core.metrics import (
+from keyroute.cluster.partition_map import StoreRecord
+from keyroute.http.admission import Admission
+from keyroute.http.quotas import Quotas, quota_families
+from keyroute.runtime.metrics import (
     JWKS_FETCH_FAILURES,
     JWKS_FETCH_FAILURES_HELP,
     LOAD_BUCKETS_S,
@@ -36,13 +39,10 @@ from keyroute.core.metrics import (
     store_label,
     tls_certificates_family,
 )
-from keyroute.core.partition_map import StoreRecord
-from keyroute.core.snapshot import DATA_FILE
-from keyroute.http.admission import Admission
-from keyroute.http.quotas import Quotas, quota_families
 from keyroute.state_node.live import STATES as LIVE_STATES
 from keyroute.state_node.live import LivePartition
 from keyroute.state_node.store import MARKER, LoadCancelled, PartitionId, PartitionStore, partition_path
+from keyroute.storage.snapshot import DATA_FILE
 
 if TYPE_CHECKING:
     from keyroute.state_node.ownership import Ownership
@@ -103,7 +103,7 @@ class NodeMetrics:
         self.admission: Admission | None = None
         # The quotas of direct reads (keyroute.http.quotas): reads admitted and refused by identity and store.
         self.quotas: Quotas | None = None
-        # role -> file of each certificate this node presents (keyroute.core.metrics.certificates_in_use).
+        # role -> file of each certificate this node presents (keyroute.runtime.metrics.certificates_in_use).
         self.certificates: dict[str, str] = {}
         self._loads_lock = threading.Lock()
         self._load_seconds = {outcome: Histogram(LOAD_BUCKETS_S) for outcome in LOAD_OUTCOMES}

@@ -19,9 +19,9 @@ from threading import Event
 from types import MappingProxyType
 from typing import Any
 
-from keyroute.core.logs import describe
-from keyroute.core.partition_map import PartitionMap, StoreRecord
-from keyroute.core.settings import NodeSettings
+from keyroute.cluster.partition_map import PartitionMap, StoreRecord
+from keyroute.runtime.logs import describe
+from keyroute.runtime.settings import NodeSettings
 from keyroute.state_node.live import GAP, ApplierSettings, LiveApplier, LivePartition, LiveVersion
 from keyroute.state_node.registration import Registration
 from keyroute.state_node.store import (

@@ -1,5 +1,5 @@
 """A node's part of a key range: `GET /stores/{store}/partitions/{p}/range`, the keys of one partition it
-serves, in the store's key order (keyroute.core.ranges), for a router to merge with the other partitions'.
+serves, in the store's key order (keyroute.storage.ranges), for a router to merge with the other partitions'.
 
     ?from_key=HEX&to_key=HEX&after=HEX&limit=N&version=V
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from keyroute.core.api import (
+from keyroute.api import (
     HEADER_PARTITION,
     HEADER_VERSION,
     BadRequest,
@@ -28,9 +28,11 @@ from keyroute.core.api import (
     PartitionUnavailable,
     WrongStoreKind,
 )
-from keyroute.core.key_format import KeyFormatError, key_from_data
-from keyroute.core.lmdb_layout import TAG_KEY
-from keyroute.core.ranges import (
+from keyroute.http.exchange import Answer
+from keyroute.keys.key_format import KeyFormatError, key_from_data
+from keyroute.state_node.reads import RETRY_AFTER_S, find_store
+from keyroute.storage.lmdb_layout import TAG_KEY
+from keyroute.storage.ranges import (
     RangeQueryError,
     in_range,
     no_key_ranges,
@@ -40,9 +42,7 @@ from keyroute.core.ranges import (
     range_entry,
     scan_segments,
 )
-from keyroute.core.timeline import escape_key
-from keyroute.http.exchange import Answer
-from keyroute.state_node.reads import RETRY_AFTER_S, find_store
+from keyroute.storage.timeline import escape_key
 
 if TYPE_CHECKING:
     from keyroute.state_node.app import Node

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from keyroute.core.api import (
+from keyroute.api import (
     HEADER_FORWARDED_BY,
     HEADER_GENERATION,
     HEADER_HOPS,
@@ -50,20 +50,8 @@ from keyroute.core.api import (
     key_too_long,
     timeline_body,
 )
-from keyroute.core.key_format import Key, KeyFormat, KeyFormatError, key_from_value, parse_key
-from keyroute.core.logs import describe
-from keyroute.core.metrics import KIND_BATCH
-from keyroute.core.partition_map import Endpoint, PartitionMap, StoreRecord
-from keyroute.core.security import ClusterAuth
-from keyroute.core.timeline import (
-    HISTORY,
-    READ_KINDS,
-    CursorError,
-    QueryError,
-    make_cursor,
-    parse_query,
-    read_cursor,
-)
+from keyroute.auth.security import ClusterAuth
+from keyroute.cluster.partition_map import Endpoint, PartitionMap, StoreRecord
 from keyroute.http.exchange import Answer
 from keyroute.http.forwarding import (
     OffsetBounds,
@@ -78,9 +66,21 @@ from keyroute.http.forwarding import (
     results_body,
 )
 from keyroute.http.upstream import UpstreamUnavailable
+from keyroute.keys.key_format import Key, KeyFormat, KeyFormatError, key_from_value, parse_key
+from keyroute.runtime.logs import describe
+from keyroute.runtime.metrics import KIND_BATCH
+from keyroute.storage.timeline import (
+    HISTORY,
+    READ_KINDS,
+    CursorError,
+    QueryError,
+    make_cursor,
+    parse_query,
+    read_cursor,
+)
 
 if TYPE_CHECKING:
-    from keyroute.core.key_location import KeyLocation
+    from keyroute.keys.key_location import KeyLocation
     from keyroute.state_node.app import Node
     from keyroute.state_node.store import PartitionStore
 
@@ -245,7 +245,7 @@ def _behind(
 def read_timeline(
     node: Node, store_name: str, key_text: str, read: str, raw_query: bytes, forwarded: bool, waited: bool = False
 ) -> Answer | Forward | Behind:
-    """The answer to a `history` or `windows` read of `key_text` (keyroute.core.timeline) when this node
+    """The answer to a `history` or `windows` read of `key_text` (keyroute.storage.timeline) when this node
     holds the key's partition: 200 with the entries in time order, and `next`, a cursor, when `limit` cut
     them. Otherwise the `Forward` to send on, as `read_key` decides. Raises ApiError: an unknown store
     (404), a store of another kind (400 wrong_store_kind), a malformed query (400 bad_request), a key that

@@ -20,8 +20,8 @@ from typing import Any
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
-from keyroute.core import zk_layout
-from keyroute.core.partition_map import NodeRecord, RecordError, ServingRecord
+from keyroute.cluster import zk_layout
+from keyroute.cluster.partition_map import NodeRecord, RecordError, ServingRecord
 from keyroute.state_node.restarts import PlannedRestart
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from keyroute.core.partition_map import RecordError, json_object
+from keyroute.cluster.partition_map import RecordError, json_object
 
 
 @dataclass(frozen=True, slots=True)

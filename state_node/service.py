@@ -21,15 +21,15 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from keyroute.core.api import HEADER_NODE
-from keyroute.core.logs import describe
-from keyroute.core.settings import NodeSettings
+from keyroute.api import HEADER_NODE
 from keyroute.http.admission import Admission
 from keyroute.http.asgi import ASGIApp
 from keyroute.http.exchange import ServerLimits
 from keyroute.http.server import HttpServer
 from keyroute.http.server import run as serve
 from keyroute.http.tls import PeerCheck
+from keyroute.runtime.logs import describe
+from keyroute.runtime.settings import NodeSettings
 from keyroute.state_node.app import Node, create_app
 from keyroute.state_node.dataplane import NodeDataPlane
 

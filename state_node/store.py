@@ -45,13 +45,15 @@ from urllib.parse import quote, unquote
 
 import lmdb
 
-from keyroute.core.key_format import KeyFormatError, parse_key
-from keyroute.core.live import OFFSET_KEY, LiveConfig, value_bytes
-from keyroute.core.lmdb_layout import KEY_ENCODING, TAG_KEY, db_key
-from keyroute.core.logs import describe
-from keyroute.core.partition_map import StoreRecord
-from keyroute.core.partitioner import partition_for
-from keyroute.core.snapshot import (
+from keyroute.cluster.partition_map import StoreRecord
+from keyroute.keys.key_format import KeyFormatError, parse_key
+from keyroute.keys.partitioner import partition_for
+from keyroute.runtime.logs import describe
+from keyroute.state_node.fetch import FetchCancelled, FetchError, check_keys, fetch_file
+from keyroute.state_node.live import LivePartition, read_next_offset
+from keyroute.storage.live import OFFSET_KEY, LiveConfig, value_bytes
+from keyroute.storage.lmdb_layout import KEY_ENCODING, TAG_KEY, db_key
+from keyroute.storage.snapshot import (
     DATA_FILE,
     FORMAT_2,
     Manifest,
@@ -61,7 +63,7 @@ from keyroute.core.snapshot import (
     read_manifest,
     resolve_location,
 )
-from keyroute.core.timeline import (
+from keyroute.storage.timeline import (
     SUFFIX_BYTES,
     Timeline,
     entry_key,
@@ -72,8 +74,6 @@ from keyroute.core.timeline import (
     last_before,
     split_entry,
 )
-from keyroute.state_node.fetch import FetchCancelled, FetchError, check_keys, fetch_file
-from keyroute.state_node.live import LivePartition, read_next_offset
 
 log = logging.getLogger(__name__)
 

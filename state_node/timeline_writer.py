@@ -1,5 +1,5 @@
 """Records of a live history or windowed store written into its partition's LMDB environment: each record
-an entry of its key's timeline (keyroute.core.timeline's layout), in the applier's write transaction.
+an entry of its key's timeline (keyroute.storage.timeline's layout), in the applier's write transaction.
 
 The live applier (keyroute.state_node.live) folds the records of a store of one value per key itself; a
 timeline store's records it hands to a `TimelineWriter`, one per transaction. Readers are in
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from keyroute.core.live import META_TAG, Merge
-from keyroute.core.timeline import INT64_MIN, SUFFIX_BYTES, entry_key, key_part, last_at_or_before
+from keyroute.storage.live import META_TAG, Merge
+from keyroute.storage.timeline import INT64_MIN, SUFFIX_BYTES, entry_key, key_part, last_at_or_before
 
 # A live record's entry sequence: above every batch row's (their index in the key's rows), the record's
-# offset making it unique among the key's entries of the same time (keyroute.core.timeline).
+# offset making it unique among the key's entries of the same time (keyroute.storage.timeline).
 LIVE_SEQUENCE = 1 << 31
 STREAM_TIME_KEY = META_TAG + b"stream-time"
 

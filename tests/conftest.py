@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from keyroute.core.settings import ZkSettings
-from keyroute.core.zookeeper_server import EmbeddedZooKeeper
-from keyroute.kafka_mock import MockKafka
+from keyroute.dev.kafka_mock import MockKafka
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
+from keyroute.runtime.settings import ZkSettings
 from tests.util import Proc, free_port, wait_for
 
 
@@ -102,7 +102,7 @@ def s3_bucket(s3_server):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """One development Schema Registry for the session (keyroute.schema_registry_dev, `keyroute schema-registry`)
+    """One development Schema Registry for the session (keyroute.dev.schema_registry_dev, `keyroute schema-registry`)
     as a process on 127.0.0.1; yields its URL. Tests register under subjects of their own (e.g. the topic
     from `kafka_topic`), never share one."""
     import httpx

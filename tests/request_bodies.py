@@ -8,7 +8,7 @@ import json
 
 from hypothesis import strategies as st
 
-from keyroute.core.api import MAX_JSON_DEPTH
+from keyroute.api import MAX_JSON_DEPTH
 
 # Past every limit, for certain: the bodies an outside fuzzer sent (a 500 and a RecursionError traceback).
 DEEP_BODIES = [b'{"keys": ' + b"[" * 100_000, b'{"keys": ' + b'{"a": ' * 50_000]

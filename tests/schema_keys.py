@@ -11,8 +11,8 @@ from typing import Any
 
 import orjson
 
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.key_schema import KeySchema
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.key_schema import KeySchema
 
 AVRO_SCHEMAS = {
     "string": '"string"',

@@ -18,7 +18,7 @@ from urllib.parse import unquote_to_bytes
 import httptools
 import uvloop
 
-from keyroute.core.partitioner import murmur2, to_positive
+from keyroute.keys.partitioner import murmur2, to_positive
 
 
 class Upstream(asyncio.Protocol):

@@ -3,7 +3,7 @@
 `python benchmarks/baselines/servers_answer.py MODE PORT` serves `GET /stores/{store}/keys/{key}` on
 127.0.0.1:PORT with the same answer every time: status 200, a 120-byte JSON body and the six headers a
 node's key read carries (content-type and x-keyroute-partition/node/version/hops/generation), plus the
-server's own content-length and date and an `x-request-id` made by `keyroute.core.logs.new_request_id()`
+server's own content-length and date and an `x-request-id` made by `keyroute.runtime.logs.new_request_id()`
 (keyroute's server adds one to every answer; the other servers get it from the app, so every server
 writes the same answer). MODE:
 
@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from keyroute.core.logs import new_request_id
+from keyroute.runtime.logs import new_request_id
 
 # A node's answer to a key read, trimmed to a fixed size.
 BODY = (

@@ -25,11 +25,11 @@ from urllib.parse import quote, unquote
 import httpx
 
 from keyroute.client._errors import KeyrouteError, connection_failed, error_of_answer, error_of_entry
-from keyroute.core.avro_answers import AVRO, decode_answer
-from keyroute.core.key_format import KeyFormat, KeyFormatError
-from keyroute.core.key_location import Endpoint, KeyLocation, StoreLocator
-from keyroute.core.key_schema import KeySchema
-from keyroute.core.partitioner import Partitioner
+from keyroute.formats.avro_answers import AVRO, decode_answer
+from keyroute.keys.key_format import KeyFormat, KeyFormatError
+from keyroute.keys.key_location import Endpoint, KeyLocation, StoreLocator
+from keyroute.keys.key_schema import KeySchema
+from keyroute.keys.partitioner import Partitioner
 
 DEFAULT_TIMEOUT_S = 5.0
 # Keep-alive connections enough for many reads in flight (per node in direct mode): httpx's default keeps 20

@@ -4,9 +4,9 @@
     POST /admin/login    the token checked: 303 to the admin page (a router's /admin/ui, a node's partition
                          map) with the session cookie set (`keyroute_admin`: HttpOnly, SameSite=Strict,
                          Path=/admin, Secure when the request came over TLS; its value a MAC of the token,
-                         keyroute.core.security.BearerAuth.session), or 401. With access control on, the
+                         keyroute.auth.security.BearerAuth.session), or 401. With access control on, the
                          token of a token-file caller with `admin = true` logs in as well (its cookie:
-                         keyroute.core.security.caller_session)
+                         keyroute.auth.security.caller_session)
     POST /admin/logout   the cookie cleared, 303 to /admin/login
 
 Every /admin endpoint then accepts the cookie as it accepts `Authorization: Bearer` (keyroute.http.admission).
@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from keyroute.core.security import SESSION_COOKIE, SESSION_LIFETIME_S, BearerAuth
+from keyroute.auth.security import SESSION_COOKIE, SESSION_LIFETIME_S, BearerAuth
 from keyroute.http.admission import LOGIN_PATH, LOGOUT_PATH, read_body
 
 AFTER_LOGIN = "/admin/ui"

@@ -13,7 +13,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from keyroute.core.api import (
+from keyroute.api import (
     DEFAULT_MAX_CONCURRENT_REQUESTS,
     DEFAULT_MAX_HEADER_BYTES,
     ApiError,
@@ -26,11 +26,11 @@ from keyroute.core.api import (
     error_headers,
     error_json,
 )
-from keyroute.core.counters import count_down
-from keyroute.core.logs import acceptable_request_id, bind_request_id, new_request_id
-from keyroute.core.metrics import REFUSAL_REASONS
-from keyroute.core.security import BearerAuth
+from keyroute.auth.security import BearerAuth
 from keyroute.http.errors import LOGIN_PATH, LogIn
+from keyroute.runtime.counters import count_down
+from keyroute.runtime.logs import acceptable_request_id, bind_request_id, new_request_id
+from keyroute.runtime.metrics import REFUSAL_REASONS
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -270,7 +270,7 @@ def check_head_bytes(target_bytes: int, headers: Iterable[tuple[bytes, bytes]], 
 
 
 def request_id_of(scope: Scope) -> str:
-    """The request's id, bound to it (keyroute.core.logs): the client's acceptable one, else a new one."""
+    """The request's id, bound to it (keyroute.runtime.logs): the client's acceptable one, else a new one."""
     supplied = header(scope, _REQUEST_ID)
     return bind_request_id(scope, supplied.decode("latin-1") if supplied is not None else None)
 

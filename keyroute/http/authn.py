@@ -1,12 +1,12 @@
 """Who is asking, for a data-plane call or an app request: the caller's credentials (Authorization, a client
-certificate, or, on a node, the caller a member passes on) checked by a `keyroute.core.authn.Authenticator`
+certificate, or, on a node, the caller a member passes on) checked by a `keyroute.auth.authn.Authenticator`
 and the store's permission checked once, in `Callers.admit` (called by keyroute.http.dataplane before any
 handler runs).
 
     a request from a member      (nodes only: the cluster token, or a member certificate, proves it) the
                                  member checked its caller: trusted, under the name it passes on in
                                  X-Keyroute-Caller; a member certificate's other member headers must be
-                                 its own role's and id's (keyroute.core.security.check_member_headers),
+                                 its own role's and id's (keyroute.auth.security.check_member_headers),
                                  else 403
     Authorization: Bearer ...    a token of the token file, or a JWT
     a client certificate         (routers with --tls-client-ca) its SAN or subject CN, mapped by the token
@@ -16,7 +16,7 @@ handler runs).
 store the caller may not read. Without access control there is no `Callers` at all: nothing is checked.
 
 A JWT issuer's keys (`--jwt-jwks-url`, https:// only) are fetched here, on the signing keys' own thread
-(keyroute.core.authn.SigningKeys), each fetch within a total deadline (connecting, the head and the whole
+(keyroute.auth.authn.SigningKeys), each fetch within a total deadline (connecting, the head and the whole
 body), on an event loop of its own: a read never waits for one.
 """
 
@@ -32,9 +32,9 @@ from typing import Any
 
 import httpx
 
-from keyroute.core.access import Identity
-from keyroute.core.api import HEADER_FORWARDED_BY, HEADER_HOPS, Forbidden, Unauthorized
-from keyroute.core.authn import (
+from keyroute.api import HEADER_FORWARDED_BY, HEADER_HOPS, Forbidden, Unauthorized
+from keyroute.auth.access import Identity
+from keyroute.auth.authn import (
     DEFAULT_STORES_CLAIM,
     Authenticator,
     AuthnError,
@@ -47,8 +47,8 @@ from keyroute.core.authn import (
     parse_groups,
     read_document,
 )
-from keyroute.core.cursor_key import CursorKey
-from keyroute.core.security import (
+from keyroute.auth.cursor_key import CursorKey
+from keyroute.auth.security import (
     SESSION_COOKIE,
     ClusterAuth,
     caller_session,
@@ -57,10 +57,10 @@ from keyroute.core.security import (
     cookie_value,
     read_caller_session,
 )
-from keyroute.core.settings import AccessSettings
 from keyroute.http.asgi import TRANSPORT_EXTENSION
 from keyroute.http.lifespan import StartupError
 from keyroute.http.tls import peer_identity
+from keyroute.runtime.settings import AccessSettings
 
 log = logging.getLogger(__name__)
 

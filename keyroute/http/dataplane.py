@@ -8,7 +8,7 @@ handlers' tasks, written once. A service declares its routes and handlers; every
        request's place is given back by its exchange's end (`keyroute.http.exchange.Exchange.on_done`),
        never by a handler
     2. routing (`keyroute.http.routing.RouteTable`): 404 not_found, or 405 method_not_allowed with `Allow`
-    3. path parameters decoded by one rule (`keyroute.core.api.path_parameter`): 400 or 414 when they do not
+    3. path parameters decoded by one rule (`keyroute.api.path_parameter`): 400 or 414 when they do not
        decode
     4. with access control on (`callers`, keyroute.http.authn.Callers): the caller identified and allowed
        the store, else 401 unauthorized or 403 forbidden; `Call.identity` is whom the handler reads for;
@@ -45,12 +45,12 @@ from collections.abc import Awaitable, Callable, Iterable
 from time import monotonic
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
-from keyroute.core.access import ANONYMOUS, Identity
-from keyroute.core.api import ApiError, NotFound, error_headers, error_json
-from keyroute.core.logs import bind_request_id
-from keyroute.core.metrics import KIND_BATCH, KIND_KEY, KIND_TIMELINE
-from keyroute.core.native import mypyc_attr
+from keyroute.api import ApiError, NotFound, error_headers, error_json
+from keyroute.auth.access import ANONYMOUS, Identity
 from keyroute.http.routing import MethodNotAllowed, Route, RouteTable
+from keyroute.runtime.logs import bind_request_id
+from keyroute.runtime.metrics import KIND_BATCH, KIND_KEY, KIND_TIMELINE
+from keyroute.runtime.native import mypyc_attr
 
 if TYPE_CHECKING:
     from keyroute.http.admission import Admission
@@ -81,7 +81,7 @@ class Call:
     def __init__(self, plane: RoutedDataPlane, exchange: Answerable, kind: str | None, admitted: float = 0.0) -> None:
         self.request: Request = exchange.request
         self.store = ""  # until the route's first parameter, the store, is decoded
-        self.identity: Identity = _ANONYMOUS  # who asks (keyroute.core.access): set before the handler
+        self.identity: Identity = _ANONYMOUS  # who asks (keyroute.auth.access): set before the handler
         self._exchange = exchange
         self._plane = plane
         self._kind = kind

@@ -7,7 +7,7 @@ Their own module, never compiled (setup.py): a class that mypyc compiles as a su
 
 from __future__ import annotations
 
-from keyroute.core.api import ApiError
+from keyroute.api import ApiError
 
 __all__ = [
     "LOGIN_PATH",

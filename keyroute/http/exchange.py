@@ -7,9 +7,9 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from keyroute.core.api import DEFAULT_BODY_TIMEOUT_S
-from keyroute.core.native import mypyc_attr
+from keyroute.api import DEFAULT_BODY_TIMEOUT_S
 from keyroute.http.wire import CLOSE, encode
+from keyroute.runtime.native import mypyc_attr
 
 if TYPE_CHECKING:
     from keyroute.http.protocol import Connection

@@ -27,9 +27,9 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from keyroute.core.native import mypyc_attr
 from keyroute.http.tls import describe
 from keyroute.http.upstream import UpstreamResponse, UpstreamUnavailable
+from keyroute.runtime.native import mypyc_attr
 
 DEFAULT_MAX_CONNECTIONS_PER_ORIGIN = 256
 # Shorter than the nodes' keep-alive timeout (5 s, keyroute.http.exchange's ServerLimits), so we usually let an

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
 
-from keyroute.core.api import ApiError, BadRequest, PartitionUnavailable, PayloadTooLarge, loads_json, offset_value
+from keyroute.api import ApiError, BadRequest, PartitionUnavailable, PayloadTooLarge, loads_json, offset_value
 
 __all__ = [
     "HOP_BY_HOP",
@@ -158,7 +158,7 @@ def parse_batch_request(body: bytes, max_keys: int) -> BatchRequest:
     """The `keys` of a batch-get request body, as JSON gave them (any JSON values: each caller decides per
     key what it accepts), and its bounds ("min_offset", "min_offsets").
 
-    Numbers are read as `keyroute.core.api.loads_json` reads them: one with no fractional part is an
+    Numbers are read as `keyroute.api.loads_json` reads them: one with no fractional part is an
     integer however it is written (14571.0 is 14571, as JSON Schema counts it), for keys and bounds alike.
 
     Raises BadRequest (400 bad_request) when the body is not UTF-8 JSON of the form `{"keys": [...]}` or a
@@ -256,7 +256,7 @@ def parse_batch_answer(body: bytes, count: int) -> list[dict[str, Any]] | None:
 
 
 class Replica(Protocol):
-    """What the failover loop needs of a place to send keys to (keyroute.core.partition_map.Endpoint)."""
+    """What the failover loop needs of a place to send keys to (keyroute.cluster.partition_map.Endpoint)."""
 
     @property
     def url(self) -> str: ...

@@ -1,4 +1,4 @@
-"""A member's reads, closed while it does not satisfy the cluster policy (keyroute.core.cluster_policy).
+"""A member's reads, closed while it does not satisfy the cluster policy (keyroute.cluster.cluster_policy).
 
 `PolicyGate` is what a router's or node's `PolicyWatch` hands each new check to: while the check is unmet,
 every data-plane request is answered 503 `policy_not_satisfied` naming what is missing (`Admission.withheld`,
@@ -12,8 +12,8 @@ import asyncio
 import contextlib
 import logging
 
-from keyroute.core.api import PolicyNotSatisfied
-from keyroute.core.cluster_policy import PolicyCheck
+from keyroute.api import PolicyNotSatisfied
+from keyroute.cluster.cluster_policy import PolicyCheck
 from keyroute.http.admission import Admission
 
 log = logging.getLogger(__name__)

@@ -37,12 +37,12 @@ certificate where one is required      anything else 403 ``client_certificate_re
 TLS client certificate the server's    every request 403 (``member_certificate_refused``: the check's error),
 ``peer_check`` refuses                 closed
 every answer                           ``date``, ``x-request-id`` (the client's when
-                                       ``keyroute.core.logs.acceptable_request_id`` accepts it, else
-                                       ``keyroute.core.logs.new_request_id()``; an answer that carries its own
+                                       ``keyroute.runtime.logs.acceptable_request_id`` accepts it, else
+                                       ``keyroute.runtime.logs.new_request_id()``; an answer that carries its own
                                        is left alone); no ``server``
 =====================================  =========================================================================
 
-Error bodies are the API's (``keyroute.core.api``): ``{"error": code, "message": text}`` with
+Error bodies are the API's (``keyroute.api``): ``{"error": code, "message": text}`` with
 ``content-type: application/json``; a traceback never goes to a client. Every request the server refuses
 itself (the 400, 408, 413, 417 and 431 above), before any service code sees it, is counted in
 ``HttpServer.refusals`` and reported to ``on_refusal`` with its error code.
@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import httptools
 
-from keyroute.core.api import (
+from keyroute.api import (
     ApiError,
     BadRequest,
     BodyTimeout,
@@ -65,7 +65,6 @@ from keyroute.core.api import (
     error_headers,
     error_json,
 )
-from keyroute.core.logs import REQUEST_ID_NUMBERS, REQUEST_ID_PREFIX
 from keyroute.http.admission import PROBE_PATHS
 from keyroute.http.asgi import Cycle, http_scope
 from keyroute.http.errors import ClientCertificateRequired, ExpectationFailed
@@ -81,6 +80,7 @@ from keyroute.http.wire import (
     encode,
     request_id_from,
 )
+from keyroute.runtime.logs import REQUEST_ID_NUMBERS, REQUEST_ID_PREFIX
 
 if TYPE_CHECKING:
     from keyroute.http.server import HttpServer
@@ -93,7 +93,7 @@ _METHODS: Final = {m.encode(): m for m in ("GET", "HEAD", "POST", "PUT", "DELETE
 _NOTABLE: Final = frozenset((b"connection", b"content-length", b"expect", b"upgrade", X_REQUEST_ID))
 # How long a connection closed after an error answer keeps reading (and dropping) what the client still sends.
 _LINGER_S: Final = 2.0
-# keyroute.core.logs.new_request_id's ids, made here: C statics and a native `next` in the compiled build.
+# keyroute.runtime.logs.new_request_id's ids, made here: C statics and a native `next` in the compiled build.
 _ID_PREFIX: Final = REQUEST_ID_PREFIX
 _ID_NUMBERS: Final = REQUEST_ID_NUMBERS
 _hex: Final = hex

@@ -1,7 +1,7 @@
 """How much callers may read: quotas per identity and per store, in reads per second, enforced with token
 buckets by every process that admits callers' reads: routers, and nodes read directly (direct mode).
 
-A quota file (TOML, `--quota-file`) names, per identity (`keyroute.core.access.Identity.name`; `*` for
+A quota file (TOML, `--quota-file`) names, per identity (`keyroute.auth.access.Identity.name`; `*` for
 any identity not named), a default rate and per-store rates:
 
     [identities.anonymous]
@@ -47,13 +47,13 @@ from typing import Any
 
 from prometheus_client.core import Metric
 
-from keyroute.core.api import ApiError
-from keyroute.core.metrics import UNKNOWN_STORE, labelled_counter
-from keyroute.core.partition_map import PartitionMap
-from keyroute.core.ranges import DEFAULT_LIMIT as DEFAULT_PAGE
-from keyroute.core.ranges import MAX_LIMIT as MAX_PAGE
+from keyroute.api import ApiError
+from keyroute.cluster.partition_map import PartitionMap
 from keyroute.http.lifespan import StartupError
 from keyroute.http.tls import POLL_S, FilePoller
+from keyroute.runtime.metrics import UNKNOWN_STORE, labelled_counter
+from keyroute.storage.ranges import DEFAULT_LIMIT as DEFAULT_PAGE
+from keyroute.storage.ranges import MAX_LIMIT as MAX_PAGE
 
 log = logging.getLogger(__name__)
 

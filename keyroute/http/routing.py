@@ -12,7 +12,7 @@ Matching is done on the raw path split at '/', never on a decoded path (a key's 
 separator): one split and a few byte comparisons per request, no regular expression. A template segment is
 a literal, a parameter `{name}` (one segment, not empty, except the key: the empty key is a key), or, last,
 `{name:path}` (the rest of the path, '/' included, perhaps empty; not passed to the handler). The parameters of
-the route that answers are decoded by `keyroute.core.api.path_parameter`, one rule for every parameter.
+the route that answers are decoded by `keyroute.api.path_parameter`, one rule for every parameter.
 GET routes take HEAD too.
 """
 
@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from keyroute.core.api import KEY_PARAMETER, ApiError, NotFound, path_parameter
+from keyroute.api import KEY_PARAMETER, ApiError, NotFound, path_parameter
 from keyroute.http.errors import MethodNotAllowed
 
 __all__ = ["FastRoute", "Match", "MethodNotAllowed", "Route", "RouteTable"]

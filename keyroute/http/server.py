@@ -23,15 +23,15 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from keyroute.core.api import ApiError, NotFound
-from keyroute.core.logs import describe
-from keyroute.core.settings import TlsSettings
+from keyroute.api import ApiError, NotFound
 from keyroute.http.admission import send_error
 from keyroute.http.asgi import ASGIApp, Receive, Scope, Send
 from keyroute.http.exchange import DataPlane, ServerLimits
 from keyroute.http.lifespan import Lifespan, StartupError
 from keyroute.http.protocol import Connection
 from keyroute.http.tls import HANDSHAKE_TIMEOUT_S, ServerTls, TlsError, ca_files
+from keyroute.runtime.logs import describe
+from keyroute.runtime.settings import TlsSettings
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ made before a reload do not resume after it: a replaced certificate or client CA
 pair that does not load leaves the previous context in use and says so in one line. `TlsError` is one line
 naming the file and the reason; nothing here logs a traceback.
 
-Member identities (keyroute.core.security.member_identity) are held here on every wire: a member's own
+Member identities (keyroute.auth.security.member_identity) are held here on every wire: a member's own
 certificate must name its role and id, and be the member CA's, or it does not start (`member_tls`); a server
 refuses a client whose certificate claims a member identity it does not grant (`PeerCheck`: any, on a
 router's port; one not issued by the member CA, on a node that also trusts a clients' CA); a member connecting
@@ -36,11 +36,11 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.x509.oid import ExtensionOID
 
-from keyroute.core.api import ApiError
-from keyroute.core.security import MemberIdentity, member_identity, names_member_role
-from keyroute.core.settings import TlsSettings
+from keyroute.api import ApiError
+from keyroute.auth.security import MemberIdentity, member_identity, names_member_role
 from keyroute.http.errors import MemberCertificateRefused
 from keyroute.http.lifespan import StartupError
+from keyroute.runtime.settings import TlsSettings
 
 log = logging.getLogger(__name__)
 
@@ -342,7 +342,7 @@ class MemberTls(ReloadingContext):
 
 
 def registered_at(peers: Any, origin: str) -> set[str]:
-    """The ids of the nodes whose records in partition map `peers` (keyroute.core.partition_map.PartitionMap)
+    """The ids of the nodes whose records in partition map `peers` (keyroute.cluster.partition_map.PartitionMap)
     give an address at `origin` (scheme://host:port); empty when none (or no map)."""
     found: set[str] = set()
     target = url_origin(origin)

@@ -8,8 +8,8 @@ from http import HTTPStatus
 from time import time
 from typing import Final
 
-from keyroute.core.api import ApiError, error_json
-from keyroute.core.logs import acceptable_request_id, new_request_id
+from keyroute.api import ApiError, error_json
+from keyroute.runtime.logs import acceptable_request_id, new_request_id
 
 # Final: the compiled build (setup.py) reads these from C statics (or inlines them), not from the module's dict.
 STATUS_LINES: Final = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode("latin-1")) for s in HTTPStatus}

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from keyroute.core.partition_map import Assignment
+from keyroute.cluster.partition_map import Assignment
 from keyroute.state_node.placement.flow import balanced_choice
 from keyroute.state_node.placement.replicas import in_previous_order
 from keyroute.state_node.placement.seats import Seats

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from keyroute.core.partition_map import Assignment
+from keyroute.cluster.partition_map import Assignment
 
 
 def in_previous_order(lead: str, others: Sequence[str], previous: Sequence[str]) -> tuple[str, ...]:

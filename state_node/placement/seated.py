@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
 
-from keyroute.core.partition_map import Assignment
+from keyroute.cluster.partition_map import Assignment
 from keyroute.state_node.placement.exact import assign_exact
 from keyroute.state_node.placement.leaders import choose_leaders
 from keyroute.state_node.placement.replicas import in_previous_order, moved_replicas

@@ -18,13 +18,13 @@ import argparse
 import logging
 from collections.abc import Callable
 
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord, StoreRecord
-from keyroute.core.partitioner import Partitioner
-from keyroute.core.settings import AccessSettings, HttpSettings, RouterSettings
+from keyroute.cluster.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord, StoreRecord
 from keyroute.http.server import run
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner
 from keyroute.router import service
 from keyroute.router.app import create_app
+from keyroute.runtime.settings import AccessSettings, HttpSettings, RouterSettings
 
 
 def records_map(

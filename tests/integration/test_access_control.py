@@ -23,8 +23,8 @@ import trustme
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from keyroute.client import Client, Forbidden
-from keyroute.core.settings import ZkSettings
-from keyroute.core.zookeeper_server import EmbeddedZooKeeper
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
+from keyroute.runtime.settings import ZkSettings
 from tests.integration.small_cluster import ADMIN_TOKEN, SECRET, STORE, SmallCluster, expected, key_path, small_cluster
 from tests.util import wait_for
 

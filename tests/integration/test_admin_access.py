@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from keyroute.core.security import member_token
-from keyroute.core.settings import ZkSettings
-from keyroute.core.zookeeper_server import EmbeddedZooKeeper
+from keyroute.auth.security import member_token
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
+from keyroute.runtime.settings import ZkSettings
 from tests.integration.small_cluster import (
     ADMIN_TOKEN,
     ROWS,

@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 from kazoo.client import KazooClient
 
-from keyroute.core import placement_records, zk_layout
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.map_watcher import MapWatcher
-from keyroute.core.partition_map import Assignment, NodeRecord, StoreRecord
-from keyroute.core.partitioner import Partitioner
-from keyroute.core.settings import ZkSettings
-from keyroute.core.zk import close, connect
+from keyroute.cluster import placement_records, zk_layout
+from keyroute.cluster.map_watcher import MapWatcher
+from keyroute.cluster.partition_map import Assignment, NodeRecord, StoreRecord
+from keyroute.cluster.zk import close, connect
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner
+from keyroute.runtime.settings import ZkSettings
 from keyroute.state_node.controller import Controller
 from tests.util import wait_for
 

@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from keyroute.client import Client, KeyNotFound
-from keyroute.core.avro_answers import SCHEMA_ID, decode_answer
-from keyroute.core.settings import ZkSettings
+from keyroute.formats.avro_answers import SCHEMA_ID, decode_answer
+from keyroute.runtime.settings import ZkSettings
 from tests.integration.small_cluster import ROWS, STORE, SmallCluster, expected, key_path, partition, small_cluster
 
 pytestmark = pytest.mark.integration

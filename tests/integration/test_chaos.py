@@ -27,12 +27,12 @@ import httpx
 import pytest
 from kazoo.client import KazooClient
 
-from keyroute.core import zk, zk_layout
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.partition_map import StoreRecord
-from keyroute.core.partitioner import Partitioner, partition_for
-from keyroute.core.settings import ZkSettings
-from keyroute.core.zookeeper_server import EmbeddedZooKeeper
+from keyroute.cluster import zk, zk_layout
+from keyroute.cluster.partition_map import StoreRecord
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner, partition_for
+from keyroute.runtime.settings import ZkSettings
 from tests.integration.test_node import key_url, write_snapshot
 from tests.util import Proc, free_port, wait_for
 

@@ -16,14 +16,14 @@ import httpx
 import pytest
 from kazoo.client import KazooClient
 
-from keyroute.core import zk, zk_layout
-from keyroute.core.cluster_identity import create_cluster_id, read_cluster_id
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.partition_map import StoreRecord
-from keyroute.core.partitioner import Partitioner
-from keyroute.core.settings import ZkSettings
-from keyroute.core.snapshot import version_dir
+from keyroute.cluster import zk, zk_layout
+from keyroute.cluster.cluster_identity import create_cluster_id, read_cluster_id
+from keyroute.cluster.partition_map import StoreRecord
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner
+from keyroute.runtime.settings import ZkSettings
 from keyroute.state_node.data_dir import read_identity
+from keyroute.storage.snapshot import version_dir
 from tests.integration.small_cluster import PARTITIONS, ROWS, STORE, expected, key_path
 from tests.integration.test_node import write_snapshot
 from tests.util import Proc, free_port, wait_for

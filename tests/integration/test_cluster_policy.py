@@ -1,4 +1,4 @@
-"""The cluster policy in ZooKeeper (keyroute.core.cluster_policy), with real processes on the session's ZooKeeper:
+"""The cluster policy in ZooKeeper (keyroute.cluster.cluster_policy), with real processes on the session's ZooKeeper:
 `keyroute cluster policy set/show`, its writers' ACL, members that do not satisfy it refusing to start before
 they write anything, and a running node and router that stop serving reads when it tightens and serve them
 again when it is loosened.
@@ -17,9 +17,9 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
-from keyroute.core import zk, zk_layout
-from keyroute.core.settings import ZkSettings
-from keyroute.core.zookeeper_server import EmbeddedZooKeeper
+from keyroute.cluster import zk, zk_layout
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
+from keyroute.runtime.settings import ZkSettings
 from tests.integration.test_node import key_url
 from tests.integration.test_zk_acl import (
     EXPECTED_ACL,

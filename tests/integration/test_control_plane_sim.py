@@ -8,12 +8,12 @@ from collections import Counter
 
 import pytest
 
-from keyroute.core import placement_records, zk, zk_layout
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.map_watcher import MapWatcher
-from keyroute.core.partition_map import Assignment, NodeRecord, PartitionMap, StoreRecord
-from keyroute.core.partitioner import Partitioner
-from keyroute.core.settings import ZkSettings
+from keyroute.cluster import placement_records, zk, zk_layout
+from keyroute.cluster.map_watcher import MapWatcher
+from keyroute.cluster.partition_map import Assignment, NodeRecord, PartitionMap, StoreRecord
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner
+from keyroute.runtime.settings import ZkSettings
 from keyroute.state_node.controller import Controller
 from keyroute.state_node.placement import moved_replicas
 from tests.util import wait_for

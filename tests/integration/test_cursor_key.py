@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from keyroute.core import zk, zk_layout
-from keyroute.core.cursor_key import KEY_BYTES, CursorKey, ensure_cursor_key
-from keyroute.core.settings import ZkSettings
+from keyroute.auth.cursor_key import KEY_BYTES, CursorKey, ensure_cursor_key
+from keyroute.cluster import zk, zk_layout
+from keyroute.runtime.settings import ZkSettings
 from tests.util import wait_for
 
 pytestmark = pytest.mark.integration

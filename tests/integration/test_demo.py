@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from keyroute import sample_data
+from keyroute.dev import sample_data
 from tests.util import free_port, wait_for
 
 # Each test starts a whole demo (ZooKeeper, Spark, three nodes, a router): minutes on a busy machine.

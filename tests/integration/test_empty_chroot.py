@@ -14,12 +14,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from keyroute.core import zk, zk_layout
-from keyroute.core.cluster_identity import create_cluster_id
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.partition_map import StoreRecord
-from keyroute.core.partitioner import Partitioner
-from keyroute.core.settings import ZkSettings
+from keyroute.cluster import zk, zk_layout
+from keyroute.cluster.cluster_identity import create_cluster_id
+from keyroute.cluster.partition_map import StoreRecord
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner
+from keyroute.runtime.settings import ZkSettings
 from keyroute.state_node.data_dir import DataDir
 from tests.util import Proc, free_port, wait_for
 

@@ -22,12 +22,12 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from keyroute import sample_data
-from keyroute.core import zk, zk_layout
-from keyroute.core.key_format import KeyFormat, parse_key
-from keyroute.core.partitioner import Partitioner, partition_for
-from keyroute.core.settings import ZkSettings
-from keyroute.core.zookeeper_server import EmbeddedZooKeeper
+from keyroute.cluster import zk, zk_layout
+from keyroute.dev import sample_data
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
+from keyroute.keys.key_format import KeyFormat, parse_key
+from keyroute.keys.partitioner import Partitioner, partition_for
+from keyroute.runtime.settings import ZkSettings
 from tests.util import Proc, free_port, wait_for
 
 pytestmark = pytest.mark.integration

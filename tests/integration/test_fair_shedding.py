@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from keyroute.core.settings import ZkSettings
+from keyroute.runtime.settings import ZkSettings
 from tests.integration.small_cluster import (
     ADMIN_TOKEN,
     ROWS,

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from keyroute.core.security import member_token
-from keyroute.core.settings import ZkSettings
+from keyroute.auth.security import member_token
+from keyroute.runtime.settings import ZkSettings
 from tests.integration.small_cluster import ROWS, SECRET, SmallCluster, expected, key_path, partition, small_cluster
 
 pytestmark = pytest.mark.integration

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from keyroute.core.api import MAX_JSON_DEPTH, MAX_JSON_NUMBER_CHARS
-from keyroute.core.settings import ZkSettings
+from keyroute.api import MAX_JSON_DEPTH, MAX_JSON_NUMBER_CHARS
+from keyroute.runtime.settings import ZkSettings
 from tests.integration.small_cluster import (
     ADMIN_TOKEN,
     ROWS,

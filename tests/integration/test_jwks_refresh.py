@@ -24,8 +24,8 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from keyroute.core.settings import ZkSettings
-from keyroute.core.zookeeper_server import EmbeddedZooKeeper
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
+from keyroute.runtime.settings import ZkSettings
 from tests.integration.small_cluster import ADMIN_TOKEN, SECRET, STORE, SmallCluster, expected, key_path, small_cluster
 from tests.jwks_server import JwksServer
 from tests.util import wait_for

@@ -43,14 +43,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from keyroute.core import zk, zk_layout
-from keyroute.core.key_format import KeyFormat, parse_key
-from keyroute.core.partition_map import StoreRecord
-from keyroute.core.partitioner import Partitioner, partition_for
-from keyroute.core.settings import ZkSettings
-from keyroute.core.snapshot import Manifest, partition_dir, version_dir, write_manifest
-from keyroute.core.zookeeper_server import EmbeddedZooKeeper
+from keyroute.cluster import zk, zk_layout
+from keyroute.cluster.partition_map import StoreRecord
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
 from keyroute.http.server import HttpServer
+from keyroute.keys.key_format import KeyFormat, parse_key
+from keyroute.keys.partitioner import Partitioner, partition_for
+from keyroute.runtime.settings import ZkSettings
+from keyroute.storage.snapshot import Manifest, partition_dir, version_dir, write_manifest
 from keyroute.zone import SERVICE_ACCOUNT_DIR
 from tests.k8s_render import Obj, find, of_kind, pod_template, render, resolve_argv, resolve_env, selects
 from tests.util import Proc, serve_in_thread, wait_for

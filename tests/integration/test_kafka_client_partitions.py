@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import confluent_kafka
 import pytest
 
-from keyroute.core.partition_vectorized import partitions
-from keyroute.core.partitioner import Partitioner, partition_for
-from keyroute.kafka_mock import MockKafka
+from keyroute.dev.kafka_mock import MockKafka
+from keyroute.keys.partition_vectorized import partitions
+from keyroute.keys.partitioner import Partitioner, partition_for
 
 pytestmark = pytest.mark.integration
 

@@ -23,18 +23,18 @@ import httpx
 import pytest
 from confluent_kafka import Producer
 
-from keyroute.core import zk, zk_layout
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.key_schema import KeySchema
-from keyroute.core.live import Aggregate, LiveConfig, Merge
-from keyroute.core.lmdb_layout import build_partition_file
-from keyroute.core.partition_map import StoreRecord
-from keyroute.core.partitioner import Partitioner, partition_for
-from keyroute.core.schema_registry import RegistrySettings
-from keyroute.core.settings import ZkSettings
-from keyroute.core.snapshot import FORMAT_2, Manifest, checksum_file, data_file, version_dir, write_manifest
-from keyroute.core.timeline import StoreKind, Timeline, TimeType
-from keyroute.kafka_mock import MockKafka
+from keyroute.cluster import zk, zk_layout
+from keyroute.cluster.partition_map import StoreRecord
+from keyroute.dev.kafka_mock import MockKafka
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.key_schema import KeySchema
+from keyroute.keys.partitioner import Partitioner, partition_for
+from keyroute.keys.schema_registry import RegistrySettings
+from keyroute.runtime.settings import ZkSettings
+from keyroute.storage.live import Aggregate, LiveConfig, Merge
+from keyroute.storage.lmdb_layout import build_partition_file
+from keyroute.storage.snapshot import FORMAT_2, Manifest, checksum_file, data_file, version_dir, write_manifest
+from keyroute.storage.timeline import StoreKind, Timeline, TimeType
 from tests.util import Proc, free_port, wait_for
 
 pytestmark = pytest.mark.integration

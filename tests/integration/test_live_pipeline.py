@@ -17,15 +17,15 @@ import lmdb
 import pytest
 from pyspark.sql import SparkSession
 
-from keyroute.core.live import Merge, decode_state, value_bytes
-from keyroute.core.partition_map import StoreRecord
-from keyroute.core.partitioner import Partitioner, partition_for
-from keyroute.core.settings import ZkSettings
-from keyroute.core.snapshot import FORMAT_2, Manifest, checksum_file, data_file, existing_versions, read_manifest
-from keyroute.kafka_mock import MockKafka
+from keyroute.cluster.partition_map import StoreRecord
+from keyroute.dev.kafka_mock import MockKafka
+from keyroute.keys.partitioner import Partitioner, partition_for
 from keyroute.pipeline import build as build_module
 from keyroute.pipeline.build import KafkaAccess, build
 from keyroute.pipeline.errors import PartitionAuditError, PipelineError, SpecError, TopicError
+from keyroute.runtime.settings import ZkSettings
+from keyroute.storage.live import Merge, decode_state, value_bytes
+from keyroute.storage.snapshot import FORMAT_2, Manifest, checksum_file, data_file, existing_versions, read_manifest
 from tests.integration.test_pipeline import store_record, write_jsonl, write_spec
 from tests.util import Proc, free_port, wait_for
 

@@ -17,10 +17,10 @@ from typing import Any
 import httpx
 import pytest
 
-from keyroute.core import zk, zk_layout
-from keyroute.core.partition_map import StoreRecord
-from keyroute.core.partitioner import Partitioner, partition_for
-from keyroute.core.settings import ZkSettings
+from keyroute.cluster import zk, zk_layout
+from keyroute.cluster.partition_map import StoreRecord
+from keyroute.keys.partitioner import Partitioner, partition_for
+from keyroute.runtime.settings import ZkSettings
 from tests.integration.small_cluster import STORE, SmallCluster, key_path, partition, small_cluster
 from tests.util import Proc, free_port, wait_for
 
@@ -132,7 +132,7 @@ def test_a_produced_record_is_read_through_the_router_with_min_offset_at_its_off
 ) -> None:
     from confluent_kafka import Producer
 
-    from keyroute.kafka_mock import MockKafka
+    from keyroute.dev.kafka_mock import MockKafka
 
     with MockKafka() as kafka:
         topic = f"clicks-{time.monotonic_ns()}"

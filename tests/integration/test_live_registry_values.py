@@ -26,10 +26,10 @@ from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from keyroute.core.live import Aggregate, Merge
-from keyroute.core.schema_registry import RegistrySettings
-from keyroute.core.settings import ZkSettings
-from keyroute.kafka_mock import MockKafka
+from keyroute.dev.kafka_mock import MockKafka
+from keyroute.keys.schema_registry import RegistrySettings
+from keyroute.runtime.settings import ZkSettings
+from keyroute.storage.live import Aggregate, Merge
 from tests.integration.test_live_node import PARTITIONS, LiveNode, keys_of, partition, publish_live_store
 from tests.util import TcpProxy
 

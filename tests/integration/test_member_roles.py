@@ -29,11 +29,11 @@ import trustme
 from kazoo.exceptions import NoNodeError
 from starlette.applications import Starlette
 
-from keyroute.core import zk, zk_layout
-from keyroute.core.partition_map import ServingRecord
-from keyroute.core.settings import TlsSettings, ZkSettings
-from keyroute.core.zookeeper_server import EmbeddedZooKeeper
+from keyroute.cluster import zk, zk_layout
+from keyroute.cluster.partition_map import ServingRecord
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
 from keyroute.http import HttpServer
+from keyroute.runtime.settings import TlsSettings, ZkSettings
 from tests.integration.small_cluster import (
     ADMIN_TOKEN,
     ROWS,

@@ -18,12 +18,12 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from keyroute.core import zk, zk_layout
-from keyroute.core.key_format import KeyFormat, parse_key
-from keyroute.core.metrics import UNKNOWN_STORE
-from keyroute.core.partition_map import StoreRecord
-from keyroute.core.partitioner import Partitioner, partition_for
-from keyroute.core.settings import ZkSettings
+from keyroute.cluster import zk, zk_layout
+from keyroute.cluster.partition_map import StoreRecord
+from keyroute.keys.key_format import KeyFormat, parse_key
+from keyroute.keys.partitioner import Partitioner, partition_for
+from keyroute.runtime.metrics import UNKNOWN_STORE
+from keyroute.runtime.settings import ZkSettings
 from tests.integration.test_node import write_snapshot
 from tests.util import Proc, free_port, wait_for
 

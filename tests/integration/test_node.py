@@ -22,21 +22,21 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from keyroute.core import placement_records, zk, zk_layout
-from keyroute.core.key_format import KeyFormat, parse_key
-from keyroute.core.partition_map import Assignment, NodeRecord, ServingRecord, StoreRecord
-from keyroute.core.partitioner import Partitioner, partition_for
-from keyroute.core.settings import NodeSettings, RouterSettings, ZkSettings
-from keyroute.core.snapshot import Manifest, partition_dir, version_dir, write_manifest
+from keyroute.cluster import placement_records, zk, zk_layout
+from keyroute.cluster.partition_map import Assignment, NodeRecord, ServingRecord, StoreRecord
 from keyroute.http.server import HttpServer
+from keyroute.keys.key_format import KeyFormat, parse_key
+from keyroute.keys.partitioner import Partitioner, partition_for
 from keyroute.router.app import create_app as create_router
 from keyroute.router.dataplane import RouterDataPlane
 from keyroute.router.limits import server_limits as router_server_limits
 from keyroute.router.map_source import ZooKeeperMapSource
+from keyroute.runtime.settings import NodeSettings, RouterSettings, ZkSettings
 from keyroute.state_node.app import create_app as create_node
 from keyroute.state_node.controller import Controller
 from keyroute.state_node.dataplane import NodeDataPlane
 from keyroute.state_node.service import server_limits as node_server_limits
+from keyroute.storage.snapshot import Manifest, partition_dir, version_dir, write_manifest
 from tests.util import Proc, free_port, wait_for, wait_until
 
 pytestmark = pytest.mark.integration

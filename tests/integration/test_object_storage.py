@@ -25,13 +25,13 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from keyroute import sample_data
-from keyroute.core import snapshot as snapshot_format
-from keyroute.core import zk, zk_layout
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.partition_map import StoreRecord
-from keyroute.core.partitioner import Partitioner, partition_for
-from keyroute.core.settings import ZkSettings
+from keyroute.cluster import zk, zk_layout
+from keyroute.cluster.partition_map import StoreRecord
+from keyroute.dev import sample_data
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner, partition_for
+from keyroute.runtime.settings import ZkSettings
+from keyroute.storage import snapshot as snapshot_format
 from tests.integration.s3 import S3Bucket
 from tests.integration.test_end_to_end import expected_latest, expected_positions
 from tests.integration.test_node import write_snapshot
@@ -43,7 +43,7 @@ FORMAT_2 = "keyroute-snapshot/2"
 
 
 def format_2_present() -> bool:
-    """Snapshot format 2 (ready-to-serve LMDB files) is in the core: keyroute/core/snapshot.py names it."""
+    """Snapshot format 2 (ready-to-serve LMDB files) is in the core: keyroute/storage/snapshot.py names it."""
     return any(value == FORMAT_2 for value in vars(snapshot_format).values() if isinstance(value, str))
 
 
@@ -296,7 +296,7 @@ PIPELINE_PARTITIONS = {"bookings": 8, "positions": 4}
 @pytest.mark.skipif(
     not format_2_present(),
     reason="snapshot format 2 (keyroute-snapshot/2: executors build LMDB files and upload them with "
-    "pyarrow.fs) is not in keyroute/core/snapshot.py yet",
+    "pyarrow.fs) is not in keyroute/storage/snapshot.py yet",
 )
 def test_pipeline_builds_into_object_storage_and_nodes_serve_it(
     tmp_path: Path, zk_settings: ZkSettings, s3_bucket: S3Bucket
@@ -415,7 +415,7 @@ def test_the_object_storage_manifests_run_nodes_that_load_from_the_bucket(
     output, and serve it through the LoadBalancer Service."""
     from pyarrow import fs as arrow_fs
 
-    from keyroute.core.zookeeper_server import EmbeddedZooKeeper
+    from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
     from tests.integration.test_k8s_local import LocalCluster, kubernetes_api
     from tests.k8s_render import find, pod_template, resolve_env
 

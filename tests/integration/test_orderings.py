@@ -18,15 +18,15 @@ import httpx
 import pytest
 from pyspark.sql import SparkSession
 
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.live import value_bytes
-from keyroute.core.partitioner import Partitioner, partition_for
-from keyroute.core.settings import ZkSettings
-from keyroute.core.snapshot import read_manifest
-from keyroute.core.timeline import TimeType, key_of_part, key_part
-from keyroute.kafka_mock import MockKafka
+from keyroute.dev.kafka_mock import MockKafka
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner, partition_for
 from keyroute.pipeline.build import build
 from keyroute.pipeline.errors import DataError, PipelineError, SpecError
+from keyroute.runtime.settings import ZkSettings
+from keyroute.storage.live import value_bytes
+from keyroute.storage.snapshot import read_manifest
+from keyroute.storage.timeline import TimeType, key_of_part, key_part
 from tests.integration.test_live_pipeline import (
     PARTITIONS,
     build_spec,

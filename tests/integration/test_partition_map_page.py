@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from keyroute.core.settings import ZkSettings
+from keyroute.runtime.settings import ZkSettings
 from tests.integration.small_cluster import ADMIN_TOKEN, PARTITIONS, STORE, small_cluster
 from tests.util import free_port, wait_for
 

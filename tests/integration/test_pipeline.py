@@ -26,13 +26,16 @@ import pytest
 from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
-from keyroute.core import zk_layout
-from keyroute.core.key_format import KeyFormat, key_from_data, key_from_value, parse_key
-from keyroute.core.lmdb_layout import db_key
-from keyroute.core.partition_map import StoreRecord
-from keyroute.core.partitioner import Partitioner, partition_for
-from keyroute.core.settings import ZkSettings
-from keyroute.core.snapshot import (
+from keyroute.cluster import zk_layout
+from keyroute.cluster.partition_map import StoreRecord
+from keyroute.keys.key_format import KeyFormat, key_from_data, key_from_value, parse_key
+from keyroute.keys.partitioner import Partitioner, partition_for
+from keyroute.pipeline import lmdb_files, writer
+from keyroute.pipeline.build import PublishedVersion, build
+from keyroute.pipeline.errors import DataError, PipelineError, PublishError, SpecError
+from keyroute.runtime.settings import ZkSettings
+from keyroute.storage.lmdb_layout import db_key
+from keyroute.storage.snapshot import (
     FORMAT_1,
     FORMAT_2,
     Manifest,
@@ -43,9 +46,6 @@ from keyroute.core.snapshot import (
     iter_partition,
     read_manifest,
 )
-from keyroute.pipeline import lmdb_files, writer
-from keyroute.pipeline.build import PublishedVersion, build
-from keyroute.pipeline.errors import DataError, PipelineError, PublishError, SpecError
 
 pytestmark = pytest.mark.integration
 

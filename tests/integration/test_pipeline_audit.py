@@ -14,12 +14,12 @@ import pytest
 from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
-from keyroute.core import zk_layout
-from keyroute.core.partitioner import Partitioner, partition_for
-from keyroute.core.settings import ZkSettings
-from keyroute.core.snapshot import existing_versions, read_manifest
+from keyroute.cluster import zk_layout
+from keyroute.keys.partitioner import Partitioner, partition_for
 from keyroute.pipeline.build import build
 from keyroute.pipeline.errors import PartitionAuditError
+from keyroute.runtime.settings import ZkSettings
+from keyroute.storage.snapshot import existing_versions, read_manifest
 from tests.integration.test_pipeline import partition_rows
 
 pytestmark = pytest.mark.integration

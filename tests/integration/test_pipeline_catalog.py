@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from keyroute.core.key_format import KeyFormat, parse_key
-from keyroute.core.partitioner import Partitioner, partition_for
-from keyroute.core.settings import ZkSettings
-from keyroute.core.snapshot import read_manifest
-from keyroute.kafka_mock import MockKafka
+from keyroute.dev.kafka_mock import MockKafka
+from keyroute.keys.key_format import KeyFormat, parse_key
+from keyroute.keys.partitioner import Partitioner, partition_for
 from keyroute.pipeline.build import PublishedVersion, build
 from keyroute.pipeline.errors import DataError, PipelineError, SpecError
+from keyroute.runtime.settings import ZkSettings
+from keyroute.storage.snapshot import read_manifest
 from tests.integration import test_live_pipeline as live_pipeline
 from tests.integration.test_pipeline import (
     Row,

@@ -13,11 +13,11 @@ import httpx
 import pytest
 from kazoo.client import KazooClient
 
-from keyroute.core import placement_records, zk, zk_layout
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.partition_map import Assignment, NodeRecord, ServingRecord, StoreRecord
-from keyroute.core.partitioner import Partitioner
-from keyroute.core.settings import ZkSettings
+from keyroute.cluster import placement_records, zk, zk_layout
+from keyroute.cluster.partition_map import Assignment, NodeRecord, ServingRecord, StoreRecord
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner
+from keyroute.runtime.settings import ZkSettings
 from tests.integration.test_node import key_url, write_snapshot
 from tests.util import Proc, free_port, wait_for
 

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from keyroute.core.settings import ZkSettings
+from keyroute.runtime.settings import ZkSettings
 from tests.integration.small_cluster import ADMIN_TOKEN, ROWS, SECRET, STORE, key_path, small_cluster
 from tests.util import Proc, free_port, wait_for
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from keyroute.core.zookeeper_server import EmbeddedZooKeeper
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
 from tests.integration.test_demo import DemoProcess
 from tests.util import free_port
 

@@ -19,16 +19,16 @@ import httpx
 import pytest
 from kazoo.client import KazooClient
 
-from keyroute.core import zk, zk_layout
-from keyroute.core.cluster_identity import create_cluster_id
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.partition_map import ServingRecord, StoreRecord
-from keyroute.core.partitioner import Partitioner
-from keyroute.core.settings import ZkSettings
-from keyroute.core.snapshot import read_manifest
+from keyroute.cluster import zk, zk_layout
+from keyroute.cluster.cluster_identity import create_cluster_id
+from keyroute.cluster.partition_map import ServingRecord, StoreRecord
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner
 from keyroute.pipeline.publish import publish, read_published, retained_after, retaining
 from keyroute.pipeline.spec import Mode, SourceFormat, StoreSpec
 from keyroute.pipeline.writer import WrittenVersion
+from keyroute.runtime.settings import ZkSettings
+from keyroute.storage.snapshot import read_manifest
 from tests.integration.test_node import key_url, write_snapshot
 from tests.util import Proc, free_port, wait_for
 

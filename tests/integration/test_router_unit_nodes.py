@@ -21,15 +21,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from keyroute.core import zk_layout
-from keyroute.core.api import found_body, key_path_segment
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.partition_map import ServingRecord, StoreRecord
-from keyroute.core.partitioner import Partitioner, partition_for
-from keyroute.core.settings import ZkSettings
-from keyroute.core.zk import close, connect
-from keyroute.core.zookeeper_server import EmbeddedZooKeeper
+from keyroute.api import found_body, key_path_segment
+from keyroute.cluster import zk_layout
+from keyroute.cluster.partition_map import ServingRecord, StoreRecord
+from keyroute.cluster.zk import close, connect
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
 from keyroute.http.server import HttpServer
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner, partition_for
+from keyroute.runtime.settings import ZkSettings
 from tests.util import Proc, free_port, serve_in_thread, wait_for
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from keyroute.core.settings import ZkSettings
+from keyroute.runtime.settings import ZkSettings
 from tests.integration.small_cluster import STORE, SmallCluster, key_path, small_cluster
 from tests.util import Proc, wait_for
 

@@ -20,10 +20,10 @@ import httpx
 import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.partitioner import Partitioner, partition_for
-from keyroute.core.settings import ZkSettings
-from keyroute.kafka_mock import MockKafka
+from keyroute.dev.kafka_mock import MockKafka
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner, partition_for
+from keyroute.runtime.settings import ZkSettings
 from tests.schema_keys import VALUES, key_text, serializer
 from tests.util import Proc, free_port, wait_for
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from keyroute.core import zk
-from keyroute.core.cluster_identity import create_cluster_id
-from keyroute.core.settings import ZkIdentity, ZkSettings
+from keyroute.cluster import zk
+from keyroute.cluster.cluster_identity import create_cluster_id
+from keyroute.runtime.settings import ZkIdentity, ZkSettings
 
 pytestmark = pytest.mark.integration
 

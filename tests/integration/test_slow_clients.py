@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from keyroute.core.settings import ZkSettings
+from keyroute.runtime.settings import ZkSettings
 from tests.integration.small_cluster import ROWS, STORE, SmallCluster, expected, key_path, small_cluster
 
 pytestmark = pytest.mark.integration

@@ -14,11 +14,11 @@ import httpx
 import pytest
 from kazoo.client import KazooClient
 
-from keyroute.core import zk, zk_layout
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.partition_map import StoreRecord
-from keyroute.core.partitioner import Partitioner
-from keyroute.core.settings import ZkSettings
+from keyroute.cluster import zk, zk_layout
+from keyroute.cluster.partition_map import StoreRecord
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner
+from keyroute.runtime.settings import ZkSettings
 from tests.integration.small_cluster import ROWS, STORE
 from tests.integration.test_node import write_snapshot
 from tests.util import Proc, free_port, wait_for

@@ -14,10 +14,10 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError, NotEmptyError
 
-from keyroute.core import zk, zk_layout
-from keyroute.core.settings import ZkSettings
-from keyroute.core.snapshot import version_dir
+from keyroute.cluster import zk, zk_layout
+from keyroute.runtime.settings import ZkSettings
 from keyroute.state_node.store import PartitionId, partition_path
+from keyroute.storage.snapshot import version_dir
 from tests.integration.small_cluster import PARTITIONS, ROWS, STORE, SmallCluster, expected, key_path, small_cluster
 from tests.util import wait_for
 

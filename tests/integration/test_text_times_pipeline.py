@@ -17,12 +17,12 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.settings import ZkSettings
-from keyroute.core.snapshot import read_manifest
-from keyroute.core.timeline import TimeType, key_part
+from keyroute.keys.key_format import KeyFormat
 from keyroute.pipeline.build import build
 from keyroute.pipeline.errors import DataError
+from keyroute.runtime.settings import ZkSettings
+from keyroute.storage.snapshot import read_manifest
+from keyroute.storage.timeline import TimeType, key_part
 from tests.integration.test_pipeline import assert_nothing_published, write_csv, write_jsonl, write_spec
 from tests.integration.test_timeline_pipeline import BOOKINGS, EPOCH, bookings, entries_by_key, micros, write_parquet
 from tests.integration.test_timeline_reads import iso, path

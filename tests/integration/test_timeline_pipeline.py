@@ -1,6 +1,6 @@
 """History and windowed stores built by the real pipeline (Spark local mode, embedded ZooKeeper): every file
 holds exactly the entries a plain-Python computation over the same events expects, in LMDB order, under the
-timeline layout (keyroute.core.timeline)."""
+timeline layout (keyroute.storage.timeline)."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.partitioner import Partitioner, partition_for
-from keyroute.core.settings import ZkSettings
-from keyroute.core.snapshot import read_manifest
-from keyroute.core.timeline import StoreKind, TimeType, key_of_entry, key_part, split_entry
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner, partition_for
 from keyroute.pipeline.build import build
 from keyroute.pipeline.errors import DataError, SpecError
+from keyroute.runtime.settings import ZkSettings
+from keyroute.storage.snapshot import read_manifest
+from keyroute.storage.timeline import StoreKind, TimeType, key_of_entry, key_part, split_entry
 from tests.integration.test_pipeline import read_partition_file, store_record, write_spec
 
 pytestmark = pytest.mark.integration

@@ -22,11 +22,11 @@ import httpx
 import pyarrow as pa
 import pytest
 
-from keyroute.core import zk, zk_layout
-from keyroute.core.partitioner import Partitioner, partition_for
-from keyroute.core.ranges import make_range_cursor
-from keyroute.core.settings import ZkSettings
-from keyroute.core.timeline import make_cursor
+from keyroute.cluster import zk, zk_layout
+from keyroute.keys.partitioner import Partitioner, partition_for
+from keyroute.runtime.settings import ZkSettings
+from keyroute.storage.ranges import make_range_cursor
+from keyroute.storage.timeline import make_cursor
 from tests.integration.test_pipeline import write_spec
 from tests.integration.test_timeline_pipeline import bookings, expected_windows, micros, write_parquet
 from tests.util import Proc, free_port, wait_for
@@ -213,7 +213,7 @@ def test_history_reads_answer_every_row_in_one_hop_page_by_page(cluster: Cluster
 def test_windows_reads_answer_the_windows_that_overlap_the_range(cluster: Cluster) -> None:
     size = 10 * MINUTE
     windows = expected_windows(cluster.rows, lambda r: r["ts"], size, size)
-    from keyroute.core.timeline import key_part
+    from keyroute.storage.timeline import key_part
 
     with httpx.Client(base_url=cluster.router_url, timeout=10) as client:
         for key in KEYS:
@@ -409,7 +409,7 @@ def test_the_python_client_reads_values_histories_windows_and_ranges(cluster: Cl
 
     size = 10 * MINUTE
     windows = expected_windows(cluster.rows, lambda r: r["ts"], size, size)
-    from keyroute.core.timeline import key_part
+    from keyroute.storage.timeline import key_part
 
     with Client(cluster.router_url) as client:
         for key in ("C001", "a/b", "東京"):
@@ -437,7 +437,7 @@ def test_the_python_client_reads_values_histories_windows_and_ranges(cluster: Cl
             client.get("latest", "nobody")
     # Avro answers (router and direct routing): the same rows, windows and values as JSON gives, text times and
     # all; the raw Avro answer of a node and of the router decodes to the JSON answer, `next` included.
-    from keyroute.core.avro_answers import decode_answer
+    from keyroute.formats.avro_answers import decode_answer
 
     for routing in ("router", "direct"):
         with (

@@ -23,8 +23,8 @@ from cryptography import x509
 from prometheus_client.parser import text_string_to_metric_families
 
 from keyroute.client import Client
-from keyroute.core.ranges import make_range_cursor
-from keyroute.core.settings import ZkSettings
+from keyroute.runtime.settings import ZkSettings
+from keyroute.storage.ranges import make_range_cursor
 from tests.integration.small_cluster import (
     PARTITIONS,
     ROWS,

@@ -23,16 +23,16 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 from kazoo.security import OPEN_ACL_UNSAFE, make_digest_acl
 
-from keyroute.core import zk, zk_layout
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.map_watcher import MapWatcher
-from keyroute.core.partition_map import Assignment, NodeRecord, ServingRecord, StoreRecord
-from keyroute.core.partitioner import Partitioner
-from keyroute.core.settings import ZkIdentity, ZkSettings
-from keyroute.core.snapshot import read_manifest
+from keyroute.cluster import zk, zk_layout
+from keyroute.cluster.map_watcher import MapWatcher
+from keyroute.cluster.partition_map import Assignment, NodeRecord, ServingRecord, StoreRecord
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner
 from keyroute.pipeline.publish import publish, read_published
 from keyroute.pipeline.spec import Mode, SourceFormat, StoreSpec
 from keyroute.pipeline.writer import WrittenVersion
+from keyroute.runtime.settings import ZkIdentity, ZkSettings
+from keyroute.storage.snapshot import read_manifest
 from tests.integration.test_node import key_url, write_snapshot
 from tests.util import Proc, free_port, wait_for
 
@@ -349,7 +349,7 @@ def test_a_world_open_layout_is_locked_when_a_writer_brings_credentials(
     anonymous = raw_client(zk_settings, None)
     try:
         anonymous.set(zk_settings.chroot + zk_layout.ASSIGNMENT, Assignment(2, {}).to_json())  # still possible
-        with caplog.at_level(logging.WARNING, logger="keyroute.core.zk"):
+        with caplog.at_level(logging.WARNING, logger="keyroute.cluster.zk"):
             writer = zk.connect(writer_settings(zk_settings))
         assert "changed to: digest:keyroute-writer ALL, digest:keyroute-reader READ" in caplog.text
         assert WRITER.password not in caplog.text and READER.password not in caplog.text

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 
-from keyroute.core import zk, zk_layout
-from keyroute.core.cluster_identity import create_cluster_id, read_cluster_id
-from keyroute.core.settings import ZkSettings
+from keyroute.cluster import zk, zk_layout
+from keyroute.cluster.cluster_identity import create_cluster_id, read_cluster_id
+from keyroute.runtime.settings import ZkSettings
 from keyroute.state_node.data_dir import read_identity
 from tests.integration.small_cluster import STORE
 from tests.integration.test_cluster_identity import answers, publish, start_node

@@ -13,10 +13,10 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
-from keyroute.core import zk
-from keyroute.core.cluster_identity import chroots_with_a_cluster, create_cluster_id
-from keyroute.core.settings import ZkIdentity, ZkSettings
-from keyroute.core.zookeeper_server import EmbeddedZooKeeper
+from keyroute.cluster import zk
+from keyroute.cluster.cluster_identity import chroots_with_a_cluster, create_cluster_id
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
+from keyroute.runtime.settings import ZkIdentity, ZkSettings
 from tests.util import free_port
 
 pytestmark = pytest.mark.integration

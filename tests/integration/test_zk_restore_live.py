@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from keyroute.core import zk
-from keyroute.core.map_watcher import MapWatcher
-from keyroute.core.partition_map import PartitionMap
-from keyroute.core.settings import ZkSettings
-from keyroute.core.zookeeper_server import EmbeddedZooKeeper
+from keyroute.cluster import zk
+from keyroute.cluster.map_watcher import MapWatcher
+from keyroute.cluster.partition_map import PartitionMap
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
+from keyroute.runtime.settings import ZkSettings
 from tests.integration.test_chaos import CLIENT_THREADS, ChaosCluster, Tally, client_loop, publish
 from tests.util import free_port, wait_for
 

@@ -26,10 +26,10 @@ import trustme
 from kazoo.exceptions import NoAuthError
 
 from keyroute.client import Client
-from keyroute.core import zk, zk_layout
-from keyroute.core.settings import ZkSettings, ZkTls
-from keyroute.core.zk_tls import subject_dn
-from keyroute.core.zookeeper_server import four_letter_word, is_serving
+from keyroute.cluster import zk, zk_layout
+from keyroute.cluster.zk_tls import subject_dn
+from keyroute.dev.zookeeper_server import four_letter_word, is_serving
+from keyroute.runtime.settings import ZkSettings, ZkTls
 from tests.integration.small_cluster import ROWS, STORE, small_cluster
 from tests.util import Proc, free_port, wait_for
 

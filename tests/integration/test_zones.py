@@ -11,11 +11,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from keyroute.core import placement_records, zk, zk_layout
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.partition_map import Assignment, StoreRecord
-from keyroute.core.partitioner import Partitioner
-from keyroute.core.settings import ZkSettings
+from keyroute.cluster import placement_records, zk, zk_layout
+from keyroute.cluster.partition_map import Assignment, StoreRecord
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner
+from keyroute.runtime.settings import ZkSettings
 from keyroute.zone import write_zone
 from tests.integration.small_cluster import ROWS, STORE
 from tests.integration.test_node import write_snapshot

@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from keyroute.core import placement_records, zk_layout
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.map_watcher import MapWatcher
-from keyroute.core.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord, StoreRecord
-from keyroute.core.partitioner import Partitioner
-from keyroute.core.settings import ZkSettings
-from keyroute.core.zk import close, connect
-from keyroute.core.zookeeper_server import EmbeddedZooKeeper, four_letter_word, is_serving
+from keyroute.cluster import placement_records, zk_layout
+from keyroute.cluster.map_watcher import MapWatcher
+from keyroute.cluster.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord, StoreRecord
+from keyroute.cluster.zk import close, connect
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper, four_letter_word, is_serving
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner
+from keyroute.runtime.settings import ZkSettings
 from tests.util import Proc, free_port, wait_for
 
 pytestmark = pytest.mark.integration

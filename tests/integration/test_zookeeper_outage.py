@@ -8,12 +8,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from keyroute.core import zk, zk_layout
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.partition_map import StoreRecord
-from keyroute.core.partitioner import Partitioner
-from keyroute.core.settings import ZkSettings
-from keyroute.core.zookeeper_server import EmbeddedZooKeeper
+from keyroute.cluster import zk, zk_layout
+from keyroute.cluster.partition_map import StoreRecord
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner
+from keyroute.runtime.settings import ZkSettings
 from tests.util import Proc, TcpProxy, free_port, wait_for
 
 pytestmark = pytest.mark.integration

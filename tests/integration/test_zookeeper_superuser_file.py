@@ -15,7 +15,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 from kazoo.security import make_digest_acl, make_digest_acl_credential
 
-from keyroute.core.zookeeper_server import command, is_serving, terminate
+from keyroute.dev.zookeeper_server import command, is_serving, terminate
 from tests.k8s_render import find, pod_template, render
 from tests.util import free_port, wait_for
 

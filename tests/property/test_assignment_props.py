@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from keyroute.core.partition_map import Assignment
+from keyroute.cluster.partition_map import Assignment
 from keyroute.state_node.placement import StoreShape, assign, moved_replicas
 
 EXAMPLES = settings(max_examples=250, deadline=None)

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from keyroute.core.partition_map import Assignment
+from keyroute.cluster.partition_map import Assignment
 from keyroute.state_node.placement import StoreShape, assign, moved_replicas
 from tests.property.test_assignment_props import check_invariants, store_shapes
 

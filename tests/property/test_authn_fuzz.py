@@ -1,4 +1,4 @@
-"""Fuzzed credentials against the real access check (keyroute.http.authn.Callers over keyroute.core.authn's
+"""Fuzzed credentials against the real access check (keyroute.http.authn.Callers over keyroute.auth.authn's
 token file and JWT verifier) in front of the real data-plane skeleton, for every read kind: malformed, huge,
 unicode and binary Authorization headers, JWTs with any algorithm (`none`, HS256 signed with the issuer's
 public key, another key's), any issuer, audience, times and stores. Never a 5xx, and never a read without
@@ -19,8 +19,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from keyroute.core.authn import Authenticator, FetchDeadline, JwtPolicy, JwtVerifier, SigningKeys, TokenFile
-from keyroute.core.security import ClusterAuth
+from keyroute.auth.authn import Authenticator, FetchDeadline, JwtPolicy, JwtVerifier, SigningKeys, TokenFile
+from keyroute.auth.security import ClusterAuth
 from keyroute.http.admission import Admission
 from keyroute.http.authn import Callers
 from keyroute.http.dataplane import JSON, Call, Route, RoutedDataPlane, store_routes

@@ -1,6 +1,6 @@
 """Rows ordered by ISO 8601 text in any offset are ordered by their instants, as Python's
 `datetime.fromisoformat` compares them, in the build (Spark, keyroute.pipeline.ordering and reduce) and in the
-live fold (keyroute.core.live) alike: a `latest` store's winner, `max_by`/`min_by`, and a history row's time;
+live fold (keyroute.storage.live) alike: a `latest` store's winner, `max_by`/`min_by`, and a history row's time;
 and Spark's reading of any text shaped like a time or an integer is the live fold's, refusals included.
 
 Each example is one generated batch of many keys, reduced by a few Spark jobs on the session's SparkSession
@@ -20,13 +20,13 @@ from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from keyroute.core.live import Aggregate, Merge, decode_state, value_bytes
-from keyroute.core.timeline import TimeType, parse_order_text
 from keyroute.pipeline.columns import RAW_KEY
 from keyroute.pipeline.ordering import type_orderings
 from keyroute.pipeline.reduce import reduce_per_key
 from keyroute.pipeline.spec import Mode, SourceFormat, StoreSpec
 from keyroute.pipeline.timeline import parsed_text, time_column
+from keyroute.storage.live import Aggregate, Merge, decode_state, value_bytes
+from keyroute.storage.timeline import TimeType, parse_order_text
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyroute.core.partition_vectorized import hashes, partitions
-from keyroute.core.partitioner import Partitioner, key_hash, partition_for
+from keyroute.keys.partition_vectorized import hashes, partitions
+from keyroute.keys.partitioner import Partitioner, key_hash, partition_for
 
 with warnings.catch_warnings():
     # kafka-python 3.0 loads its protocol schemas through importlib.resources' legacy API, deprecated since

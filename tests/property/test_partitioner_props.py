@@ -1,4 +1,4 @@
-"""Cross-checks keyroute.core.partitioner against independent implementations on generated keys.
+"""Cross-checks keyroute.keys.partitioner against independent implementations on generated keys.
 
 kafka-python's murmur2 and DefaultPartitioner are the oracle; its murmur2 returns an unsigned 32-bit int.
 """
@@ -13,7 +13,7 @@ import zlib
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyroute.core.partitioner import Partitioner, crc32, fnv1a_32, murmur2, partition_for
+from keyroute.keys.partitioner import Partitioner, crc32, fnv1a_32, murmur2, partition_for
 
 with warnings.catch_warnings():
     # kafka-python 3.0 loads its protocol schemas through importlib.resources' legacy API, deprecated since

@@ -1,4 +1,4 @@
-"""The one decoder of request bodies (keyroute.core.api.loads_json, through the batch-get parser routers and nodes
+"""The one decoder of request bodies (keyroute.api.loads_json, through the batch-get parser routers and nodes
 share) over bodies of any nesting depth, size and number form: it answers what the standard decoder reads, or a
 4xx ApiError naming what is wrong; never another exception (a RecursionError, Python's limit on an int's digits,
 decimal's InvalidOperation)."""
@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from keyroute.core.api import MAX_JSON_DEPTH, MAX_JSON_NUMBER_CHARS, ApiError, BadRequest, json_depth, loads_json
+from keyroute.api import MAX_JSON_DEPTH, MAX_JSON_NUMBER_CHARS, ApiError, BadRequest, json_depth, loads_json
 from keyroute.http.forwarding import parse_batch_request
 from tests.request_bodies import DEEP_BODIES, bodies, nested, openers
 

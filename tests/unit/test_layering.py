@@ -22,7 +22,19 @@ PACKAGE_DIR: dict[str, str] = _SETUPTOOLS.get("package-dir", {})
 # The only mappings the layout rule allows: a service folder the product is known by, under its own name.
 MAPPED_SERVICES = {"keyroute.router": "router", "keyroute.state_node": "state_node", "keyroute.pipeline": "pipeline"}
 SERVICES = tuple(sorted(MAPPED_SERVICES))
-CLI = ("keyroute.cli", "keyroute.demo", "keyroute.sample_data", "keyroute.__main__")
+CLI = ("keyroute.cli", "keyroute.__main__")
+DEV = "keyroute.dev"
+# The shared domain in rooms, lowest first: a room imports only rooms before it (and the standard library and
+# its dependencies); `keyroute.api` is the HTTP data API's contract every part speaks.
+ROOMS = (
+    "keyroute.api",
+    "keyroute.runtime",
+    "keyroute.keys",
+    "keyroute.storage",
+    "keyroute.formats",
+    "keyroute.cluster",
+    "keyroute.auth",
+)
 HTTP_FRAMEWORKS = {"starlette", "httptools", "uvicorn", "httpx", "httpcore", "h11", "uvloop"}
 
 
@@ -35,8 +47,25 @@ def folder_of(package: str) -> Path:
     return ROOT / package.replace(".", "/")
 
 
-# The top-level parts: keyroute.core, keyroute.http and the three services (their subpackages are inside).
-FOLDERS = {name: folder_of(name) for name in ("keyroute.core", "keyroute.http", *SERVICES)}
+# The top-level parts: the rooms, keyroute.http, the client, the CLI and the three services (their subpackages are
+# inside).
+FOLDERS = {name: folder_of(name) for name in (*ROOMS, "keyroute.http", "keyroute.client", "keyroute.cli", *SERVICES)}
+
+
+def sources(package: str) -> list[Path]:
+    folder = FOLDERS[package]
+    module = folder.with_suffix(".py")
+    return [module] if module.is_file() else sorted(folder.rglob("*.py"))
+
+
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """The nodes under `if TYPE_CHECKING:`: names for the type checker, never imported at run time."""
+    hidden: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for child in node.body:
+                hidden.update(id(n) for n in ast.walk(child))
+    return hidden
 
 
 def test_only_the_three_service_folders_are_mapped_each_to_its_own_name() -> None:
@@ -57,11 +86,20 @@ def test_every_package_folder_is_listed_for_the_installed_distribution() -> None
             assert name in listed, f"{name} ({init.parent.relative_to(ROOT)}) is not in pyproject's packages"
 
 
-def imported_modules(package: str) -> set[str]:
+def imported_modules(package: str, *, at_run_time: bool = False, top_level: bool = False) -> set[str]:
+    """The modules a package's sources import: every one, or only those imported at run time (not under
+    `if TYPE_CHECKING:`), or only those imported when a module loads (not inside a function)."""
     found: set[str] = set()
-    for path in FOLDERS[package].rglob("*.py"):
+    for path in sources(package):
         tree = ast.parse(path.read_text(encoding="utf-8"))
+        hidden = _type_checking_only(tree) if at_run_time else set()
+        if top_level:
+            for fn in ast.walk(tree):
+                if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                    hidden.update(id(n) for n in ast.walk(fn))
         for node in ast.walk(tree):
+            if id(node) in hidden:
+                continue
             if isinstance(node, ast.Import):
                 found.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -79,21 +117,50 @@ def test_no_service_imports_another_or_the_cli(service: str) -> None:
     assert not under(imported_modules(service), forbidden)
 
 
-def test_the_core_imports_no_service_no_cli_no_spark_and_no_http_layer() -> None:
-    modules = imported_modules("keyroute.core")
-    assert not under(modules, set(SERVICES) | set(CLI) | {"pyspark", "keyroute.http", "keyroute.client"})
+@pytest.mark.parametrize("room", ROOMS)
+def test_a_room_imports_no_service_no_cli_no_spark_no_http_layer_and_no_dev_tool(room: str) -> None:
+    modules = imported_modules(room)
+    assert not under(modules, set(SERVICES) | set(CLI) | {"pyspark", "keyroute.http", "keyroute.client", DEV})
     assert not under(modules, HTTP_FRAMEWORKS)
+
+
+@pytest.mark.parametrize("room", ROOMS)
+def test_a_room_imports_only_the_rooms_before_it(room: str) -> None:
+    later = ROOMS[ROOMS.index(room) + 1 :]
+    assert not under(imported_modules(room, at_run_time=True), later)
+
+
+def test_the_shared_domain_is_in_rooms_not_a_drawer() -> None:
+    """Every module under keyroute/ is in a room, the HTTP layer, the client, the CLI or the dev tools."""
+    top = ROOT / "keyroute"
+    loose = sorted(p.name for p in top.glob("*.py"))
+    assert loose == ["__init__.py", "__main__.py", "api.py", "zone.py"]
+    assert not (top / "core").exists()
+
+
+@pytest.mark.parametrize("package", sorted(set(FOLDERS) - {"keyroute.cli"}))
+def test_no_product_module_imports_the_dev_tools(package: str) -> None:
+    assert not under(imported_modules(package), {DEV})
+
+
+def test_the_cli_loads_a_dev_tool_only_when_its_command_runs() -> None:
+    """`keyroute demo` and `keyroute zookeeper` import keyroute.dev inside their command, never at load."""
+    assert under(imported_modules("keyroute.cli"), {DEV})
+    assert not under(imported_modules("keyroute.cli", top_level=True), {DEV})
 
 
 def test_the_http_layer_imports_no_service_no_client_and_no_cli() -> None:
     modules = imported_modules("keyroute.http")
-    assert not under(modules, set(SERVICES) | set(CLI) | {"pyspark", "keyroute.client"})
+    assert not under(modules, set(SERVICES) | set(CLI) | {"pyspark", "keyroute.client", DEV})
 
 
 def test_the_rules_catch_what_they_forbid() -> None:
     """The helpers see a forbidden import: a rule that reads nothing would pass every tree."""
     assert under({"starlette.requests", "keyroute.state_node.app"}, HTTP_FRAMEWORKS) == {"starlette.requests"}
-    assert "keyroute.core.key_location" in imported_modules("keyroute.http") | imported_modules("keyroute.router")
+    assert "keyroute.keys.key_location" in imported_modules("keyroute.http") | imported_modules("keyroute.router")
+    assert under(imported_modules("keyroute.cluster"), ("keyroute.keys",))
+    assert "keyroute.cluster.partition_map" in imported_modules("keyroute.keys")
+    assert "keyroute.cluster.partition_map" not in imported_modules("keyroute.keys", at_run_time=True)
 
 
 @pytest.mark.parametrize("package", sorted(FOLDERS))
@@ -115,7 +182,7 @@ def test_no_generic_top_level_names_are_installed() -> None:
 
 def test_node_and_router_run_without_pyspark() -> None:
     code = (
-        "import sys, keyroute.router.app, keyroute.state_node.app, keyroute.core.snapshot; "
+        "import sys, keyroute.router.app, keyroute.state_node.app, keyroute.storage.snapshot; "
         "assert not [m for m in sys.modules if m.startswith('pyspark')], 'pyspark imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

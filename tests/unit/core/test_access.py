@@ -1,4 +1,4 @@
-from keyroute.core.access import ANONYMOUS, Identity, caller_of
+from keyroute.auth.access import ANONYMOUS, Identity, caller_of
 
 
 def test_an_identity_reads_only_its_stores_and_anonymous_reads_every_store() -> None:

@@ -8,14 +8,14 @@ from typing import Any
 import pytest
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
-from keyroute.core import snapshot as snapshot_module
-from keyroute.core import zk_layout
-from keyroute.core.adopt import AdoptError, adopt, stores_in
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.key_schema import KeySchema
-from keyroute.core.partition_map import StoreRecord
-from keyroute.core.partitioner import Partitioner
-from keyroute.core.snapshot import FORMAT_2, Manifest, data_file, version_dir, version_name, write_manifest
+from keyroute.cli.adopt import AdoptError, adopt, stores_in
+from keyroute.cluster import zk_layout
+from keyroute.cluster.partition_map import StoreRecord
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.key_schema import KeySchema
+from keyroute.keys.partitioner import Partitioner
+from keyroute.storage import snapshot as snapshot_module
+from keyroute.storage.snapshot import FORMAT_2, Manifest, data_file, version_dir, version_name, write_manifest
 from tests.memory_fs import memory_filesystem
 
 

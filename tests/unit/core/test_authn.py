@@ -1,4 +1,4 @@
-"""Callers' credentials (keyroute.core.authn): the token file (TOML or JSON, tokens as given or as SHA-256
+"""Callers' credentials (keyroute.auth.authn): the token file (TOML or JSON, tokens as given or as SHA-256
 digests, certificates, reloaded on change, a broken file keeping the previous tokens), JWTs (asymmetric
 algorithms only, `none` and HS256-with-the-public-key refused, iss/aud/exp/nbf, stores from a claim or from
 groups, the caller named apart from tokens) and the Authenticator's cache. The signing keys' refreshes:
@@ -18,9 +18,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
-from keyroute.core.access import Identity
-from keyroute.core.api import Unauthorized
-from keyroute.core.authn import (
+from keyroute.api import Unauthorized
+from keyroute.auth.access import Identity
+from keyroute.auth.authn import (
     Authenticator,
     AuthnError,
     JwtPolicy,

@@ -1,4 +1,4 @@
-"""Avro answers (keyroute.core.avro_answers): every JSON answer a read gives comes back from its Avro
+"""Avro answers (keyroute.formats.avro_answers): every JSON answer a read gives comes back from its Avro
 envelope as exactly the same Python values, over every value type a store holds; Accept negotiation."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 import fastavro
 import pytest
 
-from keyroute.core import avro_answers
-from keyroute.core.avro_answers import (
+from keyroute.formats import avro_answers
+from keyroute.formats.avro_answers import (
     ANSWER_SCHEMA,
     SCHEMA_ID,
     NotAcceptable,
@@ -272,7 +272,7 @@ def test_negotiation_is_remembered_per_accept_and_store() -> None:
     ],
 )
 def test_a_key_answer_written_from_the_stored_value_is_the_json_answer_s_avro(value_json: bytes) -> None:
-    from keyroute.core.api import found_body
+    from keyroute.api import found_body
 
     avro = found_avro("bookings", "C001", 3, 7, value_json)
     assert is_avro(avro)
@@ -281,7 +281,7 @@ def test_a_key_answer_written_from_the_stored_value_is_the_json_answer_s_avro(va
 
 
 def test_text_avro_cannot_hold_is_nested_in_a_value_else_the_answer_is_json_or_406() -> None:
-    from keyroute.core.api import found_body
+    from keyroute.api import found_body
 
     # A lone surrogate (JSON escapes it, UTF-8 cannot hold it) in a value: Nested, exact.
     lone = b'{"note":"\\ud800","o":{"n":"\\udfff"}}'

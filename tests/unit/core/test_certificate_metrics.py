@@ -10,9 +10,9 @@ from pathlib import Path
 import trustme
 from prometheus_client.parser import text_string_to_metric_families
 
-from keyroute.core.metrics import certificate_not_after, certificates_in_use, tls_certificates_family
-from keyroute.core.settings import TlsSettings, ZkTls
 from keyroute.router.metrics import RouterMetrics
+from keyroute.runtime.metrics import certificate_not_after, certificates_in_use, tls_certificates_family
+from keyroute.runtime.settings import TlsSettings, ZkTls
 from keyroute.state_node.metrics import NodeMetrics
 
 NAME = "keyroute_tls_certificate_not_after_seconds"

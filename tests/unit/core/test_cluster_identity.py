@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from keyroute.core import cluster_identity, zk
-from keyroute.core.settings import ZkSettings
+from keyroute.cluster import cluster_identity, zk
+from keyroute.runtime.settings import ZkSettings
 
 
 class _Root:

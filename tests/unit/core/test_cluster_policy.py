@@ -1,4 +1,4 @@
-"""The cluster policy (keyroute.core.cluster_policy): what a member's settings lack under a policy, the record's
+"""The cluster policy (keyroute.cluster.cluster_policy): what a member's settings lack under a policy, the record's
 JSON (closed for what it cannot read), the options `keyroute cluster policy set` takes, and the gate that
 withholds a member's reads (keyroute.http.policy_gate)."""
 
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from kazoo.exceptions import ConnectionLoss, NoAuthError, NoNodeError
 
-from keyroute.core.cluster_policy import (
+from keyroute.cluster.cluster_policy import (
     ClusterPolicy,
     MemberSecurity,
     PolicyCheck,
@@ -24,7 +24,10 @@ from keyroute.core.cluster_policy import (
     UnmetPolicyError,
     unmet,
 )
-from keyroute.core.settings import (
+from keyroute.cluster.zk import ZkUnavailableError
+from keyroute.http.admission import Admission
+from keyroute.http.policy_gate import PolicyGate
+from keyroute.runtime.settings import (
     AccessSettings,
     HttpSettings,
     NodeSettings,
@@ -33,9 +36,6 @@ from keyroute.core.settings import (
     ZkSettings,
     ZkTls,
 )
-from keyroute.core.zk import ZkUnavailableError
-from keyroute.http.admission import Admission
-from keyroute.http.policy_gate import PolicyGate
 
 EVERYTHING = ClusterPolicy(True, "mtls", frozenset({"client", "member", "zookeeper"}))
 MEMBER = frozenset({"member"})

@@ -1,4 +1,4 @@
-"""Pins keyroute.core.key_format to the bytes Kafka's serializers write and to strict, canonical key parsing.
+"""Pins keyroute.keys.key_format to the bytes Kafka's serializers write and to strict, canonical key parsing.
 
 Expected bytes are literal: Java's Short/Integer/Long serializers write big-endian two's complement.
 """
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyroute.core import key_format
-from keyroute.core.key_format import (
+from keyroute.keys import key_format
+from keyroute.keys.key_format import (
     Key,
     KeyFormat,
     KeyFormatError,

@@ -7,8 +7,8 @@ import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry._sync.mock_schema_registry_client import MockSchemaRegistryClient
 
-from keyroute.core.key_format import KeyFormat, KeyFormatError, key_from_data, key_from_value, parse_key
-from keyroute.core.key_schema import KeySchema, KeySchemaChanged, zigzag_varint
+from keyroute.keys.key_format import KeyFormat, KeyFormatError, key_from_data, key_from_value, parse_key
+from keyroute.keys.key_schema import KeySchema, KeySchemaChanged, zigzag_varint
 from tests.schema_keys import VALUES, key_text, serializer
 
 FORMATS = [KeyFormat.AVRO, KeyFormat.PROTOBUF, KeyFormat.JSON_SCHEMA]
@@ -121,9 +121,9 @@ def test_a_json_schema_with_constraints_is_checked_by_its_validator() -> None:
 
 
 def test_store_records_and_manifests_carry_the_key_schema() -> None:
-    from keyroute.core.partition_map import StoreRecord
-    from keyroute.core.partitioner import Partitioner
-    from keyroute.core.snapshot import Manifest
+    from keyroute.cluster.partition_map import StoreRecord
+    from keyroute.keys.partitioner import Partitioner
+    from keyroute.storage.snapshot import Manifest
 
     schema = KeySchema(KeyFormat.AVRO, 12, '"string"')
     record = StoreRecord("s", 3, Partitioner.MURMUR2, KeyFormat.AVRO, 1, "/snap", key_schema=schema)

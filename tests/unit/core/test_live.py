@@ -1,4 +1,4 @@
-"""The live fold (keyroute.core.live): records one at a time give what Spark SQL gives over all of them."""
+"""The live fold (keyroute.storage.live): records one at a time give what Spark SQL gives over all of them."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.live import (
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner, partition_for
+from keyroute.storage.live import (
     OFFSET_KEY,
     STATE_SEPARATOR,
     Aggregate,
@@ -25,8 +26,7 @@ from keyroute.core.live import (
     parse_aggregate,
     value_bytes,
 )
-from keyroute.core.lmdb_layout import TAG_HASHED, TAG_KEY
-from keyroute.core.partitioner import Partitioner, partition_for
+from keyroute.storage.lmdb_layout import TAG_HASHED, TAG_KEY
 
 AGGREGATE = Merge(
     "aggregate",

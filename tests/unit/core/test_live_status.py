@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from keyroute.core import zk_layout
-from keyroute.core.live_status import LiveStatusReader
+from keyroute.cluster import zk_layout
+from keyroute.cluster.live_status import LiveStatusReader
 
 
 class _Done:

@@ -14,7 +14,7 @@ import pytest
 from kazoo.exceptions import ConnectionLoss
 from kazoo.handlers.threading import KazooTimeoutError
 
-from keyroute.core.logs import (
+from keyroute.runtime.logs import (
     REQUEST_ID,
     SCOPE_REQUEST_ID,
     JsonFormatter,

@@ -6,8 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.partition_map import (
+from keyroute.cluster.partition_map import (
     EMPTY_ASSIGNMENT,
     Assignment,
     MapBuilder,
@@ -16,7 +15,8 @@ from keyroute.core.partition_map import (
     ServingRecord,
     StoreRecord,
 )
-from keyroute.core.partitioner import Partitioner
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner
 from keyroute.router.routing_table import RoutingTable
 
 NODES = ("n1", "n2", "n3", "n4")

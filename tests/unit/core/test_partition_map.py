@@ -5,9 +5,7 @@ import json
 
 import pytest
 
-from keyroute.core.key_format import KeyFormat, parse_key
-from keyroute.core.key_location import KeyLocation, StoreLocator
-from keyroute.core.partition_map import (
+from keyroute.cluster.partition_map import (
     Assignment,
     Endpoint,
     NodeRecord,
@@ -16,7 +14,9 @@ from keyroute.core.partition_map import (
     ServingRecord,
     StoreRecord,
 )
-from keyroute.core.partitioner import Partitioner, murmur2, partition_for
+from keyroute.keys.key_format import KeyFormat, parse_key
+from keyroute.keys.key_location import KeyLocation, StoreLocator
+from keyroute.keys.partitioner import Partitioner, murmur2, partition_for
 
 
 def store(name: str = "bookings", partitions: int = 4, version: int = 2) -> StoreRecord:

@@ -1,4 +1,4 @@
-"""Pins keyroute.core.partition_vectorized to published Kafka client vectors, and to the scalar functions.
+"""Pins keyroute.keys.partition_vectorized to published Kafka client vectors, and to the scalar functions.
 
 The expected values come from other projects' test suites (named at each list), never from this code.
 """
@@ -11,9 +11,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from keyroute.core import partition_vectorized
-from keyroute.core.partition_vectorized import hashes, partitions
-from keyroute.core.partitioner import Partitioner, key_hash, partition_for
+from keyroute.keys import partition_vectorized
+from keyroute.keys.partition_vectorized import hashes, partitions
+from keyroute.keys.partitioner import Partitioner, key_hash, partition_for
 
 # org.apache.kafka.common.utils.UtilsTest.testMurmur2
 KAFKA_UTILS_TEST = [

@@ -1,4 +1,4 @@
-"""Pins keyroute.core.partitioner to vectors published by Kafka, librdkafka, kafkajs, kafka-python and Sarama.
+"""Pins keyroute.keys.partitioner to vectors published by Kafka, librdkafka, kafkajs, kafka-python and Sarama.
 
 Every expected value here comes from another project's test suite, never from this implementation.
 """
@@ -9,7 +9,7 @@ import zlib
 
 import pytest
 
-from keyroute.core.partitioner import (
+from keyroute.keys.partitioner import (
     Partitioner,
     crc32,
     fnv1a_32,

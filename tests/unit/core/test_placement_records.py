@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from keyroute.core import placement_records as records
-from keyroute.core.partition_map import Assignment, RecordError
+from keyroute.cluster import placement_records as records
+from keyroute.cluster.partition_map import Assignment, RecordError
 
 
 def test_a_placement_record_round_trips_and_stays_small_whatever_the_cluster() -> None:

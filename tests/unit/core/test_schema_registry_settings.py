@@ -1,4 +1,4 @@
-"""keyroute.core.schema_registry: the spec's `schema_registry` table, the client configuration it makes, and the
+"""keyroute.keys.schema_registry: the spec's `schema_registry` table, the client configuration it makes, and the
 cached fetch (against the session's development registry process)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import certifi
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
-from keyroute.core.schema_registry import (
+from keyroute.keys.schema_registry import (
     RegistrySettings,
     RegistrySettingsError,
     RegistryUnavailable,

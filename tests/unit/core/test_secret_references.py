@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from keyroute.core.live import LiveSpecError
-from keyroute.core.schema_registry import SECRETS_DIR_VARIABLE, resolve_env
+from keyroute.keys.schema_registry import SECRETS_DIR_VARIABLE, resolve_env
+from keyroute.storage.live import LiveSpecError
 
 
 def test_a_reference_is_read_from_the_environment_first(tmp_path: Path) -> None:

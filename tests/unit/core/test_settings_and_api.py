@@ -5,8 +5,8 @@ from typing import Any
 
 import pytest
 
-from keyroute.core.api import ApiError, BadKey, PartitionUnavailable, found_body, key_path_segment
-from keyroute.core.settings import HttpSettings, ZkSettings
+from keyroute.api import ApiError, BadKey, PartitionUnavailable, found_body, key_path_segment
+from keyroute.runtime.settings import HttpSettings, ZkSettings
 
 
 @pytest.mark.parametrize(
@@ -83,7 +83,7 @@ def _admin_scope(
 
 
 def test_the_admin_token_is_never_taken_from_a_url_and_the_page_sends_browsers_to_the_login() -> None:
-    from keyroute.core.security import BearerAuth
+    from keyroute.auth.security import BearerAuth
     from keyroute.http.admission import Admission
 
     admission = Admission(admin=BearerAuth("s3cret"))
@@ -118,7 +118,7 @@ def test_the_admin_token_is_never_taken_from_a_url_and_the_page_sends_browsers_t
 
 
 def test_a_session_cookie_admits_until_it_expires_or_its_token_is_removed() -> None:
-    from keyroute.core.security import SESSION_LIFETIME_S, BearerAuth
+    from keyroute.auth.security import SESSION_LIFETIME_S, BearerAuth
     from keyroute.http.admission import Admission
 
     now = [1_800_000_000.0]
@@ -151,7 +151,7 @@ def test_a_session_cookie_admits_until_it_expires_or_its_token_is_removed() -> N
 
 
 def test_admin_tokens_take_a_list_for_a_rotation() -> None:
-    from keyroute.core.security import BearerAuth, split_secrets
+    from keyroute.auth.security import BearerAuth, split_secrets
 
     assert split_secrets(" new , old,, ") == ("new", "old")
     assert split_secrets("") == () and split_secrets(" , ") == ()
@@ -164,7 +164,7 @@ def test_admin_tokens_take_a_list_for_a_rotation() -> None:
 
 
 def test_cluster_secrets_take_a_list_sending_with_the_first_accepting_any() -> None:
-    from keyroute.core.security import ClusterAuth, member_token
+    from keyroute.auth.security import ClusterAuth, member_token
 
     members = ClusterAuth("new, old")
     assert members.headers() == {"x-keyroute-auth": member_token("new")}  # sends with the first

@@ -1,4 +1,4 @@
-"""An issuer's signing keys (keyroute.core.authn.SigningKeys) on an injected monotonic clock: a fetch past its
+"""An issuer's signing keys (keyroute.auth.authn.SigningKeys) on an injected monotonic clock: a fetch past its
 total deadline abandoned and the last good keys kept; the keys fetched again every period; a key the issuer
 removed forgotten with the identities it verified; a token with an unknown key id refused at once, its fetch
 left to the background and rate-limited; and the background thread itself."""
@@ -15,8 +15,8 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from keyroute.core.api import Unauthorized
-from keyroute.core.authn import Authenticator, FetchDeadline, JwtPolicy, JwtVerifier, SigningKeys
+from keyroute.api import Unauthorized
+from keyroute.auth.authn import Authenticator, FetchDeadline, JwtPolicy, JwtVerifier, SigningKeys
 from tests.util import wait_for
 
 ISSUER, AUDIENCE = "https://issuer.test", "keyroute"

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.partitioner import Partitioner
-from keyroute.core.snapshot import (
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner
+from keyroute.storage.snapshot import (
     Manifest,
     SnapshotError,
     existing_versions,

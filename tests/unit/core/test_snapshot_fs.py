@@ -14,10 +14,10 @@ from typing import Any
 import pyarrow.fs as arrow_fs
 import pytest
 
-from keyroute.core import snapshot as snapshot_module
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.partitioner import Partitioner
-from keyroute.core.snapshot import (
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner
+from keyroute.storage import snapshot as snapshot_module
+from keyroute.storage.snapshot import (
     ArrowLocation,
     Manifest,
     SnapshotError,

@@ -16,9 +16,10 @@ import pyarrow as pa
 import pyarrow.fs as arrow_fs
 import pytest
 
-from keyroute.core import lmdb_layout
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.lmdb_layout import (
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner
+from keyroute.storage import lmdb_layout
+from keyroute.storage.lmdb_layout import (
     KEY_ENCODING,
     LMDB_MAX_KEY_BYTES,
     PartitionFileBuilder,
@@ -28,8 +29,7 @@ from keyroute.core.lmdb_layout import (
     db_keys,
     key_of,
 )
-from keyroute.core.partitioner import Partitioner
-from keyroute.core.snapshot import (
+from keyroute.storage.snapshot import (
     CHECKSUM_ALGORITHM,
     FORMAT_1,
     FORMAT_2,

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyroute.core import lmdb_layout
-from keyroute.core.timeline import (
+from keyroute.storage import lmdb_layout
+from keyroute.storage.timeline import (
     INT64_MAX,
     INT64_MIN,
     LMDB_MAX_KEY_BYTES,

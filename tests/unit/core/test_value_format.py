@@ -1,4 +1,4 @@
-"""keyroute.core.value_format: values written by confluent-kafka's real Avro, Protobuf and JSON Schema serializers
+"""keyroute.formats.value_format: values written by confluent-kafka's real Avro, Protobuf and JSON Schema serializers
 (registering with the session's development registry) read as the rows the same content gives as JSON."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
 
-from keyroute.core.live import BadRecord, Merge, Reason, loads_json
-from keyroute.core.schema_registry import RegistrySettings, RegistryUnavailable, SchemaFetcher
-from keyroute.core.value_format import ValueDecoder, check_value_format
+from keyroute.formats.value_format import ValueDecoder, check_value_format
+from keyroute.keys.schema_registry import RegistrySettings, RegistryUnavailable, SchemaFetcher
+from keyroute.storage.live import BadRecord, Merge, Reason, loads_json
 from tests.util import free_port
 
 LATEST = Merge("latest", "user", order_by="ts", columns=None)

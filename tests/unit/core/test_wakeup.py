@@ -1,10 +1,10 @@
-"""`Wakeup`, the worker threads' wake-up calls (keyroute.core.wakeup)."""
+"""`Wakeup`, the worker threads' wake-up calls (keyroute.runtime.wakeup)."""
 
 from __future__ import annotations
 
 import threading
 
-from keyroute.core.wakeup import Wakeup
+from keyroute.runtime.wakeup import Wakeup
 
 
 def test_rings_make_one_turn_and_a_timeout_none() -> None:

@@ -14,10 +14,10 @@ from kazoo.security import ACL, OPEN_ACL_UNSAFE, Id, Permissions
 
 from keyroute import cli
 from keyroute.cli import _zk, build_parser, main
-from keyroute.core import zk
-from keyroute.core.settings import ZkIdentity, ZkSettings, ZkTls
-from keyroute.core.zk import _merged_acl, layout_acl
-from keyroute.core.zk_tls import ZkTlsError, subject_dn
+from keyroute.cluster import zk
+from keyroute.cluster.zk import _merged_acl, layout_acl
+from keyroute.cluster.zk_tls import ZkTlsError, subject_dn
+from keyroute.runtime.settings import ZkIdentity, ZkSettings, ZkTls
 
 WRITER = ZkIdentity("writer", "w-pass")
 READER = ZkIdentity("reader", "r-pass")

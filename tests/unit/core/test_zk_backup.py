@@ -1,4 +1,4 @@
-"""keyroute.core.zk_backup's dump format, and `keyroute zk restore` refusing a bad dump in one line before it
+"""keyroute.cli.zk_backup's dump format, and `keyroute zk restore` refusing a bad dump in one line before it
 touches ZooKeeper (the dump and the restore themselves: tests/integration/test_zk_backup.py)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from keyroute.cli import main
-from keyroute.core.cluster_identity import ClusterId
-from keyroute.core.zk_backup import Dump, ZkBackupError, Znode
+from keyroute.cli.zk_backup import Dump, ZkBackupError, Znode
+from keyroute.cluster.cluster_identity import ClusterId
 
 IDENTITY = ClusterId("c1", 1.0).to_json()
 

@@ -6,9 +6,9 @@ import logging
 
 import pytest
 
-from keyroute.core.logs import describe
-from keyroute.core.settings import ZkSettings
-from keyroute.core.zk_session import ServerView, SessionKeeper
+from keyroute.cluster.zk_session import ServerView, SessionKeeper
+from keyroute.runtime.logs import describe
+from keyroute.runtime.settings import ZkSettings
 
 SETTINGS = ZkSettings(hosts="zk:2181", chroot="/prod", session_timeout_s=4.0)
 
@@ -84,7 +84,7 @@ def test_a_server_behind_without_this_cluster_is_waited_on_and_said_once(caplog:
         clock=clock,
     )
     k.check()
-    with caplog.at_level(logging.WARNING, logger="keyroute.core.zk_session"):
+    with caplog.at_level(logging.WARNING, logger="keyroute.cluster.zk_session"):
         for _ in range(5):
             clock.now += 5
             assert k.check() is False
@@ -121,7 +121,7 @@ def test_a_failed_restart_is_said_with_its_reason_and_tried_again(caplog: pytest
     k = keeper(client, ServerView(zxid=0x40, cluster_id="c1"), clock)
     k.check()
     clock.now += 5
-    with caplog.at_level(logging.WARNING, logger="keyroute.core.zk_session"):
+    with caplog.at_level(logging.WARNING, logger="keyroute.cluster.zk_session"):
         assert k.check() is False
         assert caplog.records[-1].getMessage() == "starting a new ZooKeeper session failed (TimeoutError); trying again"
         clock.now += 1

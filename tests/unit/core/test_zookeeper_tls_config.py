@@ -9,7 +9,7 @@ import pytest
 import trustme
 
 from keyroute.cli import main
-from keyroute.core.zookeeper_server import ServerTls, write_config
+from keyroute.dev.zookeeper_server import ServerTls, write_config
 
 
 @pytest.fixture

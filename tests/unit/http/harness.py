@@ -17,11 +17,11 @@ from starlette.requests import Request as StarletteRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from keyroute.core.logs import new_request_id
 from keyroute.http import Exchange, HttpServer, Request, ServerLimits
+from keyroute.runtime.logs import new_request_id
 from tests.util import wait_until
 
-# New request ids are keyroute.core.logs's: this process's prefix and a counter.
+# New request ids are keyroute.runtime.logs's: this process's prefix and a counter.
 NEW_ID = re.compile(rf"^{re.escape(new_request_id().rpartition('-')[0])}-[0-9a-f]+$")
 IO_TIMEOUT_S = 5.0
 

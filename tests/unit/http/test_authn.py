@@ -14,14 +14,14 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from keyroute.core.api import Forbidden, Unauthorized
-from keyroute.core.authn import SigningKeys
-from keyroute.core.cursor_key import CursorKey
-from keyroute.core.security import SESSION_COOKIE, SESSION_LIFETIME_S, BearerAuth, ClusterAuth
-from keyroute.core.settings import AccessSettings
+from keyroute.api import Forbidden, Unauthorized
+from keyroute.auth.authn import SigningKeys
+from keyroute.auth.cursor_key import CursorKey
+from keyroute.auth.security import SESSION_COOKIE, SESSION_LIFETIME_S, BearerAuth, ClusterAuth
 from keyroute.http.admission import Admission
 from keyroute.http.authn import callers_of, fetch_jwks
 from keyroute.http.lifespan import StartupError
+from keyroute.runtime.settings import AccessSettings
 from tests.jwks_server import JwksServer
 from tests.util import wait_for
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from keyroute.core.api import BadRequest, KeyNotFound
+from keyroute.api import BadRequest, KeyNotFound
 from keyroute.http.admission import Admission
 from keyroute.http.dataplane import NOT_A_KEY_PATH, Call, RoutedDataPlane
 from keyroute.http.exchange import Request
@@ -449,7 +449,7 @@ def test_a_plain_key_path_is_answered_with_its_decoded_parameters_by_the_fast_pa
 
 
 def test_a_process_that_withholds_reads_answers_every_read_503_with_why_taking_no_place() -> None:
-    from keyroute.core.api import PolicyNotSatisfied
+    from keyroute.api import PolicyNotSatisfied
 
     admission = Admission(max_concurrent_requests=4)
     plane = Plane(admission)

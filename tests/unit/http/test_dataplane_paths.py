@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from keyroute.core.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord
-from keyroute.core.settings import RouterSettings
+from keyroute.cluster.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord
 from keyroute.router import service
 from keyroute.router.app import create_app
+from keyroute.runtime.settings import RouterSettings
 from tests.unit.node.fakes import ME, Held, Nodes, P, records, unreachable
 from tests.unit.router.fakes import StaticMapSource
 from tests.util import serve_in_thread

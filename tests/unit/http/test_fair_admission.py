@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from keyroute.core.access import ANONYMOUS, Identity
-from keyroute.core.api import Overloaded
+from keyroute.api import Overloaded
+from keyroute.auth.access import ANONYMOUS, Identity
 from keyroute.http.admission import Admission
 from keyroute.http.dataplane import Call, RoutedDataPlane
 from keyroute.http.routing import Route, RouteTable

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from keyroute.core.api import BadRequest, KeyNotFound, PartitionUnavailable, PayloadTooLarge
+from keyroute.api import BadRequest, KeyNotFound, PartitionUnavailable, PayloadTooLarge
 from keyroute.http.forwarding import (
     HOP_BY_HOP,
     ForwardedBatch,

@@ -1,4 +1,4 @@
-"""Integers in requests, read by one rule (keyroute.core.api): in a JSON body any JSON number with no
+"""Integers in requests, read by one rule (keyroute.api): in a JSON body any JSON number with no
 fractional part (as JSON Schema 2020-12 counts integers), in a query string decimal digits only. The rule
 is the same for every integer field: a batch-get's bounds (tests/unit/http/test_forwarding.py has the
 body), `min_offset`, a timeline's `limit`, `from` and `to`, a range's `limit` and `version`."""
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from keyroute.core.api import (
+from keyroute.api import (
     BadRequest,
     integer_text,
     json_integer,
@@ -17,9 +17,9 @@ from keyroute.core.api import (
     parse_min_offset,
     text_integer,
 )
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.ranges import RangeQueryError, parse_partition_range, parse_range_query
-from keyroute.core.timeline import QueryError, StoreKind, Timeline, TimeType, parse_query
+from keyroute.keys.key_format import KeyFormat
+from keyroute.storage.ranges import RangeQueryError, parse_partition_range, parse_range_query
+from keyroute.storage.timeline import QueryError, StoreKind, Timeline, TimeType, parse_query
 
 HISTORY = Timeline(StoreKind.HISTORY, "ts", TimeType.INTEGER)
 # Spelled as integers by no query string: signs, spaces, fractions, exponents, other digits, nothing.

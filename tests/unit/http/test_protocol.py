@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from keyroute.core.logs import acceptable_request_id, new_request_id
+from keyroute.runtime.logs import acceptable_request_id, new_request_id
 from tests.unit.http.harness import (
     IO_TIMEOUT_S,
     NEW_ID,
@@ -629,7 +629,7 @@ def test_a_second_answer_is_ignored(arun: Any) -> None:
 def test_a_valid_request_id_is_echoed_and_others_replaced(arun: Any, path: str) -> None:
     async def scenario() -> None:
         async with serving(Plane()) as server, connect(server.port) as (reader, writer):
-            valid = "client-id/42:" + "x" * 115  # 128 visible characters, as keyroute.core.logs accepts
+            valid = "client-id/42:" + "x" * 115  # 128 visible characters, as keyroute.runtime.logs accepts
             writer.write(get(path, f"X-Request-Id: {valid}"))
             assert (await read_answer(reader)).header("x-request-id") == valid
             for bad in ("y" * 129, "caf\xe9", "with space"):

@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.partition_map import MapBuilder, NodeRecord, ServingRecord, StoreRecord
-from keyroute.core.partitioner import Partitioner
+from keyroute.cluster.partition_map import MapBuilder, NodeRecord, ServingRecord, StoreRecord
 from keyroute.http.quotas import (
     OTHER,
     Bucket,
@@ -22,6 +20,8 @@ from keyroute.http.quotas import (
     Quotas,
     ServingShares,
 )
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner
 
 
 class Clock:

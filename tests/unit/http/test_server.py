@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from starlette.applications import Starlette
 
-from keyroute.core.metrics import SERVER_REFUSALS
 from keyroute.http import HttpServer, ServerLimits, run
+from keyroute.runtime.metrics import SERVER_REFUSALS
 from tests.unit.http.harness import (
     IO_TIMEOUT_S,
     Plane,

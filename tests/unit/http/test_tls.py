@@ -27,9 +27,8 @@ from starlette.requests import Request as StarletteRequest
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from keyroute.core.api import Forbidden
-from keyroute.core.partition_map import ServingRecord
-from keyroute.core.security import (
+from keyroute.api import Forbidden
+from keyroute.auth.security import (
     ClusterAuth,
     MemberIdentity,
     check_member_headers,
@@ -37,7 +36,7 @@ from keyroute.core.security import (
     member_role,
     names_member_role,
 )
-from keyroute.core.settings import TlsSettings
+from keyroute.cluster.partition_map import ServingRecord
 from keyroute.http import HttpServer
 from keyroute.http.exchange import Exchange
 from keyroute.http.fast_upstream import FastUpstream
@@ -54,6 +53,7 @@ from keyroute.http.tls import (
     server_context,
 )
 from keyroute.http.upstream import UpstreamUnavailable
+from keyroute.runtime.settings import TlsSettings
 from tests.member_pki import write_with_uri
 from tests.unit.http.harness import Answer, Plane, closed_by_server, get, starlette_app
 from tests.unit.http.harness import read_answer as read_http_answer

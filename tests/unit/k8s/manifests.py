@@ -15,7 +15,7 @@ import yaml
 from starlette.routing import Match, Route
 
 from keyroute.cli import build_parser
-from keyroute.core.settings import NodeSettings, RouterSettings
+from keyroute.runtime.settings import NodeSettings, RouterSettings
 from tests.k8s_render import (
     ROOT,
     Obj,

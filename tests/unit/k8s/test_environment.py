@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from keyroute.cli import build_parser
-from keyroute.core.settings import ZkSettings
+from keyroute.runtime.settings import ZkSettings
 from tests.k8s_render import (
     Obj,
     expand,

@@ -108,7 +108,7 @@ def test_object_storage_sources_still_parse_and_are_read_where_executors_read(
 def test_object_storage_snapshots_go_to_an_s3_uri_from_one_config_map(object_storage_objs: list[Obj]) -> None:
     from urllib.parse import urlparse
 
-    from keyroute.core.snapshot import is_local
+    from keyroute.storage.snapshot import is_local
 
     objs = with_object_store_secret(object_storage_objs)
     config = find(objs, "ConfigMap", SNAPSHOT_STORE_CONFIG)  # unsuffixed: the component names it so

@@ -13,9 +13,9 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from keyroute.auth.security import MemberIdentity, member_identity
 from keyroute.cli import build_parser
-from keyroute.core.security import MemberIdentity, member_identity
-from keyroute.core.settings import ZkSettings
+from keyroute.runtime.settings import ZkSettings
 from tests.k8s_render import K8S, Obj, find, of_kind, pod_template, render, resolve_argv
 from tests.unit.k8s.manifests import (
     KUBERNETES_VERSIONS,

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from keyroute.cli import build_parser, main
-from keyroute.core.key_format import KeyFormat, parse_key
-from keyroute.core.partitioner import Partitioner, murmur2, partition_for
+from keyroute.keys.key_format import KeyFormat, parse_key
+from keyroute.keys.partitioner import Partitioner, murmur2, partition_for
 
 
 def run(args: list[str], stdin: bytes = b"") -> tuple[int, list[dict]]:

@@ -264,7 +264,7 @@ def found(key: str, **headers: str) -> httpx.Response:
 
 
 def test_direct_routing_goes_to_the_partition_s_node_and_fails_over_and_falls_back() -> None:
-    from keyroute.core.partitioner import Partitioner, partition_for
+    from keyroute.keys.partitioner import Partitioner, partition_for
 
     key = "C000042"
     partition = partition_for(Partitioner.MURMUR2, key.encode(), 4)
@@ -313,7 +313,7 @@ def test_direct_routing_goes_to_the_partition_s_node_and_fails_over_and_falls_ba
 
 
 def test_direct_get_many_sends_one_batch_per_node_and_the_rest_to_the_router() -> None:
-    from keyroute.core.partitioner import Partitioner, partition_for
+    from keyroute.keys.partitioner import Partitioner, partition_for
 
     keys = [f"k{i}" for i in range(12)]
     node_of = {p: f"http://n{p % 2}" for p in range(4)}
@@ -393,7 +393,7 @@ def test_router_mode_counts_its_reads_and_get_many_says_which_node_answered() ->
 
 
 def test_direct_routing_refreshes_one_store_after_a_misroute_and_asks_what_changed_since_its_map() -> None:
-    from keyroute.core.partitioner import Partitioner, partition_for
+    from keyroute.keys.partitioner import Partitioner, partition_for
 
     key = "C000042"
     partition = partition_for(Partitioner.MURMUR2, key.encode(), 4)
@@ -431,7 +431,7 @@ def test_direct_routing_refreshes_one_store_after_a_misroute_and_asks_what_chang
 
 
 def test_direct_routing_reads_the_whole_map_of_a_router_without_a_routing_view() -> None:
-    from keyroute.core.partitioner import Partitioner, partition_for
+    from keyroute.keys.partitioner import Partitioner, partition_for
 
     key = "C000042"
     partition = partition_for(Partitioner.MURMUR2, key.encode(), 4)
@@ -480,9 +480,9 @@ def test_a_routing_view_gives_each_partition_its_replicas_at_the_version_they_se
 
 def test_direct_routing_serializes_schema_registry_keys_with_the_recorded_schema() -> None:
     from keyroute.client._base import _DirectMap
-    from keyroute.core.key_format import KeyFormat, parse_key
-    from keyroute.core.key_schema import KeySchema
-    from keyroute.core.partitioner import Partitioner, partition_for
+    from keyroute.keys.key_format import KeyFormat, parse_key
+    from keyroute.keys.key_schema import KeySchema
+    from keyroute.keys.partitioner import Partitioner, partition_for
 
     record = '{"type":"record","name":"K","fields":[{"name":"region","type":"string"},{"name":"id","type":"long"}]}'
     schema = KeySchema(KeyFormat.AVRO, 41, record)
@@ -502,7 +502,7 @@ def test_direct_routing_serializes_schema_registry_keys_with_the_recorded_schema
 
 
 def test_the_client_asks_for_avro_when_told_and_returns_the_same_values() -> None:
-    from keyroute.core.avro_answers import SCHEMA_ID, encode_answer
+    from keyroute.formats.avro_answers import SCHEMA_ID, encode_answer
 
     value = {"fare": 12.5, "n": 2**64, "seats": [1, 2], "note": None, "ok": True}
     found = {"store": "s", "key": "k", "partition": 1, "version": 3, "value": value}

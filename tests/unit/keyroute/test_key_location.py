@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from keyroute.client import AsyncClient, Client
-from keyroute.core.key_format import KeyFormat, parse_key
-from keyroute.core.partition_map import Assignment, PartitionMap
-from keyroute.core.partitioner import Partitioner, partition_for
+from keyroute.cluster.partition_map import Assignment, PartitionMap
+from keyroute.keys.key_format import KeyFormat, parse_key
+from keyroute.keys.partitioner import Partitioner, partition_for
 from keyroute.router.map_views import RoutingTables
 from keyroute.router.routing_table import RoutingTable
 from tests.unit.router.fakes import build_map, node_url, store_record

@@ -1,4 +1,4 @@
-"""The development Schema Registry (keyroute.schema_registry_dev) driven by confluent-kafka's real
+"""The development Schema Registry (keyroute.dev.schema_registry_dev) driven by confluent-kafka's real
 SchemaRegistryClient and serializers over HTTP (the session's registry process), plus its rules in-process."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from keyroute.cli import main
-from keyroute.schema_registry_dev import Registry, RegistryError, avro_incompatibility
+from keyroute.dev.schema_registry_dev import Registry, RegistryError, avro_incompatibility
 from tests.util import Proc, free_port, wait_for
 
 EVENT = {

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from keyroute.core.key_format import KeyFormat, parse_key
-from keyroute.core.partition_map import StoreRecord
-from keyroute.core.partitioner import Partitioner, partition_for
-from keyroute.core.snapshot import Manifest, partition_dir, version_dir, write_manifest
+from keyroute.cluster.partition_map import StoreRecord
+from keyroute.keys.key_format import KeyFormat, parse_key
+from keyroute.keys.partitioner import Partitioner, partition_for
+from keyroute.storage.snapshot import Manifest, partition_dir, version_dir, write_manifest
 from tests.unit.node.fakes import Nodes
 
 SnapshotWriter = Callable[..., StoreRecord]

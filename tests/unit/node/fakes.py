@@ -12,14 +12,14 @@ from typing import Any
 import httpx
 from starlette.applications import Starlette
 
-from keyroute.core.key_format import KeyFormat, parse_key
-from keyroute.core.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord, StoreRecord
-from keyroute.core.partitioner import Partitioner
-from keyroute.core.settings import AccessSettings, NodeSettings, RequestLimits
+from keyroute.cluster.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord, StoreRecord
 from keyroute.http.admission import Admission
 from keyroute.http.exchange import ServerLimits
 from keyroute.http.quotas import Quotas, ServingShares
 from keyroute.http.server import HttpServer
+from keyroute.keys.key_format import KeyFormat, parse_key
+from keyroute.keys.partitioner import Partitioner
+from keyroute.runtime.settings import AccessSettings, NodeSettings, RequestLimits
 from keyroute.state_node.app import Node, create_app, forwarding_upstream
 from keyroute.state_node.dataplane import NodeDataPlane
 from keyroute.state_node.ownership import Readiness

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from keyroute.core.partition_map import Assignment
+from keyroute.cluster.partition_map import Assignment
 from keyroute.state_node.placement import AssignmentError, assign, moved_replicas
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from kazoo.handlers.threading import KazooTimeoutError
 
-from keyroute.core.collector import without_cyclic_collection
+from keyroute.runtime.collector import without_cyclic_collection
 from keyroute.state_node.controller import Controller
 from tests.util import wait_for
 

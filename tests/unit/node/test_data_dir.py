@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
-from keyroute.core import zk_layout
-from keyroute.core.cluster_identity import ClusterId
+from keyroute.cluster import zk_layout
+from keyroute.cluster.cluster_identity import ClusterId
 from keyroute.state_node.data_dir import IDENTITY_FILE, LOCK_FILE, DataDir, DataDirError, read_identity
 
 

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 
 import keyroute.state_node.dataplane
-from keyroute.core.api import MAX_JSON_DEPTH, json_depth
-from keyroute.core.settings import RequestLimits
+from keyroute.api import MAX_JSON_DEPTH, json_depth
 from keyroute.http.dataplane import Call
 from keyroute.http.exchange import ServerLimits
+from keyroute.runtime.settings import RequestLimits
 from keyroute.state_node.dataplane import NodeDataPlane
 from keyroute.state_node.reads import read_key
 from tests.request_bodies import DEEP_BODIES, bodies

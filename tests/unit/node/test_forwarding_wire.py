@@ -8,7 +8,7 @@ import socket
 
 import httpx
 
-from keyroute.core.settings import AccessSettings
+from keyroute.runtime.settings import AccessSettings
 from keyroute.state_node.reads import forward_headers
 from tests.unit.node.fakes import HELD, REMOTE_P, SERVING, Nodes, key_in
 

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.lmdb_layout import db_key
-from keyroute.core.ranges import order_of, prefix_end, scan_segments
-from keyroute.core.timeline import StoreKind, Timeline, TimeType, entry_key, key_part
+from keyroute.keys.key_format import KeyFormat
 from keyroute.state_node.ranges import _scan
 from keyroute.state_node.store import PartitionId, PartitionStore
+from keyroute.storage.lmdb_layout import db_key
+from keyroute.storage.ranges import order_of, prefix_end, scan_segments
+from keyroute.storage.timeline import StoreKind, Timeline, TimeType, entry_key, key_part
 
 STRINGS = [b"", b"a", b"a\x00", b"a\x00b", b"ab", b"b", b"\xc3\xa9", b"x" * 509, b"x" * 510, b"y" * 700, b"\x7f"]
 INTS = [-(2**15), -300, -256, -1, 0, 1, 255, 256, 2**15 - 1]

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.live import OFFSET_KEY, LiveConfig, Merge
-from keyroute.core.lmdb_layout import TAG_KEY, build_partition_file
-from keyroute.core.partition_map import StoreRecord
-from keyroute.core.partitioner import Partitioner
-from keyroute.core.snapshot import FORMAT_2, Manifest, checksum_file, data_file, version_dir, write_manifest
+from keyroute.cluster.partition_map import StoreRecord
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner
 from keyroute.state_node import store as store_module
 from keyroute.state_node.store import LIVE_STATE, PartitionStore, boot_id, load_partition
+from keyroute.storage.live import OFFSET_KEY, LiveConfig, Merge
+from keyroute.storage.lmdb_layout import TAG_KEY, build_partition_file
+from keyroute.storage.snapshot import FORMAT_2, Manifest, checksum_file, data_file, version_dir, write_manifest
 
 MAP_SIZE = 1 << 24
 MERGE = Merge("latest", "user", order_by="ts", columns=("ts",))

@@ -8,12 +8,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.partition_map import StoreRecord
-from keyroute.core.partitioner import Partitioner
-from keyroute.core.snapshot import DATA_FILE
+from keyroute.cluster.partition_map import StoreRecord
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner
 from keyroute.state_node.metrics import NodeMetrics
 from keyroute.state_node.store import MARKER, PartitionId, partition_path
+from keyroute.storage.snapshot import DATA_FILE
 
 
 def test_loads_count_as_fetched_unless_they_kept_an_earlier_runs_files(tmp_path: Path) -> None:

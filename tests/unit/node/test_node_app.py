@@ -12,10 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from keyroute.core.security import ClusterAuth, member_token
-from keyroute.core.settings import AccessSettings, RequestLimits
+from keyroute.auth.security import ClusterAuth, member_token
 from keyroute.http.admission import Admission
 from keyroute.http.authn import callers_of
+from keyroute.runtime.settings import AccessSettings, RequestLimits
 from keyroute.state_node.metrics import NodeMetrics
 from tests.unit.node.fakes import (
     GENERATION,

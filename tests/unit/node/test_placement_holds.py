@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from keyroute.core.partition_map import Assignment, NodeRecord
+from keyroute.cluster.partition_map import Assignment, NodeRecord
 from keyroute.state_node.placement import assign, moved_replicas
 from tests.property.test_assignment_props import check_invariants
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from keyroute.core.partition_map import Assignment
+from keyroute.cluster.partition_map import Assignment
 from keyroute.state_node.placement import assign, assign_exact
 
 

@@ -11,9 +11,9 @@ import re
 import httpx
 import pytest
 
-from keyroute.core.security import member_token
-from keyroute.core.settings import AccessSettings
+from keyroute.auth.security import member_token
 from keyroute.http.quotas import QuotaConfig, Quotas
+from keyroute.runtime.settings import AccessSettings
 from tests.unit.node.fakes import HELD, KEY_LOCAL, ME, SERVING, Client, Nodes, unreachable
 
 SECRET = "s3cret"

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from keyroute.core.api import BadRequest, min_offset_query, parse_min_offset
+from keyroute.api import BadRequest, min_offset_query, parse_min_offset
 from tests.unit.node.fakes import (
     HELD,
     KEY_LOCAL,

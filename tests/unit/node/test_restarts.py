@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from kazoo.exceptions import NoNodeError
 
-from keyroute.core.api import NoPartitionMap, StoreNotFound
-from keyroute.core.partition_map import Assignment, NodeRecord, PartitionMap, RecordError
+from keyroute.api import NoPartitionMap, StoreNotFound
+from keyroute.cluster.partition_map import Assignment, NodeRecord, PartitionMap, RecordError
 from keyroute.state_node.controller import Controller
 from keyroute.state_node.reads import find_store
 from keyroute.state_node.restarts import Holds, PlannedRestart, holds

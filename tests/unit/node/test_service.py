@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from keyroute.core.settings import HttpSettings, NodeSettings, RequestLimits, ZkSettings
+from keyroute.runtime.settings import HttpSettings, NodeSettings, RequestLimits, ZkSettings
 from keyroute.state_node.app import Node, create_app
 from keyroute.state_node.service import NodeServer, body_limit, run, server_limits
 from tests.unit.node.fakes import HELD, KEY_LOCAL, SERVING, FakeOwnership, WithoutLifespan, build, node_settings

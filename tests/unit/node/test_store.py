@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from keyroute.core.key_format import KeyFormat, parse_key
-from keyroute.core.partitioner import Partitioner, partition_for
-from keyroute.core.snapshot import local_path, partition_dir, read_manifest, write_manifest
+from keyroute.keys.key_format import KeyFormat, parse_key
+from keyroute.keys.partitioner import Partitioner, partition_for
 from keyroute.state_node.store import (
     MARKER,
     LoadCancelled,
@@ -21,6 +20,7 @@ from keyroute.state_node.store import (
     load_partition,
     partition_path,
 )
+from keyroute.storage.snapshot import local_path, partition_dir, read_manifest, write_manifest
 
 MAP_SIZE = 1 << 24
 ROWS = {f"customer-{i:03d}": {"n": i, "name": f"C{i}"} for i in range(60)}

@@ -22,12 +22,9 @@ from typing import Any
 import lmdb
 import pytest
 
-from keyroute.core.key_format import KeyFormat, parse_key
-from keyroute.core.lmdb_layout import db_key
-from keyroute.core.partition_map import StoreRecord
-from keyroute.core.partitioner import Partitioner, partition_for
-from keyroute.core.snapshot import ArrowLocation, local_path, partition_dir, version_dir
-from keyroute.core.timeline import StoreKind, Timeline, entry_key, key_part
+from keyroute.cluster.partition_map import StoreRecord
+from keyroute.keys.key_format import KeyFormat, parse_key
+from keyroute.keys.partitioner import Partitioner, partition_for
 from keyroute.state_node import fetch
 from keyroute.state_node.fetch import FetchCancelled, FetchError, fetch_file, sample_keys
 from keyroute.state_node.store import (
@@ -39,6 +36,9 @@ from keyroute.state_node.store import (
     load_partition,
     partition_path,
 )
+from keyroute.storage.lmdb_layout import db_key
+from keyroute.storage.snapshot import ArrowLocation, local_path, partition_dir, version_dir
+from keyroute.storage.timeline import StoreKind, Timeline, entry_key, key_part
 from tests.unit.node.conftest import write_snapshot
 
 MAP_SIZE = 1 << 24
@@ -313,12 +313,12 @@ def test_the_marker_names_the_format_and_the_file(files_snapshot, data_dir) -> N
 
 
 def test_a_version_written_by_the_cores_builder_and_manifest_loads(snapshot_root: Path, data_dir: Path) -> None:
-    # The pipeline's side of the contract (keyroute.core: PartitionFileBuilder, Manifest, Checksum) and
+    # The pipeline's side of the contract (keyroute.storage: PartitionFileBuilder, Manifest, Checksum) and
     # this node's side agree: what one writes the other serves.
-    from keyroute.core.lmdb_layout import build_partition_rows
-    from keyroute.core.snapshot import FORMAT_2 as CORE_FORMAT_2
-    from keyroute.core.snapshot import Manifest, checksum_file, write_manifest
-    from keyroute.core.snapshot import data_file as data_name
+    from keyroute.storage.lmdb_layout import build_partition_rows
+    from keyroute.storage.snapshot import FORMAT_2 as CORE_FORMAT_2
+    from keyroute.storage.snapshot import Manifest, checksum_file, write_manifest
+    from keyroute.storage.snapshot import data_file as data_name
 
     snapshot = version_dir(str(snapshot_root), "core", 3)
     per_partition: dict[int, list[tuple[bytes, bytes]]] = {0: [], 1: []}

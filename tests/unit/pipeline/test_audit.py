@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import pytest
 from pyspark.sql import types as T
 
-from keyroute.core.key_format import KeyFormat, key_from_value
-from keyroute.core.partitioner import Partitioner, partition_for
+from keyroute.keys.key_format import KeyFormat, key_from_value
+from keyroute.keys.partitioner import Partitioner, partition_for
 from keyroute.pipeline import audit
 from keyroute.pipeline.audit import Findings, SampledRecord, explain
 from keyroute.pipeline.errors import DataError, PartitionAuditError

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyroute.core.key_format import KeyFormat, KeyFormatError, key_from_value, parse_key
-from keyroute.core.partitioner import Partitioner, partition_for
+from keyroute.keys.key_format import KeyFormat, KeyFormatError, key_from_value, parse_key
+from keyroute.keys.partitioner import Partitioner, partition_for
 from keyroute.pipeline import keys as pipeline_keys
 from keyroute.pipeline.keys import key_partitions, route_keys, serialize_keys
 

@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.live import LiveConfig, Merge, decode_state, encode_stored, parse_aggregate, value_bytes
-from keyroute.core.partition_map import RecordError, StoreRecord
-from keyroute.core.partitioner import Partitioner
-from keyroute.core.snapshot import FORMAT_1, FORMAT_2, Manifest, SnapshotError, data_file
+from keyroute.cluster.partition_map import RecordError, StoreRecord
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner
 from keyroute.pipeline.lmdb_files import live_value
 from keyroute.pipeline.publish import describe_store
+from keyroute.storage.live import LiveConfig, Merge, decode_state, encode_stored, parse_aggregate, value_bytes
+from keyroute.storage.snapshot import FORMAT_1, FORMAT_2, Manifest, SnapshotError, data_file
 
 LIVE = LiveConfig(
     topic="trades",

@@ -15,7 +15,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyroute.core.snapshot import SnapshotError, compact_value
 from keyroute.pipeline.lmdb_files import (
     VALUE_JSON,
     VALUE_STRUCT,
@@ -26,6 +25,7 @@ from keyroute.pipeline.lmdb_files import (
     struct_texts,
     struct_values,
 )
+from keyroute.storage.snapshot import SnapshotError, compact_value
 
 # JSON values whose floats and strings reach every spelling question: escapes, control characters,
 # non-ASCII, integers beyond 64 bits, floats of every size.

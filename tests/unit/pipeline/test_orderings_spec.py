@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from keyroute.core.live import Aggregate, Merge
-from keyroute.core.timeline import TimeType
 from keyroute.pipeline.order_args import ordering_arguments, ordering_column, replace_orderings
 from keyroute.pipeline.spec import load_spec
+from keyroute.storage.live import Aggregate, Merge
+from keyroute.storage.timeline import TimeType
 from tests.unit.pipeline.test_spec import AGGREGATE, LATEST, spec_error, with_fields, write_spec
 
 

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.partition_map import StoreRecord
-from keyroute.core.partitioner import Partitioner
-from keyroute.core.settings import ZkSettings
-from keyroute.core.snapshot import Manifest
+from keyroute.cluster.partition_map import StoreRecord
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner
 from keyroute.pipeline import build as build_module
 from keyroute.pipeline.build import PublishedVersion, build
 from keyroute.pipeline.errors import PublishError, SpecError
 from keyroute.pipeline.publish import PublishedStore, check_shape, store_record
 from keyroute.pipeline.spec import Mode, SourceFormat, StoreSpec
 from keyroute.pipeline.writer import WrittenVersion, next_version, version_snapshot
+from keyroute.runtime.settings import ZkSettings
+from keyroute.storage.snapshot import Manifest
 
 STORE = StoreSpec(
     name="bookings",
@@ -184,7 +184,7 @@ def test_an_output_no_filesystem_writes_fails_before_zookeeper_or_spark(
 def test_a_changed_key_schema_id_is_refused() -> None:
     import dataclasses
 
-    from keyroute.core.key_schema import KeySchema
+    from keyroute.keys.key_schema import KeySchema
 
     old, new = (KeySchema(KeyFormat.AVRO, n, '"string"') for n in (7, 8))
     store = dataclasses.replace(STORE, key_format=KeyFormat.AVRO, key_schema=new)

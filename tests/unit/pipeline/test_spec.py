@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.partitioner import Partitioner
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner
 from keyroute.pipeline.errors import PipelineError, SpecError
 from keyroute.pipeline.spec import Mode, SourceFormat, Spec, StoreSpec, load_spec
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.schema_registry import RegistrySettings
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.schema_registry import RegistrySettings
 from keyroute.pipeline.spec import load_spec
 from tests.unit.pipeline.test_spec import LATEST, spec_error, with_fields, write_spec
 

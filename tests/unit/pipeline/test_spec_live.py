@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from keyroute.core.live import DEFAULT_CATCH_UP_RECORDS, Aggregate, LiveConfig, Merge
-from keyroute.core.schema_registry import RegistrySettings
+from keyroute.keys.schema_registry import RegistrySettings
 from keyroute.pipeline.errors import SpecError
 from keyroute.pipeline.live import live_config
 from keyroute.pipeline.spec import LiveSpec, Mode, SourceFormat, load_spec, parse_spec
+from keyroute.storage.live import DEFAULT_CATCH_UP_RECORDS, Aggregate, LiveConfig, Merge
 
 LIVE_ONLY_TOML = """
 [stores.positions]

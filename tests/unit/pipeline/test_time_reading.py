@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from pyspark.sql import types as T
 
-from keyroute.core.timeline import DATE_PATTERN, INTEGER_PATTERN, TIMESTAMP_PATTERN, TimeType, parse_order_text
 from keyroute.pipeline.errors import DataError
 from keyroute.pipeline.spec import Mode, SourceFormat, StoreSpec
 from keyroute.pipeline.timeline import (
@@ -24,6 +23,7 @@ from keyroute.pipeline.timeline import (
     time_reading,
     time_type_of,
 )
+from keyroute.storage.timeline import DATE_PATTERN, INTEGER_PATTERN, TIMESTAMP_PATTERN, TimeType, parse_order_text
 
 
 def history(order_by_type: TimeType | None = None) -> StoreSpec:

@@ -15,22 +15,8 @@ import lmdb
 import pyarrow as pa
 import pytest
 
-from keyroute.core import snapshot as snapshot_module
-from keyroute.core.key_format import KeyFormat, parse_key
-from keyroute.core.lmdb_layout import db_key
-from keyroute.core.partitioner import Partitioner, partition_for
-from keyroute.core.snapshot import (
-    FORMAT_2,
-    ArrowLocation,
-    Manifest,
-    SnapshotError,
-    checksum_file,
-    compact_value,
-    data_file,
-    existing_versions,
-    read_manifest,
-    write_manifest,
-)
+from keyroute.keys.key_format import KeyFormat, parse_key
+from keyroute.keys.partitioner import Partitioner, partition_for
 from keyroute.pipeline import lmdb_files, writer
 from keyroute.pipeline.errors import PublishError, SpecError
 from keyroute.pipeline.keys import lmdb_keys
@@ -44,6 +30,20 @@ from keyroute.pipeline.writer import (
     next_version,
     remove_version,
     version_snapshot,
+)
+from keyroute.storage import snapshot as snapshot_module
+from keyroute.storage.lmdb_layout import db_key
+from keyroute.storage.snapshot import (
+    FORMAT_2,
+    ArrowLocation,
+    Manifest,
+    SnapshotError,
+    checksum_file,
+    compact_value,
+    data_file,
+    existing_versions,
+    read_manifest,
+    write_manifest,
 )
 from tests.memory_fs import memory_filesystem
 

@@ -21,10 +21,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from keyroute.core.api import ApiError, KeyNotFound, PartitionUnavailable, found_body, key_path_segment
-from keyroute.core.cursor_key import CursorKey
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.partition_map import (
+from keyroute.api import ApiError, KeyNotFound, PartitionUnavailable, found_body, key_path_segment
+from keyroute.auth.cursor_key import CursorKey
+from keyroute.cluster.partition_map import (
     EMPTY_ASSIGNMENT,
     Assignment,
     NodeRecord,
@@ -32,9 +31,10 @@ from keyroute.core.partition_map import (
     ServingRecord,
     StoreRecord,
 )
-from keyroute.core.partitioner import Partitioner
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.upstream import UpstreamResponse
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner
 from keyroute.router.proxy import Proxy
 from tests.peers import Peers, Unreachable
 
@@ -249,7 +249,7 @@ class StaticMapSource:
         self.started = False
         self.stopped = False
         self._on_map: Callable[[PartitionMap], None] | None = None
-        # The cluster's key, as a ZooKeeper source reads it (keyroute.core.cursor_key).
+        # The cluster's key, as a ZooKeeper source reads it (keyroute.auth.cursor_key).
         self.cursor_key = CursorKey(b"k" * 32)
 
     def start(self, on_map: Callable[[PartitionMap], None]) -> None:

@@ -21,19 +21,19 @@ from typing import Any
 import httpx
 import pytest
 
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.partition_map import PartitionMap
-from keyroute.core.partitioner import Partitioner, key_hash, partition_for
-from keyroute.core.security import member_token
-from keyroute.core.settings import AccessSettings, RequestLimits, RouterSettings
-from keyroute.core.zk import ZkAccessError, ZkUnavailableError
+from keyroute.auth.security import member_token
+from keyroute.cluster.partition_map import PartitionMap
+from keyroute.cluster.zk import ZkAccessError, ZkUnavailableError
 from keyroute.http.admission import RequestGuard
 from keyroute.http.lifespan import StartupError
 from keyroute.http.server import HttpServer
 from keyroute.http.upstream import Upstream, UpstreamResponse
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner, key_hash, partition_for
 from keyroute.router import app as router_app
 from keyroute.router import service
 from keyroute.router.app import create_app
+from keyroute.runtime.settings import AccessSettings, RequestLimits, RouterSettings
 from tests.unit.router.fakes import FakeCluster, FakeNode, StaticMapSource, build_map, node_url, store_record
 from tests.util import wait_until
 

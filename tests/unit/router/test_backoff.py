@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from keyroute.core.partition_map import Endpoint
+from keyroute.cluster.partition_map import Endpoint
 from keyroute.router.backoff import NodeBackoff
 
 A, B, C = (Endpoint(n, f"http://{n}:1", 1) for n in "abc")

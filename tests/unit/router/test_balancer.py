@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from keyroute.core.partition_map import Endpoint
+from keyroute.cluster.partition_map import Endpoint
 from keyroute.router.backoff import NodeBackoff
 from keyroute.router.balancer import Balancer, LatencyQuantile, RetryBudget
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from keyroute.core.access import ANONYMOUS, Identity
-from keyroute.core.api import ApiError
-from keyroute.core.metrics import OTHER_CALLER, UNKNOWN_STORE, CallerReads
+from keyroute.api import ApiError
+from keyroute.auth.access import ANONYMOUS, Identity
 from keyroute.http.admission import Admission
 from keyroute.http.dataplane import Call, RoutedDataPlane
 from keyroute.http.routing import Route, RouteTable
+from keyroute.runtime.metrics import OTHER_CALLER, UNKNOWN_STORE, CallerReads
 from keyroute.state_node.metrics import NodeMetrics
 from tests.unit.http.test_dataplane import StandInExchange
 from tests.unit.router.fakes import build_map, store_record

@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from keyroute.core.api import MAX_JSON_DEPTH, KeyNotFound, json_depth
+from keyroute.api import MAX_JSON_DEPTH, KeyNotFound, json_depth
 from keyroute.http.admission import Admission
 from keyroute.http.exchange import Exchange, ServerLimits
 from keyroute.http.forwarding import OffsetBounds

@@ -11,11 +11,11 @@ from typing import Any
 
 import httpx
 
-from keyroute.core.cluster_policy import ClusterPolicy, PolicyCheck
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.live_status import LiveStatus, LiveStatusReader, annotate
-from keyroute.core.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord, StoreRecord
-from keyroute.core.partitioner import Partitioner
+from keyroute.cluster.cluster_policy import ClusterPolicy, PolicyCheck
+from keyroute.cluster.live_status import LiveStatus, LiveStatusReader, annotate
+from keyroute.cluster.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord, StoreRecord
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner
 from keyroute.router.app import create_app
 from keyroute.router.map_views import HEAT_CELLS, MapViews, Views
 from tests.unit.router.fakes import FakeCluster, StaticMapSource, node_url

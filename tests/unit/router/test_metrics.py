@@ -11,9 +11,9 @@ import pytest
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from keyroute.core.metrics import UNKNOWN_STORE, Histogram, outcome
-from keyroute.core.partition_map import PartitionMap
+from keyroute.cluster.partition_map import PartitionMap
 from keyroute.router.metrics import RouterMetrics
+from keyroute.runtime.metrics import UNKNOWN_STORE, Histogram, outcome
 from tests.unit.router.fakes import FakeNode, build_map, store_record
 from tests.unit.router.test_app import router
 

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from keyroute.core.metrics import RETIRED_FILE, UNKNOWN_STORE, WorkerSnapshots, retire
 from keyroute.http.admission import Admission
 from keyroute.router import metrics as router_metrics
 from keyroute.router.metrics import RouterMetrics
+from keyroute.runtime.metrics import RETIRED_FILE, UNKNOWN_STORE, WorkerSnapshots, retire
 from tests.unit.router.fakes import build_map, store_record
 from tests.util import wait_for
 

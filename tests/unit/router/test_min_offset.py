@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from keyroute.core.api import BadRequest, key_path_segment
+from keyroute.api import BadRequest, key_path_segment
 from keyroute.http.forwarding import OffsetBounds, batch_body, parse_batch_request
 from keyroute.router.proxy import MAX_REMEMBERED_OFFSETS, HedgeSettings, Proxy
 from keyroute.router.routing_table import RoutingTable

@@ -12,11 +12,11 @@ import httpx
 from openapi_spec_validator import validate
 from starlette.routing import Route
 
-from keyroute.core.settings import RouterSettings
 from keyroute.router import service
 from keyroute.router.app import create_app
 from keyroute.router.dataplane import ROUTES as DATA_PLANE_ROUTES
 from keyroute.router.openapi import OPENAPI, OPENAPI_JSON
+from keyroute.runtime.settings import RouterSettings
 from tests.unit.router.fakes import StaticMapSource
 
 _HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}

@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from keyroute.core.api import (
+from keyroute.api import (
     HEADER_ROUTER,
     PartitionUnavailable,
     PayloadTooLarge,
@@ -31,19 +31,19 @@ from keyroute.core.api import (
     found_body,
     key_path_segment,
 )
-from keyroute.core.key_format import KeyFormat
-from keyroute.core.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord
-from keyroute.core.partitioner import Partitioner, partition_for
-from keyroute.core.settings import RequestLimits, RouterSettings
+from keyroute.cluster.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord
 from keyroute.http.exchange import ServerLimits
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.forwarding import HOP_BY_HOP
 from keyroute.http.server import HttpServer
 from keyroute.http.upstream import Upstream, UpstreamResponse
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner, partition_for
 from keyroute.router.backoff import NodeBackoff
 from keyroute.router.balancer import DEFAULT_RECOMPUTE_EVERY
 from keyroute.router.proxy import HedgeSettings, Proxy, ProxySettings
 from keyroute.router.routing_table import RoutingTable
+from keyroute.runtime.settings import RequestLimits, RouterSettings
 from tests.unit.http.test_fast_upstream import CLOSE, RawServer, ok
 from tests.unit.router.fakes import FakeCluster, FakeNode, build_map, get, read_result, store_record
 from tests.util import serve_in_thread, wait_until

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from keyroute.core.api import BadKey, NoPartitionMap, PartitionUnavailable, StoreNotFound
-from keyroute.core.key_format import KeyFormat, KeyFormatError
-from keyroute.core.partition_map import Assignment
-from keyroute.core.partitioner import Partitioner, key_hash, partition_for
+from keyroute.api import BadKey, NoPartitionMap, PartitionUnavailable, StoreNotFound
+from keyroute.cluster.partition_map import Assignment
+from keyroute.keys.key_format import KeyFormat, KeyFormatError
+from keyroute.keys.partitioner import Partitioner, key_hash, partition_for
 from keyroute.router.routing_table import RoutingTable
 from tests.unit.router.fakes import build_map, node_url, store_record
 

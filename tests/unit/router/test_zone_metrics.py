@@ -8,9 +8,9 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from keyroute.core.metrics import WorkerSnapshots
-from keyroute.core.partition_map import Assignment, NodeRecord, PartitionMap
+from keyroute.cluster.partition_map import Assignment, NodeRecord, PartitionMap
 from keyroute.router.metrics import RouterMetrics
+from keyroute.runtime.metrics import WorkerSnapshots
 from tests.unit.router.fakes import node_url, store_record
 
 SHARING = "keyroute_router_partitions_sharing_zone"

@@ -1,0 +1,3 @@
+"""Auth: who a caller or member is (certificates, tokens, signing keys) and what it may do (access rules,
+sealed cursors' key).
+"""
