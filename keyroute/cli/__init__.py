@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from keyroute.cli import cluster, dev, node, partition, router, stores
 from keyroute.cli.options import (
+    DeclaredOption,
     _ArgumentParser,
     _check_zk_options,
     _Parser,
@@ -34,7 +35,17 @@ from keyroute.cli.serving import _http_settings, _limits  # noqa: F401  # isort:
 
 
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    return _build(_Parser(env))
+
+
+def declared_options(env: Mapping[str, str]) -> list[DeclaredOption]:
+    """Every option of every command, as declared: what `--help` shows and docs/configuration.md lists."""
     p = _Parser(env)
+    _build(p)
+    return p.declared
+
+
+def _build(p: _Parser) -> argparse.ArgumentParser:
     parser = _ArgumentParser(
         prog="keyroute",
         description=(

@@ -21,9 +21,7 @@ from keyroute.cli.options import (
 )
 from keyroute.cli.serving import _admin_port_option, _http_settings, _limits, _serving_options, _tls_options
 from keyroute.keys.schema_registry import SECRETS_DIR_VARIABLE
-from keyroute.runtime.settings import (
-    NodeSettings,
-)
+from keyroute.runtime.settings import HttpSettings, NodeSettings, ZkSettings
 from keyroute.zone import (
     SERVICE_ACCOUNT_DIR,
     ZONE_LABELS,
@@ -46,16 +44,10 @@ def add_node(p: _Parser, sub: Any) -> list[argparse.ArgumentParser]:
     p.option(node, "--port", type=int, required=True, help="HTTP port")
     _admin_port_option(p, node)
     _tls_options(p, node, router=False)
-    p.option(node, "--host", default="127.0.0.1", help="address to listen on")
-    p.option(node, "--advertise-url", default="", help="URL other members use to reach this node")
+    p.setting(node, HttpSettings, "host")
+    p.setting(node, HttpSettings, "advertise_url")
     p.option(node, "--data-dir", type=Path, required=True, help="where the node keeps its loaded partitions")
-    p.option(
-        node,
-        "--zone",
-        default="",
-        help="failure domain this node runs in (availability zone, rack): a partition's replicas go to different "
-        "zones when there are enough (in Kubernetes: the Node's topology.kubernetes.io/zone label, see --zone-file)",
-    )
+    p.setting(node, NodeSettings, "zone")
     p.option(
         node,
         "--zone-file",
@@ -68,61 +60,17 @@ def add_node(p: _Parser, sub: Any) -> list[argparse.ArgumentParser]:
         "--require-zone",
         help="refuse to start without a zone (from --zone or --zone-file): replicas would spread over nodes only",
     )
-    # The node's waits and timeouts, as --help lists them: (flag, type, default, help).
-    for flag, kind, default, text in (
-        ("--zk-session-timeout-s", float, 10.0, "ZooKeeper session timeout"),
-        (
-            "--drain-timeout-s",
-            float,
-            60.0,
-            "on SIGTERM, how long to wait for other nodes to serve this node's partitions",
-        ),
-        (
-            "--restart-grace-s",
-            _non_negative_float,
-            120.0,
-            "on SIGTERM, how long this node's partitions stay assigned to it while it restarts (0: hand them over; "
-            "`keyroute node-drain` makes the next stop a departure)",
-        ),
-        (
-            "--version-grace-s",
-            float,
-            300.0,
-            "how long a replaced version's files stay on disk (a rollback meanwhile reuses them)",
-        ),
-        ("--forward-timeout-s", float, 5.0, "timeout for one request to another node"),
-        (
-            "--min-offset-wait-ms",
-            float,
-            500.0,
-            "how long a read with min_offset waits for a live partition to apply it (then 503 not_up_to_bound)",
-        ),
-    ):
-        p.option(node, flag, type=kind, default=default, help=text)
-    p.option(
-        node,
-        "--live-batch-records",
-        type=int,
-        default=2000,
-        help="records a live store's consumer takes per call; each partition's share goes in one LMDB transaction",
-    )
-    p.option(
-        node,
-        "--live-sync-ms",
-        type=_non_negative_float,
-        default=1000.0,
-        help="how often a live partition's commits are flushed to disk (0: after every commit); a process crash "
-        "loses nothing either way",
-    )
-    _serving_options(p, node)
-    p.option(
-        node,
-        "--quota-file",
-        default="",
-        help="TOML file of read quotas per identity and store (reads/s, split among the nodes serving the store) "
-        "for reads made straight to this node (direct mode), re-read when it changes; needs --cluster-secret or "
-        "--member-ca; none: no quotas",
-    )
+    # The node's waits and timeouts, as --help lists them.
+    p.setting(node, ZkSettings, "session_timeout_s", type=float)
+    p.setting(node, NodeSettings, "drain_timeout_s", type=float)
+    p.setting(node, NodeSettings, "restart_grace_s", type=_non_negative_float)
+    p.setting(node, NodeSettings, "version_grace_s", type=float)
+    p.setting(node, NodeSettings, "forward_timeout_s", type=float)
+    p.setting(node, NodeSettings, "min_offset_wait_ms", type=float)
+    p.setting(node, NodeSettings, "live_batch_records", type=int)
+    p.setting(node, NodeSettings, "live_sync_ms", type=_non_negative_float)
+    _serving_options(p, node, NodeSettings)
+    p.setting(node, NodeSettings, "quota_file")
     return [node]
 
 

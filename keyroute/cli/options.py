@@ -8,6 +8,7 @@ import difflib
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -16,13 +17,11 @@ from keyroute.runtime.settings import (
     ZkIdentity,
     ZkSettings,
     ZkTls,
+    env_name,
+    options,
 )
 
-ENV_PREFIX = "KEYROUTE_"
-
-
-def _env_name(flag: str) -> str:
-    return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
+_env_name = env_name
 
 
 class _ArgumentParser(argparse.ArgumentParser):
@@ -79,11 +78,56 @@ def _unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace, ext
     return line + f"; `{leaf.prog} --help` lists the options"
 
 
+@dataclass(frozen=True, slots=True)
+class DeclaredOption:
+    """An option as a command declares it: what its `--help` shows and docs/configuration.md's tables list."""
+
+    command: str  # "keyroute store adopt"
+    flag: str
+    env: str
+    default: Any  # as the command line takes it (text is converted when parsed); None: none
+    required: bool
+    switch: bool  # on/off
+    secret: bool
+    help: str  # without the variable and the default --help adds
+    # The settings field it sets ("NodeSettings.drain_timeout_s"), when declared there.
+    field: str = ""
+
+
 class _Parser:
-    """argparse with every option defaulting to its KEYROUTE_* environment variable."""
+    """argparse with every option defaulting to its KEYROUTE_* environment variable; it keeps what each
+    command declares (`declared`)."""
 
     def __init__(self, env: Mapping[str, str]) -> None:
         self.env = env
+        self.declared: list[DeclaredOption] = []
+        self._commands: dict[int, str] = {}  # a group's command
+        self._field = ""
+
+    def _command(self, parser: Any) -> str:
+        return self._commands.get(id(parser)) or parser.prog
+
+    def exclusive(self, parser: argparse.ArgumentParser) -> Any:
+        """A group of `parser`'s options of which one at most may be given."""
+        group = parser.add_mutually_exclusive_group()
+        self._commands[id(group)] = parser.prog
+        return group
+
+    def setting(self, parser: argparse.ArgumentParser, settings: type, name: str, **kwargs: Any) -> None:
+        """The option of a settings field declared with keyroute.runtime.settings.option: its flag, default and
+        help are the declaration's (a `help` given says what the option is for this command)."""
+        declared = options(settings)[name]
+        help = kwargs.pop("help", declared.help)
+        self._field = f"{settings.__name__}.{name}"
+        try:
+            if isinstance(declared.default, bool):
+                self.flag(parser, declared.flag, help=help)
+            else:
+                # A secret's absence is None, whatever the field holds then.
+                default = None if kwargs.get("secret") else declared.spelled
+                self.option(parser, declared.flag, default=default, help=help, **kwargs)
+        finally:
+            self._field = ""
 
     def option(
         self,
@@ -107,12 +151,18 @@ class _Parser:
         if default is not None and not secret:
             suffix += f" (default: {default})"
         parser.add_argument(flag, type=type, default=default, required=required, help=help + suffix, **kwargs)
+        self.declared.append(
+            DeclaredOption(self._command(parser), flag, env_name, default, required, False, secret, help, self._field)
+        )
 
     def flag(self, parser: argparse.ArgumentParser, flag: str, *, help: str = "") -> None:
         """An on/off switch; its variable is true for 1/true/yes/on."""
         env_name = _env_name(flag)
         default = self.env.get(env_name, "").strip().lower() in ("1", "true", "yes", "on")
         parser.add_argument(flag, action="store_true", default=default, help=f"{help} [env {env_name}]")
+        self.declared.append(
+            DeclaredOption(self._command(parser), flag, env_name, default, False, True, False, help, self._field)
+        )
 
 
 def _number(
@@ -264,7 +314,7 @@ def _read_secret_files(args: argparse.Namespace) -> str | None:
 
 
 def _zk(args: argparse.Namespace) -> ZkSettings:
-    timeout = getattr(args, "zk_session_timeout_s", 10.0)
+    timeout = getattr(args, "zk_session_timeout_s", ZkSettings().session_timeout_s)
     auth, reader = getattr(args, "zk_auth", None), getattr(args, "zk_reader", None)
     tls = ZkTls(args.zk_tls_ca, args.zk_tls_cert, args.zk_tls_key) if args.zk_tls_ca is not None else None
     reader_dn = getattr(args, "zk_reader_dn", "").strip()

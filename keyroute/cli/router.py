@@ -18,8 +18,9 @@ from keyroute.cli.options import (
 from keyroute.cli.serving import _admin_port_option, _http_settings, _limits, _serving_options, _tls_options
 from keyroute.runtime.logs import configure as configure_logs
 from keyroute.runtime.settings import (
-    DEFAULT_STALL_AFTER_MS,
+    HttpSettings,
     RouterSettings,
+    ZkSettings,
 )
 
 
@@ -40,55 +41,17 @@ def add_router(p: _Parser, sub: Any) -> list[argparse.ArgumentParser]:
     p.option(router, "--port", type=int, required=True, help="HTTP port")
     _admin_port_option(p, router)
     _tls_options(p, router, router=True)
-    p.option(router, "--host", default="127.0.0.1", help="address to listen on")
-    p.option(
-        router,
-        "--router-id",
-        default="",
-        help="this router's id, which its member certificate names (keyroute-router.ID.DOMAIN); default: the host "
-        "name (on Kubernetes, the pod name)",
-    )
-    p.option(router, "--upstream-timeout-s", type=float, default=5.0, help="timeout for one request to a node")
-    p.option(router, "--zk-session-timeout-s", type=float, default=10.0, help="ZooKeeper session timeout")
-    p.option(router, "--upstream-connect-timeout-s", type=float, default=1.0, help="timeout for connecting to a node")
-    _serving_options(p, router)
-    p.option(
-        router,
-        "--hedge-after-ms",
-        type=_hedge_after_ms,
-        default="auto",
-        help="send a single-key read not answered within this many ms to a second replica too; "
-        "auto: the p95 of recent node latencies (2 ms to 1 s); 0: never",
-    )
-    p.option(
-        router,
-        "--retry-budget-percent",
-        type=_percent,
-        default=10.0,
-        help="hedges allowed as a percentage of reads (plus a burst of 10); failovers after errors always go",
-    )
-    p.option(
-        router,
-        "--stall-after-ms",
-        type=_non_negative_float,
-        default=DEFAULT_STALL_AFTER_MS,
-        help="a read none of whose requests has replied within this many ms goes to the next replica, "
-        "whatever the retry budget (a frozen node); 0: never",
-    )
-    p.option(
-        router,
-        "--workers",
-        type=_positive_int,
-        default=1,
-        help="router processes sharing the port, each with its own map watcher (about one per spare core)",
-    )
-    p.option(
-        router,
-        "--quota-file",
-        default="",
-        help="TOML file of read quotas per identity and store (reads/s, split among the routers up), "
-        "re-read when it changes; none: no quotas",
-    )
+    p.setting(router, HttpSettings, "host")
+    p.setting(router, RouterSettings, "router_id")
+    p.setting(router, RouterSettings, "upstream_timeout_s", type=float)
+    p.setting(router, ZkSettings, "session_timeout_s", type=float)
+    p.setting(router, RouterSettings, "upstream_connect_timeout_s", type=float)
+    _serving_options(p, router, RouterSettings)
+    p.setting(router, RouterSettings, "hedge_after_ms", type=_hedge_after_ms)
+    p.setting(router, RouterSettings, "retry_budget_percent", type=_percent)
+    p.setting(router, RouterSettings, "stall_after_ms", type=_non_negative_float)
+    p.setting(router, RouterSettings, "workers", type=_positive_int)
+    p.setting(router, RouterSettings, "quota_file")
     return [router]
 
 

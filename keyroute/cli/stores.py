@@ -111,7 +111,7 @@ def _adopt_parser(p: _Parser, store_sub: Any) -> None:
         default=1,
         help="replicas per partition of a store that has no record (the spec's value; manifests do not hold it)",
     )
-    ids = adopt.add_mutually_exclusive_group()
+    ids = p.exclusive(adopt)
     p.option(
         ids,  # type: ignore[arg-type]
         "--cluster-id",
