@@ -10,7 +10,6 @@ import contextlib
 import enum
 import functools
 import logging
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from types import MappingProxyType
 from typing import Any
 
 from keyroute.cluster.partition_map import PartitionMap, StoreRecord
+from keyroute.runtime.clock import SYSTEM_CLOCK, Clock, Timer
 from keyroute.runtime.logs import describe
 from keyroute.runtime.settings import NodeSettings
 from keyroute.state_node.live import GAP, ApplierSettings, LiveApplier, LivePartition, LiveVersion
@@ -150,8 +150,11 @@ class Ownership:
         retry_failed_s: float = 5.0,
         loader: Loader = load_partition,
         follow: Callable[[frozenset[str]], None] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        """`clock`: the time of its grace periods, load retries and live status reports."""
         self._settings = settings
+        self._clock = clock
         self._node_id = settings.node_id
         self._registration = registration
         self._max_parallel_loads = max_parallel_loads
@@ -178,7 +181,7 @@ class Ownership:
         # Partitions whose directory is being removed: not loaded until the removal is done, so a
         # removal never races a load writing into the same directory.
         self._deleting: set[PartitionId] = set()
-        self._retry_handle: asyncio.TimerHandle | None = None
+        self._retry_handle: Timer | None = None
         self._stopping = False
         self._leaving = False
         self._withdrawn = False
@@ -441,7 +444,7 @@ class Ownership:
         if self._stopping:
             return
         m = self._map
-        now = time.monotonic()
+        now = self._clock.monotonic()
         desired: dict[PartitionId, StoreRecord] = {}
         for store, partitions in m.assignment.partitions_of(self._node_id).items():
             record = m.stores.get(store)
@@ -607,8 +610,7 @@ class Ownership:
             self._retry_handle = None
         waits = [e.retry_at - now for e in self._entries.values() if e.state is PartitionState.FAILED]
         if waits:
-            loop = asyncio.get_running_loop()
-            self._retry_handle = loop.call_later(max(0.0, min(waits)) + 0.01, self._reconcile)
+            self._retry_handle = self._clock.call_later(max(0.0, min(waits)) + 0.01, self._reconcile)
 
     # -- actions -----------------------------------------------------------------------------------
 
@@ -633,11 +635,11 @@ class Ownership:
             else:
                 log.warning("loading %s failed: %s", pid, describe(exc))
                 entry.state, entry.error = PartitionState.FAILED, str(exc)
-                entry.retry_at = time.monotonic() + self._retry_failed_s
+                entry.retry_at = self._clock.monotonic() + self._retry_failed_s
         except Exception as exc:  # a bug must not wedge the partition in LOADING forever
             log.exception("loading %s failed unexpectedly", pid)
             entry.state, entry.error = PartitionState.FAILED, f"internal error: {exc!r}"
-            entry.retry_at = time.monotonic() + self._retry_failed_s
+            entry.retry_at = self._clock.monotonic() + self._retry_failed_s
         else:
             if entry.cancel.is_set() or self._stopping:
                 if self._stopping:
@@ -707,14 +709,14 @@ class Ownership:
             if stores != self._live_reported:
                 try:
                     if stores:
-                        report = {"stores": stores, "updated_at": time.time()}
+                        report = {"stores": stores, "updated_at": self._clock.time()}
                         await asyncio.to_thread(self._registration.publish_live, report)
                     else:
                         await asyncio.to_thread(self._registration.withdraw_live)
                     self._live_reported = stores
                 except Exception as exc:  # ZooKeeper unreachable: tried again next time
                     log.debug("publishing the live status failed: %s", describe(exc))
-            await asyncio.sleep(LIVE_REPORT_EVERY_S)
+            await self._clock.sleep(LIVE_REPORT_EVERY_S)
 
     def _forget(self, pid: PartitionId, entry: _Entry) -> None:
         entry.state = PartitionState.DROPPED
@@ -821,7 +823,7 @@ class Ownership:
     async def _grace(self, delay_s: float) -> None:
         self._in_grace += 1
         try:
-            await asyncio.sleep(delay_s)
+            await self._clock.sleep(delay_s)
         finally:
             self._in_grace -= 1
 

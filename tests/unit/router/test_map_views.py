@@ -224,7 +224,8 @@ def test_a_long_poll_answers_when_the_map_passes_the_generation_or_at_its_timeou
             waiting = asyncio.ensure_future(
                 r.client.get("/admin/partition-map", params={"since": "7", "wait_s": "30"}, headers=tag)
             )
-            await asyncio.sleep(0.1)
+            views: MapViews = r.app.state.map_views
+            await wait_until(lambda: views.long_polls == 1, message="the long poll waiting")
             assert not waiting.done()
             await r.push(cluster_map(generation=9))
             answer = await asyncio.wait_for(waiting, 10)
