@@ -140,14 +140,15 @@ def test_the_live_status_is_rewritten_when_it_changed_at_most_once_a_report_inte
         live = node.registration.live
         node.announcer.report_live(lambda: report)
         await wait_until(lambda: live == [{"stores": {"s": {"0": {"offset": 1}}}, "updated_at": WALL_START}])
-        report = {"s": {"0": {"offset": 2}}}
-        await asyncio.sleep(0.01)  # the reporter has its turns: nothing before the interval is over
-        assert len(live) == 1
+        asleep = [LIVE_REPORT_EVERY_S]  # the reporter waits out its interval on the clock
+        await wait_until(lambda: node.clock.pending() == asleep, message="the reporter waiting")
+        report = {"s": {"0": {"offset": 2}}}  # nothing written before the interval is over
         node.clock.advance(LIVE_REPORT_EVERY_S)
         await wait_until(lambda: len(live) == 2)
         assert live[-1] == {"stores": report, "updated_at": WALL_START + LIVE_REPORT_EVERY_S}
+        await wait_until(lambda: node.clock.pending() == asleep, message="the reporter waiting")
         node.clock.advance(LIVE_REPORT_EVERY_S)  # unchanged: not written again
-        await asyncio.sleep(0.01)
+        await wait_until(lambda: node.clock.pending() == asleep, message="the reporter waiting")
         assert len(live) == 2
         report = {}
         node.clock.advance(LIVE_REPORT_EVERY_S)
