@@ -72,7 +72,7 @@ def serialize_keys(
         keys = keys.combine_chunks()
     if key_schema is not None:  # Schema Registry keys: by the schema's codec, built once per worker
         return _serialize_per_key(keys, key_format, key_schema)
-    return _serialize_vectorized(keys, key_format) or _serialize_per_key(keys, key_format)
+    return serialize_vectorized(keys, key_format) or _serialize_per_key(keys, key_format)
 
 
 def route_keys(
@@ -123,7 +123,7 @@ def _partitions(data: pa.Array, partitioner: Partitioner, partitions: int) -> pa
     return pa.array(parts, pa.int32(), mask=missing)
 
 
-def _serialize_vectorized(keys: pa.Array, key_format: KeyFormat) -> SerializedKeys | None:
+def serialize_vectorized(keys: pa.Array, key_format: KeyFormat) -> SerializedKeys | None:
     """The batch serialized by Arrow/NumPy kernels, or None when it needs `key_from_value` key by key."""
     kind = keys.type
     if key_format is KeyFormat.STRING and is_text(kind):

@@ -204,7 +204,7 @@ def _launch_noise_dropped() -> Iterator[None]:
         yield
         return
     read_end, write_end = os.pipe()
-    threading.Thread(target=_forward, args=(read_end, real), name="spark-stderr", daemon=True).start()
+    threading.Thread(target=forward_stderr, args=(read_end, real), name="spark-stderr", daemon=True).start()
     os.dup2(write_end, 2)
     os.close(write_end)
     try:
@@ -214,7 +214,9 @@ def _launch_noise_dropped() -> Iterator[None]:
         os.dup2(real, 2)
 
 
-def _forward(read_end: int, out: int) -> None:
+def forward_stderr(read_end: int, out: int) -> None:
+    """Copy what is written to the pipe `read_end` to the descriptor `out`, whole lines at a time, without the
+    JVM's launch noise (a progress line, ending in a carriage return, goes as it comes); until the pipe closes."""
     pending = b""
     while chunk := os.read(read_end, 65536):
         *lines, pending = (pending + chunk).split(b"\n")

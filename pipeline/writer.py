@@ -364,7 +364,7 @@ def _build_files(computed: ComputedStore, claimed: ClaimedVersion) -> dict[int, 
                 "ignore", message="PySpark does not yet fully support pandas", category=FutureWarning
             )
             files = ordered.mapInArrow(task, lmdb_files.RESULT_DDL)
-        with _batches_sized_by_rows(computed.frame.sparkSession, computed.json_bytes):
+        with batches_sized_by_rows(computed.frame.sparkSession, computed.json_bytes):
             results = files.collect()
     written: dict[int, _PartitionFile] = {}
     misplaced = 0
@@ -463,7 +463,7 @@ _BYTE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p
 
 
 @contextlib.contextmanager
-def _batches_sized_by_rows(spark: SparkSession, json_bytes: int | None) -> Iterator[None]:
+def batches_sized_by_rows(spark: SparkSession, json_bytes: int | None) -> Iterator[None]:
     """Within the block, Spark feeds Python tasks batches limited by their number of rows alone: at most
     as many as fit in its byte limit at the greatest size a row of this store can have (`json_bytes` of
     JSON text, plus `_ROW_BYTES`). A batch is held to the same bytes as before, but Spark no longer sizes
@@ -474,7 +474,7 @@ def _batches_sized_by_rows(spark: SparkSession, json_bytes: int | None) -> Itera
     end of the block (builds write their stores one at a time)."""
     conf = spark.conf
     rows_text, bytes_text = conf.get(_ARROW_ROWS), conf.get(_ARROW_BYTES)
-    limit = _byte_size(bytes_text or "")
+    limit = spark_byte_size(bytes_text or "")
     try:
         rows = int(rows_text or "")
     except ValueError:
@@ -492,7 +492,7 @@ def _batches_sized_by_rows(spark: SparkSession, json_bytes: int | None) -> Itera
         conf.set(_ARROW_BYTES, bytes_text)
 
 
-def _byte_size(text: str) -> int | None:
+def spark_byte_size(text: str) -> int | None:
     """Bytes of a Spark size setting ("67108864b", "64m", "1g", "1024"), or None when not of that form."""
     found = re.fullmatch(r"\s*(\d+)\s*([kmgtp]?)b?\s*", text.lower())
     return None if found is None else int(found.group(1)) * _BYTE_UNITS[found.group(2)]

@@ -506,6 +506,8 @@ class MapViews:
         self._changed_at: dict[str, int] = {}
         self._seen: PartitionMap | None = None
         self.tracked_from: int | None = None
+        # Long polls waiting for the next map now (`next_change`).
+        self.long_polls = 0
 
     def observe(self, m: PartitionMap) -> None:
         """A new map is installed (on the event loop): note which stores route differently, wake waiters."""
@@ -541,9 +543,11 @@ class MapViews:
         if self._changed is None:
             self._changed = asyncio.Event()
         changed = asyncio.ensure_future(self._changed.wait())
+        self.long_polls += 1
         try:
             await asyncio.wait((changed, gone), timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            self.long_polls -= 1
             changed.cancel()
 
     def _live(self, m: PartitionMap) -> bool:

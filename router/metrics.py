@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Final
 
@@ -178,6 +178,8 @@ class RouterMetrics:
     certificates: dict[str, str] = field(default_factory=dict)
     # The router's quotas (keyroute/http/quotas.py): reads admitted and refused by identity and store, when configured.
     quotas: Quotas | None = None
+    # The wall clock (seconds since the epoch): when the map went stale, and the ages shown at a scrape.
+    clock: Callable[[], float] = time.time
     _exposition: Exposition | None = None
     # With workers: where this worker publishes its snapshots and finds the others' (see the module doc).
     _snapshots: WorkerSnapshots | None = None
@@ -203,7 +205,7 @@ class RouterMetrics:
         if not partition_map.stale:
             self.stale_since = None
         elif self.stale_since is None:
-            self.stale_since = time.time()
+            self.stale_since = self.clock()
 
     def count(self, store: str, kind: str, status: int) -> None:
         """One read of `store` answered with `status` (store names the map does not know share one label).
@@ -330,14 +332,14 @@ class RouterMetrics:
         snapshots = self._snapshots
         if snapshots is None:
             sums, facts = self.snapshot()
-            yield from _families(sums, [facts], None)
+            yield from _families(sums, [facts], None, self.clock())
             return
         own, others, retired = snapshots.gather()
         records = ([own] if own is not None else []) + others
         total = retired
         for record in records:
             total = add_sums(total, record.get("sums", {}))
-        yield from _families(total, [r.get("facts", {}) for r in records], records)
+        yield from _families(total, [r.get("facts", {}) for r in records], records, self.clock())
 
     def render(self) -> str:
         """The Prometheus text exposition."""
@@ -349,10 +351,12 @@ class RouterMetrics:
         return self._exposition.render()
 
 
-def _families(sums: Sums, facts: Sequence[Facts], workers: Sequence[Mapping[str, Any]] | None) -> Iterable[Metric]:
+def _families(
+    sums: Sums, facts: Sequence[Facts], workers: Sequence[Mapping[str, Any]] | None, now: float
+) -> Iterable[Metric]:
     """The exposition of `sums` (one process's counters, or their sum over workers) and of `facts` (one
     per live process: their gauges show the furthest behind); with `workers` (their snapshot records),
-    the per-worker families too."""
+    the per-worker families too. `now`: the wall clock the ages are counted to."""
     yield labelled_counter(
         "keyroute_router_requests",
         "reads answered, by store, kind (key: one per GET, batch: one per key of a batch-get) and outcome",
@@ -406,7 +410,6 @@ def _families(sums: Sums, facts: Sequence[Facts], workers: Sequence[Mapping[str,
         "1 when every partition of every store is served (with workers: in every worker's map)",
         min((f.get("map_complete", 0) for f in facts), default=0),
     )
-    now = time.time()
     yield gauge(
         "keyroute_router_map_age_seconds",
         "seconds since the installed map was read from ZooKeeper (it is re-read on every change; with workers:"

@@ -252,7 +252,7 @@ class Controller:
             stores_changed, self._stores_changed = self._stores_changed, set()
             restarts_changed, self._restarts_changed = self._restarts_changed, set()
         # Only the node and store records not known yet or whose watch fired since are read again.
-        zones = self._assignable_nodes(changed, restarts_changed)
+        zones = self.assignable_nodes(changed, restarts_changed)
         nodes = list(zones)
         listed = self._read_changed(
             zk_layout.STORES, zk_layout.store_path, self._store_shapes, stores_changed, self._placeable
@@ -272,7 +272,7 @@ class Controller:
             # Not even this node's record is visible (session being re-established), or every node is
             # leaving: keep the assignment as it is (leaving nodes serve until they go).
             return
-        if previous is not None and self._back_meanwhile(previous, zones):
+        if previous is not None and self.back_meanwhile(previous, zones):
             self._wake.ring()  # read the nodes again: one came back between the two listings
             return
         self._say_short_of_nodes(stores, len(nodes))
@@ -288,9 +288,11 @@ class Controller:
             self._computed = _Inputs(stores, zones, known.root_zstat_version)
         log.info("assignment generation %d written for %d nodes, %d stores", generation, len(nodes), len(stores))
 
-    def _assignable_nodes(self, changed: set[str], restarts_changed: set[str]) -> dict[str, str]:
+    def assignable_nodes(self, changed: set[str], restarts_changed: set[str]) -> dict[str, str]:
         """node -> zone of every node to place partitions on: the registered nodes that are not leaving, and the
-        nodes away for a planned restart within their grace."""
+        nodes away for a planned restart within their grace (a restart record whose grace has ended is deleted
+        here). `changed`, `restarts_changed`: the node and restart records to read again (the watches said they
+        changed); the others are taken from the last read."""
         nodes_read = self._node_records
         registered = self._read_changed(zk_layout.NODES, zk_layout.node_path, nodes_read, changed, self._assignable)
         zones = {name: record.zone for name in registered if (record := nodes_read.get(name)) is not None}
@@ -302,7 +304,7 @@ class Controller:
             zones.setdefault(name, zone)  # away for a planned restart: placed as if live until its grace ends
         return zones
 
-    def _back_meanwhile(self, previous: Assignment, zones: Mapping[str, str]) -> bool:
+    def back_meanwhile(self, previous: Assignment, zones: Mapping[str, str]) -> bool:
         """Whether a node the previous assignment places, neither placed now nor registered when listed, is
         registered now. The nodes are listed before the restart records: a node back from a restart that
         registered after the first listing and deleted its restart record before the second is neither

@@ -109,7 +109,7 @@ def read_partition_range(node: Node, store_name: str, raw_partition: str, raw_qu
     # One key beyond the limit tells whether more follow.
     found: list[tuple[bytes, bytes]] = []
     for start, end in scan_segments(key_format, query.low, query.high, query.after):
-        _scan(held, key_format, start, end, query.low, query.high, query.after, query.limit + 1, found)
+        scan_range(held, key_format, start, end, query.low, query.high, query.after, query.limit + 1, found)
         if len(found) > query.limit:
             break
     more = len(found) > query.limit
@@ -131,7 +131,7 @@ def read_partition_range(node: Node, store_name: str, raw_partition: str, raw_qu
     return 200, headers, body
 
 
-def _scan(
+def scan_range(
     held: PartitionStore,
     key_format: object,
     start: bytes | None,

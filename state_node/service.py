@@ -105,7 +105,7 @@ class NodeServer(HttpServer):
 
 
 async def _leave(node: Node, on_signal: Callable[[Callable[[], None]], None]) -> None:
-    leaving = asyncio.get_running_loop().create_task(_stop_gracefully(node))
+    leaving = asyncio.get_running_loop().create_task(stop_gracefully(node))
     on_signal(leaving.cancel)
     bound_s = node.settings.drain_timeout_s + LEAVE_MARGIN_S
     try:
@@ -130,9 +130,10 @@ async def _leave(node: Node, on_signal: Callable[[Callable[[], None]], None]) ->
         log.error("graceful leave failed; stopping now", exc_info=leaving.exception())
 
 
-async def _stop_gracefully(node: Node, clock: Callable[[], float] = time.time) -> None:
-    """A planned restart when the settings allow one and no drain request says otherwise; else a departure
-    (`Node.leave`: every partition handed over first)."""
+async def stop_gracefully(node: Node, clock: Callable[[], float] = time.time) -> None:
+    """What a node does when asked to stop (SIGTERM): a planned restart when the settings allow one and no
+    drain request says otherwise; else a departure (`Node.leave`: every partition handed over first).
+    `clock`: the wall clock its restart record is stamped with."""
     grace_s = node.settings.restart_grace_s
     registration = node.registration
     if grace_s <= 0 or registration is None:

@@ -169,6 +169,13 @@ class PartitionStore:
     def closed(self) -> bool:
         return self._env is None
 
+    @property
+    def read_only(self) -> bool:
+        """Whether it is open read-only: a batch partition is (its data file may be the snapshot's own, hard
+        linked, which the node must never write); a live one is not. False once closed."""
+        env = self._env
+        return env is not None and bool(env.flags()["readonly"])
+
     def get(self, key: bytes) -> bytes | None:
         env = self._env
         if env is None:

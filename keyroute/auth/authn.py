@@ -421,6 +421,12 @@ class SigningKeys:
         self._stopped = True
         self._wake.set()
 
+    @property
+    def refreshing(self) -> bool:
+        """Whether the background refresh (`start`) runs: False again once `close` has stopped it."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
 
 class JwtVerifier:
     """Verifies JWTs by `policy` against `keys` (loaded first if they are not yet: AuthnError)."""

@@ -234,7 +234,7 @@ def _check_layout_acl(client: KazooClient, settings: ZkSettings) -> None:
     for path in _layout_paths(client, settings):
         try:
             current, _ = client.get_acls(path)
-            merged = _merged_acl(current, routers if path == zk_layout.ROUTERS else layout)
+            merged = merged_acl(current, routers if path == zk_layout.ROUTERS else layout)
             if _acl_key(merged) == _acl_key(current):
                 continue
             client.set_acls(path, merged)
@@ -244,7 +244,7 @@ def _check_layout_acl(client: KazooClient, settings: ZkSettings) -> None:
         log.warning("ZooKeeper ACL of %s changed to: %s", where, ", ".join(_describe(e) for e in merged))
 
 
-def _merged_acl(current: list[ACL], wanted: list[ACL]) -> list[ACL]:
+def merged_acl(current: list[ACL], wanted: list[ACL]) -> list[ACL]:
     """`wanted`, plus the entries of `current` for other identities; world access goes."""
     ours = {entry.id for entry in wanted}
     kept = [entry for entry in current if entry.id.scheme != "world" and entry.id not in ours]

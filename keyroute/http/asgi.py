@@ -137,7 +137,7 @@ class Cycle(Slot):
         # straight to the socket, and the app sees requests of one connection one at a time.
         self._started = True
         conn = self._conn
-        conn._server._track(conn._loop.create_task(self._run()))
+        conn._server.track(conn._loop.create_task(self._run()))
 
     async def _run(self) -> None:
         try:

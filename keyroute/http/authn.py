@@ -78,13 +78,16 @@ class Callers:
     """The access check of a router or node: `authenticator` for its callers; on a node, `members` (whose
     requests are trusted: they checked their callers)."""
 
-    def __init__(self, authenticator: Authenticator, members: ClusterAuth | None = None) -> None:
+    def __init__(
+        self, authenticator: Authenticator, members: ClusterAuth | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
+        """`clock`: the wall clock (seconds since the epoch) admin login sessions are made and expire by."""
         self.authenticator = authenticator
         self.members = members if members is not None and members.enabled else None
         self._certificates = authenticator.tokens is not None
         # What admin callers' login sessions are keyed by (the app sets the cluster's key; None: no logins).
         self.cluster_key: CursorKey | None = None
-        self._clock: Callable[[], float] = time.time
+        self._clock = clock
 
     @property
     def jwks_fetch_failures(self) -> int:
@@ -106,7 +109,7 @@ class Callers:
         members = self.members
         if members is not None:
             if members.certificates:
-                peer = peer_identity(_transport(call))
+                peer = peer_identity(call.transport)
                 member = peer is not None
                 if peer is not None:
                     check_member_headers(peer, request.header(_HOPS), request.header(_FORWARDED_BY))
@@ -121,7 +124,7 @@ class Callers:
         authorization = request.header(_AUTHORIZATION)
         identity = None
         if authorization is None and self._certificates:
-            identity = authenticator.certificate(certificate_names(_transport(call)))
+            identity = authenticator.certificate(certificate_names(call.transport))
         if identity is None:
             identity = authenticator.identify(authorization)
         call.identity = identity  # a 403 is counted under its caller too
@@ -185,11 +188,6 @@ def _authorization(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
     return None
 
 
-def _transport(call: Any) -> Any:
-    """The transport (a TLS one: its peer's certificate) a data-plane call came on."""
-    return call._exchange._conn._transport
-
-
 def certificate_names(transport: Any) -> tuple[str, ...]:
     """The names a TLS client certificate presented on `transport` goes by: its subject alternative names
     (DNS, URI, email), then its subject CN. Parsed once per connection; () without a certificate."""
@@ -217,10 +215,17 @@ def admin_paths(access: AccessSettings) -> tuple[str, ...]:
     return ("/admin", "/metrics") if closed else ("/admin",)
 
 
-def callers_of(access: AccessSettings, members: ClusterAuth, name: str, trust_members: bool) -> Callers | None:
+def callers_of(
+    access: AccessSettings,
+    members: ClusterAuth,
+    name: str,
+    trust_members: bool,
+    clock: Callable[[], float] = time.time,
+) -> Callers | None:
     """The access check `access` configures (None: none, every caller may read every store), said in one log
     line by the process `name` (a node: `trust_members`, whose requests `members` tells). StartupError (one
-    line) for files that do not load, or without a way for members to prove themselves to nodes."""
+    line) for files that do not load, or without a way for members to prove themselves to nodes. `clock`: the
+    wall clock of admin login sessions."""
     if not access.access_tokens and not access.jwt_issuer:
         log.info(
             "%s: access control is off: every caller may read every store (no --access-tokens, --jwt-issuer)", name
@@ -240,7 +245,7 @@ def callers_of(access: AccessSettings, members: ClusterAuth, name: str, trust_me
     if jwt is not None:
         jwt.keys.start()
     log.info("%s: access control is on: callers identified by %s", name, authenticator.describe())
-    return Callers(authenticator, members if trust_members else None)
+    return Callers(authenticator, members if trust_members else None, clock)
 
 
 def fetch_jwks(url: str) -> Callable[[FetchDeadline], bytes]:

@@ -97,6 +97,11 @@ class Call:
         """The client closed the connection: an answer would be dropped."""
         return self._exchange.gone
 
+    @property
+    def transport(self) -> Any:
+        """The asyncio transport of the connection the request came on (with TLS: its peer's certificate)."""
+        return self._exchange.transport
+
     def admit_as(self, identity: Identity) -> ApiError | None:
         """The call is made under `identity`: a named caller also takes its place among its requests in
         progress (`Admission.admit_caller`, given back when the exchange ends), or gets the refusal to

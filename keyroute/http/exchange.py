@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from keyroute.api import DEFAULT_BODY_TIMEOUT_S
 from keyroute.http.wire import CLOSE, encode
@@ -139,6 +139,12 @@ class Exchange(Slot):
         """The client closed the connection before the answer."""
         return self._gone
 
+    @property
+    def transport(self) -> Any:
+        """The asyncio transport of the connection the request came on (with TLS: its peer's certificate,
+        `keyroute.http.tls.peer_identity`)."""
+        return self._conn._transport
+
     def __repr__(self) -> str:
         return f"Exchange({self.request!r}, done={self._done}, gone={self._gone})"
 
@@ -152,6 +158,9 @@ class Answerable(Protocol):
 
     @property
     def gone(self) -> bool: ...
+
+    @property
+    def transport(self) -> Any: ...
 
     def on_done(self, callback: Callable[[], None]) -> None: ...
 

@@ -3,8 +3,9 @@ order, under the server's limits and flow control. A data-plane request is hande
 `Exchange` straight from the parser's callbacks (no ASGI, no task); any other runs the ASGI app
 (keyroute.http.asgi).
 
-Behaviour contract (checked over real sockets by tests/unit/http/test_protocol.py, the ASGI rows by test_asgi.py
-and the stop by test_server.py; the single write aside):
+Behaviour contract (checked over real sockets by tests/unit/http/test_protocol.py, its timers there on an event
+loop whose time the test moves, the ASGI rows by test_asgi.py and the stop by test_server.py; the single write
+aside):
 
 =====================================  =========================================================================
 Request / event                        Answer
@@ -52,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 import httptools
@@ -83,7 +85,8 @@ from keyroute.http.wire import (
 from keyroute.runtime.logs import REQUEST_ID_NUMBERS, REQUEST_ID_PREFIX
 
 if TYPE_CHECKING:
-    from keyroute.http.server import HttpServer
+    from keyroute.http.asgi import ASGIApp
+    from keyroute.http.exchange import DataPlane, ServerLimits
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +105,60 @@ _PROBES: Final = frozenset(path.encode("ascii") for path in PROBE_PATHS)
 _PROBE_METHODS: Final = frozenset(("GET", "HEAD"))
 
 
+class ServerState:
+    """What a server shares with its connections (as uvicorn's `ServerState`): the open connections, the tasks
+    they started, the lifespan state, the client-certificate rules, and the count of the requests refused by
+    the server itself. A server makes one and hands it to each `Connection` it makes; a test makes its own.
+
+    `lifespan_state`: the ASGI lifespan state (each request's scope gets a shallow copy). `certificate_option`:
+    the option of the CA client certificates must chain to ("": none is required; see `HttpServer`).
+    `peer_check(transport)`: asked once per TLS connection whether its client's certificate is refused.
+    `on_refusal(code)`: told of every request the server refuses itself (`refusals` counts them by code)."""
+
+    def __init__(
+        self,
+        lifespan_state: dict[str, Any] | None = None,
+        certificate_option: str = "",
+        peer_check: Callable[[Any], ApiError | None] | None = None,
+        on_refusal: Callable[[str], None] | None = None,
+    ) -> None:
+        self.lifespan_state: dict[str, Any] = {} if lifespan_state is None else lifespan_state
+        self.certificate_option = certificate_option
+        self.peer_check = peer_check
+        self.on_refusal = on_refusal
+        self.refusals: dict[str, int] = {}
+        self.connections: set[Connection] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+        # Set (by the server stopping) to learn when the last connection has gone.
+        self.all_closed: asyncio.Future[None] | None = None
+
+    def refused(self, code: str) -> None:
+        """A request refused by the server itself, with the API error code of its answer."""
+        self.refusals[code] = self.refusals.get(code, 0) + 1
+        on_refusal = self.on_refusal
+        if on_refusal is not None:
+            try:
+                on_refusal(code)
+            except Exception:
+                log.exception("on_refusal(%r) raised", code)
+
+    def track(self, task: asyncio.Task[None]) -> None:
+        """Keep `task` (a request's ASGI app) until it is done: a stopping server cancels what is left."""
+        tasks = self.tasks
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    def opened(self, conn: Connection) -> None:
+        self.connections.add(conn)
+
+    def closed(self, conn: Connection) -> None:
+        connections = self.connections
+        connections.discard(conn)
+        waiter = self.all_closed
+        if not connections and waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
 class _Rejected(Exception):
     """Raised in a parser callback to stop parsing; the answer is in `Connection._rejection`."""
 
@@ -110,7 +167,13 @@ class Connection(asyncio.Protocol):
     """One client connection: the parser's callbacks, the answer order of its requests (`Slot`s: `Exchange`
     for the data plane, `Cycle` for the ASGI app), flow control, its timers and its shutdown. The slots and
     the ASGI bridge use its underscore attributes and methods: they are keyroute.http's own, for no other
-    package."""
+    package.
+
+    Built from what it needs (as uvicorn's `HttpToolsProtocol(config, server_state, _loop)`): the server's
+    `limits`, the `ServerState` it shares with the server's other connections, the event `loop` whose clock
+    and timers it uses (idle and body time-outs, the lingering close; a test hands in one whose time it
+    moves), the ASGI `app`, and the `data_plane` (None: every request goes to the app, as on an admin
+    port)."""
 
     __slots__ = (
         "_server",
@@ -164,15 +227,18 @@ class Connection(asyncio.Protocol):
         "_refused",
     )
 
-    def __init__(self, server: HttpServer, data_plane: bool = True) -> None:
-        """`data_plane` False: every request goes to the ASGI app (the admin port)."""
-        self._server = server
-        loop = server._loop
-        assert loop is not None, "connections are made only while the server runs"
-        self._loop: asyncio.AbstractEventLoop = loop
-        self._app = server.app
-        self._dp = server._dp if data_plane else None
-        limits = server.limits
+    def __init__(
+        self,
+        limits: ServerLimits,
+        server_state: ServerState,
+        loop: asyncio.AbstractEventLoop,
+        app: ASGIApp,
+        data_plane: DataPlane | None = None,
+    ) -> None:
+        self._server = server_state
+        self._loop = loop
+        self._app = app
+        self._dp = data_plane
         self._max_head = limits.max_header_bytes
         self._max_body = limits.max_body_bytes
         self._timeout = limits.keep_alive_timeout_s
@@ -233,7 +299,7 @@ class Connection(asyncio.Protocol):
         self._transport = transport
         self._write = transport.write  # type: ignore[attr-defined]
         server = self._server
-        server._connections.add(self)
+        server.opened(self)
         # Decided once, the handshake being complete: only such a connection checks its requests' targets.
         if server.certificate_option and without_certificate(transport):
             self._probes_only = True
@@ -264,7 +330,7 @@ class Connection(asyncio.Protocol):
             self._drain_waiter = None
             if not waiter.done():
                 waiter.set_result(None)
-        self._server._forget(self)
+        self._server.closed(self)
 
     def data_received(self, data: bytes) -> None:
         if self._close_pending or self._closed or self._halted:
@@ -422,7 +488,8 @@ class Connection(asyncio.Protocol):
             exchange.request = Request(method, path, query, self._headers, b"", request_id, version)
             slot = exchange
         else:
-            scope = http_scope(method, version, path, query, self._headers, self._transport, self._server._state)
+            state = self._server.lifespan_state
+            scope = http_scope(method, version, path, query, self._headers, self._transport, state)
             slot = Cycle(self, scope, rid, keep_alive, connection, head)
         queue = self._queue
         queue.append(slot)
@@ -669,7 +736,7 @@ class Connection(asyncio.Protocol):
         body = error_json(error.code, error.message)
         self._complete(slot, encode(error.status, headers, body, slot._rid, CLOSE, slot._head))
         if error.status < 500 and error.__class__ is not ClientCertificateRequired and error is not self._refused:
-            self._server._refused(error.code)
+            self._server.refused(error.code)
 
     def _start_body_clock(self) -> None:
         """(Re)start the time the body of the request being read has to arrive (none with no body timeout)."""

@@ -232,6 +232,12 @@ class Quotas:
         self._retired = retired
         self._buckets = {}
 
+    @property
+    def buckets_held(self) -> int:
+        """How many (identity, store) buckets are held now: never more than MAX_BUCKETS, whatever store names
+        callers make up."""
+        return len(self._buckets)
+
     def reshare(self, stores: Collection[str] | None = None) -> None:
         """The processes sharing the quotas of `stores` (None: of any store) may have changed: each bucket of
         theirs whose divisor (`shared_by`) did is dropped, and made afresh (full) at its new share by the next

@@ -28,7 +28,7 @@ from keyroute.http.admission import send_error
 from keyroute.http.asgi import ASGIApp, Receive, Scope, Send
 from keyroute.http.exchange import DataPlane, ServerLimits
 from keyroute.http.lifespan import Lifespan, StartupError
-from keyroute.http.protocol import Connection
+from keyroute.http.protocol import Connection, ServerState
 from keyroute.http.tls import HANDSHAKE_TIMEOUT_S, ServerTls, TlsError, ca_files
 from keyroute.runtime.logs import describe
 from keyroute.runtime.settings import TlsSettings
@@ -141,9 +141,10 @@ class HttpServer:
         self.tls: ServerTls | None = None
         self.app = app
         self.limits = limits
-        self.on_refusal = on_refusal
+        # What every connection of this server shares with it (and with the others).
+        self._shared = ServerState({}, self.certificate_option, self.peer_check, on_refusal)
         # error code -> requests the server refused itself with it
-        self.refusals: dict[str, int] = {}
+        self.refusals: dict[str, int] = self._shared.refusals
         self._data_plane_factory = data_plane
         self._dp: DataPlane | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -152,12 +153,11 @@ class HttpServer:
         # What the data port's connections run: the app, or (with an admin port) the app without admin paths.
         self._data_app: ASGIApp = app
         self._data_port_app = DataPortApp(app, tuple(admin_paths), error_headers)
-        self._connections: set[Connection] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._state: dict[str, Any] = {}
+        self._connections = self._shared.connections
+        self._tasks = self._shared.tasks
+        self._state = self._shared.lifespan_state
         self._lifespan: Lifespan | None = None
         self._stopping = False
-        self._all_closed: asyncio.Future[None] | None = None
         self._stop_requested: asyncio.Event | None = None
         self._stop_wanted = False
         # Held while the server listens anew with a reloaded TLS context (`_relisten`).
@@ -254,7 +254,7 @@ class HttpServer:
 
     @property
     def scheme(self) -> str:
-        """"https" when the server speaks TLS, else "http"."""
+        """ "https" when the server speaks TLS, else "http"."""
         return "http" if self.tls_settings is None else "https"
 
     def _app_state(self) -> Any:
@@ -315,31 +315,18 @@ class HttpServer:
             tls.listener = context
 
     def _connection(self) -> Connection:
-        conn = Connection(self)
-        conn._app = self._data_app
-        return conn
+        loop = self._loop
+        assert loop is not None, "connections are made only while the server runs"
+        return Connection(self.limits, self._shared, loop, self._data_app, self._dp)
 
     def _admin_connection(self) -> Connection:
         # The admin port: everything goes to the app (no data plane), the admin paths included.
-        return Connection(self, data_plane=False)
-
-    def _refused(self, code: str) -> None:
-        self.refusals[code] = self.refusals.get(code, 0) + 1
-        on_refusal = self.on_refusal
-        if on_refusal is not None:
-            try:
-                on_refusal(code)
-            except Exception:
-                log.exception("on_refusal(%r) raised", code)
+        loop = self._loop
+        assert loop is not None, "connections are made only while the server runs"
+        return Connection(self.limits, self._shared, loop, self.app)
 
     def _track(self, task: asyncio.Task[None]) -> None:
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def _forget(self, conn: Connection) -> None:
-        self._connections.discard(conn)
-        if not self._connections and self._all_closed is not None and not self._all_closed.done():
-            self._all_closed.set_result(None)
+        self._shared.track(task)
 
     @property
     def port(self) -> int:
@@ -366,15 +353,15 @@ class HttpServer:
             self.tls.close()
         for server in self._servers:
             server.close()
-        self._all_closed = loop.create_future()
+        all_closed = self._shared.all_closed = loop.create_future()
         for conn in list(self._connections):
             conn._shutdown()
         if self._connections:
-            await asyncio.wait((self._all_closed,), timeout=grace_s)
+            await asyncio.wait((all_closed,), timeout=grace_s)
         for conn in list(self._connections):
             conn._abort()
         if self._connections:
-            await asyncio.wait((self._all_closed,), timeout=1.0)
+            await asyncio.wait((all_closed,), timeout=1.0)
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -384,7 +371,7 @@ class HttpServer:
             await asyncio.wait((loop.create_task(server.wait_closed()),), timeout=1.0)
         self._servers = []
         self._admin_servers = []
-        self._all_closed = None
+        self._shared.all_closed = None
         lifespan, self._lifespan = self._lifespan, None
         await lifespan.shutdown()
         self._dp = None

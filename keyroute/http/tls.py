@@ -591,9 +591,9 @@ def peer_role(transport: Any) -> str | None:
 
 def call_peer_identity(call: Any) -> MemberIdentity | None:
     """`peer_identity` of the connection a data-plane call (keyroute.http.dataplane.Call) came on."""
-    return peer_identity(call._exchange._conn._transport)
+    return peer_identity(call.transport)
 
 
 def call_peer_role(call: Any) -> str | None:
     """`peer_role` of the connection a data-plane call (keyroute.http.dataplane.Call) came on."""
-    return peer_role(call._exchange._conn._transport)
+    return peer_role(call.transport)

@@ -164,7 +164,7 @@ class PartitionFileBuilder:
             raise SnapshotError("the partition file is already finished")
         txn, self._txn = self._txn, None
         txn.commit()
-        if not _dense(self._env, self.path):
+        if not is_dense(self._env, self.path):
             self._compact()
         self._close()
         self._finished = True
@@ -209,7 +209,7 @@ class PartitionFileBuilder:
             self._close()
 
 
-def _dense(env: lmdb.Environment, path: Path) -> bool:
+def is_dense(env: lmdb.Environment, path: Path) -> bool:
     """Every page of the committed file is a meta page or one of the tree's, and the file ends at its last
     page: nothing a compacting copy would leave out."""
     info, stat = env.info(), env.stat()

@@ -530,10 +530,10 @@ def _open_lines(where: Path | ArrowLocation, path: Path | str) -> Iterator[tuple
     except FileNotFoundError as exc:
         raise SnapshotError(f"snapshot file {name} is missing") from exc
     with stream:
-        yield _split_lines(stream), name
+        yield split_lines(stream), name
 
 
-def _split_lines(stream: Any) -> Iterator[bytes]:
+def split_lines(stream: Any) -> Iterator[bytes]:
     """Split a byte stream exactly as iterating a binary file does: after every b"\\n", the last line
     possibly without one."""
     pending = b""

@@ -251,6 +251,7 @@ def test_the_background_thread_fetches_when_asked_and_stops_when_closed() -> Non
     keys = SigningKeys(fetch, refresh_s=3600, unknown_kid_s=0.0)
     check = JwtVerifier(JwtPolicy(ISSUER, AUDIENCE), keys)
     keys.start()
+    assert keys.refreshing
     try:
         document["keys"].append(jwk_of(EC_KEY, "ec"))
         with pytest.raises(Unauthorized):
@@ -259,7 +260,4 @@ def test_the_background_thread_fetches_when_asked_and_stops_when_closed() -> Non
         assert check.verify(token(EC_KEY, "ec"))[0].name == "jwt:svc" and len(fetched) == 2
     finally:
         keys.close()
-    thread = keys._thread
-    assert thread is not None
-    thread.join(timeout=30)
-    assert not thread.is_alive()
+    wait_for(lambda: not keys.refreshing, timeout_s=30, message="the refresh thread ended")

@@ -201,6 +201,6 @@ def test_lines_are_split_like_a_binary_file(monkeypatch: pytest.MonkeyPatch, tmp
     path = tmp_path / "part-00000.json"
     path.write_bytes(data)
     with arrow_fs.LocalFileSystem().open_input_stream(str(path), compression=None) as stream:
-        split = list(snapshot_module._split_lines(stream))
+        split = list(snapshot_module.split_lines(stream))
     with open(path, "rb") as fh:
         assert split == list(fh)

@@ -377,11 +377,11 @@ def test_pages_left_free_are_seen_and_compacted_away(tmp_path: Path) -> None:
         with env.begin(write=True) as txn:
             for i in range(2000):
                 txn.put(b"=%06d" % i, b"x" * 100)
-        assert lmdb_layout._dense(env, path)
+        assert lmdb_layout.is_dense(env, path)
         with env.begin(write=True) as txn:
             for i in range(0, 2000, 2):
                 txn.delete(b"=%06d" % i)
-        assert not lmdb_layout._dense(env, path)
+        assert not lmdb_layout.is_dense(env, path)
     finally:
         env.close()
 
@@ -397,7 +397,7 @@ def test_a_file_that_is_not_dense_is_replaced_by_its_compacting_copy(
         checked.append(path)
         return False
 
-    monkeypatch.setattr(lmdb_layout, "_dense", never_dense)
+    monkeypatch.setattr(lmdb_layout, "is_dense", never_dense)
     built = build_partition_file(entries, tmp_path)
     assert checked == [built.path]
     assert sorted(os.listdir(built.path.parent)) == ["data.mdb"]  # the copy took the file's place

@@ -15,7 +15,7 @@ from kazoo.security import ACL, OPEN_ACL_UNSAFE, Id, Permissions
 from keyroute import cli
 from keyroute.cli import _zk, build_parser, main
 from keyroute.cluster import zk
-from keyroute.cluster.zk import _merged_acl, layout_acl
+from keyroute.cluster.zk import layout_acl, merged_acl
 from keyroute.cluster.zk_tls import ZkTlsError, subject_dn
 from keyroute.runtime.settings import ZkIdentity, ZkSettings, ZkTls
 
@@ -77,8 +77,8 @@ def test_merging_removes_world_access_and_keeps_other_identities() -> None:
     other = ACL(Permissions.READ, Id("digest", digest("auditor", "a")))
     stale_reader = ACL(Permissions.ALL, Id("digest", digest("reader", "r-pass")))
     current = [*OPEN_ACL_UNSAFE, other, stale_reader]
-    assert _merged_acl(current, wanted) == [*wanted, other]
-    assert _merged_acl(wanted, wanted) == wanted
+    assert merged_acl(current, wanted) == [*wanted, other]
+    assert merged_acl(wanted, wanted) == wanted
 
 
 def test_the_cli_reads_identities_from_options_and_environment() -> None:

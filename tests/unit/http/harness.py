@@ -19,7 +19,6 @@ from starlette.routing import Route
 
 from keyroute.http import Exchange, HttpServer, Request, ServerLimits
 from keyroute.runtime.logs import new_request_id
-from tests.util import wait_until
 
 # New request ids are keyroute.runtime.logs's: this process's prefix and a counter.
 NEW_ID = re.compile(rf"^{re.escape(new_request_id().rpartition('-')[0])}-[0-9a-f]+$")
@@ -215,10 +214,3 @@ def asgi_app(handler: Callable[[dict[str, Any], Any, Any], Coroutine[Any, Any, N
         await handler(scope, receive, send)
 
     return app
-
-
-async def connections(server: HttpServer) -> list[Any]:
-    """The server's open connections, once there is one. A private attribute: the tests that look at a
-    connection's timers have no public way to reach it."""
-    await wait_until(lambda: server._connections, message="the connection accepted")
-    return list(server._connections)

@@ -133,10 +133,11 @@ def test_a_jwks_url_is_read_whole_even_from_a_running_loop_and_a_trickled_one_is
 
 
 def test_an_admin_callers_session_lasts_as_long_as_its_token_its_admin_and_its_expiry(tokens: str) -> None:
-    callers = callers_of(AccessSettings(access_tokens=tokens), MEMBERS, "router", trust_members=False)
-    assert callers is not None
     now = [1_700_000_000.0]
-    callers._clock = lambda: now[0]
+    callers = callers_of(
+        AccessSettings(access_tokens=tokens), MEMBERS, "router", trust_members=False, clock=lambda: now[0]
+    )
+    assert callers is not None
     assert callers.login(b"t-ops") is None  # the cluster's key not known yet: no sessions
     callers.cluster_key = CursorKey(b"k" * 32)
     assert callers.login(b"t-reader") is None and callers.login(b"nope") is None  # no admin; no caller

@@ -8,23 +8,24 @@ import asyncio
 import logging
 import os
 import socket
-import time
 from typing import Any
 
 import pytest
 
 from keyroute.runtime.logs import acceptable_request_id, new_request_id
+from tests.unit.http.fake_loop import Wire
 from tests.unit.http.harness import (
     IO_TIMEOUT_S,
     NEW_ID,
     Plane,
+    asgi_app,
     closed_by_server,
     connect,
-    connections,
     exchange,
     get,
     read_answer,
     serving,
+    starlette_app,
 )
 from tests.util import wait_until
 
@@ -208,32 +209,41 @@ def test_reading_pauses_at_max_pipelined_and_resumes_without_losing_requests(aru
     arun(scenario())
 
 
-def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(arun: Any) -> None:
-    async def scenario() -> None:
-        async with serving(Plane(), keep_alive_timeout_s=0.2) as server, connect(server.port) as (reader, writer):
-            writer.write(get("/stores/a"))
-            assert (await read_answer(reader)).status == 200
-            answered = time.monotonic()
-            assert await closed_by_server(reader)
-            assert time.monotonic() - answered >= 0.15
+def test_an_idle_connection_is_closed_a_whole_keep_alive_timeout_after_its_last_answer() -> None:
+    # Answered by the data plane, then by the app: each answer starts the idle time anew. A request waiting for
+    # its answer is not idle, however long it waits.
+    plane = Plane()
+    wire = Wire(plane, asgi_app(_hello), keep_alive_timeout_s=1.0)
+    wire.loop.advance(0.75)
+    for path in ("/stores/a", "/hello"):
+        wire.send(get(path))
+        assert [answer.status for answer in wire.take()] == [200]
+        wire.loop.advance(0.75)
+        assert wire.open
+    wire.send(get("/stores/hold"))
+    wire.loop.advance(3.0)
+    assert wire.open and wire.take() == []
+    plane.held[0].answer(200, [], b"late")
+    assert [answer.body for answer in wire.take()] == [b"late"]
+    wire.loop.advance(0.875)
+    assert wire.open
+    wire.loop.advance(0.125)
+    assert not wire.open and wire.take() == []  # closed without a word
+    assert wire.server.connections == set()
 
-    arun(scenario())
+
+def test_a_connection_that_never_sends_a_whole_head_is_closed_after_the_keep_alive_timeout() -> None:
+    wire = Wire(Plane(), keep_alive_timeout_s=2.0)
+    wire.send(b"GET /stores/a HTTP/1.1\r\nhost: te")
+    wire.loop.advance(1.875)
+    assert wire.open
+    wire.loop.advance(0.125)
+    assert not wire.open and wire.take() == []
 
 
-def test_a_request_waiting_for_its_answer_is_not_timed_out(arun: Any) -> None:
-    async def scenario() -> None:
-        plane = Plane()
-        async with serving(plane, keep_alive_timeout_s=0.1) as server, connect(server.port) as (reader, writer):
-            writer.write(get("/stores/hold"))
-            await wait_until(lambda: plane.held)
-            # Three keep-alive time-outs pass: each closes an idle connection opened after the last one closed.
-            for _ in range(3):
-                async with connect(server.port) as (idle_reader, _):
-                    assert await closed_by_server(idle_reader)
-            plane.held[0].answer(200, [], b"late")
-            assert (await read_answer(reader)).body == b"late"
-
-    arun(scenario())
+async def _hello(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+    await send({"type": "http.response.body", "body": b"hello"})
 
 
 def test_answers_are_not_lost_while_the_write_buffer_is_full(arun: Any) -> None:
@@ -357,91 +367,80 @@ def test_a_body_over_the_limit_is_413_and_closes(arun: Any, framing: str) -> Non
 
 
 @pytest.mark.parametrize("path", ["/stores/slow", "/echo"], ids=["data-plane", "asgi"])
-def test_a_body_that_does_not_arrive_in_time_is_408_and_closes(arun: Any, path: str) -> None:
-    async def scenario() -> None:
-        plane = Plane()
-        async with serving(plane, body_timeout_s=0.2) as server, connect(server.port) as (reader, writer):
-            writer.write(get(path, "Content-Length: 100", "x-request-id: slow-1", method="POST") + b"x" * 10)
-            await writer.drain()
-            sent = time.monotonic()
-            answer = await read_answer(reader)  # within IO_TIMEOUT_S: the deadline of this poll
-            waited = time.monotonic() - sent
-            assert answer.status == 408 and answer.json() == {
-                "error": "body_timeout",
-                "message": "the body did not arrive within 0.2 s",
-            }
-            assert answer.header("connection") == "close" and answer.header("x-request-id") == "slow-1"
-            assert 0.15 <= waited < IO_TIMEOUT_S
-            assert await closed_by_server(reader)
-        assert plane.handled == [] and server.refusals == {"body_timeout": 1}
-
-    arun(scenario())
-
-
-def test_only_a_request_whose_body_is_still_coming_has_a_body_timer(arun: Any) -> None:
-    async def scenario() -> None:
-        plane = Plane()
-        async with serving(plane, body_timeout_s=0.2) as server, connect(server.port) as (reader, writer):
-            (conn,) = await connections(server)
-            # No body, or all of it in the read that brought the head: no timer is ever made.
-            writer.write(get("/stores/a") + get("/stores/b", "Content-Length: 3", method="POST") + b"abc")
-            assert [(await read_answer(reader)).status for _ in range(2)] == [200, 200]
-            assert conn._body_timer is None
-            # A body still coming after the read: one timer, gone with the body's end.
-            writer.write(get("/stores/c", "Content-Length: 6", method="POST") + b"abc")
-            await wait_until(lambda: conn._body_timer is not None, message="the body timer armed")
-            writer.write(b"def")
-            assert (await read_answer(reader)).body == b"POST /stores/c abcdef"
-            assert conn._body_timer is None
-        assert server.refusals == {}
-
-    arun(scenario())
+def test_a_body_that_does_not_arrive_in_time_is_408_and_closes(path: str) -> None:
+    plane = Plane()
+    wire = Wire(plane, starlette_app(), body_timeout_s=0.5)
+    wire.send(get(path, "Content-Length: 100", "x-request-id: slow-1", method="POST") + b"x" * 10)
+    wire.loop.advance(0.25)
+    wire.send(b"x" * 10)  # more of it: the body's time runs from its first read all the same
+    wire.loop.advance(0.125)
+    assert wire.take() == []
+    wire.loop.advance(0.125)
+    (answer,) = wire.take()
+    assert answer.status == 408 and answer.json() == {
+        "error": "body_timeout",
+        "message": "the body did not arrive within 0.5 s",
+    }
+    assert answer.header("connection") == "close" and answer.header("x-request-id") == "slow-1"
+    # A lingering close: its side ended at once, the connection closed a while later.
+    assert wire.transport.eof_written and wire.open
+    wire.loop.advance(2.0)
+    assert not wire.open
+    assert plane.handled == [] and wire.server.refusals == {"body_timeout": 1}
 
 
-def test_no_body_timeout_with_0(arun: Any) -> None:
-    async def scenario() -> None:
-        # The keep-alive timeout is the test's clock: a connection opened once the slow body's head is read
-        # is closed as idle after it, while the slow body is still waited for.
-        limits = {"body_timeout_s": 0, "keep_alive_timeout_s": 0.3}
-        async with serving(Plane(), **limits) as server, connect(server.port) as (reader, writer):
-            writer.write(get("/stores/slow", "Content-Length: 4", "Expect: 100-continue", method="POST") + b"ab")
-            # The interim answer leaves at the end of the read that brought the head, when a body timer would
-            # have been armed.
-            interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), IO_TIMEOUT_S)
-            assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
-            (conn,) = await connections(server)
-            async with connect(server.port) as (idle_reader, _):
-                assert await closed_by_server(idle_reader)
-            assert conn._body_timer is None
-            writer.write(b"cd")
-            assert (await read_answer(reader)).body == b"POST /stores/slow abcd"
-        assert server.refusals == {}
-
-    arun(scenario())
+def test_only_a_request_whose_body_is_still_coming_has_a_body_timer() -> None:
+    wire = Wire(Plane(), body_timeout_s=0.5, keep_alive_timeout_s=5.0)
+    assert wire.loop.pending() == [5.0]  # the idle timer, the connection's one timer
+    # No body, or all of it in the read that brought the head: no timer is ever made.
+    wire.send(get("/stores/a") + get("/stores/b", "Content-Length: 3", method="POST") + b"abc")
+    assert [answer.status for answer in wire.take()] == [200, 200]
+    assert wire.loop.pending() == [5.0]
+    # A body still coming after the read: one timer, gone with the body's end.
+    wire.send(get("/stores/c", "Content-Length: 6", method="POST") + b"abc")
+    assert wire.loop.pending() == [0.5, 5.0]
+    wire.send(b"def")
+    assert [answer.body for answer in wire.take()] == [b"POST /stores/c abcdef"]
+    assert wire.loop.pending() == [5.0]
+    assert wire.server.refusals == {}
 
 
-def test_the_body_timeout_does_not_run_while_the_server_has_paused_reading(arun: Any) -> None:
-    async def scenario() -> None:
-        plane = Plane()
-        limits = {"body_timeout_s": 0.2, "max_pipelined": 2}
-        async with serving(plane, **limits) as server, connect(server.port) as (reader, writer):
-            # The second request's head fills the pipeline: the server stops reading before its body.
-            writer.write(get("/stores/hold") + get("/stores/body", "Content-Length: 2", method="POST"))
-            await wait_until(lambda: plane.held, message="the first request held")
-            (conn,) = await connections(server)
-            # A body late on another connection, whose clock starts after this one's head was read, runs out
-            # of time: had this connection's clock run while reading was paused, it would have run out first.
-            async with connect(server.port) as (late_reader, late_writer):
-                late_writer.write(get("/stores/late", "Content-Length: 2", method="POST"))
-                assert (await read_answer(late_reader)).status == 408
-            assert conn._read_paused and conn._body_timer is None
-            plane.held[0].answer(200, [], b"first")
-            assert (await read_answer(reader)).body == b"first"
-            writer.write(b"ok")  # reading resumed: the body has its whole time again
-            assert (await read_answer(reader)).body == b"POST /stores/body ok"
-        assert server.refusals == {"body_timeout": 1}  # the late connection's only
+def test_no_body_timeout_with_0() -> None:
+    wire = Wire(Plane(), body_timeout_s=0, keep_alive_timeout_s=0.5)
+    wire.send(get("/stores/slow", "Content-Length: 4", "Expect: 100-continue", method="POST") + b"ab")
+    # The interim answer leaves at the end of the read that brought the head, when a body timer would have
+    # been armed.
+    assert wire.transport.written == b"HTTP/1.1 100 Continue\r\n\r\n"
+    wire.transport.written.clear()
+    assert wire.loop.pending() == [0.5]  # the idle timer only
+    wire.loop.advance(60.0)  # neither a body timeout nor idle (a request is under way)
+    assert wire.open and wire.take() == []
+    wire.send(b"cd")
+    assert [answer.body for answer in wire.take()] == [b"POST /stores/slow abcd"]
+    assert wire.server.refusals == {}
 
-    arun(scenario())
+
+def test_the_body_timeout_does_not_run_while_the_server_has_paused_reading() -> None:
+    plane = Plane()
+    wire = Wire(plane, body_timeout_s=0.5, max_pipelined=2)
+    # The second request's head fills the pipeline: the server stops reading before its body.
+    wire.send(get("/stores/hold") + get("/stores/body", "Content-Length: 2", method="POST"))
+    assert not wire.transport.reading and wire.loop.pending() == [5.0]
+    wire.loop.advance(2.0)  # four body timeouts: not the client's time
+    assert wire.take() == [] and wire.open
+    plane.held[0].answer(200, [], b"first")
+    assert [answer.body for answer in wire.take()] == [b"first"]
+    assert wire.transport.reading  # reading resumed: the body has its whole time again
+    wire.loop.advance(0.375)
+    wire.send(b"o")
+    wire.loop.advance(0.0625)
+    wire.send(b"k")
+    assert [answer.body for answer in wire.take()] == [b"POST /stores/body ok"]
+    # And it does run out once reading: a third request whose body does not come in time.
+    wire.send(get("/stores/late", "Content-Length: 2", method="POST"))
+    wire.loop.advance(0.5)
+    assert [answer.status for answer in wire.take()] == [408]
+    assert wire.server.refusals == {"body_timeout": 1}
 
 
 # -- heads and malformed requests --------------------------------------------------------------------------

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -32,7 +31,7 @@ from tests.unit.http.harness import (
     read_answer,
     starlette_app,
 )
-from tests.util import serve_in_thread, wait_until
+from tests.util import serve_in_thread, wait_for, wait_until
 
 # -- refusals: counted, and reported to on_refusal ---------------------------------------------------------
 
@@ -144,10 +143,10 @@ def test_an_on_refusal_that_raises_is_logged_and_the_refusal_still_answered(
         finally:
             await server.stop()
 
-    with caplog.at_level(logging.ERROR, logger="keyroute.http.server"):
+    with caplog.at_level(logging.ERROR, logger="keyroute.http.protocol"):
         arun(scenario())
     assert any(
-        r.name == "keyroute.http.server" and r.exc_info and "cannot count headers_too_large" in str(r.exc_info[1])
+        r.name == "keyroute.http.protocol" and r.exc_info and "cannot count headers_too_large" in str(r.exc_info[1])
         for r in caplog.records
     )
 
@@ -231,6 +230,13 @@ def test_serve_in_thread_serves_plain_sockets_and_stops() -> None:
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
 
 
+def first_answer(port: int, path: str) -> bytes:
+    """The start of the answer to GET `path` on `port` (ConnectionError while nothing listens there yet)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+        sock.sendall(get(path, "Connection: close"))
+        return sock.recv(65536)
+
+
 def test_run_stops_cleanly_on_request_and_reports_a_failed_start() -> None:
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
@@ -239,16 +245,8 @@ def test_run_stops_cleanly_on_request_and_reports_a_failed_start() -> None:
     thread = threading.Thread(target=lambda: codes.append(run(server, "127.0.0.1", 0, sockets=[listener])))
     thread.start()
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
-                    sock.sendall(get("/hello", "Connection: close"))
-                    assert sock.recv(65536).startswith(b"HTTP/1.1 200 OK")
-                break
-            except ConnectionError:
-                assert time.monotonic() < deadline, "run() did not start serving"
-                time.sleep(0.01)
+        answer = wait_for(lambda: first_answer(port, "/hello"), timeout_s=10, message="run() serving")
+        assert answer.startswith(b"HTTP/1.1 200 OK")
     finally:
         server.request_stop()
         thread.join(timeout=10)
@@ -283,16 +281,8 @@ def test_run_stops_gracefully_on_sigterm(tmp_path: Any) -> None:
     try:
         assert proc.stdout is not None
         port = int(proc.stdout.readline())
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
-                    sock.sendall(get("/nothing", "Connection: close"))
-                    assert sock.recv(65536).startswith(b"HTTP/1.1 404 ")
-                break
-            except ConnectionError:
-                assert time.monotonic() < deadline, "the server did not start"
-                time.sleep(0.01)
+        answer = wait_for(lambda: first_answer(port, "/nothing"), timeout_s=10, message="the server serving")
+        assert answer.startswith(b"HTTP/1.1 404 ")
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=10)
     finally:

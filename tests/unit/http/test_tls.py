@@ -503,7 +503,7 @@ class RolePlane(Plane):
     """Answers with the member role its peer's certificate names (empty: none)."""
 
     def handle(self, exchange: Exchange) -> None:
-        role = peer_role(exchange._conn._transport) or ""
+        role = peer_role(exchange.transport) or ""
         exchange.answer(200, [(b"content-type", b"text/plain")], role.encode())
 
 

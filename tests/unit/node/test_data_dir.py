@@ -53,11 +53,14 @@ def test_a_second_holder_is_refused_with_the_first_ones_node_id_and_pid(tmp_path
 
 
 def test_the_lock_goes_with_the_process_that_held_it(tmp_path: Path) -> None:
+    # The holder keeps the lock until it is killed: it blocks reading its input, which never ends.
     holder = (
-        "import sys, time; from pathlib import Path; from keyroute.state_node.data_dir import DataDir;"
-        "DataDir.open(Path(sys.argv[1]), 'n9'); print('held', flush=True); time.sleep(60)"
+        "import sys; from pathlib import Path; from keyroute.state_node.data_dir import DataDir;"
+        "DataDir.open(Path(sys.argv[1]), 'n9'); print('held', flush=True); sys.stdin.read()"
     )
-    proc = subprocess.Popen([sys.executable, "-c", holder, str(tmp_path)], stdout=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", holder, str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline() == b"held\n"
         with pytest.raises(DataDirError, match=rf"in use by node n9 \(pid {proc.pid}\)"):

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from keyroute.keys.key_format import KeyFormat
-from keyroute.state_node.ranges import _scan
+from keyroute.state_node.ranges import scan_range
 from keyroute.state_node.store import PartitionId, PartitionStore
 from keyroute.storage.lmdb_layout import db_key
 from keyroute.storage.ranges import order_of, prefix_end, scan_segments
@@ -58,7 +58,7 @@ def read_all(
     for _ in range(40):
         found: list[tuple[bytes, bytes]] = []
         for start, end in scan_segments(key_format, low, high, after):
-            _scan(store, key_format, start, end, low, high, after, limit + 1, found)
+            scan_range(store, key_format, start, end, low, high, after, limit + 1, found)
             if len(found) > limit:
                 break
         keys += [data for data, _ in found[:limit]]

@@ -14,6 +14,7 @@ from keyroute.runtime.settings import NodeSettings
 from keyroute.state_node.ownership import Ownership, PartitionState
 from keyroute.state_node.store import PartitionId, PartitionStore, load_partition, partition_path
 from keyroute.storage.snapshot import local_path, partition_dir
+from tests.clock import ManualClock
 from tests.unit.node.test_store_files import data_file, write_files_snapshot
 from tests.util import wait_until
 
@@ -76,6 +77,7 @@ def run(
             version_grace_s=options.pop("version_grace_s", 0.0),
         )
         options.setdefault("drop_grace_s", 0.0)
+        options.setdefault("clock", ManualClock())  # no time passes unless the test says so
         ownership = Ownership(settings, registration, **options)  # type: ignore[arg-type]
         try:
             await scenario(ownership, registration)
@@ -212,20 +214,27 @@ def test_a_partition_assigned_back_during_its_drop_grace_is_served_again_without
         loads.append(partition)
         return load_partition(directory, rec, partition, *args)
 
+    clock = ManualClock()
+
     async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
         ownership.on_map(build_map([record], {"s": ((ME,),)}))
         await wait_until(lambda: registration.last == {"s": {0: 1}})
         moved = build_map([record], {"s": ((OTHER,),)}, {ME: {"s": {0: 1}}, OTHER: {"s": {0: 1}}}, 2)
         ownership.on_map(moved)
         await wait_until(lambda: registration.last == {})  # unannounced, still open for the grace period
+        await ownership.settled()
+        assert clock.pending() == [2.0] and state(ownership, "s", 1, 0) == "dropped"  # not yet closed
+        clock.advance(1.5)
         ownership.on_map(build_map([record], {"s": ((ME,),)}, {OTHER: {"s": {0: 1}}}, 3))
         await wait_until(lambda: registration.last == {"s": {0: 1}})
-        await ownership.settled(graces=True)  # past the grace period: nothing was closed or removed
+        clock.advance(0.5)  # the grace period is over: nothing was closed or removed
+        await ownership.settled()
+        assert clock.pending() == []
         held = ownership.local("s", 0)
         assert held is not None and held.get(b"k1") == b'{"i":1}'
         assert loads == [0] and partition_path(data_dir, PartitionId("s", 1, 0)).exists()
 
-    run(data_dir, scenario, loader=loader, drop_grace_s=0.2)
+    run(data_dir, scenario, loader=loader, drop_grace_s=2.0, clock=clock)
 
 
 def test_a_new_version_is_loaded_beside_the_old_and_swapped_atomically(snapshot, data_dir: Path) -> None:
@@ -274,6 +283,9 @@ def test_a_superseded_version_keeps_its_files_for_the_grace_period_and_a_rollbac
 
     old_files = partition_path(data_dir, PartitionId("s", 1, 0))
 
+    clock = ManualClock()
+    new_files = partition_path(data_dir, PartitionId("s", 2, 0))
+
     async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
         ownership.on_map(build_map([v1], {"s": ((ME,),)}))
         await wait_until(lambda: registration.last == {"s": {0: 1}})
@@ -281,7 +293,9 @@ def test_a_superseded_version_keeps_its_files_for_the_grace_period_and_a_rollbac
         ownership.on_map(build_map([v2], {"s": ((ME,),)}, {ME: {"s": {0: 1}}}, 2))
         await wait_until(lambda: registration.last == {"s": {0: 2}})
         await wait_until(lambda: state(ownership, "s", 1, 0) is None)  # closed, forgotten...
-        assert old_files.exists()  # ...but its files wait out the grace period
+        await ownership.settled()
+        assert clock.pending() == [60.0] and old_files.exists()  # ...but its files wait out the grace period
+        clock.advance(30.0)
 
         # Rolled back within the grace period: version 1 is reused from disk, not rebuilt.
         rolled_back = dataclasses.replace(v1, retained={1: v1.snapshot, 2: v2.snapshot})
@@ -290,11 +304,18 @@ def test_a_superseded_version_keeps_its_files_for_the_grace_period_and_a_rollbac
         assert (old_files / "loaded.json").stat().st_ino == marker
         held = ownership.local("s", 0)
         assert held is not None and held.version == 1 and held.get(b"k0") == b'{"i":0}'
-        # Version 2, superseded in turn, is removed once its grace period is over; version 1 stays.
-        await wait_until(lambda: not partition_path(data_dir, PartitionId("s", 2, 0)).exists())
-        assert old_files.exists() and loads == [1, 2, 1]
+        # Version 2, superseded in turn, is removed once its grace period is over; version 1 stays (its own
+        # grace period, still running, finds it wanted again).
+        await ownership.settled()
+        clock.advance(59.5)
+        await ownership.settled()
+        assert new_files.exists() and old_files.exists()
+        clock.advance(0.5)
+        await wait_until(lambda: not new_files.exists())
+        await ownership.settled()
+        assert old_files.exists() and loads == [1, 2, 1] and clock.pending() == []
 
-    run(data_dir, scenario, loader=loader, version_grace_s=1.0)
+    run(data_dir, scenario, loader=loader, version_grace_s=60.0, clock=clock)
 
 
 def test_a_leaving_node_loads_nothing_new_and_keeps_serving_until_handed_over(snapshot, data_dir: Path) -> None:
@@ -382,6 +403,8 @@ def test_a_failed_load_is_reported_and_retried(snapshot, data_dir: Path) -> None
     good = part.read_text()
     part.write_text(good.split("\n", 1)[1])  # one row short of the manifest
 
+    clock = ManualClock()
+
     async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
         ownership.on_map(build_map([record], {"s": ((ME,),)}))
         await wait_until(lambda: state(ownership, "s", 1, 0) == "failed")
@@ -389,10 +412,14 @@ def test_a_failed_load_is_reported_and_retried(snapshot, data_dir: Path) -> None
         assert not readiness.ready and "manifest says" in readiness.failed["s v1 p0"]
         assert not partition_path(data_dir, PartitionId("s", 1, 0)).exists()
         part.write_text(good)  # the snapshot is repaired; the retry picks it up without a new map
+        clock.advance(4.9)
+        await ownership.settled()
+        assert state(ownership, "s", 1, 0) == "failed"  # not before the back-off is over
+        clock.advance(0.2)
         await wait_until(lambda: registration.last == {"s": {0: 1}})
         assert state(ownership, "s", 1, 0) == "serving"
 
-    run(data_dir, scenario, retry_failed_s=0.1)
+    run(data_dir, scenario, retry_failed_s=5.0, clock=clock)
 
 
 def test_a_deleted_store_is_dropped(snapshot, data_dir: Path) -> None:
@@ -518,6 +545,7 @@ def test_a_corrupt_new_version_leaves_the_old_one_serving(snapshot_root: Path, d
     bad = bytearray(good)
     bad[len(bad) // 2] ^= 0x01
     source.write_bytes(bytes(bad))  # one bit flipped in transit or on the storage
+    clock = ManualClock()
 
     async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
         ownership.on_map(build_map([v1], {"s": ((ME,),)}))
@@ -533,10 +561,11 @@ def test_a_corrupt_new_version_leaves_the_old_one_serving(snapshot_root: Path, d
         assert state(ownership, "s", 1, 0) == "draining" and registration.last == {"s": {0: 1}}
         assert not partition_path(data_dir, PartitionId("s", 2, 0)).exists()
         source.write_bytes(good)  # republished intact: the retry loads it and swaps
+        clock.advance(5.1)
         await wait_until(lambda: registration.last == {"s": {0: 2}})
         new = ownership.local("s", 0)
         assert new is not None and new.version == 2 and new.get(b"k0") == b'{"i":"new"}'
         await wait_until(lambda: not partition_path(data_dir, PartitionId("s", 1, 0)).exists())
         assert data_file(v1, 0).stat().st_nlink == 1  # the node's hard link to v1 went with it
 
-    run(data_dir, scenario, retry_failed_s=0.1)
+    run(data_dir, scenario, retry_failed_s=5.0, clock=clock)

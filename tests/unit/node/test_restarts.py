@@ -15,7 +15,7 @@ from keyroute.cluster.partition_map import Assignment, NodeRecord, PartitionMap,
 from keyroute.state_node.controller import Controller
 from keyroute.state_node.reads import find_store
 from keyroute.state_node.restarts import Holds, PlannedRestart, holds
-from keyroute.state_node.service import _stop_gracefully
+from keyroute.state_node.service import stop_gracefully
 
 
 def test_a_restart_record_reads_back_as_written() -> None:
@@ -120,7 +120,7 @@ def fake_node(grace_s: float, registration: FakeRegistration | None) -> Any:
 def test_a_sigterm_is_a_planned_restart_recorded_before_the_node_de_announces() -> None:
     registration = FakeRegistration()
     node = fake_node(120.0, registration)
-    asyncio.run(_stop_gracefully(node, clock=lambda: 1234.5))
+    asyncio.run(stop_gracefully(node, clock=lambda: 1234.5))
     assert registration.restarts == [(120.0, 1234.5)]
     assert node.ownership.calls == ["leave", "withdraw", "wait_for_map"]
     assert node.departures == 0
@@ -135,7 +135,7 @@ def test_otherwise_the_node_departs_and_hands_its_partitions_over(
     grace_s: float, registration: FakeRegistration
 ) -> None:
     node = fake_node(grace_s, registration)
-    asyncio.run(_stop_gracefully(node, clock=lambda: 1.0))
+    asyncio.run(stop_gracefully(node, clock=lambda: 1.0))
     assert node.departures == 1
     assert registration.restarts == []
     assert node.ownership.calls == []
@@ -204,10 +204,10 @@ def test_the_controller_places_a_restarting_node_until_its_grace_ends_then_drops
         }
     )
     controller = Controller(zk_, "n1", clock=lambda: now[0])  # type: ignore[arg-type]
-    assert controller._assignable_nodes(set(), set()) == {"n1": "a", "n2": "b", "n3": "c"}
+    assert controller.assignable_nodes(set(), set()) == {"n1": "a", "n2": "b", "n3": "c"}
     assert controller.holds.next_end == 1020.0
     now[0] = 1020.0
-    assert controller._assignable_nodes(set(), set()) == {"n1": "a", "n2": "b"}
+    assert controller.assignable_nodes(set(), set()) == {"n1": "a", "n2": "b"}
     assert zk_.deleted == ["/restarting/n3"] and "/restarting/n3" not in zk_.records
 
 
@@ -218,7 +218,7 @@ def test_a_node_whose_record_vanishes_between_listing_and_reading_is_held_by_its
         vanishing={"/nodes/n2"},
     )
     controller = Controller(zk_, "n1", clock=lambda: 1001.0)  # type: ignore[arg-type]
-    assert controller._assignable_nodes(set(), set()) == {"n1": "", "n2": ""}
+    assert controller.assignable_nodes(set(), set()) == {"n1": "", "n2": ""}
 
 
 def test_a_leaving_node_is_not_held_whatever_its_restart_record_says() -> None:
@@ -230,7 +230,7 @@ def test_a_leaving_node_is_not_held_whatever_its_restart_record_says() -> None:
         }
     )
     controller = Controller(zk_, "n1", clock=lambda: 1001.0)  # type: ignore[arg-type]
-    assert controller._assignable_nodes(set(), set()) == {"n1": ""}
+    assert controller.assignable_nodes(set(), set()) == {"n1": ""}
 
 
 def test_a_node_that_came_back_between_the_controllers_two_listings_keeps_its_partitions() -> None:
@@ -238,9 +238,9 @@ def test_a_node_that_came_back_between_the_controllers_two_listings_keeps_its_pa
     # restart records (none): n2 looks gone; the controller looks once more before reassigning.
     zk_ = FakeZooKeeper({"/nodes/n1": _node("n1")})
     controller = Controller(zk_, "n1", clock=lambda: 1001.0)  # type: ignore[arg-type]
-    zones = controller._assignable_nodes(set(), set())
+    zones = controller.assignable_nodes(set(), set())
     assert zones == {"n1": ""}
     previous = Assignment(7, {"s": (("n1", "n2"), ("n2", "n1"))})
-    assert not controller._back_meanwhile(previous, zones)  # n2 gone for good: its partitions move
+    assert not controller.back_meanwhile(previous, zones)  # n2 gone for good: its partitions move
     zk_.records["/nodes/n2"] = _node("n2")  # ...or back meanwhile: read again first
-    assert controller._back_meanwhile(previous, zones)
+    assert controller.back_meanwhile(previous, zones)

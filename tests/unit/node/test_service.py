@@ -22,7 +22,7 @@ from keyroute.runtime.settings import HttpSettings, NodeSettings, RequestLimits,
 from keyroute.state_node.app import Node, create_app
 from keyroute.state_node.service import NodeServer, body_limit, run, server_limits
 from tests.unit.node.fakes import HELD, KEY_LOCAL, SERVING, FakeOwnership, WithoutLifespan, build, node_settings
-from tests.util import free_port, serve_in_thread
+from tests.util import free_port, serve_in_thread, wait_until
 
 EVENTS: list[str] = []
 
@@ -61,8 +61,7 @@ def serve_and_stop(stop_signals: int) -> None:
         await server.start(port=0)
         LeavingNode.port = server.port
         stopping = asyncio.get_running_loop().create_task(server.stop())
-        while "read 200" not in EVENTS:
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: "read 200" in EVENTS, message="the read under way answered")
         for _ in range(stop_signals):
             os.kill(os.getpid(), signal.SIGTERM)  # handled by the server: it is leaving
         await stopping

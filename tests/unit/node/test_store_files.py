@@ -215,7 +215,7 @@ def test_same_filesystem_loads_by_hard_link_and_never_changes_the_snapshot_file(
         try:
             loaded = _loaded(data_dir, record, p)
             assert loaded.stat().st_ino == before.st_ino and source.stat().st_nlink == 2
-            assert held._env is not None and held._env.flags()["readonly"]  # it could never write the file
+            assert held.read_only  # it could never write the file
             _assert_serves_exactly(held, ROWS, 3)
             # The node's lock file is its own; the snapshot directory gets nothing.
             assert (loaded.parent / "lock.mdb").is_file()

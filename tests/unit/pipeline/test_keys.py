@@ -138,7 +138,7 @@ WELL_FORMED = [
 def test_well_formed_batches_are_serialized_by_kernels_exactly_as_key_by_key(
     fmt: KeyFormat, keys: pa.Array
 ) -> None:
-    assert pipeline_keys._serialize_vectorized(keys, fmt) is not None  # the fast path, not the per-key loop
+    assert pipeline_keys.serialize_vectorized(keys, fmt) is not None  # the fast path, not the per-key loop
     assert serialized(keys, fmt) == one_by_one(fmt, keys.to_pylist())
     # Spark may hand over slices of a larger batch: offsets into shared buffers.
     assert serialized(keys[1:], fmt) == one_by_one(fmt, keys.to_pylist()[1:])

@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 import threading
 
-from keyroute.pipeline.session import _forward
+from keyroute.pipeline.session import forward_stderr
 
 
 def test_start_up_notes_are_dropped_and_everything_else_passes_on_progress_bars_at_once() -> None:
     jvm_read, jvm_write = os.pipe()
     out_read, out_write = os.pipe()
-    forwarder = threading.Thread(target=_forward, args=(jvm_read, out_write))
+    forwarder = threading.Thread(target=forward_stderr, args=(jvm_read, out_write))
     forwarder.start()
     os.write(jvm_write, b"WARNING: Using incubator modules: jdk.incubator.vector\n")
     os.write(jvm_write, b"Using Spark's default log4j profile: org/apache/spark/log4j2-defaults.properties\n")

@@ -484,7 +484,7 @@ class FakeSession:
 def test_batches_are_limited_by_rows_that_fit_the_byte_limit_at_the_greatest_row() -> None:
     session = FakeSession(limit="64m")
     json_bytes = 20_000  # ~3,000 rows in 64 MiB: fewer than Spark's 10,000
-    with writer._batches_sized_by_rows(session, json_bytes):  # type: ignore[arg-type]
+    with writer.batches_sized_by_rows(session, json_bytes):  # type: ignore[arg-type]
         rows = int(session.conf.values[writer._ARROW_ROWS])
         assert session.conf.values[writer._ARROW_BYTES] == str(2**31 - 1)  # Spark's "sizes no batch"
     # A batch of that many rows of the greatest size stays within the byte limit, with no row to spare.
@@ -495,12 +495,12 @@ def test_batches_are_limited_by_rows_that_fit_the_byte_limit_at_the_greatest_row
 
 def test_small_rows_keep_sparks_row_limit() -> None:
     session = FakeSession()
-    with writer._batches_sized_by_rows(session, 300):  # type: ignore[arg-type]
+    with writer.batches_sized_by_rows(session, 300):  # type: ignore[arg-type]
         assert session.conf.values[writer._ARROW_ROWS] == "10000"
         assert session.conf.values[writer._ARROW_BYTES] == str(2**31 - 1)
     # No row limit (0) becomes the rows that fit; a row beyond the byte limit gets a batch of its own.
     session = FakeSession(rows="0", limit="1k")
-    with writer._batches_sized_by_rows(session, 10_000):  # type: ignore[arg-type]
+    with writer.batches_sized_by_rows(session, 10_000):  # type: ignore[arg-type]
         assert session.conf.values[writer._ARROW_ROWS] == "1"
 
 
@@ -511,14 +511,14 @@ def test_small_rows_keep_sparks_row_limit() -> None:
 )
 def test_batches_stay_as_spark_sizes_them_otherwise(json_bytes: int | None, limit: str, rows: str) -> None:
     session = FakeSession(rows=rows, limit=limit)
-    with writer._batches_sized_by_rows(session, json_bytes):  # type: ignore[arg-type]
+    with writer.batches_sized_by_rows(session, json_bytes):  # type: ignore[arg-type]
         assert session.conf.history == []
     assert session.conf.history == []
 
 
 def test_the_settings_are_set_back_when_the_job_fails() -> None:
     session = FakeSession()
-    with pytest.raises(RuntimeError), writer._batches_sized_by_rows(session, 5_000_000):  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError), writer.batches_sized_by_rows(session, 5_000_000):  # type: ignore[arg-type]
         raise RuntimeError("the job failed")
     assert session.conf.values == {writer._ARROW_ROWS: "10000", writer._ARROW_BYTES: "67108864b"}
 
@@ -528,9 +528,9 @@ def test_the_settings_are_set_back_when_the_job_fails() -> None:
     [("67108864b", 64 << 20), ("64m", 64 << 20), ("64MB", 64 << 20), ("1g", 1 << 30), ("1024", 1024), (" 2k ", 2048)],
 )
 def test_spark_byte_sizes_are_read_in_binary_units(text: str, size: int) -> None:
-    assert writer._byte_size(text) == size
+    assert writer.spark_byte_size(text) == size
 
 
 @pytest.mark.parametrize("text", ["", "m", "1.5g", "-1", "64 furlongs"])
 def test_byte_sizes_not_in_sparks_form_are_not_read(text: str) -> None:
-    assert writer._byte_size(text) is None
+    assert writer.spark_byte_size(text) is None

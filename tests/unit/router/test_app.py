@@ -47,6 +47,7 @@ class Router:
     client: httpx.AsyncClient
     source: StaticMapSource
     cluster: FakeCluster
+    app: Any = None
 
     async def push(self, new_map: PartitionMap) -> None:
         self.source.push(new_map)
@@ -76,7 +77,7 @@ async def router(
     try:
         await asyncio.sleep(0)
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}", trust_env=False) as client:
-            yield Router(client, source, cluster)
+            yield Router(client, source, cluster, app)
     finally:
         await server.stop(grace_s=5)
     assert source.stopped

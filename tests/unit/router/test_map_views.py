@@ -224,7 +224,8 @@ def test_a_long_poll_answers_when_the_map_passes_the_generation_or_at_its_timeou
             waiting = asyncio.ensure_future(
                 r.client.get("/admin/partition-map", params={"since": "7", "wait_s": "30"}, headers=tag)
             )
-            await asyncio.sleep(0.1)
+            views: MapViews = r.app.state.map_views
+            await wait_until(lambda: views.long_polls == 1, message="the long poll waiting")
             assert not waiting.done()
             await r.push(cluster_map(generation=9))
             answer = await asyncio.wait_for(waiting, 10)
@@ -275,18 +276,13 @@ def test_a_long_poll_ends_when_its_client_goes_away() -> None:
         await server.start(port=0)
         try:
             views: MapViews = app.state.map_views
-
-            def waiters() -> int:
-                changed = views._changed
-                return 0 if changed is None else len(changed._waiters)  # type: ignore[attr-defined]
-
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}", trust_env=False) as client:
                 waiting = asyncio.ensure_future(
                     client.get("/admin/partition-map", params={"since": "7", "wait_s": "60"})
                 )
-                await wait_until(lambda: waiters() == 1, message="the poll waits")
+                await wait_until(lambda: views.long_polls == 1, message="the poll waits")
                 waiting.cancel()  # closes the connection
-                await wait_until(lambda: waiters() == 0, message="the poll ends with its client")
+                await wait_until(lambda: views.long_polls == 0, message="the poll ends with its client")
                 assert (await client.get("/admin/partition-map")).status_code == 200
         finally:
             await server.stop(grace_s=5)

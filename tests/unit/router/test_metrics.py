@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from typing import Any
 
 import pytest
@@ -182,31 +181,38 @@ def test_request_durations_by_store_and_status_class() -> None:
 
 
 def test_version_age_comes_from_the_publish_time_and_records_without_one_have_none() -> None:
-    published = dataclasses.replace(store_record("s", 4), published_at=time.time() - 3600)
-    m = RouterMetrics()
+    now = 1_800_000_000.0
+    published = dataclasses.replace(store_record("s", 4), published_at=now - 3600)
+    m = RouterMetrics(clock=lambda: now)
     m.map_installed(build_map([published, store_record("t", 2)], {"a": {"s": [0], "t": [0]}}))
 
     samples = parse(m.render())["keyroute_store_version_age_seconds"].samples
     assert [s.labels for s in samples] == [{"store": "s"}]
-    assert 3600 <= samples[0].value < 3600 + 600
+    assert samples[0].value == 3600
 
 
 def test_map_age_and_staleness() -> None:
-    m = RouterMetrics()
     fresh = build_map(STORES, {"a": {"s": [0]}})
+    now = [fresh.built_at + 5]
+    m = RouterMetrics(clock=lambda: now[0])
     m.map_installed(fresh)
     families = parse(m.render())
     assert sample(families, "keyroute_router_map_stale_seconds") == 0
-    assert 0 <= sample(families, "keyroute_router_map_age_seconds") < 60
+    assert sample(families, "keyroute_router_map_age_seconds") == pytest.approx(5)
 
+    now[0] += 10
     m.map_installed(fresh.marked_stale(True))
-    went_stale = m.stale_since
-    assert went_stale is not None and went_stale <= time.time()
+    assert m.stale_since == now[0]
+    now[0] += 10
     m.map_installed(fresh.marked_stale(True))  # still stale: the time it went stale stays
-    assert m.stale_since == went_stale
-    assert sample(parse(m.render()), "keyroute_router_map_stale_seconds") >= 0
+    assert m.stale_since == now[0] - 10
+    now[0] += 30
+    families = parse(m.render())
+    assert sample(families, "keyroute_router_map_stale_seconds") == pytest.approx(40)
+    assert sample(families, "keyroute_router_map_age_seconds") == pytest.approx(55)
     m.map_installed(fresh)
     assert m.stale_since is None
+    assert sample(parse(m.render()), "keyroute_router_map_stale_seconds") == 0
 
 
 def test_router_app_serves_the_exposition_and_answers_with_request_ids() -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,15 +34,18 @@ class Worker(RouterMetrics):
     """A worker's metrics, and the snapshots it shares them through (as router/workers.py keeps them). Not a
     dataclass of its own: a dataclass subclass leaves the fields of the compiled build's RouterMetrics unset."""
 
-    def __init__(self, snapshots: WorkerSnapshots | None = None) -> None:
-        super().__init__()
+    def __init__(self, snapshots: WorkerSnapshots | None = None, clock: Callable[[], float] = time.time) -> None:
+        super().__init__(clock=clock)
         self.snapshots = snapshots
 
 
-def worker(directory: Path, index: int, interval_s: float | None = None) -> Worker:
-    """Worker `index` (pid 1000 + index), publishing only when asked unless `interval_s` is given."""
+def worker(
+    directory: Path, index: int, interval_s: float | None = None, clock: Callable[[], float] = time.time
+) -> Worker:
+    """Worker `index` (pid 1000 + index), publishing only when asked unless `interval_s` is given; `clock`: the
+    wall clock its ages are counted to."""
     snapshots = WorkerSnapshots(directory, index, interval_s=interval_s, pid=1000 + index)
-    m = Worker(snapshots=snapshots)
+    m = Worker(snapshots=snapshots, clock=clock)
     m.share(snapshots)
     return m
 
@@ -148,26 +153,26 @@ def test_a_scrape_sums_its_own_live_counters_and_every_other_workers_snapshot(tm
 
 
 def test_the_oldest_map_and_the_longest_staleness_are_shown(tmp_path: Path) -> None:
-    a, b = worker(tmp_path, 1), worker(tmp_path, 2)
     fresh = build_map(STORES, {"n1": {"s": [0]}})
+    now = [fresh.built_at]
+    a, b = worker(tmp_path, 1, clock=lambda: now[0]), worker(tmp_path, 2, clock=lambda: now[0])
     a.map_installed(fresh)
     b.map_installed(replace(fresh, built_at=fresh.built_at - 500).marked_stale(True))
-    assert b.stale_since is not None
-    b.stale_since -= 100  # b has been cut off from ZooKeeper for 100 s
+    now[0] += 100  # b has been cut off from ZooKeeper for 100 s
     publish(b)
     samples = scrape(a)
-    assert 100 <= value(samples, "keyroute_router_map_stale_seconds") < 160
-    assert 500 <= value(samples, "keyroute_router_map_age_seconds") < 560
+    assert value(samples, "keyroute_router_map_stale_seconds") == pytest.approx(100)
+    assert value(samples, "keyroute_router_map_age_seconds") == pytest.approx(600)
     assert value(samples, "keyroute_router_map_stale") == 1
 
 
 def test_the_oldest_version_any_worker_routes_is_the_age_shown(tmp_path: Path) -> None:
-    a, b = worker(tmp_path, 1), worker(tmp_path, 2)
-    now = build_map(STORES, {"n1": {"s": [0]}}).built_at
+    now = 1_800_000_000.0
+    a, b = worker(tmp_path, 1, clock=lambda: now), worker(tmp_path, 2, clock=lambda: now)
     for m, age in ((a, 100), (b, 500)):
         m.map_installed(build_map([replace(STORES[0], published_at=now - age)], {"n1": {"s": [0]}}))
     publish(b)
-    assert 500 <= value(scrape(a), "keyroute_store_version_age_seconds", store="s") < 560
+    assert value(scrape(a), "keyroute_store_version_age_seconds", store="s") == 500
 
 
 def test_a_single_process_router_shows_no_worker_families() -> None:

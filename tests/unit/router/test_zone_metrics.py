@@ -70,12 +70,12 @@ def test_one_zone_shares_nothing_and_no_map_shows_zero() -> None:
 
 def test_with_workers_the_gauges_show_the_worst_map(tmp_path: Path) -> None:
     first, second = RouterMetrics(), RouterMetrics()
-    for index, m in enumerate((first, second), start=1):
-        m.share(WorkerSnapshots(tmp_path, index, pid=1000 + index))
+    snapshots = [WorkerSnapshots(tmp_path, index, pid=1000 + index) for index in (1, 2)]
+    for m, shared in zip((first, second), snapshots, strict=True):
+        m.share(shared)
     zones = {"a1": "a", "a2": "a", "b1": "b"}
     first.map_installed(zoned_map(zones, {"s": (2, [("a1", "b1"), ("a2", "b1")])}))
     second.map_installed(zoned_map({**zones, "x": ""}, {"s": (2, [("a1", "a2"), ("a2", "b1")])}))
-    for m in (first, second):
-        assert m._snapshots is not None
-        m._snapshots.publish()
+    for shared in snapshots:
+        shared.publish()
     assert gauges(first) == {SHARING: 1, WITHOUT: 1}
