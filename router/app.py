@@ -21,7 +21,6 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
-from starlette.routing import Route
 
 from keyroute.api import HEADER_REQUEST_ID, ApiError, BadRequest
 from keyroute.auth.security import ClusterAuth, MemberIdentity
@@ -29,19 +28,23 @@ from keyroute.cluster.cluster_policy import MemberSecurity, PolicyWatch, UnmetPo
 from keyroute.cluster.live_status import LiveStatusReader
 from keyroute.cluster.partition_map import PartitionMap
 from keyroute.cluster.zk import ZkAccessError, ZkUnavailableError
+from keyroute.http import openapi
 from keyroute.http.admin_login import login_routes
 from keyroute.http.admission import RequestGuard
 from keyroute.http.authn import callers_of
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.lifespan import StartupError
+from keyroute.http.openapi import ApiRoute
 from keyroute.http.policy_gate import PolicyGate
 from keyroute.http.quotas import start_quotas
+from keyroute.http.routing import RouteTable
 from keyroute.http.tls import MemberTls, member_tls
 from keyroute.http.upstream import Upstream
 from keyroute.router import map_views, ui
+from keyroute.router import openapi as router_openapi
+from keyroute.router.dataplane import RouterDataPlane
 from keyroute.router.limits import admission
 from keyroute.router.map_source import MapSource, ZooKeeperMapSource
-from keyroute.router.openapi import OPENAPI_JSON
 from keyroute.router.proxy import HedgeSettings, Proxy, ProxySettings
 from keyroute.router.registry import RouterRegistry, register_when_connected
 from keyroute.router.routing_table import RoutingTable
@@ -270,9 +273,6 @@ def create_app(
             return JSONResponse(body, status_code=503)
         return JSONResponse(body, status_code=200 if table.ready else 503)
 
-    async def openapi(request: Request) -> Response:
-        return Response(OPENAPI_JSON, media_type="application/json")
-
     async def metrics(request: Request) -> Response:
         return Response(_proxy(request).metrics.exposition(), headers={"content-type": CONTENT_TYPE})
 
@@ -280,15 +280,15 @@ def create_app(
     checks = admission(settings)
     app = Starlette(
         routes=[
-            Route(map_views.PARTITION_MAP_PATH, map_views.partition_map, methods=["GET"]),
-            Route(map_views.ROUTING_PATH, map_views.routing, methods=["GET"]),
-            Route("/admin/route", route, methods=["GET"]),
-            Route("/admin/quotas", quotas_table, methods=["GET"]),
-            Route(ui.PATH, partition_map_page, methods=["GET"]),
-            Route("/healthz", healthz, methods=["GET"]),
-            Route("/readyz", readyz, methods=["GET"]),
-            Route("/metrics", metrics, methods=["GET"]),
-            Route("/openapi.json", openapi, methods=["GET"]),
+            ApiRoute(map_views.PARTITION_MAP_PATH, map_views.partition_map, router_openapi.GET_PARTITION_MAP),
+            ApiRoute(map_views.ROUTING_PATH, map_views.routing, router_openapi.GET_ROUTING),
+            ApiRoute("/admin/route", route, router_openapi.GET_ROUTE),
+            ApiRoute("/admin/quotas", quotas_table, router_openapi.GET_QUOTAS),
+            ApiRoute(ui.PATH, partition_map_page, router_openapi.PARTITION_MAP_PAGE),
+            ApiRoute("/healthz", healthz, openapi.HEALTHZ),
+            ApiRoute("/readyz", readyz, router_openapi.READYZ),
+            ApiRoute("/metrics", metrics, openapi.METRICS),
+            ApiRoute(openapi.OPENAPI_PATH, openapi.endpoint(router_openapi.INFO, _data_plane_routes), openapi.OPENAPI),
             *login_routes(),
         ],
         # The first thing every request meets: concurrency and header limits, the admin token.
@@ -312,6 +312,10 @@ def _on_loop(loop: asyncio.AbstractEventLoop, call: Callable[[int], None]) -> Ca
             loop.call_soon_threadsafe(call, value)
 
     return soon
+
+
+def _data_plane_routes() -> RouteTable:
+    return RouterDataPlane.routes
 
 
 def _proxy(request: Request) -> Proxy:

@@ -27,7 +27,6 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from keyroute.api import HEADER_NODE, HEADER_REQUEST_ID, ApiError, BadRequest
 from keyroute.auth.cursor_key import CursorKey
@@ -38,18 +37,22 @@ from keyroute.cluster.live_status import LiveStatusReader, annotate
 from keyroute.cluster.map_watcher import MapWatcher
 from keyroute.cluster.partition_map import Assignment, PartitionMap
 from keyroute.cluster.zk_session import SessionKeeper
+from keyroute.http import openapi
 from keyroute.http.admin_login import login_routes
 from keyroute.http.admission import Admission, RequestGuard
 from keyroute.http.authn import admin_paths, callers_of
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.lifespan import StartupError
+from keyroute.http.openapi import ApiRoute
 from keyroute.http.policy_gate import PolicyGate
 from keyroute.http.quotas import ServingShares, start_quotas
+from keyroute.http.routing import RouteTable
 from keyroute.http.tls import member_tls
 from keyroute.http.upstream import Upstream
 from keyroute.runtime.logs import bind_request_id, describe
 from keyroute.runtime.metrics import CONTENT_TYPE, certificates_in_use
 from keyroute.runtime.settings import NodeSettings
+from keyroute.state_node import openapi as node_openapi
 from keyroute.state_node.controller import Controller
 from keyroute.state_node.data_dir import DataDir, DataDirError, held_partitions
 from keyroute.state_node.metrics import NodeMetrics
@@ -61,6 +64,7 @@ from keyroute.state_node.store import load_partition
 log = logging.getLogger(__name__)
 
 _NODE = HEADER_NODE.encode("ascii")
+_AFTER_LOGIN = "/admin/partition-map"  # where a login leads: a node has no page of its own
 
 
 @dataclass(slots=True)
@@ -201,13 +205,14 @@ def create_app(
         return JSONResponse(body, status_code=500, headers={HEADER_NODE: node_id, **_request_id_header(request)})
 
     routes = [
-        Route("/admin/partition-map", partition_map, methods=["GET"]),
-        Route("/admin/route", route, methods=["GET"]),
-        Route("/admin/quotas", quotas_table, methods=["GET"]),
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/readyz", readyz, methods=["GET"]),
-        Route("/metrics", metrics_endpoint, methods=["GET"]),
-        *login_routes(),
+        ApiRoute("/admin/partition-map", partition_map, node_openapi.GET_PARTITION_MAP),
+        ApiRoute("/admin/route", route, node_openapi.GET_ROUTE),
+        ApiRoute("/admin/quotas", quotas_table, node_openapi.GET_QUOTAS),
+        ApiRoute("/healthz", healthz, openapi.HEALTHZ),
+        ApiRoute("/readyz", readyz, node_openapi.READYZ),
+        ApiRoute("/metrics", metrics_endpoint, openapi.METRICS),
+        ApiRoute(openapi.OPENAPI_PATH, openapi.endpoint(node_openapi.INFO, _data_plane_routes), openapi.OPENAPI),
+        *login_routes(_AFTER_LOGIN),
     ]
     access = settings.access
     metrics.certificates = certificates_in_use(settings.http.tls, settings.zk.tls)
@@ -228,7 +233,7 @@ def create_app(
     )
     # Shared with the data plane (keyroute.state_node.dataplane): one count of requests in progress.
     app.state.admission = metrics.admission
-    app.state.after_login = "/admin/partition-map"  # a node has no page of its own
+    app.state.after_login = _AFTER_LOGIN
     return app
 
 
@@ -376,6 +381,13 @@ def forwarding_upstream(
         resolve=resolve,
         tls=tls,
     )
+
+
+def _data_plane_routes() -> RouteTable:
+    """The data plane's routes, for the API document (imported here: the data plane imports this module)."""
+    from keyroute.state_node.dataplane import NodeDataPlane
+
+    return NodeDataPlane.routes
 
 
 def _node(request: Request) -> Node:
