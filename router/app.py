@@ -17,12 +17,11 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
-from keyroute.api import HEADER_REQUEST_ID, ApiError, BadRequest
+from keyroute.api import BadRequest
 from keyroute.auth.security import ClusterAuth, MemberIdentity
 from keyroute.cluster.cluster_policy import MemberSecurity, PolicyWatch, UnmetPolicyError
 from keyroute.cluster.live_status import LiveStatusReader
@@ -32,6 +31,7 @@ from keyroute.http import openapi
 from keyroute.http.admin_login import login_routes
 from keyroute.http.admission import RequestGuard
 from keyroute.http.authn import callers_of
+from keyroute.http.error_answers import exception_handlers
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.lifespan import StartupError
 from keyroute.http.openapi import ApiRoute
@@ -48,7 +48,7 @@ from keyroute.router.map_source import MapSource, ZooKeeperMapSource
 from keyroute.router.proxy import HedgeSettings, Proxy, ProxySettings
 from keyroute.router.registry import RouterRegistry, register_when_connected
 from keyroute.router.routing_table import RoutingTable
-from keyroute.runtime.logs import bind_request_id, describe
+from keyroute.runtime.logs import describe
 from keyroute.runtime.metrics import CONTENT_TYPE, certificates_in_use
 from keyroute.runtime.settings import RouterSettings
 
@@ -56,7 +56,6 @@ log = logging.getLogger(__name__)
 
 # How long startup waits for the first partition map (ZooKeeper answers within milliseconds when it is up).
 FIRST_MAP_WAIT_S = 5.0
-_HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed"}
 # Between attempts to reach ZooKeeper at startup (each attempt itself waits up to the connect timeout).
 _RECONNECT_PAUSE_S = (1.0, 30.0)
 
@@ -293,11 +292,7 @@ def create_app(
         ],
         # The first thing every request meets: concurrency and header limits, the admin token.
         middleware=[Middleware(RequestGuard, admission=checks)],
-        exception_handlers={
-            ApiError: _api_error,
-            HTTPException: _http_error,
-            Exception: _internal_error,
-        },
+        exception_handlers=exception_handlers(),
         lifespan=lifespan,
     )
     app.state.admission = checks
@@ -333,30 +328,3 @@ def _json_bytes(obj: Any) -> Response:
         # A key echoed back may hold a lone surrogate (sent as a JSON escape); escaping is then the only way.
         content = json.dumps(obj).encode("ascii")
     return Response(content, media_type="application/json")
-
-
-async def _api_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ApiError)
-    return JSONResponse(exc.body(), status_code=exc.status, headers={**exc.headers, **_request_id(request)})
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    code = _HTTP_ERROR_CODES.get(exc.status_code, "http_error")
-    return JSONResponse(
-        {"error": code, "message": exc.detail},
-        status_code=exc.status_code,
-        headers={**(exc.headers or {}), **_request_id(request)},
-    )
-
-
-async def _internal_error(request: Request, exc: Exception) -> Response:
-    # The traceback goes to the log (the server logs the re-raised exception), never to the client.
-    return JSONResponse(
-        {"error": "internal_error", "message": "internal error"}, status_code=500, headers=_request_id(request)
-    )
-
-
-def _request_id(request: Request) -> dict[str, str]:
-    """The X-Request-ID header of an error answer: the id bound by the handler, else the client's or a new one."""
-    return {HEADER_REQUEST_ID: bind_request_id(request.scope, request.headers.get(HEADER_REQUEST_ID))}

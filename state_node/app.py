@@ -23,12 +23,11 @@ from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from keyroute.api import HEADER_NODE, HEADER_REQUEST_ID, ApiError, BadRequest
+from keyroute.api import HEADER_NODE, BadRequest
 from keyroute.auth.cursor_key import CursorKey
 from keyroute.auth.security import BearerAuth, ClusterAuth, MemberIdentity
 from keyroute.cluster import placement_records, zk
@@ -41,6 +40,7 @@ from keyroute.http import openapi
 from keyroute.http.admin_login import login_routes
 from keyroute.http.admission import Admission, RequestGuard
 from keyroute.http.authn import admin_paths, callers_of
+from keyroute.http.error_answers import exception_handlers
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.lifespan import StartupError
 from keyroute.http.openapi import ApiRoute
@@ -49,7 +49,7 @@ from keyroute.http.quotas import ServingShares, start_quotas
 from keyroute.http.routing import RouteTable
 from keyroute.http.tls import member_tls
 from keyroute.http.upstream import Upstream
-from keyroute.runtime.logs import bind_request_id, describe
+from keyroute.runtime.logs import describe
 from keyroute.runtime.metrics import CONTENT_TYPE, certificates_in_use
 from keyroute.runtime.settings import NodeSettings
 from keyroute.state_node import openapi as node_openapi
@@ -184,26 +184,6 @@ def create_app(
     node_id = settings.node_id
     metrics = NodeMetrics()
 
-    async def api_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, ApiError)
-        headers = {HEADER_NODE: node_id, **exc.headers, **_request_id_header(request)}
-        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
-
-    async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        body = {"error": code, "message": str(exc.detail)}
-        return JSONResponse(
-            body,
-            status_code=exc.status_code,
-            headers={HEADER_NODE: node_id, **(exc.headers or {}), **_request_id_header(request)},
-        )
-
-    async def internal_error(request: Request, exc: Exception) -> Response:
-        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-        body = {"error": "internal_error", "message": "the node failed to answer; see its log"}
-        return JSONResponse(body, status_code=500, headers={HEADER_NODE: node_id, **_request_id_header(request)})
-
     routes = [
         ApiRoute("/admin/partition-map", partition_map, node_openapi.GET_PARTITION_MAP),
         ApiRoute("/admin/route", route, node_openapi.GET_ROUTE),
@@ -229,7 +209,7 @@ def create_app(
         routes=routes,
         lifespan=lifespan,
         middleware=[guard],
-        exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: internal_error},
+        exception_handlers=exception_handlers({HEADER_NODE: node_id}),
     )
     # Shared with the data plane (keyroute.state_node.dataplane): one count of requests in progress.
     app.state.admission = metrics.admission
@@ -393,11 +373,6 @@ def _data_plane_routes() -> RouteTable:
 def _node(request: Request) -> Node:
     node: Node = request.app.state.node
     return node
-
-
-def _request_id_header(request: Request) -> dict[str, str]:
-    """X-Request-ID for an error answer: the id bound to the request, else the client's or a new one."""
-    return {HEADER_REQUEST_ID: bind_request_id(request.scope, request.headers.get(HEADER_REQUEST_ID))}
 
 
 # -- admin --------------------------------------------------------------------------------------------
