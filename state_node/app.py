@@ -40,6 +40,7 @@ from keyroute.http import openapi
 from keyroute.http.admin_login import login_routes
 from keyroute.http.admission import Admission, RequestGuard
 from keyroute.http.authn import admin_paths, callers_of
+from keyroute.http.conditional import entity_tag, not_modified
 from keyroute.http.error_answers import exception_handlers
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.lifespan import StartupError
@@ -391,12 +392,11 @@ async def partition_map(request: Request) -> Response:
     digest = hashlib.blake2b(
         json.dumps([controller, node.ownership.leaving, local], sort_keys=True, default=str).encode(), digest_size=8
     ).hexdigest()
-    live_mark = f".l{status.read_at:.6f}" if status is not None and status.reports else ""
-    etag = f'"g{m.generation}.a{assignment.generation}{".s" if m.stale else ""}{live_mark}.{digest}"'
+    live_mark = f"l{status.read_at:.6f}" if status is not None and status.reports else ""
+    etag = entity_tag(f"g{m.generation}", f"a{assignment.generation}", "s" if m.stale else "", live_mark, digest)
     headers = {"etag": etag, "cache-control": "no-cache"}
-    given = request.headers.get("if-none-match")
-    if given is not None and etag in (tag.strip() for tag in given.split(",")):
-        return Response(status_code=304, headers=headers)
+    if (unchanged := not_modified(request, headers)) is not None:
+        return unchanged
     body = m.describe(assignment=assignment)
     if status is not None:
         annotate(body, m, status)
