@@ -17,35 +17,38 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
-from starlette.routing import Route
 
-from keyroute.api import HEADER_REQUEST_ID, ApiError, BadRequest
+from keyroute.api import BadRequest
 from keyroute.auth.security import ClusterAuth, MemberIdentity
 from keyroute.cluster.cluster_policy import MemberSecurity, PolicyWatch, UnmetPolicyError
 from keyroute.cluster.live_status import LiveStatusReader
 from keyroute.cluster.partition_map import PartitionMap
 from keyroute.cluster.zk import ZkAccessError, ZkUnavailableError
+from keyroute.http import openapi
 from keyroute.http.admin_login import login_routes
 from keyroute.http.admission import RequestGuard
 from keyroute.http.authn import callers_of
+from keyroute.http.error_answers import exception_handlers
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.lifespan import StartupError
+from keyroute.http.openapi import ApiRoute
 from keyroute.http.policy_gate import PolicyGate
 from keyroute.http.quotas import start_quotas
+from keyroute.http.routing import RouteTable
 from keyroute.http.tls import MemberTls, member_tls
 from keyroute.http.upstream import Upstream
 from keyroute.router import map_views, ui
+from keyroute.router import openapi as router_openapi
+from keyroute.router.dataplane import RouterDataPlane
 from keyroute.router.limits import admission
 from keyroute.router.map_source import MapSource, ZooKeeperMapSource
-from keyroute.router.openapi import OPENAPI_JSON
 from keyroute.router.proxy import HedgeSettings, Proxy, ProxySettings
 from keyroute.router.registry import RouterRegistry, register_when_connected
 from keyroute.router.routing_table import RoutingTable
-from keyroute.runtime.logs import bind_request_id, describe
+from keyroute.runtime.logs import describe
 from keyroute.runtime.metrics import CONTENT_TYPE, certificates_in_use
 from keyroute.runtime.settings import RouterSettings
 
@@ -53,7 +56,6 @@ log = logging.getLogger(__name__)
 
 # How long startup waits for the first partition map (ZooKeeper answers within milliseconds when it is up).
 FIRST_MAP_WAIT_S = 5.0
-_HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed"}
 # Between attempts to reach ZooKeeper at startup (each attempt itself waits up to the connect timeout).
 _RECONNECT_PAUSE_S = (1.0, 30.0)
 
@@ -270,9 +272,6 @@ def create_app(
             return JSONResponse(body, status_code=503)
         return JSONResponse(body, status_code=200 if table.ready else 503)
 
-    async def openapi(request: Request) -> Response:
-        return Response(OPENAPI_JSON, media_type="application/json")
-
     async def metrics(request: Request) -> Response:
         return Response(_proxy(request).metrics.exposition(), headers={"content-type": CONTENT_TYPE})
 
@@ -280,24 +279,20 @@ def create_app(
     checks = admission(settings)
     app = Starlette(
         routes=[
-            Route(map_views.PARTITION_MAP_PATH, map_views.partition_map, methods=["GET"]),
-            Route(map_views.ROUTING_PATH, map_views.routing, methods=["GET"]),
-            Route("/admin/route", route, methods=["GET"]),
-            Route("/admin/quotas", quotas_table, methods=["GET"]),
-            Route(ui.PATH, partition_map_page, methods=["GET"]),
-            Route("/healthz", healthz, methods=["GET"]),
-            Route("/readyz", readyz, methods=["GET"]),
-            Route("/metrics", metrics, methods=["GET"]),
-            Route("/openapi.json", openapi, methods=["GET"]),
+            ApiRoute(map_views.PARTITION_MAP_PATH, map_views.partition_map, router_openapi.GET_PARTITION_MAP),
+            ApiRoute(map_views.ROUTING_PATH, map_views.routing, router_openapi.GET_ROUTING),
+            ApiRoute("/admin/route", route, router_openapi.GET_ROUTE),
+            ApiRoute("/admin/quotas", quotas_table, router_openapi.GET_QUOTAS),
+            ApiRoute(ui.PATH, partition_map_page, router_openapi.PARTITION_MAP_PAGE),
+            ApiRoute("/healthz", healthz, openapi.HEALTHZ),
+            ApiRoute("/readyz", readyz, router_openapi.READYZ),
+            ApiRoute("/metrics", metrics, openapi.METRICS),
+            ApiRoute(openapi.OPENAPI_PATH, openapi.endpoint(router_openapi.INFO, _data_plane_routes), openapi.OPENAPI),
             *login_routes(),
         ],
         # The first thing every request meets: concurrency and header limits, the admin token.
         middleware=[Middleware(RequestGuard, admission=checks)],
-        exception_handlers={
-            ApiError: _api_error,
-            HTTPException: _http_error,
-            Exception: _internal_error,
-        },
+        exception_handlers=exception_handlers(),
         lifespan=lifespan,
     )
     app.state.admission = checks
@@ -312,6 +307,10 @@ def _on_loop(loop: asyncio.AbstractEventLoop, call: Callable[[int], None]) -> Ca
             loop.call_soon_threadsafe(call, value)
 
     return soon
+
+
+def _data_plane_routes() -> RouteTable:
+    return RouterDataPlane.routes
 
 
 def _proxy(request: Request) -> Proxy:
@@ -329,30 +328,3 @@ def _json_bytes(obj: Any) -> Response:
         # A key echoed back may hold a lone surrogate (sent as a JSON escape); escaping is then the only way.
         content = json.dumps(obj).encode("ascii")
     return Response(content, media_type="application/json")
-
-
-async def _api_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ApiError)
-    return JSONResponse(exc.body(), status_code=exc.status, headers={**exc.headers, **_request_id(request)})
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    code = _HTTP_ERROR_CODES.get(exc.status_code, "http_error")
-    return JSONResponse(
-        {"error": code, "message": exc.detail},
-        status_code=exc.status_code,
-        headers={**(exc.headers or {}), **_request_id(request)},
-    )
-
-
-async def _internal_error(request: Request, exc: Exception) -> Response:
-    # The traceback goes to the log (the server logs the re-raised exception), never to the client.
-    return JSONResponse(
-        {"error": "internal_error", "message": "internal error"}, status_code=500, headers=_request_id(request)
-    )
-
-
-def _request_id(request: Request) -> dict[str, str]:
-    """The X-Request-ID header of an error answer: the id bound by the handler, else the client's or a new one."""
-    return {HEADER_REQUEST_ID: bind_request_id(request.scope, request.headers.get(HEADER_REQUEST_ID))}

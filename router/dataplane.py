@@ -25,10 +25,12 @@ from typing import Any, Final
 from keyroute.api import min_offset_query
 from keyroute.auth.access import caller_of
 from keyroute.formats.avro_answers import answer_type, avro_answer, avro_headers, encode_answer, schema_answer
+from keyroute.http import openapi
 from keyroute.http.admission import Admission
 from keyroute.http.dataplane import JSON, Call, Route, RoutedDataPlane, store_routes
 from keyroute.http.forwarding import encode_entry, parse_batch_request
 from keyroute.http.quotas import Quotas, page_cost
+from keyroute.router import openapi as router_openapi
 from keyroute.router.ranges import read_range
 from keyroute.runtime.metrics import KIND_BATCH, KIND_RANGE
 from keyroute.runtime.native import mypyc_attr
@@ -158,8 +160,9 @@ class RouterDataPlane(RoutedDataPlane):
         _read_history,
         _read_windows,
         _batch_get,
-        Route("/stores/{store}/range", ("GET",), _read_range, KIND_RANGE),
-        Route("/stores/{store}/schema", ("GET",), _schema),
+        Route("/stores/{store}/range", ("GET",), _read_range, KIND_RANGE, (router_openapi.GET_RANGE,)),
+        Route("/stores/{store}/schema", ("GET",), _schema, None, (openapi.GET_ANSWER_SCHEMA,)),
+        batch_operation=router_openapi.BATCH_GET,
     )
 
 
@@ -173,7 +176,3 @@ def _avro_settle(call: Call, media: bytes) -> Callable[[Any], None]:
         call.answer(*avro_answer(result.status, result.headers, result.body, media))
 
     return settle
-
-
-# The data plane's routes and their methods (HEAD goes with GET), as the OpenAPI document lists them.
-ROUTES = RouterDataPlane.routes.documented()

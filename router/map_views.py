@@ -40,6 +40,7 @@ from keyroute.cluster.partition_map import (
     PartitionMap,
     StoreRecord,
 )
+from keyroute.http.conditional import entity_tag, marked, matches, not_modified
 
 PARTITION_MAP_PATH = "/admin/partition-map"
 ROUTING_PATH = "/routing"
@@ -563,8 +564,8 @@ class MapViews:
     def views(self, m: PartitionMap) -> Views:
         """The views of `m` (blocking when live status must be read: call it from a worker thread)."""
         status = self._live_status.read_for(m) if self._live(m) else LiveStatus({}, 0.0)
-        live_mark = f".l{status.read_at:.6f}" if status.read_at else ""
-        etag = f'"g{m.generation}.a{m.assignment.generation}{".s" if m.stale else ""}{live_mark}"'
+        live_mark = f"l{status.read_at:.6f}" if status.read_at else ""
+        etag = entity_tag(f"g{m.generation}", f"a{m.assignment.generation}", "s" if m.stale else "", live_mark)
         with self._lock:
             current = self._current
             if current is not None and current.etag == etag:
@@ -597,10 +598,7 @@ async def _disconnected(request: Request) -> None:
 
 
 def _matches(request: Request, etag: str) -> bool:
-    given = request.headers.get("if-none-match")
-    if given is None:
-        return False
-    return any(tag.strip() in (etag, "W/" + etag, "*") for tag in given.split(","))
+    return matches(request.headers.get("if-none-match"), etag)
 
 
 # -- request parameters ----------------------------------------------------------------------------------
@@ -722,8 +720,8 @@ async def partition_map(request: Request) -> Response:
     headers = views_of.headers(views)
     empty = cluster_state(request)
     routers, policy = _routers(request, headers), _policy(request, headers)
-    if _matches(request, headers["etag"]) and not empty:
-        return Response(status_code=304, headers=headers)
+    if not empty and (unchanged := not_modified(request, headers)) is not None:
+        return unchanged
     if query == "all":
         body = policy(routers(await run_in_threadpool(views.full)))
         if empty:  # an empty cluster's map is a few bytes: said in the body as /readyz says it
@@ -749,8 +747,7 @@ def _routers(request: Request, headers: dict[str, str]) -> Callable[[bytes], byt
     if registry is None or not registry.version:
         return lambda body: body
     routers, version = registry.routers, registry.version
-    etag = headers["etag"]
-    headers["etag"] = f'{etag[:-1]}.r{version}"' if etag.endswith('"') else f"{etag}.r{version}"
+    headers["etag"] = marked(headers["etag"], f"r{version}")
     listed = b',"routers":' + _dumps(routers) + b"}"
     return lambda body: body[:-1] + listed if body.endswith(b"}") else body
 
@@ -764,8 +761,7 @@ def _policy(request: Request, headers: dict[str, str]) -> Callable[[bytes], byte
         return lambda body: body
     version, check = watch.version, watch.check  # in this order: a body never older than its ETag says
     if version:  # the policy as first read (none recorded, or one met at start) changes no ETag
-        etag = headers["etag"]
-        headers["etag"] = f'{etag[:-1]}.p{version}"' if etag.endswith('"') else f"{etag}.p{version}"
+        headers["etag"] = marked(headers["etag"], f"p{version}")
     listed = b',"policy":' + _dumps(check.describe()) + b"}"
     return lambda body: body[:-1] + listed if body.endswith(b"}") else body
 
@@ -809,8 +805,8 @@ async def routing(request: Request) -> Response:
         names = sorted({name for name in wanted if name in m.stores})
         body = await run_in_threadpool(views_of.routing.document, m, names, None)
         return Response(body, media_type="application/json", headers=headers)
-    if _matches(request, views.etag):
-        return Response(status_code=304, headers=headers)
+    if (unchanged := not_modified(request, headers)) is not None:
+        return unchanged
     changed = None if since is None else views_of.changed_since(since)
     if changed is None:
         body = views.ready("routing") or await run_in_threadpool(

@@ -302,7 +302,7 @@ class Proxy:
         table = self.table
         # RoutingTable.serving_of and StoreLocator.serving_of, inline for a plain store (string keys,
         # murmur2), the common case: two frames per read less. Anything else asks the table, which decides
-        # (and raises) as ever.
+        # (and raises) as ever. tests/property/test_key_location_props.py pins it to StoreLocator.locate_key.
         locator = table.reads.get(store)
         if locator is not None and locator.plain and key_text.isascii():
             partition = (murmur2_bits(key_text.encode()) & 0x7FFFFFFF) % locator.partitions

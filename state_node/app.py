@@ -23,13 +23,11 @@ from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
-from keyroute.api import HEADER_NODE, HEADER_REQUEST_ID, ApiError, BadRequest
+from keyroute.api import HEADER_NODE, BadRequest
 from keyroute.auth.cursor_key import CursorKey
 from keyroute.auth.security import BearerAuth, ClusterAuth, MemberIdentity
 from keyroute.cluster import placement_records, zk
@@ -38,18 +36,24 @@ from keyroute.cluster.live_status import LiveStatusReader, annotate
 from keyroute.cluster.map_watcher import MapWatcher
 from keyroute.cluster.partition_map import Assignment, PartitionMap
 from keyroute.cluster.zk_session import SessionKeeper
+from keyroute.http import openapi
 from keyroute.http.admin_login import login_routes
 from keyroute.http.admission import Admission, RequestGuard
 from keyroute.http.authn import admin_paths, callers_of
+from keyroute.http.conditional import entity_tag, not_modified
+from keyroute.http.error_answers import exception_handlers
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.lifespan import StartupError
+from keyroute.http.openapi import ApiRoute
 from keyroute.http.policy_gate import PolicyGate
 from keyroute.http.quotas import ServingShares, start_quotas
+from keyroute.http.routing import RouteTable
 from keyroute.http.tls import member_tls
 from keyroute.http.upstream import Upstream
-from keyroute.runtime.logs import bind_request_id, describe
+from keyroute.runtime.logs import describe
 from keyroute.runtime.metrics import CONTENT_TYPE, certificates_in_use
 from keyroute.runtime.settings import NodeSettings
+from keyroute.state_node import openapi as node_openapi
 from keyroute.state_node.controller import Controller
 from keyroute.state_node.data_dir import DataDir, DataDirError, held_partitions
 from keyroute.state_node.metrics import NodeMetrics
@@ -61,6 +65,7 @@ from keyroute.state_node.store import load_partition
 log = logging.getLogger(__name__)
 
 _NODE = HEADER_NODE.encode("ascii")
+_AFTER_LOGIN = "/admin/partition-map"  # where a login leads: a node has no page of its own
 
 
 @dataclass(slots=True)
@@ -180,34 +185,15 @@ def create_app(
     node_id = settings.node_id
     metrics = NodeMetrics()
 
-    async def api_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, ApiError)
-        headers = {HEADER_NODE: node_id, **exc.headers, **_request_id_header(request)}
-        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
-
-    async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        body = {"error": code, "message": str(exc.detail)}
-        return JSONResponse(
-            body,
-            status_code=exc.status_code,
-            headers={HEADER_NODE: node_id, **(exc.headers or {}), **_request_id_header(request)},
-        )
-
-    async def internal_error(request: Request, exc: Exception) -> Response:
-        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-        body = {"error": "internal_error", "message": "the node failed to answer; see its log"}
-        return JSONResponse(body, status_code=500, headers={HEADER_NODE: node_id, **_request_id_header(request)})
-
     routes = [
-        Route("/admin/partition-map", partition_map, methods=["GET"]),
-        Route("/admin/route", route, methods=["GET"]),
-        Route("/admin/quotas", quotas_table, methods=["GET"]),
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/readyz", readyz, methods=["GET"]),
-        Route("/metrics", metrics_endpoint, methods=["GET"]),
-        *login_routes(),
+        ApiRoute("/admin/partition-map", partition_map, node_openapi.GET_PARTITION_MAP),
+        ApiRoute("/admin/route", route, node_openapi.GET_ROUTE),
+        ApiRoute("/admin/quotas", quotas_table, node_openapi.GET_QUOTAS),
+        ApiRoute("/healthz", healthz, openapi.HEALTHZ),
+        ApiRoute("/readyz", readyz, node_openapi.READYZ),
+        ApiRoute("/metrics", metrics_endpoint, openapi.METRICS),
+        ApiRoute(openapi.OPENAPI_PATH, openapi.endpoint(node_openapi.INFO, _data_plane_routes), openapi.OPENAPI),
+        *login_routes(_AFTER_LOGIN),
     ]
     access = settings.access
     metrics.certificates = certificates_in_use(settings.http.tls, settings.zk.tls)
@@ -224,11 +210,11 @@ def create_app(
         routes=routes,
         lifespan=lifespan,
         middleware=[guard],
-        exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: internal_error},
+        exception_handlers=exception_handlers({HEADER_NODE: node_id}),
     )
     # Shared with the data plane (keyroute.state_node.dataplane): one count of requests in progress.
     app.state.admission = metrics.admission
-    app.state.after_login = "/admin/partition-map"  # a node has no page of its own
+    app.state.after_login = _AFTER_LOGIN
     return app
 
 
@@ -378,14 +364,16 @@ def forwarding_upstream(
     )
 
 
+def _data_plane_routes() -> RouteTable:
+    """The data plane's routes, for the API document (imported here: the data plane imports this module)."""
+    from keyroute.state_node.dataplane import NodeDataPlane
+
+    return NodeDataPlane.routes
+
+
 def _node(request: Request) -> Node:
     node: Node = request.app.state.node
     return node
-
-
-def _request_id_header(request: Request) -> dict[str, str]:
-    """X-Request-ID for an error answer: the id bound to the request, else the client's or a new one."""
-    return {HEADER_REQUEST_ID: bind_request_id(request.scope, request.headers.get(HEADER_REQUEST_ID))}
 
 
 # -- admin --------------------------------------------------------------------------------------------
@@ -404,12 +392,11 @@ async def partition_map(request: Request) -> Response:
     digest = hashlib.blake2b(
         json.dumps([controller, node.ownership.leaving, local], sort_keys=True, default=str).encode(), digest_size=8
     ).hexdigest()
-    live_mark = f".l{status.read_at:.6f}" if status is not None and status.reports else ""
-    etag = f'"g{m.generation}.a{assignment.generation}{".s" if m.stale else ""}{live_mark}.{digest}"'
+    live_mark = f"l{status.read_at:.6f}" if status is not None and status.reports else ""
+    etag = entity_tag(f"g{m.generation}", f"a{assignment.generation}", "s" if m.stale else "", live_mark, digest)
     headers = {"etag": etag, "cache-control": "no-cache"}
-    given = request.headers.get("if-none-match")
-    if given is not None and etag in (tag.strip() for tag in given.split(",")):
-        return Response(status_code=304, headers=headers)
+    if (unchanged := not_modified(request, headers)) is not None:
+        return unchanged
     body = m.describe(assignment=assignment)
     if status is not None:
         annotate(body, m, status)

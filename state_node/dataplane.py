@@ -42,6 +42,7 @@ from keyroute.formats.avro_answers import (
     results_avro,
     schema_answer,
 )
+from keyroute.http import openapi
 from keyroute.http.admission import Admission
 from keyroute.http.dataplane import JSON, Call, Route, RoutedDataPlane, store_routes
 from keyroute.http.exchange import Answer, Request
@@ -49,6 +50,7 @@ from keyroute.http.forwarding import parse_batch_request
 from keyroute.http.quotas import Quotas, ServingShares, page_cost
 from keyroute.http.tls import call_peer_identity, call_peer_role
 from keyroute.runtime.metrics import KIND_RANGE
+from keyroute.state_node import openapi as node_openapi
 from keyroute.state_node.app import Node
 from keyroute.state_node.ranges import read_partition_range
 from keyroute.state_node.reads import (
@@ -232,8 +234,14 @@ class NodeDataPlane(RoutedDataPlane):
         call.answer(200, list(JSON), schema_answer(store, record.value_columns))
 
     # A range read over one partition held here (a router's range read asks one per partition).
-    _range_route = Route("/stores/{store}/partitions/{partition}/range", ("GET",), _read_range, KIND_RANGE)
-    _schema_route = Route("/stores/{store}/schema", ("GET",), _schema)
+    _range_route = Route(
+        "/stores/{store}/partitions/{partition}/range",
+        ("GET",),
+        _read_range,
+        KIND_RANGE,
+        (node_openapi.GET_PARTITION_RANGE,),
+    )
+    _schema_route = Route("/stores/{store}/schema", ("GET",), _schema, None, (openapi.GET_ANSWER_SCHEMA,))
     routes = store_routes(_read_key, _read_history, _read_windows, _batch_get, _range_route, _schema_route)
 
 

@@ -18,9 +18,9 @@ from types import MappingProxyType
 from typing import Any
 
 from keyroute.keys.key_format import Key, KeyFormat
-from keyroute.keys.key_location import Endpoint, KeyLocation, key_location
+from keyroute.keys.key_location import Endpoint, KeyLocation, StoreLocator
 from keyroute.keys.key_schema import KeySchema
-from keyroute.keys.partitioner import Partitioner, key_hash, partition_of_hash
+from keyroute.keys.partitioner import Partitioner
 from keyroute.storage.timeline import Timeline
 
 __all__ = [
@@ -379,17 +379,25 @@ class PartitionMap:
         return per_partition[partition] if 0 <= partition < len(per_partition) else ()
 
     def locate(self, store: StoreRecord, key: Key) -> KeyLocation:
-        """Where `key` (parsed in the store's key format) of `store` lives in this map."""
-        hash_value = key_hash(store.partitioner, key.data)
-        partition = partition_of_hash(store.partitioner, hash_value, store.partitions)
-        return key_location(
-            store.name,
-            key.text,
-            partition,
-            hash_value,
-            self.assignment.replicas(store.name, partition),
-            self.serving_endpoints(store.name, partition),
-        )
+        """Where `key` (parsed in the store's key format) of `store` lives in this map: its store's locator's
+        answer (`StoreLocator.locate_key`). Raises ValueError for a store record without a usable partition
+        count."""
+        if self.stores.get(store.name) is store:
+            locator = self.locator(store.name)
+        else:  # a record this map does not hold (a store not published yet): its locator, made now
+            locator = StoreLocator.of_record(self, store)
+        if locator is None:
+            raise ValueError(f"store {store.name!r} is published with {store.partitions} partitions")
+        return locator.locate_key(key)
+
+    def locator(self, name: str) -> StoreLocator | None:
+        """What locates the keys of store `name` in this map, made once per map (None: its record has no
+        usable partition count)."""
+        memo = f"locator:{name}"
+        if memo not in self._memo:
+            self._memo[memo] = StoreLocator.of_map(self, name)
+        locator: StoreLocator | None = self._memo[memo]
+        return locator
 
     def live_nodes(self) -> frozenset[str]:
         """Registered nodes that are not leaving: the ones the controller assigns partitions to."""

@@ -21,10 +21,12 @@ from urllib.parse import parse_qs
 
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
-from starlette.routing import Route
 
+from keyroute.api import BadRequest
 from keyroute.auth.security import SESSION_COOKIE, SESSION_LIFETIME_S, BearerAuth
+from keyroute.http import openapi
 from keyroute.http.admission import LOGIN_PATH, LOGOUT_PATH, read_body
+from keyroute.http.openapi import ApiRoute
 
 AFTER_LOGIN = "/admin/ui"
 COOKIE_PATH = "/admin"
@@ -95,11 +97,14 @@ async def login_form(request: Request) -> Response:
 
 async def login(request: Request) -> Response:
     auth, callers = _auth(request), _callers(request)
-    if not auth.enabled and callers is None:
-        return _after_login(request)
     body = await read_body(request, _MAX_FORM_BYTES, _FORM_TIMEOUT_S)
     # The field is read from the urlencoded form whatever the content type says (a browser sends that one).
-    token = parse_qs(body.decode("latin-1"), keep_blank_values=True).get("token", [""])[0]
+    tokens = parse_qs(body.decode("latin-1"), keep_blank_values=True).get("token")
+    if tokens is None:  # not the login form (whose field a browser always sends, empty or not)
+        raise BadRequest("the login form has no `token` field")
+    if not auth.enabled and callers is None:
+        return _after_login(request)
+    token = tokens[0]
     presented = token.strip().encode("latin-1", "replace")
     session = auth.session() if token and auth.enabled and auth.accepts(presented) else None
     if session is None and token and callers is not None:
@@ -133,10 +138,14 @@ async def logout(request: Request) -> Response:
     return response
 
 
-def login_routes() -> list[Route]:
+def login_routes(after_login: str = AFTER_LOGIN) -> list[ApiRoute]:
     """The login, the form and the logout, for an app whose `state.admission` holds its admission checks;
-    a login leads to `state.after_login` (default /admin/ui, the router's page)."""
-    return [Route(LOGIN_PATH, _login_page, methods=["GET", "POST"]), Route(LOGOUT_PATH, logout, methods=["POST"])]
+    a login leads to `state.after_login` (default /admin/ui, the router's page; `after_login` says it in
+    the API document)."""
+    return [
+        ApiRoute(LOGIN_PATH, _login_page, openapi.login_form(after_login), openapi.login(after_login)),
+        ApiRoute(LOGOUT_PATH, logout, openapi.LOGOUT),
+    ]
 
 
 async def _login_page(request: Request) -> Response:

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from keyroute.api import ApiError, NotFound, error_headers, error_json
 from keyroute.auth.access import ANONYMOUS, Identity
+from keyroute.http import openapi
 from keyroute.http.routing import MethodNotAllowed, Route, RouteTable
 from keyroute.runtime.logs import bind_request_id
 from keyroute.runtime.metrics import KIND_BATCH, KIND_KEY, KIND_TIMELINE
@@ -357,7 +358,10 @@ def _not_a_key_path(plane: RoutedDataPlane, call: Call, store: str) -> None:
 
 # Every path under /stores/{store}/keys/ that no route of a key fits: a GET is told why (most often a key
 # with an unencoded '/'), another method is a 405 as for a key. Both services declare it last.
-NOT_A_KEY_PATH = Route("/stores/{store}/keys/{rest:path}", ("GET",), _not_a_key_path, documented=False)
+NOT_A_KEY_PATH = Route("/stores/{store}/keys/{rest:path}", ("GET",), _not_a_key_path)
+
+
+_BATCH_GET = openapi.batch_get(any_key=False)
 
 
 def store_routes(
@@ -366,17 +370,19 @@ def store_routes(
     read_windows: Callable[..., Any],
     batch_get: Callable[..., Any],
     *own: Route,
+    batch_operation: Any = None,
 ) -> RouteTable:
     """The data API as routers and nodes both serve it, from their handlers: a key first (`fast_route`), its
     history and windows, batch-get, the service's `own` routes (its range read: a store's on a router, one
-    partition's on a node; the answers' schema), NOT_A_KEY_PATH last."""
+    partition's on a node; the answers' schema), NOT_A_KEY_PATH last. Each with its OpenAPI operation
+    (`batch_operation`: the batch-get's, a node's unless given)."""
     key = "/stores/{store}/keys/{key}"
     return RouteTable(
         [
-            Route(key, ("GET",), read_key, KIND_KEY),
-            Route(f"{key}/history", ("GET",), read_history, KIND_TIMELINE),
-            Route(f"{key}/windows", ("GET",), read_windows, KIND_TIMELINE),
-            Route("/stores/{store}/batch-get", ("POST",), batch_get, KIND_BATCH),
+            Route(key, ("GET",), read_key, KIND_KEY, (openapi.GET_KEY,)),
+            Route(f"{key}/history", ("GET",), read_history, KIND_TIMELINE, (openapi.GET_HISTORY,)),
+            Route(f"{key}/windows", ("GET",), read_windows, KIND_TIMELINE, (openapi.GET_WINDOWS,)),
+            Route("/stores/{store}/batch-get", ("POST",), batch_get, KIND_BATCH, (batch_operation or _BATCH_GET,)),
             *own,
             NOT_A_KEY_PATH,
         ]

@@ -38,14 +38,15 @@ class Match(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class Route:
     """`handler(plane, call, *parameters)` answers `methods` (HEAD with GET) on paths that fit `template`;
-    its answers are counted under `kind` (None: not counted). `documented`: part of the API (a route that
-    only explains a 404 is not)."""
+    its answers are counted under `kind` (None: not counted). `operations`: what each method does, as the
+    API's OpenAPI document says it (keyroute.http.openapi `Operation`s, one per method); none for a route
+    that is not part of the API (one that only explains a 404)."""
 
     template: str
     methods: tuple[str, ...]
     handler: Callable[..., Any]
     kind: str | None = None
-    documented: bool = True
+    operations: tuple[Any, ...] = ()
     # Compiled from the template (by __post_init__): the number of segments (the least, for a `:path`
     # route), the literal segments by index, the parameters by index, whether the rest of a path is taken.
     length: int = field(init=False)
@@ -211,10 +212,6 @@ class RouteTable:
             return None
         (at, literal) = extra[0]
         return FastRoute(route, route.length, at, literal, route.allowed, first, second, second in route.required)
-
-    def documented(self) -> dict[str, tuple[str, ...]]:
-        """The API's routes and their methods (HEAD goes with GET), as the OpenAPI document lists them."""
-        return {route.template: route.methods for route in self.routes if route.documented}
 
 
 @dataclass(frozen=True, slots=True)

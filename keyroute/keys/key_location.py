@@ -10,12 +10,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from keyroute.keys.key_format import KeyFormat, parse_key
+from keyroute.keys.key_format import Key, KeyFormat, parse_key
 from keyroute.keys.key_schema import KeyCodec, KeySchema
 from keyroute.keys.partitioner import Partitioner, key_hash, murmur2, murmur2_bits, partition_of_hash
 
 if TYPE_CHECKING:
-    from keyroute.cluster.partition_map import PartitionMap
+    from keyroute.cluster.partition_map import PartitionMap, StoreRecord
 
 # Kafka's partition count is a Java int: a store record with more partitions is malformed.
 _MAX_PARTITIONS = 0x7FFFFFFF
@@ -87,8 +87,8 @@ class StoreLocator:
     """Locates the keys of one store: its shape, and per partition its assigned and serving nodes.
 
     Built once per partition map (`of_map`, or `of_description` from `GET /admin/partition-map`), so a
-    lookup hashes the key and allocates one `KeyLocation`. Keys of the common kind (strings hashed with
-    murmur2) are hashed inline.
+    lookup hashes the key and allocates one `KeyLocation`. `locate_key` is the definition; keys of the
+    common kind (strings hashed with murmur2) are hashed inline.
     """
 
     name: str
@@ -122,6 +122,13 @@ class StoreLocator:
         store = partition_map.stores[name]
         if not 1 <= store.partitions <= _MAX_PARTITIONS:
             return None
+        return cls.of_record(partition_map, store)
+
+    @classmethod
+    def of_record(cls, partition_map: PartitionMap, store: StoreRecord) -> StoreLocator:
+        """The locator of the store `store` describes, placed as `partition_map` places its name (nowhere,
+        when the map does not have it); raises ValueError when its partition count is not usable."""
+        name = store.name
         return cls(
             name,
             store.partitions,
@@ -162,7 +169,7 @@ class StoreLocator:
             except UnicodeEncodeError:
                 pass  # `locate` says why
             else:
-                partition = (murmur2_bits(data) & 0x7FFFFFFF) % self.partitions  # as in `locate`
+                partition = (murmur2_bits(data) & 0x7FFFFFFF) % self.partitions  # `locate_key`, inline
                 return partition, self.serving[partition]
         location = self.locate(key_text)
         return location.partition, location.serving
@@ -176,20 +183,22 @@ class StoreLocator:
             except UnicodeEncodeError:
                 parse_key(KeyFormat.STRING, key_text)  # raises KeyFormatError, saying why
                 raise
+            # `locate_key`, inline for the common kind (a key's text is its bytes; Kafka's
+            # toPositive(murmur2(key)) % partitions): tests/property/test_key_location_props.py pins it.
             hash_value = murmur2(data)
-            # Kafka's toPositive(murmur2(key)) % partitions, as `partition_for` computes it.
             partition = (hash_value & 0x7FFFFFFF) % self.partitions
-        elif (codec := self.codec) is not None and self.partitioner is Partitioner.MURMUR2:
-            # Schema Registry keys hashed as most producers do: inline, as the plain case.
-            key = codec.parse(key_text)
-            key_text = key.text
-            hash_value = murmur2(key.data)
-            partition = (hash_value & 0x7FFFFFFF) % self.partitions
-        else:
-            key = parse_key(self.key_format, key_text) if codec is None else codec.parse(key_text)
-            key_text = key.text
-            hash_value = key_hash(self.partitioner, key.data)
-            partition = partition_of_hash(self.partitioner, hash_value, self.partitions)
+            return key_location(
+                self.name, key_text, partition, hash_value, self.assigned[partition], self.serving[partition]
+            )
+        codec = self.codec
+        return self.locate_key(parse_key(self.key_format, key_text) if codec is None else codec.parse(key_text))
+
+    def locate_key(self, key: Key) -> KeyLocation:
+        """Where `key` (parsed in the store's key format) lives: the one definition of a key's location,
+        which every other way of locating a key gives (`locate`, `serving_of`, `PartitionMap.locate`, the
+        router's read path)."""
+        hash_value = key_hash(self.partitioner, key.data)
+        partition = partition_of_hash(self.partitioner, hash_value, self.partitions)
         return key_location(
-            self.name, key_text, partition, hash_value, self.assigned[partition], self.serving[partition]
+            self.name, key.text, partition, hash_value, self.assigned[partition], self.serving[partition]
         )

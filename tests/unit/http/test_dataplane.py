@@ -75,14 +75,9 @@ def test_the_table_decides_404_and_405_with_the_first_partial_routes_allow() -> 
         assert not isinstance(missing, Route) and (missing.status, missing.message) == (404, "Not Found"), path
 
 
-def test_the_table_knows_the_prefix_every_route_shares_and_lists_the_documented_routes() -> None:
+def test_the_table_knows_the_prefix_every_route_shares() -> None:
     assert TABLE.prefix == b"/stores/"
     assert RouteTable([Route("/a/{x}", ("GET",), _noop), Route("/a/b/{y}", ("GET",), _noop)]).prefix == b"/a/"
-    assert TABLE.documented() == {
-        "/stores/{store}/keys/{key}": ("GET",),
-        "/stores/{store}/batch-get": ("POST",),
-        "/stores/{store}/partitions/{partition}/range": ("GET",),
-    }
 
 
 @pytest.mark.parametrize(
