@@ -1,6 +1,7 @@
 """A mistyped or empty chroot is said: a router on it logs one line naming the ZooKeeper address, the chroot
 and the chroots that do hold a cluster (that line alone: nothing about registering as a router there), and
-says it in /readyz and the admin partition map while it stays empty; a node creating a new cluster while others exist says "did you mean"; `keyroute store list` exits 1.
+says it in /readyz and the admin partition map while it stays empty, registering once the layout is made; a
+node creating a new cluster while others exist says "did you mean"; `keyroute store list` exits 1.
 
 A real `keyroute router` process and the session's ZooKeeper server.
 """
