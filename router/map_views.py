@@ -41,6 +41,7 @@ from keyroute.cluster.partition_map import (
     StoreRecord,
 )
 from keyroute.http.conditional import entity_tag, marked, matches, not_modified
+from keyroute.router.departures import Departures
 
 PARTITION_MAP_PATH = "/admin/partition-map"
 ROUTING_PATH = "/routing"
@@ -177,6 +178,14 @@ class Views:
         ]
         problems += [{"node": node_id, "state": n["state"]} for node_id, n in nodes.items() if n["state"] == "gone"]
         problems += [{"node": node_id, "state": n["state"]} for node_id, n in nodes.items() if n["state"] == "leaving"]
+        # Nodes that left or died (router/departures.py): named, with when they were last seen and what they held.
+        departed = self._owner.departures.describe(m)
+        for entry in departed:
+            if entry["node"] not in nodes and entry["state"] != "back":
+                nodes[entry["node"]] = {"url": entry["url"], "zone": entry["zone"], "state": entry["state"],
+                                        "assigned": 0, "serving": 0}
+                if entry["served_again"] < entry["held_partitions"]:
+                    problems.append({"node": entry["node"], "state": entry["state"]})
         body: dict[str, Any] = {
             "view": "summary",
             "generation": m.generation,
@@ -197,6 +206,7 @@ class Views:
             "problems": problems,
             "stores": stores,
             "nodes": nodes,
+            "departed": departed,
         }
         if self.status.error is not None:
             body["live_status_error"] = self.status.error
@@ -509,6 +519,7 @@ class MapViews:
         self.tracked_from: int | None = None
         # Long polls waiting for the next map now (`next_change`).
         self.long_polls = 0
+        self.departures = Departures(clock)
 
     def observe(self, m: PartitionMap) -> None:
         """A new map is installed (on the event loop): note which stores route differently, wake waiters."""
@@ -528,6 +539,7 @@ class MapViews:
         for name in list(self._changed_at):
             if name not in m.stores:
                 del self._changed_at[name]
+        self.departures.observe(last, m)
         self._seen = m
         if self._changed is not None:
             self._changed.set()

@@ -9,7 +9,10 @@ it (the reader: ALL; nobody else, not even the writers, may read it, though they
 world-open without identities), since ZooKeeper does not show a reader the writers' digest to grant it.
 
 A router that cannot register (a cluster whose writers predate `/routers`, an ACL that refuses it) says
-so once and counts itself alone: it then enforces every quota in full.
+so once and counts itself alone: it then enforces every quota in full. A chroot that holds no cluster at all
+(a typo in --zk, or a cluster whose first node has not started) is not such a case: the map source says that
+in one line of its own (keyroute.cluster.cluster_identity), so the registry says nothing and registers once
+the writers have made `/routers` there.
 """
 
 from __future__ import annotations
@@ -62,10 +65,29 @@ class RouterRegistry:
 
     def start(self, client: KazooClient) -> None:
         self._client = client
-        if not self._register():
-            return
+        if self._register():
+            self._watch(client)
+
+    def _watch(self, client: KazooClient) -> None:
         client.add_listener(self._on_state)
         ChildrenWatch(client, zk_layout.ROUTERS, self._changed)
+
+    def _when_made(self, _event: Any = None) -> None:
+        """`/routers` was made in a chroot that had no cluster: register now (on a kazoo thread)."""
+        client = self._client
+        if client is not None and not self._registered and self._register():
+            self._watch(client)
+
+    def _no_cluster_yet(self, client: KazooClient) -> bool:
+        """Whether the chroot holds no cluster record (then `/routers` is watched for, to register once made)."""
+        try:
+            if client.exists(zk_layout.CLUSTER) is not None:
+                return False
+            if client.exists(zk_layout.ROUTERS, watch=lambda event: client.handler.spawn(self._when_made)):
+                client.handler.spawn(self._when_made)  # made meanwhile
+        except KazooException:
+            return False
+        return True
 
     def _register(self) -> bool:
         client = self._client
@@ -76,7 +98,9 @@ class RouterRegistry:
         except NodeExistsError:
             pass
         except (NoNodeError, KazooException) as exc:
-            if not self._registered:
+            if not self._registered and isinstance(exc, NoNodeError) and self._no_cluster_yet(client):
+                log.debug("no cluster in this chroot yet: this router registers once %s is made", zk_layout.ROUTERS)
+            elif not self._registered:
                 log.warning(
                     "this router cannot register in ZooKeeper at %s (%s): it enforces every quota in full",
                     zk_layout.ROUTERS,

@@ -10,7 +10,10 @@ in an air-gapped cluster). What it shows, top to bottom:
 - stores, problems first: per store its counts, live lag and a heat strip of its partitions (each cell the
   worst state among the partitions it covers);
 - nodes as a grid, problems first (gone, leaving), each cell shaded by the partitions it serves against the
-  mean, so balance and gaps show at a glance;
+  mean, so balance and gaps show at a glance, and labelled with the node's name while the names fit (up to
+  `LABELLED` nodes; beyond, the name is the cell's tooltip);
+- the nodes that left or died (router/departures.py), by name: how they went, when they were last seen, what
+  they held and how much of it is served as asked again, or since when they are back;
 - a drill-down into one store or one node (a click), its partitions filtered and paged by the router
   (`?store=`, `?node=`, `?state=`, `limit`, `cursor`), problem states first;
 - with quotas configured, each identity's rate against its quota per store (`/admin/quotas`, every 5 s).
@@ -59,6 +62,12 @@ PAGE = """<!doctype html>
   #grid { display: grid; grid-template-columns: repeat(auto-fill, 14px); gap: 2px; max-width: 100%; }
   #grid .cell { width: 14px; height: 14px; border-radius: 2px; cursor: pointer; }
   #grid .cell.gone { background: var(--bad); } #grid .cell.leaving { background: var(--warn); }
+  #grid .cell.left { background: #888; }
+  #grid.labelled { grid-template-columns: repeat(auto-fill, minmax(5.5em, max-content)); gap: 3px; }
+  #grid.labelled .cell { width: auto; height: auto; padding: 0.1em 0.45em; font-size: 0.85em; color: #fff;
+                         white-space: nowrap; }
+  #grid.labelled .cell.light { color: #111; }
+  #departed li { margin: 0.15em 0; }
   .legend span { display: inline-block; margin-right: 1em; }
   .swatch { display: inline-block; width: 0.9em; height: 0.9em; vertical-align: -0.1em; border-radius: 2px; }
   .replica { display: inline-block; margin: 0.1em 0.3em 0.1em 0; padding: 0 0.4em; border-radius: 0.3em;
@@ -92,11 +101,15 @@ PAGE = """<!doctype html>
     <th>partitions, heat</th></tr></thead><tbody></tbody></table>
   <h2>Nodes</h2>
   <div class="legend muted">
-    <span><i class="swatch bad"></i> gone (assigned, not registered)</span>
-    <span><i class="swatch warn"></i> leaving</span>
+    <span><i class="swatch bad"></i> gone (no longer registered: died, killed or restarting)</span>
+    <span><i class="swatch warn"></i> leaving</span><span><i class="swatch" style="background:#888"></i> left</span>
     <span>up: darker = serves more partitions than the mean, lighter = fewer</span>
   </div>
   <div id="nodes"><div id="grid"></div></div>
+  <section id="departures" hidden>
+    <h2>Nodes that left or died</h2>
+    <ul id="departed"></ul>
+  </section>
   <section id="quotas" hidden>
     <h2>Quotas</h2>
     <div id="quota-routers" class="muted"></div>
@@ -124,6 +137,9 @@ const STATES = ["unserved", "loading", "under_replicated", "lagging"];
 const COLOR = { s: "#1f7a3a", r: "#a86500", l: "#3b5bb5", u: "#b3261e" };
 let summary = null, etag = null, ageAt = 0, ageBase = 0;
 let drill = null;  // { kind: "store" | "node", name, state, etag, cursor }
+const LABELLED = 100;  // up to this many nodes, each cell shows its node's name
+
+function plural(n, word) { return n + " " + word + (n === 1 ? "" : "s"); }
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -227,8 +243,9 @@ function renderProblems(s) {
   list.className = items.length ? "" : "none";
   list.replaceChildren(...(items.length ? items : [el("li", {}, "nothing: every partition is served as asked")]));
   const t = s.totals;
-  document.getElementById("totals").textContent = t.stores + " stores, " + t.partitions + " partitions, " +
-    t.nodes + " nodes (" + t.nodes_leaving + " leaving, " + t.nodes_gone + " gone); partitions: " +
+  document.getElementById("totals").textContent = plural(t.stores, "store") + ", " +
+    plural(t.partitions, "partition") + ", " + plural(t.nodes, "node") + " registered (" + t.nodes_leaving +
+    " leaving), " + t.nodes_gone + " gone; partitions: " +
     t.served + " served, " + t.under_replicated + " under-replicated, " + t.loading + " loading, " +
     t.unserved + " unserved, " + t.lagging + " lagging";
 }
@@ -271,8 +288,9 @@ function renderNodes(s) {
   const ids = Object.keys(s.nodes);
   const up = ids.filter((id) => s.nodes[id].state === "up");
   const mean = up.reduce((sum, id) => sum + s.nodes[id].serving, 0) / Math.max(1, up.length);
-  const rank = { gone: 0, leaving: 1, up: 2 };
+  const rank = { gone: 0, left: 1, leaving: 2, up: 3 };
   ids.sort((a, b) => (rank[s.nodes[a].state] - rank[s.nodes[b].state]) || (a < b ? -1 : a > b ? 1 : 0));
+  const labelled = ids.length <= LABELLED;
   const cells = ids.map((id) => {
     const n = s.nodes[id];
     const cell = el("div", { class: "cell " + n.state, "data-node": id, "data-state": n.state });
@@ -280,13 +298,51 @@ function renderNodes(s) {
       const ratio = mean > 0 ? n.serving / mean : 1;
       const light = Math.round(Math.max(20, Math.min(80, 80 - (ratio - 0.5) * 60)));
       cell.style.background = "hsl(145, 45%, " + light + "%)";
+      if (light > 55) { cell.classList.add("light"); }
     }
     cell.title = id + (n.zone ? ", zone " + n.zone : "") + ": " + n.state + ", serves " + n.serving +
       ", assigned " + n.assigned + (n.url ? ", " + n.url : "");
+    cell.setAttribute("aria-label", cell.title);
+    if (labelled) { cell.textContent = id + (n.state === "up" ? "" : " (" + n.state + ")"); }
     cell.addEventListener("click", () => openDrill("node", id));
     return cell;
   });
-  document.getElementById("grid").replaceChildren(...cells);
+  const grid = document.getElementById("grid");
+  grid.className = labelled ? "labelled" : "";
+  grid.replaceChildren(...cells);
+  renderDeparted(s.departed || []);
+}
+
+function when(unix) {
+  const ago = Math.max(0, Date.now() / 1000 - unix);
+  const text = ago < 90 ? Math.round(ago) + " s ago" : ago < 5400 ? Math.round(ago / 60) + " min ago"
+    : Math.round(ago / 3600) + " h ago";
+  return new Date(unix * 1000).toLocaleTimeString() + " (" + text + ")";
+}
+
+const HOW = {
+  gone: "gone: its ZooKeeper session ended without it leaving (it died, was killed, or is restarting)",
+  left: "left: it was drained and handed its partitions over",
+  back: "back: registered again",
+};
+
+function renderDeparted(departed) {
+  document.getElementById("departures").hidden = departed.length === 0;
+  const items = departed.map((d) => {
+    const kind = d.state === "back" ? "ok" : d.state === "gone" ? "bad" : "warn";
+    const held = Object.entries(d.held).map(([store, n]) => store + " " + n).join(", ");
+    const li = el("li", { "data-node": d.node, "data-state": d.state },
+      link(d.node, () => openDrill("node", d.node)), " ", badge(kind, d.state, HOW[d.state]),
+      " last seen " + when(d.last_seen) + "; held " + plural(d.held_partitions, "partition") +
+      (held ? " (" + held + ")" : ""));
+    if (d.state === "back") { li.append("; back since " + when(d.back_at)); }
+    else if (d.held_partitions > 0) {
+      li.append("; " + d.served_again + " of them served as asked again" +
+        (d.recovered_at !== null ? " since " + when(d.recovered_at) : ""));
+    }
+    return li;
+  });
+  document.getElementById("departed").replaceChildren(...items);
 }
 
 function render(s) {
@@ -418,7 +474,7 @@ async function pollQuotas() {
     const section = document.getElementById("quotas");
     section.hidden = Object.keys(body.identities).length === 0;
     document.getElementById("quota-routers").textContent =
-      "each quota is shared by the " + body.routers + " router(s) up; used: the share of the last burst spent";
+      "each quota is shared by the " + plural(body.routers, "router") + " up; used: the share of the last burst spent";
     const rows = body.buckets.map((b) => el("tr", {}, el("td", {}, b.identity), el("td", {}, b.store),
       el("td", {}, String(b.quota)), el("td", {}, String(b.share)),
       el("td", {}, Math.round(b.used * 100) + "%"), el("td", {}, String(b.reads)),
@@ -431,6 +487,7 @@ async function pollQuotas() {
   }
 }
 setInterval(tickAge, 1000);
+setInterval(() => { if (summary !== null) { renderDeparted(summary.departed || []); } }, 5000);  // "N s ago"
 poll();
 pollQuotas();
 </script>

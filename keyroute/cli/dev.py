@@ -45,6 +45,10 @@ def add_demo(p: _Parser, sub: Any) -> list[argparse.ArgumentParser]:
     p.option(demo, "--port", type=int, default=8080, help="router port")
     p.option(demo, "--workdir", type=Path, default=Path(".keyroute-demo"), help="where the demo keeps its files")
     p.option(demo, "--events", type=int, default=120_000, help="sample events per store")
+    demo.add_argument(
+        "action", nargs="?", choices=["kill-node"], help="kill-node N: SIGKILL the running demo's node-N (a crash)"
+    )
+    demo.add_argument("node", nargs="?", type=int, metavar="N", help="the node to kill (0, 1, 2)")
     return [demo]
 
 
@@ -108,6 +112,11 @@ def cmd_schema_registry(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     if _without_pipeline_extra("keyroute demo"):
         return 1
-    from keyroute.dev.demo import DemoSettings, run
+    from keyroute.dev.demo import DemoSettings, kill_node, run
 
+    if args.action == "kill-node":
+        if args.node is None:
+            print("keyroute demo kill-node: which node? e.g. `keyroute demo kill-node 1`", file=sys.stderr)
+            return 1
+        return kill_node(args.workdir.resolve(), args.node)
     return run(DemoSettings(router_port=args.port, workdir=args.workdir.resolve(), events=args.events))

@@ -275,12 +275,17 @@ class _Quiet(logging.Filter):
         super().__init__()
         self.reason = ""
         self.tls_refused = False
+        # Host names that did not resolve, with the resolver's reason (kazoo skips them and tries again).
+        self.unresolved: dict[str, str] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno > logging.WARNING:
             return True
         message = record.getMessage()
-        if message.startswith("Connection dropped: "):
+        if message.startswith("Cannot resolve ") and isinstance(record.args, tuple) and len(record.args) == 2:
+            host, error = record.args
+            self.unresolved[str(host)] = str(getattr(error, "strerror", None) or error)
+        elif message.startswith("Connection dropped: "):
             reason = message.removeprefix("Connection dropped: ").removeprefix("socket connection error: ")
             self.reason = _SSL_SOURCE.sub("", reason)  # OpenSSL's " (_ssl.c:1006)" says nothing to a user
             # A refused certificate (ours or the server's): trying again will not change it.
@@ -309,6 +314,14 @@ def _start_quietly(client: KazooClient, settings: ZkSettings, quiet: _Quiet) -> 
         why = f" ({quiet.reason[:1].lower()}{quiet.reason[1:]})" if quiet.reason else ""
         if quiet.tls_refused:
             raise ZkUnavailableError(f"TLS with ZooKeeper at {settings.hosts} failed{why}") from exc
+        if quiet.unresolved and not quiet.reason:
+            # No host could even be looked up: a typo or a name the DNS does not know (yet), not a network fault.
+            names = " and ".join(sorted(quiet.unresolved))
+            reason = next(iter(quiet.unresolved.values()))
+            raise ZkUnavailableError(
+                f"ZooKeeper host {names} does not resolve ({reason}); tried for {settings.connect_timeout_s:g} s: "
+                "check the host names in --zk"
+            ) from exc
         raise ZkUnavailableError(
             f"cannot reach ZooKeeper at {settings.hosts} within {settings.connect_timeout_s:g} s{why}"
         ) from exc

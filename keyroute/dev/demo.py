@@ -6,6 +6,12 @@ process) with producers writing quotes (JSON) to the topic the live store `quote
 with confluent-kafka's AvroSerializer and that registry) to the topic the live store `ticks` follows.
 Ctrl-C, SIGTERM and SIGHUP (a closed terminal) stop them all, router first, ZooKeeper last, and leave nothing behind.
 
+A state node that dies once the demo is up (`keyroute demo kill-node N`, a `kill -9` of its PID, a crash) does not
+end the demo: that is what the demo is for. The demo says so, reads go on from the other replicas (every demo
+store has two), the map page names the node that died, and after `restart_after_s` the demo starts it again on
+the same port and data directory, where it takes its partitions back from its disk. The demo's other
+processes (ZooKeeper, the router, the Schema Registry) have no replica: one of them dying ends the demo.
+
 If the demo's own process dies without cleaning up (kill -9, an out-of-memory kill), its children go with
 it: on Linux each is started through a few lines of Python that ask the kernel for SIGKILL when their
 parent dies (prctl PR_SET_PDEATHSIG) and then exec the real command, which keeps the setting. A launcher
@@ -47,6 +53,12 @@ class DemoSettings:
     ready_timeout_s: float = 180.0
     quotes_per_s: float = 20.0
     live_partitions: int = 6
+    # Long enough for the node's ZooKeeper session to expire first, so that the page shows it gone.
+    restart_after_s: float = 20.0
+
+
+# The demo's processes and their PIDs (`keyroute demo kill-node` reads it), in the demo's work directory.
+PIDS_FILE = "pids.json"
 
 
 class DemoError(RuntimeError):
@@ -101,9 +113,11 @@ _LIVE_HEADER = """\
 class _Processes:
     """Child processes in their own sessions, so the demo decides the order they stop in."""
 
-    def __init__(self, logs: Path) -> None:
+    def __init__(self, logs: Path, pids: Path | None = None) -> None:
         self.logs = logs
+        self.pids = pids
         self.children: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.args: dict[str, list[str]] = {}
 
     def start(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.logs / f"{name}.log", "ab")
@@ -115,16 +129,44 @@ class _Processes:
             start_new_session=True,
         )
         log.close()
+        self.children = [(n, p) for n, p in self.children if n != name]
         self.children.append((name, proc))
+        self.args[name] = args
+        self._write_pids()
         return proc
+
+    def restart(self, name: str) -> subprocess.Popen[bytes]:
+        """Start `name` again as it was first started (a node: the same port and data directory)."""
+        return self.start(name, self.args[name])
+
+    def pid(self, name: str) -> int:
+        return next(proc.pid for n, proc in self.children if n == name)
 
     def dead(self) -> list[str]:
         return [name for name, proc in self.children if proc.poll() is not None]
+
+    def exit_status(self, name: str) -> str:
+        code = next(proc.returncode for n, proc in self.children if n == name)
+        if code is not None and code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exited with status {code}"
+
+    def _write_pids(self) -> None:
+        if self.pids is not None:
+            body = {name: proc.pid for name, proc in self.children}
+            tmp = self.pids.with_suffix(".tmp")
+            tmp.write_text(json.dumps(body, indent=1) + "\n")
+            tmp.replace(self.pids)
 
     def stop_all(self, timeout_s: float = 20.0) -> None:
         for _name, proc in reversed(self.children):
             terminate(proc, timeout_s)
         self.children.clear()
+        if self.pids is not None:
+            self.pids.unlink(missing_ok=True)
 
 
 def _get(url: str, timeout_s: float = 2.0) -> tuple[int, bytes]:
@@ -186,7 +228,7 @@ def run(settings: DemoSettings) -> int:
         shutil.rmtree(work)
     logs = work / "logs"
     logs.mkdir(parents=True)
-    procs = _Processes(logs)
+    procs = _Processes(logs, work / PIDS_FILE)
     zk_port = _free_port(host)
     zk = f"{host}:{zk_port}/keyroute-demo"
     kafka: MockKafka | None = None
@@ -250,10 +292,8 @@ def run(settings: DemoSettings) -> int:
         router = f"http://{host}:{settings.router_port}"
         _wait("the router to have a complete map", lambda: _get(router + "/readyz")[0] == 200,
               settings.ready_timeout_s, procs)
-        _print_banner(router, zk, node_ports, host, work)
-        while not procs.dead():
-            time.sleep(0.5)
-        raise DemoError(f"{', '.join(procs.dead())} stopped unexpectedly; see {logs}")
+        _print_banner(router, zk, node_ports, host, work, procs)
+        _supervise(procs, settings, router)
     except KeyboardInterrupt:
         _say("\nstopping ...")
         return 0
@@ -268,6 +308,61 @@ def run(settings: DemoSettings) -> int:
         if kafka is not None:
             kafka.close()
         _say("all demo processes stopped.")
+
+
+def _supervise(procs: _Processes, settings: DemoSettings, router: str) -> None:
+    """Until Ctrl-C: a node that dies is said and started again `restart_after_s` later; any other process
+    that dies ends the demo (DemoError)."""
+    restart_at: dict[str, float] = {}
+    while True:
+        for name in procs.dead():
+            if not name.startswith("node-"):
+                raise DemoError(f"{name} stopped unexpectedly ({procs.exit_status(name)}); see {procs.logs}")
+            if name not in restart_at:
+                restart_at[name] = time.monotonic() + settings.restart_after_s
+                _say(
+                    f"\n{name} (pid {procs.pid(name)}) died: {procs.exit_status(name)}. Reads go on from the other "
+                    f"replicas; {router}/admin/ui names it. The demo starts it again in "
+                    f"{settings.restart_after_s:.0f} s (its log: {procs.logs / (name + '.log')})."
+                )
+            elif time.monotonic() >= restart_at[name]:
+                del restart_at[name]
+                proc = procs.restart(name)
+                _say(f"{name} started again (pid {proc.pid}): it takes its partitions back from its disk.")
+        time.sleep(0.5)
+
+
+def kill_node(workdir: Path, index: int) -> int:
+    """`keyroute demo kill-node N`: SIGKILL the running demo's node-N, as a crash would (the demo restarts it)."""
+    name = f"node-{index}"
+    try:
+        pids = json.loads((workdir / PIDS_FILE).read_text())
+    except (OSError, ValueError):
+        _say(f"keyroute demo kill-node: no running demo in {workdir} (run `keyroute demo` first, or pass its "
+             "--workdir)", error=True)
+        return 1
+    pid = pids.get(name)
+    nodes = sorted(n for n in pids if n.startswith("node-"))
+    if not isinstance(pid, int):
+        _say(f"keyroute demo kill-node: the demo has no {name}; its nodes: {', '.join(nodes)}", error=True)
+        return 1
+    try:
+        # The PID must still be that node's (a PID is reused once its process is gone).
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        command = None
+    if command is not None and name.encode() not in command:
+        _say(f"keyroute demo kill-node: {name} (pid {pid}) is not running; the demo starts it again soon",
+             error=True)
+        return 1
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        _say(f"keyroute demo kill-node: {name} (pid {pid}) is not running; the demo starts it again soon",
+             error=True)
+        return 1
+    _say(f"killed {name} (pid {pid}) with SIGKILL; the demo says so and starts it again")
+    return 0
 
 
 Records = Callable[[random.Random, int], tuple[str, bytes, bytes]]
@@ -317,7 +412,7 @@ def _produce(bootstrap_servers: str, per_s: float, stop: threading.Event, record
     producer.flush(2.0)
 
 
-def _print_banner(router: str, zk: str, node_ports: list[int], host: str, work: Path) -> None:
+def _print_banner(router: str, zk: str, node_ports: list[int], host: str, work: Path, procs: _Processes) -> None:
     customer = sample_data.SPECIAL_CUSTOMERS[1]
     busy = sample_data.customer_id(sample_data.BUSY_CUSTOMER)
     lines = [
@@ -325,7 +420,10 @@ def _print_banner(router: str, zk: str, node_ports: list[int], host: str, work: 
         "keyroute demo is up.",
         f"  router      {router}",
         f"  map page    {router}/admin/ui      # open it in a browser: the partition map, live",
-        *(f"  node-{i}      http://{host}:{port}" for i, port in enumerate(node_ports)),
+        *(
+            f"  node-{i}      http://{host}:{port}      pid {procs.pid(f'node-{i}')}"
+            for i, port in enumerate(node_ports)
+        ),
         f"  zookeeper   {zk}",
         f"  files       {work}      # logs/ has one log per process",
         f"  spec        {work / 'stores.toml'}      # the stores above: a template for your own cluster",
@@ -344,6 +442,9 @@ def _print_banner(router: str, zk: str, node_ports: list[int], host: str, work: 
         f"  curl -s '{router}/stores/fares_5m/keys/{busy}/windows?from=2024-06-11T10:00:00Z&to=2024-06-11T11:00:00Z'",
         f"  curl -s '{router}/admin/route?store=bookings&key={sample_data.customer_id(42)}'",
         f"  curl -s {router}/admin/partition-map",
+        "",
+        "see a node fail while reads go on (the map page names it; the demo starts it again):",
+        "  keyroute demo kill-node 1      # SIGKILL node-1, as a crash would (or: kill -9 PID)",
         "",
         "Ctrl-C stops everything.",
     ]

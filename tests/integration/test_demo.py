@@ -274,3 +274,63 @@ def test_a_signal_while_the_pipeline_runs_stops_every_demo_process(tmp_path: Pat
         _assert_nothing_survives(demo, recorded)
     finally:
         demo.kill()
+
+
+def test_a_killed_demo_node_is_said_named_on_the_page_and_restarted_while_reads_go_on(tmp_path: Path) -> None:
+    """The demo's headline: `keyroute demo kill-node 1` (a SIGKILL, as a crash) does not end the demo; reads of
+    keys on every partition keep answering 200 from the other replicas; the demo says so; the map page's summary
+    names node-1 with what it held; the demo starts it again and it serves once more."""
+    demo = DemoProcess(tmp_path / "demo")
+    router = f"http://127.0.0.1:{demo.port}"
+    try:
+        demo.wait_up()
+        assert "keyroute demo kill-node 1" in demo.output
+        pid_line = next(line for line in demo.lines if line.strip().startswith("node-1 "))
+        old_pid = int(pid_line.rsplit("pid", 1)[1])
+        statuses: list[int] = []
+        stop = threading.Event()
+
+        def read() -> None:
+            keys = [sample_data.customer_id(i) for i in range(1, 49)]
+            with httpx.Client(base_url=router, timeout=10.0) as client:
+                while not stop.is_set():
+                    for key in keys:
+                        statuses.append(client.get(f"/stores/bookings/keys/{key}").status_code)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        killed = subprocess.run(
+            [sys.executable, "-m", "keyroute", "demo", "kill-node", "1", "--workdir", str(tmp_path / "demo")],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert killed.returncode == 0, killed.stderr
+        assert f"killed node-1 (pid {old_pid})" in killed.stdout
+        demo.wait_until(f"node-1 (pid {old_pid}) died: killed by SIGKILL")
+
+        def named() -> dict | None:
+            summary = httpx.get(router + "/admin/partition-map", timeout=10.0).json()
+            found = [d for d in summary.get("departed", []) if d["node"] == "node-1"]
+            return found[0] if found and summary["nodes"].get("node-1", {}).get("state") == "gone" else None
+
+        departed = wait_for(named, timeout_s=60.0, message="the summary to name node-1 gone")
+        assert departed["state"] == "gone" and departed["held_partitions"] > 0, departed
+
+        demo.wait_until("node-1 started again (pid ")
+
+        def back() -> bool:
+            summary = httpx.get(router + "/admin/partition-map", timeout=10.0).json()
+            listed = {d["node"]: d["state"] for d in summary.get("departed", [])}
+            return summary["nodes"].get("node-1", {}).get("state") == "up" and listed.get("node-1") == "back"
+
+        wait_for(back, timeout_s=120.0, message="node-1 to be back")
+        stop.set()
+        reader.join(timeout=30)
+        assert demo.proc.poll() is None, demo.output
+        assert len(statuses) > 100 and set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
+        new_pid = int(json.loads((tmp_path / "demo" / "pids.json").read_text())["node-1"])
+        assert new_pid != old_pid
+        demo.proc.send_signal(signal.SIGTERM)
+        code = demo.wait_exit()
+    finally:
+        demo.kill()
+    assert code == 0, demo.output

@@ -1,6 +1,7 @@
 """A mistyped or empty chroot is said: a router on it logs one line naming the ZooKeeper address, the chroot
-and the chroots that do hold a cluster, and says it in /readyz and the admin partition map while it stays
-empty; a node creating a new cluster while others exist says "did you mean"; `keyroute store list` exits 1.
+and the chroots that do hold a cluster (that line alone: nothing about registering as a router there), and
+says it in /readyz and the admin partition map while it stays empty, registering once the layout is made; a
+node creating a new cluster while others exist says "did you mean"; `keyroute store list` exits 1.
 
 A real `keyroute router` process and the session's ZooKeeper server.
 """
@@ -71,10 +72,18 @@ def test_a_router_on_an_empty_chroot_says_so_once_and_names_the_chroot_meant(
             message="the router to see the store",
         )
         assert "cluster" not in httpx.get(url + "/admin/partition-map", timeout=5).json()
+        # The writer made the layout (/routers among it): the router registers there now, as it could not before.
+        wait_for(
+            lambda: len(httpx.get(url + "/admin/partition-map", timeout=5).json().get("routers", [])) == 1,
+            timeout_s=30,
+            message="the router to register once /routers is made",
+        )
     finally:
         assert router.stop(timeout_s=20) == 0
     output = router.output()
     assert output.count(SAID) == 1, output
+    # The one helpful line, alone: no warning that the router cannot register in a chroot without a cluster.
+    assert "cannot register" not in output, output
     assert "Traceback" not in output
 
 

@@ -1,6 +1,7 @@
 """The router's partition-map page (/admin/ui) in a real headless browser: Debian's Chromium, driven by
 Playwright. Against a real cluster (two node processes, a router, ZooKeeper) the page renders the summary
-and a store's partitions and, after a node is killed, shows the change within seconds without a reload.
+and a store's partitions and, after a node is killed, shows the change within seconds without a reload, naming
+the node that died, when it was last seen and what it held.
 Against a router serving a 1,000-node map (100 stores x 1,000 partitions, rf 3, built from records) it
 renders the summary, the node grid and a drill-down within seconds, downloading neither the whole map nor
 partitions it does not show. A router with an admin token answers the 401 JSON, and the page, refused by the
@@ -120,6 +121,21 @@ def test_the_page_shows_the_cluster_and_a_killed_node_within_seconds(tmp_path: P
         page.wait_for_function(
             '() => document.querySelectorAll(\'#partitions [data-replica="n2"][data-state="serving"]\').length === 0',
             timeout=20_000,
+        )
+        # The page names what broke: n2 by name, gone, when last seen and what it held; cells say their names.
+        departed = page.wait_for_selector('#departed li[data-node="n2"][data-state="gone"]', timeout=20_000)
+        text = departed.text_content()
+        held = len(on_n2)
+        assert "n2" in text and "last seen" in text, text
+        assert f"held {held} partition{'' if held == 1 else 's'}" in text, text
+        assert page.locator('#grid [data-node="n2"]').text_content() == "n2 (gone)"
+        assert page.locator('#grid [data-node="n1"]').text_content() == "n1"
+        assert "1 node registered" in page.locator("#totals").text_content()
+        # rf 1: n1 takes n2's partitions over, and the page counts them as served again (without a reload).
+        page.wait_for_function(
+            f"""() => document.querySelector('#departed li[data-node="n2"]').textContent
+                .includes("{held} of them served as asked again")""",
+            timeout=30_000,
         )
         page.screenshot(path=str(artifacts(tmp_path) / "partition-map-after-kill.png"), full_page=True)
 

@@ -1,9 +1,10 @@
-"""Every shell and Python block of README.md runs as written against one running `keyroute demo`, in README
-order: each command exits 0, each curl answers 200 with JSON (asked again until then, within a deadline: a
-quote may not be produced yet, a version may still be loading; the fields an example's `# {...}` comment
-shows with a value are in the answer with that value), a `$ command` prints the output below it, the client
-example prints values, and the "Your first cluster" section brings up a second cluster from the demo's
-files. A line that cannot run here is skipped only with its reason in _SKIPPED.
+"""Every shell and Python block of README.md, then of docs/usage.md (the tour that moved there), runs as written
+against one running `keyroute demo`, in that order: each command exits 0, each curl answers 200 with JSON
+(asked again until then, within a deadline: a quote may not be produced yet, a version may still be loading;
+every top-level field an example's `# {...}` comment shows is in the answer, with the value it shows when that
+is a string, a number, true or false), a `$ command` prints the output below it, the client example prints
+values, the demo tour kills a demo node and reads on, and the "Your first cluster" section brings up a second
+cluster from the demo's files. A line that cannot run here is skipped only with its reason in _SKIPPED.
 
 What the test changes in the text, and only that: the ports (the demo's 8080, the own cluster's 8090-8092)
 become free ones, `127.0.0.1:2181` becomes the session's ZooKeeper, curl gets `--write-out` for its status
@@ -36,7 +37,8 @@ from tests.util import free_port
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+# The documents whose blocks run, in order (tests/unit/test_readme.py's TOURED).
+TOURED = [ROOT / "README.md", ROOT / "docs" / "usage.md"]
 
 # Lines of README blocks the test does not run, by how they start, and why.
 _SKIPPED = {
@@ -54,19 +56,25 @@ class Block:
     language: str
     heading: str
     text: str
+    doc: str = "README.md"
 
     @property
     def id(self) -> str:
-        return f"{self.index}-{self.language}-{re.sub(r'[^a-z0-9]+', '-', self.heading.lower()).strip('-')}"
+        where = "" if self.doc == "README.md" else Path(self.doc).stem + "-"
+        return f"{self.index}-{where}{self.language}-{re.sub(r'[^a-z0-9]+', '-', self.heading.lower()).strip('-')}"
 
 
 def _blocks() -> list[Block]:
-    found, heading = [], ""
-    for match in re.finditer(r"^(#{1,6} [^\n]+)$|^```(\w*)\n(.*?)^```", README, re.MULTILINE | re.DOTALL):
-        if match.group(1):
-            heading = match.group(1).lstrip("# ")
-        elif match.group(2) in ("sh", "bash", "python"):
-            found.append(Block(len(found), match.group(2), heading, match.group(3)))
+    found: list[Block] = []
+    for doc in TOURED:
+        heading = ""
+        text = doc.read_text(encoding="utf-8")
+        for match in re.finditer(r"^(#{1,6} [^\n]+)$|^```(\w*)\n(.*?)^```", text, re.MULTILINE | re.DOTALL):
+            if match.group(1):
+                heading = match.group(1).lstrip("# ")
+            elif match.group(2) in ("sh", "bash", "python"):
+                name = doc.relative_to(ROOT).as_posix()
+                found.append(Block(len(found), match.group(2), heading, match.group(3), name))
     return found
 
 
@@ -162,8 +170,9 @@ class Readme:
                 ["bash", "-c", command], cwd=self.folder, env=self.env, capture_output=True, text=True, timeout=600
             )
             # A curl may come before what it reads is there (a quote not yet produced, a version still
-            # loading): it is asked again until it answers 200 or the deadline passes.
-            if not curl or (out.returncode == 0 and out.stdout.endswith("__status__=200")):
+            # loading): it is asked again until it answers 200 as shown or the deadline passes.
+            if not curl or (out.returncode == 0 and out.stdout.endswith("__status__=200")
+                            and _mismatch(out.stdout, shown_answer) is None):
                 break
             if time.monotonic() > deadline:
                 break
@@ -191,27 +200,51 @@ class Readme:
                 proc.wait()
 
 
+def _body(output: str) -> str:
+    body = output.rpartition("\n__status__=")[0]
+    if body.startswith("HTTP/"):
+        body = re.split(r"\r?\n\r?\n", body, maxsplit=1)[1]
+    return body
+
+
+def _mismatch(output: str, shown: str | None) -> str | None:
+    """What differs between a curl's answer and the example answer the document shows (None: nothing)."""
+    try:
+        answer = json.loads(_body(output))
+    except ValueError:
+        return "not JSON"
+    for name, value in _shown_fields(shown or ""):
+        if name not in answer:
+            return f"{name} is not in the answer"
+        if value is not _ANY and answer[name] != value:
+            return f"{name} is {answer[name]!r}, the document shows {value!r}"
+    return None
+
+
 def _check_answer(line: str, output: str, shown: str | None) -> None:
     body, _, status = output.rpartition("\n__status__=")
     assert status == "200", f"`{line}` answered {status}: {body}"
     if "-si " in line or "-i " in line:
         assert body.startswith("HTTP/1.1 200"), body
-        body = re.split(r"\r?\n\r?\n", body, maxsplit=1)[1]
-    answer = json.loads(body)
-    for name, value in _shown_fields(shown or ""):
-        assert answer.get(name) == value, f"`{line}`: {name} is {answer.get(name)!r}, the README shows {value!r}"
+    wrong = _mismatch(output, shown)
+    assert wrong is None, f"`{line}`: {wrong}: {_body(output)[:2000]}"
+
+
+_ANY = object()
 
 
 def _shown_fields(shown: str) -> Iterator[tuple[str, Any]]:
-    """The top-level fields of an example answer (`{"store": "x", "partition": 8, "value": {...}}`) whose
-    value it spells out: strings and integers, not `...`."""
+    """The top-level fields of an example answer (`{"store": "x", "partition": 8, "value": {...}}`): each
+    name, with the value it spells out (a string, an integer, true, false) or _ANY (`...`, a list, an object,
+    a string cut short with `...`)."""
     depth = 0
     for n, char in enumerate(shown):
         depth += char in "{[" and 1 or char in "}]" and -1 or 0
         if depth == 1 and char in "{,":
-            found = re.match(r'[{,]\s*"(\w+)":\s*("[^".]*"|-?\d+)(?=[,}])', shown[n:])
+            found = re.match(r'[{,]\s*"(\w+)":\s*(?:("[^".]*"|-?\d+|true|false)(?=\s*[,}]))?', shown[n:])
             if found:
-                yield found.group(1), json.loads(found.group(2))
+                literal = found.group(2)
+                yield found.group(1), _ANY if literal is None else json.loads(literal)
 
 
 @pytest.fixture(scope="module")
@@ -249,6 +282,17 @@ def test_the_readme_has_the_blocks_this_test_is_about() -> None:
     languages = {block.language for block in BLOCKS}
     assert {"sh", "python"} <= languages
     assert any(block.heading == "Your first cluster" for block in BLOCKS)
+    assert any("keyroute demo kill-node" in block.text for block in BLOCKS if block.doc == "README.md")
+    assert any(block.doc == "docs/usage.md" for block in BLOCKS)
+
+
+def test_shown_fields_are_read_as_the_test_checks_them() -> None:
+    shown = '{"store": "bookings", "partition": 8, "ready": true, "next": "WzIs...", "keys": [{"key": "C"}], "v": {}}'
+    fields = dict(_shown_fields(shown))
+    assert fields == {"store": "bookings", "partition": 8, "ready": True, "next": _ANY, "keys": _ANY, "v": _ANY}
+    assert _mismatch('{"store": "bookings", "keys": []}\n__status__=200', '{"store": "bookings", "next": "x..."}')
+    assert _mismatch('{"ready": true, "complete": false}\n__status__=200', '{"ready": true, "complete": true}')
+    assert _mismatch('{"ready": true, "complete": true}\n__status__=200', '{"ready": true, "complete": true}') is None
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=lambda block: block.id)

@@ -113,13 +113,16 @@ def send(port: int, method: str, raw_path: str) -> Answer:
         ("GET", "/stores/s/keys/%ED%A0%80", 400, "bad_key"),  # an encoded surrogate is not UTF-8
         ("GET", "/stores/s/keys/%C3%28/history", 400, "bad_key"),
         ("GET", "/stores/%FF/keys/k", 400, "bad_request"),
+        # A % that starts no escape: a client's encoding slip, refused rather than read as another key.
+        ("GET", "/stores/s/keys/%ZZ", 400, "bad_key"),
+        ("GET", "/stores/s/keys/%", 400, "bad_key"),
+        ("GET", "/stores/s/keys/%ZZ/history", 400, "bad_key"),
+        ("GET", "/stores/s%G1/keys/k", 400, "bad_request"),
         ("POST", "/stores/%FF/batch-get", 400, "bad_request"),
         ("GET", f"/stores/s/keys/{LONG_KEY}", 414, "key_too_long"),
         ("GET", "/stores/s/keys/" + "%E6%9D%B1" * 342, 414, "key_too_long"),
         # Odd but well-formed: keys and stores like any other, answered (by the node) for what they are.
         ("GET", "/stores/s/keys/", 404, "key_not_found"),  # the empty key
-        ("GET", "/stores/s/keys/%ZZ", 404, "key_not_found"),  # not an escape: the key is "%ZZ"
-        ("GET", "/stores/s/keys/%", 404, "key_not_found"),
         ("GET", "/stores/s/keys/..", 404, "key_not_found"),
         ("GET", "/stores/s/keys/%2E%2E", 404, "key_not_found"),
         ("GET", "/stores/s/keys/a%2Fb", 404, "key_not_found"),  # an encoded slash is part of the key
