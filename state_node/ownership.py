@@ -20,11 +20,8 @@ from types import MappingProxyType
 from typing import Any
 
 from keyroute.cluster.partition_map import PartitionMap, StoreRecord
-from keyroute.runtime.logs import describe
-from keyroute.runtime.settings import NodeSettings
-from keyroute.state_node.live import GAP, ApplierSettings, LiveApplier, LivePartition, LiveVersion
-from keyroute.state_node.registration import Registration
-from keyroute.state_node.store import (
+from keyroute.replica.live import GAP, ApplierSettings, LiveApplier, LivePartition, LiveVersion
+from keyroute.replica.store import (
     LoadCancelled,
     LoadError,
     PartitionId,
@@ -33,6 +30,9 @@ from keyroute.state_node.store import (
     load_partition,
     remove_partition_dir,
 )
+from keyroute.runtime.logs import describe
+from keyroute.runtime.settings import NodeSettings
+from keyroute.state_node.registration import Registration
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class PartitionState(enum.Enum):
     nothing new is loaded and nothing is dropped: it serves what it holds until it de-announces, and its
     files stay on disk for a restart.
 
-    A live partition (keyroute.state_node.live) consumes its topic partition from the moment it is loaded until
+    A live partition (keyroute.replica.live) consumes its topic partition from the moment it is loaded until
     it is closed; it is stopped before its environment closes. One in a gap (records it needs are gone) is
     kept out of the view and the announcement whatever its state, until a new version replaces it.
     """

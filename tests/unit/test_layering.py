@@ -34,6 +34,7 @@ ROOMS = (
     "keyroute.formats",
     "keyroute.cluster",
     "keyroute.auth",
+    "keyroute.replica",
 )
 HTTP_FRAMEWORKS = {"starlette", "httptools", "uvicorn", "httpx", "httpcore", "h11", "uvloop"}
 

@@ -7,14 +7,14 @@
 How data.mdb comes to be depends on the snapshot's format (the manifest says which):
   format 1 (JSON lines)        every row is parsed, hashed and put, in one write transaction
   format 2 (ready-to-serve)    the executor-built `partition={p}/data.mdb` is fetched as it is (a hard link
-                               on the same filesystem, else a kernel copy or a download: keyroute.state_node.fetch)
+                               on the same filesystem, else a kernel copy or a download: keyroute.replica.fetch)
                                and checked: size and checksum in the same pass as the bytes move, then the
                                entry count and a sample of keys against the manifest and the partitioner.
                                Opened read-only: a hard-linked file is the snapshot's own.
   live (format 2 + `live`)     the file is always copied (never linked: it is written), checked as above,
                                opened writable, and OFFSET_KEY (the next topic offset to apply) set to the
                                manifest's `live.offsets[p]` in one write transaction; the partition's
-                               `LivePartition` (keyroute.state_node.live) says how far it has applied since.
+                               `LivePartition` (keyroute.replica.live) says how far it has applied since.
 The marker records which format a directory was loaded from, so a directory is reused only for the same.
 A live directory's file changes as records are applied: it is reused when its marker matches and it holds
 OFFSET_KEY (applying resumes from there), without comparing its size, entry count or checksum.
@@ -48,9 +48,9 @@ import lmdb
 from keyroute.cluster.partition_map import StoreRecord
 from keyroute.keys.key_format import KeyFormatError, parse_key
 from keyroute.keys.partitioner import partition_for
+from keyroute.replica.fetch import FetchCancelled, FetchError, check_keys, fetch_file
+from keyroute.replica.live import LivePartition, read_next_offset
 from keyroute.runtime.logs import describe
-from keyroute.state_node.fetch import FetchCancelled, FetchError, check_keys, fetch_file
-from keyroute.state_node.live import LivePartition, read_next_offset
 from keyroute.storage.live import OFFSET_KEY, LiveConfig, value_bytes
 from keyroute.storage.lmdb_layout import KEY_ENCODING, TAG_KEY, db_key
 from keyroute.storage.snapshot import (
