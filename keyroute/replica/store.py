@@ -282,6 +282,20 @@ class PartitionStore:
                 more = first_after(cursor, last)
         return found, False, resume
 
+    def read_txn(self) -> lmdb.Transaction:
+        """A read transaction (values as bytes): one consistent state of the partition, its rows and, for a
+        live one, OFFSET_KEY together. The caller uses it as a context manager."""
+        env = self._env
+        if env is None:
+            raise LoadError(f"partition {self.pid} is closed")
+        return env.begin(buffers=False)
+
+    def clear_stale_readers(self) -> int:
+        """Free the reader slots of processes that ended without closing the environment (kill -9): they
+        would keep old pages from being reused. How many were freed."""
+        env = self._env
+        return 0 if env is None else int(env.reader_check())
+
     def write_txn(self) -> lmdb.Transaction:
         """Only a live partition is written."""
         raise LoadError(f"partition {self.pid} is closed or not live")
@@ -339,6 +353,36 @@ class LivePartitionStore(PartitionStore):
 
     def __repr__(self) -> str:
         return f"PartitionStore({self.pid}, rows={self.rows}, live)"
+
+
+@dataclass(eq=False, repr=False)
+class AppliedPartitionStore(PartitionStore):
+    """A live partition another process loaded and applies to, opened here for reads only: its reads answer
+    without the merge state, and the offset they reflect is OFFSET_KEY in the same read transaction."""
+
+    _answer = staticmethod(value_bytes)
+
+    def __repr__(self) -> str:
+        return f"PartitionStore({self.pid}, rows={self.rows}, live, read-only)"
+
+
+def open_loaded(
+    data_dir: Path, pid: PartitionId, map_size: int, *, live: bool, timeline: Timeline | None = None
+) -> PartitionStore:
+    """A partition another process of this host loaded into `data_dir` (its marker says the load completed),
+    opened read-only beside it: LMDB's lock file lets any number of processes read while one writes. Raises
+    LoadError when it is not loaded there (or no longer: its version was retired meanwhile)."""
+    path = partition_path(data_dir, pid)
+    if _read_marker(path) is None:
+        raise LoadError(f"{pid} is not loaded in {data_dir}")
+    try:
+        env = _open(path, map_size, readonly=True)
+        rows = int(env.stat()["entries"])
+    except lmdb.Error as exc:
+        raise LoadError(f"{pid}: {describe(exc)}") from exc
+    if live:
+        return AppliedPartitionStore(pid, path, max(0, rows - 1), env, timeline)
+    return PartitionStore(pid, path, rows, env, timeline)
 
 
 def remove_partition_dir(path: Path) -> None:

@@ -1,0 +1,119 @@
+"""keyroute.local on a real cluster: ZooKeeper, two `keyroute node` processes and a router (small_cluster), a
+LocalReplica following the same chroot. Every answer of the replica equals the cluster's (read with
+keyroute.client through the router) for the same key, before and after a version swap."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from keyroute.client import Client, KeyNotFound, KeyrouteError, StoreNotFound, Value
+from keyroute.cluster import zk, zk_layout
+from keyroute.cluster.partition_map import StoreRecord
+from keyroute.keys.key_format import KeyFormat
+from keyroute.local import LocalReplica, NotHeld
+from keyroute.runtime.settings import ZkSettings
+from tests.integration.small_cluster import PARTITIONS, ROWS, STORE, partition, small_cluster
+from tests.integration.test_node import write_snapshot
+from tests.util import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def same(local: Value | KeyrouteError, cluster: Value | KeyrouteError) -> bool:
+    """Equal answers: the same value, version, partition and offset, or the same error code."""
+    if isinstance(local, KeyrouteError) or isinstance(cluster, KeyrouteError):
+        return type(local) is type(cluster) and getattr(local, "code", None) == getattr(cluster, "code", None)
+    return dataclasses.replace(local, node=None) == dataclasses.replace(cluster, node=None)
+
+
+def answer(read: Any, *args: Any) -> Value | KeyrouteError:
+    try:
+        return read(*args)
+    except KeyrouteError as exc:
+        return exc
+
+
+def publish_version(tmp: Path, settings: ZkSettings, rows: dict[str, Any], version: int) -> None:
+    snapshot = write_snapshot(tmp / f"snapshots-v{version}", STORE, rows, KeyFormat.STRING, PARTITIONS, version)
+    client = zk.connect(settings)
+    try:
+        raw, _ = client.get(zk_layout.store_path(STORE))
+        record = dataclasses.replace(StoreRecord.from_json(raw), version=version, snapshot=snapshot)
+        client.set(zk_layout.store_path(STORE), record.to_json())
+    finally:
+        zk.close(client)
+
+
+def test_every_answer_equals_the_clusters_across_a_version_swap(tmp_path: Path, zk_settings: ZkSettings) -> None:
+    keys = [*ROWS, "nope", "C999"]
+    with (
+        small_cluster(tmp_path, zk_settings) as cluster,
+        Client(cluster.router_url) as client,
+        LocalReplica(zk_settings, [STORE], tmp_path / "local", registry=None) as replica,
+    ):
+        replica.wait_ready(timeout_s=60)
+        assert replica.applying
+        for key in keys:
+            local, remote = answer(replica.get, STORE, key), answer(client.get, STORE, key)
+            assert same(local, remote), (key, local, remote)
+        assert isinstance(answer(replica.get, STORE, "nope"), KeyNotFound)
+        local_many = replica.get_many(STORE, keys)
+        remote_many = client.get_many(STORE, keys)
+        assert all(same(a, b) for a, b in zip(local_many, remote_many, strict=True))
+        with pytest.raises(StoreNotFound):
+            replica.get("nowhere", "C001")
+        assert replica.status() == {STORE: {p: {"version": 1} for p in range(PARTITIONS)}}
+
+        # Version 2 changes every value and drops a key: once the cluster and the replica both serve it, the
+        # answers are equal again; until then each answers from a whole version (never a mix within a key).
+        newer = {key: {**value, "v2": True} for key, value in ROWS.items() if key != "C001"}
+        publish_version(tmp_path, zk_settings, newer, 2)
+
+        def on_v2() -> bool:
+            return all(
+                isinstance(v, Value) and v.version == 2
+                for v in (answer(client.get, STORE, k) for k in ("C000", "C002", "C003", "C004", "C005"))
+            )
+
+        while replica.status()[STORE][0]["version"] != 2:  # read all the way through the swap
+            found = replica.get(STORE, "C002")
+            assert found.value == (ROWS["C002"] if found.version == 1 else newer["C002"])
+        wait_for(on_v2, timeout_s=60, message="the cluster to serve version 2")
+        assert replica.status() == {STORE: {p: {"version": 2} for p in range(PARTITIONS)}}
+        for key in keys:
+            local, remote = answer(replica.get, STORE, key), answer(client.get, STORE, key)
+            assert same(local, remote), (key, local, remote)
+        assert isinstance(answer(replica.get, STORE, "C001"), KeyNotFound)
+        # The superseded version's files go once its grace period is over.
+        wait_for(lambda: not (tmp_path / "local" / "stores" / STORE / "v1").exists(), message="v1's files to go")
+
+
+def test_a_chosen_subset_holds_only_its_partitions_and_falls_back_to_the_router(
+    tmp_path: Path, zk_settings: ZkSettings
+) -> None:
+    held = {0, 2}
+    inside = next(k for k in ROWS if partition(k) in held)
+    outside = next(k for k in ROWS if partition(k) not in held)
+    with small_cluster(tmp_path, zk_settings) as cluster, Client(cluster.router_url) as client:
+        with LocalReplica(zk_settings, [STORE], tmp_path / "a", partitions={STORE: held}, registry=None) as replica:
+            replica.wait_ready(timeout_s=60)
+            assert set(replica.status()[STORE]) == held
+            assert same(replica.get(STORE, inside), client.get(STORE, inside))
+            with pytest.raises(NotHeld, match=f"partition {partition(outside)} of store"):
+                replica.get(STORE, outside)
+            # Following a consumer's assignment: the partitions it is given are loaded, the others let go.
+            replica.set_partitions(STORE, [1])
+            wait_for(lambda: set(replica.status()[STORE]) == {1}, timeout_s=30, message="the new subset")
+        with LocalReplica(
+            zk_settings, [STORE], tmp_path / "b", partitions={STORE: held}, fallback="router",
+            router=cluster.router_url, registry=None,
+        ) as replica:  # fmt: skip
+            replica.wait_ready(timeout_s=60)
+            for key in ROWS:
+                assert same(replica.get(STORE, key), client.get(STORE, key)), key
+            assert replica.get(STORE, outside).node in cluster.node_urls  # read through the cluster
+            assert replica.get(STORE, inside).node == "local"
