@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import threading
 import time
@@ -581,7 +582,9 @@ class LocalReplica:
             try:
                 if self._holder is None:
                     if self._lock.try_take():
-                        log.info("local replica: the applying process ended; this one (pid) applies now")
+                        log.info(
+                            "local replica: the applying process ended; this one (pid %d) applies now", os.getpid()
+                        )
                         self._become_holder()
                     else:
                         self._follow_view()
