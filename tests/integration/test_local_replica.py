@@ -1,6 +1,7 @@
 """keyroute.local on a real cluster: ZooKeeper, two `keyroute node` processes and a router (small_cluster), a
-LocalReplica following the same chroot. Every answer of the replica equals the cluster's (read with
-keyroute.client through the router) for the same key, before and after a version swap."""
+LocalReplica following the same chroot. Every answer of the replica (gets, batches, key ranges) equals the
+cluster's (read with keyroute.client through the router) for the same key, before and after a version swap;
+a subset of partitions answers the others through the cluster with `fallback="router"`."""
 
 from __future__ import annotations
 
@@ -66,6 +67,9 @@ def test_every_answer_equals_the_clusters_across_a_version_swap(tmp_path: Path, 
         assert all(same(a, b) for a, b in zip(local_many, remote_many, strict=True))
         with pytest.raises(StoreNotFound):
             replica.get("nowhere", "C001")
+        for bounds in ({}, {"prefix": "C0"}, {"from_key": "C010", "to_key": "C020"}, {"from_key": "a"}):
+            local_keys = list(replica.range(STORE, **bounds))
+            assert local_keys == list(client.range(STORE, **bounds, page_size=7)) and local_keys, bounds
         assert replica.status() == {STORE: {p: {"version": 1} for p in range(PARTITIONS)}}
 
         # Version 2 changes every value and drops a key: once the cluster and the replica both serve it, the
@@ -117,3 +121,4 @@ def test_a_chosen_subset_holds_only_its_partitions_and_falls_back_to_the_router(
                 assert same(replica.get(STORE, key), client.get(STORE, key)), key
             assert replica.get(STORE, outside).node in cluster.node_urls  # read through the cluster
             assert replica.get(STORE, inside).node == "local"
+            assert list(replica.range(STORE)) == list(client.range(STORE))  # a range needs every partition
