@@ -47,7 +47,7 @@ from keyroute.local.shared import ApplyLock, HeldStore, read_status, read_view, 
 from keyroute.replica.live import ApplierSettings
 from keyroute.replica.store import LoadError, PartitionId, PartitionStore, open_loaded
 from keyroute.runtime.settings import ZkSettings
-from keyroute.storage.live import OFFSET_KEY
+from keyroute.storage.live import OFFSET_KEY, value_bytes
 from keyroute.storage.lmdb_layout import LMDB_MAX_KEY_BYTES, TAG_KEY, db_key
 from keyroute.storage.ranges import no_key_ranges, order_of, prefix_end
 from keyroute.storage.timeline import HISTORY, READ_KINDS, WINDOWS, QueryError, parse_query
@@ -274,7 +274,7 @@ class LocalReplica:
                     raw = txn.get(TAG_KEY + data if len(data) < _LONG_KEY else db_key(data))
                     next_offset = txn.get(OFFSET_KEY) if view.live else None
                 if raw is not None and view.live:
-                    raw = part._answer(raw)
+                    raw = value_bytes(raw)  # without the merge state, as the node answers
             else:
                 with part.read_txn() as txn:
                     next_offset = txn.get(OFFSET_KEY) if view.live else None
