@@ -6,17 +6,20 @@ a subset of partitions answers the others through the cluster with `fallback="ro
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from keyroute.client import Client, KeyNotFound, KeyrouteError, StoreNotFound, Value
 from keyroute.cluster import zk, zk_layout
 from keyroute.cluster.partition_map import StoreRecord
 from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner
 from keyroute.local import LocalReplica, NotHeld
-from keyroute.runtime.settings import ZkSettings
+from keyroute.runtime.settings import ZkIdentity, ZkSettings
 from tests.integration.small_cluster import PARTITIONS, ROWS, STORE, partition, small_cluster
 from tests.integration.test_node import write_snapshot
 from tests.util import wait_for
@@ -103,9 +106,15 @@ def test_a_chosen_subset_holds_only_its_partitions_and_falls_back_to_the_router(
     inside = next(k for k in ROWS if partition(k) in held)
     outside = next(k for k in ROWS if partition(k) not in held)
     with small_cluster(tmp_path, zk_settings) as cluster, Client(cluster.router_url) as client:
-        with LocalReplica(zk_settings, [STORE], tmp_path / "a", partitions={STORE: held}, registry=None) as replica:
+        registry = CollectorRegistry()
+        with LocalReplica(zk_settings, [STORE], tmp_path / "a", partitions={STORE: held}, registry=registry) as replica:
             replica.wait_ready(timeout_s=60)
             assert set(replica.status()[STORE]) == held
+            scraped = generate_latest(registry).decode()
+            assert "keyroute_local_applying 1.0" in scraped
+            for p in range(PARTITIONS):
+                line = f'keyroute_local_partition_version{{partition="{p}",store="{STORE}"}} 1.0'
+                assert (line in scraped) == (p in held), (p, scraped)
             assert same(replica.get(STORE, inside), client.get(STORE, inside))
             with pytest.raises(NotHeld, match=f"partition {partition(outside)} of store"):
                 replica.get(STORE, outside)
@@ -122,3 +131,30 @@ def test_a_chosen_subset_holds_only_its_partitions_and_falls_back_to_the_router(
             assert replica.get(STORE, outside).node in cluster.node_urls  # read through the cluster
             assert replica.get(STORE, inside).node == "local"
             assert list(replica.range(STORE)) == list(client.range(STORE))  # a range needs every partition
+
+
+def test_a_reader_identity_suffices_and_records_it_may_not_read_are_not_held(
+    tmp_path: Path, zk_settings: ZkSettings
+) -> None:
+    """The cluster's records belong to the writer identity and only its reader identity may read them: a
+    replica with the reader identity holds the store; one without any identity reads nothing and says so."""
+    writer = ZkIdentity("keyroute-writer", "writer-secret")
+    reader = ZkIdentity("keyroute-reader", "reader-secret")
+    writing = dataclasses.replace(zk_settings, auth=writer, reader=reader)
+    snapshot = write_snapshot(tmp_path / "snapshots", STORE, ROWS, KeyFormat.STRING, PARTITIONS)
+    record = StoreRecord(STORE, PARTITIONS, Partitioner.MURMUR2, KeyFormat.STRING, 1, snapshot, ("v",))
+    client = zk.connect(writing)
+    try:
+        client.create(zk_layout.store_path(STORE), record.to_json(), makepath=True)
+    finally:
+        zk.close(client)
+    reading = dataclasses.replace(zk_settings, auth=reader)
+    with LocalReplica(reading, [STORE], tmp_path / "reader", registry=None) as replica:
+        replica.wait_ready(timeout_s=60)
+        for key, value in ROWS.items():
+            assert replica.get(STORE, key).value == json.loads(json.dumps(value)), key
+    with LocalReplica(zk_settings, [STORE], tmp_path / "anonymous", registry=None) as replica:
+        with pytest.raises(TimeoutError, match=STORE):
+            replica.wait_ready(timeout_s=3)
+        with pytest.raises(NotHeld):
+            replica.get(STORE, "C001")
