@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import REGISTRY
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -54,11 +54,11 @@ class ReplicaCollector(Collector):
         yield lag
 
 
-def register(replica: LocalReplica, registry: Any) -> ReplicaCollector:
+def register(replica: LocalReplica, registry: CollectorRegistry) -> ReplicaCollector:
     collector = ReplicaCollector(replica)
-    (REGISTRY if registry == "default" else registry).register(collector)
+    registry.register(collector)
     return collector
 
 
-def unregister(collector: ReplicaCollector, registry: Any) -> None:
-    (REGISTRY if registry == "default" else registry).unregister(collector)
+def unregister(collector: ReplicaCollector, registry: CollectorRegistry) -> None:
+    registry.unregister(collector)

@@ -25,6 +25,7 @@ from typing import Any
 
 import lmdb
 import orjson
+from prometheus_client import REGISTRY, CollectorRegistry
 
 from keyroute.client import (
     BadKey,
@@ -135,7 +136,7 @@ class LocalReplica:
         grace_s: float = 1.0,
         map_size: int = DEFAULT_MAP_SIZE,
         applier_settings: ApplierSettings | None = None,
-        registry: Any = "default",
+        registry: CollectorRegistry | None = REGISTRY,
     ) -> None:
         self._zk = zk if isinstance(zk, ZkSettings) else ZkSettings.parse(zk)
         self._stores = tuple(dict.fromkeys(stores))
@@ -280,7 +281,7 @@ class LocalReplica:
                     next_offset = txn.get(OFFSET_KEY) if view.live else None
                 raw = part.get(data)
         except (LoadError, lmdb.Error):
-            return self._after_swap(lambda: self.get(store, key, min_offset=min_offset))
+            return self._after_swap(store, view, lambda: self.get(store, key, min_offset=min_offset))
         offset = None
         if view.live:
             offset = -1 if next_offset is None else int(next_offset) - 1
@@ -409,10 +410,13 @@ class LocalReplica:
             f"(it holds {[p for p, part in enumerate(view.parts) if part is not None]})",
         )
 
-    def _after_swap(self, again: Any) -> Any:
+    def _after_swap(self, store: str, view: _StoreView, again: Any) -> Any:
         """A partition closed under a read (this process took over applying, or a swap's grace ran out):
-        read again once the new view is in place."""
-        self._settled.wait(10)
+        read again once a new view is in place; Unavailable when none comes (the replica is closing)."""
+        if self._views.get(store) is view:
+            self._settled.wait(10)
+        if self._views.get(store) is view:
+            raise Unavailable(503, "partition_unavailable", f"store {store!r} is closed in this local replica", 1.0)
         return again()
 
     def _wait_bound(self, store: str, partition: int, offset: int, min_offset: int, again: Any) -> Any:

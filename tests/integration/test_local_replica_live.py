@@ -7,11 +7,15 @@ twice) and the node's answer."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -20,8 +24,17 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
+from keyroute.client import Client, Value
+from keyroute.cluster import zk, zk_layout
+from keyroute.cluster.partition_map import StoreRecord
 from keyroute.dev.kafka_mock import MockKafka
+from keyroute.keys.key_format import KeyFormat
+from keyroute.keys.partitioner import Partitioner
+from keyroute.local import LocalReplica
 from keyroute.runtime.settings import ZkSettings
+from keyroute.storage.live import LiveConfig
+from keyroute.storage.lmdb_layout import build_partition_file
+from keyroute.storage.snapshot import FORMAT_2, Manifest, checksum_file, data_file, version_dir, write_manifest
 from tests.integration.test_live_node import COUNT, PARTITIONS, LiveNode, partition, publish_live_store
 from tests.util import wait_for
 
@@ -180,3 +193,80 @@ def test_workers_sharing_a_data_directory_answer_exactly_through_a_kill_9_of_the
         node.close()
         for worker in workers:
             print(f"----- {worker.log.name} -----\n{worker.log.read_text()[-3000:]}")
+
+
+def publish_live_version(tmp: Path, settings: ZkSettings, topic: str, bootstrap: str, version: int) -> None:
+    """An empty format-2 `version` of the live store STORE replaying its topic from the start, made current."""
+    snapshot = version_dir(str(tmp / "snapshots"), STORE, version)
+    with tempfile.TemporaryDirectory() as scratch:
+        built = build_partition_file([], Path(scratch))
+        checksums, sizes = {}, {}
+        for p in range(PARTITIONS):
+            dest = snapshot / data_file(p)
+            dest.parent.mkdir(parents=True)
+            shutil.copyfile(built.path, dest)
+            checksums[p] = checksum_file(dest).value
+            sizes[p] = dest.stat().st_size
+    live = LiveConfig(topic, bootstrap, COUNT, (0,) * PARTITIONS, catch_up_records=0)
+    columns = tuple(a.name for a in COUNT.aggregates)
+    manifest = Manifest(
+        STORE, version, PARTITIONS, Partitioner.MURMUR2, KeyFormat.STRING, columns, (0,) * PARTITIONS,
+        created_at=time.time(), format=FORMAT_2, files={p: (data_file(p),) for p in range(PARTITIONS)},
+        checksums=checksums, bytes=sizes, live=live,
+    )  # fmt: skip
+    write_manifest(snapshot, manifest)
+    client = zk.connect(settings)
+    try:
+        raw, _ = client.get(zk_layout.store_path(STORE))
+        record = dataclasses.replace(StoreRecord.from_json(raw), version=version, snapshot=str(snapshot))
+        client.set(zk_layout.store_path(STORE), record.to_json())
+    finally:
+        zk.close(client)
+
+
+def test_a_live_version_swaps_in_once_caught_up_and_every_answer_is_exact_throughout(
+    tmp_path: Path, zk_settings: ZkSettings, kafka: MockKafka, kafka_topic: Callable[[int], str]
+) -> None:
+    topic = kafka_topic(PARTITIONS)
+    publish_live_store(tmp_path, zk_settings, STORE, topic, kafka.bootstrap_servers, COUNT)
+    node = LiveNode(tmp_path, zk_settings, kafka.bootstrap_servers, topic).start()
+    keys = [f"k{i}" for i in range(20)]
+    offsets: dict[str, list[tuple[int, int]]] = {k: [] for k in keys}
+    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "log_level": 3, "linger.ms": 1})
+    for i in range(4000):
+        key = keys[i % len(keys)]
+        value = json.dumps({"user": key, "amount": 1}).encode()
+
+        def delivered(err: Any, msg: Any, key: str = key) -> None:
+            offsets[key].append((msg.partition(), msg.offset()))
+
+        producer.produce(topic, key=key.encode(), value=value, partition=partition(key), on_delivery=delivered)
+        if i % 500 == 0:
+            producer.poll(0)
+    assert producer.flush(10) == 0
+    try:
+        with (
+            Client(node.url) as client,
+            LocalReplica(zk_settings, [STORE], tmp_path / "local", registry=None) as replica,
+        ):
+            replica.wait_ready(timeout_s=60)
+            wait_for(lambda: all(replica.get(STORE, k).value["n"] == 200 for k in keys), timeout_s=60, message="v1")
+            publish_live_version(tmp_path, zk_settings, topic, kafka.bootstrap_servers, 2)
+            seen: list[Value] = []
+            while replica.status()[STORE][0]["version"] != 2 or replica.status()[STORE][1]["version"] != 2:
+                seen += [replica.get(STORE, k) for k in keys]
+            seen += [replica.get(STORE, k) for k in keys]
+            # Version 2 replays the topic beside version 1 and is swapped in only once caught up: no answer
+            # ever shows a partial count, before, during or after the swap.
+            assert {v.version for v in seen} == {1, 2}
+            for v in seen:
+                assert v.offset is not None
+                n = sum(1 for p, o in offsets[v.key] if p == v.partition and o <= v.offset)
+                assert v.value == {"n": n, "total": n} == {"n": 200, "total": 200}, v
+            wait_for(lambda: client.get(STORE, keys[0]).version == 2, timeout_s=60, message="the node on v2")
+            for key in keys:
+                local, cluster = replica.get(STORE, key), client.get(STORE, key)
+                assert (local.version, local.value, local.offset) == (cluster.version, cluster.value, cluster.offset)
+            wait_for(lambda: not (tmp_path / "local" / "stores" / STORE / "v1").exists(), message="v1's files to go")
+    finally:
+        node.close()
