@@ -29,7 +29,14 @@ from keyroute.cluster.map_watcher import MapWatcher
 from keyroute.cluster.partition_map import PartitionMap, StoreRecord
 from keyroute.local.shared import HeldStore, write_status, write_view
 from keyroute.replica.live import GAP, ApplierSettings, LiveApplier, LiveVersion
-from keyroute.replica.store import LoadError, PartitionId, PartitionStore, load_partition, remove_partition_dir
+from keyroute.replica.store import (
+    LoadError,
+    PartitionId,
+    PartitionStore,
+    iter_partition_dirs,
+    load_partition,
+    remove_partition_dir,
+)
 from keyroute.runtime.logs import describe
 from keyroute.runtime.settings import ZkSettings
 
@@ -80,6 +87,7 @@ class Holder:
         self._client: Any = None
         self._watcher: MapWatcher | None = None
         self._status_at = 0.0
+        self._collected = False  # leftovers of earlier runs removed (once every store is held)
 
     # -- any thread -----------------------------------------------------------------------------------
 
@@ -148,6 +156,9 @@ class Holder:
                     log.exception("the local replica's holder failed a turn; trying again")
                 self._retire_due(time.monotonic())
                 self._report()
+                if not self._collected and all(name in self._held for name in self._stores):
+                    self._collected = True
+                    self._collect_leftovers()
         except Exception:
             log.exception("the local replica's holder stopped")
         finally:
@@ -304,6 +315,18 @@ class Holder:
                     part.discard()
                 else:
                     part.close()
+
+    def _collect_leftovers(self) -> None:
+        """Remove what earlier runs left of the held stores (a superseded version whose removal a crash cut
+        short, partitions no longer chosen): every directory of theirs that is not open here. Other stores'
+        directories stay (absence is not deletion)."""
+        for pid, path in iter_partition_dirs(self._data_dir):
+            held = self._held.get(pid.store)
+            if held is None or pid in self._parts:
+                continue
+            if pid.version != held.version or pid.partition not in held.partitions:
+                log.info("local replica: removing %s, left by an earlier run", pid)
+                remove_partition_dir(path)
 
     def _report(self) -> None:
         now = time.monotonic()
