@@ -204,7 +204,9 @@ class LocalReplica:
             from keyroute.local.metrics import unregister
 
             unregister(self._collector, self._registry)
-        self._views = {}
+        if self._views:
+            self._views = {}
+            time.sleep(min(self._grace_s, 0.05))  # reads that started on the partitions finish before they close
         holder, self._holder = self._holder, None
         if holder is not None:
             holder.stop()
@@ -298,14 +300,25 @@ class LocalReplica:
     def get_many(
         self, store: str, keys: Iterable[Any], *, min_offset: int | None = None
     ) -> list[Value | KeyrouteError]:
-        """One Value or KeyrouteError per key, in order (as the client's get_many)."""
-        found: list[Value | KeyrouteError] = []
-        for key in keys:
+        """One Value or KeyrouteError per key, in order (as the client's get_many). With a fallback, the keys
+        not held here go to the cluster in one batch (`min_offset` unset; with it, one read each)."""
+        keys = list(keys)
+        found: list[Value | KeyrouteError | None] = [None] * len(keys)
+        view = self._views.get(store)
+        remote: list[int] = []
+        for i, key in enumerate(keys):
             try:
-                found.append(self.get(store, key, min_offset=min_offset))
+                batched = self._fallback is not None and min_offset is None and view is not None
+                if batched and view.parts[view.locate(key)[2]] is None:
+                    remote.append(i)
+                    continue
+                found[i] = self.get(store, key, min_offset=min_offset)
             except KeyrouteError as exc:
-                found.append(exc)
-        return found
+                found[i] = exc
+        if remote and self._fallback is not None:
+            for i, answer in zip(remote, self._fallback.get_many(store, [keys[i] for i in remote]), strict=True):
+                found[i] = answer
+        return [entry for entry in found if entry is not None]
 
     def history(
         self,

@@ -134,6 +134,10 @@ def test_a_chosen_subset_holds_only_its_partitions_and_falls_back_to_the_router(
                 assert same(replica.get(STORE, key), client.get(STORE, key)), key
             assert replica.get(STORE, outside).node in cluster.node_urls  # read through the cluster
             assert replica.get(STORE, inside).node == "local"
+            keys = [*ROWS, "nope"]
+            assert all(
+                same(a, b) for a, b in zip(replica.get_many(STORE, keys), client.get_many(STORE, keys), strict=True)
+            )
             assert list(replica.range(STORE)) == list(client.range(STORE))  # a range needs every partition
 
 
