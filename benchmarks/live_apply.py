@@ -1,4 +1,4 @@
-"""How fast one node applies a live store's backlog: records/s folded into LMDB by `keyroute.state_node.live`'s
+"""How fast one node applies a live store's backlog: records/s folded into LMDB by `keyroute.replica.live`'s
 applier (one consumer, one thread, one write transaction per partition and batch, the offset in it), next to
 a bare confluent-kafka consume loop over the same records (the client's own ceiling on this machine), and
 the same records as Avro values (confluent-kafka's AvroSerializer, keyroute's development Schema Registry)
@@ -33,8 +33,8 @@ from keyroute.dev.kafka_mock import MockKafka
 from keyroute.keys.key_format import KeyFormat
 from keyroute.keys.partitioner import Partitioner, partition_for
 from keyroute.keys.schema_registry import RegistrySettings
-from keyroute.state_node.live import DEFAULT_BATCH_RECORDS, ApplierSettings, LiveApplier, LivePartition, LiveVersion
-from keyroute.state_node.store import LivePartitionStore, PartitionId
+from keyroute.replica.live import DEFAULT_BATCH_RECORDS, ApplierSettings, LiveApplier, LivePartition, LiveVersion
+from keyroute.replica.store import LivePartitionStore, PartitionId
 from keyroute.storage.live import OFFSET_KEY, Aggregate, LiveConfig, Merge
 
 MERGES = {

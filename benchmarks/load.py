@@ -78,9 +78,9 @@ from keyroute.pipeline import build as build_module
 from keyroute.pipeline import lmdb_files
 from keyroute.pipeline.build import build
 from keyroute.pipeline.session import create_session
+from keyroute.replica.store import load_partition
 from keyroute.runtime.settings import NodeSettings, ZkSettings
 from keyroute.state_node.ownership import Loader, Ownership
-from keyroute.state_node.store import load_partition
 from keyroute.storage.lmdb_layout import db_keys
 from keyroute.storage.snapshot import (
     FORMAT_1,

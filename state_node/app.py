@@ -50,6 +50,7 @@ from keyroute.http.quotas import ServingShares, start_quotas
 from keyroute.http.routing import RouteTable
 from keyroute.http.tls import member_tls
 from keyroute.http.upstream import Upstream
+from keyroute.replica.store import load_partition
 from keyroute.runtime.logs import describe
 from keyroute.runtime.metrics import CONTENT_TYPE, certificates_in_use
 from keyroute.runtime.settings import NodeSettings
@@ -60,7 +61,6 @@ from keyroute.state_node.metrics import NodeMetrics
 from keyroute.state_node.ownership import Ownership
 from keyroute.state_node.reads import RETRY_AFTER_S, find_store, parse_key_text
 from keyroute.state_node.registration import NodeIdInUse, Registration
-from keyroute.state_node.store import load_partition
 
 log = logging.getLogger(__name__)
 

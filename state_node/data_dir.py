@@ -27,9 +27,9 @@ from keyroute.cluster.cluster_identity import (
     create_cluster_id,
     read_cluster_id,
 )
+from keyroute.replica.store import MARKER, iter_partition_dirs
 from keyroute.runtime.logs import describe
 from keyroute.runtime.settings import ZkSettings
-from keyroute.state_node.store import MARKER, iter_partition_dirs
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from collections.abc import Callable, Container
 from pathlib import Path
 
 from keyroute.cluster.partition_map import PartitionMap
+from keyroute.replica.store import PartitionId, iter_partition_dirs, remove_partition_dir
 from keyroute.runtime.logs import describe
-from keyroute.state_node.store import PartitionId, iter_partition_dirs, remove_partition_dir
 
 log = logging.getLogger(__name__)
 

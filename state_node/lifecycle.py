@@ -13,8 +13,8 @@ from threading import Event
 from typing import Any
 
 from keyroute.cluster.partition_map import PartitionMap, StoreRecord
-from keyroute.state_node.live import GAP, LivePartition
-from keyroute.state_node.store import PartitionId, PartitionStore
+from keyroute.replica.live import GAP, LivePartition
+from keyroute.replica.store import PartitionId, PartitionStore
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class PartitionState(enum.Enum):
     nothing new is loaded and nothing is dropped: it serves what it holds until it de-announces, and its
     files stay on disk for a restart.
 
-    A live partition (keyroute.state_node.live) consumes its topic partition from the moment it is loaded until
+    A live partition (keyroute.replica.live) consumes its topic partition from the moment it is loaded until
     it is closed; it is stopped before its environment closes. One in a gap (records it needs are gone) is
     kept out of the view and the announcement whatever its state, until a new version replaces it.
     """

@@ -1,4 +1,4 @@
-"""The appliers of this node's live partitions: one `keyroute.state_node.live.LiveApplier` per (store, version) held
+"""The appliers of this node's live partitions: one `keyroute.replica.live.LiveApplier` per (store, version) held
 here, consuming the topic partitions of that version's partitions held here, made with the first of them and
 closed with the last. A partition stops being applied to before its environment closes.
 """
@@ -9,9 +9,9 @@ import asyncio
 from collections.abc import Callable
 
 from keyroute.cluster.partition_map import StoreRecord
+from keyroute.replica.live import ApplierSettings, LiveApplier, LivePartition, LiveVersion
+from keyroute.replica.store import PartitionStore
 from keyroute.runtime.settings import NodeSettings
-from keyroute.state_node.live import ApplierSettings, LiveApplier, LivePartition, LiveVersion
-from keyroute.state_node.store import PartitionStore
 
 # What makes the applier of one (store, version): LiveApplier unless a test says otherwise.
 ApplierFactory = Callable[[LiveVersion, str, ApplierSettings], LiveApplier]

@@ -18,6 +18,9 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from keyroute.cluster.partition_map import StoreRecord
 from keyroute.http.admission import Admission
 from keyroute.http.quotas import Quotas, quota_families
+from keyroute.replica.live import STATES as LIVE_STATES
+from keyroute.replica.live import LivePartition
+from keyroute.replica.store import MARKER, LoadCancelled, PartitionId, PartitionStore, partition_path
 from keyroute.runtime.metrics import (
     JWKS_FETCH_FAILURES,
     JWKS_FETCH_FAILURES_HELP,
@@ -39,9 +42,6 @@ from keyroute.runtime.metrics import (
     store_label,
     tls_certificates_family,
 )
-from keyroute.state_node.live import STATES as LIVE_STATES
-from keyroute.state_node.live import LivePartition
-from keyroute.state_node.store import MARKER, LoadCancelled, PartitionId, PartitionStore, partition_path
 from keyroute.storage.snapshot import DATA_FILE
 
 if TYPE_CHECKING:

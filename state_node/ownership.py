@@ -18,16 +18,16 @@ from types import MappingProxyType
 from typing import Any
 
 from keyroute.cluster.partition_map import PartitionMap, StoreRecord
+from keyroute.replica.live import LivePartition
+from keyroute.replica.store import LoadCancelled, LoadError, PartitionId, PartitionStore, load_partition
 from keyroute.runtime.clock import SYSTEM_CLOCK, Clock, Timer
 from keyroute.runtime.logs import describe
 from keyroute.runtime.settings import NodeSettings
 from keyroute.state_node.announcer import LIVE_REPORT_EVERY_S, Announcer
 from keyroute.state_node.janitor import DiskJanitor
 from keyroute.state_node.lifecycle import Entry, Lifecycle, PartitionState, Readiness, orphans_held
-from keyroute.state_node.live import LivePartition
 from keyroute.state_node.live_appliers import LiveAppliers
 from keyroute.state_node.registration import Registration
-from keyroute.state_node.store import LoadCancelled, LoadError, PartitionId, PartitionStore, load_partition
 
 __all__ = ["LIVE_REPORT_EVERY_S", "Loader", "Ownership", "PartitionState", "Readiness"]
 

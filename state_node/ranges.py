@@ -45,8 +45,8 @@ from keyroute.storage.ranges import (
 from keyroute.storage.timeline import escape_key
 
 if TYPE_CHECKING:
+    from keyroute.replica.store import PartitionStore
     from keyroute.state_node.app import Node
-    from keyroute.state_node.store import PartitionStore
 
 _JSON = (b"content-type", b"application/json")
 _PARTITION = HEADER_PARTITION.encode("ascii")

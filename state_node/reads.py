@@ -81,8 +81,8 @@ from keyroute.storage.timeline import (
 
 if TYPE_CHECKING:
     from keyroute.keys.key_location import KeyLocation
+    from keyroute.replica.store import PartitionStore
     from keyroute.state_node.app import Node
-    from keyroute.state_node.store import PartitionStore
 
 log = logging.getLogger(__name__)
 

@@ -123,10 +123,10 @@ LIVE_PARTITIONS = 4
 
 
 def _node_side_present() -> bool:
-    return importlib.util.find_spec("keyroute.state_node.live") is not None
+    return importlib.util.find_spec("keyroute.replica.live") is not None
 
 
-@pytest.mark.skipif(not _node_side_present(), reason="nodes do not consume live stores yet (keyroute.state_node.live)")
+@pytest.mark.skipif(not _node_side_present(), reason="nodes do not consume live stores yet (keyroute.replica.live)")
 def test_a_produced_record_is_read_through_the_router_with_min_offset_at_its_offset(
     tmp_path: Path, zk_settings: ZkSettings
 ) -> None:

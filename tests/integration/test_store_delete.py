@@ -15,8 +15,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError, NotEmptyError
 
 from keyroute.cluster import zk, zk_layout
+from keyroute.replica.store import PartitionId, partition_path
 from keyroute.runtime.settings import ZkSettings
-from keyroute.state_node.store import PartitionId, partition_path
 from keyroute.storage.snapshot import version_dir
 from tests.integration.small_cluster import PARTITIONS, ROWS, STORE, SmallCluster, expected, key_path, small_cluster
 from tests.util import wait_for

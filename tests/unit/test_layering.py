@@ -1,6 +1,7 @@
 """The architecture's import rules: services never import each other, the core imports no service, no HTTP
-plumbing and no HTTP framework, the HTTP layer imports no service, the CLI is imported by nothing, the node
-and router never import pyspark, and every import name lives under `keyroute.`.
+plumbing and no HTTP framework, the HTTP layer imports no service, the local replica (keyroute.local) imports
+rooms and the client but no service, the CLI is imported by nothing, the node and router never import
+pyspark, and every import name lives under `keyroute.`.
 
 The folder of every package comes from pyproject.toml (its `packages` and `package-dir`), so the layout rule
 is written once: everything shared lives under keyroute/ at its own path, and only the three service folders
@@ -34,6 +35,7 @@ ROOMS = (
     "keyroute.formats",
     "keyroute.cluster",
     "keyroute.auth",
+    "keyroute.replica",
 )
 HTTP_FRAMEWORKS = {"starlette", "httptools", "uvicorn", "httpx", "httpcore", "h11", "uvloop"}
 
@@ -49,7 +51,10 @@ def folder_of(package: str) -> Path:
 
 # The top-level parts: the rooms, keyroute.http, the client, the CLI and the three services (their subpackages are
 # inside).
-FOLDERS = {name: folder_of(name) for name in (*ROOMS, "keyroute.http", "keyroute.client", "keyroute.cli", *SERVICES)}
+FOLDERS = {
+    name: folder_of(name)
+    for name in (*ROOMS, "keyroute.http", "keyroute.client", "keyroute.local", "keyroute.cli", *SERVICES)
+}
 
 
 def sources(package: str) -> list[Path]:
@@ -152,6 +157,16 @@ def test_the_cli_loads_a_dev_tool_only_when_its_command_runs() -> None:
 def test_the_http_layer_imports_no_service_no_client_and_no_cli() -> None:
     modules = imported_modules("keyroute.http")
     assert not under(modules, set(SERVICES) | set(CLI) | {"pyspark", "keyroute.client", DEV})
+
+
+def test_the_local_replica_imports_rooms_and_the_client_never_a_service_the_http_layer_or_the_cli() -> None:
+    """keyroute.local is a library for applications, as the client is: it holds partitions with the rooms'
+    code (keyroute.replica), never with a service's, and nothing but an application imports it."""
+    modules = imported_modules("keyroute.local")
+    assert under(modules, ("keyroute.replica",)) and under(modules, ("keyroute.client",))
+    assert not under(modules, set(SERVICES) | set(CLI) | {"pyspark", "keyroute.http", DEV})
+    for package in sorted(set(FOLDERS) - {"keyroute.local"}):
+        assert not under(imported_modules(package), {"keyroute.local"}), package
 
 
 def test_the_rules_catch_what_they_forbid() -> None:

@@ -33,7 +33,7 @@ P = 4
 
 
 class Held:
-    """A loaded partition as the read path sees it (keyroute.state_node.store.PartitionStore): a batch one."""
+    """A loaded partition as the read path sees it (keyroute.replica.store.PartitionStore): a batch one."""
 
     live: Any = None
 

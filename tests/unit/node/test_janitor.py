@@ -12,8 +12,8 @@ import pytest
 from keyroute.cluster.partition_map import StoreRecord
 from keyroute.keys.key_format import KeyFormat
 from keyroute.keys.partitioner import Partitioner
+from keyroute.replica.store import PartitionId, partition_path
 from keyroute.state_node.janitor import DiskJanitor
-from keyroute.state_node.store import PartitionId, partition_path
 from tests.unit.node.test_ownership import ME, build_map
 
 

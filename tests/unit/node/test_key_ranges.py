@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from keyroute.keys.key_format import KeyFormat
+from keyroute.replica.store import PartitionId, PartitionStore
 from keyroute.state_node.ranges import scan_range
-from keyroute.state_node.store import PartitionId, PartitionStore
 from keyroute.storage.lmdb_layout import db_key
 from keyroute.storage.ranges import order_of, prefix_end, scan_segments
 from keyroute.storage.timeline import StoreKind, Timeline, TimeType, entry_key, key_part

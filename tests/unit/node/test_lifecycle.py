@@ -9,8 +9,8 @@ from typing import Any
 from keyroute.cluster.partition_map import NodeRecord, PartitionMap, StoreRecord
 from keyroute.keys.key_format import KeyFormat
 from keyroute.keys.partitioner import Partitioner
+from keyroute.replica.store import PartitionId
 from keyroute.state_node.lifecycle import Lifecycle, PartitionState
-from keyroute.state_node.store import PartitionId
 from tests.unit.node.test_ownership import ME, OTHER, build_map
 
 S = PartitionState
@@ -22,7 +22,7 @@ def record(version: int = 1, partitions: int = 4) -> StoreRecord:
 
 @dataclasses.dataclass
 class Held:
-    """A loaded partition as the lifecycle looks at it (keyroute.state_node.store.PartitionStore): batch."""
+    """A loaded partition as the lifecycle looks at it (keyroute.replica.store.PartitionStore): batch."""
 
     pid: PartitionId
     live: Any = None

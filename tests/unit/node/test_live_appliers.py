@@ -9,10 +9,10 @@ from typing import Any
 from keyroute.cluster.partition_map import StoreRecord
 from keyroute.keys.key_format import KeyFormat
 from keyroute.keys.partitioner import Partitioner
+from keyroute.replica.live import ApplierSettings, LiveVersion
+from keyroute.replica.store import PartitionId
 from keyroute.runtime.settings import NodeSettings
-from keyroute.state_node.live import ApplierSettings, LiveVersion
 from keyroute.state_node.live_appliers import LiveAppliers
-from keyroute.state_node.store import PartitionId
 from keyroute.storage.live import LiveConfig, Merge
 
 CONFIG = LiveConfig("clicks", "127.0.0.1:9", Merge("latest", "user", order_by="ts", columns=("ts",)), (5, 5))

@@ -1,4 +1,4 @@
-"""A live partition's file on disk (keyroute.state_node.store): commits are flushed every --live-sync-ms, not each,
+"""A live partition's file on disk (keyroute.replica.store): commits are flushed every --live-sync-ms, not each,
 so on the next start the file is reused only when it can be trusted: closed cleanly, or written in this same
 boot (the page cache holds every commit: a process crash loses nothing). A file left unflushed by a boot
 that ended (an operating-system crash) is loaded again from the version and the topic replayed."""
@@ -16,8 +16,8 @@ import pytest
 from keyroute.cluster.partition_map import StoreRecord
 from keyroute.keys.key_format import KeyFormat
 from keyroute.keys.partitioner import Partitioner
-from keyroute.state_node import store as store_module
-from keyroute.state_node.store import LIVE_STATE, PartitionStore, boot_id, load_partition
+from keyroute.replica import store as store_module
+from keyroute.replica.store import LIVE_STATE, PartitionStore, boot_id, load_partition
 from keyroute.storage.live import OFFSET_KEY, LiveConfig, Merge
 from keyroute.storage.lmdb_layout import TAG_KEY, build_partition_file
 from keyroute.storage.snapshot import FORMAT_2, Manifest, checksum_file, data_file, version_dir, write_manifest

@@ -11,8 +11,8 @@ from typing import Any
 from keyroute.cluster.partition_map import StoreRecord
 from keyroute.keys.key_format import KeyFormat
 from keyroute.keys.partitioner import Partitioner
+from keyroute.replica.store import MARKER, PartitionId, partition_path
 from keyroute.state_node.metrics import NodeMetrics
-from keyroute.state_node.store import MARKER, PartitionId, partition_path
 from keyroute.storage.snapshot import DATA_FILE
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from keyroute.cluster.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord, StoreRecord
+from keyroute.replica.store import PartitionId, PartitionStore, load_partition, partition_path
 from keyroute.runtime.settings import NodeSettings
 from keyroute.state_node.ownership import Ownership, PartitionState
-from keyroute.state_node.store import PartitionId, PartitionStore, load_partition, partition_path
 from keyroute.storage.snapshot import local_path, partition_dir
 from tests.clock import ManualClock
 from tests.unit.node.test_store_files import data_file, write_files_snapshot

@@ -11,7 +11,7 @@ import pytest
 
 from keyroute.keys.key_format import KeyFormat, parse_key
 from keyroute.keys.partitioner import Partitioner, partition_for
-from keyroute.state_node.store import (
+from keyroute.replica.store import (
     MARKER,
     LoadCancelled,
     LoadError,

@@ -25,9 +25,9 @@ import pytest
 from keyroute.cluster.partition_map import StoreRecord
 from keyroute.keys.key_format import KeyFormat, parse_key
 from keyroute.keys.partitioner import Partitioner, partition_for
-from keyroute.state_node import fetch
-from keyroute.state_node.fetch import FetchCancelled, FetchError, fetch_file, sample_keys
-from keyroute.state_node.store import (
+from keyroute.replica import fetch
+from keyroute.replica.fetch import FetchCancelled, FetchError, fetch_file, sample_keys
+from keyroute.replica.store import (
     MARKER,
     LoadCancelled,
     LoadError,

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from keyroute.state_node.store import PartitionId, PartitionStore
+from keyroute.replica.store import PartitionId, PartitionStore
 from keyroute.storage.timeline import StoreKind, Timeline, TimeType, entry_key, key_part
 
 KEYS = [b"", b"a", b"a\x00", b"a\x00b", b"ab", b"b", b"\xff" * 3, b"x" * 600]

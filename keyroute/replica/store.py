@@ -7,14 +7,14 @@
 How data.mdb comes to be depends on the snapshot's format (the manifest says which):
   format 1 (JSON lines)        every row is parsed, hashed and put, in one write transaction
   format 2 (ready-to-serve)    the executor-built `partition={p}/data.mdb` is fetched as it is (a hard link
-                               on the same filesystem, else a kernel copy or a download: keyroute.state_node.fetch)
+                               on the same filesystem, else a kernel copy or a download: keyroute.replica.fetch)
                                and checked: size and checksum in the same pass as the bytes move, then the
                                entry count and a sample of keys against the manifest and the partitioner.
                                Opened read-only: a hard-linked file is the snapshot's own.
   live (format 2 + `live`)     the file is always copied (never linked: it is written), checked as above,
                                opened writable, and OFFSET_KEY (the next topic offset to apply) set to the
                                manifest's `live.offsets[p]` in one write transaction; the partition's
-                               `LivePartition` (keyroute.state_node.live) says how far it has applied since.
+                               `LivePartition` (keyroute.replica.live) says how far it has applied since.
 The marker records which format a directory was loaded from, so a directory is reused only for the same.
 A live directory's file changes as records are applied: it is reused when its marker matches and it holds
 OFFSET_KEY (applying resumes from there), without comparing its size, entry count or checksum.
@@ -48,9 +48,9 @@ import lmdb
 from keyroute.cluster.partition_map import StoreRecord
 from keyroute.keys.key_format import KeyFormatError, parse_key
 from keyroute.keys.partitioner import partition_for
+from keyroute.replica.fetch import FetchCancelled, FetchError, check_keys, fetch_file
+from keyroute.replica.live import LivePartition, read_next_offset
 from keyroute.runtime.logs import describe
-from keyroute.state_node.fetch import FetchCancelled, FetchError, check_keys, fetch_file
-from keyroute.state_node.live import LivePartition, read_next_offset
 from keyroute.storage.live import OFFSET_KEY, LiveConfig, value_bytes
 from keyroute.storage.lmdb_layout import KEY_ENCODING, TAG_KEY, db_key
 from keyroute.storage.snapshot import (
@@ -289,6 +289,20 @@ class PartitionStore:
                 more = first_after(cursor, last)
         return found, False, resume
 
+    def read_txn(self) -> lmdb.Transaction:
+        """A read transaction (values as bytes): one consistent state of the partition, its rows and, for a
+        live one, OFFSET_KEY together. The caller uses it as a context manager."""
+        env = self._env
+        if env is None:
+            raise LoadError(f"partition {self.pid} is closed")
+        return env.begin(buffers=False)
+
+    def clear_stale_readers(self) -> int:
+        """Free the reader slots of processes that ended without closing the environment (kill -9): they
+        would keep old pages from being reused. How many were freed."""
+        env = self._env
+        return 0 if env is None else int(env.reader_check())
+
     def write_txn(self) -> lmdb.Transaction:
         """Only a live partition is written."""
         raise LoadError(f"partition {self.pid} is closed or not live")
@@ -346,6 +360,36 @@ class LivePartitionStore(PartitionStore):
 
     def __repr__(self) -> str:
         return f"PartitionStore({self.pid}, rows={self.rows}, live)"
+
+
+@dataclass(eq=False, repr=False)
+class AppliedPartitionStore(PartitionStore):
+    """A live partition another process loaded and applies to, opened here for reads only: its reads answer
+    without the merge state, and the offset they reflect is OFFSET_KEY in the same read transaction."""
+
+    _answer = staticmethod(value_bytes)
+
+    def __repr__(self) -> str:
+        return f"PartitionStore({self.pid}, rows={self.rows}, live, read-only)"
+
+
+def open_loaded(
+    data_dir: Path, pid: PartitionId, map_size: int, *, live: bool, timeline: Timeline | None = None
+) -> PartitionStore:
+    """A partition another process of this host loaded into `data_dir` (its marker says the load completed),
+    opened read-only beside it: LMDB's lock file lets any number of processes read while one writes. Raises
+    LoadError when it is not loaded there (or no longer: its version was retired meanwhile)."""
+    path = partition_path(data_dir, pid)
+    if _read_marker(path) is None:
+        raise LoadError(f"{pid} is not loaded in {data_dir}")
+    try:
+        env = _open(path, map_size, readonly=True)
+        rows = int(env.stat()["entries"])
+    except lmdb.Error as exc:
+        raise LoadError(f"{pid}: {describe(exc)}") from exc
+    if live:
+        return AppliedPartitionStore(pid, path, max(0, rows - 1), env, timeline)
+    return PartitionStore(pid, path, rows, env, timeline)
 
 
 def remove_partition_dir(path: Path) -> None:

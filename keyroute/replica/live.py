@@ -9,7 +9,7 @@ itself and folds its records (keyroute.storage.live) into the partition's own LM
                     set up by a `LiveVersion` (what it consumes) and `ApplierSettings` (how)
 
 A store of one value per key has its records folded here; a history or windowed store's records become
-entries of their keys' timelines (keyroute.state_node.timeline_writer).
+entries of their keys' timelines (keyroute.replica.timeline_writer).
 
 The applier consumes in batches; per partition, one LMDB write transaction applies the batch's records in
 offset order and stores the next offset under OFFSET_KEY in the same transaction, then commits (durably);
@@ -51,8 +51,8 @@ from keyroute.keys.key_format import KeyFormat
 from keyroute.keys.key_schema import KeySchema
 from keyroute.keys.partitioner import Partitioner
 from keyroute.keys.schema_registry import RegistryUnavailable
+from keyroute.replica.timeline_writer import TimelineWriter
 from keyroute.runtime.logs import describe
-from keyroute.state_node.timeline_writer import TimelineWriter
 from keyroute.storage.live import OFFSET_KEY, BadRecord, LiveConfig, RecordReader
 from keyroute.storage.live_keys import record_reader
 from keyroute.storage.lmdb_layout import LMDB_MAX_KEY_BYTES, TAG_KEY, db_key
@@ -60,7 +60,7 @@ from keyroute.storage.lmdb_layout import LMDB_MAX_KEY_BYTES, TAG_KEY, db_key
 if TYPE_CHECKING:
     import lmdb
 
-    from keyroute.state_node.store import PartitionStore
+    from keyroute.replica.store import PartitionStore
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ STATES = (CATCHING_UP, LIVE, STALLED, GAP, STOPPED)
 
 # Records asked of the client per consume call (a partition's share of them goes in one transaction).
 DEFAULT_BATCH_RECORDS = 2000
-# How often a live partition's commits are flushed to disk (keyroute.state_node.store: a commit is safe from a
+# How often a live partition's commits are flushed to disk (keyroute.replica.store: a commit is safe from a
 # process crash at once; this bounds what an operating-system crash could undo). 0: after every commit.
 DEFAULT_SYNC_INTERVAL_S = 1.0
 

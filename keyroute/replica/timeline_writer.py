@@ -1,9 +1,9 @@
 """Records of a live history or windowed store written into its partition's LMDB environment: each record
 an entry of its key's timeline (keyroute.storage.timeline's layout), in the applier's write transaction.
 
-The live applier (keyroute.state_node.live) folds the records of a store of one value per key itself; a
+The live applier (keyroute.replica.live) folds the records of a store of one value per key itself; a
 timeline store's records it hands to a `TimelineWriter`, one per transaction. Readers are in
-keyroute.state_node.store.
+keyroute.replica.store.
 """
 
 from __future__ import annotations
