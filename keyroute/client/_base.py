@@ -13,18 +13,22 @@ import base64
 import datetime as dt
 import json
 import os
+import re
 import ssl
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from functools import partial
+from dataclasses import dataclass
+from functools import lru_cache, partial
+from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote, unquote
 
 import httpx
+import orjson
 
 from keyroute.client._errors import KeyrouteError, connection_failed, error_of_answer, error_of_entry
+from keyroute.client._models import Answer
 from keyroute.formats.avro_answers import AVRO, decode_answer
 from keyroute.keys.key_format import KeyFormat, KeyFormatError
 from keyroute.keys.key_location import Endpoint, KeyLocation, StoreLocator
@@ -48,6 +52,7 @@ ROUTING_PATH = "/routing"
 ROUTING_FORMAT = 1
 # How reads are answered (`answer_format`): what each asks for in its Accept header.
 ANSWER_FORMATS = {"json": "application/json", "avro": AVRO}
+_AVRO = AVRO.encode("ascii")
 AnyKey = str | int | bytes | uuid.UUID  # a key as a read takes it (`key_text`)
 Format = str | None  # an answer format for one read: "json", "avro", or None for the client's
 Fields = Mapping[str, str] | None  # a request's query or extra headers
@@ -57,22 +62,21 @@ Fields = Mapping[str, str] | None  # a request's query or extra headers
 ClientCert = str | tuple[str, str]
 
 
-def tls_context(verify: str | bool, cert: ClientCert | None) -> ssl.SSLContext | bool:
-    """What httpx verifies servers with: `verify` a CA bundle file (or directory) for https:// routers and
-    nodes, True for the system's CAs, False for none (tests only); `cert` presented when a router (or, in
-    direct mode, a node) asks for a client certificate. One context, shared by every connection."""
-    if verify is True and cert is None:
-        return True
-    if verify is False:
+def tls_context(verify: str | bool, cert: ClientCert | None) -> ssl.SSLContext:
+    """What the client verifies servers with: `verify` a CA bundle file (or directory) for https:// routers
+    and nodes, True for the system's CAs (httpx's: certifi's bundle), False for none (tests only); `cert`
+    presented when a router (or, in direct mode, a node) asks for a client certificate. One context, shared
+    by every connection of either wire."""
+    if verify is True:
+        context = httpx.create_ssl_context(trust_env=False)
+    elif verify is False:
         context = ssl.create_default_context()
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
     elif isinstance(verify, str | os.PathLike) and os.path.isdir(verify):
         context = ssl.create_default_context(capath=os.fspath(verify))
-    elif isinstance(verify, str | os.PathLike):
-        context = ssl.create_default_context(cafile=os.fspath(verify))
     else:
-        context = ssl.create_default_context()
+        context = ssl.create_default_context(cafile=os.fspath(verify))
     context.set_alpn_protocols(["http/1.1"])
     if cert is not None:
         certfile, keyfile = (cert, None) if isinstance(cert, str | os.PathLike) else cert
@@ -96,6 +100,8 @@ class Value:
 def key_text(key: str | int | bytes | uuid.UUID | Mapping[str, Any]) -> str:
     """A key as the API takes it: text as is, integers in decimal, uuids as their text, bytes in base64url, a
     Schema Registry record key (a mapping) as compact JSON."""
+    if key.__class__ is str:  # the common case first: no ABC check
+        return key  # type: ignore[return-value]
     if isinstance(key, Mapping):
         return json.dumps(key, separators=(",", ":"), ensure_ascii=False)
     if isinstance(key, bool):
@@ -114,6 +120,8 @@ def key_text(key: str | int | bytes | uuid.UUID | Mapping[str, Any]) -> str:
 def key_segment(key: str | int | bytes | uuid.UUID) -> str:
     """A key as one percent-encoded path segment ('.' and '..' too, which a path would otherwise resolve)."""
     text = key_text(key)
+    if text.isascii() and text.isalnum():
+        return text  # nothing to encode (what `quote` would find out more slowly)
     if text in (".", ".."):
         return text.replace(".", "%2E")
     return quote(text, safe="")
@@ -134,32 +142,49 @@ def time_text(moment: dt.datetime | dt.date | int | str) -> str:
     raise TypeError(f"a time is a datetime, date, int or ISO 8601 text, not {type(moment).__name__}")
 
 
-def body_of(answer: httpx.Response) -> Any:
+def body_of(answer: Answer) -> Any:
     """A read's answer as the dict its JSON parses to, whether it came as JSON or as Avro (the same values)."""
-    kind = answer.headers.get("content-type", "")
-    if kind.startswith(AVRO) or kind.split(";", 1)[0].endswith("+avro"):
-        return decode_answer(answer.content)
-    return answer.json()
+    if b"avro" in answer.lowered:  # else no content type of the answer can be Avro's
+        kind = answer.raw(b"content-type") or b""
+        if kind.startswith(_AVRO) or kind.split(b";", 1)[0].endswith(b"+avro"):
+            return decode_answer(answer.content)
+    return loads(answer.content)
 
 
-def value_of_answer(answer: httpx.Response) -> Value:
+# A run of 19 digits or more: an integer orjson may not hold (it reads one beyond 64 bits as a float).
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+
+
+def loads(text: bytes) -> Any:
+    """The values of a JSON text exactly as `json.loads` gives them: orjson's (several times faster) unless
+    the text has a number it may not hold as the standard library does, or anything orjson refuses (NaN,
+    a lone surrogate)."""
+    if _LONG_DIGITS.search(text) is None:
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(text)
+
+
+def value_of_answer(answer: Answer) -> Value:
     """The Value a key read's answer carries (its node and, for a live store, its offset from the headers)."""
     body = body_of(answer)
     offset = body.get("offset")
-    if offset is None and "x-keyroute-offset" in answer.headers:
-        offset = int(answer.headers["x-keyroute-offset"])
-    return _value(body, answer.headers.get("x-keyroute-node"), offset)
+    if offset is None:
+        offset = answer.header("x-keyroute-offset")
+    return _value(body, answer.header("x-keyroute-node"), offset)
 
 
 def _value(body: Mapping[str, Any], node: str | None, offset: Any) -> Value:
     return Value(
-        store=str(body["store"]),
-        key=str(body["key"]),
-        partition=int(body["partition"]),
-        version=int(body["version"]),
-        value=body["value"],
-        node=node,
-        offset=None if offset is None else int(offset),
+        str(body["store"]),
+        str(body["key"]),
+        int(body["partition"]),
+        int(body["version"]),
+        body["value"],
+        node,
+        None if offset is None else int(offset),
     )
 
 
@@ -182,11 +207,16 @@ def _paged_params(start: Any, end: Any, page_size: int, order: str | None = None
 
 
 def store_path(store: str, rest: str) -> str:
-    return f"/stores/{quote(store, safe='')}/{rest}"
+    return _store_prefix(store) + rest
+
+
+@lru_cache(maxsize=1024)
+def _store_prefix(store: str) -> str:
+    return f"/stores/{quote(store, safe='')}/"
 
 
 def key_path(store: str, key: Any) -> str:
-    return store_path(store, f"keys/{key_segment(key)}")
+    return _store_prefix(store) + "keys/" + key_segment(key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,17 +260,34 @@ class Pages(Generic[T]):
 
 # -- plans: the steps a read asks its client to do --------------------------------------------------------
 
+_NO_OPTIONS: Mapping[str, Any] = MappingProxyType({})
 
-@dataclass(frozen=True, slots=True)
+
 class Call:
     """Send a request: to the node at `url` (None: the client's address). The plan is sent back the answer,
-    or the exception when it is one of `errors` (anything else is raised)."""
+    or the exception when it is one of `errors` (anything else is raised). `hot`: a read (the client's
+    wire), else off the hot path (httpx). A plain class, not a dataclass: one is made per read."""
 
-    url: str | None
-    method: str
-    path: str
-    options: Mapping[str, Any] = field(default_factory=dict)  # httpx's params, json, headers
-    errors: type[Exception] | tuple[type[Exception], ...] = httpx.TransportError
+    __slots__ = ("errors", "hot", "method", "options", "path", "url")
+
+    def __init__(
+        self,
+        url: str | None,
+        method: str,
+        path: str,
+        options: Mapping[str, Any] = _NO_OPTIONS,  # the sender's params, json, headers
+        errors: type[Exception] | tuple[type[Exception], ...] = httpx.TransportError,
+        hot: bool = True,
+    ) -> None:
+        self.url = url
+        self.method = method
+        self.path = path
+        self.options = options
+        self.errors = errors
+        self.hot = hot
+
+    def __repr__(self) -> str:
+        return f"Call({self.url!r}, {self.method!r}, {self.path!r}, {dict(self.options)!r})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,7 +353,7 @@ class Batch:
     def body(self, indexes: list[int]) -> dict[str, list[str]]:
         return {"keys": [self.texts[i] for i in indexes]}
 
-    def took_router_answer(self, answer: httpx.Response) -> None:
+    def took_router_answer(self, answer: Answer) -> None:
         for index, entry in zip(self.rest, body_of(answer)["results"], strict=True):
             self.entries[index] = entry
 
@@ -329,9 +376,10 @@ class _DirectMap:
     """The partition map as a direct-routing client uses it: its map generation and a locator per store,
     from a router's routing view (`GET /routing`) or, from an older router, its `GET /admin/partition-map`."""
 
-    __slots__ = ("map_generation", "stores")
+    __slots__ = ("_urls", "map_generation", "stores")
 
     def __init__(self, doc: Mapping[str, Any]) -> None:
+        self._urls: dict[tuple[str, int], tuple[tuple[Endpoint, ...], tuple[str, ...]]] = {}
         self.map_generation = int(doc["generation"])
         self.stores = {name: StoreLocator.of_description(name, store) for name, store in doc["stores"].items()}
 
@@ -351,9 +399,25 @@ class _DirectMap:
         for name, store in doc["stores"].items():
             stores[name] = _locator_of_routing(name, store, nodes, by_version)
         direct_map = cls.__new__(cls)
+        direct_map._urls = {}
         direct_map.map_generation = int(doc["generation"])
         direct_map.stores = stores
         return direct_map
+
+    def urls(self, store: str, key: Any) -> tuple[str, ...]:
+        """The URLs of the nodes serving the key's partition, preferred first (none for an unknown store, or
+        a key the router must judge)."""
+        locator = self.stores.get(store)
+        if locator is None:
+            return ()
+        try:
+            partition, serving = locator.serving_of(key_text(key))
+        except (KeyFormatError, TypeError):
+            return ()
+        cached = self._urls.get((store, partition))
+        if cached is None or cached[0] is not serving:
+            cached = self._urls[store, partition] = (serving, tuple(ep.url for ep in serving))
+        return cached[1]
 
     def locate(self, store: str, key: Any) -> KeyLocation | None:
         """Where the key lives (None: an unknown store, or a key the router must judge)."""
@@ -398,9 +462,14 @@ def _locator_of_routing(
 
 class ClientBase:
     """Every decision of a keyroute client; the I/O is its subclasses': they name their httpx client class
-    (`_http_class`) and the lock map reads take (`_lock_class`), and run plans."""
+    (`_http_class`), make the senders of the hot path (`_wire`) and the lock map reads take
+    (`_lock_class`), and run plans.
+
+    Reads go over the client's own wire (keep-alive HTTP/1.1 on sockets, `_wire`); httpx carries what is off
+    the hot path (reading the partition map) and every request when the caller gives an httpx `transport`."""
 
     _http_class: Callable[..., Any]
+    _httpx_sender: Callable[[Any], Any]
     _lock_class: Callable[[], Any]
 
     def __init__(
@@ -453,19 +522,42 @@ class ClientBase:
         # generation), failovers. Direct routing fills the last three.
         self.stats = {"direct": 0, "via_router": 0, "map_loads": 0, "misroutes": 0, "failovers": 0}
         self._transport = transport
-        self._http = self._http_class(**self._http_options(self.url, transport))
-        # One connection pool per node (direct routing): a pool scans its connections on every request.
+        # The httpx client of the client's address (made when first needed) and the senders of the hot path
+        # by URL: the client's address, and each node in direct mode (one pool each).
+        self._http: Any = None
         self._nodes: dict[str, Any] = {}
         self._map_lock = self._lock_class()
 
-    def _node(self, url: str | None) -> Any:
-        """The httpx client that sends to `url` (None: the client's address)."""
+    def _node(self, url: str | None, hot: bool = True) -> Any:
+        """What sends to `url` (None: the client's address): its `request(method, path, *, params, json,
+        headers)` returns an `Answer`. `hot`: a read (the client's wire unless a transport was given), else
+        the address's httpx client."""
         if url is None:
-            return self._http
-        client = self._nodes.get(url)
-        if client is None:
-            client = self._nodes.setdefault(url, self._http_class(**self._http_options(url, self._transport)))
-        return client
+            url = self.url
+        sender = self._nodes.get(url) if hot else None
+        if sender is None:
+            if hot and self._transport is None:
+                sender = self._nodes.setdefault(url, self._wire(url))
+            elif url == self.url:
+                if self._http is None:
+                    self._http = self._http_class(**self._http_options(url, self._transport))
+                sender = self._httpx_sender(self._http)
+                if hot:
+                    self._nodes[url] = sender
+            else:
+                sender = self._nodes.setdefault(
+                    url, self._httpx_sender(self._http_class(**self._http_options(url, self._transport)))
+                )
+        return sender
+
+    def _wire(self, url: str) -> Any:
+        """The sender of reads to `url` over the client's own wire."""
+        raise NotImplementedError
+
+    def _wire_headers(self) -> dict[str, str]:
+        """What every request on the client's wire carries: the client's headers, and the content codings it
+        takes (as httpx asks for them)."""
+        return {**self.headers, "accept-encoding": "gzip, deflate"}
 
     # -- reads ------------------------------------------------------------------------------------------
 
@@ -582,7 +674,7 @@ class ClientBase:
 
     # -- retries ----------------------------------------------------------------------------------------
 
-    def _retry_wait_s(self, attempt: int, answer: httpx.Response | None) -> float | None:
+    def _retry_wait_s(self, attempt: int, answer: Answer | None) -> float | None:
         """After attempt `attempt` (from 0) got `answer` (None: the connection failed): None when the answer
         is the result, else how long to wait before the next attempt. Raises the answer's error when it is
         not retried (anything but a 503, or the last attempt's); the caller re-raises a last connection
@@ -620,12 +712,12 @@ class ClientBase:
         headers = {} if self._map_etag is None else {"if-none-match": self._map_etag}
         return ROUTING_PATH, [("since", str(direct_map.map_generation))], headers
 
-    def _took_map(self, answer: httpx.Response | None) -> None:
+    def _took_map(self, answer: Answer | None) -> None:
         """The router's answer to a map read (None: the request failed)."""
         self._last_load = time.monotonic()
         if answer is None:
             return
-        legacy = answer.request.url.path != ROUTING_PATH
+        legacy = not answer.path.endswith(ROUTING_PATH)
         if answer.status_code == 404 and not legacy:
             self._legacy_map = True  # an older router: its whole map, from the next read on
             self._last_load = float("-inf")
@@ -641,43 +733,39 @@ class ClientBase:
             direct_map = _DirectMap(doc) if legacy else _DirectMap.of_routing(doc, self._map)
         except (ValueError, KeyError, TypeError, IndexError):
             return
-        whole = legacy or "store" not in answer.request.url.params
+        whole = legacy or "store" not in answer.params
         if whole:
             self._map_at, self._reload = time.monotonic(), False
-            self._map_etag = answer.headers.get("etag")
+            self._map_etag = answer.header("etag")
         self._map = direct_map
         self._stale_stores.clear()
         self.stats["map_loads"] += 1
 
-    def _locate(self, store: str, key: Any) -> KeyLocation | None:
-        direct_map = self._map
-        return None if direct_map is None else direct_map.locate(store, key)
-
     def _replicas(self, store: str, key: Any) -> tuple[str, ...]:
         """The URLs of the nodes to ask for the key, in turn: those serving its partition, preferred first,
         but the nodes that failed a moment ago last (none: the router answers)."""
-        location = self._locate(store, key)
-        if location is None:
+        direct_map = self._map
+        if direct_map is None:
             return ()
-        replicas = tuple(ep.url for ep in location.serving)
+        replicas = direct_map.urls(store, key)
         if self._down and len(replicas) > 1:
             now = time.monotonic()
             up = tuple(url for url in replicas if self._down.get(url, 0.0) <= now)
             replicas = up + tuple(url for url in replicas if url not in up)
         return replicas
 
-    def _observe(self, answer: httpx.Response) -> None:
+    def _observe(self, answer: Answer) -> None:
         """A node's answer: forwarded (our map sent us to a node that does not serve the key) or routed with
         a newer map than ours means the map is behind: read it again (as Redis Cluster's MOVED)."""
         direct_map = self._map
-        map_generation = answer.headers.get("x-keyroute-generation")
+        map_generation = answer.header("x-keyroute-generation")
         newer = (
             direct_map is not None
             and map_generation is not None
             and map_generation.isdigit()
             and (int(map_generation) > direct_map.map_generation)
         )
-        if answer.headers.get("x-keyroute-hops") == "1" or newer:
+        if answer.raw(b"x-keyroute-hops") == b"1" or newer:
             self.stats["misroutes"] += 1
             store = _store_of(answer)
             if store is not None and not newer and self._map is not None:
@@ -690,7 +778,7 @@ class ClientBase:
         self._reload = True
         self.stats["failovers"] += 1
 
-    def _node_answered(self, answer: httpx.Response) -> bool:
+    def _node_answered(self, answer: Answer) -> bool:
         """A node's answer to a direct read: False when the next replica is to be asked (a 503), True when
         it is the read's; raises its error when it is one."""
         self._observe(answer)
@@ -724,7 +812,7 @@ class ClientBase:
         batch.rest = rest
         return groups
 
-    def _node_results(self, url: str, answer: httpx.Response | None) -> list[Mapping[str, Any]] | None:
+    def _node_results(self, url: str, answer: Answer | None) -> list[Mapping[str, Any]] | None:
         """A node's batch-get answer's entries; None when it failed (connection, or not a 200)."""
         if answer is None:
             self._node_failed(url)
@@ -751,7 +839,7 @@ class ClientBase:
 
     # -- plans ------------------------------------------------------------------------------------------
 
-    def _send_plan(self, method: str, path: str, **options: Any) -> Plan[httpx.Response]:
+    def _send_plan(self, method: str, path: str, **options: Any) -> Plan[Answer]:
         """A request to the client's address, retried (`_retry_wait_s`)."""
         for attempt in range(self.retries + 1):
             answer = yield Call(None, method, path, options)
@@ -770,16 +858,17 @@ class ClientBase:
         if not self._map_due():
             return
         path, params, headers = self._map_request()
-        answer = yield Call(None, "GET", path, {"params": params, "headers": headers}, httpx.HTTPError)
+        answer = yield Call(None, "GET", path, {"params": params, "headers": headers}, httpx.HTTPError, hot=False)
         self._took_map(None if isinstance(answer, httpx.HTTPError) else answer)
 
     def _read_plan(
         self, store: str, key: Any, path: str, params: Fields = None, headers: Fields = None
-    ) -> Plan[httpx.Response]:
+    ) -> Plan[Answer]:
         """A read of one key: from a node serving its partition (the next replica when one fails or answers
         503), else the router's answer."""
         if self.routing == "direct":
-            yield MAP_DUE
+            if self._map_due():  # asked here first: the step costs a round through the client
+                yield MAP_DUE
             for url in self._replicas(store, key):
                 answer = yield Call(url, "GET", path, {"params": params, "headers": headers})
                 if isinstance(answer, httpx.TransportError):
@@ -826,6 +915,27 @@ class ClientBase:
         return body[paged.field], next_page(params, body)
 
 
+class HttpxSender:
+    """A sender over an httpx client (`httpx.Client` or `httpx.AsyncClient`): its answers as `Answer`s."""
+
+    __slots__ = ("http",)
+
+    def __init__(self, http: Any) -> None:
+        self.http = http
+
+    def request(self, method: str, path: str, **options: Any) -> Answer:
+        return Answer.of_httpx(self.http.request(method, path, **options))
+
+
+class AsyncHttpxSender(HttpxSender):
+    """`HttpxSender` over an `httpx.AsyncClient`, awaited."""
+
+    __slots__ = ()
+
+    async def request(self, method: str, path: str, **options: Any) -> Answer:  # type: ignore[override]
+        return Answer.of_httpx(await self.http.request(method, path, **options))
+
+
 def _same(item: T) -> T:
     return item
 
@@ -834,10 +944,7 @@ def _key_and_value(entry: Mapping[str, Any]) -> tuple[str, Any]:
     return entry["key"], entry["value"]
 
 
-def _store_of(answer: httpx.Response) -> str | None:
+def _store_of(answer: Answer) -> str | None:
     """The store a node's answer is about (its request's path is /stores/{store}/...)."""
-    try:
-        parts = answer.request.url.path.split("/")
-    except RuntimeError:  # a response built without its request
-        return None
+    parts = answer.path.split("/")
     return unquote(parts[2]) if len(parts) > 3 and parts[1] == "stores" else None
