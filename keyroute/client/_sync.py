@@ -62,10 +62,7 @@ class Client(ClientBase):
             self._http.close()
 
     def _wire(self, url: str) -> Origin:
-        try:
-            return Origin(url, self.timeout, self._verify, self._wire_headers())
-        except ValueError as exc:
-            raise httpx.UnsupportedProtocol(str(exc)) from exc
+        return Origin(url, self.timeout, self._verify, self._wire_headers())
 
     def get(
         self,

@@ -209,9 +209,9 @@ class Origin:
         parts = urlsplit(url)
         scheme = parts.scheme.lower()
         if scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"only http:// and https:// URLs are supported, not {url!r}")
+            raise httpx.UnsupportedProtocol(f"only http:// and https:// URLs are supported, not {url!r}")
         if parts.username is not None or parts.password is not None:
-            raise ValueError(f"credentials in a URL are not supported: {url!r}")
+            raise httpx.UnsupportedProtocol(f"credentials in a URL are not supported: {url!r}")
         self.url = url
         self.host = parts.hostname
         self.tls = tls if scheme == "https" else None
