@@ -13,23 +13,25 @@ from urllib.parse import urlencode
 
 import httpx
 
-from keyroute.client._base import (
-    AsyncHttpxSender,
-    Call,
-    ClientBase,
-    MapDue,
-    Paged,
-    Parallel,
-    Plan,
-    Sleep,
-    Step,
-    T,
-    Value,
-)
+from keyroute.client._base import ClientBase
 from keyroute.client._errors import KeyrouteError
-from keyroute.client._models import Answer, head_of
+from keyroute.client._models import Answer, Value, head_of
+from keyroute.client._paging import Paged, T
+from keyroute.client._plans import Call, MapDue, Parallel, Plan, Sleep, Step
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.upstream import UpstreamUnavailable
+
+
+class AsyncHttpxSender:
+    """A sender over an `httpx.AsyncClient` (a caller's transport, and map reads): its answers as `Answer`s."""
+
+    __slots__ = ("http",)
+
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        self.http = http
+
+    async def request(self, method: str, path: str, **options: Any) -> Answer:
+        return Answer.of_httpx(await self.http.request(method, path, **options))
 
 
 class AsyncClient(ClientBase):

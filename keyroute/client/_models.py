@@ -1,14 +1,20 @@
-"""What the client reads and returns: `Answer` (one HTTP answer, whichever wire carried it) and `Value`."""
+"""What the client reads and returns: `Answer` (one HTTP answer, whichever wire carried it), `Value` (a key's
+value as read) and the bodies of answers (JSON or Avro)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qs
 
 import httpx
+import orjson
+
+from keyroute.formats.avro_answers import AVRO, decode_answer
 
 
 class Answer:
@@ -82,3 +88,65 @@ class Answer:
 def head_of(headers: Iterable[tuple[bytes, bytes]]) -> bytes:
     """A head as `Answer` holds it, of (name, value) pairs."""
     return b"".join([b"\r\n" + name + b": " + value for name, value in headers]) + b"\r\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Value:
+    """A key's value as read: where it came from, and for a live store the offset it reflects."""
+
+    store: str
+    key: str
+    partition: int
+    version: int
+    value: Any
+    node: str | None = None
+    offset: int | None = None
+
+
+_AVRO = AVRO.encode("ascii")
+
+
+def body_of(answer: Answer) -> Any:
+    """A read's answer as the dict its JSON parses to, whether it came as JSON or as Avro (the same values)."""
+    if b"avro" in answer.lowered:  # else no content type of the answer can be Avro's
+        kind = answer.raw(b"content-type") or b""
+        if kind.startswith(_AVRO) or kind.split(b";", 1)[0].endswith(b"+avro"):
+            return decode_answer(answer.content)
+    return loads(answer.content)
+
+
+# A run of 19 digits or more: an integer orjson may not hold (it reads one beyond 64 bits as a float).
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+
+
+def loads(text: bytes) -> Any:
+    """The values of a JSON text exactly as `json.loads` gives them: orjson's (several times faster) unless
+    the text has a number it may not hold as the standard library does, or anything orjson refuses (NaN,
+    a lone surrogate)."""
+    if _LONG_DIGITS.search(text) is None:
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(text)
+
+
+def value_of_answer(answer: Answer) -> Value:
+    """The Value a key read's answer carries (its node and, for a live store, its offset from the headers)."""
+    body = body_of(answer)
+    offset = body.get("offset")
+    if offset is None:
+        offset = answer.header("x-keyroute-offset")
+    return value_of(body, answer.header("x-keyroute-node"), offset)
+
+
+def value_of(body: Mapping[str, Any], node: str | None, offset: Any) -> Value:
+    return Value(
+        str(body["store"]),
+        str(body["key"]),
+        int(body["partition"]),
+        int(body["version"]),
+        body["value"],
+        node,
+        None if offset is None else int(offset),
+    )

@@ -11,21 +11,24 @@ from typing import Any
 
 import httpx
 
-from keyroute.client._base import (
-    Call,
-    ClientBase,
-    HttpxSender,
-    MapDue,
-    Paged,
-    Parallel,
-    Plan,
-    Sleep,
-    Step,
-    T,
-    Value,
-)
+from keyroute.client._base import ClientBase
 from keyroute.client._errors import KeyrouteError
+from keyroute.client._models import Answer, Value
+from keyroute.client._paging import Paged, T
+from keyroute.client._plans import Call, MapDue, Parallel, Plan, Sleep, Step
 from keyroute.client._wire import Origin
+
+
+class HttpxSender:
+    """A sender over an `httpx.Client` (a caller's transport, and map reads): its answers as `Answer`s."""
+
+    __slots__ = ("http",)
+
+    def __init__(self, http: httpx.Client) -> None:
+        self.http = http
+
+    def request(self, method: str, path: str, **options: Any) -> Answer:
+        return Answer.of_httpx(self.http.request(method, path, **options))
 
 
 class Client(ClientBase):

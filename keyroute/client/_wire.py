@@ -1,9 +1,10 @@
 """The blocking client's wire: HTTP/1.1 keep-alive connections on plain sockets, pooled per origin.
 
 httpx spends ~0.5 ms of CPU on each request (benchmarks/RESULTS.md, "Reads from Python"); a read needs much
-less: the request's bytes joined once and sent with one `sendall`, the answer parsed by httptools (the parser
-of keyroute.http) into status, headers and body, and the connection kept for the next read. This is the
-blocking sibling of the member wire (keyroute.http.fast_upstream, which `AsyncClient` uses).
+less: the request's bytes joined once and sent with one `sendall`; the common answer (a final status, a
+Content-Length, the head in the first bytes received) read from its head directly, any other by httptools'
+parser (keyroute.http's); headers looked up in the head when asked for; the connection kept for the next
+read. This is the blocking sibling of the member wire (keyroute.http.fast_upstream, which `AsyncClient` uses).
 
 A failure is raised as httpx's transport exception of its kind (`ConnectError`, `ConnectTimeout`,
 `ReadTimeout`, `WriteTimeout`, `ReadError`, `WriteError`, `RemoteProtocolError`): the client's decisions
