@@ -1,4 +1,4 @@
-"""A Python client of keyroute's HTTP API: `Client` (blocking) and `AsyncClient` (asyncio), on httpx.
+"""A Python client of keyroute's HTTP API: `Client` (blocking) and `AsyncClient` (asyncio).
 
     from keyroute.client import Client, KeyNotFound
 
@@ -24,22 +24,22 @@ Every error answer is raised as its `KeyrouteError` subclass (`KeyNotFound`, `St
 with `retry_after`, ...), and
 no answer at all (nothing listens, a timeout) as `ConnectionFailed`, an `Unavailable` too.
 Reads are retried on 503 (after the answer's Retry-After, capped, with back-off) and on connection
-failures, up to `retries` times; connections are pooled and kept alive; clients close with `close()` or
-as context managers.
+failures, up to `retries` times; connections are kept alive; clients close with `close()` or as context
+managers. Reads go over a wire of the client's own (keep-alive HTTP/1.1 on sockets for `Client`, keyroute.http's
+member wire for `AsyncClient`); httpx reads the partition map, and carries every request when a `transport`
+(an httpx transport) is given.
 
 Over HTTPS: `Client("https://keyroute.example", verify="ca.pem", cert=("client.crt", "client.key"))`;
 `verify` is a CA bundle (or True for the system's CAs, False for none), `cert` the client certificate a
 router requiring one (`--tls-client-ca`) or, in direct mode, the nodes (`--member-ca`) ask for.
 
-The modules: `_errors` (the exceptions), `_base` (every decision: requests, direct routing from the
-partition map, retries, reading answers), `_sync` and `_async` (the I/O of `Client` and `AsyncClient`).
+The modules: `_base` (every decision: requests, direct routing from the partition map, retries, reading
+answers), `_sync` and `_async` (the I/O of `Client` and `AsyncClient`), and one per concern: `_config`
+(settings, TLS), `_urls` (keys, times, paths), `_models` (answers, values), `_paging`, `_plans`, `_direct`
+(direct routing's map), `_wire` (the blocking wire), `_errors` (the exceptions).
 """
 
 from keyroute.client._async import AsyncClient
-from keyroute.client._base import Value
-from keyroute.client._base import key_segment as key_segment
-from keyroute.client._base import key_text as key_text
-from keyroute.client._base import time_text as time_text
 from keyroute.client._errors import (
     BadCursor,
     BadKey,
@@ -55,7 +55,11 @@ from keyroute.client._errors import (
     Unavailable,
     WrongStoreKind,
 )
+from keyroute.client._models import Value
 from keyroute.client._sync import Client
+from keyroute.client._urls import key_segment as key_segment
+from keyroute.client._urls import key_text as key_text
+from keyroute.client._urls import time_text as time_text
 
 __all__ = [
     "AsyncClient",

@@ -4,22 +4,45 @@ base's."""
 from __future__ import annotations
 
 import asyncio
+import json
+import ssl
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 
-from keyroute.client._base import Call, ClientBase, MapDue, Paged, Parallel, Plan, Sleep, Step, Steps, T, Value
+from keyroute.client._base import ClientBase
 from keyroute.client._errors import KeyrouteError
+from keyroute.client._models import Answer, Value, head_of
+from keyroute.client._paging import Paged, T
+from keyroute.client._plans import Call, MapDue, Parallel, Plan, Sleep, Step
+from keyroute.http.fast_upstream import FastUpstream
+from keyroute.http.upstream import UpstreamUnavailable
+
+
+class AsyncHttpxSender:
+    """A sender over an `httpx.AsyncClient` (a caller's transport, and map reads): its answers as `Answer`s."""
+
+    __slots__ = ("http",)
+
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        self.http = http
+
+    async def request(self, method: str, path: str, **options: Any) -> Answer:
+        return Answer.of_httpx(await self.http.request(method, path, **options))
 
 
 class AsyncClient(ClientBase):
     """The asyncio client: the same reads and options as `Client`, awaited (paged reads with `async for`)."""
 
     _http_class = httpx.AsyncClient
+    _httpx_sender = AsyncHttpxSender
     _lock_class = asyncio.Lock  # bound to the event loop at its first use
-    _http: httpx.AsyncClient
+    _http: httpx.AsyncClient | None
+    # The wire of reads to every origin (made at the first read): keyroute.http's member wire.
+    _upstream: FastUpstream | None = None
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -28,9 +51,24 @@ class AsyncClient(ClientBase):
         await self.aclose()
 
     async def aclose(self) -> None:
-        for node in list(self._nodes.values()):
-            await node.aclose()
-        await self._http.aclose()
+        for sender in list(self._nodes.values()):
+            if isinstance(sender, AsyncHttpxSender) and sender.http is not self._http:
+                await sender.http.aclose()
+        if self._upstream is not None:
+            await self._upstream.aclose()
+        if self._http is not None:
+            await self._http.aclose()
+
+    def _wire(self, url: str) -> UpstreamOrigin:
+        if self._upstream is None:
+            context = self._verify
+            self._upstream = FastUpstream(
+                self.timeout,
+                self.timeout,
+                pool_wait_s=self.timeout,
+                tls=lambda origin: context,
+            )
+        return UpstreamOrigin(self._upstream, url, self._wire_headers())
 
     async def get(
         self,
@@ -59,15 +97,19 @@ class AsyncClient(ClientBase):
 
     async def _run(self, plan: Plan[T]) -> T:
         """Do what `plan` asks, step after step, until it returns."""
-        steps = Steps(plan)
-        for step in steps:
-            steps.reply = await self._do(step)
-        return steps.result
+        send = plan.send
+        reply = None
+        while True:
+            try:
+                step = send(reply)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            reply = await self._do(step)
 
     async def _do(self, step: Step) -> Any:
-        if isinstance(step, Call):
+        if step.__class__ is Call:  # the common step first, without isinstance's generality
             try:
-                return await self._node(step.url).request(step.method, step.path, **step.options)
+                return await self._node(step.url, step.hot).request(step.method, step.path, **step.options)
             except step.errors as exc:
                 return exc
         if isinstance(step, Sleep):
@@ -79,3 +121,62 @@ class AsyncClient(ClientBase):
         elif isinstance(step, Parallel):
             return await asyncio.gather(*map(self._run, step.plans))
         return None
+
+
+class UpstreamOrigin:
+    """`AsyncClient`'s reads to one base URL over keyroute.http's member wire (`FastUpstream`: keep-alive
+    HTTP/1.1 on asyncio, httptools' parser), its failures raised as httpx's transport exceptions of their
+    kind, as the blocking client's wire raises them."""
+
+    __slots__ = ("headers", "upstream", "url")
+
+    def __init__(self, upstream: FastUpstream, url: str, headers: Mapping[str, str]) -> None:
+        if not url.lower().startswith(("http://", "https://")):
+            raise httpx.UnsupportedProtocol(f"only http:// and https:// URLs are supported, not {url!r}")
+        self.upstream = upstream
+        self.url = url
+        self.headers = dict(headers)
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Any = None,
+        json: Any = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Answer:
+        target = path if not params else path + "?" + urlencode(params)
+        merged = self.headers if not headers else {**self.headers, **headers}
+        url = self.url + target
+        try:
+            if json is None:
+                reply = await self.upstream.get(url, merged)
+            else:
+                body = _json_body(json)
+                reply = await self.upstream.post(url, body, {**merged, "content-type": "application/json"})
+        except UpstreamUnavailable as exc:
+            raise _transport_error(exc) from exc
+        except ValueError as exc:  # a content coding it cannot undo
+            raise httpx.DecodingError(str(exc)) from exc
+        return Answer(reply.status, head_of(reply.headers), reply.body, target)
+
+
+def _json_body(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def _transport_error(exc: UpstreamUnavailable) -> httpx.TransportError:
+    """httpx's exception of the failure's kind: connecting, or the exchange (FastUpstream's own
+    messages and causes tell which)."""
+    message = str(exc)
+    cause = exc.__cause__
+    if not exc.node_fault:
+        return httpx.PoolTimeout(message)
+    if isinstance(cause, TimeoutError) and message.startswith("connecting to"):
+        return httpx.ConnectTimeout(message)
+    if message.startswith(("cannot connect to", "TLS with")) or isinstance(cause, ssl.SSLError):
+        return httpx.ConnectError(message)
+    if "no complete reply within" in message:
+        return httpx.ReadTimeout(message)
+    return httpx.ReadError(message)

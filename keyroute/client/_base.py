@@ -1,406 +1,58 @@
 """What `Client` and `AsyncClient` decide alike: requests, direct routing, retries and reading answers.
 
-`ClientBase` holds every decision and does no I/O. Each read is a plan: a generator that yields the steps
-it needs done (`Call` a request, `Sleep`, `MAP_DUE` to read the partition map when it is due, `Parallel`
-plans) and is sent back what each step gave, until it returns the read's result. `keyroute.client._sync`
-and `keyroute.client._async` run plans, blocking or awaited: that is all they do (a sans-I/O design, as
-h11's; httpx's `BaseClient` shares decisions the same way).
+`ClientBase` holds every decision and does no I/O. Each read is a plan (`keyroute.client._plans`): a generator
+that yields the steps it needs done and is sent back what each step gave, until it returns the read's result.
+`keyroute.client._sync` and `keyroute.client._async` run plans, blocking or awaited: that is all they do (a
+sans-I/O design, as h11's; httpx's `BaseClient` shares decisions the same way).
+
+The client's other modules, one concern each (as httpx's `_models`, `_config`, `_urls`): `_config` (settings,
+defaults, TLS), `_urls` (keys, times and paths as the API takes them), `_models` (answers and values),
+`_paging` (paged reads), `_plans` (the steps of a read), `_direct` (direct routing's map), `_wire` (the
+blocking client's sockets), `_errors` (the exceptions).
 """
 
 from __future__ import annotations
 
-import base64
-import datetime as dt
-import json
-import os
-import ssl
 import time
-import uuid
-from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from functools import partial
-from typing import Any, Generic, TypeVar
-from urllib.parse import quote, unquote
+from typing import Any
+from urllib.parse import unquote
 
 import httpx
 
-from keyroute.client._errors import KeyrouteError, connection_failed, error_of_answer, error_of_entry
-from keyroute.formats.avro_answers import AVRO, decode_answer
-from keyroute.keys.key_format import KeyFormat, KeyFormatError
-from keyroute.keys.key_location import Endpoint, KeyLocation, StoreLocator
-from keyroute.keys.key_schema import KeySchema
-from keyroute.keys.partitioner import Partitioner
+from keyroute.client._config import (
+    ANSWER_FORMATS,
+    DEFAULT_RETRIES,
+    DEFAULT_TIMEOUT_S,
+    LIMITS,
+    MAP_RELOAD_MIN_S,
+    MAX_RETRY_WAIT_S,
+    NODE_BACKOFF_S,
+    ClientCert,
+    Format,
+    tls_context,
+)
+from keyroute.client._direct import PARTITION_MAP_PATH, ROUTING_PATH, _DirectMap
+from keyroute.client._errors import KeyrouteError, connection_failed, error_of_answer
+from keyroute.client._models import Answer, Value, body_of, value_of_answer
+from keyroute.client._paging import Paged, Pages, T, next_page, paged_params
+from keyroute.client._plans import MAP_DUE, Batch, Call, Parallel, Plan, Sleep
+from keyroute.client._urls import key_path, key_text, store_path
 
-DEFAULT_TIMEOUT_S = 5.0
-# Keep-alive connections enough for many reads in flight (per node in direct mode): httpx's default keeps 20
-# and would close and reopen connections under a higher concurrency.
-_LIMITS = httpx.Limits(max_connections=256, max_keepalive_connections=256)
-DEFAULT_RETRIES = 3
-_MAX_RETRY_WAIT_S = 2.0
-# A node that failed (connection) is skipped for this long; a map newer than what answers show is re-read at
-# most this often.
-_NODE_BACKOFF_S = 1.0
-_MAP_RELOAD_MIN_S = 0.05
-PARTITION_MAP_PATH = "/admin/partition-map"
-# The routing view (router/map_views.py): compact, versioned, incremental by map generation. A router that
-# does not have it (404) is asked for its whole partition map instead, as before.
-ROUTING_PATH = "/routing"
-ROUTING_FORMAT = 1
-# How reads are answered (`answer_format`): what each asks for in its Accept header.
-ANSWER_FORMATS = {"json": "application/json", "avro": AVRO}
-AnyKey = str | int | bytes | uuid.UUID  # a key as a read takes it (`key_text`)
-Format = str | None  # an answer format for one read: "json", "avro", or None for the client's
 Fields = Mapping[str, str] | None  # a request's query or extra headers
-
-
-# A client certificate: one PEM file holding certificate and key, or (certificate file, key file).
-ClientCert = str | tuple[str, str]
-
-
-def tls_context(verify: str | bool, cert: ClientCert | None) -> ssl.SSLContext | bool:
-    """What httpx verifies servers with: `verify` a CA bundle file (or directory) for https:// routers and
-    nodes, True for the system's CAs, False for none (tests only); `cert` presented when a router (or, in
-    direct mode, a node) asks for a client certificate. One context, shared by every connection."""
-    if verify is True and cert is None:
-        return True
-    if verify is False:
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    elif isinstance(verify, str | os.PathLike) and os.path.isdir(verify):
-        context = ssl.create_default_context(capath=os.fspath(verify))
-    elif isinstance(verify, str | os.PathLike):
-        context = ssl.create_default_context(cafile=os.fspath(verify))
-    else:
-        context = ssl.create_default_context()
-    context.set_alpn_protocols(["http/1.1"])
-    if cert is not None:
-        certfile, keyfile = (cert, None) if isinstance(cert, str | os.PathLike) else cert
-        context.load_cert_chain(certfile, keyfile)
-    return context
-
-
-@dataclass(frozen=True, slots=True)
-class Value:
-    """A key's value as read: where it came from, and for a live store the offset it reflects."""
-
-    store: str
-    key: str
-    partition: int
-    version: int
-    value: Any
-    node: str | None = None
-    offset: int | None = None
-
-
-def key_text(key: str | int | bytes | uuid.UUID | Mapping[str, Any]) -> str:
-    """A key as the API takes it: text as is, integers in decimal, uuids as their text, bytes in base64url, a
-    Schema Registry record key (a mapping) as compact JSON."""
-    if isinstance(key, Mapping):
-        return json.dumps(key, separators=(",", ":"), ensure_ascii=False)
-    if isinstance(key, bool):
-        raise TypeError("a key is str, int, bytes or uuid.UUID, not bool")
-    if isinstance(key, str):
-        return key
-    if isinstance(key, int):
-        return str(key)
-    if isinstance(key, uuid.UUID):
-        return str(key)
-    if isinstance(key, (bytes, bytearray, memoryview)):
-        return base64.urlsafe_b64encode(bytes(key)).rstrip(b"=").decode("ascii")
-    raise TypeError(f"a key is str, int, bytes or uuid.UUID, not {type(key).__name__}")
-
-
-def key_segment(key: str | int | bytes | uuid.UUID) -> str:
-    """A key as one percent-encoded path segment ('.' and '..' too, which a path would otherwise resolve)."""
-    text = key_text(key)
-    if text in (".", ".."):
-        return text.replace(".", "%2E")
-    return quote(text, safe="")
-
-
-def time_text(moment: dt.datetime | dt.date | int | str) -> str:
-    """A time bound as the API takes it."""
-    if isinstance(moment, bool):
-        raise TypeError("a time is a datetime, date, int or ISO 8601 text, not bool")
-    if isinstance(moment, dt.datetime):
-        if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=dt.UTC)
-        return moment.isoformat()
-    if isinstance(moment, dt.date):
-        return moment.isoformat()
-    if isinstance(moment, (int, str)):
-        return str(moment)
-    raise TypeError(f"a time is a datetime, date, int or ISO 8601 text, not {type(moment).__name__}")
-
-
-def body_of(answer: httpx.Response) -> Any:
-    """A read's answer as the dict its JSON parses to, whether it came as JSON or as Avro (the same values)."""
-    kind = answer.headers.get("content-type", "")
-    if kind.startswith(AVRO) or kind.split(";", 1)[0].endswith("+avro"):
-        return decode_answer(answer.content)
-    return answer.json()
-
-
-def value_of_answer(answer: httpx.Response) -> Value:
-    """The Value a key read's answer carries (its node and, for a live store, its offset from the headers)."""
-    body = body_of(answer)
-    offset = body.get("offset")
-    if offset is None and "x-keyroute-offset" in answer.headers:
-        offset = int(answer.headers["x-keyroute-offset"])
-    return _value(body, answer.headers.get("x-keyroute-node"), offset)
-
-
-def _value(body: Mapping[str, Any], node: str | None, offset: Any) -> Value:
-    return Value(
-        store=str(body["store"]),
-        key=str(body["key"]),
-        partition=int(body["partition"]),
-        version=int(body["version"]),
-        value=body["value"],
-        node=node,
-        offset=None if offset is None else int(offset),
-    )
-
-
-def _paged_params(start: Any, end: Any, page_size: int, order: str | None = None, **extra: Any) -> dict[str, str]:
-    if not 1 <= page_size <= 10_000:
-        raise ValueError("page_size must be from 1 to 10,000")
-    params = {"limit": str(page_size)}
-    if start is not None:
-        params["from"] = time_text(start)
-    if end is not None:
-        params["to"] = time_text(end)
-    if order is not None:
-        if order not in ("asc", "desc"):
-            raise ValueError("order must be 'asc' or 'desc'")
-        params["order"] = order
-    for name, value in extra.items():
-        if value is not None:
-            params[name] = value
-    return params
-
-
-def store_path(store: str, rest: str) -> str:
-    return f"/stores/{quote(store, safe='')}/{rest}"
-
-
-def key_path(store: str, key: Any) -> str:
-    return store_path(store, f"keys/{key_segment(key)}")
-
-
-@dataclass(frozen=True, slots=True)
-class Paged:
-    """A paged read: its first request (`routed`: the store and key whose node direct routing asks, None
-    for the router), and the field of each answer that holds the page's items."""
-
-    path: str
-    field: str
-    params: dict[str, str]
-    routed: tuple[str, Any] | None = None
-    headers: dict[str, str] | None = None  # the Accept of the answer format asked for
-
-
-def next_page(params: dict[str, str], body: Mapping[str, Any]) -> dict[str, str] | None:
-    """The parameters of the page after the one whose answer is `body`; None after the last page."""
-    if "next" not in body:
-        return None
-    return {**params, "cursor": body["next"]}
-
-
-T = TypeVar("T")
-
-
-class Pages(Generic[T]):
-    """The items of a paged read (`history`, `windows`, `range`), page after page, each page asked for when
-    the one before is used up: iterated with `for` from a `Client`, with `async for` from an `AsyncClient`.
-    Nothing is sent, nor any argument checked, before the first item is asked for."""
-
-    __slots__ = ("_client", "_item", "_paged")
-
-    def __init__(self, client: ClientBase, paged: Callable[[], Paged], item: Callable[[Any], T]) -> None:
-        self._client, self._paged, self._item = client, paged, item
-
-    def __iter__(self) -> Iterator[T]:
-        return self._client._iterate(self._paged, self._item)
-
-    def __aiter__(self) -> AsyncIterator[T]:
-        return self._client._aiterate(self._paged, self._item)
-
-
-# -- plans: the steps a read asks its client to do --------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Call:
-    """Send a request: to the node at `url` (None: the client's address). The plan is sent back the answer,
-    or the exception when it is one of `errors` (anything else is raised)."""
-
-    url: str | None
-    method: str
-    path: str
-    options: Mapping[str, Any] = field(default_factory=dict)  # httpx's params, json, headers
-    errors: type[Exception] | tuple[type[Exception], ...] = httpx.TransportError
-
-
-@dataclass(frozen=True, slots=True)
-class Sleep:
-    seconds: float
-
-
-class MapDue:
-    """Read the partition map now if it is due (`ClientBase._map_plan`), one read for the callers that find
-    it due at once: the client runs it under its lock."""
-
-
-MAP_DUE = MapDue()
-
-
-@dataclass(frozen=True, slots=True)
-class Parallel:
-    """Run these plans at the same time; the plan is sent back their results, in order."""
-
-    plans: Sequence[Plan[Any]]
-
-
-Step = Call | Sleep | MapDue | Parallel
-Plan = Generator[Step, Any, T]
-
-
-class Steps(Generic[T]):
-    """A plan's steps, for a `for` loop: set `reply` to what a step gave before asking for the next one;
-    `result` is what the plan returned once the loop has ended."""
-
-    __slots__ = ("_plan", "reply", "result")
-
-    def __init__(self, plan: Plan[T]) -> None:
-        self._plan = plan
-        self.reply: Any = None
-        self.result: T
-
-    def __iter__(self) -> Steps[T]:
-        return self
-
-    def __next__(self) -> Step:
-        try:
-            return self._plan.send(self.reply)
-        except StopIteration as done:
-            self.result = done.value
-            raise StopIteration from None
-
-
-class Batch:
-    """One `get_many`: the keys as sent, per key its answer's entry once known, and the keys left for the
-    router (all of them, until direct routing has sent some to their nodes)."""
-
-    __slots__ = ("entries", "headers", "path", "rest", "store", "texts")
-
-    def __init__(self, store: str, keys: Iterable[Any], headers: dict[str, str] | None = None) -> None:
-        self.store = store
-        self.headers = headers  # the Accept of the answer format asked for
-        self.texts = [key_text(k) for k in keys]
-        self.path = store_path(store, "batch-get")
-        self.entries: list[Mapping[str, Any] | None] = [None] * len(self.texts)
-        self.rest = list(range(len(self.texts)))
-
-    def body(self, indexes: list[int]) -> dict[str, list[str]]:
-        return {"keys": [self.texts[i] for i in indexes]}
-
-    def took_router_answer(self, answer: httpx.Response) -> None:
-        for index, entry in zip(self.rest, body_of(answer)["results"], strict=True):
-            self.entries[index] = entry
-
-    def results(self) -> list[Value | KeyrouteError]:
-        """Per key, in order, its Value or its error."""
-        out: list[Value | KeyrouteError] = []
-        for entry in self.entries:
-            if entry is None:
-                raise AssertionError("a key of the batch has no entry")  # every key has had an answer
-            if entry.get("status") == 200:
-                node = entry.get("node")  # the node that read it (a router passes the entry on as is)
-                node_id = None if node is None else str(node)
-                out.append(_value({**entry, "store": self.store}, node_id, entry.get("offset")))
-            else:
-                out.append(error_of_entry(entry))
-        return out
-
-
-class _DirectMap:
-    """The partition map as a direct-routing client uses it: its map generation and a locator per store,
-    from a router's routing view (`GET /routing`) or, from an older router, its `GET /admin/partition-map`."""
-
-    __slots__ = ("map_generation", "stores")
-
-    def __init__(self, doc: Mapping[str, Any]) -> None:
-        self.map_generation = int(doc["generation"])
-        self.stores = {name: StoreLocator.of_description(name, store) for name, store in doc["stores"].items()}
-
-    @classmethod
-    def of_routing(cls, doc: Mapping[str, Any], previous: _DirectMap | None) -> _DirectMap:
-        """The map a routing view gives: its stores replace `previous`'s of the same name; a partial view
-        (`since`, or asked for some stores) keeps `previous`'s others that the router still names. Raises
-        KeyError, TypeError or ValueError when `doc` is not a routing view this client reads."""
-        if int(doc["format"]) != ROUTING_FORMAT:
-            raise ValueError(f"routing view format {doc['format']!r}")
-        nodes = [(str(node_id), str(url)) for node_id, url in doc["nodes"]]
-        stores: dict[str, StoreLocator] = {}
-        if previous is not None:
-            named = set(doc["store_names"])
-            stores = {name: locator for name, locator in previous.stores.items() if name in named}
-        by_version: dict[int, list[Endpoint]] = {}
-        for name, store in doc["stores"].items():
-            stores[name] = _locator_of_routing(name, store, nodes, by_version)
-        direct_map = cls.__new__(cls)
-        direct_map.map_generation = int(doc["generation"])
-        direct_map.stores = stores
-        return direct_map
-
-    def locate(self, store: str, key: Any) -> KeyLocation | None:
-        """Where the key lives (None: an unknown store, or a key the router must judge)."""
-        locator = self.stores.get(store)
-        if locator is None:
-            return None
-        try:
-            return locator.locate(key_text(key))
-        except (KeyFormatError, TypeError):
-            return None
-
-
-def _locator_of_routing(
-    name: str, store: Mapping[str, Any], nodes: list[tuple[str, str]], by_version: dict[int, list[Endpoint]]
-) -> StoreLocator:
-    """One store of a routing view; `by_version` holds the node table's endpoints per version, shared by
-    the stores of one view (a partition's replicas are indices into it)."""
-
-    def at(version: int) -> list[Endpoint]:
-        endpoints = by_version.get(version)
-        if endpoints is None:
-            endpoints = by_version[version] = [Endpoint(node_id, url, version) for node_id, url in nodes]
-        return endpoints
-
-    replicas = store["replicas"]
-    of_version = at(int(store["version"])).__getitem__
-    serving = [tuple(map(of_version, indices)) for indices in replicas]
-    for p, v in store.get("versions", {}).items():
-        p = int(p)
-        if 0 <= p < len(serving):
-            serving[p] = tuple(map(at(int(v)).__getitem__, replicas[p]))
-    return StoreLocator(
-        name,
-        int(store["partitions"]),
-        Partitioner(store["partitioner"]),
-        KeyFormat(store["key_format"]),
-        (),
-        tuple(serving),
-        None if store.get("key_schema") is None else KeySchema.from_dict(store["key_schema"]),
-    )
 
 
 class ClientBase:
     """Every decision of a keyroute client; the I/O is its subclasses': they name their httpx client class
-    (`_http_class`) and the lock map reads take (`_lock_class`), and run plans."""
+    (`_http_class`), make the senders of the hot path (`_wire`) and the lock map reads take
+    (`_lock_class`), and run plans.
+
+    Reads go over the client's own wire (keep-alive HTTP/1.1 on sockets, `_wire`); httpx carries what is off
+    the hot path (reading the partition map) and every request when the caller gives an httpx `transport`."""
 
     _http_class: Callable[..., Any]
+    _httpx_sender: Callable[[Any], Any]
     _lock_class: Callable[[], Any]
 
     def __init__(
@@ -447,25 +99,48 @@ class ClientBase:
         self._legacy_map = False  # the router has no routing view: read its whole partition map
         self._last_load = float("-inf")
         self._down: dict[str, float] = {}
-        self.map_reload_min_s = _MAP_RELOAD_MIN_S  # a burst of stale answers re-reads the map once
+        self.map_reload_min_s = MAP_RELOAD_MIN_S  # a burst of stale answers re-reads the map once
         # What the client did: reads answered by a node directly, reads that went through the router (every
         # read in router mode), map reads, answers that said the map was behind (forwarded, or a newer map
         # generation), failovers. Direct routing fills the last three.
         self.stats = {"direct": 0, "via_router": 0, "map_loads": 0, "misroutes": 0, "failovers": 0}
         self._transport = transport
-        self._http = self._http_class(**self._http_options(self.url, transport))
-        # One connection pool per node (direct routing): a pool scans its connections on every request.
+        # The httpx client of the client's address (made when first needed) and the senders of the hot path
+        # by URL: the client's address, and each node in direct mode (one pool each).
+        self._http: Any = None
         self._nodes: dict[str, Any] = {}
         self._map_lock = self._lock_class()
 
-    def _node(self, url: str | None) -> Any:
-        """The httpx client that sends to `url` (None: the client's address)."""
+    def _node(self, url: str | None, hot: bool = True) -> Any:
+        """What sends to `url` (None: the client's address): its `request(method, path, *, params, json,
+        headers)` returns an `Answer`. `hot`: a read (the client's wire unless a transport was given), else
+        the address's httpx client."""
         if url is None:
-            return self._http
-        client = self._nodes.get(url)
-        if client is None:
-            client = self._nodes.setdefault(url, self._http_class(**self._http_options(url, self._transport)))
-        return client
+            url = self.url
+        sender = self._nodes.get(url) if hot else None
+        if sender is None:
+            if hot and self._transport is None:
+                sender = self._nodes.setdefault(url, self._wire(url))
+            elif url == self.url:
+                if self._http is None:
+                    self._http = self._http_class(**self._http_options(url, self._transport))
+                sender = self._httpx_sender(self._http)
+                if hot:
+                    self._nodes[url] = sender
+            else:
+                sender = self._nodes.setdefault(
+                    url, self._httpx_sender(self._http_class(**self._http_options(url, self._transport)))
+                )
+        return sender
+
+    def _wire(self, url: str) -> Any:
+        """The sender of reads to `url` over the client's own wire."""
+        raise NotImplementedError
+
+    def _wire_headers(self) -> dict[str, str]:
+        """What every request on the client's wire carries: the client's headers, and the content codings it
+        takes (as httpx asks for them)."""
+        return {**self.headers, "accept-encoding": "gzip, deflate"}
 
     # -- reads ------------------------------------------------------------------------------------------
 
@@ -526,7 +201,7 @@ class ClientBase:
             "headers": self.headers,
             "transport": transport,
             "trust_env": False,
-            "limits": _LIMITS,
+            "limits": LIMITS,
             "verify": self._verify,
         }
 
@@ -559,18 +234,18 @@ class ClientBase:
         answer_format: str | None = None,
     ) -> Paged:
         min_offset_text = None if min_offset is None else str(min_offset)
-        params = _paged_params(start, end, page_size, order, min_offset=min_offset_text)
+        params = paged_params(start, end, page_size, order, min_offset=min_offset_text)
         return Paged(f"{key_path(store, key)}/history", "rows", params, (store, key), self._accept(answer_format))
 
     def _windows(
         self, store: str, key: Any, start: Any, end: Any, page_size: int, answer_format: str | None = None
     ) -> Paged:
-        params = _paged_params(start, end, page_size)
+        params = paged_params(start, end, page_size)
         return Paged(f"{key_path(store, key)}/windows", "windows", params, (store, key), self._accept(answer_format))
 
     @staticmethod
     def _range(store: str, from_key: Any, to_key: Any, prefix: str | None, page_size: int) -> Paged:
-        params = _paged_params(
+        params = paged_params(
             None,
             None,
             page_size,
@@ -582,7 +257,7 @@ class ClientBase:
 
     # -- retries ----------------------------------------------------------------------------------------
 
-    def _retry_wait_s(self, attempt: int, answer: httpx.Response | None) -> float | None:
+    def _retry_wait_s(self, attempt: int, answer: Answer | None) -> float | None:
         """After attempt `attempt` (from 0) got `answer` (None: the connection failed): None when the answer
         is the result, else how long to wait before the next attempt. Raises the answer's error when it is
         not retried (anything but a 503, or the last attempt's); the caller re-raises a last connection
@@ -597,7 +272,7 @@ class ClientBase:
         backoff = self.backoff_s * (2**attempt)
         if error is not None and error.retry_after is not None:
             backoff = max(backoff, error.retry_after)
-        return min(backoff, _MAX_RETRY_WAIT_S)
+        return min(backoff, MAX_RETRY_WAIT_S)
 
     # -- direct routing ---------------------------------------------------------------------------------
 
@@ -620,12 +295,12 @@ class ClientBase:
         headers = {} if self._map_etag is None else {"if-none-match": self._map_etag}
         return ROUTING_PATH, [("since", str(direct_map.map_generation))], headers
 
-    def _took_map(self, answer: httpx.Response | None) -> None:
+    def _took_map(self, answer: Answer | None) -> None:
         """The router's answer to a map read (None: the request failed)."""
         self._last_load = time.monotonic()
         if answer is None:
             return
-        legacy = answer.request.url.path != ROUTING_PATH
+        legacy = not answer.path.endswith(ROUTING_PATH)
         if answer.status_code == 404 and not legacy:
             self._legacy_map = True  # an older router: its whole map, from the next read on
             self._last_load = float("-inf")
@@ -641,43 +316,39 @@ class ClientBase:
             direct_map = _DirectMap(doc) if legacy else _DirectMap.of_routing(doc, self._map)
         except (ValueError, KeyError, TypeError, IndexError):
             return
-        whole = legacy or "store" not in answer.request.url.params
+        whole = legacy or "store" not in answer.params
         if whole:
             self._map_at, self._reload = time.monotonic(), False
-            self._map_etag = answer.headers.get("etag")
+            self._map_etag = answer.header("etag")
         self._map = direct_map
         self._stale_stores.clear()
         self.stats["map_loads"] += 1
 
-    def _locate(self, store: str, key: Any) -> KeyLocation | None:
-        direct_map = self._map
-        return None if direct_map is None else direct_map.locate(store, key)
-
     def _replicas(self, store: str, key: Any) -> tuple[str, ...]:
         """The URLs of the nodes to ask for the key, in turn: those serving its partition, preferred first,
         but the nodes that failed a moment ago last (none: the router answers)."""
-        location = self._locate(store, key)
-        if location is None:
+        direct_map = self._map
+        if direct_map is None:
             return ()
-        replicas = tuple(ep.url for ep in location.serving)
+        replicas = direct_map.urls(store, key)
         if self._down and len(replicas) > 1:
             now = time.monotonic()
             up = tuple(url for url in replicas if self._down.get(url, 0.0) <= now)
             replicas = up + tuple(url for url in replicas if url not in up)
         return replicas
 
-    def _observe(self, answer: httpx.Response) -> None:
+    def _observe(self, answer: Answer) -> None:
         """A node's answer: forwarded (our map sent us to a node that does not serve the key) or routed with
         a newer map than ours means the map is behind: read it again (as Redis Cluster's MOVED)."""
         direct_map = self._map
-        map_generation = answer.headers.get("x-keyroute-generation")
+        map_generation = answer.header("x-keyroute-generation")
         newer = (
             direct_map is not None
             and map_generation is not None
             and map_generation.isdigit()
             and (int(map_generation) > direct_map.map_generation)
         )
-        if answer.headers.get("x-keyroute-hops") == "1" or newer:
+        if answer.raw(b"x-keyroute-hops") == b"1" or newer:
             self.stats["misroutes"] += 1
             store = _store_of(answer)
             if store is not None and not newer and self._map is not None:
@@ -686,11 +357,11 @@ class ClientBase:
                 self._reload = True
 
     def _node_failed(self, url: str) -> None:
-        self._down[url] = time.monotonic() + _NODE_BACKOFF_S
+        self._down[url] = time.monotonic() + NODE_BACKOFF_S
         self._reload = True
         self.stats["failovers"] += 1
 
-    def _node_answered(self, answer: httpx.Response) -> bool:
+    def _node_answered(self, answer: Answer) -> bool:
         """A node's answer to a direct read: False when the next replica is to be asked (a 503), True when
         it is the read's; raises its error when it is one."""
         self._observe(answer)
@@ -724,7 +395,7 @@ class ClientBase:
         batch.rest = rest
         return groups
 
-    def _node_results(self, url: str, answer: httpx.Response | None) -> list[Mapping[str, Any]] | None:
+    def _node_results(self, url: str, answer: Answer | None) -> list[Mapping[str, Any]] | None:
         """A node's batch-get answer's entries; None when it failed (connection, or not a 200)."""
         if answer is None:
             self._node_failed(url)
@@ -751,7 +422,7 @@ class ClientBase:
 
     # -- plans ------------------------------------------------------------------------------------------
 
-    def _send_plan(self, method: str, path: str, **options: Any) -> Plan[httpx.Response]:
+    def _send_plan(self, method: str, path: str, **options: Any) -> Plan[Answer]:
         """A request to the client's address, retried (`_retry_wait_s`)."""
         for attempt in range(self.retries + 1):
             answer = yield Call(None, method, path, options)
@@ -770,16 +441,17 @@ class ClientBase:
         if not self._map_due():
             return
         path, params, headers = self._map_request()
-        answer = yield Call(None, "GET", path, {"params": params, "headers": headers}, httpx.HTTPError)
+        answer = yield Call(None, "GET", path, {"params": params, "headers": headers}, httpx.HTTPError, hot=False)
         self._took_map(None if isinstance(answer, httpx.HTTPError) else answer)
 
     def _read_plan(
         self, store: str, key: Any, path: str, params: Fields = None, headers: Fields = None
-    ) -> Plan[httpx.Response]:
+    ) -> Plan[Answer]:
         """A read of one key: from a node serving its partition (the next replica when one fails or answers
         503), else the router's answer."""
         if self.routing == "direct":
-            yield MAP_DUE
+            if self._map_due():  # asked here first: the step costs a round through the client
+                yield MAP_DUE
             for url in self._replicas(store, key):
                 answer = yield Call(url, "GET", path, {"params": params, "headers": headers})
                 if isinstance(answer, httpx.TransportError):
@@ -834,10 +506,7 @@ def _key_and_value(entry: Mapping[str, Any]) -> tuple[str, Any]:
     return entry["key"], entry["value"]
 
 
-def _store_of(answer: httpx.Response) -> str | None:
+def _store_of(answer: Answer) -> str | None:
     """The store a node's answer is about (its request's path is /stores/{store}/...)."""
-    try:
-        parts = answer.request.url.path.split("/")
-    except RuntimeError:  # a response built without its request
-        return None
+    parts = answer.path.split("/")
     return unquote(parts[2]) if len(parts) > 3 and parts[1] == "stores" else None

@@ -22,6 +22,8 @@ from typing import Any
 
 import httpx
 
+from keyroute.client._models import Answer
+
 
 class KeyrouteError(Exception):
     """An answer of the API that is not a success: its HTTP `status`, error `code` and `message`."""
@@ -117,7 +119,7 @@ def _kind(code: str, status: object) -> type[KeyrouteError]:
     return _ERRORS.get(code) or (Unavailable if status == 503 else KeyrouteError)
 
 
-def error_of_answer(answer: httpx.Response) -> KeyrouteError:
+def error_of_answer(answer: Answer) -> KeyrouteError:
     """The error an answer that is not a success says (its JSON error body, else its status and text)."""
     try:
         body = answer.json()
@@ -125,9 +127,10 @@ def error_of_answer(answer: httpx.Response) -> KeyrouteError:
     except (ValueError, KeyError, TypeError):
         code, message = "http_error", answer.text[:200] or answer.reason_phrase
     retry_after = None
-    if "retry-after" in answer.headers:
+    header = answer.header("retry-after")
+    if header is not None:
         try:
-            retry_after = float(answer.headers["retry-after"])
+            retry_after = float(header)
         except ValueError:
             retry_after = None
     return _kind(code, answer.status_code)(answer.status_code, code, message, retry_after)

@@ -11,8 +11,24 @@ from typing import Any
 
 import httpx
 
-from keyroute.client._base import Call, ClientBase, MapDue, Paged, Parallel, Plan, Sleep, Step, Steps, T, Value
+from keyroute.client._base import ClientBase
 from keyroute.client._errors import KeyrouteError
+from keyroute.client._models import Answer, Value
+from keyroute.client._paging import Paged, T
+from keyroute.client._plans import Call, MapDue, Parallel, Plan, Sleep, Step
+from keyroute.client._wire import Origin
+
+
+class HttpxSender:
+    """A sender over an `httpx.Client` (a caller's transport, and map reads): its answers as `Answer`s."""
+
+    __slots__ = ("http",)
+
+    def __init__(self, http: httpx.Client) -> None:
+        self.http = http
+
+    def request(self, method: str, path: str, **options: Any) -> Answer:
+        return Answer.of_httpx(self.http.request(method, path, **options))
 
 
 class Client(ClientBase):
@@ -25,8 +41,9 @@ class Client(ClientBase):
     True for the system's CAs, False for none) and `cert` (a client certificate)."""
 
     _http_class = httpx.Client
+    _httpx_sender = HttpxSender
     _lock_class = threading.Lock
-    _http: httpx.Client
+    _http: httpx.Client | None
     # Direct routing's batches, one task per node: made at the first one.
     _pool: ThreadPoolExecutor | None = None
 
@@ -39,9 +56,16 @@ class Client(ClientBase):
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
-        for node in list(self._nodes.values()):
-            node.close()
-        self._http.close()
+        for sender in list(self._nodes.values()):
+            if isinstance(sender, Origin):
+                sender.close()
+            elif sender.http is not self._http:
+                sender.http.close()
+        if self._http is not None:
+            self._http.close()
+
+    def _wire(self, url: str) -> Origin:
+        return Origin(url, self.timeout, self._verify, self._wire_headers())
 
     def get(
         self,
@@ -69,15 +93,19 @@ class Client(ClientBase):
 
     def _run(self, plan: Plan[T]) -> T:
         """Do what `plan` asks, step after step, until it returns."""
-        steps = Steps(plan)
-        for step in steps:
-            steps.reply = self._do(step)
-        return steps.result
+        send = plan.send
+        reply = None
+        while True:
+            try:
+                step = send(reply)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            reply = self._do(step)
 
     def _do(self, step: Step) -> Any:
-        if isinstance(step, Call):
+        if step.__class__ is Call:  # the common step first, without isinstance's generality
             try:
-                return self._node(step.url).request(step.method, step.path, **step.options)
+                return self._node(step.url, step.hot).request(step.method, step.path, **step.options)
             except step.errors as exc:
                 return exc
         if isinstance(step, Sleep):

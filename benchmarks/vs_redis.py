@@ -1,0 +1,393 @@
+"""keyroute's Python client against Redis, read for read, in one run on this machine.
+
+    .venv/bin/python benchmarks/vs_redis.py [--reads N] [--rounds N] [--write]
+
+Needs redis-server and redis-cli (Debian: `apt-get install -y redis-server`) and redis-py (the `bench` extra:
+`pip install -e '.[bench]'`). The benchmark starts everything itself on free ports of 127.0.0.1 and stops it:
+one redis-server; three redis-server in cluster mode, made one cluster of 3 masters with redis-cli; an
+embedded ZooKeeper, two `keyroute node` processes and one `keyroute router` process serving a latest store
+written by hand in the snapshot format (no Spark). Every server holds the same 5,000 keys with the same
+~100-byte JSON values.
+
+One Python process reads sequentially, one read at a time, random keys (the same keys for every way of a
+round); ways interleaved, rounds alternate the order; the figures are medians over rounds:
+- redis-py `GET` + `json.loads`, one redis-server;
+- redis-py `RedisCluster` `GET` + `json.loads`, 3 masters (the client routes by slot, as keyroute's direct mode
+  routes by partition);
+- keyroute `Client(routing="direct")`: straight to the node serving the key, from the routing view;
+- keyroute `Client` through the router;
+- keyroute.local's `LocalReplica.get` (in the process, no hop): see `local_ways` below.
+Per way: latency p50 and p99 of one read, and the client's CPU per read (`time.process_time` around the loop:
+this process only; the servers run in other processes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import random
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timeline import Proc, free_port, log, start_router, wait  # noqa: E402
+
+from keyroute.client import Client  # noqa: E402
+from keyroute.cluster import zk, zk_layout  # noqa: E402
+from keyroute.cluster.partition_map import StoreRecord  # noqa: E402
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper  # noqa: E402
+from keyroute.keys.key_format import KeyFormat, parse_key  # noqa: E402
+from keyroute.keys.partitioner import Partitioner, partition_for  # noqa: E402
+from keyroute.runtime.settings import ZkSettings  # noqa: E402
+from keyroute.storage.snapshot import Manifest, partition_dir, version_dir, write_manifest  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+SECTION = "## Reads from Python: keyroute's client against Redis (benchmarks/vs_redis.py)"
+STORE = "bookings"
+KEYS = 5_000
+PARTITIONS = 8
+CITIES = ("Lisbon", "Porto", "Braga", "Faro", "Coimbra", "Aveiro", "Evora")
+
+Read = Callable[[str], Any]  # one read of a key, returning its value
+
+
+def rows() -> dict[str, dict[str, Any]]:
+    """The data set: 5,000 keys, each a JSON object of about 100 bytes."""
+    out = {}
+    for n in range(KEYS):
+        out[f"C{n:06d}"] = {
+            "customer": n,
+            "fare": round(10 + (n % 997) * 0.37, 2),
+            "city": CITIES[n % len(CITIES)],
+            "seats": [n % 3 + 1, n % 5],
+            "vip": n % 11 == 0,
+            "booked": f"2024-06-{n % 28 + 1:02d}T{n % 24:02d}:00:00Z",
+        }
+    return out
+
+
+# -- Redis ----------------------------------------------------------------------------------------------
+
+
+def redis_server(work: Path, name: str, *extra: str) -> tuple[subprocess.Popen[bytes], int]:
+    """One redis-server on a free port, no persistence; its port once it answers PING."""
+    port = free_port()
+    folder = work / name
+    folder.mkdir()
+    args = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    args += ["--dir", str(folder), *extra]
+    with open(work / f"{name}.log", "ab") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait(lambda: proc.poll() is None and _redis_cli(port, "ping") == "PONG", 30, f"{name} answering")
+    except TimeoutError:
+        stop(proc)
+        raise RuntimeError(f"{name} did not start: {(work / f'{name}.log').read_text()[-2000:]}") from None
+    return proc, port
+
+
+def _redis_cli(port: int, *command: str) -> str:
+    done = subprocess.run(
+        ["redis-cli", "-h", "127.0.0.1", "-p", str(port), *command], capture_output=True, text=True, check=False
+    )
+    return done.stdout.strip()
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def one_redis(work: Path, data: dict[str, bytes]) -> Iterator[Read]:
+    import redis
+
+    proc, port = redis_server(work, "redis")
+    client = redis.Redis(host="127.0.0.1", port=port)
+    try:
+        pipe = client.pipeline(transaction=False)
+        for key, value in data.items():
+            pipe.set(key, value)
+        pipe.execute()
+        get, loads = client.get, json.loads
+        yield lambda key: loads(get(key))
+    finally:
+        client.close()
+        stop(proc)
+
+
+@contextmanager
+def redis_cluster(work: Path, data: dict[str, bytes]) -> Iterator[Read]:
+    """Three masters, slots split by redis-cli --cluster create, no replicas."""
+    from redis.cluster import RedisCluster
+
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        ports = []
+        for i in range(3):
+            # The cluster bus on a free port of its own (by default the port + 10,000, which may be taken or
+            # beyond 65,535).
+            conf = ("--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{i}.conf")
+            conf += ("--cluster-port", str(free_port()), "--cluster-node-timeout", "5000")
+            proc, port = redis_server(work, f"redis-cluster-{i}", *conf)
+            procs.append(proc)
+            ports.append(port)
+        create = ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports)]
+        subprocess.run([*create, "--cluster-replicas", "0", "--cluster-yes"], capture_output=True, check=True)
+        wait(lambda: all("cluster_state:ok" in _redis_cli(p, "cluster", "info") for p in ports), 60, "cluster ok")
+        client = RedisCluster(host="127.0.0.1", port=ports[0])
+        try:
+            for key, value in data.items():
+                client.set(key, value)
+            get, loads = client.get, json.loads
+            yield lambda key: loads(get(key))
+        finally:
+            client.close()
+    finally:
+        for proc in procs:
+            stop(proc)
+
+
+# -- keyroute -------------------------------------------------------------------------------------------
+
+
+def write_snapshot(root: Path, data: dict[str, dict[str, Any]]) -> str:
+    """The store's snapshot, written by hand in the snapshot format (JSON lines per partition)."""
+    snapshot = version_dir(str(root), STORE, 1)
+    per_partition: dict[int, list[tuple[str, Any]]] = {p: [] for p in range(PARTITIONS)}
+    for text, value in data.items():
+        key = parse_key(KeyFormat.STRING, text)
+        per_partition[partition_for(Partitioner.MURMUR2, key.data, PARTITIONS)].append((key.text, value))
+    for p, items in per_partition.items():
+        folder = partition_dir(snapshot, p)
+        folder.mkdir(parents=True)
+        with open(folder / "part-00000.json", "w", encoding="utf-8") as fh:
+            for text, value in sorted(items):
+                fh.write(json.dumps({"key": text, "value": value}) + "\n")
+    counts = tuple(len(per_partition[p]) for p in range(PARTITIONS))
+    manifest = Manifest(STORE, 1, PARTITIONS, Partitioner.MURMUR2, KeyFormat.STRING, ("v",), counts)
+    write_manifest(snapshot, manifest)
+    return str(snapshot)
+
+
+@contextmanager
+def keyroute_cluster(work: Path, data: dict[str, dict[str, Any]]) -> Iterator[tuple[str, str]]:
+    """ZooKeeper, two nodes and a router serving the store; yields ZooKeeper's connect string and the
+    router's URL once both nodes serve."""
+    procs: list[Proc] = []
+    with EmbeddedZooKeeper(port=free_port(), data_dir=work / "zookeeper") as zk_server:
+        settings = ZkSettings(hosts=zk_server.connect_string, chroot="/bench")
+        record = StoreRecord(
+            STORE, PARTITIONS, Partitioner.MURMUR2, KeyFormat.STRING, 1, write_snapshot(work / "snapshots", data)
+        )
+        client = zk.connect(settings)
+        try:
+            client.create(zk_layout.store_path(STORE), record.to_json(), makepath=True)
+        finally:
+            zk.close(client)
+        connect = settings.connect_string
+        try:
+            for node_id in ("n1", "n2"):
+                node = ["node", "--zk", connect, "--node-id", node_id, "--port", str(free_port())]
+                procs.append(Proc([*node, "--data-dir", str(work / node_id)], work / f"{node_id}.log"))
+            router, url = start_router(work, connect, "router")
+            procs.append(router)
+
+            def served() -> bool:
+                body = httpx.get(url + "/admin/partition-map?detail=all").json()
+                placement = body["stores"][STORE]["partition_map"]
+                placed = {s["node"] for e in placement for s in e["serving"]}
+                return placed == {"n1", "n2"} and all(e["serving"] for e in placement)
+
+            wait(served, 120, "both nodes serving")
+            yield connect, url
+        finally:
+            for proc in reversed(procs):
+                proc.stop()
+
+
+@contextmanager
+def keyroute_client(url: str, routing: str) -> Iterator[Read]:
+    with Client(url, routing=routing) as client:
+        get = client.get
+        yield lambda key: get(STORE, key).value
+
+
+# -- keyroute.local -------------------------------------------------------------------------------------
+#
+# The in-process replica's row: a context manager yielding a `Read` (say `replica.get(STORE, key).value`),
+# made from the work folder, ZooKeeper's connect string (with the cluster's chroot) and the router's URL.
+# Return it from `local_ways` under its row's name; `main` reads every way it returns, interleaved with the
+# others, and `section` writes its row.
+
+
+def local_ways(work: Path, zk_connect: str, router_url: str) -> dict[str, Callable[[], AbstractContextManager[Read]]]:
+    """Ways of reading in the process itself (keyroute.local), by row name; none yet."""
+    return {}
+
+
+# -- measuring ------------------------------------------------------------------------------------------
+
+
+def measure(read: Read, keys: list[str], expected: dict[str, dict[str, Any]]) -> dict[str, float]:
+    latencies = []
+    append = latencies.append
+    clock = time.perf_counter
+    cpu = time.process_time()
+    for key in keys:
+        start = clock()
+        read(key)
+        append(clock() - start)
+    cpu = time.process_time() - cpu
+    for key in keys[:20]:  # the answers are the data (outside the timed loop)
+        assert read(key) == expected[key], key
+    ordered = sorted(latencies)
+    return {
+        "p50_us": statistics.median(ordered) * 1e6,
+        "p99_us": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1e6,
+        "cpu_us": cpu / len(keys) * 1e6,
+    }
+
+
+def run(ways: dict[str, Read], data: dict[str, dict[str, Any]], reads: int, rounds: int, seed: int) -> dict:
+    rng = random.Random(seed)
+    names = sorted(data)
+    results: dict[str, list[dict[str, float]]] = {way: [] for way in ways}
+    for read in ways.values():  # warm-up: connections, the direct client's map
+        measure(read, [rng.choice(names) for _ in range(300)], data)
+    for round_index in range(rounds):
+        keys = [rng.choice(names) for _ in range(reads)]
+        order = list(ways) if round_index % 2 == 0 else list(reversed(ways))
+        for way in order:
+            results[way].append(measure(ways[way], keys, data))
+    return {
+        way: {figure: statistics.median(r[figure] for r in rounds_of) for figure in ("p50_us", "p99_us", "cpu_us")}
+        for way, rounds_of in results.items()
+    }
+
+
+REDIS = "redis-py `GET` + `json.loads`, one redis-server"
+CLUSTER = "redis-py `RedisCluster` `GET` + `json.loads`, 3 masters"
+DIRECT = "keyroute `Client`, direct mode"
+ROUTER = "keyroute `Client`, through a router"
+
+
+def section(command: str, medians: dict[str, dict[str, float]], reads: int, rounds: int) -> str:
+    redis_version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()
+    import redis
+
+    lines = [
+        SECTION,
+        "",
+        f"`{command}` on {dt.date.today().isoformat()}. Machine: {os.cpu_count()} CPUs, {platform.machine()}, "
+        f"Python {platform.python_version()}, Redis {redis_version[2].removeprefix('v=')} (Debian's "
+        f"redis-server), redis-py {redis.__version__}; 1-minute load average {os.getloadavg()[0]:.1f} at the end. "
+        f"{KEYS:,} keys with ~100-byte JSON values in every server; one Python process reading one key at a time; "
+        f"{rounds} rounds of {reads:,} reads of random keys per way (the same keys for every way of a round), ways "
+        "interleaved; figures are medians over rounds. keyroute: two node processes and one router process "
+        f"(a latest store of {PARTITIONS} partitions). Client CPU = this process's CPU time per read "
+        "(`time.process_time` around the loop; the servers run in other processes).",
+        "",
+        "| read from Python | p50 µs | p99 µs | client CPU µs per get | p50 vs redis-py GET | CPU vs redis-py GET |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    base = medians[REDIS]
+    for way, m in medians.items():
+        lines.append(
+            f"| {way} | {m['p50_us']:,.0f} | {m['p99_us']:,.0f} | {m['cpu_us']:,.1f} | "
+            f"{m['p50_us'] / base['p50_us']:.2f}x | {m['cpu_us'] / base['cpu_us']:.2f}x |"
+        )
+    verdicts = []
+    if DIRECT in medians:
+        d = medians[DIRECT]
+        p50, cpu = d["p50_us"] / base["p50_us"], d["cpu_us"] / base["cpu_us"]
+        ok = p50 <= 1.5 and cpu <= 1.5
+        verdicts.append(
+            f"- direct mode: p50 {p50:.2f}x and client CPU {cpu:.2f}x redis-py's GET (targets <= 1.5x): "
+            f"{'met' if ok else 'MISSED'}."
+        )
+    if ROUTER in medians:
+        p50 = medians[ROUTER]["p50_us"] / base["p50_us"]
+        verdicts.append(
+            f"- through a router: p50 {p50:.2f}x redis-py's GET (target <= 2x): {'met' if p50 <= 2 else 'MISSED'}."
+        )
+    return "\n".join([*lines, "", *verdicts, ""])
+
+
+def write_section(text: str) -> None:
+    import re
+
+    current = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
+    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
+    if pattern.search(current):
+        updated = pattern.sub(lambda _: text + "\n", current, count=1).rstrip("\n") + "\n"
+    else:
+        updated = current.rstrip("\n") + "\n\n" + text
+    RESULTS.write_text(updated, encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reads", type=int, default=5000, help="reads per way and round (default: 5000)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds (default: 5)")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--no-cluster", action="store_true", help="leave out the Redis Cluster row")
+    parser.add_argument("--write", action="store_true", help=f"record the figures in {RESULTS.name}")
+    args = parser.parse_args(argv)
+    command = ".venv/bin/python benchmarks/vs_redis.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    for tool in ("redis-server", "redis-cli"):
+        if shutil.which(tool) is None:
+            print(f"{tool} is not installed (Debian: apt-get install -y redis-server)", file=sys.stderr)
+            return 1
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        print("redis-py is not installed: pip install -e '.[bench]'", file=sys.stderr)
+        return 1
+    data = rows()
+    encoded = {key: json.dumps(value, separators=(",", ":")).encode() for key, value in data.items()}
+    log(f"mean value size {statistics.mean(map(len, encoded.values())):.0f} bytes")
+    work = Path(tempfile.mkdtemp(prefix="keyroute-vs-redis-"))
+    try:
+        with ExitStack() as stack:
+            ways: dict[str, Read] = {REDIS: stack.enter_context(one_redis(work, encoded))}
+            if not args.no_cluster:
+                ways[CLUSTER] = stack.enter_context(redis_cluster(work, encoded))
+            connect, url = stack.enter_context(keyroute_cluster(work, data))
+            ways[DIRECT] = stack.enter_context(keyroute_client(url, "direct"))
+            ways[ROUTER] = stack.enter_context(keyroute_client(url, "router"))
+            for name, way in local_ways(work, connect, url).items():
+                ways[name] = stack.enter_context(way())
+            log("reading")
+            medians = run(ways, data, args.reads, args.rounds, args.seed)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    text = section(command.strip(), medians, args.reads, args.rounds)
+    print(text)
+    if args.write:
+        write_section(text)
+        log(f"wrote {SECTION!r} to {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
