@@ -3,7 +3,8 @@ mock broker, and worker processes of one application sharing one data directory 
 local_worker.py): one applies, the others read. Records stream in while the applying worker is killed -9: a
 reading worker takes over from the stored offsets, every answer any worker gave reflected exactly the
 records up to its offset, and at the end every count equals what was produced (nothing lost or applied
-twice) and the node's answer."""
+twice) and the node's answer; a worker started after all stopped resumes from the stored offsets. A new live
+version swaps in only once caught up, every answer exact throughout."""
 
 from __future__ import annotations
 
@@ -187,6 +188,15 @@ def test_workers_sharing_a_data_directory_answer_exactly_through_a_kill_9_of_the
         assert {int(p): row["offset"] for p, row in status.items()} == {
             p: per_partition[p] - 1 for p in range(PARTITIONS)
         }
+
+        # Every worker stops (cleanly); records arrive meanwhile; a new one resumes from the stored offsets.
+        second.stop()
+        third.stop()
+        produce(500)
+        fourth = Worker(tmp_path, zk_settings, "w4")
+        workers.append(fourth)
+        assert fourth.started["applying"] is True
+        wait_for(lambda: counts_match(fourth), timeout_s=60, message="the records produced while none ran, once")
     finally:
         for worker in workers:
             worker.stop()
