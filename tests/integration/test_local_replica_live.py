@@ -105,9 +105,12 @@ def test_workers_sharing_a_data_directory_answer_exactly_through_a_kill_9_of_the
     delivered: dict[str, list[tuple[int, int]]] = {k: [] for k in keys}
     producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "log_level": 3, "linger.ms": 1})
 
-    def produce(n: int) -> None:
+    def produce(n: int, pace_s: float = 0.0) -> None:
+        """`n` records, a batch of 500 every `pace_s` at most (a stream lasting a while, not a burst)."""
         for i in range(n):
             key = keys[i % len(keys)]
+            if pace_s and i % 500 == 499:
+                time.sleep(pace_s)
 
             def done(err: Any, msg: Any, key: str = key) -> None:
                 assert err is None, err
@@ -146,7 +149,7 @@ def test_workers_sharing_a_data_directory_answer_exactly_through_a_kill_9_of_the
             wait_for(lambda w=worker: counts_match(w), timeout_s=60, message="the first 1000 records")
 
         # Records stream in; both workers read meanwhile; the applying one is killed -9 mid-stream.
-        streaming = threading.Thread(target=produce, args=(20000,))
+        streaming = threading.Thread(target=produce, args=(20000, 0.05))
         streaming.start()
         rng = random.Random(7)
 
