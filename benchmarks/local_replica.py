@@ -359,8 +359,9 @@ def section(command: str, rows: int, boot: dict[str, Any], mem: dict[str, float]
         " cache. Freshness polls the replica in this process and the node over HTTP for the same record; the"
         " local replica applies with the node's applier, so both see a record after the same consume and commit."
         " Memory: the partitions are memory-mapped without read-ahead, so a read brings in only the pages on its"
-        " key's path; a page (4 KiB) holds about 40 of these rows, so 1% of the keys at random touch about a third"
-        " of the leaf pages, while 1% in key order touch 1% of them. The process's own memory does not grow with"
+        " key's path; a page (4 KiB) holds about 40 of these rows, so 1% of the keys at random fall on about a"
+        " third of the leaf pages (and the kernel maps neighbouring pages with each fault: about twice that is"
+        " mapped), while 1% in key order touch 1% of them. The process's own memory does not grow with"
         " the store: the mapped pages are the page cache's, shared and reclaimable.",
         "",
     ]

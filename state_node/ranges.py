@@ -31,52 +31,21 @@ from keyroute.api import (
 from keyroute.http.exchange import Answer
 from keyroute.keys.key_format import KeyFormatError, key_from_data
 from keyroute.state_node.reads import RETRY_AFTER_S, find_store
-from keyroute.storage.lmdb_layout import TAG_KEY
 from keyroute.storage.ranges import (
     RangeQueryError,
-    in_range,
     no_key_ranges,
-    order_of,
     parse_partition_range,
-    prefix_end,
     range_entry,
+    scan_partition,
     scan_segments,
 )
-from keyroute.storage.timeline import escape_key
 
 if TYPE_CHECKING:
-    from keyroute.replica.store import PartitionStore
     from keyroute.state_node.app import Node
 
 _JSON = (b"content-type", b"application/json")
 _PARTITION = HEADER_PARTITION.encode("ascii")
 _VERSION = HEADER_VERSION.encode("ascii")
-# The longest serialized key (value layout) and escaped key (timeline layout) stored under its own bytes.
-_VALUE_KEY_BYTES = 510
-_TIMELINE_KEY_BYTES = 496
-_END_OF_KEYS = bytes([TAG_KEY[0] + 1])  # every `=` LMDB key sorts before it
-
-
-def _lower(data: bytes | None, timeline: bool) -> bytes:
-    """An LMDB key at or below every stored key whose serialized form is >= `data`."""
-    if data is None:
-        return TAG_KEY
-    if timeline:
-        return TAG_KEY + escape_key(data)[:_TIMELINE_KEY_BYTES]
-    return TAG_KEY + data[:_VALUE_KEY_BYTES]
-
-
-def _upper(data: bytes | None, timeline: bool) -> bytes:
-    """An LMDB key above every stored key whose serialized form is < `data` (perhaps above more: the scan
-    checks each key)."""
-    if data is None:
-        return _END_OF_KEYS
-    form = escape_key(data) if timeline else data
-    most = _TIMELINE_KEY_BYTES if timeline else _VALUE_KEY_BYTES
-    if len(form) <= most:
-        return TAG_KEY + form
-    end = prefix_end(form[:most])
-    return _END_OF_KEYS if end is None else TAG_KEY + end
 
 
 def read_partition_range(node: Node, store_name: str, raw_partition: str, raw_query: bytes) -> Answer:
@@ -109,7 +78,7 @@ def read_partition_range(node: Node, store_name: str, raw_partition: str, raw_qu
     # One key beyond the limit tells whether more follow.
     found: list[tuple[bytes, bytes]] = []
     for start, end in scan_segments(key_format, query.low, query.high, query.after):
-        scan_range(held, key_format, start, end, query.low, query.high, query.after, query.limit + 1, found)
+        scan_partition(held, key_format, start, end, query.low, query.high, query.after, query.limit + 1, found)
         if len(found) > query.limit:
             break
     more = len(found) > query.limit
@@ -129,29 +98,3 @@ def read_partition_range(node: Node, store_name: str, raw_partition: str, raw_qu
     headers = [_JSON, (_PARTITION, str(partition).encode("ascii")), node.node_header]
     headers.append((_VERSION, str(held.version).encode("ascii")))
     return 200, headers, body
-
-
-def scan_range(
-    held: PartitionStore,
-    key_format: object,
-    start: bytes | None,
-    end: bytes | None,
-    low: bytes | None,
-    high: bytes | None,
-    after: bytes | None,
-    limit: int,
-    found: list[tuple[bytes, bytes]],
-) -> None:
-    """Append to `found` (up to `limit` in all) the keys of [start, end) that are in the range, in order."""
-    timeline = held.timeline is not None
-    position, stop = _lower(start, timeline), _upper(end, timeline)
-    resume = None
-    while len(found) < limit:
-        items, more, resume = held.key_range(position, stop, limit - len(found), resume)
-        for data, value in items:
-            if in_range(key_format, data, low, high, after):  # type: ignore[arg-type]
-                found.append((data, value))
-            elif high is not None and order_of(key_format, data) >= order_of(key_format, high):  # type: ignore[arg-type]
-                return  # keys only grow from here
-        if not more:
-            return

@@ -218,6 +218,8 @@ class Holder:
     def _load(self, record: StoreRecord, partitions: Iterable[int]) -> list[PartitionStore] | None:
         """The partitions of the record's version, loaded (or reused) in parallel; None when one failed."""
         name = record.name
+        for p in partitions:
+            self._take_back_retiring(PartitionId(name, record.version, p))
         missing = [p for p in partitions if PartitionId(name, record.version, p) not in self._parts]
         futures = {
             p: self._executor.submit(load_partition, self._data_dir, record, p, self._map_size, self._stop.is_set)
@@ -302,6 +304,16 @@ class Holder:
                         applier.close()
         if parts:
             self._retire.append((time.monotonic() + self._grace_s, parts, discard))
+
+    def _take_back_retiring(self, pid: PartitionId) -> None:
+        """A partition let go less than a grace period ago and wanted again (a subset changed back): it is
+        still open; keep it rather than remove its files under a load that would reuse them."""
+        for entry in self._retire:
+            for part in entry[1]:
+                if part.pid == pid and not part.closed:
+                    entry[1].remove(part)
+                    self._parts[pid] = part
+                    return
 
     def _retire_due(self, now: float) -> None:
         due = [entry for entry in self._retire if entry[0] <= now]

@@ -12,6 +12,7 @@ one finishes on it.
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import os
@@ -50,7 +51,15 @@ from keyroute.replica.store import LoadError, PartitionId, PartitionStore, open_
 from keyroute.runtime.settings import ZkSettings
 from keyroute.storage.live import OFFSET_KEY, value_bytes
 from keyroute.storage.lmdb_layout import LMDB_MAX_KEY_BYTES, TAG_KEY, db_key
-from keyroute.storage.ranges import no_key_ranges, order_of, prefix_end
+from keyroute.storage.ranges import (
+    RangeKeyError,
+    RangeQueryError,
+    no_key_ranges,
+    order_of,
+    parse_range_query,
+    scan_partition,
+    scan_segments,
+)
 from keyroute.storage.timeline import HISTORY, READ_KINDS, WINDOWS, QueryError, parse_query
 
 log = logging.getLogger(__name__)
@@ -636,60 +645,48 @@ def _entries(
 def _key_range(
     view: _StoreView, from_key: Any, to_key: Any, prefix: str | None, page_size: int
 ) -> Iterator[tuple[str, Any]]:
-    """Every partition's keys of the range, merged in the store's key order (as a router merges the nodes')."""
-    import heapq
-
+    """Every partition's keys of the range, merged in the store's key order (as a router merges the nodes'):
+    the query read as a router reads it, each partition scanned as a node scans it (keyroute.storage.ranges)."""
     fmt = view.record.key_format
-    low = high = None
+    given = {"limit": str(page_size)}
+    if from_key is not None:
+        given["from_key"] = key_text(from_key)
+    if to_key is not None:
+        given["to_key"] = key_text(to_key)
+    if prefix is not None:
+        given["prefix"] = prefix
     try:
-        if prefix is not None:
-            if from_key is not None or to_key is not None:
-                raise BadRequest(400, "bad_request", "prefix cannot be combined with from_key or to_key")
-            low = prefix.encode("utf-8")
-            high = prefix_end(low)
-        else:
-            if from_key is not None:
-                low = parse_key(fmt, key_text(from_key), view.record.key_schema).data
-            if to_key is not None:
-                high = parse_key(fmt, key_text(to_key), view.record.key_schema).data
-    except (KeyFormatError, TypeError) as exc:
+        query = parse_range_query(urllib.parse.urlencode(given).encode("ascii"), fmt)
+    except RangeKeyError as exc:
         raise BadKey(400, "bad_key", str(exc)) from None
-    streams = [_partition_keys(part, fmt, low, high, page_size) for part in view.parts if part is not None]
+    except RangeQueryError as exc:
+        raise BadRequest(400, "bad_request", str(exc)) from None
+    low = None if query.low is None else query.low.data
+    streams = [_partition_keys(part, fmt, low, query.high, page_size) for part in view.parts if part is not None]
     for _, data, value in heapq.merge(*streams, key=lambda item: item[0]):
         try:
             text = key_from_data(fmt, data).text
         except KeyFormatError:
-            continue
+            continue  # not a key of this store's format: never written by keyroute
         yield text, _loads(value)
 
 
 def _partition_keys(
     part: PartitionStore, fmt: KeyFormat, low: bytes | None, high: bytes | None, page_size: int
 ) -> Iterator[tuple[Any, bytes, bytes]]:
-    """One partition's (order, serialized key, value) in [low, high), in the store's key order."""
-    from keyroute.storage.ranges import scan_segments
-
-    timeline = part.timeline is not None
-    for start, end in scan_segments(fmt, low, high, None):
-        position = _lmdb_bound(start, timeline, TAG_KEY)
-        stop = _lmdb_bound(end, timeline, bytes([TAG_KEY[0] + 1]))
-        resume = None
-        while True:
-            items, more, resume = part.key_range(position, stop, page_size, resume)
-            for data, value in items:
-                order = order_of(fmt, data)
-                if (low is not None and order < order_of(fmt, low)) or (
-                    high is not None and order >= order_of(fmt, high)
-                ):
-                    continue
-                yield order, data, value
-            if not more:
+    """One partition's (order, serialized key, value) in [low, high), in the store's key order, a page at a
+    time as a node answers them."""
+    after = None
+    while True:
+        found: list[tuple[bytes, bytes]] = []
+        for start, end in scan_segments(fmt, low, high, after):
+            scan_partition(part, fmt, start, end, low, high, after, page_size + 1, found)
+            if len(found) > page_size:
                 break
-
-
-def _lmdb_bound(data: bytes | None, timeline: bool, unbounded: bytes) -> bytes:
-    if data is None:
-        return unbounded
-    from keyroute.storage.timeline import escape_key
-
-    return TAG_KEY + (escape_key(data) if timeline else data)
+        more = len(found) > page_size
+        del found[page_size:]
+        for data, value in found:
+            yield order_of(fmt, data), data, value
+        if not more or not found:
+            return
+        after = found[-1][0]

@@ -19,7 +19,8 @@ from typing import Any
 
 from keyroute.api import integer_text, query_params
 from keyroute.keys.key_format import Key, KeyFormat, KeyFormatError, parse_key
-from keyroute.storage.timeline import CursorError, seal, unseal
+from keyroute.storage.lmdb_layout import TAG_KEY
+from keyroute.storage.timeline import CursorError, escape_key, seal, unseal
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 10_000
@@ -214,6 +215,62 @@ def scan_segments(
         # Non-negatives are the bytes 0x00.. to 0x7f..: [first, hi), before the first negative at most.
         segments.append((encoded(first), b"\x80" if hi is None else encoded(hi)))
     return segments
+
+
+# The longest serialized key (value layout) and escaped key (timeline layout) stored under its own bytes.
+_VALUE_KEY_BYTES = 510
+_TIMELINE_KEY_BYTES = 496
+_END_OF_KEYS = bytes([TAG_KEY[0] + 1])  # every `=` LMDB key sorts before it
+
+
+def _lower(data: bytes | None, timeline: bool) -> bytes:
+    """An LMDB key at or below every stored key whose serialized form is >= `data`."""
+    if data is None:
+        return TAG_KEY
+    if timeline:
+        return TAG_KEY + escape_key(data)[:_TIMELINE_KEY_BYTES]
+    return TAG_KEY + data[:_VALUE_KEY_BYTES]
+
+
+def _upper(data: bytes | None, timeline: bool) -> bytes:
+    """An LMDB key above every stored key whose serialized form is < `data` (perhaps above more: the scan
+    checks each key)."""
+    if data is None:
+        return _END_OF_KEYS
+    form = escape_key(data) if timeline else data
+    most = _TIMELINE_KEY_BYTES if timeline else _VALUE_KEY_BYTES
+    if len(form) <= most:
+        return TAG_KEY + form
+    end = prefix_end(form[:most])
+    return _END_OF_KEYS if end is None else TAG_KEY + end
+
+
+def scan_partition(
+    held: Any,
+    key_format: KeyFormat,
+    start: bytes | None,
+    end: bytes | None,
+    low: bytes | None,
+    high: bytes | None,
+    after: bytes | None,
+    limit: int,
+    found: list[tuple[bytes, bytes]],
+) -> None:
+    """Append to `found` (up to `limit` in all) the keys of one partition (`held`, a loaded partition:
+    keyroute.replica.store.PartitionStore) in the segment [start, end) (`scan_segments`) that are in the
+    range, in order: (serialized key, value)."""
+    timeline = held.timeline is not None
+    position, stop = _lower(start, timeline), _upper(end, timeline)
+    resume = None
+    while len(found) < limit:
+        items, more, resume = held.key_range(position, stop, limit - len(found), resume)
+        for data, value in items:
+            if in_range(key_format, data, low, high, after):
+                found.append((data, value))
+            elif high is not None and order_of(key_format, data) >= order_of(key_format, high):  # type: ignore[operator]
+                return  # keys only grow from here
+        if not more:
+            return
 
 
 def range_entry(key_text: str, value: bytes, partition: int | None = None) -> bytes:

@@ -3,7 +3,8 @@ mock broker, and worker processes of one application sharing one data directory 
 local_worker.py): one applies, the others read. Records stream in while the applying worker is killed -9: a
 reading worker takes over from the stored offsets, every answer any worker gave reflected exactly the
 records up to its offset, and at the end every count equals what was produced (nothing lost or applied
-twice) and the node's answer."""
+twice) and the node's answer; a worker started after all stopped resumes from the stored offsets. A new live
+version swaps in only once caught up, every answer exact throughout."""
 
 from __future__ import annotations
 
@@ -104,9 +105,12 @@ def test_workers_sharing_a_data_directory_answer_exactly_through_a_kill_9_of_the
     delivered: dict[str, list[tuple[int, int]]] = {k: [] for k in keys}
     producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "log_level": 3, "linger.ms": 1})
 
-    def produce(n: int) -> None:
+    def produce(n: int, pace_s: float = 0.0) -> None:
+        """`n` records, a batch of 500 every `pace_s` at most (a stream lasting a while, not a burst)."""
         for i in range(n):
             key = keys[i % len(keys)]
+            if pace_s and i % 500 == 499:
+                time.sleep(pace_s)
 
             def done(err: Any, msg: Any, key: str = key) -> None:
                 assert err is None, err
@@ -145,7 +149,7 @@ def test_workers_sharing_a_data_directory_answer_exactly_through_a_kill_9_of_the
             wait_for(lambda w=worker: counts_match(w), timeout_s=60, message="the first 1000 records")
 
         # Records stream in; both workers read meanwhile; the applying one is killed -9 mid-stream.
-        streaming = threading.Thread(target=produce, args=(20000,))
+        streaming = threading.Thread(target=produce, args=(20000, 0.05))
         streaming.start()
         rng = random.Random(7)
 
@@ -187,6 +191,15 @@ def test_workers_sharing_a_data_directory_answer_exactly_through_a_kill_9_of_the
         assert {int(p): row["offset"] for p, row in status.items()} == {
             p: per_partition[p] - 1 for p in range(PARTITIONS)
         }
+
+        # Every worker stops (cleanly); records arrive meanwhile; a new one resumes from the stored offsets.
+        second.stop()
+        third.stop()
+        produce(500)
+        fourth = Worker(tmp_path, zk_settings, "w4")
+        workers.append(fourth)
+        assert fourth.started["applying"] is True
+        wait_for(lambda: counts_match(fourth), timeout_s=60, message="the records produced while none ran, once")
     finally:
         for worker in workers:
             worker.stop()

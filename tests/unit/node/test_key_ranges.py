@@ -1,5 +1,6 @@
-"""One partition's part of a key range (keyroute.state_node.ranges over a real LMDB file, both layouts) against a
-model: the partition's keys in the store's key order (bytes; integers numerically), page by page."""
+"""One partition's part of a key range (keyroute.storage.ranges.scan_partition, as a node answers it, over a real
+LMDB file, both layouts) against a model: the partition's keys in the store's key order (bytes; integers
+numerically), page by page."""
 
 from __future__ import annotations
 
@@ -12,9 +13,8 @@ from hypothesis import strategies as st
 
 from keyroute.keys.key_format import KeyFormat
 from keyroute.replica.store import PartitionId, PartitionStore
-from keyroute.state_node.ranges import scan_range
 from keyroute.storage.lmdb_layout import db_key
-from keyroute.storage.ranges import order_of, prefix_end, scan_segments
+from keyroute.storage.ranges import order_of, prefix_end, scan_partition, scan_segments
 from keyroute.storage.timeline import StoreKind, Timeline, TimeType, entry_key, key_part
 
 STRINGS = [b"", b"a", b"a\x00", b"a\x00b", b"ab", b"b", b"\xc3\xa9", b"x" * 509, b"x" * 510, b"y" * 700, b"\x7f"]
@@ -58,7 +58,7 @@ def read_all(
     for _ in range(40):
         found: list[tuple[bytes, bytes]] = []
         for start, end in scan_segments(key_format, low, high, after):
-            scan_range(store, key_format, start, end, low, high, after, limit + 1, found)
+            scan_partition(store, key_format, start, end, low, high, after, limit + 1, found)
             if len(found) > limit:
                 break
         keys += [data for data, _ in found[:limit]]
