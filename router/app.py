@@ -292,7 +292,8 @@ def create_app(
             *login_routes(),
         ],
         # The first thing every request meets: concurrency and header limits, the admin token.
-        middleware=[Middleware(RequestGuard, admission=checks)],
+        # mypy matches no class taking **options (RequestGuard's) against starlette's middleware factory type
+        middleware=[Middleware(RequestGuard, admission=checks)],  # type: ignore[arg-type]
         exception_handlers={
             ApiError: _api_error,
             HTTPException: _http_error,

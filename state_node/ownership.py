@@ -238,8 +238,8 @@ class Ownership:
 
     def readiness(self) -> Readiness:
         m = self._map
-        pending = []
-        updating = []
+        pending: list[str] = []
+        updating: list[str] = []
         failed = {}
         served = self._view  # what answers here now, whatever its version
         for pid in sorted(self._desired, key=_order):

@@ -151,7 +151,7 @@ def _scan(
         for data, value in items:
             if in_range(key_format, data, low, high, after):  # type: ignore[arg-type]
                 found.append((data, value))
-            elif high is not None and order_of(key_format, data) >= order_of(key_format, high):  # type: ignore[arg-type]
+            elif high is not None and order_of(key_format, data) >= order_of(key_format, high):  # type: ignore[arg-type,operator]
                 return  # keys only grow from here
         if not more:
             return

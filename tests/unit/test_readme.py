@@ -53,6 +53,12 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert re.search(r"^make test$", ci, re.MULTILINE)
 
 
+def test_ci_runs_the_linters_before_the_suite() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    lint, suite = re.search(r"^make lint$", ci, re.MULTILINE), re.search(r"^make test$", ci, re.MULTILINE)
+    assert lint and suite and lint.start() < suite.start()
+
+
 def test_partition_example_output_is_what_the_command_prints() -> None:
     block = re.search(r"```sh\n\$ (keyroute partition [^\n]+)\n(.*?)```", README, re.DOTALL)
     assert block, "README lost its `keyroute partition` example"
