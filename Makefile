@@ -50,8 +50,10 @@ test-compiled: venv
 	cd $(COMPILED)/repo && PYTHONPATH=$(CURDIR)/$(COMPILED)/site $(CURDIR)/$(BIN)/python -P -m pytest -q \
 		-p no:cacheprovider $(COMPILED_TESTS)
 
+# ruff over the repository, then mypy over every package at its import name (.ci/typecheck.py).
 lint: venv
 	$(BIN)/ruff check .
+	$(BIN)/python .ci/typecheck.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

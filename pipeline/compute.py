@@ -191,9 +191,9 @@ def compute_store(spark: SparkSession, store: StoreSpec, checked: CheckedStore |
             .persist(StorageLevel.MEMORY_AND_DISK)
         )
         try:
-            checked = _check_keys(store, routed, audited, offset is not None, timeline is not None)
+            counted = _check_keys(store, routed, audited, offset is not None, timeline is not None)
             if source_partition is not None:
-                _audit(store, keyed, source_partition, checked)
+                _audit(store, keyed, source_partition, counted)
         except BaseException:
             routed.unpersist()
             raise
@@ -201,11 +201,11 @@ def compute_store(spark: SparkSession, store: StoreSpec, checked: CheckedStore |
         spec=store,
         frame=routed,
         value_columns=value_columns,
-        partition_rows=checked.partition_rows,
-        live_offsets=checked.offsets,
+        partition_rows=counted.partition_rows,
+        live_offsets=counted.offsets,
         timeline=timeline,
-        json_bytes=checked.json_bytes,
-        key_bytes=checked.key_bytes,
+        json_bytes=counted.json_bytes,
+        key_bytes=counted.key_bytes,
         order_types=orderings.types(),
     )
 

@@ -27,10 +27,10 @@ def read_source(spark: SparkSession, store: StoreSpec) -> DataFrame:
     """The store's batch part as Spark reads it: `source` files, a `source_table` of the session's catalog or
     the result of `source_sql`. DataError, naming Spark's reason in one line, when it is missing, unreadable
     or holds no data."""
-    if store.source_table is not None:
-        frame = _read_catalog(store, lambda: spark.table(store.source_table))
-    elif store.source_sql is not None:
-        frame = _read_catalog(store, lambda: _query(spark, store.source_sql))
+    if (table := store.source_table) is not None:
+        frame = _read_catalog(store, lambda: spark.table(table))
+    elif (sql := store.source_sql) is not None:
+        frame = _read_catalog(store, lambda: _query(spark, sql))
     else:
         frame = _read(spark, store)
     if not frame.columns:  # only empty files: Spark infers a schema of no columns rather than failing
@@ -64,7 +64,7 @@ def _read(spark: SparkSession, store: StoreSpec) -> DataFrame:
     assert store.source is not None and store.format is not None
     try:
         if store.format is SourceFormat.CSV:
-            return _read_csv(spark, store)
+            return _read_csv(spark, store, store.source)
         options = dict(store.options)
         if store.format is SourceFormat.JSON:
             options = {"mode": "FAILFAST", **options}
@@ -80,16 +80,16 @@ def _read(spark: SparkSession, store: StoreSpec) -> DataFrame:
         ) from exc
 
 
-def _read_csv(spark: SparkSession, store: StoreSpec) -> DataFrame:
+def _read_csv(spark: SparkSession, store: StoreSpec, source: str) -> DataFrame:
     options = {"header": "true", "inferSchema": "true", "mode": "FAILFAST", **store.options}
-    inferred = spark.read.options(**options).csv(store.source)
+    inferred = spark.read.options(**options).csv(source)
     if store.key not in inferred.columns:
         return inferred
     # Inference would turn key "007" into 7: the key column is read as written, and checked later.
     schema = T.StructType(
         [T.StructField(f.name, T.StringType(), True) if f.name == store.key else f for f in inferred.schema.fields]
     )
-    return spark.read.schema(schema).options(**options).csv(store.source)
+    return spark.read.schema(schema).options(**options).csv(source)
 
 
 def value_columns_of(store: StoreSpec, available: list[str]) -> tuple[str, ...]:

@@ -684,7 +684,7 @@ def _check_timeline_store(
         ((columns is not None, "'columns' does not apply to mode 'windowed' (its values are the aggregations)"),),
     )
     if live is not None:
-        for agg_name, expr in aggregations.items():
+        for agg_name, expr in (aggregations or {}).items():  # _check_aggregations refused none
             try:
                 aggregate = parse_aggregate(agg_name, expr)
             except LiveSpecError as exc:

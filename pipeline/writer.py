@@ -482,6 +482,7 @@ def batches_sized_by_rows(spark: SparkSession, json_bytes: int | None) -> Iterat
     if json_bytes is None or limit is None or rows is None or limit >= _NO_BYTE_LIMIT:
         yield
         return
+    assert rows_text is not None and bytes_text is not None  # both read as numbers
     fit = max(1, limit // (json_bytes + _ROW_BYTES))
     conf.set(_ARROW_ROWS, str(fit if rows <= 0 else min(rows, fit)))
     conf.set(_ARROW_BYTES, str(_NO_BYTE_LIMIT))

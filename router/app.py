@@ -291,7 +291,8 @@ def create_app(
             *login_routes(),
         ],
         # The first thing every request meets: concurrency and header limits, the admin token.
-        middleware=[Middleware(RequestGuard, admission=checks)],
+        # mypy matches no class taking **options (RequestGuard's) against starlette's middleware factory type
+        middleware=[Middleware(RequestGuard, admission=checks)],  # type: ignore[arg-type]
         exception_handlers=exception_handlers(),
         lifespan=lifespan,
     )

@@ -160,13 +160,13 @@ class Views:
                     assigned[node_id] = assigned.get(node_id, 0) + 1
         nodes: dict[str, Any] = {}
         for node_id in sorted(m.nodes.keys() | assigned.keys()):
-            record = m.nodes.get(node_id)
+            node = m.nodes.get(node_id)
             serving = m.serving.get(node_id)
             nodes[node_id] = {
-                "url": None if record is None else record.url,
-                "zone": None if record is None else record.zone or None,
+                "url": None if node is None else node.url,
+                "zone": None if node is None else node.zone or None,
                 # gone: assigned partitions but not registered (crashed, or its session expired)
-                "state": "gone" if record is None else "leaving" if record.leaving else "up",
+                "state": "gone" if node is None else "leaving" if node.leaving else "up",
                 "assigned": assigned.get(node_id, 0),
                 "serving": 0 if serving is None else sum(len(parts) for parts in serving.stores.values()),
             }
@@ -747,7 +747,8 @@ async def partition_map(request: Request) -> Response:
             body = json.dumps({**json.loads(body), **empty}, separators=(",", ":")).encode()
     else:
         assert isinstance(query, DetailQuery)
-        body = views.kept_detail(query) or await run_in_threadpool(views.detail, query)
+        kept = views.kept_detail(query)
+        body = kept if kept else await run_in_threadpool(views.detail, query)
     return Response(body, media_type="application/json", headers=headers)
 
 

@@ -27,7 +27,7 @@ from keyroute.runtime.settings import RouterSettings
 log = logging.getLogger(__name__)
 
 
-def run(settings: RouterSettings, *, setup: Callable[[], None] | None = None) -> int:
+def run(settings: RouterSettings, *, setup: Callable[[], object] | None = None) -> int:
     """Serve until stopped: in this process, or in `settings.workers` processes sharing the port, each of
     which calls `setup` (say, logging) first, since it starts afresh."""
     if settings.workers <= 1:
@@ -59,7 +59,7 @@ def run(settings: RouterSettings, *, setup: Callable[[], None] | None = None) ->
 
 def _worker(
     settings: RouterSettings,
-    setup: Callable[[], None] | None,
+    setup: Callable[[], object] | None,
     sock: socket.socket,
     admin_sock: socket.socket | None = None,
 ) -> int:

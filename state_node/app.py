@@ -153,7 +153,7 @@ def create_app(
         # Who may read what, decided before joining the cluster: files that do not load stop the start.
         members = ClusterAuth(settings.access.cluster_secret, certificates=bool(settings.http.tls.member_ca))
         callers = app.state.callers = callers_of(settings.access, members, f"node {node_id}", trust_members=True)
-        metrics.admission.identify_admins(callers)
+        admission.identify_admins(callers)
         # Quotas of the reads callers make here directly (keyroute.http.quotas), shared among the nodes serving
         # each store; a read a member passes on is not counted again, so members must prove themselves.
         if settings.quota_file and not members.enabled:
@@ -197,7 +197,7 @@ def create_app(
     ]
     access = settings.access
     metrics.certificates = certificates_in_use(settings.http.tls, settings.zk.tls)
-    metrics.admission = Admission(
+    admission = metrics.admission = Admission(
         max_concurrent_requests=settings.limits.max_concurrent_requests,
         max_concurrent_per_caller=settings.limits.max_concurrent_per_caller,
         max_header_bytes=settings.limits.max_header_bytes,
@@ -205,7 +205,8 @@ def create_app(
         protected=admin_paths(access),
         retry_after_s=RETRY_AFTER_S,
     )
-    guard = Middleware(RequestGuard, admission=metrics.admission, error_headers=[(HEADER_NODE, node_id)])
+    # mypy matches no class taking **options (RequestGuard's) against starlette's middleware factory type
+    guard = Middleware(RequestGuard, admission=admission, error_headers=[(HEADER_NODE, node_id)])  # type: ignore[arg-type]
     app = Starlette(
         routes=routes,
         lifespan=lifespan,

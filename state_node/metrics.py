@@ -285,7 +285,7 @@ class NodeMetrics:
         ownership = self._ownership
         held = ownership.live_partitions() if ownership is not None else []
         # One sample per (store, partition): the version in the view, else the newest (as /live reports).
-        chosen = {}
+        chosen: dict[tuple[str, int], LivePartition] = {}
         for pid, live in held:
             served = ownership.local(pid.store, pid.partition) if ownership is not None else None
             key = (pid.store, pid.partition)

@@ -473,7 +473,7 @@ class Batch:
 
         async def wait(partition: int, bound: int) -> None:
             held = node.ownership.local(self.store, partition)
-            live = held.live
+            live = held.live if held is not None else None  # None: dropped meanwhile
             if live is not None:
                 await live.wait_reached(bound, wait_s)
 
@@ -482,7 +482,7 @@ class Batch:
         store = self.store
         for partition, (bound, waiting) in behind.items():
             held = node.ownership.local(store, partition)
-            live = held.live
+            live = held.live if held is not None else None
             offset = live.offset if live is not None else -1
             for i, key in waiting:
                 if held is None or live is None or offset < bound:
@@ -580,10 +580,10 @@ def read_batch(
                 offset = live.offset
                 bound = bounds.bound(location.partition) if bounds is not None else None
                 if bound is not None and offset < bound:
-                    waiting = batch.behind.get(location.partition)
-                    if waiting is None:
-                        waiting = batch.behind[location.partition] = (bound, [])
-                    waiting[1].append((i, key))
+                    pending = batch.behind.get(location.partition)
+                    if pending is None:
+                        pending = batch.behind[location.partition] = (bound, [])
+                    pending[1].append((i, key))
                     continue
             elif bounds is not None and bounds.bound(location.partition) is not None:
                 metrics.count(store_name, KIND_BATCH, NotLive.status)

@@ -104,7 +104,7 @@ class NodeServer(HttpServer):
             await super().stop(min(grace_s, SHUTDOWN_GRACE_S))
 
 
-async def _leave(node: Node, on_signal: Callable[[Callable[[], None]], None]) -> None:
+async def _leave(node: Node, on_signal: Callable[[Callable[[], object]], None]) -> None:
     leaving = asyncio.get_running_loop().create_task(stop_gracefully(node))
     on_signal(leaving.cancel)
     bound_s = node.settings.drain_timeout_s + LEAVE_MARGIN_S
@@ -195,12 +195,12 @@ def _say_unserved(node: Node) -> None:
 
 
 @contextmanager
-def _signals_handled() -> Iterator[Callable[[Callable[[], None]], None]]:
+def _signals_handled() -> Iterator[Callable[[Callable[[], object]], None]]:
     """While open, SIGINT and SIGTERM (on the main thread) call the callback last given to the function
     yielded; they are restored to their default afterwards (the server's own handlers are gone by then)."""
     loop = asyncio.get_running_loop()
-    action: list[Callable[[], None]] = [lambda: None]
-    installed: list[int] = []
+    action: list[Callable[[], object]] = [lambda: None]
+    installed: list[signal.Signals] = []
     if threading.current_thread() is threading.main_thread():
         for sig in _SIGNALS:
             try:
@@ -209,7 +209,7 @@ def _signals_handled() -> Iterator[Callable[[Callable[[], None]], None]]:
                 continue
             installed.append(sig)
 
-    def on_signal(callback: Callable[[], None]) -> None:
+    def on_signal(callback: Callable[[], object]) -> None:
         action[0] = callback
 
     try:

@@ -586,16 +586,16 @@ class Authenticator:
             raise Unauthorized("credentials required: Authorization: Bearer TOKEN")
         cached = self._cache.get(authorization)
         if cached is not None:
-            identity, expires, _ = cached
-            if expires == float("inf") or self._clock() < expires:
-                return identity
+            known, until, _ = cached
+            if until == float("inf") or self._clock() < until:
+                return known
             del self._cache[authorization]
         if len(authorization) > MAX_CREDENTIAL_BYTES:
             raise Unauthorized("the Authorization header is too long", invalid_token=True)
         if authorization[:7].lower() != _BEARER:
             raise Unauthorized("credentials required: Authorization: Bearer TOKEN")
         token = authorization[7:].strip()
-        identity = None
+        identity: Identity | None = None
         expires = float("inf")
         kid: Any = _TOKEN
         if self.tokens is not None:

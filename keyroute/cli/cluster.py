@@ -104,6 +104,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         print(f"keyroute cluster id: chroot {zk_settings.chroot or '/'} has no cluster id", file=sys.stderr)
         return 1
     print(json.dumps({"cluster_id": found.id, "created_at": found.created_at}))
+    return 0
 
 
 def cmd_cluster_policy(args: argparse.Namespace) -> int:

@@ -113,13 +113,13 @@ def _adopt_parser(p: _Parser, store_sub: Any) -> None:
     )
     ids = p.exclusive(adopt)
     p.option(
-        ids,  # type: ignore[arg-type]
+        ids,
         "--cluster-id",
         help="when the chroot has no cluster id: restore this one (node.json of the nodes' data directories) so "
         "that those nodes may rejoin",
     )
     p.flag(
-        ids,  # type: ignore[arg-type]
+        ids,
         "--new-cluster-id",
         help="when the chroot has no cluster id: create a new one (nodes that joined the old cluster then refuse "
         "to start)",

@@ -115,7 +115,7 @@ def annotate(description: dict[str, Any], m: PartitionMap, status: LiveStatus, n
     if status.error is not None:
         description["live_status_error"] = status.error
     for name, store in description.get("stores", {}).items():
-        record = m.stores.get(name)
+        record = m.stores[name]  # the description is m's
         per_node = {node_id: report["stores"].get(name) for node_id, report in reports.items()}
         per_node = {node_id: parts for node_id, parts in per_node.items() if isinstance(parts, dict)}
         if not (record.live or per_node):

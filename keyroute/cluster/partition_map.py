@@ -510,7 +510,7 @@ class PartitionMap:
         }
 
 
-_SEQ = itertools.count(1)
+_SEQ: itertools.count[int] = itertools.count(1)
 
 
 def _state_of(endpoints: tuple[Endpoint, ...], version: int, replication_factor: int) -> str:

@@ -429,7 +429,7 @@ class Registry:
             self._save()
         return {"compatibilityLevel": level}
 
-    def check(self, subject: str, version: str, body: Any, verbose: bool) -> dict[str, Any]:
+    def check(self, subject: str, version: str | None, body: Any, verbose: bool) -> dict[str, Any]:
         schema, schema_type, references = self._request_schema(body)
         with self._lock:
             if schema_type == "AVRO":

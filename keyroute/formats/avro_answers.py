@@ -27,7 +27,7 @@ import io
 import json
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from fastavro import parse_schema, schemaless_reader
@@ -553,7 +553,8 @@ def _plain(value: Any) -> Any:
 
 def decode_answer(data: bytes) -> dict[str, Any]:
     """The dict the JSON answer parses to, from the envelope's Avro binary."""
-    record = schemaless_reader(io.BytesIO(data), _PARSED, None, return_record_name=True)
+    # The answer schema is a record: it reads as a dict.
+    record = cast("dict[str, Any]", schemaless_reader(io.BytesIO(data), _PARSED, None, return_record_name=True))
     out: dict[str, Any] = {}
     for name, item in record.items():
         if item is None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, cast
 
 from keyroute.http.asgi import ASGIApp, Message
 
@@ -34,7 +35,9 @@ class Lifespan:
         self._startup = loop.create_future()
         self._shutdown = loop.create_future()
         scope = {"type": "lifespan", "asgi": {"version": "3.0", "spec_version": "2.0"}, "state": self._state}
-        self._task = task = loop.create_task(self._app(scope, self._inbox.get, self._send))
+        # An ASGI app is an async callable: what its call returns is a coroutine.
+        running = cast("Coroutine[Any, Any, None]", self._app(scope, self._inbox.get, self._send))
+        self._task = task = loop.create_task(running)
         self._inbox.put_nowait({"type": "lifespan.startup"})
         await asyncio.wait((self._startup, task), return_when=asyncio.FIRST_COMPLETED)
         if self._startup.done():

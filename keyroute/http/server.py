@@ -409,7 +409,7 @@ class HttpServer:
             return 1
         if self._stop_wanted:
             stop.set()
-        installed: list[int] = []
+        installed: list[signal.Signals] = []
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 try:

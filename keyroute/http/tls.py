@@ -34,7 +34,6 @@ from urllib.parse import urlsplit
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
-from cryptography.x509.oid import ExtensionOID
 
 from keyroute.api import ApiError
 from keyroute.auth.security import MemberIdentity, member_identity, names_member_role
@@ -436,7 +435,7 @@ def _chains_to(chain: list[x509.Certificate], roots: list[x509.Certificate]) -> 
 def _alt_names(certificate: x509.Certificate) -> dict[str, Any]:
     """A certificate's DNS and URI subject alternative names as `ssl.SSLObject.getpeercert()` lists them."""
     try:
-        names = certificate.extensions.get_extension_for_oid(ExtensionOID.SUBJECT_ALTERNATIVE_NAME).value
+        names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
         return {}
     found = [("DNS", n) for n in names.get_values_for_type(x509.DNSName)]

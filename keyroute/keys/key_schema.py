@@ -23,7 +23,7 @@ import re
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -245,7 +245,8 @@ class AvroKeyCodec(KeyCodec):
         except orjson.JSONDecodeError:
             raw = schema.schema  # a bare primitive name, e.g. string
         try:
-            self._parsed = fastavro.parse_schema(raw)
+            # Its shape is the schema's: a name, a list or a dict.
+            self._parsed = cast(Any, fastavro.parse_schema(raw))
         except Exception as exc:  # noqa: BLE001 - fastavro raises several kinds for a bad schema
             raise ValueError(f"{self.describe} is not an Avro schema: {exc}") from None
         kind = self._parsed if isinstance(self._parsed, str) else self._parsed.get("type")
@@ -312,7 +313,7 @@ class AvroKeyCodec(KeyCodec):
         import fastavro
 
         stream = io.BytesIO(payload)
-        value = fastavro.schemaless_reader(stream, self._parsed, None)
+        value: Any = fastavro.schemaless_reader(stream, self._parsed, None)  # what the schema reads as
         if stream.tell() != len(payload):
             extra = len(payload) - stream.tell()
             raise KeyFormatError(f"serialized key has {extra} bytes past its {self.describe} payload")

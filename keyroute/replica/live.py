@@ -44,7 +44,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from keyroute.formats.value_format import value_decoder
 from keyroute.keys.key_format import KeyFormat
@@ -588,7 +588,8 @@ class LiveApplier:
             try:
                 txn = held.write_txn()
                 try:
-                    get, put, delete = txn.get, txn.put, txn.delete
+                    get = cast("Callable[[bytes], bytes | None]", txn.get)  # without buffers=True: bytes
+                    put, delete = txn.put, txn.delete
                     read = slot.reader.read
                     merge = config.merge
                     fold = merge.apply

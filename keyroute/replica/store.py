@@ -159,7 +159,7 @@ class PartitionStore:
     live: ClassVar[LivePartition | None] = None
     write_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     # A stored value as it is answered: a batch partition stores it so.
-    _answer: ClassVar[Callable[[bytes], bytes]] = staticmethod(bytes)
+    _answer: ClassVar[staticmethod[[bytes], bytes]] = staticmethod(bytes)
 
     @property
     def version(self) -> int:
@@ -331,8 +331,9 @@ class LivePartitionStore(PartitionStore):
     which `close` takes too, so no write ever reaches a closed environment. Reads answer without the merge
     state the values carry."""
 
-    live: LivePartition = field(kw_only=True)
-    _answer = staticmethod(value_bytes)
+    # Its own where every other partition answers the class's None.
+    live: LivePartition = field(kw_only=True)  # type: ignore[misc]
+    _answer: ClassVar[staticmethod[[bytes], bytes]] = staticmethod(value_bytes)
 
     def write_txn(self) -> lmdb.Transaction:
         """A write transaction on the partition's environment; the caller holds `write_lock` and has checked

@@ -350,10 +350,10 @@ class Merge:
         return encode_stored(answer, [rank])
 
     def _aggregate(self, stored: bytes | None, row: Mapping[str, Any]) -> bytes:
-        for column in self._needed:
-            if column not in row:
-                agg = next(a for a in self.aggregates if column in (a.column, a.by))
-                raise BadRecord(Reason.MISSING_COLUMN, f"no {column!r} (aggregation {agg.name!r})")
+        for wanted in self._needed:
+            if wanted not in row:
+                agg = next(a for a in self.aggregates if wanted in (a.column, a.by))
+                raise BadRecord(Reason.MISSING_COLUMN, f"no {wanted!r} (aggregation {agg.name!r})")
         first = stored is None
         answer: dict[str, Any] = {}
         state: list[Any] | None = None

@@ -107,7 +107,7 @@ def parse_range_query(raw_query: bytes, key_format: KeyFormat) -> RangeQuery:
         low = parse_key(KeyFormat.STRING, prefix)
         high_bytes = prefix_end(low.data)
         high_text = None
-    elif low is not None and high is not None and order_of(key_format, low.data) > order_of(key_format, high.data):
+    elif low is not None and high is not None and order_of(key_format, low.data) > order_of(key_format, high.data):  # type: ignore[operator]
         raise RangeQueryError(f"from_key={low.text!r} is after to_key={high.text!r}")
     return RangeQuery(
         low=low,

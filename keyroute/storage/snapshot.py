@@ -28,6 +28,7 @@ not against someone forging a file: whoever can write the snapshot can also writ
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import hashlib
 import json
@@ -302,7 +303,7 @@ class Manifest:
     def total_rows(self) -> int:
         return sum(self.rows)
 
-    def to_json(self) -> bytes:
+    def to_json(self) -> builtins.bytes:  # `bytes` in this class is the field
         doc: dict[str, Any] = {
             "format": self.format,
             "store": self.store,
@@ -328,7 +329,7 @@ class Manifest:
         return json.dumps(doc, indent=2, sort_keys=True).encode("utf-8")
 
     @classmethod
-    def from_json(cls, raw: bytes) -> Manifest:
+    def from_json(cls, raw: builtins.bytes) -> Manifest:
         try:
             doc = json.loads(raw)
             if not isinstance(doc, dict) or doc.get("format") not in FORMATS:

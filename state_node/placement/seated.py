@@ -573,7 +573,7 @@ def _place(
         if excess <= 0:
             continue
         holding = [p for p, reps in enumerate(sets) if m in reps and (not fixed or reps[0] != m)]
-        for p in sorted(holding, key=lambda p, m=m: cost(p, m))[:excess]:
+        for _, p in sorted((cost(p, m), p) for p in holding)[:excess]:  # `holding` is in order: ties stay so
             sets[p].remove(m)
         counts[m] -= excess
 

@@ -79,6 +79,12 @@ def test_the_readme_is_short_and_the_first_screen_says_who_it_is_for() -> None:
         assert other in first_screen, f"the comparison lost {other}"
 
 
+def test_ci_runs_the_linters_before_the_suite() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    lint, suite = re.search(r"^make lint$", ci, re.MULTILINE), re.search(r"^make test$", ci, re.MULTILINE)
+    assert lint and suite and lint.start() < suite.start()
+
+
 def test_partition_example_output_is_what_the_command_prints() -> None:
     text = "\n".join(doc.read_text(encoding="utf-8") for doc in TOURED)
     block = re.search(r"```sh\n\$ (keyroute partition [^\n]+)\n(.*?)```", text, re.DOTALL)
