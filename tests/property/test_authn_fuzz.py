@@ -10,7 +10,6 @@ import json
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import jwt
@@ -92,7 +91,7 @@ class StandInExchange:
         self.answers: list[tuple[int, Any, bytes]] = []
         self.gone = False
         self._on_done: Any = None
-        self._conn = SimpleNamespace(_transport=None)
+        self.transport = None  # no TLS: no peer certificate
 
     def answer(self, status: int, headers: Any, body: bytes) -> None:
         self.answers.append((status, headers, body))
