@@ -149,9 +149,11 @@ class ServerState:
         task.add_done_callback(tasks.discard)
 
     def opened(self, conn: Connection) -> None:
+        """`conn` is made (its transport connected)."""
         self.connections.add(conn)
 
     def closed(self, conn: Connection) -> None:
+        """`conn` is gone; the last one to go resolves `all_closed` when it is set."""
         connections = self.connections
         connections.discard(conn)
         waiter = self.all_closed
