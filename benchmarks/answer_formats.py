@@ -19,7 +19,6 @@ import json
 import os
 import platform
 import random
-import re
 import shutil
 import signal
 import statistics
@@ -32,6 +31,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
+
 _SPEC = importlib.util.spec_from_file_location("router_bench", Path(__file__).resolve().parent / "router.py")
 assert _SPEC is not None and _SPEC.loader is not None
 bench = importlib.util.module_from_spec(_SPEC)
@@ -40,7 +41,6 @@ _SPEC.loader.exec_module(bench)
 
 from keyroute.cluster import zk, zk_layout  # noqa: E402
 from keyroute.cluster.partition_map import StoreRecord  # noqa: E402
-from keyroute.dev.zookeeper_server import EmbeddedZooKeeper  # noqa: E402
 from keyroute.formats.avro_answers import encode_body, found_avro, found_entry_avro, results_avro  # noqa: E402
 from keyroute.keys.key_format import KeyFormat  # noqa: E402
 from keyroute.keys.partitioner import Partitioner  # noqa: E402
@@ -80,9 +80,7 @@ def script_text(kind: str, media_type: str) -> str:
 def running(args: argparse.Namespace, work: Path) -> Iterator[Any]:
     with ExitStack() as stack:
         snapshot, _ = bench.write_store(work / "snapshots", args.keys, args.partitions)
-        zk_server = EmbeddedZooKeeper(port=bench.free_port(), data_dir=work / "zookeeper")
-        zk_server.start()
-        stack.callback(zk_server.stop)
+        zk_server = stack.enter_context(harness.zookeeper(work))
         settings = ZkSettings(hosts=zk_server.connect_string, chroot="/keyroute-answers")
         client = zk.connect(settings)
         stack.callback(zk.close, client)
@@ -90,7 +88,7 @@ def running(args: argparse.Namespace, work: Path) -> Iterator[Any]:
             bench.STORE, args.partitions, Partitioner.MURMUR2, KeyFormat.STRING, 1, snapshot, ("v",), 1, time.time()
         )
         client.create(zk_layout.store_path(bench.STORE), record.to_json(), makepath=True)
-        port = bench.free_port()
+        port = harness.free_port()
         node = bench.THIS_TREE.start(
             "node",
             ["node", "--zk", settings.connect_string, "--node-id", "n1", "--port", str(port)]
@@ -260,16 +258,6 @@ def section(
     return "\n".join(lines) + "\n"
 
 
-def write_section(text: str) -> None:
-    current = bench.RESULTS.read_text(encoding="utf-8")
-    section_re = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
-    if section_re.search(current):
-        updated = section_re.sub(lambda _: text.rstrip("\n") + "\n\n", current, count=1)
-    else:
-        updated = current.rstrip("\n") + "\n\n" + text
-    bench.RESULTS.write_text(updated.rstrip("\n") + "\n", encoding="utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--keys", type=int, help="keys in the store (default: 50,000; --quick: 5,000)")
@@ -310,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     print(f"took {time.monotonic() - started:.0f} s", file=sys.stderr)
     if args.write:
-        write_section(text)
+        harness.write_section(SECTION, text)
         print(f"wrote {SECTION!r} in {bench.RESULTS}", file=sys.stderr)
     return 0
 

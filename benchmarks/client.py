@@ -30,15 +30,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
 import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timeline import Proc, free_port, log, start_router, wait  # noqa: E402
+from timeline import Proc, log, start_router  # noqa: E402
 
 from keyroute.client import AsyncClient, Client  # noqa: E402
-from keyroute.dev.zookeeper_server import EmbeddedZooKeeper  # noqa: E402
 from keyroute.pipeline.build import build  # noqa: E402
 from keyroute.pipeline.session import create_session  # noqa: E402
 from keyroute.runtime.settings import ZkSettings  # noqa: E402
@@ -204,18 +204,6 @@ def section(command: str, results: dict[str, dict[str, list[dict[str, float]]]],
     return "\n".join([*lines, "", *verdicts, ""])
 
 
-def write_section(text: str) -> None:
-    import re
-
-    current = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
-    if pattern.search(current):
-        updated = pattern.sub(lambda _: text + "\n", current, count=1).rstrip("\n") + "\n"
-    else:
-        updated = current.rstrip("\n") + "\n\n" + text
-    RESULTS.write_text(updated, encoding="utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reads", type=int, default=3000, help="reads per way and round (default: 3000)")
@@ -227,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="keyroute-client-bench-"))
     procs: list[Proc] = []
     try:
-        with EmbeddedZooKeeper(port=free_port(), data_dir=work / "zookeeper") as zk_server:
+        with harness.zookeeper(work) as zk_server:
             settings = ZkSettings(hosts=zk_server.connect_string, chroot="/bench")
             spark = create_session("local[*]", local_dir=work / "spark")
             try:
@@ -236,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                 spark.stop()
             zk = settings.connect_string
             for node_id in ("n1", "n2"):
-                node = ["node", "--zk", zk, "--node-id", node_id, "--port", str(free_port())]
+                node = ["node", "--zk", zk, "--node-id", node_id, "--port", str(harness.free_port())]
                 procs.append(Proc([*node, "--data-dir", str(work / node_id)], work / f"{node_id}.log"))
             router, url = start_router(work, zk, "router")
             procs.append(router)
@@ -246,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                 placed = {s["node"] for e in body["stores"]["s"]["partition_map"] for s in e["serving"]}
                 return placed == {"n1", "n2"} and all(e["serving"] for e in body["stores"]["s"]["partition_map"])
 
-            wait(served, 120, "both nodes serving")
+            harness.wait(served, 120, "both nodes serving")
             results = run(url, args.reads, args.rounds, args.seed)
     finally:
         for proc in reversed(procs):
@@ -255,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     text = section(command.strip(), results, args.reads, args.rounds)
     print(text)
     if args.write:
-        write_section(text)
+        harness.write_section(SECTION, text)
         log(f"wrote {SECTION!r} to {RESULTS}")
     return 0
 

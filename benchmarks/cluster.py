@@ -16,23 +16,21 @@ import json
 import os
 import platform
 import random
-import re
 import shlex
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
 import httpx
 from kazoo.client import KazooClient
 
@@ -54,26 +52,6 @@ STORE = "bench"
 
 
 # -- plumbing ---------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait(predicate: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.01) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            result = predicate()
-            if result:
-                return result
-        except (httpx.HTTPError, KeyError, ValueError):
-            pass
-        if time.monotonic() > deadline:
-            raise SystemExit(f"benchmark: timed out after {timeout_s}s waiting for {what}")
-        time.sleep(interval_s)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -120,7 +98,7 @@ class Cluster:
         self.client = zk.connect(self.zk_settings)
 
     def start_node(self, node_id: str, data_dir: Path | None = None) -> str:
-        port = free_port()
+        port = harness.free_port()
         data = data_dir or self.work / f"data-{node_id}"
         args = ["node", "--zk", self.zk_settings.connect_string, "--node-id", node_id, "--port", str(port)]
         args += ["--data-dir", str(data), "--zk-session-timeout-s", str(self.session_timeout_s)]
@@ -128,12 +106,12 @@ class Cluster:
         return self.nodes[node_id][1]
 
     def start_router(self) -> str:
-        port = free_port()
+        port = harness.free_port()
         args = ["router", "--zk", self.zk_settings.connect_string, "--port", str(port)]
         args += ["--zk-session-timeout-s", str(self.session_timeout_s), "--upstream-timeout-s", "2"]
         self.routers.append(Proc(args, self.work / f"router-{len(self.routers)}.log"))
         url = f"http://127.0.0.1:{port}"
-        wait(lambda: self.http.get(url + "/healthz").status_code == 200, 30, "router up")
+        harness.wait(lambda: self.http.get(url + "/healthz").status_code == 200, 30, "router up")
         return url
 
     def settled(self, router: str, nodes: set[str], rf: int) -> bool:
@@ -223,13 +201,13 @@ def measure_propagation(
         router = cluster.start_router()
         route = f"{router}/admin/route?store={STORE}&key=customer-1"
         poll = httpx.Client(timeout=5.0, trust_env=False)
-        wait(lambda: poll.get(route).json()["serving"], 30, "router sees the fake node")
+        harness.wait(lambda: poll.get(route).json()["serving"], 30, "router sees the fake node")
         latencies_ms: list[float] = []
         for i in range(1, changes + 1):
             url = f"http://fake-{i}:1"
             cluster.client.set(path, serving_at(url))
             written = time.perf_counter()
-            wait(functools.partial(routed_to, poll, route, url), 10, "the change", 0)
+            harness.wait(functools.partial(routed_to, poll, route, url), 10, "the change", 0)
             latencies_ms.append((time.perf_counter() - written) * 1000)
             time.sleep(0.02)
         poll.close()
@@ -294,7 +272,7 @@ def measure_cluster(work: Path, zk_server: EmbeddedZooKeeper, args: argparse.Nam
         started = time.monotonic()
         for node_id in ("n1", "n2", "n3"):
             cluster.start_node(node_id)
-        wait(lambda: cluster.settled(router, {"n1", "n2", "n3"}, 2), 300, "three nodes settled", 0.05)
+        harness.wait(lambda: cluster.settled(router, {"n1", "n2", "n3"}, 2), 300, "three nodes settled", 0.05)
         out["initial_s"] = time.monotonic() - started
 
         reads = Reads(router, args.keys)
@@ -306,13 +284,13 @@ def measure_cluster(work: Path, zk_server: EmbeddedZooKeeper, args: argparse.Nam
         before = cluster.assignment()
         joined = time.monotonic()
         cluster.start_node("n4")
-        wait(
+        harness.wait(
             lambda: any("n4" in r for per in cluster.assignment().stores.values() for r in per),
             60,
             "n4 placed",
         )
         out["join_assigned_s"] = time.monotonic() - joined
-        wait(lambda: cluster.settled(router, {"n1", "n2", "n3", "n4"}, 2), 300, "n4 rebalanced", 0.02)
+        harness.wait(lambda: cluster.settled(router, {"n1", "n2", "n3", "n4"}, 2), 300, "n4 rebalanced", 0.02)
         out["join_settled_s"] = time.monotonic() - joined
         after = cluster.assignment()
         out["join_moved_replicas"] = sum(
@@ -338,14 +316,14 @@ def measure_cluster(work: Path, zk_server: EmbeddedZooKeeper, args: argparse.Nam
         watcher.start()
         killed = time.monotonic()
         cluster.nodes["n2"][0].kill9()
-        wait(
+        harness.wait(
             lambda: "n2" not in cluster.http.get(router + "/admin/partition-map?detail=all").json()["nodes"],
             60,
             "n2 dropped",
             0.02,
         )
         out["kill_map_drop_s"] = time.monotonic() - killed
-        wait(lambda: cluster.settled(router, {"n1", "n3", "n4"}, 2), 300, "n2's replicas re-placed", 0.02)
+        harness.wait(lambda: cluster.settled(router, {"n1", "n3", "n4"}, 2), 300, "n2's replicas re-placed", 0.02)
         out["kill_settled_s"] = time.monotonic() - killed
         time.sleep(1.0)
         watching.set()
@@ -392,7 +370,7 @@ def measure_restart(work: Path, zk_server: EmbeddedZooKeeper, args: argparse.Nam
         def start_and_time() -> float:
             started = time.monotonic()
             url = cluster.start_node("solo", data)
-            wait(lambda: cluster.http.get(url + "/readyz").status_code == 200, 300, "solo ready", 0.01)
+            harness.wait(lambda: cluster.http.get(url + "/readyz").status_code == 200, 300, "solo ready", 0.01)
             return time.monotonic() - started
 
         for _ in range(args.restarts):
@@ -484,17 +462,6 @@ def section(
     return "\n".join(lines)
 
 
-def write_section(text: str) -> None:
-    """Replace the Cluster section of RESULTS.md (or add it), leaving the other sections as they are."""
-    current = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
-    if pattern.search(current):
-        updated = pattern.sub(lambda _: text + "\n", current, count=1).rstrip("\n") + "\n"
-    else:
-        updated = current.rstrip("\n") + "\n\n" + text
-    RESULTS.write_text(updated, encoding="utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=200_000, help="keys in the store (default: 200,000)")
@@ -506,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="keyroute-cluster-bench-"))
-    server = EmbeddedZooKeeper(port=free_port(), data_dir=work / "zookeeper").start()
+    server = harness.zookeeper_server(work).start()
     try:
         prop = measure_propagation(work, server, args.changes, args.session_timeout_s)
         print("propagation:", json.dumps(prop), flush=True)
@@ -523,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     text = section(prop, clus, restart, args, command)
     print(text)
     if args.write:
-        write_section(text)
+        harness.write_section(SECTION, text)
         print(f"wrote {SECTION!r} to {RESULTS}", file=sys.stderr)
     return 0
 

@@ -21,7 +21,6 @@ import contextlib
 import json
 import logging
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,8 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,27 +64,20 @@ def main() -> None:
     if "PYTHONPATH" not in os.environ:
         sys.path.insert(0, str(ROOT))
     import keyroute.state_node
-    from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
 
     print(
         f"measuring the keyroute in {Path(keyroute.state_node.__file__).resolve().parent.parent}",
         file=sys.stderr,
     )
-    with tempfile.TemporaryDirectory(prefix="keyroute-control-plane-") as work:
-        server = EmbeddedZooKeeper(port=free_port(), data_dir=Path(work) / "zk").start()
-        try:
-            for n in sizes:
-                stores, partitions = SIZES[n]
-                result = _measure(server.connect_string, n, stores, partitions, args.timeout_s)
-                print(json.dumps(result) if args.json else _describe(result), flush=True)
-        finally:
-            server.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    # The measured tree's ZooKeeper server: harness imports it now, after the path is set.
+    with (
+        tempfile.TemporaryDirectory(prefix="keyroute-control-plane-") as work,
+        harness.zookeeper(Path(work), "zk") as server,
+    ):
+        for n in sizes:
+            stores, partitions = SIZES[n]
+            result = _measure(server.connect_string, n, stores, partitions, args.timeout_s)
+            print(json.dumps(result) if args.json else _describe(result), flush=True)
 
 
 @contextlib.contextmanager

@@ -15,7 +15,6 @@ import datetime as dt
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -23,13 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _reference(revision: str, folder: Path) -> None:
@@ -90,7 +85,7 @@ def main() -> int:
         times: dict[str, list[float]] = {"reference": [], "this tree": []}
         for round_ in range(args.rounds):
             for name in times:
-                port, workdir = _free_port(), folder / f"work-{name.replace(' ', '-')}"
+                port, workdir = harness.free_port(), folder / f"work-{name.replace(' ', '-')}"
                 if name == "reference":
                     code = (
                         f"import sys; sys.path.insert(0, {str(folder)!r}); import ref_demo; from pathlib import Path; "

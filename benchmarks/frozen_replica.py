@@ -18,7 +18,6 @@ import argparse
 import datetime
 import os
 import platform
-import re
 import shlex
 import shutil
 import signal
@@ -30,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -40,14 +41,11 @@ from benchmarks.cluster import (  # noqa: E402
     STORE,
     Proc,
     Reads,
-    free_port,
     percentile,
     publish,
-    wait,
     write_store,
 )
 from keyroute.cluster import zk  # noqa: E402
-from keyroute.dev.zookeeper_server import EmbeddedZooKeeper  # noqa: E402
 from keyroute.runtime.settings import ZkSettings  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
@@ -67,7 +65,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def run(work: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
-    server = EmbeddedZooKeeper(port=free_port(), data_dir=work / "zookeeper").start()
+    server = harness.zookeeper_server(work).start()
     settings = ZkSettings(hosts=server.connect_string, chroot="/frozen", session_timeout_s=10.0)
     client = zk.connect(settings)
     procs: list[Proc] = []
@@ -78,13 +76,13 @@ def run(work: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
         publish(client, write_store(work / "snapshots", args.keys, args.partitions), args.partitions, 2)
         nodes: dict[str, Proc] = {}
         for node_id in ("n1", "n2"):
-            argv = ["node", "--zk", settings.connect_string, "--node-id", node_id, "--port", str(free_port())]
+            argv = ["node", "--zk", settings.connect_string, "--node-id", node_id, "--port", str(harness.free_port())]
             argv += ["--data-dir", str(work / f"data-{node_id}"), "--zk-session-timeout-s", "10"]
             nodes[node_id] = Proc(argv, work / f"{node_id}.log")
             procs.append(nodes[node_id])
         urls: dict[str, str] = {}
         for name, stall in ROUTERS.items():
-            port = free_port()
+            port = harness.free_port()
             argv = ["router", "--zk", settings.connect_string, "--port", str(port), "--stall-after-ms", stall]
             procs.append(Proc(argv, work / f"router-{stall}.log"))
             urls[name] = f"http://127.0.0.1:{port}"
@@ -95,7 +93,7 @@ def run(work: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
             return not m["stale"] and all(len(e["serving"]) == 2 for e in entries)
 
         for url in urls.values():
-            wait(lambda url=url: settled(url), 120, "both nodes serving every partition", 0.1)
+            harness.wait(lambda url=url: settled(url), 120, "both nodes serving every partition", 0.1)
         for name, url in urls.items():
             readers[name] = [Reads(url, args.keys) for _ in range(args.readers)]
             for r in readers[name]:
@@ -178,16 +176,6 @@ def section(rows: list[dict[str, Any]], command: str) -> str:
     )
 
 
-def write_section(text: str) -> None:
-    current = RESULTS.read_text(encoding="utf-8")
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
-    if pattern.search(current):
-        updated = pattern.sub(lambda _: text + "\n", current, count=1).rstrip("\n") + "\n"
-    else:
-        updated = current.rstrip("\n") + "\n\n" + text
-    RESULTS.write_text(updated, encoding="utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="keyroute-frozen-bench-"))
@@ -200,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     text = section(rows, command)
     print(text)
     if args.write:
-        write_section(text)
+        harness.write_section(SECTION, text)
         print(f"wrote {SECTION!r} to {RESULTS}", file=sys.stderr)
     return 0
 

@@ -10,7 +10,6 @@ import datetime
 import os
 import platform
 import random
-import re
 import shlex
 import statistics
 import sys
@@ -21,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
 import numpy as np
 import pyarrow as pa
 
@@ -166,17 +166,6 @@ def section(results: list[Result], args: argparse.Namespace, keys: list[str], co
     )
 
 
-def write_section(text: str) -> None:
-    """Replace the Partitioning section of RESULTS.md (or add it), leaving the other sections as they are."""
-    current = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
-    if pattern.search(current):
-        updated = pattern.sub(lambda _: text + "\n", current, count=1).rstrip("\n") + "\n"
-    else:
-        updated = current.rstrip("\n") + "\n\n" + text
-    RESULTS.write_text(updated, encoding="utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=1_000_000, help="how many keys (default: 1,000,000)")
@@ -191,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     text = section(results, args, keys, _command(argv))
     print(text)
     if args.write:
-        write_section(text)
+        harness.write_section(SECTION, text)
         print(f"wrote {SECTION!r} to {RESULTS}", file=sys.stderr)
 
     arrow = next(

@@ -34,6 +34,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
 import jwt
 from cryptography.hazmat.primitives.asymmetric import rsa
 
@@ -41,7 +42,6 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))  # for tests.jwks_serv
 
 from keyroute.cluster import zk, zk_layout  # noqa: E402
 from keyroute.cluster.partition_map import StoreRecord  # noqa: E402
-from keyroute.dev.zookeeper_server import EmbeddedZooKeeper  # noqa: E402
 from keyroute.keys.key_format import KeyFormat  # noqa: E402
 from keyroute.keys.partitioner import Partitioner  # noqa: E402
 from keyroute.runtime.settings import ZkSettings  # noqa: E402
@@ -49,12 +49,10 @@ from router import (  # noqa: E402  benchmarks/router.py: the store, processes, 
     CHROOT,
     STORE,
     Service,
-    free_port,
     http_json,
     key_text,
     start_service,
     wait_until,
-    write_section,
     write_store,
 )
 from tests.jwks_server import JwksServer  # noqa: E402
@@ -107,7 +105,7 @@ def main() -> int:
     text = section(figures, notes, args, command)
     print(text)
     if args.write and not args.quick:
-        write_section(SECTION, text)
+        harness.write_section(SECTION, text)
     return 0
 
 
@@ -124,9 +122,7 @@ def measure(args: argparse.Namespace, work: Path) -> tuple[dict[tuple[str, str],
     notes = {"unknown_sent": 0, "unknown_not_401": 0}
     with ExitStack() as stack:
         snapshot, _ = write_store(work / "snapshots", args.keys, args.partitions)
-        zk_server = EmbeddedZooKeeper(port=free_port(), data_dir=work / "zookeeper")
-        zk_server.start()
-        stack.callback(zk_server.stop)
+        zk_server = stack.enter_context(harness.zookeeper(work))
         zk_settings = ZkSettings(hosts=zk_server.connect_string, chroot=CHROOT)
         client = zk.connect(zk_settings)
         stack.callback(zk.close, client)
@@ -144,7 +140,7 @@ def measure(args: argparse.Namespace, work: Path) -> tuple[dict[tuple[str, str],
                 *("--jwt-issuer", ISSUER, "--jwt-jwks-url", issuers[name].url, "--jwt-jwks-allow-http"),
             ]
 
-        port = free_port()
+        port = harness.free_port()
         node = start_service(
             "node",
             [*keyroute, "node", "--zk", connect, "--node-id", "n1", "--port", str(port), *access("node")]
@@ -153,7 +149,7 @@ def measure(args: argparse.Namespace, work: Path) -> tuple[dict[tuple[str, str],
             f"http://127.0.0.1:{port}",
         )
         stack.callback(node.stop)
-        port = free_port()
+        port = harness.free_port()
         router = start_service(
             "router",
             [*keyroute, "router", "--zk", connect, "--port", str(port), *access("router")],

@@ -22,7 +22,6 @@ import importlib.util
 import os
 import platform
 import random
-import re
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,8 @@ import threading
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
+
+import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
 
 _HERE = Path(__file__).resolve().parent
 
@@ -98,7 +99,7 @@ class DelayProxy:
     def __init__(self, target_port: int, delay_s: float) -> None:
         self.target_port = target_port
         self.delay_s = delay_s
-        self.port = clusters.free_port()
+        self.port = harness.free_port()
         self._loop = asyncio.new_event_loop()
         started = threading.Event()
         threading.Thread(target=self._run, args=(started,), daemon=True).start()
@@ -139,7 +140,7 @@ class DelayProxy:
 
 
 def start_router(cluster: Any, variant: str) -> tuple[str, subprocess.Popen[bytes]]:
-    port = clusters.free_port()
+    port = harness.free_port()
     args = ["router", "--zk", cluster.zk_settings.connect_string, "--port", str(port)]
     args += ["--zk-session-timeout-s", str(cluster.session_timeout_s), "--hedge-after-ms", "0"]
     log = open(cluster.work / f"router-{variant}.log", "ab")  # noqa: SIM115 (open for the process's life)
@@ -147,7 +148,7 @@ def start_router(cluster: Any, variant: str) -> tuple[str, subprocess.Popen[byte
         [sys.executable, "-c", LAUNCH, variant, *args], stdout=log, stderr=subprocess.STDOUT, cwd=clusters.ROOT
     )
     url = f"http://127.0.0.1:{port}"
-    clusters.wait(lambda: cluster.http.get(url + "/healthz").status_code == 200, 30, f"router {variant} up")
+    harness.wait(lambda: cluster.http.get(url + "/healthz").status_code == 200, 30, f"router {variant} up")
     return url, popen
 
 
@@ -163,7 +164,7 @@ def measure(zk_server: EmbeddedZooKeeper, work: Path, rf: int, args: argparse.Na
         snapshot = clusters.write_store(cluster.work / "snapshots", args.keys, args.partitions)
         clusters.publish(cluster.client, snapshot, args.partitions, rf)
         for node_id in nodes:
-            port = clusters.free_port()
+            port = harness.free_port()
             extra: list[str] = []
             if node_id == "n2":
                 proxy = DelayProxy(port, args.delay_ms / 1000)
@@ -179,7 +180,7 @@ def measure(zk_server: EmbeddedZooKeeper, work: Path, rf: int, args: argparse.Na
             stack.callback(_stop, popen)
             routers[variant] = url
         first = routers[LEAST]
-        clusters.wait(lambda: cluster.settled(first, set(nodes), rf), 300, f"rf {rf} settled", 0.05)
+        harness.wait(lambda: cluster.settled(first, set(nodes), rf), 300, f"rf {rf} settled", 0.05)
         paths = cluster.work / "paths.txt"
         rng = random.Random(rf)
         paths.write_text(
@@ -242,14 +243,6 @@ def section(results: dict[int, dict[str, list[Any]]], args: argparse.Namespace, 
     return "\n".join(lines) + "\n"
 
 
-def write_section(text: str) -> None:
-    results = clusters.RESULTS
-    current = results.read_text(encoding="utf-8")
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    updated = pattern.sub(lambda _: text + "\n", current) if pattern.search(current) else current + "\n" + text
-    results.write_text(updated, encoding="utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keys", type=int, default=20_000)
@@ -266,16 +259,12 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="keyroute-least-loaded-") as tmp:
         work = Path(tmp)
-        zk_server = EmbeddedZooKeeper(port=clusters.free_port(), data_dir=work / "zookeeper")
-        zk_server.start()
-        try:
+        with harness.zookeeper(work) as zk_server:
             results = {rf: measure(zk_server, work, rf, args) for rf in (2, 3)}
-        finally:
-            zk_server.stop()
     text = section(results, args, (load_before, os.getloadavg()[0]))
     print(text)
     if args.write and not args.quick:
-        write_section(text)
+        harness.write_section(SECTION, text)
     return 0
 
 

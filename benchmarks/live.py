@@ -34,19 +34,18 @@ import resource
 import shlex
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,26 +75,6 @@ LATEST, AGGREGATE = "live_latest", "live_totals"
 
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait(predicate: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            result = predicate()
-            if result:
-                return result
-        except (httpx.HTTPError, KeyError, ValueError):
-            pass
-        if time.monotonic() > deadline:
-            raise SystemExit(f"benchmark: timed out after {timeout_s}s waiting for {what}")
-        time.sleep(interval_s)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -381,7 +360,7 @@ class Cluster:
         return time.monotonic() - began
 
     def start_node(self, node_id: str) -> str:
-        port = free_port()
+        port = harness.free_port()
         data = self.work / f"data-{node_id}"
         args = [
             "node",
@@ -419,7 +398,7 @@ class Cluster:
         self.nodes[node_id] = (Proc(args, self.work / f"{node_id}.log"), url, data)
 
     def start_router(self) -> str:
-        port = free_port()
+        port = harness.free_port()
         self.router = Proc(["router", "--zk", self.zk, "--port", str(port)], self.work / "router.log")
         self.router_url = f"http://127.0.0.1:{port}"
         return self.router_url
@@ -588,7 +567,7 @@ def compare(cluster: Cluster, store: str, expected: dict[str, Any], last: dict[i
                     got = answer.json()["results"]
                     return None if any(r.get("error") == "not_up_to_bound" for r in got) else got
 
-                results += wait(answered, 120, f"{store} p{p} on {replica['node']} up to offset {last.get(p)}")
+                results += harness.wait(answered, 120, f"{store} p{p} on {replica['node']} up to offset {last.get(p)}")
             for key, result in zip(keys_of_p, results, strict=True):
                 want = expected.get(key)
                 got = result.get("value") if result.get("status", 200) == 200 and "value" in result else None
@@ -624,7 +603,7 @@ def catch_up(work: Path, zk_server: EmbeddedZooKeeper, kafka: Broker, args: argp
             cluster.build(spec(kafka.bootstrap_servers, topic, (store,)), store)
             began = time.monotonic()
             cluster.start_node("n1")
-            wait(lambda s=store, c=cluster: c.serving(s, 1), 1800, f"{store} caught up", interval_s=0.1)
+            harness.wait(lambda s=store, c=cluster: c.serving(s, 1), 1800, f"{store} caught up", interval_s=0.1)
             seconds = time.monotonic() - began
             results[store] = {"seconds": seconds, "per_s": args.backlog / seconds}
             log(f"{store}: caught up on {args.backlog:,} events in {seconds:.1f} s ({args.backlog / seconds:,.0f}/s)")
@@ -652,7 +631,7 @@ def one_rate(
         for i in range(3):
             cluster.start_node(f"node-{i}")
         for store in (LATEST, AGGREGATE):
-            wait(lambda s=store: cluster.serving(s, 2), 120, f"{store} served by 2 replicas", interval_s=0.2)
+            harness.wait(lambda s=store: cluster.serving(s, 2), 120, f"{store} served by 2 replicas", interval_s=0.2)
         total = int(rate * args.duration_s)
         sample_every = max(1, round(args.sample_every * rate / 5000))  # about the same samples/s at any rate
         samples, done = multiprocessing.Queue(), multiprocessing.Queue()
@@ -766,7 +745,7 @@ def one_rate(
             f"over {len(latencies)} samples, {len(failures)} failures, {counts.get('errors')} read errors"
         )
         for store in (LATEST, AGGREGATE):
-            wait(
+            harness.wait(
                 lambda s=store: cluster.serving(s, 2),
                 120,
                 f"{store} served by 2 replicas after the restart",
@@ -785,7 +764,7 @@ def one_rate(
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="keyroute-live-bench-"))
-    zk_server = EmbeddedZooKeeper(free_port(), work / "zookeeper")
+    zk_server = harness.zookeeper_server(work)
     zk_server.start()
     kafka = Broker({"backlog": PARTITIONS, **{f"events-{rate:g}": PARTITIONS for rate in args.rates}})
     out: dict[str, Any] = {"runs": []}
@@ -903,17 +882,6 @@ def section(out: dict[str, Any], args: argparse.Namespace, command: str) -> str:
     return "\n".join(lines)
 
 
-def write_section(text: str) -> None:
-    current = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    start = current.find(SECTION + "\n")
-    if start < 0:
-        updated = current.rstrip("\n") + "\n\n" + text
-    else:
-        following = current.find("\n## ", start + len(SECTION))
-        updated = current[:start] + text + ("\n" + current[following + 1 :] if following >= 0 else "")
-    RESULTS.write_text(updated.rstrip("\n") + "\n")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -937,7 +905,7 @@ def main(argv: list[str] | None = None) -> int:
     text = section(out, args, command)
     print(text)
     if args.write:
-        write_section(text)
+        harness.write_section(SECTION, text)
     return 0
 
 

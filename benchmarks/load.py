@@ -40,7 +40,6 @@ import resource
 import shlex
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -52,6 +51,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
 
 # Run as a script, this file's folder comes first on sys.path, where benchmarks/pipeline.py's name hides the
 # `pipeline` folder keyroute.pipeline is mapped from: the folder goes before anything is imported from there
@@ -68,7 +69,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pyspark
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
 from pyspark.sql import SparkSession
 
 from keyroute.cluster import placement_records, zk, zk_layout
@@ -182,24 +182,6 @@ class PageCache:
 
 
 # -- plumbing ------------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait(predicate: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.01) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        with contextlib.suppress(httpx.HTTPError, KeyError, ValueError, NoNodeError):
-            result = predicate()
-            if result:
-                return result
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout_s:g}s waiting for {what}")
-        time.sleep(interval_s)
 
 
 # Process-tree CPU from /proc: the same measure as benchmarks/pipeline.py, taken from there.
@@ -716,13 +698,13 @@ class Cluster:
         return self.work / f"data-{node_id}"
 
     def start_node(self, node_id: str) -> None:
-        port = free_port()
+        port = harness.free_port()
         args = ["node", "--zk", self.settings.connect_string, "--node-id", node_id, "--port", str(port)]
         args += ["--data-dir", str(self.data_dir(node_id)), "--zk-session-timeout-s", str(self.session_timeout_s)]
         args += ["--version-grace-s", "0"]
         self.nodes[node_id] = (Proc(args, self.work / f"{node_id}.log"), f"http://127.0.0.1:{port}")
-        wait(lambda: self.registered(node_id), 60, f"{node_id} registered")
-        wait(lambda: self.answers(node_id), 60, f"{node_id} answering HTTP")
+        harness.wait(lambda: self.registered(node_id), 60, f"{node_id} registered")
+        harness.wait(lambda: self.answers(node_id), 60, f"{node_id} answering HTTP")
 
     def answers(self, node_id: str) -> bool:
         try:
@@ -793,7 +775,7 @@ def _one_move(cluster: Cluster, owner: str, other: str, version: int) -> Move:
     cluster.nodes[owner][0].terminate()
     if not done.wait(600):
         raise RuntimeError(f"{other} did not serve the partition after {owner} left")
-    wait(lambda: "assignment" in seen, 10, "the assignment's mtime")
+    harness.wait(lambda: "assignment" in seen, 10, "the assignment's mtime")
     load_s = cluster.loaded_seconds(other) - loaded_before
     return Move(seen["assignment"] - stopped, seen["serving"] - seen["assignment"], load_s)
 
@@ -819,10 +801,10 @@ def measure_rebalance(
         for node_id in ("n1", "n2"):
             cluster.start_node(node_id)
         cluster.client.create(zk_layout.store_path(STORE), record.to_json(), makepath=True)
-        wait(lambda: any(cluster.serving(n, record.version) for n in ("n1", "n2")), 600, "the first load", 0.05)
+        harness.wait(lambda: any(cluster.serving(n, record.version) for n in ("n1", "n2")), 600, "the first load", 0.05)
         for round_index in range(rounds):
             owner = cluster.owner()
-            wait(lambda o=owner: cluster.serving(o, record.version), 600, f"{owner} serving", 0.05)  # type: ignore[misc]
+            harness.wait(lambda o=owner: cluster.serving(o, record.version), 600, f"{owner} serving", 0.05)  # type: ignore[misc]
             other = "n2" if owner == "n1" else "n1"
             if cold_files is None:
                 os.sync()
@@ -1158,17 +1140,6 @@ REBALANCE_LABELS = {
 }
 
 
-def write_section(text: str) -> None:
-    """Replace this script's section of RESULTS.md (or add it), leaving the other sections as they are."""
-    current = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
-    if pattern.search(current):
-        updated = pattern.sub(lambda _: text + "\n", current, count=1).rstrip("\n") + "\n"
-    else:
-        updated = current.rstrip("\n") + "\n\n" + text
-    RESULTS.write_text(updated, encoding="utf-8")
-
-
 def _command(argv: list[str] | None) -> str:
     """The command line as typed from the repository root, e.g. `.venv/bin/python benchmarks/load.py`."""
     python = Path(sys.executable)
@@ -1246,7 +1217,7 @@ def main(argv: list[str] | None = None) -> int:
     breakdown: dict[str, float] = {}
     value_bytes = 0.0
     try:
-        with EmbeddedZooKeeper(port=free_port(), data_dir=work / "zookeeper") as zk_server:
+        with harness.zookeeper(work) as zk_server:
             reader = zk.connect(ZkSettings(hosts=zk_server.connect_string), ensure_layout=False)
             try:
                 spark = create_session(args.master, local_dir=work / "spark")
@@ -1310,7 +1281,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(text)
     if args.write:
-        write_section(text)  # RESULTS.md is read right here: other benchmarks write their own sections
+        harness.write_section(SECTION, text)  # RESULTS.md is read right here: other benchmarks write their own sections
         log(f"wrote {SECTION!r} to {RESULTS}")
     return 0
 

@@ -31,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 
+import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -163,12 +165,6 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reads", type=int, default=3000)
@@ -177,7 +173,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=200, help="requests per cached / 304 measurement")
     args = parser.parse_args()
 
-    node_port, router_port = free_port(), free_port()
+    node_port, router_port = harness.free_port(), harness.free_port()
     node = multiprocessing.Process(target=serve_node, args=(node_port,), daemon=True)
     node.start()
     router = subprocess.Popen(

@@ -18,7 +18,6 @@ import importlib.util
 import os
 import platform
 import random
-import re
 import shutil
 import signal
 import statistics
@@ -30,6 +29,8 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
 
 _SPEC = importlib.util.spec_from_file_location("router_bench", Path(__file__).resolve().parent / "router.py")
 assert _SPEC is not None and _SPEC.loader is not None
@@ -82,7 +83,7 @@ def start_cluster(
     client.create(zk_layout.store_path(bench.STORE), record.to_json(), makepath=True)
     nodes = []
     for name in ("n1", "n2"):
-        port = bench.free_port()
+        port = harness.free_port()
         node = build.start(
             f"{label}-{name}",
             ["node", "--zk", settings.connect_string, "--node-id", name, "--port", str(port)]
@@ -99,9 +100,7 @@ def start_cluster(
 def running(args: argparse.Namespace, work: Path) -> Iterator[list[NodeCluster]]:
     with ExitStack() as stack:
         snapshot, partitions_of = bench.write_store(work / "snapshots", args.keys, args.partitions)
-        zk_server = EmbeddedZooKeeper(port=bench.free_port(), data_dir=work / "zookeeper")
-        zk_server.start()
-        stack.callback(zk_server.stop)
+        zk_server = stack.enter_context(harness.zookeeper(work))
         previous = stack.enter_context(bench.revision_build(args.previous, work))
         started = []
         for label, build in (("new", bench.THIS_TREE), ("previous", previous)):
@@ -243,16 +242,6 @@ def _name(cluster: NodeCluster) -> str:
     return f"{cluster.build.label}: forwarding over httpx"
 
 
-def write_section(text: str) -> None:
-    current = bench.RESULTS.read_text(encoding="utf-8")
-    section_re = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
-    if section_re.search(current):
-        updated = section_re.sub(lambda _: text.rstrip("\n") + "\n\n", current, count=1)
-    else:
-        updated = current.rstrip("\n") + "\n\n" + text
-    bench.RESULTS.write_text(updated.rstrip("\n") + "\n", encoding="utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--keys", type=int, help="keys in the store (default: 50,000; --quick: 5,000)")
@@ -293,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     print(f"took {time.monotonic() - started:.0f} s", file=sys.stderr)
     if args.write:
-        write_section(text)
+        harness.write_section(SECTION, text)
         print(f"wrote {SECTION!r} in {bench.RESULTS}", file=sys.stderr)
     return 0
 

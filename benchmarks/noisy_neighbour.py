@@ -35,9 +35,10 @@ import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
+import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
+
 from keyroute.cluster import zk, zk_layout
 from keyroute.cluster.partition_map import StoreRecord
-from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
 from keyroute.keys.key_format import KeyFormat
 from keyroute.keys.partitioner import Partitioner
 from keyroute.runtime.settings import ZkSettings
@@ -46,12 +47,10 @@ from router import (  # benchmarks/router.py: the store, processes, wrk and /pro
     THIS_TREE,
     WRK_PACING,
     WRK_SCRIPT,
-    free_port,
     http_json,
     key_text,
     tree_cpu_s,
     wait_until,
-    write_section,
     write_store,
     wrk_result,
 )
@@ -139,9 +138,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="keyroute-quotas-") as tmp, ExitStack() as stack:
         work = Path(tmp)
         snapshot, _ = write_store(work / "snapshots", args.keys, 8)
-        zk_server = EmbeddedZooKeeper(port=free_port(), data_dir=work / "zookeeper")
-        zk_server.start()
-        stack.callback(zk_server.stop)
+        zk_server = stack.enter_context(harness.zookeeper(work))
         zk_settings = ZkSettings(hosts=zk_server.connect_string, chroot=CHROOT)
         client = zk.connect(zk_settings)
         stack.callback(zk.close, client)
@@ -152,7 +149,7 @@ def main() -> int:
         (work / "quotas.toml").write_text(QUOTAS)
         services = []
         for name in ("n1", "n2"):
-            port = free_port()
+            port = harness.free_port()
             node_args = ["node", "--zk", connect, "--node-id", name, "--port", str(port), "--cluster-secret", SECRET]
             node = THIS_TREE.start(
                 name, [*node_args, "--data-dir", str(work / f"data-{name}")], work, f"http://127.0.0.1:{port}"
@@ -164,7 +161,7 @@ def main() -> int:
             ("plain", []),
             ("quotas", ["--access-tokens", str(work / "tokens.toml"), "--quota-file", str(work / "quotas.toml")]),
         ):
-            port = free_port()
+            port = harness.free_port()
             router_args = ["router", "--zk", connect, "--port", str(port), "--cluster-secret", SECRET, *extra]
             routers[name] = THIS_TREE.start(f"router-{name}", router_args, work, f"http://127.0.0.1:{port}")
             stack.callback(routers[name].stop)
@@ -237,7 +234,7 @@ def main() -> int:
         report = render(figures, args)
         print(report)
         if args.write:
-            write_section(SECTION, report)
+            harness.write_section(SECTION, report)
     return 0
 
 

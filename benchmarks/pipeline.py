@@ -11,10 +11,8 @@ import argparse
 import datetime
 import os
 import platform
-import re
 import shlex
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -24,6 +22,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
 
 # Run as a script, this file's folder comes first on sys.path, where this file's name hides the `pipeline`
 # package it measures: the folder goes before anything is imported from there (hence E402 off, file-wide).
@@ -112,12 +112,6 @@ def write_spec(path: Path, source: Path, args: argparse.Namespace, audit: bool) 
         lines.append('source_partition_column = "partition"')
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager
@@ -295,17 +289,6 @@ def section(timings: list[Timings], loads: list[float], args: argparse.Namespace
     )
 
 
-def write_section(text: str) -> None:
-    """Replace the Pipeline section of RESULTS.md (or add it), leaving the other sections as they are."""
-    current = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
-    if pattern.search(current):
-        updated = pattern.sub(lambda _: text + "\n", current, count=1).rstrip("\n") + "\n"
-    else:
-        updated = current.rstrip("\n") + "\n\n" + text
-    RESULTS.write_text(updated, encoding="utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000, help="source records (default: 1,000,000)")
@@ -346,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             Variant("partition step (murmur2, Arrow UDF)", plain, pipeline_keys.route_column),
             Variant("partition step + audit", audited, pipeline_keys.route_column),
         ]
-        with EmbeddedZooKeeper(port=free_port(), data_dir=work / "zookeeper") as zk:
+        with harness.zookeeper(work) as zk:
             spark = create_session(args.master, local_dir=work / "spark")
             try:
                 timings, loads = measure(spark, zk, variants, work, keys, args)
@@ -355,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     text = section(timings, loads, args, keys, _command(argv))
     print(text)
     if args.write:
-        write_section(text)  # RESULTS.md is read right here: other benchmarks write their own sections
+        harness.write_section(SECTION, text)  # RESULTS.md is read right here: other benchmarks write their own sections
         print(f"wrote {SECTION!r} to {RESULTS}", file=sys.stderr)
     overhead = Overhead.of(timings[1].wall, timings[0].wall).medians
     if overhead > TARGET_OVERHEAD:

@@ -35,20 +35,21 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.router import THIS_TREE, Build, free_port, revision_build  # noqa: E402
+from benchmarks.router import THIS_TREE, Build, revision_build  # noqa: E402
 from keyroute.cluster import placement_records, zk, zk_layout  # noqa: E402
 from keyroute.cluster.partition_map import Assignment, StoreRecord  # noqa: E402
 from keyroute.dev.zookeeper_server import EmbeddedZooKeeper  # noqa: E402
@@ -77,21 +78,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--write", action="store_true", help="record the table in benchmarks/RESULTS.md")
     parser.add_argument("--keep", type=Path, help="work in this (new) directory and keep it: logs, data directories")
     return parser.parse_args(argv)
-
-
-def wait(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: BaseException | None = None
-    while True:
-        try:
-            result = predicate()
-            if result:
-                return result
-        except Exception as exc:  # not up yet
-            last = exc
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out after {timeout_s:.0f}s waiting for {what} (last error: {last!r})")
-        time.sleep(0.1)
 
 
 # -- the data ---------------------------------------------------------------------------------------------
@@ -179,13 +165,13 @@ class Cluster:
         connect = self.zk_settings.connect_string
         for i in range(self.args.nodes):
             node_id = f"node-{i}"
-            port = free_port()
+            port = harness.free_port()
             args = ["node", "--zk", connect, "--node-id", node_id, "--port", str(port)]
             args += ["--data-dir", str(self.work / f"data-{node_id}")]
             proc = Process(node_id, args, self.build, self.work / f"{node_id}.log")
             proc.start()
             self.nodes[node_id] = (proc, f"http://127.0.0.1:{port}")
-        port = free_port()
+        port = harness.free_port()
         args = ["router", "--zk", connect, "--port", str(port)]
         router = Process("router", args, self.build, self.work / "router.log")
         router.start()
@@ -329,24 +315,24 @@ def run_restart(build: Build, work: Path, zk_server: EmbeddedZooKeeper, args: ar
             )
             client.create(zk_layout.store_path(store), record.to_json(), makepath=True)
         cluster.start()
-        wait(cluster.settled, 180, f"{build.label}: the cluster to settle")
+        harness.wait(cluster.settled, 180, f"{build.label}: the cluster to settle")
         placements = Placements(client)
-        wait(lambda: placements.first is not None, 30, "the assignment")
+        harness.wait(lambda: placements.first is not None, 30, "the assignment")
         before = markers(work, list(cluster.nodes))
         reads = Reads(cluster.router_url, store_names(args.stores), args.keys)
         restarts_s = []
         started = time.monotonic()
         with reads.running(args.readers):
-            wait(lambda: sum(reads.counts.values()) >= 200, 60, "reads under way")
+            harness.wait(lambda: sum(reads.counts.values()) >= 200, 60, "reads under way")
             for node_id, (proc, _) in cluster.nodes.items():
                 began = time.monotonic()
                 code = proc.sigterm()
                 if code != 0:
                     raise SystemExit(f"{build.label}: {node_id} exited {code} on SIGTERM; see {proc.log}")
                 proc.start()  # same node id, data directory and port
-                wait(cluster.settled, 300, f"{build.label}: {node_id} back and the cluster settled")
+                harness.wait(cluster.settled, 300, f"{build.label}: {node_id} back and the cluster settled")
                 restarts_s.append(time.monotonic() - began)
-            wait(lambda: sum(reads.counts.values()) >= 200, 60, "reads after the restarts")
+            harness.wait(lambda: sum(reads.counts.values()) >= 200, 60, "reads after the restarts")
         elapsed_s = time.monotonic() - started
         after = markers(work, list(cluster.nodes))
         reloaded = [m for m, identity in after.items() if before.get(m) != identity]
@@ -405,16 +391,6 @@ def section(results: list[dict[str, Any]], args: argparse.Namespace, command: st
     )
 
 
-def write_section(text: str) -> None:
-    current = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    start = current.find(SECTION + "\n")
-    if start < 0:
-        RESULTS.write_text(current.rstrip("\n") + "\n\n" + text)
-        return
-    end = current.find("\n## ", start + len(SECTION))
-    RESULTS.write_text(current[:start] + text + ("" if end < 0 else current[end:]))
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     given = list(sys.argv[1:] if argv is None else argv)
@@ -428,9 +404,7 @@ def main(argv: list[str] | None = None) -> int:
             work = args.keep.resolve()
         else:
             work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="keyroute-rolling-")))
-        zk_server = EmbeddedZooKeeper(port=free_port(), data_dir=work / "zookeeper")
-        zk_server.start()
-        stack.callback(zk_server.stop)
+        zk_server = stack.enter_context(harness.zookeeper(work))
         builds = [THIS_TREE]
         if args.previous:
             builds.append(stack.enter_context(revision_build(args.previous, work)))
@@ -442,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         text = section(results, args, command.strip())
         print(text)
         if args.write:
-            write_section(text)
+            harness.write_section(SECTION, text)
     return 0
 
 

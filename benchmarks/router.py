@@ -54,9 +54,10 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
+
 from keyroute.cluster import zk, zk_layout
 from keyroute.cluster.partition_map import StoreRecord
-from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
 from keyroute.keys.key_format import KeyFormat
 from keyroute.keys.partitioner import Partitioner, partition_for
 from keyroute.runtime.settings import ZkSettings
@@ -241,12 +242,6 @@ def write_store(root: Path, keys: int, partitions: int) -> tuple[str, list[int]]
 
 
 # -- processes --------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -754,9 +749,7 @@ def running_cluster(args: argparse.Namespace, wrk: str, nginx: str, work: Path) 
         print(f"writing {args.keys:,} keys in {args.partitions} partitions to {work}", file=sys.stderr)
         snapshot, partitions_of = write_store(work / "snapshots", args.keys, args.partitions)
 
-        zk_server = EmbeddedZooKeeper(port=free_port(), data_dir=work / "zookeeper")
-        zk_server.start()
-        stack.callback(zk_server.stop)
+        zk_server = stack.enter_context(harness.zookeeper(work))
         zk_settings = ZkSettings(hosts=zk_server.connect_string, chroot=CHROOT)
         client = zk.connect(zk_settings)
         stack.callback(zk.close, client)
@@ -791,7 +784,7 @@ def running_cluster(args: argparse.Namespace, wrk: str, nginx: str, work: Path) 
         connect = zk_settings.connect_string
         nodes: dict[str, Service] = {}
         for n in range(1, args.nodes + 1):
-            name, port = f"n{n}", free_port()
+            name, port = f"n{n}", harness.free_port()
             node = new.start(
                 name,
                 ["node", "--zk", connect, "--node-id", name, "--port", str(port)]
@@ -801,7 +794,7 @@ def running_cluster(args: argparse.Namespace, wrk: str, nginx: str, work: Path) 
             )
             stack.callback(node.stop)
             nodes[name] = node
-        port = free_port()
+        port = harness.free_port()
         router = router_build.start(
             "router", ["router", "--zk", connect, "--port", str(port)], work, f"http://127.0.0.1:{port}"
         )
@@ -809,19 +802,19 @@ def running_cluster(args: argparse.Namespace, wrk: str, nginx: str, work: Path) 
         routers = [router]
         previous = workers = pure = None
         if router_build is not new:  # (b4): the nodes' build, pure Python, on record beside the compiled one
-            port = free_port()
+            port = harness.free_port()
             pure = new.start(
                 "router-pure", ["router", "--zk", connect, "--port", str(port)], work, f"http://127.0.0.1:{port}"
             )
             stack.callback(pure.stop)
             routers.append(pure)
         if previous_build is not None:
-            port = free_port()
+            port = harness.free_port()
             previous = previous_build.start(
                 "router-previous", ["router", "--zk", connect, "--port", str(port)], work, f"http://127.0.0.1:{port}"
             )
             stack.callback(previous.stop)
-            port = free_port()
+            port = harness.free_port()
             workers = router_build.start(
                 "router-workers-2",
                 ["router", "--zk", connect, "--port", str(port), "--workers", "2"],
@@ -863,7 +856,7 @@ def running_cluster(args: argparse.Namespace, wrk: str, nginx: str, work: Path) 
         )
 
         files = write_key_files(work, args.keys, partitions_of, owner_of, list(nodes))
-        rr_port, owner_port = free_port(), free_port()
+        rr_port, owner_port = harness.free_port(), harness.free_port()
         nginx_service = start_nginx(nginx, work, nodes, rr_port, owner_port)
         stack.callback(nginx_service.stop, signal.SIGQUIT)
         rr_url, owner_url = f"http://127.0.0.1:{rr_port}", f"http://127.0.0.1:{owner_port}"
@@ -873,7 +866,7 @@ def running_cluster(args: argparse.Namespace, wrk: str, nginx: str, work: Path) 
         paced_script.write_text(WRK_SCRIPT + WRK_PACING)
         routes = work / "bare-proxy-routes.json"
         routes.write_text(json.dumps({"partitions": args.partitions, "owners": [nodes[n].url for n in owner_of]}))
-        bare_port, framework_port = free_port(), free_port()
+        bare_port, framework_port = harness.free_port(), harness.free_port()
         bare = start_service(
             "bare-proxy",
             [sys.executable, str(BASELINES / "bare_proxy.py"), str(routes), str(bare_port)],
@@ -1325,18 +1318,6 @@ def section(
             "",
         ]
     )
-
-
-def write_section(section: str, text: str) -> None:
-    """Replace the `## ` section headed `section` of RESULTS.md (up to the next `## ` heading) with `text`, or
-    add `text` at the end; the other sections stay as they are. For the scripts that build on this one."""
-    current = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
-    found = re.search(rf"^{re.escape(section)}\n.*?(?=^## |\Z)", current, re.MULTILINE | re.DOTALL)
-    if found:
-        updated = current[: found.start()] + text.rstrip("\n") + "\n\n" + current[found.end() :]
-    else:
-        updated = current.rstrip("\n") + "\n\n" + text
-    RESULTS.write_text(updated.rstrip("\n") + "\n", encoding="utf-8")
 
 
 def write_subsection(text: str) -> None:

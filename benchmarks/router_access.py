@@ -24,12 +24,12 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
 import jwt
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from keyroute.cluster import zk, zk_layout
 from keyroute.cluster.partition_map import StoreRecord
-from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
 from keyroute.keys.key_format import KeyFormat
 from keyroute.keys.partitioner import Partitioner
 from keyroute.runtime.settings import ZkSettings
@@ -41,13 +41,11 @@ from router import (  # benchmarks/router.py: the store, processes, wrk and /pro
     Run,
     Service,
     find_tool,
-    free_port,
     http_json,
     key_text,
     start_service,
     tree_cpu_s,
     wait_until,
-    write_section,
     write_store,
     wrk_run,
 )
@@ -85,7 +83,7 @@ def main() -> int:
     text = section(figures, args, command)
     print(text)
     if args.write and not args.quick:
-        write_section(SECTION, text)
+        harness.write_section(SECTION, text)
     return 0
 
 
@@ -103,9 +101,7 @@ def measure(args: argparse.Namespace, wrk: str, work: Path) -> dict[str, Figures
     }
     with ExitStack() as stack:
         snapshot, _ = write_store(work / "snapshots", args.keys, args.partitions)
-        zk_server = EmbeddedZooKeeper(port=free_port(), data_dir=work / "zookeeper")
-        zk_server.start()
-        stack.callback(zk_server.stop)
+        zk_server = stack.enter_context(harness.zookeeper(work))
         zk_settings = ZkSettings(hosts=zk_server.connect_string, chroot=CHROOT)
         client = zk.connect(zk_settings)
         stack.callback(zk.close, client)
@@ -118,7 +114,7 @@ def measure(args: argparse.Namespace, wrk: str, work: Path) -> dict[str, Figures
         common = ["--cluster-secret", SECRET]
         services: list[Service] = []
         for n in (1, 2):
-            name, port = f"n{n}", free_port()
+            name, port = f"n{n}", harness.free_port()
             node = start_service(
                 name,
                 [*keyroute, "node", "--zk", connect, "--node-id", name, "--port", str(port), *common]
@@ -135,7 +131,7 @@ def measure(args: argparse.Namespace, wrk: str, work: Path) -> dict[str, Figures
         }
         routers: dict[str, Service] = {}
         for scenario in SCENARIOS:
-            port = free_port()
+            port = harness.free_port()
             router = start_service(
                 f"router-{SCENARIOS.index(scenario)}",
                 [*keyroute, "router", "--zk", connect, "--port", str(port), *common, *own[scenario]],

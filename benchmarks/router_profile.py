@@ -37,11 +37,12 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from keyroute.cluster import zk, zk_layout  # noqa: E402
 from keyroute.cluster.partition_map import StoreRecord  # noqa: E402
-from keyroute.dev.zookeeper_server import EmbeddedZooKeeper  # noqa: E402
 from keyroute.keys.key_format import KeyFormat  # noqa: E402
 from keyroute.keys.partitioner import Partitioner  # noqa: E402
 from keyroute.runtime.settings import ZkSettings  # noqa: E402
@@ -53,7 +54,6 @@ from router import (  # noqa: E402
     Build,
     Service,
     compiled_build,
-    free_port,
     http_json,
     key_text,
     revision_build,
@@ -209,9 +209,7 @@ def main() -> None:
     with ExitStack() as stack:
         stack.callback(shutil.rmtree, work, True)
         snapshot, _ = write_store(work / "snapshots", args.keys, 12)
-        zk_server = EmbeddedZooKeeper(port=free_port(), data_dir=work / "zookeeper")
-        zk_server.start()
-        stack.callback(zk_server.stop)
+        zk_server = stack.enter_context(harness.zookeeper(work))
         settings = ZkSettings(hosts=zk_server.connect_string, chroot=CHROOT)
         client = zk.connect(settings)
         stack.callback(zk.close, client)
@@ -226,7 +224,7 @@ def main() -> None:
 
         nodes = []
         for n in range(1, args.nodes + 1):
-            port, name = free_port(), f"n{n}"
+            port, name = harness.free_port(), f"n{n}"
             node = start(
                 THIS_TREE,
                 name,
@@ -239,7 +237,7 @@ def main() -> None:
             nodes.append(node)
         routers: dict[str, tuple[Service, Path]] = {}
         for label, build in (("this tree", THIS_TREE), (other_label, other)):
-            port, out = free_port(), work / f"profile-{len(routers)}.out"
+            port, out = harness.free_port(), work / f"profile-{len(routers)}.out"
             router = start(
                 build,
                 f"router-{len(routers)}",

@@ -42,11 +42,11 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
 import trustme
 
 from keyroute.cluster import zk, zk_layout
 from keyroute.cluster.partition_map import StoreRecord
-from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.tls import MemberTls
 from keyroute.keys.key_format import KeyFormat
@@ -65,14 +65,12 @@ from router import (  # benchmarks/router.py: the store, builds, processes, wrk 
     _command,
     copy_work_tree,
     ensure_tools,
-    free_port,
     installed_build,
     start_service,
     tool_versions,
     tree_cpu_s,
     wait_until,
     write_key_files,
-    write_section,
     write_store,
     wrk_run,
 )
@@ -194,9 +192,7 @@ def measure(
         pki = Pki(work)
         print(f"writing {args.keys:,} keys in {args.partitions} partitions to {work}", file=sys.stderr)
         snapshot, partitions_of = write_store(work / "snapshots", args.keys, args.partitions)
-        zk_server = EmbeddedZooKeeper(port=free_port(), data_dir=work / "zookeeper")
-        zk_server.start()
-        stack.callback(zk_server.stop)
+        zk_server = stack.enter_context(harness.zookeeper(work))
         zk_settings = ZkSettings(hosts=zk_server.connect_string, chroot=CHROOT)
         client = zk.connect(zk_settings)
         stack.callback(zk.close, client)
@@ -209,7 +205,7 @@ def measure(
         keyroute = [sys.executable, "-m", "keyroute"]
         nodes: dict[str, Service] = {}
         for n in range(1, args.nodes + 1):
-            name, port = f"n{n}", free_port()
+            name, port = f"n{n}", harness.free_port()
             cert, key = pki.issue(name, "127.0.0.1", "localhost", f"keyroute-node.{name}.bench")
             tls = ["--tls-cert", cert, "--tls-key", key, "--member-ca", pki.ca_file]
             node = start_service(
@@ -225,7 +221,7 @@ def measure(
         tls = ["--tls-cert", cert, "--tls-key", key, "--member-ca", pki.ca_file, "--router-id", "r1"]
 
         def start_router(name: str, of: Build) -> Service:
-            port = free_port()
+            port = harness.free_port()
             service = of.start(
                 name, ["router", "--zk", connect, "--port", str(port), *tls], work, f"https://127.0.0.1:{port}"
             )
@@ -254,7 +250,7 @@ def measure(
         _, described = https_json(router.url + "/admin/partition-map?detail=all", pki.ca_file, probe)
         owner_of = [entry["serving"][0]["node"] for entry in described["stores"][STORE]["partition_map"]]
         files = write_key_files(work, args.keys, partitions_of, owner_of, list(nodes))
-        nginx_port = free_port()
+        nginx_port = harness.free_port()
         proxy = start_nginx(nginx, work, pki, nodes, nginx_port)
         stack.callback(proxy.stop, signal.SIGQUIT)
         sample = files["prefixed"].read_text().splitlines()[0]
@@ -471,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     print(f"took {time.monotonic() - started:.0f} s", file=sys.stderr)
     if args.write:
-        write_section(SECTION, text)
+        harness.write_section(SECTION, text)
         print(f"wrote {SECTION!r} in {RESULTS}", file=sys.stderr)
     return 0
 

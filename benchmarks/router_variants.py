@@ -28,6 +28,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
+
 _SPEC = importlib.util.spec_from_file_location("router_bench", Path(__file__).resolve().parent / "router.py")
 assert _SPEC is not None and _SPEC.loader is not None
 bench = importlib.util.module_from_spec(_SPEC)
@@ -103,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             connect = cluster.router.popen.args[cluster.router.popen.args.index("--zk") + 1]
             routers = {AS_BUILT: cluster.router}
             for name, variant in VARIANTS:
-                port = bench.free_port()
+                port = harness.free_port()
                 command = [sys.executable, "-c", VARIANT_ROUTER, variant, "router", "--zk", connect]
                 service = bench.start_service(
                     variant, [*command, "--port", str(port)], work, f"http://127.0.0.1:{port}"

@@ -16,7 +16,6 @@ import datetime
 import io
 import os
 import platform
-import re
 import shlex
 import statistics
 import sys
@@ -25,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import fastavro
+import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
 import orjson
 
 from keyroute.keys.key_format import KeyFormat
@@ -130,16 +130,6 @@ def section(rates: dict[str, float], count: int, repeats: int, command: str) -> 
     )
 
 
-def write_section(text: str) -> None:
-    current = RESULTS.read_text(encoding="utf-8")
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
-    if pattern.search(current):
-        updated = pattern.sub(lambda _: text + "\n", current, count=1).rstrip("\n") + "\n"
-    else:
-        updated = current.rstrip("\n") + "\n\n" + text
-    RESULTS.write_text(updated, encoding="utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=100_000, help="keys per contender (default: 100,000)")
@@ -151,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     text = section(rates, args.keys, args.repeats, command)
     print(text)
     if args.write:
-        write_section(text)
+        harness.write_section(SECTION, text)
     return 0
 
 

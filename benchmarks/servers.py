@@ -32,7 +32,6 @@ import importlib.metadata
 import importlib.util
 import os
 import platform
-import re
 import shutil
 import signal
 import socket
@@ -44,6 +43,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+
+import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
 
 _SPEC = importlib.util.spec_from_file_location("router_bench", Path(__file__).resolve().parent / "router.py")
 assert _SPEC is not None and _SPEC.loader is not None
@@ -128,7 +129,7 @@ def wrk_version(wrk: str) -> str:
 
 
 def start(server: Server, work: Path) -> bench.Service:
-    port = bench.free_port()
+    port = harness.free_port()
     command = [sys.executable, str(ANSWER_SERVER), server.mode, str(port)]
     return bench.start_service(server.mode, command, work, f"http://127.0.0.1:{port}")
 
@@ -292,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     print(f"took {time.monotonic() - started:.0f} s", file=sys.stderr)
     if args.write:
-        write_section(text)
+        harness.write_section(SECTION, text)
     return 0
 
 
@@ -401,20 +402,6 @@ def reading(measured: dict[str, Measured]) -> list[str]:
             " before moving the data plane onto it."
         )
     return lines
-
-
-def write_section(text: str) -> None:
-    """Replace (or append) this section of RESULTS.md, leaving every other section as it is."""
-    results = bench.RESULTS
-    current = results.read_text(encoding="utf-8") if results.exists() else ""
-    section_re = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
-    found = section_re.search(current)
-    if found is not None:
-        updated = current[: found.start()] + text.rstrip("\n") + "\n\n" + current[found.end() :]
-    else:
-        updated = current.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n"
-    results.write_text(updated.rstrip("\n") + "\n", encoding="utf-8")
-    print(f"wrote {SECTION!r} in {results}", file=sys.stderr)
 
 
 if __name__ == "__main__":

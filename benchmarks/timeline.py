@@ -26,21 +26,18 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
 import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
 from keyroute.pipeline.build import build
 from keyroute.pipeline.session import create_session
 from keyroute.runtime.settings import ZkSettings
@@ -57,24 +54,6 @@ BASE_US = 1_718_100_000_000_000
 
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait(predicate: Callable[[], Any], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise TimeoutError(f"timed out waiting for {what}")
 
 
 def cpu_s(pid: int) -> float:
@@ -246,10 +225,10 @@ def measure_gets(client: httpx.Client, router: Proc, node: Proc, rows: int, roun
 
 
 def start_router(work: Path, zk: str, name: str) -> tuple[Proc, str]:
-    port = free_port()
+    port = harness.free_port()
     router = Proc(["router", "--zk", zk, "--port", str(port)], work / f"{name}.log")
     url = f"http://127.0.0.1:{port}"
-    wait(lambda: httpx.get(url + "/readyz").status_code == 200, 60, f"{name} ready")
+    harness.wait(lambda: httpx.get(url + "/readyz").status_code == 200, 60, f"{name} ready")
     return router, url
 
 
@@ -358,16 +337,6 @@ def section(command: str, history: dict[str, dict[str, float]], ranges: dict[str
     return "\n".join(lines)
 
 
-def write_section(text: str) -> None:
-    current = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
-    if pattern.search(current):
-        updated = pattern.sub(lambda _: text + "\n", current, count=1).rstrip("\n") + "\n"
-    else:
-        updated = current.rstrip("\n") + "\n\n" + text
-    RESULTS.write_text(updated, encoding="utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20, help="timed reads per small case (default: 20)")
@@ -377,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="keyroute-timeline-bench-"))
     procs: list[Proc] = []
     try:
-        with EmbeddedZooKeeper(port=free_port(), data_dir=work / "zookeeper") as zk_server:
+        with harness.zookeeper(work) as zk_server:
             settings = ZkSettings(hosts=zk_server.connect_string, chroot="/bench")
             events, accounts = write_sources(work / "source")
             spark = create_session("local[*]", local_dir=work / "spark")
@@ -388,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 spark.stop()
             zk = settings.connect_string
-            node_port = free_port()
+            node_port = harness.free_port()
             node = Proc(
                 ["node", "--zk", zk, "--node-id", "n1", "--port", str(node_port), "--data-dir", str(work / "n1")],
                 work / "node.log",
@@ -398,8 +367,9 @@ def main(argv: list[str] | None = None) -> int:
             procs.append(router)
             history: dict[str, dict[str, float]] = {}
             with httpx.Client(base_url=url, timeout=60) as client:
-                wait(lambda: client.get("/stores/trips/keys/hot/history?limit=1").status_code == 200, 60, "served")
-                wait(lambda: client.get("/stores/rows/keys/hot%2300000").status_code == 200, 60, "served")
+                history_path = "/stores/trips/keys/hot/history?limit=1"
+                harness.wait(lambda: client.get(history_path).status_code == 200, 60, "served")
+                harness.wait(lambda: client.get("/stores/rows/keys/hot%2300000").status_code == 200, 60, "served")
                 for _ in range(3):  # warm-up
                     timed_get(client, "/stores/trips/keys/hot/history", {"limit": str(HOT_ROWS)})
                 history["history 100"] = measure_history(client, router, node, 100, args.rounds * 25)
@@ -419,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     text = section(command.strip(), history, ranges)
     print(text)
     if args.write:
-        write_section(text)
+        harness.write_section(SECTION, text)
         log(f"wrote {SECTION!r} to {RESULTS}")
     return 0
 

@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
 import trustme
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -27,7 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from keyroute.cluster import zk  # noqa: E402
 from keyroute.dev.zookeeper_server import EmbeddedZooKeeper, ServerTls  # noqa: E402
 from keyroute.runtime.settings import ZkSettings, ZkTls  # noqa: E402
-from tests.util import free_port  # noqa: E402
 
 PATH = "/bench"
 
@@ -73,7 +73,7 @@ def main() -> None:
             cert = ca.issue_cert(identity)
             cert.cert_chain_pems[0].write_to_path(folder / f"{name}.crt")
             cert.private_key_pem.write_to_path(folder / f"{name}.key")
-        plain_port, tls_port = free_port(), free_port()
+        plain_port, tls_port = harness.free_port(), harness.free_port()
         tls = ServerTls(tls_port, folder / "server.crt", folder / "server.key", folder / "ca.crt")
         with EmbeddedZooKeeper(plain_port, folder / "zk", tls=tls):
             plain = ZkSettings(hosts=f"127.0.0.1:{plain_port}")
