@@ -28,8 +28,8 @@ RUN groupadd --gid 10001 keyroute \
     && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/keyroute --shell /usr/sbin/nologin keyroute
 
 # keyroute built once, as a wheel, from the sources only (see .dockerignore); neither image keeps them.
-# Compiled: KEYROUTE_COMPILE=1 has setup.py build the modules of a proxied read with mypyc (a C compiler
-# here, mypy as a build requirement of this build only); the images get the wheel, not the compiler.
+# Compiled: KEYROUTE_COMPILE=1 has setup.py build the modules of a read (router and node) with mypyc (a C
+# compiler here, mypy as a build requirement of this build only); the images get the wheel, not the compiler.
 FROM base AS wheel
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \

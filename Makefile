@@ -34,11 +34,11 @@ demo: demo-venv
 test: venv
 	$(BIN)/python -m pytest
 
-# The router's data path as the image ships it: compiled with mypyc (KEYROUTE_COMPILE=1, setup.py's COMPILED list)
-# into build/compiled/site, and its unit tests run against it from a copy of the repository without the source
-# folders, so that the installed compiled package is the one imported.
+# The read paths of the router and the node as the image ships them: compiled with mypyc (KEYROUTE_COMPILE=1,
+# setup.py's COMPILED list) into build/compiled/site, and their unit tests run against it from a copy of the
+# repository without the source folders, so that the installed compiled package is the one imported.
 COMPILED := build/compiled
-COMPILED_TESTS := tests/unit/router tests/unit/http tests/unit/core
+COMPILED_TESTS := tests/unit/router tests/unit/http tests/unit/core tests/unit/node
 
 test-compiled: venv
 	rm -rf $(COMPILED)
@@ -46,7 +46,7 @@ test-compiled: venv
 	KEYROUTE_COMPILE=1 $(BIN)/python -m pip install --quiet --no-deps --target $(COMPILED)/site .
 	git ls-files | grep -Ev '^(keyroute|router|state_node|pipeline)/' | tar -cf - -T - | tar -xf - -C $(COMPILED)/repo
 	cd $(COMPILED)/repo && PYTHONPATH=$(CURDIR)/$(COMPILED)/site $(CURDIR)/$(BIN)/python -P -c \
-		'import keyroute.router.proxy as m, sys; sys.exit(0 if m.__file__.endswith(".so") else "not compiled: " + m.__file__)'
+		'import keyroute.router.proxy as r, keyroute.state_node.reads as n, sys; sys.exit(next(("not compiled: " + m.__file__ for m in (r, n) if not m.__file__.endswith(".so")), 0))'
 	cd $(COMPILED)/repo && PYTHONPATH=$(CURDIR)/$(COMPILED)/site $(CURDIR)/$(BIN)/python -P -m pytest -q \
 		-p no:cacheprovider $(COMPILED_TESTS)
 

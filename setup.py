@@ -20,8 +20,9 @@ from setuptools import setup
 
 ROOT = Path(__file__).resolve().parent
 
-# The modules a proxied read runs through, from the socket to the node and back: the one list of what is
-# compiled (benchmarks/RESULTS.md, "Router: compiled", measures them).
+# The modules a read runs through, from the socket to the answer: a router's proxied read (to the node and back)
+# and a node's read of a key it holds. The one list of what is compiled (benchmarks/RESULTS.md, "Router:
+# compiled" and "Node: a read against redis-server", measures them).
 COMPILED = (
     "keyroute.keys.partitioner",
     "keyroute.http.admission",
@@ -36,6 +37,8 @@ COMPILED = (
     "keyroute.router.metrics",
     "keyroute.router.proxy",
     "keyroute.router.routing_table",
+    "keyroute.state_node.dataplane",
+    "keyroute.state_node.reads",
 )
 
 MYPY_REQUIREMENT = "mypy>=1.10"

@@ -478,12 +478,22 @@ def key_too_long(text: str, max_key_bytes: int) -> bool:
     return len(text) > max_key_bytes or len(text.encode("utf-8", "surrogatepass")) > max_key_bytes
 
 
+# A JSON string as `json.dumps(text, ensure_ascii=False)` writes it, from one encoder made once (`dumps` with an
+# option makes an encoder per call).
+_json_string = json.JSONEncoder(ensure_ascii=False).encode
+
+
 def found_body(store: str, key: str, partition: int, version: int, value_json: bytes) -> bytes:
-    """The 200 answer, built around the stored value bytes so the value is never re-parsed."""
-    head = json.dumps(
-        {"store": store, "key": key, "partition": partition, "version": version}, ensure_ascii=False
-    ).encode("utf-8")
-    return head[:-1] + b', "value": ' + value_json + b"}"
+    """The 200 answer, built around the stored value bytes so the value is never re-parsed: what
+    `json.dumps({"store": store, "key": key, "partition": partition, "version": version, "value": <value>},
+    ensure_ascii=False)` writes, in one format, without a dict."""
+    return b'{"store": %s, "key": %s, "partition": %d, "version": %d, "value": %s}' % (
+        _json_string(store).encode("utf-8"),
+        _json_string(key).encode("utf-8"),
+        partition,
+        version,
+        value_json,
+    )
 
 
 def timeline_body(

@@ -406,35 +406,10 @@ class Proxy:
             read.lead = None
         if isinstance(result, _UPSTREAM_RESPONSE):
             elapsed = self._clock() - request.started
-            # RouterMetrics.observe_upstream, inline (once per read)
-            latency = self.metrics.upstream_latency
-            histogram = latency.get(endpoint.node_id)
-            if histogram is None:
-                histogram = latency[endpoint.node_id] = Histogram()
-            histogram.counts[_bisect_left(histogram.bounds, elapsed)] += 1
-            histogram.sum += elapsed
-            if self._backed_off:  # NodeBackoff.succeeded, inline: only a node in back-off has anything to undo
-                self._backoff.succeeded(endpoint)
+            self._node_replied(endpoint, elapsed)
             if self._latency is not None:
                 self._latency.record(elapsed)
-            # _relayed, inline (once per read): passthrough_headers and the first X-Keyroute-Hops value in
-            # one pass over the node's reply headers (lower-case names: FastUpstream's, or `_Request.fetched`
-            # made them so).
-            relayed: list[Any] = []
-            hops = None
-            named: set[bytes] | None = None
-            pairs: Sequence[Any] = result.headers  # each pair relayed as the same tuple (not unpacked, made anew)
-            for pair in pairs:
-                name: bytes = pair[0]
-                # Only a name as long as a hop-by-hop one can be one: most are never looked up in the set.
-                if not (_HOP_LENGTHS >> len(name)) & 1 or name not in _HOP_BY_HOP:
-                    relayed.append(pair)
-                    if name == _HOPS and hops is None:
-                        hops = pair[1]
-                elif name == b"connection":
-                    named = (named or set()) | {token.strip().lower() for token in pair[1].split(b",")}
-            if named:
-                relayed = [(name, value) for name, value in relayed if name not in named]
+            relayed, hops = _relayed(result.headers)
             if hops is not None and hops != b"0":  # "0": the node served it itself (as `_hops_seen` says)
                 self._hops_seen(hops, result)
             if read.live:
@@ -445,30 +420,57 @@ class Proxy:
                 # UpstreamResponse(...) without its Python-level __new__ (a NamedTuple's): once per read.
                 read.deliver(_new_tuple(_UPSTREAM_RESPONSE, (result.status, relayed, result.body)))
                 return
-            # The node no longer serves the partition and knows no one who does (or, for a bounded read,
-            # has not applied the bound yet: no map to refresh): a replica still might.
-            if read.min_offset is None or _error_code(result.body) != "not_up_to_bound":
-                self._refresh_map()
-            read.refused = result
+            self._node_refused(result, read.min_offset is not None)
+            read.refused = result  # a replica still might answer
         elif isinstance(result, StaleConnection):
             # The node had closed the idle connection and never saw the request (not its fault).
             self._send(read, endpoint, hedge, True)
             return
-        elif isinstance(result, UpstreamUnavailable):
-            self.metrics.upstream_failures += 1
-            if result.node_fault:
-                self._backoff.failed(endpoint, str(result))
-        elif isinstance(result, ValueError):
-            # A node advertising a URL we cannot speak to (not http://, bad characters) is misconfigured:
-            # treat it like an unreachable node rather than failing the read.
-            self.metrics.upstream_failures += 1
-            self._backoff.failed(endpoint, f"unusable node URL: {result}")
-        else:
+        elif not self._node_failed(endpoint, result):
             read.deliver(result)  # unexpected: the read fails with it
             return
         if read.lead is None and read.hedge is None:
             self._fail_over(read)
         # else: the read's other request may still reply
+
+    # How both engines (a key's read above, a batch's `_node_batch`) take what a request to a node ended with.
+
+    def _node_replied(self, endpoint: Endpoint, elapsed: float) -> None:
+        """A node replied (whatever the status) `elapsed` seconds after it was asked: its latency observed, its
+        back-off (if any) lifted."""
+        # RouterMetrics.observe_upstream, inline (once per read)
+        latency = self.metrics.upstream_latency
+        histogram = latency.get(endpoint.node_id)
+        if histogram is None:
+            histogram = latency[endpoint.node_id] = Histogram()
+        histogram.counts[_bisect_left(histogram.bounds, elapsed)] += 1
+        histogram.sum += elapsed
+        if self._backed_off:  # NodeBackoff.succeeded, inline: only a node in back-off has anything to undo
+            self._backoff.succeeded(endpoint)
+
+    def _node_refused(self, reply: UpstreamResponse, bounded: bool) -> None:
+        """A node replied 503: it no longer serves the partition and knows no one who does, so the map is
+        re-read; but a bounded read's (`bounded`) 503 not_up_to_bound is a replica behind the bound, not a
+        stale map."""
+        if not bounded or _error_code(reply.body) != "not_up_to_bound":
+            self._refresh_map()
+
+    def _node_failed(self, endpoint: Endpoint, error: Exception) -> bool:
+        """A request to `endpoint` failed with `error`. A node's failure is counted and, when it is the node's
+        fault, backs the node off (its replicas lead for a while): the node could not be reached, timed out or
+        broke off (UpstreamUnavailable), or advertises a URL the wire cannot speak to (ValueError: a
+        misconfigured node, taken as an unreachable one). True then: the read goes on with another replica.
+        Anything else is unexpected: False, the read fails with it."""
+        if isinstance(error, UpstreamUnavailable):
+            self.metrics.upstream_failures += 1
+            if error.node_fault:
+                self._backoff.failed(endpoint, describe(error))
+            return True
+        if isinstance(error, ValueError):
+            self.metrics.upstream_failures += 1
+            self._backoff.failed(endpoint, f"unusable node URL: {describe(error)}")
+            return True
+        return False
 
     def _fail_over(self, read: Read) -> None:
         """Nothing of `read` is out and nothing usable came back: ask the next replica, or deliver the last
@@ -656,24 +658,17 @@ class Proxy:
         balancer.request_sent(url)
         try:
             reply = await self._upstream.post(url + path, batch_body(texts, min_offsets), headers)
-        except UpstreamUnavailable as exc:
-            self.metrics.upstream_failures += 1
-            if exc.node_fault:
-                self._backoff.failed(endpoint, describe(exc))
-            return None
-        except ValueError as exc:
-            # A node advertising a URL we cannot speak to is misconfigured: like an unreachable node.
-            self.metrics.upstream_failures += 1
-            self._backoff.failed(endpoint, f"unusable node URL: {exc}")
+        except Exception as exc:
+            if not self._node_failed(endpoint, exc):
+                raise
             return None
         finally:
             balancer.request_ended(url)
-        self.metrics.observe_upstream(endpoint.node_id, self._clock() - started)
-        self._backoff.succeeded(endpoint)
+        self._node_replied(endpoint, self._clock() - started)
         self._check_hops(reply)
         if reply.status != 200:
             if reply.status == 503:
-                self._refresh_map()
+                self._node_refused(reply, min_offsets is not None)
             log.warning("node %s replied to a batch-get with status %d", endpoint.node_id, reply.status)
             return None
         entries = parse_batch_answer(reply.body, len(texts))
@@ -766,6 +761,27 @@ class Proxy:
 
     def _unavailable(self, message: str) -> PartitionUnavailable:
         return PartitionUnavailable(message, retry_after_s=self._retry_after_s)
+
+
+def _relayed(pairs: Sequence[Any]) -> tuple[list[Any], bytes | None]:
+    """A node's reply headers as they are passed on (`passthrough_headers`: without the hop-by-hop ones and
+    those its `connection` names), and its first X-Keyroute-Hops value, in one pass (lower-case names:
+    FastUpstream's, or `_Request.fetched` made them so). Each pair is relayed as the same tuple."""
+    relayed: list[Any] = []
+    hops = None
+    named: set[bytes] | None = None
+    for pair in pairs:
+        name: bytes = pair[0]
+        # Only a name as long as a hop-by-hop one can be one: most are never looked up in the set.
+        if not (_HOP_LENGTHS >> len(name)) & 1 or name not in _HOP_BY_HOP:
+            relayed.append(pair)
+            if name == _HOPS and hops is None:
+                hops = pair[1]
+        elif name == b"connection":
+            named = (named or set()) | {token.strip().lower() for token in pair[1].split(b",")}
+    if named:
+        relayed = [(name, value) for name, value in relayed if name not in named]
+    return relayed, hops
 
 
 def _error_code(body: bytes) -> str | None:

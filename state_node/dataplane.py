@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from keyroute.api import HEADER_AUTH, HEADER_FORWARDED_BY, HEADER_HOPS, found_body, min_offset_query
 from keyroute.auth.access import caller_of
@@ -50,6 +50,7 @@ from keyroute.http.forwarding import parse_batch_request
 from keyroute.http.quotas import Quotas, ServingShares, page_cost
 from keyroute.http.tls import call_peer_identity, call_peer_role
 from keyroute.runtime.metrics import KIND_RANGE
+from keyroute.runtime.native import mypyc_attr
 from keyroute.state_node import openapi as node_openapi
 from keyroute.state_node.app import Node
 from keyroute.state_node.ranges import read_partition_range
@@ -65,29 +66,159 @@ from keyroute.state_node.reads import (
     read_timeline,
 )
 
-_HOPS = HEADER_HOPS.encode("ascii")
-_AUTH = HEADER_AUTH.encode("ascii")
-_FORWARDED_BY = HEADER_FORWARDED_BY.encode("ascii")
-_ACCEPT = b"accept"
+_HOPS: Final = HEADER_HOPS.encode("ascii")
+_AUTH: Final = HEADER_AUTH.encode("ascii")
+_FORWARDED_BY: Final = HEADER_FORWARDED_BY.encode("ascii")
+_ACCEPT: Final = b"accept"
+# C statics in the compiled build (setup.py), not globals looked up per read.
+_read_key_here: Final = read_key
+_answer_type: Final = answer_type
+_min_offset_query: Final = min_offset_query
 
 
+# -- one key, and a key's timeline ----------------------------------------------------------------------
+# The handlers are module functions taking the plane first (as `RoutedDataPlane` calls a route's handler),
+# defined before the class that names them in its route table.
+
+
+def _read_key(plane: NodeDataPlane, call: Call, store: str, key: str) -> Any:
+    if plane.quotas.active:
+        plane._admit(call, store, 1)
+    request = call.request
+    accept = request.header(_ACCEPT)
+    media = None if accept is None else _answer_type(accept, store)  # no Accept (JSON): no call
+    forwarded = False if request.header(_HOPS) is None else plane._forwarded(call)
+    # Only a request with a query string pays for looking at it.
+    min_offset = _min_offset_query(request.query) if request.query else None
+    node = plane.node
+    if media is None:
+        answer = _read_key_here(node, store, key, forwarded, min_offset)
+    else:  # a value read here is written as Avro straight from its stored JSON
+        answer = _read_key_here(node, store, key, forwarded, min_offset, found=found_avro)
+    if type(answer) is tuple:
+        if media is None:
+            call.answer(*answer)
+        else:
+            _reply(call, answer, media)
+        return None
+    if type(answer) is Behind:
+        found = found_body if media is None else found_avro
+        again = functools.partial(read_key, node, store, key, forwarded, answer.min_offset, waited=True, found=found)
+        return _catch_up(plane, call, answer, again, media)
+    return _forward(plane, call, answer, media)  # type: ignore[arg-type]
+
+
+def _read_timeline(plane: NodeDataPlane, call: Call, store: str, key: str, read: str) -> Any:
+    request = call.request
+    if plane.quotas.active:
+        plane._admit(call, store, page_cost(request.query))
+    media = answer_type(request.header(_ACCEPT), store)
+    forwarded = plane._forwarded(call)
+    node = plane.node
+    answer = read_timeline(node, store, key, read, request.query, forwarded)
+    if type(answer) is tuple:
+        _reply(call, answer, media)
+        return None
+    if type(answer) is Behind:
+        query = request.query
+        again = functools.partial(read_timeline, node, store, key, read, query, forwarded, waited=True)
+        return _catch_up(plane, call, answer, again, media)
+    return _forward(plane, call, answer, media)  # type: ignore[arg-type]
+
+
+def _read_history(plane: NodeDataPlane, call: Call, store: str, key: str) -> Any:
+    return _read_timeline(plane, call, store, key, "history")
+
+
+def _read_windows(plane: NodeDataPlane, call: Call, store: str, key: str) -> Any:
+    return _read_timeline(plane, call, store, key, "windows")
+
+
+async def _catch_up(
+    plane: NodeDataPlane,
+    call: Call,
+    behind: Behind,
+    read_again: Callable[[], Answer | Forward | Behind],
+    media: bytes | None = None,
+) -> None:
+    """A bounded read (of a key, or of a key's timeline) of a live partition held here, once it has applied
+    the bound or the wait is over: `read_again` reads it then (waited), answered in `media` (None: JSON)."""
+    node = plane.node
+    await behind.live.wait_reached(behind.min_offset, node.settings.min_offset_wait_ms / 1000)
+    # Read again: the partition may have moved or changed version meanwhile.
+    answer = read_again()
+    if isinstance(answer, Forward):
+        answer = await forward_read(node, _target(call.request), answer, call.request.request_id)
+    assert type(answer) is tuple
+    _reply(call, answer, media)
+
+
+async def _forward(plane: NodeDataPlane, call: Call, forward: Forward, media: bytes | None = None) -> None:
+    request = call.request
+    _reply(call, await forward_read(plane.node, _target(request), forward, request.request_id), media)
+
+
+# -- a partition's key range, and a batch -----------------------------------------------------------------
+
+
+def _read_range(plane: NodeDataPlane, call: Call, store: str, partition: str) -> None:
+    if plane.quotas.active:
+        plane._admit(call, store, page_cost(call.request.query))
+    call.answer(*read_partition_range(plane.node, store, partition, call.request.query))
+
+
+def _batch_get(plane: NodeDataPlane, call: Call, store: str) -> Any:
+    request = call.request
+    media = answer_type(request.header(_ACCEPT), store)
+    forwarded = plane._forwarded(call)
+    # The body's size is bounded by the server (keyroute.state_node.service.server_limits).
+    parsed = parse_batch_request(request.body, plane._max_batch_keys)
+    if plane.quotas.active:
+        plane._admit(call, store, len(parsed.keys))
+    if media is None:
+        batch = read_batch(plane.node, store, parsed.keys, forwarded, parsed.bounds)
+    else:  # the keys found here are written as Avro entries straight from their stored JSON
+        batch = read_batch(plane.node, store, parsed.keys, forwarded, parsed.bounds, found_entry_avro)
+    if batch.complete:
+        call.answer_counted(*_batch_answer(batch, media))  # its keys are counted, one each, as they are read
+        return None
+    return _finish_batch(call, batch, media)
+
+
+async def _finish_batch(call: Call, batch: Batch, media: bytes | None) -> None:
+    await batch.finish(call.request.request_id)
+    call.answer_counted(*_batch_answer(batch, media))
+
+
+# -- the answers' schema ----------------------------------------------------------------------------------
+
+
+def _schema(plane: NodeDataPlane, call: Call, store: str) -> None:
+    record = find_store(plane.node.ownership.map, store)
+    call.answer(200, list(JSON), schema_answer(store, record.value_columns))
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)  # tests spy on it by subclassing
 class NodeDataPlane(RoutedDataPlane):
-    """`keyroute.http.exchange.DataPlane` for a node: `node` answers, `admission` admits."""
+    """`keyroute.http.exchange.DataPlane` for a node: `node` answers, `admission` admits. Its handlers are the
+    module's functions above."""
 
     def __init__(
         self, node: Node, admission: Admission, quotas: Quotas | None = None, shares: ServingShares | None = None
     ) -> None:
         settings = node.settings
+        metrics = node.metrics
         super().__init__(
             admission,
-            node.metrics.count,
+            metrics.count,
             max_parameter_bytes=settings.limits.max_key_bytes,
             error_headers=(node.node_header,),
-            observe=node.metrics.observe_request,
-            caller_answered=node.metrics.caller_answered,
+            observe=metrics.observe_request,
+            answered=metrics.answered,
+            caller_answered=metrics.caller_answered,
         )
         self.node = node
-        self._max_batch_keys = settings.max_batch_keys
+        self._max_batch_keys: int = settings.max_batch_keys
         self.quotas = quotas if quotas is not None else Quotas(process="node")
         self.shares = shares if shares is not None else ServingShares(self.quotas)
 
@@ -130,119 +261,21 @@ class NodeDataPlane(RoutedDataPlane):
         self.shares.follow(node.ownership.map)
         self.quotas.admit(caller_of(call).name, store, cost)
 
-    # -- one key, and a key's timeline ------------------------------------------------------------------
-
-    def _read_key(self, call: Call, store: str, key: str) -> Any:
-        if self.quotas.active:
-            self._admit(call, store, 1)
-        request = call.request
-        media = answer_type(request.header(_ACCEPT), store)
-        forwarded = self._forwarded(call)
-        # Only a request with a query string pays for looking at it.
-        min_offset = min_offset_query(request.query) if request.query else None
-        if media is None:
-            answer = read_key(self.node, store, key, forwarded, min_offset)
-        else:  # a value read here is written as Avro straight from its stored JSON
-            answer = read_key(self.node, store, key, forwarded, min_offset, found=found_avro)
-        if type(answer) is tuple:
-            _reply(call, answer, media)
-            return None
-        if type(answer) is Behind:
-            found = found_body if media is None else found_avro
-            again = functools.partial(
-                read_key, self.node, store, key, forwarded, answer.min_offset, waited=True, found=found
-            )
-            return self._catch_up(call, answer, again, media)
-        return self._forward(call, answer, media)  # type: ignore[arg-type]
-
-    def _read_timeline(self, call: Call, store: str, key: str, read: str) -> Any:
-        request = call.request
-        if self.quotas.active:
-            self._admit(call, store, page_cost(request.query))
-        media = answer_type(request.header(_ACCEPT), store)
-        forwarded = self._forwarded(call)
-        answer = read_timeline(self.node, store, key, read, request.query, forwarded)
-        if type(answer) is tuple:
-            _reply(call, answer, media)
-            return None
-        if type(answer) is Behind:
-            query = request.query
-            again = functools.partial(read_timeline, self.node, store, key, read, query, forwarded, waited=True)
-            return self._catch_up(call, answer, again, media)
-        return self._forward(call, answer, media)  # type: ignore[arg-type]
-
-    def _read_history(self, call: Call, store: str, key: str) -> Any:
-        return self._read_timeline(call, store, key, "history")
-
-    def _read_windows(self, call: Call, store: str, key: str) -> Any:
-        return self._read_timeline(call, store, key, "windows")
-
-    async def _catch_up(
-        self,
-        call: Call,
-        behind: Behind,
-        read_again: Callable[[], Answer | Forward | Behind],
-        media: bytes | None = None,
-    ) -> None:
-        """A bounded read (of a key, or of a key's timeline) of a live partition held here, once it has applied
-        the bound or the wait is over: `read_again` reads it then (waited), answered in `media` (None: JSON)."""
-        node = self.node
-        await behind.live.wait_reached(behind.min_offset, node.settings.min_offset_wait_ms / 1000)
-        # Read again: the partition may have moved or changed version meanwhile.
-        answer = read_again()
-        if isinstance(answer, Forward):
-            answer = await forward_read(node, _target(call.request), answer, call.request.request_id)
-        assert type(answer) is tuple
-        _reply(call, answer, media)
-
-    async def _forward(self, call: Call, forward: Forward, media: bytes | None = None) -> None:
-        request = call.request
-        _reply(call, await forward_read(self.node, _target(request), forward, request.request_id), media)
-
-    # -- a partition's key range, and a batch -----------------------------------------------------------
-
-    def _read_range(self, call: Call, store: str, partition: str) -> None:
-        if self.quotas.active:
-            self._admit(call, store, page_cost(call.request.query))
-        call.answer(*read_partition_range(self.node, store, partition, call.request.query))
-
-    def _batch_get(self, call: Call, store: str) -> Any:
-        request = call.request
-        media = answer_type(request.header(_ACCEPT), store)
-        forwarded = self._forwarded(call)
-        # The body's size is bounded by the server (keyroute.state_node.service.server_limits).
-        parsed = parse_batch_request(request.body, self._max_batch_keys)
-        if self.quotas.active:
-            self._admit(call, store, len(parsed.keys))
-        if media is None:
-            batch = read_batch(self.node, store, parsed.keys, forwarded, parsed.bounds)
-        else:  # the keys found here are written as Avro entries straight from their stored JSON
-            batch = read_batch(self.node, store, parsed.keys, forwarded, parsed.bounds, found_entry_avro)
-        if batch.complete:
-            call.answer_counted(*_batch_answer(batch, media))  # its keys are counted, one each, as they are read
-            return None
-        return self._finish_batch(call, batch, media)
-
-    async def _finish_batch(self, call: Call, batch: Batch, media: bytes | None) -> None:
-        await batch.finish(call.request.request_id)
-        call.answer_counted(*_batch_answer(batch, media))
-
-    # -- the answers' schema ----------------------------------------------------------------------------
-
-    def _schema(self, call: Call, store: str) -> None:
-        record = find_store(self.node.ownership.map, store)
-        call.answer(200, list(JSON), schema_answer(store, record.value_columns))
-
-    # A range read over one partition held here (a router's range read asks one per partition).
-    _range_route = Route(
-        "/stores/{store}/partitions/{partition}/range",
-        ("GET",),
-        _read_range,
-        KIND_RANGE,
-        (node_openapi.GET_PARTITION_RANGE,),
+    routes = store_routes(
+        _read_key,
+        _read_history,
+        _read_windows,
+        _batch_get,
+        # A range read over one partition held here (a router's range read asks one per partition).
+        Route(
+            "/stores/{store}/partitions/{partition}/range",
+            ("GET",),
+            _read_range,
+            KIND_RANGE,
+            (node_openapi.GET_PARTITION_RANGE,),
+        ),
+        Route("/stores/{store}/schema", ("GET",), _schema, None, (openapi.GET_ANSWER_SCHEMA,)),
     )
-    _schema_route = Route("/stores/{store}/schema", ("GET",), _schema, None, (openapi.GET_ANSWER_SCHEMA,))
-    routes = store_routes(_read_key, _read_history, _read_windows, _batch_get, _range_route, _schema_route)
 
 
 def _batch_answer(batch: Batch, media: bytes | None) -> Answer:

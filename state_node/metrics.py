@@ -130,6 +130,15 @@ class NodeMetrics:
             store = UNKNOWN_STORE
         observe_duration(self.request_duration, store, status, seconds)
 
+    def answered(self, store: str, kind: str, status: int, seconds: float) -> None:
+        """`count(store, kind, status)` and `observe_request(store, status, seconds)` in one call: the data
+        plane's every counted answer, once per read."""
+        ownership = self._ownership
+        if ownership is None or store not in ownership.map.stores:
+            store = UNKNOWN_STORE
+        self.requests.add(store, kind, status)
+        observe_duration(self.request_duration, store, status, seconds)
+
     def caller_answered(self, identity: str, store: str, status: int, seconds: float) -> None:
         """A named caller's read of `store` answered with `status` after `seconds`: by identity and store."""
         ownership = self._ownership

@@ -19,8 +19,8 @@ import functools
 import logging
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
 from keyroute.api import (
@@ -67,8 +67,10 @@ from keyroute.http.forwarding import (
 )
 from keyroute.http.upstream import UpstreamUnavailable
 from keyroute.keys.key_format import Key, KeyFormat, KeyFormatError, key_from_value, parse_key
+from keyroute.keys.key_location import StoreLocator
 from keyroute.runtime.logs import describe
 from keyroute.runtime.metrics import KIND_BATCH
+from keyroute.runtime.native import caused
 from keyroute.storage.timeline import (
     HISTORY,
     READ_KINDS,
@@ -134,7 +136,7 @@ def parse_key_text(record: StoreRecord, text: str) -> Key:
     try:
         return parse_key(record.key_format, text, record.key_schema)
     except KeyFormatError as exc:
-        raise BadKey(str(exc)) from exc
+        raise caused(BadKey(str(exc)), exc)  # noqa: B904 (`from exc` loses the cause when compiled)
 
 
 def not_live(store_name: str) -> NotLive:
@@ -199,25 +201,102 @@ def read_key(
     it can neither answer nor forward (503: the read was forwarded here already, or no node serves the
     partition). A 200's body is `found` of the value (`found_body`: JSON). Synchronous: nearly every read is
     answered here, without a task."""
-    m = node.ownership.map
-    record = find_store(m, store_name)
-    key, location, held, others = _where(node, m, record, store_name, key_text)
-    if held is not None and answers_locally(held, others, forwarded):
-        node.metrics.local_answers += 1
-        live = held.live
-        offset = -1
-        if live is not None:
-            offset = live.offset  # before the value: the value reflects at least this offset
-            if min_offset is not None and offset < min_offset:
-                return _behind(node, store_name, location.partition, held, offset, min_offset, waited)
-        elif min_offset is not None:
-            raise not_live(store_name)
-        headers = _local_headers(node, location.partition, held.version, forwarded, m.generation, live, offset)
-        value = held.get(key.data)
-        if value is None:
-            return 404, headers, error_json("key_not_found", f"key {location.key!r} is not in store {store_name!r}")
-        return 200, headers, found(store_name, location.key, location.partition, held.version, value)
-    return _forward_to(node.node_id, store_name, location.partition, others, forwarded, m.generation)
+    ownership = node.ownership
+    m = ownership.map
+    reads = _CURRENT.reads
+    if reads is None or reads.map is not m:
+        reads = _CURRENT.reads = _MapReads(m)
+    locator = reads.locators.get(store_name)
+    if locator is None and store_name not in reads.locators:
+        locator = reads.add(store_name)
+    data = None
+    if locator is not None:  # a string key hashed with murmur2: its bytes are its UTF-8
+        try:  # noqa: SIM105 (a `with suppress` per read costs a context manager's two calls)
+            data = key_text.encode("utf-8")
+        except UnicodeEncodeError:
+            pass  # parse_key_text says why
+    if data is not None:
+        partition, serving = locator.serving_of(key_text)  # type: ignore[union-attr]
+        shown = key_text
+    else:
+        record = find_store(m, store_name)
+        key = parse_key_text(record, key_text)
+        location = m.locate(record, key)
+        data, shown, partition, serving = key.data, location.key, location.partition, location.serving
+    held = ownership.local(store_name, partition)
+    node_id = node.node_id
+    if held is not None and not forwarded:
+        # answers_locally: unless the first other node serving the partition serves a newer version
+        for endpoint in serving:
+            if endpoint.node_id != node_id:
+                if held.version < endpoint.version:
+                    held = None
+                break
+    if held is None:
+        others = [ep for ep in serving if ep.node_id != node_id]
+        return _forward_to(node_id, store_name, partition, others, forwarded, m.generation)
+    node.metrics.local_answers += 1
+    live = held.live
+    offset = -1
+    if live is not None:
+        offset = live.offset  # before the value: the value reflects at least this offset
+        if min_offset is not None and offset < min_offset:
+            return _behind(node, store_name, partition, held, offset, min_offset, waited)
+    elif min_offset is not None:
+        raise not_live(store_name)
+    version = held.version
+    headers = [
+        _JSON,
+        (_PARTITION, b"%d" % partition),
+        node.node_header,
+        (_VERSION, b"%d" % version),
+        _HOPS_1 if forwarded else _HOPS_0,
+        (_GENERATION, reads.generation),
+    ]
+    if live is not None:
+        headers.append((_OFFSET, b"%d" % offset))
+        headers.append((_LAG, b"%d" % live.lag_records))
+    value = held.get(data)
+    if value is None:
+        return 404, headers, error_json("key_not_found", f"key {shown!r} is not in store {store_name!r}")
+    return 200, headers, found(store_name, shown, partition, version, value)
+
+
+class _MapReads:
+    """What a key read here needs of one partition map, worked out once per map: the locators
+    (keyroute.keys.key_location.StoreLocator) of its stores of string keys hashed with murmur2, made as
+    reads of each come (None for a store of another kind: `PartitionMap.locate` locates its keys), and the
+    map's generation as its header's value."""
+
+    __slots__ = ("map", "locators", "generation")
+
+    def __init__(self, m: PartitionMap) -> None:
+        self.map = m
+        self.locators: dict[str, StoreLocator | None] = {}
+        self.generation = b"%d" % m.generation
+
+    def add(self, name: str) -> StoreLocator | None:
+        """The locator of store `name` (None: a store of another kind); an unknown store is not kept."""
+        if name not in self.map.stores:
+            return None
+        locator = StoreLocator.of_map(self.map, name)
+        if locator is not None and not locator.plain:
+            locator = None
+        self.locators[name] = locator
+        return locator
+
+
+class _Current:
+    """The `_MapReads` of the partition map the last read was made with: replaced whole (one assignment) when
+    a read finds the map changed."""
+
+    __slots__ = ("reads",)
+
+    def __init__(self) -> None:
+        self.reads: _MapReads | None = None
+
+
+_CURRENT: Final = _Current()
 
 
 def _where(
@@ -430,25 +509,47 @@ def _relay(
 # -- a batch --------------------------------------------------------------------------------------------
 
 
-@dataclass(slots=True, eq=False)
 class Batch:
     """One batch-get: the entries answered here (in request order; None where a key waits for another
-    node), and the keys to send on with the nodes serving them."""
+    node), and the keys to send on with the nodes serving them. (A plain class, not a dataclass: the
+    compiled build would look up the annotation `Node`, a name only type checkers import here.)"""
 
-    node: Node
-    store: str
-    forwarded: bool
-    map_generation: int
-    # One per key of the request, in its order.
-    entries: list[bytes | None]
-    bounds: OffsetBounds | None = None
-    # The keys to send on: index -> key text, and the nodes serving each.
-    texts: dict[int, str] = field(default_factory=dict)
-    replicas: dict[int, list[Endpoint]] = field(default_factory=dict)
-    # With bounds: the partitions of the keys sent on, whose bounds go with them.
-    forwarded_partitions: set[int] = field(default_factory=set)
-    # Live partitions held here that have not applied their bound yet: partition -> (bound, [(index, key)]).
-    behind: dict[int, tuple[int, list[tuple[int, Key]]]] = field(default_factory=dict)
+    __slots__ = (
+        "node",
+        "store",
+        "forwarded",
+        "map_generation",
+        "entries",
+        "bounds",
+        "texts",
+        "replicas",
+        "forwarded_partitions",
+        "behind",
+    )
+
+    def __init__(
+        self,
+        node: Node,
+        store: str,
+        forwarded: bool,
+        map_generation: int,
+        entries: list[bytes | None],
+        bounds: OffsetBounds | None = None,
+    ) -> None:
+        self.node = node
+        self.store = store
+        self.forwarded = forwarded
+        self.map_generation = map_generation
+        # One per key of the request, in its order.
+        self.entries = entries
+        self.bounds = bounds
+        # The keys to send on: index -> key text, and the nodes serving each.
+        self.texts: dict[int, str] = {}
+        self.replicas: dict[int, list[Endpoint]] = {}
+        # With bounds: the partitions of the keys sent on, whose bounds go with them.
+        self.forwarded_partitions: set[int] = set()
+        # Live partitions held here that have not applied their bound yet: partition -> (bound, [(index, key)]).
+        self.behind: dict[int, tuple[int, list[tuple[int, Key]]]] = {}
 
     @property
     def complete(self) -> bool:
@@ -473,7 +574,7 @@ class Batch:
 
         async def wait(partition: int, bound: int) -> None:
             held = node.ownership.local(self.store, partition)
-            live = held.live if held is not None else None  # None: dropped meanwhile
+            live = held.live if held is not None else None  # None: the partition left this node meanwhile
             if live is not None:
                 await live.wait_reached(bound, wait_s)
 
@@ -602,8 +703,8 @@ def read_batch(
                 batch.forwarded_partitions.add(location.partition)
     if batch.behind and node.settings.min_offset_wait_ms <= 0:
         # Nothing to wait for: the bound is checked once, now.
-        for partition, (bound, waiting) in batch.behind.items():
-            for i, key in waiting:
+        for partition, (bound, keys) in batch.behind.items():
+            for i, key in keys:
                 metrics.count(store_name, KIND_BATCH, NotUpToBound.status)
                 held = node.ownership.local(store_name, partition)
                 offset = held.live.offset if held is not None and held.live is not None else -1
@@ -647,7 +748,7 @@ def _batch_key(store: str, record: StoreRecord, raw: str | int) -> Key:
     try:
         return key_from_value(fmt, raw, record.key_schema)
     except KeyFormatError as exc:
-        raise BadKey(str(exc)) from exc
+        raise caused(BadKey(str(exc)), exc)  # noqa: B904 (`from exc` loses the cause when compiled)
 
 
 async def _send_batch(

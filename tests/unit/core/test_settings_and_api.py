@@ -4,6 +4,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from keyroute.api import ApiError, BadKey, PartitionUnavailable, found_body, key_path_segment
 from keyroute.runtime.settings import HttpSettings, ZkSettings
@@ -65,6 +67,26 @@ def test_found_body_embeds_the_stored_value_bytes() -> None:
     body = found_body("s", "ключ", 3, 7, b'{"a":1,"b":2.0,"c":"x"}')
     assert json.loads(body) == {"store": "s", "key": "ключ", "partition": 3, "version": 7,
                                 "value": {"a": 1, "b": 2.0, "c": "x"}}
+
+
+@given(store=st.text(min_size=1, max_size=12), key=st.text(max_size=40), partition=st.integers(0, 2**31 - 1),
+       version=st.integers(0, 2**63))
+@example(store="s", key='a"b\\c\n\x00\u2028é', partition=0, version=1)
+def test_found_body_is_the_json_of_its_fields_as_json_dumps_writes_them(
+    store: str, key: str, partition: int, version: int
+) -> None:
+    """found_body is written in one format on a read's path: byte for byte what the dict's `json.dumps`
+    (ensure_ascii=False, as answers always were) writes, the value's bytes in place of its JSON."""
+    value = b'{"v":[1,2]}'
+    try:
+        plain = json.dumps(
+            {"store": store, "key": key, "partition": partition, "version": version}, ensure_ascii=False
+        ).encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: neither writes it
+        with pytest.raises(UnicodeEncodeError):
+            found_body(store, key, partition, version, value)
+        return
+    assert found_body(store, key, partition, version, value) == plain[:-1] + b', "value": ' + value + b"}"
 
 
 def test_unavailable_says_when_to_retry() -> None:

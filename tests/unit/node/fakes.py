@@ -165,6 +165,9 @@ class Nodes:
 
     def __init__(self) -> None:
         self._stack = contextlib.ExitStack()
+        # The data plane class the nodes serve with: a test may put a subclass that spies on it here (the
+        # compiled build's class takes no attribute set on it, but an interpreted subclass overrides).
+        self.plane: type[NodeDataPlane] = NodeDataPlane
 
     def __call__(
         self,
@@ -202,7 +205,7 @@ class Nodes:
         server = HttpServer(
             WithoutLifespan(app),
             server_limits or node_server_limits(settings),
-            data_plane=NodeDataPlane.from_state,
+            data_plane=self.plane.from_state,
             on_refusal=app.state.admission.refused,  # as keyroute.state_node.service.NodeServer counts them
         )
         client = Client(app, self._stack.enter_context(serve_in_thread(server)))

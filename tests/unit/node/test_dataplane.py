@@ -14,14 +14,15 @@ from typing import Any
 import httpx
 import pytest
 from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
-import keyroute.state_node.dataplane
-from keyroute.api import MAX_JSON_DEPTH, json_depth
+from keyroute.api import MAX_JSON_DEPTH, BadKey, PartitionUnavailable, json_depth
 from keyroute.http.dataplane import Call
 from keyroute.http.exchange import ServerLimits
+from keyroute.keys.key_format import KeyFormatError, parse_key
 from keyroute.runtime.settings import RequestLimits
 from keyroute.state_node.dataplane import NodeDataPlane
-from keyroute.state_node.reads import read_key
+from keyroute.state_node.reads import Forward, read_key
 from tests.request_bodies import DEEP_BODIES, bodies
 from tests.unit.node.fakes import (
     GENERATION,
@@ -41,16 +42,17 @@ MISSING = key_in("s", LOCAL_P, prefix="zz")
 
 
 @pytest.fixture
-def spawned(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """The raw paths of the requests the data plane answered in a task of their own."""
+def spawned(client_for: Nodes) -> Iterator[list[str]]:
+    """The raw paths of the requests the data plane answered in a task of their own (the nodes the test starts
+    serve with a data plane that notes them)."""
     paths: list[str] = []
-    spawn = NodeDataPlane.spawn
 
-    def spy(self: NodeDataPlane, call: Call, work: Any) -> None:
-        paths.append(call.request.path.decode())
-        spawn(self, call, work)
+    class Spying(NodeDataPlane):
+        def spawn(self, call: Call, work: Any) -> None:
+            paths.append(call.request.path.decode())
+            super().spawn(call, work)
 
-    monkeypatch.setattr(NodeDataPlane, "spawn", spy)
+    client_for.plane = Spying
     yield paths
 
 
@@ -205,11 +207,13 @@ def test_a_local_answer_that_fails_is_a_json_500_and_the_connection_goes_on(
     path = f"/stores/s/keys/{KEY_LOCAL}"
     expected = client.get(path)
 
-    def broken(*args: Any) -> Any:
+    held = HELD[("s", LOCAL_P)]
+
+    def broken(key: bytes) -> bytes | None:
         raise RuntimeError("a bug in the local answer")
 
     with httpx.Client(base_url=client.url, trust_env=False, timeout=10) as http:
-        monkeypatch.setattr(keyroute.state_node.dataplane, "read_key", broken)
+        monkeypatch.setattr(held, "get", broken)  # the partition's read fails (a stand-in's, not the product's)
         failed = http.get(path, headers={"x-request-id": "oops-1"})
         monkeypatch.undo()
         after = http.get(path)  # on the same kept-alive connection
@@ -300,3 +304,43 @@ def test_any_batch_body_is_answered_entry_by_entry_or_refused_with_a_4xx_json_er
 
     check()
     assert client.admission.active == 0
+
+
+def test_a_key_read_is_located_as_the_partition_map_locates_it_whatever_its_text(client_for: Nodes) -> None:
+    """`read_key` locates a string key hashed with murmur2 by the store's locator (its bytes are its UTF-8), any
+    other through `PartitionMap.locate`: both give the partition the map gives, answered here (held) or sent
+    on to the nodes serving it, and a key that is no string of the format a 400."""
+    client, _ = client_for(SERVING, HELD, unreachable)
+    node = client.node
+    m = node.ownership.map
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.one_of(st.text(max_size=24), st.from_regex(r"-?[0-9]{1,19}", fullmatch=True)), st.booleans())
+    @example(KEY_LOCAL, False)
+    @example("\ud800", False)
+    def check(text: str, forwarded: bool) -> None:
+        for store in ("s", "ints"):
+            record = m.stores[store]
+            try:
+                location = m.locate(record, parse_key(record.key_format, text))
+            except KeyFormatError:
+                with pytest.raises(BadKey):
+                    read_key(node, store, text, forwarded)
+                continue
+            try:
+                answer = read_key(node, store, text, forwarded)
+            except PartitionUnavailable:  # nobody serves it, or it was forwarded here already
+                assert forwarded or not location.serving
+                continue
+            if isinstance(answer, Forward):
+                assert (answer.partition, answer.endpoints) == (location.partition, location.serving)
+                continue
+            assert isinstance(answer, tuple)
+            status, headers, body = answer
+            assert dict(headers)[b"x-keyroute-partition"] == str(location.partition).encode()
+            if status == 200:
+                assert json.loads(body)["key"] == location.key
+            else:
+                assert status == 404 and repr(location.key) in json.loads(body)["message"]
+
+    check()

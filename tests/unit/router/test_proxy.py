@@ -18,6 +18,8 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -34,9 +36,9 @@ from keyroute.api import (
 from keyroute.cluster.partition_map import Assignment, NodeRecord, PartitionMap, ServingRecord
 from keyroute.http.exchange import ServerLimits
 from keyroute.http.fast_upstream import FastUpstream
-from keyroute.http.forwarding import HOP_BY_HOP
+from keyroute.http.forwarding import HOP_BY_HOP, passthrough_headers
 from keyroute.http.server import HttpServer
-from keyroute.http.upstream import Upstream, UpstreamResponse
+from keyroute.http.upstream import Upstream, UpstreamResponse, UpstreamUnavailable
 from keyroute.keys.key_format import KeyFormat
 from keyroute.keys.partitioner import Partitioner, partition_for
 from keyroute.router.backoff import NodeBackoff
@@ -45,7 +47,7 @@ from keyroute.router.proxy import HedgeSettings, Proxy, ProxySettings
 from keyroute.router.routing_table import RoutingTable
 from keyroute.runtime.settings import RequestLimits, RouterSettings
 from tests.unit.http.test_fast_upstream import CLOSE, RawServer, ok
-from tests.unit.router.fakes import FakeCluster, FakeNode, build_map, get, read_result, store_record
+from tests.unit.router.fakes import FakeCluster, FakeNode, build_map, get, node_url, read_result, store_record
 from tests.util import serve_in_thread, wait_until
 
 T = TypeVar("T")
@@ -1353,3 +1355,116 @@ def test_a_read_whose_idle_connection_the_node_had_closed_is_sent_again_on_a_new
     m = h.proxy.metrics
     assert m.upstream_requests == 2 and m.upstream_failures == 0 and m.failovers == 0
     assert not h.backoff.backed_off(url) and h.proxy.in_flight == {}
+
+
+class FailingNodes:
+    """Every node's every request fails with `error()` (a key read's as a batch-get's)."""
+
+    def __init__(self, error: Callable[[], Exception]) -> None:
+        self.error = error
+
+    async def get(self, url: str, headers: Mapping[str, str]) -> UpstreamResponse:
+        raise self.error()
+
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> UpstreamResponse:
+        raise self.error()
+
+    async def aclose(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("error", "node_failure", "backs_off"),
+    [
+        (lambda: UpstreamUnavailable("connection refused"), True, True),
+        (lambda: UpstreamUnavailable("", node_fault=True), True, True),
+        (lambda: UpstreamUnavailable("the pool is exhausted", node_fault=False), True, False),
+        (lambda: ValueError("not an http:// URL"), True, True),
+        (lambda: RuntimeError("a bug"), False, False),
+    ],
+    ids=["refused", "no text", "pool exhausted", "unusable URL", "unexpected"],
+)
+def test_a_key_read_and_a_batch_get_take_a_failed_request_to_a_node_alike(
+    error: Callable[[], Exception], node_failure: bool, backs_off: bool
+) -> None:
+    """One classification for both engines: a node's failure is counted, backs the node off when it is the
+    node's fault, and the read goes on to the other replica (then 503, none answering); anything else fails
+    the read with it (a key read delivers it, a batch-get raises it)."""
+    key = keys_in(0)[0]
+    outcomes: dict[str, tuple[Any, ...]] = {}
+    for engine in ("key", "batch"):
+        backoff = NodeBackoff()
+        proxy = Proxy(
+            FailingNodes(error),
+            on_stale_map=lambda: None,
+            hedge=HedgeSettings(after_s=0),
+            backoff=backoff,
+            rng=MapOrderOnTies(),
+        )
+        proxy.install(RoutingTable.of(replicated_map()))
+
+        async def outcome(engine: str = engine, proxy: Proxy = proxy) -> Any:
+            if engine == "key":
+                return await read_via_callback(proxy, key)
+            try:
+                return await proxy.batch_get("s", [key])
+            except Exception as exc:  # noqa: BLE001 (what the batch-get fails with is the outcome here)
+                return exc
+
+        result = run(outcome)
+        if not node_failure:
+            assert isinstance(result, RuntimeError) and str(result) == "a bug"
+        elif engine == "key":
+            assert isinstance(result, PartitionUnavailable)
+        else:
+            assert [entry["status"] for entry in result] == [503]
+        outcomes[engine] = (
+            proxy.metrics.upstream_failures,
+            tuple(backoff.backed_off(node_url(n)) for n in ("a", "b")),
+        )
+    expected_failures = 2 if node_failure else 0
+    assert outcomes["key"] == outcomes["batch"] == (expected_failures, (backs_off, backs_off))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(
+                [
+                    b"content-type",
+                    b"x-keyroute-node",
+                    b"x-keyroute-hops",
+                    b"x-a",
+                    b"connection",
+                    b"keep-alive",
+                    b"te",
+                    b"trailer",
+                    b"upgrade",
+                    b"transfer-encoding",
+                    b"proxy-authenticate",
+                    b"x-private",
+                ]
+            ),
+            st.sampled_from([b"0", b"1", b"close", b"x-a", b"X-Private, x-a", b" TE ", b"v"]),
+        ),
+        max_size=10,
+    )
+)
+def test_a_replys_headers_are_relayed_as_passthrough_headers_relays_them(pairs: list[tuple[bytes, bytes]]) -> None:
+    """The key read's one pass over a node's reply headers (what is relayed, the hop count it notes) gives what
+    `passthrough_headers` gives, and counts a misroute exactly when the first X-Keyroute-Hops is not 0."""
+
+    class Node:
+        async def get(self, url: str, headers: Mapping[str, str]) -> UpstreamResponse:
+            return UpstreamResponse(200, list(pairs), b"{}")
+
+        async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> UpstreamResponse:
+            raise AssertionError("no batch here")
+
+    proxy = Proxy(Node(), on_stale_map=lambda: None, hedge=HedgeSettings(after_s=0), rng=MapOrderOnTies())
+    proxy.install(RoutingTable.of(replicated_map()))
+    answer = run(lambda: read_via_callback(proxy, "k"))
+    assert list(answer.headers) == passthrough_headers(pairs)
+    hops = next((value for name, value in passthrough_headers(pairs) if name == b"x-keyroute-hops"), None)
+    assert proxy.metrics.misroutes == (hops is not None and hops.strip() not in (b"", b"0"))
