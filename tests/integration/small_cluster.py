@@ -1,5 +1,6 @@
 """A small real cluster for request-hardening tests: one store written by hand in the snapshot format (no
-Spark), published in ZooKeeper, two `keyroute node` processes and one `keyroute router` process."""
+Spark), published in ZooKeeper, two `keyroute node` processes and one `keyroute router` process, each a
+`tests.harness.Member` (kill, restart, freeze, expire). Started once per module where the tests only read it."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from keyroute.cluster.partition_map import StoreRecord
 from keyroute.keys.key_format import KeyFormat
 from keyroute.keys.partitioner import Partitioner, partition_for
 from keyroute.runtime.settings import ZkSettings
+from tests.harness import Member
 from tests.integration.test_node import write_snapshot
-from tests.util import Proc, free_port, wait_for
+from tests.util import free_port, wait_for
 
 STORE = "bookings"
 PARTITIONS = 4
@@ -50,11 +52,20 @@ def expected(key: str) -> dict[str, Any]:
 class SmallCluster:
     router_url: str
     node_urls: dict[str, str]
-    procs: list[Proc] = field(default_factory=list)
+    procs: list[Member] = field(default_factory=list)
     # With admin ports: "router" and each node id -> the URL of its admin port (empty: admin on the data port).
     admin_urls: dict[str, str] = field(default_factory=dict)
     # What the test's own httpx calls need (TLS: `verify`, an ssl.SSLContext with a client certificate).
     http_options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def members(self) -> dict[str, Member]:
+        """"router" and each node id -> its process."""
+        return {proc.name: proc for proc in self.procs}
+
+    @property
+    def router(self) -> Member:
+        return self.members["router"]
 
     @property
     def router_admin_url(self) -> str:
@@ -120,7 +131,7 @@ def small_cluster(
         # Closed at once: its threads would otherwise run (and draw random numbers) beside the test.
         zk.close(client)
     connect = zk_settings.connect_string
-    procs: list[Proc] = []
+    procs: list[Member] = []
     node_urls: dict[str, str] = {}
     admin_urls: dict[str, str] = {}
 
@@ -138,18 +149,20 @@ def small_cluster(
             args = ["node", "--zk", connect, "--node-id", node_id, "--port", str(port), *admin_port(node_id)]
             args += ["--data-dir", str(tmp_path / f"data-{node_id}"), "--zk-session-timeout-s", "4"]
             args += ["--version-grace-s", "1", "--drain-timeout-s", "5", *extra_args, *own_args(node_id)]
-            procs.append(Proc(args, tmp_path / f"{node_id}.log").start())
             node_urls[node_id] = f"{scheme}://127.0.0.1:{port}"
+            procs.append(Member(node_id, args, tmp_path / f"{node_id}.log", node_urls[node_id]).start())
         port = free_port()
-        router = Proc(
+        router = Member(
+            "router",
             [
                 *("router", "--zk", connect, "--port", str(port), *admin_port("router")),
                 *(*extra_args, *router_args, *own_args("router")),
             ],
             tmp_path / "router.log",
+            f"{scheme}://127.0.0.1:{port}",
         )
         procs.append(router.start())
-        cluster = SmallCluster(f"{scheme}://127.0.0.1:{port}", node_urls, procs, admin_urls, http_options)
+        cluster = SmallCluster(router.url, node_urls, procs, admin_urls, http_options)
 
         def settled() -> bool:
             if httpx.get(cluster.router_url + "/readyz", timeout=5, **http_options).json().get("complete") is not True:

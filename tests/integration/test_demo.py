@@ -1,8 +1,11 @@
 """`keyroute demo` (what `make demo` runs) as a newcomer runs it: up, answering the printed requests, a live
-value moving while they watch, and however it is stopped (Ctrl-C, a closed terminal, a supervisor's
-SIGTERM, kill -9 of the demo's own process) leaving no process behind. Two stops come once the demo is
-up (SIGTERM, SIGHUP), two while its pipeline runs (Ctrl-C, kill -9), which also covers Spark's processes."""
+value moving while they watch, every shell and Python block of README.md run as written against it
+(readme_blocks.py), and however it is stopped (Ctrl-C, a closed terminal, a supervisor's SIGTERM, kill -9 of
+the demo's own process) leaving no process behind.
 
+One demo for the module (`demo`): its reads and the README's blocks share it, and the last of them stops it
+with SIGTERM. Three stops come while a demo's pipeline runs (Ctrl-C, a closed terminal's SIGHUP, kill -9),
+each on a demo of its own, which also covers Spark's processes."""
 from __future__ import annotations
 
 import json
@@ -13,16 +16,20 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from keyroute.dev import sample_data
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
+from tests.integration.readme_blocks import _ANY, _SKIPPED, BLOCKS, Block, Readme, _mismatch, _shown_fields
 from tests.util import free_port, wait_for
 
-# Each test starts a whole demo (ZooKeeper, Spark, three nodes, a router): minutes on a busy machine.
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+# A demo (ZooKeeper, Spark, three nodes, a router) takes minutes to start on a busy machine, and the README's
+# own cluster runs the pipeline again.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 _UP_TIMEOUT_S = 300.0
 _EVENTS = "3000"
@@ -31,9 +38,11 @@ _EVENTS = "3000"
 class DemoProcess:
     """`keyroute demo` in a session of its own, its output collected line by line."""
 
-    def __init__(self, workdir: Path, read_until_up: bool = False) -> None:
+    def __init__(self, workdir: Path, read_until: str | None = None) -> None:
+        """`read_until`: stop reading the demo's output after the line holding this text (then close it with
+        `stop_reading`, as a terminal that is gone)."""
         self.port = free_port()
-        self._read_until_up = read_until_up
+        self._read_until = read_until
         self.workdir = workdir
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "keyroute", "demo", "--port", str(self.port), "--workdir", str(workdir),
@@ -56,8 +65,8 @@ class DemoProcess:
             self.lines.append(raw.decode(errors="replace"))
             if "keyroute demo is up." in self.lines[-1]:
                 self.up.set()
-                if self._read_until_up:
-                    return
+            if self._read_until is not None and self._read_until in self.lines[-1]:
+                return
 
     @property
     def output(self) -> str:
@@ -83,7 +92,7 @@ class DemoProcess:
             self._reader.join(timeout=10)
 
     def stop_reading(self) -> None:
-        """Close the demo's output, once the reader has stopped (`read_until_up`)."""
+        """Close the demo's output, once the reader has stopped (`read_until`)."""
         self._reader.join(timeout=10)
         assert not self._reader.is_alive() and self.proc.stdout is not None
         self.proc.stdout.close()
@@ -161,96 +170,152 @@ def _keyroute_children(demo: DemoProcess) -> dict[int, int]:
     return recorded
 
 
-def test_the_demo_comes_up_serves_a_live_store_and_stops_cleanly(tmp_path: Path) -> None:
-    demo = DemoProcess(tmp_path / "demo")
-    router = f"http://127.0.0.1:{demo.port}"
+_PIPELINE_RUNS = "running the Spark pipeline"
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoProcess]:
+    """One demo for the module, in a folder whose `.keyroute-demo/` is its work directory (where the README's
+    commands expect it); `test_the_shared_demo_stops_cleanly_on_sigterm` stops it."""
+    demo = DemoProcess(tmp_path_factory.mktemp("readme") / ".keyroute-demo")
     try:
         demo.wait_up()
-        banner = demo.output
-        assert f"curl -s {router}/stores/bookings/keys/" in banner
-        assert f"/stores/quotes/keys/{sample_data.asset_id(7)}" in banner
-
-        with httpx.Client(base_url=router, timeout=5.0) as client:
-            booking = client.get(f"/stores/bookings/keys/{sample_data.customer_id(42)}")
-            assert booking.status_code == 200, booking.text
-            assert booking.json()["value"]["route"] in sample_data.ROUTES
-
-            # The README's history and windows examples: the busy customer's morning of trips.
-            busy = sample_data.customer_id(sample_data.BUSY_CUSTOMER)
-            morning = {"from": "2024-06-11T10:00:00Z", "to": "2024-06-11T11:00:00Z"}
-            trips = client.get(f"/stores/trips/keys/{busy}/history", params=morning)
-            assert trips.status_code == 200, trips.text
-            rows = trips.json()["rows"]
-            assert len(rows) >= len(sample_data.BUSY_MINUTES)
-            assert all(set(row) == {"ts", "route", "fare"} for row in rows), rows
-            windows = client.get(f"/stores/fares_5m/keys/{busy}/windows", params=morning)
-            assert windows.status_code == 200, windows.text
-            counted = [window["value"]["trips"] for window in windows.json()["windows"]]
-            assert sum(counted) == len(rows) and len(counted) > 1
-
-            def quote() -> httpx.Response | None:
-                found = client.get(f"/stores/quotes/keys/{sample_data.asset_id(7)}")
-                return found if found.status_code == 200 else None
-
-            first = wait_for(quote, timeout_s=60.0, message="a quote for ASSET-0007")
-            offset = int(first.headers["x-keyroute-offset"])
-
-            def moved() -> httpx.Response | None:
-                again = quote()
-                return again if again is not None and int(again.headers["x-keyroute-offset"]) > offset else None
-
-            later = wait_for(moved, timeout_s=60.0, message="the quotes partition's offset to move")
-            assert later.json()["value"]["seq"] >= first.json()["value"]["seq"]
-            assert set(later.json()["value"]) == {"ts", "bid", "seq"}
-
-            # The Avro live store: values written by confluent-kafka's AvroSerializer, answered as JSON.
-            assert f"/stores/ticks/keys/{sample_data.asset_id(7)}" in banner
-
-            def tick() -> httpx.Response | None:
-                found = client.get(f"/stores/ticks/keys/{sample_data.asset_id(7)}")
-                return found if found.status_code == 200 else None
-
-            value = wait_for(tick, timeout_s=60.0, message="a tick for ASSET-0007").json()["value"]
-            assert set(value) == {"ts", "price", "volume"} and isinstance(value["volume"], int), value
-            assert value["ts"].startswith("2027-01-15T") and value["ts"].endswith("Z"), value
-        recorded = _keyroute_children(demo)
-        demo.proc.send_signal(signal.SIGTERM)
-        code = demo.wait_exit()
+        yield demo
     finally:
         demo.kill()
+
+
+@pytest.fixture(scope="module")
+def readme(demo: DemoProcess, zk_server: EmbeddedZooKeeper) -> Iterator[Readme]:
+    bin_dir = str(Path(sys.executable).parent)
+    state = Readme(
+        folder=demo.workdir.parent,
+        replace={
+            "127.0.0.1:8080": f"127.0.0.1:{demo.port}",
+            **{f"{name}{port}": f"{name}{free}" for port in (8090, 8091, 8092) for free in [free_port()]
+               for name in ("127.0.0.1:", "--port ")},
+            "127.0.0.1:2181": zk_server.connect_string,
+        },
+        env={**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""), "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        yield state
+    finally:
+        state.stop()
+
+
+def test_the_demo_comes_up_and_serves_a_live_store(demo: DemoProcess) -> None:
+    router = f"http://127.0.0.1:{demo.port}"
+    banner = demo.output
+    assert f"curl -s {router}/stores/bookings/keys/" in banner
+    assert f"/stores/quotes/keys/{sample_data.asset_id(7)}" in banner
+
+    with httpx.Client(base_url=router, timeout=5.0) as client:
+        booking = client.get(f"/stores/bookings/keys/{sample_data.customer_id(42)}")
+        assert booking.status_code == 200, booking.text
+        assert booking.json()["value"]["route"] in sample_data.ROUTES
+
+        # The README's history and windows examples: the busy customer's morning of trips.
+        busy = sample_data.customer_id(sample_data.BUSY_CUSTOMER)
+        morning = {"from": "2024-06-11T10:00:00Z", "to": "2024-06-11T11:00:00Z"}
+        trips = client.get(f"/stores/trips/keys/{busy}/history", params=morning)
+        assert trips.status_code == 200, trips.text
+        rows = trips.json()["rows"]
+        assert len(rows) >= len(sample_data.BUSY_MINUTES)
+        assert all(set(row) == {"ts", "route", "fare"} for row in rows), rows
+        windows = client.get(f"/stores/fares_5m/keys/{busy}/windows", params=morning)
+        assert windows.status_code == 200, windows.text
+        counted = [window["value"]["trips"] for window in windows.json()["windows"]]
+        assert sum(counted) == len(rows) and len(counted) > 1
+
+        def quote() -> httpx.Response | None:
+            found = client.get(f"/stores/quotes/keys/{sample_data.asset_id(7)}")
+            return found if found.status_code == 200 else None
+
+        first = wait_for(quote, timeout_s=60.0, message="a quote for ASSET-0007")
+        offset = int(first.headers["x-keyroute-offset"])
+
+        def moved() -> httpx.Response | None:
+            again = quote()
+            return again if again is not None and int(again.headers["x-keyroute-offset"]) > offset else None
+
+        later = wait_for(moved, timeout_s=60.0, message="the quotes partition's offset to move")
+        assert later.json()["value"]["seq"] >= first.json()["value"]["seq"]
+        assert set(later.json()["value"]) == {"ts", "bid", "seq"}
+
+        # The Avro live store: values written by confluent-kafka's AvroSerializer, answered as JSON.
+        assert f"/stores/ticks/keys/{sample_data.asset_id(7)}" in banner
+
+        def tick() -> httpx.Response | None:
+            found = client.get(f"/stores/ticks/keys/{sample_data.asset_id(7)}")
+            return found if found.status_code == 200 else None
+
+        value = wait_for(tick, timeout_s=60.0, message="a tick for ASSET-0007").json()["value"]
+        assert set(value) == {"ts", "price", "volume"} and isinstance(value["volume"], int), value
+        assert value["ts"].startswith("2027-01-15T") and value["ts"].endswith("Z"), value
+
+
+def test_the_skip_table_names_only_lines_the_readme_has() -> None:
+    lines = [line.removeprefix("$ ") for block in BLOCKS for line in block.text.splitlines()]
+    for start in _SKIPPED:
+        assert any(line.startswith(start) for line in lines), f"no README line starts with {start!r} any more"
+
+
+def test_the_readme_has_the_blocks_this_test_is_about() -> None:
+    languages = {block.language for block in BLOCKS}
+    assert {"sh", "python"} <= languages
+    assert any(block.heading == "Your first cluster" for block in BLOCKS)
+    assert any("keyroute demo kill-node" in block.text for block in BLOCKS if block.doc == "README.md")
+    assert any(block.doc == "docs/usage.md" for block in BLOCKS)
+
+
+def test_shown_fields_are_read_as_the_test_checks_them() -> None:
+    shown = '{"store": "bookings", "partition": 8, "ready": true, "next": "WzIs...", "keys": [{"key": "C"}], "v": {}}'
+    fields = dict(_shown_fields(shown))
+    assert fields == {"store": "bookings", "partition": 8, "ready": True, "next": _ANY, "keys": _ANY, "v": _ANY}
+    assert _mismatch('{"store": "bookings", "keys": []}\n__status__=200', '{"store": "bookings", "next": "x..."}')
+    assert _mismatch('{"ready": true, "complete": false}\n__status__=200', '{"ready": true, "complete": true}')
+    assert _mismatch('{"ready": true, "complete": true}\n__status__=200', '{"ready": true, "complete": true}') is None
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=lambda block: block.id)
+def test_a_readme_block_runs_as_written(block: Block, readme: Readme) -> None:
+    skipped = readme.run(block)
+    if skipped.startswith("SKIPPED "):
+        pytest.skip(skipped.removeprefix("SKIPPED "))
+    if skipped:
+        print(f"lines not run in README block {block.id}: {skipped}")
+
+
+def test_the_shared_demo_stops_cleanly_on_sigterm(demo: DemoProcess, readme: Readme) -> None:
+    """A supervisor's SIGTERM once the demo is up (after its reads and the README's blocks): exit 0, every
+    process it started gone, the router's port closed."""
+    readme.stop()  # the README's own cluster: not the demo's processes
+    recorded = _keyroute_children(demo)
+    demo.proc.send_signal(signal.SIGTERM)
+    code = demo.wait_exit()
     assert code == 0, demo.output
     assert "all demo processes stopped." in demo.output
     # What the demo prints is keyroute's: no HTTP client's line per request (the Schema Registry client's).
     assert "HTTP Request:" not in demo.output, demo.output
     _assert_nothing_survives(demo, recorded)
-    log_dir = tmp_path / "demo" / "logs"
+    log_dir = demo.workdir / "logs"
     assert json.dumps(sorted(p.name for p in log_dir.iterdir()))  # every process kept a log
 
 
-def test_closing_the_demos_terminal_stops_every_demo_process(tmp_path: Path) -> None:
-    """SIGHUP, as a closed terminal or `tmux kill-session` sends it: the terminal is gone too, so the
-    demo's output goes nowhere (here: a pipe nobody reads any more) and stopping must not depend on it."""
-    demo = DemoProcess(tmp_path / "demo", read_until_up=True)
-    try:
-        demo.wait_up()
-        recorded = _keyroute_children(demo)
-        demo.stop_reading()  # the demo's next write fails (EPIPE), as on a terminal that is gone
-        demo.proc.send_signal(signal.SIGHUP)
-        code = demo.wait_exit()
-    finally:
-        demo.kill()
-    assert code == 0
-    _assert_nothing_survives(demo, recorded)
-
-
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+@pytest.mark.parametrize(
+    "signum", [signal.SIGINT, signal.SIGHUP, signal.SIGKILL], ids=["ctrl-c", "closed-terminal", "kill-9"]
+)
 def test_a_signal_while_the_pipeline_runs_stops_every_demo_process(tmp_path: Path, signum: int) -> None:
     """While the pipeline runs, so that its Spark JVM and Spark's Python workers go too (and the test does
     not wait for a whole start). Ctrl-C runs the demo's clean-up; kill -9 runs none: each child learns of
-    its parent's death from the kernel, the Spark JVM from its driver's closed pipe."""
-    demo = DemoProcess(tmp_path / "demo")
+    its parent's death from the kernel, the Spark JVM from its driver's closed pipe. SIGHUP, as a closed
+    terminal or `tmux kill-session` sends it: the terminal is gone too, so the demo's output goes nowhere
+    (here: a pipe nobody reads any more) and stopping must not depend on it."""
+    closed_terminal = signum == signal.SIGHUP
+    demo = DemoProcess(tmp_path / "demo", read_until=_PIPELINE_RUNS if closed_terminal else None)
     try:
-        demo.wait_until("running the Spark pipeline")
+        demo.wait_until(_PIPELINE_RUNS)
 
         def building() -> dict[int, int] | None:
             below = _descendants(demo.proc.pid)
@@ -264,10 +329,14 @@ def test_a_signal_while_the_pipeline_runs_stops_every_demo_process(tmp_path: Pat
         commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in recorded]
         assert sum(b"ZooKeeperServerMain" in c for c in commands) == 1, commands
         assert sum(b"keyroute\0node" in c for c in commands) == 3, commands
+        if closed_terminal:
+            demo.stop_reading()  # the demo's next write fails (EPIPE), as on a terminal that is gone
         demo.proc.send_signal(signum)
         code = demo.wait_exit()
         if signum == signal.SIGKILL:
             assert code == -signal.SIGKILL
+        elif closed_terminal:
+            assert code == 0
         else:
             assert code == 0, demo.output
             assert "all demo processes stopped." in demo.output

@@ -3,8 +3,9 @@
 Every key answers through the router with exactly the value a plain-Python computation over the same
 events expects, and keeps answering after a node is killed with SIGKILL.
 
-One Spark build for the module (`built`); the tests that only read share one cluster (`shared`), the ones
-that kill or add nodes get a cluster of their own on the same published files (`cluster`).
+One Spark build and one cluster for the module (`shared`, `tests.harness` members): the tests that only read
+come first, then the ones that kill a node (and bring it back, or a new one, so that the next test finds
+three nodes serving every partition as assigned).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
 from keyroute.keys.key_format import KeyFormat, parse_key
 from keyroute.keys.partitioner import Partitioner, partition_for
 from keyroute.runtime.settings import ZkSettings
-from tests.util import Proc, free_port, wait_for
+from tests.harness import Member
+from tests.util import free_port, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -78,9 +80,21 @@ def expected_positions(path: Path) -> dict[str, dict[str, Any]]:
 @dataclass
 class Cluster:
     router_url: str
-    nodes: dict[str, tuple[Proc, str]]
+    nodes: dict[str, tuple[Member, str]]
     expected: dict[str, dict[Any, dict[str, Any]]]
     zk: ZkSettings
+
+    def wait_settled(self) -> None:
+        # Nodes started one by one: the first ones loaded more than their share and let go only once the
+        # new owners serve. Wait until actual placement equals the assignment (make before break done).
+        wait_for(
+            lambda: settled(httpx.get(self.router_url + "/admin/partition-map?detail=all").json()),
+            timeout_s=120,
+            message="serving view equal to the assignment",
+        )
+
+    def live_node(self) -> tuple[str, Member]:
+        return next((node_id, proc) for node_id, (proc, _url) in self.nodes.items() if proc.alive)
 
 
 @dataclass(frozen=True)
@@ -143,34 +157,30 @@ def running_cluster(tmp_path: Path, zk_settings: ZkSettings, built: Built) -> It
     finally:
         zk.close(client)
     zk_address = zk_settings.connect_string
-    procs: list[Proc] = []
-    nodes: dict[str, tuple[Proc, str]] = {}
+    procs: list[Member] = []
+    nodes: dict[str, tuple[Member, str]] = {}
     try:
         for i in range(3):
             port = free_port()
             node_id = f"node-{i}"
             args = ["node", "--zk", zk_address, "--node-id", node_id, "--port", str(port)]
             args += ["--data-dir", str(tmp_path / node_id), "--zk-session-timeout-s", "4"]
-            proc = Proc(args, tmp_path / f"{node_id}.log").start()
+            proc = Member(node_id, args, tmp_path / f"{node_id}.log", f"http://127.0.0.1:{port}").start()
             procs.append(proc)
-            nodes[node_id] = (proc, f"http://127.0.0.1:{port}")
+            nodes[node_id] = (proc, proc.url)
         router_port = free_port()
-        router = Proc(["router", "--zk", zk_address, "--port", str(router_port)], tmp_path / "router.log").start()
-        procs.append(router)
         router_url = f"http://127.0.0.1:{router_port}"
+        router_args = ["router", "--zk", zk_address, "--port", str(router_port)]
+        router = Member("router", router_args, tmp_path / "router.log", router_url).start()
+        procs.append(router)
         wait_for(
             lambda: httpx.get(router_url + "/readyz").json().get("complete") is True,
             timeout_s=120,
             message="router ready (complete map)",
         )
-        # Nodes started one by one: the first ones loaded more than their share and let go only once the
-        # new owners serve. Wait until actual placement equals the assignment (make before break done).
-        wait_for(
-            lambda: settled(httpx.get(router_url + "/admin/partition-map?detail=all").json()),
-            timeout_s=120,
-            message="serving view equal to the assignment",
-        )
-        yield Cluster(router_url, nodes, built.expected, zk_settings)
+        cluster = Cluster(router_url, nodes, built.expected, zk_settings)
+        cluster.wait_settled()
+        yield cluster
     finally:
         for proc in reversed(procs):
             proc.stop()
@@ -179,18 +189,11 @@ def running_cluster(tmp_path: Path, zk_settings: ZkSettings, built: Built) -> It
                 print(f"--- {proc.args[:4]} exited {proc.popen.returncode}\n{proc.output()[-3000:]}")
 
 
-@pytest.fixture
-def cluster(tmp_path: Path, zk_settings: ZkSettings, built: Built) -> Iterator[Cluster]:
-    """A cluster of the test's own: for tests that kill or add nodes."""
-    with running_cluster(tmp_path, zk_settings, built) as c:
-        yield c
-
-
 @pytest.fixture(scope="module")
 def shared(
     tmp_path_factory: pytest.TempPathFactory, module_zk_settings: ZkSettings, built: Built
 ) -> Iterator[Cluster]:
-    """One cluster for the module's tests that only read."""
+    """One cluster for the module: the tests that kill a node leave three serving, as they found it."""
     with running_cluster(tmp_path_factory.mktemp("end-to-end-shared"), module_zk_settings, built) as c:
         yield c
 
@@ -231,27 +234,6 @@ def check_all_keys(client: httpx.Client, cluster: Cluster, *, hops: str | None =
                 assert resp.headers["x-keyroute-hops"] == hops
             checked += 1
     return checked
-
-
-def test_every_key_answers_exactly_through_the_router_and_survives_kill_9(cluster: Cluster) -> None:
-    with httpx.Client(timeout=10) as client:
-        total = check_all_keys(client, cluster)
-        assert total == sum(len(v) for v in cluster.expected.values())
-        for special in sample_data.SPECIAL_CUSTOMERS:
-            assert special in cluster.expected["bookings"]
-        assert {INT64_MIN, INT64_MAX} <= set(cluster.expected["accounts"])
-
-        # kill -9 one node: with replication 2 every key still answers (the router retries a replica at
-        # once; after the session expires the map no longer lists the dead node).
-        victim, (proc, _url) = next(iter(cluster.nodes.items()))
-        proc.kill9()
-        assert check_all_keys(client, cluster, hops=None) == total
-        wait_for(
-            lambda: victim not in client.get(cluster.router_url + "/admin/partition-map?detail=all").json()["nodes"],
-            timeout_s=30,
-            message="dead node gone from the map",
-        )
-        assert check_all_keys(client, cluster, hops=None) == total
 
 
 def test_errors_are_json_with_the_right_status(shared: Cluster) -> None:
@@ -317,13 +299,41 @@ def test_a_node_forwards_a_key_it_does_not_serve_exactly_once(shared: Cluster) -
         assert again.status_code == 503 and again.json()["error"] == "partition_unavailable"
 
 
-def test_the_direct_client_reads_every_key_through_a_kill_9_and_a_rebalance(cluster: Cluster, tmp_path: Path) -> None:
+# The tests that kill a node come after the ones that only read.
+def test_every_key_answers_exactly_through_the_router_and_survives_kill_9(shared: Cluster) -> None:
+    cluster = shared
+    with httpx.Client(timeout=10) as client:
+        total = check_all_keys(client, cluster)
+        assert total == sum(len(v) for v in cluster.expected.values())
+        for special in sample_data.SPECIAL_CUSTOMERS:
+            assert special in cluster.expected["bookings"]
+        assert {INT64_MIN, INT64_MAX} <= set(cluster.expected["accounts"])
+
+        # kill -9 one node: with replication 2 every key still answers (the router retries a replica at
+        # once; after the session expires the map no longer lists the dead node).
+        victim, proc = cluster.live_node()
+        proc.kill()
+        assert check_all_keys(client, cluster, hops=None) == total
+        wait_for(
+            lambda: victim not in client.get(cluster.router_url + "/admin/partition-map?detail=all").json()["nodes"],
+            timeout_s=30,
+            message="dead node gone from the map",
+        )
+        assert check_all_keys(client, cluster, hops=None) == total
+
+    # Back on its data directory: the next test finds three nodes serving every partition as assigned.
+    proc.restart()
+    cluster.wait_settled()
+
+
+def test_the_direct_client_reads_every_key_through_a_kill_9_and_a_rebalance(shared: Cluster, tmp_path: Path) -> None:
     """keyroute.client in direct mode (the map from the router, keys hashed by the client, straight to a
     serving node): no failed or wrong read while a node is killed and while a new node takes partitions."""
     import threading
 
     from keyroute.client import Client
 
+    cluster = shared
     keys = list(cluster.expected["bookings"].items())
     accounts = list(cluster.expected["accounts"].items())
     failures: list[str] = []
@@ -351,18 +361,20 @@ def test_the_direct_client_reads_every_key_through_a_kill_9_and_a_rebalance(clus
     reader.start()
     try:
         wait_for(lambda: rounds[0] >= 2, timeout_s=60, message="reading")
-        victim, (proc, _url) = next(iter(cluster.nodes.items()))
-        proc.kill9()
+        victim, proc = cluster.live_node()
+        proc.kill()
         wait_for(
             lambda: victim not in httpx.get(cluster.router_url + "/admin/partition-map?detail=all").json()["nodes"],
             timeout_s=30,
             message="dead node gone from the map",
         )
         port = free_port()
-        newcomer = Proc(
+        newcomer = Member(
+            "node-new",
             ["node", "--zk", cluster.zk.connect_string, "--node-id", "node-new", "--port", str(port),
              "--data-dir", str(tmp_path / "node-new"), "--zk-session-timeout-s", "4"],
             tmp_path / "node-new.log",
+            f"http://127.0.0.1:{port}",
         ).start()  # fmt: skip
         try:
             full_map = cluster.router_url + "/admin/partition-map?detail=all"

@@ -5,8 +5,6 @@ reads are still answered while the flooder's surplus gets fast 503s; the router 
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 from pathlib import Path
 
@@ -65,7 +63,7 @@ def test_a_flooding_caller_is_shed_while_another_caller_is_still_answered(
     options = {"headers": bearer(ADMIN_TOKEN)}
     with small_cluster(tmp_path, zk_settings, extra_args=args, router_args=router_args, http_options=options) as c:
         serving = c.serving()
-        paused = c.procs[0]  # n1: its reads hang while it is stopped
+        paused = c.members["n1"]  # its reads hang while it is frozen
         on_paused = {p for p, nodes in serving.items() if nodes == ["n1"]}
         flood_keys = [k for k in ROWS if partition(k) in on_paused]
         steady_keys = [k for k in ROWS if partition(k) not in on_paused][:10]
@@ -85,8 +83,7 @@ def test_a_flooding_caller_is_shed_while_another_caller_is_still_answered(
             with lock:
                 flood_results.append(result)
 
-        assert paused.popen is not None
-        os.kill(paused.popen.pid, signal.SIGSTOP)
+        paused.freeze()
         threads = [threading.Thread(target=flood, args=(i,), daemon=True) for i in range(FLOODERS)]
         try:
             for thread in threads:
@@ -113,7 +110,7 @@ def test_a_flooding_caller_is_shed_while_another_caller_is_still_answered(
             assert caller_reads(metrics, "steady", 200) == len(steady_keys)
             assert caller_reads(metrics, "flood", 503) == shed + 1
         finally:
-            os.kill(paused.popen.pid, signal.SIGCONT)
+            paused.thaw()
             for thread in threads:
                 thread.join(timeout=150)
         assert len(flood_results) == FLOODERS

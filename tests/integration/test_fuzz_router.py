@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote_from_bytes
 
@@ -214,10 +213,12 @@ class Checker:
             assert data == expected(data["key"]), context
 
 
-@pytest.fixture
-def cluster(tmp_path: Path, zk_settings: ZkSettings) -> Iterator[SmallCluster]:
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, module_zk_settings: ZkSettings) -> Iterator[SmallCluster]:
+    """One cluster for the module: its tests only send requests, and each checks afterwards that every key
+    still answers and that no log holds a traceback."""
     args = ["--cluster-secret", SECRET, "--admin-token", ADMIN_TOKEN]
-    with small_cluster(tmp_path, zk_settings, extra_args=args) as c:
+    with small_cluster(tmp_path_factory.mktemp("fuzz-router"), module_zk_settings, extra_args=args) as c:
         yield c
 
 

@@ -1,6 +1,9 @@
 """`keyroute router --workers N`: N whole routers share one port; a stop signal stops them all cleanly, a
 worker that dies takes the router down (non-zero exit) rather than leaving it short-handed, and /metrics,
-whichever worker answers it, counts what every worker did."""
+whichever worker answers it, counts what every worker did.
+
+One cluster for the module; each test that stops or breaks the router leaves it down, and the next test starts
+it again (the same member, on the same port)."""
 
 from __future__ import annotations
 
@@ -44,10 +47,24 @@ def gone(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] == "Z"  # a zombie has exited
 
 
-@pytest.fixture
-def cluster(tmp_path: Path, zk_settings: ZkSettings) -> Iterator[SmallCluster]:
-    with small_cluster(tmp_path, zk_settings, router_args=["--workers", str(WORKERS)]) as c:
+@pytest.fixture(scope="module")
+def running(tmp_path_factory: pytest.TempPathFactory, module_zk_settings: ZkSettings) -> Iterator[SmallCluster]:
+    tmp = tmp_path_factory.mktemp("router-workers")
+    with small_cluster(tmp, module_zk_settings, router_args=["--workers", str(WORKERS)]) as c:
         yield c
+
+
+@pytest.fixture
+def cluster(running: SmallCluster) -> SmallCluster:
+    """The module's cluster with its router up: started again if an earlier test stopped it."""
+    if not running.router.alive:
+        running.router.restart()
+        wait_for(
+            lambda: httpx.get(running.router_url + "/readyz", timeout=5).json().get("complete") is True,
+            60,
+            message="the restarted router's map to be complete",
+        )
+    return running
 
 
 def router_proc(cluster: SmallCluster) -> Proc:

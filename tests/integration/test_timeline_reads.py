@@ -3,8 +3,8 @@ processes -> a `keyroute router` process -> HTTP. Every key's rows and windows a
 exactly what a plain-Python computation over the same events expects, page by page through cursors; bad
 queries get their 400, a cursor of a version no longer served its 410.
 
-The tests that only read share one build and one cluster (`cluster`); the one that publishes a new version has
-its own (`own_cluster`)."""
+The module's tests share one build and one cluster (`cluster`); the one that publishes a new version runs
+last."""
 
 from __future__ import annotations
 
@@ -139,15 +139,8 @@ def running_cluster(tmp_path: Path, zk_settings: ZkSettings, spark: Any) -> Iter
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, module_zk_settings: ZkSettings, spark: Any) -> Iterator[Cluster]:
-    """One build and one cluster for the module's tests that only read."""
+    """One build and one cluster for the module: its tests read, and the last one publishes a new version."""
     with running_cluster(tmp_path_factory.mktemp("timeline-reads"), module_zk_settings, spark) as c:
-        yield c
-
-
-@pytest.fixture
-def own_cluster(tmp_path: Path, zk_settings: ZkSettings, spark: Any) -> Iterator[Cluster]:
-    """A cluster of the test's own: for a test that publishes a new version."""
-    with running_cluster(tmp_path, zk_settings, spark) as c:
         yield c
 
 
@@ -270,55 +263,6 @@ def test_bad_timeline_queries_get_a_400_that_says_which(cluster: Cluster) -> Non
         assert (gone.status_code, gone.json()["error"]) == (410, "cursor_expired")
         # Everything else still answers.
         assert client.get(history).status_code == 200
-
-
-def test_a_node_forwards_a_timeline_read_once_and_an_old_cursor_expires(own_cluster: Cluster, spark: Any) -> None:
-    cluster = own_cluster
-    key = "C003"
-    expected = expected_history(cluster.rows, key)
-    with httpx.Client(timeout=10) as client:
-        pmap = client.get(cluster.router_url + "/admin/partition-map?detail=all").json()
-        partition = partition_for(Partitioner.MURMUR2, key.encode(), PARTITIONS)
-        holders = {s["node"] for s in pmap["stores"]["trips"]["partition_map"][partition]["serving"]}
-        for node_id, url in cluster.node_urls.items():
-            resp = client.get(url + path("trips", key, "history"), params={"limit": "10000"})
-            assert resp.status_code == 200, resp.text
-            assert resp.headers["x-keyroute-hops"] == ("0" if node_id in holders else "1")
-            assert rows_of(resp.json()) == expected
-
-        page = client.get(cluster.router_url + path("trips", key, "history"), params={"limit": "2"}).json()
-        keys_page = client.get(cluster.router_url + "/stores/latest/range", params={"limit": "2"}).json()
-        build_stores(cluster.zk, spark, cluster.spec, cluster.output)  # version 2 of every store
-
-        def swapped() -> bool:
-            body = client.get(cluster.router_url + path("trips", key, "history"), params={"limit": "1"}).json()
-            return body["version"] == 2
-
-        wait_for(swapped, timeout_s=60, message="version 2 served")
-        wait_for(
-            lambda: all(
-                client.get(url + path("trips", key, "history"), params={"limit": "1"}).json()["version"] == 2
-                for url in cluster.node_urls.values()
-            ),
-            timeout_s=60,
-            message="both nodes answer from version 2",
-        )
-        resp = client.get(
-            cluster.router_url + path("trips", key, "history"), params={"limit": "2", "cursor": page["next"]}
-        )
-        assert (resp.status_code, resp.json()["error"]) == (410, "cursor_expired"), resp.text
-
-        def only_version_2() -> bool:
-            entries = client.get(cluster.router_url + "/admin/partition-map?detail=all").json()["stores"]["latest"]
-            return all(s["version"] == 2 for entry in entries["partition_map"] for s in entry["serving"])
-
-        wait_for(only_version_2, timeout_s=60, message="every partition of latest served at version 2 only")
-        old = client.get(
-            cluster.router_url + "/stores/latest/range", params={"limit": "2", "cursor": keys_page["next"]}
-        )
-        assert (old.status_code, old.json()["error"]) == (410, "cursor_expired"), old.text
-        restarted = client.get(cluster.router_url + path("trips", key, "history"), params={"limit": "10000"})
-        assert rows_of(restarted.json()) == expected and restarted.json()["version"] == 2
 
 
 def read_range(client: httpx.Client, store: str, params: dict[str, str]) -> tuple[list[dict[str, Any]], int]:
@@ -469,3 +413,53 @@ def test_the_python_client_reads_values_histories_windows_and_ranges(cluster: Cl
     import asyncio
 
     assert asyncio.run(read_async()) == sorted(a for a in set(ACCOUNT_IDS) if -256 <= a < 256)
+
+
+# Last in the module: it publishes version 2 of the shared cluster's stores, which the tests above read at
+# version 1.
+def test_a_node_forwards_a_timeline_read_once_and_an_old_cursor_expires(cluster: Cluster, spark: Any) -> None:
+    key = "C003"
+    expected = expected_history(cluster.rows, key)
+    with httpx.Client(timeout=10) as client:
+        pmap = client.get(cluster.router_url + "/admin/partition-map?detail=all").json()
+        partition = partition_for(Partitioner.MURMUR2, key.encode(), PARTITIONS)
+        holders = {s["node"] for s in pmap["stores"]["trips"]["partition_map"][partition]["serving"]}
+        for node_id, url in cluster.node_urls.items():
+            resp = client.get(url + path("trips", key, "history"), params={"limit": "10000"})
+            assert resp.status_code == 200, resp.text
+            assert resp.headers["x-keyroute-hops"] == ("0" if node_id in holders else "1")
+            assert rows_of(resp.json()) == expected
+
+        page = client.get(cluster.router_url + path("trips", key, "history"), params={"limit": "2"}).json()
+        keys_page = client.get(cluster.router_url + "/stores/latest/range", params={"limit": "2"}).json()
+        build_stores(cluster.zk, spark, cluster.spec, cluster.output)  # version 2 of every store
+
+        def swapped() -> bool:
+            body = client.get(cluster.router_url + path("trips", key, "history"), params={"limit": "1"}).json()
+            return body["version"] == 2
+
+        wait_for(swapped, timeout_s=60, message="version 2 served")
+        wait_for(
+            lambda: all(
+                client.get(url + path("trips", key, "history"), params={"limit": "1"}).json()["version"] == 2
+                for url in cluster.node_urls.values()
+            ),
+            timeout_s=60,
+            message="both nodes answer from version 2",
+        )
+        resp = client.get(
+            cluster.router_url + path("trips", key, "history"), params={"limit": "2", "cursor": page["next"]}
+        )
+        assert (resp.status_code, resp.json()["error"]) == (410, "cursor_expired"), resp.text
+
+        def only_version_2() -> bool:
+            entries = client.get(cluster.router_url + "/admin/partition-map?detail=all").json()["stores"]["latest"]
+            return all(s["version"] == 2 for entry in entries["partition_map"] for s in entry["serving"])
+
+        wait_for(only_version_2, timeout_s=60, message="every partition of latest served at version 2 only")
+        old = client.get(
+            cluster.router_url + "/stores/latest/range", params={"limit": "2", "cursor": keys_page["next"]}
+        )
+        assert (old.status_code, old.json()["error"]) == (410, "cursor_expired"), old.text
+        restarted = client.get(cluster.router_url + path("trips", key, "history"), params={"limit": "10000"})
+        assert rows_of(restarted.json()) == expected and restarted.json()["version"] == 2

@@ -1,11 +1,11 @@
-"""Every shell and Python block of README.md, then of docs/usage.md (the tour that moved there), runs as written
-against one running `keyroute demo`, in that order: each command exits 0, each curl answers 200 with JSON
-(asked again until then, within a deadline: a quote may not be produced yet, a version may still be loading;
-every top-level field an example's `# {...}` comment shows is in the answer, with the value it shows when that
-is a string, a number, true or false), a `$ command` prints the output below it, the client example prints
-values, the demo tour kills a demo node and reads on, and the "Your first cluster" section brings up a second
-cluster from the demo's files. A line that cannot run here is skipped only with its reason in _SKIPPED.
-
+"""README.md's shell and Python blocks, then docs/usage.md's (the tour that moved there), run as written against
+one running `keyroute demo` (the tests are in test_demo.py, which starts that demo once for its own tests and
+these blocks), in that order: each command exits 0, each curl answers 200 with JSON (asked again until then,
+within a deadline: a quote may not be produced yet, a version may still be loading; every top-level field an
+example's `# {...}` comment shows is in the answer, with the value it shows when that is a string, a number,
+true or false), a `$ command` prints the output below it, the client example prints values, the demo tour
+kills a demo node and reads on, and the "Your first cluster" section brings up a second cluster from the
+demo's files. A line that cannot run here is skipped only with its reason in _SKIPPED.
 What the test changes in the text, and only that: the ports (the demo's 8080, the own cluster's 8090-8092)
 become free ones, `127.0.0.1:2181` becomes the session's ZooKeeper, curl gets `--write-out` for its status
 code, and commands run in a folder whose `.keyroute-demo/` is the demo's work directory.
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
 import shlex
 import signal
@@ -27,22 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
-from tests.integration.test_demo import DemoProcess
-from tests.util import free_port
-
-# The first block starts the demo, the own cluster's block runs the pipeline again: minutes on a busy machine.
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
-
 ROOT = Path(__file__).resolve().parents[2]
 # The documents whose blocks run, in order (tests/unit/test_readme.py's TOURED).
 TOURED = [ROOT / "README.md", ROOT / "docs" / "usage.md"]
 
 # Lines of README blocks the test does not run, by how they start, and why.
 _SKIPPED = {
-    "make demo": "starts the demo, which this test has already started once for every block (`keyroute demo`)",
+    "make demo": "starts the demo, which test_demo.py has already started once for every block (`keyroute demo`)",
     "make test": "runs the whole test suite, this test included",
     "keyroute zookeeper": "the test runs against the session's ZooKeeper (its address replaces 127.0.0.1:2181)",
 }
@@ -245,60 +235,3 @@ def _shown_fields(shown: str) -> Iterator[tuple[str, Any]]:
             if found:
                 literal = found.group(2)
                 yield found.group(1), _ANY if literal is None else json.loads(literal)
-
-
-@pytest.fixture(scope="module")
-def readme(tmp_path_factory: pytest.TempPathFactory, zk_server: EmbeddedZooKeeper) -> Iterator[Readme]:
-    folder = tmp_path_factory.mktemp("readme")
-    demo = DemoProcess(folder / ".keyroute-demo")
-    try:
-        demo.wait_up()
-        bin_dir = str(Path(sys.executable).parent)
-        state = Readme(
-            folder=folder,
-            replace={
-                "127.0.0.1:8080": f"127.0.0.1:{demo.port}",
-                **{f"{name}{port}": f"{name}{free}" for port in (8090, 8091, 8092) for free in [free_port()]
-                   for name in ("127.0.0.1:", "--port ")},
-                "127.0.0.1:2181": zk_server.connect_string,
-            },
-            env={**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""), "PYTHONUNBUFFERED": "1"},
-        )
-        yield state
-        state.stop()
-        demo.proc.send_signal(signal.SIGTERM)
-        assert demo.wait_exit() == 0, demo.output
-    finally:
-        demo.kill()
-
-
-def test_the_skip_table_names_only_lines_the_readme_has() -> None:
-    lines = [line.removeprefix("$ ") for block in BLOCKS for line in block.text.splitlines()]
-    for start in _SKIPPED:
-        assert any(line.startswith(start) for line in lines), f"no README line starts with {start!r} any more"
-
-
-def test_the_readme_has_the_blocks_this_test_is_about() -> None:
-    languages = {block.language for block in BLOCKS}
-    assert {"sh", "python"} <= languages
-    assert any(block.heading == "Your first cluster" for block in BLOCKS)
-    assert any("keyroute demo kill-node" in block.text for block in BLOCKS if block.doc == "README.md")
-    assert any(block.doc == "docs/usage.md" for block in BLOCKS)
-
-
-def test_shown_fields_are_read_as_the_test_checks_them() -> None:
-    shown = '{"store": "bookings", "partition": 8, "ready": true, "next": "WzIs...", "keys": [{"key": "C"}], "v": {}}'
-    fields = dict(_shown_fields(shown))
-    assert fields == {"store": "bookings", "partition": 8, "ready": True, "next": _ANY, "keys": _ANY, "v": _ANY}
-    assert _mismatch('{"store": "bookings", "keys": []}\n__status__=200', '{"store": "bookings", "next": "x..."}')
-    assert _mismatch('{"ready": true, "complete": false}\n__status__=200', '{"ready": true, "complete": true}')
-    assert _mismatch('{"ready": true, "complete": true}\n__status__=200', '{"ready": true, "complete": true}') is None
-
-
-@pytest.mark.parametrize("block", BLOCKS, ids=lambda block: block.id)
-def test_a_readme_block_runs_as_written(block: Block, readme: Readme) -> None:
-    skipped = readme.run(block)
-    if skipped.startswith("SKIPPED "):
-        pytest.skip(skipped.removeprefix("SKIPPED "))
-    if skipped:
-        print(f"lines not run in README block {block.id}: {skipped}")
