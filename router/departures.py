@@ -78,7 +78,7 @@ class Departures:
         """The departed nodes still listed, latest first: `{"node", "state", "zone", "url", "last_seen",
         "held": {store: partitions}, "held_partitions", "served_again", "back_at", "recovered_at"}`."""
         now = self._clock()
-        out = []
+        out: list[dict[str, Any]] = []
         with self._lock:
             for node_id, d in list(self._departed.items()):
                 held_total = sum(len(parts) for parts in d.held.values())

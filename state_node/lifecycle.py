@@ -303,8 +303,8 @@ class Lifecycle:
 
     def readiness(self, m: PartitionMap, served: View, fresh_seen: bool) -> Readiness:
         """Judged by `m`, with `served` answering here now and `fresh_seen`: a fresh map was ever read."""
-        pending = []
-        updating = []
+        pending: list[str] = []
+        updating: list[str] = []
         failed = {}
         for pid in sorted(self.desired, key=order):
             entry = self.entries.get(pid)

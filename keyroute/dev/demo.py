@@ -36,6 +36,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 from urllib.parse import quote
 
 from keyroute.dev import sample_data
@@ -310,7 +311,7 @@ def run(settings: DemoSettings) -> int:
         _say("all demo processes stopped.")
 
 
-def _supervise(procs: _Processes, settings: DemoSettings, router: str) -> None:
+def _supervise(procs: _Processes, settings: DemoSettings, router: str) -> NoReturn:
     """Until Ctrl-C: a node that dies is said and started again `restart_after_s` later; any other process
     that dies ends the demo (DemoError)."""
     restart_at: dict[str, float] = {}

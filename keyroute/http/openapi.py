@@ -186,7 +186,7 @@ SECURITY_SCHEMES = {
 }
 RETRY_AFTER_HEADER = {"description": "seconds to wait before asking again", "schema": {"type": "integer"}}
 # An /admin endpoint: the admin token, or none when none is configured.
-ADMIN_SECURITY = ({"adminToken": []}, {})
+ADMIN_SECURITY: tuple[dict[str, list[str]], ...] = ({"adminToken": []}, {})
 
 ERROR = Schema(
     "Error",

@@ -22,7 +22,7 @@ import time
 import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lmdb
 import orjson
@@ -163,7 +163,7 @@ class LocalReplica:
         self._grace_s = grace_s
         self._map_size = map_size
         self._applier_settings = applier_settings or ApplierSettings()
-        self._fallback: Client | None = Client(router, **dict(client_options or {})) if fallback else None
+        self._fallback: Client | None = Client(router, **dict(client_options or {})) if fallback and router else None
         self._views: dict[str, _StoreView] = {}
         self._opened: dict[PartitionId, PartitionStore] = {}  # partitions this process opened read-only
         self._lock = ApplyLock(self._data_dir)
@@ -212,7 +212,8 @@ class LocalReplica:
         if self._collector is not None:
             from keyroute.local.metrics import unregister
 
-            unregister(self._collector, self._registry)
+            if self._registry is not None:
+                unregister(self._collector, self._registry)
         if self._views:
             self._views = {}
             time.sleep(min(self._grace_s, 0.05))  # reads that started on the partitions finish before they close
@@ -283,7 +284,8 @@ class LocalReplica:
         try:
             if view.timeline is None:
                 with part.read_txn() as txn:
-                    raw = txn.get(TAG_KEY + data if len(data) < _LONG_KEY else db_key(data))
+                    # bytes: the environment is opened without buffers=True
+                    raw = cast("bytes | None", txn.get(TAG_KEY + data if len(data) < _LONG_KEY else db_key(data)))
                     next_offset = txn.get(OFFSET_KEY) if view.live else None
                 if raw is not None and view.live:
                     raw = value_bytes(raw)  # without the merge state, as the node answers
@@ -317,8 +319,8 @@ class LocalReplica:
         remote: list[int] = []
         for i, key in enumerate(keys):
             try:
-                batched = self._fallback is not None and min_offset is None and view is not None
-                if batched and view.parts[view.locate(key)[2]] is None:
+                batched = self._fallback is not None and min_offset is None
+                if batched and view is not None and view.parts[view.locate(key)[2]] is None:
                     remote.append(i)
                     continue
                 found[i] = self.get(store, key, min_offset=min_offset)
@@ -486,7 +488,8 @@ class LocalReplica:
                 return iter(self._fallback.windows(store, key, start=start, end=end))
             if view is None:
                 raise self._store_error(store)
-            return self._not_held(view, key, view.locate(key)[2], min_offset)  # raises
+            self._not_held(view, key, view.locate(key)[2], min_offset)  # raises: no fallback here
+            raise AssertionError("unreachable: _not_held raises without a fallback")
         wanted = READ_KINDS[read]
         timeline = view.timeline
         if timeline is None or timeline.kind is not wanted:
