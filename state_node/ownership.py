@@ -160,31 +160,37 @@ class Ownership:
         self._reconcile()
 
     async def wait_handed_over(self, timeout_s: float) -> list[str]:
-        """Wait (at most `timeout_s`) until `handed_over()` is empty; returns what still is not."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
+        """Wait (at most `timeout_s` of its clock) until `handed_over()` is empty; returns what still is not."""
+        deadline = self._clock.monotonic() + timeout_s
         while True:
             self._map_changed.clear()
             remaining = self.handed_over()
-            left = deadline - loop.time()
+            left = deadline - self._clock.monotonic()
             if not remaining or left <= 0:
                 return remaining
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._map_changed.wait(), timeout=min(left, 1.0))
+            await self._next_map(min(left, 1.0))  # and look again now and then: the view changes too
 
     async def wait_for_map(self, predicate: Callable[[PartitionMap], bool], timeout_s: float) -> bool:
-        """Wait (at most `timeout_s`) for a fresh map that satisfies `predicate`."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
+        """Wait (at most `timeout_s` of its clock) for a fresh map that satisfies `predicate`."""
+        deadline = self._clock.monotonic() + timeout_s
         while True:
             self._map_changed.clear()
             if not self._map.stale and predicate(self._map):
                 return True
-            left = deadline - loop.time()
+            left = deadline - self._clock.monotonic()
             if left <= 0:
                 return False
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._map_changed.wait(), timeout=min(left, 1.0))
+            await self._next_map(min(left, 1.0))  # and look again now and then: the view changes too
+
+    async def _next_map(self, timeout_s: float) -> None:
+        """Wait until the next map is taken, or `timeout_s` of the clock has passed."""
+        changed = asyncio.ensure_future(self._map_changed.wait())
+        timeout = asyncio.ensure_future(self._clock.sleep(timeout_s))
+        try:
+            await asyncio.wait((changed, timeout), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            changed.cancel()
+            timeout.cancel()
 
     async def withdraw(self) -> None:
         """De-announce this node (delete /serving/{id}) and never announce again; the view stays, so

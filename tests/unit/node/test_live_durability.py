@@ -75,6 +75,7 @@ def record(tmp_path: Path) -> StoreRecord:
 def test_a_process_crash_in_the_same_boot_reuses_every_commit(tmp_path: Path, record: StoreRecord) -> None:
     held = load_partition(tmp_path / "data", record, 0, MAP_SIZE)
     assert held.live is not None and held.live.offset == START - 1
+    assert not held.read_only  # its own copy: the live topic is applied to it
     assert state_of(held) == {"boot_id": boot_id(), "clean": False}
     apply(held, b"u1", START + 3)
     crash(held)

@@ -367,6 +367,25 @@ def test_a_leaving_node_loads_nothing_new_and_keeps_serving_until_handed_over(sn
     run(data_dir, scenario)
 
 
+def test_a_leaving_node_stops_waiting_for_its_handover_at_the_timeout(snapshot, data_dir: Path) -> None:
+    record = snapshot("s", 1, 1, ROWS)
+    clock = ManualClock()
+
+    async def scenario(ownership: Ownership, registration: FakeRegistration) -> None:
+        ownership.on_map(build_map([record], {"s": ((ME,),)}))
+        await wait_until(lambda: registration.last == {"s": {0: 1}})
+        ownership.leave()
+        waiting = asyncio.ensure_future(ownership.wait_handed_over(5.0))
+        for _ in range(5):  # it looks again every second of the clock
+            await wait_until(lambda: clock.pending() == [1.0], message="waiting for the next look")
+            assert not waiting.done()
+            clock.advance(1.0)
+        assert await waiting == ["s p0", "assignment generation 1 still places this node"]
+        assert ownership.local("s", 0) is not None  # nothing was dropped meanwhile
+
+    run(data_dir, scenario, clock=clock)
+
+
 def test_a_leaving_node_with_no_live_peer_has_nothing_to_hand_over(snapshot, data_dir: Path) -> None:
     record = snapshot("s", 1, 1, ROWS)
 
