@@ -23,6 +23,9 @@ from keyroute.keys.key_schema import KeySchema
 from keyroute.keys.partitioner import Partitioner
 from keyroute.storage.timeline import Timeline
 
+# `PartitionMap.locator`'s mark of a store whose locator is not made yet (None is a locator: none usable).
+_UNKNOWN: Any = object()
+
 __all__ = [
     "EMPTY_ASSIGNMENT",
     "PARTITION_STATES",
@@ -393,10 +396,12 @@ class PartitionMap:
     def locator(self, name: str) -> StoreLocator | None:
         """What locates the keys of store `name` in this map, made once per map (None: its record has no
         usable partition count)."""
-        memo = f"locator:{name}"
-        if memo not in self._memo:
-            self._memo[memo] = StoreLocator.of_map(self, name)
-        locator: StoreLocator | None = self._memo[memo]
+        locators: dict[str, StoreLocator | None] | None = self._memo.get("locators")
+        if locators is None:
+            locators = self._memo["locators"] = {}
+        locator = locators.get(name, _UNKNOWN)
+        if locator is _UNKNOWN:
+            locator = locators[name] = StoreLocator.of_map(self, name)
         return locator
 
     def live_nodes(self) -> frozenset[str]:

@@ -89,9 +89,8 @@ def document(info: Mapping[str, Any], routes: Iterable[tuple[str, Sequence[Opera
 
     def resolved(node: Any) -> Any:
         if isinstance(node, Schema):
-            known = schemas.get(node.name)
-            if known is None:
-                schemas[node.name] = None  # taken: a schema that refers to itself ends here
+            if node.name not in schemas:
+                schemas[node.name] = None  # named first: met again inside its own body, it is a reference
                 schemas[node.name] = resolved(node.body)
             return {"$ref": f"#/components/schemas/{node.name}"}
         if isinstance(node, Mapping):
@@ -186,7 +185,7 @@ SECURITY_SCHEMES = {
 }
 RETRY_AFTER_HEADER = {"description": "seconds to wait before asking again", "schema": {"type": "integer"}}
 # An /admin endpoint: the admin token, or none when none is configured.
-ADMIN_SECURITY: tuple[dict[str, list[str]], ...] = ({"adminToken": []}, {})
+ADMIN_SECURITY: tuple[Mapping[str, Sequence[str]], ...] = ({"adminToken": []}, {})
 
 ERROR = Schema(
     "Error",
