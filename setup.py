@@ -37,6 +37,7 @@ COMPILED = (
     "keyroute.router.metrics",
     "keyroute.router.proxy",
     "keyroute.router.routing_table",
+    "keyroute.runtime.answers",
     "keyroute.state_node.dataplane",
     "keyroute.state_node.reads",
 )

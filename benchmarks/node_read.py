@@ -8,7 +8,8 @@ One ZooKeeper; per build of this work tree, one node in a chroot of its own hold
 (the same small JSON values benchmarks/router.py writes); beside them one redis-server (Debian's package) on a
 free port holding the same value under redis-benchmark's fixed key. Builds: `pure`, the venv's editable
 install; `compiled`, this work tree as the image builds it (`KEYROUTE_COMPILE=1 pip install --no-deps --target
-DIR`, about 2 min; `--site DIR` runs an earlier such DIR instead).
+DIR`, about 2 min; `--site DIR` runs an earlier such DIR instead); `--other LABEL=DIR` adds a keyroute
+installed with `--target DIR` (another revision, pure or compiled), measured in the same run.
 
     cpu        one fixed key over 32 keep-alive connections for `--duration` s: wrk against each node,
                `redis-benchmark -c 32 -t get` against redis-server, in a shuffled order per round; the
@@ -65,9 +66,9 @@ KEY = 42  # the fixed key: key_text(KEY)
 REDIS_KEY = "key:__rand_int__"  # what redis-benchmark's GET asks for without -r
 
 
-def node_build(site: Path) -> Build:
-    """A compiled build already installed in `site` (`--site`)."""
-    return Build("compiled", site, {"PYTHONPATH": str(site)}, how=f"compiled, from {site}", compiled=True)
+def node_build(site: Path, label: str = "compiled") -> Build:
+    """A build already installed in `site` (`--site`, `--other`), run from it with it first on PYTHONPATH."""
+    return Build(label, site, {"PYTHONPATH": str(site)}, how=f"installed in {site}")
 
 
 def start_node(build: Build, name: str, connect: str, work: Path, wrapper: list[str] | None = None) -> Service:
@@ -125,6 +126,13 @@ def main() -> None:
     parser.add_argument("--mode", choices=("cpu", "callgrind"), default="cpu")
     parser.add_argument("--builds", default="pure,compiled", help="comma-separated: pure, compiled")
     parser.add_argument("--site", help="a compiled build installed with --target DIR, instead of building one")
+    parser.add_argument(
+        "--other",
+        action="append",
+        default=[],
+        metavar="LABEL=DIR",
+        help="also measure the keyroute installed with --target DIR (another revision, pure or compiled) as LABEL",
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds of wrk per node measurement")
     parser.add_argument("--redis-requests", type=int, default=300000, help="GETs per redis-server measurement")
@@ -150,6 +158,11 @@ def main() -> None:
                 builds[name] = installed_build(source, work / "build" / "site", "compiled", "this work tree")
             else:
                 raise SystemExit(f"unknown build {name!r}")
+        for other in args.other:
+            label, _, site = other.partition("=")
+            if not label or not site:
+                raise SystemExit(f"--other {other!r}: LABEL=DIR")
+            builds[label] = node_build(Path(site).resolve(), label)
         snapshot, _ = write_store(work / "snapshots", 1000, 1)
         zk_server = EmbeddedZooKeeper(port=free_port(), data_dir=work / "zookeeper")
         zk_server.start()
@@ -157,16 +170,17 @@ def main() -> None:
         nodes: dict[str, Service] = {}
         outs: dict[str, Path] = {}
         for name, build in builds.items():
-            settings = ZkSettings(hosts=zk_server.connect_string, chroot=f"/keyroute-node-read-{name}")
+            chroot = "/keyroute-node-read-" + "".join(c if c.isalnum() else "-" for c in name)
+            settings = ZkSettings(hosts=zk_server.connect_string, chroot=chroot)
             client = zk.connect(settings)
             stack.callback(zk.close, client)
             record = StoreRecord(STORE, 1, Partitioner.MURMUR2, KeyFormat.STRING, 1, snapshot, ("v",), 1, time.time())
             client.create(zk_layout.store_path(STORE), record.to_json(), makepath=True)
             wrapper = None
             if args.mode == "callgrind":
-                outs[name] = work / f"callgrind-{name}.out"
+                outs[name] = work / f"callgrind-{len(outs)}.out"
                 wrapper = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={outs[name]}"]
-            nodes[name] = start_node(build, f"node-{name}", settings.connect_string, work, wrapper)
+            nodes[name] = start_node(build, f"node-{len(nodes)}", settings.connect_string, work, wrapper)
             stack.callback(nodes[name].stop)
         path = f"/stores/{STORE}/keys/{key_text(KEY)}"
         services = list(nodes.values())
@@ -189,7 +203,7 @@ def main() -> None:
                 dumps = sorted(work.glob(outs[name].name + "*"), key=lambda p: p.stat().st_mtime)
                 tables[name] = callgrind_functions(dumps[-1])
             for name, table in tables.items():
-                print(f"node, {name:10} {sum(table.values()) / args.requests:10,.0f} instructions/read")
+                print(f"node, {name:24} {sum(table.values()) / args.requests:10,.0f} instructions/read")
             for name, table in tables.items():
                 print(f"\n{name}: the heaviest functions, own instructions/read")
                 for function in sorted(table, key=lambda f: -table[f])[: args.top]:
@@ -225,13 +239,13 @@ def main() -> None:
                 figures[name].append((spent / answered * 1e6, answered / elapsed))
         redis_us = statistics.median(cpu for cpu, _ in figures["redis-server"])
         print(f"one fixed key, concurrency {args.concurrency}, {args.rounds} rounds (medians)")
-        print(f"{'server':22} {'CPU µs/read':>12} {'reads/s':>10} {'vs redis':>9}  rounds (µs/read)")
+        print(f"{'server':30} {'CPU µs/read':>12} {'reads/s':>10} {'vs redis':>9}  rounds (µs/read)")
         for name, values in figures.items():
             cpu = statistics.median(v for v, _ in values)
             rate = statistics.median(r for _, r in values)
             label = name if name == "redis-server" else f"node, {name}"
             rounds = ", ".join(f"{v:.1f}" for v, _ in values)
-            print(f"{label:22} {cpu:12.1f} {rate:10,.0f} {cpu / redis_us:8.2f}x  {rounds}")
+            print(f"{label:30} {cpu:12.1f} {rate:10,.0f} {cpu / redis_us:8.2f}x  {rounds}")
 
 
 if __name__ == "__main__":

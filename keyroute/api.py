@@ -31,6 +31,7 @@ import re
 from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from itertools import accumulate
+from json.encoder import encode_basestring
 from typing import Any
 from urllib.parse import parse_qsl, unquote_to_bytes
 
@@ -478,9 +479,9 @@ def key_too_long(text: str, max_key_bytes: int) -> bool:
     return len(text) > max_key_bytes or len(text.encode("utf-8", "surrogatepass")) > max_key_bytes
 
 
-# A JSON string as `json.dumps(text, ensure_ascii=False)` writes it, from one encoder made once (`dumps` with an
-# option makes an encoder per call).
-_json_string = json.JSONEncoder(ensure_ascii=False).encode
+# A JSON string as `json.dumps(text, ensure_ascii=False)` writes it: the function that `dumps` (through
+# `JSONEncoder.encode`) calls for a str, called directly (`dumps` with an option makes an encoder per call).
+_json_string = encode_basestring
 
 
 def found_body(store: str, key: str, partition: int, version: int, value_json: bytes) -> bytes:

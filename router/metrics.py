@@ -30,6 +30,7 @@ from prometheus_client.core import Metric
 from keyroute.cluster.partition_map import PartitionMap
 from keyroute.http.admission import Admission
 from keyroute.http.quotas import Quotas, quota_families
+from keyroute.runtime.answers import Answers
 from keyroute.runtime.metrics import (
     JWKS_FETCH_FAILURES,
     JWKS_FETCH_FAILURES_HELP,
@@ -45,7 +46,6 @@ from keyroute.runtime.metrics import (
     WorkerSnapshots,
     add_sums,
     caller_families,
-    code_class,
     counter,
     gauge,
     histogram_family,
@@ -54,7 +54,6 @@ from keyroute.runtime.metrics import (
     labelled_gauge,
     labelled_histogram,
     observe_duration,
-    outcome,
     refusal_counts_family,
     refusals,
     store_label,
@@ -123,20 +122,6 @@ def share_across_workers(directory: str, worker: int) -> WorkerSnapshots:
     return _process_snapshots
 
 
-class _Answered:
-    """The request counter's key and the duration histogram of one (store label, kind, status)."""
-
-    __slots__ = ("key", "histogram", "bucket_counts", "bounds")
-
-    def __init__(self, key: tuple[str, str, str], histogram: Histogram) -> None:
-        # Any: held as the tuple object itself (the compiled build would keep a typed tuple unpacked and make a
-        # new one per use), so that the counter's dict finds its key by identity.
-        self.key: Any = key
-        self.histogram = histogram
-        self.bucket_counts = histogram.counts  # the histogram's own list, read without its attribute lookups
-        self.bounds = histogram.bounds
-
-
 @mypyc_attr(allow_interpreted_subclasses=True)
 @dataclass(slots=True)
 class RouterMetrics:
@@ -185,12 +170,13 @@ class RouterMetrics:
     _snapshots: WorkerSnapshots | None = None
     # (seq of the map they were computed from, zone_facts of it)
     _zones: tuple[int, dict[str, int]] | None = None
-    # What `answered` updates, by store label, kind and status: made on the first such answer. The label is
-    # decided per answer from the installed map (the unknown store's for a name it lacks), so this stays
-    # bounded by the map's stores and holds nothing a new map makes wrong.
-    _answered: dict[str, dict[str, dict[int, _Answered]]] = field(default_factory=dict)
+    # What `answered` counts and times into `requests` and `request_duration`. The store label is decided per
+    # answer from the installed map (the unknown store's for a name it lacks), so its cells stay bounded by
+    # the map's stores and hold nothing a new map makes wrong.
+    _answers: Answers | None = None
 
     def __post_init__(self) -> None:
+        self._answers = Answers(self.requests.counts, self.request_duration)
         if _process_snapshots is not None:
             self.share(_process_snapshots)
 
@@ -235,29 +221,7 @@ class RouterMetrics:
         m = self.partition_map
         if m is None or store not in m.stores:
             store = _UNKNOWN_STORE
-        by_kind = self._answered.get(store)
-        if by_kind is None:
-            by_kind = self._answered[store] = {}
-        by_status = by_kind.get(kind)
-        if by_status is None:
-            by_status = by_kind[kind] = {}
-        cell = by_status.get(status)
-        if cell is None:
-            cell = by_status[status] = self._answered_cell(store, kind, status)
-        # The same key object every time: its dict lookups find it by identity, without comparing tuples.
-        key = cell.key
-        counts = self.requests.counts
-        counts[key] = counts.get(key, 0) + 1
-        # observe_duration, inline (once per read)
-        cell.bucket_counts[_bisect_left(cell.bounds, seconds)] += 1
-        cell.histogram.sum += seconds
-
-    def _answered_cell(self, store: str, kind: str, status: int) -> _Answered:
-        code_key = (store, code_class(status))
-        histogram = self.request_duration.get(code_key)
-        if histogram is None:
-            histogram = self.request_duration[code_key] = Histogram()
-        return _Answered((store, kind, outcome(status)), histogram)
+        self._answers.add(store, kind, status, seconds)  # type: ignore[union-attr]
 
     def observe_request(self, store: str, status: int, seconds: float) -> None:
         """One read of `store` answered with `status`, `seconds` after its admission (once per request)."""

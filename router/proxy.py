@@ -358,7 +358,8 @@ class Proxy:
         else:
             read.lead = request
         url = endpoint.url
-        in_flight = self._in_flight  # Balancer.request_sent, inline (once per request)
+        # Balancer.request_sent, inline (once per request): its count_up is interpreted code, a frame per call
+        in_flight = self._in_flight
         in_flight[url] = in_flight.get(url, 0) + 1
         if not resend:
             self.metrics.upstream_requests += 1
@@ -390,8 +391,9 @@ class Proxy:
         request, or fails over to the next replica."""
         endpoint = request.endpoint
         # The request is over: no longer in flight to its node, nor out for its read.
+        # Balancer.request_ended, inline (once per request): its count_down is interpreted code, a frame per call
         url = endpoint.url
-        in_flight = self._in_flight  # Balancer.request_ended, inline (once per request)
+        in_flight = self._in_flight
         count = in_flight.get(url, 0)
         if count > 1:
             in_flight[url] = count - 1

@@ -21,6 +21,7 @@ from keyroute.http.quotas import Quotas, quota_families
 from keyroute.replica.live import STATES as LIVE_STATES
 from keyroute.replica.live import LivePartition
 from keyroute.replica.store import MARKER, LoadCancelled, PartitionId, PartitionStore, partition_path
+from keyroute.runtime.answers import Answers
 from keyroute.runtime.metrics import (
     JWKS_FETCH_FAILURES,
     JWKS_FETCH_FAILURES_HELP,
@@ -88,6 +89,8 @@ class NodeMetrics:
         self.requests = RequestCounts()
         # Time from admission to the answer of a read, per (store, code_class).
         self.request_duration: dict[tuple[str, str], Histogram] = {}
+        # What `answered` counts and times into those two.
+        self._answers = Answers(self.requests.counts, self.request_duration)
         # Reads of named callers (a router's forwarded ones under the caller it names) by (identity, store).
         self.callers = CallerReads()
         # Keys answered from a partition held here / by another node this one forwarded to.
@@ -136,8 +139,7 @@ class NodeMetrics:
         ownership = self._ownership
         if ownership is None or store not in ownership.map.stores:
             store = UNKNOWN_STORE
-        self.requests.add(store, kind, status)
-        observe_duration(self.request_duration, store, status, seconds)
+        self._answers.add(store, kind, status, seconds)
 
     def caller_answered(self, identity: str, store: str, status: int, seconds: float) -> None:
         """A named caller's read of `store` answered with `status` after `seconds`: by identity and store."""

@@ -598,17 +598,10 @@ class FastUpstream:
         headers, no CR/LF in values). `on_reply` is called once, from the event loop, with the reply or
         with the failure: UpstreamUnavailable, or `StaleConnection` when the node had closed the idle
         connection before it saw the request (send it again with `get`, which opens a new one)."""
-        # _locate_known, inline (once per request)
-        if self.closed or not url.startswith(_SCHEMES):
+        located = None if self.closed else self._locate_known(url)
+        if located is None:
             return None
-        slash = url.find("/", 8)
-        pool = self._pools.get(url[:slash]) if slash > 0 else None
-        if pool is None:
-            return None
-        target = url[slash:]
-        if not (target.isascii() and target.isprintable() and " " not in target and "#" not in target):
-            return None
-        return self._send_now(pool, target, head, on_reply)
+        return self._send_now(located[0], located[1], head, on_reply)
 
     def get_now_at(
         self, origin: str, target: str, head: bytes, on_reply: Callable[[UpstreamResponse | Exception], None]

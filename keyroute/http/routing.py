@@ -161,14 +161,10 @@ class RouteTable:
             shared += 1
         self.prefix = b"/".join(literal for _, literal in first[:shared]) + b"/"
         self._shared = shared
-        # candidates[n]: (route, its literals past the prefix) for the routes a path of n segments may fit,
-        # in table order; the last entry is for every path longer than any template (only `:path` routes).
+        # candidates[n]: the routes a path of n segments may fit, in table order; the last entry is for every
+        # path longer than any template (only `:path` routes).
         self._candidates = tuple(
-            tuple(
-                (route, tuple((i, lit) for i, lit in route.literals if i >= shared))
-                for route in self.routes
-                if route.length == n or (route.open_ended and n >= route.length)
-            )
+            tuple(route for route in self.routes if route.length == n or (route.open_ended and n >= route.length))
             for n in range(longest + 2)
         )
         self._longest = longest + 1
@@ -176,22 +172,15 @@ class RouteTable:
     def resolve(self, method: str, parts: Sequence[bytes]) -> Route | ApiError:
         """The route that answers a request (`parts`: its raw path, which starts with `prefix`, split at
         '/'), or the error that answers it instead: MethodNotAllowed for the first route its path fits, when
-        none fits fully; else NotFound. (`Route.fits`, inline: this runs once per request.)"""
+        none fits fully; else NotFound."""
         n = len(parts)
         partial: Route | None = None
-        for route, literals in self._candidates[n if n < self._longest else self._longest]:
-            for index, literal in literals:
-                if parts[index] != literal:
-                    break
-            else:
-                for index in route.required:
-                    if not parts[index]:
-                        break
-                else:
-                    if method in route.allowed:
-                        return route
-                    if partial is None:
-                        partial = route
+        for route in self._candidates[n if n < self._longest else self._longest]:
+            if route.fits(parts):
+                if method in route.allowed:
+                    return route
+                if partial is None:
+                    partial = route
         if partial is not None:
             return MethodNotAllowed(partial.allow)
         return NotFound("Not Found")
@@ -205,7 +194,7 @@ class RouteTable:
         extra = [(i, literal) for i, literal in route.literals if i >= self._shared]
         if route.open_ended or len(route.parameters) != 2 or len(extra) != 1:
             return None
-        if self._candidates[route.length][0][0] is not route:
+        if self._candidates[route.length][0] is not route:
             return None
         (first, _), (second, _) = route.parameters
         if first not in route.required:
