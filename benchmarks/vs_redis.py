@@ -386,10 +386,10 @@ def section(command: str, medians: dict[str, dict[str, float]], reads: int, roun
     if DIRECT in medians:
         d = medians[DIRECT]
         p50, cpu = d["p50_us"] / base["p50_us"], d["cpu_us"] / base["cpu_us"]
-        ok = p50 <= 1.5 and cpu <= 1.5
         verdicts.append(
-            f"- direct mode: p50 {p50:.2f}x and client CPU {cpu:.2f}x redis-py's GET (targets <= 1.5x): "
-            f"{'met' if ok else 'MISSED'}."
+            f"- direct mode: client CPU {cpu:.2f}x redis-py's GET (target <= 1.5x): "
+            f"{'met' if cpu <= 1.5 else 'MISSED'}; p50 {p50:.2f}x (target <= 1.5x): "
+            f"{'met' if p50 <= 1.5 else 'MISSED'}."
         )
     if BARE_NODE in medians and BARE_ROUTER in medians:
         node, router = medians[BARE_NODE]["p50_us"], medians[BARE_ROUTER]["p50_us"]
