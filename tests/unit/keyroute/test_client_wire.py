@@ -12,6 +12,7 @@ import socket
 import ssl
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -44,8 +45,11 @@ class Server:
     """Answers each request with the next of `replies`, in order, on whatever connection it came; records
     the requests (head and body) and how many connections were accepted."""
 
-    def __init__(self, replies: list[Reply], tls: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self, replies: list[Reply], tls: ssl.SSLContext | None = None, echo: Callable[[bytes], bytes] | None = None
+    ) -> None:
         self.replies = list(replies)
+        self.echo = echo  # when given, what answers each request (its head), instead of `replies`
         self.tls = tls
         self.peers: list[dict[str, Any] | None] = []  # the client certificate of each TLS connection
         self.requests: list[tuple[bytes, bytes]] = []
@@ -91,7 +95,7 @@ class Server:
                 body, data = data[:length], data[length:]
                 with self.lock:
                     self.requests.append((head, body))
-                    reply = self.replies.pop(0)
+                    reply = self.echo(head) if self.echo is not None else self.replies.pop(0)
                 if callable(reply):
                     reply(conn)
                     return
@@ -105,8 +109,8 @@ class Server:
 def serve() -> Iterator[Callable[..., Server]]:
     servers: list[Server] = []
 
-    def start(replies: list[Reply], tls: ssl.SSLContext | None = None) -> Server:
-        servers.append(Server(replies, tls))
+    def start(replies: list[Reply], tls: ssl.SSLContext | None = None, **options: Any) -> Server:
+        servers.append(Server(replies, tls, **options))
         return servers[-1]
 
     yield start
@@ -271,3 +275,20 @@ def test_both_clients_verify_the_server_and_present_their_certificate_over_tls(s
             assert isinstance(refused.value.__cause__, httpx.ConnectError)
 
     asyncio.run(unverified())
+
+
+def test_threads_sharing_a_client_each_get_the_answer_to_their_own_read(serve: Any) -> None:
+    def echo(head: bytes) -> bytes:
+        key = head.split(b" ")[1].rsplit(b"/", 1)[1].decode()
+        return answer({**FOUND, "key": key, "value": key})
+
+    server = serve([], echo=echo)
+    with Client(server.url) as client:
+
+        def reads(thread: int) -> list[bool]:
+            return [client.get("s", f"t{thread}k{i}").value == f"t{thread}k{i}" for i in range(150)]
+
+        with ThreadPoolExecutor(max_workers=6) as pool:
+            results = [ok for oks in pool.map(reads, range(6)) for ok in oks]
+    assert len(results) == 900 and all(results)
+    assert server.connections <= 6  # 900 reads: connections kept and shared out, one exchange at a time on each
