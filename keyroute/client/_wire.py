@@ -283,12 +283,13 @@ class Origin:
             break
         chunks = conn.body
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        # Taken before the connection is given back: another thread may start its next exchange at once.
+        answer = Answer(conn.status, conn.head, body, target)
         if conn.reusable and not self.closed:
             conn.idle_since = monotonic()
             self.idle.append(conn)
         else:
             conn.close()
-        answer = Answer(conn.status, conn.head, body, target)
         coding = answer.raw(b"content-encoding")
         if coding is not None:
             answer.content = _decoded(body, coding)

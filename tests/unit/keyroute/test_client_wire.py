@@ -9,12 +9,15 @@ import asyncio
 import gzip
 import json
 import socket
+import ssl
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
+import trustme
 
 from keyroute.client import AsyncClient, Client, ConnectionFailed, KeyNotFound, Value
 from tests.util import free_port
@@ -42,12 +45,17 @@ class Server:
     """Answers each request with the next of `replies`, in order, on whatever connection it came; records
     the requests (head and body) and how many connections were accepted."""
 
-    def __init__(self, replies: list[Reply]) -> None:
+    def __init__(
+        self, replies: list[Reply], tls: ssl.SSLContext | None = None, echo: Callable[[bytes], bytes] | None = None
+    ) -> None:
         self.replies = list(replies)
+        self.echo = echo  # when given, what answers each request (its head), instead of `replies`
+        self.tls = tls
+        self.peers: list[dict[str, Any] | None] = []  # the client certificate of each TLS connection
         self.requests: list[tuple[bytes, bytes]] = []
         self.connections = 0
         self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.sock.getsockname()[1]}"
         self.lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -63,6 +71,13 @@ class Server:
 
     def _serve(self, conn: socket.socket) -> None:
         data = b""
+        if self.tls is not None:
+            try:
+                conn = self.tls.wrap_socket(conn, server_side=True)
+            except (ssl.SSLError, OSError):
+                conn.close()
+                return
+            self.peers.append(conn.getpeercert())
         with conn:
             while True:
                 while b"\r\n\r\n" not in data:
@@ -80,7 +95,7 @@ class Server:
                 body, data = data[:length], data[length:]
                 with self.lock:
                     self.requests.append((head, body))
-                    reply = self.replies.pop(0)
+                    reply = self.echo(head) if self.echo is not None else self.replies.pop(0)
                 if callable(reply):
                     reply(conn)
                     return
@@ -91,11 +106,11 @@ class Server:
 
 
 @pytest.fixture
-def serve() -> Iterator[Callable[[list[Reply]], Server]]:
+def serve() -> Iterator[Callable[..., Server]]:
     servers: list[Server] = []
 
-    def start(replies: list[Reply]) -> Server:
-        servers.append(Server(replies))
+    def start(replies: list[Reply], tls: ssl.SSLContext | None = None, **options: Any) -> Server:
+        servers.append(Server(replies, tls, **options))
         return servers[-1]
 
     yield start
@@ -222,3 +237,58 @@ def test_a_url_the_wire_cannot_reach_is_connection_failed_and_a_header_it_cannot
     assert isinstance(raised.value.__cause__, httpx.UnsupportedProtocol)
     with Client(f"http://127.0.0.1:{free_port()}", token="a\r\nb") as client, pytest.raises(ValueError, match="header"):
         client.get("s", "k")
+
+
+def test_both_clients_verify_the_server_and_present_their_certificate_over_tls(serve: Any, tmp_path: Any) -> None:
+    ca = trustme.CA()
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_context)
+    ca.configure_trust(server_context)
+    server_context.verify_mode = ssl.CERT_REQUIRED  # a client certificate from the CA, or no handshake
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    client_cert = ca.issue_cert("client@example")
+    cert_file = tmp_path / "client.pem"
+    client_cert.private_key_and_cert_chain_pem.write_to_path(str(cert_file))
+    server = serve([answer(), answer(), answer()], server_context)
+
+    with Client(server.url, verify=str(ca_file), cert=str(cert_file)) as client:
+        assert client.get("s", "k").value == {"n": 1}
+        assert client.get("s", "k").value == {"n": 1}
+
+    async def main() -> None:
+        async with AsyncClient(server.url, verify=str(ca_file), cert=str(cert_file)) as client:
+            assert (await client.get("s", "k")).value == {"n": 1}
+
+    asyncio.run(main())
+    assert server.connections == 2 and len(server.peers) == 2  # kept alive over TLS too
+    assert [peer["subjectAltName"] for peer in server.peers] == [(("email", "client@example"),)] * 2  # type: ignore[index]
+    # A server the CA does not vouch for: no answer, on either client.
+    with Client(server.url, retries=0) as client, pytest.raises(ConnectionFailed) as refused:
+        client.get("s", "k")
+    assert isinstance(refused.value.__cause__, httpx.ConnectError)
+
+    async def unverified() -> None:
+        async with AsyncClient(server.url, retries=0) as client:
+            with pytest.raises(ConnectionFailed) as refused:
+                await client.get("s", "k")
+            assert isinstance(refused.value.__cause__, httpx.ConnectError)
+
+    asyncio.run(unverified())
+
+
+def test_threads_sharing_a_client_each_get_the_answer_to_their_own_read(serve: Any) -> None:
+    def echo(head: bytes) -> bytes:
+        key = head.split(b" ")[1].rsplit(b"/", 1)[1].decode()
+        return answer({**FOUND, "key": key, "value": key})
+
+    server = serve([], echo=echo)
+    with Client(server.url) as client:
+
+        def reads(thread: int) -> list[bool]:
+            return [client.get("s", f"t{thread}k{i}").value == f"t{thread}k{i}" for i in range(150)]
+
+        with ThreadPoolExecutor(max_workers=6) as pool:
+            results = [ok for oks in pool.map(reads, range(6)) for ok in oks]
+    assert len(results) == 900 and all(results)
+    assert server.connections <= 6  # 900 reads: connections kept and shared out, one exchange at a time on each
