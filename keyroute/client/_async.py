@@ -21,6 +21,8 @@ from keyroute.client._plans import Call, MapDue, Parallel, Plan, Sleep, Step
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.upstream import UpstreamUnavailable
 
+_NO_TIMEOUT_S = 86_400.0
+
 
 class AsyncHttpxSender:
     """A sender over an `httpx.AsyncClient` (a caller's transport, and map reads): its answers as `Answer`s."""
@@ -62,12 +64,9 @@ class AsyncClient(ClientBase):
     def _wire(self, url: str) -> UpstreamOrigin:
         if self._upstream is None:
             context = self._verify
-            self._upstream = FastUpstream(
-                self.timeout,
-                self.timeout,
-                pool_wait_s=self.timeout,
-                tls=lambda origin: context,
-            )
+            # No timeout (None, as httpx takes it): a day, the member wire's bounds being always finite.
+            timeout_s = self.timeout if self.timeout is not None else _NO_TIMEOUT_S
+            self._upstream = FastUpstream(timeout_s, timeout_s, pool_wait_s=timeout_s, tls=lambda origin: context)
         return UpstreamOrigin(self._upstream, url, self._wire_headers())
 
     async def get(
