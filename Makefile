@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 DEMO_STAMP := $(VENV)/.installed-demo
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-compiled lint venv demo-venv clean
+.PHONY: demo test test-compiled coverage lint venv demo-venv clean
 
 venv: $(STAMP)
 
@@ -31,8 +31,23 @@ $(STAMP): $(DEMO_STAMP)
 demo: demo-venv
 	$(BIN)/keyroute demo
 
+# The suite on two workers (pytest-xdist): each test file runs whole on one worker, so a module's shared cluster
+# starts once; each worker has its own ZooKeeper, SparkSession and broker (tests/conftest.py). WORKERS=0: one
+# process, no xdist.
+WORKERS ?= 2
+XDIST := $(if $(filter 0,$(WORKERS)),-p no:xdist,-n $(WORKERS) --dist loadfile)
+
 test: venv
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(XDIST)
+
+# Line coverage of the product code (keyroute/, router/, state_node/, pipeline/) over the whole suite, the
+# processes the tests start included ([tool.coverage] in pyproject.toml); the report lands in build/coverage.
+coverage: venv
+	rm -rf build/coverage
+	mkdir -p build/coverage
+	$(BIN)/python -m coverage run -m pytest $(XDIST)
+	$(BIN)/python -m coverage combine -q
+	$(BIN)/python -m coverage report --precision=1 | tail -1
 
 # The read paths of the router and the node as the image ships them: compiled with mypyc (KEYROUTE_COMPILE=1,
 # setup.py's COMPILED list) into build/compiled/site, and their unit tests run against it from a copy of the
