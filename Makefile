@@ -63,7 +63,7 @@ test-compiled: venv
 	cd $(COMPILED)/repo && PYTHONPATH=$(CURDIR)/$(COMPILED)/site $(CURDIR)/$(BIN)/python -P -c \
 		'import keyroute.router.proxy as r, keyroute.state_node.reads as n, sys; sys.exit(next(("not compiled: " + m.__file__ for m in (r, n) if not m.__file__.endswith(".so")), 0))'
 	cd $(COMPILED)/repo && PYTHONPATH=$(CURDIR)/$(COMPILED)/site $(CURDIR)/$(BIN)/python -P -m pytest -q \
-		-p no:cacheprovider $(COMPILED_TESTS)
+		-p no:cacheprovider $(XDIST) $(COMPILED_TESTS)
 
 # ruff over the repository, then mypy over every package at its import name (.ci/typecheck.py).
 lint: venv
