@@ -64,6 +64,7 @@ from keyroute.state_node.reads import (
     read_key,
     read_timeline,
 )
+from keyroute.storage.projection import json_projection
 
 _HOPS = HEADER_HOPS.encode("ascii")
 _AUTH = HEADER_AUTH.encode("ascii")
@@ -139,8 +140,13 @@ class NodeDataPlane(RoutedDataPlane):
         media = answer_type(request.header(_ACCEPT), store)
         forwarded = self._forwarded(call)
         # Only a request with a query string pays for looking at it.
-        min_offset = min_offset_query(request.query) if request.query else None
-        if media is None:
+        min_offset = fields = None
+        if request.query:
+            min_offset = min_offset_query(request.query)
+            fields = json_projection(request.query, media)
+        if fields is not None:
+            answer = read_key(self.node, store, key, forwarded, min_offset, fields=fields)
+        elif media is None:
             answer = read_key(self.node, store, key, forwarded, min_offset)
         else:  # a value read here is written as Avro straight from its stored JSON
             answer = read_key(self.node, store, key, forwarded, min_offset, found=found_avro)
@@ -150,7 +156,7 @@ class NodeDataPlane(RoutedDataPlane):
         if type(answer) is Behind:
             found = found_body if media is None else found_avro
             again = functools.partial(
-                read_key, self.node, store, key, forwarded, answer.min_offset, waited=True, found=found
+                read_key, self.node, store, key, forwarded, answer.min_offset, waited=True, found=found, fields=fields
             )
             return self._catch_up(call, answer, again, media)
         return self._forward(call, answer, media)  # type: ignore[arg-type]
@@ -161,13 +167,16 @@ class NodeDataPlane(RoutedDataPlane):
             self._admit(call, store, page_cost(request.query))
         media = answer_type(request.header(_ACCEPT), store)
         forwarded = self._forwarded(call)
-        answer = read_timeline(self.node, store, key, read, request.query, forwarded)
+        fields = json_projection(request.query, media)
+        answer = read_timeline(self.node, store, key, read, request.query, forwarded, fields=fields)
         if type(answer) is tuple:
             _reply(call, answer, media)
             return None
         if type(answer) is Behind:
             query = request.query
-            again = functools.partial(read_timeline, self.node, store, key, read, query, forwarded, waited=True)
+            again = functools.partial(
+                read_timeline, self.node, store, key, read, query, forwarded, waited=True, fields=fields
+            )
             return self._catch_up(call, answer, again, media)
         return self._forward(call, answer, media)  # type: ignore[arg-type]
 
@@ -214,7 +223,10 @@ class NodeDataPlane(RoutedDataPlane):
         parsed = parse_batch_request(request.body, self._max_batch_keys)
         if self.quotas.active:
             self._admit(call, store, len(parsed.keys))
-        if media is None:
+        fields = json_projection(request.query, media)
+        if fields is not None:
+            batch = read_batch(self.node, store, parsed.keys, forwarded, parsed.bounds, fields=fields)
+        elif media is None:
             batch = read_batch(self.node, store, parsed.keys, forwarded, parsed.bounds)
         else:  # the keys found here are written as Avro entries straight from their stored JSON
             batch = read_batch(self.node, store, parsed.keys, forwarded, parsed.bounds, found_entry_avro)

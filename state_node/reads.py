@@ -69,6 +69,7 @@ from keyroute.http.upstream import UpstreamUnavailable
 from keyroute.keys.key_format import Key, KeyFormat, KeyFormatError, key_from_value, parse_key
 from keyroute.runtime.logs import describe
 from keyroute.runtime.metrics import KIND_BATCH
+from keyroute.storage.projection import Projection
 from keyroute.storage.timeline import (
     HISTORY,
     READ_KINDS,
@@ -188,6 +189,7 @@ def read_key(
     min_offset: int | None = None,
     waited: bool = False,
     found: Callable[[str, str, int, int, bytes], bytes] = found_body,
+    fields: Projection | None = None,
 ) -> Answer | Forward | Behind:
     """The answer to a read of `key_text` in `store_name` when this node holds the key's partition (and no
     newer version of it is served elsewhere, unless the read was `forwarded` here): 200 with the value, or
@@ -197,10 +199,13 @@ def read_key(
     does not wait), 503 not_up_to_bound. Raises ApiError: an unknown store (404), a key that does not fit
     the store's key format (400), `min_offset` on a partition that is not live (400 not_live), a partition
     it can neither answer nor forward (503: the read was forwarded here already, or no node serves the
-    partition). A 200's body is `found` of the value (`found_body`: JSON). Synchronous: nearly every read is
-    answered here, without a task."""
+    partition). A 200's body is `found` of the value (`found_body`: JSON), only its `fields` when given
+    (400 unknown_fields for fields the store lacks). Synchronous: nearly every read is answered here,
+    without a task."""
     m = node.ownership.map
     record = find_store(m, store_name)
+    if fields is not None:
+        fields.check_record(store_name, record)
     key, location, held, others = _where(node, m, record, store_name, key_text)
     if held is not None and answers_locally(held, others, forwarded):
         node.metrics.local_answers += 1
@@ -216,6 +221,8 @@ def read_key(
         value = held.get(key.data)
         if value is None:
             return 404, headers, error_json("key_not_found", f"key {location.key!r} is not in store {store_name!r}")
+        if fields is not None:
+            value = fields.apply(value)
         return 200, headers, found(store_name, location.key, location.partition, held.version, value)
     return _forward_to(node.node_id, store_name, location.partition, others, forwarded, m.generation)
 
@@ -243,7 +250,14 @@ def _behind(
 
 
 def read_timeline(
-    node: Node, store_name: str, key_text: str, read: str, raw_query: bytes, forwarded: bool, waited: bool = False
+    node: Node,
+    store_name: str,
+    key_text: str,
+    read: str,
+    raw_query: bytes,
+    forwarded: bool,
+    waited: bool = False,
+    fields: Projection | None = None,
 ) -> Answer | Forward | Behind:
     """The answer to a `history` or `windows` read of `key_text` (keyroute.storage.timeline) when this node
     holds the key's partition: 200 with the entries in time order, and `next`, a cursor, when `limit` cut
@@ -251,9 +265,12 @@ def read_timeline(
     (404), a store of another kind (400 wrong_store_kind), a malformed query (400 bad_request), a key that
     does not fit (400 bad_key), a cursor not made for this query (400 bad_cursor) or made for a version no
     longer served here (410 cursor_expired), a partition it can neither answer nor forward (503). With
-    `min_offset`, as `read_key`: `Behind` to wait for, or once `waited` 503 not_up_to_bound."""
+    `min_offset`, as `read_key`: `Behind` to wait for, or once `waited` 503 not_up_to_bound. With `fields`,
+    each row (a window's value) is projected to them."""
     m = node.ownership.map
     record = find_store(m, store_name)
+    if fields is not None:
+        fields.check_record(store_name, record)
     wanted = READ_KINDS[read]
     timeline = record.timeline
     if timeline is None or timeline.kind is not wanted:
@@ -292,9 +309,10 @@ def read_timeline(
         entries, more = held.entries(key.data, query.low, query.high, query.limit, query.descending, after)
         next_cursor = make_cursor(secret, bound, held.version, entries[-1][:2]) if more else None
         field = "rows" if read == HISTORY else "windows"
-        body = timeline_body(
-            store_name, key.text, location.partition, held.version, field, [e[2] for e in entries], next_cursor
-        )
+        values = [e[2] for e in entries]
+        if fields is not None:
+            values = fields.apply_all(values, read != HISTORY)
+        body = timeline_body(store_name, key.text, location.partition, held.version, field, values, next_cursor)
         headers = _local_headers(node, location.partition, held.version, forwarded, m.generation, live, offset)
         return 200, headers, body
     return _forward_to(node.node_id, store_name, location.partition, others, forwarded, m.generation)
@@ -449,6 +467,8 @@ class Batch:
     forwarded_partitions: set[int] = field(default_factory=set)
     # Live partitions held here that have not applied their bound yet: partition -> (bound, [(index, key)]).
     behind: dict[int, tuple[int, list[tuple[int, Key]]]] = field(default_factory=dict)
+    # The projection asked for (passed on with the keys sent on).
+    fields: Projection | None = None
 
     @property
     def complete(self) -> bool:
@@ -492,7 +512,7 @@ class Batch:
                         entry["offset"] = offset
                     self.entries[i] = encode_entry(entry)
                 else:
-                    self.entries[i] = _local_entry(node, store, held, key, partition, offset)
+                    self.entries[i] = _local_entry(node, store, held, key, partition, offset, fields=self.fields)
         behind.clear()
 
     async def forward(self, request_id: str) -> None:
@@ -502,6 +522,8 @@ class Batch:
         metrics = node.metrics
         store = self.store
         url_path = batch_path(store)
+        if self.fields is not None:
+            url_path += self.fields.query()
         headers = {**forward_headers(request_id, node.members, node.node_id), "content-type": "application/json"}
 
         bounds = self.bounds
@@ -536,6 +558,7 @@ def read_batch(
     forwarded: bool,
     bounds: OffsetBounds | None = None,
     found: Callable[..., bytes] = found_entry,
+    fields: Projection | None = None,
 ) -> Batch:
     """A batch-get of `keys` (as `keyroute.http.forwarding.parse_batch_request` gave them, with its
     `bounds`) in `store_name`: every key answered here as `read_key` would (found, not found, a bad key or
@@ -544,15 +567,17 @@ def read_batch(
     of live partitions behind their bound, keys served elsewhere). Raises BadRequest when a key is not a
     JSON string or integer or a bound names a partition the store lacks (the whole batch is refused: only
     a client sends one), StoreNotFound for an unknown store. A key found here has `found`'s entry
-    (`found_entry`: JSON)."""
+    (`found_entry`: JSON), only its `fields` when given."""
     m = node.ownership.map
     record = find_store(m, store_name)
+    if fields is not None:
+        fields.check_record(store_name, record)
     for raw in keys:
         if not isinstance(raw, str) and not (isinstance(raw, int) and not isinstance(raw, bool)):
             raise BadRequest(bad_batch_key(store_name, record.key_format.value, raw).message)
     if bounds is not None:
         bounds.check(store_name, record.partitions)
-    batch = Batch(node, store_name, forwarded, m.generation, [None] * len(keys), bounds)
+    batch = Batch(node, store_name, forwarded, m.generation, [None] * len(keys), bounds, fields=fields)
     entries = batch.entries
     metrics = node.metrics
     node_id = node.node_id
@@ -589,7 +614,7 @@ def read_batch(
                 metrics.count(store_name, KIND_BATCH, NotLive.status)
                 entries[i] = encode_entry(error_entry(key.text, not_live(store_name)))
                 continue
-            entries[i] = _local_entry(node, store_name, held, key, location.partition, offset, found)
+            entries[i] = _local_entry(node, store_name, held, key, location.partition, offset, found, fields)
         elif forwarded or not others:
             metrics.count(store_name, KIND_BATCH, PartitionUnavailable.status)
             why = "does not forward a forwarded request" if forwarded else "no node serves it"
@@ -622,9 +647,10 @@ def _local_entry(
     partition: int,
     offset: int | None,
     found: Callable[..., bytes] = found_entry,
+    fields: Projection | None = None,
 ) -> bytes:
     """The entry of a key read from the partition held here (`offset`: a live partition's, read before;
-    `found` makes a found key's)."""
+    `found` makes a found key's, of only its `fields` when given)."""
     metrics = node.metrics
     metrics.local_answers += 1
     value = held.get(key.data)
@@ -635,6 +661,8 @@ def _local_entry(
             entry["offset"] = offset
         return encode_entry(entry)
     metrics.count(store, KIND_BATCH, 200)
+    if fields is not None:
+        value = fields.apply(value)
     return found(key.text, partition, held.version, value, offset, node.node_id)
 
 

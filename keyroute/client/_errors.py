@@ -4,7 +4,7 @@ KeyrouteError (status, code, message, retry_after)
 ├── KeyNotFound       404 key_not_found
 ├── StoreNotFound     404 store_not_found
 ├── BadKey            400 bad_key, 414 key_too_long
-├── BadRequest        400 bad_request
+├── BadRequest        400 bad_request, unknown_fields
 ├── BadCursor         400 bad_cursor
 ├── WrongStoreKind    400 wrong_store_kind
 ├── NotLive           400 not_live
@@ -49,7 +49,8 @@ class BadKey(KeyrouteError):
 
 
 class BadRequest(KeyrouteError):
-    """400 bad_request: a malformed parameter or body."""
+    """400 bad_request: a malformed parameter or body; 400 unknown_fields: a projection naming fields the store
+    lacks."""
 
 
 class BadCursor(KeyrouteError):
@@ -106,6 +107,7 @@ _ERRORS: dict[str, type[KeyrouteError]] = {
     "bad_key": BadKey,
     "key_too_long": BadKey,
     "bad_request": BadRequest,
+    "unknown_fields": BadRequest,
     "bad_cursor": BadCursor,
     "wrong_store_kind": WrongStoreKind,
     "not_live": NotLive,
