@@ -31,6 +31,7 @@ from keyroute.pipeline.spec import Mode
 from keyroute.runtime.logs import describe
 from keyroute.storage.snapshot import SnapshotError, read_manifest, resolve_location
 from keyroute.storage.timeline import StoreKind
+from keyroute.storage.ttl import Ttl
 
 if TYPE_CHECKING:  # type names only: publishing and rolling back must not load Spark
     from keyroute.keys.key_schema import KeySchema
@@ -143,6 +144,7 @@ def store_record(store: StoreSpec, written: WrittenVersion, published_at: float 
         published_at=time.time() if published_at is None else published_at,
         live=written.manifest.live is not None,
         timeline=written.manifest.timeline,
+        ttl=None if store.ttl is None else Ttl.parse(store.ttl, store.order_by),
     )
 
 

@@ -140,6 +140,8 @@ class StoreSpec:
     schema_registry: RegistrySettings | None = None
     # The key schema as the build resolved it (id and text), recorded in the store's record: None until then.
     key_schema: KeySchema | None = None
+    # How old a value (history row) may be and still be served, a duration text (keyroute.storage.ttl).
+    ttl: str | None = None
 
     @property
     def batch(self) -> bool:
@@ -257,6 +259,27 @@ def _parse_retention(name: str, value: Any) -> Retention | None:
     return Retention(value, duration=value)
 
 
+def _parse_ttl(name: str, value: Any, mode: Mode, order_by: str | None, columns: tuple[str, ...] | None) -> str | None:
+    """`ttl`: a positive duration text, on a store whose values carry their time (keyroute.storage.ttl): a
+    `history` store's rows, a `latest` store's values when they hold its `order_by` column."""
+    text = _duration_field(name, "ttl", value)
+    if text is None:
+        return None
+    if parse_duration_us(text) <= 0:
+        raise SpecError(name, f"'ttl' = {text!r}: expected a positive duration")
+    if mode not in (Mode.LATEST, Mode.HISTORY):
+        raise SpecError(
+            name,
+            "'ttl' applies to modes 'latest' and 'history' (values that carry their time); "
+            f"a {mode.value} store's values have no time of their own",
+        )
+    if mode is Mode.LATEST and columns is not None and order_by not in columns:
+        raise SpecError(
+            name, f"'ttl' ages a value by its order_by {order_by!r}: add it to 'columns' so values carry it"
+        )
+    return text
+
+
 def _duration_field(name: str, field_name: str, value: Any) -> str | None:
     if value is None:
         return None
@@ -312,6 +335,7 @@ _FIELDS = (
     "snapshot_format",
     "live",
     "retention",
+    "ttl",
     "window",
     "advance",
     "order_by_type",
@@ -536,6 +560,7 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
         raise SpecError(name, f"'advance' = {advance!r} is longer than 'window' = {window!r}")
     if retention is not None and not mode.timeline:
         raise SpecError(name, "'retention' only applies to modes 'history' and 'windowed'")
+    ttl = _parse_ttl(name, table.get("ttl"), mode, order_by, columns)
     if mode.timeline:
         _check_timeline_store(name, mode, key, order_by, columns, aggregations, snapshot_format, live, batch)
         if mode is Mode.WINDOWED and window is None:
@@ -595,6 +620,7 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
         window=window,
         advance=advance,
         order_by_type=order_by_type,
+        ttl=ttl,
     )
 
 

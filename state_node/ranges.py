@@ -88,7 +88,11 @@ def read_partition_range(node: Node, store_name: str, raw_partition: str, raw_qu
     more = len(found) > query.limit
     del found[query.limit :]
     entries = []
+    ttl = record.ttl
+    now = node.clock() if ttl is not None else 0.0
     for data, value in found:
+        if ttl is not None and ttl.expired(value, now):
+            continue  # past its time to live: not served
         try:
             text = key_from_data(key_format, data).text
         except KeyFormatError:

@@ -75,10 +75,12 @@ from keyroute.storage.timeline import (
     READ_KINDS,
     CursorError,
     QueryError,
+    StoreKind,
     make_cursor,
     parse_query,
     read_cursor,
 )
+from keyroute.storage.ttl import Expired, Ttl, expired_message
 
 if TYPE_CHECKING:
     from keyroute.keys.key_location import KeyLocation
@@ -221,6 +223,9 @@ def read_key(
         value = held.get(key.data)
         if value is None:
             return 404, headers, error_json("key_not_found", f"key {location.key!r} is not in store {store_name!r}")
+        ttl = record.ttl
+        if ttl is not None and ttl.expired(value, node.clock()):
+            return 404, headers, error_json("expired", expired_message(store_name, location.key, ttl))
         if fields is not None:
             value = fields.apply(value)
         return 200, headers, found(store_name, location.key, location.partition, held.version, value)
@@ -306,7 +311,12 @@ def read_timeline(
                 raise not_live(store_name)
             if offset < query.min_offset:
                 return _behind(node, store_name, location.partition, held, offset, query.min_offset, waited)
-        entries, more = held.entries(key.data, query.low, query.high, query.limit, query.descending, after)
+        low = query.low
+        if record.ttl is not None and timeline.kind is StoreKind.HISTORY:
+            # Rows past their time to live are never read: the read starts at the oldest one still served.
+            oldest = record.ttl.timeline_low(node.clock(), timeline.time_type)
+            low = oldest if low is None else max(low, oldest)
+        entries, more = held.entries(key.data, low, query.high, query.limit, query.descending, after)
         next_cursor = make_cursor(secret, bound, held.version, entries[-1][:2]) if more else None
         field = "rows" if read == HISTORY else "windows"
         values = [e[2] for e in entries]
@@ -469,6 +479,8 @@ class Batch:
     behind: dict[int, tuple[int, list[tuple[int, Key]]]] = field(default_factory=dict)
     # The projection asked for (passed on with the keys sent on).
     fields: Projection | None = None
+    # The store's time to live (keyroute.storage.ttl).
+    ttl: Ttl | None = None
 
     @property
     def complete(self) -> bool:
@@ -512,7 +524,9 @@ class Batch:
                         entry["offset"] = offset
                     self.entries[i] = encode_entry(entry)
                 else:
-                    self.entries[i] = _local_entry(node, store, held, key, partition, offset, fields=self.fields)
+                    self.entries[i] = _local_entry(
+                        node, store, held, key, partition, offset, fields=self.fields, ttl=self.ttl
+                    )
         behind.clear()
 
     async def forward(self, request_id: str) -> None:
@@ -577,7 +591,7 @@ def read_batch(
             raise BadRequest(bad_batch_key(store_name, record.key_format.value, raw).message)
     if bounds is not None:
         bounds.check(store_name, record.partitions)
-    batch = Batch(node, store_name, forwarded, m.generation, [None] * len(keys), bounds, fields=fields)
+    batch = Batch(node, store_name, forwarded, m.generation, [None] * len(keys), bounds, fields=fields, ttl=record.ttl)
     entries = batch.entries
     metrics = node.metrics
     node_id = node.node_id
@@ -614,7 +628,9 @@ def read_batch(
                 metrics.count(store_name, KIND_BATCH, NotLive.status)
                 entries[i] = encode_entry(error_entry(key.text, not_live(store_name)))
                 continue
-            entries[i] = _local_entry(node, store_name, held, key, location.partition, offset, found, fields)
+            entries[i] = _local_entry(
+                node, store_name, held, key, location.partition, offset, found, fields, record.ttl
+            )
         elif forwarded or not others:
             metrics.count(store_name, KIND_BATCH, PartitionUnavailable.status)
             why = "does not forward a forwarded request" if forwarded else "no node serves it"
@@ -648,15 +664,23 @@ def _local_entry(
     offset: int | None,
     found: Callable[..., bytes] = found_entry,
     fields: Projection | None = None,
+    ttl: Ttl | None = None,
 ) -> bytes:
     """The entry of a key read from the partition held here (`offset`: a live partition's, read before;
-    `found` makes a found key's, of only its `fields` when given)."""
+    `found` makes a found key's, of only its `fields` when given; a value past the store's `ttl` is 404
+    expired)."""
     metrics = node.metrics
     metrics.local_answers += 1
     value = held.get(key.data)
     if value is None:
         metrics.count(store, KIND_BATCH, KeyNotFound.status)
         entry = error_entry(key.text, KeyNotFound(f"key {key.text!r} is not in store {store!r}"))
+        if offset is not None:
+            entry["offset"] = offset
+        return encode_entry(entry)
+    if ttl is not None and ttl.expired(value, node.clock()):
+        metrics.count(store, KIND_BATCH, Expired.status)
+        entry = error_entry(key.text, Expired(expired_message(store, key.text, ttl)))
         if offset is not None:
             entry["offset"] = offset
         return encode_entry(entry)

@@ -1,7 +1,7 @@
 """The client's errors: every answer of the API that is not a success, as one exception per error code.
 
 KeyrouteError (status, code, message, retry_after)
-├── KeyNotFound       404 key_not_found
+├── KeyNotFound       404 key_not_found, expired
 ├── StoreNotFound     404 store_not_found
 ├── BadKey            400 bad_key, 414 key_too_long
 ├── BadRequest        400 bad_request, unknown_fields
@@ -37,7 +37,7 @@ class KeyrouteError(Exception):
 
 
 class KeyNotFound(KeyrouteError):
-    """404 key_not_found."""
+    """404 key_not_found; 404 expired: the value is older than its store's time to live."""
 
 
 class StoreNotFound(KeyrouteError):
@@ -103,6 +103,7 @@ def connection_failed(url: str, exc: httpx.TransportError, attempts: int) -> Con
 
 _ERRORS: dict[str, type[KeyrouteError]] = {
     "key_not_found": KeyNotFound,
+    "expired": KeyNotFound,
     "store_not_found": StoreNotFound,
     "bad_key": BadKey,
     "key_too_long": BadKey,

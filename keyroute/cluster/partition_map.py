@@ -22,6 +22,7 @@ from keyroute.keys.key_location import Endpoint, KeyLocation, StoreLocator
 from keyroute.keys.key_schema import KeySchema
 from keyroute.keys.partitioner import Partitioner
 from keyroute.storage.timeline import Timeline
+from keyroute.storage.ttl import Ttl
 
 __all__ = [
     "EMPTY_ASSIGNMENT",
@@ -92,6 +93,8 @@ class StoreRecord:
     # Schema Registry keys (key_format avro/protobuf/json_schema): the key schema (id and text) every reader
     # serializes keys with, so none asks the registry on the read path.
     key_schema: KeySchema | None = None
+    # How old a value (history row) may be and still be served (keyroute.storage.ttl); None: forever.
+    ttl: Ttl | None = None
 
     @property
     def retained_versions(self) -> tuple[int, ...]:
@@ -119,6 +122,7 @@ class StoreRecord:
                 "live": self.live,
                 **({} if self.timeline is None else {"timeline": self.timeline.to_dict()}),
                 **({} if self.key_schema is None else {"key_schema": self.key_schema.to_dict()}),
+                **({} if self.ttl is None else {"ttl": self.ttl.to_dict()}),
             }
         )
 
@@ -143,6 +147,7 @@ class StoreRecord:
                 live=live,
                 timeline=None if obj.get("timeline") is None else Timeline.from_dict(obj["timeline"]),
                 key_schema=None if obj.get("key_schema") is None else KeySchema.from_dict(obj["key_schema"]),
+                ttl=None if obj.get("ttl") is None else Ttl.from_dict(obj["ttl"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise RecordError(f"store record: {exc!r}") from exc
@@ -491,6 +496,7 @@ class PartitionMap:
                     "published_at": store.published_at,
                     "retained_versions": list(store.retained_versions),
                     **({} if store.timeline is None else {"timeline": store.timeline.to_dict()}),
+                    **({} if store.ttl is None else {"ttl": store.ttl.text}),
                     # Its record is gone from ZooKeeper without a tombstone: this is the last one read.
                     **({"orphaned": True} if name in self.orphaned else {}),
                     "partition_map": [

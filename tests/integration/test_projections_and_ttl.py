@@ -1,7 +1,12 @@
-"""Projections on a real cluster: `fields=` on get, batch-get and range reads through a `keyroute router`
-process and straight at `keyroute node` processes (which pass a read on, projection and all, to the node
-holding its key) answers exactly the asked fields of every value, in fewer bytes; unknown fields are a 400
-naming them."""
+"""Projections and time to live on a real cluster.
+
+`fields=` on get, batch-get and range reads through a `keyroute router` process and straight at `keyroute
+node` processes (which pass a read on, projection and all, to the node holding its key) answers exactly the
+asked fields of every value, in fewer bytes; unknown fields are a 400 naming them.
+
+A store with a `ttl` serves the values younger than it and answers 404 `expired` for the others (by the
+nodes' own clocks: the values are decades either side of the boundary), in gets, batch-gets and ranges; the
+partition map shows the ttl."""
 
 from __future__ import annotations
 
@@ -11,12 +16,13 @@ from typing import Any
 import httpx
 import pytest
 
-from keyroute.client import BadRequest, Client
+from keyroute.client import BadRequest, Client, KeyNotFound
 from keyroute.cluster import zk, zk_layout
 from keyroute.cluster.partition_map import StoreRecord
 from keyroute.keys.key_format import KeyFormat
 from keyroute.keys.partitioner import Partitioner, partition_for
 from keyroute.runtime.settings import ZkSettings
+from keyroute.storage.ttl import Ttl
 from tests.integration.small_cluster import SmallCluster, small_cluster
 from tests.integration.test_node import write_snapshot
 from tests.util import wait_for
@@ -36,6 +42,15 @@ PROFILES: dict[str, dict[str, Any]] = {
     for i in range(24)
 }
 
+EXPIRING = "features"
+# Served until 2100, and expired since the 1990s: whatever the clock of the machine running the test.
+FRESH = {f"F{i:02d}": {"at": "2100-01-01T00:00:00.000Z", "n": i} for i in range(10)}
+STALE = {
+    **{f"S{i:02d}": {"at": "1990-01-01T00:00:00.000Z", "n": i} for i in range(8)},
+    "S_ms": {"at": 631152000000, "n": 99},  # 1990 in milliseconds since the epoch
+}
+TIMED = {**FRESH, **STALE}
+
 
 def partition(key: str) -> int:
     return partition_for(Partitioner.MURMUR2, key.encode(), PARTITIONS)
@@ -47,14 +62,22 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, module_zk_settings: ZkSett
     with small_cluster(tmp_path, module_zk_settings) as c:
         snapshot = write_snapshot(tmp_path / "profiles", STORE, PROFILES, KeyFormat.STRING, PARTITIONS)
         record = StoreRecord(STORE, PARTITIONS, Partitioner.MURMUR2, KeyFormat.STRING, 1, snapshot, COLUMNS)
+        expiring = write_snapshot(tmp_path / "expiring", EXPIRING, TIMED, KeyFormat.STRING, PARTITIONS)
+        ttl = Ttl.parse("30 days", "at")
+        expiring_record = StoreRecord(
+            EXPIRING, PARTITIONS, Partitioner.MURMUR2, KeyFormat.STRING, 1, expiring, ("at", "n"), ttl=ttl
+        )
         client = zk.connect(module_zk_settings)
         try:
             client.create(zk_layout.store_path(STORE), record.to_json(), makepath=True)
+            client.create(zk_layout.store_path(EXPIRING), expiring_record.to_json(), makepath=True)
         finally:
             zk.close(client)
 
         def every_key_answers() -> bool:
-            return all(httpx.get(f"{c.router_url}/stores/{STORE}/keys/{k}").status_code == 200 for k in PROFILES)
+            return all(
+                httpx.get(f"{c.router_url}/stores/{STORE}/keys/{k}").status_code == 200 for k in PROFILES
+            ) and all(httpx.get(f"{c.router_url}/stores/{EXPIRING}/keys/{k}").status_code == 200 for k in FRESH)
 
         wait_for(every_key_answers, timeout_s=60, interval_s=0.2, message="the profiles store to be served")
         yield c
@@ -155,3 +178,38 @@ def test_the_client_asks_for_fields(cluster: SmallCluster, routing: str) -> None
         assert ranged == {k: {"trip": {"to": p["trip"]["to"]}} for k, p in PROFILES.items()}
         with pytest.raises(BadRequest, match="nope"):
             client.get(STORE, key, fields="nope")
+
+
+def test_a_value_past_its_ttl_is_404_expired_and_younger_ones_are_served(cluster: SmallCluster) -> None:
+    for url in [cluster.router_url, *cluster.node_urls.values()]:
+        for key, value in FRESH.items():
+            answer = httpx.get(f"{url}/stores/{EXPIRING}/keys/{key}")
+            assert answer.status_code == 200 and answer.json()["value"] == value, answer.text
+        for key in STALE:
+            answer = httpx.get(f"{url}/stores/{EXPIRING}/keys/{key}")
+            assert answer.status_code == 404, answer.text
+            assert answer.json()["error"] == "expired" and "30 days" in answer.json()["message"]
+        keys = [*TIMED, "absent"]
+        results = httpx.post(f"{url}/stores/{EXPIRING}/batch-get", json={"keys": keys}).json()["results"]
+        got = {e["key"]: (e["status"], e.get("error")) for e in results}
+        assert got == {
+            **{k: (200, None) for k in FRESH},
+            **{k: (404, "expired") for k in STALE},
+            "absent": (404, "key_not_found"),
+        }
+
+
+def test_a_range_leaves_expired_values_out_and_the_map_shows_the_ttl(cluster: SmallCluster) -> None:
+    answer = httpx.get(f"{cluster.router_url}/stores/{EXPIRING}/range", params={"limit": 100, "fields": "n"})
+    assert answer.status_code == 200, answer.text
+    assert {k["key"]: k["value"] for k in answer.json()["keys"]} == {k: {"n": v["n"]} for k, v in FRESH.items()}
+    view = httpx.get(
+        cluster.router_admin_url + "/admin/partition-map?detail=all",
+        headers={"authorization": "Bearer admin-t0ken"},
+    ).json()
+    assert view["stores"][EXPIRING]["ttl"] == "30 days"
+    assert "ttl" not in view["stores"][STORE]
+    with Client(cluster.router_url) as client:
+        with pytest.raises(KeyNotFound) as raised:  # no value to serve, as for a key never written
+            client.get(EXPIRING, "S00")
+        assert raised.value.code == "expired"
