@@ -142,6 +142,9 @@ class StoreSpec:
     key_schema: KeySchema | None = None
     # How old a value (history row) may be and still be served, a duration text (keyroute.storage.ttl).
     ttl: str | None = None
+    # The store this one is co-located with: partition p of both placed on the same replicas. It has the
+    # same partition count and partitioner (checked against the spec, or its published record).
+    colocate_with: str | None = None
 
     @property
     def batch(self) -> bool:
@@ -336,6 +339,7 @@ _FIELDS = (
     "live",
     "retention",
     "ttl",
+    "colocate_with",
     "window",
     "advance",
     "order_by_type",
@@ -446,9 +450,24 @@ def parse_spec(doc: Mapping[str, Any], base_dir: Path, origin: str = "spec") -> 
     stores = doc.get("stores")
     if not isinstance(stores, dict) or not stores:
         raise SpecError(None, f"spec {origin!r}: defines no stores (expected at least one [stores.NAME] table)")
-    return Spec(
-        stores=tuple(_parse_store(name, table, base_dir) for name, table in stores.items()),
-        spark=_parse_spark(doc.get("spark", {}), base_dir, origin),
+    parsed = tuple(_parse_store(name, table, base_dir) for name, table in stores.items())
+    by_name = {store.name: store for store in parsed}
+    for store in parsed:
+        other = by_name.get(store.colocate_with or "")
+        if other is not None and (problem := colocation_mismatch(store, other.partitions, other.partitioner)):
+            raise SpecError(store.name, problem)
+    return Spec(stores=parsed, spark=_parse_spark(doc.get("spark", {}), base_dir, origin))
+
+
+def colocation_mismatch(store: StoreSpec, partitions: int, partitioner: Partitioner) -> str | None:
+    """Why `store` cannot be co-located with its `colocate_with` store of `partitions` and `partitioner`
+    (None: it can): a key must be in partition p of both."""
+    if (store.partitions, store.partitioner) == (partitions, partitioner):
+        return None
+    return (
+        f"'colocate_with' = {store.colocate_with!r}: that store has {partitions} partitions ({partitioner.value}),"
+        f" this one {store.partitions} ({store.partitioner.value}); co-located stores need the same partition"
+        " count and partitioner"
     )
 
 
@@ -561,6 +580,9 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
     if retention is not None and not mode.timeline:
         raise SpecError(name, "'retention' only applies to modes 'history' and 'windowed'")
     ttl = _parse_ttl(name, table.get("ttl"), mode, order_by, columns)
+    colocate_with = fields.text("colocate_with")
+    if colocate_with == name:
+        raise SpecError(name, "'colocate_with' names the store itself: name the store to place it with")
     if mode.timeline:
         _check_timeline_store(name, mode, key, order_by, columns, aggregations, snapshot_format, live, batch)
         if mode is Mode.WINDOWED and window is None:
@@ -621,6 +643,7 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
         advance=advance,
         order_by_type=order_by_type,
         ttl=ttl,
+        colocate_with=colocate_with,
     )
 
 

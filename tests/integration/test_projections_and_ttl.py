@@ -65,7 +65,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, module_zk_settings: ZkSett
         expiring = write_snapshot(tmp_path / "expiring", EXPIRING, TIMED, KeyFormat.STRING, PARTITIONS)
         ttl = Ttl.parse("30 days", "at")
         expiring_record = StoreRecord(
-            EXPIRING, PARTITIONS, Partitioner.MURMUR2, KeyFormat.STRING, 1, expiring, ("at", "n"), ttl=ttl
+            EXPIRING,
+            PARTITIONS,
+            Partitioner.MURMUR2,
+            KeyFormat.STRING,
+            1,
+            expiring,
+            ("at", "n"),
+            ttl=ttl,
+            colocate_with=STORE,
         )
         client = zk.connect(module_zk_settings)
         try:
@@ -213,3 +221,24 @@ def test_a_range_leaves_expired_values_out_and_the_map_shows_the_ttl(cluster: Sm
         with pytest.raises(KeyNotFound) as raised:  # no value to serve, as for a key never written
             client.get(EXPIRING, "S00")
         assert raised.value.code == "expired"
+
+
+def test_colocated_stores_are_placed_on_the_same_replicas(cluster: SmallCluster) -> None:
+    # The features store names the profiles store in its record: partition p of both on the same node.
+    view = httpx.get(
+        cluster.router_admin_url + "/admin/partition-map?detail=all",
+        headers={"authorization": "Bearer admin-t0ken"},
+    ).json()
+    stores = view["stores"]
+    assert stores[EXPIRING]["colocate_with"] == STORE
+    assert stores[EXPIRING]["colocation_group"] == stores[STORE]["colocation_group"] == EXPIRING
+    profiles = [entry["assigned"] for entry in stores[STORE]["partition_map"]]
+    features = [entry["assigned"] for entry in stores[EXPIRING]["partition_map"]]
+    assert profiles == features
+    assert {n for assigned in profiles for n in assigned} == set(cluster.node_urls)  # both nodes used
+    # Each key of both stores is answered by one node, in one hop.
+    for key in FRESH:
+        a = httpx.get(f"{cluster.router_url}/stores/{STORE}/keys/{key}")
+        b = httpx.get(f"{cluster.router_url}/stores/{EXPIRING}/keys/{key}")
+        assert b.status_code == 200 and a.status_code == 404
+        assert a.headers["x-keyroute-node"] == b.headers["x-keyroute-node"]
