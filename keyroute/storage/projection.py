@@ -19,7 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote
 
+import orjson
+
 from keyroute.api import ApiError, BadRequest
+from keyroute.storage.live import loads_json
 from keyroute.storage.timeline import StoreKind
 
 # The query parameter that asks for a projection.
@@ -85,11 +88,11 @@ class Projection:
 
     def apply(self, value_json: bytes) -> bytes:
         """The projection of one stored value's JSON, as compact JSON."""
-        return _dumps(self.project(json.loads(value_json)))
+        return _dumps(self.project(_loads(value_json)))
 
     def apply_window(self, window_json: bytes) -> bytes:
         """The projection of a window entry `{"start", "end", "value"}`: its `value` projected."""
-        window = json.loads(window_json)
+        window = _loads(window_json)
         if isinstance(window, dict) and "value" in window:
             window["value"] = self.project(window["value"])
         return _dumps(window)
@@ -116,11 +119,21 @@ def _copy(source: dict[str, Any], target: dict[str, Any], path: tuple[str, ...])
         target[name] = inner
 
 
+def _loads(raw: bytes) -> Any:
+    try:
+        return loads_json(raw)
+    except ValueError:  # JSON orjson refuses (a lone surrogate's escape): the standard library reads it
+        return json.loads(raw)
+
+
 def _dumps(obj: Any) -> bytes:
     try:
-        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate (valid in JSON text, not in UTF-8)
-        return json.dumps(obj, separators=(",", ":")).encode("ascii")
+        return orjson.dumps(obj)
+    except orjson.JSONEncodeError:  # an integer beyond 64 bits, or a lone surrogate: exact, slower
+        try:
+            return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate (valid in JSON text, not in UTF-8)
+            return json.dumps(obj, separators=(",", ":")).encode("ascii")
 
 
 def parse_fields(text: str) -> Projection:

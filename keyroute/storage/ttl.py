@@ -17,11 +17,11 @@ the epoch, a timestamp from its text (microseconds), a date from its `YYYY-MM-DD
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from keyroute.api import ApiError
+from keyroute.storage.live import loads_json
 from keyroute.storage.timeline import TimelineError, TimeType, parse_duration_us, parse_order_text
 
 _US_PER_MS = 1000
@@ -86,7 +86,7 @@ class Ttl:
         if column is None:
             return False
         try:
-            value = json.loads(value_json)
+            value = loads_json(value_json)
         except ValueError:
             return False
         if not isinstance(value, dict):
