@@ -5,6 +5,7 @@ partition map shows the group."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,6 +13,8 @@ from keyroute.cluster.colocation import colocation_groups
 from keyroute.cluster.partition_map import Assignment, PartitionMap, StoreRecord
 from keyroute.keys.key_format import KeyFormat
 from keyroute.keys.partitioner import Partitioner
+from keyroute.pipeline.errors import SpecError
+from keyroute.pipeline.publish import check_colocation
 from keyroute.pipeline.spec import load_spec
 from tests.unit.pipeline.test_spec import spec_error, write_spec
 
@@ -67,3 +70,32 @@ def test_the_record_carries_the_link_and_the_map_shows_the_group() -> None:
     assert view["stores"]["a"]["colocation_group"] == view["stores"]["b"]["colocation_group"] == "a"
     assert "colocation_group" not in view["stores"]["c"]
     assert colocation_groups({n: r.colocate_with for n, r in records.items()}) == {"a": "a", "b": "a"}
+
+
+class _Records:
+    """A stand-in ZooKeeper client holding published store records (only `get`, as read_published uses it)."""
+
+    def __init__(self, records: dict[str, StoreRecord]) -> None:
+        self.records = records
+
+    def get(self, path: str) -> tuple[bytes, Any]:
+        from kazoo.exceptions import NoNodeError
+        from kazoo.protocol.states import ZnodeStat
+
+        name = path.rsplit("/", 1)[-1]
+        if name not in self.records:
+            raise NoNodeError(path)
+        return self.records[name].to_json(), ZnodeStat(0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0)
+
+
+def test_a_store_colocated_with_a_published_store_is_checked_against_its_record(tmp_path: Path) -> None:
+    alone = TWO.format(partitions=8, partitioner="murmur2", target="elsewhere")
+    alone = alone[alone.index("[stores.balance]") :]
+    spec = load_spec(write_spec(tmp_path, alone))
+    published = StoreRecord("elsewhere", 8, Partitioner.MURMUR2, KeyFormat.STRING, 1, "/x")
+    check_colocation(_Records({"elsewhere": published}), spec)  # type: ignore[arg-type]
+    other = StoreRecord("elsewhere", 6, Partitioner.MURMUR2, KeyFormat.STRING, 1, "/x")
+    with pytest.raises(SpecError, match="that store has 6 partitions"):
+        check_colocation(_Records({"elsewhere": other}), spec)  # type: ignore[arg-type]
+    with pytest.raises(SpecError, match="no such store in the spec or published"):
+        check_colocation(_Records({}), spec)  # type: ignore[arg-type]
