@@ -35,7 +35,7 @@ from keyroute.pipeline.live import (
     live_value_columns,
     start_offsets,
 )
-from keyroute.pipeline.publish import PublishedStore, check_shape, publish, read_published
+from keyroute.pipeline.publish import PublishedStore, check_colocation, check_shape, publish, read_published
 from keyroute.pipeline.session import SparkConfError, create_session, restore_conf, set_conf
 from keyroute.pipeline.spark_errors import spark_message
 from keyroute.pipeline.spec import Spec, StoreSpec, load_spec
@@ -113,6 +113,7 @@ def build(
         published = {store.name: read_published(client, store.name) for store in spec.stores}
         for store in spec.stores:
             check_shape(store, published[store.name])  # before hours of Spark work, not after
+        check_colocation(client, spec)
         for store in spec.stores:
             if store.live is not None:
                 check_topic(store, kafka.environ, kafka.timeout_s)

@@ -26,15 +26,16 @@ from kazoo.protocol.states import ZnodeStat
 
 from keyroute.cluster import zk_layout
 from keyroute.cluster.partition_map import RecordError, StoreRecord
-from keyroute.pipeline.errors import PipelineError, PublishError
-from keyroute.pipeline.spec import Mode
+from keyroute.pipeline.errors import PipelineError, PublishError, SpecError
+from keyroute.pipeline.spec import Mode, colocation_mismatch
 from keyroute.runtime.logs import describe
 from keyroute.storage.snapshot import SnapshotError, read_manifest, resolve_location
 from keyroute.storage.timeline import StoreKind
+from keyroute.storage.ttl import Ttl
 
 if TYPE_CHECKING:  # type names only: publishing and rolling back must not load Spark
     from keyroute.keys.key_schema import KeySchema
-    from keyroute.pipeline.spec import StoreSpec
+    from keyroute.pipeline.spec import Spec, StoreSpec
     from keyroute.pipeline.writer import WrittenVersion
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,24 @@ def read_published(client: KazooClient, store: str) -> PublishedStore | None:
         raise PublishError(store, f"its record in ZooKeeper is unreadable ({exc}); fix or delete it") from exc
 
 
+def check_colocation(client: KazooClient, spec: Spec) -> None:
+    """Refuse a store co-located with a store outside the spec that is not published, or whose published
+    partition count or partitioner differ from its own (stores of the spec were checked with the spec)."""
+    names = {store.name for store in spec.stores}
+    for store in spec.stores:
+        other = store.colocate_with
+        if other is None or other in names:
+            continue
+        found = read_published(client, other)
+        if found is None:
+            raise SpecError(
+                store.name, f"'colocate_with' = {other!r}: no such store in the spec or published in ZooKeeper"
+            )
+        problem = colocation_mismatch(store, found.record.partitions, found.record.partitioner)
+        if problem is not None:
+            raise SpecError(store.name, problem)
+
+
 def check_shape(store: StoreSpec, published: PublishedStore | None) -> None:
     """Refuse a spec that would route keys differently from the published store (a first version is free)."""
     if published is None:
@@ -143,6 +162,8 @@ def store_record(store: StoreSpec, written: WrittenVersion, published_at: float 
         published_at=time.time() if published_at is None else published_at,
         live=written.manifest.live is not None,
         timeline=written.manifest.timeline,
+        ttl=None if store.ttl is None else Ttl.parse(store.ttl, store.order_by),
+        colocate_with=store.colocate_with,
     )
 
 

@@ -140,6 +140,11 @@ class StoreSpec:
     schema_registry: RegistrySettings | None = None
     # The key schema as the build resolved it (id and text), recorded in the store's record: None until then.
     key_schema: KeySchema | None = None
+    # How old a value (history row) may be and still be served, a duration text (keyroute.storage.ttl).
+    ttl: str | None = None
+    # The store this one is co-located with: partition p of both placed on the same replicas. It has the
+    # same partition count and partitioner (checked against the spec, or its published record).
+    colocate_with: str | None = None
 
     @property
     def batch(self) -> bool:
@@ -257,6 +262,27 @@ def _parse_retention(name: str, value: Any) -> Retention | None:
     return Retention(value, duration=value)
 
 
+def _parse_ttl(name: str, value: Any, mode: Mode, order_by: str | None, columns: tuple[str, ...] | None) -> str | None:
+    """`ttl`: a positive duration text, on a store whose values carry their time (keyroute.storage.ttl): a
+    `history` store's rows, a `latest` store's values when they hold its `order_by` column."""
+    text = _duration_field(name, "ttl", value)
+    if text is None:
+        return None
+    if parse_duration_us(text) <= 0:
+        raise SpecError(name, f"'ttl' = {text!r}: expected a positive duration")
+    if mode not in (Mode.LATEST, Mode.HISTORY):
+        raise SpecError(
+            name,
+            "'ttl' applies to modes 'latest' and 'history' (values that carry their time); "
+            f"a {mode.value} store's values have no time of their own",
+        )
+    if mode is Mode.LATEST and columns is not None and order_by not in columns:
+        raise SpecError(
+            name, f"'ttl' ages a value by its order_by {order_by!r}: add it to 'columns' so values carry it"
+        )
+    return text
+
+
 def _duration_field(name: str, field_name: str, value: Any) -> str | None:
     if value is None:
         return None
@@ -312,6 +338,8 @@ _FIELDS = (
     "snapshot_format",
     "live",
     "retention",
+    "ttl",
+    "colocate_with",
     "window",
     "advance",
     "order_by_type",
@@ -422,9 +450,24 @@ def parse_spec(doc: Mapping[str, Any], base_dir: Path, origin: str = "spec") -> 
     stores = doc.get("stores")
     if not isinstance(stores, dict) or not stores:
         raise SpecError(None, f"spec {origin!r}: defines no stores (expected at least one [stores.NAME] table)")
-    return Spec(
-        stores=tuple(_parse_store(name, table, base_dir) for name, table in stores.items()),
-        spark=_parse_spark(doc.get("spark", {}), base_dir, origin),
+    parsed = tuple(_parse_store(name, table, base_dir) for name, table in stores.items())
+    by_name = {store.name: store for store in parsed}
+    for store in parsed:
+        other = by_name.get(store.colocate_with or "")
+        if other is not None and (problem := colocation_mismatch(store, other.partitions, other.partitioner)):
+            raise SpecError(store.name, problem)
+    return Spec(stores=parsed, spark=_parse_spark(doc.get("spark", {}), base_dir, origin))
+
+
+def colocation_mismatch(store: StoreSpec, partitions: int, partitioner: Partitioner) -> str | None:
+    """Why `store` cannot be co-located with its `colocate_with` store of `partitions` and `partitioner`
+    (None: it can): a key must be in partition p of both."""
+    if (store.partitions, store.partitioner) == (partitions, partitioner):
+        return None
+    return (
+        f"'colocate_with' = {store.colocate_with!r}: that store has {partitions} partitions ({partitioner.value}),"
+        f" this one {store.partitions} ({store.partitioner.value}); co-located stores need the same partition"
+        " count and partitioner"
     )
 
 
@@ -536,6 +579,10 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
         raise SpecError(name, f"'advance' = {advance!r} is longer than 'window' = {window!r}")
     if retention is not None and not mode.timeline:
         raise SpecError(name, "'retention' only applies to modes 'history' and 'windowed'")
+    ttl = _parse_ttl(name, table.get("ttl"), mode, order_by, columns)
+    colocate_with = fields.text("colocate_with")
+    if colocate_with == name:
+        raise SpecError(name, "'colocate_with' names the store itself: name the store to place it with")
     if mode.timeline:
         _check_timeline_store(name, mode, key, order_by, columns, aggregations, snapshot_format, live, batch)
         if mode is Mode.WINDOWED and window is None:
@@ -595,6 +642,8 @@ def _parse_store(name: str, table: Any, base_dir: Path) -> StoreSpec:
         window=window,
         advance=advance,
         order_by_type=order_by_type,
+        ttl=ttl,
+        colocate_with=colocate_with,
     )
 
 

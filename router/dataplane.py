@@ -34,6 +34,7 @@ from keyroute.router import openapi as router_openapi
 from keyroute.router.ranges import read_range
 from keyroute.runtime.metrics import KIND_BATCH, KIND_RANGE
 from keyroute.runtime.native import mypyc_attr
+from keyroute.storage.projection import json_projection
 
 _ACCEPT: Final = b"accept"
 _answer_type: Final = answer_type  # C statics in the compiled build, not globals looked up
@@ -52,7 +53,11 @@ def _read_key(plane: RouterDataPlane, call: Call, store: str, key: str) -> None:
     settle = call.settle if media is None else _avro_settle(call, media)
     # The node's reply is passed on as it is (the server adds the read's id unless the node echoed it).
     # Only a request with a query string pays for looking at it.
-    if request.query and (min_offset := _min_offset_query(request.query)) is not None:
+    query = request.query
+    if query and (fields := json_projection(query, media)) is not None:
+        # A projection goes to the node with the read (which checks it against the store's fields).
+        plane.proxy.read(store, key, request.request_id, settle, _min_offset_query(query), tail=fields.query())
+    elif query and (min_offset := _min_offset_query(query)) is not None:
         plane.proxy.read(store, key, request.request_id, settle, min_offset)
     else:
         plane.proxy.read(store, key, request.request_id, settle)
@@ -95,7 +100,13 @@ async def _batch_get(plane: RouterDataPlane, call: Call, store: str) -> None:
     parsed = parse_batch_request(request.body, 0)  # the proxy checks (and counts) the number of keys
     if plane.quotas.active:
         plane._admit(call, store, len(parsed.keys))
-    results = await proxy.batch_get(store, parsed.keys, request.request_id, parsed.bounds)
+    fields = json_projection(request.query, media) if request.query else None
+    if fields is None:
+        results = await proxy.batch_get(store, parsed.keys, request.request_id, parsed.bounds)
+    else:
+        if proxy.table.has_store(store):  # refused here, once, rather than by every node
+            fields.check_record(store, proxy.table.map.stores[store])
+        results = await proxy.batch_get(store, parsed.keys, request.request_id, parsed.bounds, fields=fields.query())
     proxy.metrics.count_results(store, KIND_BATCH, results)
     if media is None:
         call.answer_counted(200, list(JSON), encode_entry({"results": results}))

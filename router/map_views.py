@@ -242,6 +242,10 @@ class Views:
         }
         if record.timeline is not None:
             entry["timeline"] = record.timeline.kind
+        if record.ttl is not None:
+            entry["ttl"] = record.ttl.text
+        if record.colocate_with is not None:
+            entry["colocate_with"] = record.colocate_with
         if name in m.orphaned:
             entry["orphaned"] = True
         if record.live or live:

@@ -325,7 +325,7 @@ class Proxy:
         if tail:
             path += tail
         if min_offset is not None:
-            path += f"?min_offset={min_offset}"
+            path += f"{'&' if '?' in tail else '?'}min_offset={min_offset}"
             order = self._fresh_first(order, store, partition, min_offset)
         read = Read(self, store, partition, path, order, request_id, on_result)
         read.tail = bool(tail)
@@ -559,11 +559,17 @@ class Proxy:
     # -- batches ----------------------------------------------------------------------------------------
 
     async def batch_get(
-        self, store: str, keys: Sequence[Any], request_id: str | None = None, bounds: OffsetBounds | None = None
+        self,
+        store: str,
+        keys: Sequence[Any],
+        request_id: str | None = None,
+        bounds: OffsetBounds | None = None,
+        fields: str = "",
     ) -> list[dict[str, Any]]:
         """One result per key in request order; one request per node, in parallel, replicas on failure.
         With `bounds`, each node gets the bounds of its keys' partitions, and a partition's keys go first
-        to the replicas known to have applied its bound."""
+        to the replicas known to have applied its bound. `fields` (a projection's query, "?fields=...")
+        goes to every node with its keys."""
         self.metrics.batch_requests += 1
         self.metrics.batch_keys += len(keys)
         if len(keys) > self._max_batch_keys:
@@ -613,7 +619,7 @@ class Proxy:
             if partition_of is not None:
                 partition_of[text] = route.partition
 
-        path = batch_path(store)
+        path = batch_path(store) + fields
         headers = {**self._headers(request_id), "content-type": "application/json"}
 
         async def send(endpoint: Endpoint, group: list[str], round_number: int) -> list[dict[str, Any]] | None:

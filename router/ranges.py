@@ -31,6 +31,7 @@ from keyroute.api import (
 )
 from keyroute.http.forwarding import path_segment
 from keyroute.keys.key_format import KeyFormat, parse_key
+from keyroute.storage.projection import parse_fields
 from keyroute.storage.ranges import (
     PartitionRange,
     RangeCursorError,
@@ -80,6 +81,8 @@ async def read_range(proxy: Proxy, store: str, raw_query: bytes, request_id: str
         raise BadKey(str(exc)) from None
     except RangeQueryError as exc:
         raise BadRequest(str(exc)) from None
+    if query.fields is not None:  # refused here, once, rather than by every partition's node
+        parse_fields(query.fields).check_record(store, record)
     secret = proxy.cursor_key.value
     if secret is None:
         raise PartitionUnavailable("the cluster's cursor key is not known yet (no node has joined): retry shortly")
@@ -102,8 +105,8 @@ async def read_range(proxy: Proxy, store: str, raw_query: bytes, request_id: str
     pages = list(
         await asyncio.gather(
             *(
-                _ask(proxy, store, p, PartitionRange(low, query.high, after, quota[p], versions[p]), key_format,
-                     request_id)
+                _ask(proxy, store, p, PartitionRange(low, query.high, after, quota[p], versions[p], query.fields),
+                     key_format, request_id)
                 for p in range(partitions)
             )
         )
@@ -123,7 +126,7 @@ async def read_range(proxy: Proxy, store: str, raw_query: bytes, request_id: str
         refills = await asyncio.gather(
             *(
                 _ask(proxy, store, p, PartitionRange(low, query.high, _data(key_format, pages[p].keys[-1][1]),
-                     quota[p], pages[p].version), key_format, request_id, refill=True)
+                     quota[p], pages[p].version, query.fields), key_format, request_id, refill=True)
                 for p in needy
             )
         )  # fmt: skip

@@ -86,6 +86,8 @@ class Node:
     whole_assignment: Callable[[frozenset[str] | None], Assignment | None] | None = None
     # What timeline cursors are signed with: the cluster's key (keyroute.auth.cursor_key; unknown in tests).
     cursor_key: CursorKey = field(default_factory=CursorKey)
+    # "Now" for stores' time to live (keyroute.storage.ttl): seconds since the epoch; tests give a fake one.
+    clock: Callable[[], float] = time.time
     # Tells other members' requests (whose hop header counts) from clients' (whose does not).
     members: ClusterAuth = field(init=False)
     # X-Keyroute-Node, as every answer of this node carries it.

@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from kazoo.client import KazooClient, KazooState
@@ -26,11 +26,13 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.recipe.election import Election
 
 from keyroute.cluster import placement_records, zk_layout
+from keyroute.cluster.colocation import colocation_groups
 from keyroute.cluster.partition_map import Assignment, NodeRecord, RecordError, StoreRecord
 from keyroute.runtime.collector import without_cyclic_collection
 from keyroute.runtime.logs import describe
 from keyroute.runtime.wakeup import Wakeup
-from keyroute.state_node.placement import StoreShape, assign
+from keyroute.state_node.placement import StoreShape
+from keyroute.state_node.placement.groups import assign_grouped
 from keyroute.state_node.restarts import Holds, PlannedRestart, holds
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,8 @@ class _Inputs:
     stores: dict[str, StoreShape]
     zones: dict[str, str]  # node -> zone, every assignable node
     root_zstat_version: int  # the placement root's znode version the previous assignment was read at
+    # store -> its co-location group (keyroute.state_node.placement.groups), for the stores in one.
+    groups: dict[str, str] = field(default_factory=dict)
 
 
 class Controller:
@@ -118,6 +122,8 @@ class Controller:
         # Each placeable store's current version, as last read: which of the partitions a node holds on disk
         # are current (the placement prefers those nodes for a replica it must place).
         self._store_versions: dict[str, int] = {}
+        # store -> the store it is co-located with (its record's colocate_with), as last read.
+        self._store_links: dict[str, str | None] = {}
         # Restart records as last read (None: unreadable), the ones whose watch fired since, and what the last
         # recomputation made of them (nodes held in their assignment, and when the first hold ends).
         self._restart_records: dict[str, PlannedRestart | None] = {}
@@ -264,7 +270,8 @@ class Controller:
             # Share records a predecessor left behind its root (or none, before this layout) are put right
             # first; after that each write of the assignment rewrites only the shares it changed.
             self._write_shares(election, previous, committed=True)
-        inputs = _Inputs(stores, zones, root_zstat_version)
+        groups = colocation_groups(self._store_links, list(stores))
+        inputs = _Inputs(stores, zones, root_zstat_version, groups)
         if inputs == self._computed:
             return  # a watch that fired for what the last recomputation already saw (or wrote)
 
@@ -278,14 +285,15 @@ class Controller:
         self._say_short_of_nodes(stores, len(nodes))
         generation = previous.generation + 1 if previous is not None else 1  # the assignment generation
         with without_cyclic_collection():
-            wanted = assign(stores, nodes, previous, generation, zones=zones, holds=self._holds_hint(stores))
+            holds_hint = self._holds_hint(stores)
+            wanted = assign_grouped(stores, groups, nodes, previous, generation, zones=zones, holds=holds_hint)
         if previous is not None and dict(previous.stores) == dict(wanted.stores):
             self._computed = inputs
             return
         self._write(election, wanted, root_zstat_version, previous, record_generations)
         known = self._known
         if known is not None and known.assignment is wanted:
-            self._computed = _Inputs(stores, zones, known.root_zstat_version)
+            self._computed = _Inputs(stores, zones, known.root_zstat_version, groups)
         log.info("assignment generation %d written for %d nodes, %d stores", generation, len(nodes), len(stores))
 
     def assignable_nodes(self, changed: set[str], restarts_changed: set[str]) -> dict[str, str]:
@@ -439,6 +447,7 @@ class Controller:
             )
             return None
         self._store_versions[name] = record.version
+        self._store_links[name] = record.colocate_with
         return StoreShape(record.partitions, record.replication_factor)
 
     @staticmethod

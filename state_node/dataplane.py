@@ -65,6 +65,7 @@ from keyroute.state_node.reads import (
     read_key,
     read_timeline,
 )
+from keyroute.storage.projection import json_projection
 
 _HOPS: Final = HEADER_HOPS.encode("ascii")
 _AUTH: Final = HEADER_AUTH.encode("ascii")
@@ -89,9 +90,14 @@ def _read_key(plane: NodeDataPlane, call: Call, store: str, key: str) -> Any:
     media = None if accept is None else _answer_type(accept, store)  # no Accept (JSON): no call
     forwarded = False if request.header(_HOPS) is None else plane._forwarded(call)
     # Only a request with a query string pays for looking at it.
-    min_offset = _min_offset_query(request.query) if request.query else None
+    min_offset = fields = None
+    if request.query:
+        min_offset = _min_offset_query(request.query)
+        fields = json_projection(request.query, media)
     node = plane.node
-    if media is None:
+    if fields is not None:
+        answer = _read_key_here(node, store, key, forwarded, min_offset, fields=fields)
+    elif media is None:
         answer = _read_key_here(node, store, key, forwarded, min_offset)
     else:  # a value read here is written as Avro straight from its stored JSON
         answer = _read_key_here(node, store, key, forwarded, min_offset, found=found_avro)
@@ -103,7 +109,9 @@ def _read_key(plane: NodeDataPlane, call: Call, store: str, key: str) -> Any:
         return None
     if type(answer) is Behind:
         found = found_body if media is None else found_avro
-        again = functools.partial(read_key, node, store, key, forwarded, answer.min_offset, waited=True, found=found)
+        again = functools.partial(
+            read_key, node, store, key, forwarded, answer.min_offset, waited=True, found=found, fields=fields
+        )
         return _catch_up(plane, call, answer, again, media)
     return _forward(plane, call, answer, media)  # type: ignore[arg-type]
 
@@ -115,13 +123,16 @@ def _read_timeline(plane: NodeDataPlane, call: Call, store: str, key: str, read:
     media = answer_type(request.header(_ACCEPT), store)
     forwarded = plane._forwarded(call)
     node = plane.node
-    answer = read_timeline(node, store, key, read, request.query, forwarded)
+    fields = json_projection(request.query, media)
+    answer = read_timeline(node, store, key, read, request.query, forwarded, fields=fields)
     if type(answer) is tuple:
         _reply(call, answer, media)
         return None
     if type(answer) is Behind:
         query = request.query
-        again = functools.partial(read_timeline, node, store, key, read, query, forwarded, waited=True)
+        again = functools.partial(
+            read_timeline, node, store, key, read, query, forwarded, waited=True, fields=fields
+        )
         return _catch_up(plane, call, answer, again, media)
     return _forward(plane, call, answer, media)  # type: ignore[arg-type]
 
@@ -175,7 +186,10 @@ def _batch_get(plane: NodeDataPlane, call: Call, store: str) -> Any:
     parsed = parse_batch_request(request.body, plane._max_batch_keys)
     if plane.quotas.active:
         plane._admit(call, store, len(parsed.keys))
-    if media is None:
+    fields = json_projection(request.query, media)
+    if fields is not None:
+        batch = read_batch(plane.node, store, parsed.keys, forwarded, parsed.bounds, fields=fields)
+    elif media is None:
         batch = read_batch(plane.node, store, parsed.keys, forwarded, parsed.bounds)
     else:  # the keys found here are written as Avro entries straight from their stored JSON
         batch = read_batch(plane.node, store, parsed.keys, forwarded, parsed.bounds, found_entry_avro)

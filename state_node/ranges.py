@@ -1,7 +1,7 @@
 """A node's part of a key range: `GET /stores/{store}/partitions/{p}/range`, the keys of one partition it
 serves, in the store's key order (keyroute.storage.ranges), for a router to merge with the other partitions'.
 
-    ?from_key=HEX&to_key=HEX&after=HEX&limit=N&version=V
+    ?from_key=HEX&to_key=HEX&after=HEX&limit=N&version=V&fields=a,b.c
 
 Bounds are serialized keys in hex ([from_key, to_key), strictly after `after`); with `version` the node
 answers only from that version of the partition (410 cursor_expired otherwise). The answer:
@@ -31,6 +31,7 @@ from keyroute.api import (
 from keyroute.http.exchange import Answer
 from keyroute.keys.key_format import KeyFormatError, key_from_data
 from keyroute.state_node.reads import RETRY_AFTER_S, find_store
+from keyroute.storage.projection import parse_fields
 from keyroute.storage.ranges import (
     RangeQueryError,
     no_key_ranges,
@@ -65,6 +66,9 @@ def read_partition_range(node: Node, store_name: str, raw_partition: str, raw_qu
         query = parse_partition_range(raw_query, key_format)
     except RangeQueryError as exc:
         raise BadRequest(str(exc)) from None
+    fields = None if query.fields is None else parse_fields(query.fields)
+    if fields is not None:
+        fields.check_record(store_name, record)
     held = node.ownership.local(store_name, partition)
     if held is None:
         raise PartitionUnavailable(
@@ -84,12 +88,16 @@ def read_partition_range(node: Node, store_name: str, raw_partition: str, raw_qu
     more = len(found) > query.limit
     del found[query.limit :]
     entries = []
+    ttl = record.ttl
+    now = node.clock() if ttl is not None else 0.0
     for data, value in found:
+        if ttl is not None and ttl.expired(value, now):
+            continue  # past its time to live: not served
         try:
             text = key_from_data(key_format, data).text
         except KeyFormatError:
             continue  # not a key of this store's format: never written by keyroute
-        entries.append(range_entry(text, value))
+        entries.append(range_entry(text, value if fields is None else fields.apply(value)))
     head = json.dumps(
         {"store": store_name, "partition": partition, "version": held.version, "more": more}, ensure_ascii=False
     ).encode("utf-8")

@@ -71,15 +71,18 @@ from keyroute.keys.key_location import StoreLocator
 from keyroute.runtime.logs import describe
 from keyroute.runtime.metrics import KIND_BATCH
 from keyroute.runtime.native import caused
+from keyroute.storage.projection import Projection
 from keyroute.storage.timeline import (
     HISTORY,
     READ_KINDS,
     CursorError,
     QueryError,
+    StoreKind,
     make_cursor,
     parse_query,
     read_cursor,
 )
+from keyroute.storage.ttl import Expired, Ttl, expired_message
 
 if TYPE_CHECKING:
     from keyroute.keys.key_location import KeyLocation
@@ -190,6 +193,7 @@ def read_key(
     min_offset: int | None = None,
     waited: bool = False,
     found: Callable[[str, str, int, int, bytes], bytes] = found_body,
+    fields: Projection | None = None,
 ) -> Answer | Forward | Behind:
     """The answer to a read of `key_text` in `store_name` when this node holds the key's partition (and no
     newer version of it is served elsewhere, unless the read was `forwarded` here): 200 with the value, or
@@ -199,10 +203,13 @@ def read_key(
     does not wait), 503 not_up_to_bound. Raises ApiError: an unknown store (404), a key that does not fit
     the store's key format (400), `min_offset` on a partition that is not live (400 not_live), a partition
     it can neither answer nor forward (503: the read was forwarded here already, or no node serves the
-    partition). A 200's body is `found` of the value (`found_body`: JSON). Synchronous: nearly every read is
-    answered here, without a task."""
+    partition). A 200's body is `found` of the value (`found_body`: JSON), only its `fields` when given
+    (400 unknown_fields for fields the store lacks); a value past the store's time to live is 404 expired.
+    Synchronous: nearly every read is answered here, without a task."""
     ownership = node.ownership
     m = ownership.map
+    if fields is not None:
+        fields.check_record(store_name, find_store(m, store_name))
     reads = _CURRENT.reads
     if reads is None or reads.map is not m:
         reads = _CURRENT.reads = _MapReads(m)
@@ -259,6 +266,11 @@ def read_key(
     value = held.get(data)
     if value is None:
         return 404, headers, error_json("key_not_found", f"key {shown!r} is not in store {store_name!r}")
+    ttl = m.stores[store_name].ttl  # the store is in the map: its key was located by it
+    if ttl is not None and ttl.expired(value, node.clock()):
+        return 404, headers, error_json("expired", expired_message(store_name, shown, ttl))
+    if fields is not None:
+        value = fields.apply(value)
     return 200, headers, found(store_name, shown, partition, version, value)
 
 
@@ -322,7 +334,14 @@ def _behind(
 
 
 def read_timeline(
-    node: Node, store_name: str, key_text: str, read: str, raw_query: bytes, forwarded: bool, waited: bool = False
+    node: Node,
+    store_name: str,
+    key_text: str,
+    read: str,
+    raw_query: bytes,
+    forwarded: bool,
+    waited: bool = False,
+    fields: Projection | None = None,
 ) -> Answer | Forward | Behind:
     """The answer to a `history` or `windows` read of `key_text` (keyroute.storage.timeline) when this node
     holds the key's partition: 200 with the entries in time order, and `next`, a cursor, when `limit` cut
@@ -330,9 +349,12 @@ def read_timeline(
     (404), a store of another kind (400 wrong_store_kind), a malformed query (400 bad_request), a key that
     does not fit (400 bad_key), a cursor not made for this query (400 bad_cursor) or made for a version no
     longer served here (410 cursor_expired), a partition it can neither answer nor forward (503). With
-    `min_offset`, as `read_key`: `Behind` to wait for, or once `waited` 503 not_up_to_bound."""
+    `min_offset`, as `read_key`: `Behind` to wait for, or once `waited` 503 not_up_to_bound. With `fields`,
+    each row (a window's value) is projected to them."""
     m = node.ownership.map
     record = find_store(m, store_name)
+    if fields is not None:
+        fields.check_record(store_name, record)
     wanted = READ_KINDS[read]
     timeline = record.timeline
     if timeline is None or timeline.kind is not wanted:
@@ -368,12 +390,18 @@ def read_timeline(
                 raise not_live(store_name)
             if offset < query.min_offset:
                 return _behind(node, store_name, location.partition, held, offset, query.min_offset, waited)
-        entries, more = held.entries(key.data, query.low, query.high, query.limit, query.descending, after)
+        low = query.low
+        if record.ttl is not None and timeline.kind is StoreKind.HISTORY:
+            # Rows past their time to live are never read: the read starts at the oldest one still served.
+            oldest = record.ttl.timeline_low(node.clock(), timeline.time_type)
+            low = oldest if low is None else max(low, oldest)
+        entries, more = held.entries(key.data, low, query.high, query.limit, query.descending, after)
         next_cursor = make_cursor(secret, bound, held.version, entries[-1][:2]) if more else None
         field = "rows" if read == HISTORY else "windows"
-        body = timeline_body(
-            store_name, key.text, location.partition, held.version, field, [e[2] for e in entries], next_cursor
-        )
+        values = [e[2] for e in entries]
+        if fields is not None:
+            values = fields.apply_all(values, read != HISTORY)
+        body = timeline_body(store_name, key.text, location.partition, held.version, field, values, next_cursor)
         headers = _local_headers(node, location.partition, held.version, forwarded, m.generation, live, offset)
         return 200, headers, body
     return _forward_to(node.node_id, store_name, location.partition, others, forwarded, m.generation)
@@ -525,6 +553,8 @@ class Batch:
         "replicas",
         "forwarded_partitions",
         "behind",
+        "fields",
+        "ttl",
     )
 
     def __init__(
@@ -535,6 +565,8 @@ class Batch:
         map_generation: int,
         entries: list[bytes | None],
         bounds: OffsetBounds | None = None,
+        fields: Projection | None = None,
+        ttl: Ttl | None = None,
     ) -> None:
         self.node = node
         self.store = store
@@ -550,6 +582,10 @@ class Batch:
         self.forwarded_partitions: set[int] = set()
         # Live partitions held here that have not applied their bound yet: partition -> (bound, [(index, key)]).
         self.behind: dict[int, tuple[int, list[tuple[int, Key]]]] = {}
+        # The projection asked for (passed on with the keys sent on).
+        self.fields = fields
+        # The store's time to live (keyroute.storage.ttl).
+        self.ttl = ttl
 
     @property
     def complete(self) -> bool:
@@ -593,7 +629,9 @@ class Batch:
                         entry["offset"] = offset
                     self.entries[i] = encode_entry(entry)
                 else:
-                    self.entries[i] = _local_entry(node, store, held, key, partition, offset)
+                    self.entries[i] = _local_entry(
+                        node, store, held, key, partition, offset, fields=self.fields, ttl=self.ttl
+                    )
         behind.clear()
 
     async def forward(self, request_id: str) -> None:
@@ -603,6 +641,8 @@ class Batch:
         metrics = node.metrics
         store = self.store
         url_path = batch_path(store)
+        if self.fields is not None:
+            url_path += self.fields.query()
         headers = {**forward_headers(request_id, node.members, node.node_id), "content-type": "application/json"}
 
         bounds = self.bounds
@@ -637,6 +677,7 @@ def read_batch(
     forwarded: bool,
     bounds: OffsetBounds | None = None,
     found: Callable[..., bytes] = found_entry,
+    fields: Projection | None = None,
 ) -> Batch:
     """A batch-get of `keys` (as `keyroute.http.forwarding.parse_batch_request` gave them, with its
     `bounds`) in `store_name`: every key answered here as `read_key` would (found, not found, a bad key or
@@ -645,15 +686,17 @@ def read_batch(
     of live partitions behind their bound, keys served elsewhere). Raises BadRequest when a key is not a
     JSON string or integer or a bound names a partition the store lacks (the whole batch is refused: only
     a client sends one), StoreNotFound for an unknown store. A key found here has `found`'s entry
-    (`found_entry`: JSON)."""
+    (`found_entry`: JSON), only its `fields` when given."""
     m = node.ownership.map
     record = find_store(m, store_name)
+    if fields is not None:
+        fields.check_record(store_name, record)
     for raw in keys:
         if not isinstance(raw, str) and not (isinstance(raw, int) and not isinstance(raw, bool)):
             raise BadRequest(bad_batch_key(store_name, record.key_format.value, raw).message)
     if bounds is not None:
         bounds.check(store_name, record.partitions)
-    batch = Batch(node, store_name, forwarded, m.generation, [None] * len(keys), bounds)
+    batch = Batch(node, store_name, forwarded, m.generation, [None] * len(keys), bounds, fields=fields, ttl=record.ttl)
     entries = batch.entries
     metrics = node.metrics
     node_id = node.node_id
@@ -690,7 +733,9 @@ def read_batch(
                 metrics.count(store_name, KIND_BATCH, NotLive.status)
                 entries[i] = encode_entry(error_entry(key.text, not_live(store_name)))
                 continue
-            entries[i] = _local_entry(node, store_name, held, key, location.partition, offset, found)
+            entries[i] = _local_entry(
+                node, store_name, held, key, location.partition, offset, found, fields, record.ttl
+            )
         elif forwarded or not others:
             metrics.count(store_name, KIND_BATCH, PartitionUnavailable.status)
             why = "does not forward a forwarded request" if forwarded else "no node serves it"
@@ -723,9 +768,12 @@ def _local_entry(
     partition: int,
     offset: int | None,
     found: Callable[..., bytes] = found_entry,
+    fields: Projection | None = None,
+    ttl: Ttl | None = None,
 ) -> bytes:
     """The entry of a key read from the partition held here (`offset`: a live partition's, read before;
-    `found` makes a found key's)."""
+    `found` makes a found key's, of only its `fields` when given; a value past the store's `ttl` is 404
+    expired)."""
     metrics = node.metrics
     metrics.local_answers += 1
     value = held.get(key.data)
@@ -735,7 +783,15 @@ def _local_entry(
         if offset is not None:
             entry["offset"] = offset
         return encode_entry(entry)
+    if ttl is not None and ttl.expired(value, node.clock()):
+        metrics.count(store, KIND_BATCH, Expired.status)
+        entry = error_entry(key.text, Expired(expired_message(store, key.text, ttl)))
+        if offset is not None:
+            entry["offset"] = offset
+        return encode_entry(entry)
     metrics.count(store, KIND_BATCH, 200)
+    if fields is not None:
+        value = fields.apply(value)
     return found(key.text, partition, held.version, value, offset, node.node_id)
 
 

@@ -76,15 +76,21 @@ class AsyncClient(ClientBase):
         *,
         min_offset: int | None = None,
         answer_format: str | None = None,
+        fields: Iterable[str] | str | None = None,
     ) -> Value:
         """`Client.get`, awaited."""
-        return await self._run(self._get_plan(store, key, min_offset, answer_format))
+        return await self._run(self._get_plan(store, key, min_offset, answer_format, fields))
 
     async def get_many(
-        self, store: str, keys: Iterable[str | int | bytes | uuid.UUID], *, answer_format: str | None = None
+        self,
+        store: str,
+        keys: Iterable[str | int | bytes | uuid.UUID],
+        *,
+        answer_format: str | None = None,
+        fields: Iterable[str] | str | None = None,
     ) -> list[Value | KeyrouteError]:
         """`Client.get_many`, awaited (nodes asked concurrently)."""
-        return await self._run(self._get_many_plan(store, keys, answer_format))
+        return await self._run(self._get_many_plan(store, keys, answer_format, fields))
 
     async def _aiterate(self, paged: Callable[[], Paged], item: Callable[[Any], T]) -> AsyncIterator[T]:
         first = paged()

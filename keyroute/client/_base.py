@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from functools import partial
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urlencode
 
 import httpx
 
@@ -155,10 +155,14 @@ class ClientBase:
         page_size: int = 100,
         min_offset: int | None = None,
         answer_format: Format = None,
+        fields: Iterable[str] | str | None = None,
     ) -> Pages[dict[str, Any]]:
         """Every row of a key of a history store with start <= time < end, page after page (a live store's
-        from a state that has applied at least `min_offset`); `answer_format`: the client's unless given."""
-        paged = partial(self._history, store, key, start, end, order, page_size, min_offset, answer_format)
+        from a state that has applied at least `min_offset`); `answer_format`: the client's unless given;
+        `fields` ("a,b.c" or a list of them): only those fields of each row."""
+        paged = partial(
+            self._history, store, key, start, end, order, page_size, min_offset, answer_format, fields_text(fields)
+        )
         return Pages(self, paged, _same)
 
     def windows(
@@ -170,10 +174,12 @@ class ClientBase:
         end: Any = None,
         page_size: int = 100,
         answer_format: Format = None,
+        fields: Iterable[str] | str | None = None,
     ) -> Pages[dict[str, Any]]:
         """The windows of a key of a windowed store that overlap [start, end): {"start", "end", "value"};
-        `answer_format` as `history`'s."""
-        return Pages(self, partial(self._windows, store, key, start, end, page_size, answer_format), _same)
+        `answer_format` as `history`'s; `fields`: only those fields of each window's value."""
+        windows = partial(self._windows, store, key, start, end, page_size, answer_format, fields_text(fields))
+        return Pages(self, windows, _same)
 
     def range(
         self,
@@ -183,9 +189,12 @@ class ClientBase:
         to_key: Any = None,
         prefix: str | None = None,
         page_size: int = 100,
+        fields: Iterable[str] | str | None = None,
     ) -> Pages[tuple[str, Any]]:
-        """(key, value) of the keys in [from_key, to_key) (or starting with `prefix`), in key order."""
-        return Pages(self, partial(self._range, store, from_key, to_key, prefix, page_size), _key_and_value)
+        """(key, value) of the keys in [from_key, to_key) (or starting with `prefix`), in key order; `fields`:
+        only those fields of each value."""
+        keys = partial(self._range, store, from_key, to_key, prefix, page_size, fields_text(fields))
+        return Pages(self, keys, _key_and_value)
 
     def _iterate(self, paged: Callable[[], Paged], item: Callable[[Any], T]) -> Iterator[T]:
         raise TypeError(f"{type(self).__name__}'s paged reads are read with `async for`")
@@ -216,10 +225,13 @@ class ClientBase:
         return None if answer_format == "json" else {"accept": ANSWER_FORMATS[answer_format]}
 
     def _get_request(
-        self, store: str, key: Any, min_offset: int | None, answer_format: Format
+        self, store: str, key: Any, min_offset: int | None, answer_format: Format, fields: Any = None
     ) -> tuple[str, Any, str, dict[str, str] | None, dict[str, str] | None]:
         """What `_read` takes for a read of one key: store, key, path, query and headers."""
         params = None if min_offset is None else {"min_offset": str(min_offset)}
+        projection = fields_text(fields)
+        if projection is not None:
+            params = {**(params or {}), "fields": projection}
         return store, key, key_path(store, key), params, self._accept(answer_format)
 
     def _history(
@@ -232,19 +244,29 @@ class ClientBase:
         page_size: int,
         min_offset: int | None,
         answer_format: str | None = None,
+        fields: str | None = None,
     ) -> Paged:
         min_offset_text = None if min_offset is None else str(min_offset)
-        params = paged_params(start, end, page_size, order, min_offset=min_offset_text)
+        params = paged_params(start, end, page_size, order, min_offset=min_offset_text, fields=fields)
         return Paged(f"{key_path(store, key)}/history", "rows", params, (store, key), self._accept(answer_format))
 
     def _windows(
-        self, store: str, key: Any, start: Any, end: Any, page_size: int, answer_format: str | None = None
+        self,
+        store: str,
+        key: Any,
+        start: Any,
+        end: Any,
+        page_size: int,
+        answer_format: str | None = None,
+        fields: str | None = None,
     ) -> Paged:
-        params = paged_params(start, end, page_size)
+        params = paged_params(start, end, page_size, fields=fields)
         return Paged(f"{key_path(store, key)}/windows", "windows", params, (store, key), self._accept(answer_format))
 
     @staticmethod
-    def _range(store: str, from_key: Any, to_key: Any, prefix: str | None, page_size: int) -> Paged:
+    def _range(
+        store: str, from_key: Any, to_key: Any, prefix: str | None, page_size: int, fields: str | None = None
+    ) -> Paged:
         params = paged_params(
             None,
             None,
@@ -252,6 +274,7 @@ class ClientBase:
             from_key=None if from_key is None else key_text(from_key),
             to_key=None if to_key is None else key_text(to_key),
             prefix=prefix,
+            fields=fields,
         )
         return Paged(store_path(store, "range"), "keys", params)
 
@@ -462,15 +485,20 @@ class ClientBase:
         self._via_router()
         return (yield from self._send_plan("GET", path, params=params, headers=headers))
 
-    def _get_plan(self, store: str, key: Any, min_offset: int | None, answer_format: Format = None) -> Plan[Value]:
-        return value_of_answer((yield from self._read_plan(*self._get_request(store, key, min_offset, answer_format))))
+    def _get_plan(
+        self, store: str, key: Any, min_offset: int | None, answer_format: Format = None, fields: Any = None
+    ) -> Plan[Value]:
+        request = self._get_request(store, key, min_offset, answer_format, fields)
+        return value_of_answer((yield from self._read_plan(*request)))
 
     def _get_many_plan(
-        self, store: str, keys: Iterable[Any], answer_format: Format = None
+        self, store: str, keys: Iterable[Any], answer_format: Format = None, fields: Any = None
     ) -> Plan[list[Value | KeyrouteError]]:
         """Direct routing sends one batch per node, at the same time; what a node cannot answer goes through
         the router."""
         batch = Batch(store, keys, self._accept(answer_format))
+        if fields is not None:
+            batch.path += "?" + urlencode({"fields": fields_text(fields)}, safe=",")
         if self.routing == "direct" and batch.texts:
             yield MAP_DUE
             groups = self._group_by_node(batch)
@@ -510,3 +538,10 @@ def _store_of(answer: Answer) -> str | None:
     """The store a node's answer is about (its request's path is /stores/{store}/...)."""
     parts = answer.path.split("/")
     return unquote(parts[2]) if len(parts) > 3 and parts[1] == "stores" else None
+
+
+def fields_text(fields: Iterable[str] | str | None) -> str | None:
+    """A projection's `fields=` text: "a,b.c" as it is, or a list of fields joined (None: whole values)."""
+    if fields is None or isinstance(fields, str):
+        return fields
+    return ",".join(fields)

@@ -1,10 +1,10 @@
 """The client's errors: every answer of the API that is not a success, as one exception per error code.
 
 KeyrouteError (status, code, message, retry_after)
-├── KeyNotFound       404 key_not_found
+├── KeyNotFound       404 key_not_found, expired
 ├── StoreNotFound     404 store_not_found
 ├── BadKey            400 bad_key, 414 key_too_long
-├── BadRequest        400 bad_request
+├── BadRequest        400 bad_request, unknown_fields
 ├── BadCursor         400 bad_cursor
 ├── WrongStoreKind    400 wrong_store_kind
 ├── NotLive           400 not_live
@@ -37,7 +37,7 @@ class KeyrouteError(Exception):
 
 
 class KeyNotFound(KeyrouteError):
-    """404 key_not_found."""
+    """404 key_not_found; 404 expired: the value is older than its store's time to live."""
 
 
 class StoreNotFound(KeyrouteError):
@@ -49,7 +49,8 @@ class BadKey(KeyrouteError):
 
 
 class BadRequest(KeyrouteError):
-    """400 bad_request: a malformed parameter or body."""
+    """400 bad_request: a malformed parameter or body; 400 unknown_fields: a projection naming fields the store
+    lacks."""
 
 
 class BadCursor(KeyrouteError):
@@ -102,10 +103,12 @@ def connection_failed(url: str, exc: httpx.TransportError, attempts: int) -> Con
 
 _ERRORS: dict[str, type[KeyrouteError]] = {
     "key_not_found": KeyNotFound,
+    "expired": KeyNotFound,
     "store_not_found": StoreNotFound,
     "bad_key": BadKey,
     "key_too_long": BadKey,
     "bad_request": BadRequest,
+    "unknown_fields": BadRequest,
     "bad_cursor": BadCursor,
     "wrong_store_kind": WrongStoreKind,
     "not_live": NotLive,

@@ -74,15 +74,23 @@ class Client(ClientBase):
         *,
         min_offset: int | None = None,
         answer_format: str | None = None,
+        fields: Iterable[str] | str | None = None,
     ) -> Value:
-        """The value of one key (KeyNotFound when there is none); `answer_format`: the client's unless given."""
-        return self._run(self._get_plan(store, key, min_offset, answer_format))
+        """The value of one key (KeyNotFound when there is none); `answer_format`: the client's unless given;
+        `fields` ("a,b.c" or a list of them): only those fields of the value, as the node selects them."""
+        return self._run(self._get_plan(store, key, min_offset, answer_format, fields))
 
     def get_many(
-        self, store: str, keys: Iterable[str | int | bytes | uuid.UUID], *, answer_format: str | None = None
+        self,
+        store: str,
+        keys: Iterable[str | int | bytes | uuid.UUID],
+        *,
+        answer_format: str | None = None,
+        fields: Iterable[str] | str | None = None,
     ) -> list[Value | KeyrouteError]:
-        """Many keys of one store: per key, in order, its Value or its error (nodes asked in parallel)."""
-        return self._run(self._get_many_plan(store, keys, answer_format))
+        """Many keys of one store: per key, in order, its Value or its error (nodes asked in parallel); `fields`
+        as `get`'s."""
+        return self._run(self._get_many_plan(store, keys, answer_format, fields))
 
     def _iterate(self, paged: Callable[[], Paged], item: Callable[[Any], T]) -> Iterator[T]:
         first = paged()

@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from keyroute.cluster.colocation import colocation_groups
 from keyroute.keys.key_format import Key, KeyFormat
 from keyroute.keys.key_location import Endpoint, KeyLocation, StoreLocator
 from keyroute.keys.key_schema import KeySchema
 from keyroute.keys.partitioner import Partitioner
 from keyroute.storage.timeline import Timeline
+from keyroute.storage.ttl import Ttl
 
 # `PartitionMap.locator`'s mark of a store whose locator is not made yet (None is a locator: none usable).
 _UNKNOWN: Any = object()
@@ -95,6 +97,10 @@ class StoreRecord:
     # Schema Registry keys (key_format avro/protobuf/json_schema): the key schema (id and text) every reader
     # serializes keys with, so none asks the registry on the read path.
     key_schema: KeySchema | None = None
+    # How old a value (history row) may be and still be served (keyroute.storage.ttl); None: forever.
+    ttl: Ttl | None = None
+    # The store this one is co-located with: partition p of both on the same replicas (a co-location group).
+    colocate_with: str | None = None
 
     @property
     def retained_versions(self) -> tuple[int, ...]:
@@ -122,6 +128,8 @@ class StoreRecord:
                 "live": self.live,
                 **({} if self.timeline is None else {"timeline": self.timeline.to_dict()}),
                 **({} if self.key_schema is None else {"key_schema": self.key_schema.to_dict()}),
+                **({} if self.ttl is None else {"ttl": self.ttl.to_dict()}),
+                **({} if self.colocate_with is None else {"colocate_with": self.colocate_with}),
             }
         )
 
@@ -146,6 +154,8 @@ class StoreRecord:
                 live=live,
                 timeline=None if obj.get("timeline") is None else Timeline.from_dict(obj["timeline"]),
                 key_schema=None if obj.get("key_schema") is None else KeySchema.from_dict(obj["key_schema"]),
+                ttl=None if obj.get("ttl") is None else Ttl.from_dict(obj["ttl"]),
+                colocate_with=None if obj.get("colocate_with") is None else str(obj["colocate_with"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise RecordError(f"store record: {exc!r}") from exc
@@ -465,6 +475,7 @@ class PartitionMap:
         node's map holds only its own share)."""
         now = time.time() if now is None else now
         assignment = self.assignment if assignment is None else assignment
+        groups = colocation_groups({name: store.colocate_with for name, store in self.stores.items()})
         return {
             "generation": self.generation,
             "assignment_generation": assignment.generation,
@@ -496,6 +507,9 @@ class PartitionMap:
                     "published_at": store.published_at,
                     "retained_versions": list(store.retained_versions),
                     **({} if store.timeline is None else {"timeline": store.timeline.to_dict()}),
+                    **({} if store.ttl is None else {"ttl": store.ttl.text}),
+                    **({} if store.colocate_with is None else {"colocate_with": store.colocate_with}),
+                    **({"colocation_group": groups[name]} if name in groups else {}),
                     # Its record is gone from ZooKeeper without a tombstone: this is the last one read.
                     **({"orphaned": True} if name in self.orphaned else {}),
                     "partition_map": [

@@ -478,6 +478,13 @@ ENDPOINT = Schema(
     },
 )
 
+# A projection (keyroute.storage.projection), on every read of values.
+FIELDS_QUERY = query(
+    "fields",
+    "only these fields of each value (a history row; a window's value), comma-separated, nested by dots "
+    "(`a,b.c`); answered as JSON only; fields the store lacks are 400 unknown_fields",
+)
+
 GET_KEY = Operation(
     "getKey",
     "The value of one key",
@@ -490,14 +497,19 @@ GET_KEY = Operation(
             "key's partition (read-your-writes after a produce), else 503 not_up_to_bound",
             OFFSET,
         ),
+        FIELDS_QUERY,
     ),
     responses={
         "200": read_answer(FOUND, "the key's value", READ_HEADERS),
         "400": error(
             "`bad_key`: the key does not fit the store's key format or is not UTF-8; `bad_request`: "
-            "min_offset is not an offset; `not_live`: min_offset on a store that follows no topic"
+            "min_offset is not an offset or fields are malformed; `not_live`: min_offset on a store that follows "
+            "no topic; `unknown_fields`: fields the store's values do not have"
         ),
-        "404": error("`store_not_found`, `key_not_found`, or `not_found` (not a key path)"),
+        "404": error(
+            "`store_not_found`, `key_not_found`, `expired` (the value is older than the store's ttl), or "
+            "`not_found` (not a key path)"
+        ),
         **NOT_ACCEPTABLE,
         **KEY_TOO_LONG,
         **NOT_ALLOWED,
@@ -533,6 +545,7 @@ def _timeline_read(operation: str, summary: str, schema: Schema, what: str, kind
             ),
             query("cursor", "the `next` of the previous page, with the same store, key, from, to and order"),
             query("min_offset", "live stores only: as for getKey (read your own write)", OFFSET),
+            FIELDS_QUERY,
         ),
         responses={
             "200": read_answer(schema, f"the key's {what}, in time order (none: an empty list)", READ_HEADERS),
@@ -573,7 +586,7 @@ def batch_get(any_key: bool) -> Operation:
         "batchGet",
         "Many keys of one store, one result per key in request order",
         method="POST",
-        parameters=(STORE,),
+        parameters=(STORE, FIELDS_QUERY),
         body={"required": True, "content": {"application/json": {"schema": request}}},
         responses={
             "200": read_answer(answer, "one entry per key, each with its own status"),

@@ -12,6 +12,7 @@ one finishes on it.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import json
 import logging
@@ -28,6 +29,7 @@ import lmdb
 import orjson
 from prometheus_client import REGISTRY, CollectorRegistry
 
+from keyroute.api import ApiError
 from keyroute.client import (
     BadKey,
     BadRequest,
@@ -51,6 +53,7 @@ from keyroute.replica.store import LoadError, PartitionId, PartitionStore, open_
 from keyroute.runtime.settings import ZkSettings
 from keyroute.storage.live import OFFSET_KEY, value_bytes
 from keyroute.storage.lmdb_layout import LMDB_MAX_KEY_BYTES, TAG_KEY, db_key
+from keyroute.storage.projection import Projection, parse_fields
 from keyroute.storage.ranges import (
     RangeKeyError,
     RangeQueryError,
@@ -270,10 +273,31 @@ class LocalReplica:
 
     # -- reads ------------------------------------------------------------------------------------------
 
-    def get(self, store: str, key: Any, *, min_offset: int | None = None) -> Value:
+    def get(
+        self, store: str, key: Any, *, min_offset: int | None = None, fields: Iterable[str] | str | None = None
+    ) -> Value:
         """The key's value as the cluster would answer it; KeyNotFound, StoreNotFound, BadKey, NotLive, NotHeld
         (or the cluster's answer with a fallback) as the client raises them. A live store's value reflects at
-        least `min_offset` (waiting up to `min_offset_wait_s`, then Unavailable not_up_to_bound)."""
+        least `min_offset` (waiting up to `min_offset_wait_s`, then Unavailable not_up_to_bound). `fields`
+        ("a,b.c" or a list of them): only those fields of the value, as the client's `get` (BadRequest for
+        fields the store lacks)."""
+        if fields is None:
+            return self._get(store, key, min_offset)
+        projection = self._projection(store, fields)
+        found = self._get(store, key, min_offset)
+        return dataclasses.replace(found, value=projection.project(found.value))
+
+    def _projection(self, store: str, fields: Iterable[str] | str) -> Projection:
+        try:
+            projection = parse_fields(fields if isinstance(fields, str) else ",".join(fields))
+            view = self._views.get(store)
+            if view is not None:
+                projection.check_record(store, view.record)
+        except ApiError as exc:
+            raise BadRequest(400, exc.code, exc.message) from None
+        return projection
+
+    def _get(self, store: str, key: Any, min_offset: int | None) -> Value:
         view = self._views.get(store)
         if view is None:
             return self._unheld_get(store, key, min_offset)
@@ -294,14 +318,12 @@ class LocalReplica:
                     next_offset = txn.get(OFFSET_KEY) if view.live else None
                 raw = part.get(data)
         except (LoadError, lmdb.Error):
-            return self._after_swap(store, view, lambda: self.get(store, key, min_offset=min_offset))
+            return self._after_swap(store, view, lambda: self._get(store, key, min_offset))
         offset = None
         if view.live:
             offset = -1 if next_offset is None else int(next_offset) - 1
             if min_offset is not None and offset < min_offset:
-                return self._wait_bound(
-                    store, p, offset, min_offset, lambda: self.get(store, key, min_offset=min_offset)
-                )
+                return self._wait_bound(store, p, offset, min_offset, lambda: self._get(store, key, min_offset))
         elif min_offset is not None:
             raise _not_live(store)
         if raw is None:
@@ -309,11 +331,18 @@ class LocalReplica:
         return Value(store, text, p, view.version, _loads(raw), _NODE, offset)
 
     def get_many(
-        self, store: str, keys: Iterable[Any], *, min_offset: int | None = None
+        self,
+        store: str,
+        keys: Iterable[Any],
+        *,
+        min_offset: int | None = None,
+        fields: Iterable[str] | str | None = None,
     ) -> list[Value | KeyrouteError]:
         """One Value or KeyrouteError per key, in order (as the client's get_many). With a fallback, the keys
-        not held here go to the cluster in one batch (`min_offset` unset; with it, one read each)."""
+        not held here go to the cluster in one batch (`min_offset` unset; with it, one read each). `fields`
+        as `get`'s."""
         keys = list(keys)
+        projection = None if fields is None else self._projection(store, fields)
         found: list[Value | KeyrouteError | None] = [None] * len(keys)
         view = self._views.get(store)
         remote: list[int] = []
@@ -323,11 +352,14 @@ class LocalReplica:
                 if batched and view is not None and view.parts[view.locate(key)[2]] is None:
                     remote.append(i)
                     continue
-                found[i] = self.get(store, key, min_offset=min_offset)
+                got = self._get(store, key, min_offset)
+                found[i] = got if projection is None else dataclasses.replace(got, value=projection.project(got.value))
             except KeyrouteError as exc:
                 found[i] = exc
         if remote and self._fallback is not None:
-            for i, answer in zip(remote, self._fallback.get_many(store, [keys[i] for i in remote]), strict=True):
+            texts = None if projection is None else projection.text
+            remote_keys = [keys[i] for i in remote]
+            for i, answer in zip(remote, self._fallback.get_many(store, remote_keys, fields=texts), strict=True):
                 found[i] = answer
         return [entry for entry in found if entry is not None]
 
@@ -419,7 +451,7 @@ class LocalReplica:
         if not self._settled.is_set() and self._settled.wait(10):
             view = self._views.get(store)
             if view is not None:
-                return self.get(store, key, min_offset=min_offset)
+                return self._get(store, key, min_offset)
         if self._fallback is not None:
             return self._fallback.get(store, key, min_offset=min_offset)
         raise self._store_error(store)

@@ -25,8 +25,8 @@ from keyroute.storage.timeline import CursorError, escape_key, seal, unseal
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 10_000
 _INT_FORMATS = frozenset({KeyFormat.INT16, KeyFormat.INT32, KeyFormat.INT64})
-_PUBLIC = ("from_key", "to_key", "prefix", "limit", "cursor")
-_PARTITION = ("from_key", "to_key", "after", "limit", "version")
+_PUBLIC = ("from_key", "to_key", "prefix", "limit", "cursor", "fields")
+_PARTITION = ("from_key", "to_key", "after", "limit", "version", "fields")
 
 
 class RangeQueryError(ValueError):
@@ -91,6 +91,8 @@ class RangeQuery:
     limit: int
     cursor: str | None
     bounds: tuple[str | None, str | None, str | None]  # from_key, to_key, prefix as given: what a cursor binds
+    # `fields=` as given (keyroute.storage.projection), passed on to the nodes; None: whole values.
+    fields: str | None = None
 
 
 def parse_range_query(raw_query: bytes, key_format: KeyFormat) -> RangeQuery:
@@ -116,6 +118,7 @@ def parse_range_query(raw_query: bytes, key_format: KeyFormat) -> RangeQuery:
         limit=_limit(given),
         cursor=given.get("cursor") or None,
         bounds=(given.get("from_key"), given.get("to_key"), prefix),
+        fields=given.get("fields"),
     )
 
 
@@ -129,6 +132,8 @@ class PartitionRange:
     after: bytes | None
     limit: int
     version: int | None
+    # The projection (keyroute.storage.projection) as text; None: whole values.
+    fields: str | None = None
 
     def to_query(self, key_format: KeyFormat) -> dict[str, str]:
         """The query parameters of this request (keys as their canonical text; `high` may be a prefix's end,
@@ -142,6 +147,8 @@ class PartitionRange:
             query["after"] = self.after.hex()
         if self.version is not None:
             query["version"] = str(self.version)
+        if self.fields is not None:
+            query["fields"] = self.fields
         return query
 
 
@@ -166,7 +173,7 @@ def parse_partition_range(raw_query: bytes, key_format: KeyFormat) -> PartitionR
     bounds = (data("from_key"), data("to_key"), data("after"))
     if width is not None and any(b is not None and len(b) != width for b in bounds):
         raise RangeQueryError(f"{key_format.value} keys are {width} bytes")
-    return PartitionRange(*bounds, limit=_limit(given), version=version)
+    return PartitionRange(*bounds, limit=_limit(given), version=version, fields=given.get("fields"))
 
 
 _WIDTHS = {KeyFormat.INT16: 2, KeyFormat.INT32: 4, KeyFormat.INT64: 8}

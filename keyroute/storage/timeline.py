@@ -450,7 +450,7 @@ HISTORY = "history"
 WINDOWS = "windows"
 # What each timeline read is asked on, and the store kind that answers it.
 READ_KINDS = {HISTORY: StoreKind.HISTORY, WINDOWS: StoreKind.WINDOWED}
-_PARAMETERS = ("from", "to", "limit", "order", "cursor", "min_offset")
+_PARAMETERS = ("from", "to", "limit", "order", "cursor", "min_offset", "fields")
 
 
 class QueryError(TimelineError):

@@ -74,6 +74,17 @@ def test_every_answer_equals_the_clusters_across_a_version_swap(tmp_path: Path, 
         assert all(same(a, b) for a, b in zip(local_many, remote_many, strict=True))
         with pytest.raises(StoreNotFound):
             replica.get("nowhere", "C001")
+        # Projections as the cluster's: the store's one column ("v", which these values lack), or 400
+        # unknown_fields naming the others.
+        for fields in ("v", ["v"], "fare,v"):
+            for key in ("C002", "nope"):
+                local = answer(lambda k=key, f=fields: replica.get(STORE, k, fields=f))
+                remote = answer(lambda k=key, f=fields: client.get(STORE, k, fields=f))
+                assert same(local, remote), (fields, key, local, remote)
+        assert getattr(answer(lambda: replica.get(STORE, "C002", fields="fare")), "code", None) == "unknown_fields"
+        local_many = replica.get_many(STORE, keys, fields="v")
+        assert all(same(a, b) for a, b in zip(local_many, client.get_many(STORE, keys, fields="v"), strict=True))
+        assert all(a.value == {} for a in local_many if isinstance(a, Value))
         for bounds in ({}, {"prefix": "C0"}, {"from_key": "C010", "to_key": "C020"}, {"from_key": "a"}):
             local_keys = list(replica.range(STORE, **bounds))
             assert local_keys == list(client.range(STORE, **bounds, page_size=7)) and local_keys, bounds

@@ -224,6 +224,34 @@ def test_windows_reads_answer_the_windows_that_overlap_the_range(cluster: Cluste
             ]
 
 
+def test_history_and_windows_reads_answer_only_the_asked_fields(cluster: Cluster) -> None:
+    from keyroute.client import Client
+
+    size = 10 * MINUTE
+    windows = expected_windows(cluster.rows, lambda r: r["ts"], size, size)
+    from keyroute.storage.timeline import key_part
+
+    urls = [cluster.router_url, *cluster.node_urls.values()]  # a node passes on what it does not hold
+    for key in KEYS[:4]:
+        expected = expected_history(cluster.rows, key)
+        for url in urls:
+            resp = httpx.get(url + path("trips", key, "history"), params={"limit": "10000", "fields": "fare"})
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["rows"] == [{"fare": r["fare"]} for r in expected]
+            resp = httpx.get(url + path("per10", key, "windows"), params={"fields": "total"})
+            assert resp.status_code == 200, resp.text
+            got = [(micros(w["start"]), w["value"]) for w in resp.json()["windows"]]
+            assert got == [(start, {"total": agg["total"]}) for start, agg in windows[key_part(key.encode())]]
+        with Client(cluster.router_url) as client:
+            rows = list(client.history("trips", key, page_size=3, fields=["seq", "ts"]))
+            assert [(micros(r["ts"]), r["seq"]) for r in rows] == [(r["ts"], r["seq"]) for r in expected]
+            assert all(set(r) == {"seq", "ts"} for r in rows)
+    for read, store in (("history", "trips"), ("windows", "per10")):
+        resp = httpx.get(cluster.router_url + path(store, KEYS[0], read), params={"fields": "fare,nope"})
+        assert resp.status_code == 400 and resp.json()["error"] == "unknown_fields", resp.text
+        assert "'nope'" in resp.json()["message"]
+
+
 def test_bad_timeline_queries_get_a_400_that_says_which(cluster: Cluster) -> None:
     with httpx.Client(base_url=cluster.router_url, timeout=10) as client:
         history = path("trips", "C001", "history")

@@ -1,0 +1,227 @@
+"""Projections on a node: a read of 2 of 20 fields vs the whole value, CPU and bytes per read, in one run.
+
+Run from the repository root: `.venv/bin/python benchmarks/multi_store.py [--write]` (`--quick`: a smoke
+run of the plumbing, not figures). It writes a store of values of 20 fields without Spark, starts one
+ZooKeeper and one node that serves every partition, and reads it with wrk (single keys, as
+benchmarks/router.py's paths): whole values, and `?fields=f00,f01`, in a shuffled order per round.
+Reported, medians of the rounds: the node process's CPU per read (/proc, user + system) and reads/s, and the
+answer's body bytes (mean over sampled reads). --write records the table in benchmarks/RESULTS.md.
+
+(Multi-store reads, the other half of this benchmark's name, are not built yet.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import random
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+_SPEC = importlib.util.spec_from_file_location("router_bench", Path(__file__).resolve().parent / "router.py")
+assert _SPEC is not None and _SPEC.loader is not None
+bench = importlib.util.module_from_spec(_SPEC)
+sys.modules["router_bench"] = bench
+_SPEC.loader.exec_module(bench)
+
+from keyroute.cluster import zk, zk_layout  # noqa: E402
+from keyroute.cluster.partition_map import StoreRecord  # noqa: E402
+from keyroute.dev.zookeeper_server import EmbeddedZooKeeper  # noqa: E402
+from keyroute.keys.key_format import KeyFormat  # noqa: E402
+from keyroute.keys.partitioner import Partitioner, partition_for  # noqa: E402
+from keyroute.runtime.settings import ZkSettings  # noqa: E402
+from keyroute.storage.snapshot import Manifest, partition_dir, version_dir, write_manifest  # noqa: E402
+
+SECTION = "## Projections on a node (benchmarks/multi_store.py)"
+FIELDS = tuple(f"f{i:02d}" for i in range(20))
+WAYS = {"whole value": "", "fields=f00,f01": "?fields=f00,f01"}
+
+
+def value_of(i: int) -> dict[str, Any]:
+    """Twenty fields of the kinds feature stores hold: integers, fractions, short texts."""
+    return {
+        name: (i * (k + 1) if k % 3 == 0 else round(i / (k + 1), 4) if k % 3 == 1 else f"{name}-{i % 97:02d}")
+        for k, name in enumerate(FIELDS)
+    }
+
+
+def write_store(root: Path, keys: int, partitions: int) -> str:
+    snapshot = version_dir(str(root), bench.STORE, 1)
+    counts = [0] * partitions
+    with ExitStack() as stack:
+        files = []
+        for p in range(partitions):
+            folder = partition_dir(snapshot, p)
+            folder.mkdir(parents=True)
+            files.append(stack.enter_context(open(folder / "part-00000.json", "w")))
+        for i in range(keys):
+            p = partition_for(Partitioner.MURMUR2, bench.key_text(i).encode(), partitions)
+            files[p].write(json.dumps({"key": bench.key_text(i), "value": value_of(i)}) + "\n")
+            counts[p] += 1
+    write_manifest(
+        snapshot, Manifest(bench.STORE, 1, partitions, Partitioner.MURMUR2, KeyFormat.STRING, FIELDS, tuple(counts))
+    )
+    return str(snapshot)
+
+
+@contextmanager
+def running(args: argparse.Namespace, work: Path) -> Iterator[Any]:
+    with ExitStack() as stack:
+        snapshot = write_store(work / "snapshots", args.keys, args.partitions)
+        zk_server = EmbeddedZooKeeper(port=bench.free_port(), data_dir=work / "zookeeper")
+        zk_server.start()
+        stack.callback(zk_server.stop)
+        settings = ZkSettings(hosts=zk_server.connect_string, chroot="/keyroute-projections")
+        client = zk.connect(settings)
+        stack.callback(zk.close, client)
+        record = StoreRecord(
+            bench.STORE, args.partitions, Partitioner.MURMUR2, KeyFormat.STRING, 1, snapshot, FIELDS, 1, time.time()
+        )
+        client.create(zk_layout.store_path(bench.STORE), record.to_json(), makepath=True)
+        port = bench.free_port()
+        node = bench.THIS_TREE.start(
+            "node",
+            ["node", "--zk", settings.connect_string, "--node-id", "n1", "--port", str(port)]
+            + ["--data-dir", str(work / "data-n1")],
+            work,
+            f"http://127.0.0.1:{port}",
+        )
+        stack.callback(node.stop)
+        bench.wait_until(lambda: bench.http_json(node.url + "/readyz")[0] == 200, 180, "the node to load", [node])
+        yield node
+
+
+def body_bytes(node: Any, args: argparse.Namespace) -> dict[str, float]:
+    rng = random.Random(3)
+    keys = [bench.key_text(rng.randrange(args.keys)) for _ in range(args.samples)]
+    out = {}
+    for way, query in WAYS.items():
+        sizes = []
+        for key in keys:
+            with urllib.request.urlopen(f"{node.url}/stores/{bench.STORE}/keys/{key}{query}", timeout=10) as r:
+                body = r.read()
+            value = json.loads(body)["value"]
+            assert len(value) == (2 if query else 20), value
+            sizes.append(len(body))
+        out[way] = statistics.mean(sizes)
+    return out
+
+
+def measure(wrk: str, work: Path, node: Any, args: argparse.Namespace) -> dict[str, list[tuple[float, float, int]]]:
+    """(reads/s, node CPU µs per read, errors) per way and round."""
+    paths = {}
+    for way, query in WAYS.items():
+        paths[way] = work / f"paths-{len(paths)}.txt"
+        lines = (f"/stores/{bench.STORE}/keys/{bench.key_text(i)}{query}" for i in range(args.keys))
+        paths[way].write_text("\n".join(lines) + "\n")
+    script = work / "key.lua"
+    script.write_text(bench.WRK_SCRIPT)
+
+    def run_way(way: str, duration: float, seed: int) -> tuple[float, float, int]:
+        before = bench.tree_cpu_s(node.popen.pid)
+        run = bench.wrk_result(bench.wrk_start(wrk, script, node.url, paths[way], args.concurrency, duration, seed))
+        cpu = bench.tree_cpu_s(node.popen.pid) - before
+        return run.requests / run.duration_s, cpu * 1e6 / max(1, run.requests), run.errors
+
+    for way in WAYS:  # warm-up, not counted
+        run_way(way, 1.0, 0)
+    results: dict[str, list[tuple[float, float, int]]] = {way: [] for way in WAYS}
+    rng = random.Random(11)
+    for round_number in range(args.rounds):
+        order = list(WAYS)
+        rng.shuffle(order)
+        for way in order:
+            results[way].append(run_way(way, args.duration, round_number + 1))
+    return results
+
+
+def section(results: dict[str, list[tuple[float, float, int]]], sizes: dict[str, float], args: Any, load: str) -> str:
+    def median(way: str, index: int) -> float:
+        return statistics.median(r[index] for r in results[way])
+
+    base_cpu, base_bytes = median("whole value", 1), sizes["whole value"]
+    command = "`.venv/bin/python benchmarks/multi_store.py" + (f" --rounds {args.rounds}" if args.rounds != 5 else "")
+    lines = [
+        SECTION,
+        "",
+        f"{command} --write` on {datetime.date.today().isoformat()}, {platform.machine()}, {os.cpu_count()} CPUs,"
+        f" Python {platform.python_version()}; {load}. {args.keys:,} keys (values of 20 fields: integers,"
+        f" fractions, short texts) in {args.partitions} partitions on one node; wrk, {args.concurrency}"
+        f" connections, {args.duration:g} s per measurement, medians of {args.rounds} rounds (ways in a shuffled"
+        " order per round). Node CPU: user + system of the node process, from /proc, per read. Bytes: the"
+        f" answer's body, mean over {args.samples} sampled reads.",
+        "",
+        "| read | reads/s | node CPU µs/read | vs whole | body bytes | vs whole |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for way in WAYS:
+        cpu = median(way, 1)
+        lines.append(
+            f"| {way} | {median(way, 0):,.0f} | {cpu:,.0f} | {cpu / base_cpu:.2f}x | {sizes[way]:,.0f}"
+            f" | {sizes[way] / base_bytes:.2f}x |"
+        )
+    errors = sum(r[2] for rs in results.values() for r in rs)
+    if errors:
+        lines += ["", f"wrk counted {errors} errors."]
+    return "\n".join(lines) + "\n"
+
+
+def write_section(text: str) -> None:
+    path = Path(__file__).resolve().parent / "RESULTS.md"
+    current = path.read_text(encoding="utf-8")
+    pattern = re.compile(re.escape(SECTION) + r"\n.*?(?=\n## |\Z)", re.S)
+    if pattern.search(current):
+        current = pattern.sub(lambda _: text.rstrip("\n") + "\n", current)
+    else:
+        current = current.rstrip("\n") + "\n\n" + text
+    path.write_text(current, encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", type=int, default=50_000)
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--samples", type=int, default=500)
+    parser.add_argument("--quick", action="store_true", help="a smoke run of the plumbing, not figures")
+    parser.add_argument("--write", action="store_true", help="record the table in benchmarks/RESULTS.md")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.keys, args.duration, args.rounds, args.samples = 2000, 1.0, 1, 50
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        print("wrk is not installed", file=sys.stderr)
+        return 1
+    work = Path(tempfile.mkdtemp(prefix="keyroute-projections-"))
+    try:
+        load_before = os.getloadavg()[0]
+        with running(args, work) as node:
+            sizes = body_bytes(node, args)
+            results = measure(wrk, work, node, args)
+        load = f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after"
+        text = section(results, sizes, args, load)
+        print(text)
+        if args.write and not args.quick:
+            write_section(text)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
