@@ -19,6 +19,7 @@ from keyroute.http.openapi import (
     MAP_GENERATION,
     NOT_ALLOWED,
     QUOTA,
+    QUOTA_IDENTITIES,
     STORE,
     Operation,
     Schema,
@@ -27,6 +28,7 @@ from keyroute.http.openapi import (
     error,
     json_answer,
     query,
+    quota_buckets,
     string_headers,
     text_answer,
 )
@@ -216,22 +218,8 @@ QUOTAS = Schema(
         "required": ["routers", "identities", "buckets"],
         "properties": {
             "routers": {"type": "integer", "description": "routers up, sharing every quota"},
-            "identities": {"type": "object", "description": "the quota file: per identity rate, burst_s, stores"},
-            "buckets": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "identity": {"type": "string"},
-                        "store": {"type": "string"},
-                        "quota": {"type": "number", "description": "reads/s, cluster-wide"},
-                        "share": {"type": "number", "description": "reads/s this router enforces"},
-                        "used": {"type": "number", "description": "share of the last burst's tokens spent"},
-                        "reads": {"type": "integer"},
-                        "rejected": {"type": "integer"},
-                    },
-                },
-            },
+            "identities": QUOTA_IDENTITIES,
+            "buckets": quota_buckets("router"),
         },
     },
 )

@@ -17,6 +17,7 @@ from keyroute.http.openapi import (
     MAP_GENERATION,
     NOT_ALLOWED,
     QUOTA,
+    QUOTA_IDENTITIES,
     STORE,
     Operation,
     Schema,
@@ -24,6 +25,7 @@ from keyroute.http.openapi import (
     error,
     json_answer,
     query,
+    quota_buckets,
     string_headers,
 )
 from keyroute.storage.ranges import MAX_LIMIT
@@ -191,23 +193,10 @@ QUOTAS = Schema(
         "type": "object",
         "required": ["identities", "buckets"],
         "properties": {
-            "identities": {"type": "object", "description": "the quota file: per identity rate, burst_s, stores"},
-            "buckets": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "identity": {"type": "string"},
-                        "store": {"type": "string"},
-                        "quota": {"type": "number", "description": "reads/s, cluster-wide"},
-                        "share": {"type": "number", "description": "reads/s this node enforces"},
-                        "used": {"type": "number", "description": "share of the last burst's tokens spent"},
-                        "reads": {"type": "integer"},
-                        "rejected": {"type": "integer"},
-                        "nodes": {"type": "integer", "description": "the nodes serving the store, sharing it"},
-                    },
-                },
-            },
+            "identities": QUOTA_IDENTITIES,
+            "buckets": quota_buckets(
+                "node", nodes={"type": "integer", "description": "the nodes serving the store, sharing it"}
+            ),
         },
     },
 )

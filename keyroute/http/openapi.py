@@ -220,6 +220,30 @@ def error(description: str, *, retry_after: bool = False, challenge: bool = Fals
     return response
 
 
+def quota_buckets(member: str, **extra: Any) -> dict[str, Any]:
+    """The `buckets` of a quotas answer (keyroute.http.quotas), one per identity and store read, as a router
+    and a node both answer them: `member` names who enforces the `share`; `extra`, the fields only it adds."""
+    return {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "properties": {
+                "identity": {"type": "string"},
+                "store": {"type": "string"},
+                "quota": {"type": "number", "description": "reads/s, cluster-wide"},
+                "share": {"type": "number", "description": f"reads/s this {member} enforces"},
+                "used": {"type": "number", "description": "share of the last burst's tokens spent"},
+                "reads": {"type": "integer"},
+                "rejected": {"type": "integer"},
+                **extra,
+            },
+        },
+    }
+
+
+QUOTA_IDENTITIES = {"type": "object", "description": "the quota file: per identity rate, burst_s, stores"}
+
+
 def json_answer(
     schema: Schema | Mapping[str, Any], description: str, headers: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
