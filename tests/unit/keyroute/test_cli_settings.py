@@ -188,3 +188,32 @@ def test_defaults_the_command_line_repeats_of_modules_it_does_not_load_are_their
     assert defaults["keyroute demo", "--events"] == demo.events
     assert defaults["keyroute pipeline build", "--retain"] == DEFAULT_RETAIN
     assert defaults["keyroute store adopt", "--retain"] == DEFAULT_RETAIN
+
+
+@pytest.mark.parametrize("command", sorted(FILLED))
+def test_a_command_given_no_option_runs_with_the_declared_defaults(
+    command: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The settings a command builds with no option given hold each field's declared default: every option
+    reaches its own field, and its type reads a spelled default (`auto`) back as the field's value."""
+    built: list[NodeSettings | RouterSettings] = []
+    service = "keyroute.state_node.service" if command == "keyroute node" else "keyroute.router.service"
+    monkeypatch.setattr(f"{service}.run", lambda made, **_: built.append(made) or 0)
+    argv = [command.split()[1], "--zk", "127.0.0.1:2181", "--port", "8080"]
+    if command == "keyroute node":
+        argv += ["--node-id", "n1", "--data-dir", str(tmp_path)]
+    assert main(argv, env={}) == 0
+    (made,) = built
+    parts = {
+        NodeSettings: made,
+        RouterSettings: made,
+        HttpSettings: made.http,
+        TlsSettings: made.http.tls,
+        ZkSettings: made.zk,
+        RequestLimits: made.limits,
+        AccessSettings: made.access,
+    }
+    for name, declared in fields_of(command):
+        owner, field = name.split(".")
+        part = next(part for cls, part in parts.items() if cls.__name__ == owner)
+        assert getattr(part, field) == declared.default, f"{command}: {name}"
