@@ -56,6 +56,13 @@ def _retry() -> KazooRetry:
     return KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=2.0, ignore_expire=False)
 
 
+def _layout_retry() -> KazooRetry:
+    """For the layout written at start: a connection that drops (a missed heartbeat on a loaded host) and comes
+    back within the session is retried, a few times, instead of ending the process's start; an expired session
+    or a refusal is not retried."""
+    return KazooRetry(max_tries=8, delay=0.1, backoff=2, max_delay=2.0, ignore_expire=False)
+
+
 def layout_acl(settings: ZkSettings) -> list[ACL]:
     """The ACL of every znode a process with `settings` creates: writer ALL, reader READ (world-open
     without credentials)."""
@@ -165,7 +172,7 @@ def connect(
             _ensure_chroot(settings)
         for path in zk_layout.PERSISTENT_ROOTS:
             with contextlib.suppress(NodeExistsError):
-                client.ensure_path(path)
+                _layout_retry()(client.ensure_path, path)
         _check_layout_acl(client, settings)
     except NoAuthError as exc:
         close(client)
@@ -184,7 +191,7 @@ def _ensure_chroot(settings: ZkSettings) -> None:
     root = _client(settings, settings.hosts)
     _start(root, settings)
     try:
-        root.ensure_path(settings.chroot)
+        _layout_retry()(root.ensure_path, settings.chroot)
     except NoAuthError as exc:
         raise ZkAccessError(
             f"{_who(settings)} may not create the chroot {settings.chroot} on ZooKeeper {settings.hosts}"

@@ -135,6 +135,14 @@ def _descendants(root: int) -> dict[int, int]:
     return below
 
 
+def _cmdline(pid: int) -> bytes:
+    """A process's command line; empty when it ended since it was listed (a short-lived helper process)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return b""
+
+
 def _survivors(recorded: dict[int, int]) -> list[str]:
     """The recorded processes still running (the same pid and start time, neither a zombie nor dead)."""
     alive = []
@@ -161,7 +169,7 @@ def _assert_nothing_survives(demo: DemoProcess, recorded: dict[int, int]) -> Non
 def _keyroute_children(demo: DemoProcess) -> dict[int, int]:
     """The demo's processes (ZooKeeper, the nodes, the router), recorded before it is signalled."""
     recorded = _descendants(demo.proc.pid)
-    commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in recorded]
+    commands = [_cmdline(pid) for pid in recorded]
     assert sum(b"ZooKeeperServerMain" in c for c in commands) == 1, commands
     assert sum(b"keyroute\0node" in c for c in commands) == 3, commands
     assert sum(b"keyroute\0router" in c for c in commands) == 1, commands
@@ -319,14 +327,14 @@ def test_a_signal_while_the_pipeline_runs_stops_every_demo_process(tmp_path: Pat
 
         def building() -> dict[int, int] | None:
             below = _descendants(demo.proc.pid)
-            commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in below]
+            commands = [_cmdline(pid) for pid in below]
             pipeline = any(b"keyroute\0pipeline" in c for c in commands)
             return below if pipeline and any(b"org.apache.spark.deploy.SparkSubmit" in c for c in commands) else None
 
         recorded = demo.recorded = wait_for(
             building, timeout_s=120.0, interval_s=0.1, message="the pipeline and its Spark JVM to start"
         )
-        commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in recorded]
+        commands = [_cmdline(pid) for pid in recorded]
         assert sum(b"ZooKeeperServerMain" in c for c in commands) == 1, commands
         assert sum(b"keyroute\0node" in c for c in commands) == 3, commands
         if closed_terminal:
