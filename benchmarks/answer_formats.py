@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import os
 import platform
 import random
-import shutil
 import signal
 import statistics
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -33,11 +30,7 @@ from typing import Any
 
 import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
 
-_SPEC = importlib.util.spec_from_file_location("router_bench", Path(__file__).resolve().parent / "router.py")
-assert _SPEC is not None and _SPEC.loader is not None
-bench = importlib.util.module_from_spec(_SPEC)
-sys.modules["router_bench"] = bench
-_SPEC.loader.exec_module(bench)
+bench = harness.script("router.py")
 
 from keyroute.cluster import zk, zk_layout  # noqa: E402
 from keyroute.cluster.partition_map import StoreRecord  # noqa: E402
@@ -281,25 +274,15 @@ def main(argv: list[str] | None = None) -> int:
     wrk = bench.find_tool("wrk")
     if wrk is None:
         raise SystemExit("wrk is missing: `sudo apt-get install -y wrk`")
-    work = Path(tempfile.mkdtemp(prefix="keyroute-answers-bench-"))
     load_before = os.getloadavg()[0]
     started = time.monotonic()
-    try:
-        with running(args, work) as node:
-            sizes = sizes_and_encoding(node, args)
-            samples = measure(wrk, work, node, args)
-    finally:
-        if args.keep:
-            print(f"kept {work}", file=sys.stderr)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+    with harness.work_dir("keyroute-answers-bench-", args.keep) as work, running(args, work) as node:
+        sizes = sizes_and_encoding(node, args)
+        samples = measure(wrk, work, node, args)
     load = f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after"
-    text = section(samples, sizes, args, bench._command(argv), load)
-    print(text)
+    text = section(samples, sizes, args, harness.command(argv), load)
+    harness.record(SECTION, text, args.write)
     print(f"took {time.monotonic() - started:.0f} s", file=sys.stderr)
-    if args.write:
-        harness.write_section(SECTION, text)
-        print(f"wrote {SECTION!r} in {bench.RESULTS}", file=sys.stderr)
     return 0
 
 

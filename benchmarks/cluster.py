@@ -20,7 +20,6 @@ import shlex
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -59,27 +58,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
-class Proc:
-    def __init__(self, args: list[str], log: Path) -> None:
-        self.args = args
-        self.log = log
-        with open(log, "ab") as out:
-            self.popen = subprocess.Popen(
-                [sys.executable, "-m", "keyroute", *args], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT
-            )
-
-    def kill9(self) -> None:
-        self.popen.send_signal(signal.SIGKILL)
-        self.popen.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
+Proc = harness.Proc  # `python -m keyroute ...` of this tree, its output in a log file
 
 
 @dataclass
@@ -488,10 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         [".venv/bin/python", "benchmarks/cluster.py", *(argv if argv is not None else sys.argv[1:])]
     )
     text = section(prop, clus, restart, args, command)
-    print(text)
-    if args.write:
-        harness.write_section(SECTION, text)
-        print(f"wrote {SECTION!r} to {RESULTS}", file=sys.stderr)
+    harness.record(SECTION, text, args.write)
     return 0
 
 

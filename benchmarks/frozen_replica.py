@@ -186,10 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else argv
     command = shlex.join([".venv/bin/python", "benchmarks/frozen_replica.py", *given])
     text = section(rows, command)
-    print(text)
-    if args.write:
-        harness.write_section(SECTION, text)
-        print(f"wrote {SECTION!r} to {RESULTS}", file=sys.stderr)
+    harness.record(SECTION, text, args.write)
     return 0
 
 

@@ -10,7 +10,6 @@ import datetime
 import os
 import platform
 import random
-import shlex
 import statistics
 import sys
 import time
@@ -177,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
 
     keys = generate_keys(args.keys, args.seed)
     results = measure(contenders(keys, args.partitions), args.keys, args.repeats)
-    text = section(results, args, keys, _command(argv))
+    text = section(results, args, keys, harness.command(argv))
     print(text)
     if args.write:
         harness.write_section(SECTION, text)
@@ -191,15 +190,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"below target: murmur2 vectorised is {speedup:.1f}x kafka-python", file=sys.stderr)
         return 1
     return 0
-
-
-def _command(argv: list[str] | None) -> str:
-    """The command line as typed from the repository root, e.g. `.venv/bin/python benchmarks/hashing.py`."""
-    python = Path(sys.executable)
-    if python.is_relative_to(Path.cwd()):
-        python = python.relative_to(Path.cwd())
-    script = Path(sys.argv[0])
-    return shlex.join([str(python), str(script), *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -40,20 +40,14 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # for tests.jwks_server; benchmarks/ stays first
 
-from keyroute.cluster import zk, zk_layout  # noqa: E402
-from keyroute.cluster.partition_map import StoreRecord  # noqa: E402
-from keyroute.keys.key_format import KeyFormat  # noqa: E402
-from keyroute.keys.partitioner import Partitioner  # noqa: E402
-from keyroute.runtime.settings import ZkSettings  # noqa: E402
 from router import (  # noqa: E402  benchmarks/router.py: the store, processes, readiness, RESULTS.md
-    CHROOT,
     STORE,
     Service,
     http_json,
     key_text,
+    published_store,
     start_service,
     wait_until,
-    write_store,
 )
 from tests.jwks_server import JwksServer  # noqa: E402
 
@@ -121,15 +115,7 @@ def measure(args: argparse.Namespace, work: Path) -> tuple[dict[tuple[str, str],
     figures: dict[tuple[str, str], list[Measurement]] = {}
     notes = {"unknown_sent": 0, "unknown_not_401": 0}
     with ExitStack() as stack:
-        snapshot, _ = write_store(work / "snapshots", args.keys, args.partitions)
-        zk_server = stack.enter_context(harness.zookeeper(work))
-        zk_settings = ZkSettings(hosts=zk_server.connect_string, chroot=CHROOT)
-        client = zk.connect(zk_settings)
-        stack.callback(zk.close, client)
-        record = StoreRecord(
-            STORE, args.partitions, Partitioner.MURMUR2, KeyFormat.STRING, 1, snapshot, ("v",), 1, time.time()
-        )
-        client.create(zk_layout.store_path(STORE), record.to_json(), makepath=True)
+        zk_settings, _ = published_store(stack, work, args.keys, args.partitions)
         issuers = {name: stack.enter_context(JwksServer([jwk])) for name in ("router", "node")}
         connect = zk_settings.connect_string
         keyroute = [sys.executable, "-m", "keyroute"]

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import importlib.util
 import os
 import platform
 import random
@@ -33,20 +32,8 @@ from typing import Any
 
 import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
 
-_HERE = Path(__file__).resolve().parent
-
-
-def _load(name: str, file: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, _HERE / file)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load("router_bench", "router.py")  # wrk and its script
-clusters = _load("cluster_bench", "cluster.py")  # processes, the store, waiting
+bench = harness.script("router.py")  # wrk and its script
+clusters = harness.script("cluster.py")  # processes, the store, waiting
 
 from keyroute.dev.zookeeper_server import EmbeddedZooKeeper  # noqa: E402
 from keyroute.runtime.settings import ZkSettings  # noqa: E402

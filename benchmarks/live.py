@@ -92,26 +92,7 @@ def pid_cpu_s(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-class Proc:
-    def __init__(self, args: list[str], log_path: Path) -> None:
-        self.args = args
-        with open(log_path, "ab") as out:
-            self.popen = subprocess.Popen(
-                [sys.executable, "-m", "keyroute", *args], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT
-            )
-
-    def kill9(self) -> None:
-        self.popen.send_signal(signal.SIGKILL)
-        self.popen.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
+Proc = harness.Proc  # `python -m keyroute ...` of this tree, its output in a log file
 
 
 # -- the broker: its own process, so its CPU is told apart from the readers' -----------------------------

@@ -30,16 +30,13 @@ import ctypes
 import dataclasses
 import datetime
 import functools
-import importlib.util
 import json
 import mmap
 import os
 import platform
 import re
 import resource
-import shlex
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -185,12 +182,7 @@ class PageCache:
 
 
 # Process-tree CPU from /proc: the same measure as benchmarks/pipeline.py, taken from there.
-_PIPELINE_SPEC = importlib.util.spec_from_file_location("pipeline_bench", Path(__file__).with_name("pipeline.py"))
-assert _PIPELINE_SPEC is not None and _PIPELINE_SPEC.loader is not None
-_pipeline_bench = importlib.util.module_from_spec(_PIPELINE_SPEC)
-sys.modules["pipeline_bench"] = _pipeline_bench  # dataclasses look their module up there
-_PIPELINE_SPEC.loader.exec_module(_pipeline_bench)
-process_tree_cpu_s = _pipeline_bench.process_tree_cpu_s
+process_tree_cpu_s = harness.script("pipeline.py").process_tree_cpu_s
 
 
 def own_cpu_s() -> float:
@@ -657,27 +649,7 @@ def measure_node(
 # -- 3. a partition moves during a rebalance ------------------------------------------------------------------
 
 
-class Proc:
-    """A `python -m keyroute ...` process, its output in a log file."""
-
-    def __init__(self, args: list[str], log_path: Path) -> None:
-        self.log_path = log_path
-        with open(log_path, "ab") as out:
-            self.popen = subprocess.Popen(
-                [sys.executable, "-m", "keyroute", *args], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT
-            )
-
-    def terminate(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        self.terminate()
-        try:
-            self.popen.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
+Proc = harness.Proc  # `python -m keyroute ...` of this tree, its output in a log file
 
 
 @dataclass
@@ -1140,15 +1112,6 @@ REBALANCE_LABELS = {
 }
 
 
-def _command(argv: list[str] | None) -> str:
-    """The command line as typed from the repository root, e.g. `.venv/bin/python benchmarks/load.py`."""
-    python = Path(sys.executable)
-    if python.is_relative_to(Path.cwd()):
-        python = python.relative_to(Path.cwd())
-    script = Path(sys.argv[0])
-    return shlex.join([str(python), str(script), *(sys.argv[1:] if argv is None else argv)])
-
-
 def _sizes(text: str) -> list[int]:
     try:
         sizes = sorted({int(part.replace("_", "")) for part in text.split(",") if part.strip()})
@@ -1268,7 +1231,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     text = section(
         args,
-        _command(argv),
+        harness.command(argv),
         builds,
         all_loads,
         breakdown,
@@ -1300,7 +1263,8 @@ def _pipeline_only(
         f" py-lmdb {lmdb.__version__} (LMDB {'.'.join(map(str, lmdb.version()))})"
     )
     note = (
-        f"`{_command(argv)}` on {datetime.date.today().isoformat()}: this part only, from a run of the builds alone"
+        f"`{harness.command(argv)}` on {datetime.date.today().isoformat()}: this part only, from a run of the builds"
+        " alone"
         " (the data and the rest of the section as above). Machine: the same"
         f" ({os.cpu_count()} CPUs, {versions}; Spark {args.master}, driver memory {args.driver_memory}); 1-minute"
         f" load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end."

@@ -29,8 +29,6 @@ import random
 import re
 import shlex
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,6 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import harness  # benchmarks/harness.py (imported while this folder is still on the path)
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +53,6 @@ from keyroute.client import Client  # noqa: E402
 from keyroute.cluster import zk, zk_layout  # noqa: E402
 from keyroute.cluster.partition_map import StoreRecord  # noqa: E402
 from keyroute.dev.kafka_mock import MockKafka  # noqa: E402
-from keyroute.dev.zookeeper_server import EmbeddedZooKeeper  # noqa: E402
 from keyroute.keys.key_format import KeyFormat  # noqa: E402
 from keyroute.keys.partitioner import Partitioner, partition_for  # noqa: E402
 from keyroute.local import LocalReplica  # noqa: E402
@@ -73,12 +71,6 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def wait(predicate: Callable[[], Any], timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -91,21 +83,7 @@ def wait(predicate: Callable[[], Any], timeout_s: float, what: str) -> None:
     raise TimeoutError(f"timed out waiting for {what}")
 
 
-class Proc:
-    def __init__(self, args: list[str], log_path: Path) -> None:
-        with open(log_path, "ab") as out:
-            self.popen = subprocess.Popen(
-                [sys.executable, "-m", "keyroute", *args], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT
-            )
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
+Proc = harness.Proc  # `python -m keyroute ...` of this tree, its output in a log file
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -368,16 +346,6 @@ def section(command: str, rows: int, boot: dict[str, Any], mem: dict[str, float]
     return "\n".join(lines)
 
 
-def write_section(text: str) -> None:
-    current = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
-    if pattern.search(current):
-        updated = pattern.sub(lambda _: text + "\n", current, count=1).rstrip("\n") + "\n"
-    else:
-        updated = current.rstrip("\n") + "\n\n" + text
-    RESULTS.write_text(updated, encoding="utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
@@ -393,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     # On a disk (not a tmpfs: its pages would count as shared memory, not as the file's), removed at the end.
     work = Path(tempfile.mkdtemp(prefix="keyroute-local-bench-"))
     procs: list[Proc] = []
-    zk_server = EmbeddedZooKeeper(port=free_port(), data_dir=work / "zookeeper").start()
+    zk_server = harness.zookeeper_server(work).start()
     kafka = MockKafka()
     replicas: list[LocalReplica] = []
     try:
@@ -414,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         log("memory after reading 1% of the keys")
         mem = measure_memory(replica, work / f"local-{args.rounds - 1}", args.rows, size)
 
-        node_port, router_port = free_port(), free_port()
+        node_port, router_port = harness.free_port(), harness.free_port()
         procs.append(Proc(["node", "--zk", settings.connect_string, "--node-id", "n1", "--port", str(node_port),
                            "--data-dir", str(work / "node")], work / "node.log"))  # fmt: skip
         procs.append(Proc(["router", "--zk", settings.connect_string, "--port", str(router_port)], work / "router.log"))
@@ -440,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         text = section(command, args.rows, boot, mem, local, direct, fresh)
         print(text)
         if args.write:
-            write_section(text)
+            harness.write_section(SECTION, text)
     finally:
         for replica in replicas:
             replica.close()

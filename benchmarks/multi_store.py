@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import os
 import platform
@@ -31,11 +30,9 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-_SPEC = importlib.util.spec_from_file_location("router_bench", Path(__file__).resolve().parent / "router.py")
-assert _SPEC is not None and _SPEC.loader is not None
-bench = importlib.util.module_from_spec(_SPEC)
-sys.modules["router_bench"] = bench
-_SPEC.loader.exec_module(bench)
+import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
+
+bench = harness.script("router.py")
 
 from keyroute.cluster import zk, zk_layout  # noqa: E402
 from keyroute.cluster.partition_map import StoreRecord  # noqa: E402

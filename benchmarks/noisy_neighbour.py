@@ -37,11 +37,6 @@ from pathlib import Path
 
 import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
 
-from keyroute.cluster import zk, zk_layout
-from keyroute.cluster.partition_map import StoreRecord
-from keyroute.keys.key_format import KeyFormat
-from keyroute.keys.partitioner import Partitioner
-from keyroute.runtime.settings import ZkSettings
 from router import (  # benchmarks/router.py: the store, processes, wrk and /proc readings
     STORE,
     THIS_TREE,
@@ -49,9 +44,9 @@ from router import (  # benchmarks/router.py: the store, processes, wrk and /pro
     WRK_SCRIPT,
     http_json,
     key_text,
+    published_store,
     tree_cpu_s,
     wait_until,
-    write_store,
     wrk_result,
 )
 
@@ -137,13 +132,7 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="keyroute-quotas-") as tmp, ExitStack() as stack:
         work = Path(tmp)
-        snapshot, _ = write_store(work / "snapshots", args.keys, 8)
-        zk_server = stack.enter_context(harness.zookeeper(work))
-        zk_settings = ZkSettings(hosts=zk_server.connect_string, chroot=CHROOT)
-        client = zk.connect(zk_settings)
-        stack.callback(zk.close, client)
-        record = StoreRecord(STORE, 8, Partitioner.MURMUR2, KeyFormat.STRING, 1, snapshot, ("v",), 1, time.time())
-        client.create(zk_layout.store_path(STORE), record.to_json())
+        zk_settings, _ = published_store(stack, work, args.keys, 8)
         connect = zk_settings.connect_string
         (work / "tokens.toml").write_text(TOKENS)
         (work / "quotas.toml").write_text(QUOTAS)

@@ -11,7 +11,6 @@ import argparse
 import datetime
 import os
 import platform
-import shlex
 import shutil
 import statistics
 import sys
@@ -335,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
                 timings, loads = measure(spark, zk, variants, work, keys, args)
             finally:
                 spark.stop()
-    text = section(timings, loads, args, keys, _command(argv))
+    text = section(timings, loads, args, keys, harness.command(argv))
     print(text)
     if args.write:
         harness.write_section(SECTION, text)  # RESULTS.md is read right here: other benchmarks write their own sections
@@ -345,15 +344,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"above target: the partition step adds {overhead:.1%} to the build", file=sys.stderr)
         return 1
     return 0
-
-
-def _command(argv: list[str] | None) -> str:
-    """The command line as typed from the repository root, e.g. `.venv/bin/python benchmarks/pipeline.py`."""
-    python = Path(sys.executable)
-    if python.is_relative_to(Path.cwd()):
-        python = python.relative_to(Path.cwd())
-    script = Path(sys.argv[0])
-    return shlex.join([str(python), str(script), *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

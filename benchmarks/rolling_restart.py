@@ -142,13 +142,8 @@ class Process:
         return self.popen.wait(timeout=timeout_s)
 
     def stop(self) -> None:
-        if self.popen is not None and self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
+        if self.popen is not None:
+            harness.stop(self.popen, 60)
 
 
 @dataclass
@@ -414,9 +409,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append(run_restart(build, work / "runs", zk_server, args))
             print(json.dumps(results[-1]), file=sys.stderr, flush=True)
         text = section(results, args, command.strip())
-        print(text)
-        if args.write:
-            harness.write_section(SECTION, text)
+        harness.record(SECTION, text, args.write)
     return 0
 
 

@@ -241,6 +241,20 @@ def write_store(root: Path, keys: int, partitions: int) -> tuple[str, list[int]]
     return str(snapshot), owners
 
 
+def published_store(stack: ExitStack, work: Path, keys: int, partitions: int) -> tuple[ZkSettings, list[int]]:
+    """STORE written under `work` (`write_store`: `keys` keys in `partitions` partitions) and published on a
+    ZooKeeper of its own, running for `stack`'s life (its data in `work` too), under CHROOT: the settings to
+    reach it with and each key's partition."""
+    snapshot, partitions_of = write_store(work / "snapshots", keys, partitions)
+    zk_server = stack.enter_context(harness.zookeeper(work))
+    zk_settings = ZkSettings(hosts=zk_server.connect_string, chroot=CHROOT)
+    client = zk.connect(zk_settings)
+    stack.callback(zk.close, client)
+    record = StoreRecord(STORE, partitions, Partitioner.MURMUR2, KeyFormat.STRING, 1, snapshot, ("v",), 1, time.time())
+    client.create(zk_layout.store_path(STORE), record.to_json(), makepath=True)
+    return zk_settings, partitions_of
+
+
 # -- processes --------------------------------------------------------------------------------------------
 
 
@@ -252,13 +266,7 @@ class Service:
     log: Path
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(sig)
-            try:
-                self.popen.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
+        harness.stop(self.popen, 15, sig)
 
 
 def start_service(
@@ -747,16 +755,7 @@ class Cluster:
 def running_cluster(args: argparse.Namespace, wrk: str, nginx: str, work: Path) -> Iterator[Cluster]:
     with ExitStack() as stack:
         print(f"writing {args.keys:,} keys in {args.partitions} partitions to {work}", file=sys.stderr)
-        snapshot, partitions_of = write_store(work / "snapshots", args.keys, args.partitions)
-
-        zk_server = stack.enter_context(harness.zookeeper(work))
-        zk_settings = ZkSettings(hosts=zk_server.connect_string, chroot=CHROOT)
-        client = zk.connect(zk_settings)
-        stack.callback(zk.close, client)
-        record = StoreRecord(
-            STORE, args.partitions, Partitioner.MURMUR2, KeyFormat.STRING, 1, snapshot, ("v",), 1, time.time()
-        )
-        client.create(zk_layout.store_path(STORE), record.to_json())
+        zk_settings, partitions_of = published_store(stack, work, args.keys, args.partitions)
 
         # Worktrees first, so that they are removed only after every process that runs from them has stopped.
         builds: dict[str, Build] = {}
@@ -1320,26 +1319,6 @@ def section(
     )
 
 
-def write_subsection(text: str) -> None:
-    """Replace this table (its subsection: the first line of `text`) inside the Router section of RESULTS.md,
-    leaving everything else as it is."""
-    title = text.split("\n", 1)[0]
-    current = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
-    section_re = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
-    found = section_re.search(current)
-    body = found.group(0) if found else f"{SECTION}\n\n"
-    sub_re = re.compile(rf"^{re.escape(title)}\n.*?(?=^### |\Z)", re.MULTILINE | re.DOTALL)
-    if sub_re.search(body):
-        body = sub_re.sub(lambda _: text.rstrip("\n") + "\n\n", body, count=1)
-    else:
-        body = body.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n\n"
-    if found:
-        updated = current[: found.start()] + body + current[found.end() :]
-    else:
-        updated = current.rstrip("\n") + "\n\n" + body
-    RESULTS.write_text(updated.rstrip("\n") + "\n", encoding="utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--keys", type=int, help="keys in the store (default: 100,000; --quick: 20,000)")
@@ -1431,11 +1410,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(work, ignore_errors=True)
     load = f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after"
-    text = section(figures, paced, args, _command(argv), versions, load, previous, new, data_path, router_build)
+    text = section(figures, paced, args, harness.command(argv), versions, load, previous, new, data_path, router_build)
     print(text)
     print(f"took {time.monotonic() - started:.0f} s", file=sys.stderr)
     if args.write:
-        write_subsection(text)
+        harness.write_subsection(SECTION, text.split("\n", 1)[0], text)
         print(f"wrote {text.split(chr(10), 1)[0]!r} under {SECTION!r} in {RESULTS}", file=sys.stderr)
     if args.tls:
         return tls_rows(args)
@@ -1452,16 +1431,8 @@ def tls_rows(args: argparse.Namespace) -> int:
     tls_argv += [flag for flag, given in (("--quick", args.quick), ("--write", args.write)) if given]
     # Recorded as the command that measures exactly these rows on its own.
     sys.argv = [str(Path(sys.argv[0]).with_name("router_tls.py")), *tls_argv]
-    print(f"\nthe TLS rows: {_command(tls_argv)}", file=sys.stderr, flush=True)
+    print(f"\nthe TLS rows: {harness.command(tls_argv)}", file=sys.stderr, flush=True)
     return int(router_tls.main(tls_argv))
-
-
-def _command(argv: list[str] | None) -> str:
-    python = Path(sys.executable)
-    if python.is_relative_to(Path.cwd()):
-        python = python.relative_to(Path.cwd())
-    script = Path(sys.argv[0])
-    return shlex.join([str(python), str(script), *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

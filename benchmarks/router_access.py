@@ -28,13 +28,7 @@ import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
 import jwt
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from keyroute.cluster import zk, zk_layout
-from keyroute.cluster.partition_map import StoreRecord
-from keyroute.keys.key_format import KeyFormat
-from keyroute.keys.partitioner import Partitioner
-from keyroute.runtime.settings import ZkSettings
 from router import (  # benchmarks/router.py: the store, processes, wrk and /proc readings
-    CHROOT,
     STORE,
     WRK_SCRIPT,
     Figures,
@@ -43,10 +37,10 @@ from router import (  # benchmarks/router.py: the store, processes, wrk and /pro
     find_tool,
     http_json,
     key_text,
+    published_store,
     start_service,
     tree_cpu_s,
     wait_until,
-    write_store,
     wrk_run,
 )
 
@@ -100,15 +94,7 @@ def measure(args: argparse.Namespace, wrk: str, work: Path) -> dict[str, Figures
         JWTS: "Bearer " + jwt.encode(claims, key, "RS256", {"kid": "k1"}),
     }
     with ExitStack() as stack:
-        snapshot, _ = write_store(work / "snapshots", args.keys, args.partitions)
-        zk_server = stack.enter_context(harness.zookeeper(work))
-        zk_settings = ZkSettings(hosts=zk_server.connect_string, chroot=CHROOT)
-        client = zk.connect(zk_settings)
-        stack.callback(zk.close, client)
-        record = StoreRecord(
-            STORE, args.partitions, Partitioner.MURMUR2, KeyFormat.STRING, 1, snapshot, ("v",), 1, time.time()
-        )
-        client.create(zk_layout.store_path(STORE), record.to_json(), makepath=True)
+        zk_settings, _ = published_store(stack, work, args.keys, args.partitions)
         connect = zk_settings.connect_string
         keyroute = [sys.executable, "-m", "keyroute"]
         common = ["--cluster-secret", SECRET]

@@ -41,13 +41,7 @@ import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from keyroute.cluster import zk, zk_layout  # noqa: E402
-from keyroute.cluster.partition_map import StoreRecord  # noqa: E402
-from keyroute.keys.key_format import KeyFormat  # noqa: E402
-from keyroute.keys.partitioner import Partitioner  # noqa: E402
-from keyroute.runtime.settings import ZkSettings  # noqa: E402
 from router import (  # noqa: E402
-    CHROOT,
     STORE,
     THIS_TREE,
     WRK_SCRIPT,
@@ -56,9 +50,9 @@ from router import (  # noqa: E402
     compiled_build,
     http_json,
     key_text,
+    published_store,
     revision_build,
     wait_until,
-    write_store,
     wrk_run,
 )
 
@@ -208,13 +202,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="keyroute-router-profile-"))
     with ExitStack() as stack:
         stack.callback(shutil.rmtree, work, True)
-        snapshot, _ = write_store(work / "snapshots", args.keys, 12)
-        zk_server = stack.enter_context(harness.zookeeper(work))
-        settings = ZkSettings(hosts=zk_server.connect_string, chroot=CHROOT)
-        client = zk.connect(settings)
-        stack.callback(zk.close, client)
-        record = StoreRecord(STORE, 12, Partitioner.MURMUR2, KeyFormat.STRING, 1, snapshot, ("v",), 1, time.time())
-        client.create(zk_layout.store_path(STORE), record.to_json())
+        settings, _ = published_store(stack, work, args.keys, 12)
         connect = settings.connect_string
         if args.compiled:
             other, other_label = compiled_build(args.compiled, work), "compiled (mypyc)"

@@ -45,15 +45,10 @@ from typing import Any
 import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
 import trustme
 
-from keyroute.cluster import zk, zk_layout
-from keyroute.cluster.partition_map import StoreRecord
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.tls import MemberTls
-from keyroute.keys.key_format import KeyFormat
-from keyroute.keys.partitioner import Partitioner
-from keyroute.runtime.settings import TlsSettings, ZkSettings
+from keyroute.runtime.settings import TlsSettings
 from router import (  # benchmarks/router.py: the store, builds, processes, wrk and /proc readings
-    CHROOT,
     RESULTS,
     STORE,
     THIS_TREE,
@@ -62,16 +57,15 @@ from router import (  # benchmarks/router.py: the store, builds, processes, wrk 
     Figures,
     Run,
     Service,
-    _command,
     copy_work_tree,
     ensure_tools,
     installed_build,
+    published_store,
     start_service,
     tool_versions,
     tree_cpu_s,
     wait_until,
     write_key_files,
-    write_store,
     wrk_run,
 )
 
@@ -191,15 +185,7 @@ def measure(
             )
         pki = Pki(work)
         print(f"writing {args.keys:,} keys in {args.partitions} partitions to {work}", file=sys.stderr)
-        snapshot, partitions_of = write_store(work / "snapshots", args.keys, args.partitions)
-        zk_server = stack.enter_context(harness.zookeeper(work))
-        zk_settings = ZkSettings(hosts=zk_server.connect_string, chroot=CHROOT)
-        client = zk.connect(zk_settings)
-        stack.callback(zk.close, client)
-        record = StoreRecord(
-            STORE, args.partitions, Partitioner.MURMUR2, KeyFormat.STRING, 1, snapshot, ("v",), 1, time.time()
-        )
-        client.create(zk_layout.store_path(STORE), record.to_json(), makepath=True)
+        zk_settings, partitions_of = published_store(stack, work, args.keys, args.partitions)
 
         connect = zk_settings.connect_string
         keyroute = [sys.executable, "-m", "keyroute"]
@@ -463,12 +449,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"kept {work}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
-    text = section(figures, made, args, _command(argv), tool_versions(wrk, nginx), build)
-    print(text)
+    text = section(figures, made, args, harness.command(argv), tool_versions(wrk, nginx), build)
+    harness.record(SECTION, text, args.write)
     print(f"took {time.monotonic() - started:.0f} s", file=sys.stderr)
-    if args.write:
-        harness.write_section(SECTION, text)
-        print(f"wrote {SECTION!r} in {RESULTS}", file=sys.stderr)
     return 0
 
 

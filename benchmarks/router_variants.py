@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import os
 import platform
 import random
-import re
 import shutil
 import statistics
 import sys
@@ -30,11 +28,7 @@ from pathlib import Path
 
 import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
 
-_SPEC = importlib.util.spec_from_file_location("router_bench", Path(__file__).resolve().parent / "router.py")
-assert _SPEC is not None and _SPEC.loader is not None
-bench = importlib.util.module_from_spec(_SPEC)
-sys.modules["router_bench"] = bench
-_SPEC.loader.exec_module(bench)
+bench = harness.script("router.py")
 
 SUBSECTION = "### Router variants"
 AS_BUILT = "today's data plane (router/dataplane.py)"
@@ -151,10 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     load = f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after"
-    text = section(runs, args, _command(argv), bench.tool_versions(wrk, nginx), load)
+    text = section(runs, args, harness.command(argv), bench.tool_versions(wrk, nginx), load)
     print(text)
     if args.write:
-        write_subsection(text)
+        harness.write_subsection(bench.SECTION, SUBSECTION, text)
+        print(f"wrote {SUBSECTION!r} under {bench.SECTION!r} in {bench.RESULTS}", file=sys.stderr)
     return 0
 
 
@@ -199,28 +194,6 @@ def section(
 
 def _median_us(runs: list[bench.Run], attribute: str) -> float:
     return statistics.median(getattr(r, attribute) / r.requests * 1e6 for r in runs)
-
-
-def write_subsection(text: str) -> None:
-    """Replace (or add) this subsection inside the Router section of RESULTS.md."""
-    results = bench.RESULTS
-    current = results.read_text(encoding="utf-8")
-    section_re = re.compile(rf"^{re.escape(bench.SECTION)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
-    found = section_re.search(current)
-    if found is None:
-        raise SystemExit(f"{results} has no {bench.SECTION!r} section: run benchmarks/router.py --write first")
-    body = found.group(0)
-    sub_re = re.compile(rf"^{re.escape(SUBSECTION)}\n.*?(?=^### |\Z)", re.MULTILINE | re.DOTALL)
-    if sub_re.search(body):
-        body = sub_re.sub(lambda _: text.rstrip("\n") + "\n\n", body, count=1)
-    else:
-        body = body.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n\n"
-    results.write_text((current[: found.start()] + body + current[found.end() :]).rstrip("\n") + "\n", encoding="utf-8")
-    print(f"wrote {SUBSECTION!r} under {bench.SECTION!r} in {results}", file=sys.stderr)
-
-
-def _command(argv: list[str] | None) -> str:
-    return bench._command(argv)
 
 
 if __name__ == "__main__":

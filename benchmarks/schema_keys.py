@@ -139,9 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     rates = measure(contenders(args.keys), args.keys, args.repeats)
     command = shlex.join([".venv/bin/python", "benchmarks/schema_keys.py", *(sys.argv[1:] if argv is None else argv)])
     text = section(rates, args.keys, args.repeats, command)
-    print(text)
-    if args.write:
-        harness.write_section(SECTION, text)
+    harness.record(SECTION, text, args.write)
     return 0
 
 

@@ -46,11 +46,7 @@ from types import FrameType
 
 import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
 
-_SPEC = importlib.util.spec_from_file_location("router_bench", Path(__file__).resolve().parent / "router.py")
-assert _SPEC is not None and _SPEC.loader is not None
-bench = importlib.util.module_from_spec(_SPEC)
-sys.modules["router_bench"] = bench
-_SPEC.loader.exec_module(bench)
+bench = harness.script("router.py")
 
 SECTION = "## Data-plane server (benchmarks/servers.py)"
 ANSWER_SERVER = bench.BASELINES / "servers_answer.py"
@@ -289,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         stop_all(services)
         shutil.rmtree(work, ignore_errors=True)
     load = f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after"
-    text = section(servers, measured, args, bench._command(argv), wrk_version(wrk), load)
+    text = section(servers, measured, args, harness.command(argv), wrk_version(wrk), load)
     print(text)
     print(f"took {time.monotonic() - started:.0f} s", file=sys.stderr)
     if args.write:

@@ -25,9 +25,7 @@ import platform
 import re
 import shlex
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -73,25 +71,7 @@ def peak_rss_mb(pid: int) -> float:
     return int(re.search(r"VmHWM:\s+(\d+) kB", text).group(1)) / 1024  # type: ignore[union-attr]
 
 
-class Proc:
-    def __init__(self, args: list[str], log_path: Path) -> None:
-        with open(log_path, "ab") as out:
-            self.popen = subprocess.Popen(
-                [sys.executable, "-m", "keyroute", *args], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT
-            )
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
+Proc = harness.Proc  # `python -m keyroute ...` of this tree, its output in a log file
 
 
 def write_sources(folder: Path) -> tuple[Path, Path]:
@@ -387,10 +367,7 @@ def main(argv: list[str] | None = None) -> int:
             proc.stop()
         shutil.rmtree(work, ignore_errors=True)
     text = section(command.strip(), history, ranges)
-    print(text)
-    if args.write:
-        harness.write_section(SECTION, text)
-        log(f"wrote {SECTION!r} to {RESULTS}")
+    harness.record(SECTION, text, args.write)
     return 0
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import harness  # benchmarks/harness.py (imported while this folder is still on the path)
+
 # Run as a script, this folder comes first on sys.path, and its router.py would shadow the router package.
 if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     del sys.path[0]
@@ -20,8 +22,6 @@ import importlib.util  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
 import random  # noqa: E402
-import re  # noqa: E402
-import shlex  # noqa: E402
 import socket  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -41,7 +41,7 @@ RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 SECTION = "## Router"
 SUBSECTION = "### Upstream clients"
 STORE = "bench"
-# What the router sends with every read (router/proxy.py `Proxy._headers`).
+# What the router sends with every read (router/proxy_settings.py `ProxySettings.node_headers`).
 HEADERS = {"x-keyroute-router": "1", "accept-encoding": "identity", "x-request-id": "bench-0123456789abcdef"}
 
 HTTPX = "httpx.AsyncClient (`HttpxUpstream`, as the router uses it today)"
@@ -348,24 +348,6 @@ def section(samples: dict[tuple[str, int], list[Sample]], args: argparse.Namespa
     )
 
 
-def write_subsection(text: str) -> None:
-    """Replace this table inside the Router section of RESULTS.md, leaving everything else as it is."""
-    current = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
-    section_re = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
-    found = section_re.search(current)
-    body = found.group(0) if found else f"{SECTION}\n\n"
-    sub_re = re.compile(rf"^{re.escape(SUBSECTION)}\n.*?(?=^### |\Z)", re.MULTILINE | re.DOTALL)
-    if sub_re.search(body):
-        body = sub_re.sub(lambda _: text.rstrip("\n") + "\n\n", body, count=1)
-    else:
-        body = body.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n\n"
-    if found:
-        updated = current[: found.start()] + body + current[found.end() :]
-    else:
-        updated = current.rstrip("\n") + "\n\n" + body
-    RESULTS.write_text(updated.rstrip("\n") + "\n", encoding="utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--requests", type=int, default=4000, help="requests per measurement (default: 4000)")
@@ -387,20 +369,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.terminate()
         server.wait(timeout=10)
-    text = section(samples, args, _command(argv))
+    text = section(samples, args, harness.command(argv))
     print(text)
     if args.write:
-        write_subsection(text)
+        harness.write_subsection(SECTION, SUBSECTION, text)
         print(f"wrote {SUBSECTION!r} under {SECTION!r} in {RESULTS}", file=sys.stderr)
     return 0
-
-
-def _command(argv: list[str] | None) -> str:
-    python = Path(sys.executable)
-    if python.is_relative_to(Path.cwd()):
-        python = python.relative_to(Path.cwd())
-    script = Path(sys.argv[0])
-    return shlex.join([str(python), str(script), *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

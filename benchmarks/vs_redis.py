@@ -49,7 +49,8 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timeline import Proc, free_port, log, start_router, wait  # noqa: E402
+from harness import free_port, wait  # noqa: E402
+from timeline import Proc, log, start_router  # noqa: E402
 
 from keyroute.client import Client  # noqa: E402
 from keyroute.cluster import zk, zk_layout  # noqa: E402

@@ -29,9 +29,9 @@ from keyroute.cli.options import (
 from keyroute.runtime.logs import FORMATS
 from keyroute.runtime.logs import configure as configure_logs
 
-# The CLI's tests drive these settings makers directly.
-from keyroute.cli.options import _zk  # noqa: F401  # isort: skip
-from keyroute.cli.serving import _http_settings, _limits  # noqa: F401  # isort: skip
+# The settings each command builds from its options (the CLI's tests drive them directly).
+from keyroute.cli.options import zk_settings_of  # noqa: F401  # isort: skip
+from keyroute.cli.serving import http_settings_of, limits_of  # noqa: F401  # isort: skip
 
 
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:

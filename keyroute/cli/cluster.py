@@ -13,8 +13,8 @@ from typing import Any
 
 from keyroute.cli.options import (
     _Parser,
-    _zk,
     _zk_options,
+    zk_settings_of,
 )
 from keyroute.runtime.settings import (
     ZkSettings,
@@ -87,7 +87,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     from keyroute.cluster.cluster_identity import ClusterIdError, read_cluster_id
     from keyroute.cluster.zk import ZkUnavailableError, close, connect
 
-    zk_settings = _zk(args)
+    zk_settings = zk_settings_of(args)
     try:
         client = connect(zk_settings, ensure_layout=False)
     except ZkUnavailableError as exc:
@@ -114,7 +114,7 @@ def cmd_cluster_policy(args: argparse.Namespace) -> int:
     from keyroute.cluster.zk import ZkUnavailableError, close, connect
 
     what = f"keyroute cluster policy {args.policy_command}"
-    zk_settings = _zk(args)
+    zk_settings = zk_settings_of(args)
     where = zk_settings.chroot or "/"
     wanted = None
     if args.policy_command == "set":  # the options are checked before ZooKeeper is touched
@@ -171,7 +171,7 @@ def cmd_zk(args: argparse.Namespace) -> int:
     from keyroute.runtime.logs import describe
 
     what = f"keyroute zk {args.zk_command}"
-    zk_settings = _zk(args)
+    zk_settings = zk_settings_of(args)
     if args.zk_command == "lock-root":
         return _lock_root(what, zk_settings)
     where = zk_settings.chroot or "/"

@@ -16,10 +16,10 @@ from keyroute.cli.options import (
     _Parser,
     _positive_float,
     _secrets_dir_option,
-    _zk,
     _zk_options,
+    zk_settings_of,
 )
-from keyroute.cli.serving import _admin_port_option, _http_settings, _limits, _serving_options, _tls_options
+from keyroute.cli.serving import _admin_port_option, _serving_options, _tls_options, http_settings_of, limits_of
 from keyroute.keys.schema_registry import SECRETS_DIR_VARIABLE
 from keyroute.runtime.settings import HttpSettings, NodeSettings, ZkSettings
 from keyroute.zone import (
@@ -135,8 +135,8 @@ def cmd_node(args: argparse.Namespace) -> int:
     settings = NodeSettings(
         node_id=args.node_id,
         data_dir=args.data_dir,
-        zk=_zk(args),
-        http=_http_settings(args, advertise_url=args.advertise_url),
+        zk=zk_settings_of(args),
+        http=http_settings_of(args, advertise_url=args.advertise_url),
         zone=zone,
         drain_timeout_s=args.drain_timeout_s,
         restart_grace_s=args.restart_grace_s,
@@ -145,7 +145,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         min_offset_wait_ms=args.min_offset_wait_ms,
         live_batch_records=args.live_batch_records,
         live_sync_ms=args.live_sync_ms,
-        **_limits(args),
+        **limits_of(args),
         quota_file=args.quota_file,
     )
     if settings.quota_file and (refused := quota_file_error(settings.quota_file)) is not None:
@@ -159,7 +159,7 @@ def cmd_node_drain(args: argparse.Namespace) -> int:
     from keyroute.state_node.registration import request_drain
 
     try:
-        client = connect(_zk(args), ensure_layout=False)
+        client = connect(zk_settings_of(args), ensure_layout=False)
     except ZkUnavailableError as exc:
         print(f"keyroute node-drain: {exc}", file=sys.stderr)
         return 1

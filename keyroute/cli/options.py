@@ -313,7 +313,7 @@ def _read_secret_files(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _zk(args: argparse.Namespace) -> ZkSettings:
+def zk_settings_of(args: argparse.Namespace) -> ZkSettings:
     timeout = getattr(args, "zk_session_timeout_s", ZkSettings().session_timeout_s)
     auth, reader = getattr(args, "zk_auth", None), getattr(args, "zk_reader", None)
     tls = ZkTls(args.zk_tls_ca, args.zk_tls_cert, args.zk_tls_key) if args.zk_tls_ca is not None else None

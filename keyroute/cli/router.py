@@ -12,10 +12,10 @@ from keyroute.cli.options import (
     _Parser,
     _percent,
     _positive_int,
-    _zk,
     _zk_options,
+    zk_settings_of,
 )
-from keyroute.cli.serving import _admin_port_option, _http_settings, _limits, _serving_options, _tls_options
+from keyroute.cli.serving import _admin_port_option, _serving_options, _tls_options, http_settings_of, limits_of
 from keyroute.runtime.logs import configure as configure_logs
 from keyroute.runtime.settings import (
     HttpSettings,
@@ -60,11 +60,11 @@ def cmd_router(args: argparse.Namespace) -> int:
     from keyroute.router.service import run
 
     settings = RouterSettings(
-        zk=_zk(args),
-        http=_http_settings(args),
+        zk=zk_settings_of(args),
+        http=http_settings_of(args),
         upstream_timeout_s=args.upstream_timeout_s,
         upstream_connect_timeout_s=args.upstream_connect_timeout_s,
-        **_limits(args),
+        **limits_of(args),
         hedge_after_ms=args.hedge_after_ms,
         retry_budget_percent=args.retry_budget_percent,
         stall_after_ms=args.stall_after_ms,

@@ -91,7 +91,7 @@ def _tls_options(p: _Parser, parser: argparse.ArgumentParser, *, router: bool) -
     p.setting(parser, TlsSettings, "member_ca")
 
 
-def _http_settings(args: argparse.Namespace, **kwargs: Any) -> HttpSettings:
+def http_settings_of(args: argparse.Namespace, **kwargs: Any) -> HttpSettings:
     if args.admin_port is not None and args.admin_port == args.port:
         raise SystemExit(f"keyroute {args.command}: --admin-port must differ from --port ({args.port})")
     try:
@@ -118,7 +118,7 @@ _ACCESS_OPTIONS = (
 )
 
 
-def _limits(args: argparse.Namespace) -> dict[str, Any]:
+def limits_of(args: argparse.Namespace) -> dict[str, Any]:
     """The settings fields `_serving_options` fills, for NodeSettings and RouterSettings alike."""
     for name in (
         "max_batch_keys",

@@ -16,8 +16,8 @@ from keyroute.cli.options import (
     _positive_int,
     _secrets_dir_option,
     _without_pipeline_extra,
-    _zk,
     _zk_options,
+    zk_settings_of,
 )
 from keyroute.runtime.settings import (
     ZkSettings,
@@ -141,7 +141,8 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
             # Live stores' Kafka settings may name environment variables (secrets): resolved here, at the edge.
             kafka = KafkaAccess(_environ_with_secrets_dir(args))
             secret = args.spark_secret_file
-            published = build(args.spec, _zk(args), args.output, args.master, kafka=kafka, spark_secret_file=secret)
+            zk_settings = zk_settings_of(args)
+            published = build(args.spec, zk_settings, args.output, args.master, kafka=kafka, spark_secret_file=secret)
     except PipelineError as exc:
         print(f"keyroute pipeline build: {exc}", file=sys.stderr)
         return 1
@@ -160,7 +161,7 @@ def cmd_store(args: argparse.Namespace) -> int:
     what = f"keyroute store {args.store_command}"
     try:
         # Listing only reads: it creates nothing, so a read-only identity may list.
-        client = connect(_zk(args), ensure_layout=args.store_command != "list")
+        client = connect(zk_settings_of(args), ensure_layout=args.store_command != "list")
     except ZkUnavailableError as exc:
         print(f"{what}: {exc}", file=sys.stderr)
         return 1
@@ -170,7 +171,7 @@ def cmd_store(args: argparse.Namespace) -> int:
             for record in records:
                 print(json.dumps(describe_store(record), ensure_ascii=False))
             if not records:
-                return _nothing_published(what, client, _zk(args))
+                return _nothing_published(what, client, zk_settings_of(args))
             return 0
         if args.store_command == "delete":
             print(json.dumps(delete_store(client, args.store), ensure_ascii=False))
@@ -215,12 +216,12 @@ def cmd_adopt(args: argparse.Namespace) -> int:
 
     what = "keyroute store adopt"
     try:
-        client = connect(_zk(args))
+        client = connect(zk_settings_of(args))
     except ZkUnavailableError as exc:
         print(f"{what}: {exc}", file=sys.stderr)
         return 1
     try:
-        chroot = _zk(args).chroot or "/"
+        chroot = zk_settings_of(args).chroot or "/"
         found = read_cluster_id(client)
         if found is None and args.cluster_id is None and not args.new_cluster_id:
             print(

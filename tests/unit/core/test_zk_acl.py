@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives import serialization
 from kazoo.security import ACL, OPEN_ACL_UNSAFE, Id, Permissions
 
 from keyroute import cli
-from keyroute.cli import _zk, build_parser, main
+from keyroute.cli import build_parser, main, zk_settings_of
 from keyroute.cluster import zk
 from keyroute.cluster.zk import layout_acl, merged_acl
 from keyroute.cluster.zk_tls import ZkTlsError, subject_dn
@@ -83,19 +83,19 @@ def test_merging_removes_world_access_and_keeps_other_identities() -> None:
 
 def test_the_cli_reads_identities_from_options_and_environment() -> None:
     env = {"KEYROUTE_ZK_AUTH": "writer:w-pass\n", "KEYROUTE_ZK_READER": "reader:r-pass"}
-    settings = _zk(build_parser(env).parse_args(NODE_ARGS))
+    settings = zk_settings_of(build_parser(env).parse_args(NODE_ARGS))
     assert (settings.auth, settings.reader) == (WRITER, READER)
     assert (settings.hosts, settings.chroot) == ("zk:2181", "/keyroute")
     given = build_parser(env).parse_args([*NODE_ARGS, "--zk-auth", "other:o-pass"])
-    assert _zk(given).auth == ZkIdentity("other", "o-pass")
-    none = _zk(build_parser({"KEYROUTE_ZK_AUTH": ""}).parse_args(NODE_ARGS))  # an absent optional Secret
+    assert zk_settings_of(given).auth == ZkIdentity("other", "o-pass")
+    none = zk_settings_of(build_parser({"KEYROUTE_ZK_AUTH": ""}).parse_args(NODE_ARGS))  # an absent optional Secret
     assert (none.auth, none.reader) == (None, None)
     router = build_parser({"KEYROUTE_ZK_AUTH": "reader:r-pass"}).parse_args(
         ["router", "--zk", "zk:2181", "--port", "8080"]
     )
-    assert (_zk(router).auth, _zk(router).reader) == (READER, None)
+    assert (zk_settings_of(router).auth, zk_settings_of(router).reader) == (READER, None)
     listing = build_parser({"KEYROUTE_ZK_AUTH": "reader:r-pass"}).parse_args(["store", "list", "--zk", "zk:2181"])
-    assert _zk(listing).auth == READER
+    assert zk_settings_of(listing).auth == READER
 
 
 def test_routers_and_listings_take_no_reader_option(capsys: pytest.CaptureFixture[str]) -> None:
@@ -127,12 +127,12 @@ def test_cli_errors_and_help_never_show_a_password(capsys: pytest.CaptureFixture
 def test_the_cli_reads_zookeeper_tls_options_from_options_and_environment(tmp_path: Path) -> None:
     env = {"KEYROUTE_ZK_TLS_CA": "/tls/ca.crt", "KEYROUTE_ZK_TLS_CERT": "/tls/tls.crt", "KEYROUTE_ZK_TLS_KEY": ""}
     args = build_parser(env).parse_args([*NODE_ARGS, "--zk-tls-key", "/tls/tls.key", "--zk-reader-dn", "CN=r"])
-    settings = _zk(args)
+    settings = zk_settings_of(args)
     assert settings.tls == ZkTls(Path("/tls/ca.crt"), Path("/tls/tls.crt"), Path("/tls/tls.key"))
     assert (settings.reader_dn, settings.auth) == ("CN=r", None)
-    assert _zk(build_parser({}).parse_args(NODE_ARGS)).tls is None
+    assert zk_settings_of(build_parser({}).parse_args(NODE_ARGS)).tls is None
     router = build_parser({"KEYROUTE_ZK_TLS_CA": "/ca.pem"}).parse_args(["router", "--zk", "zk:2181", "--port", "1"])
-    assert _zk(router).tls == ZkTls(Path("/ca.pem"))
+    assert zk_settings_of(router).tls == ZkTls(Path("/ca.pem"))
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ def test_the_admin_port_comes_from_the_option_or_its_variable(command: list[str]
     assert parse({"KEYROUTE_ADMIN_PORT": "8081"}).parse_args(command).admin_port == 8081
     args = parse({"KEYROUTE_ADMIN_PORT": "8081"}).parse_args([*command, "--admin-port", "9091"])
     assert args.admin_port == 9091
-    settings = cli._http_settings(args)
+    settings = cli.http_settings_of(args)
     assert (settings.port, settings.admin_port) == (8080, 9091)
 
 
@@ -35,5 +35,5 @@ def test_a_bad_admin_port_is_a_one_line_usage_error(value: str, capsys: pytest.C
 def test_the_admin_port_must_differ_from_the_data_port() -> None:
     args = cli.build_parser({}).parse_args([*ROUTER, "--admin-port", "8080"])
     with pytest.raises(SystemExit) as exited:
-        cli._http_settings(args)
+        cli.http_settings_of(args)
     assert str(exited.value.code) == "keyroute router: --admin-port must differ from --port (8080)"

@@ -49,9 +49,9 @@ def test_each_secret_comes_from_its_file_as_a_kubernetes_secret_volume_holds_it(
     assert args.cluster_secret == "new-secret,old-secret"
     assert args.admin_token == "admin-token"
     # The settings the services are built from carry the files' values.
-    access = cli._limits(args)["access"]
+    access = cli.limits_of(args)["access"]
     assert (access.cluster_secret, access.admin_token) == ("new-secret,old-secret", "admin-token")
-    assert cli._zk(args).auth == args.zk_auth
+    assert cli.zk_settings_of(args).auth == args.zk_auth
 
 
 def test_without_the_files_the_options_keep_their_own_values(tmp_path: Path, ran: list[argparse.Namespace]) -> None:

@@ -15,22 +15,22 @@ ROUTER = ["router", "--zk", "zk:2181", "--port", "8080"]
 def test_tls_options_come_from_the_command_line_or_the_environment() -> None:
     env = {"KEYROUTE_TLS_CERT": "/tls/tls.crt", "KEYROUTE_TLS_KEY": "/tls/tls.key", "KEYROUTE_MEMBER_CA": "/ca.pem"}
     args = cli.build_parser(env).parse_args([*ROUTER, "--tls-client-ca", "/clients.pem"])
-    tls = cli._http_settings(args).tls
+    tls = cli.http_settings_of(args).tls
     assert (tls.cert, tls.key, tls.client_ca, tls.member_ca) == (
         "/tls/tls.crt",
         "/tls/tls.key",
         "/clients.pem",
         "/ca.pem",
     )
-    node = cli._http_settings(cli.build_parser(env).parse_args(NODE), advertise_url="")
+    node = cli.http_settings_of(cli.build_parser(env).parse_args(NODE), advertise_url="")
     assert node.url == "https://127.0.0.1:8080" and node.tls.client_ca == ""
-    assert cli._http_settings(cli.build_parser({}).parse_args(NODE)).url == "http://127.0.0.1:8080"
+    assert cli.http_settings_of(cli.build_parser({}).parse_args(NODE)).url == "http://127.0.0.1:8080"
 
 
 def test_nodes_take_a_clients_ca_and_routers_an_id() -> None:
     env = {"KEYROUTE_TLS_CERT": "/tls/tls.crt", "KEYROUTE_TLS_KEY": "/tls/tls.key", "KEYROUTE_MEMBER_CA": "/ca.pem"}
     node = cli.build_parser({**env, "KEYROUTE_TLS_CLIENT_CA": "/clients.pem"}).parse_args(NODE)
-    assert cli._http_settings(node).tls.client_ca == "/clients.pem"
+    assert cli.http_settings_of(node).tls.client_ca == "/clients.pem"
     assert cli.build_parser({}).parse_args([*ROUTER, "--router-id", "r7"]).router_id == "r7"
     assert cli.build_parser({"KEYROUTE_ROUTER_ID": "r8"}).parse_args(ROUTER).router_id == "r8"
     assert cli.build_parser({}).parse_args(ROUTER).router_id == ""
@@ -46,16 +46,16 @@ def test_nodes_take_a_clients_ca_and_routers_an_id() -> None:
 def test_incomplete_tls_options_are_one_line(extra: list[str], message: str) -> None:
     args = cli.build_parser({}).parse_args([*ROUTER, *extra])
     with pytest.raises(SystemExit) as exited:
-        cli._http_settings(args)
+        cli.http_settings_of(args)
     assert str(exited.value.code) == f"keyroute router: {message}"
 
 
 def test_an_http_advertised_address_with_tls_is_refused() -> None:
     args = cli.build_parser({}).parse_args([*NODE, "--tls-cert", "/a.crt", "--tls-key", "/a.key"])
     with pytest.raises(SystemExit) as exited:
-        cli._http_settings(args, advertise_url="http://n1:8080")
+        cli.http_settings_of(args, advertise_url="http://n1:8080")
     assert str(exited.value.code) == "keyroute node: --advertise-url http://n1:8080 is http://, but --tls-cert is HTTPS"
-    assert cli._http_settings(args, advertise_url="https://n1:8080").url == "https://n1:8080"
+    assert cli.http_settings_of(args, advertise_url="https://n1:8080").url == "https://n1:8080"
 
 
 def test_metrics_open_comes_from_the_command_line_or_the_environment() -> None:
@@ -64,5 +64,5 @@ def test_metrics_open_comes_from_the_command_line_or_the_environment() -> None:
         ([*ROUTER, "--metrics-open"], {}, True),
         ([*NODE], {"KEYROUTE_METRICS_OPEN": "true"}, True),
     ):
-        access = cli._limits(cli.build_parser(env).parse_args(argv))["access"]
+        access = cli.limits_of(cli.build_parser(env).parse_args(argv))["access"]
         assert access.metrics_open is wanted, (argv, env)

@@ -44,31 +44,31 @@ def test_an_unknown_option_is_said_with_the_closest_one(capsys: pytest.CaptureFi
 
 
 def test_the_share_per_caller_is_an_option_and_a_variable_and_not_negative(capsys: pytest.CaptureFixture[str]) -> None:
-    from keyroute.cli import _limits, build_parser
+    from keyroute.cli import build_parser, limits_of
 
     env = {"KEYROUTE_MAX_CONCURRENT_PER_CALLER": "8"}
     args = build_parser(env).parse_args(["router", "--zk", "z:1", "--port", "1"])
-    assert _limits(args)["limits"].max_concurrent_per_caller == 8
+    assert limits_of(args)["limits"].max_concurrent_per_caller == 8
     args = build_parser({}).parse_args(["router", "--zk", "z:1", "--port", "1", "--max-concurrent-per-caller", "-1"])
     with pytest.raises(SystemExit) as exited:  # the process prints it as one line and exits 1
-        _limits(args)
+        limits_of(args)
     assert exited.value.code == "keyroute router: --max-concurrent-per-caller must not be negative"
 
 
 def test_an_http_jwks_url_is_refused_in_one_line_unless_allowed(capsys: pytest.CaptureFixture[str]) -> None:
-    from keyroute.cli import _limits, build_parser
+    from keyroute.cli import build_parser, limits_of
 
     given = ["node", "--zk", "z:1", "--node-id", "n1", "--port", "1", "--data-dir", "d", "--jwt-issuer", "i"]
     args = build_parser({}).parse_args([*given, "--jwt-jwks-url", "http://issuer.test/jwks.json"])
     with pytest.raises(SystemExit) as exited:  # the process prints it as one line and exits 1
-        _limits(args)
+        limits_of(args)
     assert str(exited.value.code).startswith("keyroute node: --jwt-jwks-url http://issuer.test/jwks.json is http://")
     assert "--jwt-jwks-allow-http" in str(exited.value.code) and "\n" not in str(exited.value.code)
     env = {"KEYROUTE_JWT_JWKS_ALLOW_HTTP": "1", "KEYROUTE_JWT_JWKS_REFRESH_S": "60"}
     args = build_parser(env).parse_args([*given, "--jwt-jwks-url", "http://issuer.test/jwks.json"])
-    access = _limits(args)["access"]
+    access = limits_of(args)["access"]
     assert access.jwt_jwks_allow_http and access.jwt_jwks_refresh_s == 60
     args = build_parser({}).parse_args([*given, "--jwt-jwks-url", "https://issuer.test/jwks.json"])
-    assert _limits(args)["access"].jwt_jwks_refresh_s == 300
+    assert limits_of(args)["access"].jwt_jwks_refresh_s == 300
     code, err = _fails([*given, "--jwt-jwks-refresh-s", "0"], capsys)
     assert code == 2 and "--jwt-jwks-refresh-s" in err and "expected a number above 0" in err
