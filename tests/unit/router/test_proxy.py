@@ -708,7 +708,10 @@ def test_a_read_stuck_on_a_slow_replica_is_hedged_and_answered_by_the_other(
     assert [(node, key) for node, key, _ in hedged] == [("fast", key) for key in keys]
     # Delivered without waiting for the slow node (0.3 s): most reads before it had answered at all.
     assert sum("slow" not in answered for _, _, answered in hedged) > len(hedged) // 2
-    assert slow.received[: len(keys)] == keys and fast.received == keys
+    # Every read asked the slow node first (each was hedged, below); on a loaded machine a request cancelled by the
+    # hedge's answer may be closed before the slow node has read it, so it received the keys in order, some missing.
+    first = [key for key in slow.received if not key.startswith("after-")]
+    assert first == [key for key in keys if key in first] and fast.received == keys
     m = h.proxy.metrics
     assert m.hedges == len(keys) and m.hedge_wins == len(keys) and m.budget_exhausted == 0
     assert [(node, key) for node, key, _ in after] == [("slow", f"after-{i}") for i in range(8)]
