@@ -51,6 +51,7 @@ from keyroute.http.quotas import Quotas, ServingShares, page_cost
 from keyroute.http.tls import call_peer_identity, call_peer_role
 from keyroute.runtime.metrics import KIND_RANGE
 from keyroute.runtime.native import mypyc_attr
+from keyroute.state_node import multi_read
 from keyroute.state_node import openapi as node_openapi
 from keyroute.state_node.app import Node
 from keyroute.state_node.ranges import read_partition_range
@@ -289,6 +290,8 @@ class NodeDataPlane(RoutedDataPlane):
             (node_openapi.GET_PARTITION_RANGE,),
         ),
         Route("/stores/{store}/schema", ("GET",), _schema, None, (openapi.GET_ANSWER_SCHEMA,)),
+        # Several stores at once (keyroute.state_node.multi_read).
+        *multi_read.ROUTES,
     )
 
 
