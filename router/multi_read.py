@@ -37,6 +37,7 @@ from keyroute.api import (
 from keyroute.cluster.partition_map import Endpoint
 from keyroute.http import openapi
 from keyroute.http.dataplane import JSON, Call, Route
+from keyroute.http.fast_upstream import StaleConnection, header_block
 from keyroute.http.forwarding import encode_entry, error_entry, forward_batch, passthrough_headers, path_segment
 from keyroute.http.multi_store import (
     READ,
@@ -75,34 +76,38 @@ def plan(proxy: Any, key: str, stores: Sequence[str]) -> tuple[dict[str, dict[st
     are the first store's that serve every store of it."""
     table = proxy.table
     entries: dict[str, dict[str, Any]] = {}
-    left: list[tuple[str, tuple[Endpoint, ...], frozenset[str]]] = []
+    left: list[tuple[str, int, frozenset[str]]] = []
     for store in stores:
         if not table.has_store(store):
             entries[store] = error_entry(key, table.unknown_store(store))
             continue
         try:
-            location = table.locate(store, key)
+            partition, serving = table.serving_of(store, key)
         except ApiError as exc:
             entries[store] = error_entry(key, exc)
             continue
-        order = tuple(proxy.serving(store, location.partition))
-        if not order:
-            proxy.metrics.unavailable += 1
-            unserved = PartitionUnavailable(f"no node serves partition {location.partition} of store {store!r}")
-            entries[store] = error_entry(key, unserved)
-            continue
-        left.append((store, order, frozenset(ep.url for ep in order)))
+        if not serving:
+            serving = proxy.serving(store, partition)  # the last known replicas, when any
+            if not serving:
+                proxy.metrics.unavailable += 1
+                unserved = PartitionUnavailable(f"no node serves partition {partition} of store {store!r}")
+                entries[store] = error_entry(key, unserved)
+                continue
+        left.append((store, partition, frozenset(ep.url for ep in serving)))
     groups = []
     while left:
-        _, order, _ = left[0]
+        first, partition, _ = left[0]
+        order = proxy.serving(first, partition)  # in the order to ask them
         best: list[str] = []
         for endpoint in order:
             covered = [store for store, _, urls in left if endpoint.url in urls]
             if len(covered) > len(best):
                 best = covered
+        if not best:  # the replicas changed between the two looks: the first store alone
+            best = [first]
         chosen = set(best)
         urls = [urls for store, _, urls in left if store in chosen]
-        replicas = tuple(ep for ep in order if all(ep.url in served for served in urls))
+        replicas = tuple(ep for ep in order if all(ep.url in served for served in urls)) or tuple(order)
         groups.append(Group(key, tuple(best), replicas))
         left = [item for item in left if item[0] not in chosen]
     return entries, groups
@@ -127,34 +132,105 @@ def _read_stores(plane: Any, call: Call, stores_text: str, key: str) -> Any:
     if plane.quotas.active:
         for store in stores:
             plane._admit(call, store, 1)
-    return _read_key(plane, call, key, stores, options)
+    proxy = plane.proxy
+    entries, groups = plan(proxy, key, stores)
+    if len(groups) == 1 and not entries and plane.upstream is not None:
+        # One node serves every store asked (co-located stores): its answer is the answer, relayed from its
+        # connection's callback as a single read's is.
+        _Relay(plane, call, groups[0], options).send()
+        return None
+    return _read_key(plane, call, key, stores, options, entries, groups)
 
 
-async def _read_key(plane: Any, call: Call, key: str, stores: tuple[str, ...], options: ReadOptions) -> None:
+class _Relay:
+    """A read of one group passed on: to its replicas in turn (the next after a failure or a 503), the first
+    other answer relayed as it is; no coroutine while a pooled connection to the node is idle."""
+
+    __slots__ = ("plane", "call", "group", "url_path", "head", "headers", "at", "refused")
+
+    def __init__(self, plane: Any, call: Call, group: Group, options: ReadOptions) -> None:
+        self.plane = plane
+        self.call = call
+        self.group = group
+        self.url_path = _group_path(group, options)
+        self.headers = _headers(plane.proxy, call.request.request_id)
+        self.head = header_block(self.headers)
+        self.at = 0
+        self.refused: UpstreamResponse | None = None
+
+    def send(self) -> None:
+        replicas = self.group.replicas
+        if self.at >= len(replicas):
+            if self.refused is not None:
+                self._relay(self.refused)
+            else:
+                self.call.fail(PartitionUnavailable(f"no node serving {', '.join(self.group.stores)} answered"))
+            return
+        endpoint = replicas[self.at]
+        self.plane.proxy.metrics.upstream_requests += 1
+        upstream = self.plane.upstream
+        url = endpoint.url + self.url_path
+        if upstream.get_now(url, self.head, self.replied) is None:
+            task = asyncio.get_running_loop().create_task(upstream.get(url, self.headers))
+            _TASKS.add(task)
+            task.add_done_callback(self._fetched)
+
+    def _fetched(self, task: asyncio.Task[UpstreamResponse]) -> None:
+        _TASKS.discard(task)
+        if task.cancelled():
+            return
+        error = task.exception()
+        self.replied(error if error is not None else task.result())  # type: ignore[arg-type]
+
+    def replied(self, result: UpstreamResponse | BaseException) -> None:
+        if isinstance(result, BaseException) or result.status == 503:
+            if isinstance(result, UpstreamResponse):
+                self.refused = result
+            elif isinstance(result, StaleConnection):
+                self.at -= 1  # the idle connection had been closed: the same node again, on a new one
+            else:
+                endpoint = self.group.replicas[self.at]
+                log.warning("a multi-store read from node %s failed: %s", endpoint.node_id, describe(result))
+            self.at += 1
+            self.send()
+            return
+        self._relay(result)
+
+    def _relay(self, reply: UpstreamResponse) -> None:
+        if reply.status == 200:
+            _count(self.plane, self.group.stores, KIND_KEY, 200)
+        self.call.answer(reply.status, passthrough_headers(reply.headers), reply.body)
+
+
+# The relays' requests in tasks (the loop keeps only weak references to tasks).
+_TASKS: set[asyncio.Task[UpstreamResponse]] = set()
+
+
+def _group_path(group: Group, options: ReadOptions) -> str:
+    return f"/stores/{stores_segment(group.stores)}/{READ}/{path_segment(group.key)}" + options.query(group.stores)
+
+
+async def _read_key(
+    plane: Any,
+    call: Call,
+    key: str,
+    stores: tuple[str, ...],
+    options: ReadOptions,
+    entries: dict[str, dict[str, Any]],
+    groups: list[Group],
+) -> None:
     proxy = plane.proxy
     request_id = call.request.request_id
-    entries, groups = plan(proxy, key, stores)
-    if len(groups) == 1 and not entries:
-        # One node serves every store asked (co-located stores): its answer is the answer.
-        reply = await _get_group(proxy, groups[0], options, request_id)
-        if isinstance(reply, UpstreamResponse) and reply.status == 200:
-            _count(plane, stores, KIND_KEY, 200)
-            call.answer(200, passthrough_headers(reply.headers), reply.body)
-            return
-        groups_done = [(groups[0], reply)]
-    else:
-        replies = await asyncio.gather(*(_get_group(proxy, group, options, request_id) for group in groups))
-        groups_done = list(zip(groups, replies, strict=True))
+    replies = await asyncio.gather(*(_get_group(proxy, group, options, request_id) for group in groups))
     nodes: set[str] = set()
     hopped = False
-    for group, reply in groups_done:
-        found = _group_entries(group, reply)
+    for group, reply in zip(groups, replies, strict=True):
+        entries.update(_group_entries(group, reply))
         if isinstance(reply, UpstreamResponse) and reply.status == 200:
             node = reply.header(_NODE)
             if node is not None:
                 nodes.add(node.decode("latin-1"))
             hopped = hopped or reply.header(_HOPS) not in (None, b"0")
-        entries.update(found)
     for store in stores:
         status = entries[store].get("status")
         plane.count(store, KIND_KEY, status if isinstance(status, int) else 500)
@@ -167,7 +243,7 @@ async def _read_key(plane: Any, call: Call, key: str, stores: tuple[str, ...], o
 async def _get_group(proxy: Any, group: Group, options: ReadOptions, request_id: str) -> UpstreamResponse | ApiError:
     """A node's answer to the GET of `group`: the first replica's that answers other than 503, else the
     last 503, else PartitionUnavailable."""
-    path = f"/stores/{stores_segment(group.stores)}/{READ}/{path_segment(group.key)}" + options.query(group.stores)
+    path = _group_path(group, options)
     refused: UpstreamResponse | None = None
     for endpoint in group.replicas:
         try:

@@ -18,14 +18,15 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from keyroute.api import HEADER_GENERATION, HEADER_HOPS, ApiError
+from keyroute.api import HEADER_GENERATION, HEADER_HOPS, HEADER_OFFSET, ApiError
 from keyroute.http import openapi
 from keyroute.http.dataplane import JSON, Call, Route
-from keyroute.http.forwarding import OffsetBounds, encode_entry, error_entry, found_entry, path_segment
+from keyroute.http.forwarding import OffsetBounds, encode_entry, error_entry, path_segment
 from keyroute.http.multi_store import (
     READ,
     entry_of_answer,
     error_entry_bytes,
+    json_text,
     key_answer,
     parse_options,
     parse_read_request,
@@ -39,25 +40,34 @@ if TYPE_CHECKING:
     from keyroute.state_node.dataplane import NodeDataPlane
 
 _HOPS = HEADER_HOPS.encode("ascii")
+_OFFSET = HEADER_OFFSET.encode("ascii")
 _GENERATION = HEADER_GENERATION.encode("ascii")
 
 
 def _found(store: str, key: str, partition: int, version: int, value: bytes) -> bytes:
-    """A value read here, as its store's entry (the node and a live store's offset are added from the
-    answer's headers)."""
-    return found_entry(key, partition, version, value)
+    """The tail of a value read here as its store's entry (`_entry_here` writes its head: the node, a live
+    store's offset, the key)."""
+    return b'"status":200,"partition":%d,"version":%d,"value":%s}' % (partition, version, value)
 
 
-def _entry_here(key: str, answer: tuple[int, list[tuple[bytes, bytes]], bytes], node_id: bytes) -> bytes:
+# Each node's `{"node":"<id>",` (an entry's head), made once.
+_NODE_HEADS: dict[bytes, bytes] = {}
+
+
+def _entry_here(
+    key: str, key_json: bytes, answer: tuple[int, list[tuple[bytes, bytes]], bytes], node_id: bytes
+) -> bytes:
     """The entry of a store read here (`read_key`'s answer, a 200 made by `_found`)."""
     status, headers, body = answer
     if status != 200:
         return encode_entry(entry_of_answer(key, status, headers, body))
-    offset = next((value for name, value in headers if name == b"x-keyroute-offset"), None)
-    head = b'{"node":%s,' % encode_entry({"": node_id.decode("latin-1")})[4:-1]
-    if offset is not None:
-        head += b'"offset":%s,' % offset
-    return head + body[1:]
+    head = _NODE_HEADS.get(node_id)
+    if head is None:
+        head = _NODE_HEADS[node_id] = b'{"node":%s,' % json_text(node_id.decode("latin-1"))
+    for name, value in headers:
+        if name == _OFFSET:  # a live store's (after the node's own headers)
+            return b'%s"offset":%s,"key":%s,%s' % (head, value, key_json, body)
+    return b'%s"key":%s,%s' % (head, key_json, body)
 
 
 def _read_stores(plane: NodeDataPlane, call: Call, stores_text: str, key: str) -> Any:
@@ -70,28 +80,30 @@ def _read_stores(plane: NodeDataPlane, call: Call, stores_text: str, key: str) -
     forwarded = plane._forwarded(call)
     node = plane.node
     node_id = node.node_header[1]
+    key_json = json_text(key)
+    min_offsets, fields = options.min_offsets, options.fields
     entries: dict[str, bytes] = {}
     waiting: list[tuple[str, Forward | Behind]] = []
+    count = plane.count
     for store in stores:
         try:
-            answer = read_key(
-                node,
-                store,
-                key,
-                forwarded,
-                options.min_offsets.get(store),
-                found=_found,
-                fields=options.fields.get(store),
-            )
+            if min_offsets or fields:
+                answer = read_key(
+                    node, store, key, forwarded, min_offsets.get(store), found=_found, fields=fields.get(store)
+                )
+            else:
+                answer = read_key(node, store, key, forwarded, None, found=_found)
         except ApiError as exc:
+            count(store, KIND_KEY, exc.status)
             entries[store] = error_entry_bytes(key, exc)
             continue
         if type(answer) is tuple:
-            entries[store] = _entry_here(key, answer, node_id)  # type: ignore[arg-type]
+            count(store, KIND_KEY, answer[0])
+            entries[store] = _entry_here(key, key_json, answer, node_id)  # type: ignore[arg-type]
         else:
             waiting.append((store, answer))  # type: ignore[arg-type]
     if not waiting:
-        _answer_key(plane, call, key, stores, entries, forwarded)
+        call.answer(200, _headers(plane, forwarded), key_answer(key, [(store, entries[store]) for store in stores]))
         return None
     return _finish_key(plane, call, key, stores, entries, waiting, forwarded, options)
 
@@ -120,7 +132,7 @@ async def _finish_key(
                 await pending.live.wait_reached(pending.min_offset, node.settings.min_offset_wait_ms / 1000)
                 again = read_key(node, store, key, forwarded, bound, waited=True, found=_found, fields=fields)
                 if type(again) is tuple:
-                    return _entry_here(key, again, node_id)  # type: ignore[arg-type]
+                    return _entry_here(key, json_text(key), again, node_id)  # type: ignore[arg-type]
                 pending = again  # type: ignore[assignment]  # the partition moved meanwhile
             target = f"/stores/{path_segment(store)}/keys/{path_segment(key)}"
             query = []
@@ -137,16 +149,9 @@ async def _finish_key(
 
     done = await asyncio.gather(*(one(store, pending) for store, pending in waiting))
     for (store, _), entry in zip(waiting, done, strict=True):
+        plane.count(store, KIND_KEY, _status(entry))
         entries[store] = entry
-    _answer_key(plane, call, key, stores, entries, True)
-
-
-def _answer_key(
-    plane: NodeDataPlane, call: Call, key: str, stores: tuple[str, ...], entries: dict[str, bytes], hopped: bool
-) -> None:
-    for store in stores:
-        plane.count(store, KIND_KEY, _status(entries[store]))
-    call.answer(200, _headers(plane, hopped), key_answer(key, ((store, entries[store]) for store in stores)))
+    call.answer(200, _headers(plane, True), key_answer(key, [(store, entries[store]) for store in stores]))
 
 
 def _status(entry: bytes) -> int:

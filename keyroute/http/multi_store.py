@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -52,6 +53,8 @@ MAX_STORES = 16
 READ = "read"
 _PER_STORE_FIELDS = FIELDS + "."
 _NODE = HEADER_NODE.encode("ascii")
+# A JSON string as `json.dumps(text, ensure_ascii=False)` writes it, without an encoder per call.
+_json_string = encode_basestring
 _OFFSET = HEADER_OFFSET.encode("ascii")
 
 
@@ -96,12 +99,15 @@ class ReadOptions:
         return "?" + "&".join(parts) if parts else ""
 
 
+_NO_OPTIONS = ReadOptions()
+
+
 def parse_options(raw_query: bytes, stores: Sequence[str], bounds: bool = True) -> ReadOptions:
     """The options of a multi-store read's raw query string (`bounds`: `min_offset` is taken, a GET's).
     Raises BadRequest for an unknown or repeated parameter, a store it names that the read does not, or a
     malformed bound or projection."""
     if not raw_query:
-        return ReadOptions()
+        return _NO_OPTIONS
     min_offsets: dict[str, int] = {}
     every: Projection | None = None
     fields: dict[str, Projection] = {}
@@ -247,22 +253,25 @@ def read_body(keys: Mapping[str, Sequence[str]], min_offsets: Mapping[str, int] 
 # -- answers ----------------------------------------------------------------------------------------------
 
 
+def json_text(text: str) -> bytes:
+    """A JSON string (a key, a store name), as `encode_entry` writes strings (a lone surrogate escaped)."""
+    try:
+        return _json_string(text).encode("utf-8")
+    except UnicodeEncodeError:
+        return encode_entry({"": text})[4:-1]
+
+
 def key_answer(key: str, entries: Iterable[tuple[str, bytes]]) -> bytes:
     """`{"key": K, "stores": {...}}` around entries already encoded, in the order given."""
     return b'{"key":%s,"stores":{%s}}' % (
-        encode_entry_text(key),
-        b",".join(encode_entry_text(store) + b":" + entry for store, entry in entries),
+        json_text(key),
+        b",".join(b"%s:%s" % (json_text(store), entry) for store, entry in entries),
     )
 
 
 def results_answer(rows: Iterable[bytes]) -> bytes:
     """`{"results": [...]}` around rows made by `key_answer`."""
     return b'{"results":[' + b",".join(rows) + b"]}"
-
-
-def encode_entry_text(text: str) -> bytes:
-    """A JSON string (a key, a store name), as `encode_entry` writes strings."""
-    return encode_entry({"": text})[4:-1]
 
 
 def error_entry_bytes(key: Any, error: ApiError, offset: int | None = None) -> bytes:
