@@ -9,8 +9,10 @@ single-store reads of the same keys answer; a read of the co-located stores is a
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -327,3 +329,110 @@ def test_reads_of_co_located_stores_take_one_hop_while_a_node_joins_and_leaves(
     # change on its way (the node then passes it on once: hops 1, still answered).
     print("reads by hops:", hops)
     assert hops.get("0", 0) >= 0.95 * reads, hops
+
+
+LIVE = "clicks"
+
+
+def test_a_live_store_read_with_a_batch_store_equals_the_single_reads(tmp_path: Path, zk_settings: ZkSettings) -> None:
+    """A live store (built by `keyroute pipeline build`, following librdkafka's mock broker) and a batch store
+    co-located with it: every multi-store read, bounded per store by `min_offset`, carries the live store's
+    offset and equals the single reads."""
+    from confluent_kafka import Producer
+
+    from keyroute.dev.kafka_mock import MockKafka
+    from keyroute.keys.partitioner import partition_for
+    from tests.util import Proc
+
+    with MockKafka() as kafka:
+        topic = f"clicks-{uuid.uuid4().hex[:8]}"
+        kafka.create_topic(topic, PARTITIONS)
+        spec = tmp_path / "stores.toml"
+        spec.write_text(
+            f"""
+[stores.{LIVE}]
+key = "user"
+partitions = {PARTITIONS}
+mode = "latest"
+order_by = "ts"
+columns = ["ts", "page"]
+
+[stores.{LIVE}.live]
+topic = "{topic}"
+bootstrap_servers = "{kafka.bootstrap_servers}"
+start = "earliest"
+"""
+        )
+        connect = zk_settings.connect_string
+        build = Proc(
+            ["pipeline", "build", "--spec", str(spec), "--zk", connect, "--output", str(tmp_path / "snapshots"),
+             "--master", "local[1]"],
+            tmp_path / "pipeline.log",
+        ).start()  # fmt: skip
+        assert build.popen is not None
+        try:
+            assert build.popen.wait(timeout=280) == 0, build.output()[-6000:]
+        finally:
+            build.stop()
+        users = {f"u{i:02d}": {"name": f"user {i}"} for i in range(0, 20, 2)}
+        snapshot = write_snapshot(tmp_path / "users", "users", users, KeyFormat.STRING, PARTITIONS)
+        record = StoreRecord(
+            "users", PARTITIONS, Partitioner.MURMUR2, KeyFormat.STRING, 1, snapshot, ("name",), colocate_with=LIVE
+        )
+        client = zk.connect(zk_settings)
+        try:
+            client.create(zk_layout.store_path("users"), record.to_json(), makepath=True)
+        finally:
+            zk.close(client)
+
+        procs: list[Proc] = []
+        try:
+            for node_id in ("n1", "n2"):
+                args = ["node", "--zk", connect, "--node-id", node_id, "--port", str(free_port())]
+                args += ["--data-dir", str(tmp_path / f"data-{node_id}"), "--zk-session-timeout-s", "4"]
+                procs.append(Proc(args, tmp_path / f"{node_id}.log").start())
+            port = free_port()
+            procs.append(Proc(["router", "--zk", connect, "--port", str(port)], tmp_path / "router.log").start())
+            router = f"http://127.0.0.1:{port}"
+            wait_for(
+                lambda: httpx.get(router + "/readyz", timeout=5).json().get("complete") is True,
+                timeout_s=90,
+                interval_s=0.2,
+                message="the router to be ready",
+            )
+            producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "log_level": 3})
+            offsets: dict[str, int] = {}
+
+            def delivered(err: Any, msg: Any) -> None:
+                assert err is None, err
+                offsets[msg.key().decode()] = msg.offset()
+
+            for i in range(20):
+                user = f"u{i:02d}"
+                p = partition_for(Partitioner.MURMUR2, user.encode(), PARTITIONS)
+                value = {"ts": i, "page": f"/p{i}"}
+                producer.produce(topic, key=user.encode(), value=json.dumps(value).encode(), partition=p,
+                                 on_delivery=delivered)  # fmt: skip
+            producer.flush(10)
+            with httpx.Client(timeout=10) as http:
+                for user, offset in offsets.items():
+                    answer = http.get(f"{router}/stores/{LIVE},users/read/{user}?min_offset={LIVE}:{offset}")
+                    assert answer.status_code == 200 and answer.headers["x-keyroute-hops"] == "0", answer.text
+                    entries = answer.json()["stores"]
+                    assert entries[LIVE]["offset"] >= offset and "offset" not in entries["users"]
+                    for store, entry in entries.items():
+                        assert_same(entry, single(router, store, user), user)
+                keys = [*offsets, "absent"]
+                results = http.post(f"{router}/stores/{LIVE},users/read", json={"keys": keys}).json()["results"]
+                for result in results:
+                    for store, entry in result["stores"].items():
+                        assert_same(entry, single(router, store, result["key"]), result["key"])
+                    assert result["stores"][LIVE]["offset"] >= 0
+                # A bound no replica reaches is that store's 503 entry; the other store is answered.
+                far = http.get(f"{router}/stores/{LIVE},users/read/u00?min_offset={LIVE}:{offsets['u00'] + 1000}")
+                entries = far.json()["stores"]
+                assert entries[LIVE]["status"] == 503 and entries[LIVE]["error"] == "not_up_to_bound"
+                assert entries["users"]["status"] == 200
+        finally:
+            for proc in procs:
+                proc.stop()
