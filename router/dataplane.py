@@ -9,6 +9,8 @@
                                           merged
     POST     /stores/{store}/batch-get    `Proxy.batch_get` in a task: the entries as JSON
     GET|HEAD /stores/{store}/schema       the Avro schema of the answers (keyroute.formats.avro_answers)
+    GET|HEAD /stores/{stores}/read/{key}, POST /stores/{stores}/read
+                                          several stores at once (keyroute.router.multi_read)
 
 Key, timeline and batch reads answer Avro when the request's Accept prefers it (a 200 only: errors stay
 JSON): the router asks the nodes for JSON and writes the Avro answer itself, so a JSON read costs one

@@ -11,6 +11,8 @@
     POST     /stores/{store}/batch-get    `reads.read_batch`, the keys held elsewhere sent on (and the keys
                                           of partitions behind their bound waited for) in a task
     GET|HEAD /stores/{store}/schema       the Avro schema of the answers (keyroute.formats.avro_answers)
+    GET|HEAD /stores/{stores}/read/{key}, POST /stores/{stores}/read
+                                          several stores at once (keyroute.state_node.multi_read)
 
 Key, timeline and batch reads answer Avro when the request's Accept prefers it (a 200 only: errors stay
 JSON); a read forwarded to another node asks it for JSON and answers Avro here.
