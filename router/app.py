@@ -149,6 +149,7 @@ def create_app(
             app.state.callers.cluster_key = proxy.cursor_key  # what admin callers' login sessions are keyed by
         proxy.metrics.certificates = certificates_in_use(settings.http.tls, settings.zk.tls)
         app.state.proxy = proxy
+        app.state.upstream = wire  # the data plane's multi-store batches post on it (keyroute.router.multi_read)
         app.state.quotas = proxy.metrics.quotas = quotas
         # A source without a ZooKeeper session (tests) has no live status to show.
         app.state.live_status = LiveStatusReader(lambda: getattr(source, "client", None))

@@ -9,6 +9,8 @@
                                           merged
     POST     /stores/{store}/batch-get    `Proxy.batch_get` in a task: the entries as JSON
     GET|HEAD /stores/{store}/schema       the Avro schema of the answers (keyroute.formats.avro_answers)
+    GET|HEAD /stores/{stores}/read/{key}, POST /stores/{stores}/read
+                                          several stores at once (keyroute.router.multi_read)
 
 Key, timeline and batch reads answer Avro when the request's Accept prefers it (a 200 only: errors stay
 JSON): the router asks the nodes for JSON and writes the Avro answer itself, so a JSON read costs one
@@ -30,6 +32,7 @@ from keyroute.http.admission import Admission
 from keyroute.http.dataplane import JSON, Call, Route, RoutedDataPlane, store_routes
 from keyroute.http.forwarding import encode_entry, parse_batch_request
 from keyroute.http.quotas import Quotas, page_cost
+from keyroute.router import multi_read
 from keyroute.router import openapi as router_openapi
 from keyroute.router.ranges import read_range
 from keyroute.runtime.metrics import KIND_BATCH, KIND_RANGE
@@ -146,6 +149,9 @@ class RouterDataPlane(RoutedDataPlane):
             caller_answered=metrics.caller_answered,
         )
         self.proxy: Any = proxy  # see above: a Proxy
+        # The wire to the nodes (keyroute.http.upstream.Upstream), for the requests the proxy does not make
+        # itself (keyroute.router.multi_read's batches).
+        self.upstream: Any = None
         self.quotas = quotas if quotas is not None else Quotas()
 
     @classmethod
@@ -155,6 +161,7 @@ class RouterDataPlane(RoutedDataPlane):
         def plane(state: Any) -> RouterDataPlane:
             made = cls(state.proxy, state.admission, max_key_bytes, getattr(state, "quotas", None))
             made.callers = getattr(state, "callers", None)
+            made.upstream = getattr(state, "upstream", None)
             return made
 
         return plane
@@ -173,6 +180,8 @@ class RouterDataPlane(RoutedDataPlane):
         _batch_get,
         Route("/stores/{store}/range", ("GET",), _read_range, KIND_RANGE, (router_openapi.GET_RANGE,)),
         Route("/stores/{store}/schema", ("GET",), _schema, None, (openapi.GET_ANSWER_SCHEMA,)),
+        # Several stores at once (keyroute.router.multi_read).
+        *multi_read.ROUTES,
         batch_operation=router_openapi.BATCH_GET,
     )
 

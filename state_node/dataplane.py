@@ -11,6 +11,8 @@
     POST     /stores/{store}/batch-get    `reads.read_batch`, the keys held elsewhere sent on (and the keys
                                           of partitions behind their bound waited for) in a task
     GET|HEAD /stores/{store}/schema       the Avro schema of the answers (keyroute.formats.avro_answers)
+    GET|HEAD /stores/{stores}/read/{key}, POST /stores/{stores}/read
+                                          several stores at once (keyroute.state_node.multi_read)
 
 Key, timeline and batch reads answer Avro when the request's Accept prefers it (a 200 only: errors stay
 JSON); a read forwarded to another node asks it for JSON and answers Avro here.
@@ -51,6 +53,7 @@ from keyroute.http.quotas import Quotas, ServingShares, page_cost
 from keyroute.http.tls import call_peer_identity, call_peer_role
 from keyroute.runtime.metrics import KIND_RANGE
 from keyroute.runtime.native import mypyc_attr
+from keyroute.state_node import multi_read
 from keyroute.state_node import openapi as node_openapi
 from keyroute.state_node.app import Node
 from keyroute.state_node.ranges import read_partition_range
@@ -289,6 +292,8 @@ class NodeDataPlane(RoutedDataPlane):
             (node_openapi.GET_PARTITION_RANGE,),
         ),
         Route("/stores/{store}/schema", ("GET",), _schema, None, (openapi.GET_ANSWER_SCHEMA,)),
+        # Several stores at once (keyroute.state_node.multi_read).
+        *multi_read.ROUTES,
     )
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from threading import Event
 from typing import Any
 
+from keyroute.cluster.colocation import colocation_groups
 from keyroute.cluster.partition_map import PartitionMap, StoreRecord
 from keyroute.replica.live import GAP, LivePartition
 from keyroute.replica.store import PartitionId, PartitionStore
@@ -195,15 +196,23 @@ class Lifecycle:
         """Every served partition no longer wanted at its version: those that may go now (make before break:
         `may_drop`) are marked DROPPED and returned; the others are DRAINING (kept, served, announced)."""
         wanted_version = {(pid.store, pid.partition): pid for pid in self.desired}
-        drops: list[Drop] = []
+        going: list[tuple[PartitionId, Entry, PartitionId | None, bool]] = []
         for pid, entry in list(self.entries.items()):
             if entry.state in (PartitionState.SERVING, PartitionState.DRAINING) and pid not in self.desired:
                 wanted = wanted_version.get((pid.store, pid.partition))
-                if not self.leaving and self.may_drop(pid, m, wanted):
-                    entry.state = PartitionState.DROPPED
-                    drops.append((pid, entry, wanted is not None))
-                else:
-                    entry.state = PartitionState.DRAINING
+                going.append((pid, entry, wanted, not self.leaving and self.may_drop(pid, m, wanted)))
+        # Co-located stores (keyroute.cluster.colocation) let go of a partition together: partition p of one
+        # is kept while p of another store of its group is kept here, so that a node serving p of one serves p
+        # of all until each is served elsewhere (a multi-store read of them stays one hop during a move).
+        groups = colocation_groups({name: record.colocate_with for name, record in m.stores.items()}) if going else {}
+        kept = {(groups[pid.store], pid.partition) for pid, _, _, may in going if not may and pid.store in groups}
+        drops: list[Drop] = []
+        for pid, entry, wanted, may in going:
+            if may and (pid.store not in groups or (groups[pid.store], pid.partition) not in kept):
+                entry.state = PartitionState.DROPPED
+                drops.append((pid, entry, wanted is not None))
+            else:
+                entry.state = PartitionState.DRAINING
         return drops
 
     def may_drop(self, pid: PartitionId, m: PartitionMap, wanted: PartitionId | None) -> bool:

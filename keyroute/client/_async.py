@@ -18,6 +18,7 @@ from keyroute.client._errors import KeyrouteError
 from keyroute.client._models import Answer, Value, head_of
 from keyroute.client._paging import Paged, T
 from keyroute.client._plans import Call, MapDue, Parallel, Plan, Sleep, Step
+from keyroute.client._stores import Fields, get_many_stores_plan, get_stores_plan
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.upstream import UpstreamUnavailable
 
@@ -91,6 +92,28 @@ class AsyncClient(ClientBase):
     ) -> list[Value | KeyrouteError]:
         """`Client.get_many`, awaited (nodes asked concurrently)."""
         return await self._run(self._get_many_plan(store, keys, answer_format, fields))
+
+    async def get_stores(
+        self,
+        key: str | int | bytes | uuid.UUID,
+        stores: Iterable[str],
+        *,
+        min_offset: Mapping[str, int] | None = None,
+        fields: Fields = None,
+    ) -> dict[str, Value | KeyrouteError]:
+        """`Client.get_stores`, awaited."""
+        return await self._run(get_stores_plan(self, key, list(stores), min_offset, fields))
+
+    async def get_many_stores(
+        self,
+        keys: Iterable[str | int | bytes | uuid.UUID],
+        stores: Iterable[str],
+        *,
+        min_offset: Mapping[str, int] | None = None,
+        fields: Fields = None,
+    ) -> list[dict[str, Value | KeyrouteError]]:
+        """`Client.get_many_stores`, awaited (nodes asked concurrently)."""
+        return await self._run(get_many_stores_plan(self, keys, list(stores), min_offset, fields))
 
     async def _aiterate(self, paged: Callable[[], Paged], item: Callable[[Any], T]) -> AsyncIterator[T]:
         first = paged()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -16,6 +16,7 @@ from keyroute.client._errors import KeyrouteError
 from keyroute.client._models import Answer, Value
 from keyroute.client._paging import Paged, T
 from keyroute.client._plans import Call, MapDue, Parallel, Plan, Sleep, Step
+from keyroute.client._stores import Fields, get_many_stores_plan, get_stores_plan
 from keyroute.client._wire import Origin
 
 
@@ -91,6 +92,31 @@ class Client(ClientBase):
         """Many keys of one store: per key, in order, its Value or its error (nodes asked in parallel); `fields`
         as `get`'s."""
         return self._run(self._get_many_plan(store, keys, answer_format, fields))
+
+    def get_stores(
+        self,
+        key: str | int | bytes | uuid.UUID,
+        stores: Iterable[str],
+        *,
+        min_offset: Mapping[str, int] | None = None,
+        fields: Fields = None,
+    ) -> dict[str, Value | KeyrouteError]:
+        """One key's values in several stores, in one request (co-located stores are read from one node): per
+        store, in the order given, its Value or its error (KeyNotFound, ...). `min_offset`: a bound per live
+        store; `fields`: "a,b.c" or a list for every store, or a mapping store -> fields for some."""
+        return self._run(get_stores_plan(self, key, list(stores), min_offset, fields))
+
+    def get_many_stores(
+        self,
+        keys: Iterable[str | int | bytes | uuid.UUID],
+        stores: Iterable[str],
+        *,
+        min_offset: Mapping[str, int] | None = None,
+        fields: Fields = None,
+    ) -> list[dict[str, Value | KeyrouteError]]:
+        """Many keys in several stores: per key, in order, what `get_stores` gives for it (one request per
+        node)."""
+        return self._run(get_many_stores_plan(self, keys, list(stores), min_offset, fields))
 
     def _iterate(self, paged: Callable[[], Paged], item: Callable[[Any], T]) -> Iterator[T]:
         first = paged()

@@ -129,7 +129,14 @@ class Callers:
             identity = authenticator.identify(authorization)
         call.identity = identity  # a 403 is counted under its caller too
         if not identity.may_read(call.store):
-            raise Forbidden(f"{identity.name!r} may not read store {call.store!r}")
+            # A read of several stores (keyroute.http.multi_store) names them joined by ',' (no store name holds
+            # one): every one of them is checked.
+            stores = call.store.split(",")
+            refused = [store for store in stores if not identity.may_read(store)]
+            if len(stores) == 1:
+                raise Forbidden(f"{identity.name!r} may not read store {call.store!r}")
+            if refused:
+                raise Forbidden(f"{identity.name!r} may not read store(s) {', '.join(map(repr, refused))}")
 
     def of_scope(self, scope: Any) -> Identity:
         """The caller of an app request (say, /routing) by its ASGI `scope`: its Authorization header, else

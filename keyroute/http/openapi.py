@@ -631,6 +631,143 @@ def batch_get(any_key: bool) -> Operation:
     )
 
 
+# -- several stores at once (keyroute.http.multi_store) ---------------------------------------------------
+
+STORES = {
+    "name": "stores",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string"},
+    "description": "store names joined by ',' (`profile,balance`), each at most once, at most 16",
+}
+STORE_FIELDS_QUERY = query(
+    "fields",
+    "only these fields of every store's values (each store must have them: else that store's entry is 400 "
+    "unknown_fields); `fields.{store}=a,b` instead for one store",
+)
+STORE_ENTRY = Schema(
+    "StoreEntry",
+    {
+        "type": "object",
+        "required": ["key", "status"],
+        "description": "one store's part of the answer: a batch-get entry, with the status a single read of the "
+        "key in that store would get",
+        "properties": {
+            "key": {"type": ["string", "integer"]},
+            "status": {"type": "integer"},
+            "partition": {"type": "integer"},
+            "version": {"type": "integer"},
+            "offset": {"type": "integer", "description": "live stores: the partition's last applied offset"},
+            "node": {"type": "string", "description": "found keys: the node that read it"},
+            "value": {"type": "object"},
+            "error": {"type": "string", "description": "present when status is not 200"},
+            "message": {"type": "string"},
+        },
+    },
+)
+STORES_ANSWER = Schema(
+    "StoresAnswer",
+    {
+        "type": "object",
+        "required": ["key", "stores"],
+        "properties": {
+            "key": {"type": ["string", "integer"]},
+            "stores": {
+                "type": "object",
+                "description": "each store read, in the order named: its entry",
+                "additionalProperties": STORE_ENTRY,
+            },
+        },
+    },
+)
+_STORES_ERRORS = {
+    "404": error("`not_found` (no such path)"),
+    **KEY_TOO_LONG,
+    **NOT_ALLOWED,
+    "401": error("`unauthorized`: access control is on and no valid credentials came", challenge=True),
+    "403": error("`forbidden`: the caller may not read some of the stores (the message names them)"),
+    **QUOTA,
+    **GUARD,
+    **INTERNAL,
+}
+
+GET_STORES = Operation(
+    "getStores",
+    "One key's values in several stores",
+    description="Each store's entry has its own status (404 key_not_found, expired, store_not_found; 503 "
+    "partition_unavailable or not_up_to_bound): one store's failure never fails the others. Co-located stores "
+    "are answered by one node (X-Keyroute-Node, X-Keyroute-Hops 0).",
+    parameters=(
+        STORES,
+        KEY,
+        query(
+            "min_offset",
+            "live stores: a bound per store, `store:offset` joined by ',' (`quotes:14571,ticks:9`)",
+            {"type": "string", "pattern": "^[^:,]+:[0-9]+(,[^:,]+:[0-9]+)*$"},
+        ),
+        STORE_FIELDS_QUERY,
+    ),
+    responses={
+        "200": json_answer(STORES_ANSWER, "every store's entry for the key", READ_HEADERS),
+        "400": error(
+            "`bad_request`: the stores are not names joined by ',' (empty, repeated, more than 16), or the query "
+            "is malformed (an unknown parameter, a bound or projection naming a store not read)"
+        ),
+        **_STORES_ERRORS,
+    },
+)
+STORES_REQUEST = Schema(
+    "StoresRequest",
+    {
+        "type": "object",
+        "required": ["keys"],
+        "additionalProperties": False,
+        "properties": {
+            "keys": {
+                "oneOf": [
+                    {"type": "array", "items": {"type": ["string", "integer"]}},
+                    {
+                        "type": "object",
+                        "additionalProperties": {"type": "array", "items": {"type": ["string", "integer"]}},
+                    },
+                ],
+                "description": "a list: every store reads every key; an object: each store (of the path) its own keys",
+            },
+            "min_offset": {
+                "type": "object",
+                "description": "live stores: a bound per store",
+                "additionalProperties": BODY_OFFSET,
+            },
+        },
+    },
+)
+STORES_RESULTS = Schema(
+    "StoresResults",
+    {
+        "type": "object",
+        "required": ["results"],
+        "properties": {"results": {"type": "array", "items": STORES_ANSWER}},
+    },
+)
+READ_STORES = Operation(
+    "readStores",
+    "Many keys in several stores: one result per key, each with every store's entry",
+    method="POST",
+    parameters=(STORES, STORE_FIELDS_QUERY),
+    body={"required": True, "content": {"application/json": {"schema": STORES_REQUEST}}},
+    responses={
+        "200": json_answer(STORES_RESULTS, "one result per key (per distinct key of the object form)"),
+        "400": error(
+            "`bad_request`: the stores are malformed, the body is not of the form documented (a key neither a "
+            "string nor an integer, a store not of the path), or the query is malformed"
+        ),
+        "408": error("`body_timeout`: the body did not arrive whole within the configured time"),
+        "413": error("`too_many_keys` (more reads of a key in a store than `max_batch_keys`) or `body_too_large`"),
+        **_STORES_ERRORS,
+    },
+)
+
+
 GET_ANSWER_SCHEMA = Operation(
     "getAnswerSchema",
     "The Avro schema of the store's Avro answers (routers and nodes alike)",

@@ -102,6 +102,38 @@ def test_a_served_partition_moved_away_goes_only_once_a_live_node_assigned_it_se
     assert entry.state is S.SERVING and lifecycle.start_loads(set()) == []
 
 
+def test_co_located_stores_let_go_of_a_partition_together() -> None:
+    # "t" is co-located with "s": partition 0 of both moves to OTHER, which serves s's first, then t's.
+    lifecycle = Lifecycle(ME)
+    s, t = record(partitions=2), dataclasses.replace(record(partitions=2), name="t", colocate_with="s")
+    both = {"s": ((ME,), (ME,)), "t": ((ME,), (ME,))}
+    lifecycle.take_map(build_map([s, t], both), 0.0)
+    for loading, entry in lifecycle.start_loads(set()):
+        lifecycle.loaded(entry, Held(loading))  # type: ignore[arg-type]
+    for loading, entry in lifecycle.start_loads(set()):
+        lifecycle.loaded(entry, Held(loading))  # type: ignore[arg-type]
+    t0 = PartitionId("t", 1, 0)
+    moved = {"s": ((OTHER,), (ME,)), "t": ((OTHER,), (ME,))}
+    here = {"s": {0: 1, 1: 1}, "t": {0: 1, 1: 1}}
+    half = build_map([s, t], moved, {ME: here, OTHER: {"s": {0: 1}}}, 2)
+    lifecycle.take_map(half, 0.0)
+    assert lifecycle.let_go(half) == []  # s p0 is served elsewhere, t p0 not yet: both stay
+    assert states(lifecycle)[pid(0)] is S.DRAINING and states(lifecycle)[t0] is S.DRAINING
+    whole = build_map([s, t], moved, {ME: here, OTHER: {"s": {0: 1}, "t": {0: 1}}}, 3)
+    lifecycle.take_map(whole, 0.0)
+    assert {gone for gone, _, _ in lifecycle.let_go(whole)} == {pid(0), t0}
+    # Stores not co-located let go of a partition each on its own.
+    apart = dataclasses.replace(t, colocate_with=None)
+    alone = Lifecycle(ME)
+    alone.take_map(build_map([s, apart], both), 0.0)
+    for _ in range(2):
+        for loading, entry in alone.start_loads(set()):
+            alone.loaded(entry, Held(loading))  # type: ignore[arg-type]
+    half = build_map([s, apart], moved, {ME: here, OTHER: {"s": {0: 1}}}, 2)
+    alone.take_map(half, 0.0)
+    assert [gone for gone, _, _ in alone.let_go(half)] == [pid(0)]
+
+
 def test_a_new_version_supersedes_the_old_one_once_it_serves_here() -> None:
     lifecycle = Lifecycle(ME)
     serving(lifecycle, build_map([record(1, 1)], {"s": ((ME,),)}), pid(0))
