@@ -36,6 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from harness import free_port  # noqa: E402
 from router_profile import callgrind, callgrind_functions, load  # noqa: E402
 
 from keyroute.cluster import zk, zk_layout  # noqa: E402
@@ -51,7 +52,6 @@ from router import (  # noqa: E402
     Build,
     Service,
     copy_work_tree,
-    free_port,
     http_json,
     installed_build,
     key_text,
