@@ -49,7 +49,8 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timeline import Proc, free_port, log, start_router, wait  # noqa: E402
+from harness import free_port, wait  # noqa: E402
+from timeline import log  # noqa: E402
 
 from keyroute.client import Client  # noqa: E402
 from keyroute.cluster import zk, zk_layout  # noqa: E402
@@ -60,6 +61,7 @@ from keyroute.keys.partitioner import Partitioner, partition_for  # noqa: E402
 from keyroute.runtime.settings import ZkSettings  # noqa: E402
 from keyroute.storage.snapshot import Manifest, partition_dir, version_dir, write_manifest  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 SECTION = "## Reads from Python: keyroute's client against Redis (benchmarks/vs_redis.py)"
 STORE = "bookings"
@@ -99,7 +101,7 @@ def redis_server(work: Path, name: str, *extra: str) -> tuple[subprocess.Popen[b
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
     try:
         wait(lambda: proc.poll() is None and _redis_cli(port, "ping") == "PONG", 30, f"{name} answering")
-    except TimeoutError:
+    except SystemExit:
         stop(proc)
         raise RuntimeError(f"{name} did not start: {(work / f'{name}.log').read_text()[-2000:]}") from None
     return proc, port
@@ -175,6 +177,52 @@ def redis_cluster(work: Path, data: dict[str, bytes]) -> Iterator[Read]:
 # -- keyroute -------------------------------------------------------------------------------------------
 
 
+class Servers:
+    """How keyroute's server processes (nodes, router) are run: `python -m keyroute` from this work tree (the
+    venv's editable install, pure Python), or from a build installed with `pip install --target SITE` (the
+    image's build: `KEYROUTE_COMPILE=1`, the read path compiled with mypyc), run from SITE with SITE first on
+    PYTHONPATH, so that the work tree's sources do not shadow it. The client is this process's in both."""
+
+    def __init__(self, site: Path | None = None) -> None:
+        self.site = site
+        self.cwd = ROOT if site is None else site
+        self.env = {**os.environ}
+        if site is not None:
+            self.env["PYTHONPATH"] = str(site)
+
+    def describe(self) -> str:
+        if self.site is None:
+            return "this work tree's pure Python build (the venv's editable install)"
+        return "this work tree compiled with mypyc as the image builds it (`KEYROUTE_COMPILE=1 pip install --target`)"
+
+    def start(self, args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+        with open(log_path, "ab") as out:
+            return subprocess.Popen(
+                [sys.executable, "-m", "keyroute", *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self.cwd,
+                env=self.env,
+            )
+
+    def compiled_modules(self) -> list[str]:
+        """The read path's modules the servers import as C extensions (none in the pure build)."""
+        probe = (
+            "import importlib, sys; "
+            "print(' '.join(m for m in sys.argv[1:] if importlib.import_module(m).__file__.endswith('.so')))"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", probe, *READ_PATH], cwd=self.cwd, env=self.env, capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            raise SystemExit(f"keyroute does not import from {self.cwd}: {done.stderr.strip()[-500:]}")
+        return done.stdout.split()
+
+
+# The modules of a read, from the socket to the answer, on the node and on the router (setup.py's COMPILED).
+READ_PATH = ("keyroute.http.protocol", "keyroute.state_node.reads", "keyroute.router.proxy")
+
+
 def write_snapshot(root: Path, data: dict[str, dict[str, Any]]) -> str:
     """The store's snapshot, written by hand in the snapshot format (JSON lines per partition)."""
     snapshot = version_dir(str(root), STORE, 1)
@@ -195,10 +243,12 @@ def write_snapshot(root: Path, data: dict[str, dict[str, Any]]) -> str:
 
 
 @contextmanager
-def keyroute_cluster(work: Path, data: dict[str, dict[str, Any]]) -> Iterator[tuple[str, str]]:
-    """ZooKeeper, two nodes and a router serving the store; yields ZooKeeper's connect string and the
-    router's URL once both nodes serve."""
-    procs: list[Proc] = []
+def keyroute_cluster(
+    work: Path, data: dict[str, dict[str, Any]], servers: Servers, nodes: int = 2
+) -> Iterator[tuple[str, str]]:
+    """ZooKeeper, `nodes` nodes and a router serving the store; yields ZooKeeper's connect string and the
+    router's URL once every node serves."""
+    procs: list[subprocess.Popen[bytes]] = []
     with EmbeddedZooKeeper(port=free_port(), data_dir=work / "zookeeper") as zk_server:
         settings = ZkSettings(hosts=zk_server.connect_string, chroot="/bench")
         record = StoreRecord(
@@ -211,23 +261,29 @@ def keyroute_cluster(work: Path, data: dict[str, dict[str, Any]]) -> Iterator[tu
             zk.close(client)
         connect = settings.connect_string
         try:
-            for node_id in ("n1", "n2"):
+            node_ids = {f"n{i + 1}" for i in range(nodes)}
+            for node_id in sorted(node_ids):
                 node = ["node", "--zk", connect, "--node-id", node_id, "--port", str(free_port())]
-                procs.append(Proc([*node, "--data-dir", str(work / node_id)], work / f"{node_id}.log"))
-            router, url = start_router(work, connect, "router")
-            procs.append(router)
+                procs.append(servers.start([*node, "--data-dir", str(work / node_id)], work / f"{node_id}.log"))
+            port = free_port()
+            procs.append(servers.start(["router", "--zk", connect, "--port", str(port)], work / "router.log"))
+            url = f"http://127.0.0.1:{port}"
 
             def served() -> bool:
+                for proc in procs:
+                    if proc.poll() is not None:
+                        logs = "".join(p.read_text()[-1500:] for p in sorted(work.glob("*.log")))
+                        raise SystemExit(f"a keyroute process exited with {proc.returncode}:\n{logs}")
                 body = httpx.get(url + "/admin/partition-map?detail=all").json()
                 placement = body["stores"][STORE]["partition_map"]
                 placed = {s["node"] for e in placement for s in e["serving"]}
-                return placed == {"n1", "n2"} and all(e["serving"] for e in placement)
+                return placed == node_ids and all(e["serving"] for e in placement)
 
-            wait(served, 120, "both nodes serving")
+            wait(served, 120, "every node serving", not_yet=(httpx.HTTPError, KeyError, ValueError))
             yield connect, url
         finally:
             for proc in reversed(procs):
-                proc.stop()
+                stop(proc)
 
 
 @contextmanager
@@ -357,7 +413,15 @@ BARE_NODE = "bare socket to the key's node (a prebuilt request, no client)"
 BARE_ROUTER = "bare socket to the router (a prebuilt request, no client)"
 
 
-def section(command: str, medians: dict[str, dict[str, float]], reads: int, rounds: int) -> str:
+def section(
+    command: str,
+    medians: dict[str, dict[str, float]],
+    reads: int,
+    rounds: int,
+    servers: Servers,
+    compiled: list[str],
+    nodes: int,
+) -> str:
     redis_version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()
     import redis
 
@@ -369,9 +433,10 @@ def section(command: str, medians: dict[str, dict[str, float]], reads: int, roun
         f"redis-server), redis-py {redis.__version__}; 1-minute load average {os.getloadavg()[0]:.1f} at the end. "
         f"{KEYS:,} keys with ~100-byte JSON values in every server; one Python process reading one key at a time; "
         f"{rounds} rounds of {reads:,} reads of random keys per way (the same keys for every way of a round), ways "
-        "interleaved; figures are medians over rounds. keyroute: two node processes and one router process "
-        f"(a latest store of {PARTITIONS} partitions). Client CPU = this process's CPU time per read "
-        "(`time.process_time` around the loop; the servers run in other processes).",
+        f"interleaved; figures are medians over rounds. keyroute: {nodes} node process{'es' if nodes > 1 else ''} and "
+        f"one router process (a latest store of {PARTITIONS} partitions), {servers.describe()}"
+        f"{' (C extensions: ' + ', '.join(compiled) + ')' if compiled else ''}. Client CPU = this process's CPU "
+        "time per read (`time.process_time` around the loop; the servers run in other processes).",
         "",
         "| read from Python | p50 µs | p99 µs | client CPU µs per get | p50 vs redis-py GET | CPU vs redis-py GET |",
         "|---|---:|---:|---:|---:|---:|",
@@ -428,8 +493,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-cluster", action="store_true", help="leave out the Redis Cluster row")
     parser.add_argument("--floor", action="store_true", help="add rows of bare sockets (what the servers take)")
     parser.add_argument("--httpx", action="store_true", help="add a row of the client over httpx, as before its wire")
+    parser.add_argument(
+        "--site",
+        type=Path,
+        help="run the nodes and the router from this installed build (say make test-compiled's build/compiled/site)",
+    )
+    parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="build this work tree as the image does (mypyc, a few minutes) and run the nodes and the router from it",
+    )
+    parser.add_argument("--nodes", type=int, default=2, help="keyroute nodes (default: 2)")
+    parser.add_argument("--quick", action="store_true", help="3 rounds of 2,000 reads, no Redis Cluster row")
     parser.add_argument("--write", action="store_true", help=f"record the figures in {RESULTS.name}")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.reads, args.rounds, args.no_cluster = min(args.reads, 2000), min(args.rounds, 3), True
+    if args.reads < 100 or args.rounds < 1 or args.nodes < 1:
+        print("--reads must be at least 100, --rounds and --nodes at least 1", file=sys.stderr)
+        return 1
+    if args.site is not None and not (args.site / "keyroute").is_dir():
+        print(f"--site {args.site}: no keyroute package installed there", file=sys.stderr)
+        return 1
     command = ".venv/bin/python benchmarks/vs_redis.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     for tool in ("redis-server", "redis-cli"):
         if shutil.which(tool) is None:
@@ -445,11 +530,21 @@ def main(argv: list[str] | None = None) -> int:
     log(f"mean value size {statistics.mean(map(len, encoded.values())):.0f} bytes")
     work = Path(tempfile.mkdtemp(prefix="keyroute-vs-redis-"))
     try:
+        site = args.site.resolve() if args.site is not None else None
+        if args.compiled:
+            from router import copy_work_tree, installed_build
+
+            site = installed_build(
+                copy_work_tree(work / "build" / "source"), work / "build" / "site", "compiled", "this work tree"
+            ).cwd
+        servers = Servers(site)
+        compiled = servers.compiled_modules()
+        log(f"servers: {servers.describe()}; compiled: {', '.join(compiled) or 'none'}")
         with ExitStack() as stack:
             ways: dict[str, Read] = {REDIS: stack.enter_context(one_redis(work, encoded))}
             if not args.no_cluster:
                 ways[CLUSTER] = stack.enter_context(redis_cluster(work, encoded))
-            connect, url = stack.enter_context(keyroute_cluster(work, data))
+            connect, url = stack.enter_context(keyroute_cluster(work, data, servers, args.nodes))
             ways[DIRECT] = stack.enter_context(keyroute_client(url, "direct"))
             ways[ROUTER] = stack.enter_context(keyroute_client(url, "router"))
             if args.floor:
@@ -463,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
             medians = run(ways, data, args.reads, args.rounds, args.seed)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    text = section(command.strip(), medians, args.reads, args.rounds)
+    text = section(command.strip(), medians, args.reads, args.rounds, servers, compiled, args.nodes)
     print(text)
     if args.write:
         write_section(text)

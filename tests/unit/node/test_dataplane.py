@@ -361,4 +361,3 @@ def test_a_found_key_is_written_as_the_api_writes_it(
     """A key read's 200 body is written by the read path's own (compiled) copy of `keyroute.api.found_body`:
     the same bytes, whatever the store's and the key's text."""
     assert _found_json(store, key, partition, version, value) == found_body(store, key, partition, version, value)
-
