@@ -50,7 +50,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import free_port, wait  # noqa: E402
-from timeline import log  # noqa: E402
+from timeline import cpu_s, log  # noqa: E402
 
 from keyroute.client import Client  # noqa: E402
 from keyroute.cluster import zk, zk_layout  # noqa: E402
@@ -70,6 +70,10 @@ PARTITIONS = 8
 CITIES = ("Lisbon", "Porto", "Braga", "Faro", "Coimbra", "Aveiro", "Evora")
 
 Read = Callable[[str], Any]  # one read of a key, returning its value
+
+# The server processes of each kind ("redis", "redis cluster", "nodes", "router"), by the context managers
+# that start them: the CPU they spend while a way reads is that way's server CPU per read.
+SERVER_PIDS: dict[str, list[int]] = {}
 
 
 def rows() -> dict[str, dict[str, Any]]:
@@ -130,6 +134,7 @@ def one_redis(work: Path, data: dict[str, bytes]) -> Iterator[Read]:
 
     proc, port = redis_server(work, "redis")
     client = redis.Redis(host="127.0.0.1", port=port)
+    SERVER_PIDS["redis"] = [proc.pid]
     try:
         pipe = client.pipeline(transaction=False)
         for key, value in data.items():
@@ -162,6 +167,7 @@ def redis_cluster(work: Path, data: dict[str, bytes]) -> Iterator[Read]:
         subprocess.run([*create, "--cluster-replicas", "0", "--cluster-yes"], capture_output=True, check=True)
         wait(lambda: all("cluster_state:ok" in _redis_cli(p, "cluster", "info") for p in ports), 60, "cluster ok")
         client = RedisCluster(host="127.0.0.1", port=ports[0])
+        SERVER_PIDS["redis cluster"] = [proc.pid for proc in procs]
         try:
             for key, value in data.items():
                 client.set(key, value)
@@ -280,6 +286,8 @@ def keyroute_cluster(
                 return placed == node_ids and all(e["serving"] for e in placement)
 
             wait(served, 120, "every node serving", not_yet=(httpx.HTTPError, KeyError, ValueError))
+            SERVER_PIDS["nodes"] = [proc.pid for proc in procs[:-1]]
+            SERVER_PIDS["router"] = [procs[-1].pid]
             yield connect, url
         finally:
             for proc in reversed(procs):
@@ -365,39 +373,81 @@ def local_ways(work: Path, zk_connect: str, router_url: str) -> dict[str, Callab
 # -- measuring ------------------------------------------------------------------------------------------
 
 
-def measure(read: Read, keys: list[str], expected: dict[str, dict[str, Any]]) -> dict[str, float]:
-    latencies = []
-    append = latencies.append
-    clock = time.perf_counter
-    cpu = time.process_time()
-    for key in keys:
-        start = clock()
-        read(key)
-        append(clock() - start)
-    cpu = time.process_time() - cpu
-    for key in keys[:20]:  # the answers are the data (outside the timed loop)
-        assert read(key) == expected[key], key
-    ordered = sorted(latencies)
-    return {
-        "p50_us": statistics.median(ordered) * 1e6,
-        "p99_us": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1e6,
-        "cpu_us": cpu / len(keys) * 1e6,
-    }
+def servers_cpu_s(kinds: tuple[str, ...]) -> list[float]:
+    """CPU seconds so far of the server processes of each kind."""
+    return [sum(cpu_s(pid) for pid in SERVER_PIDS.get(kind, ())) for kind in kinds]
 
 
-def run(ways: dict[str, Read], data: dict[str, dict[str, Any]], reads: int, rounds: int, seed: int) -> dict:
+class Tally:
+    """One way's reads of one round: latencies, this process's CPU and its servers' CPU, added up over the
+    round's slices."""
+
+    def __init__(self, servers: tuple[str, ...]) -> None:
+        self.servers = servers
+        self.latencies: list[float] = []
+        self.cpu_s = 0.0
+        self.spent = [0.0] * len(servers)
+
+    def measure(self, read: Read, keys: list[str]) -> None:
+        latencies = self.latencies
+        append = latencies.append
+        clock = time.perf_counter
+        before = servers_cpu_s(self.servers)
+        cpu = time.process_time()
+        for key in keys:
+            start = clock()
+            read(key)
+            append(clock() - start)
+        self.cpu_s += time.process_time() - cpu
+        for i, (after, then) in enumerate(zip(servers_cpu_s(self.servers), before, strict=True)):
+            self.spent[i] += after - then
+
+    def figures(self) -> dict[str, float]:
+        ordered = sorted(self.latencies)
+        n = len(ordered)
+        spent = self.spent
+        return {
+            "p50_us": statistics.median(ordered) * 1e6,
+            "p99_us": ordered[min(n - 1, int(0.99 * n))] * 1e6,
+            "cpu_us": self.cpu_s / n * 1e6,
+            # the first server kind of the way (redis-server, the nodes) and the second (the router), per read
+            "server_us": spent[0] / n * 1e6 if spent else 0.0,
+            "router_us": spent[1] / n * 1e6 if len(spent) > 1 else 0.0,
+        }
+
+
+FIGURES = ("p50_us", "p99_us", "cpu_us", "server_us", "router_us")
+
+
+def run(
+    ways: dict[str, Read], data: dict[str, dict[str, Any]], reads: int, rounds: int, seed: int, slice_reads: int
+) -> dict:
+    """Every way reads the round's keys, slice by slice: each slice of `slice_reads` keys is read by every
+    way in turn (the order rotating from slice to slice), so that what else the machine does meanwhile (a
+    shared machine's load comes in bursts) falls on every way alike, not on whichever way was reading."""
     rng = random.Random(seed)
     names = sorted(data)
     results: dict[str, list[dict[str, float]]] = {way: [] for way in ways}
-    for read in ways.values():  # warm-up: connections, the direct client's map
-        measure(read, [rng.choice(names) for _ in range(300)], data)
-    for round_index in range(rounds):
+    warm = [rng.choice(names) for _ in range(300)]
+    for read in ways.values():  # warm-up: connections, the direct client's map; the answers are the data
+        for key in warm:
+            assert read(key) == data[key], key
+    names_of = list(ways)
+    for _ in range(rounds):
         keys = [rng.choice(names) for _ in range(reads)]
-        order = list(ways) if round_index % 2 == 0 else list(reversed(ways))
-        for way in order:
-            results[way].append(measure(ways[way], keys, data))
+        tallies = {way: Tally(WAY_SERVERS.get(way, ())) for way in ways}
+        for n, at in enumerate(range(0, reads, slice_reads)):
+            chunk = keys[at : at + slice_reads]
+            shift = n % len(names_of)
+            for way in names_of[shift:] + names_of[:shift]:
+                tallies[way].measure(ways[way], chunk)
+        for way, tally in tallies.items():
+            results[way].append(tally.figures())
+    for way, read in ways.items():  # the answers are still the data (outside the timed loops)
+        for key in warm[:50]:
+            assert read(key) == data[key], (way, key)
     return {
-        way: {figure: statistics.median(r[figure] for r in rounds_of) for figure in ("p50_us", "p99_us", "cpu_us")}
+        way: {figure: statistics.median(r[figure] for r in rounds_of) for figure in FIGURES}
         for way, rounds_of in results.items()
     }
 
@@ -411,6 +461,16 @@ ROUTER = "keyroute `Client`, through a router"
 OVER_HTTPX = "keyroute `Client`, direct mode, over httpx (`transport=`)"
 BARE_NODE = "bare socket to the key's node (a prebuilt request, no client)"
 BARE_ROUTER = "bare socket to the router (a prebuilt request, no client)"
+# Whose CPU each way's reads spend besides this process's: (the servers answering, the router in between).
+WAY_SERVERS: dict[str, tuple[str, ...]] = {
+    REDIS: ("redis",),
+    CLUSTER: ("redis cluster",),
+    DIRECT: ("nodes",),
+    ROUTER: ("nodes", "router"),
+    OVER_HTTPX: ("nodes",),
+    BARE_NODE: ("nodes",),
+    BARE_ROUTER: ("nodes", "router"),
+}
 
 
 def section(
@@ -421,6 +481,7 @@ def section(
     servers: Servers,
     compiled: list[str],
     nodes: int,
+    slice_reads: int,
 ) -> str:
     redis_version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()
     import redis
@@ -433,19 +494,25 @@ def section(
         f"redis-server), redis-py {redis.__version__}; 1-minute load average {os.getloadavg()[0]:.1f} at the end. "
         f"{KEYS:,} keys with ~100-byte JSON values in every server; one Python process reading one key at a time; "
         f"{rounds} rounds of {reads:,} reads of random keys per way (the same keys for every way of a round), ways "
-        f"interleaved; figures are medians over rounds. keyroute: {nodes} node process{'es' if nodes > 1 else ''} and "
+        f"interleaved every {slice_reads:,} reads (the order rotating); figures are medians over rounds. "
+        f"keyroute: {nodes} node process{'es' if nodes > 1 else ''} and "
         f"one router process (a latest store of {PARTITIONS} partitions), {servers.describe()}"
         f"{' (C extensions: ' + ', '.join(compiled) + ')' if compiled else ''}. Client CPU = this process's CPU "
-        "time per read (`time.process_time` around the loop; the servers run in other processes).",
+        "time per read (`time.process_time` around the loop; the servers run in other processes). Server CPU = "
+        "the CPU time of the processes that answer (redis-server, the Redis Cluster's three, or the keyroute "
+        "nodes) while the way reads, per read, from /proc (schedstat); router CPU the same of the router process.",
         "",
-        "| read from Python | p50 µs | p99 µs | client CPU µs per get | p50 vs redis-py GET | CPU vs redis-py GET |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| read from Python | p50 µs | p99 µs | client CPU µs per get | p50 vs redis-py GET | CPU vs redis-py GET "
+        "| server CPU µs per get | router CPU µs per get |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     base = medians[REDIS]
     for way, m in medians.items():
+        router = f"{m['router_us']:,.1f}" if len(WAY_SERVERS.get(way, ())) > 1 else "—"
+        server = f"{m['server_us']:,.1f}" if WAY_SERVERS.get(way) else "—"
         lines.append(
             f"| {way} | {m['p50_us']:,.0f} | {m['p99_us']:,.0f} | {m['cpu_us']:,.1f} | "
-            f"{m['p50_us'] / base['p50_us']:.2f}x | {m['cpu_us'] / base['cpu_us']:.2f}x |"
+            f"{m['p50_us'] / base['p50_us']:.2f}x | {m['cpu_us'] / base['cpu_us']:.2f}x | {server} | {router} |"
         )
     verdicts = []
     if DIRECT in medians:
@@ -490,6 +557,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reads", type=int, default=5000, help="reads per way and round (default: 5000)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds (default: 5)")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--slice", type=int, default=100, help="reads each way makes before the next way reads (default: 100)"
+    )
     parser.add_argument("--no-cluster", action="store_true", help="leave out the Redis Cluster row")
     parser.add_argument("--floor", action="store_true", help="add rows of bare sockets (what the servers take)")
     parser.add_argument("--httpx", action="store_true", help="add a row of the client over httpx, as before its wire")
@@ -509,8 +579,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.reads, args.rounds, args.no_cluster = min(args.reads, 2000), min(args.rounds, 3), True
-    if args.reads < 100 or args.rounds < 1 or args.nodes < 1:
-        print("--reads must be at least 100, --rounds and --nodes at least 1", file=sys.stderr)
+    if args.reads < 100 or args.rounds < 1 or args.nodes < 1 or args.slice < 1:
+        print("--reads must be at least 100, --rounds, --nodes and --slice at least 1", file=sys.stderr)
         return 1
     if args.site is not None and not (args.site / "keyroute").is_dir():
         print(f"--site {args.site}: no keyroute package installed there", file=sys.stderr)
@@ -555,10 +625,10 @@ def main(argv: list[str] | None = None) -> int:
             for name, way in local_ways(work, connect, url).items():
                 ways[name] = stack.enter_context(way())
             log("reading")
-            medians = run(ways, data, args.reads, args.rounds, args.seed)
+            medians = run(ways, data, args.reads, args.rounds, args.seed, args.slice)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    text = section(command.strip(), medians, args.reads, args.rounds, servers, compiled, args.nodes)
+    text = section(command.strip(), medians, args.reads, args.rounds, servers, compiled, args.nodes, args.slice)
     print(text)
     if args.write:
         write_section(text)
