@@ -199,7 +199,10 @@ class Servers:
     def describe(self) -> str:
         if self.site is None:
             return "this work tree's pure Python build (the venv's editable install)"
-        return "this work tree compiled with mypyc as the image builds it (`KEYROUTE_COMPILE=1 pip install --target`)"
+        return (
+            "this work tree compiled with mypyc as the image builds it, installed in SITE (`KEYROUTE_COMPILE=1 pip "
+            "install --no-deps --target SITE .`, as make test-compiled builds build/compiled/site)"
+        )
 
     def start(self, args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
         with open(log_path, "ab") as out:
@@ -585,7 +588,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.site is not None and not (args.site / "keyroute").is_dir():
         print(f"--site {args.site}: no keyroute package installed there", file=sys.stderr)
         return 1
-    command = ".venv/bin/python benchmarks/vs_redis.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    for i, arg in enumerate(given):  # the site's folder is this machine's: SITE in what is recorded
+        if arg == "--site" and i + 1 < len(given):
+            given[i + 1] = "SITE"
+        elif arg.startswith("--site="):
+            given[i] = "--site=SITE"
+    command = ".venv/bin/python benchmarks/vs_redis.py " + shlex.join(given)
     for tool in ("redis-server", "redis-cli"):
         if shutil.which(tool) is None:
             print(f"{tool} is not installed (Debian: apt-get install -y redis-server)", file=sys.stderr)
