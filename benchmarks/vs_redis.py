@@ -50,7 +50,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import free_port, wait  # noqa: E402
-from timeline import Proc, log, start_router  # noqa: E402
+from timeline import cpu_s, log  # noqa: E402
 
 from keyroute.client import Client  # noqa: E402
 from keyroute.cluster import zk, zk_layout  # noqa: E402
@@ -61,6 +61,7 @@ from keyroute.keys.partitioner import Partitioner, partition_for  # noqa: E402
 from keyroute.runtime.settings import ZkSettings  # noqa: E402
 from keyroute.storage.snapshot import Manifest, partition_dir, version_dir, write_manifest  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 SECTION = "## Reads from Python: keyroute's client against Redis (benchmarks/vs_redis.py)"
 STORE = "bookings"
@@ -69,6 +70,10 @@ PARTITIONS = 8
 CITIES = ("Lisbon", "Porto", "Braga", "Faro", "Coimbra", "Aveiro", "Evora")
 
 Read = Callable[[str], Any]  # one read of a key, returning its value
+
+# The server processes of each kind ("redis", "redis cluster", "nodes", "router"), by the context managers
+# that start them: the CPU they spend while a way reads is that way's server CPU per read.
+SERVER_PIDS: dict[str, list[int]] = {}
 
 
 def rows() -> dict[str, dict[str, Any]]:
@@ -100,7 +105,7 @@ def redis_server(work: Path, name: str, *extra: str) -> tuple[subprocess.Popen[b
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
     try:
         wait(lambda: proc.poll() is None and _redis_cli(port, "ping") == "PONG", 30, f"{name} answering")
-    except TimeoutError:
+    except SystemExit:
         stop(proc)
         raise RuntimeError(f"{name} did not start: {(work / f'{name}.log').read_text()[-2000:]}") from None
     return proc, port
@@ -129,6 +134,7 @@ def one_redis(work: Path, data: dict[str, bytes]) -> Iterator[Read]:
 
     proc, port = redis_server(work, "redis")
     client = redis.Redis(host="127.0.0.1", port=port)
+    SERVER_PIDS["redis"] = [proc.pid]
     try:
         pipe = client.pipeline(transaction=False)
         for key, value in data.items():
@@ -161,6 +167,7 @@ def redis_cluster(work: Path, data: dict[str, bytes]) -> Iterator[Read]:
         subprocess.run([*create, "--cluster-replicas", "0", "--cluster-yes"], capture_output=True, check=True)
         wait(lambda: all("cluster_state:ok" in _redis_cli(p, "cluster", "info") for p in ports), 60, "cluster ok")
         client = RedisCluster(host="127.0.0.1", port=ports[0])
+        SERVER_PIDS["redis cluster"] = [proc.pid for proc in procs]
         try:
             for key, value in data.items():
                 client.set(key, value)
@@ -174,6 +181,55 @@ def redis_cluster(work: Path, data: dict[str, bytes]) -> Iterator[Read]:
 
 
 # -- keyroute -------------------------------------------------------------------------------------------
+
+
+class Servers:
+    """How keyroute's server processes (nodes, router) are run: `python -m keyroute` from this work tree (the
+    venv's editable install, pure Python), or from a build installed with `pip install --target SITE` (the
+    image's build: `KEYROUTE_COMPILE=1`, the read path compiled with mypyc), run from SITE with SITE first on
+    PYTHONPATH, so that the work tree's sources do not shadow it. The client is this process's in both."""
+
+    def __init__(self, site: Path | None = None) -> None:
+        self.site = site
+        self.cwd = ROOT if site is None else site
+        self.env = {**os.environ}
+        if site is not None:
+            self.env["PYTHONPATH"] = str(site)
+
+    def describe(self) -> str:
+        if self.site is None:
+            return "this work tree's pure Python build (the venv's editable install)"
+        return (
+            "this work tree compiled with mypyc as the image builds it, installed in SITE (`KEYROUTE_COMPILE=1 pip "
+            "install --no-deps --target SITE .`, as make test-compiled builds build/compiled/site)"
+        )
+
+    def start(self, args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+        with open(log_path, "ab") as out:
+            return subprocess.Popen(
+                [sys.executable, "-m", "keyroute", *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self.cwd,
+                env=self.env,
+            )
+
+    def compiled_modules(self) -> list[str]:
+        """The read path's modules the servers import as C extensions (none in the pure build)."""
+        probe = (
+            "import importlib, sys; "
+            "print(' '.join(m for m in sys.argv[1:] if importlib.import_module(m).__file__.endswith('.so')))"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", probe, *READ_PATH], cwd=self.cwd, env=self.env, capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            raise SystemExit(f"keyroute does not import from {self.cwd}: {done.stderr.strip()[-500:]}")
+        return done.stdout.split()
+
+
+# The modules of a read, from the socket to the answer, on the node and on the router (setup.py's COMPILED).
+READ_PATH = ("keyroute.http.protocol", "keyroute.state_node.reads", "keyroute.router.proxy")
 
 
 def write_snapshot(root: Path, data: dict[str, dict[str, Any]]) -> str:
@@ -196,10 +252,12 @@ def write_snapshot(root: Path, data: dict[str, dict[str, Any]]) -> str:
 
 
 @contextmanager
-def keyroute_cluster(work: Path, data: dict[str, dict[str, Any]]) -> Iterator[tuple[str, str]]:
-    """ZooKeeper, two nodes and a router serving the store; yields ZooKeeper's connect string and the
-    router's URL once both nodes serve."""
-    procs: list[Proc] = []
+def keyroute_cluster(
+    work: Path, data: dict[str, dict[str, Any]], servers: Servers, nodes: int = 2
+) -> Iterator[tuple[str, str]]:
+    """ZooKeeper, `nodes` nodes and a router serving the store; yields ZooKeeper's connect string and the
+    router's URL once every node serves."""
+    procs: list[subprocess.Popen[bytes]] = []
     with EmbeddedZooKeeper(port=free_port(), data_dir=work / "zookeeper") as zk_server:
         settings = ZkSettings(hosts=zk_server.connect_string, chroot="/bench")
         record = StoreRecord(
@@ -212,23 +270,31 @@ def keyroute_cluster(work: Path, data: dict[str, dict[str, Any]]) -> Iterator[tu
             zk.close(client)
         connect = settings.connect_string
         try:
-            for node_id in ("n1", "n2"):
+            node_ids = {f"n{i + 1}" for i in range(nodes)}
+            for node_id in sorted(node_ids):
                 node = ["node", "--zk", connect, "--node-id", node_id, "--port", str(free_port())]
-                procs.append(Proc([*node, "--data-dir", str(work / node_id)], work / f"{node_id}.log"))
-            router, url = start_router(work, connect, "router")
-            procs.append(router)
+                procs.append(servers.start([*node, "--data-dir", str(work / node_id)], work / f"{node_id}.log"))
+            port = free_port()
+            procs.append(servers.start(["router", "--zk", connect, "--port", str(port)], work / "router.log"))
+            url = f"http://127.0.0.1:{port}"
 
             def served() -> bool:
+                for proc in procs:
+                    if proc.poll() is not None:
+                        logs = "".join(p.read_text()[-1500:] for p in sorted(work.glob("*.log")))
+                        raise SystemExit(f"a keyroute process exited with {proc.returncode}:\n{logs}")
                 body = httpx.get(url + "/admin/partition-map?detail=all").json()
                 placement = body["stores"][STORE]["partition_map"]
                 placed = {s["node"] for e in placement for s in e["serving"]}
-                return placed == {"n1", "n2"} and all(e["serving"] for e in placement)
+                return placed == node_ids and all(e["serving"] for e in placement)
 
-            wait(served, 120, "both nodes serving")
+            wait(served, 120, "every node serving", not_yet=(httpx.HTTPError, KeyError, ValueError))
+            SERVER_PIDS["nodes"] = [proc.pid for proc in procs[:-1]]
+            SERVER_PIDS["router"] = [procs[-1].pid]
             yield connect, url
         finally:
             for proc in reversed(procs):
-                proc.stop()
+                stop(proc)
 
 
 @contextmanager
@@ -310,39 +376,81 @@ def local_ways(work: Path, zk_connect: str, router_url: str) -> dict[str, Callab
 # -- measuring ------------------------------------------------------------------------------------------
 
 
-def measure(read: Read, keys: list[str], expected: dict[str, dict[str, Any]]) -> dict[str, float]:
-    latencies = []
-    append = latencies.append
-    clock = time.perf_counter
-    cpu = time.process_time()
-    for key in keys:
-        start = clock()
-        read(key)
-        append(clock() - start)
-    cpu = time.process_time() - cpu
-    for key in keys[:20]:  # the answers are the data (outside the timed loop)
-        assert read(key) == expected[key], key
-    ordered = sorted(latencies)
-    return {
-        "p50_us": statistics.median(ordered) * 1e6,
-        "p99_us": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1e6,
-        "cpu_us": cpu / len(keys) * 1e6,
-    }
+def servers_cpu_s(kinds: tuple[str, ...]) -> list[float]:
+    """CPU seconds so far of the server processes of each kind."""
+    return [sum(cpu_s(pid) for pid in SERVER_PIDS.get(kind, ())) for kind in kinds]
 
 
-def run(ways: dict[str, Read], data: dict[str, dict[str, Any]], reads: int, rounds: int, seed: int) -> dict:
+class Tally:
+    """One way's reads of one round: latencies, this process's CPU and its servers' CPU, added up over the
+    round's slices."""
+
+    def __init__(self, servers: tuple[str, ...]) -> None:
+        self.servers = servers
+        self.latencies: list[float] = []
+        self.cpu_s = 0.0
+        self.spent = [0.0] * len(servers)
+
+    def measure(self, read: Read, keys: list[str]) -> None:
+        latencies = self.latencies
+        append = latencies.append
+        clock = time.perf_counter
+        before = servers_cpu_s(self.servers)
+        cpu = time.process_time()
+        for key in keys:
+            start = clock()
+            read(key)
+            append(clock() - start)
+        self.cpu_s += time.process_time() - cpu
+        for i, (after, then) in enumerate(zip(servers_cpu_s(self.servers), before, strict=True)):
+            self.spent[i] += after - then
+
+    def figures(self) -> dict[str, float]:
+        ordered = sorted(self.latencies)
+        n = len(ordered)
+        spent = self.spent
+        return {
+            "p50_us": statistics.median(ordered) * 1e6,
+            "p99_us": ordered[min(n - 1, int(0.99 * n))] * 1e6,
+            "cpu_us": self.cpu_s / n * 1e6,
+            # the first server kind of the way (redis-server, the nodes) and the second (the router), per read
+            "server_us": spent[0] / n * 1e6 if spent else 0.0,
+            "router_us": spent[1] / n * 1e6 if len(spent) > 1 else 0.0,
+        }
+
+
+FIGURES = ("p50_us", "p99_us", "cpu_us", "server_us", "router_us")
+
+
+def run(
+    ways: dict[str, Read], data: dict[str, dict[str, Any]], reads: int, rounds: int, seed: int, slice_reads: int
+) -> dict:
+    """Every way reads the round's keys, slice by slice: each slice of `slice_reads` keys is read by every
+    way in turn (the order rotating from slice to slice), so that what else the machine does meanwhile (a
+    shared machine's load comes in bursts) falls on every way alike, not on whichever way was reading."""
     rng = random.Random(seed)
     names = sorted(data)
     results: dict[str, list[dict[str, float]]] = {way: [] for way in ways}
-    for read in ways.values():  # warm-up: connections, the direct client's map
-        measure(read, [rng.choice(names) for _ in range(300)], data)
-    for round_index in range(rounds):
+    warm = [rng.choice(names) for _ in range(300)]
+    for read in ways.values():  # warm-up: connections, the direct client's map; the answers are the data
+        for key in warm:
+            assert read(key) == data[key], key
+    names_of = list(ways)
+    for _ in range(rounds):
         keys = [rng.choice(names) for _ in range(reads)]
-        order = list(ways) if round_index % 2 == 0 else list(reversed(ways))
-        for way in order:
-            results[way].append(measure(ways[way], keys, data))
+        tallies = {way: Tally(WAY_SERVERS.get(way, ())) for way in ways}
+        for n, at in enumerate(range(0, reads, slice_reads)):
+            chunk = keys[at : at + slice_reads]
+            shift = n % len(names_of)
+            for way in names_of[shift:] + names_of[:shift]:
+                tallies[way].measure(ways[way], chunk)
+        for way, tally in tallies.items():
+            results[way].append(tally.figures())
+    for way, read in ways.items():  # the answers are still the data (outside the timed loops)
+        for key in warm[:50]:
+            assert read(key) == data[key], (way, key)
     return {
-        way: {figure: statistics.median(r[figure] for r in rounds_of) for figure in ("p50_us", "p99_us", "cpu_us")}
+        way: {figure: statistics.median(r[figure] for r in rounds_of) for figure in FIGURES}
         for way, rounds_of in results.items()
     }
 
@@ -356,9 +464,28 @@ ROUTER = "keyroute `Client`, through a router"
 OVER_HTTPX = "keyroute `Client`, direct mode, over httpx (`transport=`)"
 BARE_NODE = "bare socket to the key's node (a prebuilt request, no client)"
 BARE_ROUTER = "bare socket to the router (a prebuilt request, no client)"
+# Whose CPU each way's reads spend besides this process's: (the servers answering, the router in between).
+WAY_SERVERS: dict[str, tuple[str, ...]] = {
+    REDIS: ("redis",),
+    CLUSTER: ("redis cluster",),
+    DIRECT: ("nodes",),
+    ROUTER: ("nodes", "router"),
+    OVER_HTTPX: ("nodes",),
+    BARE_NODE: ("nodes",),
+    BARE_ROUTER: ("nodes", "router"),
+}
 
 
-def section(command: str, medians: dict[str, dict[str, float]], reads: int, rounds: int) -> str:
+def section(
+    command: str,
+    medians: dict[str, dict[str, float]],
+    reads: int,
+    rounds: int,
+    servers: Servers,
+    compiled: list[str],
+    nodes: int,
+    slice_reads: int,
+) -> str:
     redis_version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()
     import redis
 
@@ -370,18 +497,25 @@ def section(command: str, medians: dict[str, dict[str, float]], reads: int, roun
         f"redis-server), redis-py {redis.__version__}; 1-minute load average {os.getloadavg()[0]:.1f} at the end. "
         f"{KEYS:,} keys with ~100-byte JSON values in every server; one Python process reading one key at a time; "
         f"{rounds} rounds of {reads:,} reads of random keys per way (the same keys for every way of a round), ways "
-        "interleaved; figures are medians over rounds. keyroute: two node processes and one router process "
-        f"(a latest store of {PARTITIONS} partitions). Client CPU = this process's CPU time per read "
-        "(`time.process_time` around the loop; the servers run in other processes).",
+        f"interleaved every {slice_reads:,} reads (the order rotating); figures are medians over rounds. "
+        f"keyroute: {nodes} node process{'es' if nodes > 1 else ''} and "
+        f"one router process (a latest store of {PARTITIONS} partitions), {servers.describe()}"
+        f"{' (C extensions: ' + ', '.join(compiled) + ')' if compiled else ''}. Client CPU = this process's CPU "
+        "time per read (`time.process_time` around the loop; the servers run in other processes). Server CPU = "
+        "the CPU time of the processes that answer (redis-server, the Redis Cluster's three, or the keyroute "
+        "nodes) while the way reads, per read, from /proc (schedstat); router CPU the same of the router process.",
         "",
-        "| read from Python | p50 µs | p99 µs | client CPU µs per get | p50 vs redis-py GET | CPU vs redis-py GET |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| read from Python | p50 µs | p99 µs | client CPU µs per get | p50 vs redis-py GET | CPU vs redis-py GET "
+        "| server CPU µs per get | router CPU µs per get |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     base = medians[REDIS]
     for way, m in medians.items():
+        router = f"{m['router_us']:,.1f}" if len(WAY_SERVERS.get(way, ())) > 1 else "—"
+        server = f"{m['server_us']:,.1f}" if WAY_SERVERS.get(way) else "—"
         lines.append(
             f"| {way} | {m['p50_us']:,.0f} | {m['p99_us']:,.0f} | {m['cpu_us']:,.1f} | "
-            f"{m['p50_us'] / base['p50_us']:.2f}x | {m['cpu_us'] / base['cpu_us']:.2f}x |"
+            f"{m['p50_us'] / base['p50_us']:.2f}x | {m['cpu_us'] / base['cpu_us']:.2f}x | {server} | {router} |"
         )
     verdicts = []
     if DIRECT in medians:
@@ -426,12 +560,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reads", type=int, default=5000, help="reads per way and round (default: 5000)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds (default: 5)")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--slice", type=int, default=100, help="reads each way makes before the next way reads (default: 100)"
+    )
     parser.add_argument("--no-cluster", action="store_true", help="leave out the Redis Cluster row")
     parser.add_argument("--floor", action="store_true", help="add rows of bare sockets (what the servers take)")
     parser.add_argument("--httpx", action="store_true", help="add a row of the client over httpx, as before its wire")
+    parser.add_argument(
+        "--site",
+        type=Path,
+        help="run the nodes and the router from this installed build (say make test-compiled's build/compiled/site)",
+    )
+    parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="build this work tree as the image does (mypyc, a few minutes) and run the nodes and the router from it",
+    )
+    parser.add_argument("--nodes", type=int, default=2, help="keyroute nodes (default: 2)")
+    parser.add_argument("--quick", action="store_true", help="3 rounds of 2,000 reads, no Redis Cluster row")
     parser.add_argument("--write", action="store_true", help=f"record the figures in {RESULTS.name}")
     args = parser.parse_args(argv)
-    command = ".venv/bin/python benchmarks/vs_redis.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    if args.quick:
+        args.reads, args.rounds, args.no_cluster = min(args.reads, 2000), min(args.rounds, 3), True
+    if args.reads < 100 or args.rounds < 1 or args.nodes < 1 or args.slice < 1:
+        print("--reads must be at least 100, --rounds, --nodes and --slice at least 1", file=sys.stderr)
+        return 1
+    if args.site is not None and not (args.site / "keyroute").is_dir():
+        print(f"--site {args.site}: no keyroute package installed there", file=sys.stderr)
+        return 1
+    given = list(sys.argv[1:] if argv is None else argv)
+    for i, arg in enumerate(given):  # the site's folder is this machine's: SITE in what is recorded
+        if arg == "--site" and i + 1 < len(given):
+            given[i + 1] = "SITE"
+        elif arg.startswith("--site="):
+            given[i] = "--site=SITE"
+    command = ".venv/bin/python benchmarks/vs_redis.py " + shlex.join(given)
     for tool in ("redis-server", "redis-cli"):
         if shutil.which(tool) is None:
             print(f"{tool} is not installed (Debian: apt-get install -y redis-server)", file=sys.stderr)
@@ -446,11 +609,21 @@ def main(argv: list[str] | None = None) -> int:
     log(f"mean value size {statistics.mean(map(len, encoded.values())):.0f} bytes")
     work = Path(tempfile.mkdtemp(prefix="keyroute-vs-redis-"))
     try:
+        site = args.site.resolve() if args.site is not None else None
+        if args.compiled:
+            from router import copy_work_tree, installed_build
+
+            site = installed_build(
+                copy_work_tree(work / "build" / "source"), work / "build" / "site", "compiled", "this work tree"
+            ).cwd
+        servers = Servers(site)
+        compiled = servers.compiled_modules()
+        log(f"servers: {servers.describe()}; compiled: {', '.join(compiled) or 'none'}")
         with ExitStack() as stack:
             ways: dict[str, Read] = {REDIS: stack.enter_context(one_redis(work, encoded))}
             if not args.no_cluster:
                 ways[CLUSTER] = stack.enter_context(redis_cluster(work, encoded))
-            connect, url = stack.enter_context(keyroute_cluster(work, data))
+            connect, url = stack.enter_context(keyroute_cluster(work, data, servers, args.nodes))
             ways[DIRECT] = stack.enter_context(keyroute_client(url, "direct"))
             ways[ROUTER] = stack.enter_context(keyroute_client(url, "router"))
             if args.floor:
@@ -461,10 +634,10 @@ def main(argv: list[str] | None = None) -> int:
             for name, way in local_ways(work, connect, url).items():
                 ways[name] = stack.enter_context(way())
             log("reading")
-            medians = run(ways, data, args.reads, args.rounds, args.seed)
+            medians = run(ways, data, args.reads, args.rounds, args.seed, args.slice)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    text = section(command.strip(), medians, args.reads, args.rounds)
+    text = section(command.strip(), medians, args.reads, args.rounds, servers, compiled, args.nodes, args.slice)
     print(text)
     if args.write:
         write_section(text)

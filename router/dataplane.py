@@ -26,7 +26,14 @@ from typing import Any, Final
 
 from keyroute.api import min_offset_query
 from keyroute.auth.access import caller_of
-from keyroute.formats.avro_answers import answer_type, avro_answer, avro_headers, encode_answer, schema_answer
+from keyroute.formats.avro_answers import (
+    JSON_ACCEPTS,
+    answer_type,
+    avro_answer,
+    avro_headers,
+    encode_answer,
+    schema_answer,
+)
 from keyroute.http import openapi
 from keyroute.http.admission import Admission
 from keyroute.http.dataplane import JSON, Call, Route, RoutedDataPlane, store_routes
@@ -40,6 +47,7 @@ from keyroute.runtime.native import mypyc_attr
 from keyroute.storage.projection import json_projection
 
 _ACCEPT: Final = b"accept"
+_JSON_ACCEPTS: Final = JSON_ACCEPTS
 _answer_type: Final = answer_type  # C statics in the compiled build, not globals looked up
 _min_offset_query: Final = min_offset_query
 
@@ -52,7 +60,8 @@ def _read_key(plane: RouterDataPlane, call: Call, store: str, key: str) -> None:
         plane._admit(call, store, 1)
     request = call.request
     accept = request.header(_ACCEPT)
-    media = None if accept is None else _answer_type(accept, store)  # no Accept (JSON): no call
+    # No Accept, or one that means JSON (what keyroute's client sends): no call
+    media = None if accept is None or accept in _JSON_ACCEPTS else _answer_type(accept, store)
     settle = call.settle if media is None else _avro_settle(call, media)
     # The node's reply is passed on as it is (the server adds the read's id unless the node echoed it).
     # Only a request with a query string pays for looking at it.

@@ -35,6 +35,7 @@ from keyroute.api import HEADER_AUTH, HEADER_FORWARDED_BY, HEADER_HOPS, found_bo
 from keyroute.auth.access import caller_of
 from keyroute.auth.security import check_member_headers
 from keyroute.formats.avro_answers import (
+    JSON_ACCEPTS,
     answer_type,
     avro_answer,
     avro_headers,
@@ -77,6 +78,7 @@ _ACCEPT: Final = b"accept"
 # C statics in the compiled build (setup.py), not globals looked up per read.
 _read_key_here: Final = read_key
 _answer_type: Final = answer_type
+_JSON_ACCEPTS: Final = JSON_ACCEPTS
 _min_offset_query: Final = min_offset_query
 
 
@@ -90,7 +92,8 @@ def _read_key(plane: NodeDataPlane, call: Call, store: str, key: str) -> Any:
         plane._admit(call, store, 1)
     request = call.request
     accept = request.header(_ACCEPT)
-    media = None if accept is None else _answer_type(accept, store)  # no Accept (JSON): no call
+    # No Accept, or one that means JSON (what keyroute's client sends): no call
+    media = None if accept is None or accept in _JSON_ACCEPTS else _answer_type(accept, store)
     forwarded = False if request.header(_HOPS) is None else plane._forwarded(call)
     # Only a request with a query string pays for looking at it.
     min_offset = fields = None

@@ -20,6 +20,7 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from json.encoder import encode_basestring
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
@@ -68,6 +69,7 @@ from keyroute.http.forwarding import (
 from keyroute.http.upstream import UpstreamUnavailable
 from keyroute.keys.key_format import Key, KeyFormat, KeyFormatError, key_from_value, parse_key
 from keyroute.keys.key_location import StoreLocator
+from keyroute.keys.partitioner import murmur2_bits
 from keyroute.runtime.logs import describe
 from keyroute.runtime.metrics import KIND_BATCH
 from keyroute.runtime.native import caused
@@ -108,6 +110,10 @@ _HOPS_1 = (_HOPS, b"1")
 # replaced), and the body's content coding, which the wire (keyroute.http.fast_upstream) has removed.
 _NOT_RELAYED = frozenset({_HOPS, _FORWARDED_BY, _GENERATION, b"content-encoding"})
 _INT_FORMATS = frozenset({KeyFormat.INT16, KeyFormat.INT32, KeyFormat.INT64})
+# C statics in the compiled build (setup.py), not globals looked up per read.
+_FOUND_BODY: Final = found_body
+_json_string: Final = encode_basestring
+_murmur2_bits: Final = murmur2_bits
 
 
 def is_forwarded(members: ClusterAuth, hops: bytes | None, auth: bytes | None, role: str | None = None) -> bool:
@@ -223,7 +229,10 @@ def read_key(
         except UnicodeEncodeError:
             pass  # parse_key_text says why
     if data is not None:
-        partition, serving = locator.serving_of(key_text)  # type: ignore[union-attr]
+        # StoreLocator.serving_of's plain case, inline (an interpreted frame less per read): Kafka's
+        # toPositive(murmur2(key)) % partitions, as tests/property/test_key_location_props.py pins it.
+        partition = (_murmur2_bits(data) & 0x7FFFFFFF) % locator.partitions  # type: ignore[union-attr]
+        serving = locator.serving[partition]  # type: ignore[union-attr]
         shown = key_text
     else:
         record = find_store(m, store_name)
@@ -231,7 +240,7 @@ def read_key(
         location = m.locate(record, key)
         data, shown, partition, serving = key.data, location.key, location.partition, location.serving
     held = ownership.local(store_name, partition)
-    node_id = node.node_id
+    node_id = node.settings.node_id  # not the `node_id` property: a frame less per read
     if held is not None and not forwarded:
         # answers_locally: unless the first other node serving the partition serves a newer version
         for endpoint in serving:
@@ -271,7 +280,21 @@ def read_key(
         return 404, headers, error_json("expired", expired_message(store_name, shown, ttl))
     if fields is not None:
         value = fields.apply(value)
+    if found is _FOUND_BODY:  # JSON: the compiled twin, called natively
+        return 200, headers, _found_json(store_name, shown, partition, version, value)
     return 200, headers, found(store_name, shown, partition, version, value)
+
+
+def _found_json(store: str, key: str, partition: int, version: int, value_json: bytes) -> bytes:
+    """`keyroute.api.found_body`, in this (compiled) module: the same bytes (tests/unit/node pin them equal),
+    without an interpreted frame per read."""
+    return b'{"store": %s, "key": %s, "partition": %d, "version": %d, "value": %s}' % (
+        _json_string(store).encode("utf-8"),
+        _json_string(key).encode("utf-8"),
+        partition,
+        version,
+        value_json,
+    )
 
 
 class _MapReads:

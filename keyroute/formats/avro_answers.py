@@ -119,15 +119,16 @@ class NotAcceptable(ApiError):
 
 # -- choosing the answer's media type ---------------------------------------------------------------------
 
-# The Accept values that mean JSON, answered without parsing them (every read checks).
-_JSON_ACCEPTS = frozenset({b"*/*", b"application/json", b"application/json, */*"})
+# The Accept values that mean JSON, answered without parsing them (every read checks; the data planes' key
+# reads check it themselves, a call less per read).
+JSON_ACCEPTS = frozenset({b"*/*", b"application/json", b"application/json, */*"})
 
 
 def answer_type(accept: bytes | None, store: str) -> bytes | None:
     """The Avro media type to answer a read of `store` with (bytes, for the content type), or None for JSON,
     as the raw `Accept` header's value `accept` prefers (JSON on a tie). Raises NotAcceptable (406) when
     it offers neither."""
-    if accept is None or accept in _JSON_ACCEPTS:
+    if accept is None or accept in JSON_ACCEPTS:
         return None
     return _negotiate(accept, store)
 

@@ -16,13 +16,13 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from keyroute.api import MAX_JSON_DEPTH, BadKey, PartitionUnavailable, json_depth
+from keyroute.api import MAX_JSON_DEPTH, BadKey, PartitionUnavailable, found_body, json_depth
 from keyroute.http.dataplane import Call
 from keyroute.http.exchange import ServerLimits
 from keyroute.keys.key_format import KeyFormatError, parse_key
 from keyroute.runtime.settings import RequestLimits
 from keyroute.state_node.dataplane import NodeDataPlane
-from keyroute.state_node.reads import Forward, read_key
+from keyroute.state_node.reads import Forward, _found_json, read_key
 from tests.request_bodies import DEEP_BODIES, bodies
 from tests.unit.node.fakes import (
     GENERATION,
@@ -344,3 +344,20 @@ def test_a_key_read_is_located_as_the_partition_map_locates_it_whatever_its_text
                 assert status == 404 and repr(location.key) in json.loads(body)["message"]
 
     check()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.text(st.characters(blacklist_categories=("Cs",))),
+    st.text(st.characters(blacklist_categories=("Cs",))),
+    st.integers(0, 100_000),
+    st.integers(0, 2**63 - 1),
+    st.binary(max_size=64),
+)
+@example('quote " back\\slash', "\x00\n\u2028 é 😀", 0, 1, b'{"v":1}')
+def test_a_found_key_is_written_as_the_api_writes_it(
+    store: str, key: str, partition: int, version: int, value: bytes
+) -> None:
+    """A key read's 200 body is written by the read path's own (compiled) copy of `keyroute.api.found_body`:
+    the same bytes, whatever the store's and the key's text."""
+    assert _found_json(store, key, partition, version, value) == found_body(store, key, partition, version, value)
