@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from keyroute.api import ApiError
 from keyroute.storage.live import loads_json
 from keyroute.storage.timeline import TimelineError, TimeType, parse_duration_us, parse_order_text
@@ -86,9 +88,14 @@ class Ttl:
         if column is None:
             return False
         try:
-            value = loads_json(value_json)
-        except ValueError:
-            return False
+            # orjson without loads_json's scan for long integers: a time beyond 64 bits, read as a float, is
+            # as far from any boundary as the integer
+            value = orjson.loads(value_json)
+        except orjson.JSONDecodeError:
+            try:
+                value = loads_json(value_json)
+            except ValueError:
+                return False
         if not isinstance(value, dict):
             return False
         time_us = time_in_us(value.get(column))
