@@ -149,7 +149,13 @@ class Projection:
 
     def apply_window(self, window_json: bytes) -> bytes:
         """The projection of a window entry `{"start", "end", "value"}`: its `value` projected."""
-        window = _loads(window_json)
+        try:
+            window = orjson.loads(window_json)
+        except orjson.JSONDecodeError:
+            window = _loads(window_json)
+        else:
+            if _has_big_float(window):  # as in `apply`: an integer orjson may have read as a float
+                window = _loads_exact(window_json)
         if isinstance(window, dict) and "value" in window:
             window["value"] = self.project(window["value"])
         return _dumps(window)

@@ -155,6 +155,8 @@ def test_an_integer_beyond_64_bits_is_answered_exactly_and_large_floats_stay_flo
     assert json.loads(parse_fields("big").apply(raw)) == {"big": 123456789012345678901234567890}
     assert type(json.loads(parse_fields("f").apply(raw))["f"]) is float
     assert json.loads(parse_fields("n").apply(raw)) == {"n": {"x": [1, 2e300, 10**25]}}
+    window = b'{"start":1,"end":%d,"value":{"big":%d,"f":1.5}}' % (10**20, 10**22)
+    assert json.loads(parse_fields("big").apply_window(window)) == {"start": 1, "end": 10**20, "value": {"big": 10**22}}
 
 
 def test_a_projection_is_parsed_once_per_fields_value() -> None:
