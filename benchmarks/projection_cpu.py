@@ -2,6 +2,7 @@
 read path executes per read (callgrind), and its time per read, in-process, for values of several sizes.
 
     .venv/bin/python benchmarks/projection_cpu.py [--reads 20000] [--no-callgrind]
+    PYTHONPATH=SITE .venv/bin/python -P benchmarks/projection_cpu.py   # the keyroute installed in SITE
 
 What is measured is what a node runs for `GET /stores/{store}/keys/{key}[?fields=f00,f01]` from the decoded
 request to the answer's body: the query's projection (`json_projection`, as the data plane calls it) and
@@ -29,7 +30,8 @@ from types import SimpleNamespace
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if "PYTHONPATH" not in os.environ:  # else the keyroute on it (say, a compiled build's site) is measured
+    sys.path.insert(0, str(ROOT))
 
 import orjson  # noqa: E402
 
