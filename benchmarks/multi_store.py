@@ -3,7 +3,8 @@
 Run from the repository root: `.venv/bin/python benchmarks/multi_store.py [--write]` (`--quick`: a smoke
 run of the plumbing, not figures). It writes a store of values of 20 fields without Spark, starts one
 ZooKeeper and one node that serves every partition, and reads it with wrk (single keys, as
-benchmarks/router.py's paths): whole values, and `?fields=f00,f01`, in a shuffled order per round.
+benchmarks/router.py's paths): whole values, and `?fields=f00,f01`, in a shuffled order per round. `--values`
+names the values' sizes, a node each (benchmarks/projection_cpu.py's: small, texts, arrays).
 Reported, medians of the rounds: the node process's CPU per read (/proc, user + system) and reads/s, and the
 answer's body bytes (mean over sampled reads). --write records the table in benchmarks/RESULTS.md.
 
@@ -38,8 +39,6 @@ import harness  # benchmarks/harness.py: ports, ZooKeeper, waiting, RESULTS.md
 
 bench = harness.script("router.py")
 
-import harness  # noqa: E402  (benchmarks/harness.py: ports, ZooKeeper, RESULTS.md)
-
 from keyroute.cluster import zk, zk_layout  # noqa: E402
 from keyroute.cluster.partition_map import StoreRecord  # noqa: E402
 from keyroute.dev.zookeeper_server import EmbeddedZooKeeper  # noqa: E402
@@ -53,15 +52,20 @@ FIELDS = tuple(f"f{i:02d}" for i in range(20))
 WAYS = {"whole value": "", "fields=f00,f01": "?fields=f00,f01"}
 
 
-def value_of(i: int) -> dict[str, Any]:
-    """Twenty fields of the kinds feature stores hold: integers, fractions, short texts."""
+def value_of(i: int, size: str = "small") -> dict[str, Any]:
+    """Twenty fields of the kinds feature stores hold: integers, fractions, short texts (`small`), some of them
+    long texts or arrays of numbers (benchmarks/projection_cpu.py's `value_of`)."""
+    if size != "small":
+        from projection_cpu import value_of as sized  # benchmarks/ is the script's folder
+
+        return sized(i, size)
     return {
         name: (i * (k + 1) if k % 3 == 0 else round(i / (k + 1), 4) if k % 3 == 1 else f"{name}-{i % 97:02d}")
         for k, name in enumerate(FIELDS)
     }
 
 
-def write_store(root: Path, keys: int, partitions: int, store: str = bench.STORE) -> str:
+def write_store(root: Path, keys: int, partitions: int, size: str = "small", store: str = bench.STORE) -> str:
     snapshot = version_dir(str(root), store, 1)
     counts = [0] * partitions
     with ExitStack() as stack:
@@ -72,7 +76,7 @@ def write_store(root: Path, keys: int, partitions: int, store: str = bench.STORE
             files.append(stack.enter_context(open(folder / "part-00000.json", "w")))
         for i in range(keys):
             p = partition_for(Partitioner.MURMUR2, bench.key_text(i).encode(), partitions)
-            files[p].write(json.dumps({"key": bench.key_text(i), "value": value_of(i)}) + "\n")
+            files[p].write(json.dumps({"key": bench.key_text(i), "value": value_of(i, size)}) + "\n")
             counts[p] += 1
     write_manifest(
         snapshot, Manifest(store, 1, partitions, Partitioner.MURMUR2, KeyFormat.STRING, FIELDS, tuple(counts))
@@ -81,10 +85,10 @@ def write_store(root: Path, keys: int, partitions: int, store: str = bench.STORE
 
 
 @contextmanager
-def running(args: argparse.Namespace, work: Path) -> Iterator[Any]:
+def running(args: argparse.Namespace, work: Path, size: str = "small") -> Iterator[Any]:
     with ExitStack() as stack:
-        snapshot = write_store(work / "snapshots", args.keys, args.partitions)
-        zk_server = EmbeddedZooKeeper(port=bench.free_port(), data_dir=work / "zookeeper")
+        snapshot = write_store(work / "snapshots", args.keys, args.partitions, size)
+        zk_server = EmbeddedZooKeeper(port=harness.free_port(), data_dir=work / "zookeeper")
         zk_server.start()
         stack.callback(zk_server.stop)
         settings = ZkSettings(hosts=zk_server.connect_string, chroot="/keyroute-projections")
@@ -94,7 +98,7 @@ def running(args: argparse.Namespace, work: Path) -> Iterator[Any]:
             bench.STORE, args.partitions, Partitioner.MURMUR2, KeyFormat.STRING, 1, snapshot, FIELDS, 1, time.time()
         )
         client.create(zk_layout.store_path(bench.STORE), record.to_json(), makepath=True)
-        port = bench.free_port()
+        port = harness.free_port()
         node = bench.THIS_TREE.start(
             "node",
             ["node", "--zk", settings.connect_string, "--node-id", "n1", "--port", str(port)]
@@ -151,32 +155,47 @@ def measure(wrk: str, work: Path, node: Any, args: argparse.Namespace) -> dict[s
     return results
 
 
-def section(results: dict[str, list[tuple[float, float, int]]], sizes: dict[str, float], args: Any, load: str) -> str:
-    def median(way: str, index: int) -> float:
-        return statistics.median(r[index] for r in results[way])
+VALUES = {
+    "small": "20 fields: integers, fractions, short texts",
+    "texts": "the same, 4 of them texts of 1,000 characters",
+    "arrays": "the same, 4 of them arrays of 200 numbers and 2 texts of 2,000 characters",
+}
 
-    base_cpu, base_bytes = median("whole value", 1), sizes["whole value"]
+
+def section(
+    by_size: dict[str, tuple[dict[str, list[tuple[float, float, int]]], dict[str, float]]], args: Any, load: str
+) -> str:
     command = "`.venv/bin/python benchmarks/multi_store.py" + (f" --rounds {args.rounds}" if args.rounds != 5 else "")
+    if list(by_size) != ["small"]:
+        command += f" --values {','.join(by_size)}"
+    values = "; ".join(f"{size}: {VALUES[size]}" for size in by_size)
     lines = [
         SECTION,
         "",
         f"{command} --write` on {datetime.date.today().isoformat()}, {platform.machine()}, {os.cpu_count()} CPUs,"
-        f" Python {platform.python_version()}; {load}. {args.keys:,} keys (values of 20 fields: integers,"
-        f" fractions, short texts) in {args.partitions} partitions on one node; wrk, {args.concurrency}"
+        f" Python {platform.python_version()}; {load}. {args.keys:,} keys (values of {values}) in"
+        f" {args.partitions} partitions on one node (a node per value size); wrk, {args.concurrency}"
         f" connections, {args.duration:g} s per measurement, medians of {args.rounds} rounds (ways in a shuffled"
         " order per round). Node CPU: user + system of the node process, from /proc, per read. Bytes: the"
         f" answer's body, mean over {args.samples} sampled reads.",
         "",
-        "| read | reads/s | node CPU µs/read | vs whole | body bytes | vs whole |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| values | read | reads/s | node CPU µs/read | vs whole | body bytes | vs whole |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
-    for way in WAYS:
-        cpu = median(way, 1)
-        lines.append(
-            f"| {way} | {median(way, 0):,.0f} | {cpu:,.0f} | {cpu / base_cpu:.2f}x | {sizes[way]:,.0f}"
-            f" | {sizes[way] / base_bytes:.2f}x |"
-        )
-    errors = sum(r[2] for rs in results.values() for r in rs)
+    errors = 0
+    for size, (results, sizes) in by_size.items():
+
+        def median(way: str, index: int, results: dict[str, list[tuple[float, float, int]]] = results) -> float:
+            return statistics.median(r[index] for r in results[way])
+
+        base_cpu, base_bytes = median("whole value", 1), sizes["whole value"]
+        for way in WAYS:
+            cpu = median(way, 1)
+            lines.append(
+                f"| {size} | {way} | {median(way, 0):,.0f} | {cpu:,.0f} | {cpu / base_cpu:.2f}x | {sizes[way]:,.0f}"
+                f" | {sizes[way] / base_bytes:.2f}x |"
+            )
+        errors += sum(r[2] for rs in results.values() for r in rs)
     if errors:
         lines += ["", f"wrk counted {errors} errors."]
     return "\n".join(lines) + "\n"
@@ -201,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--samples", type=int, default=500)
+    parser.add_argument("--values", default="small", help="value sizes, a node each: small, texts, arrays")
     parser.add_argument("--quick", action="store_true", help="a smoke run of the plumbing, not figures")
     parser.add_argument("--write", action="store_true", help="record the table in benchmarks/RESULTS.md")
     parser.add_argument("--stores", action="store_true", help="measure multi-store reads instead (stores_main)")
@@ -217,11 +237,15 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="keyroute-projections-"))
     try:
         load_before = os.getloadavg()[0]
-        with running(args, work) as node:
-            sizes = body_bytes(node, args)
-            results = measure(wrk, work, node, args)
+        by_size = {}
+        for size in args.values.split(","):
+            if size not in VALUES:
+                print(f"--values: {size!r} is not one of {', '.join(VALUES)}", file=sys.stderr)
+                return 1
+            with running(args, work / size, size) as node:
+                by_size[size] = (body_bytes(node, args), measure(wrk, work / size, node, args))
         load = f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after"
-        text = section(results, sizes, args, load)
+        text = section({size: (r, b) for size, (b, r) in by_size.items()}, args, load)
         print(text)
         if args.write and not args.quick:
             write_section(text)
@@ -254,7 +278,7 @@ def stores_cluster(args: argparse.Namespace, work: Path) -> Iterator[tuple[Any, 
         client = zk.connect(settings)
         stack.callback(zk.close, client)
         for store in THREE:
-            snapshot = write_store(work / "snapshots", args.keys, args.partitions, store)
+            snapshot = write_store(work / "snapshots", args.keys, args.partitions, store=store)
             record = StoreRecord(
                 store,
                 args.partitions,

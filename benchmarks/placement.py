@@ -7,6 +7,10 @@ Each figure is the median of `--rounds` rounds of time.process_time() around one
 the assignment the previous step produced (a leave from a fresh placement of every node, a join from that,
 a new store added to that). With --code the same script runs on another checkout (say, an earlier commit in
 a `git worktree`) right after this one, and both are printed.
+
+What is timed is the controller's entry point: `assign_grouped` (keyroute.state_node.placement.groups) where the
+checkout has co-location groups, given no groups for the rows both codes run; `assign` before. Where it has
+groups, one more row places the same stores in co-location groups of three (and the new store joins one).
 """
 
 from __future__ import annotations
@@ -25,35 +29,55 @@ ROOT = Path(__file__).resolve().parents[1]
 NODES, STORES, PARTITIONS, RF, ZONES = 1000, 100, 1000, 3, 3
 
 
-def _assign() -> Any:
-    """`assign` of the code measured (keyroute.state_node.assignment in checkouts from before the placement
-    package, so that --code can measure them too)."""
+def _assign() -> tuple[Any, bool]:
+    """The controller's placement entry of the code measured, as f(shapes, nodes, previous, generation, zones,
+    groups), and whether it places co-location groups: `assign_grouped`, or `assign` in checkouts from before
+    groups (keyroute.state_node.assignment before the placement package), so that --code can measure them too."""
     try:
-        from keyroute.state_node.placement import assign
+        from keyroute.state_node.placement.groups import assign_grouped
     except ImportError:
-        from keyroute.state_node.assignment import assign  # type: ignore[import-not-found, no-redef]
-    return assign
+        try:
+            from keyroute.state_node.placement import assign
+        except ImportError:
+            from keyroute.state_node.assignment import assign  # type: ignore[import-not-found, no-redef]
+
+        def ungrouped(shapes: Any, nodes: Any, previous: Any, generation: int, zones: Any, groups: Any) -> Any:
+            return assign(shapes, nodes, previous, generation, zones=zones)
+
+        return ungrouped, False
+
+    def grouped(shapes: Any, nodes: Any, previous: Any, generation: int, zones: Any, groups: Any) -> Any:
+        return assign_grouped(shapes, groups, nodes, previous, generation, zones=zones)
+
+    return grouped, True
 
 
 def measure(rounds: int) -> dict[str, dict[str, float]]:
-    assign = _assign()
+    assign, has_groups = _assign()
 
     nodes = [f"node-{i:04d}" for i in range(NODES)]
     shapes = {f"store-{i:03d}": (PARTITIONS, RF) for i in range(STORES)}
+    zoned = {n: f"z{i % ZONES}" for i, n in enumerate(nodes)}
+    # Co-location groups of three stores (store -> its group's least store, as colocation_groups gives).
+    grouped = {name: f"store-{i // 3 * 3:03d}" for i, name in enumerate(shapes) if i // 3 * 3 + 1 < STORES}
+    cases: list[tuple[str, Any, dict[str, str]]] = [("no zones", None, {}), (f"{ZONES} zones", zoned, {})]
+    if has_groups:
+        cases.append((f"{ZONES} zones, co-located in groups of 3", zoned, grouped))
     out: dict[str, dict[str, float]] = {}
-    for label, zones in (("no zones", None), (f"{ZONES} zones", {n: f"z{i % ZONES}" for i, n in enumerate(nodes)})):
-        fresh = assign(shapes, nodes, None, 1, zones=zones)
+    for label, zones, groups in cases:
+        fresh = assign(shapes, nodes, None, 1, zones, groups)
         gone = nodes[NODES // 2]
         left = [n for n in nodes if n != gone]
         with_new = {**shapes, "store-new": (PARTITIONS, RF)}
+        groups_new = {**groups, "store-new": "store-000"} if groups else groups
         times: dict[str, list[float]] = {"leave": [], "join": [], "new store": []}
         for _ in range(rounds):
             t0 = time.process_time()
-            after_leave = assign(shapes, left, fresh, 2, zones=zones)
+            after_leave = assign(shapes, left, fresh, 2, zones, groups)
             t1 = time.process_time()
-            after_join = assign(shapes, nodes, after_leave, 3, zones=zones)
+            after_join = assign(shapes, nodes, after_leave, 3, zones, groups)
             t2 = time.process_time()
-            assign(with_new, nodes, after_join, 4, zones=zones)
+            assign(with_new, nodes, after_join, 4, zones, groups_new)
             t3 = time.process_time()
             times["leave"].append(t1 - t0)
             times["join"].append(t2 - t1)

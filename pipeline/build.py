@@ -13,7 +13,8 @@ import contextlib
 import dataclasses
 import logging
 import sys
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,7 @@ def build(
     spark: SparkSession | None = None,
     kafka: KafkaAccess | None = None,
     spark_secret_file: Path | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> list[PublishedVersion]:
     """Build every store of the spec at `spec_path` into `output` and publish the new versions in ZooKeeper.
 
@@ -104,6 +106,8 @@ def build(
     passed in is left running; one created here (on `master`, default local[*]) is stopped before
     returning. `kafka` says how to reach live stores' clusters (default: no environment variables).
     `spark_secret_file`: a session created here authenticates and encrypts its RPC with this secret.
+    `clock` is the build's clock (seconds since the epoch; the driver's wall clock): read once, as the stores
+    start computing, it is the "now" a store's `ttl` is counted back from (expired rows are left out).
     """
     kafka = KafkaAccess({}) if kafka is None else kafka
     spec = with_key_schemas(load_spec(spec_path), kafka.environ)
@@ -122,7 +126,7 @@ def build(
         session = _start_spark(master, spec, spec_path, spark_secret_file) if needs_spark else spark
         try:
             with _spark_settings(session, spec, spec_path, joined=not needs_spark):
-                written = _write_all(session, spec, output, published, kafka)
+                written = _write_all(session, spec, output, published, kafka, clock)
         finally:
             if needs_spark and session is not None:
                 session.stop()
@@ -156,6 +160,7 @@ def _write_all(
     output: str,
     published: Mapping[str, PublishedStore | None],
     kafka: KafkaAccess,
+    clock: Callable[[], float] = time.time,
 ) -> list[WrittenVersion]:
     # Every store's source and the columns its spec names, checked before any store is computed: a spec with
     # a mistake in its last store fails in the time schema inference takes, not after the other stores.
@@ -165,6 +170,7 @@ def _write_all(
             assert spark is not None
             checked[store.name] = check_store(spark, store)
     written: list[WrittenVersion] = []
+    now_s = clock()  # one "now" for every store's ttl
     try:
         for store in spec.stores:
             before = published[store.name]
@@ -172,7 +178,7 @@ def _write_all(
                 written.append(_write_live_only(store, output, before, kafka))
                 continue
             assert spark is not None
-            written.append(_write_store(spark, checked[store.name], output, before, kafka))
+            written.append(_write_store(spark, checked[store.name], output, before, kafka, now_s))
     except BaseException:
         for version in written:
             remove_version(version.snapshot)
@@ -181,11 +187,16 @@ def _write_all(
 
 
 def _write_store(
-    spark: SparkSession, checked: CheckedStore, output: str, published: PublishedStore | None, kafka: KafkaAccess
+    spark: SparkSession,
+    checked: CheckedStore,
+    output: str,
+    published: PublishedStore | None,
+    kafka: KafkaAccess,
+    now_s: float | None = None,
 ) -> WrittenVersion:
     store = checked.spec
     log.info("store %r: computing from %s", store.name, store.describe_source())
-    computed = compute_store(spark, store, checked)
+    computed = compute_store(spark, store, checked, now_s)
     try:
         live = None
         if store.live is not None:

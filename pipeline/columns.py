@@ -18,6 +18,7 @@ LMDB_KEY = "__keyroute_lmdb_key"
 # Live stores: the merge state as a JSON object {"0": ..., "1": ...}, in merge order (reduce.live_state).
 STATE = "__keyroute_live_state"
 TIE = "__keyroute_tie"  # hybrid latest stores: the source offset that breaks ties on order_by
+NEWEST = "__keyroute_ttl_newest"  # latest stores with a ttl: the key's greatest order_by (compute.unexpired)
 MAX_OFFSET = "__keyroute_max_offset"  # hybrid stores: a key's greatest source offset
 NULL_OFFSETS = "__keyroute_null_offsets"  # hybrid stores: a key's records without an offset
 STATE_FIELD = "__keyroute_state_{}"  # live aggregate stores: the merge state of aggregate i

@@ -11,11 +11,12 @@ the keys it produced.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -25,6 +26,7 @@ from keyroute.pipeline.columns import (
     KEY_BYTES,
     LMDB_KEY,
     MAX_OFFSET,
+    NEWEST,
     NULL_OFFSETS,
     OFF_PARTITION,
     RAW_KEY,
@@ -45,8 +47,9 @@ from keyroute.pipeline.offsets import (
 from keyroute.pipeline.reduce import check_aggregations, live_state, reduce_per_key
 from keyroute.pipeline.spark_errors import spark_errors
 from keyroute.pipeline.spec import StoreSpec
-from keyroute.pipeline.timeline import ENTRIES, read_times, reduce_timeline, timeline_of
+from keyroute.pipeline.timeline import ENTRIES, read_times, reduce_timeline, time_column, timeline_of
 from keyroute.storage.timeline import Timeline, TimeType
+from keyroute.storage.ttl import Ttl
 
 _EXAMPLES = 3
 
@@ -131,9 +134,12 @@ def check_store(spark: SparkSession, store: StoreSpec) -> CheckedStore:
     return CheckedStore(store, source, keyed, value_columns, timeline, orderings)
 
 
-def compute_store(spark: SparkSession, store: StoreSpec, checked: CheckedStore | None = None) -> ComputedStore:
+def compute_store(
+    spark: SparkSession, store: StoreSpec, checked: CheckedStore | None = None, now_s: float | None = None
+) -> ComputedStore:
     """Read, check, reduce and route one store; raise DataError/SpecError naming the store on any problem.
-    `checked` is the store's `check_store`, when the caller checked it already.
+    `checked` is the store's `check_store`, when the caller checked it already. A store with a `ttl` leaves
+    out the rows expired at `now_s` (seconds since the epoch; the build's clock, default now): `unexpired`.
 
     Spark jobs on the happy path: schema inference (json/csv) and one pass that reduces, routes, caches
     and checks every key (and, for an audited store, every record's source partition). Writing is the next
@@ -150,6 +156,8 @@ def compute_store(spark: SparkSession, store: StoreSpec, checked: CheckedStore |
         offset = source_offset(store, source.schema)
         extra += offset_aggregates(offset)
         timeline = checked.timeline
+        if store.ttl is not None and offset is None:
+            keyed = unexpired(store, keyed, orderings, timeline, time.time() if now_s is None else now_s)
         if timeline is not None:
             regroup = audit.regroup_key_aggregates() if audited else []
             if offset is not None:  # a windowed store's windows of a key, combined
@@ -208,6 +216,36 @@ def compute_store(spark: SparkSession, store: StoreSpec, checked: CheckedStore |
         key_bytes=counted.key_bytes,
         order_types=orderings.types(),
     )
+
+
+def unexpired(
+    store: StoreSpec, keyed: DataFrame, orderings: ordering.Orderings, timeline: Timeline | None, now_s: float
+) -> DataFrame:
+    """`keyed` without the rows a node would not serve at `now_s` for the store's `ttl`
+    (keyroute.storage.ttl), at the node's boundary (`Ttl.timeline_low`, in the time's own unit): a history
+    store's rows whose time is no later than now - ttl (a row without a time is kept: the build refuses it
+    later); a latest store's key whose latest `order_by` is, all its rows (a key whose rows all lack a time is
+    kept: a node cannot age its value), and older rows of the others, which the latest row wins over anyway.
+    Not applied to a store built with source offsets (a live store's hybrid build: its offsets come from every
+    row): the nodes serving it leave its expired values out of answers."""
+    assert store.ttl is not None and store.order_by is not None
+    ttl = Ttl.parse(store.ttl, store.order_by)
+    column = sources.quoted(store.order_by)
+    if timeline is not None:
+        times = time_column(column, timeline.time_type)
+        return keyed.where(times.isNull() | (times >= F.lit(ttl.timeline_low(now_s, timeline.time_type))))
+    typed = orderings.columns.get(store.order_by)
+    if typed is None:
+        return keyed
+    if typed.value is None or typed.time_type is None:
+        # A number compared as it is: a node reads it as milliseconds since the epoch.
+        served = column.cast(T.DoubleType()) > F.lit(ttl.cutoff_us(now_s) / 1000)
+        times = column
+    else:
+        times = F.col(typed.value)
+        served = times >= F.lit(ttl.timeline_low(now_s, typed.time_type))
+    newest = F.max(times).over(Window.partitionBy(F.col(RAW_KEY)))
+    return keyed.withColumn(NEWEST, newest).where(served | F.col(NEWEST).isNull()).drop(NEWEST)
 
 
 def _audit(store: StoreSpec, keyed: DataFrame, source_partition: Column, checked: _CheckedKeys) -> None:

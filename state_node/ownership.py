@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from keyroute.cluster.partition_map import PartitionMap, StoreRecord
+from keyroute.replica.expiry import sweep_expired
 from keyroute.replica.live import LivePartition
 from keyroute.replica.store import LoadCancelled, LoadError, PartitionId, PartitionStore, load_partition
 from keyroute.runtime.clock import SYSTEM_CLOCK, Clock, Timer
@@ -84,6 +85,9 @@ class Ownership:
         self._in_grace = 0
         # Stores whose record is gone without a tombstone, already said so in the log (said once each).
         self._orphans_said: set[str] = set()
+        # Deletes expired values from the live partitions held here, every `expiry_sweep_s` (`_sweep_expired`):
+        # started once there is one to sweep, outside `_tasks` (it never settles).
+        self._sweeper: asyncio.Task[None] | None = None
 
     # -- readers -----------------------------------------------------------------------------------
 
@@ -224,6 +228,8 @@ class Ownership:
         for entry in entries.values():
             entry.cancel.set()
         tasks = list(self._tasks)
+        if self._sweeper is not None:
+            tasks.append(self._sweeper)  # a sweep under way ends its transaction before the environment closes
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -258,6 +264,8 @@ class Ownership:
         self._rebuild_view()
         self._schedule_retry(now)
         self._follow_handovers()
+        if self._sweeper is None and self._settings.expiry_sweep_s > 0 and any(map(self._sweeps, self._view.values())):
+            self._sweeper = asyncio.ensure_future(self._sweep_expired(self._settings.expiry_sweep_s))
         self._say_orphans()
 
     def _say_orphans(self) -> None:
@@ -384,6 +392,31 @@ class Ownership:
         log.info("removing %s (superseded %.0fs ago)", pid, self._version_grace_s)
         await self._janitor.remove_directory(pid, path)
         self._reconcile()
+
+    def _sweeps(self, held: PartitionStore) -> bool:
+        """Whether `held` is swept for expired values: a live partition of one value per key, of a store with a
+        ttl."""
+        if held.live is None or held.timeline is not None:
+            return False
+        record = self._map.stores.get(held.pid.store)
+        return record is not None and record.ttl is not None
+
+    async def _sweep_expired(self, every_s: float) -> None:
+        """Every `every_s`: delete the expired values of each live partition held here of a store of one value
+        per key with a `ttl` (keyroute.replica.expiry), "now" being this node's clock, as its reads'."""
+        while not self._stopping:
+            await self._clock.sleep(every_s)
+            for held in list(self._view.values()):
+                record = self._map.stores.get(held.pid.store)
+                if record is None or record.ttl is None or not self._sweeps(held):
+                    continue
+                try:
+                    deleted = await asyncio.to_thread(sweep_expired, held, record.ttl, self._clock.time)
+                except Exception as exc:  # the next sweep tries again
+                    log.warning("sweeping the expired values of %s failed: %s", held.pid, describe(exc))
+                    continue
+                if deleted:
+                    log.info("deleted %d expired values of %s (ttl %s)", deleted, held.pid, record.ttl.text)
 
     async def _collect_leftovers(self) -> None:
         await self._janitor.collect_leftovers(self._map, self._lifecycle.entries)

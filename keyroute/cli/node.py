@@ -65,6 +65,7 @@ def add_node(p: _Parser, sub: Any) -> list[argparse.ArgumentParser]:
     p.setting(node, NodeSettings, "drain_timeout_s", type=float)
     p.setting(node, NodeSettings, "restart_grace_s", type=_non_negative_float)
     p.setting(node, NodeSettings, "version_grace_s", type=float)
+    p.setting(node, NodeSettings, "expiry_sweep_s", type=_non_negative_float)
     p.setting(node, NodeSettings, "forward_timeout_s", type=float)
     p.setting(node, NodeSettings, "min_offset_wait_ms", type=float)
     p.setting(node, NodeSettings, "live_batch_records", type=int)
@@ -141,6 +142,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         drain_timeout_s=args.drain_timeout_s,
         restart_grace_s=args.restart_grace_s,
         version_grace_s=args.version_grace_s,
+        expiry_sweep_s=args.expiry_sweep_s,
         forward_timeout_s=args.forward_timeout_s,
         min_offset_wait_ms=args.min_offset_wait_ms,
         live_batch_records=args.live_batch_records,

@@ -336,6 +336,11 @@ class NodeSettings:
     version_grace_s: float = option(
         300.0, "how long a replaced version's files stay on disk (a rollback meanwhile reuses them)"
     )
+    # How often the values of a store's ttl has expired are deleted from this node's live partitions
+    # (keyroute.replica.expiry; 0: never). Batch partitions lose theirs at the next build.
+    expiry_sweep_s: float = option(
+        60.0, "how often expired values (a store's ttl) are deleted from this node's live partitions (0: never)"
+    )
     # How long a read bounded by `min_offset` waits for a live partition to apply it before 503 not_up_to_bound.
     min_offset_wait_ms: float = option(
         500.0, "how long a read with min_offset waits for a live partition to apply it (then 503 not_up_to_bound)"

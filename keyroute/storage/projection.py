@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 from urllib.parse import quote, unquote
 
 import orjson
@@ -31,19 +30,44 @@ _FIELDS_PREFIX = b"fields="
 # Bounds on what one read may ask: a projection is a short list of names, never a document.
 MAX_FIELDS = 100
 MAX_DEPTH = 8
+# Projections parsed from queries, by `fields=` and its value as they came (percent-encoded): a read parses its
+# projection once, not per read. Bounded (emptied when full): callers choose what they ask.
+_PARSED: Final[dict[bytes, Projection]] = {}
+_PARSED_MAX: Final = 256
+# Records a projection was checked against, per projection (emptied when full).
+_CHECKED_MAX: Final = 64
+# orjson reads an integer beyond 64 bits as a float of at least this size.
+_BIG: Final = 2.0**63
 
 
 class UnknownFields(ApiError, status=400, code="unknown_fields"):
     """A projection naming fields the store's values do not have."""
 
 
-@dataclass(frozen=True, slots=True)
 class Projection:
     """The fields a read answers: `paths` (each a tuple of names, outermost first), and `text`, the
-    projection as given (canonical: what is passed on to another node)."""
+    projection as given (canonical: what is passed on to another node). Immutable, and shared by the reads
+    that ask for the same fields (`fields_of_query`); two are equal when their paths are."""
 
-    paths: tuple[tuple[str, ...], ...]
-    text: str
+    __slots__ = ("paths", "text", "_names", "_checked")
+
+    def __init__(self, paths: tuple[tuple[str, ...], ...], text: str) -> None:
+        self.paths = paths
+        self.text = text
+        # Every path one name (the common projection): the names, copied from a value without walking paths.
+        self._names: tuple[str, ...] | None = tuple(p[0] for p in paths) if all(len(p) == 1 for p in paths) else None
+        # store name -> the record (keyroute.cluster.partition_map.StoreRecord) whose fields were last found to
+        # hold these: a read of that store checks its record by identity, not its columns again.
+        self._checked: dict[str, Any] = {}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Projection) and other.paths == self.paths
+
+    def __hash__(self) -> int:
+        return hash(self.paths)
+
+    def __repr__(self) -> str:
+        return f"Projection({self.text!r})"
 
     def check(self, store: str, known: Iterable[str]) -> None:
         """Raises UnknownFields naming the paths whose first name is not among `known` (the store's columns);
@@ -61,12 +85,18 @@ class Projection:
     def check_record(self, store: str, record: Any) -> None:
         """`check` against a store record's (keyroute.cluster.partition_map.StoreRecord) fields: its value
         columns, and a history store's time column (a windowed store's projection applies to its windows'
-        values)."""
+        values). Checked once per record: the next read of the same record is one look-up."""
+        checked = self._checked
+        if checked.get(store) is record:
+            return
         columns: tuple[str, ...] = tuple(record.value_columns)
         timeline = record.timeline
         if timeline is not None and timeline.kind is StoreKind.HISTORY and columns:
             columns = (*columns, timeline.column)
         self.check(store, columns)
+        if len(checked) >= _CHECKED_MAX:
+            checked.clear()
+        checked[store] = record
 
     def query(self) -> str:
         """The query string (with its '?') that asks another node for this projection."""
@@ -74,25 +104,58 @@ class Projection:
 
     def apply_all(self, values: list[bytes], windows: bool = False) -> list[bytes]:
         """The projections of a timeline's entries: history rows, or (`windows`) window entries."""
-        one = self.apply_window if windows else self.apply
-        return [one(v) for v in values]
+        if windows:
+            return [self.apply_window(v) for v in values]
+        return [self.apply(v) for v in values]
 
     def project(self, value: Any) -> Any:
         """The projection of one decoded value (an object; anything else is answered as it is)."""
         if not isinstance(value, dict):
             return value
+        names = self._names
+        if names is not None:
+            return {name: value[name] for name in names if name in value}
         out: dict[str, Any] = {}
         for path in self.paths:
             _copy(value, out, path)
         return out
 
     def apply(self, value_json: bytes) -> bytes:
-        """The projection of one stored value's JSON, as compact JSON."""
-        return _dumps(self.project(_loads(value_json)))
+        """The projection of one stored value's JSON, as compact JSON. Parsed by orjson (the stored value
+        whole: it has no partial parse), which reads an integer beyond 64 bits as a float: a projection that
+        kept a float that large is made again from the standard library's exact parse."""
+        try:
+            value = orjson.loads(value_json)
+        except orjson.JSONDecodeError:
+            return _dumps(self.project(_loads(value_json)))
+        names = self._names
+        if names is None or type(value) is not dict:
+            projected = self.project(value)
+            big = _has_big_float(projected)
+        else:  # `project`'s top-level names, looking at each value kept as it is copied
+            projected = {}
+            big = False
+            for name in names:
+                if name in value:
+                    kept = projected[name] = value[name]
+                    kind = type(kept)
+                    if kind is float:
+                        big = big or kept >= _BIG or kept <= -_BIG
+                    elif kind is dict or kind is list:
+                        big = big or _has_big_float(kept)
+        if big:
+            projected = self.project(_loads_exact(value_json))
+        return _dumps(projected)
 
     def apply_window(self, window_json: bytes) -> bytes:
         """The projection of a window entry `{"start", "end", "value"}`: its `value` projected."""
-        window = _loads(window_json)
+        try:
+            window = orjson.loads(window_json)
+        except orjson.JSONDecodeError:
+            window = _loads(window_json)
+        else:
+            if _has_big_float(window):  # as in `apply`: an integer orjson may have read as a float
+                window = _loads_exact(window_json)
         if isinstance(window, dict) and "value" in window:
             window["value"] = self.project(window["value"])
         return _dumps(window)
@@ -124,6 +187,28 @@ def _loads(raw: bytes) -> Any:
         return loads_json(raw)
     except ValueError:  # JSON orjson refuses (a lone surrogate's escape): the standard library reads it
         return json.loads(raw)
+
+
+def _loads_exact(raw: bytes) -> Any:
+    """JSON text with every integer exact (the standard library's parse)."""
+    return json.loads(raw)
+
+
+def _has_big_float(value: Any) -> bool:
+    """Whether `value` holds a float of 2**63 or more (either sign): where orjson may have read an integer
+    beyond 64 bits. Walks only what a projection kept."""
+    kind = type(value)
+    if kind is float:
+        return value >= _BIG or value <= -_BIG
+    if kind is dict:
+        for inner in value.values():
+            if _has_big_float(inner):
+                return True
+    elif kind is list:
+        for inner in value:
+            if _has_big_float(inner):
+                return True
+    return False
 
 
 def _dumps(obj: Any) -> bytes:
@@ -161,21 +246,37 @@ def parse_fields(text: str) -> Projection:
 def fields_of_query(raw_query: bytes) -> Projection | None:
     """The projection a raw query string (without '?', percent-encoded) asks for with `fields=`, or None.
     Other parameters are ignored (each read checks its own). Raises BadRequest for a malformed or repeated
-    one."""
+    one. The same `fields=` value gives the same (shared) Projection, parsed once."""
+    parsed = _PARSED.get(raw_query)  # a query that is the projection alone, seen before: one look-up
+    if parsed is not None:
+        return parsed
     if not raw_query or _FIELDS_PREFIX not in raw_query:
         return None
-    found: str | None = None
-    for pair in raw_query.split(b"&"):
-        name, _, value = pair.partition(b"=")
-        if name != b"fields":
-            continue
-        if found is not None:
-            raise BadRequest("fields is given more than once")
-        try:
-            found = unquote(value.decode("ascii").replace("+", " "), errors="strict")
-        except (UnicodeDecodeError, ValueError):
-            raise BadRequest("fields: not valid percent-encoded UTF-8") from None
-    return None if found is None else parse_fields(found)
+    found: bytes | None = None
+    if raw_query.startswith(_FIELDS_PREFIX) and b"&" not in raw_query:
+        found = raw_query[len(_FIELDS_PREFIX) :]  # the query is the projection alone
+    else:
+        for pair in raw_query.split(b"&"):
+            name, _, value = pair.partition(b"=")
+            if name != b"fields":
+                continue
+            if found is not None:
+                raise BadRequest("fields is given more than once")
+            found = value
+        if found is None:
+            return None
+    parsed = _PARSED.get(_FIELDS_PREFIX + found)
+    if parsed is not None:
+        return parsed
+    try:
+        text = unquote(found.decode("ascii").replace("+", " "), errors="strict")
+    except (UnicodeDecodeError, ValueError):
+        raise BadRequest("fields: not valid percent-encoded UTF-8") from None
+    parsed = parse_fields(text)
+    if len(_PARSED) >= _PARSED_MAX:
+        _PARSED.clear()
+    _PARSED[_FIELDS_PREFIX + found] = parsed
+    return parsed
 
 
 def json_projection(raw_query: bytes, media: bytes | None) -> Projection | None:

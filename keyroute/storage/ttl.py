@@ -8,8 +8,9 @@ not served.
 
 An expired value is not served: a key read answers 404 `expired`, a batch-get's entry is the same, a range
 leaves the key out, and history answers drop the rows (a history read's lower bound is raised to the
-cutoff, so the expired rows are never read). Nothing is deleted: a new build drops nothing it would not
-have; the value is simply no longer answered.
+cutoff, so the expired rows are never read). Expired values leave the disk later: a build leaves out what is
+expired at the build's clock (keyroute.pipeline.compute.unexpired), and a node deletes those of the live
+partitions it holds now and then (keyroute.replica.expiry).
 
 Times are read as the build reads them (keyroute.storage.timeline): an integer column as milliseconds since
 the epoch, a timestamp from its text (microseconds), a date from its `YYYY-MM-DD` text (its day's start).
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from keyroute.api import ApiError
 from keyroute.storage.live import loads_json
@@ -86,9 +89,14 @@ class Ttl:
         if column is None:
             return False
         try:
-            value = loads_json(value_json)
-        except ValueError:
-            return False
+            # orjson without loads_json's scan for long integers: a time beyond 64 bits, read as a float, is
+            # as far from any boundary as the integer
+            value = orjson.loads(value_json)
+        except orjson.JSONDecodeError:
+            try:
+                value = loads_json(value_json)
+            except ValueError:
+                return False
         if not isinstance(value, dict):
             return False
         time_us = time_in_us(value.get(column))

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import lmdb
 import pytest
 from confluent_kafka import Producer
 
@@ -30,11 +31,13 @@ from keyroute.keys.key_format import KeyFormat
 from keyroute.keys.key_schema import KeySchema
 from keyroute.keys.partitioner import Partitioner, partition_for
 from keyroute.keys.schema_registry import RegistrySettings
+from keyroute.replica.store import PartitionId, partition_path
 from keyroute.runtime.settings import ZkSettings
 from keyroute.storage.live import Aggregate, LiveConfig, Merge
-from keyroute.storage.lmdb_layout import build_partition_file
+from keyroute.storage.lmdb_layout import build_partition_file, db_key
 from keyroute.storage.snapshot import FORMAT_2, Manifest, checksum_file, data_file, version_dir, write_manifest
 from keyroute.storage.timeline import StoreKind, Timeline, TimeType
+from keyroute.storage.ttl import Ttl
 from tests.util import Proc, free_port, wait_for
 
 pytestmark = pytest.mark.integration
@@ -73,6 +76,7 @@ def publish_live_store(
     value_format: str = "json",
     schema_registry: RegistrySettings | None = None,
     key_schema: KeySchema | None = None,
+    ttl: Ttl | None = None,
 ) -> None:
     """An empty format-2 version 1 of a live store, published in ZooKeeper (`key_schema`: of Schema Registry
     keys; else string keys)."""
@@ -107,7 +111,7 @@ def publish_live_store(
     write_manifest(snapshot, manifest)
     record = StoreRecord(
         name, PARTITIONS, Partitioner.MURMUR2, key_format, 1, str(snapshot), columns, 1, time.time(), live=True,
-        timeline=timeline, key_schema=key_schema,
+        timeline=timeline, key_schema=key_schema, ttl=ttl,
     )  # fmt: skip
     client = zk.connect(zk_settings)
     try:
@@ -119,8 +123,11 @@ def publish_live_store(
 class LiveNode:
     """One `keyroute node` process (restartable on the same data directory) and a producer."""
 
-    def __init__(self, tmp: Path, zk_settings: ZkSettings, bootstrap: str, topic: str) -> None:
+    def __init__(
+        self, tmp: Path, zk_settings: ZkSettings, bootstrap: str, topic: str, args: tuple[str, ...] = ()
+    ) -> None:
         self.tmp = tmp
+        self.args = args
         self.zk_settings = zk_settings
         self.topic = topic
         self.port = free_port()
@@ -134,6 +141,7 @@ class LiveNode:
     def start(self) -> LiveNode:
         args = ["node", "--zk", self.zk_settings.connect_string, "--node-id", "n1", "--port", str(self.port)]
         args += ["--data-dir", str(self.tmp / "data"), "--zk-session-timeout-s", "4", "--drain-timeout-s", "2"]
+        args += self.args
         self.starts += 1
         self.proc = Proc(args, self.tmp / f"node-{self.starts}.log").start()
         return self
@@ -188,10 +196,10 @@ def live_node(
 ) -> Iterator[Callable[..., LiveNode]]:
     nodes: list[LiveNode] = []
 
-    def make(store: str, merge: Merge, **publish: Any) -> LiveNode:
+    def make(store: str, merge: Merge, node_args: tuple[str, ...] = (), **publish: Any) -> LiveNode:
         topic = kafka_topic(PARTITIONS)
         publish_live_store(tmp_path, zk_settings, store, topic, kafka.bootstrap_servers, merge, **publish)
-        node = LiveNode(tmp_path, zk_settings, kafka.bootstrap_servers, topic)
+        node = LiveNode(tmp_path, zk_settings, kafka.bootstrap_servers, topic, node_args)
         nodes.append(node)
         return node.start()
 
@@ -232,6 +240,36 @@ def test_records_are_applied_tombstones_delete_and_bad_ones_are_counted_and_skip
     assert node.metric("keyroute_node_live_state", store="clicks", partition="1", state="live") == 1
     answer = node.read("clicks", a)
     assert answer.headers.get("x-keyroute-offset") == "6"
+
+
+def test_expired_values_leave_the_answers_at_once_and_the_disk_at_the_next_sweep(live_node) -> None:  # type: ignore[no-untyped-def]
+    # Expired since 1970 and served until 2100, whatever the clock of the machine running the test.
+    node = live_node("expiring", LATEST, node_args=("--expiry-sweep-s", "0.2"), ttl=Ttl.parse("30 days", "ts"))
+    old, fresh, later = keys_of(0, 3)
+    node.produce(old, {"user": old, "ts": 1, "page": "/old"})
+    node.produce(fresh, {"user": fresh, "ts": 4_102_444_800_000, "page": "/fresh"})
+    node.produce(later, {"user": later, "ts": 2, "page": "/soon gone"})
+    node.flush()
+    node.wait(lambda: node.live("expiring").get(0, {}).get("offset") == 2, "partition 0 to apply its records")
+    assert node.read("expiring", old).json()["error"] in ("expired", "key_not_found")  # no rebuild
+    assert node.value("expiring", fresh) == {"ts": 4_102_444_800_000, "page": "/fresh"}
+
+    env = lmdb.open(str(partition_path(node.tmp / "data", PartitionId("expiring", 1, 0))), readonly=True, lock=True)
+    try:
+
+        def on_disk(key: str) -> bool:
+            with env.begin() as txn:
+                return txn.get(db_key(key.encode())) is not None
+
+        node.wait(lambda: not on_disk(old) and not on_disk(later), "the sweep to delete the expired values")
+        assert on_disk(fresh)
+    finally:
+        env.close()
+    assert node.read("expiring", old).json()["error"] == "key_not_found"
+    assert node.value("expiring", fresh) == {"ts": 4_102_444_800_000, "page": "/fresh"}
+    node.produce(old, {"user": old, "ts": 4_102_444_800_001, "page": "/back"})  # a key expired is written anew
+    node.flush()
+    node.wait(lambda: node.value("expiring", old) == {"ts": 4_102_444_800_001, "page": "/back"}, "the new value")
 
 
 def test_on_bad_record_stop_stops_the_partition_before_the_bad_record(live_node) -> None:  # type: ignore[no-untyped-def]

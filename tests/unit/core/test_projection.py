@@ -143,3 +143,40 @@ def test_a_projection_holds_exactly_the_values_at_its_paths(value: dict[str, Any
     # Nothing else: every leaf of the projection is one of the paths asked for.
     assert all(leaf in fields.paths for leaf in leaves(out, ()) if leaf)
     assert isinstance(fields, Projection)
+
+
+def test_an_integer_beyond_64_bits_is_answered_exactly_and_large_floats_stay_floats() -> None:
+    raw = b'{"big":123456789012345678901234567890,"neg":-99999999999999999999,"f":1e30,"n":{"x":[1,2e300,%d]}}' % (
+        10**25
+    )
+    for text in ("big,neg,f", "n", "n.x,big"):
+        got = parse_fields(text).apply(raw)
+        assert got.startswith(b"{") and json.loads(got) == parse_fields(text).project(json.loads(raw))
+    assert json.loads(parse_fields("big").apply(raw)) == {"big": 123456789012345678901234567890}
+    assert type(json.loads(parse_fields("f").apply(raw))["f"]) is float
+    assert json.loads(parse_fields("n").apply(raw)) == {"n": {"x": [1, 2e300, 10**25]}}
+    window = b'{"start":1,"end":%d,"value":{"big":%d,"f":1.5}}' % (10**20, 10**22)
+    assert json.loads(parse_fields("big").apply_window(window)) == {"start": 1, "end": 10**20, "value": {"big": 10**22}}
+
+
+def test_a_projection_is_parsed_once_per_fields_value() -> None:
+    first = fields_of_query(b"fields=fare,trip.to")
+    assert first is not None
+    assert fields_of_query(b"fields=fare,trip.to") is first
+    assert fields_of_query(b"min_offset=4&fields=fare,trip.to") is first
+    assert fields_of_query(b"fields=fare,trip.to&min_offset=5") is first
+    assert fields_of_query(b"fields=fare") is not first
+    with pytest.raises(BadRequest, match="more than once"):
+        fields_of_query(b"fields=fare,trip.to&fields=fare,trip.to")  # a seen value, repeated: still refused
+
+
+def test_a_projection_checked_against_a_record_is_checked_again_against_a_new_one() -> None:
+    fields = parse_fields("fare,trip")
+    old = record(("fare", "trip"))
+    fields.check_record("s", old)
+    fields.check_record("s", old)
+    with pytest.raises(UnknownFields, match="'trip'"):
+        fields.check_record("s", record(("fare",)))  # the store's next version dropped a column
+    with pytest.raises(UnknownFields):
+        fields.check_record("other", record(("fare",)))
+    fields.check_record("s", old)
