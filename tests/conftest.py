@@ -4,6 +4,7 @@ mock cluster); a fresh chroot and fresh topics per test."""
 from __future__ import annotations
 
 import logging
+import random
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +26,24 @@ def _root_logging_restored() -> Iterator[None]:
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _kazoo_draws_its_own_random_numbers() -> Iterator[None]:
+    """kazoo's connection threads draw their jitter (and host order) from the `random` module, at every ping and
+    every reconnection attempt, beside whatever test runs. Hypothesis fails a test whose global random state moves
+    while it draws an example ("Do not use the `random` module inside strategies", made an error here), and
+    replays it: with any kazoo client alive in the worker (a module's shared cluster, a client a failed test left
+    behind), property tests failed as flaky and schemathesis' runs replayed real requests until pytest-timeout. In
+    the test process kazoo gets a generator of its own; the processes the tests start are untouched."""
+    from kazoo import retry
+    from kazoo.protocol import connection
+
+    with pytest.MonkeyPatch.context() as patch:
+        own = random.Random()
+        for module in (retry, connection):
+            patch.setattr(module, "random", own)  # raising: a kazoo that no longer draws there fails loudly
+        yield
 
 
 @pytest.fixture(scope="session")
