@@ -32,10 +32,11 @@ demo: demo-venv
 	$(BIN)/keyroute demo
 
 # The suite on two workers (pytest-xdist): each test file runs whole on one worker, so a module's shared cluster
-# starts once; each worker has its own ZooKeeper, SparkSession and broker (tests/conftest.py). WORKERS=0: one
-# process, no xdist.
+# starts once; each worker has its own ZooKeeper, SparkSession and broker (tests/conftest.py). Files are handed out
+# in collection order, the longest first (tests/conftest.py's LONGEST_FIRST), not xdist's (most tests first, which
+# left long integration files of few tests for last). WORKERS=0: one process, no xdist.
 WORKERS ?= 2
-XDIST := $(if $(filter 0,$(WORKERS)),-p no:xdist,-n $(WORKERS) --dist loadfile)
+XDIST := $(if $(filter 0,$(WORKERS)),-p no:xdist,-n $(WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: venv
 	$(BIN)/python -m pytest $(XDIST)
