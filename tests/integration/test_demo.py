@@ -8,6 +8,7 @@ them stops it with SIGTERM. Three stops come while a demo's pipeline runs (Ctrl-
 each on a demo of its own, which also covers Spark's processes."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -103,7 +104,8 @@ class DemoProcess:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
         for pid in _survivors(self.recorded):
-            os.kill(int(pid.split(":")[0]), signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # it may end on its own meanwhile
+                os.kill(int(pid.split(":")[0]), signal.SIGKILL)
 
 
 def _stat(pid: int) -> tuple[int, str, int] | None:
@@ -114,6 +116,15 @@ def _stat(pid: int) -> tuple[int, str, int] | None:
         return None
     fields = text[text.rindex(")") + 2 :].split()  # the command name may hold spaces and parentheses
     return int(fields[1]), fields[0], int(fields[19])
+
+
+def _cmdline(pid: int) -> bytes:
+    """A process's command line, empty when it is gone: short-lived helpers (Spark's launcher runs some) may exit
+    between being listed and being read."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return b""
 
 
 def _descendants(root: int) -> dict[int, int]:
@@ -161,7 +172,7 @@ def _assert_nothing_survives(demo: DemoProcess, recorded: dict[int, int]) -> Non
 def _keyroute_children(demo: DemoProcess) -> dict[int, int]:
     """The demo's processes (ZooKeeper, the nodes, the router), recorded before it is signalled."""
     recorded = _descendants(demo.proc.pid)
-    commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in recorded]
+    commands = [_cmdline(pid) for pid in recorded]
     assert sum(b"ZooKeeperServerMain" in c for c in commands) == 1, commands
     assert sum(b"keyroute\0node" in c for c in commands) == 3, commands
     assert sum(b"keyroute\0router" in c for c in commands) == 1, commands
@@ -391,14 +402,14 @@ def test_a_signal_while_the_pipeline_runs_stops_every_demo_process(tmp_path: Pat
 
         def building() -> dict[int, int] | None:
             below = _descendants(demo.proc.pid)
-            commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in below]
+            commands = [_cmdline(pid) for pid in below]
             pipeline = any(b"keyroute\0pipeline" in c for c in commands)
             return below if pipeline and any(b"org.apache.spark.deploy.SparkSubmit" in c for c in commands) else None
 
         recorded = demo.recorded = wait_for(
             building, timeout_s=120.0, interval_s=0.1, message="the pipeline and its Spark JVM to start"
         )
-        commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in recorded]
+        commands = [_cmdline(pid) for pid in recorded]
         assert sum(b"ZooKeeperServerMain" in c for c in commands) == 1, commands
         assert sum(b"keyroute\0node" in c for c in commands) == 3, commands
         if closed_terminal:
