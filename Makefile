@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 DEMO_STAMP := $(VENV)/.installed-demo
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-compiled coverage lint venv demo-venv clean
+.PHONY: demo test compiled test-compiled coverage lint venv demo-venv clean
 
 venv: $(STAMP)
 
@@ -56,10 +56,19 @@ coverage: venv
 COMPILED := build/compiled
 COMPILED_TESTS := tests/unit/router tests/unit/http tests/unit/core tests/unit/node
 
-test-compiled: venv
-	rm -rf $(COMPILED)
-	mkdir -p $(COMPILED)/repo
+# The compiled package, built again only when a product source, setup.py or pyproject.toml changed since
+# (`make compiled` alone builds it: .ci/run starts it beside `make lint` and `make test`).
+COMPILED_STAMP := $(COMPILED)/site/.built
+$(COMPILED_STAMP): $(shell git ls-files keyroute router state_node pipeline) setup.py pyproject.toml | venv
+	rm -rf $(COMPILED)/site
 	KEYROUTE_COMPILE=1 $(BIN)/python -m pip install --quiet --no-deps --target $(COMPILED)/site .
+	touch $@
+
+compiled: $(COMPILED_STAMP)
+
+test-compiled: $(COMPILED_STAMP)
+	rm -rf $(COMPILED)/repo
+	mkdir -p $(COMPILED)/repo
 	git ls-files | grep -Ev '^(keyroute|router|state_node|pipeline)/' | tar -cf - -T - | tar -xf - -C $(COMPILED)/repo
 	cd $(COMPILED)/repo && PYTHONPATH=$(CURDIR)/$(COMPILED)/site $(CURDIR)/$(BIN)/python -P -c \
 		'import keyroute.router.proxy as r, keyroute.state_node.reads as n, sys; sys.exit(next(("not compiled: " + m.__file__ for m in (r, n) if not m.__file__.endswith(".so")), 0))'
