@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 DEMO_STAMP := $(VENV)/.installed-demo
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-compiled coverage lint venv demo-venv clean
+.PHONY: demo test compiled test-compiled coverage lint venv demo-venv clean
 
 venv: $(STAMP)
 
@@ -32,10 +32,11 @@ demo: demo-venv
 	$(BIN)/keyroute demo
 
 # The suite on two workers (pytest-xdist): each test file runs whole on one worker, so a module's shared cluster
-# starts once; each worker has its own ZooKeeper, SparkSession and broker (tests/conftest.py). WORKERS=0: one
-# process, no xdist.
+# starts once; each worker has its own ZooKeeper, SparkSession and broker (tests/conftest.py). Files are handed out
+# in collection order, the longest first (tests/conftest.py's LONGEST_FIRST), not xdist's (most tests first, which
+# left long integration files of few tests for last). WORKERS=0: one process, no xdist.
 WORKERS ?= 2
-XDIST := $(if $(filter 0,$(WORKERS)),-p no:xdist,-n $(WORKERS) --dist loadfile)
+XDIST := $(if $(filter 0,$(WORKERS)),-p no:xdist,-n $(WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: venv
 	$(BIN)/python -m pytest $(XDIST)
@@ -55,10 +56,19 @@ coverage: venv
 COMPILED := build/compiled
 COMPILED_TESTS := tests/unit/router tests/unit/http tests/unit/core tests/unit/node
 
-test-compiled: venv
-	rm -rf $(COMPILED)
-	mkdir -p $(COMPILED)/repo
+# The compiled package, built again only when a product source, setup.py or pyproject.toml changed since
+# (`make compiled` alone builds it: .ci/run starts it beside `make lint` and `make test`).
+COMPILED_STAMP := $(COMPILED)/site/.built
+$(COMPILED_STAMP): $(shell git ls-files keyroute router state_node pipeline) setup.py pyproject.toml | venv
+	rm -rf $(COMPILED)/site
 	KEYROUTE_COMPILE=1 $(BIN)/python -m pip install --quiet --no-deps --target $(COMPILED)/site .
+	touch $@
+
+compiled: $(COMPILED_STAMP)
+
+test-compiled: $(COMPILED_STAMP)
+	rm -rf $(COMPILED)/repo
+	mkdir -p $(COMPILED)/repo
 	git ls-files | grep -Ev '^(keyroute|router|state_node|pipeline)/' | tar -cf - -T - | tar -xf - -C $(COMPILED)/repo
 	cd $(COMPILED)/repo && PYTHONPATH=$(CURDIR)/$(COMPILED)/site $(CURDIR)/$(BIN)/python -P -c \
 		'import keyroute.router.proxy as r, keyroute.state_node.reads as n, sys; sys.exit(next(("not compiled: " + m.__file__ for m in (r, n) if not m.__file__.endswith(".so")), 0))'

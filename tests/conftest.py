@@ -4,6 +4,7 @@ mock cluster); a fresh chroot and fresh topics per test."""
 from __future__ import annotations
 
 import logging
+import random
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +16,37 @@ from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
 from keyroute.runtime.settings import ZkSettings
 from tests.util import Proc, free_port, wait_for
 
+# The files that take longest, longest first (seconds on two busy workers, from `--durations`): `make test` hands
+# files to its workers in collection order (--no-loadscope-reorder), so these start first and the many short files
+# fill in the end. In xdist's own order (most tests first) the long integration files, which hold few tests each,
+# came last and one of them was the suite's tail.
+LONGEST_FIRST = (
+    "tests/integration/test_pipeline.py",  # 239
+    "tests/integration/test_demo.py",  # 180
+    "tests/integration/test_pipeline_catalog.py",  # 142
+    "tests/integration/test_object_storage.py",  # 118
+    "tests/integration/test_schema_keys.py",  # 73
+    "tests/integration/test_orderings.py",  # 71
+    "tests/integration/test_timeline_reads.py",  # 67
+    "tests/integration/test_partition_map_page.py",  # 61
+    "tests/integration/test_live_node.py",  # 60
+    "tests/integration/test_text_times_pipeline.py",  # 54
+    "tests/integration/test_chaos.py",  # 51
+    "tests/integration/test_fuzz_router.py",  # 51
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files in LONGEST_FIRST first, then the other integration files, then the rest; each file's tests in
+    their own order, and files otherwise in pytest's (a stable sort)."""
+    rank = {path: n for n, path in enumerate(LONGEST_FIRST)}
+
+    def place(item: pytest.Item) -> tuple[int, bool]:
+        path = item.nodeid.split("::", 1)[0]
+        return rank.get(path, len(rank)), not path.startswith("tests/integration/")
+
+    items.sort(key=place)
+
 
 @pytest.fixture(autouse=True)
 def _root_logging_restored() -> Iterator[None]:
@@ -25,6 +57,24 @@ def _root_logging_restored() -> Iterator[None]:
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _kazoo_draws_its_own_random_numbers() -> Iterator[None]:
+    """kazoo's connection threads draw their jitter (and host order) from the `random` module, at every ping and
+    every reconnection attempt, beside whatever test runs. Hypothesis fails a test whose global random state moves
+    while it draws an example ("Do not use the `random` module inside strategies", made an error here), and
+    replays it: with any kazoo client alive in the worker (a module's shared cluster, a client a failed test left
+    behind), property tests failed as flaky and schemathesis' runs replayed real requests until pytest-timeout. In
+    the test process kazoo gets a generator of its own; the processes the tests start are untouched."""
+    from kazoo import retry
+    from kazoo.protocol import connection
+
+    with pytest.MonkeyPatch.context() as patch:
+        own = random.Random()
+        for module in (retry, connection):
+            patch.setattr(module, "random", own)  # raising: a kazoo that no longer draws there fails loudly
+        yield
 
 
 @pytest.fixture(scope="session")
