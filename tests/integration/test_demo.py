@@ -146,14 +146,6 @@ def _descendants(root: int) -> dict[int, int]:
     return below
 
 
-def _cmdline(pid: int) -> bytes:
-    """A process's command line; empty when it ended since it was listed (a short-lived helper process)."""
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (FileNotFoundError, ProcessLookupError):
-        return b""
-
-
 def _survivors(recorded: dict[int, int]) -> list[str]:
     """The recorded processes still running (the same pid and start time, neither a zombie nor dead)."""
     alive = []
