@@ -191,6 +191,7 @@ def evict(files: list[Path]) -> None:
     for path in files:
         fd = os.open(path, os.O_RDONLY)
         try:
+            os.fsync(fd)  # DONTNEED drops clean pages only: the files were just written
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)

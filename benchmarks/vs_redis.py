@@ -189,8 +189,9 @@ class Servers:
     image's build: `KEYROUTE_COMPILE=1`, the read path compiled with mypyc), run from SITE with SITE first on
     PYTHONPATH, so that the work tree's sources do not shadow it. The client is this process's in both."""
 
-    def __init__(self, site: Path | None = None) -> None:
+    def __init__(self, site: Path | None = None, built: bool = False) -> None:
         self.site = site
+        self.built = built  # the site was built by this run (--compiled), not given (--site)
         self.cwd = ROOT if site is None else site
         self.env = {**os.environ}
         if site is not None:
@@ -199,9 +200,10 @@ class Servers:
     def describe(self) -> str:
         if self.site is None:
             return "this work tree's pure Python build (the venv's editable install)"
+        where = "built by this run" if self.built else "as make test-compiled builds build/compiled/site"
         return (
             "this work tree compiled with mypyc as the image builds it, installed in SITE (`KEYROUTE_COMPILE=1 pip "
-            "install --no-deps --target SITE .`, as make test-compiled builds build/compiled/site)"
+            f"install --no-deps --target SITE .`, {where})"
         )
 
     def start(self, args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
@@ -616,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
             site = installed_build(
                 copy_work_tree(work / "build" / "source"), work / "build" / "site", "compiled", "this work tree"
             ).cwd
-        servers = Servers(site)
+        servers = Servers(site, built=args.compiled)
         compiled = servers.compiled_modules()
         log(f"servers: {servers.describe()}; compiled: {', '.join(compiled) or 'none'}")
         with ExitStack() as stack:
