@@ -123,6 +123,7 @@ async def _finish_key(
     node = plane.node
     node_id = node.node_header[1]
     request_id = call.request.request_id
+    passed_on: list[str] = []  # the stores read elsewhere (the answer then says it took a hop)
 
     async def one(store: str, pending: Forward | Behind) -> bytes:
         fields = options.fields.get(store)
@@ -142,6 +143,7 @@ async def _finish_key(
                 query.append(fields.query()[1:])
             if query:
                 target += "?" + "&".join(query)
+            passed_on.append(store)
             status, headers, body = await forward_read(node, target.encode("ascii"), pending, request_id)  # type: ignore[arg-type]
         except ApiError as exc:
             return error_entry_bytes(key, exc)
@@ -151,7 +153,8 @@ async def _finish_key(
     for (store, _), entry in zip(waiting, done, strict=True):
         plane.count(store, KIND_KEY, _status(entry))
         entries[store] = entry
-    call.answer(200, _headers(plane, True), key_answer(key, [(store, entries[store]) for store in stores]))
+    hopped = forwarded or bool(passed_on)
+    call.answer(200, _headers(plane, hopped), key_answer(key, [(store, entries[store]) for store in stores]))
 
 
 def _status(entry: bytes) -> int:

@@ -85,6 +85,17 @@ def _observe(client: Any, answer: Answer) -> None:
         client._reload = True
 
 
+def _node_plan(client: Any, url: str, method: str, path: str, options: dict[str, Any]) -> Plan[Answer | None]:
+    """A node's 200 answer to one request; None when it failed or answered anything else (the router then
+    answers for it)."""
+    answer = yield Call(url, method, path, options)
+    if isinstance(answer, httpx.TransportError):
+        client._node_failed(url)
+        return None
+    _observe(client, answer)
+    return answer if answer.status_code == 200 else None  # type: ignore[no-any-return]
+
+
 # -- one key ----------------------------------------------------------------------------------------------
 
 
@@ -129,12 +140,8 @@ def _node_stores_plan(
     """One node's entries for the stores it serves the key's partition of; None when it failed (the router
     then reads them)."""
     options = {"params": stores_params(stores, min_offset, fields), "headers": _JSON}
-    answer = yield Call(url, "GET", stores_path(stores, key), options)
-    if isinstance(answer, httpx.TransportError):
-        client._node_failed(url)
-        return None
-    _observe(client, answer)
-    if answer.status_code != 200:
+    answer = yield from _node_plan(client, url, "GET", stores_path(stores, key), options)
+    if answer is None:
         return None
     found: dict[str, Any] = body_of(answer)["stores"]
     if any(entry.get("status") == 503 for entry in found.values()):
@@ -205,12 +212,8 @@ def _pairs_plan(
         if answer.status_code != 200:
             raise error_of_answer(answer)
     else:
-        answer = yield Call(url, "POST", stores_path(stores), options)
-        if isinstance(answer, httpx.TransportError):
-            client._node_failed(url)
-            return None
-        _observe(client, answer)
-        if answer.status_code != 200:
+        answer = yield from _node_plan(client, url, "POST", stores_path(stores), options)
+        if answer is None:
             return None
     found = {
         (result["key"], store): entry

@@ -275,7 +275,12 @@ def results_answer(rows: Iterable[bytes]) -> bytes:
 
 
 def error_entry_bytes(key: Any, error: ApiError, offset: int | None = None) -> bytes:
+    """The entry of a store read that failed with `error`; a live store's offset when given, or when the
+    error says it (503 not_up_to_bound's X-Keyroute-Offset)."""
     entry = error_entry(key, error)
+    said = error.headers.get(HEADER_OFFSET)
+    if offset is None and said is not None and said.lstrip("-").isdigit():
+        offset = int(said)
     if offset is not None:
         entry["offset"] = offset
     return encode_entry(entry)

@@ -400,6 +400,16 @@ start = "earliest"
                 interval_s=0.2,
                 message="the router to be ready",
             )
+
+            def placed_together() -> bool:
+                view = httpx.get(router + "/admin/partition-map?detail=all", timeout=10).json()["stores"]
+                nodes = {
+                    store: [sorted(e["node"] for e in entry["serving"]) for entry in view[store]["partition_map"]]
+                    for store in (LIVE, "users")
+                }
+                return all(nodes[LIVE]) and nodes[LIVE] == nodes["users"]
+
+            wait_for(placed_together, timeout_s=60, interval_s=0.2, message="the two stores placed together")
             producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "log_level": 3})
             offsets: dict[str, int] = {}
 
@@ -432,6 +442,7 @@ start = "earliest"
                 far = http.get(f"{router}/stores/{LIVE},users/read/u00?min_offset={LIVE}:{offsets['u00'] + 1000}")
                 entries = far.json()["stores"]
                 assert entries[LIVE]["status"] == 503 and entries[LIVE]["error"] == "not_up_to_bound"
+                assert entries[LIVE]["offset"] >= offsets["u00"]
                 assert entries["users"]["status"] == 200
         finally:
             for proc in procs:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from keyroute.api import BadRequest, KeyNotFound, PayloadTooLarge
+from keyroute.api import BadRequest, KeyNotFound, NotUpToBound, PayloadTooLarge
 from keyroute.http.multi_store import (
     MAX_STORES,
     entry_of_answer,
@@ -156,3 +156,9 @@ def test_a_body_the_router_sends_reads_back_as_it_was_meant() -> None:
     request = parse_read_request(body, STORES, 0)
     assert {store: list(keys) for store, keys in request.keys.items()} == {"trips": ["a"], "profile": ["a", "b"]}
     assert request.min_offsets == {"trips": 5}
+
+
+def test_a_store_behind_its_bound_says_how_far_it_got() -> None:
+    entry = json.loads(error_entry_bytes("k", NotUpToBound("behind", 1, offset=41)))
+    assert (entry["status"], entry["error"], entry["offset"]) == (503, "not_up_to_bound", 41)
+    assert "offset" not in json.loads(error_entry_bytes("k", KeyNotFound("no")))
