@@ -4,9 +4,11 @@ Run from the repository root:
 
     .venv/bin/python benchmarks/router_profile.py --previous 0fb0755 [--mode cpu|calls|callgrind]
     .venv/bin/python benchmarks/router_profile.py --compiled /path/to/venv/bin/python [--mode ...]
+    .venv/bin/python benchmarks/router_profile.py --previous REV --shipped [--mode ...]
 
 One ZooKeeper, one node (`--nodes`; this work tree's) holding a small store, and two routers in front: this work
-tree's and REV's (a `git worktree`, run as benchmarks/router.py runs it). A load generator in this process
+tree's and REV's (a `git worktree`, run as benchmarks/router.py runs it; with `--shipped` both compiled with
+mypyc as the image builds them, as benchmarks/router.py's default build does). A load generator in this process
 sends exactly `--requests` key reads over `--concurrency` keep-alive connections to each router in turn
 (after a warm-up), the same keys in the same order for both, so that every figure is per read:
 
@@ -52,6 +54,7 @@ from router import (  # noqa: E402
     key_text,
     published_store,
     revision_build,
+    shipped_builds,
     wait_until,
     wrk_run,
 )
@@ -186,6 +189,12 @@ def main() -> None:
         help="compare this work tree with itself compiled by mypyc (the interpreter of a venv holding"
         " `KEYROUTE_COMPILE=1 pip install .`) instead of with --previous",
     )
+    parser.add_argument(
+        "--shipped",
+        action="store_true",
+        help="both routers as the image ships them: this work tree and --previous each compiled with mypyc"
+        " (`KEYROUTE_COMPILE=1 pip install --target`, about 1.5 min each on a quiet machine)",
+    )
     parser.add_argument("--mode", choices=("cpu", "calls", "callgrind", "syscalls"), default="cpu")
     parser.add_argument("--requests", type=int, default=0, help="reads per measurement (default by mode)")
     parser.add_argument("--concurrency", type=int, default=32)
@@ -204,8 +213,13 @@ def main() -> None:
         stack.callback(shutil.rmtree, work, True)
         settings, _ = published_store(stack, work, args.keys, 12)
         connect = settings.connect_string
+        this, this_label = THIS_TREE, "this tree"
         if args.compiled:
             other, other_label = compiled_build(args.compiled, work), "compiled (mypyc)"
+        elif args.shipped:
+            pure = lambda rev: stack.enter_context(revision_build(rev, work))  # noqa: E731 (a REV with no COMPILED list)
+            this, other = shipped_builds(args.previous, work, pure)
+            this_label, other_label = "this tree (mypyc)", f"previous ({other.label})"
         else:
             other = stack.enter_context(revision_build(args.previous, work))
             other_label = f"previous ({other.label})"
@@ -224,7 +238,7 @@ def main() -> None:
             stack.callback(node.stop)
             nodes.append(node)
         routers: dict[str, tuple[Service, Path]] = {}
-        for label, build in (("this tree", THIS_TREE), (other_label, other)):
+        for label, build in ((this_label, this), (other_label, other)):
             port, out = harness.free_port(), work / f"profile-{len(routers)}.out"
             router = start(
                 build,
