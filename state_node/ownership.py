@@ -29,6 +29,7 @@ from keyroute.state_node.janitor import DiskJanitor
 from keyroute.state_node.lifecycle import Entry, Lifecycle, PartitionState, Readiness, orphans_held
 from keyroute.state_node.live_appliers import LiveAppliers
 from keyroute.state_node.registration import Registration
+from keyroute.storage.timeline import StoreKind
 
 __all__ = ["LIVE_REPORT_EVERY_S", "Loader", "Ownership", "PartitionState", "Readiness"]
 
@@ -394,16 +395,16 @@ class Ownership:
         self._reconcile()
 
     def _sweeps(self, held: PartitionStore) -> bool:
-        """Whether `held` is swept for expired values: a live partition of one value per key, of a store with a
-        ttl."""
-        if held.live is None or held.timeline is not None:
+        """Whether `held` is swept for expired values: a live partition of a store with a ttl (of one value per
+        key, or a history store)."""
+        if held.live is None or (held.timeline is not None and held.timeline.kind is not StoreKind.HISTORY):
             return False
         record = self._map.stores.get(held.pid.store)
         return record is not None and record.ttl is not None
 
     async def _sweep_expired(self, every_s: float) -> None:
-        """Every `every_s`: delete the expired values of each live partition held here of a store of one value
-        per key with a `ttl` (keyroute.replica.expiry), "now" being this node's clock, as its reads'."""
+        """Every `every_s`: delete the expired values (history rows) of each live partition held here of a store
+        with a `ttl` (keyroute.replica.expiry), "now" being this node's clock, as its reads'."""
         while not self._stopping:
             await self._clock.sleep(every_s)
             for held in list(self._view.values()):

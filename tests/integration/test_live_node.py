@@ -36,7 +36,7 @@ from keyroute.runtime.settings import ZkSettings
 from keyroute.storage.live import Aggregate, LiveConfig, Merge
 from keyroute.storage.lmdb_layout import build_partition_file, db_key
 from keyroute.storage.snapshot import FORMAT_2, Manifest, checksum_file, data_file, version_dir, write_manifest
-from keyroute.storage.timeline import StoreKind, Timeline, TimeType
+from keyroute.storage.timeline import StoreKind, Timeline, TimeType, key_part
 from keyroute.storage.ttl import Ttl
 from tests.util import Proc, free_port, wait_for
 
@@ -539,6 +539,28 @@ def test_a_live_history_keeps_its_time_span_of_rows(live_node) -> None:  # type:
     node.flush()
     node.wait(lambda: node.live("window10").get(0, {}).get("offset") == 5, "the records")
     assert [r["ts"] for r in history(node, "window10", a)] == [105, 111]
+
+
+def test_a_live_historys_expired_rows_leave_the_answers_at_once_and_the_disk_at_the_next_sweep(live_node) -> None:  # type: ignore[no-untyped-def]
+    (a,) = keys_of(0, 1)
+    ttl = Ttl.parse("30 days", "ts")  # 1970 is expired and 2100 served, whatever the machine's clock
+    node = live_node("visits", HISTORY, node_args=("--expiry-sweep-s", "0.2"), timeline=HISTORY_TIMELINE, ttl=ttl)
+    for ts in (1, 4_102_444_800_000, 2):
+        node.produce(a, {"user": a, "ts": ts, "page": f"/{ts}"})
+    node.flush()
+    node.wait(lambda: node.live("visits").get(0, {}).get("offset") == 2, "the records")
+    assert [r["ts"] for r in history(node, "visits", a)] == [4_102_444_800_000]  # no rebuild
+    env = lmdb.open(str(partition_path(node.tmp / "data", PartitionId("visits", 1, 0))), readonly=True, lock=True)
+    try:
+
+        def rows_on_disk() -> int:
+            with env.begin() as txn:
+                return sum(1 for k, _ in txn.cursor() if bytes(k).startswith(key_part(a.encode())))
+
+        node.wait(lambda: rows_on_disk() == 1, "the sweep to delete the expired rows")
+    finally:
+        env.close()
+    assert [r["ts"] for r in history(node, "visits", a)] == [4_102_444_800_000]
 
 
 def test_a_live_windowed_store_folds_each_record_into_its_windows(live_node) -> None:  # type: ignore[no-untyped-def]

@@ -1,10 +1,11 @@
 """The sweep of a live partition's expired values (keyroute.replica.expiry) on a real LMDB environment, with an
-injected clock: values one millisecond either side of the boundary, merge state, long keys, metadata, a
-newer value written while a sweep waits for the write lock, and a partition closed meanwhile."""
+injected clock: values (and history rows) one millisecond either side of the boundary, merge state, long keys,
+metadata, a newer value written while a sweep waits for the write lock, and a partition closed meanwhile."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import lmdb
@@ -16,6 +17,7 @@ from keyroute.replica.live import LivePartition
 from keyroute.replica.store import LivePartitionStore, PartitionId
 from keyroute.storage.live import OFFSET_KEY, STATE_SEPARATOR
 from keyroute.storage.lmdb_layout import db_key
+from keyroute.storage.timeline import StoreKind, Timeline, TimeType, entry_key, key_part
 from keyroute.storage.ttl import Ttl
 
 NOW_S = 1_800_000_000.0
@@ -27,11 +29,15 @@ def value(at: object, n: int = 0) -> bytes:
     return orjson.dumps({"at": at, "n": n})
 
 
-@pytest.fixture
-def held(tmp_path: Path) -> LivePartitionStore:
-    env = lmdb.open(str(tmp_path / "p0"), map_size=1 << 24, subdir=True)
+def live_partition(path: Path, timeline: Timeline | None = None) -> LivePartitionStore:
+    env = lmdb.open(str(path), map_size=1 << 24, subdir=True)
     live = LivePartition("s", 1, 0, None, 0)  # type: ignore[arg-type]
-    store = LivePartitionStore(PartitionId("s", 1, 0), tmp_path / "p0", 0, env, None, live=live)
+    return LivePartitionStore(PartitionId("s", 1, 0), path, 0, env, timeline, live=live)
+
+
+@pytest.fixture
+def held(tmp_path: Path) -> Iterator[LivePartitionStore]:
+    store = live_partition(tmp_path / "p0")
     yield store
     store.close()
 
@@ -103,3 +109,22 @@ def test_a_closed_partition_is_left_alone(held: LivePartitionStore) -> None:
     put(held, {db_key(b"k"): value(CUTOFF_MS - 1)})
     held.close()
     assert sweep_expired(held, TTL, lambda: NOW_S) == 0
+
+
+def test_a_history_partition_loses_the_rows_a_read_would_not_serve(tmp_path: Path) -> None:
+    held = live_partition(tmp_path / "history", Timeline(StoreKind.HISTORY, "at", TimeType.TIMESTAMP))
+    try:
+        cutoff_us = CUTOFF_MS * 1000
+        times = {"a": [cutoff_us - 1_000, cutoff_us, cutoff_us + 1_000, cutoff_us + 60_000_000], "b": [cutoff_us - 5]}
+        rows = {
+            entry_key(key_part(k.encode()), t, i): orjson.dumps({"at": t, "n": i})
+            for k, ts in times.items()
+            for i, t in enumerate(ts)
+        }
+        put(held, {**rows, OFFSET_KEY: b"9"})
+        assert TTL.timeline_low(NOW_S, TimeType.TIMESTAMP) == cutoff_us + 1  # what a read of the history starts at
+        assert sweep_expired(held, TTL, lambda: NOW_S, batch=2) == 3
+        kept = {entry_key(key_part(b"a"), t, i) for i, t in enumerate(times["a"]) if t > cutoff_us}
+        assert set(stored(held)) == {*kept, OFFSET_KEY}
+    finally:
+        held.close()
