@@ -359,33 +359,40 @@ def _families(
         durations,
     )
     yield from caller_families("keyroute_router", sums.get("callers", {}))
-    yield gauge(
-        "keyroute_router_map_generation",
-        "map generation of the installed partition map (with workers: the lowest any worker has installed)",
-        min((f.get("map_generation", 0) for f in facts), default=0),
-    )
-    yield gauge(
-        "keyroute_router_map_stale",
-        "1 while ZooKeeper is unreachable (with workers: for any of them)",
-        max((f.get("map_stale", 1) for f in facts), default=1),
-    )
-    yield gauge(
-        "keyroute_router_map_complete",
-        "1 when every partition of every store is served (with workers: in every worker's map)",
-        min((f.get("map_complete", 0) for f in facts), default=0),
-    )
-    yield gauge(
-        "keyroute_router_map_age_seconds",
-        "seconds since the installed map was read from ZooKeeper (it is re-read on every change; with workers:"
-        " the oldest)",
-        max((max(0.0, now - f["map_built_at"]) for f in facts if f.get("map_built_at") is not None), default=0.0),
-    )
-    yield gauge(
-        "keyroute_router_map_stale_seconds",
-        "seconds the installed map has been stale (ZooKeeper unreachable); 0 while it is fresh (with workers: the"
-        " longest)",
-        max((max(0.0, now - f["stale_since"]) for f in facts if f.get("stale_since") is not None), default=0.0),
-    )
+    # Each worker's map, summed up as the worst of them: (fact, help, how the worst is found, when absent).
+    for fact, text, worst, absent in (
+        (
+            "map_generation",
+            "map generation of the installed partition map (with workers: the lowest any worker has installed)",
+            min,
+            0,
+        ),
+        ("map_stale", "1 while ZooKeeper is unreachable (with workers: for any of them)", max, 1),
+        (
+            "map_complete",
+            "1 when every partition of every store is served (with workers: in every worker's map)",
+            min,
+            0,
+        ),
+    ):
+        yield gauge(f"keyroute_router_{fact}", text, worst((f.get(fact, absent) for f in facts), default=absent))
+    # Seconds since a worker's moment, the longest of them (0 when none has one).
+    for name, text, fact in (
+        (
+            "map_age_seconds",
+            "seconds since the installed map was read from ZooKeeper (it is re-read on every change; with "
+            "workers: the oldest)",
+            "map_built_at",
+        ),
+        (
+            "map_stale_seconds",
+            "seconds the installed map has been stale (ZooKeeper unreachable); 0 while it is fresh (with "
+            "workers: the longest)",
+            "stale_since",
+        ),
+    ):
+        since = (max(0.0, now - f[fact]) for f in facts if f.get(fact) is not None)
+        yield gauge(f"keyroute_router_{name}", text, max(since, default=0.0))
     published: dict[str, float] = {}
     for f in facts:
         for name, at in f.get("published_at", {}).items():

@@ -6,6 +6,8 @@ quotas and readiness as a router sees them.
 
 from __future__ import annotations
 
+from typing import Any
+
 from keyroute.http.openapi import (
     ADMIN,
     ADMIN_SECURITY,
@@ -20,6 +22,7 @@ from keyroute.http.openapi import (
     NOT_ALLOWED,
     QUOTA,
     QUOTA_IDENTITIES,
+    ROUTE_FIELDS,
     STORE,
     Operation,
     Schema,
@@ -29,6 +32,9 @@ from keyroute.http.openapi import (
     json_answer,
     query,
     quota_buckets,
+    quotas_operation,
+    readyz_operation,
+    route_operation,
     string_headers,
     text_answer,
 )
@@ -102,6 +108,17 @@ VIEW_HEADERS = string_headers(
     ("X-Keyroute-Map-Age-S", "seconds since the router's map last changed (a quiet cluster's map grows old: fine)"),
 )
 NOT_MODIFIED = {"description": "the map is still the one If-None-Match names", "headers": VIEW_HEADERS}
+
+
+def view_answers(schema: Schema, description: str, bad_request: str) -> dict[str, Any]:
+    """A map view's answers: the view with its ETag, 304 while If-None-Match names it, 400 `bad_request`."""
+    return {
+        "200": json_answer(schema, description, VIEW_HEADERS),
+        "304": NOT_MODIFIED,
+        "400": error(f"`bad_request`: {bad_request}; it is named"),
+    }
+
+
 PARTITION_MAP = Schema(
     "PartitionMap",
     {
@@ -152,9 +169,7 @@ GET_PARTITION_MAP = Operation(
         query("wait_s", "how long a long poll may wait", {"type": "number", "minimum": 0, "maximum": MAX_WAIT_S}),
     ),
     responses={
-        "200": json_answer(PARTITION_MAP, "the router's current view", VIEW_HEADERS),
-        "304": NOT_MODIFIED,
-        "400": error("`bad_request`: a parameter is unknown, repeated or out of range; it is named"),
+        **view_answers(PARTITION_MAP, "the router's current view", "a parameter is unknown, repeated or out of range"),
         **ADMIN,
         **ALWAYS,
     },
@@ -190,9 +205,7 @@ GET_ROUTING = Operation(
         query("store", "only this store (repeat for several)"),
     ),
     responses={
-        "200": json_answer(ROUTING, "the routing view", VIEW_HEADERS),
-        "304": NOT_MODIFIED,
-        "400": error("`bad_request`: a parameter is unknown or out of range; it is named"),
+        **view_answers(ROUTING, "the routing view", "a parameter is unknown or out of range"),
         **ALWAYS,
     },
 )
@@ -223,45 +236,26 @@ QUOTAS = Schema(
         },
     },
 )
-GET_QUOTAS = Operation(
-    "quotas",
+GET_QUOTAS = quotas_operation(
+    QUOTAS,
     "Each identity's rate against its quota, per store, on this router",
-    description="`routers` (routers up, sharing every quota), `identities` (the quota file) and `buckets`, one "
+    "`routers` (routers up, sharing every quota), `identities` (the quota file) and `buckets`, one "
     "per identity and store read since the quotas last changed: `quota` (reads per second, cluster-wide), "
     "`share` (this router's), `used` (the part of the last burst spent: the recent rate against the share), "
     "`reads` (admitted, by cost) and `rejected` (429s); the admin page shows it as a table.",
-    security=ADMIN_SECURITY,
-    responses={"200": json_answer(QUOTAS, "the quotas and the buckets in use"), **ADMIN, **ALWAYS},
 )
 ROUTE = Schema(
     "Route",
     {
         "type": "object",
         "required": ["store", "key", "hash", "partition", "assigned", "serving"],
-        "properties": {
-            "store": {"type": "string"},
-            "key": {"type": "string"},
-            "hash": {"type": "integer"},
-            "partition": {"type": "integer"},
-            "assigned": {"type": "array", "items": {"type": "string"}},
-            "serving": {"type": "array", "items": ENDPOINT},
-            "last_known": {"type": "array", "items": ENDPOINT},
-        },
+        "properties": {**ROUTE_FIELDS, "last_known": {"type": "array", "items": ENDPOINT}},
     },
 )
-GET_ROUTE = Operation(
-    "route",
+GET_ROUTE = route_operation(
+    ROUTE,
     "Hash, partition, assigned and serving nodes for one key",
-    description="`last_known`: the nodes that served the partition last (asked when nobody serves it now).",
-    security=ADMIN_SECURITY,
-    parameters=(query("store", required=True), query("key", required=True)),
-    responses={
-        "200": json_answer(ROUTE, "where the key goes"),
-        "400": error("`bad_request` (a parameter is missing) or `bad_key`"),
-        **ADMIN,
-        "404": error("`store_not_found`"),
-        **ALWAYS,
-    },
+    "`last_known`: the nodes that served the partition last (asked when nobody serves it now).",
 )
 READINESS = Schema(
     "Readiness",
@@ -292,22 +286,13 @@ READINESS = Schema(
         },
     },
 )
-READYZ = Operation(
-    "readyz",
+READYZ = readyz_operation(
+    READINESS,
     "The router has a partition map to route with (stale while ZooKeeper is away)",
-    description="200 once the router has a partition map to route with; it stays 200, marked stale, while "
+    "200 once the router has a partition map to route with; it stays 200, marked stale, while "
     "ZooKeeper is away. A partition without a serving replica answers its own 503s and never makes the router "
     "unready. While the chroot holds no cluster at all (no cluster record, no node, no store: often a mistyped "
     '`--zk`) the body says `"cluster": "empty"` with a `cluster_message` (said once in the log too); the router '
     "stays ready, as it is before anything is published.",
-    responses={
-        "200": json_answer(READINESS, "ready"),
-        "503": json_answer(
-            READINESS,
-            "not ready: no partition map read yet, or the router does not satisfy the cluster policy (`reason`)",
-        ),
-        **NOT_ALLOWED,
-        "431": GUARD["431"],
-        **INTERNAL,
-    },
+    "not ready: no partition map read yet, or the router does not satisfy the cluster policy (`reason`)",
 )

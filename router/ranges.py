@@ -23,11 +23,8 @@ from urllib.parse import urlencode
 
 from keyroute.api import (
     BadCursor,
-    BadKey,
-    BadRequest,
     CursorExpired,
     PartitionUnavailable,
-    WrongStoreKind,
 )
 from keyroute.http.forwarding import path_segment
 from keyroute.keys.key_format import KeyFormat, parse_key
@@ -35,13 +32,11 @@ from keyroute.storage.projection import parse_fields
 from keyroute.storage.ranges import (
     PartitionRange,
     RangeCursorError,
-    RangeKeyError,
-    RangeQueryError,
     make_range_cursor,
-    no_key_ranges,
     order_of,
     parse_range_query,
     range_entry,
+    read_query,
     read_range_cursor,
 )
 
@@ -73,14 +68,7 @@ async def read_range(proxy: Proxy, store: str, raw_query: bytes, request_id: str
     if record is None:
         raise table.unknown_store(store)
     key_format = record.key_format
-    if (refused := no_key_ranges(store, key_format)) is not None:
-        raise WrongStoreKind(refused)
-    try:
-        query = parse_range_query(raw_query, key_format)
-    except RangeKeyError as exc:
-        raise BadKey(str(exc)) from None
-    except RangeQueryError as exc:
-        raise BadRequest(str(exc)) from None
+    query = read_query(store, key_format, raw_query, parse_range_query)
     if query.fields is not None:  # refused here, once, rather than by every partition's node
         parse_fields(query.fields).check_record(store, record)
     secret = proxy.cursor_key.value

@@ -10,7 +10,6 @@ from keyroute.http.openapi import (
     ADMIN,
     ADMIN_SECURITY,
     ALWAYS,
-    ENDPOINT,
     GUARD,
     INFO_DESCRIPTION,
     INTERNAL,
@@ -18,6 +17,7 @@ from keyroute.http.openapi import (
     NOT_ALLOWED,
     QUOTA,
     QUOTA_IDENTITIES,
+    ROUTE_FIELDS,
     STORE,
     Operation,
     Schema,
@@ -26,6 +26,9 @@ from keyroute.http.openapi import (
     json_answer,
     query,
     quota_buckets,
+    quotas_operation,
+    readyz_operation,
+    route_operation,
     string_headers,
 )
 from keyroute.storage.ranges import MAX_LIMIT
@@ -156,15 +159,10 @@ ROUTE = Schema(
         "type": "object",
         "required": ["store", "key", "partitioner", "hash", "partition", "partitions", "version", "assigned"],
         "properties": {
-            "store": {"type": "string"},
-            "key": {"type": "string"},
+            **ROUTE_FIELDS,
             "partitioner": {"type": "string"},
-            "hash": {"type": "integer"},
-            "partition": {"type": "integer"},
             "partitions": {"type": "integer"},
             "version": {"type": "integer"},
-            "assigned": {"type": "array", "items": {"type": "string"}},
-            "serving": {"type": "array", "items": ENDPOINT},
             "local": {
                 "type": "object",
                 "description": "this node, and the version of the partition it holds (null: none)",
@@ -174,19 +172,7 @@ ROUTE = Schema(
         },
     },
 )
-GET_ROUTE = Operation(
-    "route",
-    "Hash, partition, assigned and serving nodes for one key, and the version held here",
-    security=ADMIN_SECURITY,
-    parameters=(query("store", required=True), query("key", required=True)),
-    responses={
-        "200": json_answer(ROUTE, "where the key goes"),
-        "400": error("`bad_request` (a parameter is missing) or `bad_key`"),
-        **ADMIN,
-        "404": error("`store_not_found`"),
-        **ALWAYS,
-    },
-)
+GET_ROUTE = route_operation(ROUTE, "Hash, partition, assigned and serving nodes for one key, and the version held here")
 QUOTAS = Schema(
     "NodeQuotas",
     {
@@ -200,13 +186,11 @@ QUOTAS = Schema(
         },
     },
 )
-GET_QUOTAS = Operation(
-    "quotas",
+GET_QUOTAS = quotas_operation(
+    QUOTAS,
     "Each identity's rate against its quota, per store, for the reads callers make to this node directly",
-    description="As a router's, without `routers`: each bucket's `nodes` says how many nodes serve its store "
+    "As a router's, without `routers`: each bucket's `nodes` says how many nodes serve its store "
     "(its `share` is the quota divided by them).",
-    security=ADMIN_SECURITY,
-    responses={"200": json_answer(QUOTAS, "the quotas and the buckets in use"), **ADMIN, **ALWAYS},
 )
 READINESS = Schema(
     "NodeReadiness",
@@ -229,20 +213,11 @@ READINESS = Schema(
         },
     },
 )
-READYZ = Operation(
-    "readyz",
+READYZ = readyz_operation(
+    READINESS,
     "The node serves everything assigned to it (also while ZooKeeper is away: the body says the map is stale)",
-    description="200 once the node serves everything assigned to it, at the published version or (while a new "
+    "200 once the node serves everything assigned to it, at the published version or (while a new "
     "version loads, or after its load failed) another one; the body lists `pending`, `updating` and `failed`.",
-    responses={
-        "200": json_answer(READINESS, "ready"),
-        "503": json_answer(
-            READINESS,
-            "not ready: a partition assigned to it is not served yet, or the node does not satisfy the cluster "
-            "policy (`reason`)",
-        ),
-        **NOT_ALLOWED,
-        "431": GUARD["431"],
-        **INTERNAL,
-    },
+    "not ready: a partition assigned to it is not served yet, or the node does not satisfy the cluster "
+    "policy (`reason`)",
 )

@@ -26,17 +26,15 @@ from keyroute.api import (
     BadRequest,
     CursorExpired,
     PartitionUnavailable,
-    WrongStoreKind,
 )
 from keyroute.http.exchange import Answer
 from keyroute.keys.key_format import KeyFormatError, key_from_data
 from keyroute.state_node.reads import RETRY_AFTER_S, find_store
 from keyroute.storage.projection import parse_fields
 from keyroute.storage.ranges import (
-    RangeQueryError,
-    no_key_ranges,
     parse_partition_range,
     range_entry,
+    read_query,
     scan_partition,
     scan_segments,
 )
@@ -60,12 +58,7 @@ def read_partition_range(node: Node, store_name: str, raw_partition: str, raw_qu
         )
     partition = int(raw_partition)
     key_format = record.key_format
-    if (refused := no_key_ranges(store_name, key_format)) is not None:
-        raise WrongStoreKind(refused)
-    try:
-        query = parse_partition_range(raw_query, key_format)
-    except RangeQueryError as exc:
-        raise BadRequest(str(exc)) from None
+    query = read_query(store_name, key_format, raw_query, parse_partition_range)
     fields = None if query.fields is None else parse_fields(query.fields)
     if fields is not None:
         fields.check_record(store_name, record)

@@ -9,7 +9,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from keyroute.cli.options import (
     _Parser,
@@ -19,6 +19,9 @@ from keyroute.cli.options import (
 from keyroute.runtime.settings import (
     ZkSettings,
 )
+
+if TYPE_CHECKING:
+    from kazoo.client import KazooClient
 
 
 def add_cluster(p: _Parser, sub: Any) -> list[argparse.ArgumentParser]:
@@ -85,13 +88,10 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     if args.cluster_command == "policy":
         return cmd_cluster_policy(args)
     from keyroute.cluster.cluster_identity import ClusterIdError, read_cluster_id
-    from keyroute.cluster.zk import ZkUnavailableError, close, connect
+    from keyroute.cluster.zk import close
 
     zk_settings = zk_settings_of(args)
-    try:
-        client = connect(zk_settings, ensure_layout=False)
-    except ZkUnavailableError as exc:
-        print(f"keyroute cluster id: {exc}", file=sys.stderr)
+    if (client := _connect("keyroute cluster id", zk_settings, ensure_layout=False)) is None:
         return 1
     try:
         found = read_cluster_id(client)
@@ -111,7 +111,7 @@ def cmd_cluster_policy(args: argparse.Namespace) -> int:
     from kazoo.exceptions import NoAuthError
 
     from keyroute.cluster.cluster_policy import ClusterPolicy, PolicyError, read_policy, write_policy
-    from keyroute.cluster.zk import ZkUnavailableError, close, connect
+    from keyroute.cluster.zk import close
 
     what = f"keyroute cluster policy {args.policy_command}"
     zk_settings = zk_settings_of(args)
@@ -123,14 +123,10 @@ def cmd_cluster_policy(args: argparse.Namespace) -> int:
         except PolicyError as exc:
             print(f"{what}: {exc}", file=sys.stderr)
             return 1
-    try:
-        client = connect(zk_settings, ensure_layout=wanted is not None)
-    except ZkUnavailableError as exc:
-        print(f"{what}: {exc}", file=sys.stderr)
+    if (client := _connect(what, zk_settings, ensure_layout=wanted is not None)) is None:
         return 1
     try:
-        if wanted is None and zk_settings.chroot and client.exists("/") is None:
-            print(f"{what}: chroot {where} does not exist on ZooKeeper {zk_settings.hosts}", file=sys.stderr)
+        if wanted is None and _chroot_missing(what, client, zk_settings):
             return 1
         try:
             found = read_policy(client)
@@ -167,7 +163,7 @@ def cmd_zk(args: argparse.Namespace) -> int:
     from kazoo.handlers.threading import KazooTimeoutError
 
     from keyroute.cli.zk_backup import Dump, ZkBackupError, dump, restore
-    from keyroute.cluster.zk import ZkUnavailableError, close, connect
+    from keyroute.cluster.zk import close
     from keyroute.runtime.logs import describe
 
     what = f"keyroute zk {args.zk_command}"
@@ -185,15 +181,11 @@ def cmd_zk(args: argparse.Namespace) -> int:
         except ZkBackupError as exc:
             print(f"{what}: {args.in_file}: {exc}", file=sys.stderr)
             return 1
-    try:
-        client = connect(zk_settings, ensure_layout=backup is not None)
-    except ZkUnavailableError as exc:
-        print(f"{what}: {exc}", file=sys.stderr)
+    if (client := _connect(what, zk_settings, ensure_layout=backup is not None)) is None:
         return 1
     try:
         if backup is None:
-            if zk_settings.chroot and client.exists("/") is None:
-                print(f"{what}: chroot {where} does not exist on ZooKeeper {zk_settings.hosts}", file=sys.stderr)
+            if _chroot_missing(what, client, zk_settings):
                 return 1
             taken = dump(client, zk_settings.chroot)
         else:
@@ -220,6 +212,25 @@ def cmd_zk(args: argparse.Namespace) -> int:
     summary = {"chroot": where, "cluster_id": taken.cluster_id, "znodes": len(taken.znodes), "out": args.out}
     print(json.dumps(summary), file=sys.stderr if args.out == "-" else sys.stdout)
     return 0
+
+
+def _connect(what: str, zk_settings: ZkSettings, *, ensure_layout: bool) -> KazooClient | None:
+    """A started ZooKeeper client for command `what`; None once why there is none is said on stderr."""
+    from keyroute.cluster.zk import ZkUnavailableError, connect
+
+    try:
+        return connect(zk_settings, ensure_layout=ensure_layout)
+    except ZkUnavailableError as exc:
+        print(f"{what}: {exc}", file=sys.stderr)
+        return None
+
+
+def _chroot_missing(what: str, client: KazooClient, zk_settings: ZkSettings) -> bool:
+    """Whether the chroot a reading command names is absent (then said on stderr): nothing to read there."""
+    if zk_settings.chroot and client.exists("/") is None:
+        print(f"{what}: chroot {zk_settings.chroot} does not exist on ZooKeeper {zk_settings.hosts}", file=sys.stderr)
+        return True
+    return False
 
 
 def _lock_root(what: str, zk_settings: ZkSettings) -> int:

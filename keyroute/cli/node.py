@@ -17,6 +17,7 @@ from keyroute.cli.options import (
     _positive_float,
     _secrets_dir_option,
     _zk_options,
+    quota_file_refused,
     zk_settings_of,
 )
 from keyroute.cli.serving import _admin_port_option, _serving_options, _tls_options, http_settings_of, limits_of
@@ -115,7 +116,6 @@ def add_zone_from_node(p: _Parser, sub: Any) -> list[argparse.ArgumentParser]:
 
 
 def cmd_node(args: argparse.Namespace) -> int:
-    from keyroute.http.quotas import quota_file_error
     from keyroute.state_node.service import run
 
     # A live partition resolves its Kafka settings' `${NAME}` references from the process's environment (when
@@ -150,8 +150,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         **limits_of(args),
         quota_file=args.quota_file,
     )
-    if settings.quota_file and (refused := quota_file_error(settings.quota_file)) is not None:
-        print(f"keyroute node: {refused}", file=sys.stderr)
+    if quota_file_refused("keyroute node", settings.quota_file):
         return 1
     return run(settings)
 

@@ -364,6 +364,17 @@ def _without_pipeline_extra(what: str) -> bool:
     return True
 
 
+def quota_file_refused(what: str, quota_file: str | None) -> bool:
+    """Whether the quota file a router or node is given cannot be used (then said on stderr): checked before
+    the process starts serving."""
+    from keyroute.http.quotas import quota_file_error
+
+    if quota_file and (refused := quota_file_error(quota_file)) is not None:
+        print(f"{what}: {refused}", file=sys.stderr)
+        return True
+    return False
+
+
 def _secrets_dir_option(p: Any, parser: argparse.ArgumentParser) -> None:
     p.option(
         parser,

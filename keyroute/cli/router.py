@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import sys
 from typing import Any
 
 from keyroute.cli.options import (
@@ -13,6 +12,7 @@ from keyroute.cli.options import (
     _percent,
     _positive_int,
     _zk_options,
+    quota_file_refused,
     zk_settings_of,
 )
 from keyroute.cli.serving import _admin_port_option, _serving_options, _tls_options, http_settings_of, limits_of
@@ -56,7 +56,6 @@ def add_router(p: _Parser, sub: Any) -> list[argparse.ArgumentParser]:
 
 
 def cmd_router(args: argparse.Namespace) -> int:
-    from keyroute.http.quotas import quota_file_error
     from keyroute.router.service import run
 
     settings = RouterSettings(
@@ -72,8 +71,7 @@ def cmd_router(args: argparse.Namespace) -> int:
         quota_file=args.quota_file,
         router_id=args.router_id,
     )
-    if settings.quota_file and (refused := quota_file_error(settings.quota_file)) is not None:
-        print(f"keyroute router: {refused}", file=sys.stderr)
+    if quota_file_refused("keyroute router", settings.quota_file):
         return 1
     # Worker processes start afresh and set up their logging as this process did.
     return run(

@@ -9,6 +9,7 @@ from typing import Any
 from keyroute.auth.authn import AuthnError, check_jwks_url
 from keyroute.cli.options import (
     _Parser,
+    _port,
     _positive_float,
     _secret_file_option,
     _secret_text,
@@ -51,15 +52,7 @@ def _serving_options(p: _Parser, parser: argparse.ArgumentParser, settings: type
 def _admin_port(text: str) -> int | None:
     """A port number, or empty (an unset variable): none."""
     text = text.strip()
-    if not text:
-        return None
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, not {text!r}") from None
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"a port is between 1 and 65535, not {text!r}")
-    return port
+    return _port(text) if text else None
 
 
 def _admin_port_option(p: _Parser, parser: argparse.ArgumentParser) -> None:

@@ -56,6 +56,8 @@ from keyroute.client._errors import (
     WrongStoreKind,
 )
 from keyroute.client._models import Value
+from keyroute.client._paging import paged_params as paged_params
+from keyroute.client._paging import range_params as range_params
 from keyroute.client._sync import Client
 from keyroute.client._urls import key_segment as key_segment
 from keyroute.client._urls import key_text as key_text

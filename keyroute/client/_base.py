@@ -36,9 +36,9 @@ from keyroute.client._config import (
 from keyroute.client._direct import PARTITION_MAP_PATH, ROUTING_PATH, _DirectMap
 from keyroute.client._errors import KeyrouteError, connection_failed, error_of_answer
 from keyroute.client._models import Answer, Value, body_of, value_of_answer
-from keyroute.client._paging import Paged, Pages, T, next_page, paged_params
+from keyroute.client._paging import Paged, Pages, T, next_page, paged_params, range_params
 from keyroute.client._plans import MAP_DUE, Batch, Call, Parallel, Plan, Sleep
-from keyroute.client._urls import key_path, key_text, store_path
+from keyroute.client._urls import key_path, store_path
 
 Fields = Mapping[str, str] | None  # a request's query or extra headers
 
@@ -267,16 +267,9 @@ class ClientBase:
     def _range(
         store: str, from_key: Any, to_key: Any, prefix: str | None, page_size: int, fields: str | None = None
     ) -> Paged:
-        params = paged_params(
-            None,
-            None,
-            page_size,
-            from_key=None if from_key is None else key_text(from_key),
-            to_key=None if to_key is None else key_text(to_key),
-            prefix=prefix,
-            fields=fields,
+        return Paged(
+            store_path(store, "range"), "keys", range_params(from_key, to_key, prefix, page_size, fields=fields)
         )
-        return Paged(store_path(store, "range"), "keys", params)
 
     # -- retries ----------------------------------------------------------------------------------------
 

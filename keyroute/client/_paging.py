@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from keyroute.client._urls import time_text
+from keyroute.client._urls import key_text, time_text
 
 if TYPE_CHECKING:
     from keyroute.client._base import ClientBase
@@ -31,6 +31,19 @@ def paged_params(start: Any, end: Any, page_size: int, order: str | None = None,
         if value is not None:
             params[name] = value
     return params
+
+
+def range_params(from_key: Any, to_key: Any, prefix: str | None, page_size: int, **extra: Any) -> dict[str, str]:
+    """A key range's parameters as a router takes them (the local replica reads its own ranges with them)."""
+    return paged_params(
+        None,
+        None,
+        page_size,
+        from_key=None if from_key is None else key_text(from_key),
+        to_key=None if to_key is None else key_text(to_key),
+        prefix=prefix,
+        **extra,
+    )
 
 
 @dataclass(frozen=True, slots=True)

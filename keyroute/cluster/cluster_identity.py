@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import KazooException, NodeExistsError
 from kazoo.handlers.threading import KazooTimeoutError
 
 from keyroute.cluster import zk_layout
+from keyroute.cluster.zk import data_of
 from keyroute.runtime.settings import ZkSettings
 
 log = logging.getLogger(__name__)
@@ -66,11 +67,8 @@ def new_cluster_id() -> str:
 
 def read_cluster_id(client: KazooClient) -> ClusterId | None:
     """The chroot's cluster identity, None when it has none (a new, wiped or wrong chroot)."""
-    try:
-        raw, _ = client.get(zk_layout.CLUSTER)
-    except NoNodeError:
-        return None
-    return ClusterId.from_json(raw)
+    raw = data_of(client, zk_layout.CLUSTER)
+    return None if raw is None else ClusterId.from_json(raw)
 
 
 def create_cluster_id(client: KazooClient, cluster_id: str | None = None) -> tuple[ClusterId, bool]:

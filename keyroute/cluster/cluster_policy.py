@@ -30,7 +30,7 @@ from kazoo.exceptions import KazooException, NoAuthError, NodeExistsError, NoNod
 from kazoo.handlers.threading import KazooTimeoutError
 
 from keyroute.cluster import zk_layout
-from keyroute.cluster.zk import ZkUnavailableError
+from keyroute.cluster.zk import ZkUnavailableError, data_of
 from keyroute.runtime.settings import NodeSettings, RouterSettings
 
 log = logging.getLogger(__name__)
@@ -230,11 +230,8 @@ class PolicyCheck:
 
 def read_policy(client: KazooClient) -> ClusterPolicy | None:
     """The chroot's policy, None when it has none. PolicyError for a record that is not one."""
-    try:
-        raw, _ = client.get(zk_layout.POLICY)
-    except NoNodeError:
-        return None
-    return ClusterPolicy.from_json(raw)
+    raw = data_of(client, zk_layout.POLICY)
+    return None if raw is None else ClusterPolicy.from_json(raw)
 
 
 def write_policy(client: KazooClient, policy: ClusterPolicy) -> None:

@@ -348,6 +348,15 @@ def _started(client: KazooClient, settings: ZkSettings, quiet: _Quiet) -> None:
         client.exists("/")  # as kazoo's `start` does: NoAuthError without READ on the chroot
 
 
+def data_of(client: KazooClient, path: str) -> bytes | None:
+    """The data of znode `path`, None when there is no such znode (a record not written yet)."""
+    try:
+        data, _ = client.get(path)
+    except NoNodeError:
+        return None
+    return bytes(data)
+
+
 def is_connected(client: KazooClient) -> bool:
     """Whether the client's session is connected now (not suspended, lost or closed)."""
     return bool(client.state == KazooState.CONNECTED)

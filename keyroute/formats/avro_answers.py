@@ -34,6 +34,7 @@ from fastavro import parse_schema, schemaless_reader
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from keyroute.api import ApiError, found_body
+from keyroute.keys.key_schema import uvarint
 
 AVRO = "application/avro"
 JSON_TYPE = "application/json"
@@ -216,14 +217,7 @@ class _Reparse(Exception):
 def _long(n: int) -> bytes:
     """An Avro int or long: zigzag, then a little-endian base-128 varint."""
     n = (n << 1) ^ (n >> 63)
-    if n < 0x80:
-        return _SMALL[n]
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+    return _SMALL[n] if n < 0x80 else uvarint(n)
 
 
 def _string(text: str, out: list[bytes]) -> None:

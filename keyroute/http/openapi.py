@@ -836,6 +836,64 @@ LOGOUT = Operation(
     method="POST",
     responses={"303": {"description": "to `/admin/login`, with the session cookie cleared"}, **ALWAYS},
 )
+
+
+# What both apps' GET /admin/route answer says of a key; each app adds its own fields.
+ROUTE_FIELDS = {
+    "store": {"type": "string"},
+    "key": {"type": "string"},
+    "hash": {"type": "integer"},
+    "partition": {"type": "integer"},
+    "assigned": {"type": "array", "items": {"type": "string"}},
+    "serving": {"type": "array", "items": ENDPOINT},
+}
+
+
+def route_operation(schema: Schema, summary: str, description: str | None = None) -> Operation:
+    """GET /admin/route: where one key goes, answered as `schema` (each app's own fields)."""
+    return Operation(
+        "route",
+        summary,
+        description=description,
+        security=ADMIN_SECURITY,
+        parameters=(query("store", required=True), query("key", required=True)),
+        responses={
+            "200": json_answer(schema, "where the key goes"),
+            "400": error("`bad_request` (a parameter is missing) or `bad_key`"),
+            **ADMIN,
+            "404": error("`store_not_found`"),
+            **ALWAYS,
+        },
+    )
+
+
+def quotas_operation(schema: Schema, summary: str, description: str) -> Operation:
+    """GET /admin/quotas: the quotas and the buckets in use, answered as `schema` (each app's own fields)."""
+    return Operation(
+        "quotas",
+        summary,
+        description=description,
+        security=ADMIN_SECURITY,
+        responses={"200": json_answer(schema, "the quotas and the buckets in use"), **ADMIN, **ALWAYS},
+    )
+
+
+def readyz_operation(schema: Schema, summary: str, description: str, not_ready: str) -> Operation:
+    """GET /readyz: 200 when ready, 503 (`not_ready` says when) otherwise, both answered as `schema`."""
+    return Operation(
+        "readyz",
+        summary,
+        description=description,
+        responses={
+            "200": json_answer(schema, "ready"),
+            "503": json_answer(schema, not_ready),
+            **NOT_ALLOWED,
+            "431": GUARD["431"],
+            **INTERNAL,
+        },
+    )
+
+
 HEALTH = Schema("Health", {"type": "object", "required": ["status"], "properties": {"status": {"const": "ok"}}})
 HEALTHZ = Operation(
     "healthz",

@@ -42,7 +42,8 @@ from keyroute.client import (
     Value,
     WrongStoreKind,
     key_text,
-    time_text,
+    paged_params,
+    range_params,
 )
 from keyroute.keys.key_format import KeyFormat, KeyFormatError, key_from_data, parse_key
 from keyroute.keys.partitioner import Partitioner, murmur2_bits, partition_for
@@ -529,17 +530,7 @@ class LocalReplica:
             raise WrongStoreKind(
                 400, "wrong_store_kind", f"store {store!r} is {kind}: {read} reads are for {wanted.value} stores"
             )
-        if not 1 <= page_size <= 10_000:
-            raise ValueError("page_size must be from 1 to 10,000")
-        params = {"limit": str(page_size)}
-        if start is not None:
-            params["from"] = time_text(start)
-        if end is not None:
-            params["to"] = time_text(end)
-        if order is not None:
-            if order not in ("asc", "desc"):
-                raise ValueError("order must be 'asc' or 'desc'")
-            params["order"] = order
+        params = paged_params(start, end, page_size, order)
         try:
             query = parse_query(read, urllib.parse.urlencode(params).encode("ascii"), timeline)
         except QueryError as exc:
@@ -683,13 +674,7 @@ def _key_range(
     """Every partition's keys of the range, merged in the store's key order (as a router merges the nodes'):
     the query read as a router reads it, each partition scanned as a node scans it (keyroute.storage.ranges)."""
     fmt = view.record.key_format
-    given = {"limit": str(page_size)}
-    if from_key is not None:
-        given["from_key"] = key_text(from_key)
-    if to_key is not None:
-        given["to_key"] = key_text(to_key)
-    if prefix is not None:
-        given["prefix"] = prefix
+    given = range_params(from_key, to_key, prefix, page_size)
     try:
         query = parse_range_query(urllib.parse.urlencode(given).encode("ascii"), fmt)
     except RangeKeyError as exc:

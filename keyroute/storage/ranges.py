@@ -14,10 +14,11 @@ back, and are never in a range.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from keyroute.api import integer_text, query_params
+from keyroute.api import BadKey, BadRequest, WrongStoreKind, integer_text, query_params
 from keyroute.keys.key_format import Key, KeyFormat, KeyFormatError, parse_key
 from keyroute.storage.lmdb_layout import TAG_KEY
 from keyroute.storage.timeline import CursorError, escape_key, seal, unseal
@@ -43,6 +44,25 @@ def no_key_ranges(store: str, key_format: KeyFormat) -> str | None:
     if not key_format.registered:
         return None
     return f"store {store!r} has {key_format.value} keys (Schema Registry): key ranges are not offered for them"
+
+
+_Query = TypeVar("_Query")
+
+
+def read_query(
+    store: str, key_format: KeyFormat, raw_query: bytes, parse: Callable[[bytes, KeyFormat], _Query]
+) -> _Query:
+    """`parse`'s reading of a range read of `store` (a router's or a node's), its refusals as the data API's
+    errors: `wrong_store_kind` (keys without an order), `bad_key` (a bound the key format refuses) or
+    `bad_request`."""
+    if (refused := no_key_ranges(store, key_format)) is not None:
+        raise WrongStoreKind(refused)
+    try:
+        return parse(raw_query, key_format)
+    except RangeKeyError as exc:
+        raise BadKey(str(exc)) from None
+    except RangeQueryError as exc:
+        raise BadRequest(str(exc)) from None
 
 
 def order_of(key_format: KeyFormat, data: bytes) -> bytes | int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from keyroute.cli import main
@@ -72,3 +74,24 @@ def test_an_http_jwks_url_is_refused_in_one_line_unless_allowed(capsys: pytest.C
     assert limits_of(args)["access"].jwt_jwks_refresh_s == 300
     code, err = _fails([*given, "--jwt-jwks-refresh-s", "0"], capsys)
     assert code == 2 and "--jwt-jwks-refresh-s" in err and "expected a number above 0" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["router", "--zk", "zk:2181", "--port", "8080"],
+        ["node", "--zk", "zk:2181", "--port", "8081", "--node-id", "n1", "--data-dir", "data"],
+    ],
+)
+def test_a_quota_file_that_cannot_be_read_is_one_line_before_anything_starts(
+    argv: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    missing = tmp_path / "quotas.toml"
+    try:
+        code = main([*argv, "--quota-file", str(missing)], env={})
+    except SystemExit as exited:
+        code = int(exited.code or 0)
+    err = capsys.readouterr().err.splitlines()
+    assert code == 1
+    refusal = [line for line in err if line.startswith(f"keyroute {argv[0]}: ")]
+    assert len(refusal) == 1 and str(missing) in refusal[0], err
