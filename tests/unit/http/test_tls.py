@@ -38,7 +38,7 @@ from keyroute.auth.security import (
 )
 from keyroute.cluster.partition_map import ServingRecord
 from keyroute.http import HttpServer
-from keyroute.http.exchange import Exchange
+from keyroute.http.exchange import Exchange, ServerLimits
 from keyroute.http.fast_upstream import FastUpstream
 from keyroute.http.lifespan import StartupError
 from keyroute.http.tls import (
@@ -354,7 +354,10 @@ def test_a_rotated_certificate_serves_new_connections_and_keeps_open_ones(tmp_pa
     ca = trustme.CA()
     ca_path = ca_file(tmp_path, ca)
     tls = pair(tmp_path, ca, "s")
-    server = HttpServer(starlette_app(), data_plane=lambda state: Plane(), tls=tls)
+    # The kept connection idles while the test waits for the rotation to be seen, which on a loaded machine can
+    # outlast the default keep-alive timeout (an idle connection closed is not what this test is about).
+    limits = ServerLimits(keep_alive_timeout_s=600.0)
+    server = HttpServer(starlette_app(), limits=limits, data_plane=lambda state: Plane(), tls=tls)
     with serve_in_thread(server) as port:
         assert server.tls is not None
         server.tls.poll_s = 0.05  # the next look at the files comes soon
