@@ -18,6 +18,7 @@ import asyncio
 import functools
 import logging
 import re
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring
@@ -121,6 +122,7 @@ _TAG_KEY: Final = TAG_KEY
 _MAX_KEY_BYTES: Final = LMDB_MAX_KEY_BYTES
 # What `_MapReads.txns` holds for a partition not read yet with its map.
 _UNSET: Final = object()
+_get_ident: Final = threading.get_ident
 
 
 def is_forwarded(members: ClusterAuth, hops: bytes | None, auth: bytes | None, role: str | None = None) -> bool:
@@ -279,9 +281,11 @@ def read_key(
     if live is not None:
         headers.append((_OFFSET, b"%d" % offset))
         headers.append((_LAG, b"%d" % live.lag_records))
-    txn = reads.txns.get(held, _UNSET)
-    if txn is _UNSET:
-        txn = reads.txns[held] = _pinned_txn(held)
+    txn = None
+    if reads.thread == _get_ident():  # a transaction is one thread's (LMDB's rule): the thread that made them
+        txn = reads.txns.get(held, _UNSET)
+        if txn is _UNSET:
+            txn = reads.txns[held] = _pinned_txn(held)
     if txn is None:
         value = held.get(data)
     else:  # PartitionStore.get of a batch partition, inline, on the transaction kept open on it
@@ -334,15 +338,17 @@ class _MapReads:
     (keyroute.keys.key_location.StoreLocator) of its stores of string keys hashed with murmur2, made as
     reads of each come (None for a store of another kind: `PartitionMap.locate` locates its keys), the
     map's generation as its header's value, and the read transactions kept open on the batch partitions
-    read here (`_pinned_txn`; None: each read takes its own), by partition, as reads of each come."""
+    read here (`_pinned_txn`; None: each read takes its own), by partition, as reads of each come, for the
+    reads of the thread that made it."""
 
-    __slots__ = ("map", "locators", "generation", "txns")
+    __slots__ = ("map", "locators", "generation", "txns", "thread")
 
     def __init__(self, m: PartitionMap) -> None:
         self.map = m
         self.locators: dict[str, StoreLocator | None] = {}
         self.generation = b"%d" % m.generation
         self.txns: dict[Any, Any] = {}
+        self.thread = _get_ident()  # whose reads use `txns` (a node reads on its event loop's thread only)
 
     def add(self, name: str) -> StoreLocator | None:
         """The locator of store `name` (None: a store of another kind); an unknown store is not kept."""
