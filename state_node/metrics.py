@@ -21,7 +21,7 @@ from keyroute.http.quotas import Quotas, quota_families
 from keyroute.replica.live import STATES as LIVE_STATES
 from keyroute.replica.live import LivePartition
 from keyroute.replica.store import MARKER, LoadCancelled, PartitionId, PartitionStore, partition_path
-from keyroute.runtime.answers import Answers
+from keyroute.runtime.answers import Answers, MapAnswers
 from keyroute.runtime.metrics import (
     JWKS_FETCH_FAILURES,
     JWKS_FETCH_FAILURES_HELP,
@@ -91,6 +91,9 @@ class NodeMetrics:
         self.request_duration: dict[tuple[str, str], Histogram] = {}
         # What `answered` counts and times into those two.
         self._answers = Answers(self.requests.counts, self.request_duration)
+        # `count(store, kind, status)` and `observe_request(store, status, seconds)` in one call: the data
+        # plane's every counted answer, once per read (compiled: keyroute.runtime.answers).
+        self.answered = MapAnswers(self._answers)
         # Reads of named callers (a router's forwarded ones under the caller it names) by (identity, store).
         self.callers = CallerReads()
         # Keys answered from a partition held here / by another node this one forwarded to.
@@ -119,8 +122,9 @@ class NodeMetrics:
         self._exposition = Exposition(self.families)
 
     def watch(self, ownership: Ownership) -> None:
-        """Read partition states and the map from `ownership` at scrape time."""
+        """Read partition states and the map from `ownership` at scrape time (and each answer's store label)."""
         self._ownership = ownership
+        self.answered.source = ownership
 
     def count(self, store: str, kind: str, status: int) -> None:
         ownership = self._ownership
@@ -132,14 +136,6 @@ class NodeMetrics:
         if ownership is None or store not in ownership.map.stores:
             store = UNKNOWN_STORE
         observe_duration(self.request_duration, store, status, seconds)
-
-    def answered(self, store: str, kind: str, status: int, seconds: float) -> None:
-        """`count(store, kind, status)` and `observe_request(store, status, seconds)` in one call: the data
-        plane's every counted answer, once per read."""
-        ownership = self._ownership
-        if ownership is None or store not in ownership.map.stores:
-            store = UNKNOWN_STORE
-        self._answers.add(store, kind, status, seconds)
 
     def caller_answered(self, identity: str, store: str, status: int, seconds: float) -> None:
         """A named caller's read of `store` answered with `status` after `seconds`: by identity and store."""

@@ -41,8 +41,9 @@ Loader = Callable[[Path, StoreRecord, int, int, Callable[[], bool]], PartitionSt
 class Ownership:
     """Reconciles what this node holds with each new partition map.
 
-    All state is touched on the event loop only. Readers call `local()`, which reads one attribute
-    holding an immutable mapping {(store, partition): PartitionStore}, replaced whole on every change.
+    All state is touched on the event loop only. Readers call `local()` (or read `held` itself), which reads one
+    attribute holding an immutable mapping {(store, partition): PartitionStore}, replaced whole on every change,
+    and `map`, the partition map, replaced whole too.
     """
 
     def __init__(
@@ -69,12 +70,16 @@ class Ownership:
         self._follow = follow
         self._following: frozenset[str] = frozenset()
         self._executor = ThreadPoolExecutor(max_parallel_loads, thread_name_prefix="keyroute-load")
-        self._map = PartitionMap.empty().marked_stale(True)
+        # The partition map reads are routed with: a plain attribute, not a property (read once per read, from
+        # compiled code: no interpreted frame), replaced whole by `on_map` on the event loop only.
+        self.map: PartitionMap = PartitionMap.empty().marked_stale(True)
         self._lifecycle = Lifecycle(settings.node_id, max_parallel_loads, retry_failed_s)
-        self._view: Mapping[tuple[str, int], PartitionStore] = MappingProxyType({})
+        # {(store, partition): PartitionStore} of the partitions served here (`local`), an immutable mapping
+        # replaced whole on every change: a plain attribute, which the compiled read path reads directly.
+        self.held: Mapping[tuple[str, int], PartitionStore] = MappingProxyType({})
         self._tasks: set[asyncio.Task[None]] = set()
         self._announcer = Announcer(
-            registration, settings.node_id, self.serving_view, lambda: self._map, self._spawn, clock
+            registration, settings.node_id, self.serving_view, lambda: self.map, self._spawn, clock
         )
         self._janitor = DiskJanitor(settings.data_dir)
         self._appliers = LiveAppliers(settings)
@@ -92,12 +97,8 @@ class Ownership:
 
     # -- readers -----------------------------------------------------------------------------------
 
-    @property
-    def map(self) -> PartitionMap:
-        return self._map
-
     def local(self, store: str, partition: int) -> PartitionStore | None:
-        return self._view.get((store, partition))
+        return self.held.get((store, partition))
 
     def live_partitions(self) -> list[tuple[PartitionId, LivePartition]]:
         """Every live partition held here (consuming), in order."""
@@ -109,7 +110,7 @@ class Ownership:
         chosen: dict[tuple[str, int], tuple[PartitionId, LivePartition]] = {}
         for pid, live in self.live_partitions():
             key = (pid.store, pid.partition)
-            served = self._view.get(key)
+            served = self.held.get(key)
             current = chosen.get(key)
             is_served = served is not None and served.version == pid.version
             current_served = current is not None and served is not None and served.version == current[0].version
@@ -123,12 +124,12 @@ class Ownership:
     def serving_view(self) -> dict[str, dict[int, int]]:
         """What this node announces: store -> {partition: version}."""
         announced: dict[str, dict[int, int]] = {}
-        for (store, partition), held in sorted(self._view.items()):
+        for (store, partition), held in sorted(self.held.items()):
             announced.setdefault(store, {})[partition] = held.version
         return announced
 
     def readiness(self) -> Readiness:
-        return self._lifecycle.readiness(self._map, self._view, self._fresh_seen)
+        return self._lifecycle.readiness(self.map, self.held, self._fresh_seen)
 
     @property
     def leaving(self) -> bool:
@@ -137,10 +138,10 @@ class Ownership:
     def alone(self) -> int | None:
         """With no other live node in a fresh map: how many partitions this node holds (which then nobody
         else serves); otherwise None."""
-        m = self._map
+        m = self.map
         if m.stale or m.live_nodes() - {self._node_id}:
             return None
-        return len(self._view)
+        return len(self.held)
 
     def handed_over(self) -> list[str]:
         """What still keeps a leaving node (empty: it may go): the assignment still placing it, and every
@@ -148,8 +149,8 @@ class Ownership:
         for the new assignment too keeps each partition's replica count during a rolling restart. With
         no other live node there is nobody to hand over to: nothing keeps it. A stale map proves
         nothing, so then everything held is listed."""
-        m = self._map
-        held = sorted(self._view)
+        m = self.map
+        held = sorted(self.held)
         if m.stale:
             return [f"{store} p{p}" for store, p in held]
         if not m.live_nodes() - {self._node_id}:
@@ -180,7 +181,7 @@ class Ownership:
         deadline = self._clock.monotonic() + timeout_s
         while True:
             self._map_changed.clear()
-            if not self._map.stale and predicate(self._map):
+            if not self.map.stale and predicate(self.map):
                 return True
             left = deadline - self._clock.monotonic()
             if left <= 0:
@@ -212,7 +213,7 @@ class Ownership:
         """Take a new map (on the event loop: the watcher hands it over with call_soon_threadsafe)."""
         if self._stopping:
             return
-        self._map = new_map
+        self.map = new_map
         self._map_changed.set()
         if not new_map.stale:
             self._fresh_seen = True
@@ -235,7 +236,7 @@ class Ownership:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._executor.shutdown(wait=False, cancel_futures=True)
-        self._view = MappingProxyType({})
+        self.held = MappingProxyType({})
         await self._announcer.stop()
         # Every applier stops before any environment closes: no write ever reaches a closed one.
         await self._appliers.close()
@@ -250,7 +251,7 @@ class Ownership:
         """Carry out what the lifecycle decides with the current map: drops, the leftovers' collection, loads."""
         if self._stopping:
             return
-        m = self._map
+        m = self.map
         now = self._clock.monotonic()
         lifecycle, janitor = self._lifecycle, self._janitor
         for pid, entry, superseded in lifecycle.take_map(m, now):
@@ -265,13 +266,13 @@ class Ownership:
         self._rebuild_view()
         self._schedule_retry(now)
         self._follow_handovers()
-        if self._sweeper is None and self._settings.expiry_sweep_s > 0 and any(map(self._sweeps, self._view.values())):
+        if self._sweeper is None and self._settings.expiry_sweep_s > 0 and any(map(self._sweeps, self.held.values())):
             self._sweeper = asyncio.ensure_future(self._sweep_expired(self._settings.expiry_sweep_s))
         self._say_orphans()
 
     def _say_orphans(self) -> None:
         """Log once per store that its record vanished without a tombstone and what this node does about it."""
-        held = orphans_held(self._map, self._view)
+        held = orphans_held(self.map, self.held)
         for store in sorted(held.keys() - self._orphans_said):
             log.warning(
                 "store %s: its record is gone from ZooKeeper but it has no tombstone (keyroute store delete): "
@@ -280,10 +281,10 @@ class Ownership:
                 store,
                 held[store],
             )
-        for store in sorted(self._orphans_said - self._map.orphaned):
-            if store in self._map.stores:
+        for store in sorted(self._orphans_said - self.map.orphaned):
+            if store in self.map.stores:
                 log.info("store %s: its record is back in ZooKeeper", store)
-        self._orphans_said = (self._orphans_said & self._map.orphaned) | held.keys()
+        self._orphans_said = (self._orphans_said & self.map.orphaned) | held.keys()
 
     def _follow_handovers(self) -> None:
         """Ask for the whole assignment of every store with a partition held here that is not wanted here at
@@ -296,9 +297,9 @@ class Ownership:
             self._follow(stores)
 
     def _rebuild_view(self) -> None:
-        chosen = self._lifecycle.view(self._map)
-        if dict(self._view) != chosen:
-            self._view = MappingProxyType(chosen)  # one assignment: readers see the old or the new view
+        chosen = self._lifecycle.view(self.map)
+        if dict(self.held) != chosen:
+            self.held = MappingProxyType(chosen)  # one assignment: readers see the old or the new view
             self._spawn(self._announcer.publish())
 
     def _schedule_retry(self, now: float) -> None:
@@ -399,7 +400,7 @@ class Ownership:
         key, or a history store)."""
         if held.live is None or (held.timeline is not None and held.timeline.kind is not StoreKind.HISTORY):
             return False
-        record = self._map.stores.get(held.pid.store)
+        record = self.map.stores.get(held.pid.store)
         return record is not None and record.ttl is not None
 
     async def _sweep_expired(self, every_s: float) -> None:
@@ -407,8 +408,8 @@ class Ownership:
         with a `ttl` (keyroute.replica.expiry), "now" being this node's clock, as its reads'."""
         while not self._stopping:
             await self._clock.sleep(every_s)
-            for held in list(self._view.values()):
-                record = self._map.stores.get(held.pid.store)
+            for held in list(self.held.values()):
+                record = self.map.stores.get(held.pid.store)
                 if record is None or record.ttl is None or not self._sweeps(held):
                     continue
                 try:
@@ -420,7 +421,7 @@ class Ownership:
                     log.info("deleted %d expired values of %s (ttl %s)", deleted, held.pid, record.ttl.text)
 
     async def _collect_leftovers(self) -> None:
-        await self._janitor.collect_leftovers(self._map, self._lifecycle.entries)
+        await self._janitor.collect_leftovers(self.map, self._lifecycle.entries)
         self._reconcile()
 
     async def _grace(self, delay_s: float) -> None:

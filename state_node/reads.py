@@ -18,11 +18,14 @@ import asyncio
 import functools
 import logging
 import re
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
+
+import lmdb
 
 from keyroute.api import (
     HEADER_FORWARDED_BY,
@@ -70,9 +73,11 @@ from keyroute.http.upstream import UpstreamUnavailable
 from keyroute.keys.key_format import Key, KeyFormat, KeyFormatError, key_from_value, parse_key
 from keyroute.keys.key_location import StoreLocator
 from keyroute.keys.partitioner import murmur2_bits
+from keyroute.replica.store import LoadError, PartitionStore
 from keyroute.runtime.logs import describe
 from keyroute.runtime.metrics import KIND_BATCH
 from keyroute.runtime.native import caused
+from keyroute.storage.lmdb_layout import LMDB_MAX_KEY_BYTES, TAG_KEY, db_key
 from keyroute.storage.projection import Projection
 from keyroute.storage.timeline import (
     HISTORY,
@@ -88,7 +93,6 @@ from keyroute.storage.ttl import Expired, Ttl, expired_message
 
 if TYPE_CHECKING:
     from keyroute.keys.key_location import KeyLocation
-    from keyroute.replica.store import PartitionStore
     from keyroute.state_node.app import Node
 
 log = logging.getLogger(__name__)
@@ -114,6 +118,11 @@ _INT_FORMATS = frozenset({KeyFormat.INT16, KeyFormat.INT32, KeyFormat.INT64})
 _FOUND_BODY: Final = found_body
 _json_string: Final = encode_basestring
 _murmur2_bits: Final = murmur2_bits
+_TAG_KEY: Final = TAG_KEY
+_MAX_KEY_BYTES: Final = LMDB_MAX_KEY_BYTES
+# What `_MapReads.txns` holds for a partition not read yet with its map.
+_UNSET: Final = object()
+_get_ident: Final = threading.get_ident
 
 
 def is_forwarded(members: ClusterAuth, hops: bytes | None, auth: bytes | None, role: str | None = None) -> bool:
@@ -239,7 +248,7 @@ def read_key(
         key = parse_key_text(record, key_text)
         location = m.locate(record, key)
         data, shown, partition, serving = key.data, location.key, location.partition, location.serving
-    held = ownership.local(store_name, partition)
+    held = ownership.held.get((store_name, partition))  # Ownership.local, inline: a frame less per read
     node_id = node.settings.node_id  # not the `node_id` property: a frame less per read
     if held is not None and not forwarded:
         # answers_locally: unless the first other node serving the partition serves a newer version
@@ -272,7 +281,18 @@ def read_key(
     if live is not None:
         headers.append((_OFFSET, b"%d" % offset))
         headers.append((_LAG, b"%d" % live.lag_records))
-    value = held.get(data)
+    txn = None
+    if reads.thread == _get_ident():  # a transaction is one thread's (LMDB's rule): the thread that made them
+        txn = reads.txns.get(held, _UNSET)
+        if txn is _UNSET:
+            txn = reads.txns[held] = _pinned_txn(held)
+    if txn is None:
+        value = held.get(data)
+    else:  # PartitionStore.get of a batch partition, inline, on the transaction kept open on it
+        try:
+            value = txn.get(_TAG_KEY + data if len(data) < _MAX_KEY_BYTES else db_key(data))
+        except lmdb.Error:  # the partition closed (py-lmdb ends its transactions then): its get says so
+            value = held.get(data)
     if value is None:
         return 404, headers, error_json("key_not_found", f"key {shown!r} is not in store {store_name!r}")
     ttl = m.stores[store_name].ttl  # the store is in the map: its key was located by it
@@ -297,18 +317,38 @@ def _found_json(store: str, key: str, partition: int, version: int, value_json: 
     )
 
 
+def _pinned_txn(held: Any) -> Any:
+    """A read transaction kept open on `held` for this node's reads of a key (on the event loop only: one
+    thread), or None where each read takes its own (`held.get`): a live partition (its applier writes it: a
+    transaction kept open would not see the writes), a timeline partition, anything but a `PartitionStore`.
+    A batch partition is open read-only and never written while it is open (a new version is another
+    partition, in another environment), so one snapshot of it holds every read's answer; kept open, a read
+    saves a transaction's begin and end. The transaction ends with the `_MapReads` holding it, or when the
+    partition closes (py-lmdb ends an environment's transactions as it closes it)."""
+    if type(held) is not PartitionStore or held.timeline is not None or not held.read_only:
+        return None
+    try:
+        return held.read_txn()
+    except (LoadError, lmdb.Error):  # closed meanwhile: its get says so
+        return None
+
+
 class _MapReads:
     """What a key read here needs of one partition map, worked out once per map: the locators
     (keyroute.keys.key_location.StoreLocator) of its stores of string keys hashed with murmur2, made as
-    reads of each come (None for a store of another kind: `PartitionMap.locate` locates its keys), and the
-    map's generation as its header's value."""
+    reads of each come (None for a store of another kind: `PartitionMap.locate` locates its keys), the
+    map's generation as its header's value, and the read transactions kept open on the batch partitions
+    read here (`_pinned_txn`; None: each read takes its own), by partition, as reads of each come, for the
+    reads of the thread that made it."""
 
-    __slots__ = ("map", "locators", "generation")
+    __slots__ = ("map", "locators", "generation", "txns", "thread")
 
     def __init__(self, m: PartitionMap) -> None:
         self.map = m
         self.locators: dict[str, StoreLocator | None] = {}
         self.generation = b"%d" % m.generation
+        self.txns: dict[Any, Any] = {}
+        self.thread = _get_ident()  # whose reads use `txns` (a node reads on its event loop's thread only)
 
     def add(self, name: str) -> StoreLocator | None:
         """The locator of store `name` (None: a store of another kind); an unknown store is not kept."""

@@ -160,10 +160,11 @@ class PartitionStore:
     write_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     # A stored value as it is answered: a batch partition stores it so.
     _answer: ClassVar[staticmethod[[bytes], bytes]] = staticmethod(bytes)
+    # `pid.version`, kept as a plain attribute: a node reads it once per read (no property's frame).
+    version: int = field(init=False)
 
-    @property
-    def version(self) -> int:
-        return self.pid.version
+    def __post_init__(self) -> None:
+        self.version = self.pid.version
 
     @property
     def closed(self) -> bool:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyroute.runtime.answers import Answers
-from keyroute.runtime.metrics import LATENCY_BUCKETS_S, Histogram, RequestCounts, observe_duration
+from keyroute.runtime.answers import Answers, MapAnswers
+from keyroute.runtime.metrics import LATENCY_BUCKETS_S, UNKNOWN_STORE, Histogram, RequestCounts, observe_duration
 
 ANSWERS = st.lists(
     st.tuples(
@@ -45,3 +45,32 @@ def test_one_step_counts_and_times_as_the_counter_and_the_histograms_do(
             if s == store and f"{status // 100}xx" == code:
                 observed.observe(seconds)
         assert (observed.counts, observed.sum) == (histogram.counts, histogram.sum)
+
+
+class _Source:
+    """What `MapAnswers` reads of a node's `Ownership`: its partition map's stores."""
+
+    def __init__(self, stores: set[str]) -> None:
+        self.map = self
+        self.stores = stores
+
+
+@settings(max_examples=100, deadline=None)
+@given(ANSWERS)
+def test_a_map_answers_labels_a_store_its_map_does_not_know_as_the_unknown_store(
+    answers: list[tuple[str, str, int, float]],
+) -> None:
+    labelled = Answers(RequestCounts().counts, {})
+    answered = MapAnswers(labelled)
+    by_hand = Answers(RequestCounts().counts, {})
+    for store, kind, status, seconds in answers[:5]:  # no map watched yet: every store is unknown
+        answered(store, kind, status, seconds)
+        by_hand.add(UNKNOWN_STORE, kind, status, seconds)
+    answered.source = _Source({"s"})
+    for store, kind, status, seconds in answers[5:]:
+        answered(store, kind, status, seconds)
+        by_hand.add(store if store == "s" else UNKNOWN_STORE, kind, status, seconds)
+    assert labelled.counts == by_hand.counts
+    assert {k: (h.counts, h.sum) for k, h in labelled.durations.items()} == {
+        k: (h.counts, h.sum) for k, h in by_hand.durations.items()
+    }

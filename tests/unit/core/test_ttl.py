@@ -93,10 +93,10 @@ class _Held:
 class _Ownership:
     def __init__(self, m: PartitionMap, held: _Held) -> None:
         self.map = m
-        self.held = held
+        self.held = {("s", 0): held}
 
-    def local(self, store: str, partition: int) -> _Held:
-        return self.held
+    def local(self, store: str, partition: int) -> _Held | None:
+        return self.held.get((store, partition))
 
 
 def node_with(rows: dict[str, Any], clock: list[float]) -> Node:
