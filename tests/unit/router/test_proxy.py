@@ -786,7 +786,7 @@ def test_when_the_first_replica_answers_first_the_hedge_is_cancelled(
     slow_fast: tuple[LocalNode, LocalNode],
 ) -> None:
     first, second = slow_fast
-    first.delay_s, second.delay_s = 0.1, 1.0
+    first.delay_s, second.delay_s = 0.1, 15.0  # far slower, even when load stretches 0.1 s
     h = LocalHarness(first, second, hedge_after_s=0.02)
 
     async def scenario() -> tuple[str, str, set[str]]:
@@ -1261,8 +1261,9 @@ def test_when_the_first_replica_answers_first_the_hedge_of_a_read_without_a_coro
     async def scenario() -> tuple[Any, set[str]]:
         try:
             await idle_connections_to(h, first, 1)
-            # The second node far slower than the first: on a loaded machine 0.1 s can stretch past a second.
-            first.delay_s, second.delay_s = 0.1, 3.0
+            # The second node far slower than the first: on a loaded machine 0.1 s can stretch past a second (and
+            # was seen to stretch past three).
+            first.delay_s, second.delay_s = 0.1, 15.0
             answer = await read_via_callback(h.proxy, "k")
             answered = h.answered("k")
             await wait_until(lambda: not h.proxy.in_flight, message="the hedge stopped")
