@@ -16,13 +16,13 @@ from keyroute.dev.zookeeper_server import EmbeddedZooKeeper
 from keyroute.runtime.settings import ZkSettings
 from tests.util import Proc, free_port, wait_for
 
-# The files that take longest, longest first (seconds on two busy workers, from `--durations`): `make test` hands
-# files to its workers in collection order (--no-loadscope-reorder), so these start first and the many short files
-# fill in the end. In xdist's own order (most tests first) the long integration files, which hold few tests each,
-# came last and one of them was the suite's tail.
+# The files that take longest, longest first (seconds: `--durations` of one run on two workers, at load 6-12).
+# `make test` hands files to its workers in collection order (--no-loadscope-reorder), so these start first and the
+# many short files fill in the end. In xdist's own order (most tests first) the long integration files, which hold
+# few tests each, came last and one of them was the suite's tail.
 LONGEST_FIRST = (
     "tests/integration/test_pipeline.py",  # 239
-    "tests/integration/test_demo.py",  # 180
+    "tests/integration/test_demo.py",  # 244, less since its killed node is one of the shared demo's
     "tests/integration/test_pipeline_catalog.py",  # 142
     "tests/integration/test_object_storage.py",  # 118
     "tests/integration/test_schema_keys.py",  # 73
