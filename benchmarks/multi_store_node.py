@@ -186,7 +186,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=None)
     parser.add_argument("--site", default=None, help="a compiled build's --target DIR, first on the path")
     args = parser.parse_args()
-    if args.mode == "time" and args.site and os.environ.get("PYTHONPATH") != args.site:
+    if args.site and os.environ.get("PYTHONPATH") != args.site:  # imported from the site, here and in children
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "PYTHONPATH": args.site})
     import keyroute.state_node.multi_read as multi_read
     import keyroute.state_node.reads as reads
