@@ -29,6 +29,7 @@ COMPILED = (
     "keyroute.http.dataplane",
     "keyroute.http.exchange",
     "keyroute.http.fast_upstream",
+    "keyroute.http.multi_store",
     "keyroute.http.protocol",
     "keyroute.http.routing",
     "keyroute.http.wire",
@@ -39,6 +40,7 @@ COMPILED = (
     "keyroute.router.hedge_timer",
     "keyroute.router.key_read",
     "keyroute.router.metrics",
+    "keyroute.router.multi_read",
     "keyroute.router.node_outcomes",
     "keyroute.router.proxy",
     "keyroute.router.proxy_settings",
@@ -48,6 +50,7 @@ COMPILED = (
     "keyroute.router.routing_table",
     "keyroute.runtime.answers",
     "keyroute.state_node.dataplane",
+    "keyroute.state_node.multi_read",
     "keyroute.state_node.reads",
 )
 

@@ -12,7 +12,9 @@ answer's body bytes (mean over sampled reads). --write records the table in benc
 read of one key's three values in one request (`GET /stores/a,b,c/read/{key}`) against three single reads of
 it, side by side: the nodes' and the router's CPU per key (wrk), and the latency of one key's three values from
 the Python client (`get_stores` against three `get`s one after another, and three at once from AsyncClient).
-Its table goes to its own section of RESULTS.md.
+Its table goes to its own section of RESULTS.md. `--site DIR`: the nodes and the router run from a compiled
+build installed with `KEYROUTE_COMPILE=1 pip install --no-deps --target DIR` (as the image ships them; `make
+compiled` puts one in build/compiled/site), first on PYTHONPATH; without it, from the venv's editable install.
 """
 
 from __future__ import annotations
@@ -225,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true", help="record the table in benchmarks/RESULTS.md")
     parser.add_argument("--stores", action="store_true", help="measure multi-store reads instead (stores_main)")
     parser.add_argument("--key-rate", type=int, default=500, help="--stores: keys/s both ways are paced to")
+    parser.add_argument("--site", help="--stores: run the servers from this compiled build (pip install --target DIR)")
     args = parser.parse_args(argv)
     if args.stores:
         return stores_main(args)
@@ -273,8 +276,9 @@ CLIENT_WAYS = {
 
 
 @contextmanager
-def stores_cluster(args: argparse.Namespace, work: Path) -> Iterator[tuple[Any, list[Any]]]:
-    """ZooKeeper, two nodes serving three co-located stores (partition p of each on the same node), a router."""
+def stores_cluster(args: argparse.Namespace, work: Path, build: Any) -> Iterator[tuple[Any, list[Any]]]:
+    """ZooKeeper, two nodes serving three co-located stores (partition p of each on the same node), a router,
+    run from `build`."""
     with ExitStack() as stack:
         zk_server = stack.enter_context(harness.zookeeper(work))
         settings = ZkSettings(hosts=zk_server.connect_string, chroot="/keyroute-multi-store")
@@ -298,7 +302,7 @@ def stores_cluster(args: argparse.Namespace, work: Path) -> Iterator[tuple[Any, 
         nodes = []
         for node_id in ("n1", "n2"):
             port = harness.free_port()
-            node = bench.THIS_TREE.start(
+            node = build.start(
                 node_id,
                 ["node", "--zk", settings.connect_string, "--node-id", node_id, "--port", str(port)]
                 + ["--data-dir", str(work / f"data-{node_id}")],
@@ -308,7 +312,7 @@ def stores_cluster(args: argparse.Namespace, work: Path) -> Iterator[tuple[Any, 
             stack.callback(node.stop)
             nodes.append(node)
         port = harness.free_port()
-        router = bench.THIS_TREE.start(
+        router = build.start(
             "router", ["router", "--zk", settings.connect_string, "--port", str(port)], work, f"http://127.0.0.1:{port}"
         )
         stack.callback(router.stop)
@@ -320,6 +324,30 @@ def stores_cluster(args: argparse.Namespace, work: Path) -> Iterator[tuple[Any, 
 
         bench.wait_until(served, 180, "every store to be served", every)
         yield router, nodes
+
+
+# The modules a multi-store read runs through that a compiled build must hold as C extensions.
+STORES_PROBES = (*bench.COMPILED_PROBES, "keyroute.state_node.reads")
+
+
+def servers_build(site: str | None) -> Any:
+    """The build the servers run from: the venv's editable install, or the compiled one installed in `site`
+    (stops unless the read paths' modules are its C extensions)."""
+    if site is None:
+        return bench.THIS_TREE
+    folder = Path(site).resolve()
+    if not (folder / "keyroute").is_dir():
+        raise SystemExit(f"--site {site}: no keyroute installed there (KEYROUTE_COMPILE=1 pip install --target DIR)")
+    env = {"PYTHONPATH": str(folder)}
+    where = bench.where_from(sys.executable, ["keyroute", *STORES_PROBES], folder, env)
+    astray = {
+        name: found
+        for name, found in where.items()
+        if not found.startswith(str(folder) + os.sep) or (name in STORES_PROBES and not found.endswith(".so"))
+    }
+    if astray:
+        raise SystemExit(f"--site {site}: not imported from a compiled build there: {astray}")
+    return bench.Build("compiled", folder, env, how=f"compiled with mypyc, installed in {site}", compiled=True)
 
 
 def stores_measure(
@@ -425,6 +453,13 @@ def stores_section(
         f" --rounds {args.rounds}" if args.rounds != 5 else ""
     )
     command += f" --key-rate {args.key_rate}" if args.key_rate != 500 else ""
+    command += f" --site {args.site}" if args.site else ""
+    servers = (
+        "the nodes and the router compiled with mypyc as the image ships them (`make compiled`: setup.py's"
+        " COMPILED list, `KEYROUTE_COMPILE=1 pip install --no-deps --target`), run from that directory"
+        if args.site
+        else "the nodes and the router pure Python (the venv's editable install)"
+    )
     base = median(THREE_REQUESTS, 1)
     lines = [
         STORES_SECTION,
@@ -436,7 +471,8 @@ def stores_section(
         f" {args.key_rate:,} keys/s for the first two ways (three requests per key for single reads; the last row"
         f" at {args.key_rate:,} requests/s), {args.duration:g} s per"
         f" measurement, medians of {args.rounds} rounds (ways in a shuffled order per round), counted per key"
-        " (three values): CPU is user + system of the node processes (summed) and of the router, from /proc.",
+        f" (three values): CPU is user + system of the node processes (summed) and of the router, from /proc;"
+        f" {servers}.",
         "",
         "| one key's three values | keys/s | nodes' CPU µs/key | vs three reads | router CPU µs/key"
         " | wrk p50 µs/request |",
@@ -481,10 +517,11 @@ def stores_main(args: argparse.Namespace) -> int:
     if wrk is None:
         print("wrk is not installed", file=sys.stderr)
         return 1
+    build = servers_build(args.site)
     work = Path(tempfile.mkdtemp(prefix="keyroute-multi-store-"))
     try:
         load_before = os.getloadavg()[0]
-        with stores_cluster(args, work) as (router, nodes):
+        with stores_cluster(args, work, build) as (router, nodes):
             results = stores_measure(wrk, work, router, nodes, args)
             latency = client_latency(router, args)
         load = f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after"
