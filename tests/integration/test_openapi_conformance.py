@@ -58,10 +58,10 @@ def check_every_operation(url: str, held: int | None = None) -> int:
             known: dict[str, object] | None = None
             if mode is GenerationMode.POSITIVE and "{store}" in operation.path:
                 known = {"store": STORE}
-            elif mode is GenerationMode.POSITIVE and "{stores}" in operation.path:
-                known = {"stores": STORE}  # a read of several stores, of the one there is
                 if held is not None and "{partition}" in operation.path:
                     known["partition"] = held
+            elif mode is GenerationMode.POSITIVE and "{stores}" in operation.path:
+                known = {"stores": STORE}  # a read of several stores, of the one there is
 
             @CHECKED
             @given(operation.as_strategy(mode, path_parameters=known))
