@@ -544,6 +544,7 @@ class LocalNode:
         self.hops = "0"
         self.received: list[str] = []
         self.answered: list[str] = []
+        self.test = 0  # which test the node serves: reset() starts the next
         app = Starlette(routes=[Route("/stores/{store}/keys/{key:path}", self._get, methods=["GET"])])
         self.server = HttpServer(app, ServerLimits())
 
@@ -557,9 +558,11 @@ class LocalNode:
         store, key = located
         self.received.append(key)
         delay_s, unavailable = self.delay_s, self.unavailable  # as they were when the request arrived
+        test = self.test
         if delay_s:
             await asyncio.sleep(delay_s)  # the node being slow, not the test waiting
-        self.answered.append(key)
+        if test == self.test:  # a request of an earlier test, answered late, is not this test's answer
+            self.answered.append(key)
         headers = {"x-keyroute-node": self.node_id, "x-keyroute-hops": self.hops, "x-keyroute-generation": "9"}
         if unavailable:
             body = json.dumps({"error": "partition_unavailable", "message": "not here"}).encode()
@@ -568,6 +571,7 @@ class LocalNode:
         return Response(found_body(store, key, 0, 1, value), media_type="application/json", headers=headers)
 
     def reset(self) -> None:
+        self.test += 1
         self.delay_s = 0.0
         self.unavailable = False
         self.hops = "0"
